@@ -1,0 +1,82 @@
+# Snip: a URL shortener whose clicks flow over NATS JetStream to independent
+# readers. `make help` lists the targets. CI runs `bash .ci/run`, which runs
+# `make test`.
+#
+# Narrow a run with PKG= (a package pattern, default every module) and T= (a
+# test name regexp), e.g. `make test PKG=./services/redirect/... T=Outbox`.
+
+SHELL := /bin/bash
+GO ?= go
+# Every module of the workspace, for the per-module (GOWORK=off) checks.
+MODULES := pkg $(wildcard services/*) loadtest
+PKG ?= work
+T ?= .
+TEST_FLAGS ?= -race -shuffle=on -count=1 -timeout 20m
+DEMO_DIR ?= .demo
+BIN := $(DEMO_DIR)/bin
+SERVICES := $(notdir $(wildcard services/*))
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build every service binary into .demo/bin
+	@mkdir -p $(BIN)
+	@for s in $(SERVICES); do $(GO) build -o $(BIN)/$$s ./services/$$s || exit 1; done
+	$(GO) build -o $(BIN)/loadtest ./loadtest
+
+.PHONY: demo
+demo: build ## run the whole system on this machine (embedded NATS, local Redis and ClickHouse)
+	$(BIN)/snipctl demo --dir $(DEMO_DIR) --bin $(BIN)
+
+.PHONY: test
+test: modules ## every test, against real NATS, Redis and ClickHouse (installs nothing; see .ci/run)
+	$(GO) vet work
+	$(GO) test $(TEST_FLAGS) -run '$(T)' $(PKG)
+
+.PHONY: modules
+modules: ## build and vet each module on its own (GOWORK=off), so no require hides behind go.work
+	@for m in $(MODULES); do \
+		echo "== $$m (GOWORK=off)"; \
+		(cd $$m && GOWORK=off $(GO) build ./... && GOWORK=off $(GO) vet ./...) || exit 1; \
+	done
+
+.PHONY: test-short
+test-short: ## the tests without the slow chaos and load suites (-short)
+	$(GO) test -short -count=1 -run '$(T)' $(PKG)
+
+.PHONY: bench
+bench: ## Go benchmarks (handlers, encoders, readers); see docs/benchmarks.md
+	$(GO) test -run '^$$' -bench '$(T)' -benchmem -count=1 $(PKG)
+
+.PHONY: lint
+lint: ## gofmt check and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet work
+
+.PHONY: loadtest
+loadtest: build ## a short load test against a running `make demo`
+	$(BIN)/loadtest http --rate 2000 --duration 30s --verify
+
+.PHONY: up
+up: ## docker compose up (needs a Docker engine)
+	docker compose up --build -d
+
+.PHONY: down
+down: ## docker compose down
+	docker compose down
+
+.PHONY: compose-check
+compose-check: ## validate docker-compose.yml without a Docker engine
+	$(GO) run ./services/snipctl compose-check docker-compose.yml
+
+.PHONY: tidy
+tidy: ## go mod tidy in every module
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy) || exit 1; done
+
+.PHONY: clean
+clean: ## remove the demo's binaries and data
+	rm -rf $(DEMO_DIR)

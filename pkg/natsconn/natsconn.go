@@ -1,0 +1,63 @@
+// Package natsconn opens the NATS connection every Snip service uses, with
+// the same reconnect policy and logging everywhere: it connects even when the
+// server is not up yet, reconnects forever, and logs each disconnect and
+// reconnect once. A service that must keep working without NATS (the
+// redirect service) relies on both.
+package natsconn
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Config says where and as whom to connect.
+type Config struct {
+	// URL is one or more comma-separated server URLs.
+	URL string
+	// Name identifies the client in server monitoring (e.g. "redirect").
+	Name string
+	// User and Password, or CredsFile, authenticate; all empty is anonymous.
+	User      string
+	Password  string
+	CredsFile string
+}
+
+// Connect connects as cfg says. With RetryOnFailedConnect the returned
+// connection may not be connected yet; publishes and requests fail until it is.
+func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.ReconnectBufSize(8 << 20),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			log.Warn("nats async error", "subject", subj, "err", err)
+		}),
+	}
+	switch {
+	case cfg.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats %s: %w", cfg.URL, err)
+	}
+	return nc, nil
+}

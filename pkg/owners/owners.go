@@ -1,0 +1,179 @@
+// Package owners stores Snip's owners and their API keys in Redis. Every
+// service that answers an owner's API call (redirect, click counter, fraud,
+// console) authenticates with it, and snipctl creates owners with it.
+//
+// API keys are stored hashed: Redis holds SHA-256(key), never the key. The
+// keys are 160 random bits, so a fast hash is enough (no bcrypt needed: there
+// is nothing to brute-force), and a lookup is one GET.
+//
+// Keys in Redis:
+//
+//	snip:owner:<id>          hash {name, created}
+//	snip:apikey:<sha256hex>  string <id>
+package owners
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Errors.
+var (
+	// ErrUnauthorized means the API key is missing, malformed or unknown.
+	ErrUnauthorized = errors.New("unauthorized")
+	// ErrExists means an owner with that ID already exists.
+	ErrExists = errors.New("owner already exists")
+	// ErrInvalidID means the owner ID is not a subject token.
+	ErrInvalidID = errors.New("owner id must be 1-64 letters, digits, '-' or '_'")
+)
+
+// KeyPrefix starts every API key, so a leaked key is recognisable (secret
+// scanners look for such prefixes).
+const KeyPrefix = "snip_"
+
+// Owner is an account that owns links.
+type Owner struct {
+	ID      string
+	Name    string
+	Created time.Time
+}
+
+// Store reads and writes owners. It is safe for concurrent use.
+type Store struct {
+	rdb redis.UniversalClient
+}
+
+// NewStore returns a store on rdb.
+func NewStore(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+
+func ownerKey(id string) string { return "snip:owner:" + id }
+
+func apiKeyKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "snip:apikey:" + hex.EncodeToString(sum[:])
+}
+
+// NewAPIKey returns a fresh random API key.
+func NewAPIKey() string {
+	var b [20]byte
+	_, _ = rand.Read(b[:])
+	return KeyPrefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+// Create makes a new owner and returns its first API key, which is shown
+// once and never stored in clear.
+func (s *Store) Create(ctx context.Context, id, name string) (string, error) {
+	key := NewAPIKey()
+	if err := s.create(ctx, id, name, key); err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+func (s *Store) create(ctx context.Context, id, name, key string) error {
+	if !events.ValidToken(id) {
+		return fmt.Errorf("create owner %q: %w", id, ErrInvalidID)
+	}
+	ok, err := s.rdb.HSetNX(ctx, ownerKey(id), "name", name).Result()
+	if err != nil {
+		return fmt.Errorf("create owner %q: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("create owner %q: %w", id, ErrExists)
+	}
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339))
+		p.Set(ctx, apiKeyKey(key), id, 0)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create owner %q: store key: %w", id, err)
+	}
+	return nil
+}
+
+// Ensure creates the owner with the given API key if it does not exist, and
+// makes sure the key maps to it. It is for demos and tests, which need a
+// known key (SNIP_BOOTSTRAP_OWNERS).
+func (s *Store) Ensure(ctx context.Context, id, key string) error {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) < len(KeyPrefix)+16 {
+		return fmt.Errorf("ensure owner %q: key must start with %q and have 16+ more characters", id, KeyPrefix)
+	}
+	err := s.create(ctx, id, id, key)
+	if err == nil || !errors.Is(err, ErrExists) {
+		return err
+	}
+	if err := s.rdb.Set(ctx, apiKeyKey(key), id, 0).Err(); err != nil {
+		return fmt.Errorf("ensure owner %q: %w", id, err)
+	}
+	return nil
+}
+
+// EnsureFromSpec calls Ensure for each "id:key" pair of a comma-separated
+// spec, the format of SNIP_BOOTSTRAP_OWNERS. An empty spec does nothing.
+func (s *Store) EnsureFromSpec(ctx context.Context, spec string) error {
+	for _, pair := range strings.Split(spec, ",") {
+		pair = strings.TrimSpace(pair)
+		if pair == "" {
+			continue
+		}
+		id, key, ok := strings.Cut(pair, ":")
+		if !ok {
+			return fmt.Errorf("bootstrap owners: %q is not id:key", pair)
+		}
+		if err := s.Ensure(ctx, id, key); err != nil {
+			return fmt.Errorf("bootstrap owners: %w", err)
+		}
+	}
+	return nil
+}
+
+// Authenticate returns the owner an API key belongs to, or ErrUnauthorized.
+func (s *Store) Authenticate(ctx context.Context, key string) (Owner, error) {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
+		return Owner{}, ErrUnauthorized
+	}
+	id, err := s.rdb.Get(ctx, apiKeyKey(key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return Owner{}, ErrUnauthorized
+	}
+	if err != nil {
+		return Owner{}, fmt.Errorf("authenticate: %w", err)
+	}
+	return s.Get(ctx, id)
+}
+
+// Get returns an owner by ID; an unknown ID is ErrUnauthorized, because the
+// only way to ask is with a key that pointed at it.
+func (s *Store) Get(ctx context.Context, id string) (Owner, error) {
+	m, err := s.rdb.HGetAll(ctx, ownerKey(id)).Result()
+	if err != nil {
+		return Owner{}, fmt.Errorf("get owner %q: %w", id, err)
+	}
+	if len(m) == 0 {
+		return Owner{}, ErrUnauthorized
+	}
+	created, _ := time.Parse(time.RFC3339, m["created"])
+	return Owner{ID: id, Name: m["name"], Created: created}, nil
+}
+
+// BearerKey extracts the key from an "Authorization: Bearer <key>" header
+// value; it returns "" when there is none.
+func BearerKey(header string) string {
+	const p = "Bearer "
+	if len(header) > len(p) && strings.EqualFold(header[:len(p)], p) {
+		return strings.TrimSpace(header[len(p):])
+	}
+	return ""
+}

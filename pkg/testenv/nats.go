@@ -1,0 +1,164 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS is an embedded nats-server with JetStream. It keeps its port and
+// store across Stop and Start, so a test can take NATS away and bring it back
+// with its data.
+type NATS struct {
+	tb   testing.TB
+	mu   sync.Mutex
+	opts server.Options
+	srv  *server.Server
+	// URL is the client URL, stable across restarts.
+	URL string
+}
+
+// StartNATS starts an embedded JetStream server on a free port with its store
+// under tb.TempDir(), and shuts it down when the test ends.
+func StartNATS(tb testing.TB) *NATS {
+	tb.Helper()
+	port, err := FreePort()
+	if err != nil {
+		tb.Fatalf("testenv: nats: %v", err)
+	}
+	n := &NATS{
+		tb: tb,
+		opts: server.Options{
+			ServerName: "snip-test",
+			Host:       "127.0.0.1",
+			Port:       port,
+			NoLog:      true,
+			NoSigs:     true,
+			JetStream:  true,
+			StoreDir:   filepath.Join(tb.TempDir(), "jetstream"),
+			// Room for the message IDs of large duplicate windows in load tests.
+			JetStreamMaxMemory: 1 << 30,
+			JetStreamMaxStore:  8 << 30,
+		},
+		URL: "nats://127.0.0.1:" + strconv.Itoa(port),
+	}
+	n.Start()
+	tb.Cleanup(n.Stop)
+	return n
+}
+
+// Start starts the server (again) on the same port and store.
+func (n *NATS) Start() {
+	n.tb.Helper()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.srv != nil {
+		return
+	}
+	opts := n.opts // the server keeps and mutates its options
+	srv, err := server.NewServer(&opts)
+	if err != nil {
+		n.tb.Fatalf("testenv: nats: new server: %v", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(20 * time.Second) {
+		srv.Shutdown()
+		n.tb.Fatalf("testenv: nats: not ready on %s after 20s", n.URL)
+	}
+	n.srv = srv
+}
+
+// Stop shuts the server down; clients see a disconnect and reconnect when
+// Start is called.
+func (n *NATS) Stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.srv == nil {
+		return
+	}
+	n.srv.Shutdown()
+	n.srv.WaitForShutdown()
+	n.srv = nil
+}
+
+// Restart is Stop followed by Start.
+func (n *NATS) Restart() {
+	n.tb.Helper()
+	n.Stop()
+	n.Start()
+}
+
+// Server returns the running server, or nil while stopped.
+func (n *NATS) Server() *server.Server {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.srv
+}
+
+// Connect opens a client connection that reconnects forever (so it survives
+// Restart) and closes it when the test ends.
+func (n *NATS) Connect(tb testing.TB, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
+	base := []nats.Option{
+		nats.Name(tb.Name()),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+	}
+	nc, err := nats.Connect(n.URL, append(base, opts...)...)
+	if err != nil {
+		tb.Fatalf("testenv: nats connect %s: %v", n.URL, err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream returns a JetStream context on a new connection.
+func (n *NATS) JetStream(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	js, err := jetstream.New(n.Connect(tb))
+	if err != nil {
+		tb.Fatalf("testenv: jetstream: %v", err)
+	}
+	return js
+}
+
+// FreePort asks the kernel for a free TCP port on 127.0.0.1. Another process
+// could take it before it is used; starters retry on a bind failure.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// WaitFor polls cond every 10ms until it returns true or the timeout passes,
+// then fails the test with what. Use it instead of sleeping.
+func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if cond() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+		case <-t.C:
+		}
+	}
+}

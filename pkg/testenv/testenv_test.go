@@ -1,0 +1,76 @@
+package testenv_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithClickHouse()))
+}
+
+func TestRedisDatabasesAreIsolated(t *testing.T) {
+	t.Parallel()
+	a, _ := servers.Redis.NewDB(t)
+	b, _ := servers.Redis.NewDB(t)
+	if err := a.Set(t.Context(), "k", "a", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.Exists(t.Context(), "k").Val(); n != 0 {
+		t.Fatalf("key written in one test database is visible in another (exists=%d)", n)
+	}
+}
+
+func TestRedisRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	c, _ := r.NewDB(t)
+	if err := c.Set(t.Context(), "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+	if err := c.Get(t.Context(), "k").Err(); err == nil {
+		t.Fatal("GET succeeded while Redis was stopped")
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Get(t.Context(), "k").Val(); got != "v" {
+		t.Fatalf("after restart GET k = %q, want %q", got, "v")
+	}
+}
+
+func TestClickHouseDatabase(t *testing.T) {
+	t.Parallel()
+	conn, name := servers.ClickHouse.NewDB(t)
+	var db string
+	if err := conn.QueryRow(t.Context(), "SELECT currentDatabase()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if db != name {
+		t.Fatalf("currentDatabase() = %q, want %q", db, name)
+	}
+}
+
+func TestNATSRestartKeepsStreams(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := t.Context()
+	if _, err := js.CreateStream(ctx, jsStream("T", "t.>")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "t.1", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	n.Restart()
+	testenv.WaitFor(t, 10*time.Second, "stream T with 1 message after restart", func() bool {
+		s, err := js.Stream(ctx, "T")
+		return err == nil && s.CachedInfo().State.Msgs == 1
+	})
+}

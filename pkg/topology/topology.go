@@ -1,0 +1,291 @@
+// Package topology declares every JetStream stream, consumer and KV bucket
+// Snip uses, in one place, and applies them idempotently: Apply creates what
+// is missing and updates what changed, and never deletes a stream or its data.
+//
+// Services call Apply at start (so a fresh server works without a separate
+// step) and `snipctl topology apply` does the same for operators who give
+// services no stream-admin permissions. Changing the number of CLICKS
+// partitions of an existing stream is refused (ErrPartitionsChanged): it would
+// move links between partitions and break order per link.
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Defaults. Each is explained where it is used.
+const (
+	DefaultPartitions = 8
+	DefaultReplicas   = 1
+	// DefaultClicksMaxAge is how long CLICKS keeps events: long enough to
+	// replay a week, and for a reader that was down for days to catch up.
+	DefaultClicksMaxAge = 7 * 24 * time.Hour
+	// DefaultClicksDuplicates is the CLICKS duplicate window. It must cover the
+	// outbox relay's longest retry of an entry whose publish outcome it does
+	// not know: a lease handover (seconds) plus publish timeouts. Two minutes
+	// also bounds the server's memory for message IDs (about rate x window).
+	DefaultClicksDuplicates = 2 * time.Minute
+	// DeadLetterMaxAge is how long parked messages wait for a human.
+	DeadLetterMaxAge = 14 * 24 * time.Hour
+	// FraudMaxAge keeps alerts and verdicts as long as the clicks they judge,
+	// and a little longer so a replay of CLICKS meets its verdicts.
+	FraudMaxAge = 8 * 24 * time.Hour
+)
+
+// Names of consumers and buckets declared here.
+const (
+	// PreviewConsumer is the one durable consumer all preview workers share.
+	PreviewConsumer = "preview-workers"
+	// MembersBucket is the KV bucket where consumer-group members keep their
+	// heartbeat leases.
+	MembersBucket = "snip_members"
+)
+
+// Consumer groups on CLICKS. Each has one durable consumer per partition.
+const (
+	GroupClickCounter    = "click-counter"
+	GroupFraudDetection  = "fraud-detection"
+	GroupWarehouseLoader = "warehouse-loader"
+)
+
+// Preview job retry policy (DESIGN.md): five deliveries; the ack deadline of
+// delivery n is PreviewBackOff[n-1] (the last value repeats), so a worker that
+// crashes mid-fetch hands the job on after a short, growing wait.
+var PreviewBackOff = []time.Duration{1 * time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
+
+// PreviewMaxDeliver is the number of tries a preview job gets.
+const PreviewMaxDeliver = 5
+
+// ErrPartitionsChanged is returned by Apply when CLICKS exists with a different
+// number of partitions than asked for.
+var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the existing stream")
+
+// Options are the deployment's choices. The zero value is not valid; start
+// from Defaults().
+type Options struct {
+	// Partitions is the number of CLICKS partitions: the most members of one
+	// consumer group that can work at once.
+	Partitions int
+	// Replicas is the stream replication factor: 1 on one machine, 3 in a cluster.
+	Replicas int
+	// ClicksMaxAge is CLICKS retention.
+	ClicksMaxAge time.Duration
+	// ClicksMaxBytes caps CLICKS on disk (oldest discarded first); -1 is no cap.
+	ClicksMaxBytes int64
+	// ClicksDuplicates is the CLICKS duplicate window.
+	ClicksDuplicates time.Duration
+	// Storage is file in every deployment; tests may use memory.
+	Storage jetstream.StorageType
+}
+
+// Defaults returns the options of a single-node deployment.
+func Defaults() Options {
+	return Options{
+		Partitions:       DefaultPartitions,
+		Replicas:         DefaultReplicas,
+		ClicksMaxAge:     DefaultClicksMaxAge,
+		ClicksMaxBytes:   -1,
+		ClicksDuplicates: DefaultClicksDuplicates,
+		Storage:          jetstream.FileStorage,
+	}
+}
+
+func (o Options) validate() error {
+	switch {
+	case o.Partitions < 1 || o.Partitions > 1024:
+		return fmt.Errorf("partitions %d: want 1..1024", o.Partitions)
+	case o.Replicas < 1 || o.Replicas > 5:
+		return fmt.Errorf("replicas %d: want 1..5", o.Replicas)
+	case o.ClicksMaxAge <= 0:
+		return fmt.Errorf("clicks max age %s: want > 0", o.ClicksMaxAge)
+	case o.ClicksDuplicates <= 0 || o.ClicksDuplicates > o.ClicksMaxAge:
+		return fmt.Errorf("clicks duplicate window %s: want > 0 and <= max age", o.ClicksDuplicates)
+	}
+	return nil
+}
+
+// Streams returns the configuration of every stream, in the order Apply
+// creates them.
+func Streams(o Options) []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{
+		{
+			Name:        events.ClicksStream,
+			Description: "Every click, partitioned by link code: <partition>.clicks.<owner>.<code>",
+			Subjects:    []string{events.ClicksSubjects},
+			SubjectTransform: &jetstream.SubjectTransformConfig{
+				Source:      events.ClicksTransformSource,
+				Destination: events.ClicksTransformDest(o.Partitions),
+			},
+			Retention:  jetstream.LimitsPolicy,
+			Discard:    jetstream.DiscardOld,
+			MaxAge:     o.ClicksMaxAge,
+			MaxBytes:   o.ClicksMaxBytes,
+			MaxMsgs:    -1,
+			Duplicates: o.ClicksDuplicates,
+			Storage:    o.Storage,
+			Replicas:   o.Replicas,
+			// One click is well under 2 KiB; anything much larger is not a click.
+			MaxMsgSize: 16 << 10,
+			Metadata:   map[string]string{"snip.partitions": strconv.Itoa(o.Partitions)},
+		},
+		{
+			Name:        events.LinksStream,
+			Description: "Link lifecycle facts: links.<created|deleted>.<code>",
+			Subjects:    []string{events.LinksSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      0, // kept: the history of every link
+			MaxBytes:    -1,
+			MaxMsgs:     -1,
+			Duplicates:  DefaultClicksDuplicates,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			MaxMsgSize:  16 << 10,
+		},
+		{
+			Name:        events.PreviewJobsStream,
+			Description: "Work queue of preview fetches; a job is removed when a worker acks it",
+			Subjects:    []string{events.PreviewJobSubject},
+			Retention:   jetstream.WorkQueuePolicy,
+			// The queue refuses new jobs rather than dropping queued ones; the
+			// outbox keeps a refused job and retries it.
+			Discard:    jetstream.DiscardNew,
+			MaxMsgs:    1_000_000,
+			MaxBytes:   -1,
+			MaxAge:     7 * 24 * time.Hour,
+			Duplicates: DefaultClicksDuplicates,
+			Storage:    o.Storage,
+			Replicas:   o.Replicas,
+			MaxMsgSize: 16 << 10,
+		},
+		{
+			Name:        events.DeadLetterStream,
+			Description: "Dead letters: dead.<source>.<reason>, with Snip-Dead-* headers",
+			Subjects:    []string{events.DeadLetterSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      DeadLetterMaxAge,
+			MaxBytes:    -1,
+			MaxMsgs:     -1,
+			Duplicates:  DefaultClicksDuplicates,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+		},
+		{
+			Name:        events.FraudStream,
+			Description: "Fraud alerts (fraud.alerts.<code>) and per-click verdicts (fraud.verdicts.<owner>.<code>)",
+			Subjects:    []string{events.FraudAlertSubjects, events.FraudVerdictSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      FraudMaxAge,
+			MaxBytes:    -1,
+			MaxMsgs:     -1,
+			// Alert IDs are deterministic (rule, key, window); a long window
+			// keeps a replayed detector from raising the same alert twice.
+			Duplicates: 24 * time.Hour,
+			Storage:    o.Storage,
+			Replicas:   o.Replicas,
+		},
+	}
+}
+
+// PreviewConsumerConfig is the shared durable consumer of the preview workers.
+// AckWait is overridden per delivery by BackOff; workers that take longer
+// than the current backoff step call InProgress.
+func PreviewConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       PreviewConsumer,
+		Description:   "Competing preview workers; MaxDeliver tries, then DEAD_LETTER",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       PreviewBackOff[0],
+		BackOff:       PreviewBackOff,
+		MaxDeliver:    PreviewMaxDeliver,
+		MaxAckPending: 1000,
+		FilterSubject: events.PreviewJobSubject,
+	}
+}
+
+// MembersBucketConfig is the KV bucket of consumer-group member leases. Each
+// member writes its key with a per-key TTL and refreshes it; when a member
+// dies its key expires and the server leaves a delete marker that the other
+// members' watchers see.
+func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:         MembersBucket,
+		Description:    "Consumer-group member leases: <group>.<member>",
+		History:        1,
+		Storage:        o.Storage,
+		Replicas:       o.Replicas,
+		LimitMarkerTTL: time.Minute,
+	}
+}
+
+// Apply creates or updates every stream, the preview consumer and the members
+// bucket. It is safe to call from many processes at once and at every start.
+func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
+	if err := o.validate(); err != nil {
+		return fmt.Errorf("apply topology: %w", err)
+	}
+	for _, cfg := range Streams(o) {
+		if err := applyStream(ctx, js, cfg); err != nil {
+			return fmt.Errorf("apply topology: %w", err)
+		}
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, events.PreviewJobsStream, PreviewConsumerConfig()); err != nil {
+		return fmt.Errorf("apply topology: consumer %s: %w", PreviewConsumer, err)
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
+		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
+	}
+	return nil
+}
+
+func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	s, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		if _, err := js.CreateStream(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+	}
+	have := s.CachedInfo().Config
+	if cfg.SubjectTransform != nil && have.SubjectTransform != nil &&
+		have.SubjectTransform.Destination != cfg.SubjectTransform.Destination {
+		return fmt.Errorf("stream %s: have %q, want %q: %w", cfg.Name,
+			have.SubjectTransform.Destination, cfg.SubjectTransform.Destination, ErrPartitionsChanged)
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("update stream %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// Partitions reads the number of partitions of the existing CLICKS stream, so
+// readers and tools follow the stream rather than their own configuration.
+func Partitions(ctx context.Context, js jetstream.JetStream) (int, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
+	}
+	v, ok := s.CachedInfo().Config.Metadata["snip.partitions"]
+	if !ok {
+		return 0, fmt.Errorf("stream %s has no snip.partitions metadata; apply the topology", events.ClicksStream)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("stream %s: bad snip.partitions %q", events.ClicksStream, v)
+	}
+	return n, nil
+}

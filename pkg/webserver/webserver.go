@@ -1,0 +1,133 @@
+// Package webserver is the HTTP shell every Snip service shares: an echo
+// instance with panic recovery and request IDs, the operational endpoints
+// (/healthz, /readyz, /metrics), and Serve, which runs it until the context
+// ends and then shuts it down gracefully under a deadline.
+//
+// Routes and the service's one HTTPErrorHandler are the service's own; this
+// package only provides what is the same everywhere.
+package webserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Check is a readiness probe: nil means the dependency is usable.
+type Check func(ctx context.Context) error
+
+// Server is an echo instance with the operational endpoints mounted.
+type Server struct {
+	// Echo is where the service adds its routes and error handler.
+	Echo *echo.Echo
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	checks map[string]Check
+}
+
+// New builds the echo instance, registers Go runtime and process collectors
+// on reg, and mounts /healthz, /readyz and /metrics (served from reg).
+func New(log *slog.Logger, reg *prometheus.Registry) *Server {
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.Use(middleware.Recover())
+	e.Use(middleware.RequestID())
+	s := &Server{Echo: e, log: log, checks: map[string]Check{}}
+
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	e.GET("/healthz", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+	})
+	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
+	return s
+}
+
+// AddReadiness adds a named check to /readyz.
+func (s *Server) AddReadiness(name string, c Check) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checks[name] = c
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	s.mu.Lock()
+	names := make([]string, 0, len(s.checks))
+	for n := range s.checks {
+		names = append(names, n)
+	}
+	checks := make(map[string]Check, len(s.checks))
+	for n, ch := range s.checks {
+		checks[n] = ch
+	}
+	s.mu.Unlock()
+	sort.Strings(names)
+
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	status, code := map[string]string{}, http.StatusOK
+	for _, n := range names {
+		if err := checks[n](ctx); err != nil {
+			status[n] = err.Error()
+			code = http.StatusServiceUnavailable
+		} else {
+			status[n] = "ok"
+		}
+	}
+	return c.JSON(code, status)
+}
+
+// Serve listens on addr (":0" picks a free port), calls ready with the bound
+// address once it accepts connections, and serves until ctx ends. Then it
+// stops accepting, waits up to shutdownTimeout for requests in flight, and
+// returns. It returns an error only if listening or serving failed.
+func (s *Server) Serve(ctx context.Context, addr string, ready func(addr string), shutdownTimeout time.Duration) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           s.Echo,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.log.Info("http listening", "addr", ln.Addr().String())
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve http: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		s.log.Warn("http shutdown incomplete", "err", err)
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve http: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package webserver_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/webserver"
+)
+
+func TestServeReadyzAndShutdown(t *testing.T) {
+	t.Parallel()
+	s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	var failing atomic.Bool
+	failing.Store(true)
+	s.AddReadiness("redis", func(context.Context) error {
+		if failing.Load() {
+			return errors.New("redis: connection refused")
+		}
+		return nil
+	})
+
+	ctx, cancel := context.WithCancel(t.Context())
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, "127.0.0.1:0", func(a string) { addrc <- a }, 5*time.Second) }()
+	addr := <-addrc
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d, want 200", code)
+	}
+	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "connection refused") {
+		t.Errorf("/readyz with failing check = %d %s, want 503 naming the error", code, body)
+	}
+	failing.Store(false)
+	if code, _ := get("/readyz"); code != 200 {
+		t.Errorf("/readyz with passing check = %d, want 200", code)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics = %d, want 200 with Go metrics", code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve returned %v after cancel, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+}

@@ -1,0 +1,7 @@
+module github.com/snipdev/snip/services/redirect
+
+go 1.26.0
+
+require github.com/snipdev/snip/pkg v0.0.0
+
+replace github.com/snipdev/snip/pkg => ../../pkg

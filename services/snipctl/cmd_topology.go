@@ -1,0 +1,48 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+func cmdTopology(ctx context.Context, env *Env, args []string) error {
+	if len(args) != 1 || args[0] != "apply" {
+		return fmt.Errorf("topology takes one argument, apply: %w", errUsage)
+	}
+	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
+	defer cancel()
+	js, closeJS, err := connectJetStream(env)
+	if err != nil {
+		return err
+	}
+	defer closeJS()
+	o := env.Cfg.topology()
+	if err := topology.Apply(ctx, js, o); err != nil {
+		return err
+	}
+	for _, s := range topology.Streams(o) {
+		fmt.Fprintf(env.Stdout, "stream %-13s ok\n", s.Name)
+	}
+	fmt.Fprintf(env.Stdout, "consumer %s ok\nbucket %s ok\n", topology.PreviewConsumer, topology.MembersBucket)
+	return nil
+}
+
+// connectJetStream connects without retrying forever: an operator wants a
+// quick, clear failure when NATS is not there.
+func connectJetStream(env *Env) (jetstream.JetStream, func(), error) {
+	nc, err := natsconn.Connect(env.Cfg.nats(), env.Log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return js, nc.Close, nil
+}

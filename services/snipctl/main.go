@@ -1,0 +1,90 @@
+// Command snipctl is Snip's operator tool: it applies the JetStream topology,
+// creates owners, replays consumer groups, inspects and redrives dead
+// letters, reports lag, and runs the whole system locally (demo).
+//
+// Every command is a function of (ctx, Env, args) in its own cmd_*.go file,
+// listed once in commands below.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Env is what a command gets: configuration, output streams and a logger.
+type Env struct {
+	Cfg    Config
+	Stdout io.Writer
+	Stderr io.Writer
+	Log    *slog.Logger
+}
+
+// command is one snipctl verb.
+type command struct {
+	usage string // arguments, shown by help
+	help  string // one line
+	run   func(ctx context.Context, env *Env, args []string) error
+}
+
+// commands lists every verb. Multi-word verbs ("topology apply") are matched
+// on their first word and get the rest as args.
+var commands = map[string]command{
+	"topology": {usage: "apply", help: "create or update every stream, consumer and bucket (idempotent)", run: cmdTopology},
+	"owners":   {usage: "create ID [-name NAME]", help: "create an owner and print its API key (shown once)", run: cmdOwners},
+}
+
+// errUsage marks a mistake in the command line; main prints usage for it.
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
+		fmt.Fprintln(os.Stderr, "snipctl:", err)
+		if errors.Is(err, errUsage) {
+			usage(os.Stderr)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// run dispatches to a command. Tests call it directly.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer, log *slog.Logger) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return nil
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+	}
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		return err
+	}
+	return c.run(ctx, &Env{Cfg: cfg, Stdout: stdout, Stderr: stderr, Log: log}, args[1:])
+}
+
+func usage(w io.Writer) {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "usage: snipctl COMMAND [ARGS]\n\ncommands:")
+	for _, n := range names {
+		c := commands[n]
+		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
+	}
+	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md)")
+}

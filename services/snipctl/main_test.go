@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+func snipctl(t *testing.T, environ []string, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(t.Context(), args, environ, &out, &out, slog.New(slog.DiscardHandler))
+	return out.String(), err
+}
+
+func TestTopologyApply(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=6"}
+	for range 2 { // idempotent
+		if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+			t.Fatalf("topology apply: %v\n%s", err, out)
+		}
+	}
+	js := n.JetStream(t)
+	got, err := topology.Partitions(context.Background(), js)
+	if err != nil || got != 6 {
+		t.Fatalf("partitions = %d, %v; want 6", got, err)
+	}
+	if _, err := js.Stream(t.Context(), events.DeadLetterStream); err != nil {
+		t.Fatalf("DEAD_LETTER: %v", err)
+	}
+}
+
+func TestOwnersCreatePrintsWorkingKey(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	environ := []string{"REDIS_URL=" + servers.Redis.URL(db)}
+	out, err := snipctl(t, environ, "owners", "create", "acme", "-name", "Acme")
+	if err != nil {
+		t.Fatalf("owners create: %v\n%s", err, out)
+	}
+	key := regexp.MustCompile(`api key: (\S+)`).FindStringSubmatch(out)
+	if key == nil {
+		t.Fatalf("no api key in output:\n%s", out)
+	}
+	o, err := owners.NewStore(rdb).Authenticate(t.Context(), key[1])
+	if err != nil || o.ID != "acme" || o.Name != "Acme" {
+		t.Fatalf("printed key authenticates as %+v, %v", o, err)
+	}
+	if _, err := snipctl(t, environ, "owners", "create", "acme"); !errors.Is(err, owners.ErrExists) {
+		t.Fatalf("second create err = %v, want ErrExists", err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := [][]string{{"nope"}, {"topology"}, {"topology", "drop"}, {"owners", "create"}}
+	for i, args := range tests {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			t.Parallel()
+			if _, err := snipctl(t, nil, args...); !errors.Is(err, errUsage) {
+				t.Fatalf("snipctl %v: err = %v, want a usage error", args, err)
+			}
+		})
+	}
+}
