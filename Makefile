@@ -33,9 +33,13 @@ demo: build ## run the whole system on this machine (embedded NATS, local Redis 
 	$(BIN)/snipctl demo --dir $(DEMO_DIR) --bin $(BIN)
 
 .PHONY: test
-test: modules ## every test, against real NATS, Redis and ClickHouse (installs nothing; see .ci/run)
+test: servers modules ## every test, against real NATS (embedded), Redis and ClickHouse
 	$(GO) vet work
 	$(GO) test $(TEST_FLAGS) -run '$(T)' $(PKG)
+
+.PHONY: servers
+servers: ## install redis-server and clickhouse-server from the distribution if missing (Debian/Ubuntu)
+	@bash .ci/install-servers
 
 .PHONY: modules
 modules: ## build and vet each module on its own (GOWORK=off), so no require hides behind go.work
