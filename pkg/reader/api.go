@@ -1,0 +1,200 @@
+package reader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Event is one click read from CLICKS, with where it was stored.
+type Event struct {
+	// Click is the decoded, validated payload.
+	Click events.Click
+	// Partition is the CLICKS partition the event is in.
+	Partition int
+	// Seq is the CLICKS stream sequence; it increases within a partition.
+	Seq uint64
+	// Stored is when JetStream stored the event.
+	Stored time.Time
+	// Deliveries counts deliveries of this event to this group (1 = first).
+	Deliveries uint64
+}
+
+// Handler processes a batch of one partition's events, in stream order. It
+// is never called concurrently for the same partition.
+//
+//   - nil: every event of the batch is done and the batch is acked.
+//   - an error wrapping a *PoisonError (see Poison): the events before Index
+//     are done, the event at Index is parked on DEAD_LETTER as
+//     dead.<group>.<reason> and acked, and the events after it are handed to
+//     the handler again in a new batch.
+//   - any other error is transient: the partition waits (exponential backoff
+//     with jitter, capped at Config.MaxRetryDelay) and the same batch is
+//     handed again. Nothing after it is processed meanwhile.
+//
+// The context is cancelled only when the member must stop at once (the drain
+// timeout passed); a graceful stop lets the batch in hand finish.
+type Handler func(ctx context.Context, partition int, batch []Event) error
+
+// PoisonError marks one event of a batch as one that can never be processed.
+type PoisonError struct {
+	// Index is the position of the event in the batch.
+	Index int
+	// Reason is a short token for the dead-letter subject, e.g. "bad_target".
+	Reason string
+	// Err is what went wrong.
+	Err error
+}
+
+func (e *PoisonError) Error() string {
+	return fmt.Sprintf("poison event at batch index %d (%s): %v", e.Index, e.Reason, e.Err)
+}
+
+func (e *PoisonError) Unwrap() error { return e.Err }
+
+// Poison returns a *PoisonError for batch[index].
+func Poison(index int, reason string, err error) error {
+	return &PoisonError{Index: index, Reason: reason, Err: err}
+}
+
+// Dead-letter reasons the runtime itself uses.
+const (
+	// ReasonMalformed: the payload is not a valid click.
+	ReasonMalformed = "malformed"
+	// ReasonUnknownVersion: the payload's schema version is not one this
+	// build reads.
+	ReasonUnknownVersion = "unknown_version"
+)
+
+// Start says where a group's consumers begin when they are first created.
+// It is ignored for consumers that exist: a group resumes where it was.
+type Start struct {
+	policy startPolicy
+	time   time.Time
+}
+
+type startPolicy int
+
+const (
+	startOldest startPolicy = iota
+	startNew
+	startTime
+)
+
+// StartAtOldest starts a new group at the oldest event CLICKS retains.
+func StartAtOldest() Start { return Start{policy: startOldest} }
+
+// StartAtNew starts a new group with the events published after it joined.
+func StartAtNew() Start { return Start{policy: startNew} }
+
+// StartAtTime starts a new group at the first event stored at or after t:
+// "load the last three days first" is StartAtTime(time.Now().Add(-72*time.Hour)).
+func StartAtTime(t time.Time) Start { return Start{policy: startTime, time: t} }
+
+// Config configures a member.
+type Config struct {
+	// Group is the consumer group, e.g. topology.GroupClickCounter.
+	Group string
+	// Member identifies this instance; it must be unique in the group and a
+	// subject token. Default: hostname-pid-random.
+	Member string
+	// Partitions is the number of CLICKS partitions; 0 reads it from the
+	// stream (topology.Partitions), which is what services should do.
+	Partitions int
+	// BatchSize is the most events handed to the Handler at once (default 500).
+	BatchSize int
+	// Linger is the longest the runtime waits to fill a batch before handing
+	// over what it has (default 100ms).
+	Linger time.Duration
+	// LeaseTTL is how long a silent member stays in the group: the failover
+	// time after a crash (default 3s). Members heartbeat every LeaseTTL/3.
+	LeaseTTL time.Duration
+	// AckWait is how long JetStream waits for an ack before redelivering
+	// (default 60s). The runtime signals progress while a handler retries,
+	// so it bounds only how long a hung process holds events.
+	AckWait time.Duration
+	// MaxRetryDelay caps the backoff between retries of a failing batch
+	// (default 10s).
+	MaxRetryDelay time.Duration
+	// DrainTimeout bounds a graceful stop: finishing the batch in hand and
+	// acking it (default 30s).
+	DrainTimeout time.Duration
+	// Start is where the group's consumers begin if they do not exist yet.
+	Start Start
+	// OnAssign, if set, is called when this member becomes the owner of a
+	// partition, before the first batch; resumeSeq is the first sequence that
+	// may be handed out (the consumer's ack floor + 1). An error makes the
+	// member give the partition up and try again later.
+	OnAssign func(ctx context.Context, partition int, resumeSeq uint64) error
+	// OnRevoke, if set, is called after the member stopped processing a
+	// partition and acked what it handled.
+	OnRevoke func(partition int)
+	// OnRewind, if set, is called on the owner of a partition when a replay
+	// (Rewind) reaches it: after the member stopped processing the partition
+	// and acked what it handled, and before the consumer moves back to
+	// r.From. A reader that deduplicates by sequence uses it to start a new
+	// generation of its state.
+	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
+	// Logger receives the runtime's logs (default: discard).
+	Logger *slog.Logger
+	// Metrics, if set, receives the runtime's Prometheus collectors.
+	Metrics prometheus.Registerer
+}
+
+// RewindInfo describes a replay as one partition sees it.
+type RewindInfo struct {
+	// ID identifies the replay request (a UUIDv7).
+	ID string
+	// From is the first sequence of this partition the replay hands out again.
+	From uint64
+	// Until is the last sequence stored in this partition when the replay was
+	// requested: once the group has handled it, the replay has caught up.
+	Until uint64
+	// Requested is when the replay was asked for.
+	Requested time.Time
+}
+
+// Position is where a replay starts.
+type Position struct {
+	seq  uint64
+	time time.Time
+}
+
+// FromSeq replays from stream sequence seq (in each partition, the first
+// event at or after it).
+func FromSeq(seq uint64) Position { return Position{seq: seq} }
+
+// FromTime replays from the first event stored at or after t.
+func FromTime(t time.Time) Position { return Position{time: t} }
+
+// PartitionLag is how far one partition of a group is behind.
+type PartitionLag struct {
+	Partition int
+	// Consumer is the durable consumer's name.
+	Consumer string
+	// Pending is the number of events not yet delivered to the group.
+	Pending uint64
+	// AckPending is the number delivered but not yet acked.
+	AckPending int
+	// OldestUnprocessed is when the oldest event not yet acked was stored;
+	// zero when the partition is caught up.
+	OldestUnprocessed time.Time
+	// AckFloor is the last stream sequence acked with everything before it.
+	AckFloor uint64
+	// Pinned is the client ID currently pinned to the partition, if any.
+	Pinned string
+}
+
+// Errors.
+var (
+	// ErrNoGroup means the group has no consumers on CLICKS.
+	ErrNoGroup = errors.New("consumer group not found")
+	// ErrBadConfig means a Config field is out of range.
+	ErrBadConfig = errors.New("invalid reader config")
+)

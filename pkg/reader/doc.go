@@ -1,0 +1,40 @@
+// Package reader runs a consumer group on CLICKS: the runtime every log
+// reader (click counter, fraud detection, warehouse loader) is built on.
+//
+// # The group
+//
+// CLICKS is partitioned by link code (a stream subject transform puts the
+// partition number in front of every subject). A group has one durable
+// consumer per partition, "<group>-p<N>", filtered on "<N>.clicks.>". Each
+// partition is read by exactly one member of the group at a time, so events
+// of one link are handled in order, one at a time, by one process:
+//
+//   - Members announce themselves with heartbeat leases in the snip_members
+//     KV bucket (key "<group>.<member>", per-key TTL). A member that stops
+//     heartbeating expires; one that stops gracefully deletes its key.
+//   - Every member computes the same assignment from the live members:
+//     rendezvous hashing with bounded load, so no member has more than
+//     ceil(partitions/members) partitions and a membership change moves few
+//     partitions. With 6 partitions and 10 members, exactly 6 members work.
+//   - The consumers use JetStream's pinned_client priority policy, so even
+//     while members disagree during a change only one client can pull a
+//     partition. A member that gives a partition up finishes and acks its
+//     batch, then unpins it so the next owner starts at once.
+//   - A new owner whose predecessor died resets the consumer to its ack floor
+//     before reading, so the events the dead member had in flight come first
+//     and order per link holds across the move.
+//
+// # Batches and acknowledgement
+//
+// The runtime hands the Handler a batch of one partition's events in stream
+// order (up to BatchSize, waiting at most Linger to fill it) and acks the
+// batch when the handler returns nil. A transient error makes the partition
+// wait and retry the same batch with backoff; a PoisonError parks one event
+// on DEAD_LETTER and moves on. Malformed events and unknown schema versions
+// are parked by the runtime before the handler sees them.
+//
+// Delivery is at least once: after a crash or a partition move, the events
+// after the last acked batch are handed out again. Handlers are idempotent
+// (each reader's README says how); Event.Seq increases within a partition,
+// which makes a per-partition high-water mark a cheap first line of defence.
+package reader
