@@ -66,3 +66,29 @@ func TestServeReadyzAndShutdown(t *testing.T) {
 		t.Fatal("Serve did not return after cancel")
 	}
 }
+
+func TestProbe(t *testing.T) {
+	t.Parallel()
+	s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	addrc := make(chan string, 1)
+	go func() { _ = s.Serve(ctx, "127.0.0.1:0", func(a string) { addrc <- a }, time.Second) }()
+	addr := <-addrc
+	if err := webserver.Probe(addr); err != nil {
+		t.Fatalf("Probe(%s) = %v, want nil", addr, err)
+	}
+	cancel()
+	testenvWait(t, func() bool { return webserver.Probe(addr) != nil })
+}
+
+func testenvWait(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("Probe still succeeds after the server stopped")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
