@@ -1,0 +1,291 @@
+package chwriter_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
+	"github.com/snipdev/snip/services/warehouse/internal/loader"
+	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
+
+func newWriter(tb testing.TB, addr, db string) *chwriter.Writer {
+	tb.Helper()
+	w, err := chwriter.Open(chwriter.Config{Addrs: []string{addr}, Database: db, DialTimeout: 2 * time.Second},
+		slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		tb.Fatalf("open writer: %v", err)
+	}
+	tb.Cleanup(func() { _ = w.Close() })
+	return w
+}
+
+func rows(tb testing.TB, n int) []loader.Row {
+	tb.Helper()
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(n, now.Add(-time.Hour), time.Second), now)
+	out := make([]loader.Row, n)
+	for i, e := range evs {
+		r, err := loader.RowFromEvent(e)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out[i] = r
+	}
+	return out
+}
+
+func TestInsertWritesEveryColumn(t *testing.T) {
+	t.Parallel()
+	_, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	want := rows(t, 50)
+	if err := w.Insert(t.Context(), want); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	q, err := w.Conn().Query(t.Context(), `SELECT toString(event_id), ts, owner, code, target, ip_prefix, visitor, user_agent,
+		referrer, toString(country), request_id, bot, stream_partition, stream_seq, ingested_at FROM clicks ORDER BY stream_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	var got []loader.Row
+	for q.Next() {
+		var r loader.Row
+		var bot uint8
+		if err := q.Scan(&r.EventID, &r.Time, &r.Owner, &r.Code, &r.Target, &r.IPPrefix, &r.Visitor, &r.UserAgent,
+			&r.Referrer, &r.Country, &r.RequestID, &bot, &r.Partition, &r.Seq, &r.IngestedAt); err != nil {
+			t.Fatal(err)
+		}
+		r.Bot = bot == 1
+		r.Country = trimZero(r.Country)
+		r.Time, r.IngestedAt = r.Time.UTC(), r.IngestedAt.UTC()
+		got = append(got, r)
+	}
+	for i := range want { // DateTime keeps seconds
+		want[i].Time = want[i].Time.Truncate(time.Second)
+		want[i].IngestedAt = want[i].IngestedAt.Truncate(time.Second)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows read back (-inserted +read):\n%s", diff)
+	}
+}
+
+// trimZero drops the zero padding of an empty FixedString(2).
+func trimZero(s string) string {
+	for len(s) > 0 && s[len(s)-1] == 0 {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+func TestInsertCreatesDatabaseAndSchema(t *testing.T) {
+	t.Parallel()
+	admin, _ := servers.ClickHouse.NewDB(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	db := "fresh_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	})
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Ready(t.Context()); err == nil {
+		t.Fatal("Ready before the schema was applied = nil, want an error")
+	}
+	if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
+		t.Fatalf("insert into a database that did not exist: %v", err)
+	}
+	if err := w.Ready(t.Context()); err != nil {
+		t.Fatalf("Ready after an insert: %v", err)
+	}
+	var n uint64
+	if err := w.Conn().QueryRow(t.Context(), "SELECT count() FROM clicks").Scan(&n); err != nil || n != 3 {
+		t.Fatalf("count = %d, %v; want 3", n, err)
+	}
+}
+
+func TestBadRowIsReportedWithItsIndex(t *testing.T) {
+	t.Parallel()
+	_, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	tests := []struct {
+		name  string
+		index int
+		spoil func(*loader.Row)
+	}{
+		{"three_letter_country", 2, func(r *loader.Row) { r.Country = "DEU" }},
+		{"event_id_not_a_uuid", 0, func(r *loader.Row) { r.EventID = "not-a-uuid" }},
+		{"last_row", 4, func(r *loader.Row) { r.EventID = "" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := rows(t, 5)
+			tc.spoil(&rs[tc.index])
+			err := w.Insert(t.Context(), rs)
+			var re *loader.RowError
+			if !errors.As(err, &re) || re.Index != tc.index {
+				t.Fatalf("insert = %v, want a RowError at %d", err, tc.index)
+			}
+		})
+	}
+	var n uint64
+	if err := w.Conn().QueryRow(t.Context(), "SELECT count() FROM clicks").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("count = %d, %v; a batch with a bad row must insert nothing", n, err)
+	}
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatalf("insert after bad rows: %v", err)
+	}
+}
+
+func TestDroppedTableIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"clicks_hourly_mv", "clicks"} {
+		if err := conn.Exec(t.Context(), "DROP TABLE "+table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := w.Insert(t.Context(), rows(t, 5))
+	if got := chwriter.Classify(err); got != chwriter.ClassMissing || errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("insert into a dropped table = %v (class %q), want class %q, not permanent", err, got, chwriter.ClassMissing)
+	}
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatalf("second insert after the drop (schema applied again): %v", err)
+	}
+}
+
+func TestSchemaMismatchIsPermanent(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(t.Context(), "ALTER TABLE clicks DROP COLUMN request_id"); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Insert(t.Context(), rows(t, 5))
+	if got := chwriter.Classify(err); got != chwriter.ClassSchema || !errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("insert with a dropped column = %v (class %q), want class %q and ErrPermanent", err, got, chwriter.ClassSchema)
+	}
+}
+
+// TestServerDownPausedAndBack walks one server of the test's own through the
+// failures the loader must ride out: each is classified as retryable, a
+// frozen server fails the insert within its deadline instead of hanging,
+// and the pool recovers without a new writer.
+func TestServerDownPausedAndBack(t *testing.T) {
+	t.Parallel()
+	ch := testenv.StartClickHouse(t)
+	w := newWriter(t, ch.Addr, "snip")
+	insert := func(timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(t.Context(), timeout)
+		defer cancel()
+		return w.Insert(ctx, rows(t, 100))
+	}
+	if err := insert(30 * time.Second); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+
+	ch.Pause()
+	start := time.Now()
+	err := insert(2 * time.Second)
+	took := time.Since(start)
+	ch.Resume()
+	if got := chwriter.Classify(err); got != chwriter.ClassTimeout {
+		t.Errorf("insert into a frozen server = %v (class %q), want class %q", err, got, chwriter.ClassTimeout)
+	}
+	// The deadline (2s) or, for a new connection's handshake, DialTimeout
+	// (2s) bounds it; 20s means it hung.
+	if took > 20*time.Second {
+		t.Errorf("insert into a frozen server took %s; it must fail at its deadline", took)
+	}
+	if err := insert(30 * time.Second); err != nil {
+		t.Fatalf("insert after resume: %v", err)
+	}
+
+	ch.Stop()
+	err = insert(10 * time.Second)
+	if got := chwriter.Classify(err); got != chwriter.ClassUnavailable || errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("insert with the server stopped = %v (class %q), want class %q", err, got, chwriter.ClassUnavailable)
+	}
+	if err := ch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := insert(30 * time.Second); err != nil {
+		t.Fatalf("insert after restart: %v", err)
+	}
+	var n uint64
+	if err := w.Conn().QueryRow(t.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&n); err != nil || n != 300 {
+		t.Fatalf("distinct events = %d, %v; want 300 (three successful inserts)", n, err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"nil", nil, ""},
+		{"refused", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, chwriter.ClassUnavailable},
+		{"reset_wrapped", fmt.Errorf("prepare: %w", syscall.ECONNRESET), chwriter.ClassUnavailable},
+		{"broken_pipe", fmt.Errorf("send data: %w", syscall.EPIPE), chwriter.ClassUnavailable},
+		{"eof", fmt.Errorf("read: %w", io.EOF), chwriter.ClassUnavailable},
+		{"deadline", fmt.Errorf("prepare: %w", context.DeadlineExceeded), chwriter.ClassTimeout},
+		{"acquire_timeout", clickhouse.ErrAcquireConnTimeout, chwriter.ClassTimeout},
+		{"net_timeout", &net.OpError{Op: "read", Err: timeoutErr{}}, chwriter.ClassTimeout},
+		{"canceled", context.Canceled, chwriter.ClassCanceled},
+		{"too_many_parts", &clickhouse.Exception{Code: 252}, chwriter.ClassOverloaded},
+		{"memory_limit", &clickhouse.Exception{Code: 241}, chwriter.ClassOverloaded},
+		{"server_timeout", &clickhouse.Exception{Code: 159}, chwriter.ClassOverloaded},
+		{"unknown_table", &clickhouse.Exception{Code: 60}, chwriter.ClassMissing},
+		{"unknown_database", &clickhouse.Exception{Code: 81}, chwriter.ClassMissing},
+		{"no_such_column", fmt.Errorf("prepare: %w", &clickhouse.Exception{Code: 16}), chwriter.ClassSchema},
+		{"type_mismatch", &clickhouse.Exception{Code: 53}, chwriter.ClassSchema},
+		{"access_denied", &clickhouse.Exception{Code: 497}, chwriter.ClassAuth},
+		{"wrong_password", &clickhouse.Exception{Code: 516}, chwriter.ClassAuth},
+		{"other_exception", &clickhouse.Exception{Code: 1}, chwriter.ClassServer},
+		{"unknown", errors.New("something"), chwriter.ClassOther},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := chwriter.Classify(tc.err); got != tc.want {
+				t.Errorf("Classify(%v) = %q, want %q", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }

@@ -1,0 +1,46 @@
+package chwriter
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the inserts as ClickHouse saw them.
+type metrics struct {
+	rows        prometheus.Counter
+	duration    prometheus.Histogram
+	batchRows   prometheus.Histogram
+	errors      *prometheus.CounterVec
+	lastSuccess prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	m := metrics{
+		rows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warehouse_rows_inserted_total",
+			Help: "Rows ClickHouse accepted (redelivered events count again; the schema absorbs them).",
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "warehouse_insert_duration_seconds",
+			Help:    "Duration of successful inserts, from prepare to the server's acknowledgement.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "warehouse_insert_rows",
+			Help:    "Rows per successful insert.",
+			Buckets: []float64{1, 10, 100, 1000, 2500, 5000, 10000, 20000, 50000, 100000},
+		}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warehouse_insert_errors_total",
+			Help: "Failed inserts by class; schema and auth need an operator (alert on any).",
+		}, []string{"class"}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "warehouse_last_insert_timestamp_seconds",
+			Help: "Unix time of the last successful insert.",
+		}),
+	}
+	for _, c := range []string{ClassUnavailable, ClassTimeout, ClassOverloaded, ClassMissing, ClassSchema, ClassAuth, ClassServer, ClassBadRow, ClassCanceled, ClassOther} {
+		m.errors.WithLabelValues(c)
+	}
+	if reg != nil {
+		reg.MustRegister(m.rows, m.duration, m.batchRows, m.errors, m.lastSuccess)
+	}
+	return m
+}

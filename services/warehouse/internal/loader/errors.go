@@ -1,0 +1,48 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Reasons a click is parked on DEAD_LETTER by the loader, as the token of
+// dead.warehouse-loader.<reason>.
+const (
+	// ReasonBadRow: the click cannot be written as a row of the clicks table
+	// (the ClickHouse client refused a value, e.g. a malformed event ID).
+	ReasonBadRow = "bad_row"
+	// ReasonImplausibleTime: the click's time is further from when JetStream
+	// stored it than MaxClockSkew. Loading it would create a day partition
+	// far from every other, and a batch spanning more than 100 days is
+	// refused by current ClickHouse servers (max_partitions_per_insert_block).
+	ReasonImplausibleTime = "implausible_time"
+)
+
+// RowError is returned by an Inserter for a row it cannot encode. Only that
+// row is at fault: the loader parks its event and inserts the rest again.
+type RowError struct {
+	// Index is the row's position in the slice given to Insert.
+	Index int
+	// Err is what the client said.
+	Err error
+}
+
+func (e *RowError) Error() string { return fmt.Sprintf("row %d: %v", e.Index, e.Err) }
+
+func (e *RowError) Unwrap() error { return e.Err }
+
+// ErrStopped is what a handler waiting on an insert returns when the loader
+// is closed before the insert finished. The runtime hands the batch out
+// again later (to this process or another), so nothing is lost.
+var ErrStopped = errors.New("loader stopped")
+
+// ErrBadConfig means a Config field is out of range.
+var ErrBadConfig = errors.New("invalid loader config")
+
+// ErrPermanent marks an insert that cannot succeed until an operator acts:
+// the tables do not fit the rows (a missing column, a changed type) or the
+// loader may not write (credentials, grants). The events are fine, so the
+// loader never parks them: it alerts (an error log and the insert-error
+// metric) and retries every PermanentRetryDelay, and the stream holds the
+// backlog meanwhile.
+var ErrPermanent = errors.New("the warehouse refuses the rows until an operator acts")

@@ -1,0 +1,378 @@
+package loader_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
+	"github.com/snipdev/snip/services/warehouse/internal/loader"
+	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
+
+// env is a loader writing into a database of the test's own.
+type env struct {
+	l    *loader.Loader
+	w    *chwriter.Writer
+	conn driver.Conn // the test's view of the database
+	reg  *prometheus.Registry
+}
+
+func newEnv(tb testing.TB, addr string, cfg loader.Config) *env {
+	tb.Helper()
+	conn, db := servers.ClickHouse.NewDB(tb)
+	return newEnvOn(tb, addr, db, conn, cfg)
+}
+
+func newEnvOn(tb testing.TB, addr, db string, conn driver.Conn, cfg loader.Config) *env {
+	tb.Helper()
+	reg := prometheus.NewRegistry()
+	w, err := chwriter.Open(chwriter.Config{Addrs: []string{addr}, Database: db, DialTimeout: 2 * time.Second},
+		slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = w.Close() })
+	cfg.Metrics = reg
+	l, err := loader.New(w, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(l.Close)
+	return &env{l: l, w: w, conn: conn, reg: reg}
+}
+
+func ids(evs []reader.Event) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.Click.ID
+	}
+	return out
+}
+
+// handleAll hands every partition's batch to the loader at once, as the
+// runtime does for the partitions a member owns, and returns each call's
+// result by partition.
+func handleAll(ctx context.Context, l *loader.Loader, byPart map[int][]reader.Event) map[int]error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	out := map[int]error{}
+	for p, batch := range byPart {
+		wg.Go(func() {
+			err := l.Handle(ctx, p, batch)
+			mu.Lock()
+			out[p] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func TestPartitionBatchesShareOneInsert(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(400, now.Add(-2*time.Hour), time.Second), now)
+	byPart := warehousetest.ByPartition(evs)
+	if len(byPart) < 4 {
+		t.Fatalf("test data covers %d partitions; want several", len(byPart))
+	}
+	// The insert starts when the last batch arrives (MaxRows = all rows),
+	// long before the linger would start it.
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{MaxRows: len(evs), Linger: time.Minute})
+	for p, err := range handleAll(t.Context(), e.l, byPart) {
+		if err != nil {
+			t.Errorf("partition %d: %v", p, err)
+		}
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_rows"); got != 1 {
+		t.Errorf("%d partition batches took %v inserts, want 1", len(byPart), got)
+	}
+	got := warehousetest.RowsPerEvent(t, e.conn)
+	want := map[string]int{}
+	for _, id := range ids(evs) {
+		want[id] = 1
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows per event (-want +got):\n%s", diff)
+	}
+}
+
+func TestHandleReturnsOnlyWhenRowsAreInClickHouse(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 50 * time.Millisecond})
+	now := time.Now().UTC()
+	for round := range 5 {
+		evs := warehousetest.Events(warehousetest.Clicks(20, now, time.Second), now)
+		if err := e.l.Handle(t.Context(), evs[0].Partition, evs); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		// No polling: the ack follows this return, so the rows must already
+		// be readable.
+		got := warehousetest.RowsPerEvent(t, e.conn)
+		for _, id := range ids(evs) {
+			if got[id] != 1 {
+				t.Fatalf("round %d: event %s has %d rows right after Handle returned, want 1", round, id, got[id])
+			}
+		}
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "linger"); got != 5 {
+		t.Errorf("linger flushes = %v, want 5", got)
+	}
+}
+
+func TestDrainInsertsWithoutLingering(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: time.Minute})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(10, now, time.Second), now)
+	done := make(chan error, 1)
+	go func() { done <- e.l.Handle(t.Context(), 0, evs) }()
+	testenv.WaitFor(t, 10*time.Second, "rows waiting", func() bool {
+		return warehousetest.Metric(t, e.reg, "warehouse_rows_waiting") == 10
+	})
+	e.l.Drain()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Handle still waiting 30s after Drain; the linger is a minute")
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "drain"); got != 1 {
+		t.Errorf("drain flushes = %v, want 1", got)
+	}
+}
+
+func TestRedeliveriesChangeNoCount(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 20 * time.Millisecond})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(300, now.Add(-3*time.Hour), 30*time.Second), now)
+	load := func(evs []reader.Event) {
+		t.Helper()
+		for p, err := range handleAll(t.Context(), e.l, warehousetest.ByPartition(evs)) {
+			if err != nil {
+				t.Fatalf("partition %d: %v", p, err)
+			}
+		}
+	}
+	distinct := func() (events, rows uint64) {
+		t.Helper()
+		if err := e.conn.QueryRow(t.Context(), "SELECT uniqExact(event_id), count() FROM clicks").Scan(&events, &rows); err != nil {
+			t.Fatal(err)
+		}
+		return events, rows
+	}
+	load(evs)
+	// A redelivery (the same events, same stored time) and a republish
+	// (other sequences, a later stored time).
+	load(evs)
+	again := warehousetest.Events(warehousetest.ClicksOf(evs), now.Add(time.Minute))
+	for i := range again {
+		again[i].Seq += 1000
+	}
+	load(again)
+	events, rows := distinct()
+	if events != 300 {
+		t.Errorf("distinct events = %d, want 300", events)
+	}
+	if rows < 300 {
+		t.Errorf("rows = %d, want at least 300", rows)
+	}
+}
+
+func TestBadRowIsParkedAndTheRestInserted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 20 * time.Millisecond})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(200, now, time.Second), now)
+	byPart := warehousetest.ByPartition(evs)
+	bad := -1
+	for p, b := range byPart {
+		if len(b) >= 6 {
+			bad = p
+			break
+		}
+	}
+	if bad < 0 {
+		t.Fatal("no partition with 6 events")
+	}
+	byPart[bad][3].Click.Country = "DEU" // FixedString(2): the client refuses it
+	results := handleAll(t.Context(), e.l, byPart)
+
+	var pe *reader.PoisonError
+	if err := results[bad]; !errors.As(err, &pe) || pe.Index != 3 || pe.Reason != loader.ReasonBadRow {
+		t.Fatalf("partition %d with a bad row at 3: %v, want Poison(3, %q)", bad, err, loader.ReasonBadRow)
+	}
+	got := warehousetest.RowsPerEvent(t, e.conn)
+	for p, b := range byPart {
+		if p != bad && results[p] != nil {
+			t.Errorf("partition %d: %v", p, results[p])
+		}
+		for i, ev := range b {
+			want := 1
+			if p == bad && i >= 3 { // parked, or handed out again by the runtime
+				want = 0
+			}
+			if got[ev.Click.ID] != want {
+				t.Errorf("partition %d event %d: %d rows, want %d", p, i, got[ev.Click.ID], want)
+			}
+		}
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_rows_parked_total", "reason", loader.ReasonBadRow); got != 1 {
+		t.Errorf("parked = %v, want 1", got)
+	}
+}
+
+func TestImplausibleTimeIsParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 20 * time.Millisecond})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(5, now, time.Second), now)
+	evs[2].Click.Time = now.Add(-loader.MaxClockSkew - time.Hour)
+	var pe *reader.PoisonError
+	if err := e.l.Handle(t.Context(), 0, evs); !errors.As(err, &pe) || pe.Index != 2 || pe.Reason != loader.ReasonImplausibleTime {
+		t.Fatalf("Handle = %v, want Poison(2, %q)", err, loader.ReasonImplausibleTime)
+	}
+	got := warehousetest.RowsPerEvent(t, e.conn)
+	want := map[string]int{evs[0].Click.ID: 1, evs[1].Click.ID: 1}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows per event (-want +got):\n%s", diff)
+	}
+}
+
+func TestUnavailableClickHouseFailsTheBatchForRetry(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort() // nothing listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, db := servers.ClickHouse.NewDB(t)
+	down := newEnvOn(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), db, conn, loader.Config{Linger: 10 * time.Millisecond})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(10, now, time.Second), now)
+
+	err = down.l.Handle(t.Context(), 0, evs)
+	var pe *reader.PoisonError
+	if err == nil || errors.As(err, &pe) || errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle with ClickHouse down = %v, want a transient error (the runtime retries the batch)", err)
+	}
+	if got := warehousetest.Metric(t, down.reg, "warehouse_insert_errors_total", "class", chwriter.ClassUnavailable); got != 1 {
+		t.Errorf("unavailable errors = %v, want 1", got)
+	}
+	// The runtime hands the same batch again; this time ClickHouse is there.
+	up := newEnvOn(t, servers.ClickHouse.Addr, db, conn, loader.Config{Linger: 10 * time.Millisecond})
+	if err := up.l.Handle(t.Context(), 0, evs); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if got := len(warehousetest.RowsPerEvent(t, conn)); got != 10 {
+		t.Errorf("distinct events = %d, want 10", got)
+	}
+}
+
+func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: time.Second})
+	now := time.Now().UTC()
+	batch := func() []reader.Event {
+		return warehousetest.Events(warehousetest.Clicks(5, now, time.Second), now)
+	}
+	if err := e.l.Handle(t.Context(), 0, batch()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks DROP COLUMN referrer"); err != nil {
+		t.Fatal(err)
+	}
+	evs := batch()
+	if err := e.l.Handle(t.Context(), 0, evs); !errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle after a column was dropped = %v, want ErrPermanent", err)
+	}
+	// Within the retry delay nothing is tried: the error comes at once and
+	// ClickHouse sees no second failing insert.
+	if err := e.l.Handle(t.Context(), 0, evs); !errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("second Handle = %v, want ErrPermanent", err)
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassSchema); got != 1 {
+		t.Errorf("schema errors = %v, want 1 (one attempt per retry delay)", got)
+	}
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks ADD COLUMN referrer String AFTER user_agent"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the batch to load once the column is back", func() bool {
+		return e.l.Handle(t.Context(), 0, evs) == nil
+	})
+	if got := warehousetest.RowsPerEvent(t, e.conn); got[evs[4].Click.ID] != 1 {
+		t.Errorf("event %s: %d rows, want 1", evs[4].Click.ID, got[evs[4].Click.ID])
+	}
+}
+
+func TestBackfillSkipsOnlyOldBacklog(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	b := &loader.Backfill{Since: created.Add(-72 * time.Hour), StoredBefore: created}
+	tests := []struct {
+		name          string
+		click, stored time.Time
+		skip          bool
+	}{
+		{"backlog_older_than_window", created.Add(-80 * time.Hour), created.Add(-time.Hour), true},
+		{"backlog_inside_window", created.Add(-70 * time.Hour), created.Add(-time.Hour), false},
+		{"backlog_at_the_edge", created.Add(-72 * time.Hour), created.Add(-time.Hour), false},
+		{"live_with_an_old_click", created.Add(-100 * time.Hour), created.Add(time.Second), false},
+		{"live", created.Add(time.Minute), created.Add(time.Minute), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := reader.Event{Stored: tc.stored}
+			e.Click.Time = tc.click
+			if got := b.Skips(e); got != tc.skip {
+				t.Errorf("Skips = %v, want %v", got, tc.skip)
+			}
+		})
+	}
+	var none *loader.Backfill
+	if none.Skips(reader.Event{}) {
+		t.Error("a nil Backfill skips")
+	}
+}
+
+func TestConfigIsValidated(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  loader.Config
+	}{
+		{"negative_rows", loader.Config{MaxRows: -1}},
+		{"huge_rows", loader.Config{MaxRows: 10_000_000}},
+		{"negative_linger", loader.Config{Linger: -time.Second}},
+		{"long_linger", loader.Config{Linger: time.Hour}},
+		{"negative_timeout", loader.Config{InsertTimeout: -time.Second}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if _, err := loader.New(nil, tc.cfg); !errors.Is(err, loader.ErrBadConfig) {
+				t.Errorf("New(%+v) = %v, want ErrBadConfig", tc.cfg, err)
+			}
+		})
+	}
+}

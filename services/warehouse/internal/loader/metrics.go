@@ -1,0 +1,44 @@
+package loader
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the loader's collectors. The ClickHouse adapter counts the
+// inserts themselves (rows, latency, batch size, errors by class), and the
+// reader runtime the lag and age of the oldest unprocessed event.
+type metrics struct {
+	parked  *prometheus.CounterVec
+	skipped prometheus.Counter
+	waiting prometheus.Gauge
+	flushes *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	m := metrics{
+		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warehouse_rows_parked_total",
+			Help: "Clicks the loader refused as rows and parked on DEAD_LETTER, by reason.",
+		}, []string{"reason"}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "warehouse_backfill_skipped_total",
+			Help: "Backlog events skipped on a first start because their click is older than the backfill window.",
+		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "warehouse_rows_waiting",
+			Help: "Rows handed to the loader and not yet inserted (their events are not acked).",
+		}),
+		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "warehouse_flushes_total",
+			Help: "Inserts started, by what started them: size (MaxRows reached), linger, or drain (shutdown).",
+		}, []string{"trigger"}),
+	}
+	for _, r := range []string{ReasonBadRow, ReasonImplausibleTime} {
+		m.parked.WithLabelValues(r)
+	}
+	for _, t := range []string{"size", "linger", "drain"} {
+		m.flushes.WithLabelValues(t)
+	}
+	if reg != nil {
+		reg.MustRegister(m.parked, m.skipped, m.waiting, m.flushes)
+	}
+	return m
+}

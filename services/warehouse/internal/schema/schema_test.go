@@ -1,0 +1,157 @@
+package schema_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/warehouse/internal/schema"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
+
+var update = flag.Bool("update", false, "rewrite deploy/clickhouse from the embedded schema")
+
+// deployDir is the operators' copy of the schema.
+var deployDir = filepath.Join("..", "..", "..", "..", "deploy", "clickhouse")
+
+func TestDeployCopyMatchesEmbeddedSchema(t *testing.T) {
+	t.Parallel()
+	if *update {
+		if err := os.MkdirAll(deployDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range schema.Statements() {
+			if err := os.WriteFile(filepath.Join(deployDir, s.Name), []byte(s.SQL), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := map[string]string{}
+	for _, s := range schema.Statements() {
+		want[s.Name] = s.SQL
+	}
+	got := map[string]string{}
+	names, err := filepath.Glob(filepath.Join(deployDir, "*.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[filepath.Base(n)] = string(b)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("deploy/clickhouse differs from services/warehouse/internal/schema/sql (-embedded +deploy); "+
+			"edit the embedded files and run `go test ./internal/schema -run DeployCopy -update`:\n%s", diff)
+	}
+}
+
+func TestStatementsAreOnePerFileInOrder(t *testing.T) {
+	t.Parallel()
+	var names []string
+	for _, s := range schema.Statements() {
+		names = append(names, s.Name)
+		// One statement per file keeps `clickhouse-client < file` and Exec
+		// equivalent: a second statement would be silently different.
+		var code []string
+		for _, line := range strings.Split(s.SQL, "\n") {
+			if !strings.HasPrefix(strings.TrimSpace(line), "--") {
+				code = append(code, line)
+			}
+		}
+		if n := strings.Count(strings.TrimRight(strings.Join(code, "\n"), "\n; "), ";"); n != 0 {
+			t.Errorf("%s has %d semicolons; one statement per file, without a trailing semicolon", s.Name, n)
+		}
+	}
+	if !sort.StringsAreSorted(names) || len(names) < 3 {
+		t.Errorf("statements %v: want at least 3, sorted", names)
+	}
+}
+
+func TestApplyIsIdempotent(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	for range 3 {
+		if err := schema.Apply(t.Context(), conn); err != nil {
+			t.Fatalf("apply: %v", err)
+		}
+	}
+	rows, err := conn.Query(t.Context(), "SELECT name, engine FROM system.tables WHERE database = ? ORDER BY name", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[string]string{}
+	for rows.Next() {
+		var name, engine string
+		if err := rows.Scan(&name, &engine); err != nil {
+			t.Fatal(err)
+		}
+		got[name] = engine
+	}
+	want := map[string]string{
+		"clicks":           "ReplacingMergeTree",
+		"clicks_hourly":    "AggregatingMergeTree",
+		"clicks_hourly_mv": "MaterializedView",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("tables (-want +got):\n%s", diff)
+	}
+}
+
+func TestEnsureDatabase(t *testing.T) {
+	t.Parallel()
+	admin, _ := servers.ClickHouse.NewDB(t) // any connection with a database that exists
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "ensure_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _ = admin.Exec(t.Context(), "DROP DATABASE IF EXISTS "+name) })
+	for range 2 {
+		if err := schema.EnsureDatabase(t.Context(), admin, name); err != nil {
+			t.Fatalf("ensure database: %v", err)
+		}
+	}
+	var n uint64
+	if err := admin.QueryRow(t.Context(), "SELECT count() FROM system.databases WHERE name = ?", name).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("database %s: count %d, %v", name, n, err)
+	}
+}
+
+func TestValidDatabase(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		in   string
+		want bool
+	}{
+		{"plain", "snip", true},
+		{"underscore_and_digits", "snip_2", true},
+		{"leading_underscore", "_x", true},
+		{"empty", "", false},
+		{"leading_digit", "2snip", false},
+		{"dash", "snip-dev", false},
+		{"injection", "x; DROP TABLE clicks", false},
+		{"backquote", "x`y", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := schema.ValidDatabase(tc.in); got != tc.want {
+				t.Errorf("ValidDatabase(%q) = %v, want %v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
