@@ -11,6 +11,9 @@
 // CTEs, no window functions.
 //
 // The SQL is in exported constants so that a console can run the same text.
+// An alias never reuses a column's name: ClickHouse resolves a name to the
+// alias first, so "uniqExactMerge(clicks) AS clicks" would turn a later
+// uniqExactMergeIf(clicks, ...) into an aggregate of an aggregate.
 package dashboard
 
 import (
@@ -48,9 +51,9 @@ type HourClicks struct {
 const ClicksPerHourSQL = `
 SELECT
     hour,
-    uniqExactMerge(clicks)               AS clicks,
-    uniqExactMergeIf(clicks, bot = 1)    AS bot_clicks,
-    uniqMerge(visitors)                  AS visitors
+    uniqExactMerge(clicks)            AS total_clicks,
+    uniqExactMergeIf(clicks, bot = 1) AS bot_clicks,
+    uniqMerge(visitors)               AS unique_visitors
 FROM clicks_hourly
 WHERE owner = ? AND code = ? AND hour >= ? AND hour < ?
 GROUP BY hour
@@ -94,12 +97,12 @@ const TopLinksSQL = `
 SELECT
     owner,
     code,
-    uniqExactMerge(clicks)            AS clicks,
+    uniqExactMerge(clicks)            AS total_clicks,
     uniqExactMergeIf(clicks, bot = 1) AS bot_clicks
 FROM clicks_hourly
 WHERE hour >= ? AND (? = 0 OR owner = ?)
 GROUP BY owner, code
-ORDER BY clicks DESC, owner, code
+ORDER BY total_clicks DESC, owner, code
 LIMIT ?`
 
 // Last24h is where "the last 24 hours" start for TopLinks at now: the
