@@ -192,9 +192,9 @@ func TestQueriesUnchangedByCopies(t *testing.T) {
 	e.insert(t, evs)
 	want := e.snapshot(t)
 
-	e.insert(t, evs)                // redelivery of everything
-	e.insert(t, evs[1000:2500])     // an overlapping retry
-	e.insert(t, evs[:10])           // a tiny one
+	e.insert(t, evs)            // redelivery of everything
+	e.insert(t, evs[1000:2500]) // an overlapping retry
+	e.insert(t, evs[:10])       // a tiny one
 	republished := warehousetest.Events(clicks, stored.Add(time.Hour))
 	for i := range republished {
 		republished[i].Seq += 1_000_000
