@@ -29,7 +29,7 @@ func Click(i int, owner, code string, t time.Time) events.Click {
 		Target:    "https://example.com/" + code,
 		IPPrefix:  fmt.Sprintf("203.0.%d.0/24", i%200),
 		Visitor:   fmt.Sprintf("visitor-%02d", i%23),
-		UserAgent: "Mozilla/5.0 (X11; Linux x86_64) warehousetest",
+		UserAgent: "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36",
 		Referrer:  "https://news.example.org/",
 		Country:   countries[i%len(countries)],
 		RequestID: fmt.Sprintf("req-%d", i),
