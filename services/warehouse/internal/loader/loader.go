@@ -60,21 +60,20 @@ type Config struct {
 // runtime's StartAtTime, by JetStream's stored time). Some of the events
 // stored after Since are older clicks: the outbox publishes late when NATS was
 // down, and a seeded or replayed stream carries old click times. Backfill
-// also cuts those by the click's own time: an event stored before StoredBefore
-// (the backlog the group found when it was created) whose click happened
-// before Since is skipped. Events stored after StoredBefore are live and are
-// always loaded, however old their click time.
+// cuts those by the click's own time, but only in the backlog: an event that
+// was already in the log when the group was created (stream sequence up to
+// BacklogUntilSeq) and whose click happened before Since is skipped. Events
+// published later are live and always loaded, however old their click.
 type Backfill struct {
 	// Since is the oldest click time loaded from the backlog.
 	Since time.Time
-	// StoredBefore separates the backlog from live events: the moment the
-	// group was created.
-	StoredBefore time.Time
+	// BacklogUntilSeq is the last CLICKS sequence when the group was created.
+	BacklogUntilSeq uint64
 }
 
 // Skips reports whether e is part of the backlog older than wanted.
 func (b *Backfill) Skips(e reader.Event) bool {
-	return b != nil && e.Stored.Before(b.StoredBefore) && e.Click.Time.Before(b.Since)
+	return b != nil && e.Seq <= b.BacklogUntilSeq && e.Click.Time.Before(b.Since)
 }
 
 // Defaults.

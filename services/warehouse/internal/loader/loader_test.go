@@ -327,22 +327,24 @@ func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 func TestBackfillSkipsOnlyOldBacklog(t *testing.T) {
 	t.Parallel()
 	created := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
-	b := &loader.Backfill{Since: created.Add(-72 * time.Hour), StoredBefore: created}
+	b := &loader.Backfill{Since: created.Add(-72 * time.Hour), BacklogUntilSeq: 1000}
 	tests := []struct {
-		name          string
-		click, stored time.Time
-		skip          bool
+		name  string
+		click time.Time
+		seq   uint64
+		skip  bool
 	}{
-		{"backlog_older_than_window", created.Add(-80 * time.Hour), created.Add(-time.Hour), true},
-		{"backlog_inside_window", created.Add(-70 * time.Hour), created.Add(-time.Hour), false},
-		{"backlog_at_the_edge", created.Add(-72 * time.Hour), created.Add(-time.Hour), false},
-		{"live_with_an_old_click", created.Add(-100 * time.Hour), created.Add(time.Second), false},
-		{"live", created.Add(time.Minute), created.Add(time.Minute), false},
+		{"backlog_older_than_window", created.Add(-80 * time.Hour), 999, true},
+		{"last_of_backlog_older_than_window", created.Add(-80 * time.Hour), 1000, true},
+		{"backlog_inside_window", created.Add(-70 * time.Hour), 10, false},
+		{"backlog_at_the_edge", created.Add(-72 * time.Hour), 10, false},
+		{"live_with_an_old_click", created.Add(-100 * time.Hour), 1001, false},
+		{"live", created.Add(time.Minute), 5000, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := reader.Event{Stored: tc.stored}
+			e := reader.Event{Seq: tc.seq}
 			e.Click.Time = tc.click
 			if got := b.Skips(e); got != tc.skip {
 				t.Errorf("Skips = %v, want %v", got, tc.skip)

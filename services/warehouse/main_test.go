@@ -1,0 +1,688 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/warehouse/internal/dashboard"
+	"github.com/snipdev/snip/services/warehouse/internal/loader"
+	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
+)
+
+var servers *testenv.Servers
+
+// childEnv makes the test binary run the service itself (main), so a test
+// can kill -9 a real loader process.
+const childEnv = "WAREHOUSE_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse()))
+}
+
+// --- helpers ---------------------------------------------------------------
+
+// startNATS starts NATS with the topology applied.
+func startNATS(t *testing.T) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	o := topology.Defaults()
+	o.Partitions = warehousetest.Partitions
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	return n, js
+}
+
+// testConfig is the service's configuration for a test: quick to batch,
+// quick to fail over, and quick to give up on a frozen server.
+func testConfig(natsURL, chAddr, db string) Config {
+	cfg, err := loadConfig([]string{
+		"NATS_URL=" + natsURL,
+		"CLICKHOUSE_ADDR=" + chAddr,
+		"CLICKHOUSE_DATABASE=" + db,
+		"CLICKHOUSE_DIAL_TIMEOUT=2s",
+		"WAREHOUSE_BATCH_ROWS=1000",
+		"WAREHOUSE_LINGER=100ms",
+		"WAREHOUSE_INSERT_TIMEOUT=5s",
+		"WAREHOUSE_MAX_RETRY_DELAY=1s",
+		"WAREHOUSE_LEASE_TTL=1s",
+		"SHUTDOWN_TIMEOUT=10s",
+		"HTTP_ADDR=127.0.0.1:0",
+	}, nil)
+	if err != nil {
+		panic(err)
+	}
+	return cfg
+}
+
+// service is run() in a goroutine.
+type service struct {
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startService(t *testing.T, cfg Config) *service {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	cfg.Ready = func(a string) { addr <- a }
+	s := &service{cancel: cancel, done: make(chan error, 1)}
+	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	go func() { s.done <- run(ctx, log, cfg) }()
+	select {
+	case s.addr = <-addr:
+	case err := <-s.done:
+		t.Fatalf("service stopped at start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("service did not listen within 30s")
+	}
+	t.Cleanup(func() { _ = s.stop(t) })
+	return s
+}
+
+// stop cancels the service and waits for run to return.
+func (s *service) stop(t *testing.T) error {
+	s.cancel()
+	select {
+	case err, ok := <-s.done:
+		if ok {
+			close(s.done)
+		}
+		return err
+	case <-time.After(2 * time.Minute):
+		t.Fatal("service did not stop within 2 minutes")
+		return nil
+	}
+}
+
+// testWriter sends the service's logs to t.Log, shown only on failure.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// publish sends clicks to CLICKS with msgID(click) as Nats-Msg-Id.
+func publish(t *testing.T, js jetstream.JetStream, clicks []events.Click, msgID func(events.Click) string) {
+	t.Helper()
+	for _, c := range clicks {
+		b, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(msgID(c))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(60 * time.Second):
+		t.Fatal("publish acks did not arrive")
+	}
+}
+
+func eventID(c events.Click) string { return c.ID }
+
+// counts is what the warehouse holds: distinct events, and rows the hourly
+// view received (copies included).
+func counts(t *testing.T, conn driver.Conn) (distinct, received uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := conn.QueryRow(ctx, "SELECT uniqExact(event_id) FROM clicks").Scan(&distinct); err != nil {
+		t.Logf("count events: %v", err)
+		return 0, 0
+	}
+	if err := conn.QueryRow(ctx, "SELECT countMerge(inserted_rows) FROM clicks_hourly").Scan(&received); err != nil {
+		t.Logf("count received rows: %v", err)
+		return 0, 0
+	}
+	return distinct, received
+}
+
+// waitLoaded waits until the warehouse holds want distinct events and its
+// view received at least minReceived rows.
+func waitLoaded(t *testing.T, conn driver.Conn, want, minReceived int, timeout time.Duration) {
+	t.Helper()
+	var d, r uint64
+	testenv.WaitFor(t, timeout, fmt.Sprintf("%d distinct events, %d rows received", want, minReceived), func() bool {
+		d, r = counts(t, conn)
+		if d > uint64(want) {
+			t.Fatalf("%d distinct events in ClickHouse, more than the %d sent", d, want)
+		}
+		return d == uint64(want) && r >= uint64(minReceived)
+	})
+}
+
+// chConn opens a connection to db on a server of the test's own.
+func chConn(t *testing.T, addr, db string) driver.Conn {
+	t.Helper()
+	conn, err := clickhouse.Open(&clickhouse.Options{Addr: []string{addr}, Auth: clickhouse.Auth{Database: db},
+		DialTimeout: 5 * time.Second, ReadTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// metric sums the series of name in the service's /metrics.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("get metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			v, _ := strconv.ParseFloat(m[2], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func readyz(t *testing.T, addr string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatalf("get readyz: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// lag sums the group's pending and in-flight events, as the console sees it.
+func lag(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	pls, err := reader.Lag(t.Context(), js, topology.GroupWarehouseLoader)
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, pl := range pls {
+		n += pl.Pending + uint64(pl.AckPending)
+	}
+	return n
+}
+
+// snapshot is every dashboard answer about clicks' links.
+type snapshot struct {
+	Hours    map[string][]dashboard.HourClicks
+	Visitors map[string]uint64
+	Top      []dashboard.LinkClicks
+	Events   uint64
+}
+
+func takeSnapshot(t *testing.T, conn driver.Conn, clicks []events.Click) snapshot {
+	t.Helper()
+	q := dashboard.New(conn)
+	from, to := time.Now().Add(-100*time.Hour), time.Now().Add(time.Hour)
+	s := snapshot{Hours: map[string][]dashboard.HourClicks{}, Visitors: map[string]uint64{}}
+	for _, c := range clicks {
+		key := c.Owner + "/" + c.Code
+		if _, ok := s.Hours[key]; ok {
+			continue
+		}
+		h, err := q.ClicksPerHour(t.Context(), c.Owner, c.Code, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := q.UniqueVisitors(t.Context(), c.Owner, c.Code, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Hours[key], s.Visitors[key] = h, v
+	}
+	var err error
+	if s.Top, err = q.TopLinks(t.Context(), "", dashboard.Last24h(time.Now()), 10); err != nil {
+		t.Fatal(err)
+	}
+	tot, err := q.Totals(t.Context(), from, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Events = tot.Events
+	return s
+}
+
+// --- tests -----------------------------------------------------------------
+
+// TestEveryClickOnceThroughReplayAndRepublish: N clicks in, N distinct
+// events in ClickHouse with the dashboard answering as Go computes it; then a
+// replay of the whole group (Rewind) and a republish of every click under
+// other message IDs load every event twice more, and no answer changes.
+func TestEveryClickOnceThroughReplayAndRepublish(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	conn, db := servers.ClickHouse.NewDB(t)
+	clicks := warehousetest.Clicks(2000, time.Now().Add(-3*time.Hour), 5*time.Second)
+	publish(t, js, clicks, eventID)
+	s := startService(t, testConfig(n.URL, servers.ClickHouse.Addr, db))
+
+	waitLoaded(t, conn, len(clicks), len(clicks), time.Minute)
+	want := takeSnapshot(t, conn, clicks)
+	sent := map[string][]dashboard.HourClicks{}
+	for _, h := range warehousetest.Hours(clicks) { // sorted by owner, code, hour
+		key := h.Owner + "/" + h.Code
+		sent[key] = append(sent[key], dashboard.HourClicks{Hour: h.Hour, Clicks: h.Clicks, BotClicks: h.BotClicks, Visitors: h.Visitors})
+	}
+	if diff := cmp.Diff(sent, want.Hours); diff != "" {
+		t.Errorf("clicks per link and hour (-sent +warehouse):\n%s", diff)
+	}
+	if want.Events != uint64(len(clicks)) {
+		t.Errorf("totals: %d events, want %d", want.Events, len(clicks))
+	}
+
+	if _, err := reader.Rewind(t.Context(), js, topology.GroupWarehouseLoader, reader.FromSeq(1)); err != nil {
+		t.Fatal(err)
+	}
+	waitLoaded(t, conn, len(clicks), 2*len(clicks), time.Minute)
+	if diff := cmp.Diff(want, takeSnapshot(t, conn, clicks)); diff != "" {
+		t.Errorf("dashboard after a replay (-before +after):\n%s", diff)
+	}
+
+	publish(t, js, clicks, func(c events.Click) string { return "again-" + c.ID })
+	waitLoaded(t, conn, len(clicks), 3*len(clicks), time.Minute)
+	if diff := cmp.Diff(want, takeSnapshot(t, conn, clicks)); diff != "" {
+		t.Errorf("dashboard after a republish (-before +after):\n%s", diff)
+	}
+	if got := metric(t, s.addr, "warehouse_rows_inserted_total"); got < float64(3*len(clicks)) {
+		t.Errorf("warehouse_rows_inserted_total = %v, want >= %d", got, 3*len(clicks))
+	}
+
+	// The distroless healthcheck: the binary probes its own /healthz.
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{{s.addr, true}, {"127.0.0.1:1", false}} {
+		cmd := exec.Command(os.Args[0], "healthcheck")
+		cmd.Env = append(os.Environ(), childEnv+"=1", "HTTP_ADDR="+tc.addr)
+		if err := cmd.Run(); (err == nil) != tc.ok {
+			t.Errorf("healthcheck against %s: %v, want ok=%v", tc.addr, err, tc.ok)
+		}
+	}
+}
+
+// publisher publishes clicks in a loop until stopped, and remembers them.
+type publisher struct {
+	mu     sync.Mutex
+	clicks []events.Click
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+func startPublisher(t *testing.T, js jetstream.JetStream) *publisher {
+	t.Helper()
+	p := &publisher{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for i := 0; ; i++ {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			batch := warehousetest.Clicks(20, time.Now().Add(-time.Minute), time.Millisecond)
+			for _, c := range batch {
+				b, _ := json.Marshal(c)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID))
+				cancel()
+				if err != nil {
+					t.Errorf("publish: %v", err)
+					return
+				}
+				p.mu.Lock()
+				p.clicks = append(p.clicks, c)
+				p.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(p.halt)
+	return p
+}
+
+func (p *publisher) halt() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+func (p *publisher) sent() []events.Click {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]events.Click(nil), p.clicks...)
+}
+
+// TestClickHouseStoppedUnderTraffic: ClickHouse goes away while clicks keep
+// coming. The loader stops (the group's lag grows, readiness fails), the
+// stream holds the backlog, and when ClickHouse is back every click arrives
+// and none is counted twice.
+func TestClickHouseStoppedUnderTraffic(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	ch := testenv.StartClickHouse(t)
+	cfg := testConfig(n.URL, ch.Addr, "snip")
+	s := startService(t, cfg)
+	conn := chConn(t, ch.Addr, "snip")
+	pub := startPublisher(t, js)
+
+	testenv.WaitFor(t, time.Minute, "clicks loaded", func() bool {
+		d, _ := counts(t, conn)
+		return d > 100
+	})
+	ch.Stop()
+	testenv.WaitFor(t, time.Minute, "lag to build up while ClickHouse is down", func() bool {
+		return lag(t, js) > 200
+	})
+	if code := readyz(t, s.addr); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with ClickHouse down = %d, want 503", code)
+	}
+	testenv.WaitFor(t, time.Minute, "the runtime to report the oldest unprocessed event's age", func() bool {
+		return metric(t, s.addr, "snip_reader_oldest_unprocessed_age_seconds") > 0
+	})
+	if err := ch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pub.halt()
+	sent := pub.sent()
+	waitLoaded(t, conn, len(sent), len(sent), 2*time.Minute)
+	testenv.WaitFor(t, time.Minute, "lag back to 0", func() bool { return lag(t, js) == 0 })
+	tot, err := dashboard.New(conn).Totals(t.Context(), time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	if err != nil || tot.Events != uint64(len(sent)) {
+		t.Errorf("totals = %+v, %v; want %d events", tot, err, len(sent))
+	}
+	if got := metric(t, s.addr, "warehouse_insert_errors_total"); got == 0 {
+		t.Error("no insert errors counted while ClickHouse was down")
+	}
+	testenv.WaitFor(t, 30*time.Second, "ready again", func() bool { return readyz(t, s.addr) == http.StatusOK })
+}
+
+// TestLoaderKilledMidInsert: a loader process is kill -9ed while its insert
+// hangs on a frozen ClickHouse (so it holds events it has not acked, some
+// maybe already written). A new member takes the partitions over, gets those
+// events again, and the warehouse ends with every click exactly once in its
+// answers.
+func TestLoaderKilledMidInsert(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	ch := testenv.StartClickHouse(t)
+	conn := chConn(t, ch.Addr, "snip")
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	childAddr := "127.0.0.1:" + strconv.Itoa(port)
+	child := exec.Command(os.Args[0])
+	child.Env = append(os.Environ(), childEnv+"=1",
+		"NATS_URL="+n.URL, "CLICKHOUSE_ADDR="+ch.Addr, "CLICKHOUSE_DATABASE=snip", "CLICKHOUSE_DIAL_TIMEOUT=60s",
+		"WAREHOUSE_LINGER=100ms", "WAREHOUSE_INSERT_TIMEOUT=60s", "WAREHOUSE_LEASE_TTL=1s",
+		"WAREHOUSE_MEMBER=doomed", "HTTP_ADDR="+childAddr, "LOG_LEVEL=warn")
+	child.Stdout, child.Stderr = testWriter{t}, testWriter{t}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+
+	first := warehousetest.Clicks(1000, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, first, eventID)
+	waitLoaded(t, conn, len(first), len(first), time.Minute)
+
+	ch.Pause()
+	second := warehousetest.Clicks(1000, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, second, eventID)
+	testenv.WaitFor(t, time.Minute, "the child to hold rows in a hanging insert", func() bool {
+		return metric(t, childAddr, "warehouse_rows_waiting") > 0
+	})
+	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	ch.Resume()
+
+	startService(t, testConfig(n.URL, ch.Addr, "snip"))
+	all := append(first, second...)
+	waitLoaded(t, conn, len(all), len(all), 2*time.Minute)
+	tot, err := dashboard.New(conn).Totals(t.Context(), time.Now().Add(-2*time.Hour), time.Now().Add(time.Hour))
+	if err != nil || tot.Events != uint64(len(all)) {
+		t.Errorf("totals = %+v, %v; want %d events", tot, err, len(all))
+	}
+}
+
+// TestBackfillLoadsTheWindowThenLive seeds CLICKS with four days of clicks
+// (by click time; JetStream stores them all now) and starts a loader for the
+// first time with -since 72h: it loads exactly the clicks of the last 72
+// hours, then every live click, even one whose click time is older.
+func TestBackfillLoadsTheWindowThenLive(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	conn, db := servers.ClickHouse.NewDB(t)
+	now := time.Now().UTC()
+	var seed, want []events.Click
+	for _, c := range warehousetest.Clicks(960, now.Add(-96*time.Hour), 6*time.Minute) {
+		age := now.Sub(c.Time)
+		if age > 71*time.Hour && age < 73*time.Hour {
+			continue // keep clear of the cut: the test's now and the loader's differ
+		}
+		seed = append(seed, c)
+		if age < 72*time.Hour {
+			want = append(want, c)
+		}
+	}
+	publish(t, js, seed, eventID)
+	if len(want) == len(seed) || len(want) == 0 {
+		t.Fatalf("seed of %d clicks has %d in the window; the test needs both kinds", len(seed), len(want))
+	}
+
+	cfg, err := loadConfig([]string{"NATS_URL=" + n.URL, "CLICKHOUSE_ADDR=" + servers.ClickHouse.Addr, "CLICKHOUSE_DATABASE=" + db,
+		"WAREHOUSE_LINGER=100ms", "WAREHOUSE_LEASE_TTL=1s", "HTTP_ADDR=127.0.0.1:0"}, []string{"-since", "72h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startService(t, cfg)
+	testenv.WaitFor(t, time.Minute, "the backlog to be handled", func() bool {
+		d, _ := counts(t, conn)
+		return d >= uint64(len(want)) && lag(t, js) == 0
+	})
+	got := warehousetest.RowsPerEvent(t, conn)
+	wantIDs := map[string]int{}
+	for _, c := range want {
+		wantIDs[c.ID] = 1
+	}
+	if diff := cmp.Diff(wantIDs, got); diff != "" {
+		t.Errorf("events loaded from the backlog (-last 72h +loaded):\n%s", diff)
+	}
+	if got, want := metric(t, s.addr, "warehouse_backfill_skipped_total"), float64(len(seed)-len(want)); got != want {
+		t.Errorf("warehouse_backfill_skipped_total = %v, want %v", got, want)
+	}
+	// The consumers started by stored time at the window (less the slack).
+	c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupWarehouseLoader, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc := c.CachedInfo().Config; cc.DeliverPolicy != jetstream.DeliverByStartTimePolicy || cc.OptStartTime == nil ||
+		cc.OptStartTime.Before(now.Add(-72*time.Hour-backfillSlack-time.Minute)) || cc.OptStartTime.After(now.Add(-72*time.Hour-backfillSlack+time.Minute)) {
+		t.Errorf("consumer starts %v at %v, want by start time at now-72h-%s", cc.DeliverPolicy, cc.OptStartTime, backfillSlack)
+	}
+
+	live := []events.Click{
+		warehousetest.Click(1, "acme", "late", now.Add(-90*time.Hour)), // published late by an outbox
+		warehousetest.Click(2, "acme", "fresh", now),
+	}
+	publish(t, js, live, eventID)
+	waitLoaded(t, conn, len(want)+len(live), len(want)+len(live), time.Minute)
+}
+
+// TestWaitsForClickHouseAndStopsWhenItFreezes: started with no ClickHouse,
+// the loader is alive but not ready and holds nothing back from the stream;
+// when ClickHouse comes it loads everything. Then ClickHouse freezes
+// (SIGSTOP) in the middle of an insert, and shutdown still ends within its
+// timeouts; the clicks it could not load are loaded by the next start.
+func TestWaitsForClickHouseAndStopsWhenItFreezes(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	ch := testenv.StartClickHouse(t)
+	ch.Stop()
+	cfg := testConfig(n.URL, ch.Addr, "snip")
+	s := startService(t, cfg)
+	first := warehousetest.Clicks(300, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, first, eventID)
+	testenv.WaitFor(t, time.Minute, "the events to wait in the stream", func() bool { return lag(t, js) == uint64(len(first)) })
+	if code := readyz(t, s.addr); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz without ClickHouse = %d, want 503", code)
+	}
+	if err := ch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	conn := chConn(t, ch.Addr, "snip")
+	waitLoaded(t, conn, len(first), len(first), 2*time.Minute)
+	testenv.WaitFor(t, 30*time.Second, "ready", func() bool { return readyz(t, s.addr) == http.StatusOK })
+
+	ch.Pause()
+	second := warehousetest.Clicks(100, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, second, eventID)
+	testenv.WaitFor(t, time.Minute, "rows held in a hanging insert", func() bool {
+		return metric(t, s.addr, "warehouse_rows_waiting") > 0
+	})
+	start := time.Now()
+	if err := s.stop(t); err != nil {
+		t.Errorf("run = %v, want nil after a shutdown", err)
+	}
+	// SHUTDOWN_TIMEOUT (10s) for the drain, then at most the insert's
+	// deadline (5s) or the dial timeout (2s); a hang would be forever.
+	if took := time.Since(start); took > 45*time.Second {
+		t.Errorf("shutdown with a frozen ClickHouse took %s", took)
+	}
+	ch.Resume()
+
+	startService(t, testConfig(n.URL, ch.Addr, "snip"))
+	all := append(first, second...)
+	waitLoaded(t, conn, len(all), len(all), 2*time.Minute)
+}
+
+func TestStartFor(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name      string
+		isNew     bool
+		since     time.Duration
+		wantStart reader.Start
+		wantBF    *loader.Backfill
+	}{
+		{"existing_group_resumes", false, 72 * time.Hour, reader.StartAtOldest(), nil},
+		{"new_group_loads_everything", true, 0, reader.StartAtOldest(), nil},
+		{"new_group_since_72h", true, 72 * time.Hour,
+			reader.StartAtTime(now.Add(-72*time.Hour - backfillSlack)),
+			&loader.Backfill{Since: now.Add(-72 * time.Hour), BacklogUntilSeq: 4242}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			start, bf := startFor(tc.isNew, tc.since, now, 4242)
+			if diff := cmp.Diff(tc.wantStart, start, cmp.AllowUnexported(reader.Start{})); diff != "" {
+				t.Errorf("start (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantBF, bf); diff != "" {
+				t.Errorf("backfill (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		environ []string
+		args    []string
+		check   func(Config) error
+		wantErr bool
+	}{
+		{"defaults", nil, nil, func(c Config) error {
+			if c.BatchRows != 10000 || c.Linger != time.Second || c.Since != 0 || c.ClickHouseDatabase != "snip" ||
+				len(c.ClickHouseAddrs) != 1 || c.ClickHouseAddrs[0] != "127.0.0.1:9000" || c.HTTPAddr != ":8083" {
+				return fmt.Errorf("defaults: %+v", c)
+			}
+			return nil
+		}, false},
+		{"since_from_env", []string{"WAREHOUSE_SINCE=72h"}, nil, func(c Config) error {
+			if c.Since != 72*time.Hour {
+				return fmt.Errorf("since %s", c.Since)
+			}
+			return nil
+		}, false},
+		{"flag_overrides_env", []string{"WAREHOUSE_SINCE=1h"}, []string{"-since", "72h"}, func(c Config) error {
+			if c.Since != 72*time.Hour {
+				return fmt.Errorf("since %s", c.Since)
+			}
+			return nil
+		}, false},
+		{"several_clickhouse_addrs", []string{"CLICKHOUSE_ADDR=a:9000,b:9000"}, nil, func(c Config) error {
+			if got := c.clickhouse().Addrs; !cmp.Equal(got, []string{"a:9000", "b:9000"}) {
+				return fmt.Errorf("addrs %v", got)
+			}
+			return nil
+		}, false},
+		{"since_longer_than_retention", []string{"WAREHOUSE_SINCE=200h"}, nil, nil, true},
+		{"negative_since", nil, []string{"-since", "-1h"}, nil, true},
+		{"bad_duration", []string{"WAREHOUSE_LINGER=soon"}, nil, nil, true},
+		{"bad_log_level", []string{"LOG_LEVEL=loud"}, nil, nil, true},
+		{"unknown_flag", nil, []string{"-until", "1h"}, nil, true},
+		{"database_not_an_identifier", []string{"CLICKHOUSE_DATABASE=snip-dev"}, nil, nil, true},
+		{"stray_argument", nil, []string{"now"}, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := loadConfig(tc.environ, tc.args)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("loadConfig = %v, want error %v", err, tc.wantErr)
+			}
+			if tc.check != nil {
+				if err := tc.check(cfg); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+}
