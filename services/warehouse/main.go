@@ -100,17 +100,27 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		return nil
 	})
 
+	// The HTTP server outlives the drain, so /metrics shows it; it stops
+	// last, or first if it fails.
+	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHTTP()
 	httpDone := make(chan struct{})
 	go func() {
 		defer close(httpDone)
-		if err := web.Serve(ctx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout); err != nil {
+		if err := web.Serve(httpCtx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout); err != nil {
 			cancel(err)
 		}
 	}()
-	go waitForClickHouse(ctx, log, w)
+	schemaDone := make(chan struct{})
+	go func() {
+		defer close(schemaDone)
+		waitForClickHouse(ctx, log, w)
+	}()
 
 	err = load(ctx, log, cfg, js, w, reg)
 	cancel(nil)
+	<-schemaDone
+	stopHTTP()
 	<-httpDone
 	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause // the HTTP server failed

@@ -589,7 +589,9 @@ func TestWaitsForClickHouseAndStopsWhenItFreezes(t *testing.T) {
 	}
 	// SHUTDOWN_TIMEOUT (10s) for the drain, then at most the insert's
 	// deadline (5s) or the dial timeout (2s); a hang would be forever.
-	if took := time.Since(start); took > 45*time.Second {
+	took := time.Since(start)
+	t.Logf("shutdown with a frozen ClickHouse took %s", took)
+	if took > 45*time.Second {
 		t.Errorf("shutdown with a frozen ClickHouse took %s", took)
 	}
 	ch.Resume()
@@ -597,6 +599,36 @@ func TestWaitsForClickHouseAndStopsWhenItFreezes(t *testing.T) {
 	startService(t, testConfig(n.URL, ch.Addr, "snip"))
 	all := append(first, second...)
 	waitLoaded(t, conn, len(all), len(all), 2*time.Minute)
+}
+
+// TestShutdownInsertsAndAcksWhatItHolds: rows waiting for a long linger when
+// the service is told to stop are inserted at once and their events acked,
+// so the next start has nothing to do again.
+func TestShutdownInsertsAndAcksWhatItHolds(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	conn, db := servers.ClickHouse.NewDB(t)
+	cfg := testConfig(n.URL, servers.ClickHouse.Addr, db)
+	cfg.Linger = time.Minute
+	s := startService(t, cfg)
+	clicks := warehousetest.Clicks(100, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, clicks, eventID)
+	testenv.WaitFor(t, time.Minute, "rows waiting for the linger", func() bool {
+		return metric(t, s.addr, "warehouse_rows_waiting") == float64(len(clicks))
+	})
+	start := time.Now()
+	if err := s.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("shutdown took %s; the minute-long linger must not delay it", took)
+	}
+	if d, _ := counts(t, conn); d != uint64(len(clicks)) {
+		t.Errorf("%d distinct events in ClickHouse after shutdown, want %d", d, len(clicks))
+	}
+	if l := lag(t, js); l != 0 {
+		t.Errorf("lag after a graceful shutdown = %d, want 0 (every inserted event acked)", l)
+	}
 }
 
 func TestStartFor(t *testing.T) {
