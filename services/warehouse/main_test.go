@@ -204,9 +204,15 @@ func metric(t *testing.T, addr, name string) float64 {
 		t.Fatalf("get metrics: %v", err)
 	}
 	defer resp.Body.Close()
+	return sumMetric(resp.Body, name)
+}
+
+// sumMetric sums the series of name in a Prometheus text exposition; for a
+// histogram, name_count gives the number of observations.
+func sumMetric(r io.Reader, name string) float64 {
 	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
 	var sum float64
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		if m := re.FindStringSubmatch(sc.Text()); m != nil {
 			v, _ := strconv.ParseFloat(m[2], 64)

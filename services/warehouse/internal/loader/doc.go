@@ -18,6 +18,13 @@
 // so a member holds at most one batch per partition it owns: memory is
 // bounded by partitions x the runtime's batch size.
 //
+// The linger is for live traffic. A batch from a backlog (its newest event
+// was stored more than a linger ago: a catch-up after an outage, a backfill,
+// a replay) does not wait for it: its group is inserted as soon as the
+// flusher is free, the rows that gathered during one insert making the next
+// (group commit). Waiting would only hold up partitions that have work, and
+// the inserts grow by themselves when ClickHouse is the slower side.
+//
 // # Failures
 //
 // A failed insert fails every handler in its group with the error; the

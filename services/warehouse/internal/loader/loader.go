@@ -33,7 +33,8 @@ type Config struct {
 	MaxRows int
 	// Linger: an insert starts at most this long after the first of its rows
 	// arrived (default 1s), so a trickle of clicks is loaded about once a
-	// second rather than one tiny insert per partition batch.
+	// second rather than one tiny insert per partition batch. Batches from a
+	// backlog do not linger (see the package doc).
 	Linger time.Duration
 	// InsertTimeout bounds one INSERT (default 30s). A hung server (SIGSTOP,
 	// a network partition) fails the insert after it, and the batch is
@@ -167,6 +168,7 @@ type group struct {
 	entries []*entry
 	rows    int
 	first   time.Time     // when the first row arrived
+	behind  bool          // a batch in it comes from a backlog
 	done    chan struct{} // closed when err and every entry's result are set
 	err     error
 }
@@ -203,7 +205,15 @@ func (l *Loader) Handle(ctx context.Context, partition int, batch []reader.Event
 		index = append(index, i)
 	}
 	if len(rows) > 0 {
-		e, err := l.insert(ctx, rows)
+		// A batch whose newest event was stored more than a linger ago
+		// comes from a backlog (a catch-up, a backfill, a replay). Its
+		// events have waited long enough, and its partition fetches nothing
+		// while the handler waits, so its rows are inserted as soon as the
+		// flusher is free (group commit): the rows that gather during one
+		// insert make the next, and inserts grow by themselves when
+		// ClickHouse is the bottleneck.
+		behind := time.Since(batch[len(batch)-1].Stored) > l.cfg.Linger
+		e, err := l.insert(ctx, rows, behind)
 		if err != nil {
 			return fmt.Errorf("load partition %d: %w", partition, err)
 		}
@@ -220,7 +230,7 @@ func (l *Loader) Handle(ctx context.Context, partition int, batch []reader.Event
 }
 
 // insert adds rows to the open group and waits until it was inserted.
-func (l *Loader) insert(ctx context.Context, rows []Row) (*entry, error) {
+func (l *Loader) insert(ctx context.Context, rows []Row, behind bool) (*entry, error) {
 	e := &entry{rows: rows, poisonAt: -1}
 	l.mu.Lock()
 	if l.closed {
@@ -235,11 +245,13 @@ func (l *Loader) insert(ctx context.Context, rows []Row) (*entry, error) {
 	g.entries = append(g.entries, e)
 	g.rows += len(rows)
 	l.m.waiting.Add(float64(len(rows)))
-	// Wake the flusher for a new group (to start its linger timer) and for a
-	// full one; a wake it does not need costs one look.
-	if len(g.entries) == 1 || g.rows >= l.cfg.MaxRows {
+	// Wake the flusher for a new group (to start its linger timer), for a
+	// full one and for one that turned out to be behind; a wake it does not
+	// need costs one look.
+	if len(g.entries) == 1 || g.rows >= l.cfg.MaxRows || (behind && !g.behind) {
 		l.signal()
 	}
+	g.behind = g.behind || behind
 	l.mu.Unlock()
 
 	select {
@@ -304,7 +316,10 @@ func (l *Loader) flushLoop() {
 			return
 		}
 		l.m.flushes.WithLabelValues(trigger).Inc()
+		began := time.Now()
 		l.flush(base, g)
+		l.log.Debug("insert", "trigger", trigger, "rows", g.rows, "batches", len(g.entries),
+			"waited", began.Sub(g.first).Round(time.Millisecond).String(), "took", time.Since(began).Round(time.Millisecond).String(), "err", g.err)
 		l.m.waiting.Sub(float64(g.rows))
 	}
 }
@@ -323,6 +338,8 @@ func (l *Loader) next() (*group, string) {
 				trigger = "size"
 			case l.draining:
 				trigger = "drain"
+			case g.behind:
+				trigger = "backlog"
 			case wait <= 0:
 				trigger = "linger"
 			}

@@ -132,8 +132,8 @@ func TestHandleReturnsOnlyWhenRowsAreInClickHouse(t *testing.T) {
 			}
 		}
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "linger"); got != 5 {
-		t.Errorf("linger flushes = %v, want 5", got)
+	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_rows"); got != 5 {
+		t.Errorf("inserts = %v, want 5 (one per round)", got)
 	}
 }
 
@@ -158,6 +158,33 @@ func TestDrainInsertsWithoutLingering(t *testing.T) {
 	}
 	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "drain"); got != 1 {
 		t.Errorf("drain flushes = %v, want 1", got)
+	}
+}
+
+func TestBacklogDoesNotLinger(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: time.Minute})
+	now := time.Now().UTC()
+	// Stored an hour ago: a catch-up. With live events this would wait a
+	// minute for more rows.
+	evs := warehousetest.Events(warehousetest.Clicks(50, now.Add(-2*time.Hour), time.Second), now.Add(-time.Hour))
+	done := make(chan map[int]error, 1)
+	go func() { done <- handleAll(t.Context(), e.l, warehousetest.ByPartition(evs)) }()
+	select {
+	case results := <-done:
+		for p, err := range results {
+			if err != nil {
+				t.Errorf("partition %d: %v", p, err)
+			}
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a backlog batch waited for the minute-long linger")
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "linger"); got != 0 {
+		t.Errorf("linger flushes = %v, want 0", got)
+	}
+	if got := len(warehousetest.RowsPerEvent(t, e.conn)); got != 50 {
+		t.Errorf("distinct events = %d, want 50", got)
 	}
 }
 

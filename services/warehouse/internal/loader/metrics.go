@@ -28,13 +28,13 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "warehouse_flushes_total",
-			Help: "Inserts started, by what started them: size (MaxRows reached), linger, or drain (shutdown).",
+			Help: "Inserts started, by what started them: size (MaxRows reached), linger, backlog (catching up: no linger), or drain (shutdown).",
 		}, []string{"trigger"}),
 	}
 	for _, r := range []string{ReasonBadRow, ReasonImplausibleTime} {
 		m.parked.WithLabelValues(r)
 	}
-	for _, t := range []string{"size", "linger", "drain"} {
+	for _, t := range []string{"size", "linger", "backlog", "drain"} {
 		m.flushes.WithLabelValues(t)
 	}
 	if reg != nil {
