@@ -19,7 +19,7 @@ import (
 )
 
 // catchUpEvents is the backlog each BenchmarkCatchUp measurement loads.
-const catchUpEvents = 150_000
+const catchUpEvents = 200_000
 
 // BenchmarkCatchUp measures the whole loader, as deployed: a backlog of
 // catchUpEvents clicks (1000 links) waits in CLICKS (embedded NATS, 8

@@ -12,8 +12,9 @@
 // insert costs 20 to 70 ms whatever its size on 18.16, and current servers
 // ask for about one insert a second per table). So Handle adds its rows to a
 // shared open group and blocks; a single flusher goroutine inserts the group
-// when it holds MaxRows rows or its oldest row has waited Linger, then wakes
-// every handler whose rows it held. A partition's ack still follows the
+// when it holds MaxRows rows (a full group takes no more, so an insert holds
+// at most MaxRows plus one batch) or its oldest row has waited Linger, then
+// wakes every handler whose rows it held. A partition's ack still follows the
 // insert of its own rows, and the partition does not fetch more meanwhile,
 // so a member holds at most one batch per partition it owns: memory is
 // bounded by partitions x the runtime's batch size.

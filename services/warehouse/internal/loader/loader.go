@@ -27,9 +27,8 @@ type Inserter interface {
 // Config tunes batching. Zero fields take the defaults.
 type Config struct {
 	// MaxRows: an insert starts as soon as this many rows wait (default
-	// 10,000). It is a threshold, not a cap: rows that arrive while an insert
-	// runs join the next one, so an insert holds at most MaxRows plus one
-	// partition batch per partition this member owns.
+	// 10,000). A group that reached it takes no more rows, so an insert holds
+	// at most MaxRows plus one partition batch.
 	MaxRows int
 	// Linger: an insert starts at most this long after the first of its rows
 	// arrived (default 1s), so a trickle of clicks is loaded about once a
@@ -130,7 +129,8 @@ type Loader struct {
 	m   metrics
 
 	mu       sync.Mutex
-	open     *group // rows waiting for the next insert, nil when none
+	full     []*group // groups that reached MaxRows, oldest first
+	open     *group   // rows waiting for the next insert, nil when none
 	draining bool
 	closed   bool
 
@@ -252,6 +252,13 @@ func (l *Loader) insert(ctx context.Context, rows []Row, behind bool) (*entry, e
 		l.signal()
 	}
 	g.behind = g.behind || behind
+	// A full group takes no more rows: the next batch starts a new one, so
+	// an insert holds at most MaxRows plus one batch however slow the
+	// flusher is.
+	if g.rows >= l.cfg.MaxRows {
+		l.full = append(l.full, g)
+		l.open = nil
+	}
 	l.mu.Unlock()
 
 	select {
@@ -324,18 +331,23 @@ func (l *Loader) flushLoop() {
 	}
 }
 
-// next waits until the open group is due and takes it, returning it with
-// what made it due; it returns nil when the loader is closed.
+// next waits until a group is due and takes it, returning it with what made
+// it due: full groups first, oldest first, then the open one. It returns nil
+// when the loader is closed.
 func (l *Loader) next() (*group, string) {
 	for {
 		l.mu.Lock()
+		if len(l.full) > 0 {
+			g := l.full[0]
+			l.full = l.full[1:]
+			l.mu.Unlock()
+			return g, "size"
+		}
 		g := l.open
 		var wait time.Duration
 		trigger := ""
 		if g != nil {
 			switch wait = l.cfg.Linger - time.Since(g.first); {
-			case g.rows >= l.cfg.MaxRows:
-				trigger = "size"
 			case l.draining:
 				trigger = "drain"
 			case g.behind:
@@ -362,13 +374,15 @@ func (l *Loader) next() (*group, string) {
 		case <-fire:
 		case <-l.stop:
 			l.mu.Lock()
-			g := l.open
-			l.open = nil
+			left := append(l.full, l.open)
+			l.full, l.open = nil, nil
 			l.mu.Unlock()
-			if g != nil {
-				l.m.waiting.Sub(float64(g.rows))
-				g.err = ErrStopped
-				close(g.done)
+			for _, g := range left {
+				if g != nil {
+					l.m.waiting.Sub(float64(g.rows))
+					g.err = ErrStopped
+					close(g.done)
+				}
 			}
 			return nil, ""
 		}

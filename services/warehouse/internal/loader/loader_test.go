@@ -114,6 +114,29 @@ func TestPartitionBatchesShareOneInsert(t *testing.T) {
 	}
 }
 
+func TestFullGroupTakesNoMoreRows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{MaxRows: 100, Linger: time.Minute})
+	now := time.Now().UTC()
+	byPart := map[int][]reader.Event{}
+	for p := range 8 {
+		byPart[p] = warehousetest.Events(warehousetest.Clicks(60, now, time.Second), now)
+	}
+	for p, err := range handleAll(t.Context(), e.l, byPart) {
+		if err != nil {
+			t.Errorf("partition %d: %v", p, err)
+		}
+	}
+	// Each group closes at its second batch (120 rows): four inserts, none
+	// of them holding everything.
+	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "size"); got != 4 {
+		t.Errorf("size flushes = %v, want 4", got)
+	}
+	if got := len(warehousetest.RowsPerEvent(t, e.conn)); got != 480 {
+		t.Errorf("distinct events = %d, want 480", got)
+	}
+}
+
 func TestHandleReturnsOnlyWhenRowsAreInClickHouse(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 50 * time.Millisecond})
