@@ -7,33 +7,36 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
 )
 
 // catchUpEvents is the backlog each BenchmarkCatchUp measurement loads.
-const catchUpEvents = 200_000
+const catchUpEvents = 200_000.0
 
 // BenchmarkCatchUp measures the whole loader, as deployed: a backlog of
 // catchUpEvents clicks (1000 links) waits in CLICKS (embedded NATS, 8
 // partitions), the service starts with WAREHOUSE_BATCH_ROWS=rows, and the
-// clock runs until ClickHouse accepted every row. The reader runtime fetches,
-// decodes and acks; the loader batches; the full schema (table and view)
-// receives the rows. Compare with BenchmarkInsert in internal/loader (the
-// bare batch insert of the same kind of rows), run alongside:
+// clock runs until ClickHouse accepted every row: the reader runtime fetches,
+// decodes and acks, the loader batches, the full schema (table and view)
+// receives the rows. In the same iteration, on the same backlog, the runtime
+// alone drains it with a handler that does nothing (another group): the
+// ceiling the loader can reach on this machine.
 //
-//	go test -run '^$' -bench . -benchtime 1x -count 3 . ./internal/loader
+//	go test -run '^$' -bench CatchUp -benchtime 1x -count 3 .
 func BenchmarkCatchUp(b *testing.B) {
 	for _, rows := range []int{1_000, 10_000, 50_000} {
 		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
-			for range b.N {
+			for i := range b.N {
 				b.StopTimer()
 				n := testenv.StartNATS(b)
 				js := n.JetStream(b)
@@ -43,33 +46,64 @@ func BenchmarkCatchUp(b *testing.B) {
 					b.Fatal(err)
 				}
 				publishBacklog(b, js, catchUpEvents)
-				_, db := servers.ClickHouse.NewDB(b)
-				cfg := testConfig(n.URL, servers.ClickHouse.Addr, db)
-				cfg.BatchRows, cfg.Linger, cfg.InsertTimeout = rows, time.Second, 30*time.Second
 
-				ctx, cancel := context.WithCancel(context.Background())
-				addr := make(chan string, 1)
-				cfg.Ready = func(a string) { addr <- a }
-				done := make(chan error, 1)
-				b.StartTimer()
-				start := time.Now()
-				go func() { done <- run(ctx, benchLog(), cfg) }()
-				a := <-addr
-				for inserted(a) < catchUpEvents {
-					time.Sleep(50 * time.Millisecond)
-				}
-				secs := time.Since(start).Seconds()
-				b.StopTimer()
-				b.ReportMetric(float64(catchUpEvents)/secs, "rows/s")
-				scrape := func(name string) float64 { return metricValue(a, name) }
-				b.ReportMetric(scrape("warehouse_rows_inserted_total")/scrape("warehouse_insert_rows_count"), "rows/insert")
-				cancel()
-				if err := <-done; err != nil {
-					b.Fatal(err)
-				}
+				noop := drainNoop(b, js, fmt.Sprintf("noop%d", i), rows)
+				loaded, perInsert := catchUp(b, n.URL, rows)
+				b.ReportMetric(noop, "runtime_noop_events/s")
+				b.ReportMetric(loaded, "loader_rows/s")
+				b.ReportMetric(loaded/noop, "loader/noop")
+				b.ReportMetric(perInsert, "rows/insert")
+				b.ReportMetric(0, "ns/op")
 			}
 		})
 	}
+}
+
+// catchUp runs the service on the backlog until every row is inserted.
+func catchUp(b *testing.B, natsURL string, rows int) (rowsPerSec, rowsPerInsert float64) {
+	_, db := servers.ClickHouse.NewDB(b)
+	cfg := testConfig(natsURL, servers.ClickHouse.Addr, db)
+	cfg.BatchRows, cfg.Linger, cfg.InsertTimeout = rows, time.Second, 30*time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr := make(chan string, 1)
+	cfg.Ready = func(a string) { addr <- a }
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- run(ctx, benchLog(), cfg) }()
+	a := <-addr
+	for metricValue(a, "warehouse_rows_inserted_total") < catchUpEvents {
+		time.Sleep(50 * time.Millisecond)
+	}
+	rowsPerSec = catchUpEvents / time.Since(start).Seconds()
+	rowsPerInsert = metricValue(a, "warehouse_rows_inserted_total") / metricValue(a, "warehouse_insert_rows_count")
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return rowsPerSec, rowsPerInsert
+}
+
+// drainNoop drains the backlog with the runtime and a handler that only
+// counts, in a group of its own, with the loader's batch size.
+func drainNoop(b *testing.B, js jetstream.JetStream, group string, batch int) float64 {
+	var handled atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- reader.Run(ctx, js, reader.Config{Group: group, BatchSize: batch, LeaseTTL: time.Second},
+			func(_ context.Context, _ int, evs []reader.Event) error { handled.Add(int64(len(evs))); return nil })
+	}()
+	for handled.Load() < catchUpEvents {
+		time.Sleep(10 * time.Millisecond)
+	}
+	rate := catchUpEvents / time.Since(start).Seconds()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	return rate
 }
 
 // publishBacklog publishes n clicks over 1000 links, as the outbox would.
@@ -91,8 +125,6 @@ func publishBacklog(b *testing.B, js jetstream.JetStream, n int) {
 	}
 	<-js.PublishAsyncComplete()
 }
-
-func inserted(addr string) float64 { return metricValue(addr, "warehouse_rows_inserted_total") }
 
 // metricValue is metric without a testing.T, for the benchmark's loop.
 func metricValue(addr, name string) float64 {
