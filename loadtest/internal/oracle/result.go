@@ -76,6 +76,10 @@ func (s *state) logResult() Result {
 	if s.foreign > 0 {
 		notes = append(notes, fmt.Sprintf("%d clicks on the run's links name no click of the run", s.foreign))
 	}
+	if s.invalid > 0 {
+		notes = append(notes, fmt.Sprintf("%d clicks fail events.DecodeClick (readers park them)", s.invalid))
+		r.Extra += s.invalid
+	}
 	if s.wrongLink > 0 {
 		notes = append(notes, fmt.Sprintf("%d clicks recorded against the wrong link", s.wrongLink))
 	}

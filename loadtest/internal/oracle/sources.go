@@ -17,6 +17,9 @@ type LogClick struct {
 	Partition int
 	StreamSeq uint64
 	Stored    time.Time
+	// Invalid is set when the payload fails events.DecodeClick: readers
+	// park such a click instead of counting it.
+	Invalid bool
 }
 
 // LogReader reads the run owner's clicks from CLICKS, from the start of the

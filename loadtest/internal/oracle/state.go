@@ -30,6 +30,8 @@ type state struct {
 	// run; wrongLink those recorded against another link than they were
 	// sent to; dups the extra copies of clicks already seen.
 	foreign, wrongLink, dups uint64
+	// invalid counts the run's clicks whose payload is not a valid click.
+	invalid uint64
 
 	// byID maps event IDs to sequences when the IDs do not carry them
 	// (HTTP mode: the redirect assigns them). Sorted by id once the log is
@@ -114,8 +116,12 @@ func (s *state) addClick(c *LogClick) {
 		return // another link of the owner: not the run's business
 	}
 	seq, ok := s.seqOf(c)
-	if !ok {
+	switch {
+	case !ok:
 		s.foreign++
+		return
+	case c.Invalid:
+		s.invalid++ // readers park it: as good as missing
 		return
 	}
 	sl := &s.slots[seq]
