@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,9 +105,17 @@ func startBenchMember(b *testing.B, n *testenv.NATS, cfg reader.Config, h reader
 		b.Fatal(err)
 	}
 	js, _ := jetstream.New(nc)
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { _ = reader.Run(ctx, js, cfg, h); close(done) }()
+	go func() {
+		if err := reader.Run(ctx, js, cfg, h); err != nil {
+			b.Error(err)
+		}
+		close(done)
+	}()
 	b.Cleanup(func() { cancel(); <-done; nc.Close() })
 	return &benchMember{nc: nc, cancel: cancel}
 }
