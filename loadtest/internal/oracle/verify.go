@@ -105,23 +105,31 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	defer cancel()
 
 	rep := &Report{CatchUp: -1}
-	if err := readLog(dctx, s, sinks.Log, opts); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err := readLog(dctx, s, sinks.Log, opts); err != nil && (!errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil) {
 		return nil, fmt.Errorf("verify: read CLICKS: %w", err)
 	}
 	rep.LogWait = time.Since(start)
 	opts.Progress(fmt.Sprintf("log: %d of %d sent clicks found in %s", s.sentFound, tr.SentCount(), rep.LogWait.Round(time.Millisecond)))
 
 	c := &checker{s: s, sinks: sinks, opts: opts}
+	deadline := start.Add(opts.Deadline)
+	var backlogErr error
 	for {
+		// Each read and query has its own timeout; only the waiting
+		// between polls is bounded by the deadline, so the last pass still
+		// reads every sink.
 		if sinks.Verdicts != nil {
-			if err := readVerdicts(dctx, s, sinks.Verdicts); err != nil && dctx.Err() == nil {
+			if err := readVerdicts(ctx, s, sinks.Verdicts); err != nil {
 				return nil, fmt.Errorf("verify: read FRAUD: %w", err)
 			}
 		}
-		backlog, err := sinks.Backlog.Backlog(dctx)
-		if err != nil && dctx.Err() == nil {
-			return nil, fmt.Errorf("verify: backlog: %w", err)
+		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
+		backlog, err := sinks.Backlog.Backlog(bctx)
+		bcancel()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
 		}
+		backlogErr = err
 		if err == nil {
 			rep.Backlog = backlog
 		}
@@ -129,22 +137,23 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		if caught && rep.CatchUp < 0 {
 			rep.CatchUp = time.Since(start)
 		}
-		rows := c.rows(dctx, caught)
+		rows := c.rows(ctx, caught)
 		if caught && Passed(rows) {
 			// Everything agrees: one last full pass, so a value that
 			// changed after it was first seen matching is caught.
 			c.confirm = true
 			rows = c.rows(ctx, caught)
 		}
-		if (caught && Passed(rows)) || dctx.Err() != nil {
-			rep.Rows = append(rows, readersRow(rep.Backlog, rep.CatchUp))
+		if (caught && Passed(rows)) || !time.Now().Before(deadline) {
+			rep.Rows = append(rows, readersRow(rep.Backlog, rep.CatchUp, backlogErr))
 			rep.Passed = Passed(rep.Rows)
 			return rep, nil
 		}
 		opts.Progress(fmt.Sprintf("waiting: backlog %s; %s", describe(backlog), failing(rows)))
 		select {
-		case <-dctx.Done():
-		case <-time.After(opts.Poll):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
+		case <-time.After(min(opts.Poll, time.Until(deadline))):
 		}
 	}
 }
@@ -387,8 +396,11 @@ func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) Resul
 	return r
 }
 
-func readersRow(backlog map[string]uint64, catchUp time.Duration) Result {
+func readersRow(backlog map[string]uint64, catchUp time.Duration, err error) Result {
 	r := Result{Sink: SinkReaders, Expected: uint64(len(backlog))}
+	if err != nil {
+		return Result{Sink: SinkReaders, Status: Fail, Note: "backlog unknown: " + err.Error()}
+	}
 	var behind []string
 	for name, n := range backlog {
 		if n == 0 {
