@@ -44,6 +44,7 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 	limit := fs.Duration("p99", 50*time.Millisecond, "the p99 a step must stay under")
 	create := fs.Bool("create-links", true, "create the links through /api/links first (false for bare302)")
 	out := fs.String("out", "", "where to write ramp.json (default: the report directory)")
+	retries := fs.Int("retries", 1, "run a step that did not hold again, this many times, to tell a noisy neighbour from a limit")
 	if err := parse(fs, args, env.Stderr); err != nil {
 		return err
 	}
@@ -63,6 +64,7 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 	var steps []step
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "rate\tachieved\tp50 ms\tp99 ms\tp99.9 ms\terrors\theld\t")
+	tries := 0
 	for rate := *from; rate <= *to && ctx.Err() == nil; rate += *stepBy {
 		start := time.Now()
 		m := series.NewMeter(start, float64(rate))
@@ -90,8 +92,13 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 		}
 		fmt.Fprintf(tw, "%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t%s\t\n", s.Rate, s.Achieved, s.P50, s.P99, s.P999, s.Errors, held)
 		_ = tw.Flush()
-		if !s.Held {
+		if !s.Held && tries < *retries {
+			tries++
+			rate -= *stepBy // the same rate again
+		} else if !s.Held {
 			break
+		} else {
+			tries = 0
 		}
 		select {
 		case <-ctx.Done():
