@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/oracle"
@@ -47,23 +49,25 @@ func (s *stream) next(ctx context.Context, each func(jetstream.Msg)) (bool, erro
 		if err != nil {
 			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
 		}
+		// Messages keeps pull requests in flight, so reading is not a
+		// round trip per batch.
 		if s.it, err = c.Messages(jetstream.PullMaxMessages(batch)); err != nil {
 			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
 		}
 	}
 	for range batch {
-		nctx, cancel := context.WithTimeout(ctx, idle)
-		m, err := s.it.Next(jetstream.NextContext(nctx))
-		cancel()
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		m, err := s.it.Next(jetstream.NextMaxWait(idle))
 		switch {
-		case err != nil && nctx.Err() != nil && ctx.Err() == nil:
+		case errors.Is(err, nats.ErrTimeout):
 			return true, nil // nothing more within idle: the end, for now
 		case err != nil:
 			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
 		}
 		each(m)
-		md, err := m.Metadata()
-		if err == nil && md.NumPending == 0 {
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
 			return true, nil
 		}
 	}
@@ -93,7 +97,12 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 		if md, err := m.Metadata(); err == nil {
 			lc.StreamSeq, lc.Stored = md.Sequence.Stream, md.Timestamp
 		}
-		click, err := events.DecodeClick(m.Data())
+		// One decode, then the same checks as events.DecodeClick.
+		var click events.Click
+		err := json.Unmarshal(m.Data(), &click)
+		if err == nil {
+			err = click.Validate()
+		}
 		if err != nil {
 			// Not a valid click: readers park it. Keep what identifies it, so
 			// the oracle counts it against the run instead of ignoring it.
@@ -147,6 +156,28 @@ func (v *Verdicts) Next(ctx context.Context) ([]oracle.Verdict, bool, error) {
 
 // Close stops reading.
 func (v *Verdicts) Close() { v.s.Close() }
+
+// StoredClicks returns how many clicks CLICKS holds on owner's links whose
+// code starts with prefix: a cheap count (the stream's per-subject totals),
+// for telling when every click of a run has been stored.
+func StoredClicks(ctx context.Context, js jetstream.JetStream, owner, prefix string) (uint64, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("stored clicks: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter("*."+events.ClickSubject(owner, "*")))
+	if err != nil {
+		return 0, fmt.Errorf("stored clicks: %w", err)
+	}
+	var n uint64
+	for subj, c := range info.State.Subjects {
+		// <partition>.clicks.<owner>.<code>
+		if i := strings.LastIndexByte(subj, '.'); i >= 0 && strings.HasPrefix(subj[i+1:], prefix) {
+			n += c
+		}
+	}
+	return n, nil
+}
 
 // Readers reports the backlog of every reader.
 type Readers struct{ js jetstream.JetStream }
