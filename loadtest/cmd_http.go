@@ -52,7 +52,7 @@ func cmdHTTP(ctx context.Context, env *Env, args []string) error {
 	}
 	return runLoad(ctx, env, sys, load{
 		mode: truth.ModeHTTP, command: "loadtest http " + strings.Join(args, " "), target: *target,
-		rate: rf.rate, owner: owner, tag: tag, gen: gen,
+		rate: rf.rate, owner: owner, tag: tag, gen: gen, forwardedFor: *xff,
 		drive: func(ctx context.Context, rec *truth.Recorder, m *series.Meter) (uint64, error) {
 			return httpload.Run(ctx, cfg, rec, m)
 		},

@@ -176,7 +176,9 @@ type load struct {
 	owner   string
 	tag     workload.Tag
 	gen     *workload.Generator
-	drive   func(ctx context.Context, rec *truth.Recorder, m *series.Meter) (uint64, error)
+	// forwardedFor: the HTTP driver sends X-Forwarded-For.
+	forwardedFor bool
+	drive        func(ctx context.Context, rec *truth.Recorder, m *series.Meter) (uint64, error)
 }
 
 // runLoad runs a driver with the progress line and the probe pollers, saves
@@ -224,7 +226,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	refused, uncertain, answers := rec.Finish(attempts)
 	tr := &truth.Truth{
 		Version: truth.Version, Mode: l.mode, Tag: l.tag.String(), Owner: l.owner, Spec: l.gen.Spec(),
-		Started: start, Ended: loadEnd, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
+		Started: start, Ended: loadEnd, ForwardedFor: l.forwardedFor, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
 	}
 	if err := ensureDir(dir); err != nil {
 		return err

@@ -118,7 +118,7 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 			return
 		}
 		lc.ID, _ = uuid.Parse(click.ID)
-		lc.Code, lc.RequestID, lc.Bot = click.Code, click.RequestID, click.Bot
+		lc.Code, lc.RequestID, lc.Bot, lc.IPPrefix = click.Code, click.RequestID, click.Bot, click.IPPrefix
 		out = append(out, lc)
 	})
 	return out, atEnd, err

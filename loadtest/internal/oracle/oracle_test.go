@@ -137,7 +137,7 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 	if w.tr.Mode == truth.ModeHTTP {
 		id = uuid.Must(uuid.NewV7()).String()
 	}
-	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot}
+	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP)}
 	w.log = append(w.log, c)
 	if v.Kind == workload.Burst {
 		w.verdicts = append(w.verdicts, oracle.Verdict{ID: "burst:" + id, ClickID: c.ID, Code: c.Code, Bot: true, Rule: "visitor_burst", FraudSeq: uint64(len(w.verdicts) + 1)})
@@ -571,6 +571,39 @@ func TestTruthLoadRejectsBadFiles(t *testing.T) {
 			}
 			if _, err := truth.Load(path); err == nil {
 				t.Errorf("Load accepted a truth with %s", tc.name)
+			}
+		})
+	}
+}
+
+func TestForwardedForNote(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		ignored  bool
+		wantNote string
+	}{
+		{name: "honoured", wantNote: "visitor address from X-Forwarded-For in 198 of 198 clicks"},
+		{name: "ignored", ignored: true, wantNote: "X-Forwarded-For was ignored"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, truth.ModeHTTP)
+			w.tr.ForwardedFor = true
+			if tc.ignored {
+				for i := range w.log {
+					w.log[i].IPPrefix = "127.0.0.0/24"
+				}
+			}
+			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Rows {
+				if r.Sink == oracle.SinkSourceLabels && !strings.Contains(r.Note, tc.wantNote) {
+					t.Errorf("note %q, want it to say %q", r.Note, tc.wantNote)
+				}
 			}
 		})
 	}

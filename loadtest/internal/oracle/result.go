@@ -107,6 +107,13 @@ func (s *state) sourceLabelResult() Result {
 		}
 	})
 	r.Note = "bots: known bot user agents; extra: browsers labelled bot"
+	if s.tr.ForwardedFor && s.present > 0 {
+		if s.xffHonoured == 0 {
+			r.Note += "; X-Forwarded-For was ignored: every click has the generator's address (set SNIP_TRUSTED_PROXIES on the redirect)"
+		} else {
+			r.Note += fmt.Sprintf("; visitor address from X-Forwarded-For in %d of %d clicks", s.xffHonoured, s.present)
+		}
+	}
 	r.judge()
 	return r
 }

@@ -14,6 +14,8 @@ type LogClick struct {
 	RequestID string
 	Code      string
 	Bot       bool
+	// IPPrefix is the anonymised client network the redirect recorded.
+	IPPrefix  string
 	Partition int
 	StreamSeq uint64
 	Stored    time.Time

@@ -32,6 +32,9 @@ type state struct {
 	foreign, wrongLink, dups uint64
 	// invalid counts the run's clicks whose payload is not a valid click.
 	invalid uint64
+	// xffHonoured counts clicks whose network is the visitor's, not the
+	// generator's (HTTP mode with X-Forwarded-For).
+	xffHonoured uint64
 
 	// byID maps event IDs to sequences when the IDs do not carry them
 	// (HTTP mode: the redirect assigns them). Sorted by id once the log is
@@ -137,8 +140,12 @@ func (s *state) addClick(c *LogClick) {
 	if s.tr.Outcome(seq) == truth.Sent {
 		s.sentFound++
 	}
-	if c.Code != s.tag.LinkCode(s.gen.Visit(seq).Link) {
+	v := s.gen.Visit(seq)
+	if c.Code != s.tag.LinkCode(v.Link) {
 		s.wrongLink++
+	}
+	if s.tr.ForwardedFor && c.IPPrefix == workload.IPPrefix(v.IP) {
+		s.xffHonoured++
 	}
 	if s.tr.Mode == truth.ModeHTTP {
 		s.byID = append(s.byID, idSeq{c.ID, seq})

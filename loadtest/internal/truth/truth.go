@@ -82,6 +82,9 @@ type Truth struct {
 	// Started and Ended bound the sending.
 	Started time.Time `json:"started"`
 	Ended   time.Time `json:"ended"`
+	// ForwardedFor says the HTTP driver sent each visitor's address in
+	// X-Forwarded-For.
+	ForwardedFor bool `json:"forwarded_for,omitempty"`
 	// Attempts is the number of clicks tried: sequences 0..Attempts-1.
 	Attempts uint64 `json:"attempts"`
 	// Refused and Uncertain list, sorted, the sequences with those
