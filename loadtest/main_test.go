@@ -264,7 +264,7 @@ func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
 		once.Do(func() { lost = true })
 		return lost
 	})
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "10s")...)
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
 	if !errors.Is(err, errVerifyFailed) {
 		t.Fatalf("loadtest events with a lossy counter: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
