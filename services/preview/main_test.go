@@ -362,7 +362,7 @@ func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
 		minGaps []time.Duration
 	}{
 		{"/flaky", []time.Duration{400 * time.Millisecond, 800 * time.Millisecond}}, // base, 2x base
-		{"/limited", []time.Duration{2 * time.Second}},                            // Retry-After
+		{"/limited", []time.Duration{2 * time.Second}},                              // Retry-After
 	}
 	for _, tc := range tests {
 		hits := w.pages.hitTimes(tc.path)

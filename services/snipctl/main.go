@@ -39,6 +39,7 @@ type command struct {
 var commands = map[string]command{
 	"topology": {usage: "apply", help: "create or update every stream, consumer and bucket (idempotent)", run: cmdTopology},
 	"owners":   {usage: "create ID [-name NAME]", help: "create an owner and print its API key (shown once)", run: cmdOwners},
+	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
 }
 
 // errUsage marks a mistake in the command line; main prints usage for it.
