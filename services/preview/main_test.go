@@ -44,7 +44,7 @@ type world struct {
 // newWorld creates the queue's streams and consumer. backOff nil keeps the
 // production consumer (BackOff 1s,2s,4s,8s); tests that wait for five
 // failed tries pass shorter steps.
-func newWorld(t *testing.T, backOff []time.Duration) *world {
+func newWorld(t testing.TB, backOff []time.Duration) *world {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
@@ -71,7 +71,7 @@ func newWorld(t *testing.T, backOff []time.Duration) *world {
 // config is the service's configuration for tests: its own streams are
 // created by newWorld, the page server's 127.0.0.1 is allow-listed, and
 // retries start at 100ms.
-func (w *world) config(t *testing.T, extra ...string) Config {
+func (w *world) config(t testing.TB, extra ...string) Config {
 	t.Helper()
 	environ := append([]string{
 		"NATS_URL=" + w.natsURL, "REDIS_URL=" + w.redisURL, "HTTP_ADDR=127.0.0.1:0",
@@ -92,13 +92,13 @@ type instance struct {
 	stop func() error
 }
 
-func start(t *testing.T, cfg Config) *instance {
+func start(t testing.TB, cfg Config) *instance {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan string, 1)
 	cfg.Ready = func(a string) { addrc <- a }
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	go func() { done <- run(ctx, log, cfg) }()
 	var addr string
 	select {
@@ -132,7 +132,7 @@ func start(t *testing.T, cfg Config) *instance {
 	return inst
 }
 
-func (i *instance) get(t *testing.T, path string) int {
+func (i *instance) get(t testing.TB, path string) int {
 	resp, err := http.Get("http://" + i.addr + path)
 	if err != nil {
 		return 0
@@ -143,7 +143,7 @@ func (i *instance) get(t *testing.T, path string) int {
 
 // metric returns the value of one sample of /metrics, e.g.
 // `snip_preview_jobs_total{result="stored"}`, 0 if absent.
-func (i *instance) metric(t *testing.T, sample string) float64 {
+func (i *instance) metric(t testing.TB, sample string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + i.addr + "/metrics")
 	if err != nil {
@@ -159,7 +159,7 @@ func (i *instance) metric(t *testing.T, sample string) float64 {
 	return v
 }
 
-type testLog struct{ t *testing.T }
+type testLog struct{ t testing.TB }
 
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimSpace(string(p)))
@@ -175,7 +175,7 @@ type pageServer struct {
 	always http.HandlerFunc
 }
 
-func newPageServer(t *testing.T, addr string) *pageServer {
+func newPageServer(t testing.TB, addr string) *pageServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
