@@ -67,6 +67,10 @@ type Config struct {
 	RetryJitter float64       `env:"PREVIEW_RETRY_JITTER" envDefault:"0.5"`
 	// RetryAfterMax caps how long a Retry-After header may delay a retry.
 	RetryAfterMax time.Duration `env:"PREVIEW_RETRY_AFTER_MAX" envDefault:"5m"`
+	// PullWait is how long a pull request waits on the server for jobs. An
+	// idle instance sends one request per PullWait; a stop waits for the
+	// outstanding one to end (so no job is sent to a worker that left).
+	PullWait time.Duration `env:"PREVIEW_PULL_WAIT" envDefault:"1s"`
 	// BacklogInterval is how often the dead-letter backlog gauge is sampled.
 	BacklogInterval time.Duration `env:"PREVIEW_BACKLOG_INTERVAL" envDefault:"30s"`
 
@@ -103,6 +107,7 @@ func (c Config) validate() error {
 	check(c.RetryJitter >= 0 && c.RetryJitter <= 1, "PREVIEW_RETRY_JITTER %v: want 0..1", c.RetryJitter)
 	check(c.RetryAfterMax >= 0, "PREVIEW_RETRY_AFTER_MAX %s: want >= 0", c.RetryAfterMax)
 	check(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT %s: want > 0", c.ShutdownTimeout)
+	check(c.PullWait >= 10*time.Millisecond, "PREVIEW_PULL_WAIT %s: want >= 10ms", c.PullWait)
 	check(c.UserAgent != "", "PREVIEW_USER_AGENT: want a value")
 	return errors.Join(errs...)
 }
@@ -126,7 +131,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Duration("fetch_timeout", c.FetchTimeout), slog.Int("max_redirects", c.MaxRedirects),
 		slog.Int64("max_body_bytes", c.MaxBodyBytes), slog.Any("allow_cidrs", allow), slog.String("user_agent", c.UserAgent),
 		slog.Duration("retry_base", c.RetryBase), slog.Duration("retry_max", c.RetryMax), slog.Float64("retry_jitter", c.RetryJitter),
-		slog.Duration("retry_after_max", c.RetryAfterMax),
+		slog.Duration("retry_after_max", c.RetryAfterMax), slog.Duration("pull_wait", c.PullWait),
 	)
 }
 
@@ -149,6 +154,7 @@ func (c Config) queue(log *slog.Logger, reg prometheus.Registerer) workqueue.Con
 			Base: c.RetryBase, Max: c.RetryMax, Jitter: c.RetryJitter, RetryAfterMax: c.RetryAfterMax,
 		},
 		BacklogInterval: c.BacklogInterval,
+		PullWait:        c.PullWait,
 		ShutdownTimeout: c.ShutdownTimeout,
 		Logger:          log,
 		Metrics:         reg,

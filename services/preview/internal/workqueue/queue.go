@@ -3,11 +3,12 @@
 // them and is removed from the stream once acknowledged, and adding a process
 // drains the queue faster.
 //
-// Each process keeps at most Concurrency jobs in hand and never takes a job
-// it has no slot for, so a slow job holds up one slot, not the queue. A job
-// in hand tells the server it is still being worked on (InProgress) three
-// times per ack deadline, so a fetch longer than the consumer's current
-// BackOff step is not redelivered to a second worker.
+// Each process keeps at most Concurrency jobs in hand and asks the server for
+// exactly as many jobs as it has free slots, so no job waits in a client
+// buffer while its ack deadline runs, and a slow job holds up one slot, not
+// the queue. A job in hand tells the server it is still being worked on
+// (InProgress) three times per ack deadline, so a fetch longer than the
+// consumer's current BackOff step is not redelivered to a second worker.
 //
 // A handler's error becomes one decision (decide): nil acks; a transient
 // failure is retried with exponential backoff and jitter through
@@ -18,7 +19,7 @@
 // server's MAX_DELIVERIES advisory. Both paths park a job under the same
 // Nats-Msg-Id, so the job is parked once.
 //
-// Run stops gracefully: it stops taking jobs, lets those in hand finish
+// Run stops gracefully: it stops pulling, lets the jobs in hand finish
 // within the shutdown timeout, and hands back (NAK, no delay) those that
 // could not, so another worker takes them at once.
 package workqueue
@@ -72,7 +73,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// OpTimeout bounds each JetStream request: an ack, a dead-letter publish.
 	OpTimeout time.Duration
-	Logger    *slog.Logger
+	// PullWait is how long one pull request waits on the server for jobs
+	// (default 1s). A stop waits for the outstanding pull to end rather than
+	// abandon it: a job the server sent to an abandoned pull would sit
+	// unacknowledged until its ack deadline.
+	PullWait time.Duration
+	Logger   *slog.Logger
 	// Metrics receives the queue's collectors (nil: not registered).
 	Metrics prometheus.Registerer
 }
@@ -87,15 +93,12 @@ type Queue struct {
 	log    *slog.Logger
 	m      *metrics
 
-	// slots holds a token per job in hand; Run's shutdown fills it to know
-	// that every job has been settled.
-	slots chan struct{}
-	// stopping is closed when shutdown begins: messages that arrive after
-	// it are handed back at once.
-	stopping  chan struct{}
+	// slots holds a token per job in hand (or asked for); Run's shutdown
+	// fills it to know that every job has been settled.
+	slots     chan struct{}
 	consuming atomic.Bool
 	policy    atomic.Pointer[consumerPolicy]
-	lastErr   atomic.Pointer[error] // the consume loop's last error, for logs and /readyz
+	lastErr   atomic.Pointer[error] // the pull loop's last error, for logs and /readyz
 }
 
 // New returns a Queue; Run starts it.
@@ -107,6 +110,9 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 	if cfg.OpTimeout <= 0 {
 		cfg.OpTimeout = 5 * time.Second
 	}
+	if cfg.PullWait <= 0 {
+		cfg.PullWait = time.Second
+	}
 	if cfg.BacklogInterval <= 0 {
 		cfg.BacklogInterval = 30 * time.Second
 	}
@@ -115,9 +121,8 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 	}
 	return &Queue{
 		js: js, nc: js.Conn(), cfg: cfg, handle: h, onDead: onDead, log: cfg.Logger,
-		m:        newMetrics(cfg.Source, cfg.Metrics),
-		slots:    make(chan struct{}, cfg.Concurrency),
-		stopping: make(chan struct{}),
+		m:     newMetrics(cfg.Source, cfg.Metrics),
+		slots: make(chan struct{}, cfg.Concurrency),
 	}
 }
 
@@ -125,16 +130,16 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 func (q *Queue) Ready(context.Context) error {
 	if !q.consuming.Load() {
 		if err := q.lastErr.Load(); err != nil {
-			return fmt.Errorf("not consuming: %w", *err)
+			return fmt.Errorf("not pulling jobs: %w", *err)
 		}
-		return errors.New("not consuming yet")
+		return errors.New("not pulling jobs yet")
 	}
 	return nil
 }
 
 // Run works on jobs until ctx ends, then shuts down gracefully (see the
 // package doc) and returns. A missing consumer or a NATS outage is waited
-// out, not returned; Run returns nil after a graceful stop.
+// out, not returned; Run returns nil after a graceful stop. A Queue runs once.
 func (q *Queue) Run(ctx context.Context) error {
 	// Jobs run on their own context: ending ctx starts the shutdown, which
 	// lets them finish; abort is for those that do not in time.
@@ -144,120 +149,116 @@ func (q *Queue) Run(ctx context.Context) error {
 
 	wait := 250 * time.Millisecond
 	for {
-		cc, err := q.consume(ctx, jobs)
-		if err == nil {
-			q.consuming.Store(true)
-			q.log.Info("consuming jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
-			select {
-			case <-ctx.Done():
-				q.consuming.Store(false)
-				q.shutdown(cc, abort)
-				return nil
-			case <-cc.Closed():
-				// The server ended the pull (the consumer was deleted, or the
-				// connection closed): start over.
-				q.consuming.Store(false)
-				err = errors.New("consume stopped")
-				if last := q.lastErr.Load(); last != nil {
-					err = fmt.Errorf("consume stopped: %w", *last)
-				}
-			}
-		} else {
-			q.lastErr.Store(&err)
+		err := q.pull(ctx, jobs)
+		q.consuming.Store(false)
+		if ctx.Err() != nil {
+			break
 		}
-		q.log.Warn("not consuming jobs; retrying", "err", err, "in", wait)
+		q.lastErr.Store(&err)
+		q.log.Warn("not pulling jobs; retrying", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
-			q.shutdown(nil, abort)
-			return nil
 		case <-time.After(wait):
 			wait = min(wait*2, 10*time.Second)
+			continue
 		}
+		break
 	}
+	q.shutdown(abort)
+	return nil
 }
 
-func (q *Queue) consume(ctx context.Context, jobs context.Context) (jetstream.ConsumeContext, error) {
+// pull asks for jobs, as many at a time as there are free slots, until ctx
+// ends (nil) or the consumer cannot be used (the error).
+//
+// It reserves the slots before it asks, so every job the server sends has a
+// slot and starts at once. (Consume with a small PullMaxMessages would do the
+// same in principle, but nats.go 1.55 skips the next pull request when a
+// message arrives while the previous request is still being sent, which
+// stalls a one-message consumer until its heartbeat times out.)
+func (q *Queue) pull(ctx, jobs context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
-	defer cancel()
 	cons, err := q.js.Consumer(lctx, q.cfg.Stream, q.cfg.Consumer)
+	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
 	}
 	pol := policyOf(cons.CachedInfo().Config)
 	q.policy.Store(&pol)
-	// One message requested at a time, and the next only once the callback
-	// has found it a slot: no job waits in a client buffer while its ack
-	// deadline runs.
-	cc, err := cons.Consume(func(m jetstream.Msg) { q.onMsg(jobs, pol, m) },
-		jetstream.PullMaxMessages(1),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			q.lastErr.Store(&err)
-			q.log.Warn("consume", "err", err)
-		}))
-	if err != nil {
-		return nil, fmt.Errorf("consume %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+	if !q.consuming.Swap(true) {
+		q.log.Info("pulling jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
 	}
-	return cc, nil
+	for {
+		n := q.reserve(ctx)
+		if n == 0 {
+			return nil // ctx ended
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.cfg.PullWait))
+		if err != nil {
+			q.releaseN(n)
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+		}
+		for m := range batch.Messages() {
+			n--
+			if ctx.Err() != nil {
+				// Arrived after the stop: another worker takes it at once.
+				_ = m.Nak()
+				q.m.deliveries.WithLabelValues("handed_back").Inc()
+				q.release()
+				continue
+			}
+			go func() {
+				defer q.release()
+				q.work(jobs, pol, m)
+			}()
+		}
+		q.releaseN(n)
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+		}
+	}
 }
 
-// onMsg runs on the consume callback, one message at a time. It waits for a
-// slot (keeping the message alive meanwhile), then hands the job to a
-// goroutine and returns, which lets the client pull the next one.
-func (q *Queue) onMsg(jobs context.Context, pol consumerPolicy, m jetstream.Msg) {
+// reserve waits for a free slot and takes every other free one; it returns
+// how many it took, 0 if ctx ended first.
+func (q *Queue) reserve(ctx context.Context) int {
+	select {
+	case <-ctx.Done():
+		return 0
+	case q.slots <- struct{}{}:
+	}
+	n := 1
+	for n < cap(q.slots) {
+		select {
+		case q.slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (q *Queue) release() { <-q.slots }
+
+func (q *Queue) releaseN(n int) {
+	for range n {
+		<-q.slots
+	}
+}
+
+func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		q.log.Error("message without JetStream metadata; terminating it", "subject", m.Subject(), "err", err)
 		_ = m.Term()
 		return
 	}
-	if !q.acquire(pol, m, meta.NumDelivered) {
-		_ = m.Nak() // stopping: another worker takes it at once
-		q.m.deliveries.WithLabelValues("handed_back").Inc()
-		return
-	}
-	go func() {
-		defer q.release()
-		q.work(jobs, pol, m, meta)
-	}()
-}
-
-func (q *Queue) acquire(pol consumerPolicy, m jetstream.Msg, delivered uint64) bool {
-	select {
-	case <-q.stopping:
-		return false
-	case q.slots <- struct{}{}:
-	default:
-		t := time.NewTicker(pol.keepAliveEvery(delivered))
-		defer t.Stop()
-	wait:
-		for {
-			select {
-			case <-q.stopping:
-				return false
-			case q.slots <- struct{}{}:
-				break wait
-			case <-t.C:
-				_ = m.InProgress()
-			}
-		}
-	}
-	select {
-	case <-q.stopping:
-		q.release()
-		return false
-	default:
-		return true
-	}
-}
-
-func (q *Queue) release() { <-q.slots }
-
-func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg, meta *jetstream.MsgMetadata) {
 	q.m.inFlight.Inc()
 	defer q.m.inFlight.Dec()
 	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
 	start := time.Now()
-	err := q.handle(jobs, m.Data())
+	err = q.handle(jobs, m.Data())
 	stop()
 	q.m.duration.Observe(time.Since(start).Seconds())
 	d := decide(err, err != nil && jobs.Err() != nil, meta.NumDelivered, pol, q.cfg.Backoff, rand.Float64())
@@ -336,21 +337,10 @@ func (q *Queue) park(ctx context.Context, p deadletter.Parcel) error {
 	return nil
 }
 
-// shutdown stops intake, waits for the jobs in hand, and aborts those that
-// do not finish within the shutdown timeout.
-func (q *Queue) shutdown(cc jetstream.ConsumeContext, abort context.CancelFunc) {
-	close(q.stopping)
-	deadline := time.After(q.cfg.ShutdownTimeout)
-	if cc != nil {
-		cc.Drain()
-		select {
-		case <-cc.Closed():
-		case <-deadline:
-			q.log.Warn("consume did not drain within the shutdown timeout")
-			cc.Stop()
-		}
-	}
-	if q.waitIdle(deadline) {
+// shutdown runs after pulling stopped: it waits for the jobs in hand, and
+// aborts those that do not finish within the shutdown timeout.
+func (q *Queue) shutdown(abort context.CancelFunc) {
+	if q.waitIdle(time.After(q.cfg.ShutdownTimeout)) {
 		q.log.Info("stopped; every job in hand was settled")
 		return
 	}
