@@ -97,7 +97,6 @@ type Queue struct {
 	// fills it to know that every job has been settled.
 	slots     chan struct{}
 	consuming atomic.Bool
-	policy    atomic.Pointer[consumerPolicy]
 	lastErr   atomic.Pointer[error] // the pull loop's last error, for logs and /readyz
 }
 
@@ -184,11 +183,21 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
 	}
 	pol := policyOf(cons.CachedInfo().Config)
-	q.policy.Store(&pol)
 	if !q.consuming.Swap(true) {
 		q.log.Info("pulling jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
 	}
 	for {
+		if !q.nc.IsConnected() {
+			// A pull request sent now would wait in the reconnect buffer and
+			// reach the server after this fetch gave up on it: the server
+			// would send jobs to an inbox nobody reads.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(q.cfg.PullWait):
+				continue
+			}
+		}
 		n := q.reserve(ctx)
 		if n == 0 {
 			return nil // ctx ended

@@ -27,9 +27,14 @@ var testBackOff = []time.Duration{300 * time.Millisecond, 400 * time.Millisecond
 // with backOff as the consumer's BackOff.
 func setup(t *testing.T, backOff []time.Duration) jetstream.JetStream {
 	t.Helper()
-	js := testenv.StartNATS(t).JetStream(t)
+	return setupOn(t, testenv.StartNATS(t), backOff, jetstream.MemoryStorage)
+}
+
+func setupOn(t *testing.T, n *testenv.NATS, backOff []time.Duration, storage jetstream.StorageType) jetstream.JetStream {
+	t.Helper()
+	js := n.JetStream(t)
 	o := topology.Defaults()
-	o.Storage = jetstream.MemoryStorage
+	o.Storage = storage
 	for _, sc := range topology.Streams(o) {
 		if sc.Name == events.PreviewJobsStream || sc.Name == events.DeadLetterStream {
 			if _, err := js.CreateStream(t.Context(), sc); err != nil {
@@ -160,9 +165,9 @@ func TestTransientFailuresAreRetriedThenDeadLettered(t *testing.T) {
 	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("http_5xx")); got != 4 {
 		t.Errorf("retries = %v, want 4", got)
 	}
-	if got := testutil.ToFloat64(q.m.dead.WithLabelValues("http_5xx", "worker")); got != 1 {
-		t.Errorf("dead letters = %v, want 1", got)
-	}
+	testenv.WaitFor(t, 10*time.Second, "dead-letter metric", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues("http_5xx", "worker")) == 1
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if len(hooked) != 1 || hooked[0] != id+" http_5xx" {
@@ -446,4 +451,39 @@ func TestJobWhoseWorkerCrashedIsParkedWhenAWorkerComesBack(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "backlog gauge", func() bool {
 		return testutil.ToFloat64(q.m.backlog.WithLabelValues(ReasonMaxDeliveries)) == 1
 	})
+}
+
+func TestRidesOutANATSRestart(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := setupOn(t, n, testBackOff, jetstream.FileStorage) // the queue survives the restart
+	var mu sync.Mutex
+	done := map[string]int{}
+	q := New(js, testConfig(t), func(_ context.Context, data []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		done[jobID(data)]++
+		return nil
+	}, nil)
+	start(t, q)
+	count := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return done[id]
+	}
+	before := events.NewID()
+	publishJob(t, js, before)
+	testenv.WaitFor(t, 10*time.Second, "job before the restart", func() bool { return count(before) == 1 })
+	n.Restart()
+	after := events.NewID()
+	testenv.WaitFor(t, 20*time.Second, "publish after the restart", func() bool {
+		_, err := js.Publish(context.Background(), events.PreviewJobSubject, []byte(`{"v":1,"id":"`+after+`"}`), jetstream.WithMsgID(after))
+		return err == nil
+	})
+	testenv.WaitFor(t, 20*time.Second, "both jobs done and acked", func() bool {
+		return count(after) == 1 && testutil.ToFloat64(q.m.deliveries.WithLabelValues("done")) == 2
+	})
+	if count(before) != 1 {
+		t.Fatalf("the job before the restart ran %d times, want 1", count(before))
+	}
 }
