@@ -32,12 +32,17 @@ type Config struct {
 	// SIGTERM; what has not finished then is handed back to the queue.
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
 
-	// ApplyTopology creates or updates PREVIEW_JOBS, DEAD_LETTER and the
-	// shared consumer at start. Turn it off where the service's NATS user
-	// may not manage streams and `snipctl topology apply` does it.
+	// ApplyTopology runs topology.Apply at start, as every service does: it
+	// creates what is missing and updates only what differs, so a NATS user
+	// that may only read stream info passes when `snipctl topology apply`
+	// ran first. Off: only look the consumer up.
 	ApplyTopology bool `env:"PREVIEW_APPLY_TOPOLOGY" envDefault:"true"`
-	// Replicas is the streams' replication factor when applying them.
-	Replicas int `env:"SNIP_REPLICAS" envDefault:"1"`
+	// The deployment's topology, read from the same variables as snipctl's,
+	// so one environment file serves both.
+	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
+	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
+	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`
+	ClicksMaxBytes int64         `env:"SNIP_CLICKS_MAX_BYTES" envDefault:"-1"`
 
 	// Concurrency is the most jobs one instance works on at once. Fetches
 	// mostly wait on the network, so it is well above the CPU count.
@@ -163,6 +168,9 @@ func (c Config) queue(log *slog.Logger, reg prometheus.Registerer) workqueue.Con
 
 func (c Config) topology() topology.Options {
 	o := topology.Defaults()
+	o.Partitions = c.Partitions
 	o.Replicas = c.Replicas
+	o.ClicksMaxAge = c.ClicksMaxAge
+	o.ClicksMaxBytes = c.ClicksMaxBytes
 	return o
 }

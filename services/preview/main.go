@@ -21,7 +21,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/topology"
@@ -103,7 +102,10 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	go func() { errc <- web.Serve(ctx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout) }()
 	go func() {
 		if cfg.ApplyTopology {
-			applyTopology(ctx, log, js, cfg.topology())
+			if err := applyTopology(ctx, log, js, cfg.topology()); err != nil {
+				errc <- err
+				return
+			}
 		}
 		errc <- q.Run(ctx)
 	}()
@@ -118,41 +120,29 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return first
 }
 
-// applyTopology creates or updates the streams and the consumer the worker
-// uses (not CLICKS: its partition count is the operator's choice), retrying
-// until NATS answers or ctx ends.
-func applyTopology(ctx context.Context, log *slog.Logger, js jetstream.JetStream, o topology.Options) {
+// applyTopology applies the topology, retrying until NATS answers or ctx
+// ends. A CLICKS partition count that differs from SNIP_PARTITIONS is a
+// configuration error, returned.
+func applyTopology(ctx context.Context, log *slog.Logger, js jetstream.JetStream, o topology.Options) error {
 	wait := 250 * time.Millisecond
 	for {
-		err := ensure(ctx, js, o)
-		if err == nil || ctx.Err() != nil {
-			return
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := topology.Apply(actx, js, o)
+		cancel()
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return nil
+		case errors.Is(err, topology.ErrPartitionsChanged):
+			return err
 		}
 		log.Warn("apply topology; retrying", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(wait):
 			wait = min(2*wait, 10*time.Second)
 		}
 	}
-}
-
-func ensure(ctx context.Context, js jetstream.JetStream, o topology.Options) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for _, sc := range topology.Streams(o) {
-		if sc.Name != events.PreviewJobsStream && sc.Name != events.DeadLetterStream {
-			continue
-		}
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
-			return fmt.Errorf("stream %s: %w", sc.Name, err)
-		}
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, events.PreviewJobsStream, topology.PreviewConsumerConfig()); err != nil {
-		return fmt.Errorf("consumer %s: %w", topology.PreviewConsumer, err)
-	}
-	return nil
 }
 
 // httpErrorHandler is the service's one error handler: JSON bodies, and a

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -674,6 +675,12 @@ func TestAppliesItsTopology(t *testing.T) {
 	}
 	if _, err := w.js.Stream(t.Context(), events.DeadLetterStream); err != nil {
 		t.Fatal(err)
+	}
+	// A second instance configured for another partition count must refuse
+	// to start rather than fight over CLICKS.
+	cfg := w.config(t, "PREVIEW_APPLY_TOPOLOGY=true", "SNIP_PARTITIONS=3")
+	if err := run(t.Context(), slog.New(slog.DiscardHandler), cfg); !errors.Is(err, topology.ErrPartitionsChanged) {
+		t.Fatalf("run with another partition count = %v, want ErrPartitionsChanged", err)
 	}
 }
 
