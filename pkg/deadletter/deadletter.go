@@ -7,9 +7,9 @@
 // dead.<source>.<reason>, with the Snip-Dead-* headers of package events
 // saying where it came from (stream, subject, sequence), who gave up
 // (consumer), after how many attempts, and the last error. Publish sets
-// Nats-Msg-Id to "<id>:dead:<seq>" (the event or job ID and the original
-// stream sequence), so two paths that park the same message within
-// DEAD_LETTER's duplicate window store it once.
+// Nats-Msg-Id to "<id>:dead:<source>:<seq>" (the event or job ID, who parks
+// it, and the original stream sequence), so two paths of one source that park
+// the same message within DEAD_LETTER's duplicate window store it once.
 //
 // Redrive re-publishes the payload to the subject it came from, expecting the
 // original stream, with a fresh Nats-Msg-Id "<id>:redrive:<dead seq>" so the
@@ -81,16 +81,19 @@ type Parcel struct {
 // Subject is where p is parked: dead.<source>.<reason>.
 func (p Parcel) subject() string { return events.DeadLetterSubject(p.Source, p.Reason) }
 
-// MsgID is the Nats-Msg-Id of the dead letter of the message stored at seq
-// in stream with payload data: "<id>:dead:<seq>", where id is the payload's
-// event or job ID, or the stream name when the payload has none (a
-// malformed one). Every path that parks the same message computes the same ID.
-func MsgID(stream string, seq uint64, data []byte) string {
+// MsgID is the Nats-Msg-Id of the dead letter source parks for the message
+// stored at seq in stream with payload data: "<id>:dead:<source>:<seq>",
+// where id is the payload's event or job ID, or the stream name when the
+// payload has none (a malformed one). Every path of one source that parks the
+// same message computes the same ID (the preview worker and its advisory
+// rescuer park a job once); two sources parking the same message (two
+// consumer groups of CLICKS meeting one malformed event) each keep theirs.
+func MsgID(source, stream string, seq uint64, data []byte) string {
 	id := PayloadID(data)
 	if id == "" {
 		id = stream
 	}
-	return id + ":dead:" + strconv.FormatUint(seq, 10)
+	return id + ":dead:" + source + ":" + strconv.FormatUint(seq, 10)
 }
 
 // PayloadID returns the "id" field of a JSON event or job, or "" when the
@@ -125,7 +128,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Parcel) (*jetstream.
 	}
 	m := nats.NewMsg(p.subject())
 	m.Data = p.Data
-	m.Header.Set(events.HeaderMsgID, MsgID(p.Stream, p.Seq, p.Data))
+	m.Header.Set(events.HeaderMsgID, MsgID(p.Source, p.Stream, p.Seq, p.Data))
 	m.Header.Set(events.HeaderDeadReason, p.Reason)
 	m.Header.Set(events.HeaderDeadSource, p.Stream)
 	m.Header.Set(events.HeaderDeadSubject, p.Subject)

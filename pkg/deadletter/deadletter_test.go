@@ -306,15 +306,15 @@ func TestMsgIDAndPayloadID(t *testing.T) {
 	tests := []struct {
 		name, data, want string
 	}{
-		{"job_id", `{"v":1,"id":"0193c0de-0000-7000-8000-000000000001"}`, "0193c0de-0000-7000-8000-000000000001:dead:9"},
-		{"malformed_payload_uses_stream", `{not json`, "PREVIEW_JOBS:dead:9"},
-		{"id_with_colon_is_not_used", `{"id":"a:b"}`, "PREVIEW_JOBS:dead:9"},
-		{"id_with_space_is_not_used", `{"id":"a b"}`, "PREVIEW_JOBS:dead:9"},
+		{"job_id", `{"v":1,"id":"0193c0de-0000-7000-8000-000000000001"}`, "0193c0de-0000-7000-8000-000000000001:dead:preview:9"},
+		{"malformed_payload_uses_stream", `{not json`, "PREVIEW_JOBS:dead:preview:9"},
+		{"id_with_colon_is_not_used", `{"id":"a:b"}`, "PREVIEW_JOBS:dead:preview:9"},
+		{"id_with_space_is_not_used", `{"id":"a b"}`, "PREVIEW_JOBS:dead:preview:9"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if got := deadletter.MsgID(events.PreviewJobsStream, 9, []byte(tc.data)); got != tc.want {
+			if got := deadletter.MsgID("preview", events.PreviewJobsStream, 9, []byte(tc.data)); got != tc.want {
 				t.Fatalf("MsgID = %q, want %q", got, tc.want)
 			}
 		})

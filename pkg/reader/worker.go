@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -457,43 +457,35 @@ func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {
 	return msgs[0]
 }
 
-// park copies an event to DEAD_LETTER as dead.<group>.<reason>, with the
-// reason, error and origin in Snip-Dead-* headers. The copy's Nats-Msg-Id is
-// "<group>:<seq>", so parking again after a crash does not duplicate it. It
-// retries until the copy is stored or the partition is taken away.
+// park copies an event to DEAD_LETTER as dead.<group>.<reason> (package
+// deadletter: the original payload with Snip-Dead-* headers saying where it
+// came from, why, and after how many deliveries). Parking the same event
+// again after a crash is deduplicated by its Nats-Msg-Id. It retries until
+// the copy is stored or the partition is taken away.
 func (w *worker) park(msg jetstream.Msg, md *jetstream.MsgMetadata, reason string, cause error) error {
 	m := w.m
-	reason = sanitizeToken(reason)
-	seq := strconv.FormatUint(md.Sequence.Stream, 10)
-	errText := cause.Error()
-	if len(errText) > 1024 {
-		errText = errText[:1024]
-	}
-	dead := &nats.Msg{
-		Subject: events.DeadLetterSubject(m.cfg.Group, reason),
-		Header: nats.Header{
-			events.HeaderMsgID:        []string{m.cfg.Group + ":" + seq},
-			events.HeaderDeadReason:   []string{reason},
-			events.HeaderDeadError:    []string{errText},
-			events.HeaderDeadSource:   []string{events.ClicksStream},
-			events.HeaderDeadSubject:  []string{msg.Subject()},
-			events.HeaderDeadSeq:      []string{seq},
-			events.HeaderDeadAttempts: []string{strconv.FormatUint(md.NumDelivered, 10)},
-			events.HeaderDeadGroup:    []string{m.cfg.Group},
-		},
-		Data: msg.Data(),
+	parcel := deadletter.Parcel{
+		Source:   m.cfg.Group,
+		Reason:   sanitizeToken(reason),
+		Stream:   events.ClicksStream,
+		Subject:  msg.Subject(),
+		Seq:      md.Sequence.Stream,
+		Attempts: int(md.NumDelivered),
+		Error:    cause.Error(),
+		Consumer: m.cfg.Group,
+		Data:     msg.Data(),
 	}
 	bo := m.cfg.newBackoff()
 	for {
 		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-		_, err := m.js.PublishMsg(ctx, dead)
+		_, err := deadletter.Publish(ctx, m.js, parcel)
 		cancel()
 		if err == nil {
-			m.met.parked.WithLabelValues(m.cfg.Group, reason).Inc()
-			w.log.Warn("event parked on DEAD_LETTER", "seq", md.Sequence.Stream, "reason", reason, "err", cause)
+			m.met.parked.WithLabelValues(m.cfg.Group, parcel.Reason).Inc()
+			w.log.Warn("event parked on DEAD_LETTER", "seq", parcel.Seq, "reason", parcel.Reason, "err", cause)
 			return nil
 		}
-		w.log.Warn("park event: retrying", "seq", md.Sequence.Stream, "err", err)
+		w.log.Warn("park event: retrying", "seq", parcel.Seq, "err", err)
 		if !w.sleep(bo.NextBackOff()) {
 			return errReleased
 		}
