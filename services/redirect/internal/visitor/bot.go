@@ -1,0 +1,40 @@
+package visitor
+
+import (
+	"strings"
+
+	useragent "github.com/medama-io/go-useragent"
+)
+
+// parser is built once: go-useragent loads its trie at construction and then
+// parses without allocating.
+var parser = useragent.NewParser()
+
+// IsBot labels a user agent as a bot, crawler, link unfurler or HTTP
+// library, at the source. Bots are labelled, never dropped: readers decide
+// what to count. go-useragent (medama-io, maintained for Medama analytics)
+// knows the common crawlers, unfurlers (Slack, WhatsApp, Telegram, Twitter,
+// Facebook) and libraries (curl, python-requests, Go-http-client); a short
+// list of substrings catches the self-declared rest ("Discordbot/2.0").
+// An empty user agent is a script, so it is a bot too.
+func IsBot(ua string) bool {
+	if ua == "" {
+		return true
+	}
+	if parser.Parse(ua).IsBot() {
+		return true
+	}
+	return containsFold(ua, "bot/") || containsFold(ua, "crawler") || containsFold(ua, "spider") ||
+		containsFold(ua, "headless") || containsFold(ua, "preview")
+}
+
+// containsFold is strings.Contains ignoring ASCII case, without allocating.
+func containsFold(s, sub string) bool {
+	n := len(sub)
+	for i := 0; i+n <= len(s); i++ {
+		if strings.EqualFold(s[i:i+n], sub) {
+			return true
+		}
+	}
+	return false
+}
