@@ -83,8 +83,10 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	e.HTTPErrorHandler = a.handleError
 	e.Use(a.countRequests)
 
-	api := e.Group("/api", middleware.BodyLimit(strconv.Itoa(MaxBody)))
-	api.POST("/links", a.create)
+	// The body limit is on the route, not the group: a group middleware
+	// would turn every unknown /api method into 404 instead of 405.
+	api := e.Group("/api")
+	api.POST("/links", a.create, middleware.BodyLimit(strconv.Itoa(MaxBody)))
 	api.GET("/links/:code", a.get)
 	api.DELETE("/links/:code", a.delete)
 

@@ -13,6 +13,7 @@ type Metrics struct {
 	Unrecorded         *prometheus.CounterVec // reason
 	Heads              prometheus.Counter
 	Latency            prometheus.Histogram
+	Following          prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg.
@@ -37,7 +38,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "redirect_duration_seconds",
 			Help:    "Time from request to 302, click recording included.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
+		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
+			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, m.CacheInvalidations, m.Misses, m.Clicks, m.Unrecorded, m.Heads, m.Latency)
+	reg.MustRegister(lookups, m.CacheInvalidations, m.Misses, m.Clicks, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }

@@ -77,7 +77,7 @@ func WatchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *s
 			return
 		}
 		log.Debug("watch LINKS; retrying", "err", err)
-		t := time.NewTimer(time.Second)
+		t := time.NewTimer(250 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -101,11 +101,15 @@ func watchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *s
 			return
 		}
 		r.Invalidate(ev.Code)
-	})
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		log.Debug("consume LINKS", "err", err)
+	}))
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", events.LinksStream, err)
 	}
 	log.Info("following LINKS for cache invalidation")
+	r.m.Following.Set(1)
+	defer r.m.Following.Set(0)
 	<-ctx.Done()
 	cc.Stop()
 	return nil

@@ -24,9 +24,29 @@ func IsBot(ua string) bool {
 	if parser.Parse(ua).IsBot() {
 		return true
 	}
-	return containsFold(ua, "bot/") || containsFold(ua, "crawler") || containsFold(ua, "spider") ||
+	return wordEndsInBot(ua) || containsFold(ua, "crawler") || containsFold(ua, "spider") ||
 		containsFold(ua, "headless") || containsFold(ua, "preview")
 }
+
+// wordEndsInBot finds a word ending in "bot" ("Slackbot-LinkExpanding",
+// "Discordbot/2.0", "Twitterbot"), except Cubot, a phone maker.
+func wordEndsInBot(s string) bool {
+	for i := 0; i+3 <= len(s); i++ {
+		if !strings.EqualFold(s[i:i+3], "bot") {
+			continue
+		}
+		if i+3 < len(s) && isLetter(s[i+3]) {
+			continue // "bottle", "Botswana"
+		}
+		if i >= 2 && strings.EqualFold(s[i-2:i], "cu") && (i == 2 || !isLetter(s[i-3])) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
 // containsFold is strings.Contains ignoring ASCII case, without allocating.
 func containsFold(s, sub string) bool {
