@@ -244,6 +244,7 @@ type ledger struct {
 	served  map[string][]string // code -> request IDs answered 302
 	failed  map[string]bool     // request IDs without a 302 (may or may not be recorded)
 	refused int                 // non-302 answers
+	seq     int
 }
 
 func newLedger() *ledger {
@@ -261,8 +262,11 @@ func (l *ledger) total() int {
 }
 
 // click sends one GET /code with a fresh request ID and records the outcome.
-func (l *ledger) click(base, code string, seq int) (int, error) {
-	rid := fmt.Sprintf("%s-%06d", code, seq)
+func (l *ledger) click(base, code string) (int, error) {
+	l.mu.Lock()
+	l.seq++
+	rid := fmt.Sprintf("%s-%07d", code, l.seq)
+	l.mu.Unlock()
 	r, err := doErr("GET", base+"/"+code, "", "X-Request-Id", rid, "User-Agent", "Mozilla/5.0 test", "CF-IPCountry", "DE")
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -80,6 +80,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		return err
 	}
 	log.Info("starting", "config", cfg.logValue())
+	redis.SetLogger(redisLogger{log})
 	trusted, _ := cfg.trustedProxies()
 
 	// Redis: one client for requests, one for the relay, whose blocking
@@ -280,4 +281,13 @@ func drainNATS(ctx context.Context, nc interface {
 		}
 	}
 	return nil
+}
+
+// redisLogger sends go-redis's internal messages (dial retries while Redis
+// is down) to the service log at debug level; the errors that matter are
+// returned to, and logged by, the code that called Redis.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }

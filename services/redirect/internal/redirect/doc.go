@@ -4,8 +4,8 @@
 //
 // The cache (otter, bounded by entry count, entries expire after a TTL) is
 // kept fresh by the LINKS stream: every instance follows LINKS with an
-// ordered consumer from "new" and drops a code when it is created or deleted
-// anywhere (WatchLinks). The TTL bounds staleness while NATS is away.
+// ordered consumer from "new" and drops a code when it is deleted anywhere
+// (WatchLinks). The TTL bounds staleness while NATS is away.
 //
 // The click is encoded by hand into a pooled buffer (AppendClick) rather
 // than with encoding/json: it is the only per-request encoding, and the

@@ -68,7 +68,7 @@ func (r *Resolver) Invalidate(code string) {
 }
 
 // WatchLinks follows LINKS from now on with an ordered consumer and drops
-// every created or deleted code from the cache, until ctx ends. It retries
+// every deleted code from the cache, until ctx ends. It retries
 // while the stream or NATS is not there; the cache TTL covers the gap.
 func WatchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *slog.Logger) {
 	for ctx.Err() == nil {
@@ -100,7 +100,12 @@ func watchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *s
 			log.Warn("undecodable LINKS event ignored", "subject", msg.Subject(), "err", err)
 			return
 		}
-		r.Invalidate(ev.Code)
+		// Only a deletion can make a cached link wrong: codes are never
+		// reused (deleted links stay as tombstones) and misses are not
+		// cached, so link.created needs nothing.
+		if ev.Kind == events.LinkDeleted {
+			r.Invalidate(ev.Code)
+		}
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		log.Debug("consume LINKS", "err", err)
 	}))
