@@ -10,6 +10,7 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/maypok86/otter/v2 v2.4.0 // indirect
 	github.com/medama-io/go-useragent v1.2.5 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
 )
 
 replace github.com/snipdev/snip/pkg => ../../pkg
