@@ -28,6 +28,8 @@ type Store struct {
 	// before Create and Delete refuse with outbox.ErrFull.
 	maxOutbox int64
 
+	// newCode draws a random code (link.NewCode; tests replace it).
+	newCode func() string
 	// beforeExec, if set (tests), runs inside WATCH, after the checks and
 	// before MULTI/EXEC, with the transaction's connection.
 	beforeExec func(ctx context.Context, tx *redis.Tx) error
@@ -35,7 +37,7 @@ type Store struct {
 
 // New returns a store.
 func New(rdb redis.UniversalClient, layout outbox.Layout, maxOutbox int64) *Store {
-	return &Store{rdb: rdb, layout: layout, maxOutbox: maxOutbox}
+	return &Store{rdb: rdb, layout: layout, maxOutbox: maxOutbox, newCode: link.NewCode}
 }
 
 // Preview is what the preview service found at a link's target.
@@ -60,7 +62,7 @@ func (s *Store) Create(ctx context.Context, owner, target, code string) (link.Li
 	custom := code != ""
 	for range generateTries {
 		if !custom {
-			code = link.NewCode()
+			code = s.newCode()
 		}
 		l := link.Link{Code: code, Owner: owner, Target: target, Created: time.Now().UTC().Truncate(time.Millisecond)}
 		err := s.create(ctx, l)
