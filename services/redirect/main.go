@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -143,9 +144,16 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	defer func() { stopBG(); wg.Wait() }()
-	wg.Go(func() { applyTopology(bg, js, cfg.topology(), topoReady, log) })
+	var topologyApplied atomic.Bool
+	wg.Go(func() {
+		if applyTopology(bg, js, cfg.topology(), log) {
+			topologyApplied.Store(true)
+			topoReady.Set(1)
+		}
+	})
 	wg.Go(func() { redirect.WatchLinks(bg, js, resolver, log) })
-	relay := outbox.NewRelay(relayRDB, js, nc.IsConnected, layout, outbox.RelayConfig{
+	relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
+	relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
 		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second,
 	}, log, om)
 	wg.Go(func() { _ = relay.Run(bg) })
@@ -209,26 +217,27 @@ func waitForRedis(ctx context.Context, rdb redis.UniversalClient, log *slog.Logg
 }
 
 // applyTopology applies the JetStream topology, retrying with backoff while
-// NATS is away: redirects are served meanwhile, into the outbox.
-func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Options, ready prometheus.Gauge, log *slog.Logger) {
+// NATS is away: redirects are served meanwhile, into the outbox. It reports
+// whether the streams are there to publish to; the relay waits for that.
+func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Options, log *slog.Logger) bool {
 	backoff := 250 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := topology.Apply(actx, js, o)
 		cancel()
 		if err == nil {
-			ready.Set(1)
 			log.Info("topology applied", "partitions", o.Partitions)
-			return
+			return true
 		}
 		if errors.Is(err, topology.ErrPartitionsChanged) {
+			// The streams exist; the operator decides about the mismatch.
 			log.Error("topology differs from the configuration; relaying into the existing streams", "err", err)
-			return
+			return true
 		}
 		log.Warn("apply topology; retrying", "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 5*time.Second)

@@ -50,7 +50,7 @@ type Links interface {
 
 // Follower is the redirect hot path.
 type Follower interface {
-	Follow(ctx context.Context, v *redirect.Visit) (link.Link, error)
+	Follow(ctx context.Context, v redirect.Visit) (link.Link, error)
 }
 
 // Invalidator drops a code from this instance's link cache.
@@ -261,7 +261,7 @@ func (a *API) redirect(c echo.Context) error {
 		RequestID: c.Response().Header().Get(echo.HeaderXRequestID),
 		Head:      req.Method == http.MethodHead,
 	}
-	l, err := a.Follow.Follow(req.Context(), &v)
+	l, err := a.Follow.Follow(req.Context(), v)
 	if err != nil {
 		return err
 	}

@@ -54,12 +54,21 @@ type Committer struct {
 
 type pending struct {
 	shard   int
-	id      []byte
-	subject []byte
-	data    []byte
+	id      rawArg
+	subject rawArg
+	data    rawArg
+	args    []any // the XADD command, rebuilt in place for every use
 	err     error
 	done    chan struct{}
 }
+
+// rawArg hands a byte slice to go-redis without boxing the slice header
+// into an interface per command (an allocation): a pointer to a pooled
+// rawArg is boxed for free, and go-redis writes it via MarshalBinary.
+type rawArg struct{ b []byte }
+
+// MarshalBinary returns the bytes as they are.
+func (r *rawArg) MarshalBinary() ([]byte, error) { return r.b, nil }
 
 // NewCommitter returns a committer; Start starts its workers.
 func NewCommitter(rdb redis.UniversalClient, layout Layout, cfg CommitterConfig, m *Metrics) *Committer {
@@ -112,7 +121,7 @@ func (c *Committer) Append(ctx context.Context, shard int, id, subject, data []b
 		return fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
 	}
 	p := c.pool.Get().(*pending)
-	p.shard, p.id, p.subject, p.data, p.err = shard, id, subject, data, nil
+	p.shard, p.id.b, p.subject.b, p.data.b, p.err = shard, id, subject, data, nil
 	select {
 	case c.reqs <- p:
 	case <-c.stop:
@@ -125,7 +134,7 @@ func (c *Committer) Append(ctx context.Context, shard int, id, subject, data []b
 	select {
 	case <-p.done:
 		err := p.err
-		p.id, p.subject, p.data = nil, nil, nil
+		p.id.b, p.subject.b, p.data.b = nil, nil, nil
 		c.pool.Put(p)
 		return err
 	case <-ctx.Done():
@@ -173,11 +182,13 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 	start := time.Now()
 	pipe := c.rdb.Pipeline()
 	for _, p := range batch {
-		cmds = append(cmds, pipe.XAdd(ctx, &redis.XAddArgs{
-			Stream: c.layout.OutboxKey(p.shard, LaneClicks),
-			ID:     "*",
-			Values: []any{fieldID, p.id, fieldSubject, p.subject, fieldData, p.data},
-		}))
+		// XADD key * id <id> subject <subject> data <data>, as outbox.Add
+		// writes it, built without per-click allocations.
+		p.args = append(p.args[:0], "xadd", c.layout.boxedKey(p.shard, LaneClicks), "*",
+			fieldID, &p.id, fieldSubject, &p.subject, fieldData, &p.data)
+		cmd := redis.NewStringCmd(ctx, p.args...)
+		_ = pipe.Process(ctx, cmd)
+		cmds = append(cmds, cmd)
 	}
 	// The depth of each shard written, for free in the same round trip.
 	for _, p := range batch {

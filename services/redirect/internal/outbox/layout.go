@@ -53,14 +53,20 @@ const (
 // (CheckShards enforces it).
 type Layout struct {
 	Shards int
-	tags   []string // "snip:{sN}:" per shard, precomputed for the hot path
+	tags   []string   // "snip:{sN}:" per shard
+	keys   [][]string // outbox key per shard and lane, precomputed for the hot path
+	boxed  [][]any    // the same keys boxed once, for commands built without allocating
 }
 
 // NewLayout returns the layout for n shards.
 func NewLayout(n int) Layout {
-	l := Layout{Shards: n, tags: make([]string, n)}
+	l := Layout{Shards: n, tags: make([]string, n), keys: make([][]string, n), boxed: make([][]any, n)}
 	for i := range n {
 		l.tags[i] = "snip:{s" + strconv.Itoa(i) + "}:"
+		for _, lane := range Lanes {
+			l.keys[i] = append(l.keys[i], l.tags[i]+"outbox:"+lane.Name)
+			l.boxed[i] = append(l.boxed[i], l.keys[i][len(l.keys[i])-1])
+		}
 	}
 	return l
 }
@@ -81,7 +87,23 @@ func (l Layout) Shard(code string) int {
 func (l Layout) LinkKey(code string) string { return l.tags[l.Shard(code)] + "link:" + code }
 
 // OutboxKey is the key of a shard's outbox stream for one lane.
-func (l Layout) OutboxKey(shard int, lane Lane) string { return l.tags[shard] + "outbox:" + lane.Name }
+func (l Layout) OutboxKey(shard int, lane Lane) string {
+	for i, ln := range Lanes {
+		if ln == lane {
+			return l.keys[shard][i]
+		}
+	}
+	return l.tags[shard] + "outbox:" + lane.Name
+}
+
+func (l Layout) boxedKey(shard int, lane Lane) any {
+	for i, ln := range Lanes {
+		if ln == lane {
+			return l.boxed[shard][i]
+		}
+	}
+	return l.OutboxKey(shard, lane)
+}
 
 // LeaseKey is the key of a shard's relay lease.
 func (l Layout) LeaseKey(shard int) string { return l.tags[shard] + "outbox:lease" }

@@ -60,22 +60,24 @@ type JetStream interface {
 // DEAD_LETTER as dead.outbox.<reason> and deleted, so it cannot block its
 // shard.
 type Relay struct {
-	rdb       redis.UniversalClient
-	js        JetStream
-	connected func() bool
-	layout    Layout
-	cfg       RelayConfig
-	log       *slog.Logger
-	m         *Metrics
+	rdb    redis.UniversalClient
+	js     JetStream
+	ready  func() bool
+	layout Layout
+	cfg    RelayConfig
+	log    *slog.Logger
+	m      *Metrics
 
 	// afterAcks, if set (tests), runs after a batch's acks and before its
 	// XDEL; returning an error abandons the batch as a crash would.
 	afterAcks func(shard int, lane Lane, ids []string) error
 }
 
-// NewRelay returns a relay. connected reports whether NATS is connected; the
-// relay does not publish while it is not (the client would only buffer).
-func NewRelay(rdb redis.UniversalClient, js JetStream, connected func() bool, layout Layout, cfg RelayConfig, log *slog.Logger, m *Metrics) *Relay {
+// NewRelay returns a relay. ready reports whether NATS is connected and the
+// topology applied; the relay does not publish before (the client would
+// only buffer, and a publish to a stream that is being created could fail
+// while the next one succeeds, which would break order).
+func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout Layout, cfg RelayConfig, log *slog.Logger, m *Metrics) *Relay {
 	if cfg.Window < 1 {
 		cfg.Window = 1
 	}
@@ -85,7 +87,7 @@ func NewRelay(rdb redis.UniversalClient, js JetStream, connected func() bool, la
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 5 * time.Second
 	}
-	return &Relay{rdb: rdb, js: js, connected: connected, layout: layout, cfg: cfg, log: log, m: m}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m}
 }
 
 // renewScript extends a lease if the caller still holds it.
@@ -241,6 +243,9 @@ type laneState struct {
 	last    string // stream ID of the last entry deleted; "0-0" reads from the head
 	retryAt time.Time
 	backoff time.Duration
+	// probing: after an error the lane publishes one entry at a time until
+	// one succeeds, so a retry never races later entries of its window.
+	probing bool
 }
 
 // runShard relays one shard while ctx lasts and the lease is ours.
@@ -256,7 +261,7 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 	streams := make([]string, 0, 2*len(Lanes))
 	order := make([]int, 0, len(Lanes))
 	for ctx.Err() == nil {
-		if !r.connected() {
+		if !r.ready() {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
@@ -280,7 +285,13 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 		for _, i := range order {
 			streams = append(streams, lanes[i].last)
 		}
-		res, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: int64(r.cfg.Window), Block: max(block, time.Millisecond)}).Result()
+		count := int64(r.cfg.Window)
+		for _, i := range order {
+			if lanes[i].probing {
+				count = 1 // XREAD's COUNT is per stream; one probing lane slows the shard's read, not its order
+			}
+		}
+		res, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: count, Block: max(block, time.Millisecond)}).Result()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
@@ -314,12 +325,14 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 					return
 				}
 				ls.last = "0-0" // retry from the head: the first entry not deleted
+				ls.probing = true
 				ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
 				ls.retryAt = time.Now().Add(ls.backoff)
 				r.log.Warn("relay batch", "shard", shard, "lane", Lanes[li].Name, "published", n, "retry_in", ls.backoff, "err", err)
 			default:
 				ls.last = st.Messages[len(st.Messages)-1].ID
 				ls.backoff = 0
+				ls.probing = false
 			}
 		}
 	}
@@ -342,7 +355,9 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 			continue
 		}
 		msg := &nats.Msg{Subject: e.Subject, Data: []byte(e.Data), Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
-		f, err := r.js.PublishMsgAsync(msg, jetstream.WithExpectStream(lane.Stream))
+		// No retries inside the client: it would resend a refused message
+		// after later ones of the window were stored. The relay retries.
+		f, err := r.js.PublishMsgAsync(msg, jetstream.WithExpectStream(lane.Stream), jetstream.WithRetryAttempts(0))
 		batch = append(batch, sent{e: e, f: f, err: err})
 		if err != nil && !permanent(err) {
 			break // nothing after a transient failure is worth sending now

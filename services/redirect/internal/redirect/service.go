@@ -82,7 +82,7 @@ func NewService(resolver *Resolver, appender ClickAppender, ident Identifier, la
 // outbox before returning the link, so the caller's 302 follows the click.
 // Errors: ErrNotFound; ErrClickNotRecorded (policy reject); anything else is
 // Redis failing on a cache miss.
-func (s *Service) Follow(ctx context.Context, v *Visit) (link.Link, error) {
+func (s *Service) Follow(ctx context.Context, v Visit) (link.Link, error) {
 	l, err := s.resolver.Resolve(ctx, v.Code)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
@@ -94,7 +94,7 @@ func (s *Service) Follow(ctx context.Context, v *Visit) (link.Link, error) {
 		s.m.Heads.Inc()
 		return l, nil
 	}
-	err = s.record(ctx, v, &l)
+	err = s.record(ctx, &v, &l)
 	if err == nil {
 		s.m.Clicks.Inc()
 		return l, nil

@@ -1,8 +1,6 @@
 package visitor
 
 import (
-	"strings"
-
 	useragent "github.com/medama-io/go-useragent"
 )
 
@@ -32,13 +30,13 @@ func IsBot(ua string) bool {
 // "Discordbot/2.0", "Twitterbot"), except Cubot, a phone maker.
 func wordEndsInBot(s string) bool {
 	for i := 0; i+3 <= len(s); i++ {
-		if !strings.EqualFold(s[i:i+3], "bot") {
+		if lower(s[i]) != 'b' || lower(s[i+1]) != 'o' || lower(s[i+2]) != 't' {
 			continue
 		}
 		if i+3 < len(s) && isLetter(s[i+3]) {
 			continue // "bottle", "Botswana"
 		}
-		if i >= 2 && strings.EqualFold(s[i-2:i], "cu") && (i == 2 || !isLetter(s[i-3])) {
+		if i >= 2 && lower(s[i-2]) == 'c' && lower(s[i-1]) == 'u' && (i == 2 || !isLetter(s[i-3])) {
 			continue
 		}
 		return true
@@ -48,13 +46,28 @@ func wordEndsInBot(s string) bool {
 
 func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
-// containsFold is strings.Contains ignoring ASCII case, without allocating.
+// containsFold reports whether s contains sub (lowercase ASCII) ignoring
+// ASCII case, without allocating.
 func containsFold(s, sub string) bool {
-	n := len(sub)
-	for i := 0; i+n <= len(s); i++ {
-		if strings.EqualFold(s[i:i+n], sub) {
+	c0 := sub[0]
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if lower(s[i]) != c0 {
+			continue
+		}
+		j := 1
+		for j < len(sub) && lower(s[i+j]) == sub[j] {
+			j++
+		}
+		if j == len(sub) {
 			return true
 		}
 	}
 	return false
+}
+
+func lower(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + ('a' - 'A')
+	}
+	return c
 }

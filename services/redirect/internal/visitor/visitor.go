@@ -45,8 +45,16 @@ type Identifier struct {
 }
 
 type daySalt struct {
-	day  int64 // Unix day number
-	pool sync.Pool
+	day  int64     // Unix day number
+	pool sync.Pool // of *hasher
+}
+
+// hasher is a keyed HMAC with its scratch space, pooled so that computing
+// an identity allocates nothing.
+type hasher struct {
+	h   hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
 }
 
 // NewIdentifier returns an identifier that keeps its salts in rdb.
@@ -63,16 +71,15 @@ func (id *Identifier) AppendID(ctx context.Context, dst []byte, now time.Time, i
 			return dst, err
 		}
 	}
-	h := ds.pool.Get().(hash.Hash)
-	h.Reset()
+	hs := ds.pool.Get().(*hasher)
 	a := ip.As16()
-	_, _ = h.Write(a[:])
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(ua))
-	var sum [sha256.Size]byte
-	s := h.Sum(sum[:0])
-	ds.pool.Put(h)
-	return hex.AppendEncode(dst, s[:16]), nil
+	hs.buf = append(append(append(hs.buf[:0], a[:]...), 0), ua...)
+	hs.h.Reset()
+	_, _ = hs.h.Write(hs.buf)
+	s := hs.h.Sum(hs.sum[:0])
+	dst = hex.AppendEncode(dst, s[:16])
+	ds.pool.Put(hs)
+	return dst, nil
 }
 
 func (id *Identifier) salt(ctx context.Context, day int64) (*daySalt, error) {
@@ -98,7 +105,7 @@ func (id *Identifier) salt(ctx context.Context, day int64) (*daySalt, error) {
 		return nil, fmt.Errorf("visitor salt %s is malformed", key)
 	}
 	ds := &daySalt{day: day}
-	ds.pool.New = func() any { return hmac.New(sha256.New, key2) }
+	ds.pool.New = func() any { return &hasher{h: hmac.New(sha256.New, key2), buf: make([]byte, 0, 256)} }
 	id.cur.Store(ds)
 	return ds, nil
 }
