@@ -58,6 +58,10 @@ type Config struct {
 	CommitTimeout time.Duration `env:"SNIP_COMMIT_TIMEOUT" envDefault:"1s"`
 	// RelayWindow is the most entries per lane in flight to JetStream.
 	RelayWindow int `env:"SNIP_RELAY_WINDOW" envDefault:"512"`
+	// RelayLinger is how long a shard's relay waits after a small batch so
+	// the next one is larger (fewer Redis and JetStream round trips); it
+	// delays publishing, never a redirect.
+	RelayLinger time.Duration `env:"SNIP_RELAY_LINGER" envDefault:"5ms"`
 	// RelayLeaseTTL is how long a dead instance's shards wait to be taken over.
 	RelayLeaseTTL time.Duration `env:"SNIP_RELAY_LEASE_TTL" envDefault:"5s"`
 	// PublishTimeout bounds the wait for one JetStream ack.

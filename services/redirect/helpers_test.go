@@ -40,7 +40,7 @@ func testConfig(redisURL, natsURL string) Config {
 		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
 		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "redirect",
 		CommitMaxBatch: 64, CommitWorkers: 2, CommitTimeout: time.Second,
-		RelayWindow: 128, RelayLeaseTTL: time.Second, PublishTimeout: 2 * time.Second,
+		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 5 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
 	}
 }

@@ -154,7 +154,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	wg.Go(func() { redirect.WatchLinks(bg, js, resolver, log) })
 	relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
 	relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
-		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second,
+		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
 	}, log, om)
 	wg.Go(func() { _ = relay.Run(bg) })
 	monitor := outbox.NewMonitor(rdb, layout, committer, om, log)

@@ -253,3 +253,37 @@ func TestDeleteLinkPublishesDeletedAndInvalidatesEveryCache(t *testing.T) {
 		t.Fatalf("re-creating a deleted code = %d %s, want 409", r.Status, r.Body)
 	}
 }
+
+// TestClientAddressFromForwardedForOnlyBehindTrustedProxy: X-Forwarded-For
+// is believed only when the peer is a configured trusted proxy; otherwise
+// the connection's address is the client's.
+func TestClientAddressFromForwardedForOnlyBehindTrustedProxy(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		trusted []string
+		want    string
+	}{
+		{name: "untrusted_peer_header_ignored", trusted: nil, want: "127.0.0.0/24"},
+		{name: "trusted_peer_header_used", trusted: []string{"127.0.0.1/32"}, want: "198.51.100.0/24"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, db := servers.Redis.NewDB(t)
+			n := testenv.StartNATS(t)
+			js := n.JetStream(t)
+			cfg := testConfig(servers.Redis.URL(db), n.URL)
+			cfg.TrustedProxies = tc.trusted
+			in := startInstance(t, cfg)
+			code := createLink(t, in.URL, "https://example.com/", "")
+			if r := do(t, "GET", in.URL+"/"+code, "", "X-Forwarded-For", "198.51.100.23"); r.Status != http.StatusFound {
+				t.Fatalf("GET = %d", r.Status)
+			}
+			testenv.WaitFor(t, 30*time.Second, "the click in CLICKS", func() bool { return streamCount(js, events.ClicksStream) == 1 })
+			if got := readClicks(t, js)[0].Click.IPPrefix; got != tc.want {
+				t.Fatalf("ip_prefix = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

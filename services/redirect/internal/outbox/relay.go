@@ -34,6 +34,11 @@ type RelayConfig struct {
 	Block time.Duration
 	// MaxBackoff caps the wait before retrying a lane after an error.
 	MaxBackoff time.Duration
+	// Linger is how long a shard waits after a batch smaller than Window
+	// before reading again, so entries accumulate into fewer, larger
+	// batches (Kafka's linger.ms): it adds at most Linger to the time a
+	// click takes to reach JetStream, and nothing to a redirect.
+	Linger time.Duration
 }
 
 // JetStream is what the relay needs of a JetStream context.
@@ -304,7 +309,11 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 			sleep(ctx, time.Second)
 			continue
 		}
+		short := true
 		for _, st := range res {
+			if len(st.Messages) >= int(count) {
+				short = false
+			}
 			li := -1
 			for i, k := range keys {
 				if k == st.Stream {
@@ -334,6 +343,9 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 				ls.backoff = 0
 				ls.probing = false
 			}
+		}
+		if short && r.cfg.Linger > 0 {
+			sleep(ctx, r.cfg.Linger)
 		}
 	}
 }
