@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -80,9 +79,7 @@ func TestGuarantee_NATSDownRedirectsGoOnAndEveryClickArrivesOnceInOrder(t *testi
 	n.Start()
 
 	js := n.JetStream(t)
-	want := l.total()
-	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool { return streamCount(js, events.ClicksStream) >= want })
-	l.verify(t, readClicks(t, js))
+	l.expectInCLICKS(t, js)
 	testenv.WaitFor(t, 30*time.Second, "the outbox to empty", func() bool {
 		return metric(t, in.URL, "snip_redirect_outbox_depth_total_entries") == 0
 	})
@@ -193,9 +190,7 @@ func TestGuarantee_Kill9LosesNoClickThatGot302(t *testing.T) {
 	wait()
 
 	js := n.JetStream(t)
-	want := l.total()
-	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool { return streamCount(js, events.ClicksStream) >= want })
-	l.verify(t, readClicks(t, js))
+	want := l.expectInCLICKS(t, js)
 	t.Logf("%d clicks served (%d before the kill), %d requests failed around it", want, servedAtKill, l.refused)
 }
 
@@ -235,9 +230,7 @@ func TestGuarantee_RedisRestartUnderTraffic(t *testing.T) {
 	wait()
 
 	js := n.JetStream(t)
-	want := l.total()
-	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool { return streamCount(js, events.ClicksStream) >= want })
-	l.verify(t, readClicks(t, js))
+	l.expectInCLICKS(t, js)
 	if got := metric(t, in.URL, "snip_redirect_clicks_unrecorded_total"); got < float64(refusedWhileDown.Load()) {
 		t.Fatalf("clicks_unrecorded_total = %v, want at least the %d refusals", got, refusedWhileDown.Load())
 	}

@@ -329,6 +329,18 @@ func (l *ledger) verify(tb testing.TB, clicks []clickMsg) {
 	}
 }
 
+// expectInCLICKS waits until CLICKS holds at least every served click, then
+// verifies it against the ledger. It returns the number served.
+func (l *ledger) expectInCLICKS(tb testing.TB, js jetstream.JetStream) int {
+	tb.Helper()
+	want := l.total()
+	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
+		return streamCount(js, events.ClicksStream) >= want
+	})
+	l.verify(tb, readClicks(tb, js))
+	return want
+}
+
 // metric returns the sum of a metric's samples whose line contains all of
 // match, from /metrics.
 func metric(tb testing.TB, base, name string, match ...string) float64 {

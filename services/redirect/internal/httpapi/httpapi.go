@@ -306,6 +306,20 @@ func (a *API) owner(c echo.Context) (owners.Owner, error) {
 	return o, err
 }
 
+// ownerAndCode authenticates the caller and parses :code (a code that
+// cannot exist is simply not found).
+func (a *API) ownerAndCode(c echo.Context) (owners.Owner, string, error) {
+	o, err := a.owner(c)
+	if err != nil {
+		return owners.Owner{}, "", err
+	}
+	code, ok := link.ParseCode(c.Param("code"))
+	if !ok {
+		return owners.Owner{}, "", linkstore.ErrNotFound
+	}
+	return o, code, nil
+}
+
 type createRequest struct {
 	Target string `json:"target"`
 	Code   string `json:"code,omitempty"`
@@ -398,13 +412,9 @@ func (a *API) checkLoop(c echo.Context, target string) error {
 // preview service has stored it, its preview. Another owner's link is 404,
 // not 403, so codes cannot be probed.
 func (a *API) get(c echo.Context) error {
-	o, err := a.owner(c)
+	o, code, err := a.ownerAndCode(c)
 	if err != nil {
 		return err
-	}
-	code, ok := link.ParseCode(c.Param("code"))
-	if !ok {
-		return linkstore.ErrNotFound
 	}
 	ctx := c.Request().Context()
 	l, err := a.Links.GetOwned(ctx, o.ID, code)
@@ -424,13 +434,9 @@ func (a *API) get(c echo.Context) error {
 
 // delete answers DELETE /api/links/:code: 204. Another owner's link is 404.
 func (a *API) delete(c echo.Context) error {
-	o, err := a.owner(c)
+	o, code, err := a.ownerAndCode(c)
 	if err != nil {
 		return err
-	}
-	code, ok := link.ParseCode(c.Param("code"))
-	if !ok {
-		return linkstore.ErrNotFound
 	}
 	if err := a.Links.Delete(c.Request().Context(), o.ID, code); err != nil {
 		return err
