@@ -224,7 +224,7 @@ func readClicks(tb testing.TB, js jetstream.JetStream) []clickMsg {
 
 // streamCount is the number of messages in a stream, 0 if it is missing.
 func streamCount(js jetstream.JetStream, stream string) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {

@@ -24,7 +24,9 @@ func TestAPIRefusesBadInput(t *testing.T) {
 	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL))
 	js := n.JetStream(t)
 	createLink(t, in.URL, "https://example.com/taken", "taken")
-	testenv.WaitFor(t, 30*time.Second, "link.created relayed", func() bool { return streamCount(js, events.LinksStream) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "link.created and its job relayed", func() bool {
+		return streamCount(js, events.LinksStream) == 1 && streamCount(js, events.PreviewJobsStream) == 1
+	})
 
 	const json = "application/json"
 	bearer := "Bearer " + acmeKey
