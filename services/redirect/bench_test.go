@@ -103,7 +103,7 @@ func bareServer(tb testing.TB) string {
 //	go test -run '^$' -bench RedirectVsBare -benchtime 1x ./services/redirect
 func BenchmarkRedirectVsBare(b *testing.B) {
 	const (
-		conns  = 32
+		conns  = 64
 		rounds = 3
 		round  = 5 * time.Second
 	)

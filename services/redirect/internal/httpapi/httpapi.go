@@ -71,6 +71,9 @@ type API struct {
 	// Misses counts requests for codes that cannot exist (bad characters).
 	Misses   prometheus.Counter
 	requests *prometheus.CounterVec
+	// redirected is requests{route="/:code",method="GET",status="302"},
+	// resolved once: the hot path's label lookup would allocate.
+	redirected prometheus.Counter
 }
 
 // Register mounts the routes, the error handler and the request metrics on e.
@@ -80,18 +83,21 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 		Help: "HTTP requests by route, method and status.",
 	}, []string{"route", "method", "status"})
 	reg.MustRegister(a.requests)
+	a.redirected = a.requests.WithLabelValues("/:code", http.MethodGet, "302")
 	e.HTTPErrorHandler = a.handleError
-	e.Use(a.countRequests)
 
-	// The body limit is on the route, not the group: a group middleware
-	// would turn every unknown /api method into 404 instead of 405.
+	// Handlers are wrapped here, once: echo v4 composes middleware given to
+	// e.Use or to a route anew for every request (an allocation each). The
+	// body limit is on the route, not the group: a group middleware would
+	// turn every unknown /api method into 404 instead of 405.
 	api := e.Group("/api")
-	api.POST("/links", a.create, middleware.BodyLimit(strconv.Itoa(MaxBody)))
-	api.GET("/links/:code", a.get)
-	api.DELETE("/links/:code", a.delete)
+	api.POST("/links", a.countRequests(middleware.BodyLimit(strconv.Itoa(MaxBody))(a.create)))
+	api.GET("/links/:code", a.countRequests(a.get))
+	api.DELETE("/links/:code", a.countRequests(a.delete))
 
-	e.GET("/:code", a.redirect)
-	e.HEAD("/:code", a.redirect)
+	follow := a.countRequests(a.redirect)
+	e.GET("/:code", follow)
+	e.HEAD("/:code", follow)
 }
 
 // IPExtractor returns how the client address is found: the connection's
@@ -134,6 +140,12 @@ type errorBody struct {
 func (a *API) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
+	}
+	if c.Path() == "" {
+		// No route matched, so no route middleware counted it.
+		defer func() {
+			a.requests.WithLabelValues("unmatched", c.Request().Method, statusText(c.Response().Status)).Inc()
+		}()
 	}
 	status, code, msg := a.classify(err, c)
 	if status >= 500 && status != http.StatusServiceUnavailable {
@@ -194,18 +206,20 @@ func (a *API) classify(err error, c echo.Context) (int, string, string) {
 	return http.StatusInternalServerError, "internal", "internal error"
 }
 
-// countRequests counts every request by route template, method and status.
+// countRequests counts every routed request by route template, method and
+// status (handleError counts the unrouted ones).
 func (a *API) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		err := next(c)
 		if err != nil {
 			c.Error(err) // writes the response, so the status below is final
 		}
-		route := c.Path()
-		if route == "" {
-			route = "unmatched"
+		route, method, status := c.Path(), c.Request().Method, c.Response().Status
+		if status == http.StatusFound && route == "/:code" && method == http.MethodGet {
+			a.redirected.Inc()
+			return nil
 		}
-		a.requests.WithLabelValues(route, c.Request().Method, statusText(c.Response().Status)).Inc()
+		a.requests.WithLabelValues(route, method, statusText(status)).Inc()
 		return nil
 	}
 }
