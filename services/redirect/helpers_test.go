@@ -138,10 +138,11 @@ func doErr(method, url, body string, header ...string) (response, error) {
 	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
 }
 
-// createLink creates a link as acme and returns its code.
+// createLink creates a link as acme and returns its code. Custom codes
+// are sent with "url" (the alias), random ones with "target".
 func createLink(tb testing.TB, base, target, code string) string {
 	tb.Helper()
-	body, _ := json.Marshal(map[string]string{"target": target, "code": code})
+	body, _ := json.Marshal(map[string]string{"url": target, "code": code})
 	if code == "" {
 		body, _ = json.Marshal(map[string]string{"target": target})
 	}

@@ -52,6 +52,8 @@ func TestAPIRefusesBadInput(t *testing.T) {
 		{"unknown_field_is_400", "POST", "/api/links", `{"target":"https://example.com","owner":"other"}`, json, bearer, 400, "bad_request"},
 		{"trailing_data_is_400", "POST", "/api/links", `{"target":"https://example.com"} {}`, json, bearer, 400, "bad_request"},
 		{"missing_target_is_400", "POST", "/api/links", `{"code":"abcd"}`, json, bearer, 400, "invalid_target"},
+		{"target_and_url_both_is_400", "POST", "/api/links", `{"target":"https://a.example","url":"https://b.example"}`, json, bearer, 400, "bad_request"},
+		{"javascript_url_alias_is_400", "POST", "/api/links", `{"url":"javascript:alert(1)"}`, json, bearer, 400, "invalid_target"},
 		{"javascript_target_is_400", "POST", "/api/links", `{"target":"javascript:alert(1)"}`, json, bearer, 400, "invalid_target"},
 		{"data_target_is_400", "POST", "/api/links", `{"target":"data:text/html,hi"}`, json, bearer, 400, "invalid_target"},
 		{"relative_target_is_400", "POST", "/api/links", `{"target":"/a/b"}`, json, bearer, 400, "invalid_target"},
@@ -194,18 +196,26 @@ func TestGetLinkShowsPreviewToItsOwnerOnly(t *testing.T) {
 	}
 	r := do(t, "GET", in.URL+"/api/links/"+code, "", "Authorization", "Bearer "+acmeKey)
 	r.json(t, &got)
-	if r.Status != 200 || got.Preview != nil || got.Owner != "acme" || got.Target != "https://example.com/article" || got.ShortURL != in.URL+"/my-article" {
+	if r.Status != 200 || got.Preview == nil || *got.Preview != (linkstore.Preview{Status: "pending"}) || got.Owner != "acme" ||
+		got.Target != "https://example.com/article" || got.ShortURL != in.URL+"/my-article" {
 		t.Fatalf("before preview: %d %s", r.Status, r.Body)
 	}
 	fetched := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	rdb.HSet(t.Context(), linkstore.PreviewKey(code), "title", "An article", "description", "About things",
+	rdb.HSet(t.Context(), linkstore.PreviewKey(code), "status", "ok", "title", "An article", "description", "About things",
 		"image", "https://example.com/i.png", "site_name", "Example", "fetched_at", fetched.Format(time.RFC3339))
 	r = do(t, "GET", in.URL+"/api/links/"+code, "", "Authorization", "Bearer "+acmeKey)
 	got.Preview = nil
 	r.json(t, &got)
-	want := &linkstore.Preview{Title: "An article", Description: "About things", Image: "https://example.com/i.png", SiteName: "Example", FetchedAt: fetched}
+	want := &linkstore.Preview{Status: "ok", Title: "An article", Description: "About things", Image: "https://example.com/i.png", SiteName: "Example", FetchedAt: &fetched}
 	if d := cmp.Diff(want, got.Preview); d != "" {
 		t.Fatalf("preview (-want +got):\n%s", d)
+	}
+	rdb.Del(t.Context(), linkstore.PreviewKey(code))
+	rdb.HSet(t.Context(), linkstore.PreviewKey(code), "status", "failed", "reason", "timeout")
+	got.Preview = nil
+	do(t, "GET", in.URL+"/api/links/"+code, "", "Authorization", "Bearer "+acmeKey).json(t, &got)
+	if d := cmp.Diff(&linkstore.Preview{Status: "unavailable", Reason: "timeout"}, got.Preview); d != "" {
+		t.Fatalf("failed preview (-want +got):\n%s", d)
 	}
 	if r := do(t, "GET", in.URL+"/api/links/"+code, "", "Authorization", "Bearer "+otherKey); r.Status != 404 {
 		t.Fatalf("other owner: %d %s, want 404", r.Status, r.Body)

@@ -44,7 +44,7 @@ type Authenticator interface {
 type Links interface {
 	Create(ctx context.Context, owner, target, code string) (link.Link, error)
 	GetOwned(ctx context.Context, owner, code string) (link.Link, error)
-	Preview(ctx context.Context, code string) (linkstore.Preview, bool, error)
+	Preview(ctx context.Context, code string) (linkstore.Preview, error)
 	Delete(ctx context.Context, owner, code string) error
 }
 
@@ -334,8 +334,11 @@ func (a *API) ownerAndCode(c echo.Context) (owners.Owner, string, error) {
 	return o, code, nil
 }
 
+// createRequest is the body of POST /api/links. "url" is accepted for
+// "target" (the name other shorteners use); giving both is an error.
 type createRequest struct {
 	Target string `json:"target"`
+	URL    string `json:"url,omitempty"`
 	Code   string `json:"code,omitempty"`
 }
 
@@ -397,6 +400,12 @@ func decodeCreate(c echo.Context) (createRequest, error) {
 		}
 		return req, badRequest("bad_request", "unexpected data after the JSON object")
 	}
+	switch {
+	case req.Target != "" && req.URL != "":
+		return req, badRequest("bad_request", "give the target as \"target\" or \"url\", not both")
+	case req.Target == "":
+		req.Target = req.URL
+	}
 	if req.Target == "" {
 		return req, badRequest("invalid_target", "target is required")
 	}
@@ -422,8 +431,9 @@ func (a *API) checkLoop(c echo.Context, target string) error {
 	return nil
 }
 
-// get answers GET /api/links/:code with the owner's link and, once the
-// preview service has stored it, its preview. Another owner's link is 404,
+// get answers GET /api/links/:code with the owner's link and its preview:
+// status pending until the preview service has stored it, then ok with the
+// fields, or unavailable with a reason. Another owner's link is 404,
 // not 403, so codes cannot be probed.
 func (a *API) get(c echo.Context) error {
 	o, code, err := a.ownerAndCode(c)
@@ -436,13 +446,11 @@ func (a *API) get(c echo.Context) error {
 		return err
 	}
 	out := a.toJSON(c, l)
-	p, ok, err := a.Links.Preview(ctx, code)
+	p, err := a.Links.Preview(ctx, code)
 	if err != nil {
 		return err
 	}
-	if ok {
-		out.Preview = &p
-	}
+	out.Preview = &p
 	return c.JSON(http.StatusOK, out)
 }
 

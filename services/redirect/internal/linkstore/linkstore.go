@@ -40,13 +40,26 @@ func New(rdb redis.UniversalClient, layout outbox.Layout, maxOutbox int64) *Stor
 	return &Store{rdb: rdb, layout: layout, maxOutbox: maxOutbox, newCode: link.NewCode}
 }
 
+// Preview states, as the API shows them.
+const (
+	// PreviewPending: the preview service has not written the link's
+	// preview yet (the job is queued or being retried).
+	PreviewPending = "pending"
+	// PreviewOK: the fields are filled.
+	PreviewOK = "ok"
+	// PreviewUnavailable: the preview service gave up (Reason says why).
+	PreviewUnavailable = "unavailable"
+)
+
 // Preview is what the preview service found at a link's target.
 type Preview struct {
-	Title       string    `json:"title,omitempty"`
-	Description string    `json:"description,omitempty"`
-	Image       string    `json:"image,omitempty"`
-	SiteName    string    `json:"site_name,omitempty"`
-	FetchedAt   time.Time `json:"fetched_at"`
+	Status      string     `json:"status"`
+	Title       string     `json:"title,omitempty"`
+	Description string     `json:"description,omitempty"`
+	Image       string     `json:"image,omitempty"`
+	SiteName    string     `json:"site_name,omitempty"`
+	FetchedAt   *time.Time `json:"fetched_at,omitempty"`
+	Reason      string     `json:"reason,omitempty"`
 }
 
 // PreviewKey is where the preview service stores a link's preview.
@@ -178,19 +191,28 @@ func (s *Store) GetOwned(ctx context.Context, owner, code string) (link.Link, er
 	return l, nil
 }
 
-// Preview returns the stored preview of a link, if the preview service has
-// written one.
-func (s *Store) Preview(ctx context.Context, code string) (Preview, bool, error) {
+// Preview returns the state of a link's preview as the preview service
+// left it in snip:preview:<code>: no hash is pending; status "failed" is
+// unavailable (with its reason); status "ok", or no status with a title
+// (an older writer), is ok with the fields.
+func (s *Store) Preview(ctx context.Context, code string) (Preview, error) {
 	m, err := s.rdb.HGetAll(ctx, PreviewKey(code)).Result()
 	if err != nil {
-		return Preview{}, false, fmt.Errorf("get preview %q: %w: %w", code, ErrUnavailable, err)
+		return Preview{}, fmt.Errorf("get preview %q: %w: %w", code, ErrUnavailable, err)
 	}
-	if len(m) == 0 {
-		return Preview{}, false, nil
+	switch {
+	case len(m) == 0:
+		return Preview{Status: PreviewPending}, nil
+	case m["status"] == "failed":
+		return Preview{Status: PreviewUnavailable, Reason: m["reason"]}, nil
+	case m["status"] != "" && m["status"] != "ok":
+		return Preview{Status: PreviewPending}, nil
 	}
-	p := Preview{Title: m["title"], Description: m["description"], Image: m["image"], SiteName: m["site_name"]}
-	p.FetchedAt = parseTime(m["fetched_at"])
-	return p, true, nil
+	p := Preview{Status: PreviewOK, Title: m["title"], Description: m["description"], Image: m["image"], SiteName: m["site_name"]}
+	if t := parseTime(m["fetched_at"]); !t.IsZero() {
+		p.FetchedAt = &t
+	}
+	return p, nil
 }
 
 // parseTime accepts RFC 3339 or Unix seconds/milliseconds, so the preview
