@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -178,10 +179,12 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	drainOutbox(monitor, nc.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
 	stopBG()
 	wg.Wait()
-	dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := drainNATS(dctx, nc); err != nil {
-		log.Warn("nats drain", "err", err)
+	if nc.IsConnected() { // nothing to drain from a connection that is down
+		dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := drainNATS(dctx, nc); err != nil {
+			log.Warn("nats drain", "err", err)
+		}
 	}
 	log.Info("stopped")
 	return serveErr
@@ -270,11 +273,7 @@ func drainOutbox(mo *outbox.Monitor, connected func() bool, d time.Duration, log
 }
 
 // drainNATS drains the connection within ctx (async publish acks included).
-func drainNATS(ctx context.Context, nc interface {
-	Drain() error
-	IsClosed() bool
-	Close()
-}) error {
+func drainNATS(ctx context.Context, nc *nats.Conn) error {
 	if err := nc.Drain(); err != nil {
 		nc.Close()
 		return err
