@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/redisconn"
@@ -222,19 +222,22 @@ func waitForRedis(ctx context.Context, rdb redis.UniversalClient, log *slog.Logg
 // applyTopology applies the JetStream topology, retrying with backoff while
 // NATS is away: redirects are served meanwhile, into the outbox. It reports
 // whether the streams are there to publish to; the relay waits for that.
+// When Apply fails for another reason (a NATS user without stream-admin
+// rights, a partition count that differs from the existing stream) but the
+// streams exist, it logs why and relays into them as they are.
 func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Options, log *slog.Logger) bool {
 	backoff := 250 * time.Millisecond
 	for {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := topology.Apply(actx, js, o)
+		exist := err != nil && streamsExist(actx, js)
 		cancel()
-		if err == nil {
+		switch {
+		case err == nil:
 			log.Info("topology applied", "partitions", o.Partitions)
 			return true
-		}
-		if errors.Is(err, topology.ErrPartitionsChanged) {
-			// The streams exist; the operator decides about the mismatch.
-			log.Error("topology differs from the configuration; relaying into the existing streams", "err", err)
+		case exist:
+			log.Error("topology not applied; the streams exist, relaying into them as they are", "err", err)
 			return true
 		}
 		log.Warn("apply topology; retrying", "err", err, "in", backoff)
@@ -245,6 +248,16 @@ func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Optio
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// streamsExist reports whether every stream the relay publishes to exists.
+func streamsExist(ctx context.Context, js jetstream.JetStream) bool {
+	for _, name := range []string{events.ClicksStream, events.LinksStream, events.PreviewJobsStream, events.DeadLetterStream} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // drainOutbox waits until the outbox is empty, NATS is away, or d passes.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 )
 
@@ -297,5 +298,30 @@ func TestClientAddressFromForwardedForOnlyBehindTrustedProxy(t *testing.T) {
 				t.Fatalf("ip_prefix = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRelaysIntoExistingStreamsWhenTopologyDiffers: CLICKS exists with
+// another partition count than this instance is configured with (or the
+// instance's NATS user may not change streams): the service says so in its
+// log and relays into the streams as they are.
+func TestRelaysIntoExistingStreamsWhenTopologyDiffers(t *testing.T) {
+	t.Parallel()
+	_, db := servers.Redis.NewDB(t)
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	o := topology.Defaults()
+	o.Partitions = 5
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL)) // SNIP_PARTITIONS=3
+	code := createLink(t, in.URL, "https://example.com/", "")
+	if r := do(t, "GET", in.URL+"/"+code, ""); r.Status != http.StatusFound {
+		t.Fatalf("GET = %d", r.Status)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the click in CLICKS", func() bool { return streamCount(js, events.ClicksStream) == 1 })
+	if got, err := topology.Partitions(t.Context(), js); err != nil || got != 5 {
+		t.Fatalf("CLICKS partitions = %d, %v; want the existing 5", got, err)
 	}
 }
