@@ -406,11 +406,11 @@ func (s *Store) ReadStats(ctx context.Context, p int, ref counter.LinkRef, days 
 func (s *Store) readStats(ctx context.Context, p int, ref counter.LinkRef, days []counter.Day, st counter.State) (counter.Snapshot, bool, error) {
 	r := st.Read
 	var (
-		meta            *redis.SliceCmd
-		readPos, wrPos  *redis.MapStringStringCmd
-		link, refs      *redis.MapStringStringCmd
-		dayCmds         = make([]*redis.MapStringStringCmd, len(days))
-		uvCmds          = make([]*redis.IntCmd, len(days))
+		meta           *redis.SliceCmd
+		readPos, wrPos *redis.MapStringStringCmd
+		link, refs     *redis.MapStringStringCmd
+		dayCmds        = make([]*redis.MapStringStringCmd, len(days))
+		uvCmds         = make([]*redis.IntCmd, len(days))
 	)
 	_, err := s.rdb.TxPipelined(ctx, func(tx redis.Pipeliner) error {
 		meta = tx.HMGet(ctx, metaKey(p), "read", "write", "until", "replay")
