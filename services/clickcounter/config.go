@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/natsconn"
@@ -58,6 +59,9 @@ type Config struct {
 	Ready func(addr string) `env:"-"`
 	// Hooks inject faults in tests.
 	Hooks counter.Hooks `env:"-"`
+	// NATSOptions are extra connection options (tests cut the connection
+	// with a custom dialer).
+	NATSOptions []nats.Option `env:"-"`
 	// Storage is the streams' storage: file (the zero value); tests use memory.
 	Storage jetstream.StorageType `env:"-"`
 }

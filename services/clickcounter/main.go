@@ -65,7 +65,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	log.Info("starting clickcounter", "config", cfg)
 
 	// ---- NATS and Redis
-	nc, err := natsconn.Connect(cfg.nats(), log)
+	nc, err := natsconn.Connect(cfg.nats(), log, cfg.NATSOptions...)
 	if err != nil {
 		return err
 	}
