@@ -97,8 +97,8 @@ func TestHotLinkIsOneIncrementPerBatch(t *testing.T) {
 		batch[i] = click("acme", code, now)
 	}
 	mustHandle(t, e.c, 0, s.events(0, batch...))
-	// The batch is folded before it is written: one link, one entry per
-	// dimension, so the write is one HINCRBY of 500 per field.
+	// The batch is folded before it is written: one link, one (country,
+	// referrer) combo, one hour: the write is one HINCRBY of 500 per field.
 	if got := stats(t, e.c, "acme", code).Totals; got.Human != 500 {
 		t.Fatalf("human total = %d, want 500", got.Human)
 	}
@@ -107,8 +107,9 @@ func TestHotLinkIsOneIncrementPerBatch(t *testing.T) {
 		d.Add(&batch[i], counter.Human, 1)
 	}
 	ld := d.Links[counter.LinkRef{Owner: "acme", Code: code}]
-	if len(d.Links) != 1 || ld.Total.Human != 500 || len(ld.Countries) != 1 || len(ld.Referrers) != 1 {
-		t.Fatalf("delta of one hot link = %d links, %+v; want one link with one entry per dimension", len(d.Links), ld)
+	combo := counter.Combo{Country: "DE", Referrer: "news.example.org"}
+	if len(d.Links) != 1 || len(ld.Combos) != 1 || ld.Combos[combo] == nil || ld.Combos[combo].Human != 500 || len(ld.Days) != 1 {
+		t.Fatalf("delta of one hot link = %d links, %+v; want one link, one combo of 500, one day", len(d.Links), ld)
 	}
 }
 
@@ -258,38 +259,43 @@ func TestWrongPartitionIsParkedAsPoison(t *testing.T) {
 	}
 }
 
-func TestReferrersPerLinkAreCapped(t *testing.T) {
+func TestCombosPerLinkAreCapped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	code := codeIn(t, 0, 7)
 	now := time.Now()
 	var s seqs
 	var cs []events.Click
-	for i := range counter.MaxReferrersPerLink + 40 {
+	for i := range counter.MaxCombosPerLink + 40 {
 		c := click("acme", code, now)
 		c.Referrer = "https://site" + itoa(i) + ".example/"
 		cs = append(cs, c)
 	}
-	mustHandle(t, e.c, 0, s.events(0, cs...))
+	for i := 0; i < len(cs); i += 100 { // several batches, so the cap is met across writes too
+		mustHandle(t, e.c, 0, s.events(0, cs[i:min(i+100, len(cs))]...))
+	}
 	got, err := e.c.LinkStats(t.Context(), "acme", code, counter.Range{Hours: 1, Days: 1, Top: counter.MaxTop})
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := false
-	for _, d := range got.TopReferrers {
-		other = other || d.Name == counter.OtherReferrer
-	}
-	fields, err := e.rdb.HLen(t.Context(), "cc:{p0}:g1:r:acme:"+code).Result()
+	fields, err := e.rdb.HLen(t.Context(), "cc:{p0}:g1:l:acme:"+code).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fields > counter.MaxReferrersPerLink+1 {
-		t.Errorf("referrer hash has %d fields, want at most %d", fields, counter.MaxReferrersPerLink+1)
+	if fields > counter.MaxCombosPerLink+1 {
+		t.Errorf("link hash has %d fields, want at most %d", fields, counter.MaxCombosPerLink+1)
 	}
-	if !other {
-		t.Errorf("no %q referrer among %d", counter.OtherReferrer, len(got.TopReferrers))
+	var other int64
+	for _, d := range got.TopReferrers {
+		if d.Name == counter.OtherReferrer {
+			other = d.Human
+		}
 	}
-	if got.Totals.Human != int64(len(cs)) {
-		t.Errorf("total = %d, want %d", got.Totals.Human, len(cs))
+	if other != 40 {
+		t.Errorf("%q referrer = %d clicks, want the 40 beyond the cap", counter.OtherReferrer, other)
+	}
+	// Totals and countries stay exact: only referrers are folded.
+	if got.Totals.Human != int64(len(cs)) || got.TopCountries[0].Human != int64(len(cs)) {
+		t.Errorf("total = %d, top country %+v; want %d each", got.Totals.Human, got.TopCountries[0], len(cs))
 	}
 }

@@ -55,6 +55,14 @@ func (p *Pair) Add(l Label, n int64) {
 	}
 }
 
+// Get returns the count of label l.
+func (p Pair) Get(l Label) int64 {
+	if l == Bot {
+		return p.Bot
+	}
+	return p.Human
+}
+
 // Day is a UTC calendar day, counted from the Unix epoch.
 type Day int32
 
@@ -83,14 +91,24 @@ const (
 	DirectReferrer = "(direct)"
 	// UnknownReferrer stands for a Referer that is not a URL with a host.
 	UnknownReferrer = "(unknown)"
-	// OtherReferrer collects the referrers of a link beyond
-	// MaxReferrersPerLink, so a link's referrer hash stays bounded.
+	// OtherReferrer collects the referrers of a link beyond MaxCombosPerLink,
+	// so a link's counts stay bounded.
 	OtherReferrer = "(other)"
 )
 
-// MaxReferrersPerLink bounds the distinct referrer fields (host and label)
-// kept per link; clicks from further hosts are counted under OtherReferrer.
-const MaxReferrersPerLink = 256
+// MaxCombosPerLink bounds the distinct (label, country, referrer) counts kept
+// per link. Clicks that would add another are counted under OtherReferrer
+// with their label and country, so totals and countries stay exact and only
+// the long tail of referrers is folded.
+const MaxCombosPerLink = 512
+
+// Combo is one (country, referrer host) a link's clicks are counted under.
+// A link's total, top countries and top referrers are sums over its combos:
+// one increment per click counts all three.
+type Combo struct {
+	Country  string
+	Referrer string
+}
 
 // CountryOf is the country dimension of a click: the ISO code, or
 // UnknownCountry.
@@ -126,10 +144,8 @@ type Delta struct {
 
 // LinkDelta is what a batch adds to one link.
 type LinkDelta struct {
-	Total     Pair
-	Countries map[string]*Pair
-	Referrers map[string]*Pair
-	Days      map[Day]*DayDelta
+	Combos map[Combo]*Pair
+	Days   map[Day]*DayDelta
 }
 
 // DayDelta is what a batch adds to one link on one UTC day.
@@ -152,12 +168,16 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 	ref := LinkRef{Owner: c.Owner, Code: c.Code}
 	ld := d.Links[ref]
 	if ld == nil {
-		ld = &LinkDelta{Countries: map[string]*Pair{}, Referrers: map[string]*Pair{}, Days: map[Day]*DayDelta{}}
+		ld = &LinkDelta{Combos: map[Combo]*Pair{}, Days: map[Day]*DayDelta{}}
 		d.Links[ref] = ld
 	}
-	ld.Total.Add(l, n)
-	pair(ld.Countries, CountryOf(c.Country)).Add(l, n)
-	pair(ld.Referrers, ReferrerHost(c.Referrer)).Add(l, n)
+	combo := Combo{Country: CountryOf(c.Country), Referrer: ReferrerHost(c.Referrer)}
+	p := ld.Combos[combo]
+	if p == nil {
+		p = &Pair{}
+		ld.Combos[combo] = p
+	}
+	p.Add(l, n)
 	t := c.Time.UTC()
 	day := DayOf(t)
 	dd := ld.Days[day]
@@ -170,13 +190,4 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 	if !c.Bot && c.Visitor != "" {
 		dd.Visitors[c.Visitor] = struct{}{}
 	}
-}
-
-func pair(m map[string]*Pair, k string) *Pair {
-	p := m[k]
-	if p == nil {
-		p = &Pair{}
-		m[k] = p
-	}
-	return p
 }

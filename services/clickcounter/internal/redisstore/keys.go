@@ -22,17 +22,15 @@ func genPrefix(p int, g int64) string {
 // posKey: hash {seq, stored, events}, a generation's watermark.
 func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 
-// linkKey: hash {h, b, ch:<CC>, cb:<CC>}, a link's totals and countries.
+// linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's
+// all-time counts by label, country and referrer (at most MaxCombosPerLink
+// fields, plus one "(other)" referrer per label and country).
 func linkKey(p int, g int64, r counter.LinkRef) string {
 	return genPrefix(p, g) + "l:" + r.Owner + ":" + r.Code
 }
 
-// refKey: hash {h:<host>, b:<host>}, a link's referrer hosts (capped).
-func refKey(p int, g int64, r counter.LinkRef) string {
-	return genPrefix(p, g) + "r:" + r.Owner + ":" + r.Code
-}
-
-// dayKey: hash {h, b, hHH, bHH}, a link's day and its hours.
+// dayKey: hash {hHH, bHH}, a link's hours on one day (the day's total is
+// their sum).
 func dayKey(p int, g int64, r counter.LinkRef, d counter.Day) string {
 	return genPrefix(p, g) + "d:" + r.Owner + ":" + r.Code + ":" + d.Key()
 }

@@ -18,9 +18,12 @@ import "github.com/redis/go-redis/v9"
 // position, count, then id and assumed label for each), then the ops:
 //
 //	h key field n          HINCRBY
-//	r key field other n    HINCRBY, into other when field is new and the hash is full
+//	r key field other n    HINCRBY; a new field that overfills the hash goes to other
+//	                       (one call when the field exists, the common case)
 //	p key count v...       PFADD
-//	x key unix             EXPIREAT
+//	x key unix             EXPIREAT, if an op above created a field or changed
+//	                       the HyperLogLog (a key is only ever created so, so
+//	                       every key gets its expiry; most batches skip it)
 var applyScript = redis.NewScript(`
 local meta, pos = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'read', 'write', 'until')
@@ -84,24 +87,27 @@ if #dups > 0 or #labs > 0 then
   return {'recheck', dups, labs}
 end
 local n = #ARGV
+local fresh = {}
 while i <= n do
   local op = ARGV[i]
   if op == 'h' then
-    redis.call('HINCRBY', KEYS[tonumber(ARGV[i+1])], ARGV[i+2], ARGV[i+3])
+    local k, d = tonumber(ARGV[i+1]), ARGV[i+3]
+    if redis.call('HINCRBY', KEYS[k], ARGV[i+2], d) == tonumber(d) then fresh[k] = true end
     i = i + 4
   elseif op == 'r' then
-    local key, f = KEYS[tonumber(ARGV[i+1])], ARGV[i+2]
-    if redis.call('HEXISTS', key, f) == 0 and redis.call('HLEN', key) >= cap then
-      f = ARGV[i+3]
+    local key, f, n = KEYS[tonumber(ARGV[i+1])], ARGV[i+2], ARGV[i+4]
+    if redis.call('HINCRBY', key, f, n) == tonumber(n) and redis.call('HLEN', key) > cap then
+      redis.call('HDEL', key, f)
+      redis.call('HINCRBY', key, ARGV[i+3], n)
     end
-    redis.call('HINCRBY', key, f, ARGV[i+4])
     i = i + 5
   elseif op == 'p' then
-    local c = tonumber(ARGV[i+2])
-    redis.call('PFADD', KEYS[tonumber(ARGV[i+1])], unpack(ARGV, i+3, i+2+c))
+    local k, c = tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
+    if redis.call('PFADD', KEYS[k], unpack(ARGV, i+3, i+2+c)) == 1 then fresh[k] = true end
     i = i + 3 + c
   else
-    redis.call('EXPIREAT', KEYS[tonumber(ARGV[i+1])], ARGV[i+2])
+    local k = tonumber(ARGV[i+1])
+    if fresh[k] then redis.call('EXPIREAT', KEYS[k], ARGV[i+2]) end
     i = i + 3
   end
 end
@@ -142,10 +148,10 @@ return {'started', read, g, untl}
 // the new label, and if the label changed moves the click from its old to
 // its new label in each generation whose watermark shows it counted it.
 //
-// KEYS[1] meta, KEYS[2] the label hash, then per generation: pos, link,
-// referrers, day. ARGV: read, write, click id, fraud seq, new label, source
-// label, click seq, label expiry (unix), country, referrer host, hour (HH),
-// other-referrer name, referrer cap, number of generations.
+// KEYS[1] meta, KEYS[2] the label hash, then per generation: pos, link, day.
+// ARGV: read, write, click id, fraud seq, new label, source label, click seq,
+// label expiry (unix), country, referrer host, hour (HH), other-referrer
+// name, combo cap, number of generations.
 var correctScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'read', 'write')
 if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumber(ARGV[2]) then
@@ -165,22 +171,21 @@ if old == new then return {'unchanged'} end
 local country, host, hour, other, cap = ARGV[9], ARGV[10], ARGV[11], ARGV[12], tonumber(ARGV[13])
 local moved, k = 0, 3
 for _ = 1, tonumber(ARGV[14]) do
-  local pos, lk, rk, dk = KEYS[k], KEYS[k+1], KEYS[k+2], KEYS[k+3]
-  k = k + 4
+  local pos, lk, dk = KEYS[k], KEYS[k+1], KEYS[k+2]
+  k = k + 3
   if tonumber(redis.call('HGET', pos, 'seq') or '0') >= tonumber(ARGV[7]) then
-    redis.call('HINCRBY', lk, old, -1)
-    redis.call('HINCRBY', lk, new, 1)
-    redis.call('HINCRBY', lk, 'c' .. old .. ':' .. country, -1)
-    redis.call('HINCRBY', lk, 'c' .. new .. ':' .. country, 1)
-    local src = old .. ':' .. host
-    if redis.call('HEXISTS', rk, src) == 0 then src = old .. ':' .. other end
-    redis.call('HINCRBY', rk, src, -1)
-    local dst = new .. ':' .. host
-    if redis.call('HEXISTS', rk, dst) == 0 and redis.call('HLEN', rk) >= cap then dst = new .. ':' .. other end
-    redis.call('HINCRBY', rk, dst, 1)
+    -- The click was counted under its host, or under (other) if the link
+    -- was full then; a field once created is never removed, so the host
+    -- field exists now exactly if it did then.
+    local src = old .. '|' .. country .. '|' .. host
+    if redis.call('HEXISTS', lk, src) == 0 then src = old .. '|' .. country .. '|' .. other end
+    redis.call('HINCRBY', lk, src, -1)
+    local dst = new .. '|' .. country .. '|' .. host
+    if redis.call('HINCRBY', lk, dst, 1) == 1 and redis.call('HLEN', lk) > cap then
+      redis.call('HDEL', lk, dst)
+      redis.call('HINCRBY', lk, new .. '|' .. country .. '|' .. other, 1)
+    end
     if redis.call('EXISTS', dk) == 1 then
-      redis.call('HINCRBY', dk, old, -1)
-      redis.call('HINCRBY', dk, new, 1)
       redis.call('HINCRBY', dk, old .. hour, -1)
       redis.call('HINCRBY', dk, new .. hour, 1)
     end

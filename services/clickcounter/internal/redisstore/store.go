@@ -153,7 +153,7 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 	}
 
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
-		nID, nLabel, counter.MaxReferrersPerLink)
+		nID, nLabel, counter.MaxCombosPerLink)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	addOps(a, p, g, w.Delta)
@@ -196,30 +196,19 @@ func addOps(a *args, p int, g int64, d *counter.Delta) {
 	}
 	for ref, ld := range d.Links {
 		lk := a.key(linkKey(p, g, ref))
-		incr(lk, "h", ld.Total.Human)
-		incr(lk, "b", ld.Total.Bot)
-		for c, n := range ld.Countries {
-			incr(lk, "ch:"+c, n.Human)
-			incr(lk, "cb:"+c, n.Bot)
-		}
-		rk := a.key(refKey(p, g, ref))
-		for host, n := range ld.Referrers {
-			if n.Human != 0 {
-				a.add("r", rk, "h:"+host, "h:"+counter.OtherReferrer, n.Human)
-			}
-			if n.Bot != 0 {
-				a.add("r", rk, "b:"+host, "b:"+counter.OtherReferrer, n.Bot)
+		for c, n := range ld.Combos {
+			for _, l := range []counter.Label{counter.Human, counter.Bot} {
+				if v := n.Get(l); v != 0 {
+					a.add("r", lk, comboField(l, c.Country, c.Referrer), comboField(l, c.Country, counter.OtherReferrer), v)
+				}
 			}
 		}
 		for day, dd := range ld.Days {
 			expire := day.End().Add(counter.DayKeep).Unix()
 			dk := a.key(dayKey(p, g, ref, day))
-			incr(dk, "h", dd.Total.Human)
-			incr(dk, "b", dd.Total.Bot)
-			for h, n := range dd.Hours {
-				hh := twoDigits(h)
-				incr(dk, "h"+hh, n.Human)
-				incr(dk, "b"+hh, n.Bot)
+			for h, n := range dd.Hours { // the day's total is the sum of its hours
+				incr(dk, hourFields[counter.Human][h], n.Human)
+				incr(dk, hourFields[counter.Bot][h], n.Bot)
 			}
 			a.add("x", dk, expire)
 			if len(dd.Visitors) > 0 {
@@ -233,6 +222,19 @@ func addOps(a *args, p int, g int64, d *counter.Delta) {
 		}
 	}
 }
+
+// hourFields are the day hash's field names: hourFields[label][hour] = "h07".
+var hourFields = func() map[counter.Label][24]string {
+	m := map[counter.Label][24]string{}
+	for _, l := range []counter.Label{counter.Human, counter.Bot} {
+		var f [24]string
+		for h := range f {
+			f[h] = string(rune(l)) + twoDigits(h)
+		}
+		m[l] = f
+	}
+	return m
+}()
 
 func twoDigits(n int) string {
 	if n < 10 {
@@ -333,12 +335,12 @@ func (s *Store) Correct(ctx context.Context, c *counter.Correction) (counter.Cor
 	}
 	keys := []string{metaKey(p), labelKey(p, c.LabelDay)}
 	for _, g := range gens {
-		keys = append(keys, posKey(p, g), linkKey(p, g, c.Link), refKey(p, g, c.Link), dayKey(p, g, c.Link, c.Day))
+		keys = append(keys, posKey(p, g), linkKey(p, g, c.Link), dayKey(p, g, c.Link, c.Day))
 	}
 	res, err := correctScript.Run(ctx, s.rdb, keys,
 		c.Expect.Read, c.Expect.Write, c.ClickID, c.FraudSeq, string(rune(c.To)), string(rune(c.Source)),
 		c.ClickSeq, c.LabelExpiry.Unix(), c.Country, c.Referrer, twoDigits(c.Hour),
-		counter.OtherReferrer, counter.MaxReferrersPerLink, len(gens)).Slice()
+		counter.OtherReferrer, counter.MaxCombosPerLink, len(gens)).Slice()
 	if err != nil {
 		return counter.CorrectionResult{}, fmt.Errorf("correct click %s: %w", c.ClickID, err)
 	}
@@ -408,7 +410,7 @@ func (s *Store) readStats(ctx context.Context, p int, ref counter.LinkRef, days 
 	var (
 		meta           *redis.SliceCmd
 		readPos, wrPos *redis.MapStringStringCmd
-		link, refs     *redis.MapStringStringCmd
+		link           *redis.MapStringStringCmd
 		dayCmds        = make([]*redis.MapStringStringCmd, len(days))
 		uvCmds         = make([]*redis.IntCmd, len(days))
 	)
@@ -417,7 +419,6 @@ func (s *Store) readStats(ctx context.Context, p int, ref counter.LinkRef, days 
 		readPos = tx.HGetAll(ctx, posKey(p, r))
 		wrPos = tx.HGetAll(ctx, posKey(p, st.Write))
 		link = tx.HGetAll(ctx, linkKey(p, r, ref))
-		refs = tx.HGetAll(ctx, refKey(p, r, ref))
 		for i, d := range days {
 			dayCmds[i] = tx.HGetAll(ctx, dayKey(p, r, ref, d))
 			uvCmds[i] = tx.PFCount(ctx, uvKey(p, r, ref, d))
@@ -447,38 +448,41 @@ func (s *Store) readStats(ctx context.Context, p int, ref counter.LinkRef, days 
 	snap.Exists = len(lm) > 0
 	for f, v := range lm {
 		n, _ := strconv.ParseInt(v, 10, 64)
-		switch {
-		case f == "h":
-			snap.Total.Human = n
-		case f == "b":
-			snap.Total.Bot = n
-		case strings.HasPrefix(f, "ch:"), strings.HasPrefix(f, "cb:"):
-			addPair(snap.Countries, f[3:], counter.Label(f[1]), n)
+		l, country, host, ok := parseComboField(f)
+		if !ok {
+			continue
 		}
-	}
-	for f, v := range refs.Val() {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		if len(f) > 2 && f[1] == ':' {
-			addPair(snap.Referrers, f[2:], counter.Label(f[0]), n)
-		}
+		snap.Total.Add(l, n)
+		addPair(snap.Countries, country, l, n)
+		addPair(snap.Referrers, host, l, n)
 	}
 	for i, d := range days {
 		var dc counter.DayCounts
 		for f, v := range dayCmds[i].Val() {
 			n, _ := strconv.ParseInt(v, 10, 64)
-			switch {
-			case f == "h" || f == "b":
+			if h, err := strconv.Atoi(f[1:]); err == nil && len(f) == 3 && h >= 0 && h < 24 {
+				dc.Hours[h].Add(counter.Label(f[0]), n)
 				dc.Total.Add(counter.Label(f[0]), n)
-			case len(f) == 3:
-				if h, err := strconv.Atoi(f[1:]); err == nil && h >= 0 && h < 24 {
-					dc.Hours[h].Add(counter.Label(f[0]), n)
-				}
 			}
 		}
 		dc.Uniques = uvCmds[i].Val()
 		snap.Days[d] = dc
 	}
 	return snap, false, nil
+}
+
+// comboField is a link hash field: "<h|b>|<country>|<referrer host>".
+// Countries are ISO codes or "unknown" and hosts cannot contain '|'.
+func comboField(l counter.Label, country, host string) string {
+	return string(rune(l)) + "|" + country + "|" + host
+}
+
+func parseComboField(f string) (l counter.Label, country, host string, ok bool) {
+	if len(f) < 4 || f[1] != '|' || (f[0] != byte(counter.Human) && f[0] != byte(counter.Bot)) {
+		return 0, "", "", false
+	}
+	country, host, ok = strings.Cut(f[2:], "|")
+	return counter.Label(f[0]), country, host, ok
 }
 
 func addPair(m map[string]counter.Pair, k string, l counter.Label, n int64) {
