@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"reflect"
 	"time"
 
 	"github.com/caarlos0/env/v11"
@@ -69,6 +71,13 @@ type Config struct {
 func loadConfig(environ []string) (Config, error) {
 	var cfg Config
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
+		// Name the variable, not the Go field.
+		var pe env.ParseError
+		if errors.As(err, &pe) {
+			if f, ok := reflect.TypeFor[Config]().FieldByName(pe.Name); ok {
+				return Config{}, fmt.Errorf("load config: %s: %w", f.Tag.Get("env"), pe.Err)
+			}
+		}
 		return Config{}, fmt.Errorf("load config: %w", err)
 	}
 	if err := cfg.validate(); err != nil {

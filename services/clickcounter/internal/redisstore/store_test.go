@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -45,5 +46,38 @@ func BenchmarkApply(b *testing.B) {
 	if os.Getenv("CLICKCOUNTER_BENCH_STATS") != "" {
 		info, _ := rdb.Info(b.Context(), "commandstats").Result()
 		b.Log(info)
+	}
+}
+
+// Dropping a generation deletes its keys and nothing else, on the
+// partition's keys only.
+func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb)
+	ctx := t.Context()
+	for _, k := range []string{"cc:{p1}:g1:pos", "cc:{p1}:g1:l:a:b", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p10}:g1:pos", "cc:{p1}:meta"} {
+		if err := rdb.Set(ctx, k, "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gens, err := s.Generations(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gens) != 3 || gens[0] != 1 || gens[1] != 2 || gens[2] != 12 {
+		t.Fatalf("Generations(1) = %v, want [1 2 12]", gens)
+	}
+	if err := s.DropGeneration(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	left, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(left)
+	want := []string{"cc:{p10}:g1:pos", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p1}:meta"}
+	if !slices.Equal(left, want) {
+		t.Fatalf("keys left = %v, want %v", left, want)
 	}
 }
