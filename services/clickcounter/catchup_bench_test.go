@@ -104,7 +104,7 @@ func publishBacklog(b *testing.B, js jetstream.JetStream, n int) {
 	for range n {
 		c := mix.Click("acme", now)
 		data, _ := json.Marshal(c)
-		if _, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), data, jetstream.WithMsgID(c.ID)); err != nil {
+		if _, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), data, jetstream.WithMsgID(c.ID), jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatalf("publish: %v", err)
 		}
 	}
