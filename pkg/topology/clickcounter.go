@@ -2,6 +2,7 @@ package topology
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -66,9 +67,30 @@ func ApplyClickCounter(ctx context.Context, js jetstream.JetStream) error {
 		{events.LinksStream, ClickCounterLinksConsumerConfig()},
 		{events.FraudStream, ClickCounterVerdictsConsumerConfig()},
 	} {
-		if _, err := js.CreateOrUpdateConsumer(ctx, c.stream, c.cfg); err != nil {
-			return fmt.Errorf("apply topology: consumer %s: %w", c.cfg.Durable, err)
+		if err := applyConsumer(ctx, js, c.stream, c.cfg); err != nil {
+			return fmt.Errorf("apply topology: %w", err)
 		}
+	}
+	return nil
+}
+
+// applyConsumer creates or updates a durable consumer, and does nothing when
+// it is already as wanted, so a service whose NATS user may only read
+// consumer info passes without admin rights.
+func applyConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {
+	c, err := js.Consumer(ctx, stream, want.Durable)
+	if err == nil {
+		have := c.CachedInfo().Config
+		if have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
+			have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
+			have.MaxAckPending == want.MaxAckPending && have.Description == want.Description {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("consumer %s: %w", want.Durable, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, stream, want); err != nil {
+		return fmt.Errorf("consumer %s: %w", want.Durable, err)
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ type Config struct {
 	// RedisURL is where the counts live (see pkg/redisconn for the cluster form).
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves the stats API, /healthz, /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8082"`
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8081"`
 	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownTimeout bounds each stage of a graceful stop: HTTP requests in
 	// flight, and the batch in hand (finished and acked).
