@@ -299,3 +299,26 @@ func TestCombosPerLinkAreCapped(t *testing.T) {
 		t.Errorf("total = %d, top country %+v; want %d each", got.Totals.Human, got.TopCountries[0], len(cs))
 	}
 }
+
+// A batch far larger than Lua's unpack limit (about 8,000 values) on one
+// link and day is written whole: its visitors and verdict-label lookups are
+// split into several commands.
+func TestHugeBatchOfOneLinkIsWrittenWhole(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 1, 40)
+	now := time.Now()
+	var s seqs
+	cs := make([]events.Click, 10_000)
+	for i := range cs {
+		cs[i] = click("acme", code, now)
+	}
+	mustHandle(t, e.c, 1, s.events(1, cs...))
+	got := stats(t, e.c, "acme", code)
+	if got.Totals.Human != int64(len(cs)) {
+		t.Fatalf("human total = %d, want %d", got.Totals.Human, len(cs))
+	}
+	if u := got.Daily[len(got.Daily)-1].Uniques; u < 9_800 || u > 10_200 {
+		t.Fatalf("uniques = %d, want about 10,000 (HyperLogLog, ±0.81%%)", u)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,6 +106,11 @@ func (a *args) key(k string) int {
 
 func (a *args) add(v ...any) { a.argv = append(a.argv, v...) }
 
+// maxUnpack bounds the values one script op spreads into a Redis command
+// (Lua's unpack fails beyond about 8,000, and a script that fails halfway
+// keeps what it wrote): visitor lists and label lookups are cut to this.
+const maxUnpack = 1000
+
 // Apply writes one batch (see applyScript).
 func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
 	p, g := w.Partition, w.Expect.Write
@@ -137,7 +143,7 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 		d := w.Marks[order[start]].LabelDay()
 		end := start
 		var pairs []any
-		for end < len(order) && w.Marks[order[end]].LabelDay() == d {
+		for end < len(order) && w.Marks[order[end]].LabelDay() == d && end-start < maxUnpack {
 			m := w.Marks[order[end]]
 			assumed := ""
 			if m.Assumed != 0 {
@@ -213,9 +219,13 @@ func addOps(a *args, p int, g int64, d *counter.Delta) {
 			a.add("x", dk, expire)
 			if len(dd.Visitors) > 0 {
 				uk := a.key(uvKey(p, g, ref, day))
-				a.add("p", uk, len(dd.Visitors))
+				vs := make([]any, 0, len(dd.Visitors))
 				for v := range dd.Visitors {
-					a.add(v)
+					vs = append(vs, v)
+				}
+				for chunk := range slices.Chunk(vs, maxUnpack) {
+					a.add("p", uk, len(chunk))
+					a.add(chunk...)
 				}
 				a.add("x", uk, expire)
 			}
