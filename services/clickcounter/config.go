@@ -54,7 +54,7 @@ type Config struct {
 	// DedupWindow is how long an event ID is remembered after it was
 	// counted, against the same event stored a second time under another
 	// sequence (a relay retry after JetStream's duplicate window). Memory:
-	// about 10 bytes per event counted within the window (README).
+	// 10-20 bytes per event counted within the window (README).
 	DedupWindow time.Duration `env:"CLICKCOUNTER_DEDUP_WINDOW" envDefault:"10m"`
 
 	// Ready, if set, is called with the HTTP address once it listens.
