@@ -81,13 +81,22 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	defer rdb.Close()
 
 	// ---- Topology, owners: wait for NATS and Redis rather than fail.
+	var fatal error
 	if err := retry(ctx, log, "apply topology", func(ctx context.Context) error {
-		if err := topology.Apply(ctx, js, cfg.topology()); err != nil {
+		err := topology.Apply(ctx, js, cfg.topology())
+		if errors.Is(err, topology.ErrPartitionsChanged) {
+			fatal = err // retrying cannot fix a configuration that contradicts the stream
+			return nil
+		}
+		if err != nil {
 			return err
 		}
 		return topology.ApplyClickCounter(ctx, js)
 	}); err != nil {
 		return err
+	}
+	if fatal != nil {
+		return fatal
 	}
 	ownerStore := owners.NewStore(rdb)
 	if cfg.BootstrapOwners != "" {

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -120,5 +123,25 @@ func TestConfigLogMasksSecrets(t *testing.T) {
 		if strings.Contains(out, secret) {
 			t.Errorf("logged config contains %q: %s", secret, out)
 		}
+	}
+}
+
+// A partition count that contradicts the existing CLICKS stream stops the
+// service at start with the reason, instead of retrying forever.
+func TestDifferentPartitionCountStopsTheService(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	first := s.start(t, "m1", nil)
+	first.stop(t)
+	ready := make(chan string, 1)
+	cfg := Config{
+		NATSURL: s.nats.URL, RedisURL: s.redisURL, HTTPAddr: "127.0.0.1:0", ShutdownTimeout: time.Second,
+		Partitions: testPartitions + 1, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1,
+		BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second, DedupWindow: time.Minute,
+		Storage: jetstream.MemoryStorage, Ready: func(addr string) { ready <- addr },
+	}
+	err := run(t.Context(), slog.New(slog.DiscardHandler), cfg)
+	if !errors.Is(err, topology.ErrPartitionsChanged) {
+		t.Fatalf("run = %v, want %v", err, topology.ErrPartitionsChanged)
 	}
 }
