@@ -102,38 +102,137 @@ func (w *worker) run() {
 	if err := w.assigned(); err != nil {
 		return
 	}
-	bo := m.cfg.newBackoff()
-	for !w.stopping() {
-		if err := w.maybeRewind(); err != nil {
-			return
+	// A fetcher goroutine reads the next batch while this one is handled,
+	// so the round trip to the server overlaps the handler's work. Order is
+	// unchanged: batches are handled one after the other, as fetched.
+	f := w.startFetcher()
+	// The tick wakes an idle worker to notice rewind requests and refresh
+	// its lag gauges.
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if req := m.rewind.Load(); req != nil && req.ID != w.rewoundID {
+			// Moving the consumer back makes anything already fetched stale:
+			// drop it unacked; the reset forgets it was delivered.
+			f.stop()
+			if err := w.maybeRewind(); err != nil {
+				return
+			}
+			f = w.startFetcher()
 		}
 		w.updateLag()
-		msgs, err := w.fetch()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-				w.log.Warn("partition consumer is gone; recreating it", "err", err)
+		var b fetched
+		select {
+		case <-tick.C:
+			continue
+		case b = <-f.out:
+		case <-w.stop:
+			// The batch the fetcher is holding or still receiving was
+			// delivered to us, pinned: handle it before giving the partition
+			// back, so the next owner starts exactly after it.
+			if b, ok := f.stop(); ok && len(b.msgs) > 0 {
+				_ = w.process(b.msgs)
+			}
+			return
+		case <-w.ctx.Done():
+			f.stop()
+			return
+		}
+		if b.err != nil {
+			if errors.Is(b.err, jetstream.ErrConsumerNotFound) || errors.Is(b.err, jetstream.ErrConsumerDeleted) {
+				w.log.Warn("partition consumer is gone; recreating it", "err", b.err)
+				f.stop()
 				if err := w.recreate(); err != nil {
 					w.log.Warn("recreate partition consumer", "err", err)
 				}
-			} else if !errors.Is(err, jetstream.ErrPinIDMismatch) {
-				w.log.Debug("fetch", "err", err)
-			}
-			if !w.sleep(bo.NextBackOff()) {
-				return
+				f = w.startFetcher()
 			}
 			continue
 		}
-		bo.Reset()
-		if len(msgs) == 0 {
-			continue
-		}
-		if err := w.process(msgs); err != nil {
+		if err := w.process(b.msgs); err != nil {
+			f.stop()
 			if !errors.Is(err, errReleased) && !errors.Is(err, context.Canceled) {
 				w.log.Warn("abandoning batch; the next owner gets it again", "err", err)
 			}
 			return
 		}
 	}
+}
+
+// fetched is one fetch's outcome.
+type fetched struct {
+	msgs []jetstream.Msg
+	err  error
+}
+
+// fetcher reads batches ahead of the handler, one at a time.
+type fetcher struct {
+	out  chan fetched
+	quit chan struct{}
+	done chan struct{}
+	// held is a batch fetched but not yet handed over when quit came; it is
+	// written before done is closed and read after.
+	held []jetstream.Msg
+}
+
+// startFetcher starts reading batches; errors back off inside it and are
+// passed on for the caller to see.
+func (w *worker) startFetcher() *fetcher {
+	f := &fetcher{out: make(chan fetched), quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		bo := w.m.cfg.newBackoff()
+		for {
+			select {
+			case <-f.quit:
+				return
+			default:
+			}
+			msgs, err := w.fetch()
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrPinIDMismatch) {
+					w.log.Debug("fetch", "err", err)
+				}
+				select {
+				case f.out <- fetched{err: err}:
+				case <-f.quit:
+					return
+				}
+				select {
+				case <-time.After(bo.NextBackOff()):
+				case <-f.quit:
+					return
+				}
+				continue
+			}
+			bo.Reset()
+			if len(msgs) == 0 {
+				continue
+			}
+			select {
+			case f.out <- fetched{msgs: msgs}:
+			case <-f.quit:
+				f.held = msgs // for stop to hand over
+				return
+			}
+		}
+	}()
+	return f
+}
+
+// stop ends the fetcher, waiting for a fetch in progress, and returns the
+// batch it was holding, if any.
+func (f *fetcher) stop() (fetched, bool) {
+	select {
+	case <-f.quit:
+	default:
+		close(f.quit)
+	}
+	<-f.done
+	if len(f.held) == 0 {
+		return fetched{}, false
+	}
+	return fetched{msgs: f.held}, true
 }
 
 // acquire waits until no other client is pinned to the partition (its
