@@ -70,10 +70,17 @@ func (c *Click) Validate() error {
 
 // DecodeClick parses and validates a click payload. It returns an error
 // wrapping ErrMalformed or ErrUnknownVersion for payloads a reader must park.
+//
+// Readers call it for every event, so the common case parses the payload
+// once; only a payload that fails is looked at again, to tell an event of an
+// unknown version from a malformed one.
 func DecodeClick(data []byte) (Click, error) {
 	var c Click
-	if err := decodeVersioned(data, ClickVersion, &c); err != nil {
-		return Click{}, fmt.Errorf("decode click: %w", err)
+	if err := json.Unmarshal(data, &c); err != nil || c.V != ClickVersion {
+		if verr := checkVersion(data, ClickVersion); verr != nil {
+			return Click{}, fmt.Errorf("decode click: %w", verr)
+		}
+		return Click{}, fmt.Errorf("decode click: %w: %v", ErrMalformed, err)
 	}
 	if err := c.Validate(); err != nil {
 		return Click{}, fmt.Errorf("decode click: %w", err)
@@ -84,6 +91,18 @@ func DecodeClick(data []byte) (Click, error) {
 // decodeVersioned checks the "v" field before decoding the rest, so an event
 // of a future version is reported as such rather than as malformed.
 func decodeVersioned(data []byte, want int, into any) error {
+	if err := checkVersion(data, want); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, into); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return nil
+}
+
+// checkVersion reads only the "v" field: nil if it is want, ErrUnknownVersion
+// if it is another number, ErrMalformed if there is none.
+func checkVersion(data []byte, want int) error {
 	var head struct {
 		V *int `json:"v"`
 	}
@@ -95,9 +114,6 @@ func decodeVersioned(data []byte, want int, into any) error {
 	}
 	if *head.V != want {
 		return fmt.Errorf("version %d, this build reads %d: %w", *head.V, want, ErrUnknownVersion)
-	}
-	if err := json.Unmarshal(data, into); err != nil {
-		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	return nil
 }

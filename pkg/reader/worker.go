@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -102,38 +102,137 @@ func (w *worker) run() {
 	if err := w.assigned(); err != nil {
 		return
 	}
-	bo := m.cfg.newBackoff()
-	for !w.stopping() {
-		if err := w.maybeRewind(); err != nil {
-			return
+	// A fetcher goroutine reads the next batch while this one is handled,
+	// so the round trip to the server overlaps the handler's work. Order is
+	// unchanged: batches are handled one after the other, as fetched.
+	f := w.startFetcher()
+	// The tick wakes an idle worker to notice rewind requests and refresh
+	// its lag gauges.
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if req := m.rewind.Load(); req != nil && req.ID != w.rewoundID {
+			// Moving the consumer back makes anything already fetched stale:
+			// drop it unacked; the reset forgets it was delivered.
+			f.stop()
+			if err := w.maybeRewind(); err != nil {
+				return
+			}
+			f = w.startFetcher()
 		}
 		w.updateLag()
-		msgs, err := w.fetch()
-		if err != nil {
-			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
-				w.log.Warn("partition consumer is gone; recreating it", "err", err)
+		var b fetched
+		select {
+		case <-tick.C:
+			continue
+		case b = <-f.out:
+		case <-w.stop:
+			// The batch the fetcher is holding or still receiving was
+			// delivered to us, pinned: handle it before giving the partition
+			// back, so the next owner starts exactly after it.
+			if b, ok := f.stop(); ok && len(b.msgs) > 0 {
+				_ = w.process(b.msgs)
+			}
+			return
+		case <-w.ctx.Done():
+			f.stop()
+			return
+		}
+		if b.err != nil {
+			if errors.Is(b.err, jetstream.ErrConsumerNotFound) || errors.Is(b.err, jetstream.ErrConsumerDeleted) {
+				w.log.Warn("partition consumer is gone; recreating it", "err", b.err)
+				f.stop()
 				if err := w.recreate(); err != nil {
 					w.log.Warn("recreate partition consumer", "err", err)
 				}
-			} else if !errors.Is(err, jetstream.ErrPinIDMismatch) {
-				w.log.Debug("fetch", "err", err)
-			}
-			if !w.sleep(bo.NextBackOff()) {
-				return
+				f = w.startFetcher()
 			}
 			continue
 		}
-		bo.Reset()
-		if len(msgs) == 0 {
-			continue
-		}
-		if err := w.process(msgs); err != nil {
+		if err := w.process(b.msgs); err != nil {
+			f.stop()
 			if !errors.Is(err, errReleased) && !errors.Is(err, context.Canceled) {
 				w.log.Warn("abandoning batch; the next owner gets it again", "err", err)
 			}
 			return
 		}
 	}
+}
+
+// fetched is one fetch's outcome.
+type fetched struct {
+	msgs []jetstream.Msg
+	err  error
+}
+
+// fetcher reads batches ahead of the handler, one at a time.
+type fetcher struct {
+	out  chan fetched
+	quit chan struct{}
+	done chan struct{}
+	// held is a batch fetched but not yet handed over when quit came; it is
+	// written before done is closed and read after.
+	held []jetstream.Msg
+}
+
+// startFetcher starts reading batches; errors back off inside it and are
+// passed on for the caller to see.
+func (w *worker) startFetcher() *fetcher {
+	f := &fetcher{out: make(chan fetched), quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		bo := w.m.cfg.newBackoff()
+		for {
+			select {
+			case <-f.quit:
+				return
+			default:
+			}
+			msgs, err := w.fetch()
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrPinIDMismatch) {
+					w.log.Debug("fetch", "err", err)
+				}
+				select {
+				case f.out <- fetched{err: err}:
+				case <-f.quit:
+					return
+				}
+				select {
+				case <-time.After(bo.NextBackOff()):
+				case <-f.quit:
+					return
+				}
+				continue
+			}
+			bo.Reset()
+			if len(msgs) == 0 {
+				continue
+			}
+			select {
+			case f.out <- fetched{msgs: msgs}:
+			case <-f.quit:
+				f.held = msgs // for stop to hand over
+				return
+			}
+		}
+	}()
+	return f
+}
+
+// stop ends the fetcher, waiting for a fetch in progress, and returns the
+// batch it was holding, if any.
+func (f *fetcher) stop() (fetched, bool) {
+	select {
+	case <-f.quit:
+	default:
+		close(f.quit)
+	}
+	<-f.done
+	if len(f.held) == 0 {
+		return fetched{}, false
+	}
+	return fetched{msgs: f.held}, true
 }
 
 // acquire waits until no other client is pinned to the partition (its
@@ -457,43 +556,35 @@ func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {
 	return msgs[0]
 }
 
-// park copies an event to DEAD_LETTER as dead.<group>.<reason>, with the
-// reason, error and origin in Snip-Dead-* headers. The copy's Nats-Msg-Id is
-// "<group>:<seq>", so parking again after a crash does not duplicate it. It
-// retries until the copy is stored or the partition is taken away.
+// park copies an event to DEAD_LETTER as dead.<group>.<reason> (package
+// deadletter: the original payload with Snip-Dead-* headers saying where it
+// came from, why, and after how many deliveries). Parking the same event
+// again after a crash is deduplicated by its Nats-Msg-Id. It retries until
+// the copy is stored or the partition is taken away.
 func (w *worker) park(msg jetstream.Msg, md *jetstream.MsgMetadata, reason string, cause error) error {
 	m := w.m
-	reason = sanitizeToken(reason)
-	seq := strconv.FormatUint(md.Sequence.Stream, 10)
-	errText := cause.Error()
-	if len(errText) > 1024 {
-		errText = errText[:1024]
-	}
-	dead := &nats.Msg{
-		Subject: events.DeadLetterSubject(m.cfg.Group, reason),
-		Header: nats.Header{
-			events.HeaderMsgID:        []string{m.cfg.Group + ":" + seq},
-			events.HeaderDeadReason:   []string{reason},
-			events.HeaderDeadError:    []string{errText},
-			events.HeaderDeadSource:   []string{events.ClicksStream},
-			events.HeaderDeadSubject:  []string{msg.Subject()},
-			events.HeaderDeadSeq:      []string{seq},
-			events.HeaderDeadAttempts: []string{strconv.FormatUint(md.NumDelivered, 10)},
-			events.HeaderDeadGroup:    []string{m.cfg.Group},
-		},
-		Data: msg.Data(),
+	parcel := deadletter.Parcel{
+		Source:   m.cfg.Group,
+		Reason:   sanitizeToken(reason),
+		Stream:   events.ClicksStream,
+		Subject:  msg.Subject(),
+		Seq:      md.Sequence.Stream,
+		Attempts: int(md.NumDelivered),
+		Error:    cause.Error(),
+		Consumer: m.cfg.Group,
+		Data:     msg.Data(),
 	}
 	bo := m.cfg.newBackoff()
 	for {
 		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-		_, err := m.js.PublishMsg(ctx, dead)
+		_, err := deadletter.Publish(ctx, m.js, parcel)
 		cancel()
 		if err == nil {
-			m.met.parked.WithLabelValues(m.cfg.Group, reason).Inc()
-			w.log.Warn("event parked on DEAD_LETTER", "seq", md.Sequence.Stream, "reason", reason, "err", cause)
+			m.met.parked.WithLabelValues(m.cfg.Group, parcel.Reason).Inc()
+			w.log.Warn("event parked on DEAD_LETTER", "seq", parcel.Seq, "reason", parcel.Reason, "err", cause)
 			return nil
 		}
-		w.log.Warn("park event: retrying", "seq", md.Sequence.Stream, "err", err)
+		w.log.Warn("park event: retrying", "seq", parcel.Seq, "err", err)
 		if !w.sleep(bo.NextBackOff()) {
 			return errReleased
 		}

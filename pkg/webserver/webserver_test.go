@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/webserver"
@@ -90,5 +92,45 @@ func testenvWait(t *testing.T, cond func() bool) {
 			t.Fatal("Probe still succeeds after the server stopped")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRequestIDAndPanicRecovery(t *testing.T) {
+	t.Parallel()
+	s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s.Echo.GET("/id", func(c echo.Context) error {
+		return c.String(http.StatusOK, c.Response().Header().Get(echo.HeaderXRequestID))
+	})
+	s.Echo.GET("/boom", func(echo.Context) error { panic("boom") })
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+
+	get := func(path, id string) (*http.Response, string) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if id != "" {
+			req.Header.Set(echo.HeaderXRequestID, id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	_, a := get("/id", "")
+	_, b := get("/id", "")
+	if a == "" || a == b {
+		t.Fatalf("generated request IDs %q and %q, want two different non-empty IDs", a, b)
+	}
+	if _, got := get("/id", "caller-42"); got != "caller-42" {
+		t.Fatalf("request ID = %q, want the caller's caller-42", got)
+	}
+	resp, body := get("/boom", "")
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(body, "internal") {
+		t.Fatalf("panicking handler answered %d %s, want 500 with a JSON error", resp.StatusCode, body)
+	}
+	if _, got := get("/id", ""); got == "" {
+		t.Fatal("server stopped answering after a panic")
 	}
 }

@@ -47,7 +47,9 @@ type demoService struct {
 // the readers after it.
 var demoServices = []demoService{
 	{name: "redirect", port: 8080, env: func(d *demo) []string {
-		return []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey}
+		// The demo's traffic and `make loadtest` come from this machine and
+		// carry each visitor's address in X-Forwarded-For: trust it from here.
+		return []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey, "SNIP_TRUSTED_PROXIES=127.0.0.1/32"}
 	}},
 	{name: "preview", port: 8084, env: func(d *demo) []string {
 		// The demo's links point at the local demo site; let the fetcher in.

@@ -1,0 +1,407 @@
+// Package deadletter is the DEAD_LETTER contract in code: how a message that
+// could not be processed is parked there (Publish), how a parked message is
+// read back (Get, List, Each), and how it is sent home once the cause is fixed
+// (Redrive).
+//
+// A dead letter is the original payload, unchanged, on
+// dead.<source>.<reason>, with the Snip-Dead-* headers of package events
+// saying where it came from (stream, subject, sequence), who gave up
+// (consumer), after how many attempts, and the last error. Publish sets
+// Nats-Msg-Id to "<id>:dead:<source>:<seq>" (the event or job ID, who parks
+// it, and the original stream sequence), so two paths of one source that park
+// the same message within DEAD_LETTER's duplicate window store it once.
+//
+// Redrive re-publishes the payload to the subject it came from, expecting the
+// original stream, with a fresh Nats-Msg-Id "<id>:redrive:<dead seq>" so the
+// target stream's duplicate window does not swallow it, and deletes the dead
+// letter only after the target stream acknowledged the publish. A crash in
+// between leaves the dead letter in place; redriving it again within the
+// duplicate window is deduplicated by that ID.
+//
+// The preview workers, the log readers, snipctl and the console all use it.
+package deadletter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// HeaderRedriveOf is set on a redriven message: the DEAD_LETTER sequence it
+// was redriven from, so a consumer's logs can tell a second life from a first.
+const HeaderRedriveOf = "Snip-Redrive-Of"
+
+// MaxErrorLen bounds the Snip-Dead-Error header.
+const MaxErrorLen = 1024
+
+// Errors callers check with errors.Is.
+var (
+	// ErrNotFound means there is no dead letter with that sequence (it was
+	// redriven or expired, or never existed).
+	ErrNotFound = errors.New("dead letter not found")
+	// ErrNotRedrivable means the dead letter lacks the headers that say
+	// where it came from, or names a stream Redrive does not know.
+	ErrNotRedrivable = errors.New("dead letter cannot be redriven")
+	// ErrInvalid means a Parcel lacks a field Publish needs.
+	ErrInvalid = errors.New("invalid dead letter")
+)
+
+// Parcel is what a consumer that gives up on a message hands to Publish.
+type Parcel struct {
+	// Source is the first subject token after "dead": "preview" or the
+	// consumer group's name (e.g. "click-counter").
+	Source string
+	// Reason is a short token: "not_found", "timeout", "malformed", ...
+	Reason string
+	// Stream, Subject and Seq say where the message was stored: the stream,
+	// its stored subject (with the partition prefix on CLICKS) and sequence.
+	Stream  string
+	Subject string
+	Seq     uint64
+	// Attempts is how many deliveries were tried.
+	Attempts int
+	// Error is the last error's text (truncated to MaxErrorLen).
+	Error string
+	// Consumer is the consumer (or group) that gave up.
+	Consumer string
+	// Data is the original payload.
+	Data []byte
+}
+
+// Subject is where p is parked: dead.<source>.<reason>.
+func (p Parcel) subject() string { return events.DeadLetterSubject(p.Source, p.Reason) }
+
+// MsgID is the Nats-Msg-Id of the dead letter source parks for the message
+// stored at seq in stream with payload data: "<id>:dead:<source>:<seq>",
+// where id is the payload's event or job ID, or the stream name when the
+// payload has none (a malformed one). Every path of one source that parks the
+// same message computes the same ID (the preview worker and its advisory
+// rescuer park a job once); two sources parking the same message (two
+// consumer groups of CLICKS meeting one malformed event) each keep theirs.
+func MsgID(source, stream string, seq uint64, data []byte) string {
+	id := PayloadID(data)
+	if id == "" {
+		id = stream
+	}
+	return id + ":dead:" + source + ":" + strconv.FormatUint(seq, 10)
+}
+
+// PayloadID returns the "id" field of a JSON event or job, or "" when the
+// payload has none that is safe to put in a header.
+func PayloadID(data []byte) string {
+	var v struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(data, &v) != nil || len(v.ID) == 0 || len(v.ID) > 64 {
+		return ""
+	}
+	for i := 0; i < len(v.ID); i++ {
+		c := v.ID[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return ""
+		}
+	}
+	return v.ID
+}
+
+// Publish parks p on DEAD_LETTER and waits for the stream's ack. A duplicate
+// (the same message parked by another path within the duplicate window) is a
+// success: ack.Duplicate tells.
+func Publish(ctx context.Context, js jetstream.JetStream, p Parcel) (*jetstream.PubAck, error) {
+	switch {
+	case !events.ValidToken(p.Source):
+		return nil, fmt.Errorf("park message: source %q: %w", p.Source, ErrInvalid)
+	case !events.ValidToken(p.Reason):
+		return nil, fmt.Errorf("park message: reason %q: %w", p.Reason, ErrInvalid)
+	case p.Stream == "" || p.Subject == "" || p.Seq == 0:
+		return nil, fmt.Errorf("park message: stream %q subject %q seq %d: %w", p.Stream, p.Subject, p.Seq, ErrInvalid)
+	}
+	m := nats.NewMsg(p.subject())
+	m.Data = p.Data
+	m.Header.Set(events.HeaderMsgID, MsgID(p.Source, p.Stream, p.Seq, p.Data))
+	m.Header.Set(events.HeaderDeadReason, p.Reason)
+	m.Header.Set(events.HeaderDeadSource, p.Stream)
+	m.Header.Set(events.HeaderDeadSubject, p.Subject)
+	m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(p.Seq, 10))
+	m.Header.Set(events.HeaderDeadAttempts, strconv.Itoa(p.Attempts))
+	if p.Consumer != "" {
+		m.Header.Set(events.HeaderDeadGroup, p.Consumer)
+	}
+	if p.Error != "" {
+		m.Header.Set(events.HeaderDeadError, HeaderSafe(p.Error))
+	}
+	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(events.DeadLetterStream))
+	if err != nil {
+		return nil, fmt.Errorf("park message %s seq %d on %s: %w", p.Stream, p.Seq, m.Subject, err)
+	}
+	return ack, nil
+}
+
+// HeaderSafe makes s fit in a NATS header value: one line, valid UTF-8, at
+// most MaxErrorLen bytes.
+func HeaderSafe(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' || r == 0 {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > MaxErrorLen {
+		cut := MaxErrorLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
+}
+
+// Letter is one dead letter, as read back from DEAD_LETTER.
+type Letter struct {
+	// Seq is the dead letter's own DEAD_LETTER sequence: what show and
+	// redrive take.
+	Seq uint64
+	// Subject is dead.<source>.<reason>.
+	Subject string
+	Source  string
+	Reason  string
+	// Time is when it was parked.
+	Time time.Time
+	// Stream, OrigSubject and OrigSeq are where it came from.
+	Stream      string
+	OrigSubject string
+	OrigSeq     uint64
+	Attempts    int
+	Error       string
+	Consumer    string
+	// ID is the payload's event or job ID ("" if it has none).
+	ID     string
+	Header nats.Header
+	Data   []byte
+}
+
+func letterFrom(m *jetstream.RawStreamMsg) Letter {
+	l := Letter{Seq: m.Sequence, Subject: m.Subject, Time: m.Time, Header: m.Header, Data: m.Data, ID: PayloadID(m.Data)}
+	if parts := strings.SplitN(m.Subject, ".", 3); len(parts) == 3 {
+		l.Source, l.Reason = parts[1], parts[2]
+	}
+	h := m.Header
+	if h == nil {
+		h = nats.Header{}
+	}
+	l.Stream = h.Get(events.HeaderDeadSource)
+	l.OrigSubject = h.Get(events.HeaderDeadSubject)
+	l.OrigSeq, _ = strconv.ParseUint(h.Get(events.HeaderDeadSeq), 10, 64)
+	l.Attempts, _ = strconv.Atoi(h.Get(events.HeaderDeadAttempts))
+	l.Error = h.Get(events.HeaderDeadError)
+	l.Consumer = h.Get(events.HeaderDeadGroup)
+	return l
+}
+
+// RedriveSubject is the subject a redrive publishes to: the subject the
+// message had, without the partition prefix CLICKS' subject transform put in
+// front (the stream adds it again on the way in).
+func (l Letter) RedriveSubject() (string, error) {
+	switch {
+	case l.Stream == "" || l.OrigSubject == "":
+		return "", fmt.Errorf("dead letter %d has no %s/%s headers: %w", l.Seq, events.HeaderDeadSource, events.HeaderDeadSubject, ErrNotRedrivable)
+	case l.Stream == events.ClicksStream:
+		if events.PartitionOf(l.OrigSubject) < 0 {
+			return "", fmt.Errorf("dead letter %d: %q is not a partitioned click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
+		}
+		return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
+	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream:
+		return l.OrigSubject, nil
+	}
+	return "", fmt.Errorf("dead letter %d comes from unknown stream %q: %w", l.Seq, l.Stream, ErrNotRedrivable)
+}
+
+// Get reads the dead letter stored at seq.
+func Get(ctx context.Context, js jetstream.JetStream, seq uint64) (Letter, error) {
+	s, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", seq, err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", seq, ErrNotFound)
+	}
+	if err != nil {
+		return Letter{}, fmt.Errorf("get dead letter %d: %w", seq, err)
+	}
+	return letterFrom(m), nil
+}
+
+// Group is the dead letters of one source and reason.
+type Group struct {
+	Source string
+	Reason string
+	Count  uint64
+	// Newest is the most recently parked letter of the group.
+	Newest Letter
+}
+
+// List returns a Group per source and reason, sorted by source then reason.
+func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
+	s, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(events.DeadLetterSubjects))
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	groups := make([]Group, 0, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		last, err := s.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // redriven or expired since Info
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list dead letters: newest on %s: %w", subj, err)
+		}
+		l := letterFrom(last)
+		groups = append(groups, Group{Source: l.Source, Reason: l.Reason, Count: n, Newest: l})
+	}
+	sortGroups(groups)
+	return groups, nil
+}
+
+func sortGroups(g []Group) {
+	for i := 1; i < len(g); i++ {
+		for j := i; j > 0 && (g[j].Source < g[j-1].Source || g[j].Source == g[j-1].Source && g[j].Reason < g[j-1].Reason); j-- {
+			g[j], g[j-1] = g[j-1], g[j]
+		}
+	}
+}
+
+// Filter is the subject filter of the dead letters of source (all sources
+// if empty) and reason (all reasons if empty).
+func Filter(source, reason string) string {
+	switch {
+	case source == "" && reason == "":
+		return events.DeadLetterSubjects
+	case reason == "":
+		return "dead." + source + ".*"
+	case source == "":
+		return "dead.*." + reason
+	}
+	return events.DeadLetterSubject(source, reason)
+}
+
+// Each calls fn for every dead letter on subjects matching filter, oldest
+// first, that was stored when Each started: letters parked meanwhile (for
+// example a redriven message that failed again) are left for the next run.
+// It stops at the first error fn returns.
+func Each(ctx context.Context, js jetstream.JetStream, filter string, fn func(Letter) error) error {
+	s, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
+	}
+	last := info.State.LastSeq
+	for seq := info.State.FirstSeq; seq <= last && seq > 0; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read dead letters from %d: %w", seq, err)
+		}
+		if m.Sequence > last {
+			return nil
+		}
+		if err := fn(letterFrom(m)); err != nil {
+			return err
+		}
+		seq = m.Sequence + 1
+	}
+	return nil
+}
+
+// Redriven is the outcome of one Redrive.
+type Redriven struct {
+	// Letter is the dead letter that was redriven (and is now deleted).
+	Letter Letter
+	// Subject and Stream are where it went; Seq is its new sequence there.
+	Subject string
+	Stream  string
+	Seq     uint64
+	// Duplicate is true when the target stream had already stored this
+	// redrive (a retried redrive within its duplicate window).
+	Duplicate bool
+}
+
+// Redrive sends the dead letter at seq back to the subject it came from and
+// deletes it once the target stream acknowledged the publish.
+func Redrive(ctx context.Context, js jetstream.JetStream, seq uint64) (Redriven, error) {
+	l, err := Get(ctx, js, seq)
+	if err != nil {
+		return Redriven{}, fmt.Errorf("redrive: %w", err)
+	}
+	return RedriveLetter(ctx, js, l)
+}
+
+// RedriveLetter is Redrive for a letter already read (by Each or Get).
+func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redriven, error) {
+	subj, err := l.RedriveSubject()
+	if err != nil {
+		return Redriven{}, fmt.Errorf("redrive: %w", err)
+	}
+	m := nats.NewMsg(subj)
+	m.Data = l.Data
+	for k, vs := range l.Header {
+		if strings.HasPrefix(k, "Snip-Dead-") || strings.HasPrefix(k, "Nats-") {
+			continue
+		}
+		m.Header[k] = vs
+	}
+	id := l.ID
+	if id == "" {
+		id = events.DeadLetterStream
+	}
+	seqStr := strconv.FormatUint(l.Seq, 10)
+	m.Header.Set(events.HeaderMsgID, id+":redrive:"+seqStr)
+	m.Header.Set(HeaderRedriveOf, seqStr)
+	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(l.Stream))
+	if err != nil {
+		return Redriven{}, fmt.Errorf("redrive dead letter %d to %s: %w", l.Seq, subj, err)
+	}
+	s, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		return Redriven{}, fmt.Errorf("redrive dead letter %d: published, not deleted: %w", l.Seq, err)
+	}
+	if err := DeleteIfPresent(ctx, s, l.Seq); err != nil {
+		return Redriven{}, fmt.Errorf("redrive dead letter %d: published, not deleted: %w", l.Seq, err)
+	}
+	return Redriven{Letter: l, Subject: subj, Stream: ack.Stream, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// DeleteIfPresent deletes the message at seq from s; a message that is
+// already gone (deleted by another path, or acked off a work queue) is not an
+// error. The server answers a delete of a missing message with a generic
+// failure, so absence is confirmed with a read.
+func DeleteIfPresent(ctx context.Context, s jetstream.Stream, seq uint64) error {
+	err := s.DeleteMsg(ctx, seq)
+	if err == nil {
+		return nil
+	}
+	if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	return fmt.Errorf("delete %s seq %d: %w", s.CachedInfo().Config.Name, seq, err)
+}

@@ -1,0 +1,341 @@
+package deadletter_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+func newJS(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	js := testenv.StartNATS(t).JetStream(t)
+	o := topology.Defaults()
+	o.Partitions = 4
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func job(t *testing.T) []byte {
+	t.Helper()
+	b, err := json.Marshal(events.PreviewJob{V: events.PreviewJobVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func parcel(data []byte, reason string, seq uint64) deadletter.Parcel {
+	return deadletter.Parcel{
+		Source: "preview", Reason: reason, Stream: events.PreviewJobsStream, Subject: events.PreviewJobSubject,
+		Seq: seq, Attempts: 5, Error: "GET https://example.com/: 503 Service Unavailable", Consumer: topology.PreviewConsumer, Data: data,
+	}
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	s, err := js.Stream(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestPublishTwiceStoresOnce(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	p := parcel(job(t), "http_5xx", 7)
+	first, err := deadletter.Publish(t.Context(), js, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second path (an advisory handler) parks the same message with
+	// another reason: same Nats-Msg-Id, so it is a duplicate.
+	p.Reason = "max_deliveries"
+	second, err := deadletter.Publish(t.Context(), js, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Duplicate || !second.Duplicate || second.Sequence != first.Sequence {
+		t.Fatalf("acks = %+v, %+v; want the second to be a duplicate of the first", first, second)
+	}
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 1 {
+		t.Fatalf("DEAD_LETTER holds %d messages, want 1", n)
+	}
+	l, err := deadletter.Get(t.Context(), js, first.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := deadletter.Letter{
+		Seq: first.Sequence, Subject: "dead.preview.http_5xx", Source: "preview", Reason: "http_5xx",
+		Stream: events.PreviewJobsStream, OrigSubject: events.PreviewJobSubject, OrigSeq: 7, Attempts: 5,
+		Error: p.Error, Consumer: topology.PreviewConsumer, ID: deadletter.PayloadID(p.Data), Data: p.Data,
+	}
+	if d := cmp.Diff(want, l, cmpLetter); d != "" {
+		t.Fatalf("letter (-want +got):\n%s", d)
+	}
+}
+
+var cmpLetter = cmp.FilterPath(func(p cmp.Path) bool {
+	n := p.Last().String()
+	return n == ".Time" || n == ".Header"
+}, cmp.Ignore())
+
+func TestPublishRejectsBadParcel(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ok := parcel(job(t), "timeout", 1)
+	tests := []struct {
+		name   string
+		mutate func(*deadletter.Parcel)
+	}{
+		{"reason_with_dot", func(p *deadletter.Parcel) { p.Reason = "a.b" }},
+		{"empty_source", func(p *deadletter.Parcel) { p.Source = "" }},
+		{"no_origin_seq", func(p *deadletter.Parcel) { p.Seq = 0 }},
+		{"no_origin_stream", func(p *deadletter.Parcel) { p.Stream = "" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := ok
+			tc.mutate(&p)
+			if _, err := deadletter.Publish(t.Context(), js, p); !errors.Is(err, deadletter.ErrInvalid) {
+				t.Fatalf("Publish = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestListGroupsBySourceAndReason(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	var newest uint64
+	for i, reason := range []string{"not_found", "timeout", "not_found"} {
+		ack, err := deadletter.Publish(ctx, js, parcel(job(t), reason, uint64(i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reason == "not_found" {
+			newest = ack.Sequence
+		}
+	}
+	click := parkClick(t, js, "click-counter", "malformed")
+	groups, err := deadletter.List(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Source, Reason string
+		Count, Newest  uint64
+	}
+	var got []row
+	for _, g := range groups {
+		got = append(got, row{g.Source, g.Reason, g.Count, g.Newest.Seq})
+	}
+	want := []row{
+		{"click-counter", "malformed", 1, click},
+		{"preview", "not_found", 2, newest},
+		{"preview", "timeout", 1, 2},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("groups (-want +got):\n%s", d)
+	}
+}
+
+// parkClick parks a click the way the log readers do: the stored subject
+// has the partition in front.
+func parkClick(t *testing.T, js jetstream.JetStream, group, reason string) uint64 {
+	t.Helper()
+	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
+	data, _ := json.Marshal(c)
+	ack, err := deadletter.Publish(t.Context(), js, deadletter.Parcel{
+		Source: group, Reason: reason, Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "abc"),
+		Seq: 42, Attempts: 1, Error: "decode click: malformed event", Consumer: group + "-p1", Data: data,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func TestRedrivePreviewJob(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	data := job(t)
+	dead, err := deadletter.Publish(ctx, js, parcel(data, "timeout", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := deadletter.Redrive(ctx, js, dead.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Stream != events.PreviewJobsStream || r.Subject != events.PreviewJobSubject || r.Duplicate {
+		t.Fatalf("redriven = %+v, want a fresh publish to %s", r, events.PreviewJobSubject)
+	}
+	s, _ := js.Stream(ctx, events.PreviewJobsStream)
+	m, err := s.GetMsg(ctx, r.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := deadletter.PayloadID(data)
+	if string(m.Data) != string(data) || m.Header.Get(events.HeaderMsgID) != id+":redrive:"+itoa(dead.Sequence) ||
+		m.Header.Get(deadletter.HeaderRedriveOf) != itoa(dead.Sequence) || m.Header.Get(events.HeaderDeadReason) != "" {
+		t.Fatalf("redriven message = %q %v", m.Data, m.Header)
+	}
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 {
+		t.Fatalf("DEAD_LETTER holds %d after redrive, want 0", n)
+	}
+	if _, err := deadletter.Redrive(ctx, js, dead.Sequence); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Fatalf("second redrive = %v, want ErrNotFound", err)
+	}
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+func TestRedriveClickGoesBackToItsPartition(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	seq := parkClick(t, js, "click-counter", "unknown_version")
+	r, err := deadletter.Redrive(ctx, js, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Subject != events.ClickSubject("acme", "abc") || r.Stream != events.ClicksStream {
+		t.Fatalf("redriven to %s on %s, want %s on CLICKS", r.Subject, r.Stream, events.ClickSubject("acme", "abc"))
+	}
+	s, _ := js.Stream(ctx, events.ClicksStream)
+	m, err := s.GetMsg(ctx, r.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := events.PartitionedClickSubject(4, "acme", "abc"); m.Subject != want {
+		t.Fatalf("stored as %s, want %s", m.Subject, want)
+	}
+}
+
+func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	tests := []struct {
+		name   string
+		header nats.Header
+	}{
+		{"no_headers", nats.Header{}},
+		{"unknown_stream", nats.Header{events.HeaderDeadSource: {"ELSEWHERE"}, events.HeaderDeadSubject: {"x.y"}}},
+		{"click_without_partition", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"clicks.acme.abc"}}},
+	}
+	for _, tc := range tests {
+		m := nats.NewMsg("dead.someone." + tc.name)
+		m.Header = tc.header
+		m.Data = []byte("{}")
+		ack, err := js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := deadletter.Redrive(ctx, js, ack.Sequence); !errors.Is(err, deadletter.ErrNotRedrivable) {
+			t.Errorf("%s: Redrive = %v, want ErrNotRedrivable", tc.name, err)
+		}
+		if _, err := deadletter.Get(ctx, js, ack.Sequence); err != nil {
+			t.Errorf("%s: the dead letter is gone after a refused redrive: %v", tc.name, err)
+		}
+	}
+}
+
+func TestEachStopsAtTheLetterStoredLastWhenItStarted(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	for i := range 3 {
+		if _, err := deadletter.Publish(ctx, js, parcel(job(t), "timeout", uint64(i+1))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parkClick(t, js, "fraud-detection", "malformed")
+	var seen []string
+	err := deadletter.Each(ctx, js, deadletter.Filter("preview", ""), func(l deadletter.Letter) error {
+		seen = append(seen, l.Subject)
+		// A letter parked while Each runs is not visited.
+		_, err := deadletter.Publish(ctx, js, parcel(job(t), "timeout", l.OrigSeq+100))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff([]string{"dead.preview.timeout", "dead.preview.timeout", "dead.preview.timeout"}, seen); d != "" {
+		t.Fatalf("visited (-want +got):\n%s", d)
+	}
+}
+
+func TestFilter(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ source, reason, want string }{
+		{"", "", "dead.*.*"}, {"preview", "", "dead.preview.*"}, {"", "timeout", "dead.*.timeout"}, {"preview", "timeout", "dead.preview.timeout"},
+	}
+	for _, tc := range tests {
+		if got := deadletter.Filter(tc.source, tc.reason); got != tc.want {
+			t.Errorf("Filter(%q, %q) = %q, want %q", tc.source, tc.reason, got, tc.want)
+		}
+	}
+}
+
+func TestMsgIDAndPayloadID(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, data, want string
+	}{
+		{"job_id", `{"v":1,"id":"0193c0de-0000-7000-8000-000000000001"}`, "0193c0de-0000-7000-8000-000000000001:dead:preview:9"},
+		{"malformed_payload_uses_stream", `{not json`, "PREVIEW_JOBS:dead:preview:9"},
+		{"id_with_colon_is_not_used", `{"id":"a:b"}`, "PREVIEW_JOBS:dead:preview:9"},
+		{"id_with_space_is_not_used", `{"id":"a b"}`, "PREVIEW_JOBS:dead:preview:9"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := deadletter.MsgID("preview", events.PreviewJobsStream, 9, []byte(tc.data)); got != tc.want {
+				t.Fatalf("MsgID = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHeaderSafe(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", deadletter.MaxErrorLen) // 2 bytes each
+	tests := []struct{ name, in, want string }{
+		{"plain", "dial tcp: refused", "dial tcp: refused"},
+		{"newlines", "a\r\nb\nc", "a  b c"},
+		{"invalid_utf8", "a\xffb", "a?b"},
+		{"long_cut_on_rune_boundary", long, strings.Repeat("é", deadletter.MaxErrorLen/2)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := deadletter.HeaderSafe(tc.in); got != tc.want {
+				t.Fatalf("HeaderSafe = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,53 @@
+package topology_test
+
+import (
+	"testing"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // idempotent
+		if err := topology.ApplyClickCounter(ctx, js); err != nil {
+			t.Fatalf("apply: %v", err)
+		}
+	}
+	for stream, name := range map[string]string{
+		events.LinksStream: topology.ClickCounterLinksConsumer,
+		events.FraudStream: topology.ClickCounterVerdictsConsumer,
+	} {
+		c, err := js.Consumer(ctx, stream, name)
+		if err != nil {
+			t.Fatalf("consumer %s on %s: %v", name, stream, err)
+		}
+		if c.CachedInfo().Config.Durable != name {
+			t.Errorf("consumer %s: durable %q", name, c.CachedInfo().Config.Durable)
+		}
+	}
+	// The verdict consumer sees verdicts, not alerts.
+	if _, err := js.Publish(ctx, events.FraudAlertSubject("abc"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, events.FraudVerdictSubject("acme", "abc"), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(ctx, events.FraudStream, topology.ClickCounterVerdictsConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumPending != 1 {
+		t.Fatalf("verdict consumer has %d pending, want 1 (the verdict, not the alert)", info.NumPending)
+	}
+}

@@ -1,0 +1,199 @@
+package counter
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Clicks is what the counter needs to know about the CLICKS stream itself.
+type Clicks interface {
+	// FirstSeq returns the sequence of the oldest event CLICKS retains in a
+	// partition, or 0 when the partition is empty.
+	FirstSeq(ctx context.Context, partition int) (uint64, error)
+}
+
+// Hooks inject faults for tests; production leaves them nil.
+type Hooks struct {
+	// AfterWrite runs after a batch is written to the store and before the
+	// handler returns, that is before the runtime acks it. A test makes it
+	// block or fail to play a member that dies between the two.
+	AfterWrite func(ctx context.Context, partition int, lastSeq uint64) error
+	// Weight, if set, is how many times a click is counted: a test sets it
+	// to 2 to play a buggy release, then recounts with it unset.
+	Weight func(c *events.Click) int64
+}
+
+// Options configure a Counter.
+type Options struct {
+	Store  Store
+	Clicks Clicks
+	// Partitions is the number of CLICKS partitions.
+	Partitions int
+	// DedupWindow is how long an event ID stays in the recent-ID record
+	// after it was counted: a copy of the event stored under another
+	// sequence within that time is not counted again.
+	DedupWindow time.Duration
+	// ClicksMaxAge is CLICKS retention: how long a click can be recounted,
+	// and so how long its verdict label is kept.
+	ClicksMaxAge time.Duration
+	Logger       *slog.Logger
+	Metrics      prometheus.Registerer
+	Hooks        Hooks
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Counter counts clicks. Its methods are safe for concurrent use; the reader
+// runtime calls HandleBatch for different partitions concurrently, never for
+// the same one.
+type Counter struct {
+	store  Store
+	clicks Clicks
+	n      int
+	window time.Duration
+	maxAge time.Duration
+	log    *slog.Logger
+	hooks  Hooks
+	now    func() time.Time
+	m      *metrics
+
+	mu    sync.Mutex
+	parts map[int]*State
+
+	janitor chan int
+}
+
+// New returns a Counter.
+func New(o Options) (*Counter, error) {
+	switch {
+	case o.Store == nil || o.Clicks == nil:
+		return nil, fmt.Errorf("new counter: store and clicks are required")
+	case o.Partitions < 1:
+		return nil, fmt.Errorf("new counter: partitions %d: want >= 1", o.Partitions)
+	case o.DedupWindow <= 0:
+		return nil, fmt.Errorf("new counter: dedup window %s: want > 0", o.DedupWindow)
+	case o.ClicksMaxAge <= 0:
+		return nil, fmt.Errorf("new counter: clicks max age %s: want > 0", o.ClicksMaxAge)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	m, err := newMetrics(o.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("new counter: %w", err)
+	}
+	return &Counter{
+		store: o.Store, clicks: o.Clicks, n: o.Partitions, window: o.DedupWindow, maxAge: o.ClicksMaxAge,
+		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
+		parts:   map[int]*State{},
+		janitor: make(chan int, 4*o.Partitions),
+	}, nil
+}
+
+// Partitions is the number of CLICKS partitions the counter was built for.
+func (c *Counter) Partitions() int { return c.n }
+
+// cached returns the partition's cached state, loading it on first use.
+func (c *Counter) cached(ctx context.Context, p int) (*State, error) {
+	c.mu.Lock()
+	s := c.parts[p]
+	c.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	return c.reload(ctx, p)
+}
+
+// reload reads the partition's state from the store into the cache.
+func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
+	st, err := c.store.State(ctx, p)
+	if err != nil {
+		return nil, fmt.Errorf("load partition %d state: %w", p, err)
+	}
+	c.mu.Lock()
+	c.parts[p] = &st
+	c.mu.Unlock()
+	c.m.observeState(p, st)
+	return &st, nil
+}
+
+func (c *Counter) forget(p int) {
+	c.mu.Lock()
+	delete(c.parts, p)
+	c.mu.Unlock()
+}
+
+// metrics are the counter's Prometheus collectors.
+type metrics struct {
+	counted     *prometheus.CounterVec
+	duplicates  *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	corrections *prometheus.CounterVec
+	recounts    *prometheus.CounterVec
+	linkEvents  *prometheus.CounterVec
+	writeTime   prometheus.Histogram
+	generation  *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		counted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_counted_total",
+			Help: "Click events counted, by the label they were counted with.",
+		}, []string{"label"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_duplicates_total",
+			Help: "Click events skipped as already counted: kind=watermark (redelivery, replay overlap) or event_id (the same event stored twice).",
+		}, []string{"kind"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_write_retries_total",
+			Help: "Batch writes redone: reason=conflict (the partition's state changed under the batch) or recheck (duplicates or verdict labels found by the write).",
+		}, []string{"reason"}),
+		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_corrections_total",
+			Help: "Fraud verdicts handled: result=relabelled (applied), unchanged, stale (older than one applied), expired (click past retention).",
+		}, []string{"result"}),
+		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_recounts_total",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event).",
+		}, []string{"result"}),
+		linkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_link_events_total",
+			Help: "LINKS events handled: result=applied or stale.",
+		}, []string{"result"}),
+		writeTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "snip_clickcounter_batch_write_seconds",
+			Help:    "Time to write one batch to Redis (one script call, retries included).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "snip_clickcounter_generation",
+			Help: "Count generation per partition: role=read (served by the stats API) and role=write (being counted into; higher than read during a recount).",
+		}, []string{"partition", "role"}),
+	}
+	if reg != nil {
+		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.linkEvents, m.writeTime, m.generation} {
+			if err := reg.Register(col); err != nil {
+				return nil, fmt.Errorf("register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observeState(p int, s State) {
+	ps := strconv.Itoa(p)
+	m.generation.WithLabelValues(ps, "read").Set(float64(s.Read))
+	m.generation.WithLabelValues(ps, "write").Set(float64(s.Write))
+}

@@ -1,0 +1,163 @@
+package counter_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+func TestRecountRebuildsInANewGenerationAndSwitchesAtTheEnd(t *testing.T) {
+	t.Parallel()
+	double := func(*events.Click) int64 { return 2 }
+	e := newEnv(t, withHooks(counter.Hooks{Weight: double}))
+	fixed := e.newCounter(t, nil)
+	const p = 1
+	code, quiet := codeIn(t, p, 10), codeIn(t, p, 11)
+	now := time.Now().UTC()
+	var s seqs
+	var batches [][]reader.Event
+	for range 5 {
+		var cs []events.Click
+		for range 4 {
+			cs = append(cs, click("acme", code, now))
+		}
+		cs = append(cs, click("acme", quiet, now))
+		batches = append(batches, s.events(p, cs...))
+	}
+	for _, b := range batches {
+		mustHandle(t, e.c, p, b)
+	}
+	// A verdict on the buggy generation (it moves one click of the two the
+	// bug counted); the recount must keep it.
+	if _, err := e.c.ApplyVerdict(t.Context(), verdict(batches[0][0], true), 1); err != nil {
+		t.Fatal(err)
+	}
+	before := stats(t, fixed, "acme", code).Totals
+	if d := cmp.Diff(counter.Pair{Human: 39, Bot: 1}, before); d != "" {
+		t.Fatalf("buggy counts (-want +got):\n%s", d)
+	}
+	e.first.Store(batches[0][0].Seq)
+	info := reader.RewindInfo{ID: events.NewID(), From: batches[0][0].Seq, Until: s.n, Requested: now}
+	if err := fixed.OnRewind(t.Context(), p, info); err != nil {
+		t.Fatal(err)
+	}
+	// The same replay reaching the member again (after a crash) starts nothing new.
+	if err := fixed.OnRewind(t.Context(), p, info); err != nil {
+		t.Fatal(err)
+	}
+	want := counter.Pair{Human: 19, Bot: 1}
+	for i, b := range batches {
+		mustHandle(t, fixed, p, b)
+		got := stats(t, fixed, "acme", code)
+		last := i == len(batches)-1
+		switch {
+		case !last && got.Totals != before:
+			t.Fatalf("after batch %d of the recount: totals %+v, want the old %+v until the end", i, got.Totals, before)
+		case !last && (got.AsOf.Recount == nil || got.AsOf.Recount.Generation != 2 || got.AsOf.Recount.Until != s.n):
+			t.Fatalf("after batch %d: as_of = %+v, want a recount of generation 2 until %d", i, got.AsOf, s.n)
+		case last && got.Totals != want:
+			t.Fatalf("after the recount: totals %+v, want %+v", got.Totals, want)
+		case last && (got.AsOf.Recount != nil || got.AsOf.Generation != 2):
+			t.Fatalf("after the recount: as_of = %+v, want generation 2 and no recount", got.AsOf)
+		}
+	}
+	if got := stats(t, fixed, "acme", quiet).Totals; got != (counter.Pair{Human: 5}) {
+		t.Errorf("other link after the recount: %+v, want 5 human", got)
+	}
+	n, err := fixed.DropOldGenerations(t.Context(), p)
+	if err != nil || n != 1 {
+		t.Fatalf("DropOldGenerations = %d, %v; want 1 dropped", n, err)
+	}
+	if keys, _ := e.rdb.Keys(t.Context(), "cc:{p1}:g1:*").Result(); len(keys) != 0 {
+		t.Fatalf("generation 1 keys left: %v", keys)
+	}
+	// Redelivery after the switch is still absorbed by the new watermark.
+	mustHandle(t, fixed, p, batches[4])
+	if got := stats(t, fixed, "acme", code).Totals; got != want {
+		t.Fatalf("after a redelivery: %+v, want %+v", got, want)
+	}
+}
+
+func TestReplayOfAnEmptyPartitionSwitchesAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.first.Store(0)
+	if err := e.c.OnRewind(t.Context(), 3, reader.RewindInfo{ID: events.NewID(), From: 1, Until: 0}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.store.State(t.Context(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Read != 2 || st.Write != 2 || st.Recounting() {
+		t.Fatalf("state = %+v, want generation 2 read and written", st)
+	}
+}
+
+func TestReplayFromLaterThanTheOldestEventRecountsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 0
+	code := codeIn(t, p, 12)
+	now := time.Now()
+	var s seqs
+	batch := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	mustHandle(t, e.c, p, batch)
+	e.first.Store(batch[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: batch[1].Seq, Until: s.n}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, batch[1:]) // the replayed events
+	st, err := e.store.State(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Read != 1 || st.Recounting() {
+		t.Errorf("state = %+v, want generation 1 and no recount", st)
+	}
+	if got := stats(t, e.c, "acme", code).Totals.Human; got != 3 {
+		t.Errorf("human total = %d, want 3", got)
+	}
+	if got := metric(t, e.reg, "snip_clickcounter_recounts_total", map[string]string{"result": "partial_ignored"}); got != 1 {
+		t.Errorf("recounts_total{result=partial_ignored} = %v, want 1", got)
+	}
+}
+
+// A second replay while a recount runs abandons the unfinished generation
+// and starts another; the reads stay on the last complete one throughout.
+func TestReplayDuringARecountStartsOver(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 2
+	code := codeIn(t, p, 13)
+	now := time.Now()
+	var s seqs
+	b1 := s.events(p, click("acme", code, now), click("acme", code, now))
+	b2 := s.events(p, click("acme", code, now))
+	mustHandle(t, e.c, p, b1)
+	mustHandle(t, e.c, p, b2)
+	e.first.Store(b1[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, b1)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.c.DropOldGenerations(t.Context(), p); err != nil || n != 1 {
+		t.Fatalf("DropOldGenerations = %d, %v; want the abandoned generation dropped", n, err)
+	}
+	if got := stats(t, e.c, "acme", code); got.Totals.Human != 3 || got.AsOf.Generation != 1 || got.AsOf.Recount.Generation != 3 {
+		t.Fatalf("during the second recount: %+v as of %+v, want 3 human from generation 1, recounting 3", got.Totals, got.AsOf)
+	}
+	mustHandle(t, e.c, p, b1)
+	mustHandle(t, e.c, p, b2)
+	if got := stats(t, e.c, "acme", code); got.Totals.Human != 3 || got.AsOf.Generation != 3 || got.AsOf.Recount != nil {
+		t.Fatalf("after: %+v as of %+v, want 3 human from generation 3", got.Totals, got.AsOf)
+	}
+}

@@ -1,0 +1,58 @@
+package redisstore
+
+import (
+	"strconv"
+
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+// Every key of one CLICKS partition carries the hash tag {p<N>}, so the keys
+// a batch script touches are in one Redis Cluster slot. The README lists
+// each key with its size bound.
+
+func partPrefix(p int) string { return "cc:{p" + strconv.Itoa(p) + "}:" }
+
+// metaKey: hash {read, write, until, replay}, the partition's generations.
+func metaKey(p int) string { return partPrefix(p) + "meta" }
+
+func genPrefix(p int, g int64) string {
+	return partPrefix(p) + "g" + strconv.FormatInt(g, 10) + ":"
+}
+
+// posKey: hash {seq, stored, events}, a generation's watermark.
+func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
+
+// linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's
+// all-time counts by label, country and referrer (at most MaxCombosPerLink
+// fields, plus one "(other)" referrer per label and country).
+func linkKey(p int, g int64, r counter.LinkRef) string {
+	return genPrefix(p, g) + "l:" + r.Owner + ":" + r.Code
+}
+
+// dayKey: hash {hHH, bHH}, a link's hours on one day (the day's total is
+// their sum).
+func dayKey(p int, g int64, r counter.LinkRef, d counter.Day) string {
+	return genPrefix(p, g) + "d:" + r.Owner + ":" + r.Code + ":" + d.Key()
+}
+
+// uvKey: HyperLogLog of the day's visitors.
+func uvKey(p int, g int64, r counter.LinkRef, d counter.Day) string {
+	return genPrefix(p, g) + "u:" + r.Owner + ":" + r.Code + ":" + d.Key()
+}
+
+// idKey: string of 8-byte fingerprints, the recent-ID record of one
+// IDBucketWidth of event-ID time.
+func idKey(p int, g int64, bucket int64) string {
+	return genPrefix(p, g) + "id:" + strconv.FormatInt(bucket, 10)
+}
+
+// labelKey: hash {<click id>: "<h|b>:<fraud seq>"}, the verdict labels of
+// the clicks whose ID time falls on day d. Not per generation: a recount
+// reads the same labels.
+func labelKey(p int, d counter.Day) string { return partPrefix(p) + "v:" + d.Key() }
+
+// registryKey: hash {owner, state, seq, ts}, what LINKS said last about a code.
+func registryKey(code string) string { return "cc:link:" + code }
+
+// genPattern matches every key of every generation of a partition.
+func genPattern(p int) string { return partPrefix(p) + "g*" }

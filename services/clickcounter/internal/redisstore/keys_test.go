@@ -1,0 +1,48 @@
+package redisstore
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+// Every key a batch or a verdict touches carries the partition's hash tag,
+// so the scripts work on Redis Cluster (one slot per partition).
+func TestPartitionKeysShareTheHashTag(t *testing.T) {
+	t.Parallel()
+	ref := counter.LinkRef{Owner: "acme", Code: "abc"}
+	for _, k := range []string{
+		metaKey(3), posKey(3, 2), linkKey(3, 2, ref), dayKey(3, 2, ref, 20000),
+		uvKey(3, 2, ref, 20000), idKey(3, 2, 123), labelKey(3, 20000),
+	} {
+		open, close := strings.IndexByte(k, '{'), strings.IndexByte(k, '}')
+		if open < 0 || close < open || k[open+1:close] != "p3" {
+			t.Errorf("key %q: hash tag is not {p3}", k)
+		}
+	}
+}
+
+func TestComboFieldRoundTrip(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		l             counter.Label
+		country, host string
+	}{
+		{counter.Human, "DE", "news.example.org"},
+		{counter.Bot, counter.UnknownCountry, counter.DirectReferrer},
+		{counter.Human, "US", counter.OtherReferrer},
+	}
+	for _, tc := range tests {
+		f := comboField(tc.l, tc.country, tc.host)
+		l, country, host, ok := parseComboField(f)
+		if !ok || l != tc.l || country != tc.country || host != tc.host {
+			t.Errorf("parse(%q) = %c %q %q %v", f, l, country, host, ok)
+		}
+	}
+	for _, bad := range []string{"", "h", "x|DE|a", "h|DE", "hDE|a"} {
+		if _, _, _, ok := parseComboField(bad); ok {
+			t.Errorf("parse(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,512 @@
+// Package redisstore keeps the click counter's counts in Redis: one Lua
+// script per batch writes a batch's aggregated increments together with the
+// partition's watermark and its recent-ID record, so a batch is counted
+// entirely or not at all, and exactly once.
+//
+// Keys are listed in keys.go and in the service README, with their bounds.
+// Every key of a partition carries the hash tag {p<N>}, so the store works on
+// Redis Cluster (each partition's keys live in one slot).
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+// Store implements counter.Store on Redis.
+type Store struct {
+	rdb redis.UniversalClient
+}
+
+var _ counter.Store = (*Store)(nil)
+
+// New returns a store on rdb.
+func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+
+// State reads the partition's generations and the write generation's
+// watermark.
+func (s *Store) State(ctx context.Context, p int) (counter.State, error) {
+	st, err := s.meta(ctx, s.rdb, p)
+	if err != nil {
+		return counter.State{}, err
+	}
+	seq, err := s.rdb.HGet(ctx, posKey(p, st.Write), "seq").Uint64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return counter.State{}, fmt.Errorf("read partition %d watermark: %w", p, err)
+	}
+	st.WM = seq
+	return st, nil
+}
+
+func (s *Store) meta(ctx context.Context, c redis.Cmdable, p int) (counter.State, error) {
+	v, err := c.HMGet(ctx, metaKey(p), "read", "write", "until", "replay").Result()
+	if err != nil {
+		return counter.State{}, fmt.Errorf("read partition %d meta: %w", p, err)
+	}
+	return parseMeta(v)
+}
+
+func parseMeta(v []any) (counter.State, error) {
+	st := counter.State{Read: 1, Write: 1}
+	var err error
+	num := func(x any, into *int64) {
+		if str, ok := x.(string); ok && err == nil {
+			*into, err = strconv.ParseInt(str, 10, 64)
+		}
+	}
+	num(v[0], &st.Read)
+	num(v[1], &st.Write)
+	var until int64
+	num(v[2], &until)
+	st.Until = uint64(until)
+	if str, ok := v[3].(string); ok {
+		st.Replay = str
+	}
+	if err != nil {
+		return counter.State{}, fmt.Errorf("parse meta %v: %w", v, err)
+	}
+	return st, nil
+}
+
+// args builds a script's KEYS and ARGV, giving each distinct key one index.
+type args struct {
+	keys []string
+	idx  map[string]int
+	argv []any
+}
+
+func newArgs(keys ...string) *args {
+	a := &args{idx: map[string]int{}}
+	for _, k := range keys {
+		a.key(k)
+	}
+	return a
+}
+
+// key returns the 1-based KEYS index of k, adding it if new.
+func (a *args) key(k string) int {
+	if i, ok := a.idx[k]; ok {
+		return i
+	}
+	a.keys = append(a.keys, k)
+	a.idx[k] = len(a.keys)
+	return len(a.keys)
+}
+
+func (a *args) add(v ...any) { a.argv = append(a.argv, v...) }
+
+// maxUnpack bounds the values one script op spreads into a Redis command
+// (Lua's unpack fails beyond about 8,000, and a script that fails halfway
+// keeps what it wrote): visitor lists and label lookups are cut to this.
+const maxUnpack = 1000
+
+// Apply writes one batch (see applyScript).
+func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
+	p, g := w.Partition, w.Expect.Write
+	a := newArgs(metaKey(p), posKey(p, g))
+
+	// Marks sorted by ID time, so each dedup bucket and each label day is one
+	// contiguous run; the script reports positions in this order.
+	order := make([]int, len(w.Marks))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return w.Marks[order[i]].Bucket < w.Marks[order[j]].Bucket })
+
+	var idGroups, labelGroups []any
+	nID, nLabel := 0, 0
+	for start := 0; start < len(order); {
+		b := w.Marks[order[start]].Bucket
+		end := start
+		blob := make([]byte, 0, 8*8)
+		for end < len(order) && w.Marks[order[end]].Bucket == b {
+			fp := w.Marks[order[end]].Fingerprint
+			blob = append(blob, fp[:]...)
+			end++
+		}
+		idGroups = append(idGroups, a.key(idKey(p, g, b)), start, string(blob))
+		nID++
+		start = end
+	}
+	for start := 0; start < len(order); {
+		d := w.Marks[order[start]].LabelDay()
+		end := start
+		var pairs []any
+		for end < len(order) && w.Marks[order[end]].LabelDay() == d && end-start < maxUnpack {
+			m := w.Marks[order[end]]
+			assumed := ""
+			if m.Assumed != 0 {
+				assumed = string(rune(m.Assumed))
+			}
+			pairs = append(pairs, m.ID, assumed)
+			end++
+		}
+		labelGroups = append(labelGroups, a.key(labelKey(p, d)), start, end-start)
+		labelGroups = append(labelGroups, pairs...)
+		nLabel++
+		start = end
+	}
+
+	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
+		nID, nLabel, counter.MaxCombosPerLink)
+	a.add(idGroups...)
+	a.add(labelGroups...)
+	addOps(a, p, g, w.Delta)
+
+	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
+	if err != nil {
+		return counter.ApplyResult{}, fmt.Errorf("apply batch: %w", err)
+	}
+	switch res[0] {
+	case "ok":
+		return counter.ApplyResult{Status: counter.Applied}, nil
+	case "switched":
+		return counter.ApplyResult{Status: counter.Applied, Switched: true}, nil
+	case "conflict":
+		return counter.ApplyResult{Status: counter.Conflict}, nil
+	case "recheck":
+		out := counter.ApplyResult{Status: counter.Recheck, Labels: map[int]counter.Label{}}
+		for _, v := range res[1].([]any) {
+			out.Duplicates = append(out.Duplicates, order[int(v.(int64))])
+		}
+		labs := res[2].([]any)
+		for i := 0; i+1 < len(labs); i += 2 {
+			var l counter.Label
+			if str := labs[i+1].(string); str != "" {
+				l = counter.Label(str[0])
+			}
+			out.Labels[order[int(labs[i].(int64))]] = l
+		}
+		return out, nil
+	}
+	return counter.ApplyResult{}, fmt.Errorf("apply batch: unexpected reply %v", res)
+}
+
+// addOps encodes a delta as the apply script's ops.
+func addOps(a *args, p int, g int64, d *counter.Delta) {
+	incr := func(k int, field string, n int64) {
+		if n != 0 {
+			a.add("h", k, field, n)
+		}
+	}
+	for ref, ld := range d.Links {
+		lk := a.key(linkKey(p, g, ref))
+		for c, n := range ld.Combos {
+			for _, l := range []counter.Label{counter.Human, counter.Bot} {
+				if v := n.Get(l); v != 0 {
+					a.add("r", lk, comboField(l, c.Country, c.Referrer), comboField(l, c.Country, counter.OtherReferrer), v)
+				}
+			}
+		}
+		for day, dd := range ld.Days {
+			expire := day.End().Add(counter.DayKeep).Unix()
+			dk := a.key(dayKey(p, g, ref, day))
+			for h, n := range dd.Hours { // the day's total is the sum of its hours
+				incr(dk, hourFields[counter.Human][h], n.Human)
+				incr(dk, hourFields[counter.Bot][h], n.Bot)
+			}
+			a.add("x", dk, expire)
+			if len(dd.Visitors) > 0 {
+				uk := a.key(uvKey(p, g, ref, day))
+				vs := make([]any, 0, len(dd.Visitors))
+				for v := range dd.Visitors {
+					vs = append(vs, v)
+				}
+				for chunk := range slices.Chunk(vs, maxUnpack) {
+					a.add("p", uk, len(chunk))
+					a.add(chunk...)
+				}
+				a.add("x", uk, expire)
+			}
+		}
+	}
+}
+
+// hourFields are the day hash's field names: hourFields[label][hour] = "h07".
+var hourFields = func() map[counter.Label][24]string {
+	m := map[counter.Label][24]string{}
+	for _, l := range []counter.Label{counter.Human, counter.Bot} {
+		var f [24]string
+		for h := range f {
+			f[h] = string(rune(l)) + twoDigits(h)
+		}
+		m[l] = f
+	}
+	return m
+}()
+
+func twoDigits(n int) string {
+	if n < 10 {
+		return "0" + strconv.Itoa(n)
+	}
+	return strconv.Itoa(n)
+}
+
+// StartGeneration begins a recount (see startScript).
+func (s *Store) StartGeneration(ctx context.Context, p int, replayID string, until uint64) (counter.State, bool, error) {
+	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until).Slice()
+	if err != nil {
+		return counter.State{}, false, fmt.Errorf("start generation: %w", err)
+	}
+	st := counter.State{Read: res[1].(int64), Write: res[2].(int64), Until: uint64(res[3].(int64)), Replay: replayID}
+	seq, err := s.rdb.HGet(ctx, posKey(p, st.Write), "seq").Uint64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return counter.State{}, false, fmt.Errorf("start generation: %w", err)
+	}
+	st.WM = seq
+	return st, res[0] == "started", nil
+}
+
+// Generations lists the generations that have keys, by scanning the
+// partition's keys (a background job, after a recount or an assignment).
+func (s *Store) Generations(ctx context.Context, p int) ([]int64, error) {
+	seen := map[int64]bool{}
+	pre := partPrefix(p) + "g"
+	err := s.scan(ctx, genPattern(p), func(keys []string) error {
+		for _, k := range keys {
+			rest := strings.TrimPrefix(k, pre)
+			num, _, ok := strings.Cut(rest, ":")
+			if !ok {
+				continue
+			}
+			if g, err := strconv.ParseInt(num, 10, 64); err == nil {
+				seen[g] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list generations of partition %d: %w", p, err)
+	}
+	out := make([]int64, 0, len(seen))
+	for g := range seen {
+		out = append(out, g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+// DropGeneration deletes one generation's keys (UNLINK, so Redis frees
+// them in the background).
+func (s *Store) DropGeneration(ctx context.Context, p int, g int64) error {
+	err := s.scan(ctx, genPrefix(p, g)+"*", func(keys []string) error {
+		return s.rdb.Unlink(ctx, keys...).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("drop generation %d of partition %d: %w", g, p, err)
+	}
+	return nil
+}
+
+// scan calls fn with batches of keys matching pattern, on every primary
+// of a cluster.
+func (s *Store) scan(ctx context.Context, pattern string, fn func([]string) error) error {
+	one := func(ctx context.Context, c redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			if len(keys) > 0 {
+				if err := fn(keys); err != nil {
+					return err
+				}
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return one(ctx, c) })
+	}
+	return one(ctx, s.rdb)
+}
+
+// Correct applies one verdict (see correctScript).
+func (s *Store) Correct(ctx context.Context, c *counter.Correction) (counter.CorrectionResult, error) {
+	p := c.Partition
+	gens := []int64{c.Expect.Read}
+	if c.Expect.Write != c.Expect.Read {
+		gens = append(gens, c.Expect.Write)
+	}
+	keys := []string{metaKey(p), labelKey(p, c.LabelDay)}
+	for _, g := range gens {
+		keys = append(keys, posKey(p, g), linkKey(p, g, c.Link), dayKey(p, g, c.Link, c.Day))
+	}
+	res, err := correctScript.Run(ctx, s.rdb, keys,
+		c.Expect.Read, c.Expect.Write, c.ClickID, c.FraudSeq, string(rune(c.To)), string(rune(c.Source)),
+		c.ClickSeq, c.LabelExpiry.Unix(), c.Country, c.Referrer, twoDigits(c.Hour),
+		counter.OtherReferrer, counter.MaxCombosPerLink, len(gens)).Slice()
+	if err != nil {
+		return counter.CorrectionResult{}, fmt.Errorf("correct click %s: %w", c.ClickID, err)
+	}
+	switch res[0] {
+	case "relabelled":
+		return counter.CorrectionResult{Status: counter.Relabelled, Moved: int(res[1].(int64))}, nil
+	case "unchanged":
+		return counter.CorrectionResult{Status: counter.Unchanged}, nil
+	case "stale":
+		return counter.CorrectionResult{Status: counter.Stale}, nil
+	case "conflict":
+		return counter.CorrectionResult{Status: counter.CorrectionConflict}, nil
+	}
+	return counter.CorrectionResult{}, fmt.Errorf("correct click %s: unexpected reply %v", c.ClickID, res)
+}
+
+// ApplyLinkEvent records a LINKS event (see linkScript).
+func (s *Store) ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq uint64) (bool, error) {
+	n, err := linkScript.Run(ctx, s.rdb, []string{registryKey(e.Code)},
+		seq, string(e.Kind), e.Owner, e.Time.UTC().Format(time.RFC3339Nano)).Int()
+	if err != nil {
+		return false, fmt.Errorf("record link event: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Link returns what LINKS said last about code.
+func (s *Store) Link(ctx context.Context, code string) (counter.LinkInfo, bool, error) {
+	m, err := s.rdb.HGetAll(ctx, registryKey(code)).Result()
+	if err != nil {
+		return counter.LinkInfo{}, false, fmt.Errorf("read link %q: %w", code, err)
+	}
+	if len(m) == 0 {
+		return counter.LinkInfo{}, false, nil
+	}
+	seq, _ := strconv.ParseUint(m["seq"], 10, 64)
+	return counter.LinkInfo{Owner: m["owner"], Deleted: m["state"] == string(events.LinkDeleted), Seq: seq}, true, nil
+}
+
+// readStatsAttempts bounds the retries of a stats read that raced with a
+// generation switch (each retry follows a switch, which is rare).
+const readStatsAttempts = 5
+
+// ReadStats reads a link's counts from the read generation in one
+// MULTI/EXEC, and retries if the generations changed between learning them
+// and reading, so the snapshot is always of one generation, whole.
+func (s *Store) ReadStats(ctx context.Context, p int, ref counter.LinkRef, days []counter.Day) (counter.Snapshot, error) {
+	st, err := s.meta(ctx, s.rdb, p)
+	if err != nil {
+		return counter.Snapshot{}, err
+	}
+	for range readStatsAttempts {
+		snap, again, err := s.readStats(ctx, p, ref, days, st)
+		if err != nil {
+			return counter.Snapshot{}, fmt.Errorf("read stats: %w", err)
+		}
+		if !again {
+			return snap, nil
+		}
+		st = snap.State
+	}
+	return counter.Snapshot{}, fmt.Errorf("read stats: %w", counter.ErrContention)
+}
+
+func (s *Store) readStats(ctx context.Context, p int, ref counter.LinkRef, days []counter.Day, st counter.State) (counter.Snapshot, bool, error) {
+	r := st.Read
+	var (
+		meta           *redis.SliceCmd
+		readPos, wrPos *redis.MapStringStringCmd
+		link           *redis.MapStringStringCmd
+		dayCmds        = make([]*redis.MapStringStringCmd, len(days))
+		uvCmds         = make([]*redis.IntCmd, len(days))
+	)
+	_, err := s.rdb.TxPipelined(ctx, func(tx redis.Pipeliner) error {
+		meta = tx.HMGet(ctx, metaKey(p), "read", "write", "until", "replay")
+		readPos = tx.HGetAll(ctx, posKey(p, r))
+		wrPos = tx.HGetAll(ctx, posKey(p, st.Write))
+		link = tx.HGetAll(ctx, linkKey(p, r, ref))
+		for i, d := range days {
+			dayCmds[i] = tx.HGetAll(ctx, dayKey(p, r, ref, d))
+			uvCmds[i] = tx.PFCount(ctx, uvKey(p, r, ref, d))
+		}
+		return nil
+	})
+	if err != nil {
+		return counter.Snapshot{}, false, err
+	}
+	now, err := parseMeta(meta.Val())
+	if err != nil {
+		return counter.Snapshot{}, false, err
+	}
+	if now.Read != st.Read || now.Write != st.Write {
+		return counter.Snapshot{State: now}, true, nil
+	}
+	snap := counter.Snapshot{
+		State:     now,
+		Read:      parsePos(readPos.Val()),
+		Write:     parsePos(wrPos.Val()),
+		Countries: map[string]counter.Pair{},
+		Referrers: map[string]counter.Pair{},
+		Days:      make(map[counter.Day]counter.DayCounts, len(days)),
+	}
+	snap.State.WM = snap.Write.Seq
+	lm := link.Val()
+	snap.Exists = len(lm) > 0
+	for f, v := range lm {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		l, country, host, ok := parseComboField(f)
+		if !ok {
+			continue
+		}
+		snap.Total.Add(l, n)
+		addPair(snap.Countries, country, l, n)
+		addPair(snap.Referrers, host, l, n)
+	}
+	for i, d := range days {
+		var dc counter.DayCounts
+		for f, v := range dayCmds[i].Val() {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			if h, err := strconv.Atoi(f[1:]); err == nil && len(f) == 3 && h >= 0 && h < 24 {
+				dc.Hours[h].Add(counter.Label(f[0]), n)
+				dc.Total.Add(counter.Label(f[0]), n)
+			}
+		}
+		dc.Uniques = uvCmds[i].Val()
+		snap.Days[d] = dc
+	}
+	return snap, false, nil
+}
+
+// comboField is a link hash field: "<h|b>|<country>|<referrer host>".
+// Countries are ISO codes or "unknown" and hosts cannot contain '|'.
+func comboField(l counter.Label, country, host string) string {
+	return string(rune(l)) + "|" + country + "|" + host
+}
+
+func parseComboField(f string) (l counter.Label, country, host string, ok bool) {
+	if len(f) < 4 || f[1] != '|' || (f[0] != byte(counter.Human) && f[0] != byte(counter.Bot)) {
+		return 0, "", "", false
+	}
+	country, host, ok = strings.Cut(f[2:], "|")
+	return counter.Label(f[0]), country, host, ok
+}
+
+func addPair(m map[string]counter.Pair, k string, l counter.Label, n int64) {
+	pr := m[k]
+	pr.Add(l, n)
+	m[k] = pr
+}
+
+func parsePos(m map[string]string) counter.Position {
+	var pos counter.Position
+	pos.Seq, _ = strconv.ParseUint(m["seq"], 10, 64)
+	pos.Events, _ = strconv.ParseInt(m["events"], 10, 64)
+	if ms, err := strconv.ParseInt(m["stored"], 10, 64); err == nil && ms > 0 {
+		pos.Stored = time.UnixMilli(ms).UTC()
+	}
+	return pos
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// A graceful stop finishes and acks what it holds: afterwards no partition
+// has events in flight and every ack floor is at the partition's last event.
+func TestGracefulStopAcksEverything(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	cs := s.publishClicks(t, codes(8), 25, nil)
+	waitTotals(t, svc.addr, totals(cs, 1))
+	svc.stop(t)
+	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range testPartitions {
+		c, err := stream.Consumer(t.Context(), topology.GroupConsumerName(topology.GroupClickCounter, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := stream.GetLastMsgForSubject(t.Context(), events.PartitionFilter(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending != 0 || info.AckFloor.Stream != last.Sequence {
+			t.Errorf("partition %d after stop: %d in flight, ack floor %d; want 0 and %d", p, info.NumAckPending, info.AckFloor.Stream, last.Sequence)
+		}
+	}
+}
+
+// /readyz reports Redis: down when it is down, back when it is back.
+func TestReadyzFollowsRedis(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	r := testenv.StartRedis(t)
+	s := &system{nats: n, js: n.JetStream(t), redisURL: "redis://" + r.Addr + "/0"}
+	svc := s.start(t, "m1", nil)
+	ready := func() int {
+		resp, err := http.Get("http://" + svc.addr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	testenv.WaitFor(t, 20*time.Second, "ready", func() bool { return ready() == http.StatusOK })
+	r.Pause()
+	testenv.WaitFor(t, 20*time.Second, "not ready while Redis is frozen", func() bool { return ready() == http.StatusServiceUnavailable })
+	r.Resume()
+	testenv.WaitFor(t, 20*time.Second, "ready again", func() bool { return ready() == http.StatusOK })
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		env     []string
+		wantErr string
+		check   func(Config) string
+	}{
+		{name: "defaults", check: func(c Config) string {
+			return cmp.Diff([]any{":8081", 500, 100 * time.Millisecond, 10 * time.Minute, 8, 168 * time.Hour},
+				[]any{c.HTTPAddr, c.BatchSize, c.Linger, c.DedupWindow, c.Partitions, c.ClicksMaxAge})
+		}},
+		{name: "overrides", env: []string{"CLICKCOUNTER_BATCH_SIZE=50", "CLICKCOUNTER_DEDUP_WINDOW=30m", "LOG_LEVEL=debug"},
+			check: func(c Config) string {
+				return cmp.Diff([]any{50, 30 * time.Minute, "DEBUG"}, []any{c.BatchSize, c.DedupWindow, c.LogLevel.String()})
+			}},
+		{name: "batch_size_zero", env: []string{"CLICKCOUNTER_BATCH_SIZE=0"}, wantErr: "CLICKCOUNTER_BATCH_SIZE"},
+		{name: "dedup_window_too_short", env: []string{"CLICKCOUNTER_DEDUP_WINDOW=10ms"}, wantErr: "CLICKCOUNTER_DEDUP_WINDOW"},
+		{name: "bad_duration", env: []string{"CLICKCOUNTER_LINGER=soon"}, wantErr: "CLICKCOUNTER_LINGER"},
+		{name: "bad_log_level", env: []string{"LOG_LEVEL=loud"}, wantErr: "LOG_LEVEL"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := loadConfig(tc.env)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("loadConfig error = %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := tc.check(c); d != "" {
+				t.Fatalf("config (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// The configuration is logged with its secrets masked.
+func TestConfigLogMasksSecrets(t *testing.T) {
+	t.Parallel()
+	c, err := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:s3cret@h:6379/0", "SNIP_BOOTSTRAP_OWNERS=acme:snip_key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := c.LogValue().String()
+	for _, secret := range []string{"hunter2", "s3cret", "snip_key"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("logged config contains %q: %s", secret, out)
+		}
+	}
+}
+
+// A partition count that contradicts the existing CLICKS stream stops the
+// service at start with the reason, instead of retrying forever.
+func TestDifferentPartitionCountStopsTheService(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	first := s.start(t, "m1", nil)
+	first.stop(t)
+	ready := make(chan string, 1)
+	cfg := Config{
+		NATSURL: s.nats.URL, RedisURL: s.redisURL, HTTPAddr: "127.0.0.1:0", ShutdownTimeout: time.Second,
+		Partitions: testPartitions + 1, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1,
+		BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second, DedupWindow: time.Minute,
+		Storage: jetstream.MemoryStorage, Ready: func(addr string) { ready <- addr },
+	}
+	err := run(t.Context(), slog.New(slog.DiscardHandler), cfg)
+	if !errors.Is(err, topology.ErrPartitionsChanged) {
+		t.Fatalf("run = %v, want %v", err, topology.ErrPartitionsChanged)
+	}
+}

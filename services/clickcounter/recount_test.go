@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+// A release that counted every click twice is fixed: the group is replayed
+// from the first event with the right code. The counts end right, and while
+// the recount runs the API shows the old numbers or the new ones, never one
+// in between.
+func TestFixAndRecount(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	buggy := s.start(t, "buggy", func(c *Config) {
+		c.Hooks.Weight = func(*events.Click) int64 { return 2 }
+	})
+	links := codes(6)
+	cs := s.publishClicks(t, links, 40, nil)
+	old, want := totals(cs, 2), totals(cs, 1)
+	waitTotals(t, buggy.addr, old)
+	buggy.stop(t)
+
+	// The fixed release. Its first batch after the rewind waits for the test
+	// to look at the API, so the test sees the recount in progress for sure.
+	var armed atomic.Bool
+	var pausedPartition atomic.Int64
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fixed := s.start(t, "fixed", func(c *Config) {
+		c.BatchSize = 10 // every partition's recount takes several batches
+		c.Hooks.AfterWrite = func(ctx context.Context, p int, _ uint64) error {
+			if armed.Load() {
+				once.Do(func() {
+					pausedPartition.Store(int64(p))
+					close(paused)
+					select {
+					case <-resume:
+					case <-ctx.Done():
+					}
+				})
+			}
+			return nil
+		}
+	})
+	waitTotals(t, fixed.addr, old)
+
+	// Poll every link's stats from the start of the rewind to its end.
+	stopPoll := make(chan struct{})
+	var polls sync.WaitGroup
+	var seen sync.Map // "code/total" -> true
+	polls.Go(func() {
+		for {
+			select {
+			case <-stopPoll:
+				return
+			default:
+			}
+			for _, code := range links {
+				st, _ := statsOf(t, fixed.addr, code)
+				if st.Totals != old[code] && st.Totals != want[code] {
+					t.Errorf("%s during the recount: %+v, want the old %+v or the new %+v", code, st.Totals, old[code], want[code])
+				}
+				seen.Store(code, true)
+			}
+		}
+	})
+
+	armed.Store(true)
+	id, err := reader.Rewind(t.Context(), s.js, topology.GroupClickCounter, reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-paused:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the recount never wrote a batch")
+	}
+	// Partitions recount independently; the paused one has written one
+	// batch of its new generation and must still show the old numbers.
+	inPaused := 0
+	for _, code := range links {
+		if events.Partition(code, testPartitions) != int(pausedPartition.Load()) {
+			continue
+		}
+		inPaused++
+		st, _ := statsOf(t, fixed.addr, code)
+		if st.Totals != old[code] || st.AsOf.Recount == nil {
+			t.Errorf("%s mid-recount: %+v as of %+v, want the old %+v and a recount in progress", code, st.Totals, st.AsOf, old[code])
+		}
+	}
+	if inPaused == 0 {
+		t.Fatalf("no link in the paused partition %d", pausedPartition.Load())
+	}
+	close(resume)
+	waitTotals(t, fixed.addr, want)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(ctx, s.js, topology.GroupClickCounter, id); err != nil {
+		t.Fatal(err)
+	}
+	close(stopPoll)
+	polls.Wait()
+	for _, code := range links {
+		st, _ := statsOf(t, fixed.addr, code)
+		if st.AsOf.Recount != nil || st.AsOf.Generation != 2 {
+			t.Errorf("%s after the recount: as_of %+v, want generation 2 and no recount", code, st.AsOf)
+		}
+	}
+	// The janitor drops generation 1 once generation 2 serves the reads.
+	testenv.WaitFor(t, 30*time.Second, "generation 1 to be dropped", func() bool {
+		keys, err := s.rdb.Keys(t.Context(), "cc:{p*}:g1:*").Result()
+		return err == nil && len(keys) == 0
+	})
+}
+
+// Verdicts travel FRAUD to the counter: a verdict before its click, the
+// same verdict stored twice, and a reclassification back to human.
+func TestVerdictsFromFraud(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	const code = "promo"
+	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: code, Owner: "acme",
+		Target: "https://example.com/", Visitor: "v1", Country: "NL", Referrer: "https://t.co/x"}
+	p := events.Partition(code, testPartitions)
+	// The fraud service knows the click's place; here it is the next
+	// sequence the stream will give (nothing else is published meanwhile).
+	info, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := info.CachedInfo().State.LastSeq + 1
+	verdict := func(bot bool, id string) {
+		t.Helper()
+		v := events.FraudVerdict{V: events.FraudVersion, ID: id, ClickID: c.ID, Partition: p, ClickSeq: seq,
+			Code: code, Owner: "acme", Rule: "visitor_burst", Bot: bot, ClickTime: c.Time, Country: c.Country,
+			Referrer: c.Referrer, Time: time.Now().UTC()}
+		b, _ := json.Marshal(v)
+		if _, err := s.js.Publish(t.Context(), events.FraudVerdictSubject("acme", code), b, jetstream.WithMsgID(id+"-"+events.NewID())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	verdict(true, "bot-1")
+	verdict(true, "bot-1") // stored twice
+	testenv.WaitFor(t, 30*time.Second, "the verdicts to be handled", func() bool {
+		return metricValue(t, svc.addr, `snip_clickcounter_feed_messages_total{feed="verdicts",result="ok"}`) == 2
+	})
+	if got := s.publish(t, c, c.ID); got != seq {
+		t.Fatalf("click stored at %d, want %d", got, seq)
+	}
+	s.publishClicks(t, []string{code}, 2, nil)
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: 2, Bot: 1}})
+	verdict(false, "human-2")
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: 3}})
+	verdict(false, "human-2")
+	verdict(true, "bot-3")
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: 2, Bot: 1}})
+	st, _ := statsOf(t, svc.addr, code)
+	if len(st.TopCountries) != 1 || st.TopCountries[0].Pair != (counter.Pair{Human: 2, Bot: 1}) {
+		t.Errorf("countries = %+v, want NL 2 human 1 bot", st.TopCountries)
+	}
+}
+
+// A link created with no clicks is known from LINKS: its stats are zeros,
+// not a 404; once deleted it is a 404.
+func TestLinksFeedKnowsLinksWithoutClicks(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	publish := func(kind events.LinkEventKind) {
+		e := events.LinkEvent{V: events.LinkVersion, ID: events.NewID(), Kind: kind, Time: time.Now(), Code: "fresh", Owner: "acme"}
+		b, _ := json.Marshal(e)
+		if _, err := s.js.Publish(t.Context(), events.LinkSubject(kind, "fresh"), b, jetstream.WithMsgID(e.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := statsOf(t, svc.addr, "fresh"); ok {
+		t.Fatal("unknown link answered 200")
+	}
+	publish(events.LinkCreated)
+	testenv.WaitFor(t, 30*time.Second, "the link to be known", func() bool {
+		st, ok := statsOf(t, svc.addr, "fresh")
+		return ok && st.Totals == counter.Pair{}
+	})
+	publish(events.LinkDeleted)
+	testenv.WaitFor(t, 30*time.Second, "the deleted link to be a 404", func() bool {
+		_, ok := statsOf(t, svc.addr, "fresh")
+		return !ok
+	})
+}

@@ -1,0 +1,52 @@
+package workqueue
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	deliveries *prometheus.CounterVec
+	dead       *prometheus.CounterVec
+	retries    *prometheus.CounterVec
+	backlog    *prometheus.GaugeVec
+	inFlight   prometheus.Gauge
+	duration   prometheus.Histogram
+	parkErrors prometheus.Counter
+}
+
+func newMetrics(source string, reg prometheus.Registerer) *metrics {
+	ns := "snip_" + source
+	m := &metrics{
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "deliveries_total",
+			Help: "Job deliveries by outcome: done, retried, dead_lettered, handed_back (at shutdown).",
+		}, []string{"outcome"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "dead_letters_total",
+			Help: "Jobs parked on DEAD_LETTER by reason, and by who parked them: worker (a decision) or advisory (a delivery that never reached one).",
+		}, []string{"reason", "via"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "retries_total",
+			Help: "Transient failures retried with backoff, by reason.",
+		}, []string{"reason"}),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "dead_letter_backlog",
+			Help: "Dead letters of this source waiting on DEAD_LETTER, by reason (sampled every backlog interval).",
+		}, []string{"reason"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Name: "jobs_in_flight",
+			Help: "Jobs this process is working on.",
+		}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "job_duration_seconds",
+			Help:    "Time from taking a job to its handler's result.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+		parkErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "dead_letter_errors_total",
+			Help: "Failed publishes to DEAD_LETTER (the job is kept and retried).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors)
+	}
+	return m
+}

@@ -1,0 +1,499 @@
+// Package workqueue runs competing workers on a JetStream work-queue stream:
+// many processes share one durable pull consumer, each job goes to one of
+// them and is removed from the stream once acknowledged, and adding a process
+// drains the queue faster.
+//
+// Each process keeps at most Concurrency jobs in hand and asks the server for
+// exactly as many jobs as it has free slots, so no job waits in a client
+// buffer while its ack deadline runs, and a slow job holds up one slot, not
+// the queue. A job in hand tells the server it is still being worked on
+// (InProgress) three times per ack deadline, so a fetch longer than the
+// consumer's current BackOff step is not redelivered to a second worker.
+//
+// A handler's error becomes one decision (decide): nil acks; a transient
+// failure is retried with exponential backoff and jitter through
+// NakWithDelay; a permanent failure, or a transient one on the last allowed
+// delivery, is parked on DEAD_LETTER (with reason, attempts and last error)
+// and then terminated. Deliveries that never reached a decision (a worker
+// that crashed on the last try) are parked by a rescuer that listens to the
+// server's MAX_DELIVERIES advisory. Both paths park a job under the same
+// Nats-Msg-Id, so the job is parked once.
+//
+// Run stops gracefully: it stops pulling, lets the jobs in hand finish
+// within the shutdown timeout, and hands back (NAK, no delay) those that
+// could not, so another worker takes them at once.
+package workqueue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Handler processes one job's payload. It must be idempotent: JetStream
+// delivers at least once. ctx ends only when the worker must stop at once
+// (the shutdown timeout passed).
+type Handler func(ctx context.Context, data []byte) error
+
+// DeadHook, if set, is called after a job was parked on DEAD_LETTER, before
+// it is removed from the queue (for example to record "preview
+// unavailable"). Its failures are its own to log.
+type DeadHook func(ctx context.Context, data []byte, reason, detail string)
+
+// Config configures a Queue.
+type Config struct {
+	// Stream and Consumer name the work-queue stream and its durable
+	// consumer, which must exist (the topology creates them).
+	Stream   string
+	Consumer string
+	// Source is the dead letters' source token (dead.<source>.<reason>) and
+	// the metrics' prefix (snip_<source>_...).
+	Source string
+	// Concurrency is the most jobs this process works on at once.
+	Concurrency int
+	// Backoff is the retry schedule of transient failures.
+	Backoff Backoff
+	// BacklogInterval is how often the dead-letter backlog gauge is
+	// refreshed from DEAD_LETTER.
+	BacklogInterval time.Duration
+	// ShutdownTimeout bounds how long jobs in hand may take to finish when
+	// Run's context ends.
+	ShutdownTimeout time.Duration
+	// OpTimeout bounds each JetStream request: an ack, a dead-letter publish.
+	OpTimeout time.Duration
+	// PullWait is how long one pull request waits on the server for jobs
+	// (default 1s). A stop waits for the outstanding pull to end rather than
+	// abandon it: a job the server sent to an abandoned pull would sit
+	// unacknowledged until its ack deadline.
+	PullWait time.Duration
+	Logger   *slog.Logger
+	// Metrics receives the queue's collectors (nil: not registered).
+	Metrics prometheus.Registerer
+}
+
+// Queue is one process's share of the workers.
+type Queue struct {
+	js     jetstream.JetStream
+	nc     *nats.Conn
+	cfg    Config
+	handle Handler
+	onDead DeadHook
+	log    *slog.Logger
+	m      *metrics
+
+	// slots holds a token per job in hand (or asked for); Run's shutdown
+	// fills it to know that every job has been settled.
+	slots     chan struct{}
+	consuming atomic.Bool
+	lastErr   atomic.Pointer[error] // the pull loop's last error, for logs and /readyz
+}
+
+// New returns a Queue; Run starts it.
+func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Concurrency = max(cfg.Concurrency, 1)
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 5 * time.Second
+	}
+	if cfg.PullWait <= 0 {
+		cfg.PullWait = time.Second
+	}
+	if cfg.BacklogInterval <= 0 {
+		cfg.BacklogInterval = 30 * time.Second
+	}
+	if onDead == nil {
+		onDead = func(context.Context, []byte, string, string) {}
+	}
+	return &Queue{
+		js: js, nc: js.Conn(), cfg: cfg, handle: h, onDead: onDead, log: cfg.Logger,
+		m:     newMetrics(cfg.Source, cfg.Metrics),
+		slots: make(chan struct{}, cfg.Concurrency),
+	}
+}
+
+// Ready reports whether the queue is pulling jobs (for /readyz).
+func (q *Queue) Ready(context.Context) error {
+	if !q.consuming.Load() {
+		if err := q.lastErr.Load(); err != nil {
+			return fmt.Errorf("not pulling jobs: %w", *err)
+		}
+		return errors.New("not pulling jobs yet")
+	}
+	return nil
+}
+
+// Run works on jobs until ctx ends, then shuts down gracefully (see the
+// package doc) and returns. A missing consumer or a NATS outage is waited
+// out, not returned; Run returns nil after a graceful stop. A Queue runs once.
+func (q *Queue) Run(ctx context.Context) error {
+	// Jobs run on their own context: ending ctx starts the shutdown, which
+	// lets them finish; abort is for those that do not in time.
+	jobs, abort := context.WithCancel(context.WithoutCancel(ctx))
+	defer abort()
+	defer q.startRescue(ctx)()
+
+	wait := 250 * time.Millisecond
+	for {
+		err := q.pull(ctx, jobs)
+		q.consuming.Store(false)
+		if ctx.Err() != nil {
+			break
+		}
+		q.lastErr.Store(&err)
+		q.log.Warn("not pulling jobs; retrying", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			wait = min(wait*2, 10*time.Second)
+			continue
+		}
+		break
+	}
+	q.shutdown(abort)
+	return nil
+}
+
+// pull asks for jobs, as many at a time as there are free slots, until ctx
+// ends (nil) or the consumer cannot be used (the error).
+//
+// It reserves the slots before it asks, so every job the server sends has a
+// slot and starts at once. (Consume with a small PullMaxMessages would do the
+// same in principle, but nats.go 1.55 skips the next pull request when a
+// message arrives while the previous request is still being sent, which
+// stalls a one-message consumer until its heartbeat times out.)
+func (q *Queue) pull(ctx, jobs context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
+	cons, err := q.js.Consumer(lctx, q.cfg.Stream, q.cfg.Consumer)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+	}
+	pol := policyOf(cons.CachedInfo().Config)
+	if !q.consuming.Swap(true) {
+		q.log.Info("pulling jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
+	}
+	for {
+		if !q.nc.IsConnected() {
+			// A pull request sent now would wait in the reconnect buffer and
+			// reach the server after this fetch gave up on it: the server
+			// would send jobs to an inbox nobody reads.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(q.cfg.PullWait):
+				continue
+			}
+		}
+		n := q.reserve(ctx)
+		if n == 0 {
+			return nil // ctx ended
+		}
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.cfg.PullWait))
+		if err != nil {
+			q.releaseN(n)
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+		}
+		for m := range batch.Messages() {
+			n--
+			if ctx.Err() != nil {
+				// Arrived after the stop: another worker takes it at once.
+				_ = m.Nak()
+				q.m.deliveries.WithLabelValues("handed_back").Inc()
+				q.release()
+				continue
+			}
+			go func() {
+				defer q.release()
+				q.work(jobs, pol, m)
+			}()
+		}
+		q.releaseN(n)
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+		}
+	}
+}
+
+// reserve waits for a free slot and takes every other free one; it returns
+// how many it took, 0 if ctx ended first.
+func (q *Queue) reserve(ctx context.Context) int {
+	select {
+	case <-ctx.Done():
+		return 0
+	case q.slots <- struct{}{}:
+	}
+	n := 1
+	for n < cap(q.slots) {
+		select {
+		case q.slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+func (q *Queue) release() { <-q.slots }
+
+func (q *Queue) releaseN(n int) {
+	for range n {
+		<-q.slots
+	}
+}
+
+func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) {
+	meta, err := m.Metadata()
+	if err != nil {
+		q.log.Error("message without JetStream metadata; terminating it", "subject", m.Subject(), "err", err)
+		_ = m.Term()
+		return
+	}
+	q.m.inFlight.Inc()
+	defer q.m.inFlight.Dec()
+	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
+	start := time.Now()
+	err = q.handle(jobs, m.Data())
+	stop()
+	q.m.duration.Observe(time.Since(start).Seconds())
+	d := decide(err, err != nil && jobs.Err() != nil, meta.NumDelivered, pol, q.cfg.Backoff, rand.Float64())
+	q.settle(m, meta, pol, d, err)
+}
+
+// keepAlive tells the server every interval that m is still being worked
+// on, until the returned stop is called; stop returns once it has stopped.
+func keepAlive(m jetstream.Msg, every time.Duration) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+func (q *Queue) settle(m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, d decision, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), q.cfg.OpTimeout)
+	defer cancel()
+	log := q.log.With("seq", meta.Sequence.Stream, "delivery", meta.NumDelivered)
+	switch d.action {
+	case ack:
+		if aerr := m.DoubleAck(ctx); aerr != nil {
+			// The job is done; if the ack was lost it comes back and the
+			// handler's idempotency skips it.
+			log.Warn("ack not confirmed", "err", aerr)
+		}
+		q.m.deliveries.WithLabelValues("done").Inc()
+	case requeue:
+		_ = m.Nak()
+		log.Info("job handed back at shutdown", "err", err)
+		q.m.deliveries.WithLabelValues("handed_back").Inc()
+	case retry:
+		_ = m.NakWithDelay(pol.nakDelay(d.delay, meta.NumDelivered))
+		log.Info("job failed; retrying", "reason", d.reason, "in", d.delay, "err", err)
+		q.m.deliveries.WithLabelValues("retried").Inc()
+		q.m.retries.WithLabelValues(d.reason).Inc()
+	case dead:
+		p := deadletter.Parcel{
+			Source: q.cfg.Source, Reason: d.reason, Stream: meta.Stream, Subject: m.Subject(), Seq: meta.Sequence.Stream,
+			Attempts: int(meta.NumDelivered), Error: err.Error(), Consumer: meta.Consumer, Data: m.Data(),
+		}
+		if perr := q.park(ctx, p); perr != nil {
+			// Not parked: keep the job and try again later. On the last
+			// delivery this NAK makes the server give up on it, and the
+			// rescuer parks it.
+			log.Error("job failed and could not be dead-lettered; retrying", "reason", d.reason, "err", err, "park_err", perr)
+			_ = m.NakWithDelay(pol.nakDelay(q.cfg.Backoff.Delay(meta.NumDelivered, 0, rand.Float64()), meta.NumDelivered))
+			q.m.deliveries.WithLabelValues("retried").Inc()
+			return
+		}
+		_ = m.TermWithReason(d.reason)
+		log.Warn("job dead-lettered", "reason", d.reason, "attempts", meta.NumDelivered, "err", err)
+		q.m.deliveries.WithLabelValues("dead_lettered").Inc()
+		q.m.dead.WithLabelValues(d.reason, "worker").Inc()
+	}
+}
+
+// park publishes p to DEAD_LETTER and runs the dead hook.
+func (q *Queue) park(ctx context.Context, p deadletter.Parcel) error {
+	if _, err := deadletter.Publish(ctx, q.js, p); err != nil {
+		q.m.parkErrors.Inc()
+		return err
+	}
+	q.onDead(ctx, p.Data, p.Reason, p.Error)
+	return nil
+}
+
+// shutdown runs after pulling stopped: it waits for the jobs in hand, and
+// aborts those that do not finish within the shutdown timeout.
+func (q *Queue) shutdown(abort context.CancelFunc) {
+	if q.waitIdle(time.After(q.cfg.ShutdownTimeout)) {
+		q.log.Info("stopped; every job in hand was settled")
+		return
+	}
+	q.log.Warn("jobs still running at the shutdown timeout; handing them back")
+	abort()
+	if !q.waitIdle(time.After(q.cfg.OpTimeout)) {
+		q.log.Error("jobs did not stop after abort; the server redelivers them after their ack deadline")
+	}
+}
+
+// waitIdle takes every slot, which succeeds once every job in hand was
+// settled, and gives them back; false if deadline came first.
+func (q *Queue) waitIdle(deadline <-chan time.Time) bool {
+	taken := 0
+	defer func() {
+		for range taken {
+			<-q.slots
+		}
+	}()
+	for taken < cap(q.slots) {
+		select {
+		case q.slots <- struct{}{}:
+			taken++
+		case <-deadline:
+			return false
+		}
+	}
+	return true
+}
+
+// advisory is the part of the server's MAX_DELIVERIES advisory
+// (io.nats.jetstream.advisory.v1.max_deliver) the rescuer needs.
+type advisory struct {
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+// AdvisorySubject is where the server announces that a message of
+// stream's consumer ran out of deliveries.
+func AdvisorySubject(stream, consumer string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
+}
+
+// startRescue starts the rescuer, which parks jobs that ran out of
+// deliveries without a worker's decision, until ctx ends.
+//
+// The server notices that a job ran out of deliveries when it would deliver
+// it again, which it does only to a waiting pull, and then announces it on
+// the MAX_DELIVERIES advisory subject (core NATS: at most once, to whoever
+// listens then). Every process subscribes before it pulls, on one
+// connection, so the process whose pull made the server notice is
+// listening. The subscription is a queue group: one process parks the job.
+//
+// It subscribes before it returns; the returned wait blocks until the
+// rescuer stopped, after ctx ended. It also refreshes the dead-letter
+// backlog gauge every BacklogInterval.
+func (q *Queue) startRescue(ctx context.Context) (wait func()) {
+	advisories := make(chan advisory, 256)
+	sub, err := q.nc.QueueSubscribe(AdvisorySubject(q.cfg.Stream, q.cfg.Consumer), "snip-"+q.cfg.Consumer+"-rescue", func(msg *nats.Msg) {
+		var a advisory
+		if err := json.Unmarshal(msg.Data, &a); err != nil || a.StreamSeq == 0 {
+			q.log.Warn("unreadable max-deliveries advisory", "data", string(msg.Data))
+			return
+		}
+		select {
+		case advisories <- a:
+		default:
+			q.log.Error("max-deliveries advisory dropped: rescuer backlog full", "seq", a.StreamSeq)
+		}
+	})
+	if err != nil {
+		q.log.Error("subscribe to max-deliveries advisories: jobs whose worker crashed on the last try stay in the queue", "err", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if sub != nil {
+			defer func() { _ = sub.Unsubscribe() }()
+		}
+		t := time.NewTicker(q.cfg.BacklogInterval)
+		defer t.Stop()
+		q.measureBacklog(ctx)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case a := <-advisories:
+				q.rescueSeq(ctx, a.StreamSeq, a.Deliveries)
+			case <-t.C:
+				q.measureBacklog(ctx)
+			}
+		}
+	}()
+	return func() { <-done }
+}
+
+// rescueSeq copies the job at seq to DEAD_LETTER and deletes it from the
+// queue. A job already gone was handled by another path or process.
+func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) {
+	ctx, cancel := context.WithTimeout(ctx, 2*q.cfg.OpTimeout)
+	defer cancel()
+	s, err := q.js.Stream(ctx, q.cfg.Stream)
+	if err != nil {
+		q.log.Warn("rescue job", "seq", seq, "err", err)
+		return
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return
+	}
+	if err != nil {
+		q.log.Warn("rescue job", "seq", seq, "err", err)
+		return
+	}
+	p := deadletter.Parcel{
+		Source: q.cfg.Source, Reason: ReasonMaxDeliveries, Stream: q.cfg.Stream, Subject: raw.Subject, Seq: seq,
+		Attempts: int(deliveries), Consumer: q.cfg.Consumer, Data: raw.Data,
+		Error: "delivery limit reached without a worker's decision (a worker crashed, hung or lost its connection on the last try)",
+	}
+	if err := q.park(ctx, p); err != nil {
+		q.log.Error("rescue job: park", "seq", seq, "err", err)
+		return
+	}
+	if err := deadletter.DeleteIfPresent(ctx, s, seq); err != nil {
+		q.log.Error("rescue job: parked, not deleted from the queue", "seq", seq, "err", err)
+		return
+	}
+	q.log.Warn("job dead-lettered", "reason", ReasonMaxDeliveries, "seq", seq, "attempts", deliveries, "via", "advisory")
+	q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory").Inc()
+}
+
+// measureBacklog sets the dead-letter backlog gauge from DEAD_LETTER's
+// per-subject counts.
+func (q *Queue) measureBacklog(ctx context.Context) {
+	s, err := q.js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		return
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(deadletter.Filter(q.cfg.Source, "")))
+	if err != nil {
+		return
+	}
+	q.m.backlog.Reset()
+	for subj, n := range info.State.Subjects {
+		q.m.backlog.WithLabelValues(subj[len("dead."+q.cfg.Source+"."):]).Set(float64(n))
+	}
+}

@@ -1,0 +1,489 @@
+package workqueue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// testBackOff keeps the tests quick; the keep-alive tests use longer steps.
+var testBackOff = []time.Duration{300 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 600 * time.Millisecond}
+
+// setup starts NATS with PREVIEW_JOBS, DEAD_LETTER and the preview consumer,
+// with backOff as the consumer's BackOff.
+func setup(t *testing.T, backOff []time.Duration) jetstream.JetStream {
+	t.Helper()
+	return setupOn(t, testenv.StartNATS(t), backOff, jetstream.MemoryStorage)
+}
+
+func setupOn(t *testing.T, n *testenv.NATS, backOff []time.Duration, storage jetstream.StorageType) jetstream.JetStream {
+	t.Helper()
+	js := n.JetStream(t)
+	o := topology.Defaults()
+	o.Storage = storage
+	for _, sc := range topology.Streams(o) {
+		if sc.Name == events.PreviewJobsStream || sc.Name == events.DeadLetterStream {
+			if _, err := js.CreateStream(t.Context(), sc); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cc := topology.PreviewConsumerConfig()
+	cc.BackOff, cc.AckWait = backOff, backOff[0]
+	if _, err := js.CreateConsumer(t.Context(), events.PreviewJobsStream, cc); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func testConfig(t *testing.T) Config {
+	return Config{
+		Stream: events.PreviewJobsStream, Consumer: topology.PreviewConsumer, Source: "preview",
+		Concurrency:     4,
+		Backoff:         Backoff{Base: 20 * time.Millisecond, Max: time.Second, Jitter: 0.5, RetryAfterMax: time.Second},
+		BacklogInterval: 100 * time.Millisecond,
+		ShutdownTimeout: 10 * time.Second,
+		OpTimeout:       5 * time.Second,
+		PullWait:        200 * time.Millisecond,
+		Logger:          slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func publishJob(t *testing.T, js jetstream.JetStream, id string) uint64 {
+	t.Helper()
+	data, _ := json.Marshal(map[string]any{"v": 1, "id": id})
+	ack, err := js.Publish(t.Context(), events.PreviewJobSubject, data, jetstream.WithMsgID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func jobID(data []byte) string { return deadletter.PayloadID(data) }
+
+// start runs q until the returned stop is called; stop waits for Run.
+func start(t *testing.T, q *Queue) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- q.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Error("Run did not return 30s after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	testenv.WaitFor(t, 10*time.Second, "queue consuming", func() bool { return q.Ready(ctx) == nil })
+	return stop
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	s, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func onlyLetter(t *testing.T, js jetstream.JetStream) deadletter.Letter {
+	t.Helper()
+	var got []deadletter.Letter
+	if err := deadletter.Each(t.Context(), js, events.DeadLetterSubjects, func(l deadletter.Letter) error {
+		got = append(got, l)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("DEAD_LETTER holds %d letters, want 1: %+v", len(got), got)
+	}
+	return got[0]
+}
+
+func TestTransientFailuresAreRetriedThenDeadLettered(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var calls atomic.Int64
+	var hooked []string
+	var mu sync.Mutex
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return failure{reason: "http_5xx"}
+	}, func(_ context.Context, data []byte, reason, detail string) {
+		mu.Lock()
+		defer mu.Unlock()
+		hooked = append(hooked, jobID(data)+" "+reason)
+	})
+	start(t, q)
+	id := events.NewID()
+	seq := publishJob(t, js, id)
+	testenv.WaitFor(t, 30*time.Second, "job dead-lettered", func() bool { return streamMsgs(t, js, events.DeadLetterStream) == 1 })
+	l := onlyLetter(t, js)
+	if l.Subject != "dead.preview.http_5xx" || l.Attempts != 5 || l.OrigSeq != seq || l.ID != id ||
+		l.Error != "failure: http_5xx" || l.Consumer != topology.PreviewConsumer || l.Stream != events.PreviewJobsStream {
+		t.Fatalf("letter = %+v", l)
+	}
+	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if n := calls.Load(); n != 5 {
+		t.Errorf("handler called %d times, want 5 (MaxDeliver)", n)
+	}
+	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("http_5xx")); got != 4 {
+		t.Errorf("retries = %v, want 4", got)
+	}
+	testenv.WaitFor(t, 10*time.Second, "dead-letter metric", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues("http_5xx", "worker")) == 1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(hooked) != 1 || hooked[0] != id+" http_5xx" {
+		t.Errorf("dead hook calls = %q, want one for %s", hooked, id)
+	}
+}
+
+func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return fmt.Errorf("process: %w", failure{reason: "not_found", permanent: true})
+	}, nil)
+	start(t, q)
+	publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 10*time.Second, "job dead-lettered", func() bool { return streamMsgs(t, js, events.DeadLetterStream) == 1 })
+	if l := onlyLetter(t, js); l.Reason != "not_found" || l.Attempts != 1 || l.Error != "process: failure: not_found" {
+		t.Fatalf("letter = %+v", l)
+	}
+	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler called %d times, want 1", n)
+	}
+}
+
+func TestLongJobIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	// The ack deadline of the first delivery is 600ms; the job takes 2.4s.
+	js := setup(t, []time.Duration{600 * time.Millisecond, time.Second})
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(ctx context.Context, _ []byte) error {
+		calls.Add(1)
+		select {
+		case <-time.After(2400 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}, nil)
+	start(t, q)
+	publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 20*time.Second, "job done", func() bool {
+		return testutil.ToFloat64(q.m.deliveries.WithLabelValues("done")) == 1
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("a job longer than its ack deadline was delivered %d times, want 1", n)
+	}
+}
+
+func TestSlowJobDoesNotHoldUpOthers(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	release := make(chan struct{})
+	var fast atomic.Int64
+	cfg := testConfig(t)
+	cfg.Concurrency = 2
+	slowID := events.NewID()
+	q := New(js, cfg, func(ctx context.Context, data []byte) error {
+		if jobID(data) == slowID {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return nil
+		}
+		fast.Add(1)
+		return nil
+	}, nil)
+	start(t, q)
+	publishJob(t, js, slowID)
+	testenv.WaitFor(t, 10*time.Second, "slow job taken", func() bool { return testutil.ToFloat64(q.m.inFlight) == 1 })
+	for range 30 {
+		publishJob(t, js, events.NewID())
+	}
+	// All 30 finish (and leave) while the slow job still holds its slot.
+	testenv.WaitFor(t, 20*time.Second, "fast jobs done while the slow one runs", func() bool {
+		return fast.Load() == 30 && testutil.ToFloat64(q.m.inFlight) == 1
+	})
+	close(release)
+	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+}
+
+func TestShutdownLetsJobsInHandFinish(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		close(started)
+		<-release
+		return nil
+	}, nil)
+	stop := start(t, q)
+	publishJob(t, js, events.NewID())
+	<-started
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	testenv.WaitFor(t, 10*time.Second, "intake stopped", func() bool { return q.Ready(context.Background()) != nil })
+	close(release)
+	<-stopped
+	if got := testutil.ToFloat64(q.m.deliveries.WithLabelValues("done")); got != 1 {
+		t.Fatalf("done = %v, want the job in hand finished and acked", got)
+	}
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 || calls.Load() != 1 {
+		t.Fatalf("queue holds %d, handler ran %d times; want 0 and 1", n, calls.Load())
+	}
+}
+
+func TestShutdownHandsBackJobsThatDoNotFinish(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	started := make(chan struct{}, 1)
+	cfg := testConfig(t)
+	cfg.ShutdownTimeout = 200 * time.Millisecond
+	a := New(js, cfg, func(ctx context.Context, _ []byte) error {
+		started <- struct{}{}
+		<-ctx.Done() // a fetch that hangs until aborted
+		return ctx.Err()
+	}, nil)
+	stopA := start(t, a)
+	id := events.NewID()
+	publishJob(t, js, id)
+	<-started
+	stopA()
+	if got := testutil.ToFloat64(a.m.deliveries.WithLabelValues("handed_back")); got != 1 {
+		t.Fatalf("handed back = %v, want 1", got)
+	}
+	var doneBy atomic.Value
+	b := New(js, testConfig(t), func(_ context.Context, data []byte) error {
+		doneBy.Store(jobID(data))
+		return nil
+	}, nil)
+	start(t, b)
+	testenv.WaitFor(t, 10*time.Second, "job done by the second worker", func() bool { return doneBy.Load() == id })
+	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+}
+
+// exhaust takes every delivery of the next job without deciding anything,
+// as a worker that keeps crashing would.
+func exhaust(t *testing.T, js jetstream.JetStream) *jetstream.MsgMetadata {
+	t.Helper()
+	cons, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta *jetstream.MsgMetadata
+	for range topology.PreviewMaxDeliver {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-batch.Messages()
+		if !ok {
+			t.Fatalf("no redelivery: %v", batch.Error())
+		}
+		meta = mustMeta(t, m)
+	}
+	return meta
+}
+
+// awaitGiveUp waits until the server gives up on the job exhaust took. The
+// server notices that a job ran out of deliveries when it would redeliver
+// it, which needs a waiting pull: wait in one until the job's last ack
+// deadline has passed.
+func awaitGiveUp(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	cons, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(3*testBackOff[len(testBackOff)-1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		t.Fatalf("delivery %d after MaxDeliver", mustMeta(t, m).NumDelivered)
+	}
+	info, err := cons.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 {
+		t.Fatalf("the server did not give up on the job: %d ack pending, ack floor %+v", info.NumAckPending, info.AckFloor)
+	}
+}
+
+func mustMeta(t *testing.T, m jetstream.Msg) *jetstream.MsgMetadata {
+	t.Helper()
+	meta, err := m.Metadata()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return meta
+}
+
+func TestAdvisoryParksJobsThatRanOutOfDeliveries(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var hooks atomic.Int64
+	q := New(js, testConfig(t), nil, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopRescue := q.startRescue(ctx)
+	defer func() { cancel(); stopRescue() }()
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seq := publishJob(t, js, events.NewID())
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "job parked", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.Reason != ReasonMaxDeliveries || l.Attempts != 5 || l.OrigSeq != seq {
+		t.Fatalf("letter = %+v", l)
+	}
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 || hooks.Load() != 1 {
+		t.Fatalf("queue holds %d, dead hook ran %d times; want 0 and 1", n, hooks.Load())
+	}
+}
+
+func TestJobParkedByWorkerAndAdvisoryIsParkedOnce(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	q := New(js, testConfig(t), nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopRescue := q.startRescue(ctx)
+	defer func() { cancel(); stopRescue() }()
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(map[string]any{"v": 1, "id": events.NewID()})
+	if _, err := js.Publish(t.Context(), events.PreviewJobSubject, data); err != nil {
+		t.Fatal(err)
+	}
+	meta := exhaust(t, js)
+	// The worker of the last delivery parked the job, then crashed before
+	// terminating it: the server will announce MAX_DELIVERIES for it too.
+	if _, err := deadletter.Publish(t.Context(), js, deadletter.Parcel{
+		Source: "preview", Reason: "http_5xx", Stream: meta.Stream, Subject: events.PreviewJobSubject,
+		Seq: meta.Sequence.Stream, Attempts: 5, Error: "503", Consumer: meta.Consumer, Data: data,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "advisory handled", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.Reason != "http_5xx" {
+		t.Fatalf("letter = %+v, want the worker's", l)
+	}
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 {
+		t.Fatalf("queue holds %d, want 0", n)
+	}
+}
+
+func TestJobWhoseWorkerCrashedIsParkedWhenAWorkerComesBack(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	seq := publishJob(t, js, events.NewID())
+	// Every delivery went to a worker that crashed; none is running now, so
+	// nothing asks for the job and the server has not given up on it yet.
+	exhaust(t, js)
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return nil
+	}, nil)
+	start(t, q)
+	testenv.WaitFor(t, 10*time.Second, "job parked", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries || l.Attempts != 5 {
+		t.Fatalf("letter = %+v", l)
+	}
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 || calls.Load() != 0 {
+		t.Fatalf("queue holds %d, handler ran %d times; want 0 and 0 (a sixth delivery)", n, calls.Load())
+	}
+	testenv.WaitFor(t, 10*time.Second, "backlog gauge", func() bool {
+		return testutil.ToFloat64(q.m.backlog.WithLabelValues(ReasonMaxDeliveries)) == 1
+	})
+}
+
+func TestRidesOutANATSRestart(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := setupOn(t, n, testBackOff, jetstream.FileStorage) // the queue survives the restart
+	var mu sync.Mutex
+	done := map[string]int{}
+	q := New(js, testConfig(t), func(_ context.Context, data []byte) error {
+		mu.Lock()
+		defer mu.Unlock()
+		done[jobID(data)]++
+		return nil
+	}, nil)
+	start(t, q)
+	count := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return done[id]
+	}
+	before := events.NewID()
+	publishJob(t, js, before)
+	testenv.WaitFor(t, 10*time.Second, "job before the restart", func() bool { return count(before) == 1 })
+	n.Restart()
+	after := events.NewID()
+	testenv.WaitFor(t, 20*time.Second, "publish after the restart", func() bool {
+		_, err := js.Publish(context.Background(), events.PreviewJobSubject, []byte(`{"v":1,"id":"`+after+`"}`), jetstream.WithMsgID(after))
+		return err == nil
+	})
+	testenv.WaitFor(t, 20*time.Second, "both jobs done and acked", func() bool {
+		return count(after) == 1 && testutil.ToFloat64(q.m.deliveries.WithLabelValues("done")) == 2
+	})
+	if count(before) != 1 {
+		t.Fatalf("the job before the restart ran %d times, want 1", count(before))
+	}
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/redirect/internal/redirect"
+)
+
+// Config is the redirect service's configuration, read once from the
+// environment (README.md has the table).
+type Config struct {
+	HTTPAddr        string        `env:"HTTP_ADDR" envDefault:":8080"`
+	NATSURL         string        `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	NATSUser        string        `env:"NATS_USER"`
+	NATSPassword    string        `env:"NATS_PASSWORD"`
+	NATSCreds       string        `env:"NATS_CREDS"`
+	RedisURL        string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	LogLevel        string        `env:"LOG_LEVEL" envDefault:"info"`
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
+
+	// Partitions and Replicas are used when this instance applies the
+	// topology (topology.Apply at start, retried in the background).
+	Partitions int `env:"SNIP_PARTITIONS" envDefault:"8"`
+	Replicas   int `env:"SNIP_REPLICAS" envDefault:"1"`
+	// BootstrapOwners is "id:key,..." owners ensured at start (demos, tests).
+	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS"`
+	// PublicURL is the base of short_url in API answers, e.g.
+	// https://sn.ip; empty derives it from each request's Host.
+	PublicURL string `env:"SNIP_PUBLIC_URL"`
+	// TrustedProxies are CIDRs whose X-Forwarded-For is believed; empty
+	// means the connection's peer is the client.
+	TrustedProxies []string `env:"SNIP_TRUSTED_PROXIES" envSeparator:","`
+
+	// OutboxShards is the number of outbox shards (and relay leases). Fixed
+	// once the outbox exists: the service refuses to start with another.
+	OutboxShards int `env:"SNIP_OUTBOX_SHARDS" envDefault:"16"`
+	// OutboxMaxEntries bounds each lane of the outbox over all shards
+	// (each shard holds at most OutboxMaxEntries/OutboxShards). A click is
+	// about 500 bytes in Redis, so the default is about 1 GB of clicks:
+	// 30 minutes of a NATS outage at 1,000 clicks/s.
+	OutboxMaxEntries int64 `env:"SNIP_OUTBOX_MAX_ENTRIES" envDefault:"2000000"`
+	// UnrecordedPolicy is what a redirect does when its click cannot be
+	// written to the outbox: "redirect" (302 anyway, counted in
+	// clicks_unrecorded_total) or "reject" (503).
+	UnrecordedPolicy redirect.Policy `env:"SNIP_UNRECORDED_POLICY" envDefault:"redirect"`
+	// CommitMaxBatch and CommitWorkers shape the group commit.
+	CommitMaxBatch int `env:"SNIP_COMMIT_MAX_BATCH" envDefault:"256"`
+	CommitWorkers  int `env:"SNIP_COMMIT_WORKERS" envDefault:"2"`
+	// CommitTimeout bounds one group commit's Redis round trip.
+	CommitTimeout time.Duration `env:"SNIP_COMMIT_TIMEOUT" envDefault:"1s"`
+	// RelayWindow is the most entries per lane in flight to JetStream.
+	RelayWindow int `env:"SNIP_RELAY_WINDOW" envDefault:"512"`
+	// RelayLinger is how long a shard's relay waits after a small batch so
+	// the next one is larger (fewer Redis and JetStream round trips); it
+	// delays publishing, never a redirect.
+	RelayLinger time.Duration `env:"SNIP_RELAY_LINGER" envDefault:"5ms"`
+	// RelayLeaseTTL is how long a dead instance's shards wait to be taken over.
+	RelayLeaseTTL time.Duration `env:"SNIP_RELAY_LEASE_TTL" envDefault:"5s"`
+	// PublishTimeout bounds the wait for one JetStream ack.
+	PublishTimeout time.Duration `env:"SNIP_PUBLISH_TIMEOUT" envDefault:"5s"`
+	// MonitorInterval is how often outbox depth and age are sampled.
+	MonitorInterval time.Duration `env:"SNIP_OUTBOX_SAMPLE_INTERVAL" envDefault:"1s"`
+
+	// CacheSize and CacheTTL bound the in-process link cache.
+	CacheSize int           `env:"SNIP_CACHE_SIZE" envDefault:"100000"`
+	CacheTTL  time.Duration `env:"SNIP_CACHE_TTL" envDefault:"60s"`
+	// Instance names this process in relay leases; default hostname-pid.
+	Instance string `env:"SNIP_INSTANCE"`
+
+	// Ready, if set, is called with the bound HTTP address once the service
+	// accepts requests (tests run the service in-process on 127.0.0.1:0).
+	Ready func(addr string) `env:"-"`
+}
+
+func loadConfig() (Config, error) {
+	var cfg Config
+	if err := env.Parse(&cfg); err != nil {
+		return Config{}, fmt.Errorf("load config: %w", err)
+	}
+	return cfg, nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.UnrecordedPolicy != redirect.PolicyRedirect && c.UnrecordedPolicy != redirect.PolicyReject:
+		return fmt.Errorf("SNIP_UNRECORDED_POLICY %q: want redirect or reject", c.UnrecordedPolicy)
+	case c.OutboxShards < 1 || c.OutboxShards > 1024:
+		return fmt.Errorf("SNIP_OUTBOX_SHARDS %d: want 1..1024", c.OutboxShards)
+	case c.OutboxMaxEntries < int64(c.OutboxShards):
+		return fmt.Errorf("SNIP_OUTBOX_MAX_ENTRIES %d: want at least one per shard", c.OutboxMaxEntries)
+	case c.RelayLeaseTTL < 300*time.Millisecond:
+		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms", c.RelayLeaseTTL)
+	case c.CacheSize < 1:
+		return fmt.Errorf("SNIP_CACHE_SIZE %d: want at least 1", c.CacheSize)
+	}
+	if _, err := c.trustedProxies(); err != nil {
+		return err
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	return nil
+}
+
+func (c *Config) trustedProxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range c.TrustedProxies {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if !strings.Contains(s, "/") {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("SNIP_TRUSTED_PROXIES %q: %w", s, err)
+			}
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("SNIP_TRUSTED_PROXIES %q: %w", s, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (c *Config) nats() natsconn.Config {
+	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+}
+
+func (c *Config) topology() topology.Options {
+	o := topology.Defaults()
+	o.Partitions = c.Partitions
+	o.Replicas = c.Replicas
+	return o
+}
+
+// logValue is the configuration as logged at start: secrets masked.
+func (c *Config) logValue() map[string]any {
+	mask := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return "***"
+	}
+	return map[string]any{
+		"http_addr": c.HTTPAddr, "nats_url": c.NATSURL, "nats_user": c.NATSUser, "nats_password": mask(c.NATSPassword),
+		"redis_url": redactURL(c.RedisURL), "partitions": c.Partitions, "outbox_shards": c.OutboxShards,
+		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "relay_window": c.RelayWindow,
+		"relay_lease_ttl": c.RelayLeaseTTL.String(), "cache_size": c.CacheSize, "cache_ttl": c.CacheTTL.String(),
+		"trusted_proxies": c.TrustedProxies, "instance": c.Instance, "bootstrap_owners": mask(c.BootstrapOwners),
+	}
+}
+
+// redactURL hides a password in a redis://user:pass@host URL.
+func redactURL(s string) string {
+	at := strings.LastIndexByte(s, '@')
+	scheme := strings.Index(s, "://")
+	if at < 0 || scheme < 0 || at < scheme {
+		return s
+	}
+	return s[:scheme+3] + "***" + s[at:]
+}

@@ -1,0 +1,385 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+// Owners every test instance bootstraps.
+const (
+	acmeKey  = "snip_acme0123456789abcdefgh"
+	otherKey = "snip_other0123456789abcdefg"
+)
+
+// testConfig is a Config for one in-process instance on 127.0.0.1:0.
+func testConfig(redisURL, natsURL string) Config {
+	return Config{
+		HTTPAddr: "127.0.0.1:0", NATSURL: natsURL, RedisURL: redisURL, LogLevel: "warn",
+		ShutdownTimeout: 10 * time.Second, Partitions: 3, Replicas: 1,
+		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
+		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "redirect",
+		CommitMaxBatch: 64, CommitWorkers: 2, CommitTimeout: time.Second,
+		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 5 * time.Millisecond, PublishTimeout: 2 * time.Second,
+		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
+	}
+}
+
+// instance is the service running in-process.
+type instance struct {
+	URL    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startInstance runs the service until the test ends (or Stop).
+func startInstance(tb testing.TB, cfg Config) *instance {
+	tb.Helper()
+	addr := make(chan string, 1)
+	cfg.Ready = func(a string) { addr <- a }
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{cancel: cancel, done: make(chan error, 1)}
+	log := slog.New(slog.DiscardHandler)
+	if os.Getenv("SNIP_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	go func() { in.done <- run(ctx, log, cfg) }()
+	select {
+	case a := <-addr:
+		in.URL = "http://" + a
+	case err := <-in.done:
+		cancel()
+		tb.Fatalf("service did not start: %v", err)
+	case <-time.After(60 * time.Second):
+		cancel()
+		tb.Fatal("service not ready after 60s")
+	}
+	tb.Cleanup(in.Stop)
+	return in
+}
+
+// Stop shuts the instance down gracefully and waits for it.
+func (in *instance) Stop() {
+	in.cancel()
+	select {
+	case <-in.done:
+	case <-time.After(60 * time.Second):
+	}
+}
+
+// client never follows redirects, so tests see the 302 itself.
+var client = &http.Client{
+	Timeout:       10 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	Transport:     &http.Transport{MaxIdleConnsPerHost: 64},
+}
+
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r response) json(tb testing.TB, v any) {
+	tb.Helper()
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		tb.Fatalf("decode %s: %v", r.Body, err)
+	}
+}
+
+// do sends one request; header pairs are name, value.
+func do(tb testing.TB, method, url, body string, header ...string) response {
+	tb.Helper()
+	r, err := doErr(method, url, body, header...)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, url, err)
+	}
+	return r
+}
+
+func doErr(method, url, body string, header ...string) (response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return response{}, err
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}, err
+}
+
+// createLink creates a link as acme and returns its code. Custom codes
+// are sent with "url" (the alias), random ones with "target".
+func createLink(tb testing.TB, base, target, code string) string {
+	tb.Helper()
+	body, _ := json.Marshal(map[string]string{"url": target, "code": code})
+	if code == "" {
+		body, _ = json.Marshal(map[string]string{"target": target})
+	}
+	r := do(tb, "POST", base+"/api/links", string(body), "Authorization", "Bearer "+acmeKey, "Content-Type", "application/json")
+	if r.Status != http.StatusCreated {
+		tb.Fatalf("create link: %d %s", r.Status, r.Body)
+	}
+	var l struct{ Code string }
+	r.json(tb, &l)
+	return l.Code
+}
+
+// clickMsg is one message read back from CLICKS.
+type clickMsg struct {
+	MsgID string
+	Click events.Click
+}
+
+// readStream reads every message stored in stream, in stream order.
+func readStream(tb testing.TB, js jetstream.JetStream, stream string) []jetstream.Msg {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		tb.Fatalf("stream %s: %v", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		tb.Fatalf("stream %s info: %v", stream, err)
+	}
+	want := int(info.State.Msgs)
+	if want == 0 {
+		return nil
+	}
+	if info.Config.Retention == jetstream.WorkQueuePolicy {
+		// A work queue takes no second consumer; read it message by message.
+		var out []jetstream.Msg
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			raw, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				continue // acked and removed meanwhile
+			}
+			out = append(out, rawMsg{raw})
+		}
+		return out
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		tb.Fatalf("ordered consumer: %v", err)
+	}
+	var out []jetstream.Msg
+	for len(out) < want {
+		batch, err := cons.Fetch(min(want-len(out), 1000), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			tb.Fatalf("fetch %s: %v", stream, err)
+		}
+		for m := range batch.Messages() {
+			out = append(out, m)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			tb.Fatalf("fetch %s: %v", stream, err)
+		}
+	}
+	return out
+}
+
+func readClicks(tb testing.TB, js jetstream.JetStream) []clickMsg {
+	tb.Helper()
+	var out []clickMsg
+	for _, m := range readStream(tb, js, events.ClicksStream) {
+		c, err := events.DecodeClick(m.Data())
+		if err != nil {
+			tb.Fatalf("CLICKS holds an undecodable click: %v\n%s", err, m.Data())
+		}
+		out = append(out, clickMsg{MsgID: m.Headers().Get(events.HeaderMsgID), Click: c})
+	}
+	return out
+}
+
+// streamCount is the number of messages in a stream, 0 if it is missing.
+func streamCount(js jetstream.JetStream, stream string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return int(info.State.Msgs)
+}
+
+// ledger records, per code, the request IDs of the clicks that got a 302,
+// in the order the 302s were received.
+type ledger struct {
+	mu      sync.Mutex
+	served  map[string][]string // code -> request IDs answered 302
+	failed  map[string]bool     // request IDs without a 302 (may or may not be recorded)
+	refused int                 // non-302 answers
+	seq     int
+}
+
+func newLedger() *ledger {
+	return &ledger{served: map[string][]string{}, failed: map[string]bool{}}
+}
+
+func (l *ledger) total() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ids := range l.served {
+		n += len(ids)
+	}
+	return n
+}
+
+// click sends one GET /code with a fresh request ID and records the outcome.
+func (l *ledger) click(base, code string) (int, error) {
+	l.mu.Lock()
+	l.seq++
+	rid := fmt.Sprintf("%s-%07d", code, l.seq)
+	l.mu.Unlock()
+	r, err := doErr("GET", base+"/"+code, "", "X-Request-Id", rid, "User-Agent", "Mozilla/5.0 test", "CF-IPCountry", "DE")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil || r.Status != http.StatusFound {
+		l.failed[rid] = true
+		l.refused++
+		return r.Status, err
+	}
+	l.served[code] = append(l.served[code], rid)
+	return r.Status, nil
+}
+
+// verify checks CLICKS against the ledger: every served click exactly once
+// (by event ID and by request ID), per code in the order the 302s were
+// served, and nothing that was never requested.
+func (l *ledger) verify(tb testing.TB, clicks []clickMsg) {
+	tb.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seenEvent := map[string]bool{}
+	seenReq := map[string]int{}
+	perCode := map[string][]string{}
+	for _, c := range clicks {
+		if c.MsgID != c.Click.ID {
+			tb.Fatalf("Nats-Msg-Id %q != event ID %q", c.MsgID, c.Click.ID)
+		}
+		if seenEvent[c.Click.ID] {
+			tb.Fatalf("event %s is in CLICKS twice", c.Click.ID)
+		}
+		seenEvent[c.Click.ID] = true
+		seenReq[c.Click.RequestID]++
+		if seenReq[c.Click.RequestID] > 1 {
+			tb.Fatalf("request %s has %d clicks in CLICKS", c.Click.RequestID, seenReq[c.Click.RequestID])
+		}
+		if !l.failed[c.Click.RequestID] {
+			perCode[c.Click.Code] = append(perCode[c.Click.Code], c.Click.RequestID)
+		}
+	}
+	for code, want := range l.served {
+		got := perCode[code]
+		if len(got) != len(want) {
+			missing := 0
+			for _, rid := range want {
+				if seenReq[rid] == 0 {
+					missing++
+				}
+			}
+			tb.Fatalf("code %s: %d clicks served, %d in CLICKS (%d missing)", code, len(want), len(got), missing)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				tb.Fatalf("code %s: click %d in CLICKS is %s, want %s (order per link broken)", code, i, got[i], want[i])
+			}
+		}
+	}
+	for code, got := range perCode {
+		if _, ok := l.served[code]; !ok {
+			tb.Fatalf("CLICKS has %d clicks of code %s that was never served", len(got), code)
+		}
+	}
+}
+
+// expectInCLICKS waits until CLICKS holds at least every served click, then
+// verifies it against the ledger. It returns the number served.
+func (l *ledger) expectInCLICKS(tb testing.TB, js jetstream.JetStream) int {
+	tb.Helper()
+	want := l.total()
+	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
+		return streamCount(js, events.ClicksStream) >= want
+	})
+	l.verify(tb, readClicks(tb, js))
+	return want
+}
+
+// metric returns the sum of a metric's samples whose line contains all of
+// match, from /metrics.
+func metric(tb testing.TB, base, name string, match ...string) float64 {
+	tb.Helper()
+	r := do(tb, "GET", base+"/metrics", "")
+	var sum float64
+	for _, line := range bytes.Split(r.Body, []byte("\n")) {
+		s := string(line)
+		if !strings.HasPrefix(s, name) || (len(s) > len(name) && s[len(name)] != ' ' && s[len(name)] != '{') {
+			continue
+		}
+		ok := true
+		for _, m := range match {
+			ok = ok && strings.Contains(s, m)
+		}
+		if !ok {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscanf(s[strings.LastIndexByte(s, ' ')+1:], "%g", &v); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// rawMsg adapts a stored message to the jetstream.Msg the tests read.
+type rawMsg struct{ r *jetstream.RawStreamMsg }
+
+func (m rawMsg) Data() []byte                              { return m.r.Data }
+func (m rawMsg) Subject() string                           { return m.r.Subject }
+func (m rawMsg) Headers() nats.Header                      { return m.r.Header }
+func (m rawMsg) Metadata() (*jetstream.MsgMetadata, error) { return nil, errors.New("raw message") }
+func (m rawMsg) Reply() string                             { return "" }
+func (m rawMsg) Ack() error                                { return nil }
+func (m rawMsg) DoubleAck(context.Context) error           { return nil }
+func (m rawMsg) Nak() error                                { return nil }
+func (m rawMsg) NakWithDelay(time.Duration) error          { return nil }
+func (m rawMsg) InProgress() error                         { return nil }
+func (m rawMsg) Term() error                               { return nil }
+func (m rawMsg) TermWithReason(string) error               { return nil }

@@ -1,0 +1,468 @@
+// Package httpapi is the redirect service's HTTP surface: the owners' link
+// API under /api/links and the redirect itself at /:code, with the one echo
+// HTTPErrorHandler that turns every sentinel error into a status code and a
+// JSON body saying what is wrong.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/services/redirect/internal/link"
+	"github.com/snipdev/snip/services/redirect/internal/linkstore"
+	"github.com/snipdev/snip/services/redirect/internal/redirect"
+	"github.com/snipdev/snip/services/redirect/internal/visitor"
+)
+
+// MaxBody is the largest request body the API reads: a target of
+// link.MaxTargetLen plus a code and JSON punctuation fit with room to spare.
+const MaxBody = 8 << 10
+
+// Authenticator resolves API keys to owners.
+type Authenticator interface {
+	Authenticate(ctx context.Context, key string) (owners.Owner, error)
+}
+
+// Links is what the API needs of the link store.
+type Links interface {
+	Create(ctx context.Context, owner, target, code string) (link.Link, error)
+	GetOwned(ctx context.Context, owner, code string) (link.Link, error)
+	Preview(ctx context.Context, code string) (linkstore.Preview, error)
+	Delete(ctx context.Context, owner, code string) error
+}
+
+// Follower is the redirect hot path.
+type Follower interface {
+	Follow(ctx context.Context, v redirect.Visit) (link.Link, error)
+}
+
+// Invalidator drops a code from this instance's link cache.
+type Invalidator interface {
+	Invalidate(code string)
+}
+
+// API holds the handlers' dependencies.
+type API struct {
+	Owners    Authenticator
+	Links     Links
+	Follow    Follower
+	Cache     Invalidator
+	Log       *slog.Logger
+	PublicURL string // base of short_url; empty: derived from the request
+	// RedirectLatency observes the time to answer a redirect.
+	RedirectLatency prometheus.Observer
+	// Misses counts requests for codes that cannot exist (bad characters).
+	Misses   prometheus.Counter
+	requests *prometheus.CounterVec
+	// redirected is requests{route="/:code",method="GET",status="302"},
+	// resolved once: the hot path's label lookup would allocate.
+	redirected prometheus.Counter
+}
+
+// Register mounts the routes, the error handler and the request metrics on e.
+func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
+	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "snip", Subsystem: "redirect", Name: "http_requests_total",
+		Help: "HTTP requests by route, method and status.",
+	}, []string{"route", "method", "status"})
+	reg.MustRegister(a.requests)
+	a.redirected = a.requests.WithLabelValues("/:code", http.MethodGet, "302")
+	e.HTTPErrorHandler = a.handleError
+
+	// Handlers are wrapped here, once: echo v4 composes middleware given to
+	// e.Use or to a route anew for every request (an allocation each). The
+	// body limit is on the route, not the group: a group middleware would
+	// turn every unknown /api method into 404 instead of 405.
+	api := e.Group("/api")
+	api.POST("/links", a.countRequests(middleware.BodyLimit(strconv.Itoa(MaxBody))(a.create)))
+	api.GET("/links/:code", a.countRequests(a.get))
+	api.DELETE("/links/:code", a.countRequests(a.delete))
+
+	follow := a.countRequests(a.redirect)
+	e.GET("/:code", follow)
+	e.HEAD("/:code", follow)
+}
+
+// IPExtractor returns how the client address is found: the connection's
+// peer, or X-Forwarded-For only when the peer is one of the trusted proxies
+// (and then the rightmost untrusted address in the header).
+func IPExtractor(trusted []netip.Prefix) echo.IPExtractor {
+	if len(trusted) == 0 {
+		return echo.ExtractIPDirect()
+	}
+	opts := []echo.TrustOption{echo.TrustLoopback(false), echo.TrustLinkLocal(false), echo.TrustPrivateNet(false)}
+	for _, p := range trusted {
+		_, n, _ := net.ParseCIDR(p.Masked().String())
+		opts = append(opts, echo.TrustIPRange(n))
+	}
+	return echo.ExtractIPFromXFFHeader(opts...)
+}
+
+// apiError is an error with a status, a machine-readable code and a message
+// for people.
+type apiError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(code, format string, args ...any) error {
+	return &apiError{status: http.StatusBadRequest, code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// errorBody is every error response: {"error": {"code": ..., "message": ...}}.
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (a *API) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	if c.Path() == "" {
+		// No route matched, so no route middleware counted it.
+		defer func() {
+			a.requests.WithLabelValues("unmatched", c.Request().Method, statusText(c.Response().Status)).Inc()
+		}()
+	}
+	status, code, msg := a.classify(err, c)
+	if status >= 500 && status != http.StatusServiceUnavailable {
+		a.Log.Error("request failed", "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
+	} else if status == http.StatusServiceUnavailable {
+		a.Log.Warn("request refused: dependency unavailable", "path", c.Request().URL.Path, "err", err)
+	}
+	var body errorBody
+	body.Error.Code, body.Error.Message = code, msg
+	if c.Request().Method == http.MethodHead {
+		_ = c.NoContent(status)
+		return
+	}
+	_ = c.JSON(status, body)
+}
+
+func (a *API) classify(err error, c echo.Context) (int, string, string) {
+	var ae *apiError
+	var he *echo.HTTPError
+	h := c.Response().Header()
+	switch {
+	case errors.As(err, &ae):
+		return ae.status, ae.code, ae.message
+	case errors.As(err, &he):
+		msg := fmt.Sprint(he.Message)
+		switch he.Code {
+		case http.StatusNotFound:
+			return he.Code, "not_found", "no such link or route"
+		case http.StatusMethodNotAllowed:
+			return he.Code, "method_not_allowed", msg
+		case http.StatusRequestEntityTooLarge:
+			return he.Code, "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody)
+		}
+		return he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "_"), msg
+	case errors.Is(err, owners.ErrUnauthorized):
+		h.Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
+		return http.StatusUnauthorized, "unauthorized", "missing or unknown API key; send Authorization: Bearer <key>"
+	case errors.Is(err, link.ErrInvalidTarget):
+		return http.StatusBadRequest, "invalid_target", err.Error()
+	case errors.Is(err, link.ErrReservedCode):
+		return http.StatusBadRequest, "reserved_code", err.Error()
+	case errors.Is(err, link.ErrInvalidCode):
+		return http.StatusBadRequest, "invalid_code", err.Error()
+	case errors.Is(err, linkstore.ErrNotFound), errors.Is(err, redirect.ErrNotFound):
+		return http.StatusNotFound, "not_found", "no such link"
+	case errors.Is(err, linkstore.ErrCodeTaken):
+		return http.StatusConflict, "code_taken", "that code is taken; choose another or leave code out for a random one"
+	case errors.Is(err, redirect.ErrClickNotRecorded):
+		h.Set("Retry-After", "1")
+		return http.StatusServiceUnavailable, "click_not_recorded", "the click could not be recorded; try again"
+	case isFull(err):
+		h.Set("Retry-After", "10")
+		return http.StatusServiceUnavailable, "outbox_full", "event delivery is backed up; try again later"
+	case isUnavailable(err):
+		h.Set("Retry-After", "1")
+		return http.StatusServiceUnavailable, "unavailable", "storage is unavailable; try again"
+	}
+	return http.StatusInternalServerError, "internal", "internal error"
+}
+
+// countRequests counts every routed request by route template, method and
+// status (handleError counts the unrouted ones).
+func (a *API) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		err := next(c)
+		if err != nil {
+			c.Error(err) // writes the response, so the status below is final
+		}
+		route, method, status := c.Path(), c.Request().Method, c.Response().Status
+		if status == http.StatusFound && route == "/:code" && method == http.MethodGet {
+			a.redirected.Inc()
+			return nil
+		}
+		a.requests.WithLabelValues(route, method, statusText(status)).Inc()
+		return nil
+	}
+}
+
+// statusText avoids strconv's allocation for the statuses the hot path
+// answers.
+func statusText(s int) string {
+	switch s {
+	case 302:
+		return "302"
+	case 404:
+		return "404"
+	case 200:
+		return "200"
+	case 503:
+		return "503"
+	}
+	return strconv.Itoa(s)
+}
+
+// Canonical header names (so Header.Get does not canonicalise per call).
+const (
+	headerCFCountry = "Cf-Ipcountry"
+	headerXCountry  = "X-Country"
+)
+
+var cacheControl = []string{"private, max-age=0"}
+
+// redirect answers GET and HEAD /:code: 302 to the target once the click is
+// in the outbox (HEAD: 302, no click); 404 for unknown codes.
+func (a *API) redirect(c echo.Context) error {
+	start := time.Now()
+	req := c.Request()
+	code, ok := link.ParseCode(c.Param("code"))
+	if !ok {
+		if a.Misses != nil {
+			a.Misses.Inc()
+		}
+		return &apiError{status: http.StatusNotFound, code: "not_found", message: "no such link"}
+	}
+	country := req.Header.Get(headerCFCountry)
+	if country == "" {
+		country = req.Header.Get(headerXCountry)
+	}
+	ip, _ := netip.ParseAddr(c.RealIP())
+	v := redirect.Visit{
+		Code:      code,
+		Time:      start,
+		IP:        ip,
+		UserAgent: req.Header.Get("User-Agent"),
+		Referrer:  req.Header.Get("Referer"),
+		Country:   visitor.Country(country),
+		RequestID: c.Response().Header().Get(echo.HeaderXRequestID),
+		Head:      req.Method == http.MethodHead,
+	}
+	l, err := a.Follow.Follow(req.Context(), v)
+	if err != nil {
+		return err
+	}
+	h := c.Response().Header()
+	h["Location"] = []string{l.Target}
+	h["Cache-Control"] = cacheControl
+	c.Response().WriteHeader(http.StatusFound)
+	if a.RedirectLatency != nil {
+		a.RedirectLatency.Observe(time.Since(start).Seconds())
+	}
+	return nil
+}
+
+// linkJSON is a link as the API shows it.
+type linkJSON struct {
+	Code     string             `json:"code"`
+	ShortURL string             `json:"short_url"`
+	Target   string             `json:"target"`
+	Owner    string             `json:"owner"`
+	Created  time.Time          `json:"created_at"`
+	Preview  *linkstore.Preview `json:"preview,omitempty"`
+}
+
+func (a *API) toJSON(c echo.Context, l link.Link) linkJSON {
+	base := a.PublicURL
+	if base == "" {
+		scheme := c.Scheme()
+		base = scheme + "://" + c.Request().Host
+	}
+	return linkJSON{Code: l.Code, ShortURL: strings.TrimSuffix(base, "/") + "/" + l.Code, Target: l.Target, Owner: l.Owner, Created: l.Created}
+}
+
+func (a *API) owner(c echo.Context) (owners.Owner, error) {
+	key := owners.BearerKey(c.Request().Header.Get(echo.HeaderAuthorization))
+	if key == "" {
+		return owners.Owner{}, owners.ErrUnauthorized
+	}
+	o, err := a.Owners.Authenticate(c.Request().Context(), key)
+	if err != nil && !errors.Is(err, owners.ErrUnauthorized) {
+		return owners.Owner{}, fmt.Errorf("%w: %w", linkstore.ErrUnavailable, err)
+	}
+	return o, err
+}
+
+// ownerAndCode authenticates the caller and parses :code (a code that
+// cannot exist is simply not found).
+func (a *API) ownerAndCode(c echo.Context) (owners.Owner, string, error) {
+	o, err := a.owner(c)
+	if err != nil {
+		return owners.Owner{}, "", err
+	}
+	code, ok := link.ParseCode(c.Param("code"))
+	if !ok {
+		return owners.Owner{}, "", linkstore.ErrNotFound
+	}
+	return o, code, nil
+}
+
+// createRequest is the body of POST /api/links. "url" is accepted for
+// "target" (the name other shorteners use); giving both is an error.
+type createRequest struct {
+	Target string `json:"target"`
+	URL    string `json:"url,omitempty"`
+	Code   string `json:"code,omitempty"`
+}
+
+// create answers POST /api/links: 201 with the link.
+func (a *API) create(c echo.Context) error {
+	o, err := a.owner(c)
+	if err != nil {
+		return err
+	}
+	req, err := decodeCreate(c)
+	if err != nil {
+		return err
+	}
+	target, err := link.ValidateTarget(req.Target)
+	if err != nil {
+		return err
+	}
+	if err := a.checkLoop(c, target); err != nil {
+		return err
+	}
+	if req.Code != "" {
+		if err := link.ValidateCode(req.Code); err != nil {
+			return err
+		}
+	}
+	l, err := a.Links.Create(c.Request().Context(), o.ID, target, req.Code)
+	if err != nil {
+		return err
+	}
+	a.Cache.Invalidate(l.Code)
+	c.Response().Header().Set(echo.HeaderLocation, "/api/links/"+l.Code)
+	return c.JSON(http.StatusCreated, a.toJSON(c, l))
+}
+
+func decodeCreate(c echo.Context) (createRequest, error) {
+	var req createRequest
+	ct := c.Request().Header.Get(echo.HeaderContentType)
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || mt != echo.MIMEApplicationJSON {
+		return req, &apiError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
+			message: fmt.Sprintf("Content-Type %q: send application/json", ct)}
+	}
+	dec := json.NewDecoder(c.Request().Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var he *echo.HTTPError
+		if errors.As(err, &he) {
+			return req, he // the body limit, hit while reading
+		}
+		if errors.Is(err, io.EOF) {
+			return req, badRequest("bad_request", "empty body; send {\"target\": \"https://...\"}")
+		}
+		return req, badRequest("bad_request", "body is not the expected JSON object: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		var he *echo.HTTPError
+		if errors.As(err, &he) {
+			return req, he
+		}
+		return req, badRequest("bad_request", "unexpected data after the JSON object")
+	}
+	switch {
+	case req.Target != "" && req.URL != "":
+		return req, badRequest("bad_request", "give the target as \"target\" or \"url\", not both")
+	case req.Target == "":
+		req.Target = req.URL
+	}
+	if req.Target == "" {
+		return req, badRequest("invalid_target", "target is required")
+	}
+	return req, nil
+}
+
+// checkLoop refuses targets that point back at this service: a short link
+// to a short link is a redirect loop waiting to happen.
+func (a *API) checkLoop(c echo.Context, target string) error {
+	u, err := url.Parse(target)
+	if err != nil {
+		return nil
+	}
+	self := c.Request().Host
+	if a.PublicURL != "" {
+		if pu, err := url.Parse(a.PublicURL); err == nil {
+			self = pu.Host
+		}
+	}
+	if strings.EqualFold(u.Host, self) {
+		return fmt.Errorf("%w: it points at this shortener (%s)", link.ErrInvalidTarget, self)
+	}
+	return nil
+}
+
+// get answers GET /api/links/:code with the owner's link and its preview:
+// status pending until the preview service has stored it, then ok with the
+// fields, or unavailable with a reason. Another owner's link is 404,
+// not 403, so codes cannot be probed.
+func (a *API) get(c echo.Context) error {
+	o, code, err := a.ownerAndCode(c)
+	if err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	l, err := a.Links.GetOwned(ctx, o.ID, code)
+	if err != nil {
+		return err
+	}
+	out := a.toJSON(c, l)
+	p, err := a.Links.Preview(ctx, code)
+	if err != nil {
+		return err
+	}
+	out.Preview = &p
+	return c.JSON(http.StatusOK, out)
+}
+
+// delete answers DELETE /api/links/:code: 204. Another owner's link is 404.
+func (a *API) delete(c echo.Context) error {
+	o, code, err := a.ownerAndCode(c)
+	if err != nil {
+		return err
+	}
+	if err := a.Links.Delete(c.Request().Context(), o.ID, code); err != nil {
+		return err
+	}
+	a.Cache.Invalidate(code)
+	return c.NoContent(http.StatusNoContent)
+}

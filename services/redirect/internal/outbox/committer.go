@@ -1,0 +1,217 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// CommitterConfig tunes the group commit.
+type CommitterConfig struct {
+	// MaxBatch is the most clicks written in one Redis round trip.
+	MaxBatch int
+	// Workers is how many batches may be in flight at once. One is the
+	// classic group commit; two overlap one batch's round trip with the next
+	// batch's collection.
+	Workers int
+	// MaxEntries is the most entries one shard's clicks lane may hold; at
+	// that depth Append returns ErrFull without writing.
+	MaxEntries int64
+	// Timeout bounds one batch's Redis round trip.
+	Timeout time.Duration
+	// Cooldown is how long Append fails fast with ErrUnavailable after a
+	// batch failed for a connection error, instead of queueing requests
+	// behind a dead Redis. The first Append after it probes again.
+	Cooldown time.Duration
+}
+
+// Committer writes clicks into the clicks lane in group commits: concurrent
+// requests' clicks are collected by a few workers and written many per Redis
+// round trip (a pipeline of XADDs), and each request waits for its own
+// click's result. A request sends its 302 only after Append returned nil, so
+// every click a browser was told about is in Redis.
+//
+// The pipeline is not a transaction: each XADD succeeds or fails on its own,
+// and each request gets its own XADD's result.
+type Committer struct {
+	rdb    redis.UniversalClient
+	layout Layout
+	cfg    CommitterConfig
+	m      *Metrics
+
+	reqs      chan *pending
+	depth     []atomic.Int64 // per shard, clicks lane: sampled by the monitor, refreshed by every batch
+	downUntil atomic.Int64   // unix nanos until which Append fails fast
+	pool      sync.Pool
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type pending struct {
+	shard   int
+	id      rawArg
+	subject rawArg
+	data    rawArg
+	args    []any // the XADD command, rebuilt in place for every use
+	err     error
+	done    chan struct{}
+}
+
+// rawArg hands a byte slice to go-redis without boxing the slice header
+// into an interface per command (an allocation): a pointer to a pooled
+// rawArg is boxed for free, and go-redis writes it via MarshalBinary.
+type rawArg struct{ b []byte }
+
+// MarshalBinary returns the bytes as they are.
+func (r *rawArg) MarshalBinary() ([]byte, error) { return r.b, nil }
+
+// NewCommitter returns a committer; Start starts its workers.
+func NewCommitter(rdb redis.UniversalClient, layout Layout, cfg CommitterConfig, m *Metrics) *Committer {
+	if cfg.MaxBatch < 1 {
+		cfg.MaxBatch = 1
+	}
+	if cfg.Workers < 1 {
+		cfg.Workers = 1
+	}
+	c := &Committer{
+		rdb: rdb, layout: layout, cfg: cfg, m: m,
+		reqs:  make(chan *pending, cfg.MaxBatch*cfg.Workers),
+		depth: make([]atomic.Int64, layout.Shards),
+		stop:  make(chan struct{}),
+	}
+	c.pool.New = func() any { return &pending{done: make(chan struct{}, 1)} }
+	return c
+}
+
+// Start starts the workers.
+func (c *Committer) Start() {
+	for range c.cfg.Workers {
+		c.wg.Add(1)
+		go c.work()
+	}
+}
+
+// Close stops the workers after they have written every click queued so far.
+// Call it after the HTTP server has stopped, so nothing appends any more.
+func (c *Committer) Close() {
+	c.closeOnce.Do(func() { close(c.stop) })
+	c.wg.Wait()
+}
+
+// SetDepth records a sampled depth of a shard's clicks lane.
+func (c *Committer) SetDepth(shard int, n int64) { c.depth[shard].Store(n) }
+
+// Append writes one click into shard's clicks lane and returns once Redis
+// has it (nil), or why not: ErrFull (not attempted), ErrUnavailable (Redis
+// failed; the entry may or may not be stored), ErrClosed, or ctx's error
+// (the request went away; the click may still be written). The slices are
+// only read until Append returns.
+func (c *Committer) Append(ctx context.Context, shard int, id, subject, data []byte) error {
+	if c.depth[shard].Load() >= c.cfg.MaxEntries {
+		c.m.Rejected.WithLabelValues("full").Inc()
+		return ErrFull
+	}
+	if time.Now().UnixNano() < c.downUntil.Load() {
+		c.m.Rejected.WithLabelValues("unavailable").Inc()
+		return fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
+	}
+	p := c.pool.Get().(*pending)
+	p.shard, p.id.b, p.subject.b, p.data.b, p.err = shard, id, subject, data, nil
+	select {
+	case c.reqs <- p:
+	case <-c.stop:
+		c.pool.Put(p)
+		return ErrClosed
+	case <-ctx.Done():
+		c.pool.Put(p)
+		return ctx.Err()
+	}
+	select {
+	case <-p.done:
+		err := p.err
+		p.id.b, p.subject.b, p.data.b = nil, nil, nil
+		c.pool.Put(p)
+		return err
+	case <-ctx.Done():
+		// The worker still holds p and will signal it; leave it to the GC.
+		return ctx.Err()
+	}
+}
+
+func (c *Committer) work() {
+	defer c.wg.Done()
+	batch := make([]*pending, 0, c.cfg.MaxBatch)
+	cmds := make([]*redis.StringCmd, 0, c.cfg.MaxBatch)
+	shards := make(map[int]*redis.IntCmd)
+	for {
+		var first *pending
+		select {
+		case first = <-c.reqs:
+		case <-c.stop:
+			// Drain what was queued before the stop.
+			select {
+			case first = <-c.reqs:
+			default:
+				return
+			}
+		}
+		batch = append(batch[:0], first)
+	collect:
+		for len(batch) < c.cfg.MaxBatch {
+			select {
+			case p := <-c.reqs:
+				batch = append(batch, p)
+			default:
+				break collect
+			}
+		}
+		cmds = cmds[:0]
+		clear(shards)
+		c.commit(batch, cmds, shards)
+	}
+}
+
+func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map[int]*redis.IntCmd) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	pipe := c.rdb.Pipeline()
+	for _, p := range batch {
+		// XADD key * id <id> subject <subject> data <data>, as outbox.Add
+		// writes it, built without per-click allocations.
+		p.args = append(p.args[:0], "xadd", c.layout.boxedKey(p.shard, LaneClicks), "*",
+			fieldID, &p.id, fieldSubject, &p.subject, fieldData, &p.data)
+		cmd := redis.NewStringCmd(ctx, p.args...)
+		_ = pipe.Process(ctx, cmd)
+		cmds = append(cmds, cmd)
+	}
+	// The depth of each shard written, for free in the same round trip.
+	for _, p := range batch {
+		if _, ok := shards[p.shard]; !ok {
+			shards[p.shard] = pipe.XLen(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
+		}
+	}
+	_, err := pipe.Exec(ctx)
+	c.m.CommitDuration.Observe(time.Since(start).Seconds())
+	c.m.BatchSize.Observe(float64(len(batch)))
+	if err != nil {
+		c.downUntil.Store(time.Now().Add(c.cfg.Cooldown).UnixNano())
+	} else {
+		c.downUntil.Store(0)
+		for s, cmd := range shards {
+			c.depth[s].Store(cmd.Val())
+		}
+	}
+	for i, p := range batch {
+		if e := cmds[i].Err(); e != nil {
+			c.m.Rejected.WithLabelValues("unavailable").Inc()
+			p.err = fmt.Errorf("append click: %w: %w", ErrUnavailable, e)
+		}
+		p.done <- struct{}{}
+	}
+}

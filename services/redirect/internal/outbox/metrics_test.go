@@ -1,0 +1,24 @@
+package outbox
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	_ = g.Write(&m)
+	return m.GetGauge().GetValue()
+}
+
+func testutilLeasesLost(r *Relay) float64 {
+	var m dto.Metric
+	_ = r.m.LeasesLost.Write(&m)
+	return m.GetCounter().GetValue()
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
+}

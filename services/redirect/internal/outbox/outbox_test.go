@@ -1,0 +1,353 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+// env is one test's Redis database, NATS server with the topology, and
+// layout.
+type env struct {
+	rdb    *redis.Client
+	nats   *testenv.NATS
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	layout Layout
+}
+
+func newEnv(tb testing.TB, shards int) *env {
+	tb.Helper()
+	rdb, _ := servers.Redis.NewDB(tb)
+	n := testenv.StartNATS(tb)
+	nc := n.Connect(tb)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(2*time.Second))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = 3
+	if err := topology.Apply(tb.Context(), js, o); err != nil {
+		tb.Fatal(err)
+	}
+	return &env{rdb: rdb, nats: n, nc: nc, js: js, layout: NewLayout(shards)}
+}
+
+func (e *env) relay(instance string) *Relay {
+	return NewRelay(e.rdb, e.js, e.nc.IsConnected, e.layout, RelayConfig{
+		Instance: instance, Window: 16, LeaseTTL: 600 * time.Millisecond, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+	}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+}
+
+// running is a relay running in a goroutine.
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func start(r *Relay) *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	rr := &running{cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(rr.done); _ = r.Run(ctx) }()
+	return rr
+}
+
+func (rr *running) stop() { rr.cancel(); <-rr.done }
+
+// addClicks puts n click entries for code into the outbox, as the committer
+// would, and returns their event IDs in order.
+func (e *env) addClicks(tb testing.TB, code string, n int) []string {
+	tb.Helper()
+	var ids []string
+	pipe := e.rdb.Pipeline()
+	for i := range n {
+		id := events.NewID()
+		ids = append(ids, id)
+		data := fmt.Sprintf(`{"v":1,"id":%q,"seq":%d}`, id, i)
+		Add(tb.Context(), pipe, e.layout.OutboxKey(e.layout.Shard(code), LaneClicks), id, events.ClickSubject("acme", code), []byte(data))
+	}
+	if _, err := pipe.Exec(tb.Context()); err != nil {
+		tb.Fatal(err)
+	}
+	return ids
+}
+
+// storedIDs reads the Nats-Msg-Id of every message in stream, in order.
+func storedIDs(tb testing.TB, js jetstream.JetStream, stream string) []string {
+	tb.Helper()
+	s, err := js.Stream(tb.Context(), stream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := s.Info(tb.Context())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var ids []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(tb.Context(), seq)
+		if err != nil {
+			tb.Fatalf("get %s seq %d: %v", stream, seq, err)
+		}
+		ids = append(ids, m.Header.Get(events.HeaderMsgID))
+	}
+	return ids
+}
+
+func count(js jetstream.JetStream, stream string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return -1
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return -1
+	}
+	return int(info.State.Msgs)
+}
+
+func (e *env) outboxLen(tb testing.TB) int64 {
+	var n int64
+	for s := range e.layout.Shards {
+		for _, l := range Lanes {
+			n += e.rdb.XLen(context.Background(), e.layout.OutboxKey(s, l)).Val()
+		}
+	}
+	return n
+}
+
+// sameSequence fails unless got is want, in order, each once.
+func sameSequence(tb testing.TB, what string, want, got []string) {
+	tb.Helper()
+	if len(got) != len(want) {
+		tb.Fatalf("%s: %d messages, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			tb.Fatalf("%s: message %d is %s, want %s", what, i, got[i], want[i])
+		}
+	}
+}
+
+var errCrash = errors.New("simulated crash between publish and delete")
+
+// TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted: the relay
+// publishes a batch, JetStream acknowledges it, and the relay dies before
+// its XDEL. A new relay publishes the same entries again from the outbox;
+// the stream's duplicate window (Nats-Msg-Id = event ID) drops them, so each
+// event is in the stream once, in order.
+func TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 40)
+
+	first := e.relay("first")
+	var crashed atomic.Bool
+	crashedCh := make(chan struct{})
+	first.afterAcks = func(int, Lane, []string) error {
+		if crashed.CompareAndSwap(false, true) {
+			close(crashedCh)
+		}
+		return errCrash
+	}
+	r1 := start(first)
+	<-crashedCh
+	testenv.WaitFor(t, 10*time.Second, "the first batch in CLICKS", func() bool { return count(e.js, events.ClicksStream) >= 16 })
+	r1.stop()
+	if got := e.outboxLen(t); got != 40 {
+		t.Fatalf("outbox holds %d entries after the crash, want all 40 (none deleted)", got)
+	}
+
+	r2 := start(e.relay("second"))
+	defer r2.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+}
+
+// TestRelayParksPermanentRejections: an entry JetStream refuses for good
+// (larger than CLICKS' 16 KiB message limit; an entry without an ID) is
+// parked on DEAD_LETTER as dead.outbox.<reason> with the Snip-Dead headers
+// and deleted, and the entries behind it are published: one bad entry does
+// not block its shard.
+func TestRelayParksPermanentRejections(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	before := e.addClicks(t, "abc", 3)
+	bigID := events.NewID()
+	Add(t.Context(), e.rdb, key, bigID, events.ClickSubject("acme", "abc"), []byte(strings.Repeat("x", 20<<10)))
+	e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: []any{"subject", "clicks.acme.abc", "data", "{}"}}) // no id
+	after := e.addClicks(t, "abc", 3)
+
+	r := e.relay("one")
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", append(before, after...), storedIDs(t, e.js, events.ClicksStream))
+
+	s, err := e.js.Stream(t.Context(), events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "too_large"))
+	if err != nil {
+		t.Fatalf("dead.outbox.too_large: %v", err)
+	}
+	if big.Header.Get(events.HeaderMsgID) != bigID || big.Header.Get(events.HeaderDeadSource) != events.ClicksStream ||
+		big.Header.Get(events.HeaderDeadSubject) != "clicks.acme.abc" || big.Header.Get(events.HeaderDeadError) == "" {
+		t.Fatalf("parked message headers: %v", big.Header)
+	}
+	if _, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "malformed")); err != nil {
+		t.Fatalf("dead.outbox.malformed: %v", err)
+	}
+}
+
+// TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced: relay A holds the
+// shard and "pauses" (a GC pause, a frozen VM) between publishing a batch
+// and deleting it, past its lease. Relay B takes the shard over and relays
+// everything. When A wakes up its XDEL is refused by the lease token (the
+// fence), A lets the shard go, and every event is in CLICKS once, in order.
+func TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 50)
+
+	a := e.relay("a")
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	var once sync.Once
+	a.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() { close(paused); <-resume })
+		return nil
+	}
+	ra := start(a)
+	defer ra.stop()
+	<-paused
+	// A is frozen mid-batch; its lease lapses (deleted here as expiry
+	// would), so B can take the shard.
+	e.rdb.Del(t.Context(), e.layout.LeaseKey(0))
+	rb := start(e.relay("b"))
+	defer rb.stop()
+	testenv.WaitFor(t, 10*time.Second, "b to relay everything", func() bool { return count(e.js, events.ClicksStream) >= 50 && e.outboxLen(t) == 0 })
+	close(resume)
+	testenv.WaitFor(t, 10*time.Second, "a to lose the lease", func() bool {
+		return testutilLeasesLost(a) >= 1
+	})
+	if got := counterValue(a.m.PublishErrors.WithLabelValues(LaneClicks.Name, "lease")); got != 1 {
+		t.Fatalf("a's fenced XDEL refusals = %v, want 1", got)
+	}
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+	// A lives on: once B stops (and releases), A picks the shard up again.
+	more := e.addClicks(t, "abc", 5)
+	rb.stop()
+	testenv.WaitFor(t, 10*time.Second, "a to relay new entries", func() bool { return count(e.js, events.ClicksStream) >= 55 })
+	sameSequence(t, "CLICKS", append(ids, more...), storedIDs(t, e.js, events.ClicksStream))
+}
+
+// TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL: an instance that
+// dies holding leases (no release) leaves its shards for LeaseTTL; then the
+// surviving instance takes them and publishes their backlog.
+func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	// The dead instance's leases, as a SIGKILLed process leaves them.
+	for s := range 4 {
+		e.rdb.Set(t.Context(), e.layout.LeaseKey(s), "dead/instance", 600*time.Millisecond)
+	}
+	var want []string
+	for _, code := range []string{"a1", "b2", "c3", "d4", "e5", "f6"} {
+		want = append(want, e.addClicks(t, code, 5)...)
+	}
+	rr := start(e.relay("survivor"))
+	defer rr.stop()
+	testenv.WaitFor(t, 15*time.Second, "the survivor to relay the dead instance's shards", func() bool {
+		return count(e.js, events.ClicksStream) == len(want) && e.outboxLen(t) == 0
+	})
+}
+
+// TestRelaySharesShardsAmongInstances: two live relays split the shards
+// (each holds its fair share), and together relay everything.
+func TestRelaySharesShardsAmongInstances(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 8)
+	a, b := e.relay("a"), e.relay("b")
+	ra, rb := start(a), start(b)
+	defer ra.stop()
+	defer rb.stop()
+	testenv.WaitFor(t, 15*time.Second, "4 shards each", func() bool {
+		return gaugeValue(a.m.LeasesHeld) == 4 && gaugeValue(b.m.LeasesHeld) == 4
+	})
+	var n int
+	for i := range 20 {
+		n += len(e.addClicks(t, fmt.Sprintf("code%d", i), 3))
+	}
+	testenv.WaitFor(t, 15*time.Second, "everything relayed", func() bool { return count(e.js, events.ClicksStream) == n })
+}
+
+// TestCommitterRefusesWhenFull: at the configured depth the committer
+// refuses with ErrFull without writing, and writes again once the depth
+// drops.
+func TestCommitterRefusesWhenFull(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	m := NewMetrics(prometheus.NewRegistry())
+	c := NewCommitter(e.rdb, e.layout, CommitterConfig{MaxBatch: 8, Workers: 1, MaxEntries: 3, Timeout: time.Second, Cooldown: time.Second}, m)
+	c.Start()
+	defer c.Close()
+	for i := range 3 {
+		if err := c.Append(t.Context(), 0, []byte(events.NewID()), []byte("clicks.acme.abc"), []byte("{}")); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	if err := c.Append(t.Context(), 0, []byte(events.NewID()), []byte("clicks.acme.abc"), []byte("{}")); !errors.Is(err, ErrFull) {
+		t.Fatalf("append to a full shard: %v, want ErrFull", err)
+	}
+	if n := e.rdb.XLen(t.Context(), e.layout.OutboxKey(0, LaneClicks)).Val(); n != 3 {
+		t.Fatalf("outbox holds %d, want 3", n)
+	}
+	mo := NewMonitor(e.rdb, e.layout, c, m, slog.New(slog.DiscardHandler))
+	e.rdb.Del(t.Context(), e.layout.OutboxKey(0, LaneClicks)) // the relay caught up
+	if _, err := mo.Sample(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Append(t.Context(), 0, []byte(events.NewID()), []byte("clicks.acme.abc"), []byte("{}")); err != nil {
+		t.Fatalf("append after the outbox drained: %v", err)
+	}
+}
+
+// TestCheckShardsRefusesAChange: the shard count is fixed at first start.
+func TestCheckShardsRefusesAChange(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	if err := CheckShards(t.Context(), rdb, NewLayout(16)); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckShards(t.Context(), rdb, NewLayout(16)); err != nil {
+		t.Fatalf("same count again: %v", err)
+	}
+	if err := CheckShards(t.Context(), rdb, NewLayout(8)); !errors.Is(err, ErrShardsChanged) {
+		t.Fatalf("another count: %v, want ErrShardsChanged", err)
+	}
+}

@@ -1,0 +1,521 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// RelayConfig tunes the relay.
+type RelayConfig struct {
+	// Instance names this relay in the relays set and in lease tokens.
+	Instance string
+	// Window is the most entries of one lane published before waiting for
+	// their acks (the bounded PublishAsync window).
+	Window int
+	// LeaseTTL is how long a shard lease lives without renewal: the time a
+	// dead instance's shards wait before another instance takes them over.
+	// Leases are renewed every LeaseTTL/3.
+	LeaseTTL time.Duration
+	// Block is the longest a relay waits in XREAD for new entries.
+	Block time.Duration
+	// MaxBackoff caps the wait before retrying a lane after an error.
+	MaxBackoff time.Duration
+	// Linger is how long a shard waits after a batch smaller than Window
+	// before reading again, so entries accumulate into fewer, larger
+	// batches (Kafka's linger.ms): it adds at most Linger to the time a
+	// click takes to reach JetStream, and nothing to a redirect.
+	Linger time.Duration
+}
+
+// JetStream is what the relay needs of a JetStream context.
+type JetStream interface {
+	PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error)
+	PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// Relay publishes the outbox to JetStream. Every instance runs one; the
+// shards are shared out among the live instances by leases (SET NX PX with a
+// random token, renewed by compare-and-expire, released by
+// compare-and-delete), so each shard is relayed by one instance at a time and
+// a dead instance's shards are taken over once its leases expire.
+//
+// Per lane, the relay reads the head of the outbox (XREAD from the last
+// entry it deleted), publishes up to Window entries with PublishMsgAsync
+// (Nats-Msg-Id = event ID, Nats-Expected-Stream = the lane's stream), waits
+// for the acks in order, and deletes the acknowledged prefix with an XDEL
+// fenced by the lease token (a Lua script deletes only while the token is
+// still ours). On a transient error it keeps the failed entry and everything
+// after it and retries from there after a backoff; entries after it that
+// were stored already are dropped by the stream's duplicate window. An entry
+// JetStream refuses for good (too large, wrong stream) is parked on
+// DEAD_LETTER as dead.outbox.<reason> and deleted, so it cannot block its
+// shard.
+type Relay struct {
+	rdb    redis.UniversalClient
+	js     JetStream
+	ready  func() bool
+	layout Layout
+	cfg    RelayConfig
+	log    *slog.Logger
+	m      *Metrics
+
+	// afterAcks, if set (tests), runs after a batch's acks and before its
+	// XDEL; returning an error abandons the batch as a crash would.
+	afterAcks func(shard int, lane Lane, ids []string) error
+}
+
+// NewRelay returns a relay. ready reports whether NATS is connected and the
+// topology applied; the relay does not publish before (the client would
+// only buffer, and a publish to a stream that is being created could fail
+// while the next one succeeds, which would break order).
+func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout Layout, cfg RelayConfig, log *slog.Logger, m *Metrics) *Relay {
+	if cfg.Window < 1 {
+		cfg.Window = 1
+	}
+	if cfg.Block < time.Millisecond {
+		cfg.Block = time.Second
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 5 * time.Second
+	}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m}
+}
+
+// renewScript extends a lease if the caller still holds it.
+var renewScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0`)
+
+// releaseScript deletes a lease if the caller still holds it.
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+
+// fencedDelScript deletes outbox entries only while the caller holds the
+// shard's lease: KEYS[1] lease, KEYS[2] outbox, ARGV[1] token, ARGV[2..] IDs.
+// It returns -1 when the lease is not the caller's.
+var fencedDelScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+return redis.call('XDEL', KEYS[2], unpack(ARGV, 2))`)
+
+var errLeaseLost = errors.New("shard lease lost")
+
+type heldShard struct {
+	token  string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Run relays until ctx ends, then stops its shards and releases their leases
+// so other instances take over at once.
+func (r *Relay) Run(ctx context.Context) error {
+	held := map[int]*heldShard{}
+	defer func() {
+		for s, h := range held {
+			h.cancel()
+			<-h.done
+			r.release(s, h.token)
+		}
+		r.m.LeasesHeld.Set(0)
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = r.rdb.ZRem(cctx, RelaysKey, r.cfg.Instance).Err()
+	}()
+	tick := time.NewTicker(r.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		r.balance(ctx, held)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// balance renews held leases, drops lost ones, and moves toward this
+// instance's fair share of shards: ceil(shards / live instances).
+func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
+	now := time.Now()
+	live := 1
+	pipe := r.rdb.Pipeline()
+	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(3 * r.cfg.LeaseTTL).UnixMilli()), Member: r.cfg.Instance})
+	pipe.ZRemRangeByScore(ctx, RelaysKey, "-inf", strconv.FormatInt(now.UnixMilli(), 10))
+	card := pipe.ZCard(ctx, RelaysKey)
+	if _, err := pipe.Exec(ctx); err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("relay heartbeat", "err", err)
+			r.m.PublishErrors.WithLabelValues("", "redis").Inc()
+		}
+	} else if n := int(card.Val()); n > 0 {
+		live = n
+	}
+	r.m.RelayInstances.Set(float64(live))
+	share := int(math.Ceil(float64(r.layout.Shards) / float64(live)))
+
+	for s, h := range held {
+		lost := false
+		select {
+		case <-h.done: // the shard loop found the lease gone (fenced XDEL)
+			lost = true
+		default:
+			ok, err := renewScript.Run(ctx, r.rdb, []string{r.layout.LeaseKey(s)}, h.token, r.cfg.LeaseTTL.Milliseconds()).Int()
+			if err != nil {
+				// Unknown: keep relaying; the fenced XDEL protects the outbox
+				// and the lease may still be ours.
+				continue
+			}
+			lost = ok == 0
+		}
+		if lost {
+			h.cancel()
+			<-h.done
+			delete(held, s)
+			r.m.LeasesLost.Inc()
+			r.log.Warn("relay lease lost", "shard", s)
+		}
+	}
+	for s, h := range held {
+		if len(held) <= share {
+			break
+		}
+		h.cancel()
+		<-h.done
+		r.release(s, h.token)
+		delete(held, s)
+	}
+	if len(held) < share && ctx.Err() == nil {
+		start := mrand.IntN(r.layout.Shards)
+		for i := 0; i < r.layout.Shards && len(held) < share; i++ {
+			s := (start + i) % r.layout.Shards
+			if _, ok := held[s]; ok {
+				continue
+			}
+			token := r.cfg.Instance + "/" + randomToken()
+			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, r.cfg.LeaseTTL).Result()
+			if err != nil || !ok {
+				continue
+			}
+			sctx, cancel := context.WithCancel(ctx)
+			h := &heldShard{token: token, cancel: cancel, done: make(chan struct{})}
+			held[s] = h
+			r.log.Info("relay lease acquired", "shard", s)
+			go func() {
+				defer close(h.done)
+				r.runShard(sctx, s, token)
+			}()
+		}
+	}
+	r.m.LeasesHeld.Set(float64(len(held)))
+}
+
+func (r *Relay) release(shard int, token string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := releaseScript.Run(ctx, r.rdb, []string{r.layout.LeaseKey(shard)}, token).Err(); err != nil {
+		r.log.Warn("relay release lease", "shard", shard, "err", err)
+	}
+}
+
+func randomToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// laneState is one lane's position and backoff within a shard loop.
+type laneState struct {
+	last    string // stream ID of the last entry deleted; "0-0" reads from the head
+	retryAt time.Time
+	backoff time.Duration
+	// probing: after an error the lane publishes one entry at a time until
+	// one succeeds, so a retry never races later entries of its window.
+	probing bool
+}
+
+// runShard relays one shard while ctx lasts and the lease is ours.
+func (r *Relay) runShard(ctx context.Context, shard int, token string) {
+	lanes := make([]laneState, len(Lanes))
+	for i := range lanes {
+		lanes[i].last = "0-0"
+	}
+	keys := make([]string, len(Lanes))
+	for i, l := range Lanes {
+		keys[i] = r.layout.OutboxKey(shard, l)
+	}
+	streams := make([]string, 0, 2*len(Lanes))
+	order := make([]int, 0, len(Lanes))
+	for ctx.Err() == nil {
+		if !r.ready() {
+			sleep(ctx, 50*time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		block := r.cfg.Block
+		streams, order = streams[:0], order[:0]
+		for i := range lanes {
+			if wait := lanes[i].retryAt.Sub(now); wait > 0 {
+				block = min(block, wait)
+				continue
+			}
+			order = append(order, i)
+		}
+		if len(order) == 0 {
+			sleep(ctx, block)
+			continue
+		}
+		for _, i := range order {
+			streams = append(streams, keys[i])
+		}
+		for _, i := range order {
+			streams = append(streams, lanes[i].last)
+		}
+		count := int64(r.cfg.Window)
+		for _, i := range order {
+			if lanes[i].probing {
+				count = 1 // XREAD's COUNT is per stream; one probing lane slows the shard's read, not its order
+			}
+		}
+		res, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: count, Block: max(block, time.Millisecond)}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.m.PublishErrors.WithLabelValues("", "redis").Inc()
+			r.log.Warn("relay read outbox", "shard", shard, "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		short := true
+		for _, st := range res {
+			if len(st.Messages) >= int(count) {
+				short = false
+			}
+			li := -1
+			for i, k := range keys {
+				if k == st.Stream {
+					li = i
+				}
+			}
+			if li < 0 || len(st.Messages) == 0 {
+				continue
+			}
+			ls := &lanes[li]
+			n, err := r.relayBatch(ctx, shard, token, Lanes[li], st.Messages)
+			switch {
+			case errors.Is(err, errLeaseLost):
+				r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
+				return
+			case err != nil:
+				if ctx.Err() != nil {
+					return
+				}
+				ls.last = "0-0" // retry from the head: the first entry not deleted
+				ls.probing = true
+				ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
+				ls.retryAt = time.Now().Add(ls.backoff)
+				r.log.Warn("relay batch", "shard", shard, "lane", Lanes[li].Name, "published", n, "retry_in", ls.backoff, "err", err)
+			default:
+				ls.last = st.Messages[len(st.Messages)-1].ID
+				ls.backoff = 0
+				ls.probing = false
+			}
+		}
+		if short && r.cfg.Linger > 0 {
+			sleep(ctx, r.cfg.Linger)
+		}
+	}
+}
+
+// relayBatch publishes msgs in order and deletes the acknowledged prefix. It
+// returns how many entries it deleted, and the error that stopped it early.
+func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane Lane, msgs []redis.XMessage) (int, error) {
+	type sent struct {
+		e      Entry
+		f      jetstream.PubAckFuture
+		err    error // synchronous publish error
+		parked bool  // malformed: park without publishing
+	}
+	batch := make([]sent, 0, len(msgs))
+	for _, m := range msgs {
+		e, err := parseEntry(m)
+		if err != nil {
+			batch = append(batch, sent{e: e, err: err, parked: true})
+			continue
+		}
+		msg := &nats.Msg{Subject: e.Subject, Data: []byte(e.Data), Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
+		// No retries inside the client: it would resend a refused message
+		// after later ones of the window were stored. The relay retries.
+		f, err := r.js.PublishMsgAsync(msg, jetstream.WithExpectStream(lane.Stream), jetstream.WithRetryAttempts(0))
+		batch = append(batch, sent{e: e, f: f, err: err})
+		if err != nil && !permanent(err) {
+			break // nothing after a transient failure is worth sending now
+		}
+	}
+	ids := make([]string, 0, len(batch))
+	var stop error
+	for _, b := range batch {
+		err := b.err
+		if err == nil && b.f != nil {
+			select {
+			case <-b.f.Ok():
+			case err = <-b.f.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if stop != nil {
+			continue // drain the remaining futures; they are retried anyway
+		}
+		switch {
+		case err == nil:
+			ids = append(ids, b.e.StreamID)
+		case b.parked || permanent(err):
+			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
+				stop = perr
+				continue
+			}
+			ids = append(ids, b.e.StreamID)
+		default:
+			r.m.PublishErrors.WithLabelValues(lane.Name, "publish").Inc()
+			stop = fmt.Errorf("publish %s to %s: %w", b.e.ID, b.e.Subject, err)
+		}
+	}
+	if len(ids) == 0 {
+		return 0, stop
+	}
+	if r.afterAcks != nil {
+		if err := r.afterAcks(shard, lane, ids); err != nil {
+			return 0, err
+		}
+	}
+	args := make([]any, 0, len(ids)+1)
+	args = append(args, token)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	// A fresh context: entries JetStream acknowledged are deleted even when
+	// shutdown has begun, so the next holder does not publish them again.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	n, err := fencedDelScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)}, args...).Int()
+	if err != nil {
+		r.m.PublishErrors.WithLabelValues(lane.Name, "redis").Inc()
+		return 0, fmt.Errorf("delete relayed entries: %w", err)
+	}
+	if n < 0 {
+		return 0, errLeaseLost
+	}
+	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids)))
+	return len(ids), stop
+}
+
+// permanent reports whether JetStream will refuse the message however often
+// it is sent, so retrying would block the shard forever.
+func permanent(err error) bool {
+	if errors.Is(err, errMalformedEntry) || errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum, 10060 /* expected stream does not match */, jetstream.JSErrCodeBadRequest:
+			return true
+		}
+	}
+	return false
+}
+
+// reason is the dead-letter subject token for a permanent error.
+func reason(err error) string {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, errMalformedEntry):
+		return "malformed"
+	case errors.Is(err, nats.ErrMaxPayload):
+		return "too_large"
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
+		return "too_large"
+	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:
+		return "wrong_stream"
+	}
+	return "rejected"
+}
+
+// park puts an entry JetStream refused for good on DEAD_LETTER, or, if
+// DEAD_LETTER refuses it too, into the shard's Redis dead stream. An error
+// means neither worked now (transient); the entry stays in the outbox.
+func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) error {
+	why := reason(cause)
+	r.m.PublishErrors.WithLabelValues(lane.Name, "permanent").Inc()
+	r.log.Error("relay parks an entry JetStream refused", "shard", shard, "lane", lane.Name, "id", e.ID, "subject", e.Subject, "reason", why, "err", cause)
+	msg := &nats.Msg{
+		Subject: events.DeadLetterSubject("outbox", why),
+		Data:    []byte(e.Data),
+		Header: nats.Header{
+			events.HeaderDeadReason:  []string{why},
+			events.HeaderDeadError:   []string{truncate(cause.Error(), 512)},
+			events.HeaderDeadSource:  []string{lane.Stream},
+			events.HeaderDeadSubject: []string{e.Subject},
+		},
+	}
+	if e.ID != "" {
+		msg.Header.Set(events.HeaderMsgID, e.ID)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := r.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(events.DeadLetterStream))
+	if err == nil {
+		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
+		return nil
+	}
+	if !permanent(err) {
+		return fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
+	}
+	if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.layout.DeadKey(shard), ID: "*", Values: []any{
+		fieldID, e.ID, fieldSubject, e.Subject, fieldData, e.Data, "lane", lane.Name, "reason", why, "error", truncate(cause.Error(), 512),
+	}}).Err(); err != nil {
+		return fmt.Errorf("park %s in redis: %w", e.ID, err)
+	}
+	r.m.Parked.WithLabelValues(lane.Name, why).Inc()
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

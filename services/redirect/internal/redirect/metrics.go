@@ -1,0 +1,46 @@
+package redirect
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the hot path's metrics. The counters the hot path touches are
+// resolved once here, so a redirect does no label lookup.
+type Metrics struct {
+	CacheHits          prometheus.Counter
+	CacheMisses        prometheus.Counter
+	CacheInvalidations prometheus.Counter
+	Misses             prometheus.Counter // unknown codes
+	Clicks             prometheus.Counter
+	Unrecorded         *prometheus.CounterVec // reason
+	Heads              prometheus.Counter
+	Latency            prometheus.Histogram
+	Following          prometheus.Gauge
+}
+
+// NewMetrics registers the metrics on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	const ns, sub = "snip", "redirect"
+	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_lookups_total",
+		Help: "Link cache lookups, by result (hit, miss)."}, []string{"result"})
+	m := &Metrics{
+		CacheHits:   lookups.WithLabelValues("hit"),
+		CacheMisses: lookups.WithLabelValues("miss"),
+		CacheInvalidations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_invalidations_total",
+			Help: "Link cache entries dropped because LINKS said the link changed."}),
+		Misses: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "misses_total",
+			Help: "Redirect requests for unknown or deleted codes (404); not clicks."}),
+		Clicks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_recorded_total",
+			Help: "Clicks written to the outbox before their 302."}),
+		Unrecorded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_unrecorded_total",
+			Help: "Redirects served (policy redirect) or refused (policy reject) without their click in the outbox, by reason (full, unavailable)."},
+			[]string{"reason"}),
+		Heads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "head_requests_total",
+			Help: "HEAD requests answered with a 302 and not counted as clicks."}),
+		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "redirect_duration_seconds",
+			Help:    "Time from request to 302, click recording included.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
+		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
+			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
+	}
+	reg.MustRegister(lookups, m.CacheInvalidations, m.Misses, m.Clicks, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	return m
+}

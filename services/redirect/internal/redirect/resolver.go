@@ -1,0 +1,121 @@
+package redirect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/redirect/internal/link"
+	"github.com/snipdev/snip/services/redirect/internal/linkstore"
+)
+
+// LinkGetter is what the resolver needs of the link store.
+type LinkGetter interface {
+	Get(ctx context.Context, code string) (link.Link, error)
+}
+
+// Resolver finds links, from the cache when it can.
+type Resolver struct {
+	store LinkGetter
+	cache *otter.Cache[string, link.Link]
+	m     *Metrics
+}
+
+// NewResolver returns a resolver whose cache holds at most size links, each
+// for at most ttl.
+func NewResolver(store LinkGetter, size int, ttl time.Duration, m *Metrics) *Resolver {
+	c := otter.Must(&otter.Options[string, link.Link]{
+		MaximumSize:      size,
+		ExpiryCalculator: otter.ExpiryWriting[string, link.Link](ttl),
+	})
+	return &Resolver{store: store, cache: c, m: m}
+}
+
+// Close stops the cache's maintenance goroutines.
+func (r *Resolver) Close() { r.cache.StopAllGoroutines() }
+
+// Resolve returns the live link with code, or ErrNotFound. Unknown codes are
+// not cached (a link created a moment later must work at once); Redis
+// answers a miss in one round trip.
+func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) {
+	if l, ok := r.cache.GetIfPresent(code); ok {
+		r.m.CacheHits.Inc()
+		return l, nil
+	}
+	r.m.CacheMisses.Inc()
+	l, err := r.store.Get(ctx, code)
+	if errors.Is(err, linkstore.ErrNotFound) {
+		return link.Link{}, fmt.Errorf("resolve %q: %w", code, ErrNotFound)
+	}
+	if err != nil {
+		return link.Link{}, fmt.Errorf("resolve %q: %w", code, err)
+	}
+	r.cache.Set(code, l)
+	return l, nil
+}
+
+// Invalidate drops code from the cache.
+func (r *Resolver) Invalidate(code string) {
+	if _, ok := r.cache.Invalidate(code); ok {
+		r.m.CacheInvalidations.Inc()
+	}
+}
+
+// WatchLinks follows LINKS from now on with an ordered consumer and drops
+// every deleted code from the cache, until ctx ends. It retries
+// while the stream or NATS is not there; the cache TTL covers the gap.
+func WatchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *slog.Logger) {
+	for ctx.Err() == nil {
+		err := watchLinks(ctx, js, r, log)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Debug("watch LINKS; retrying", "err", err)
+		t := time.NewTimer(250 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func watchLinks(ctx context.Context, js jetstream.JetStream, r *Resolver, log *slog.Logger) error {
+	cons, err := js.OrderedConsumer(ctx, events.LinksStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("ordered consumer on %s: %w", events.LinksStream, err)
+	}
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		ev, err := events.DecodeLinkEvent(msg.Data())
+		if err != nil {
+			log.Warn("undecodable LINKS event ignored", "subject", msg.Subject(), "err", err)
+			return
+		}
+		// Only a deletion can make a cached link wrong: codes are never
+		// reused (deleted links stay as tombstones) and misses are not
+		// cached, so link.created needs nothing.
+		if ev.Kind == events.LinkDeleted {
+			r.Invalidate(ev.Code)
+		}
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		log.Debug("consume LINKS", "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", events.LinksStream, err)
+	}
+	log.Info("following LINKS for cache invalidation")
+	r.m.Following.Set(1)
+	defer r.m.Following.Set(0)
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}

@@ -1,0 +1,167 @@
+// Package visitor turns a request into the anonymised visitor fields of a
+// click: the network prefix of the client address, a visitor identity that
+// cannot be turned back into an address, the bot label, the country from a
+// trusted edge header, and bounded user agent and referrer.
+//
+// The identity is HMAC-SHA256(salt of the day, IP || 0 || user agent),
+// truncated to 128 bits. The salt is 32 random bytes created by whichever
+// instance first needs it that day (SET NX, so all instances share it) and
+// expires after two days (Plausible's scheme): yesterday's identities cannot
+// be linked to today's, and once a salt is gone no identity made with it can
+// be recomputed from an address, even by us. Nothing derives the salt from a
+// fixed secret.
+package visitor
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SaltTTL is how long a day's salt lives in Redis: long enough to cover the
+// whole day in every time zone's clock skew, short enough that it is gone a
+// day later.
+const SaltTTL = 48 * time.Hour
+
+// SaltKey is the Redis key of the salt of a UTC day.
+func SaltKey(day time.Time) string { return "snip:visitor:salt:" + day.UTC().Format(time.DateOnly) }
+
+// Identifier computes visitor identities with the daily salt.
+type Identifier struct {
+	rdb redis.UniversalClient
+	cur atomic.Pointer[daySalt]
+	mu  sync.Mutex // serialises salt fetches
+}
+
+type daySalt struct {
+	day  int64     // Unix day number
+	pool sync.Pool // of *hasher
+}
+
+// hasher is a keyed HMAC with its scratch space, pooled so that computing
+// an identity allocates nothing.
+type hasher struct {
+	h   hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
+}
+
+// NewIdentifier returns an identifier that keeps its salts in rdb.
+func NewIdentifier(rdb redis.UniversalClient) *Identifier { return &Identifier{rdb: rdb} }
+
+// AppendID appends the 32 hex characters of the visitor identity of (ip, ua)
+// at time now to dst.
+func (id *Identifier) AppendID(ctx context.Context, dst []byte, now time.Time, ip netip.Addr, ua string) ([]byte, error) {
+	day := now.Unix() / 86400
+	ds := id.cur.Load()
+	if ds == nil || ds.day != day {
+		var err error
+		if ds, err = id.salt(ctx, day); err != nil {
+			return dst, err
+		}
+	}
+	hs := ds.pool.Get().(*hasher)
+	a := ip.As16()
+	hs.buf = append(append(append(hs.buf[:0], a[:]...), 0), ua...)
+	hs.h.Reset()
+	_, _ = hs.h.Write(hs.buf)
+	s := hs.h.Sum(hs.sum[:0])
+	dst = hex.AppendEncode(dst, s[:16])
+	ds.pool.Put(hs)
+	return dst, nil
+}
+
+func (id *Identifier) salt(ctx context.Context, day int64) (*daySalt, error) {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if ds := id.cur.Load(); ds != nil && ds.day == day {
+		return ds, nil
+	}
+	key := SaltKey(time.Unix(day*86400, 0))
+	var fresh [32]byte
+	_, _ = rand.Read(fresh[:])
+	// SET NX GET would do it in one call, but needs Redis 7; two calls are
+	// as safe: whoever wins SET NX, everyone reads the winner's salt.
+	if err := id.rdb.SetNX(ctx, key, hex.EncodeToString(fresh[:]), SaltTTL).Err(); err != nil {
+		return nil, fmt.Errorf("visitor salt: %w", err)
+	}
+	v, err := id.rdb.Get(ctx, key).Result()
+	if err != nil {
+		return nil, fmt.Errorf("visitor salt: %w", err)
+	}
+	key2, err := hex.DecodeString(v)
+	if err != nil || len(key2) < 16 {
+		return nil, fmt.Errorf("visitor salt %s is malformed", key)
+	}
+	ds := &daySalt{day: day}
+	ds.pool.New = func() any { return &hasher{h: hmac.New(sha256.New, key2), buf: make([]byte, 0, 256)} }
+	id.cur.Store(ds)
+	return ds, nil
+}
+
+// AppendPrefix appends the anonymised network of ip: /24 for IPv4 (and
+// IPv4-mapped IPv6), /48 for IPv6, e.g. "203.0.113.0/24". An invalid address
+// appends nothing.
+func AppendPrefix(dst []byte, ip netip.Addr) []byte {
+	if !ip.IsValid() {
+		return dst
+	}
+	ip = ip.Unmap()
+	bits := 48
+	if ip.Is4() {
+		bits = 24
+	}
+	p, err := ip.WithZone("").Prefix(bits)
+	if err != nil {
+		return dst
+	}
+	return p.AppendTo(dst)
+}
+
+// Country returns an ISO 3166-1 alpha-2 code from an edge header value
+// (CF-IPCountry, X-Country), uppercased, or "" unless it is exactly two
+// ASCII letters (Cloudflare's "XX" and "T1" stay out: T1 has a digit, and
+// XX means unknown).
+func Country(v string) string {
+	if len(v) != 2 {
+		return ""
+	}
+	a, b := upper(v[0]), upper(v[1])
+	if a < 'A' || a > 'Z' || b < 'A' || b > 'Z' || (a == 'X' && b == 'X') {
+		return ""
+	}
+	if a == v[0] && b == v[1] {
+		return v
+	}
+	return string([]byte{a, b})
+}
+
+func upper(c byte) byte {
+	if c >= 'a' && c <= 'z' {
+		return c - ('a' - 'A')
+	}
+	return c
+}
+
+// Truncate shortens s to at most n bytes without splitting a UTF-8
+// sequence.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

@@ -1,0 +1,135 @@
+package visitor_test
+
+import (
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/redirect/internal/visitor"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+func TestAppendPrefix(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ in, want string }{
+		{"203.0.113.77", "203.0.113.0/24"},
+		{"::ffff:203.0.113.77", "203.0.113.0/24"},
+		{"2001:db8:abcd:1234::1", "2001:db8:abcd::/48"},
+		{"fe80::1%eth0", "fe80::/48"},
+		{"", ""},
+	}
+	for _, tc := range tests {
+		ip, _ := netip.ParseAddr(tc.in)
+		if got := string(visitor.AppendPrefix(nil, ip)); got != tc.want {
+			t.Errorf("AppendPrefix(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestCountry(t *testing.T) {
+	t.Parallel()
+	tests := map[string]string{"DE": "DE", "fr": "FR", "XX": "", "T1": "", "DEU": "", "": "", "d": "", "1A": "", "é": ""}
+	for in, want := range tests {
+		if got := visitor.Country(in); got != want {
+			t.Errorf("Country(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTruncateKeepsUTF8Whole(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"hello", 10, "hello"}, {"hello", 3, "hel"}, {"häh", 2, "h"}, {"häh", 3, "hä"}, {"日本", 4, "日"},
+	}
+	for _, tc := range tests {
+		if got := visitor.Truncate(tc.in, tc.n); got != tc.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestIsBot(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		ua  string
+		bot bool
+	}{
+		{"Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36", false},
+		{"Mozilla/5.0 (iPhone; CPU iPhone OS 17_4 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.4 Mobile/15E148 Safari/604.1", false},
+		{"Mozilla/5.0 (Linux; Android 9; CUBOT X19) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/90.0 Mobile Safari/537.36", false},
+		{"Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)", true},
+		{"Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)", true},
+		{"Slackbot-LinkExpanding 1.0", true},
+		{"Discordbot/2.0", true},
+		{"facebookexternalhit/1.1", true},
+		{"Twitterbot/1.0", true},
+		{"WhatsApp/2.23.20.0", true},
+		{"curl/8.4.0", true},
+		{"python-requests/2.31.0", true},
+		{"Go-http-client/1.1", true},
+		{"Mozilla/5.0 (X11; Linux x86_64) HeadlessChrome/120.0.0.0", true},
+		{"", true},
+	}
+	for _, tc := range tests {
+		if got := visitor.IsBot(tc.ua); got != tc.bot {
+			t.Errorf("IsBot(%q) = %v, want %v", tc.ua, got, tc.bot)
+		}
+	}
+}
+
+// TestVisitorIdentityRotatesDailyAndIsShared: two instances on one Redis
+// give the same identity for the same visitor on the same day (the salt is
+// shared), another identity the next day (the salt rotates), and the salt
+// expires within two days.
+func TestVisitorIdentityRotatesDailyAndIsShared(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	a, b := visitor.NewIdentifier(rdb), visitor.NewIdentifier(rdb)
+	ip := netip.MustParseAddr("203.0.113.7")
+	day1 := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	id := func(v *visitor.Identifier, at time.Time, ip netip.Addr, ua string) string {
+		t.Helper()
+		out, err := v.AppendID(t.Context(), nil, at, ip, ua)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	x := id(a, day1, ip, "UA")
+	if len(x) != 32 {
+		t.Fatalf("identity %q: want 32 hex characters", x)
+	}
+	if y := id(b, day1.Add(13*time.Hour), ip, "UA"); y != x {
+		t.Fatalf("same visitor, same day, other instance: %s != %s", y, x)
+	}
+	if y := id(a, day1, ip, "UA2"); y == x {
+		t.Fatal("another user agent gave the same identity")
+	}
+	if y := id(a, day1, netip.MustParseAddr("203.0.113.8"), "UA"); y == x {
+		t.Fatal("another address gave the same identity")
+	}
+	if y := id(a, day1.Add(24*time.Hour), ip, "UA"); y == x {
+		t.Fatal("the identity did not rotate the next day")
+	}
+	ttl := rdb.TTL(t.Context(), visitor.SaltKey(day1)).Val()
+	if ttl <= 0 || ttl > visitor.SaltTTL {
+		t.Fatalf("salt TTL %s, want (0, %s]", ttl, visitor.SaltTTL)
+	}
+}
+
+func BenchmarkIsBot(b *testing.B) {
+	ua := "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36"
+	b.ReportAllocs()
+	for b.Loop() {
+		visitor.IsBot(ua)
+	}
+}

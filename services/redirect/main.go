@@ -1,0 +1,314 @@
+// Command redirect is Snip's redirect service: the owners' link API, the
+// redirect hot path that writes every click into a Redis outbox before its
+// 302, and the relay that moves the outbox to JetStream (CLICKS, LINKS,
+// PREVIEW_JOBS). README.md follows one click and one link through it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/redisconn"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/services/redirect/internal/httpapi"
+	"github.com/snipdev/snip/services/redirect/internal/linkstore"
+	"github.com/snipdev/snip/services/redirect/internal/outbox"
+	"github.com/snipdev/snip/services/redirect/internal/redirect"
+	"github.com/snipdev/snip/services/redirect/internal/visitor"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		cfg, err := loadConfig()
+		if err == nil {
+			err = webserver.Probe(cfg.HTTPAddr)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "healthcheck:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "redirect:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
+	if err := run(ctx, log, cfg); err != nil {
+		log.Error("redirect stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+func parseLevel(s string) slog.Level {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
+
+// startupTimeout is how long run waits for Redis at start before giving up
+// (the orchestrator restarts it). NATS is not waited for.
+const startupTimeout = 30 * time.Second
+
+// run wires the service and serves until ctx ends, then shuts down from the
+// outside in: HTTP (waiting for requests in flight, whose clicks are
+// committed before their 302), the group committer, a short drain of the
+// outbox by the relay, then the background loops, NATS and Redis.
+func run(ctx context.Context, log *slog.Logger, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log.Info("starting", "config", cfg.logValue())
+	redis.SetLogger(redisLogger{log})
+	trusted, _ := cfg.trustedProxies()
+
+	// Redis: one client for requests, one for the relay, whose blocking
+	// XREADs hold a connection per shard.
+	rdb, err := redisconn.Open(cfg.RedisURL)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	relayRDB, err := redisconn.Open(withPoolSize(cfg.RedisURL, cfg.OutboxShards+8))
+	if err != nil {
+		return err
+	}
+	defer relayRDB.Close()
+	if err := waitForRedis(ctx, rdb, log); err != nil {
+		return err
+	}
+	if err := owners.NewStore(rdb).EnsureFromSpec(ctx, cfg.BootstrapOwners); err != nil {
+		return err
+	}
+	layout := outbox.NewLayout(cfg.OutboxShards)
+	if err := outbox.CheckShards(ctx, rdb, layout); err != nil {
+		return err
+	}
+
+	// NATS: connects in the background and reconnects forever; redirects
+	// never wait for it.
+	nc, err := natsconn.Connect(cfg.nats(), log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.OutboxShards*len(outbox.Lanes)*cfg.RelayWindow),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	om := outbox.NewMetrics(reg)
+	rm := redirect.NewMetrics(reg)
+	topoReady := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "redirect", Name: "topology_applied",
+		Help: "1 once this instance has applied the JetStream topology."})
+	reg.MustRegister(topoReady)
+
+	perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
+	store := linkstore.New(rdb, layout, perShard)
+	resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, rm)
+	defer resolver.Close()
+	committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
+		MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
+		Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
+	}, om)
+	committer.Start()
+	defer committer.Close()
+	svc := redirect.NewService(resolver, committer, visitor.NewIdentifier(rdb), layout, cfg.UnrecordedPolicy, rm)
+
+	// Background loops live until the HTTP server and the committer are done.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() { stopBG(); wg.Wait() }()
+	var topologyApplied atomic.Bool
+	wg.Go(func() {
+		if applyTopology(bg, js, cfg.topology(), log) {
+			topologyApplied.Store(true)
+			topoReady.Set(1)
+		}
+	})
+	wg.Go(func() { redirect.WatchLinks(bg, js, resolver, log) })
+	relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
+	relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
+		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
+	}, log, om)
+	wg.Go(func() { _ = relay.Run(bg) })
+	monitor := outbox.NewMonitor(rdb, layout, committer, om, log)
+	wg.Go(func() { monitor.Run(bg, cfg.MonitorInterval) })
+
+	web := webserver.New(log, reg)
+	web.AddReadiness("redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) })
+	web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
+	api := &httpapi.API{
+		Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
+		PublicURL: cfg.PublicURL, RedirectLatency: rm.Latency, Misses: rm.Misses,
+	}
+	api.Register(web.Echo, reg)
+
+	serveErr := web.Serve(ctx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout)
+	// HTTP is stopped: every request that got an answer is done. Write what
+	// the committer still holds, then give the relay a moment to empty the
+	// outbox (what it cannot publish now stays in Redis for the next start
+	// or another instance).
+	committer.Close()
+	drainOutbox(monitor, nc.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
+	stopBG()
+	wg.Wait()
+	if nc.IsConnected() { // nothing to drain from a connection that is down
+		dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := drainNATS(dctx, nc); err != nil {
+			log.Warn("nats drain", "err", err)
+		}
+	}
+	log.Info("stopped")
+	return serveErr
+}
+
+// withPoolSize sets pool_size on a redis URL (both forms redisconn takes).
+func withPoolSize(url string, n int) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "pool_size=" + strconv.Itoa(n)
+}
+
+func waitForRedis(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) error {
+	deadline := time.Now().Add(startupTimeout)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := redisconn.Ping(pctx, rdb)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("wait for redis: %w", err)
+		}
+		log.Warn("waiting for redis", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// applyTopology applies the JetStream topology, retrying with backoff while
+// NATS is away: redirects are served meanwhile, into the outbox. It reports
+// whether the streams are there to publish to; the relay waits for that.
+// When Apply fails for another reason (a NATS user without stream-admin
+// rights, a partition count that differs from the existing stream) but the
+// streams exist, it logs why and relays into them as they are.
+func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Options, log *slog.Logger) bool {
+	backoff := 250 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := topology.Apply(actx, js, o)
+		exist := err != nil && streamsExist(actx, js)
+		cancel()
+		switch {
+		case err == nil:
+			log.Info("topology applied", "partitions", o.Partitions)
+			return true
+		case exist:
+			log.Error("topology not applied; the streams exist, relaying into them as they are", "err", err)
+			return true
+		}
+		log.Warn("apply topology; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// streamsExist reports whether every stream the relay publishes to exists.
+func streamsExist(ctx context.Context, js jetstream.JetStream) bool {
+	for _, name := range []string{events.ClicksStream, events.LinksStream, events.PreviewJobsStream, events.DeadLetterStream} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// drainOutbox waits until the outbox is empty, NATS is away, or d passes.
+func drainOutbox(mo *outbox.Monitor, connected func() bool, d time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for connected() {
+		totals, err := mo.Sample(ctx)
+		if err != nil {
+			return
+		}
+		var n int64
+		for _, t := range totals {
+			n += t.Entries
+		}
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("outbox not empty at shutdown; the next relay publishes the rest", "entries", n)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// drainNATS drains the connection within ctx (async publish acks included).
+func drainNATS(ctx context.Context, nc *nats.Conn) error {
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return err
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !nc.IsClosed() {
+		select {
+		case <-ctx.Done():
+			nc.Close()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// redisLogger sends go-redis's internal messages (dial retries while Redis
+// is down) to the service log at debug level; the errors that matter are
+// returned to, and logged by, the code that called Redis.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}

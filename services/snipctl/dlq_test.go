@@ -1,0 +1,165 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// dlqWorld is NATS with the topology, a parked preview job and a parked
+// click; environ points snipctl at it.
+type dlqWorld struct {
+	js               jetstream.JetStream
+	environ          []string
+	jobSeq, clickSeq uint64
+	job              events.PreviewJob
+}
+
+func newDLQWorld(t *testing.T) *dlqWorld {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=4"}
+	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatalf("topology apply: %v\n%s", err, out)
+	}
+	w := &dlqWorld{js: n.JetStream(t), environ: environ}
+	w.job = events.PreviewJob{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/"}
+	data, _ := json.Marshal(w.job)
+	ack, err := deadletter.Publish(t.Context(), w.js, deadletter.Parcel{
+		Source: "preview", Reason: "http_5xx", Stream: events.PreviewJobsStream, Subject: events.PreviewJobSubject,
+		Seq: 9, Attempts: 5, Error: "get https://example.com/: http status 503 Service Unavailable", Consumer: topology.PreviewConsumer, Data: data,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.jobSeq = ack.Sequence
+	click, _ := json.Marshal(events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "xyz", Owner: "acme", Visitor: "v"})
+	ack, err = deadletter.Publish(t.Context(), w.js, deadletter.Parcel{
+		Source: "click-counter", Reason: "unknown_version", Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "xyz"),
+		Seq: 77, Attempts: 1, Error: "decode click: version 2", Consumer: "click-counter-p1", Data: click,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.clickSeq = ack.Sequence
+	return w
+}
+
+func (w *dlqWorld) msgs(t *testing.T, stream string) uint64 {
+	t.Helper()
+	s, err := w.js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func TestDLQListAndShow(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	out, err := snipctl(t, w.environ, "dlq", "list")
+	if err != nil {
+		t.Fatalf("dlq list: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"click-counter  unknown_version  1      " + strconv.FormatUint(w.clickSeq, 10),
+		"preview        http_5xx         1      " + strconv.FormatUint(w.jobSeq, 10),
+		"http status 503", "2 dead letters",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlq list output lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = snipctl(t, w.environ, "dlq", "show", strconv.FormatUint(w.clickSeq, 10))
+	if err != nil {
+		t.Fatalf("dlq show: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"subject:   dead.click-counter.unknown_version", "from:      CLICKS seq 77 (" + events.PartitionedClickSubject(4, "acme", "xyz") + ")",
+		"redrive:   to clicks.acme.xyz on CLICKS", "Snip-Dead-Reason: unknown_version", `"code": "xyz"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlq show output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := snipctl(t, w.environ, "dlq", "show", "999"); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Errorf("dlq show 999: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestDLQRedrive(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name                           string
+		args                           func(w *dlqWorld) []string
+		wantJobs, wantClicks, wantLeft uint64
+	}{
+		{"by_sequence", func(w *dlqWorld) []string { return []string{strconv.FormatUint(w.jobSeq, 10)} }, 1, 0, 1},
+		{"by_source", func(*dlqWorld) []string { return []string{"--source", "click-counter"} }, 0, 1, 1},
+		{"by_reason", func(*dlqWorld) []string { return []string{"--reason", "http_5xx"} }, 1, 0, 1},
+		{"by_source_and_reason_matching_nothing", func(*dlqWorld) []string { return []string{"--source", "preview", "--reason", "timeout"} }, 0, 0, 2},
+		{"all", func(*dlqWorld) []string { return []string{"--all"} }, 1, 1, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newDLQWorld(t)
+			out, err := snipctl(t, w.environ, append([]string{"dlq", "redrive"}, tc.args(w)...)...)
+			if err != nil {
+				t.Fatalf("dlq redrive: %v\n%s", err, out)
+			}
+			got := [3]uint64{w.msgs(t, events.PreviewJobsStream), w.msgs(t, events.ClicksStream), w.msgs(t, events.DeadLetterStream)}
+			if want := [3]uint64{tc.wantJobs, tc.wantClicks, tc.wantLeft}; got != want {
+				t.Fatalf("jobs, clicks, dead letters = %v, want %v\n%s", got, want, out)
+			}
+			if tc.wantJobs == 1 {
+				s, _ := w.js.Stream(t.Context(), events.PreviewJobsStream)
+				m, err := s.GetLastMsgForSubject(t.Context(), events.PreviewJobSubject)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if j, err := events.DecodePreviewJob(m.Data); err != nil || j.ID != w.job.ID {
+					t.Fatalf("redriven job = %+v, %v; want job %s", j, err, w.job.ID)
+				}
+				if !strings.Contains(out, "-> jobs.preview, PREVIEW_JOBS seq 1") {
+					t.Errorf("output:\n%s", out)
+				}
+			}
+		})
+	}
+}
+
+func TestDLQListEmptyAndUsage(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL}
+	if _, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := snipctl(t, environ, "dlq", "list"); err != nil || !strings.Contains(out, "no dead letters") {
+		t.Fatalf("dlq list on empty = %q, %v", out, err)
+	}
+	for _, args := range [][]string{
+		{"dlq"}, {"dlq", "drop"}, {"dlq", "list", "x"}, {"dlq", "show"}, {"dlq", "show", "x"}, {"dlq", "show", "0"},
+		{"dlq", "redrive"}, {"dlq", "redrive", "1", "--all"}, {"dlq", "redrive", "--all", "--source", "preview"},
+		{"dlq", "redrive", "1", "--source", "preview"}, {"dlq", "redrive", "--nope"},
+	} {
+		if _, err := snipctl(t, nil, args...); !errors.Is(err, errUsage) {
+			t.Errorf("snipctl %v: err = %v, want a usage error", args, err)
+		}
+	}
+}
