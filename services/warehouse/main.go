@@ -257,8 +257,9 @@ func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Regi
 		BatchSize: min(c.BatchRows, 100_000),
 		LeaseTTL:  c.LeaseTTL,
 		// A handler waits for at most two inserts (the one running and its
-		// own) plus the linger; AckWait must outlast that.
-		AckWait:       max(60*time.Second, 3*c.InsertTimeout, 3*c.MaxRetryDelay),
+		// own) plus the linger, and the runtime's prefetched batch waits for
+		// that handler before its own turn: AckWait must outlast both.
+		AckWait:       max(60*time.Second, 5*c.InsertTimeout, 3*c.MaxRetryDelay),
 		MaxRetryDelay: c.MaxRetryDelay,
 		DrainTimeout:  c.ShutdownTimeout,
 		Start:         start,

@@ -637,6 +637,43 @@ func TestShutdownInsertsAndAcksWhatItHolds(t *testing.T) {
 	}
 }
 
+// TestImplausibleClickIsParkedAndTheRestLoaded: a click that cannot be a
+// good row (its time is 40 days from when it was stored) is parked on
+// DEAD_LETTER under the loader's group with the reason, and its partition
+// goes on.
+func TestImplausibleClickIsParkedAndTheRestLoaded(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	conn, db := servers.ClickHouse.NewDB(t)
+	clicks := warehousetest.Clicks(20, time.Now().Add(-time.Hour), time.Second)
+	bad := clicks[7]
+	bad.Time = time.Now().Add(-40 * 24 * time.Hour).UTC()
+	clicks[7] = bad
+	publish(t, js, clicks, eventID)
+	s := startService(t, testConfig(n.URL, servers.ClickHouse.Addr, db))
+
+	waitLoaded(t, conn, len(clicks)-1, len(clicks)-1, time.Minute)
+	if got := warehousetest.RowsPerEvent(t, conn)[bad.ID]; got != 0 {
+		t.Errorf("the implausible click has %d rows", got)
+	}
+	subject := events.DeadLetterSubject(topology.GroupWarehouseLoader, loader.ReasonImplausibleTime)
+	testenv.WaitFor(t, 30*time.Second, "the click parked on "+subject, func() bool {
+		m, err := js.Stream(t.Context(), events.DeadLetterStream)
+		if err != nil {
+			return false
+		}
+		msg, err := m.GetLastMsgForSubject(t.Context(), subject)
+		if err != nil {
+			return false
+		}
+		var c events.Click
+		return json.Unmarshal(msg.Data, &c) == nil && c.ID == bad.ID
+	})
+	if got := metric(t, s.addr, "warehouse_rows_parked_total"); got != 1 {
+		t.Errorf("warehouse_rows_parked_total = %v, want 1", got)
+	}
+}
+
 func TestStartFor(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)

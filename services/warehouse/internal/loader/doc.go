@@ -6,7 +6,8 @@
 // # Batching across partitions
 //
 // The runtime hands a member one batch per partition at a time and waits for
-// the handler before fetching more of that partition. With eight partitions
+// the handler before handing over more of that partition (it fetches one
+// batch ahead). With eight partitions
 // each batch holds an eighth of the traffic, and inserting each on its own
 // would mean eight small inserts where ClickHouse wants one large one (each
 // insert costs 20 to 70 ms whatever its size on 18.16, and current servers
@@ -15,9 +16,9 @@
 // when it holds MaxRows rows (a full group takes no more, so an insert holds
 // at most MaxRows plus one batch) or its oldest row has waited Linger, then
 // wakes every handler whose rows it held. A partition's ack still follows the
-// insert of its own rows, and the partition does not fetch more meanwhile,
-// so a member holds at most one batch per partition it owns: memory is
-// bounded by partitions x the runtime's batch size.
+// insert of its own rows, and the partition hands over nothing more
+// meanwhile (the runtime fetches at most one batch ahead), so memory is
+// bounded by partitions x 2 x the runtime's batch size.
 //
 // The linger is for live traffic. A batch from a backlog (its newest event
 // was stored more than a linger ago: a catch-up after an outage, a backfill,
