@@ -85,6 +85,16 @@ func handleAll(ctx context.Context, l *loader.Loader, byPart map[int][]reader.Ev
 	return out
 }
 
+// mustHandleAll is handleAll for batches that must all succeed.
+func mustHandleAll(t *testing.T, l *loader.Loader, byPart map[int][]reader.Event) {
+	t.Helper()
+	for p, err := range handleAll(t.Context(), l, byPart) {
+		if err != nil {
+			t.Errorf("partition %d: %v", p, err)
+		}
+	}
+}
+
 func TestPartitionBatchesShareOneInsert(t *testing.T) {
 	t.Parallel()
 	now := time.Now().UTC()
@@ -96,11 +106,7 @@ func TestPartitionBatchesShareOneInsert(t *testing.T) {
 	// The insert starts when the last batch arrives (MaxRows = all rows),
 	// long before the linger would start it.
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{MaxRows: len(evs), Linger: time.Minute})
-	for p, err := range handleAll(t.Context(), e.l, byPart) {
-		if err != nil {
-			t.Errorf("partition %d: %v", p, err)
-		}
-	}
+	mustHandleAll(t, e.l, byPart)
 	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_rows"); got != 1 {
 		t.Errorf("%d partition batches took %v inserts, want 1", len(byPart), got)
 	}
@@ -122,11 +128,7 @@ func TestFullGroupTakesNoMoreRows(t *testing.T) {
 	for p := range 8 {
 		byPart[p] = warehousetest.Events(warehousetest.Clicks(60, now, time.Second), now)
 	}
-	for p, err := range handleAll(t.Context(), e.l, byPart) {
-		if err != nil {
-			t.Errorf("partition %d: %v", p, err)
-		}
-	}
+	mustHandleAll(t, e.l, byPart)
 	// Each group closes at its second batch (120 rows): four inserts, none
 	// of them holding everything.
 	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "size"); got != 4 {
@@ -216,14 +218,7 @@ func TestRedeliveriesChangeNoCount(t *testing.T) {
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 20 * time.Millisecond})
 	now := time.Now().UTC()
 	evs := warehousetest.Events(warehousetest.Clicks(300, now.Add(-3*time.Hour), 30*time.Second), now)
-	load := func(evs []reader.Event) {
-		t.Helper()
-		for p, err := range handleAll(t.Context(), e.l, warehousetest.ByPartition(evs)) {
-			if err != nil {
-				t.Fatalf("partition %d: %v", p, err)
-			}
-		}
-	}
+	load := func(evs []reader.Event) { mustHandleAll(t, e.l, warehousetest.ByPartition(evs)) }
 	distinct := func() (events, rows uint64) {
 		t.Helper()
 		if err := e.conn.QueryRow(t.Context(), "SELECT uniqExact(event_id), count() FROM clicks").Scan(&events, &rows); err != nil {
