@@ -111,6 +111,12 @@ func (c Config) validate() error {
 		return fmt.Errorf("WAREHOUSE_SINCE %s is longer than CLICKS retains (%s): %w", c.Since, c.ClicksMaxAge, errConfig)
 	case len(c.ClickHouseAddrs) == 0 || c.ClickHouseAddrs[0] == "":
 		return fmt.Errorf("CLICKHOUSE_ADDR is empty: %w", errConfig)
+	case c.BatchRows < 1 || c.BatchRows > 1_000_000:
+		return fmt.Errorf("WAREHOUSE_BATCH_ROWS %d: want 1..1000000: %w", c.BatchRows, errConfig)
+	case c.Linger <= 0 || c.Linger > time.Minute:
+		return fmt.Errorf("WAREHOUSE_LINGER %s: want > 0 and <= 1m: %w", c.Linger, errConfig)
+	case c.InsertTimeout <= 0 || c.MaxRetryDelay <= 0 || c.ClickHouseDialTimeout <= 0:
+		return fmt.Errorf("WAREHOUSE_INSERT_TIMEOUT, WAREHOUSE_MAX_RETRY_DELAY and CLICKHOUSE_DIAL_TIMEOUT must be > 0: %w", errConfig)
 	case !schema.ValidDatabase(c.ClickHouseDatabase):
 		return fmt.Errorf("CLICKHOUSE_DATABASE %q: %w", c.ClickHouseDatabase, schema.ErrBadDatabaseName)
 	case c.ShutdownTimeout <= 0:

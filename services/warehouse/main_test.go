@@ -744,6 +744,9 @@ func TestLoadConfig(t *testing.T) {
 		{"bad_log_level", []string{"LOG_LEVEL=loud"}, nil, nil, true},
 		{"unknown_flag", nil, []string{"-until", "1h"}, nil, true},
 		{"database_not_an_identifier", []string{"CLICKHOUSE_DATABASE=snip-dev"}, nil, nil, true},
+		{"zero_batch_rows", []string{"WAREHOUSE_BATCH_ROWS=0"}, nil, nil, true},
+		{"zero_linger", []string{"WAREHOUSE_LINGER=0s"}, nil, nil, true},
+		{"zero_insert_timeout", []string{"WAREHOUSE_INSERT_TIMEOUT=0s"}, nil, nil, true},
 		{"stray_argument", nil, []string{"now"}, nil, true},
 	}
 	for _, tc := range tests {
