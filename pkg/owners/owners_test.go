@@ -82,4 +82,3 @@ func TestBearerKey(t *testing.T) {
 		}
 	}
 }
-

@@ -1,0 +1,355 @@
+package reader_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Six partitions, ten members: exactly six work; every event is handled
+// once; order per link holds. Then an active member leaves gracefully and
+// another crashes: their partitions move, nothing is lost, and order holds.
+func TestGroupSixPartitionsTenMembers(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 6)
+	rec := newRecorder()
+	ms := map[string]*member{}
+	var all10 []string
+	for i := range 10 {
+		id := fmt.Sprintf("m%d", i)
+		all10 = append(all10, id)
+		ms[id] = startMember(t, n, rec.track(reader.Config{Group: "g", Member: id, BatchSize: 50}), rec.handler(id))
+	}
+	want := reader.Assign("g", 6, all10)
+	testenv.WaitFor(t, 30*time.Second, "the group to settle on its assignment", func() bool { return rec.owns(want) })
+	const links, perLink = 60, 50
+	ids := publish(t, js, links, perLink, 0)
+	testenv.WaitFor(t, 60*time.Second, "all events handled", func() bool { return rec.distinct() == len(ids) })
+
+	rec.mu.Lock()
+	active := []string{}
+	for id, c := range rec.byMember {
+		if c > 0 {
+			active = append(active, id)
+		}
+	}
+	rec.mu.Unlock()
+	slices.Sort(active)
+	if len(active) != 6 {
+		t.Fatalf("%d members handled events (%v), want exactly 6", len(active), active)
+	}
+	if dups := rec.check(t, ids, perLink); dups != 0 {
+		t.Fatalf("%d duplicate handlings with a stable group, want 0", dups)
+	}
+
+	// A graceful leave: its partitions move with nothing handled twice.
+	ms[active[0]].stop(t)
+	ids2 := publish(t, js, links, perLink, perLink)
+	all := slices.Concat(ids, ids2)
+	testenv.WaitFor(t, 60*time.Second, "events after a graceful leave handled", func() bool { return rec.distinct() == len(all) })
+	if dups := rec.check(t, all, 2*perLink); dups != 0 {
+		t.Fatalf("%d duplicate handlings after a graceful leave, want 0", dups)
+	}
+
+	// A crash mid-stream: at-least-once, so in-flight events may come again,
+	// but none is lost and first-seen order per link holds.
+	rec.mu.Lock()
+	before := map[string]int{}
+	for id, c := range rec.byMember {
+		before[id] = c
+	}
+	rec.mu.Unlock()
+	ids3 := publish(t, js, links, perLink, 2*perLink)
+	var victim string
+	testenv.WaitFor(t, 30*time.Second, "a member busy with the new events", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for id, c := range rec.byMember {
+			if c > before[id] && id != active[0] {
+				victim = id
+				return true
+			}
+		}
+		return false
+	})
+	ms[victim].crash()
+	all = append(all, ids3...)
+	testenv.WaitFor(t, 60*time.Second, "events after a crash handled", func() bool { return rec.distinct() == len(all) })
+	dups := rec.check(t, all, 3*perLink)
+	t.Logf("crash of %s: %d events handled again (at-least-once)", victim, dups)
+}
+
+// Two groups on one stream each see every event: the kitchen and the
+// dashboard each get every order.
+func TestTwoGroupsEachSeeEveryEvent(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 4)
+	kitchen, dashboard := newRecorder(), newRecorder()
+	startMember(t, n, reader.Config{Group: "kitchen", Member: "k1"}, kitchen.handler("k1"))
+	startMember(t, n, reader.Config{Group: "kitchen", Member: "k2"}, kitchen.handler("k2"))
+	startMember(t, n, reader.Config{Group: "dashboard", Member: "d1"}, dashboard.handler("d1"))
+	ids := publish(t, js, 20, 30, 0)
+	testenv.WaitFor(t, 60*time.Second, "both groups handled every event", func() bool {
+		return kitchen.distinct() == len(ids) && dashboard.distinct() == len(ids)
+	})
+	if d := kitchen.check(t, ids, 30) + dashboard.check(t, ids, 30); d != 0 {
+		t.Fatalf("%d duplicates, want 0", d)
+	}
+}
+
+// Malformed events, unknown versions and handler-declared poison are parked
+// on DEAD_LETTER with their reason, counted, and the partition goes on.
+func TestPoisonIsParkedAndThePartitionGoesOn(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ctx := t.Context()
+	pub := func(data string) {
+		if _, err := js.Publish(ctx, events.ClickSubject("acme", "x"), []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub(`{not json`)
+	pub(`{"v":99,"id":"x"}`)
+	ids := publish(t, js, 1, 10, 0) // link0, RequestID 0..9
+	pub(`{"v":1}`)                  // valid JSON, invalid click
+	ids = append(ids, publish(t, js, 1, 5, 10)...)
+
+	rec := newRecorder()
+	rec.fail = func(_ string, batch []reader.Event) error {
+		for i, e := range batch {
+			if e.Click.RequestID == "3" {
+				return reader.Poison(i, "bad target", errors.New("target rejected"))
+			}
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 4}, rec.handler("m"))
+	// Every valid event but the poisoned one is handled.
+	testenv.WaitFor(t, 30*time.Second, "valid events handled", func() bool { return rec.distinct() == len(ids)-1 })
+
+	dlq, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "4 dead letters", func() bool {
+		info, err := dlq.Info(ctx)
+		return err == nil && info.State.Msgs == 4
+	})
+	got := map[string]int{}
+	for seq := uint64(1); seq <= 4; seq++ {
+		m, err := dlq.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[m.Subject]++
+		for _, h := range []string{events.HeaderDeadReason, events.HeaderDeadError, events.HeaderDeadSeq, events.HeaderDeadSubject, events.HeaderDeadGroup} {
+			if m.Header.Get(h) == "" {
+				t.Errorf("dead letter %s lacks header %s", m.Subject, h)
+			}
+		}
+	}
+	want := map[string]int{"dead.g.malformed": 2, "dead.g.unknown_version": 1, "dead.g.bad_target": 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("dead letters by subject = %v, want %v", got, want)
+	}
+	if v := testutil.ToFloat64(counterVec(t, reg, "snip_reader_parked_total", "malformed")); v != 2 {
+		t.Fatalf("parked_total{reason=malformed} = %v, want 2", v)
+	}
+}
+
+func counterVec(t *testing.T, reg *prometheus.Registry, name, reason string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "x", Help: "x"}, func() float64 { return m.GetCounter().GetValue() })
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{reason=%q}", name, reason)
+	return nil
+}
+
+// A transient error makes the partition wait and retry the same batch:
+// nothing is skipped and order holds.
+func TestTransientErrorsRetryTheBatch(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 2)
+	rec := newRecorder()
+	var failures atomic.Int32
+	rec.fail = func(_ string, batch []reader.Event) error {
+		if failures.Add(1) <= 5 {
+			return errors.New("sink unavailable")
+		}
+		return nil
+	}
+	ids := publish(t, js, 10, 20, 0)
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 25}, rec.handler("m"))
+	testenv.WaitFor(t, 60*time.Second, "every event handled", func() bool { return rec.distinct() == len(ids) })
+	if d := rec.check(t, ids, 20); d != 0 {
+		t.Fatalf("%d duplicates, want 0", d)
+	}
+}
+
+// A new group can start at a time: the events before it are not handed out.
+func TestStartAtTimeAndNew(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 2)
+	old := publish(t, js, 3, 5, 0)
+	cut := time.Now()
+	testenv.WaitFor(t, 5*time.Second, "the clock to pass the cut", func() bool { return time.Since(cut) > 20*time.Millisecond })
+	recent := publish(t, js, 3, 5, 5)
+
+	fromTime, fromNew := newRecorder(), newRecorder()
+	startMember(t, n, reader.Config{Group: "since", Member: "m", Start: reader.StartAtTime(cut)}, fromTime.handler("m"))
+	startMember(t, n, reader.Config{Group: "new", Member: "m", Start: reader.StartAtNew()}, fromNew.handler("m"))
+	testenv.WaitFor(t, 30*time.Second, "events since the cut handled", func() bool { return fromTime.distinct() == len(recent) })
+	fromTime.mu.Lock()
+	for _, id := range old {
+		if fromTime.seen[id] > 0 {
+			t.Errorf("group started at a time handled an older event")
+		}
+	}
+	fromTime.mu.Unlock()
+	// Wait until the new group's consumers exist before publishing.
+	testenv.WaitFor(t, 30*time.Second, "group new joined", func() bool {
+		_, err := reader.Lag(t.Context(), js, "new")
+		return err == nil
+	})
+	later := publish(t, js, 3, 2, 10)
+	testenv.WaitFor(t, 30*time.Second, "events after joining handled", func() bool { return fromNew.distinct() == len(later) })
+	if fromNew.distinct() != len(later) {
+		t.Fatalf("StartAtNew group handled %d events, want %d", fromNew.distinct(), len(later))
+	}
+}
+
+// Rewind replays a group: OnRewind is called for every partition, and the
+// events are handed out again.
+func TestRewindReplaysTheGroup(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 3)
+	ids := publish(t, js, 9, 10, 0)
+	var handled atomic.Int64
+	var rewinds atomic.Int32
+	h := func(_ context.Context, _ int, b []reader.Event) error { handled.Add(int64(len(b))); return nil }
+	cfg := reader.Config{Group: "g", Member: "m", OnRewind: func(_ context.Context, p int, r reader.RewindInfo) error {
+		if r.From == 0 || r.Until < r.From {
+			return fmt.Errorf("partition %d: rewind info %+v has nothing to replay", p, r)
+		}
+		rewinds.Add(1)
+		return nil
+	}}
+	startMember(t, n, cfg, h)
+	testenv.WaitFor(t, 30*time.Second, "first pass", func() bool { return handled.Load() == int64(len(ids)) })
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	id, err := reader.Rewind(ctx, js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.WaitRewind(ctx, js, "g", id); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "second pass", func() bool { return handled.Load() == int64(2*len(ids)) })
+	if got := rewinds.Load(); got != 3 {
+		t.Fatalf("OnRewind called %d times, want once per partition (3)", got)
+	}
+	if _, err := reader.Rewind(ctx, js, "nope", reader.FromSeq(1)); !errors.Is(err, reader.ErrNoGroup) {
+		t.Fatalf("rewind of a missing group: err = %v, want ErrNoGroup", err)
+	}
+}
+
+// Lag reads the group's position from the server, members or not.
+func TestLagFromTheServer(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 2)
+	ctx := t.Context()
+	rec := newRecorder()
+	m := startMember(t, n, reader.Config{Group: "g", Member: "m"}, rec.handler("m"))
+	testenv.WaitFor(t, 30*time.Second, "group joined", func() bool { _, err := reader.Lag(ctx, js, "g"); return err == nil })
+	m.stop(t)
+	ids := publish(t, js, 4, 5, 0)
+	lag, err := reader.Lag(ctx, js, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pending uint64
+	for _, pl := range lag {
+		pending += pl.Pending
+		if pl.Pending > 0 && pl.OldestUnprocessed.IsZero() {
+			t.Errorf("partition %d: %d pending but no oldest time", pl.Partition, pl.Pending)
+		}
+		if !strings.HasPrefix(pl.Consumer, "g-p") {
+			t.Errorf("consumer name %q", pl.Consumer)
+		}
+	}
+	if pending != uint64(len(ids)) {
+		t.Fatalf("lag pending = %d, want %d", pending, len(ids))
+	}
+	startMember(t, n, reader.Config{Group: "g", Member: "m2"}, rec.handler("m2"))
+	testenv.WaitFor(t, 30*time.Second, "caught up", func() bool {
+		lag, err := reader.Lag(ctx, js, "g")
+		if err != nil {
+			return false
+		}
+		for _, pl := range lag {
+			if pl.Pending+uint64(pl.AckPending) > 0 || !pl.OldestUnprocessed.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	if _, err := reader.Lag(ctx, js, "missing"); !errors.Is(err, reader.ErrNoGroup) {
+		t.Fatalf("lag of a missing group: err = %v, want ErrNoGroup", err)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  reader.Config
+	}{
+		{"group_with_dot", reader.Config{Group: "a.b"}},
+		{"lease_below_a_second", reader.Config{Group: "g", LeaseTTL: 500 * time.Millisecond}},
+		{"ack_wait_below_two_leases", reader.Config{Group: "g", LeaseTTL: 5 * time.Second, AckWait: 6 * time.Second}},
+		{"huge_batch", reader.Config{Group: "g", BatchSize: 1_000_000}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := reader.Run(t.Context(), nil, tc.cfg, nil)
+			if !errors.Is(err, reader.ErrBadConfig) {
+				t.Fatalf("Run = %v, want ErrBadConfig", err)
+			}
+		})
+	}
+}
+
+var _ = jetstream.ErrConsumerNotFound
+var _ = topology.PriorityGroup

@@ -1,0 +1,229 @@
+package reader_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// setup starts NATS with the topology applied and CLICKS in n partitions.
+func setup(t *testing.T, partitions int) (*testenv.NATS, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	o := topology.Defaults()
+	o.Partitions = partitions
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	return n, js
+}
+
+// click builds the i-th click of a link; RequestID carries i so handlers can
+// check order per link.
+func click(code string, i int) events.Click {
+	return events.Click{
+		V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(),
+		Code: code, Owner: "acme", Target: "https://example.com/" + code,
+		Visitor: "v", RequestID: strconv.Itoa(i),
+	}
+}
+
+// publish sends clicks for codes link0..link(links-1), perLink each,
+// interleaved, and returns their IDs in publish order.
+func publish(t *testing.T, js jetstream.JetStream, links, perLink, from int) []string {
+	t.Helper()
+	var ids []string
+	for i := from; i < from+perLink; i++ {
+		for l := range links {
+			c := click(fmt.Sprintf("link%d", l), i)
+			b, _ := json.Marshal(c)
+			if _, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID)); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, c.ID)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("publish acks did not arrive")
+	}
+	return ids
+}
+
+// recorder is a handler that remembers what each member processed.
+type recorder struct {
+	mu sync.Mutex
+	// seen counts handlings per event ID.
+	seen map[string]int
+	// firstOrder is, per link, the RequestIDs in the order first seen.
+	firstOrder map[string][]int
+	// byMember counts events handled per member.
+	byMember map[string]int
+	// owners is who holds each partition, from OnAssign and OnRevoke. Two
+	// members can briefly both hold one (pinning lets only one pull).
+	owners map[int]map[string]bool
+	// fail, if set, is consulted before each batch.
+	fail func(member string, batch []reader.Event) error
+}
+
+func newRecorder() *recorder {
+	return &recorder{seen: map[string]int{}, firstOrder: map[string][]int{}, byMember: map[string]int{}, owners: map[int]map[string]bool{}}
+}
+
+func (r *recorder) handler(member string) reader.Handler {
+	return func(_ context.Context, _ int, batch []reader.Event) (err error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		var failure error
+		if r.fail != nil {
+			if failure = r.fail(member, batch); failure != nil {
+				// Events before a poison event count as done; a transient
+				// failure means none of the batch is.
+				var pe *reader.PoisonError
+				if !errors.As(failure, &pe) {
+					return failure
+				}
+				batch = batch[:pe.Index]
+			}
+		}
+		defer func() { err = failure }()
+		for _, e := range batch {
+			if r.seen[e.Click.ID] == 0 {
+				i, _ := strconv.Atoi(e.Click.RequestID)
+				r.firstOrder[e.Click.Code] = append(r.firstOrder[e.Click.Code], i)
+			}
+			r.seen[e.Click.ID]++
+			r.byMember[member]++
+		}
+		return err
+	}
+}
+
+// track makes cfg report partition ownership to the recorder.
+func (r *recorder) track(cfg reader.Config) reader.Config {
+	cfg.OnAssign = func(_ context.Context, p int, _ uint64) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.owners[p] == nil {
+			r.owners[p] = map[string]bool{}
+		}
+		r.owners[p][cfg.Member] = true
+		return nil
+	}
+	cfg.OnRevoke = func(p int) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		delete(r.owners[p], cfg.Member)
+	}
+	return cfg
+}
+
+// owns reports whether partition ownership is exactly want.
+func (r *recorder) owns(want []string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, m := range want {
+		if len(r.owners[p]) != 1 || !r.owners[p][m] {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *recorder) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+// check verifies every id was handled, each link's events were first seen in
+// order with no gaps, and returns the number of extra (duplicate) handlings.
+func (r *recorder) check(t *testing.T, ids []string, perLink int) (dups int) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, id := range ids {
+		switch n := r.seen[id]; {
+		case n == 0:
+			t.Errorf("event %s was never handled", id)
+		case n > 1:
+			dups += n - 1
+		}
+	}
+	for code, order := range r.firstOrder {
+		for i, v := range order {
+			if v != i {
+				t.Errorf("link %s: events first seen in order %v, want 0..%d in order", code, order, perLink-1)
+				break
+			}
+		}
+	}
+	return dups
+}
+
+// member is a group member running in the test, on its own connection.
+type member struct {
+	id     string
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startMember(t *testing.T, n *testenv.NATS, cfg reader.Config, h reader.Handler) *member {
+	t.Helper()
+	nc, err := nats.Connect(n.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = time.Second
+	}
+	if cfg.Logger == nil && testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &member{id: cfg.Member, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()
+	t.Cleanup(func() { m.cancel(); <-m.done; nc.Close() })
+	return m
+}
+
+// stop leaves the group gracefully and waits.
+func (m *member) stop(t *testing.T) {
+	t.Helper()
+	m.cancel()
+	select {
+	case err := <-m.done:
+		if err != nil {
+			t.Errorf("member %s: Run returned %v", m.id, err)
+		}
+		m.done <- nil // for the cleanup
+	case <-time.After(60 * time.Second):
+		t.Fatalf("member %s did not stop", m.id)
+	}
+}
+
+// crash kills the member's connection first, so it can neither ack nor
+// unpin nor say goodbye: to the group it is a process that died.
+func (m *member) crash() {
+	m.nc.Close()
+	m.cancel()
+}

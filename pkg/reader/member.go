@@ -1,0 +1,398 @@
+package reader
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Run joins the consumer group cfg.Group on CLICKS and hands the partitions
+// this member owns to h until ctx is cancelled. Then it leaves the group
+// gracefully: it stops fetching, lets the batches in hand finish (within
+// cfg.DrainTimeout), acks them, unpins its partitions so the other members
+// take them at once, and returns nil.
+//
+// NATS outages are ridden out, not returned: the member keeps retrying, and
+// while it cannot heartbeat its lease lapses and the others take over. Run
+// returns an error only for a configuration it cannot run with.
+func Run(ctx context.Context, js jetstream.JetStream, cfg Config, h Handler) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	m := &member{
+		cfg: cfg,
+		js:  js,
+		h:   h,
+		log: cfg.Logger.With("group", cfg.Group, "member", cfg.Member),
+		met: newMetrics(cfg.Metrics),
+	}
+	return m.run(ctx)
+}
+
+// member is one running instance of a group. Its control loop (run) owns
+// the live-member set and the workers; each owned partition has a worker
+// goroutine (worker.go).
+type member struct {
+	cfg Config
+	js  jetstream.JetStream
+	h   Handler
+	log *slog.Logger
+	met *metrics
+
+	partitions int
+	stream     jetstream.Stream
+	kv         jetstream.KeyValue
+
+	// hard is cancelled when work must stop at once (drain timeout passed).
+	hard context.Context
+
+	// rewind is the group's latest rewind request, read by workers between
+	// batches.
+	rewind atomic.Pointer[rewindRequest]
+
+	// Owned by the control loop.
+	live    map[string]bool
+	workers map[int]*worker
+	owned   []int
+}
+
+func (m *member) run(ctx context.Context) error {
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	m.hard = hard
+	if err := m.setup(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	m.live = map[string]bool{}
+	m.workers = map[int]*worker{}
+	m.log.Info("joining consumer group", "partitions", m.partitions)
+
+	hbCtx, stopHB := context.WithCancel(hard)
+	var hbDone sync.WaitGroup
+	hbDone.Go(func() { m.heartbeat(hbCtx) })
+
+	exited := make(chan *worker, m.partitions+1)
+	m.control(ctx, exited)
+
+	// Leave: stop heartbeating and delete our lease so the others rebalance
+	// now rather than after LeaseTTL; then let our workers drain.
+	stopHB()
+	hbDone.Wait()
+	lctx, cancel := context.WithTimeout(hard, 2*time.Second)
+	if err := m.kv.Delete(lctx, memberKey(m.cfg.Group, m.cfg.Member)); err != nil {
+		m.log.Warn("leave group: delete lease", "err", err)
+	}
+	cancel()
+	m.drainWorkers(exited)
+	m.log.Info("left consumer group")
+	return nil
+}
+
+// setup finds the stream, the partition count and the members bucket, and
+// makes sure the group's consumers exist. It retries until ctx ends, so a
+// member started before NATS is up simply waits.
+func (m *member) setup(ctx context.Context) error {
+	bo := m.cfg.newBackoff()
+	for {
+		err := m.trySetup(ctx)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrBadConfig) {
+			return err
+		}
+		d := bo.NextBackOff()
+		m.log.Warn("join consumer group: retrying", "err", err, "in", d)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+	}
+}
+
+func (m *member) trySetup(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n := m.cfg.Partitions
+	if n == 0 {
+		var err error
+		if n, err = topology.Partitions(ctx, m.js); err != nil {
+			return err
+		}
+	}
+	s, err := m.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", events.ClicksStream, err)
+	}
+	kv, err := m.js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return fmt.Errorf("bucket %s (apply the topology): %w", topology.MembersBucket, err)
+	}
+	for p := range n {
+		if err := m.ensureConsumer(ctx, s, p); err != nil {
+			return err
+		}
+	}
+	m.partitions, m.stream, m.kv = n, s, kv
+	return nil
+}
+
+// ensureConsumer creates partition p's consumer if it does not exist, and
+// updates the settings this member depends on if they differ. Where a
+// consumer starts is fixed at creation: a group resumes where it was.
+func (m *member) ensureConsumer(ctx context.Context, s jetstream.Stream, p int) error {
+	want := m.cfg.consumerConfig(p)
+	c, err := s.Consumer(ctx, want.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		_, err = s.CreateConsumer(ctx, want)
+		if err == nil || errors.Is(err, jetstream.ErrConsumerExists) {
+			return nil
+		}
+		return fmt.Errorf("create consumer %s: %w", want.Durable, err)
+	}
+	if err != nil {
+		return fmt.Errorf("look up consumer %s: %w", want.Durable, err)
+	}
+	have := c.CachedInfo().Config
+	if have.AckWait == want.AckWait && have.PinnedTTL == want.PinnedTTL && have.MaxAckPending >= want.MaxAckPending {
+		return nil
+	}
+	have.AckWait, have.PinnedTTL = want.AckWait, want.PinnedTTL
+	have.MaxAckPending = max(have.MaxAckPending, want.MaxAckPending)
+	if _, err := s.UpdateConsumer(ctx, have); err != nil {
+		return fmt.Errorf("update consumer %s: %w", want.Durable, err)
+	}
+	return nil
+}
+
+// heartbeat keeps this member's lease alive: a KV entry with a per-message
+// TTL of LeaseTTL, rewritten every LeaseTTL/3. If the member stops (crash,
+// partition from NATS), the server deletes the entry when the TTL runs out
+// and the other members see a delete marker.
+func (m *member) heartbeat(ctx context.Context) {
+	host, _ := os.Hostname()
+	val, _ := json.Marshal(map[string]any{"member": m.cfg.Member, "host": host, "pid": os.Getpid(), "since": time.Now().UTC()})
+	subj := memberSubject(m.cfg.Group, m.cfg.Member)
+	t := time.NewTicker(m.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	failing := false
+	for {
+		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL/3)
+		_, err := m.js.Publish(pctx, subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL))
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			m.log.Warn("heartbeat failing; the lease will lapse if it goes on", "err", err)
+			failing = true
+		case err == nil && failing:
+			m.log.Info("heartbeat recovered")
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// control is the member's loop: it follows the bucket (members joining,
+// leaving and expiring; rewind requests) and keeps one worker per partition
+// this member should own. It returns when ctx ends.
+func (m *member) control(ctx context.Context, exited chan *worker) {
+	resync := time.NewTicker(max(10*m.cfg.LeaseTTL, 5*time.Second))
+	defer resync.Stop()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		w, err := m.kv.Watch(ctx, groupWatchPattern(m.cfg.Group))
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			m.log.Warn("watch group: retrying", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+				continue
+			}
+		}
+		m.live = map[string]bool{}
+		synced := false
+	watching:
+		for {
+			select {
+			case <-ctx.Done():
+				_ = w.Stop()
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					break watching
+				}
+				if e == nil {
+					synced = true
+				} else {
+					m.apply(e)
+				}
+				if synced {
+					m.reconcile(exited)
+				}
+			case wk := <-exited:
+				if m.workers[wk.p] == wk {
+					delete(m.workers, wk.p)
+				}
+				if synced {
+					m.reconcile(exited)
+				}
+			case <-resync.C:
+				m.resync(ctx)
+				if synced {
+					m.reconcile(exited)
+				}
+			case <-tick.C:
+				if synced {
+					m.reconcile(exited)
+				}
+			}
+		}
+		_ = w.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+		m.log.Warn("group watch ended; watching again")
+	}
+}
+
+// apply folds one bucket entry into the member's view.
+func (m *member) apply(e jetstream.KeyValueEntry) {
+	key := e.Key()
+	switch {
+	case strings.HasPrefix(key, memberPrefix(m.cfg.Group)):
+		id := strings.TrimPrefix(key, memberPrefix(m.cfg.Group))
+		if e.Operation() == jetstream.KeyValuePut {
+			m.live[id] = true
+		} else {
+			delete(m.live, id)
+		}
+	case key == rewindKey(m.cfg.Group) && e.Operation() == jetstream.KeyValuePut:
+		var r rewindRequest
+		if err := json.Unmarshal(e.Value(), &r); err != nil {
+			m.log.Error("ignoring malformed rewind request", "err", err)
+			return
+		}
+		m.rewind.Store(&r)
+		m.log.Info("rewind requested", "rewind", r.ID)
+	}
+}
+
+// resync checks the live set against the bucket, a safety net should the
+// watch ever miss an update. Listing keys races with heartbeats (a key
+// rewritten during the listing can be missed), so a member is dropped only if
+// a direct Get says its lease is gone; listed keys are added.
+func (m *member) resync(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	prefix := memberPrefix(m.cfg.Group)
+	live := maps.Clone(m.live)
+	for id := range m.live {
+		if _, err := m.kv.Get(ctx, prefix+id); errors.Is(err, jetstream.ErrKeyNotFound) {
+			delete(live, id)
+		}
+	}
+	if lister, err := m.kv.ListKeysFiltered(ctx, prefix+"*"); err == nil {
+		for k := range lister.Keys() {
+			live[strings.TrimPrefix(k, prefix)] = true
+		}
+	}
+	if !maps.Equal(live, m.live) {
+		m.log.Warn("membership resync corrected the live set", "was", len(m.live), "now", len(live))
+		m.live = live
+	}
+}
+
+// reconcile starts and stops workers so this member owns exactly the
+// partitions the assignment gives it. A member that cannot see its own
+// lease owns nothing: that is how a member cut off from NATS fences itself.
+func (m *member) reconcile(exited chan *worker) {
+	var want []int
+	if m.live[m.cfg.Member] {
+		members := slices.Collect(maps.Keys(m.live))
+		for p, owner := range Assign(m.cfg.Group, m.partitions, members) {
+			if owner == m.cfg.Member {
+				want = append(want, p)
+			}
+		}
+	}
+	wanted := map[int]bool{}
+	for _, p := range want {
+		wanted[p] = true
+	}
+	for p, w := range m.workers {
+		if !wanted[p] && !w.releasing {
+			w.release()
+		}
+	}
+	for _, p := range want {
+		if _, ok := m.workers[p]; !ok {
+			w := newWorker(m, p)
+			m.workers[p] = w
+			go func() {
+				w.run()
+				exited <- w
+			}()
+		}
+	}
+	m.met.members.WithLabelValues(m.cfg.Group).Set(float64(len(m.live)))
+	m.met.owned.WithLabelValues(m.cfg.Group).Set(float64(len(want)))
+	if !slices.Equal(want, m.owned) {
+		m.met.rebalances.WithLabelValues(m.cfg.Group).Inc()
+		m.log.Info("partitions assigned", "owned", want, "live_members", len(m.live))
+		m.owned = want
+	}
+}
+
+// drainWorkers asks every worker to release its partition and waits for
+// all of them, cancelling the handlers if DrainTimeout passes first.
+func (m *member) drainWorkers(exited chan *worker) {
+	for _, w := range m.workers {
+		if !w.releasing {
+			w.release()
+		}
+	}
+	deadline := time.NewTimer(m.cfg.DrainTimeout)
+	defer deadline.Stop()
+	for len(m.workers) > 0 {
+		select {
+		case w := <-exited:
+			if m.workers[w.p] == w {
+				delete(m.workers, w.p)
+			}
+		case <-deadline.C:
+			m.log.Warn("drain timeout: cancelling handlers", "partitions", slices.Collect(maps.Keys(m.workers)))
+			for _, w := range m.workers {
+				w.cancel()
+			}
+			deadline.Reset(time.Hour)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package reader
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the runtime's Prometheus collectors, labelled by group (and
+// partition where it matters). Lag and age are reported by the member that
+// owns the partition; a partition nobody owns has no series here, which is
+// why the console and `snipctl lag` read the same figures from the server
+// (Lag) instead.
+type metrics struct {
+	events      *prometheus.CounterVec
+	parked      *prometheus.CounterVec
+	redelivered *prometheus.CounterVec
+	errors      *prometheus.CounterVec
+	batchSecs   *prometheus.HistogramVec
+	batchSize   *prometheus.HistogramVec
+	lag         *prometheus.GaugeVec
+	ackPending  *prometheus.GaugeVec
+	oldestAge   *prometheus.GaugeVec
+	owned       *prometheus.GaugeVec
+	members     *prometheus.GaugeVec
+	rebalances  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "events_total",
+			Help: "Events handled successfully, per group and partition.",
+		}, []string{"group", "partition"}),
+		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "parked_total",
+			Help: "Events parked on DEAD_LETTER, by reason.",
+		}, []string{"group", "reason"}),
+		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "redeliveries_total",
+			Help: "Events delivered more than once to the group (JetStream redeliveries).",
+		}, []string{"group"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "handler_errors_total",
+			Help: "Handler failures: transient (batch retried), poison (one event parked), panic.",
+		}, []string{"group", "kind"}),
+		batchSecs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "batch_seconds",
+			Help:    "Time the handler took per batch, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"group"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "batch_events",
+			Help:    "Events per batch handed to the handler.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 15),
+		}, []string{"group"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "lag_events",
+			Help: "Events of the partition not yet delivered to the group.",
+		}, []string{"group", "partition"}),
+		ackPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "ack_pending_events",
+			Help: "Events delivered to the partition's owner and not yet acked.",
+		}, []string{"group", "partition"}),
+		oldestAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "oldest_unprocessed_age_seconds",
+			Help: "Age of the oldest event of the partition the group has not acked (0 when caught up).",
+		}, []string{"group", "partition"}),
+		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "owned_partitions",
+			Help: "Partitions this member owns.",
+		}, []string{"group"}),
+		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "live_members",
+			Help: "Live members of the group as this member sees them.",
+		}, []string{"group"}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "rebalances_total",
+			Help: "Times this member's set of partitions changed.",
+		}, []string{"group"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.batchSecs, m.batchSize,
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances)
+	}
+	return m
+}
+
+func (m *metrics) forgetPartition(group string, p int) {
+	ps := strconv.Itoa(p)
+	m.lag.DeleteLabelValues(group, ps)
+	m.ackPending.DeleteLabelValues(group, ps)
+	m.oldestAge.DeleteLabelValues(group, ps)
+}

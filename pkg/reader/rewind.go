@@ -1,0 +1,163 @@
+package reader
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// rewindRequest is what Rewind stores in the members bucket under
+// "<group>.rewind". Each partition's owner carries it out and records
+// "<group>.rewound.<p>" = ID.
+type rewindRequest struct {
+	ID        string            `json:"id"`
+	Requested time.Time         `json:"requested"`
+	From      map[string]uint64 `json:"from"`
+	Until     map[string]uint64 `json:"until"`
+}
+
+func (r rewindRequest) info(p int) RewindInfo {
+	k := strconv.Itoa(p)
+	return RewindInfo{ID: r.ID, From: r.From[k], Until: r.Until[k], Requested: r.Requested}
+}
+
+func rewindKey(group string) string         { return group + ".rewind" }
+func rewoundKey(group string, p int) string { return group + ".rewound." + strconv.Itoa(p) }
+func memberKey(group, member string) string { return group + ".members." + member }
+func memberPrefix(group string) string      { return group + ".members." }
+func groupWatchPattern(group string) string { return group + ".>" }
+func memberSubject(group, member string) string {
+	return "$KV." + topology.MembersBucket + "." + memberKey(group, member)
+}
+
+// Rewind asks a group to replay CLICKS from pos. It records the request and
+// returns its ID at once; each partition's owner then stops, acks what it
+// handled, calls Config.OnRewind, moves its consumer back and goes on from
+// there. A partition with no live owner is rewound by whoever takes it next.
+// Rewinding never moves a partition forward: where pos is past what the
+// group has handled, that partition is left alone.
+func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
+	n, err := topology.Partitions(ctx, js)
+	if err != nil {
+		return "", fmt.Errorf("rewind %s: %w", group, err)
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return "", fmt.Errorf("rewind %s: %w", group, err)
+	}
+	if _, err := s.Consumer(ctx, topology.GroupConsumerName(group, 0)); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return "", fmt.Errorf("rewind %s: %w", group, ErrNoGroup)
+	} else if err != nil {
+		return "", fmt.Errorf("rewind %s: %w", group, err)
+	}
+	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}}
+	for p := range n {
+		filter := events.PartitionFilter(p)
+		var until uint64
+		last, err := s.GetLastMsgForSubject(ctx, filter)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return "", fmt.Errorf("rewind %s: last event of partition %d: %w", group, p, err)
+		default:
+			until = last.Sequence
+		}
+		from, err := firstAt(ctx, js, s, filter, pos)
+		if err != nil {
+			return "", fmt.Errorf("rewind %s: start of partition %d: %w", group, p, err)
+		}
+		if from == 0 || from > until {
+			from = until + 1 // nothing to replay in this partition
+		}
+		k := strconv.Itoa(p)
+		req.From[k], req.Until[k] = from, until
+	}
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return "", fmt.Errorf("rewind %s: %w", group, err)
+	}
+	b, _ := json.Marshal(req)
+	if _, err := kv.Put(ctx, rewindKey(group), b); err != nil {
+		return "", fmt.Errorf("rewind %s: record request: %w", group, err)
+	}
+	return req.ID, nil
+}
+
+// firstAt finds the sequence of the first event in a partition at or after
+// pos; 0 if there is none.
+func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, filter string, pos Position) (uint64, error) {
+	if pos.time.IsZero() {
+		m, err := s.GetMsg(ctx, max(pos.seq, 1), jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		return m.Sequence, nil
+	}
+	t := pos.time
+	c, err := js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &t,
+	})
+	if err != nil {
+		return 0, err
+	}
+	b, err := c.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		return 0, err
+	}
+	for m := range b.Messages() {
+		md, err := m.Metadata()
+		if err != nil {
+			return 0, err
+		}
+		return md.Sequence.Stream, nil
+	}
+	if err := b.Error(); err != nil {
+		return 0, err
+	}
+	return 0, nil
+}
+
+// WaitRewind blocks until every partition of the group has carried out the
+// rewind with the given ID (its owner recorded it), or ctx ends.
+func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
+	n, err := topology.Partitions(ctx, js)
+	if err != nil {
+		return fmt.Errorf("wait for rewind %s: %w", id, err)
+	}
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return fmt.Errorf("wait for rewind %s: %w", id, err)
+	}
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		done := 0
+		for p := range n {
+			e, err := kv.Get(ctx, rewoundKey(group, p))
+			if err == nil && string(e.Value()) == id {
+				done++
+			}
+		}
+		if done == n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for rewind %s: %d of %d partitions done: %w", id, done, n, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
