@@ -105,6 +105,7 @@ func (r *Reader) OnAssign(ctx context.Context, partition int, resumeSeq uint64) 
 	r.mu.Lock()
 	r.parts[partition] = &partState{p: p}
 	r.mu.Unlock()
+	r.metrics.observe(partition, p.Stats())
 	return nil
 }
 
@@ -121,6 +122,15 @@ func (r *Reader) OnRevoke(partition int) {
 // as the first pass did and raises the same alert IDs (which FRAUD then
 // drops as duplicates).
 func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.RewindInfo) error {
+	r.mu.Lock()
+	cur := r.parts[partition]
+	r.mu.Unlock()
+	if info.From == 0 || info.From > info.Until || (cur != nil && info.From > cur.p.Last()+1) {
+		// Nothing this partition judged is replayed (the runtime will not
+		// move the consumer back): keep the state, or the events between
+		// what was judged and From would be skipped.
+		return nil
+	}
 	p, err := r.rebuild(ctx, partition, info.From)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
