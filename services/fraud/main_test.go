@@ -416,3 +416,10 @@ func TestReplayRaisesNoNewAlert(t *testing.T) {
 		t.Fatalf("flood link stats changed by the replay: %+v -> %+v", statsBefore, statsAfter)
 	}
 }
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
