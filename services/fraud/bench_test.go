@@ -78,7 +78,7 @@ func publishBacklog(b *testing.B, js jetstream.JetStream, total int) int {
 	for i := range chunks {
 		clicks := traffic.Generate(traffic.Spec{Seed: uint64(i + 1), Start: start.Add(time.Duration(i) * 5 * time.Minute),
 			Duration: 5 * time.Minute, HumanRate: rate, Links: 5000, Owners: 50, Inject: i == chunks/2})
-		if err := traffic.Publish(context.Background(), js, clicks, 4096); err != nil {
+		if err := traffic.Publish(context.Background(), js, clicks, 2048); err != nil {
 			b.Fatal(err)
 		}
 		n += len(clicks)

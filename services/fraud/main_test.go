@@ -175,26 +175,9 @@ func caughtUp(t *testing.T, js jetstream.JetStream) bool {
 // how many messages carry each.
 func fraudIDs(t *testing.T, js jetstream.JetStream, filter string) map[string]int {
 	t.Helper()
-	cons, err := js.OrderedConsumer(t.Context(), events.FraudStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	ids, err := traffic.MsgIDs(t.Context(), js, events.FraudStream, filter)
 	if err != nil {
 		t.Fatal(err)
-	}
-	ids := map[string]int{}
-	info, _ := cons.Info(t.Context())
-	for left := info.NumPending; left > 0; {
-		b, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for m := range b.Messages() {
-			ids[m.Headers().Get(jetstream.MsgIDHeader)]++
-			got++
-		}
-		if got == 0 {
-			t.Fatalf("FRAUD: %d messages announced but not delivered", left)
-		}
-		left -= uint64(got)
 	}
 	return ids
 }
@@ -280,20 +263,6 @@ func TestGeneratedMixEndToEnd(t *testing.T) {
 	}
 }
 
-// burstClicks returns n clicks of one visitor on link "hot" of owner acme,
-// 400ms apart from at.
-func burstClicks(at time.Time, n int, visitor string) []traffic.Click {
-	out := make([]traffic.Click, n)
-	for i := range out {
-		out[i] = traffic.Click{Pattern: traffic.PatternBurst, Click: events.Click{
-			V: events.ClickVersion, ID: events.NewID(), Time: at.Add(time.Duration(i) * 400 * time.Millisecond).UTC(),
-			Code: "hot", Owner: "acme", Target: "https://example.com/", IPPrefix: "203.0.113.0/24", Visitor: visitor,
-			UserAgent: "Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0",
-		}}
-	}
-	return out
-}
-
 // TestCrashMidBurst runs two members and crashes the one that owns the
 // burst's partition after part of two bursts: visitor "a" has 15 clicks
 // (under the threshold of 20), visitor "b" 25 (its alert already raised).
@@ -324,7 +293,8 @@ func TestCrashMidBurst(t *testing.T) {
 	})
 
 	at := time.Now().Add(-30 * time.Second)
-	a, b := burstClicks(at, 25, "a"), burstClicks(at.Add(100*time.Millisecond), 35, "b")
+	a := traffic.Burst(at, 25, 400*time.Millisecond, "hot", "acme", "a")
+	b := traffic.Burst(at.Add(100*time.Millisecond), 35, 400*time.Millisecond, "hot", "acme", "b")
 	first := append(append([]traffic.Click{}, a[:15]...), b[:25]...)
 	if err := traffic.Publish(t.Context(), js, first, 64); err != nil {
 		t.Fatal(err)

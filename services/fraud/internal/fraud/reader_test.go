@@ -79,33 +79,11 @@ func (w *world) events(t *testing.T, p int, from uint64) []reader.Event {
 // fraudMsgs returns the FRAUD messages on subject filter by Nats-Msg-Id.
 func (w *world) fraudMsgs(t *testing.T, filter string) map[string]int {
 	t.Helper()
-	cons, err := w.js.OrderedConsumer(t.Context(), events.FraudStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	ids, err := traffic.MsgIDs(t.Context(), w.js, events.FraudStream, filter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]int{}
-	info, _ := cons.Info(t.Context())
-	for left := info.NumPending; left > 0; {
-		b, err := cons.Fetch(int(min(left, 1000)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range b.Messages() {
-			ids[m.Headers().Get(jetstream.MsgIDHeader)]++
-			left--
-		}
-	}
 	return ids
-}
-
-func burst(at time.Time, n int, visitor string) []traffic.Click {
-	out := make([]traffic.Click, n)
-	for i := range out {
-		t := at.Add(time.Duration(i) * 500 * time.Millisecond).UTC()
-		out[i] = traffic.Click{Pattern: traffic.PatternBurst, Click: events.Click{V: events.ClickVersion, ID: events.NewID(), Time: t,
-			Code: "hot", Owner: "acme", Target: "https://example.com/", IPPrefix: "203.0.113.0/24", Visitor: visitor, UserAgent: browser}}
-	}
-	return out
 }
 
 // TestTakeoverRebuildsWindowsFromTheLog: the previous owner judged 15
@@ -119,7 +97,7 @@ func TestTakeoverRebuildsWindowsFromTheLog(t *testing.T) {
 	ctx := t.Context()
 	p := events.Partition("hot", parts)
 	start := time.Now().Add(-time.Minute)
-	clicks := burst(start, 25, "bot")
+	clicks := traffic.Burst(start, 25, 500*time.Millisecond, "hot", "acme", "bot")
 	if err := traffic.Publish(ctx, w.js, clicks[:15], 64); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +147,7 @@ func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
 	p := events.Partition("hot", parts)
-	clicks := burst(time.Now().Add(-time.Minute), 30, "bot")
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
 	if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
 		t.Fatal(err)
 	}

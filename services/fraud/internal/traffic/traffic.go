@@ -281,3 +281,17 @@ func Events(clicks []Click, partitions int) (byPartition map[int][]reader.Event,
 	}
 	return byPartition, truth
 }
+
+// Burst returns n clicks by one visitor on one link, step apart from at,
+// with a browser agent: a bot hammering a link.
+func Burst(at time.Time, n int, step time.Duration, code, owner, visitor string) []Click {
+	out := make([]Click, n)
+	for i := range out {
+		out[i] = Click{Pattern: PatternBurst, Click: events.Click{
+			V: events.ClickVersion, ID: events.NewID(), Time: at.Add(time.Duration(i) * step).UTC(),
+			Code: code, Owner: owner, Target: "https://example.com/" + code, IPPrefix: "203.0.113.0/24",
+			Visitor: visitor, UserAgent: browsers[4],
+		}}
+	}
+	return out
+}
