@@ -34,7 +34,11 @@ type Config struct {
 	// BootstrapOwners is "id:key,..." owners to create (demos and tests).
 	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS"`
 
-	// Topology, applied at start as snipctl does (same variables).
+	// ApplyTopology applies the topology at start, as `snipctl topology
+	// apply` does (same variables). Set it false for a NATS user without
+	// stream-admin permissions: the service then only reads CLICKS' partition
+	// count, and waits until the topology exists.
+	ApplyTopology  bool          `env:"SNIP_APPLY_TOPOLOGY" envDefault:"true"`
 	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
 	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
 	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`

@@ -100,10 +100,12 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	defer rdb.Close()
 
 	// Startup steps wait for their servers instead of failing the start.
-	if err := retry(ctx, log, "apply topology", func(ctx context.Context) error {
-		return topology.Apply(ctx, js, cfg.topology())
-	}); err != nil {
-		return err
+	if cfg.ApplyTopology {
+		if err := retry(ctx, log, "apply topology", func(ctx context.Context) error {
+			return topology.Apply(ctx, js, cfg.topology())
+		}); err != nil {
+			return err
+		}
 	}
 	var partitions int
 	if err := retry(ctx, log, "read partitions", func(ctx context.Context) (err error) {

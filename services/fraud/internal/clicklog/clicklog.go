@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -70,8 +71,26 @@ func (l *Log) StoredAt(ctx context.Context, seq uint64) (time.Time, error) {
 // including sequence until, with an ordered consumer (ephemeral, flow
 // controlled, no acks: the cheapest way to read a stretch of a stream).
 // Events that do not decode are skipped: the group's runtime parked them.
+//
+// It knows where to stop before it starts (the partition's last event, or
+// the one before until), so a slow or empty fetch is waited out, not taken
+// for the end (only the consumer saying nothing is pending is): a rebuild
+// that stopped early would judge the next events against a state with a
+// hole in it.
 func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uint64, fn func(reader.Event)) (int, error) {
-	cons, err := l.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{
+	s, err := l.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, events.PartitionFilter(partition))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil // the partition is empty
+	}
+	if err != nil {
+		return 0, fmt.Errorf("scan partition %d: last event: %w", partition, err)
+	}
+	end := min(last.Sequence, until-1) // the last sequence that may be fed
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.PartitionFilter(partition)},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &from,
@@ -79,12 +98,10 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 	if err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
 	}
-	info, err := cons.Info(ctx)
-	if err != nil {
+	if info, err := cons.Info(ctx); err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
-	}
-	if info.NumPending == 0 {
-		return 0, nil
+	} else if info.NumPending == 0 {
+		return 0, nil // nothing stored at or after from
 	}
 	n := 0
 	for {
@@ -99,25 +116,34 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 			if err != nil {
 				return n, fmt.Errorf("scan partition %d: %w", partition, err)
 			}
-			if meta.Sequence.Stream >= until {
+			seq := meta.Sequence.Stream
+			if seq > end {
 				return n, nil
 			}
 			if c, err := events.DecodeClick(m.Data()); err == nil {
-				fn(reader.Event{Click: c, Partition: partition, Seq: meta.Sequence.Stream, Stored: meta.Timestamp, Deliveries: 1})
+				fn(reader.Event{Click: c, Partition: partition, Seq: seq, Stored: meta.Timestamp, Deliveries: 1})
 				n++
 			}
-			if meta.NumPending == 0 {
+			if seq == end || meta.NumPending == 0 {
 				return n, nil
 			}
 		}
-		if err := batch.Error(); err != nil {
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return n, fmt.Errorf("scan partition %d: %w", partition, err)
 		}
 		if err := ctx.Err(); err != nil {
 			return n, fmt.Errorf("scan partition %d: %w", partition, err)
 		}
 		if got == 0 {
-			return n, nil // what was pending is gone (retention); nothing more is stored before until
+			// Nothing came: slow, or nothing left from where the consumer
+			// is (a start after the last event, or retention took them).
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return n, fmt.Errorf("scan partition %d: %w", partition, err)
+			}
+			if info.NumPending == 0 {
+				return n, nil
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 // Metrics are the detector's Prometheus collectors.
 type Metrics struct {
 	judged      prometheus.Counter
+	behind      prometheus.Counter
 	alerts      *prometheus.CounterVec
 	verdicts    *prometheus.CounterVec
 	duplicates  prometheus.Counter
@@ -25,6 +26,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		judged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
+		}),
+		behind: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0).",
 		}),
 		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",
@@ -57,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.alerts, m.verdicts, m.duplicates, m.lookups, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
 	}
 	return m
 }

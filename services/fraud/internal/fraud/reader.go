@@ -192,11 +192,20 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		r.mu.Unlock()
 	}
 	for _, ev := range batch {
-		if j, ok := ps.p.Judge(ev); ok {
-			ps.pending = append(ps.pending, j)
-			ps.resolved, ps.sent = false, false
-			r.metrics.judged.Inc()
+		j, ok := ps.p.Judge(ev)
+		if !ok {
+			if ev.Deliveries <= 1 {
+				// A first delivery behind the state's position was never
+				// judged and now never will be: say so loudly.
+				r.metrics.behind.Inc()
+				r.log.Warn("event delivered behind the partition's position; not judged",
+					"partition", partition, "seq", ev.Seq, "last_judged", ps.p.Last())
+			}
+			continue
 		}
+		ps.pending = append(ps.pending, j)
+		ps.resolved, ps.sent = false, false
+		r.metrics.judged.Inc()
 	}
 	if len(ps.pending) == 0 {
 		return nil // a redelivery of what was handled
