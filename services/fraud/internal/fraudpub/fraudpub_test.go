@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -12,17 +13,24 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
 )
 
-func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
-	t.Parallel()
+// newServer starts NATS with the topology and returns it and a connection.
+func newServer(t *testing.T) (*testenv.NATS, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	n := testenv.StartNATS(t)
 	nc := n.Connect(t)
 	js, _ := jetstream.New(nc)
-	ctx := t.Context()
 	o := topology.Defaults()
 	o.Storage = jetstream.MemoryStorage
-	if err := topology.Apply(ctx, js, o); err != nil {
+	if err := topology.Apply(t.Context(), js, o); err != nil {
 		t.Fatal(err)
 	}
+	return n, nc, js
+}
+
+func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
+	t.Parallel()
+	_, nc, js := newServer(t)
+	ctx := t.Context()
 	now := time.Now().UTC()
 	alerts := []events.FraudAlert{{V: 1, ID: "visitor_burst:abc:x:1", Rule: "visitor_burst", Code: "abc", Owner: "acme", Time: now}}
 	var verdicts []events.FraudVerdict
@@ -64,14 +72,7 @@ func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
 
 func TestPublishFailsWhenNATSIsDown(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	nc := n.Connect(t)
-	js, _ := jetstream.New(nc)
-	o := topology.Defaults()
-	o.Storage = jetstream.MemoryStorage
-	if err := topology.Apply(t.Context(), js, o); err != nil {
-		t.Fatal(err)
-	}
+	n, nc, _ := newServer(t)
 	p, _ := fraudpub.New(nc, 64, 500*time.Millisecond)
 	n.Stop()
 	id := events.NewID()
