@@ -113,7 +113,7 @@ func (c Config) LogValue() slog.Value {
 		return "***"
 	}
 	return slog.GroupValue(
-		slog.String("nats_url", c.NATSURL), slog.String("nats_user", c.NATSUser),
+		slog.String("nats_url", maskURL(c.NATSURL)), slog.String("nats_user", c.NATSUser),
 		slog.String("nats_password", mask(c.NATSPassword)), slog.String("nats_creds", c.NATSCreds),
 		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
 		slog.String("member", c.Member), slog.String("start", c.Start), slog.Int("batch_size", c.BatchSize),

@@ -409,3 +409,38 @@ func envInt(name string, def int) int {
 	}
 	return def
 }
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		environ []string
+		wantErr bool
+	}{
+		{name: "defaults_load"},
+		{name: "start_duration", environ: []string{"FRAUD_START=72h"}},
+		{name: "bad_start", environ: []string{"FRAUD_START=yesterday"}, wantErr: true},
+		{name: "bad_threshold", environ: []string{"FRAUD_VISITOR_THRESHOLD=0"}, wantErr: true},
+		{name: "narrow_listed_network", environ: []string{"FRAUD_LISTED_NETWORKS=203.0.113.0/28"}, wantErr: true},
+		{name: "missing_networks_file", environ: []string{"FRAUD_LISTED_NETWORKS_FILE=/nonexistent"}, wantErr: true},
+		{name: "zero_publish_window", environ: []string{"FRAUD_PUBLISH_WINDOW=0"}, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := loadConfig(tc.environ)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("loadConfig(%v) = %v, want error %v", tc.environ, err, tc.wantErr)
+			}
+			if err == nil && cfg.HTTPAddr != ":8083" {
+				t.Fatalf("HTTP_ADDR default = %q", cfg.HTTPAddr)
+			}
+		})
+	}
+	cfg, _ := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:hunter2@r:6379/0", "NATS_URL=nats://u:hunter2@n:4222"})
+	var b strings.Builder
+	slog.New(slog.NewJSONHandler(&b, nil)).Info("config", "config", cfg)
+	if strings.Contains(b.String(), "hunter2") {
+		t.Fatalf("secret in logged config: %s", b.String())
+	}
+}
