@@ -8,7 +8,7 @@
 SHELL := /bin/bash
 GO ?= go
 # Every module of the workspace, for the per-module (GOWORK=off) checks.
-MODULES := pkg $(wildcard services/*) loadtest
+MODULES := pkg $(wildcard services/*) loadtest deploy/check
 PKG ?= work
 T ?= .
 TEST_FLAGS ?= -race -shuffle=on -count=1 -timeout 20m

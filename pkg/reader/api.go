@@ -120,7 +120,8 @@ type Config struct {
 	// so it bounds only how long a hung process holds events.
 	AckWait time.Duration
 	// MaxRetryDelay caps the backoff between retries of a failing batch
-	// (default 10s).
+	// (default the smaller of 10s and AckWait/3, so the batch's ack timers
+	// are refreshed in time).
 	MaxRetryDelay time.Duration
 	// DrainTimeout bounds a graceful stop: finishing the batch in hand and
 	// acking it (default 30s).

@@ -39,7 +39,7 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.Linger, 100*time.Millisecond)
 	def(&c.LeaseTTL, 3*time.Second)
 	def(&c.AckWait, 60*time.Second)
-	def(&c.MaxRetryDelay, 10*time.Second)
+	def(&c.MaxRetryDelay, min(10*time.Second, c.AckWait/3))
 	def(&c.DrainTimeout, 30*time.Second)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

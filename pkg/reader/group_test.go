@@ -32,7 +32,11 @@ func TestGroupSixPartitionsTenMembers(t *testing.T) {
 	for i := range 10 {
 		id := fmt.Sprintf("m%d", i)
 		all10 = append(all10, id)
-		ms[id] = startMember(t, n, rec.track(reader.Config{Group: "g", Member: id, BatchSize: 50}), rec.handler(id))
+		// A 3s lease (the default) rather than the tests' 1s: a heartbeat
+		// delayed by a loaded CI machine must not make a member drop out and
+		// blur the "exactly six" count.
+		cfg := reader.Config{Group: "g", Member: id, BatchSize: 50, LeaseTTL: 3 * time.Second}
+		ms[id] = startMember(t, n, rec.track(cfg), rec.handler(id))
 	}
 	want := reader.Assign("g", 6, all10)
 	testenv.WaitFor(t, 30*time.Second, "the group to settle on its assignment", func() bool { return rec.owns(want) })

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -240,11 +241,33 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, events.PreviewJobsStream, PreviewConsumerConfig()); err != nil {
-		return fmt.Errorf("apply topology: consumer %s: %w", PreviewConsumer, err)
+	if err := applyPreviewConsumer(ctx, js); err != nil {
+		return fmt.Errorf("apply topology: %w", err)
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
+	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
+			return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
+		}
+	} else if err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
+	}
+	return nil
+}
+
+func applyPreviewConsumer(ctx context.Context, js jetstream.JetStream) error {
+	want := PreviewConsumerConfig()
+	c, err := js.Consumer(ctx, events.PreviewJobsStream, want.Durable)
+	if err == nil {
+		have := c.CachedInfo().Config
+		if have.MaxDeliver == want.MaxDeliver && slices.Equal(have.BackOff, want.BackOff) &&
+			have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("consumer %s: %w", want.Durable, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, events.PreviewJobsStream, want); err != nil {
+		return fmt.Errorf("consumer %s: %w", want.Durable, err)
 	}
 	return nil
 }
@@ -266,10 +289,34 @@ func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		return fmt.Errorf("stream %s: have %q, want %q: %w", cfg.Name,
 			have.SubjectTransform.Destination, cfg.SubjectTransform.Destination, ErrPartitionsChanged)
 	}
+	if streamUpToDate(have, cfg) {
+		// Nothing to change: a service whose NATS user may only read stream
+		// info (deploy/nats) passes here without admin rights.
+		return nil
+	}
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		return fmt.Errorf("update stream %s: %w", cfg.Name, err)
 	}
 	return nil
+}
+
+// streamUpToDate compares the fields Snip sets; the server fills in others.
+func streamUpToDate(have, want jetstream.StreamConfig) bool {
+	same := slices.Equal(have.Subjects, want.Subjects) &&
+		have.Retention == want.Retention && have.Discard == want.Discard &&
+		have.MaxAge == want.MaxAge && have.MaxBytes == want.MaxBytes && have.MaxMsgs == want.MaxMsgs &&
+		have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
+		have.MaxMsgSize == want.MaxMsgSize && have.Storage == want.Storage &&
+		have.Description == want.Description
+	if !same {
+		return false
+	}
+	for k, v := range want.Metadata {
+		if have.Metadata[k] != v {
+			return false
+		}
+	}
+	return (have.SubjectTransform == nil) == (want.SubjectTransform == nil)
 }
 
 // Partitions reads the number of partitions of the existing CLICKS stream, so

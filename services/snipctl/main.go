@@ -39,6 +39,9 @@ type command struct {
 var commands = map[string]command{
 	"topology": {usage: "apply", help: "create or update every stream, consumer and bucket (idempotent)", run: cmdTopology},
 	"owners":   {usage: "create ID [-name NAME]", help: "create an owner and print its API key (shown once)", run: cmdOwners},
+	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
+	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
+	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
 }
 
 // errUsage marks a mistake in the command line; main prints usage for it.

@@ -1,0 +1,9 @@
+// Package check holds the tests that keep deploy/ honest without a Docker
+// engine: docker-compose.yml is loaded and validated with compose-go (the
+// library `docker compose` itself uses) and read against the code (every
+// environment variable a service is given is one its config.go declares, every
+// service image is built from deploy/docker/Dockerfile with a SERVICE that
+// exists); the NATS configurations are parsed by nats-server, started, and
+// each service's user is checked to be able to do its job and nothing more;
+// and the cost of JetStream's fsync settings is measured (BenchmarkSyncInterval).
+package check

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/loadtest/internal/truth"
+)
+
+// cmdVerify checks the readers against a saved truth: the same oracle as
+// --verify, any time later (within CLICKS retention).
+func cmdVerify(ctx context.Context, env *Env, args []string) error {
+	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
+	var sf sinkFlags
+	sf.register(fs)
+	path := fs.String("truth", "", "truth.json of the run (required)")
+	if err := parse(fs, args, env.Stderr); err != nil {
+		return err
+	}
+	if *path == "" {
+		return fmt.Errorf("--truth is required: %w", errUsage)
+	}
+	require, err := sf.required()
+	if err != nil {
+		return err
+	}
+	tr, err := truth.Load(*path)
+	if err != nil {
+		return err
+	}
+	sys, err := connect(ctx, env, &sf)
+	if err != nil {
+		return err
+	}
+	defer sys.close()
+	sinks, closeSinks := sys.sinks(tr.Owner, tr.Started.Add(-time.Second))
+	defer closeSinks()
+	rep, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
+		Deadline: sf.deadline, SetLimit: sf.setLimit, Require: require,
+		Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "run %s (%s, %d attempts, %d sent, %d refused, %d unanswered) from %s\n\n",
+		tr.Tag, tr.Mode, tr.Attempts, tr.SentCount(), len(tr.Refused), len(tr.Uncertain), filepath.Base(filepath.Dir(*path)))
+	if err := oracle.WriteTable(env.Stdout, rep.Rows); err != nil {
+		return err
+	}
+	if !rep.Passed {
+		return errVerifyFailed
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+// Package jsread is the oracle's view of JetStream: it reads a run's clicks
+// back from CLICKS and the verdicts about them from FRAUD with ordered
+// (ephemeral, unacknowledged) consumers, so reading changes nothing for the
+// readers under test, and it reports every reader's backlog: each consumer
+// group on CLICKS (pkg/reader.Lag) and each durable consumer on FRAUD.
+package jsread
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+)
+
+// batch is the most messages one Next call returns.
+const batch = 5000
+
+// idle is how long Next waits for a message before it says it is at the end.
+const idle = 250 * time.Millisecond
+
+// stream reads one filtered slice of a stream from a start time on.
+type stream struct {
+	js     jetstream.JetStream
+	name   string
+	filter string
+	since  time.Time
+	it     jetstream.MessagesContext
+}
+
+func (s *stream) next(ctx context.Context, each func(jetstream.Msg)) (bool, error) {
+	if s.it == nil {
+		since := s.since
+		c, err := s.js.OrderedConsumer(ctx, s.name, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{s.filter},
+			DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+			OptStartTime:   &since,
+		})
+		if err != nil {
+			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
+		}
+		// Messages keeps pull requests in flight, so reading is not a
+		// round trip per batch.
+		if s.it, err = c.Messages(jetstream.PullMaxMessages(batch)); err != nil {
+			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
+		}
+	}
+	for range batch {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		m, err := s.it.Next(jetstream.NextMaxWait(idle))
+		switch {
+		case errors.Is(err, nats.ErrTimeout):
+			return true, nil // nothing more within idle: the end, for now
+		case err != nil:
+			return false, fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
+		}
+		each(m)
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Close stops the reader's consumer.
+func (s *stream) Close() {
+	if s.it != nil {
+		s.it.Stop()
+	}
+}
+
+// Clicks reads the clicks of one owner from CLICKS.
+type Clicks struct{ s stream }
+
+// NewClicks returns a reader of owner's clicks stored at or after since.
+func NewClicks(js jetstream.JetStream, owner string, since time.Time) *Clicks {
+	return &Clicks{s: stream{js: js, name: events.ClicksStream, filter: "*." + events.ClickSubject(owner, "*"), since: since}}
+}
+
+// Next implements oracle.LogReader.
+func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
+	var out []oracle.LogClick
+	atEnd, err := c.s.next(ctx, func(m jetstream.Msg) {
+		lc := oracle.LogClick{Partition: events.PartitionOf(m.Subject())}
+		if md, err := m.Metadata(); err == nil {
+			lc.StreamSeq, lc.Stored = md.Sequence.Stream, md.Timestamp
+		}
+		// One decode, then the same checks as events.DecodeClick.
+		var click events.Click
+		err := json.Unmarshal(m.Data(), &click)
+		if err == nil {
+			err = click.Validate()
+		}
+		if err != nil {
+			// Not a valid click: readers park it. Keep what identifies it, so
+			// the oracle counts it against the run instead of ignoring it.
+			var raw struct {
+				ID        string `json:"id"`
+				Code      string `json:"code"`
+				RequestID string `json:"request_id"`
+			}
+			_ = json.Unmarshal(m.Data(), &raw)
+			lc.ID, _ = uuid.Parse(raw.ID)
+			lc.Code, lc.RequestID, lc.Invalid = raw.Code, raw.RequestID, true
+			out = append(out, lc)
+			return
+		}
+		lc.ID, _ = uuid.Parse(click.ID)
+		lc.Code, lc.RequestID, lc.Bot, lc.IPPrefix = click.Code, click.RequestID, click.Bot, click.IPPrefix
+		out = append(out, lc)
+	})
+	return out, atEnd, err
+}
+
+// Close stops reading.
+func (c *Clicks) Close() { c.s.Close() }
+
+// Verdicts reads the verdicts about one owner's clicks from FRAUD.
+type Verdicts struct{ s stream }
+
+// NewVerdicts returns a reader of verdicts on owner's links stored at or
+// after since.
+func NewVerdicts(js jetstream.JetStream, owner string, since time.Time) *Verdicts {
+	return &Verdicts{s: stream{js: js, name: events.FraudStream, filter: events.FraudVerdictSubject(owner, "*"), since: since}}
+}
+
+// Next implements oracle.VerdictReader.
+func (v *Verdicts) Next(ctx context.Context) ([]oracle.Verdict, bool, error) {
+	var out []oracle.Verdict
+	atEnd, err := v.s.next(ctx, func(m jetstream.Msg) {
+		fv, err := events.DecodeFraudVerdict(m.Data())
+		if err != nil {
+			return // not a verdict the counter could apply either
+		}
+		ov := oracle.Verdict{ID: fv.ID, Code: fv.Code, Bot: fv.Bot, Rule: fv.Rule}
+		ov.ClickID, _ = uuid.Parse(fv.ClickID)
+		if md, err := m.Metadata(); err == nil {
+			ov.FraudSeq = md.Sequence.Stream
+		}
+		out = append(out, ov)
+	})
+	return out, atEnd, err
+}
+
+// Close stops reading.
+func (v *Verdicts) Close() { v.s.Close() }
+
+// StoredClicks returns how many clicks CLICKS holds on owner's links whose
+// code starts with prefix: a cheap count (the stream's per-subject totals),
+// for telling when every click of a run has been stored.
+func StoredClicks(ctx context.Context, js jetstream.JetStream, owner, prefix string) (uint64, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("stored clicks: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter("*."+events.ClickSubject(owner, "*")))
+	if err != nil {
+		return 0, fmt.Errorf("stored clicks: %w", err)
+	}
+	var n uint64
+	for subj, c := range info.State.Subjects {
+		// <partition>.clicks.<owner>.<code>
+		if i := strings.LastIndexByte(subj, '.'); i >= 0 && strings.HasPrefix(subj[i+1:], prefix) {
+			n += c
+		}
+	}
+	return n, nil
+}
+
+// Readers reports the backlog of every reader.
+type Readers struct{ js jetstream.JetStream }
+
+// NewReaders returns a backlog reporter.
+func NewReaders(js jetstream.JetStream) *Readers { return &Readers{js: js} }
+
+// Groups lists the consumer groups deployed on CLICKS.
+func (r *Readers) Groups(ctx context.Context) ([]string, error) {
+	s, err := r.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("list groups: %w", err)
+	}
+	seen := map[string]bool{}
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		if g := ci.Config.Metadata["snip.group"]; g != "" {
+			seen[g] = true
+		}
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("list groups: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for g := range seen {
+		out = append(out, g)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// GroupLag is one group's backlog and the age of its oldest unprocessed event.
+type GroupLag struct {
+	Pending uint64
+	// Oldest is when the oldest unprocessed event was stored; zero when
+	// caught up.
+	Oldest time.Time
+}
+
+// Lag returns, per consumer group on CLICKS, its backlog summed over
+// partitions.
+func (r *Readers) Lag(ctx context.Context) (map[string]GroupLag, error) {
+	groups, err := r.Groups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]GroupLag, len(groups))
+	for _, g := range groups {
+		parts, err := reader.Lag(ctx, r.js, g)
+		if errors.Is(err, reader.ErrNoGroup) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("backlog: %w", err)
+		}
+		var gl GroupLag
+		for _, p := range parts {
+			gl.Pending += p.Pending + uint64(p.AckPending)
+			if !p.OldestUnprocessed.IsZero() && (gl.Oldest.IsZero() || p.OldestUnprocessed.Before(gl.Oldest)) {
+				gl.Oldest = p.OldestUnprocessed
+			}
+		}
+		out[g] = gl
+	}
+	return out, nil
+}
+
+// Backlog implements oracle.Backlog: the consumer groups on CLICKS, and the
+// durable consumers on FRAUD (the click counter applies verdicts through
+// one) named "FRAUD/<consumer>".
+func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
+	lag, err := r.Lag(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(lag)+1)
+	for g, gl := range lag {
+		out[g] = gl.Pending
+	}
+	s, err := r.js.Stream(ctx, events.FraudStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backlog: %w", err)
+	}
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		if ci.Config.Durable == "" {
+			continue // ephemeral: a tool reading, like this one
+		}
+		out[events.FraudStream+"/"+ci.Name] = ci.NumPending + uint64(ci.NumAckPending)
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("backlog: %w", err)
+	}
+	return out, nil
+}

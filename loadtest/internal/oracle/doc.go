@@ -1,0 +1,24 @@
+// Package oracle checks every reader of a load test run against the truth:
+// nothing missing, nothing extra, nothing twice.
+//
+// The checks are layered. The log comes first: every click the generator was
+// told was recorded (a 302, a publish ack) must be in CLICKS exactly once,
+// on the right link, and no click it was told was refused may be there;
+// clicks without an answer (timeouts) may be there once. What the log holds
+// is then the truth for the readers, because the readers' contract is the
+// log:
+//
+//   - fraud detection: every click of an injected burst is labelled a bot by
+//     a verdict on FRAUD, and no verdict names a click the log does not hold;
+//   - the click counter: per link, human + bot = the link's clicks in the
+//     log, and bot = the clicks whose final label is bot (the last verdict
+//     about the click, else the label the redirect gave it);
+//   - the warehouse: per link, the distinct event IDs in `clicks` are the
+//     link's clicks in the log (the exact set when it is small enough, the
+//     counts otherwise), and the bot flags match.
+//
+// A sink that is not deployed or not configured is reported as skipped, not
+// failed, unless it is required; one that is configured is checked strictly.
+// Sinks are read through the small interfaces in sources.go, so each check
+// is tested against plain values and each adapter against a real server.
+package oracle

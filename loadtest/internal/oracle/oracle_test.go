@@ -1,0 +1,610 @@
+package oracle_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+
+	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/loadtest/internal/workload"
+)
+
+// The fakes below are plain values behind the oracle's source interfaces:
+// what a sink would answer, so each case can change one answer.
+
+type fakeLog struct{ clicks []oracle.LogClick }
+
+func (f *fakeLog) Next(context.Context) ([]oracle.LogClick, bool, error) {
+	c := f.clicks
+	f.clicks = nil
+	return c, true, nil
+}
+
+type fakeVerdicts struct{ verdicts []oracle.Verdict }
+
+func (f *fakeVerdicts) Next(context.Context) ([]oracle.Verdict, bool, error) {
+	v := f.verdicts
+	f.verdicts = nil
+	return v, true, nil
+}
+
+type fakeCounter map[string][2]int64
+
+func (f fakeCounter) Totals(_ context.Context, code string) (int64, int64, error) {
+	t := f[code]
+	return t[0], t[1], nil
+}
+
+type whRow struct {
+	code string
+	id   uuid.UUID
+	bot  bool
+}
+
+type fakeWarehouse struct{ rows []whRow }
+
+func (f *fakeWarehouse) LinkCounts(_ context.Context, _, prefix string) (map[string]oracle.WarehouseCount, error) {
+	out := map[string]oracle.WarehouseCount{}
+	seen := map[uuid.UUID]bool{}
+	for _, r := range f.rows {
+		if !strings.HasPrefix(r.code, prefix) {
+			continue
+		}
+		c := out[r.code]
+		c.Rows++
+		if !seen[r.id] {
+			seen[r.id] = true
+			c.Distinct++
+			if r.bot {
+				c.DistinctBots++
+			}
+		}
+		out[r.code] = c
+	}
+	return out, nil
+}
+
+func (f *fakeWarehouse) EventIDs(_ context.Context, _, prefix string, fn func(string, uuid.UUID)) error {
+	seen := map[uuid.UUID]bool{}
+	for _, r := range f.rows {
+		if strings.HasPrefix(r.code, prefix) && !seen[r.id] {
+			seen[r.id] = true
+			fn(r.code, r.id)
+		}
+	}
+	return nil
+}
+
+type fakeBacklog map[string]uint64
+
+func (f fakeBacklog) Backlog(context.Context) (map[string]uint64, error) { return f, nil }
+
+const tag = workload.Tag(0x123456789)
+
+var at = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+
+func spec() workload.Spec {
+	return workload.Spec{Seed: 7, Links: 5, ZipfS: 1, BotShare: 0.2, BurstShare: 0.2, BurstSize: 5, Visitors: 1000, CountryShare: 0.5}
+}
+
+// world is a run in which every sink is right; cases break one thing.
+type world struct {
+	tr        *truth.Truth
+	gen       *workload.Generator
+	log       []oracle.LogClick
+	verdicts  []oracle.Verdict
+	counter   fakeCounter
+	warehouse []whRow
+	backlog   fakeBacklog
+}
+
+// newWorld builds a perfect run of 200 clicks in the given mode: every
+// sent click in the log, every burst click judged a bot, the counter and
+// warehouse consistent with both.
+func newWorld(t *testing.T, mode truth.Mode) *world {
+	t.Helper()
+	g, err := workload.New(spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{
+		tr: &truth.Truth{Version: truth.Version, Mode: mode, Tag: tag.String(), Owner: "demo", Spec: spec(),
+			Attempts: 200, Refused: []uint64{3}, Uncertain: []uint64{4, 5}},
+		gen:     g,
+		counter: fakeCounter{},
+		backlog: fakeBacklog{"click-counter": 0, "fraud-detection": 0},
+	}
+	for seq := range uint64(200) {
+		if seq == 3 || seq == 5 { // refused; and one unanswered request that was not recorded
+			continue
+		}
+		v := g.Visit(seq)
+		w.addClick(seq, v)
+	}
+	w.recount()
+	return w
+}
+
+func (w *world) addClick(seq uint64, v workload.Visit) {
+	id := tag.EventID(seq, at)
+	if w.tr.Mode == truth.ModeHTTP {
+		id = uuid.Must(uuid.NewV7()).String()
+	}
+	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP)}
+	w.log = append(w.log, c)
+	if v.Kind == workload.Burst {
+		w.verdicts = append(w.verdicts, oracle.Verdict{ID: "burst:" + id, ClickID: c.ID, Code: c.Code, Bot: true, Rule: "visitor_burst", FraudSeq: uint64(len(w.verdicts) + 1)})
+	}
+	w.warehouse = append(w.warehouse, whRow{code: c.Code, id: c.ID, bot: c.Bot})
+}
+
+// recount sets the counter from the log and the verdicts.
+func (w *world) recount() {
+	w.counter = fakeCounter{}
+	label := map[uuid.UUID]bool{}
+	for _, v := range w.verdicts {
+		label[v.ClickID] = v.Bot
+	}
+	seen := map[uuid.UUID]bool{}
+	for _, c := range w.log {
+		if seen[c.ID] {
+			continue
+		}
+		seen[c.ID] = true
+		bot := c.Bot
+		if l, ok := label[c.ID]; ok {
+			bot = l
+		}
+		t := w.counter[c.Code]
+		if bot {
+			t[1]++
+		} else {
+			t[0]++
+		}
+		w.counter[c.Code] = t
+	}
+}
+
+// clickOf returns the index in the log of the first click of the given kind.
+func (w *world) clickOf(t *testing.T, kind workload.Kind) int {
+	t.Helper()
+	for i, c := range w.log {
+		seq, _ := w.seq(c)
+		if w.gen.Visit(seq).Kind == kind {
+			return i
+		}
+	}
+	t.Fatalf("no %s click in the log", kind)
+	return 0
+}
+
+func (w *world) seq(c oracle.LogClick) (uint64, bool) {
+	if w.tr.Mode == truth.ModeEvents {
+		return tag.SeqOfUUID(c.ID)
+	}
+	return tag.ParseRequestID(c.RequestID)
+}
+
+func (w *world) sinks() oracle.Sinks {
+	return oracle.Sinks{
+		Log:       &fakeLog{clicks: append([]oracle.LogClick(nil), w.log...)},
+		Backlog:   w.backlog,
+		Verdicts:  &fakeVerdicts{verdicts: append([]oracle.Verdict(nil), w.verdicts...)},
+		Counter:   w.counter,
+		Warehouse: &fakeWarehouse{rows: w.warehouse},
+	}
+}
+
+// outcome is the part of a row a case asserts.
+type outcome struct {
+	Missing, Extra, Dup uint64
+	Status              oracle.Status
+}
+
+func verify(t *testing.T, w *world, sinks oracle.Sinks, require ...string) map[string]outcome {
+	t.Helper()
+	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{
+		Deadline: 300 * time.Millisecond, Settle: time.Millisecond, Poll: 10 * time.Millisecond, Require: require,
+	})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	out := map[string]outcome{}
+	for _, r := range rep.Rows {
+		out[r.Sink] = outcome{r.Missing, r.Extra, r.Dup, r.Status}
+	}
+	if rep.Passed != oracle.Passed(rep.Rows) {
+		t.Errorf("report passed = %v, rows say %v", rep.Passed, oracle.Passed(rep.Rows))
+	}
+	var b bytes.Buffer
+	_ = oracle.WriteTable(&b, rep.Rows)
+	t.Logf("\n%s", b.String())
+	return out
+}
+
+var pass = outcome{Status: oracle.Pass}
+
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mode   truth.Mode
+		mutate func(t *testing.T, w *world)
+		// require makes unconfigured sinks fail
+		require []string
+		sinks   func(w *world, s *oracle.Sinks)
+		want    map[string]outcome // rows not listed must pass (or be skipped where noted)
+	}{
+		{name: "everything_right_passes", mode: truth.ModeEvents},
+		{name: "everything_right_passes_over_http", mode: truth.ModeHTTP},
+		{
+			name: "click_missing_from_the_log_is_missing_everywhere", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				i := w.clickOf(t, workload.Human)
+				w.log = append(w.log[:i], w.log[i+1:]...)
+			},
+			want: map[string]outcome{
+				oracle.SinkLog: {Missing: 1, Status: oracle.Fail},
+				// the readers have a click the log does not: extra
+				oracle.SinkCounter:   {Extra: 1, Status: oracle.Fail},
+				oracle.SinkWarehouse: {Extra: 1, Status: oracle.Fail},
+			},
+		},
+		{
+			name: "click_stored_twice_is_a_duplicate", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.log = append(w.log, w.log[w.clickOf(t, workload.Human)]) },
+			want:   map[string]outcome{oracle.SinkLog: {Dup: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "request_recorded_as_two_events_is_a_duplicate", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				c.ID = uuid.Must(uuid.NewV7())
+				w.log = append(w.log, c)
+			},
+			want: map[string]outcome{oracle.SinkLog: {Dup: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "refused_click_in_the_log_is_extra", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.addClick(3, w.gen.Visit(3))
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkLog: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "click_never_sent_in_the_log_is_extra", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				c := oracle.LogClick{ID: uuid.MustParse(tag.EventID(5000, at)), Code: tag.LinkCode(0)}
+				w.log = append(w.log, c)
+			},
+			want: map[string]outcome{oracle.SinkLog: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "click_on_the_wrong_link_is_extra", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				i := w.clickOf(t, workload.Human)
+				seq, _ := w.seq(w.log[i])
+				w.log[i].Code = tag.LinkCode((w.gen.Visit(seq).Link + 1) % 5)
+			},
+			want: map[string]outcome{oracle.SinkLog: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "unanswered_request_recorded_once_is_allowed", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.addClick(5, w.gen.Visit(5))
+				w.recount()
+			},
+		},
+		{
+			name: "other_links_of_the_owner_are_ignored", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.log = append(w.log, oracle.LogClick{ID: uuid.Must(uuid.NewV7()), Code: "demo-link"})
+			},
+		},
+		{
+			name: "bot_not_labelled_at_source", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				w.log[w.clickOf(t, workload.Bot)].Bot = false
+				w.recount()
+			},
+			want: map[string]outcome{
+				oracle.SinkSourceLabels: {Missing: 1, Status: oracle.Fail},
+				oracle.SinkWarehouseBot: {Extra: 1, Status: oracle.Fail}, // warehouse keeps the original label
+			},
+		},
+		{
+			name: "burst_click_without_a_verdict", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.verdicts = w.verdicts[1:]
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkFraud: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "verdict_about_a_click_not_in_the_log", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.verdicts = append(w.verdicts, oracle.Verdict{ID: "x", ClickID: uuid.MustParse(tag.EventID(5, at)), Code: tag.LinkCode(0), Bot: true, FraudSeq: 999})
+			},
+			want: map[string]outcome{oracle.SinkFraud: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "verdict_stored_twice", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.verdicts = append(w.verdicts, w.verdicts[0]) },
+			want:   map[string]outcome{oracle.SinkFraud: {Dup: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "later_verdict_wins", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				// A human click judged a bot, then cleared: counted human.
+				c := w.log[w.clickOf(t, workload.Human)]
+				w.verdicts = append(w.verdicts,
+					oracle.Verdict{ID: "flood", ClickID: c.ID, Code: c.Code, Bot: true, Rule: "link_flood", FraudSeq: 1000},
+					oracle.Verdict{ID: "clear", ClickID: c.ID, Code: c.Code, Bot: false, Rule: "review", FraudSeq: 1001})
+			},
+		},
+		{
+			name: "counter_counts_a_click_twice", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				c := w.counter[tag.LinkCode(1)]
+				c[0]++
+				w.counter[tag.LinkCode(1)] = c
+			},
+			want: map[string]outcome{oracle.SinkCounter: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "counter_did_not_apply_a_verdict", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				v := w.verdicts[0]
+				c := w.counter[v.Code]
+				c[0], c[1] = c[0]+1, c[1]-1
+				w.counter[v.Code] = c
+			},
+			want: map[string]outcome{oracle.SinkCounterBots: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "counter_lost_a_click", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				c := w.counter[tag.LinkCode(0)]
+				c[0]--
+				w.counter[tag.LinkCode(0)] = c
+			},
+			want: map[string]outcome{oracle.SinkCounter: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "warehouse_lost_an_event", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				i := 0
+				for w.warehouse[i].bot { // keep the bot flags right
+					i++
+				}
+				w.warehouse = append(w.warehouse[:i], w.warehouse[i+1:]...)
+			},
+			want: map[string]outcome{oracle.SinkWarehouse: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "warehouse_copies_are_not_duplicates", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.warehouse = append(w.warehouse, w.warehouse[:10]...) },
+		},
+		{
+			name: "warehouse_swapped_one_event_for_a_stranger", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				i := 0
+				for w.warehouse[i].bot {
+					i++
+				}
+				w.warehouse[i].id = uuid.Must(uuid.NewV7()) // counts agree, the set does not
+			},
+			want: map[string]outcome{oracle.SinkWarehouse: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "unconfigured_sinks_are_skipped", mode: truth.ModeEvents,
+			sinks: func(_ *world, s *oracle.Sinks) { s.Counter, s.Warehouse, s.Verdicts = nil, nil, nil },
+			want: map[string]outcome{
+				oracle.SinkCounter:   {Status: oracle.Skipped},
+				oracle.SinkWarehouse: {Status: oracle.Skipped},
+				oracle.SinkFraud:     {Status: oracle.Skipped},
+			},
+		},
+		{
+			name: "required_sink_missing_fails", mode: truth.ModeEvents, require: []string{oracle.KeyWarehouse},
+			sinks: func(_ *world, s *oracle.Sinks) { s.Warehouse = nil },
+			want:  map[string]outcome{oracle.SinkWarehouse: {Status: oracle.Fail}},
+		},
+		{
+			name: "reader_still_behind_fails", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.backlog = fakeBacklog{"click-counter": 0, "warehouse-loader": 12} },
+			want:   map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, tc.mode)
+			if tc.mutate != nil {
+				tc.mutate(t, w)
+			}
+			sinks := w.sinks()
+			if tc.sinks != nil {
+				tc.sinks(w, &sinks)
+			}
+			got := verify(t, w, sinks, tc.require...)
+			for sink, o := range got {
+				want, listed := tc.want[sink]
+				if !listed {
+					want = pass
+				}
+				if want.Missing == 0 && want.Extra == 0 && want.Dup == 0 && want.Status == oracle.Fail {
+					// only the status is asserted
+					o = outcome{Status: o.Status}
+				}
+				if diff := cmp.Diff(want, o); diff != "" {
+					t.Errorf("row %q (-want +got):\n%s", sink, diff)
+				}
+			}
+			for sink := range tc.want {
+				if _, ok := got[sink]; !ok {
+					t.Errorf("no row %q", sink)
+				}
+			}
+		})
+	}
+}
+
+func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, truth.ModeEvents)
+	sinks := w.sinks()
+	// The counter shows nothing until its backlog drains on the third poll.
+	slow := &slowCounter{real: w.counter, after: 3}
+	sinks.Counter = slow
+	sinks.Backlog = slow
+	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Passed {
+		var b bytes.Buffer
+		_ = oracle.WriteTable(&b, rep.Rows)
+		t.Fatalf("verify did not wait for the counter to catch up:\n%s", b.String())
+	}
+	if rep.CatchUp < 0 {
+		t.Errorf("catch-up time %v; want the time the backlog reached 0", rep.CatchUp)
+	}
+}
+
+// slowCounter is a counter whose backlog drains after a few polls and
+// which answers zero until then.
+type slowCounter struct {
+	real  fakeCounter
+	after int
+	polls int
+}
+
+func (s *slowCounter) Backlog(context.Context) (map[string]uint64, error) {
+	s.polls++
+	if s.polls < s.after {
+		return map[string]uint64{"click-counter": uint64(s.after - s.polls)}, nil
+	}
+	return map[string]uint64{"click-counter": 0}, nil
+}
+
+func (s *slowCounter) Totals(ctx context.Context, code string) (int64, int64, error) {
+	if s.polls < s.after {
+		return 0, 0, nil
+	}
+	return s.real.Totals(ctx, code)
+}
+
+func TestTruthRoundTrip(t *testing.T) {
+	t.Parallel()
+	rec := truth.NewRecorder(10)
+	for seq := range uint64(10) {
+		switch seq {
+		case 2:
+			rec.Record(seq, truth.Refused, "503")
+		case 7:
+			rec.Record(seq, truth.Uncertain, "timeout")
+		case 8:
+			// never answered: no record
+		default:
+			rec.Record(seq, truth.Sent, "302")
+		}
+	}
+	refused, uncertain, answers := rec.Finish(10)
+	tr := &truth.Truth{Version: truth.Version, Mode: truth.ModeHTTP, Tag: tag.String(), Owner: "demo", Spec: spec(),
+		Attempts: 10, Refused: refused, Uncertain: uncertain, Answers: answers}
+	path := t.TempDir() + "/truth.json"
+	if err := tr.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	got, err := truth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(tr, got); diff != "" {
+		t.Errorf("truth changed on the way through a file (-saved +loaded):\n%s", diff)
+	}
+	wantOutcomes := map[uint64]truth.Outcome{0: truth.Sent, 2: truth.Refused, 7: truth.Uncertain, 8: truth.Uncertain, 9: truth.Sent, 10: truth.NotSent}
+	for seq, want := range wantOutcomes {
+		if o := got.Outcome(seq); o != want {
+			t.Errorf("outcome of %d = %s, want %s", seq, o, want)
+		}
+	}
+	if got.SentCount() != 7 {
+		t.Errorf("sent count %d, want 7", got.SentCount())
+	}
+	if diff := cmp.Diff(map[string]uint64{"302": 7, "503": 1, "timeout": 1}, got.Answers); diff != "" {
+		t.Errorf("answers (-want +got):\n%s", diff)
+	}
+}
+
+func TestTruthLoadRejectsBadFiles(t *testing.T) {
+	t.Parallel()
+	good := truth.Truth{Version: truth.Version, Mode: truth.ModeEvents, Tag: tag.String(), Owner: "demo", Spec: spec(), Attempts: 1}
+	tests := []struct {
+		name   string
+		change func(*truth.Truth)
+	}{
+		{name: "future_version", change: func(t *truth.Truth) { t.Version = 99 }},
+		{name: "unknown_mode", change: func(t *truth.Truth) { t.Mode = "carrier-pigeon" }},
+		{name: "bad_tag", change: func(t *truth.Truth) { t.Tag = "??" }},
+		{name: "no_owner", change: func(t *truth.Truth) { t.Owner = "" }},
+		{name: "unsorted_exceptions", change: func(t *truth.Truth) { t.Uncertain = []uint64{5, 1} }},
+		{name: "bad_spec", change: func(t *truth.Truth) { t.Spec.Links = 0 }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tr := good
+			tc.change(&tr)
+			path := fmt.Sprintf("%s/%s.json", t.TempDir(), tc.name)
+			if err := tr.Save(path); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := truth.Load(path); err == nil {
+				t.Errorf("Load accepted a truth with %s", tc.name)
+			}
+		})
+	}
+}
+
+func TestForwardedForNote(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		ignored  bool
+		wantNote string
+	}{
+		{name: "honoured", wantNote: "visitor address from X-Forwarded-For in 198 of 198 clicks"},
+		{name: "ignored", ignored: true, wantNote: "X-Forwarded-For was ignored"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, truth.ModeHTTP)
+			w.tr.ForwardedFor = true
+			if tc.ignored {
+				for i := range w.log {
+					w.log[i].IPPrefix = "127.0.0.0/24"
+				}
+			}
+			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rep.Rows {
+				if r.Sink == oracle.SinkSourceLabels && !strings.Contains(r.Note, tc.wantNote) {
+					t.Errorf("note %q, want it to say %q", r.Note, tc.wantNote)
+				}
+			}
+		})
+	}
+}

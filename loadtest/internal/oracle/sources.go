@@ -1,0 +1,88 @@
+package oracle
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// LogClick is a click as CLICKS stores it: the fields of events.Click the
+// oracle checks, and where it was stored.
+type LogClick struct {
+	ID        uuid.UUID
+	RequestID string
+	Code      string
+	Bot       bool
+	// IPPrefix is the anonymised client network the redirect recorded.
+	IPPrefix  string
+	Partition int
+	StreamSeq uint64
+	Stored    time.Time
+	// Invalid is set when the payload fails events.DecodeClick: readers
+	// park such a click instead of counting it.
+	Invalid bool
+}
+
+// LogReader reads the run owner's clicks from CLICKS, from the start of the
+// run on, in stream order.
+type LogReader interface {
+	// Next returns the clicks stored since the previous call (a bounded
+	// batch), and whether the reader has reached the end of the log as it
+	// was when the call returned.
+	Next(ctx context.Context) (clicks []LogClick, atEnd bool, err error)
+}
+
+// Verdict is a fraud verdict from FRAUD, reduced to what the oracle checks.
+type Verdict struct {
+	// ID is the verdict's own ID (deterministic, the Nats-Msg-Id).
+	ID       string
+	ClickID  uuid.UUID
+	Code     string
+	Bot      bool
+	Rule     string
+	FraudSeq uint64
+}
+
+// VerdictReader reads the verdicts about the run owner's clicks from FRAUD,
+// in stream order.
+type VerdictReader interface {
+	// Next returns the verdicts stored since the previous call and whether
+	// the reader has reached the end of FRAUD.
+	Next(ctx context.Context) (verdicts []Verdict, atEnd bool, err error)
+}
+
+// CounterReader reads the click counter's public stats API.
+type CounterReader interface {
+	// Totals returns a link's human and bot totals; a link the counter has
+	// not counted any click of has 0 and 0.
+	Totals(ctx context.Context, code string) (human, bot int64, err error)
+}
+
+// WarehouseCount is one link's clicks in the warehouse.
+type WarehouseCount struct {
+	// Distinct is the number of distinct event IDs.
+	Distinct uint64
+	// DistinctBots is the number of distinct event IDs labelled bot.
+	DistinctBots uint64
+	// Rows is the number of rows, redelivered copies not yet merged away
+	// included.
+	Rows uint64
+}
+
+// WarehouseReader queries the warehouse's clicks table.
+type WarehouseReader interface {
+	// LinkCounts returns the counts of every link of owner whose code starts
+	// with prefix, by code.
+	LinkCounts(ctx context.Context, owner, prefix string) (map[string]WarehouseCount, error)
+	// EventIDs calls fn with every distinct event ID of those links.
+	EventIDs(ctx context.Context, owner, prefix string, fn func(code string, id uuid.UUID)) error
+}
+
+// Backlog reports how far behind each reader is.
+type Backlog interface {
+	// Backlog returns, for every reader deployed (a consumer group on
+	// CLICKS, a durable consumer on FRAUD), the number of events it has not
+	// yet processed: not delivered plus delivered but not acknowledged.
+	Backlog(ctx context.Context) (map[string]uint64, error)
+}

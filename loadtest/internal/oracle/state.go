@@ -1,0 +1,259 @@
+package oracle
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/loadtest/internal/workload"
+)
+
+// state is what the oracle has learned about a run: which clicks the log
+// holds, and the verdicts about them. It needs about 20 bytes per click,
+// plus 24 per click in HTTP mode for the event ID index.
+type state struct {
+	tr  *truth.Truth
+	tag workload.Tag
+	gen *workload.Generator
+
+	slots []slot
+	// present counts clicks of the run in the log; sentFound those whose
+	// outcome was Sent.
+	present, sentFound uint64
+	// foreign counts clicks on the run's links that name no click of the
+	// run; wrongLink those recorded against another link than they were
+	// sent to; dups the extra copies of clicks already seen.
+	foreign, wrongLink, dups uint64
+	// invalid counts the run's clicks whose payload is not a valid click.
+	invalid uint64
+	// xffHonoured counts clicks whose network is the visitor's, not the
+	// generator's (HTTP mode with X-Forwarded-For).
+	xffHonoured uint64
+
+	// byID maps event IDs to sequences when the IDs do not carry them
+	// (HTTP mode: the redirect assigns them). Sorted by id once the log is
+	// read; see index.
+	byID    []idSeq
+	indexed bool
+
+	// verdict bookkeeping
+	verdictIDs     map[string]struct{}
+	verdictDups    uint64
+	verdictUnknown uint64
+	verdictRules   map[string]uint64 // rule -> verdicts labelling a non-burst human click bot
+	label          []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
+	labelSeq       []uint64          // FRAUD sequence of that verdict
+}
+
+type slot struct {
+	id  uuid.UUID
+	n   uint8 // copies seen, saturating
+	bot bool  // Click.Bot as stored
+}
+
+type idSeq struct {
+	id  uuid.UUID
+	seq uint64
+}
+
+const (
+	labelHuman = 1
+	labelBot   = 2
+)
+
+func newState(tr *truth.Truth) (*state, error) {
+	if err := tr.Validate(); err != nil {
+		return nil, err
+	}
+	tag, _ := tr.RunTag()
+	gen, err := workload.New(tr.Spec)
+	if err != nil {
+		return nil, err
+	}
+	return &state{
+		tr: tr, tag: tag, gen: gen,
+		slots:        make([]slot, tr.Attempts),
+		verdictIDs:   map[string]struct{}{},
+		verdictRules: map[string]uint64{},
+	}, nil
+}
+
+// codePrefix starts every link code of the run.
+func (s *state) codePrefix() string { return "lt-" + s.tag.String() + "-" }
+
+// linkOf returns the link index of one of the run's codes.
+func (s *state) linkOf(code string) (int, bool) {
+	rest, ok := strings.CutPrefix(code, s.codePrefix())
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(rest, 36, 32)
+	if err != nil || int(n) >= s.gen.NumLinks() {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// seqOf returns the sequence a stored click names, by its event ID (events
+// mode) or its request ID (HTTP mode).
+func (s *state) seqOf(c *LogClick) (uint64, bool) {
+	var seq uint64
+	var ok bool
+	if s.tr.Mode == truth.ModeEvents {
+		seq, ok = s.tag.SeqOfUUID(c.ID)
+	} else {
+		seq, ok = s.tag.ParseRequestID(c.RequestID)
+	}
+	return seq, ok && seq < s.tr.Attempts
+}
+
+// addClick records one click read from the log.
+func (s *state) addClick(c *LogClick) {
+	if _, ours := s.linkOf(c.Code); !ours {
+		return // another link of the owner: not the run's business
+	}
+	seq, ok := s.seqOf(c)
+	switch {
+	case !ok:
+		s.foreign++
+		return
+	case c.Invalid:
+		s.invalid++ // readers park it: as good as missing
+		return
+	}
+	sl := &s.slots[seq]
+	if sl.n > 0 {
+		s.dups++
+		if sl.n < 255 {
+			sl.n++
+		}
+		return
+	}
+	sl.n, sl.id, sl.bot = 1, c.ID, c.Bot
+	s.present++
+	if s.tr.Outcome(seq) == truth.Sent {
+		s.sentFound++
+	}
+	v := s.gen.Visit(seq)
+	if c.Code != s.tag.LinkCode(v.Link) {
+		s.wrongLink++
+	}
+	if s.tr.ForwardedFor && c.IPPrefix == workload.IPPrefix(v.IP) {
+		s.xffHonoured++
+	}
+	if s.tr.Mode == truth.ModeHTTP {
+		s.byID = append(s.byID, idSeq{c.ID, seq})
+		s.indexed = false
+	}
+}
+
+// logComplete reports whether every click that must be in the log is.
+func (s *state) logComplete() bool { return s.sentFound == s.tr.SentCount() }
+
+// lookup returns the click sequence of an event ID, if the log holds it.
+func (s *state) lookup(id uuid.UUID) (uint64, bool) {
+	var seq uint64
+	if s.tr.Mode == truth.ModeEvents {
+		var ok bool
+		if seq, ok = s.tag.SeqOfUUID(id); !ok || seq >= s.tr.Attempts {
+			return 0, false
+		}
+	} else {
+		if !s.indexed {
+			sort.Slice(s.byID, func(i, j int) bool { return bytes.Compare(s.byID[i].id[:], s.byID[j].id[:]) < 0 })
+			s.indexed = true
+		}
+		i, ok := slices.BinarySearchFunc(s.byID, id, func(e idSeq, id uuid.UUID) int { return bytes.Compare(e.id[:], id[:]) })
+		if !ok {
+			return 0, false
+		}
+		seq = s.byID[i].seq
+	}
+	sl := &s.slots[seq]
+	return seq, sl.n > 0 && sl.id == id
+}
+
+// addVerdict records one verdict read from FRAUD. The latest verdict about
+// a click (by FRAUD sequence) is its label.
+func (s *state) addVerdict(v *Verdict) {
+	if _, ours := s.linkOf(v.Code); !ours {
+		return
+	}
+	if _, seen := s.verdictIDs[v.ID]; seen {
+		s.verdictDups++
+		return
+	}
+	s.verdictIDs[v.ID] = struct{}{}
+	seq, ok := s.lookup(v.ClickID)
+	if !ok {
+		s.verdictUnknown++
+		return
+	}
+	if s.label == nil {
+		s.label = make([]uint8, len(s.slots))
+		s.labelSeq = make([]uint64, len(s.slots))
+	}
+	if s.label[seq] != 0 && s.labelSeq[seq] > v.FraudSeq {
+		return
+	}
+	s.label[seq], s.labelSeq[seq] = labelHuman, v.FraudSeq
+	if v.Bot {
+		s.label[seq] = labelBot
+	}
+	if k := s.gen.Visit(seq).Kind; v.Bot && (k == workload.Human || k == workload.Probe) {
+		s.verdictRules[v.Rule]++
+	}
+}
+
+// finalBot is how a reader that applies verdicts must count click seq.
+func (s *state) finalBot(seq uint64) bool {
+	if s.label != nil && s.label[seq] != 0 {
+		return s.label[seq] == labelBot
+	}
+	return s.slots[seq].bot
+}
+
+// forPresent calls fn for every click of the run the log holds.
+func (s *state) forPresent(fn func(seq uint64, sl *slot)) {
+	for seq := range s.slots {
+		if s.slots[seq].n > 0 {
+			fn(uint64(seq), &s.slots[seq])
+		}
+	}
+}
+
+// linkTotals are the expected totals of one link.
+type linkTotals struct {
+	total, bot, sourceBot uint64
+}
+
+// expectedLinks returns, per link code, what every reader must show.
+func (s *state) expectedLinks() map[string]linkTotals {
+	out := make(map[string]linkTotals, s.gen.NumLinks())
+	for i := range s.gen.NumLinks() {
+		out[s.tag.LinkCode(i)] = linkTotals{}
+	}
+	s.forPresent(func(seq uint64, sl *slot) {
+		code := s.tag.LinkCode(s.gen.Visit(seq).Link)
+		t := out[code]
+		t.total++
+		if s.finalBot(seq) {
+			t.bot++
+		}
+		if sl.bot {
+			t.sourceBot++
+		}
+		out[code] = t
+	})
+	return out
+}
+
+func (s *state) String() string {
+	return fmt.Sprintf("run %s: %d of %d attempts in the log", s.tag, s.present, s.tr.Attempts)
+}

@@ -1,0 +1,465 @@
+package oracle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/snipdev/snip/loadtest/internal/truth"
+)
+
+// Sink keys for Options.Require and Sinks.Skip.
+const (
+	KeyCounter   = "counter"
+	KeyWarehouse = "warehouse"
+	KeyFraud     = "fraud"
+)
+
+// Sinks are the readers to check. Log and Backlog are always there (they
+// are NATS); a nil reader is a sink that is not deployed or not configured,
+// and Skip says why.
+type Sinks struct {
+	Log       LogReader
+	Backlog   Backlog
+	Verdicts  VerdictReader
+	Counter   CounterReader
+	Warehouse WarehouseReader
+	// Skip gives, by sink key, why a nil sink is not checked.
+	Skip map[string]string
+}
+
+// Options tune the waiting.
+type Options struct {
+	// Deadline bounds the whole verification: reading the log, readers
+	// catching up, and sinks converging (default 2m).
+	Deadline time.Duration
+	// Settle is how long the log is read on after every sent click is in
+	// it, for unanswered requests that were recorded late (default 2s).
+	Settle time.Duration
+	// Poll is the interval between checks (default 500ms).
+	Poll time.Duration
+	// SetLimit is the most clicks whose event ID sets are compared in the
+	// warehouse; above it only counts are (default 2,000,000).
+	SetLimit uint64
+	// Require lists sink keys that fail the run when they are not
+	// configured, instead of being skipped.
+	Require []string
+	// Progress, if set, receives a line now and then while waiting.
+	Progress func(string)
+}
+
+func (o *Options) defaults() {
+	if o.Deadline <= 0 {
+		o.Deadline = 2 * time.Minute
+	}
+	if o.Settle <= 0 {
+		o.Settle = 2 * time.Second
+	}
+	if o.Poll <= 0 {
+		o.Poll = 500 * time.Millisecond
+	}
+	if o.SetLimit == 0 {
+		o.SetLimit = 2_000_000
+	}
+	if o.Progress == nil {
+		o.Progress = func(string) {}
+	}
+}
+
+// Report is the oracle's answer.
+type Report struct {
+	Rows   []Result `json:"rows"`
+	Passed bool     `json:"passed"`
+	// LogWait is how long the log took to hold every sent click.
+	LogWait time.Duration `json:"log_wait_ns"`
+	// CatchUp is how long, from the start of Verify, until every reader's
+	// backlog was zero; negative if it never was.
+	CatchUp time.Duration `json:"catch_up_ns"`
+	// Backlog is the last backlog seen, by reader.
+	Backlog map[string]uint64 `json:"backlog"`
+}
+
+// queryTimeout bounds each query to a sink.
+const queryTimeout = 30 * time.Second
+
+// Verify checks every sink against the truth, waiting for readers to catch
+// up and converge, until all pass or the deadline passes. It returns an
+// error only when it cannot read the log or the backlog at all; a sink that
+// disagrees is a failed row, not an error.
+func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*Report, error) {
+	opts.defaults()
+	s, err := newState(tr)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	start := time.Now()
+	dctx, cancel := context.WithDeadline(ctx, start.Add(opts.Deadline))
+	defer cancel()
+
+	rep := &Report{CatchUp: -1}
+	if err := readLog(dctx, s, sinks.Log, opts); err != nil && (!errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil) {
+		return nil, fmt.Errorf("verify: read CLICKS: %w", err)
+	}
+	rep.LogWait = time.Since(start)
+	opts.Progress(fmt.Sprintf("log: %d of %d sent clicks found in %s", s.sentFound, tr.SentCount(), rep.LogWait.Round(time.Millisecond)))
+
+	c := &checker{s: s, sinks: sinks, opts: opts}
+	deadline := start.Add(opts.Deadline)
+	var backlogErr error
+	for {
+		// Each read and query has its own timeout; only the waiting
+		// between polls is bounded by the deadline, so the last pass still
+		// reads every sink.
+		if sinks.Verdicts != nil {
+			if err := readVerdicts(ctx, s, sinks.Verdicts); err != nil {
+				return nil, fmt.Errorf("verify: read FRAUD: %w", err)
+			}
+		}
+		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
+		backlog, err := sinks.Backlog.Backlog(bctx)
+		bcancel()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
+		}
+		backlogErr = err
+		if err == nil {
+			rep.Backlog = backlog
+		}
+		caught := err == nil && total(backlog) == 0
+		if caught && rep.CatchUp < 0 {
+			rep.CatchUp = time.Since(start)
+		}
+		rows := c.rows(ctx, caught)
+		if caught && Passed(rows) {
+			// Everything agrees: one last full pass, so a value that
+			// changed after it was first seen matching is caught.
+			c.confirm = true
+			rows = c.rows(ctx, caught)
+		}
+		if (caught && Passed(rows)) || !time.Now().Before(deadline) {
+			rep.Rows = append(rows, readersRow(rep.Backlog, rep.CatchUp, backlogErr))
+			rep.Passed = Passed(rep.Rows)
+			return rep, nil
+		}
+		opts.Progress(fmt.Sprintf("waiting: backlog %s; %s", describe(backlog), failing(rows)))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
+		case <-time.After(min(opts.Poll, time.Until(deadline))):
+		}
+	}
+}
+
+// readLog reads CLICKS until every sent click is found and the reader is at
+// the end, then for Settle longer.
+func readLog(ctx context.Context, s *state, log LogReader, opts Options) error {
+	readToEnd := func() (bool, error) {
+		for {
+			clicks, atEnd, err := log.Next(ctx)
+			if err != nil {
+				return false, err
+			}
+			for i := range clicks {
+				s.addClick(&clicks[i])
+			}
+			if atEnd {
+				return true, nil
+			}
+		}
+	}
+	for {
+		if _, err := readToEnd(); err != nil {
+			return err
+		}
+		if s.logComplete() {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(opts.Poll / 5):
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(opts.Settle):
+	}
+	_, err := readToEnd()
+	return err
+}
+
+func readVerdicts(ctx context.Context, s *state, vr VerdictReader) error {
+	for {
+		vs, atEnd, err := vr.Next(ctx)
+		if err != nil {
+			return err
+		}
+		for i := range vs {
+			s.addVerdict(&vs[i])
+		}
+		if atEnd {
+			return nil
+		}
+	}
+}
+
+// checker compares the sinks with the state, remembering the counter's
+// answers so a poll asks again only about links that did not match.
+type checker struct {
+	s     *state
+	sinks Sinks
+	opts  Options
+	// counter answers by code: human, bot
+	counter map[string][2]int64
+	// confirm asks every link again.
+	confirm bool
+}
+
+func (c *checker) rows(ctx context.Context, caught bool) []Result {
+	s := c.s
+	rows := []Result{s.logResult()}
+	if s.tr.Mode == truth.ModeHTTP {
+		rows = append(rows, s.sourceLabelResult())
+	}
+	if c.sinks.Verdicts != nil {
+		rows = append(rows, s.fraudResult())
+	} else {
+		rows = append(rows, c.skip(KeyFraud, SinkFraud))
+	}
+	want := s.expectedLinks()
+	if c.sinks.Counter != nil {
+		rows = append(rows, c.counterRows(ctx, want)...)
+	} else {
+		rows = append(rows, c.skip(KeyCounter, SinkCounter))
+	}
+	if c.sinks.Warehouse != nil {
+		rows = append(rows, c.warehouseRows(ctx, want, caught)...)
+	} else {
+		rows = append(rows, c.skip(KeyWarehouse, SinkWarehouse))
+	}
+	return rows
+}
+
+func (c *checker) skip(key, sink string) Result {
+	why := c.sinks.Skip[key]
+	if why == "" {
+		why = "not configured"
+	}
+	if slices.Contains(c.opts.Require, key) {
+		return Result{Sink: sink, Status: Fail, Note: "required, but " + why}
+	}
+	return skipped(sink, why)
+}
+
+// counterRows asks the counter for every link whose last answer did not
+// match (every link on the first and the confirming pass).
+func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) []Result {
+	if c.counter == nil {
+		c.counter = make(map[string][2]int64, len(want))
+	}
+	var ask []string
+	for code, w := range want {
+		got, ok := c.counter[code]
+		if c.confirm || !ok || got[0]+got[1] != int64(w.total) || got[1] != int64(w.bot) {
+			ask = append(ask, code)
+		}
+	}
+	var mu sync.Mutex
+	var errs []string
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for _, code := range ask {
+		g.Go(func() error {
+			qctx, cancel := context.WithTimeout(gctx, queryTimeout)
+			defer cancel()
+			h, b, err := c.sinks.Counter.Totals(qctx, code)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err.Error())
+				delete(c.counter, code)
+				return nil
+			}
+			c.counter[code] = [2]int64{h, b}
+			return nil
+		})
+	}
+	_ = g.Wait()
+
+	tot := Result{Sink: SinkCounter}
+	bots := Result{Sink: SinkCounterBots}
+	var wrong []string
+	for code, w := range want {
+		got, ok := c.counter[code]
+		if !ok {
+			got = [2]int64{0, 0}
+			tot.Missing += w.total // unknown: counted as missing until read
+			tot.Expected += w.total
+			continue
+		}
+		okTotal := countDiff(&tot, w.total, uint64(max(0, got[0]+got[1])))
+		okBots := countDiff(&bots, w.bot, uint64(max(0, got[1])))
+		if !okTotal || !okBots {
+			wrong = append(wrong, fmt.Sprintf("%s want %d/%d got %d/%d", code, w.total-w.bot, w.bot, got[0], got[1]))
+		}
+	}
+	sort.Strings(wrong)
+	tot.Note = limitList("links off (human/bot)", wrong)
+	if len(errs) > 0 {
+		tot.Note = strings.TrimPrefix(tot.Note+"; ", "; ") + fmt.Sprintf("%d stats requests failed, e.g. %s", len(errs), errs[0])
+		tot.Missing = max(tot.Missing, 1)
+	}
+	tot.judge()
+	bots.Note = "bot = source label, corrected by the last fraud verdict"
+	bots.judge()
+	if len(errs) > 0 {
+		bots.Status = Fail
+	}
+	return []Result{tot, bots}
+}
+
+// warehouseRows compares the warehouse's per-link distinct event IDs (and,
+// when they agree and the run is small enough, the exact ID sets).
+func (c *checker) warehouseRows(ctx context.Context, want map[string]linkTotals, caught bool) []Result {
+	s := c.s
+	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	got, err := c.sinks.Warehouse.LinkCounts(qctx, s.tr.Owner, s.codePrefix())
+	if err != nil {
+		return []Result{{Sink: SinkWarehouse, Status: Fail, Note: "query failed: " + err.Error()}}
+	}
+	ids := Result{Sink: SinkWarehouse}
+	bots := Result{Sink: SinkWarehouseBot}
+	var rows, distinct uint64
+	for code, w := range want {
+		g := got[code]
+		countDiff(&ids, w.total, g.Distinct)
+		countDiff(&bots, w.sourceBot, g.DistinctBots)
+		rows += g.Rows
+		distinct += g.Distinct
+	}
+	for code, g := range got {
+		if _, ok := want[code]; !ok {
+			ids.Extra += g.Distinct // a code with the run's prefix that the run never made
+			ids.Got += g.Distinct
+		}
+	}
+	ids.Note = fmt.Sprintf("by count; %d rows for %d distinct IDs (copies not yet merged are expected)", rows, distinct)
+	ids.judge()
+	if ids.Status == Pass && caught && s.present <= c.opts.SetLimit {
+		ids = c.warehouseSet(ctx, rows, distinct)
+	}
+	bots.Note = "bot flag as the redirect set it"
+	bots.judge()
+	return []Result{ids, bots}
+}
+
+// warehouseSet compares the warehouse's event IDs with the log's, one by one.
+func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) Result {
+	s := c.s
+	r := Result{Sink: SinkWarehouse, Expected: s.present}
+	seen := make([]bool, len(s.slots))
+	qctx, cancel := context.WithTimeout(ctx, 5*queryTimeout)
+	defer cancel()
+	err := c.sinks.Warehouse.EventIDs(qctx, s.tr.Owner, s.codePrefix(), func(code string, id uuid.UUID) {
+		r.Got++
+		seq, ok := s.lookup(id)
+		if !ok || code != s.tag.LinkCode(s.gen.Visit(seq).Link) {
+			r.Extra++
+			return
+		}
+		if seen[seq] {
+			r.Dup++
+			return
+		}
+		seen[seq] = true
+	})
+	if err != nil {
+		return Result{Sink: SinkWarehouse, Status: Fail, Note: "query failed: " + err.Error()}
+	}
+	s.forPresent(func(seq uint64, _ *slot) {
+		if !seen[seq] {
+			r.Missing++
+		}
+	})
+	r.Note = fmt.Sprintf("exact set; %d rows for %d distinct IDs (copies not yet merged are expected)", rows, distinct)
+	r.judge()
+	return r
+}
+
+func readersRow(backlog map[string]uint64, catchUp time.Duration, err error) Result {
+	r := Result{Sink: SinkReaders, Expected: uint64(len(backlog))}
+	if err != nil {
+		return Result{Sink: SinkReaders, Status: Fail, Note: "backlog unknown: " + err.Error()}
+	}
+	var behind []string
+	for name, n := range backlog {
+		if n == 0 {
+			r.Got++
+		} else {
+			r.Missing++
+			behind = append(behind, fmt.Sprintf("%s %d", name, n))
+		}
+	}
+	sort.Strings(behind)
+	if len(behind) > 0 {
+		r.Note = "still behind: " + strings.Join(behind, ", ")
+	} else if catchUp >= 0 {
+		r.Note = fmt.Sprintf("every reader's backlog was 0 after %s", catchUp.Round(time.Millisecond))
+	}
+	if len(backlog) == 0 {
+		r.Note = "no reader deployed"
+	}
+	r.judge()
+	return r
+}
+
+func total(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func describe(m map[string]uint64) string {
+	parts := make([]string, 0, len(m))
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
+
+func failing(rows []Result) string {
+	var f []string
+	for _, r := range rows {
+		if r.Status == Fail {
+			f = append(f, fmt.Sprintf("%s (missing %d, extra %d)", r.Sink, r.Missing, r.Extra))
+		}
+	}
+	if len(f) == 0 {
+		return "all sinks agree"
+	}
+	return "not yet: " + strings.Join(f, ", ")
+}
+
+func limitList(what string, items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	const show = 5
+	if len(items) > show {
+		return fmt.Sprintf("%d %s: %s, ...", len(items), what, strings.Join(items[:show], ", "))
+	}
+	return fmt.Sprintf("%d %s: %s", len(items), what, strings.Join(items, ", "))
+}

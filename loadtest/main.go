@@ -1,0 +1,99 @@
+// Command loadtest drives Snip at a constant rate and checks that nothing
+// was lost: `loadtest http` sends redirects to the redirect service,
+// `loadtest events` publishes click events straight into CLICKS, and both
+// (with --verify) or `loadtest verify --truth FILE` afterwards compare every
+// reader with what was sent. `loadtest ramp` steps the rate up to find the
+// highest one a service holds, and `loadtest bare302` is the baseline
+// server to compare the redirect service with.
+//
+// Every command is a function of (ctx, Env, args) in its own cmd_*.go file,
+// listed once in commands below.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// Env is what a command gets: configuration, output streams and a logger.
+type Env struct {
+	Cfg    Config
+	Stdout io.Writer
+	Stderr io.Writer
+	Log    *slog.Logger
+}
+
+type command struct {
+	usage string
+	help  string
+	run   func(ctx context.Context, env *Env, args []string) error
+}
+
+var commands = map[string]command{
+	"http":    {usage: "[--rate N] [--duration D] [--verify] ...", help: "send GET /:code to the redirect service at a constant rate", run: cmdHTTP},
+	"events":  {usage: "[--rate N] [--duration D] [--verify] ...", help: "publish click events straight into CLICKS at a constant rate", run: cmdEvents},
+	"verify":  {usage: "--truth FILE [...]", help: "check every reader against a saved run's truth", run: cmdVerify},
+	"ramp":    {usage: "--target URL --from N --to N --step N", help: "step the HTTP rate up until p99 or errors break the limit", run: cmdRamp},
+	"bare302": {usage: "[--addr ADDR]", help: "serve a bare 302 for any code: the baseline for ramp", run: cmdBare302},
+}
+
+var (
+	// errUsage marks a mistake in the command line; main prints usage.
+	errUsage = errors.New("usage")
+	// errVerifyFailed means the oracle found a difference: exit status 1
+	// with the table already printed.
+	errVerifyFailed = errors.New("verification failed")
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		if errors.Is(err, errUsage) {
+			usage(os.Stderr)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// run dispatches to a command. Tests call it directly.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer, log *slog.Logger) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(stdout)
+		return nil
+	}
+	c, ok := commands[args[0]]
+	if !ok {
+		return fmt.Errorf("unknown command %q: %w", args[0], errUsage)
+	}
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		return err
+	}
+	return c.run(ctx, &Env{Cfg: cfg, Stdout: stdout, Stderr: stderr, Log: log}, args[1:])
+}
+
+func usage(w io.Writer) {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "usage: loadtest COMMAND [FLAGS]   (loadtest COMMAND -h lists the flags)\n\ncommands:")
+	for _, n := range names {
+		c := commands[n]
+		fmt.Fprintf(w, "  %-55s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
+	}
+	fmt.Fprintln(w, "\nNATS comes from the environment: NATS_URL, NATS_USER, NATS_PASSWORD, NATS_CREDS (see README.md)")
+}

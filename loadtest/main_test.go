@@ -1,0 +1,336 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/uuid"
+
+	"github.com/snipdev/snip/loadtest/internal/series"
+	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
+
+const testKey = "snip_test_key"
+
+// tally is a stand-in click counter: a real consumer group on CLICKS (pkg/
+// reader) that counts each event ID once, served through the stats API's
+// shape. lose, if set, makes it skip counting the events it returns true
+// for: a reader that loses clicks.
+type tally struct {
+	mu     sync.Mutex
+	seen   map[string]bool
+	totals map[string][2]int64
+	lose   func(events.Click) bool
+}
+
+func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range batch {
+		c := e.Click
+		if t.seen[c.ID] || (t.lose != nil && t.lose(c)) {
+			continue
+		}
+		t.seen[c.ID] = true
+		tot := t.totals[c.Code]
+		if c.Bot {
+			tot[1]++
+		} else {
+			tot[0]++
+		}
+		t.totals[c.Code] = tot
+	}
+	return nil
+}
+
+func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer "+testKey {
+		http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+		return
+	}
+	code := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/links/"), "/stats")
+	t.mu.Lock()
+	tot, ok := t.totals[code]
+	t.mu.Unlock()
+	if !ok {
+		http.Error(w, `{"error":"link not found"}`, http.StatusNotFound)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "totals": map[string]int64{"human": tot[0], "bot": tot[1]}})
+}
+
+// loader is a stand-in warehouse loader: a consumer group that inserts each
+// batch into a ClickHouse `clicks` table twice, the way a redelivery would,
+// so the oracle must count distinct event IDs, not rows.
+type loader struct{ conn driver.Conn }
+
+const clicksDDL = `CREATE TABLE clicks (event_id UUID, ts DateTime('UTC'), owner String, code String, bot UInt8)
+ENGINE = ReplacingMergeTree PARTITION BY toDate(ts) ORDER BY (owner, code, ts, event_id)`
+
+func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error {
+	for range 2 {
+		b, err := l.conn.PrepareBatch(ctx, "INSERT INTO clicks (event_id, ts, owner, code, bot)")
+		if err != nil {
+			return err
+		}
+		for _, e := range batch {
+			var bot uint8
+			if e.Click.Bot {
+				bot = 1
+			}
+			if err := b.Append(uuid.MustParse(e.Click.ID), e.Click.Time, e.Click.Owner, e.Click.Code, bot); err != nil {
+				return err
+			}
+		}
+		if err := b.Send(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// system is NATS with the topology, the two stand-in readers, and the
+// environment and flags that point loadtest at them.
+type testSystem struct {
+	environ []string
+	flags   []string
+	tally   *tally
+}
+
+func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	opts := topology.Defaults()
+	opts.Partitions = 4
+	if err := topology.Apply(t.Context(), js, opts); err != nil {
+		t.Fatalf("topology: %v", err)
+	}
+	conn, db := servers.ClickHouse.NewDB(t)
+	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
+		t.Fatalf("create clicks: %v", err)
+	}
+	ta := &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, lose: lose}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for group, h := range map[string]reader.Handler{
+		topology.GroupClickCounter:    ta.handle,
+		topology.GroupWarehouseLoader: (&loader{conn: conn}).handle,
+	} {
+		wg.Go(func() {
+			cfg := reader.Config{Group: group, Linger: 20 * time.Millisecond, Start: reader.StartAtOldest()}
+			if err := reader.Run(ctx, n.JetStream(t), cfg, h); err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("reader %s: %v", group, err)
+			}
+		})
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	srv := httptest.NewServer(ta)
+	t.Cleanup(srv.Close)
+	return &testSystem{
+		environ: []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
+		flags: []string{
+			"--counter-url", srv.URL,
+			"--clickhouse", "clickhouse://" + servers.ClickHouse.Addr + "/" + db,
+			"--fraud", "off", "--require", "counter,warehouse", "--deadline", "90s",
+		},
+		tally: ta,
+	}
+}
+
+func loadtest(t *testing.T, environ []string, args ...string) (string, error) {
+	t.Helper()
+	var out lockedBuffer
+	err := run(t.Context(), args, environ, &out, &out, slog.New(slog.DiscardHandler))
+	return out.String(), err
+}
+
+// lockedBuffer is a buffer the progress line and the results may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// row returns the table row of a sink: expected, got, missing, extra, dup,
+// verdict.
+func row(t *testing.T, out, sink string) []string {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sink) + `\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(PASS|FAIL)`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no row %q in:\n%s", sink, out)
+	}
+	return m[1:]
+}
+
+func eventsArgs(s *testSystem, dir string, extra ...string) []string {
+	args := []string{"events", "--rate", "300", "--duration", "2s", "--links", "20", "--viral", "0.3",
+		"--burst-share", "0", "--bot-share", "0.1", "--probe-every", "30", "--verify", "--out", dir}
+	return append(append(args, s.flags...), extra...)
+}
+
+func TestEventsRunPassesTheOracle(t *testing.T) {
+	t.Parallel()
+	s := startSystem(t, nil)
+	dir := t.TempDir()
+	out, err := loadtest(t, s.environ, eventsArgs(s, dir)...)
+	if err != nil {
+		t.Fatalf("loadtest events: %v\n%s", err, out)
+	}
+	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "warehouse event IDs", "warehouse bot flags", "readers caught up"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS", sink, r)
+		}
+	}
+	if r := row(t, out, "clicks log (CLICKS)"); r[0] != "600" || r[1] != "600" {
+		t.Errorf("log row %v: want 600 expected and got (300/s for 2s)", r)
+	}
+	for _, f := range []string{"truth.json", "report.json", "report.html"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("report file: %v", err)
+		}
+	}
+	if !strings.Contains(out, "click-to-counter") {
+		t.Errorf("no click-to-counted latency for the counter in:\n%s", out)
+	}
+
+	// The saved truth verifies again later, with the same answer.
+	out, err = loadtest(t, s.environ, append([]string{"verify", "--truth", filepath.Join(dir, "truth.json")}, s.flags...)...)
+	if err != nil {
+		t.Fatalf("loadtest verify: %v\n%s", err, out)
+	}
+	if r := row(t, out, "counter totals"); r[0] != "600" || r[5] != "PASS" {
+		t.Errorf("verify --truth: counter row %v", r)
+	}
+}
+
+func TestOracleFailsWhenAnEventIsDropped(t *testing.T) {
+	t.Parallel()
+	s := startSystem(t, nil)
+	dir := t.TempDir()
+	// Every 50th event is recorded as sent but never published.
+	out, err := loadtest(t, s.environ, eventsArgs(s, dir, "--inject-loss", "50", "--deadline", "10s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with lost events: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "clicks log (CLICKS)"); r[2] != "12" || r[5] != "FAIL" {
+		t.Errorf("log row %v: want 12 missing (600/50) and FAIL", r)
+	}
+	tr, err := truth.Load(filepath.Join(dir, "truth.json"))
+	if err != nil || tr.SentCount() != 600 {
+		t.Errorf("truth: %v sent, %v; want the lost events counted as sent", tr.SentCount(), err)
+	}
+}
+
+func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
+	t.Parallel()
+	var once sync.Once
+	s := startSystem(t, func(c events.Click) bool {
+		lost := false
+		once.Do(func() { lost = true })
+		return lost
+	})
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with a lossy counter: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "counter totals"); r[2] != "1" || r[5] != "FAIL" {
+		t.Errorf("counter row %v: want 1 missing and FAIL", r)
+	}
+	for _, sink := range []string{"clicks log (CLICKS)", "warehouse event IDs"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS (only the counter lost a click)", sink, r)
+		}
+	}
+}
+
+func TestBare302AnswersWithARedirect(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(bare302(&Env{Log: slog.New(slog.DiscardHandler)}).Echo)
+	defer srv.Close()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/abc", nil)
+	req.Header.Set("X-Request-Id", "lt-x-1")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound || resp.Header.Get("Location") == "" || resp.Header.Get("X-Request-Id") != "lt-x-1" {
+		t.Errorf("bare302 answered %s, Location %q, X-Request-Id %q", resp.Status, resp.Header.Get("Location"), resp.Header.Get("X-Request-Id"))
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{name: "unknown_command", args: []string{"stampede"}},
+		{name: "unknown_flag", args: []string{"events", "--velocity", "9"}},
+		{name: "verify_without_truth", args: []string{"verify"}},
+		{name: "bad_require", args: []string{"verify", "--truth", "x.json", "--require", "everything"}},
+		{name: "bad_spec", args: []string{"events", "--bot-share", "2"}},
+		{name: "ramp_backwards", args: []string{"ramp", "--from", "10", "--to", "5"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			out, err := loadtest(t, []string{"NATS_URL=nats://127.0.0.1:1"}, tc.args...)
+			if !errors.Is(err, errUsage) {
+				t.Errorf("loadtest %v: err %v, want a usage error\n%s", tc.args, err, out)
+			}
+		})
+	}
+}
+
+func TestProgressLine(t *testing.T) {
+	t.Parallel()
+	got := progressLine(seriesSecond(), map[string]uint64{"warehouse-loader": 12, "click-counter": 0}, nil)
+	want := "    3s load  offered   2000/s sent   1999/s ok   1990/s err    9  p50    1.20ms p99    8.40ms | click-counter 0 warehouse-loader 12"
+	if got != want {
+		t.Errorf("progress line\n got %q\nwant %q", got, want)
+	}
+	if got := progressLine(seriesSecond(), nil, fmt.Errorf("nats down")); !strings.HasSuffix(got, "| lag ?") {
+		t.Errorf("progress line without lag: %q", got)
+	}
+}
+
+func seriesSecond() series.Second {
+	return series.Second{At: 3, Phase: series.PhaseLoad, Offered: 2000, Sent: 1999, OK: 1990, Errors: 9, P50: 1.2, P99: 8.4}
+}

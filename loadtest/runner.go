@@ -1,0 +1,401 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/loadtest/internal/chquery"
+	"github.com/snipdev/snip/loadtest/internal/counterhttp"
+	"github.com/snipdev/snip/loadtest/internal/jsread"
+	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/loadtest/internal/report"
+	"github.com/snipdev/snip/loadtest/internal/series"
+	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/loadtest/internal/workload"
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// system is the connections to the system under test.
+type system struct {
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	readers   *jsread.Readers
+	counter   *counterhttp.Client
+	warehouse *chquery.Client
+	fraud     bool
+	skip      map[string]string
+}
+
+func (s *system) close() {
+	if s.warehouse != nil {
+		_ = s.warehouse.Close()
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+}
+
+// connect opens NATS and finds the readers' public views as the sink flags
+// say.
+func connect(ctx context.Context, env *Env, sf *sinkFlags) (*system, error) {
+	nc, err := natsconn.Connect(env.Cfg.nats("loadtest"), env.Log)
+	if err != nil {
+		return nil, err
+	}
+	sys := &system{nc: nc, skip: map[string]string{}}
+	if sys.js, err = jetstream.New(nc); err != nil {
+		sys.close()
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	sys.readers = jsread.NewReaders(sys.js)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := topology.Partitions(cctx, sys.js); err != nil {
+		sys.close()
+		return nil, fmt.Errorf("find CLICKS at %s (is the system running?): %w", env.Cfg.NATSURL, err)
+	}
+	if err := sys.findSinks(cctx, env, sf); err != nil {
+		sys.close()
+		return nil, err
+	}
+	return sys, nil
+}
+
+func (s *system) findSinks(ctx context.Context, env *Env, sf *sinkFlags) error {
+	switch sf.counter {
+	case off:
+		s.skip[oracle.KeyCounter] = "off (--counter-url off)"
+	case auto:
+		if err := answers(ctx, demoCounterURL+"/healthz"); err != nil {
+			s.skip[oracle.KeyCounter] = "not deployed: nothing answers at " + demoCounterURL
+		} else {
+			s.counter = counterhttp.New(demoCounterURL, env.Cfg.APIKey)
+		}
+	default:
+		s.counter = counterhttp.New(sf.counter, env.Cfg.APIKey)
+	}
+	switch sf.clickhouse {
+	case off:
+		s.skip[oracle.KeyWarehouse] = "off (--clickhouse off)"
+	default:
+		dsn := sf.clickhouse
+		if dsn == auto {
+			dsn = demoClickHouse
+		}
+		wh, err := chquery.Open(dsn)
+		if err == nil {
+			err = wh.Ping(ctx)
+		}
+		switch {
+		case err == nil:
+			s.warehouse = wh
+		case sf.clickhouse == auto:
+			if wh != nil {
+				_ = wh.Close()
+			}
+			s.skip[oracle.KeyWarehouse] = "not deployed: " + err.Error()
+		default:
+			return fmt.Errorf("warehouse at %s: %w", dsn, err)
+		}
+	}
+	groups, err := s.readers.Groups(ctx)
+	if err != nil {
+		return err
+	}
+	switch sf.fraud {
+	case off:
+		s.skip[oracle.KeyFraud] = "off (--fraud off)"
+	case "on":
+		s.fraud = true
+	case auto:
+		s.fraud = slices.Contains(groups, topology.GroupFraudDetection)
+		if !s.fraud {
+			s.skip[oracle.KeyFraud] = "not deployed: no " + topology.GroupFraudDetection + " group on CLICKS"
+		}
+	default:
+		return fmt.Errorf("--fraud %q: want auto, on or off: %w", sf.fraud, errUsage)
+	}
+	return nil
+}
+
+// answers reports whether anything answers an HTTP GET at url.
+func answers(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// sinks are the oracle's sources for one run.
+func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
+	log := jsread.NewClicks(s.js, owner, since)
+	out := oracle.Sinks{Log: log, Backlog: s.readers, Skip: s.skip}
+	closers := []func(){log.Close}
+	if s.fraud {
+		v := jsread.NewVerdicts(s.js, owner, since)
+		out.Verdicts = v
+		closers = append(closers, v.Close)
+	}
+	if s.counter != nil {
+		out.Counter = s.counter
+	}
+	if s.warehouse != nil {
+		out.Warehouse = s.warehouse
+	}
+	return out, func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+}
+
+// load is one driver run.
+type load struct {
+	mode    truth.Mode
+	command string
+	target  string
+	rate    int
+	owner   string
+	tag     workload.Tag
+	gen     *workload.Generator
+	// forwardedFor: the HTTP driver sends X-Forwarded-For.
+	forwardedFor bool
+	drive        func(ctx context.Context, rec *truth.Recorder, m *series.Meter) (uint64, error)
+}
+
+// runLoad runs a driver with the progress line and the probe pollers, saves
+// the truth, verifies if asked, and writes the report.
+func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, sf *sinkFlags) error {
+	require, err := sf.required()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	dir := reportDir(rf.out, start, l.tag)
+	m := series.NewMeter(start, float64(l.rate))
+	rec := truth.NewRecorder(int(float64(l.rate) * rf.duration.Seconds()))
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var phase phaseFlag
+	wg.Go(func() { progress(bg, env, sys, m, &phase) })
+	probe := l.tag.LinkCode(l.gen.ProbeLink())
+	if sys.counter != nil && l.gen.Spec().ProbeEvery > 0 {
+		wg.Go(func() {
+			poll(bg, 50*time.Millisecond, func(ctx context.Context) (int, error) {
+				h, b, err := sys.counter.Totals(ctx, probe)
+				return int(h + b), err
+			}, func(n int, at time.Time) { m.ProbeCount("counter", n, at) })
+		})
+	}
+	if sys.warehouse != nil && l.gen.Spec().ProbeEvery > 0 {
+		wg.Go(func() {
+			poll(bg, 250*time.Millisecond, func(ctx context.Context) (int, error) {
+				return sys.warehouse.Count(ctx, l.owner, probe)
+			}, func(n int, at time.Time) { m.ProbeCount("warehouse", n, at) })
+		})
+	}
+	defer func() {
+		stopBG()
+		wg.Wait()
+	}()
+
+	fmt.Fprintf(env.Stderr, "run %s: %s at %d/s for %s against %s (report in %s)\n", l.tag, l.mode, l.rate, rf.duration, l.target, dir)
+	attempts, driveErr := l.drive(ctx, rec, m)
+	loadEnd := time.Now()
+	phase.set(series.PhaseDrain)
+
+	refused, uncertain, answers := rec.Finish(attempts)
+	tr := &truth.Truth{
+		Version: truth.Version, Mode: l.mode, Tag: l.tag.String(), Owner: l.owner, Spec: l.gen.Spec(),
+		Started: start, Ended: loadEnd, ForwardedFor: l.forwardedFor, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
+	}
+	if err := ensureDir(dir); err != nil {
+		return err
+	}
+	if err := tr.Save(filepath.Join(dir, "truth.json")); err != nil {
+		return err
+	}
+	if driveErr != nil && attempts == 0 {
+		return driveErr
+	}
+
+	rep := &report.Report{
+		Command: l.command, Mode: string(l.mode), Tag: l.tag.String(), Target: l.target, Started: start,
+		LoadTime: loadEnd.Sub(start), Rate: l.rate, CatchUp: -1, Spec: l.gen.Spec(), Answers: answers,
+	}
+	if driveErr != nil {
+		rep.Notes = append(rep.Notes, "the driver stopped early: "+driveErr.Error())
+	}
+	// Catch-up is watched on its own, while the oracle reads at its pace.
+	caught := make(chan time.Duration, 1)
+	go func() {
+		caught <- waitCaughtUp(ctx, sys, l.owner, "lt-"+l.tag.String()+"-", tr.SentCount(), loadEnd, sf.deadline)
+	}()
+	if rf.verify {
+		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second))
+		vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
+			Deadline: sf.deadline, SetLimit: sf.setLimit, Require: require,
+			Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
+		})
+		closeSinks()
+		if err != nil {
+			return err
+		}
+		rep.Verify = vr
+	}
+	rep.CatchUp = <-caught
+	stopBG()
+	wg.Wait()
+	rep.Summary = m.Summarise(loadEnd.Sub(start))
+	return finish(env, dir, rep)
+}
+
+// finish prints the summary and the oracle's table and writes the report.
+func finish(env *Env, dir string, rep *report.Report) error {
+	fmt.Fprintln(env.Stdout)
+	report.Text(env.Stdout, rep)
+	if rep.Verify != nil {
+		fmt.Fprintln(env.Stdout)
+		if err := oracle.WriteTable(env.Stdout, rep.Verify.Rows); err != nil {
+			return err
+		}
+	}
+	js, htm, err := report.Write(dir, rep)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "\nreport: %s\n        %s\ntruth:  %s\n", htm, js, filepath.Join(dir, "truth.json"))
+	if rep.Verify != nil && !rep.Verify.Passed {
+		return errVerifyFailed
+	}
+	return nil
+}
+
+// waitCaughtUp polls until CLICKS holds at least the sent clicks of the
+// run (the redirect's outbox has drained) and every reader's backlog is 0,
+// and returns the time from end to then (-1: not within deadline).
+func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent uint64, end time.Time, deadline time.Duration) time.Duration {
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	for {
+		stored, err := jsread.StoredClicks(ctx, sys.js, owner, prefix)
+		if err == nil && stored >= sent {
+			b, err := sys.readers.Backlog(ctx)
+			if err == nil && total(b) == 0 {
+				return time.Since(end)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return -1
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func total(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// phaseFlag is the run's phase, read by the progress loop.
+type phaseFlag struct {
+	mu sync.Mutex
+	p  string
+}
+
+func (f *phaseFlag) set(p string) { f.mu.Lock(); f.p = p; f.mu.Unlock() }
+func (f *phaseFlag) get() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.p == "" {
+		return series.PhaseLoad
+	}
+	return f.p
+}
+
+// progress prints a line every second: offered and achieved rate, errors,
+// latency of the second, and every reader's backlog.
+func progress(ctx context.Context, env *Env, sys *system, m *series.Meter, phase *phaseFlag) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			lctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
+			lag, err := sys.readers.Backlog(lctx)
+			cancel()
+			if err == nil {
+				m.SetLag(lag)
+			}
+			s := m.Tick(now, phase.get())
+			fmt.Fprintln(env.Stderr, progressLine(s, lag, err))
+		}
+	}
+}
+
+func progressLine(s series.Second, lag map[string]uint64, lagErr error) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%5.0fs %-5s offered %6d/s sent %6d/s ok %6d/s err %4d  p50 %7.2fms p99 %7.2fms |", s.At, s.Phase, s.Offered, s.Sent, s.OK, s.Errors, s.P50, s.P99)
+	if lagErr != nil {
+		b.WriteString(" lag ?")
+		return b.String()
+	}
+	names := make([]string, 0, len(lag))
+	for k := range lag {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(&b, " %s %d", k, lag[k])
+	}
+	if len(names) == 0 {
+		b.WriteString(" no readers")
+	}
+	return b.String()
+}
+
+// poll calls count every interval and reports each answer.
+func poll(ctx context.Context, every time.Duration, count func(context.Context) (int, error), report func(int, time.Time)) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			n, err := count(qctx)
+			cancel()
+			if err == nil {
+				report(n, time.Now())
+			} else if errors.Is(err, context.Canceled) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,494 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// The demo owner's API key. It is fixed so the printed curl commands work
+// every time; it is for the local demo only.
+const (
+	demoOwner  = "demo"
+	demoAPIKey = "snip_demo_local_only_0123456789"
+)
+
+// demoService is one Snip service the demo runs as a child process.
+type demoService struct {
+	name string // folder under services/ and binary name
+	port int    // HTTP port
+	env  func(d *demo) []string
+}
+
+// demoServices in start order: the redirect first (it creates the links),
+// the readers after it.
+var demoServices = []demoService{
+	{name: "redirect", port: 8080, env: func(d *demo) []string {
+		// The demo's traffic and `make loadtest` come from this machine and
+		// carry each visitor's address in X-Forwarded-For: trust it from here.
+		return []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey, "SNIP_TRUSTED_PROXIES=127.0.0.1/32"}
+	}},
+	{name: "preview", port: 8084, env: func(d *demo) []string {
+		// The demo's links point at the local demo site; let the fetcher in.
+		return []string{"PREVIEW_ALLOW_CIDRS=127.0.0.1/32"}
+	}},
+	{name: "clickcounter", port: 8081},
+	{name: "fraud", port: 8082},
+	{name: "warehouse", port: 8083, env: func(d *demo) []string {
+		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
+	}},
+	{name: "console", port: 8085, env: func(d *demo) []string {
+		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
+	}},
+}
+
+type demo struct {
+	env            *Env
+	dir, bin       string
+	natsURL        string
+	redisURL       string
+	clickhouseAddr string
+	siteURL        string
+	procs          []*demoProc
+}
+
+type demoProc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// cmdDemo runs the whole system on this machine with no Docker: an embedded
+// NATS server, Redis and ClickHouse from the local binaries (data under
+// --dir), every service binary found in --bin, a demo owner, demo links, a
+// small site for the previews to fetch, and a trickle of traffic.
+func cmdDemo(ctx context.Context, env *Env, args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	dir := fs.String("dir", ".demo", "folder for the demo's data and logs")
+	bin := fs.String("bin", ".demo/bin", "folder with the service binaries (make build)")
+	natsPort := fs.Int("nats-port", 4222, "NATS client port (monitoring on 8222)")
+	redisPort := fs.Int("redis-port", 6390, "Redis port")
+	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
+	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
+	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("demo: %w", errUsage)
+	}
+	d := &demo{env: env, dir: *dir, bin: *bin}
+	for _, sub := range []string{"nats", "redis", "clickhouse", "logs"} {
+		if err := os.MkdirAll(filepath.Join(d.dir, sub), 0o755); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+	}
+	defer d.stopAll()
+
+	ns, err := d.startNATS(*natsPort)
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	if err := d.startRedis(*redisPort); err != nil {
+		return err
+	}
+	d.startClickHouse(*chPort)
+	site, err := d.startSite(*sitePort)
+	if err != nil {
+		return err
+	}
+	defer site.Close()
+
+	if err := d.prepare(ctx); err != nil {
+		return err
+	}
+	started := d.startServices()
+	links, err := d.createLinks(ctx)
+	if err != nil {
+		return err
+	}
+	d.banner(started, links)
+	if *rate > 0 {
+		go d.trickle(ctx, links, *rate)
+	}
+	<-ctx.Done()
+	fmt.Fprintln(env.Stdout, "\nstopping the demo...")
+	return nil
+}
+
+func (d *demo) logf(format string, a ...any) { fmt.Fprintf(d.env.Stdout, format+"\n", a...) }
+
+func (d *demo) startNATS(port int) (*server.Server, error) {
+	ns, err := server.NewServer(&server.Options{
+		ServerName: "snip-demo",
+		Host:       "127.0.0.1",
+		Port:       port,
+		HTTPHost:   "127.0.0.1",
+		HTTPPort:   8222,
+		JetStream:  true,
+		StoreDir:   filepath.Join(d.dir, "nats"),
+		NoSigs:     true,
+		// Durability is a stated choice (docs/durability.md): fsync every
+		// second rather than the server's default two minutes.
+		SyncInterval: time.Second,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("demo: nats: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return nil, fmt.Errorf("demo: nats did not start on port %d (is it taken?)", port)
+	}
+	d.natsURL = ns.ClientURL()
+	d.logf("nats        %s (monitoring http://127.0.0.1:8222)", d.natsURL)
+	return ns, nil
+}
+
+func (d *demo) startRedis(port int) error {
+	bin, err := lookBinary("redis-server")
+	if err != nil {
+		return fmt.Errorf("demo: %w (Debian/Ubuntu: apt-get install redis-server)", err)
+	}
+	dir, _ := filepath.Abs(filepath.Join(d.dir, "redis"))
+	if _, err := d.spawn("redis", bin, nil, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--dir", dir, "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"); err != nil {
+		return err
+	}
+	d.redisURL = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+	defer rdb.Close()
+	if err := waitUntil(15*time.Second, func() error { return rdb.Ping(context.Background()).Err() }); err != nil {
+		return fmt.Errorf("demo: redis did not start on port %d: %w (see %s)", port, err, d.logPath("redis"))
+	}
+	d.logf("redis       %s (data in %s)", d.redisURL, dir)
+	return nil
+}
+
+// startClickHouse starts clickhouse-server when there is one. Without it the
+// warehouse loader waits and catches up from the log once one appears.
+func (d *demo) startClickHouse(port int) {
+	d.clickhouseAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	bin, err := lookBinary("clickhouse-server")
+	if err != nil {
+		d.logf("clickhouse  not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
+		return
+	}
+	dir, _ := filepath.Abs(filepath.Join(d.dir, "clickhouse"))
+	cfg := filepath.Join(dir, "config.xml")
+	conf := fmt.Sprintf(`<yandex>
+  <logger><level>warning</level><log>%[1]s/clickhouse.log</log><errorlog>%[1]s/clickhouse.err.log</errorlog></logger>
+  <listen_host>127.0.0.1</listen_host>
+  <tcp_port>%[2]d</tcp_port>
+  <path>%[1]s/data/</path>
+  <tmp_path>%[1]s/tmp/</tmp_path>
+  <user_files_path>%[1]s/user_files/</user_files_path>
+  <format_schema_path>%[1]s/format_schemas/</format_schema_path>
+  <users_config>%[1]s/users.xml</users_config>
+  <default_profile>default</default_profile>
+  <default_database>default</default_database>
+  <mark_cache_size>268435456</mark_cache_size>
+</yandex>
+`, dir, port)
+	users := `<yandex><profiles><default/></profiles><users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users><quotas><default/></quotas></yandex>`
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		d.logf("clickhouse  not started: %v", err)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(users), 0o644); err != nil {
+		d.logf("clickhouse  not started: %v", err)
+		return
+	}
+	if _, err := d.spawn("clickhouse", bin, nil, "--config-file="+cfg); err != nil {
+		d.logf("clickhouse  not started: %v", err)
+		return
+	}
+	d.logf("clickhouse  %s (native protocol; data in %s)", d.clickhouseAddr, dir)
+}
+
+// startSite serves a few article pages with Open Graph tags, so the preview
+// workers have something real to fetch without the internet.
+func (d *demo) startSite(port int) (*http.Server, error) {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return nil, fmt.Errorf("demo: site: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/articles/{slug}", func(w http.ResponseWriter, r *http.Request) {
+		slug := r.PathValue("slug")
+		title := strings.ToUpper(slug[:1]) + strings.ReplaceAll(slug[1:], "-", " ")
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><html><head><title>%[1]s | Demo Site</title>
+<meta property="og:title" content="%[1]s">
+<meta property="og:description" content="A demo article about %[1]s, served by snipctl demo.">
+<meta property="og:image" content="/images/%[2]s.png">
+<meta property="og:site_name" content="Snip Demo Site">
+</head><body><h1>%[1]s</h1></body></html>`, title, slug)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	d.siteURL = "http://" + ln.Addr().String()
+	return srv, nil
+}
+
+// prepare applies the topology and creates the demo owner, so everything
+// exists before the services start.
+func (d *demo) prepare(ctx context.Context) error {
+	nc, err := natsconn.Connect(natsconn.Config{URL: d.natsURL, Name: "snipctl-demo"}, d.env.Log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := topology.Apply(tctx, js, d.env.Cfg.topology()); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(d.redisURL, "redis://"), "/0")})
+	defer rdb.Close()
+	if err := owners.NewStore(rdb).Ensure(tctx, demoOwner, demoAPIKey); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	return nil
+}
+
+// startServices starts every service whose binary is in --bin and returns
+// the names of those started.
+func (d *demo) startServices() []string {
+	var started []string
+	common := []string{
+		"NATS_URL=" + d.natsURL,
+		"REDIS_URL=" + d.redisURL,
+		"SNIP_PARTITIONS=" + strconv.Itoa(d.env.Cfg.Partitions),
+		"LOG_LEVEL=info",
+	}
+	for _, s := range demoServices {
+		bin := filepath.Join(d.bin, s.name)
+		if _, err := os.Stat(bin); err != nil {
+			d.logf("%-11s not built (%s missing); skipped", s.name, bin)
+			continue
+		}
+		env := append(slices.Clone(common), "HTTP_ADDR=127.0.0.1:"+strconv.Itoa(s.port))
+		if s.env != nil {
+			env = append(env, s.env(d)...)
+		}
+		if _, err := d.spawn(s.name, bin, env); err != nil {
+			d.logf("%-11s failed to start: %v", s.name, err)
+			continue
+		}
+		started = append(started, s.name)
+	}
+	for _, s := range demoServices {
+		if !slices.Contains(started, s.name) {
+			continue
+		}
+		url := fmt.Sprintf("http://127.0.0.1:%d/healthz", s.port)
+		if err := waitUntil(30*time.Second, func() error { return httpOK(url) }); err != nil {
+			d.logf("%-11s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
+			continue
+		}
+		d.logf("%-11s http://127.0.0.1:%d (log %s)", s.name, s.port, d.logPath(s.name))
+	}
+	return started
+}
+
+type demoLink struct {
+	Code   string `json:"code"`
+	Target string `json:"target"`
+}
+
+// createLinks creates (or finds) the demo links through the redirect API.
+func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
+	var links []demoLink
+	for _, slug := range []string{"nats-jetstream", "queues-and-logs", "the-outbox", "consumer-groups", "dead-letters"} {
+		body, _ := json.Marshal(map[string]string{"url": d.siteURL + "/articles/" + slug, "code": slug})
+		var code int
+		var resp []byte
+		err := waitUntil(30*time.Second, func() error {
+			var err error
+			code, resp, err = httpPost(ctx, "http://127.0.0.1:8080/api/links", demoAPIKey, body)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("demo: create link %s: %w (is the redirect service running? see %s)", slug, err, d.logPath("redirect"))
+		}
+		if code != http.StatusCreated && code != http.StatusConflict {
+			return nil, fmt.Errorf("demo: create link %s: %d %s", slug, code, resp)
+		}
+		links = append(links, demoLink{Code: slug, Target: d.siteURL + "/articles/" + slug})
+	}
+	return links, nil
+}
+
+func (d *demo) banner(started []string, links []demoLink) {
+	d.logf("\nSnip is running: %s", strings.Join(started, ", "))
+	if slices.Contains(started, "console") {
+		d.logf("\n  console:   http://127.0.0.1:8085/")
+	}
+	d.logf(`
+  demo owner: %[1]s   API key: %[2]s
+
+  try:
+    curl -i http://127.0.0.1:8080/%[3]s
+    curl -s -H 'Authorization: Bearer %[2]s' -H 'Content-Type: application/json' \
+         -d '{"url":"https://example.com/hello"}' http://127.0.0.1:8080/api/links
+    curl -s -H 'Authorization: Bearer %[2]s' http://127.0.0.1:8080/api/links/%[3]s
+    curl -s -H 'Authorization: Bearer %[2]s' http://127.0.0.1:8081/api/links/%[3]s/stats
+    NATS_URL=%[4]s .demo/bin/snipctl lag
+
+  logs in %[5]s; Ctrl-C stops everything.`, demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"))
+}
+
+// trickle sends demo clicks: mostly people, sometimes a crawler, now and
+// then a burst from one visitor for the fraud detector to find.
+func (d *demo) trickle(ctx context.Context, links []demoLink, rate float64) {
+	client := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	uas := []string{
+		"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36",
+		"Mozilla/5.0 (iPhone; CPU iPhone OS 18_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.0 Mobile/15E148 Safari/604.1",
+		"Mozilla/5.0 (Macintosh; Intel Mac OS X 14_5) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Safari/605.1.15",
+		"Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)",
+	}
+	countries := []string{"DE", "US", "FR", "GB", "BR", "IN", "JP"}
+	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l := links[rand.IntN(len(links))]
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:8080/"+l.Code, nil)
+		req.Header.Set("User-Agent", uas[rand.IntN(len(uas))])
+		req.Header.Set("X-Country", countries[rand.IntN(len(countries))])
+		req.Header.Set("Referer", "https://news.example/item/"+strconv.Itoa(rand.IntN(50)))
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+}
+
+func (d *demo) logPath(name string) string { return filepath.Join(d.dir, "logs", name+".log") }
+
+// spawn starts a child process with its output in the demo's log folder.
+// The kernel kills it if snipctl dies.
+func (d *demo) spawn(name, bin string, env []string, args ...string) (*demoProc, error) {
+	logf, err := os.OpenFile(d.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %s log: %w", name, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("demo: start %s: %w", name, err)
+	}
+	p := &demoProc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	d.procs = append(d.procs, p)
+	return p, nil
+}
+
+// stopAll stops the children in reverse start order: services before the
+// servers they use, each with SIGTERM and a deadline.
+func (d *demo) stopAll() {
+	for i := len(d.procs) - 1; i >= 0; i-- {
+		p := d.procs[i]
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			d.logf("%s did not stop in 30s; killing it", p.name)
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	d.procs = nil
+}
+
+// lookBinary finds a server binary on PATH or in the sbin folders, where
+// Debian puts clickhouse-server.
+func lookBinary(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"} {
+		if p := filepath.Join(dir, name); isExecutable(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found", name)
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+func waitUntil(timeout time.Duration, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func httpOK(url string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
+}
+
+func httpPost(ctx context.Context, url, key string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, nil
+}
