@@ -26,7 +26,7 @@ type Config struct {
 	NATSCreds    string `env:"NATS_CREDS"`
 	RedisURL     string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves the API, /healthz, /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8083"`
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8082"`
 	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
 	// ShutdownTimeout bounds each step of a graceful stop: finishing and
 	// acking the batch in hand, and answering the HTTP requests in flight.

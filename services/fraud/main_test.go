@@ -432,7 +432,7 @@ func TestConfig(t *testing.T) {
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("loadConfig(%v) = %v, want error %v", tc.environ, err, tc.wantErr)
 			}
-			if err == nil && cfg.HTTPAddr != ":8083" {
+			if err == nil && cfg.HTTPAddr != ":8082" {
 				t.Fatalf("HTTP_ADDR default = %q", cfg.HTTPAddr)
 			}
 		})
