@@ -90,10 +90,10 @@ type Partition struct {
 	labelled  map[uint64]struct{}
 	labelledQ window
 	agents    agentCache
-	// firstBucket is the flood bucket of the first event this state saw:
-	// links seen in it have a history the state did not see.
-	firstBucket int64
-	fresh       bool // nothing judged or fed yet
+	// startAt is the event time of the first event this state saw: links
+	// first seen within a flood window of it have a history it did not see.
+	startAt int64
+	fresh   bool // nothing judged or fed yet
 }
 
 // visitorState is one (link, visitor) identity: its newest
@@ -118,7 +118,7 @@ type linkState struct {
 	flagged   bool  // the link flooded during the current bucket
 	started   bool
 	warm      bool    // baseline has at least one closed bucket
-	unknown   bool    // first seen in the state's first bucket: history unseen
+	unknown   bool    // first seen just after the state began: history unseen
 	baseline  float64 // EWMA of clicks per bucket, flood buckets left out
 }
 
@@ -222,7 +222,7 @@ func (p *Partition) judge(ev reader.Event, j *Judgement) {
 	}
 	p.last = ev.Seq
 	if p.fresh {
-		p.fresh, p.firstBucket = false, t/int64(p.d.rules.FloodWindow)
+		p.fresh, p.startAt = false, t
 	}
 	if t > p.clock {
 		p.clock = t
@@ -420,12 +420,13 @@ func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	ls := p.links.get(c.Code)
 	ls.lastAt = self.at
 	b := self.at / int64(r.FloodWindow)
-	if !ls.started && b == p.firstBucket {
-		// The state begins here (a first start, a replay, or the rebuild
-		// of a partition taken over), so a link seen in its first bucket
-		// is not necessarily new: that bucket sets the link's baseline
-		// rather than being judged against the floor. Otherwise every busy
-		// link would look like a flood after each takeover.
+	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
+		// The state began less than a window ago (a first start, a replay,
+		// or the rebuild of a partition taken over), so this link is not
+		// necessarily new: its clicks before the start were not seen. It is
+		// not judged until a bucket it was watched for in full sets its
+		// baseline. Judged against the floor instead, every busy link would
+		// look like a flood after each takeover.
 		ls.unknown = true
 	}
 	p.roll(ls, b)
@@ -464,7 +465,8 @@ func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 // the baseline (unless the link flooded in it) and decaying the baseline for
 // the empty buckets in between. The first closed bucket sets the baseline
 // (no bias towards zero for a link just seen); FloodAdoptAfter of flood
-// buckets in a row does too.
+// buckets in a row does too. A link whose history the state has not seen
+// waits for the first bucket watched in full.
 func (p *Partition) roll(ls *linkState, b int64) {
 	if !ls.started {
 		ls.started, ls.bucket = true, b
@@ -474,7 +476,13 @@ func (p *Partition) roll(ls *linkState, b int64) {
 		return // same bucket, or a click whose clock is slightly behind
 	}
 	a := p.d.alpha
+	W := int64(p.d.rules.FloodWindow)
 	switch {
+	case ls.unknown:
+		// Only a bucket that began after the state did was watched in full.
+		if ls.bucket*W >= p.startAt {
+			ls.baseline, ls.warm, ls.unknown, ls.floodRun = float64(ls.inBucket), true, false, 0
+		}
 	case ls.flagged:
 		ls.floodRun++
 		if time.Duration(ls.floodRun)*p.d.rules.FloodWindow >= p.d.rules.FloodAdoptAfter {
@@ -484,7 +492,7 @@ func (p *Partition) roll(ls *linkState, b int64) {
 		ls.baseline = a*float64(ls.inBucket) + (1-a)*ls.baseline
 		ls.floodRun = 0
 	default:
-		ls.baseline, ls.warm, ls.unknown, ls.floodRun = float64(ls.inBucket), true, false, 0
+		ls.baseline, ls.warm, ls.floodRun = float64(ls.inBucket), true, 0
 	}
 	if gap := b - ls.bucket - 1; gap > 0 {
 		ls.floodRun = 0

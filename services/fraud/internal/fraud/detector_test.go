@@ -236,7 +236,7 @@ func TestLinkFloodThresholds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			// A click on another link a minute earlier starts the state, so
-			// link l is new when it appears (see TestFirstBucket...).
+			// link l is new when it appears (see TestStateStart...).
 			labels, alerts := run(t, floodRules(), append([]clk{{at: -time.Minute, code: "other"}}, tc.clicks...))
 			until := tc.until
 			if until == 0 {
@@ -264,21 +264,28 @@ func TestLinkFloodThresholds(t *testing.T) {
 	}
 }
 
-func TestFirstBucketWarmsBusyLinksInsteadOfFlaggingThem(t *testing.T) {
+func TestStateStartWarmsBusyLinksInsteadOfFlaggingThem(t *testing.T) {
 	t.Parallel()
-	r := floodRules()
-	d, _ := fraud.NewDetector(r)
+	d, _ := fraud.NewDetector(floodRules())
 	// A member whose state begins (a first start, or the rebuild after a
 	// takeover) where a link already gets 100 clicks a minute, over the
-	// floor of 20: the first minute sets its baseline.
-	p := d.NewPartition()
-	for i, c := range minutes("l", 100, 100, 100, 100) {
-		if j, _ := p.Judge(event(uint64(i+1), c)); len(j.Labels) != 0 {
-			t.Fatalf("busy link flagged at click %d: %+v", i+1, j.Labels)
+	// floor of 20: the link is not judged until a minute watched in full
+	// sets its baseline, wherever in the minute the state began.
+	for _, offset := range []time.Duration{0, 30 * time.Second, 59*time.Second + 500*time.Millisecond} {
+		p := d.NewPartition()
+		clicks := minutes("l", 100, 100, 100, 100)
+		for i, c := range clicks {
+			if c.at < offset {
+				continue
+			}
+			if j, _ := p.Judge(event(uint64(i+1), c)); len(j.Labels) != 0 {
+				t.Fatalf("state starting at %s: busy link flagged at %s", offset, c.at)
+			}
 		}
 	}
-	// A link that appears after the first minute is new: judged by the floor.
-	p = d.NewPartition()
+	// A link that appears a window after the state began is new: judged by
+	// the floor at once.
+	p := d.NewPartition()
 	clicks := append(minutes("quiet", 1), crowd(100, time.Minute, time.Minute, "l")...)
 	flagged := 0
 	for i, c := range clicks {

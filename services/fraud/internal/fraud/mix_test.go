@@ -12,8 +12,10 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
+// mixSpec starts the traffic half a second before a minute ends: the
+// detector's state then begins with almost nothing of the first minute seen.
 func mixSpec() traffic.Spec {
-	return traffic.Spec{Seed: 42, Start: t0, Duration: 12 * time.Minute, HumanRate: 25, Links: 60, Owners: 3, Inject: true}
+	return traffic.Spec{Seed: 42, Start: t0.Add(59*time.Second + 500*time.Millisecond), Duration: 12 * time.Minute, HumanRate: 25, Links: 60, Owners: 3, Inject: true}
 }
 
 // judgeAll runs a fresh partition per partition over its events and returns
