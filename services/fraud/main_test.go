@@ -70,7 +70,7 @@ func start(t *testing.T, n *testenv.NATS, db int, member string, extra ...string
 	cfg.Connected = func(nc *nats.Conn) { once.Do(func() { in.nc = nc }) }
 	ctx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
-	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	go func() { in.done <- run(ctx, log, cfg) }()
 	select {
 	case in.addr = <-ready:
@@ -137,6 +137,17 @@ func (in *instance) metric(t *testing.T, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// runtimeEvents sums snip_reader_events_total over the partitions.
+func (in *instance) runtimeEvents(t *testing.T) float64 {
+	sum := 0.0
+	for p := range partitions {
+		if v := in.metric(t, fmt.Sprintf(`snip_reader_events_total{group="fraud-detection",partition="%d"}`, p)); v > 0 {
+			sum += v
+		}
+	}
+	return sum
 }
 
 func (in *instance) get(t *testing.T, path, key string, into any) int {
@@ -259,7 +270,11 @@ func TestGeneratedMixEndToEnd(t *testing.T) {
 		t.Errorf("flood link stats = %+v; want total %d and at least %d flood labels", st, want, total[traffic.PatternFlood])
 	}
 	if got := svc.metric(t, "fraud_events_judged_total"); got != float64(len(clicks)) {
-		t.Errorf("fraud_events_judged_total = %v, want %d (behind: %v)", got, len(clicks), svc.metric(t, "fraud_events_behind_total"))
+		t.Errorf("fraud_events_judged_total = %v, want %d (behind %v, rebuilds %v, runtime: events %v, redeliveries %v, transient errors %v, rebalances %v)",
+			got, len(clicks), svc.metric(t, "fraud_events_behind_total"), svc.metric(t, "fraud_rebuild_events_count"),
+			svc.runtimeEvents(t), svc.metric(t, `snip_reader_redeliveries_total{group="fraud-detection"}`),
+			svc.metric(t, `snip_reader_handler_errors_total{group="fraud-detection",kind="transient"}`),
+			svc.metric(t, `snip_reader_rebalances_total{group="fraud-detection"}`))
 	}
 }
 

@@ -159,7 +159,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64) (*Pa
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
-	// Start on a flood-bucket boundary so the first bucket is whole.
+	// Read from a bucket boundary: the rebuilt state watches whole buckets.
 	from := anchor.Add(-r.d.Memory()).Truncate(r.d.rules.FloodWindow)
 	n, err := r.clicks.Scan(ctx, partition, from, resume, func(ev reader.Event) { p.Feed(ev) })
 	if err != nil {
