@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -357,3 +358,43 @@ func TestBadConfig(t *testing.T) {
 
 var _ = jetstream.ErrConsumerNotFound
 var _ = topology.PriorityGroup
+
+// A delivery that never reaches the member (a fetch that gave up while the
+// message was on its way) must not be acked past: AckAll would lose it. The
+// member sees the gap in consumer sequences and resets to its ack floor.
+func TestLostDeliveryIsNotAckedPast(t *testing.T) {
+	// Not parallel: the drop hook is package-wide, keyed by group.
+	n, js := setup(t, 1)
+	ids := publish(t, js, 3, 20, 0) // 60 events, one partition
+	var mu sync.Mutex
+	dropped := map[uint64]bool{}
+	reader.SetDropForTest(func(group string, seq uint64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if group != "lossy" || (seq != 7 && seq != 31) || dropped[seq] {
+			return false
+		}
+		dropped[seq] = true // lose the first delivery of each only
+		return true
+	})
+	t.Cleanup(func() { reader.SetDropForTest(nil) })
+	rec := newRecorder()
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "lossy", Member: "m", BatchSize: 10, Metrics: reg}, rec.handler("m"))
+	testenv.WaitFor(t, 30*time.Second, "every event handled despite two lost deliveries", func() bool { return rec.distinct() == len(ids) })
+	if d := rec.check(t, ids, 20); d != 0 {
+		t.Fatalf("%d duplicates, want 0", d)
+	}
+	mfs, _ := reg.Gather()
+	gaps := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "snip_reader_delivery_gaps_total" {
+			gaps = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dropped) != 2 || gaps != 2 {
+		t.Fatalf("dropped %d deliveries, gaps counted %v; want 2 and 2", len(dropped), gaps)
+	}
+}

@@ -24,6 +24,7 @@ type metrics struct {
 	owned       *prometheus.GaugeVec
 	members     *prometheus.GaugeVec
 	rebalances  *prometheus.CounterVec
+	gaps        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -79,9 +80,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Times this member's set of partitions changed.",
 		}, []string{"group"}),
 	}
+	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "snip", Subsystem: "reader", Name: "delivery_gaps_total",
+		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition reset to its ack floor.",
+	}, []string{"group"})
 	if reg != nil {
 		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.batchSecs, m.batchSize,
-			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances)
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps)
 	}
 	return m
 }

@@ -37,8 +37,13 @@ type worker struct {
 	stop      chan struct{}
 	releasing bool
 
-	cons        jetstream.Consumer
-	rewoundID   string
+	cons      jetstream.Consumer
+	rewoundID string
+	// lastCseq is the consumer sequence of the last delivery received (0
+	// before the first: a reset starts the count again), to spot deliveries
+	// that never arrived; cseqKnown is false when there is no baseline.
+	lastCseq    uint64
+	cseqKnown   bool
 	idle        bool
 	lastLagRead time.Time
 }
@@ -149,7 +154,21 @@ func (w *worker) run() {
 			}
 			continue
 		}
-		if err := w.process(b.msgs); err != nil {
+		if err := w.process(b.msgs); errors.Is(err, errGap) {
+			f.stop() // what it holds is past the gap too: drop it unacked
+			for {
+				err := w.resetToAckFloor()
+				if err == nil {
+					break
+				}
+				w.log.Warn("recover from a delivery gap", "err", err)
+				if !w.sleep(m.cfg.newBackoff().NextBackOff()) {
+					return
+				}
+			}
+			f = w.startFetcher()
+			continue
+		} else if err != nil {
 			f.stop()
 			if !errors.Is(err, errReleased) && !errors.Is(err, context.Canceled) {
 				w.log.Warn("abandoning batch; the next owner gets it again", "err", err)
@@ -284,9 +303,11 @@ func (w *worker) acquire() error {
 				w.log.Warn("force unpin", "err", err)
 			}
 		}
+		var reset *jetstream.ConsumerResetResponse
 		if info.NumAckPending > 0 {
 			ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-			_, err := m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
+			var err error
+			reset, err = m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
 			if err == nil {
 				c, err = m.stream.Consumer(ctx, w.name)
 			}
@@ -309,6 +330,11 @@ func (w *worker) acquire() error {
 			continue
 		}
 		w.cons = c
+		if reset != nil {
+			w.baselineAfterReset(reset)
+		} else {
+			w.lastCseq, w.cseqKnown = c.CachedInfo().Delivered.Consumer, true
+		}
 		return nil
 	}
 }
@@ -420,6 +446,16 @@ func (w *worker) fetch() ([]jetstream.Msg, error) {
 		msgs = append(msgs, more...)
 	}
 	w.idle = len(msgs) < cfg.BatchSize/2
+	if dropForTest != nil {
+		kept := msgs[:0]
+		for _, msg := range msgs {
+			if md, err := msg.Metadata(); err == nil && dropForTest(cfg.Group, md.Sequence.Stream) {
+				continue
+			}
+			kept = append(kept, msg)
+		}
+		msgs = kept
+	}
 	return msgs, nil
 }
 
@@ -435,18 +471,44 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 	return out, b.Error()
 }
 
+// dropForTest, when set (export_test.go), makes fetch lose the deliveries it
+// returns true for, as a client that gave up on a fetch too early would.
+var dropForTest func(group string, streamSeq uint64) bool
+
 // process decodes a batch, parks what cannot be decoded, hands the rest to
 // the handler (retrying transient failures, parking poison), and acks the
 // batch by acking its last message.
 func (w *worker) process(msgs []jetstream.Msg) error {
 	m := w.m
 	start := time.Now()
-	evs := make([]Event, 0, len(msgs))
-	for _, msg := range msgs {
+	// Every delivery takes the next consumer sequence. A gap means the
+	// server delivered something this worker never received (a fetch that
+	// gave up while messages were on their way, a slow-consumer drop).
+	// Acking past it would ack the missing events unseen (AckAll), so handle
+	// the contiguous part, then make the caller reset to the ack floor.
+	gap := false
+	mds := make([]*jetstream.MsgMetadata, 0, len(msgs))
+	for i, msg := range msgs {
 		md, err := msg.Metadata()
 		if err != nil {
 			return fmt.Errorf("read message metadata: %w", err)
 		}
+		if w.cseqKnown && md.Sequence.Consumer != w.lastCseq+1 {
+			w.log.Warn("gap in deliveries: handling up to it, then resetting to the ack floor",
+				"expected_consumer_seq", w.lastCseq+1, "got", md.Sequence.Consumer, "stream_seq", md.Sequence.Stream)
+			m.met.gaps.WithLabelValues(m.cfg.Group).Inc()
+			msgs, gap = msgs[:i], true
+			break
+		}
+		w.lastCseq, w.cseqKnown = md.Sequence.Consumer, true
+		mds = append(mds, md)
+	}
+	if len(msgs) == 0 {
+		return errGap
+	}
+	evs := make([]Event, 0, len(msgs))
+	for i, msg := range msgs {
+		md := mds[i]
 		if md.NumDelivered > 1 {
 			m.met.redelivered.WithLabelValues(m.cfg.Group).Inc()
 		}
@@ -476,7 +538,37 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	}
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
 	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
+	if gap {
+		return errGap
+	}
 	return nil
+}
+
+// errGap asks the worker loop to reset the partition to its ack floor.
+var errGap = errors.New("gap in deliveries")
+
+// resetToAckFloor makes the server deliver again everything after the ack
+// floor, in order, forgetting what it had delivered.
+func (w *worker) resetToAckFloor() error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := w.m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
+	if err != nil {
+		return fmt.Errorf("reset %s to its ack floor: %w", w.name, err)
+	}
+	w.baselineAfterReset(resp)
+	w.idle = true
+	return nil
+}
+
+// baselineAfterReset takes the consumer sequence a reset left (the server
+// counts deliveries again from there).
+func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
+	if resp == nil || resp.ConsumerInfo == nil {
+		w.cseqKnown = false
+		return
+	}
+	w.lastCseq, w.cseqKnown = resp.ConsumerInfo.Delivered.Consumer, true
 }
 
 // handle calls the handler until the batch is done, parking poison events
@@ -644,9 +736,11 @@ func (w *worker) rewindTo(ri RewindInfo) error {
 		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until, "ack_floor", info.AckFloor.Stream)
 		return nil
 	}
-	if _, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, ri.From); err != nil {
+	resp, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, ri.From)
+	if err != nil {
 		return fmt.Errorf("reset %s to %d: %w", w.name, ri.From, err)
 	}
+	w.baselineAfterReset(resp)
 	w.log.Info("partition rewound", "rewind", ri.ID, "from", ri.From, "until", ri.Until)
 	return nil
 }

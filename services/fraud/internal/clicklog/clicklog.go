@@ -1,0 +1,149 @@
+// Package clicklog reads CLICKS outside the consumer group: one event by
+// sequence (to label a click a rule judged after the fact) and a partition's
+// recent past (to rebuild a partition's windows on takeover). It is the
+// JetStream side of fraud.ClickLog.
+package clicklog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+)
+
+var _ fraud.ClickLog = (*Log)(nil)
+
+// Log reads CLICKS.
+type Log struct {
+	js jetstream.JetStream
+	// fetch is how many events a rebuild asks for at a time.
+	fetch int
+}
+
+// New returns a Log on js.
+func New(js jetstream.JetStream) *Log { return &Log{js: js, fetch: 1000} }
+
+func (l *Log) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+	s, err := l.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("look up %s: %w", events.ClicksStream, err)
+	}
+	m, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("get %s sequence %d: %w", events.ClicksStream, seq, fraud.ErrNotInLog)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get %s sequence %d: %w", events.ClicksStream, seq, err)
+	}
+	return m, nil
+}
+
+// Click returns the event stored at seq.
+func (l *Log) Click(ctx context.Context, seq uint64) (reader.Event, error) {
+	m, err := l.get(ctx, seq)
+	if err != nil {
+		return reader.Event{}, err
+	}
+	c, err := events.DecodeClick(m.Data)
+	if err != nil {
+		return reader.Event{}, fmt.Errorf("%s sequence %d: %w", events.ClicksStream, seq, err)
+	}
+	return reader.Event{Click: c, Partition: events.PartitionOf(m.Subject), Seq: m.Sequence, Stored: m.Time}, nil
+}
+
+// StoredAt returns when the event at seq was stored.
+func (l *Log) StoredAt(ctx context.Context, seq uint64) (time.Time, error) {
+	m, err := l.get(ctx, seq)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return m.Time, nil
+}
+
+// Scan reads partition's events stored at or after from, up to but not
+// including sequence until, with an ordered consumer (ephemeral, flow
+// controlled, no acks: the cheapest way to read a stretch of a stream).
+// Events that do not decode are skipped: the group's runtime parked them.
+//
+// It knows where to stop before it starts (the partition's last event, or
+// the one before until), so a slow or empty fetch is waited out, not taken
+// for the end (only the consumer saying nothing is pending is): a rebuild
+// that stopped early would judge the next events against a state with a
+// hole in it.
+func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uint64, fn func(reader.Event)) (int, error) {
+	s, err := l.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, events.PartitionFilter(partition))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil // the partition is empty
+	}
+	if err != nil {
+		return 0, fmt.Errorf("scan partition %d: last event: %w", partition, err)
+	}
+	end := min(last.Sequence, until-1) // the last sequence that may be fed
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.PartitionFilter(partition)},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &from,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
+	}
+	if info, err := cons.Info(ctx); err != nil {
+		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
+	} else if info.NumPending == 0 {
+		return 0, nil // nothing stored at or after from
+	}
+	n := 0
+	for {
+		batch, err := cons.Fetch(l.fetch, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return n, fmt.Errorf("scan partition %d: %w", partition, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			meta, err := m.Metadata()
+			if err != nil {
+				return n, fmt.Errorf("scan partition %d: %w", partition, err)
+			}
+			seq := meta.Sequence.Stream
+			if seq > end {
+				return n, nil
+			}
+			if c, err := events.DecodeClick(m.Data()); err == nil {
+				fn(reader.Event{Click: c, Partition: partition, Seq: seq, Stored: meta.Timestamp, Deliveries: 1})
+				n++
+			}
+			if seq == end || meta.NumPending == 0 {
+				return n, nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return n, fmt.Errorf("scan partition %d: %w", partition, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return n, fmt.Errorf("scan partition %d: %w", partition, err)
+		}
+		if got == 0 {
+			// Nothing came: slow, or nothing left from where the consumer
+			// is (a start after the last event, or retention took them).
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return n, fmt.Errorf("scan partition %d: %w", partition, err)
+			}
+			if info.NumPending == 0 {
+				return n, nil
+			}
+		}
+	}
+}

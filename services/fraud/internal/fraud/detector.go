@@ -1,0 +1,504 @@
+package fraud
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+)
+
+// Detector holds what every partition's state shares: the rules and the
+// listed networks. It is immutable and safe for concurrent use.
+type Detector struct {
+	rules Rules
+	nets  networks
+	alpha float64
+}
+
+// NewDetector validates the rules and returns a detector.
+func NewDetector(r Rules) (*Detector, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return &Detector{rules: r, nets: newNetworks(r.ListedNetworks), alpha: r.floodAlpha()}, nil
+}
+
+// Rules returns the rules the detector runs.
+func (d *Detector) Rules() Rules { return d.rules }
+
+// Memory is the span of event time the state depends on: the longest window
+// and five half-lives of the flood baseline (what remains of older traffic
+// weighs under 4%). Rebuilding a partition from this much of the log gives
+// the state an uninterrupted member would have, up to that remainder; links
+// idle for longer are forgotten, as a rebuilding member would not see them.
+func (d *Detector) Memory() time.Duration {
+	return max(d.rules.Reach(), 5*d.rules.FloodHalfLife)
+}
+
+// Label says that one click is a bot, and why. The click is the one being
+// judged or an earlier one of the same link (a rule that fires labels the
+// clicks of the window in which it fired, not only the one that crossed the
+// threshold).
+type Label struct {
+	// Seq is the click's CLICKS sequence.
+	Seq uint64
+	// Rule is the rule that labelled it.
+	Rule string
+	// AlertID is the alert the label belongs to, if one has been raised.
+	AlertID string
+}
+
+// Judgement is what judging one event decided.
+type Judgement struct {
+	Seq       uint64
+	Code      string
+	Owner     string
+	SourceBot bool
+	// At is the event time the decision was taken at (the click's time,
+	// clamped by Rules.MaxClockSkew).
+	At time.Time
+	// Labels are the clicks labelled bot while judging this event, each at
+	// most once in the partition's history.
+	Labels []Label
+	// Alerts are the alerts raised, each at most once per rule, link, key and
+	// alert period.
+	Alerts []events.FraudAlert
+}
+
+// Partition is the detector's state for one CLICKS partition. Events must be
+// fed in stream order; it is not safe for concurrent use (the reader runtime
+// hands one partition to one goroutine at a time).
+//
+// Decisions depend only on the events fed and their order, never on the wall
+// clock or on how the events were batched: time is event time, expiry and
+// eviction happen in event order, and IDs are derived from the events. Two
+// members fed the same events decide the same.
+type Partition struct {
+	d     *Detector
+	clock int64  // the latest event time seen, unix ns
+	last  uint64 // the last sequence judged
+
+	visitors *table[stateKey, visitorState]
+	links    *table[string, linkState]
+	pairs    *table[stateKey, pairState]
+	counts   *table[stateKey, labelCount]
+	// labelled holds the clicks labelled within reach, so no click is
+	// labelled twice; labelledQ expires them in the order they were added.
+	labelled  map[uint64]struct{}
+	labelledQ window
+	agents    agentCache
+	// startAt is the event time of the first event this state saw: links
+	// first seen within a flood window of it have a history it did not see.
+	startAt int64
+	fresh   bool // nothing judged or fed yet
+}
+
+// visitorState is one (link, visitor) identity: its newest
+// VisitorThreshold+1 clicks. 48 bytes plus the clicks.
+type visitorState struct {
+	win       window
+	lastAt    int64
+	through   uint64 // clicks up to this sequence are labelled
+	alertedIn int64  // alert period index + 1 of the last alert raised
+}
+
+// linkState is one link: its human-looking clicks in the last FloodWindow,
+// the current FloodWindow-long bucket and the baseline.
+type linkState struct {
+	win       window
+	lastAt    int64
+	through   uint64
+	alertedIn int64
+	bucket    int64 // index of the current bucket; valid when started
+	inBucket  int   // clicks in it
+	floodRun  int   // consecutive closed buckets in which it flooded
+	flagged   bool  // the link flooded during the current bucket
+	started   bool
+	warm      bool    // baseline has at least one closed bucket
+	unknown   bool    // first seen just after the state began: history unseen
+	baseline  float64 // EWMA of clicks per bucket, flood buckets left out
+}
+
+// pairState is one (link, network prefix): when an unfurler last fetched the
+// link from it, and the recent browser-looking clicks from it.
+type pairState struct {
+	recent     window
+	lastAt     int64
+	lastUnfurl int64
+	unfurled   bool
+}
+
+// labelCount counts the clicks one per-click rule labelled on one link with
+// one key in the current alert period.
+type labelCount struct {
+	lastAt    int64
+	period    int64 // alert period index + 1
+	count     int
+	alertedIn int64
+}
+
+// pairLimit bounds the browser-looking clicks remembered per (link, prefix)
+// for an unfurler that arrives after them.
+const pairLimit = 16
+
+// NewPartition returns empty state for one partition.
+func (d *Detector) NewPartition() *Partition {
+	r := d.rules
+	return &Partition{
+		d:        d,
+		visitors: newTable[stateKey](r.MaxIdentities, func(v *visitorState) int64 { return v.lastAt }),
+		links:    newTable[string](r.MaxLinks, func(v *linkState) int64 { return v.lastAt }),
+		pairs:    newTable[stateKey](r.MaxPairs, func(v *pairState) int64 { return v.lastAt }),
+		counts:   newTable[stateKey](r.MaxLinks, func(v *labelCount) int64 { return v.lastAt }),
+		labelled: make(map[uint64]struct{}),
+		agents:   agentCache{max: 4096},
+		fresh:    true,
+	}
+}
+
+// Last is the last sequence judged or fed; events at or before it are
+// skipped, which makes redelivery harmless.
+func (p *Partition) Last() uint64 { return p.last }
+
+// Judge judges one event and returns what it decided; ok is false when the
+// event was already judged (its sequence is not after Last).
+func (p *Partition) Judge(ev reader.Event) (j Judgement, ok bool) {
+	if ev.Seq <= p.last {
+		return Judgement{}, false
+	}
+	j = Judgement{Seq: ev.Seq, Code: ev.Click.Code, Owner: ev.Click.Owner, SourceBot: ev.Click.Bot}
+	p.judge(ev, &j)
+	return j, true
+}
+
+// Feed updates the state with an event without deciding anything: the
+// rebuild of a partition taken over, whose decisions its previous owner
+// already published. The state afterwards is the same as after Judge.
+func (p *Partition) Feed(ev reader.Event) bool {
+	if ev.Seq <= p.last {
+		return false
+	}
+	p.judge(ev, nil)
+	return true
+}
+
+// Stats is the size of a partition's state.
+type Stats struct {
+	Identities, Links, Pairs, Labelled int
+	// Evicted counts states pushed out by a cap (not expired by time).
+	Evicted uint64
+}
+
+// Stats returns the current size of the state.
+func (p *Partition) Stats() Stats {
+	return Stats{
+		Identities: p.visitors.len(), Links: p.links.len(), Pairs: p.pairs.len(), Labelled: len(p.labelled),
+		Evicted: p.visitors.evicted + p.links.evicted + p.pairs.evicted + p.counts.evicted,
+	}
+}
+
+// eventTime is the click's own time, clamped to MaxClockSkew after it was
+// stored. Event.Stored is zero only in tests that build events by hand.
+func (p *Partition) eventTime(ev reader.Event) time.Time {
+	t := ev.Click.Time
+	if !ev.Stored.IsZero() {
+		if lim := ev.Stored.Add(p.d.rules.MaxClockSkew); t.After(lim) {
+			t = lim
+		}
+	}
+	return t
+}
+
+// judge runs every rule on one event. With j nil (rebuild) it records what
+// it would have decided in the state but returns nothing.
+func (p *Partition) judge(ev reader.Event, j *Judgement) {
+	tt := p.eventTime(ev)
+	t := tt.UnixNano()
+	if j != nil {
+		j.At = tt
+	}
+	p.last = ev.Seq
+	if p.fresh {
+		p.fresh, p.startAt = false, t
+	}
+	if t > p.clock {
+		p.clock = t
+		p.expire()
+	}
+
+	c := &ev.Click
+	self := click{seq: ev.Seq, at: t}
+	agent := p.agents.classify(c.UserAgent)
+	human := !c.Bot // still looks like a person
+
+	// Per-click rules: the click alone says it is not a person.
+	if human {
+		if n, ok := p.d.nets.match(c.IPPrefix); ok {
+			alert := p.countLabel(j, c, t, RuleListedNetwork, n.String(), "clicks from listed network "+n.String())
+			p.label(j, self, RuleListedNetwork, alert)
+			human = false
+		}
+	}
+	if agent.Bot() {
+		alert := ""
+		if agent.alerts() {
+			alert = p.countLabel(j, c, t, RuleBotAgent, agent.Name, fmt.Sprintf("clicks from %s agent %q", agent.Class, agent.Name))
+		}
+		if human {
+			p.label(j, self, RuleBotAgent, alert)
+			human = false
+		}
+	}
+	if c.IPPrefix != "" {
+		human = p.unfurlerPair(j, c, self, agent, human)
+	}
+	// Velocity rules see only clicks that still look human: a bot already
+	// labelled needs no burst to be found, and a flood is about traffic that
+	// passes for people.
+	if !human {
+		return
+	}
+	p.visitorBurst(j, c, self)
+	if _, burst := p.labelled[self.seq]; burst {
+		return // one identity's burst must not make its link look flooded
+	}
+	p.linkFlood(j, c, self)
+}
+
+// expire drops the state the advancing clock has made irrelevant.
+func (p *Partition) expire() {
+	r := &p.d.rules
+	now := p.clock
+	p.visitors.expire(now - int64(r.VisitorWindow))
+	p.pairs.expire(now - int64(r.PairWindow))
+	p.links.expire(now - int64(p.d.Memory()))
+	p.counts.expire(now - int64(r.AlertPeriod))
+	// A label can only be given to a click inside some window, so labels
+	// older than twice the reach (slack for slightly unordered clocks) are
+	// never looked up again.
+	cutoff := now - 2*int64(r.Reach())
+	n := 0
+	for n < p.labelledQ.len() && p.labelledQ.c[n].at < cutoff {
+		delete(p.labelled, p.labelledQ.c[n].seq)
+		n++
+	}
+	p.labelledQ.dropFront(n)
+}
+
+// label labels a click once; the first rule to label it names the reason.
+func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
+	if _, done := p.labelled[c.seq]; done {
+		return
+	}
+	p.labelled[c.seq] = struct{}{}
+	p.labelledQ.push(c, 0)
+	if j != nil {
+		j.Labels = append(j.Labels, Label{Seq: c.seq, Rule: rule, AlertID: alertID})
+	}
+}
+
+// raise raises an alert unless one was raised for the same rule, link and
+// key in the same alert period (alertedIn remembers which). It returns the
+// alert's ID either way.
+func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, at int64) string {
+	period := at / int64(p.d.rules.AlertPeriod)
+	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*int64(p.d.rules.AlertPeriod)))
+	if *alertedIn == period+1 {
+		return a.ID
+	}
+	*alertedIn = period + 1
+	if j != nil {
+		a.V = events.FraudVersion
+		a.Time = time.Unix(0, at).UTC()
+		a.WindowStart = a.WindowStart.UTC()
+		a.WindowEnd = a.WindowEnd.UTC()
+		j.Alerts = append(j.Alerts, a)
+	}
+	return a.ID
+}
+
+// countLabel counts a click a per-click rule matched and raises the rule's
+// alert for the link once the count in the alert period passes
+// LabelAlertThreshold. It returns the alert's ID once raised, else "".
+func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key, what string) string {
+	r := &p.d.rules
+	lc := p.counts.get(keyOf(rule+"\x00"+c.Code, key))
+	lc.lastAt = t
+	period := t / int64(r.AlertPeriod)
+	if lc.period != period+1 {
+		lc.period, lc.count = period+1, 0
+	}
+	lc.count++
+	if lc.count <= r.LabelAlertThreshold {
+		return ""
+	}
+	start := time.Unix(0, period*int64(r.AlertPeriod))
+	return p.raise(j, &lc.alertedIn, events.FraudAlert{
+		Rule: rule, Code: c.Code, Owner: c.Owner, Key: key,
+		WindowStart: start, WindowEnd: start.Add(r.AlertPeriod),
+		Count: lc.count, Threshold: r.LabelAlertThreshold,
+		Detail: fmt.Sprintf("more than %d %s within %s", r.LabelAlertThreshold, what, r.AlertPeriod),
+	}, t)
+}
+
+// unfurlerPair is the HEAD-then-GET rule. The redirect does not publish HEAD
+// requests, so the pattern is seen from the GETs: a preview unfurler fetches
+// with its own agent, and the same service fetches again at once with a
+// browser agent (X does one bot GET and several browser-agent requests,
+// Dub #2309). Browser-looking clicks from the unfurler's network prefix on
+// the same link within PairWindow before or after its click are labelled.
+// It returns whether the click still looks human.
+func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agent Agent, human bool) bool {
+	win := int64(p.d.rules.PairWindow)
+	k := keyOf(c.Code, c.IPPrefix)
+	if agent.Class == ClassUnfurler {
+		ps := p.pairs.get(k)
+		ps.lastAt, ps.lastUnfurl, ps.unfurled = self.at, self.at, true
+		for _, e := range ps.recent.c {
+			if self.at-e.at <= win {
+				if _, done := p.labelled[e.seq]; !done {
+					p.label(j, e, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
+				}
+			}
+		}
+		ps.recent = window{}
+		return human
+	}
+	if !human {
+		return false
+	}
+	ps := p.pairs.get(k)
+	ps.lastAt = self.at
+	if ps.unfurled && self.at-ps.lastUnfurl <= win {
+		p.label(j, self, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
+		return false
+	}
+	ps.recent.expire(self.at - win)
+	ps.recent.push(self, pairLimit)
+	return true
+}
+
+// visitorBurst is the per-identity rule: more than VisitorThreshold clicks
+// within VisitorWindow. The window keeps the newest threshold+1 clicks; when
+// the oldest of them is within the window of the newest, the rule fires and
+// labels all of them. That labels exactly the clicks that belong to some
+// window with too many clicks: a click in such a window is, at the latest
+// when that window's last click arrives, among the newest threshold+1.
+func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
+	r := &p.d.rules
+	vs := p.visitors.get(keyOf(c.Code, c.Visitor))
+	vs.lastAt = self.at
+	vs.win.push(self, r.VisitorThreshold+1)
+	if vs.win.len() <= r.VisitorThreshold || self.at-vs.win.oldest().at > int64(r.VisitorWindow) {
+		return
+	}
+	first := vs.win.oldest()
+	alert := p.raise(j, &vs.alertedIn, events.FraudAlert{
+		Rule: RuleVisitorBurst, Code: c.Code, Owner: c.Owner, Key: c.Visitor,
+		WindowStart: time.Unix(0, first.at), WindowEnd: time.Unix(0, self.at),
+		Count: vs.win.len(), Threshold: r.VisitorThreshold,
+		Detail: fmt.Sprintf("%d clicks by one visitor within %s (at most %d allowed)",
+			vs.win.len(), time.Duration(self.at-first.at), r.VisitorThreshold),
+	}, self.at)
+	for _, e := range vs.win.c {
+		if e.seq > vs.through {
+			p.label(j, e, RuleVisitorBurst, alert)
+		}
+	}
+	vs.through = self.seq
+}
+
+// linkFlood is the per-link rule: more human-looking clicks within
+// FloodWindow than max(FloodFloor, FloodFactor x baseline). The baseline is
+// an EWMA of the link's clicks per FloodWindow-long bucket; a bucket in which
+// the link flooded is left out of it, so a flood never becomes the norm.
+func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
+	r := &p.d.rules
+	ls := p.links.get(c.Code)
+	ls.lastAt = self.at
+	b := self.at / int64(r.FloodWindow)
+	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
+		// The state began less than a window ago (a first start, a replay,
+		// or the rebuild of a partition taken over), so this link is not
+		// necessarily new: its clicks before the start were not seen. It is
+		// not judged until a bucket it was watched for in full sets its
+		// baseline. Judged against the floor instead, every busy link would
+		// look like a flood after each takeover.
+		ls.unknown = true
+	}
+	p.roll(ls, b)
+	ls.inBucket++
+	ls.win.expire(self.at - int64(r.FloodWindow))
+	ls.win.push(self, 0)
+	if ls.unknown {
+		return
+	}
+
+	limit := float64(r.FloodFloor)
+	if ls.warm {
+		limit = max(limit, r.FloodFactor*ls.baseline)
+	}
+	if float64(ls.win.len()) <= limit {
+		return
+	}
+	ls.flagged = true
+	first := ls.win.oldest()
+	alert := p.raise(j, &ls.alertedIn, events.FraudAlert{
+		Rule: RuleLinkFlood, Code: c.Code, Owner: c.Owner,
+		WindowStart: time.Unix(0, first.at), WindowEnd: time.Unix(0, self.at),
+		Count: ls.win.len(), Threshold: int(limit),
+		Detail: fmt.Sprintf("%d clicks within %s; baseline %s per %s, at most %d allowed",
+			ls.win.len(), r.FloodWindow, strconv.FormatFloat(ls.baseline, 'f', 1, 64), r.FloodWindow, int(limit)),
+	}, self.at)
+	for _, e := range ls.win.c {
+		if e.seq > ls.through {
+			p.label(j, e, RuleLinkFlood, alert)
+		}
+	}
+	ls.through = self.seq
+}
+
+// roll moves a link's bucket forward to b, folding the closed bucket into
+// the baseline (unless the link flooded in it) and decaying the baseline for
+// the empty buckets in between. The first closed bucket sets the baseline
+// (no bias towards zero for a link just seen); FloodAdoptAfter of flood
+// buckets in a row does too. A link whose history the state has not seen
+// waits for the first bucket watched in full.
+func (p *Partition) roll(ls *linkState, b int64) {
+	if !ls.started {
+		ls.started, ls.bucket = true, b
+		return
+	}
+	if b <= ls.bucket {
+		return // same bucket, or a click whose clock is slightly behind
+	}
+	a := p.d.alpha
+	W := int64(p.d.rules.FloodWindow)
+	switch {
+	case ls.unknown:
+		// Only a bucket that began after the state did was watched in full.
+		if ls.bucket*W >= p.startAt {
+			ls.baseline, ls.warm, ls.unknown, ls.floodRun = float64(ls.inBucket), true, false, 0
+		}
+	case ls.flagged:
+		ls.floodRun++
+		if time.Duration(ls.floodRun)*p.d.rules.FloodWindow >= p.d.rules.FloodAdoptAfter {
+			ls.baseline, ls.warm, ls.floodRun = float64(ls.inBucket), true, 0
+		}
+	case ls.warm:
+		ls.baseline = a*float64(ls.inBucket) + (1-a)*ls.baseline
+		ls.floodRun = 0
+	default:
+		ls.baseline, ls.warm, ls.floodRun = float64(ls.inBucket), true, 0
+	}
+	if gap := b - ls.bucket - 1; gap > 0 {
+		ls.floodRun = 0
+		if ls.warm {
+			ls.baseline *= math.Pow(1-a, float64(gap))
+		}
+	}
+	ls.bucket, ls.inBucket, ls.flagged = b, 0, false
+}

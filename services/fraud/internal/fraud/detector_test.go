@@ -1,0 +1,528 @@
+package fraud_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+const browser = "Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0"
+
+// clk describes one click of a scenario, at an offset from t0.
+type clk struct {
+	at      time.Duration
+	code    string
+	visitor string
+	ua      string
+	prefix  string
+	bot     bool
+}
+
+// run judges the clicks in order (sequences 1..n) with rules r and returns
+// the labelled sequences with their rule, and the alerts.
+func run(t testing.TB, r fraud.Rules, clicks []clk) (labels map[uint64]string, alerts []events.FraudAlert) {
+	t.Helper()
+	d, err := fraud.NewDetector(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	labels = map[uint64]string{}
+	for i, c := range clicks {
+		j, ok := p.Judge(event(uint64(i+1), c))
+		if !ok {
+			t.Fatalf("event %d skipped", i+1)
+		}
+		for _, l := range j.Labels {
+			if _, dup := labels[l.Seq]; dup {
+				t.Fatalf("click %d labelled twice", l.Seq)
+			}
+			labels[l.Seq] = l.Rule
+		}
+		alerts = append(alerts, j.Alerts...)
+	}
+	return labels, alerts
+}
+
+func event(seq uint64, c clk) reader.Event {
+	if c.code == "" {
+		c.code = "abc"
+	}
+	if c.visitor == "" {
+		c.visitor = fmt.Sprintf("v%d", seq)
+	}
+	if c.ua == "" {
+		c.ua = browser
+	}
+	if c.prefix == "" {
+		c.prefix = fmt.Sprintf("10.%d.%d.0/24", seq/256%256, seq%256)
+	}
+	at := t0.Add(c.at)
+	return reader.Event{Seq: seq, Stored: at.Add(time.Millisecond), Click: events.Click{
+		V: events.ClickVersion, ID: events.NewID(), Time: at, Code: c.code, Owner: "acme",
+		Target: "https://example.com/", IPPrefix: c.prefix, Visitor: c.visitor, UserAgent: c.ua, Bot: c.bot,
+	}}
+}
+
+// repeat returns n clicks of one visitor on one link, every step from start.
+func repeat(n int, start, step time.Duration, c clk) []clk {
+	out := make([]clk, n)
+	for i := range out {
+		out[i] = c
+		out[i].at = start + time.Duration(i)*step
+	}
+	return out
+}
+
+func seqs(from, to uint64, rule string) map[uint64]string {
+	m := map[uint64]string{}
+	for s := from; s <= to; s++ {
+		m[s] = rule
+	}
+	return m
+}
+
+func burstRules() fraud.Rules {
+	r := fraud.Defaults()
+	r.VisitorWindow = 10 * time.Second
+	r.VisitorThreshold = 3
+	return r
+}
+
+func TestVisitorBurstThresholdEdges(t *testing.T) {
+	t.Parallel()
+	v := clk{visitor: "bot"}
+	tests := []struct {
+		name       string
+		clicks     []clk
+		wantLabels map[uint64]string
+		wantAlerts int
+	}{
+		{name: "threshold_clicks_within_window_are_allowed", clicks: repeat(3, 0, time.Second, v), wantLabels: map[uint64]string{}},
+		{name: "one_more_labels_the_whole_window", clicks: repeat(4, 0, time.Second, v),
+			wantLabels: seqs(1, 4, fraud.RuleVisitorBurst), wantAlerts: 1},
+		{name: "window_is_inclusive", clicks: repeat(4, 0, 10*time.Second/3, v),
+			wantLabels: seqs(1, 4, fraud.RuleVisitorBurst), wantAlerts: 1},
+		{name: "one_nanosecond_over_the_window_is_allowed", clicks: repeat(4, 0, 10*time.Second/3+1, v), wantLabels: map[uint64]string{}},
+		{name: "burst_continues_one_alert_every_click_labelled", clicks: repeat(50, 0, 100*time.Millisecond, v),
+			wantLabels: seqs(1, 50, fraud.RuleVisitorBurst), wantAlerts: 1},
+		{name: "window_slides_slow_clicks_never_burst", clicks: repeat(40, 0, 4*time.Second, v), wantLabels: map[uint64]string{}},
+		{name: "per_link_not_per_visitor", clicks: []clk{
+			{visitor: "bot", code: "a"}, {visitor: "bot", code: "b"}, {visitor: "bot", code: "c"}, {visitor: "bot", code: "d"},
+			{visitor: "bot", code: "a"}, {visitor: "bot", code: "b"},
+		}, wantLabels: map[uint64]string{}},
+		{name: "slow_start_then_burst_labels_only_the_window", clicks: append(repeat(2, 0, 20*time.Second, v),
+			repeat(4, time.Minute, time.Second, v)...), wantLabels: seqs(3, 6, fraud.RuleVisitorBurst), wantAlerts: 1},
+		{name: "new_alert_period_new_alert", clicks: append(repeat(4, 0, time.Second, v),
+			repeat(4, time.Hour, time.Second, v)...), wantLabels: seqs(1, 8, fraud.RuleVisitorBurst), wantAlerts: 2},
+		{name: "source_bots_are_not_counted", clicks: repeat(10, 0, time.Second, clk{visitor: "bot", bot: true, ua: "Slackbot 1.0"}),
+			wantLabels: map[uint64]string{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			labels, alerts := run(t, burstRules(), tc.clicks)
+			if d := cmp.Diff(tc.wantLabels, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+			if len(alerts) != tc.wantAlerts {
+				t.Fatalf("alerts = %d, want %d: %+v", len(alerts), tc.wantAlerts, alerts)
+			}
+			for _, a := range alerts {
+				if a.Rule != fraud.RuleVisitorBurst || a.Key != "bot" || a.Count != 4 || a.Threshold != 3 {
+					t.Errorf("alert = %+v", a)
+				}
+			}
+		})
+	}
+}
+
+func TestAlertPayloadAndIDAreDeterministic(t *testing.T) {
+	t.Parallel()
+	clicks := repeat(4, 30*time.Minute, time.Second, clk{visitor: "bot", code: "abc"})
+	_, a1 := run(t, burstRules(), clicks)
+	_, a2 := run(t, burstRules(), clicks)
+	if d := cmp.Diff(a1, a2); d != "" {
+		t.Fatalf("two runs differ (-first +second):\n%s", d)
+	}
+	a := a1[0]
+	want := fraud.AlertID(fraud.RuleVisitorBurst, "abc", "bot", t0)
+	if a.ID != want || !a.Time.Equal(t0.Add(30*time.Minute+3*time.Second)) ||
+		!a.WindowStart.Equal(t0.Add(30*time.Minute)) || a.V != events.FraudVersion || a.Owner != "acme" {
+		t.Fatalf("alert = %+v, want ID %s", a, want)
+	}
+	// The ID is a valid Nats-Msg-Id for the contract, even with the longest code.
+	a.Code = strings.Repeat("x", events.MaxTokenLen)
+	a.ID = fraud.AlertID("unfurler_pair", a.Code, "203.0.113.0/24", t0)
+	b, _ := jsonMarshal(a)
+	if _, err := events.DecodeFraudAlert(b); err != nil {
+		t.Fatalf("longest alert ID %q (%d chars): %v", a.ID, len(a.ID), err)
+	}
+}
+
+func floodRules() fraud.Rules {
+	r := fraud.Defaults()
+	r.FloodFloor = 20
+	r.FloodFactor = 10
+	return r
+}
+
+// crowd returns n clicks by distinct visitors on one link, spread evenly
+// over span from start.
+func crowd(n int, start, span time.Duration, code string) []clk {
+	out := make([]clk, n)
+	for i := range out {
+		out[i] = clk{at: start + span*time.Duration(i)/time.Duration(n), code: code, visitor: fmt.Sprintf("%s-%d-%d", code, start, i)}
+	}
+	return out
+}
+
+// minutes returns perMinute[i] clicks by distinct visitors in minute i.
+func minutes(code string, perMinute ...int) []clk {
+	var out []clk
+	for m, n := range perMinute {
+		out = append(out, crowd(n, time.Duration(m)*time.Minute, time.Minute, code)...)
+	}
+	return out
+}
+
+func count(labels map[uint64]string, rule string) int {
+	n := 0
+	for _, r := range labels {
+		if r == rule {
+			n++
+		}
+	}
+	return n
+}
+
+func TestLinkFloodThresholds(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		clicks []clk
+		// from is the index of the first click that must be labelled (the
+		// flood and the window it fired in); -1 for none.
+		from       int
+		until      int // the first click after it that must not be; 0: the end
+		wantAlerts int
+	}{
+		{name: "floor_clicks_in_a_window_are_allowed", clicks: crowd(20, 0, 50*time.Second, "l"), from: -1},
+		{name: "floor_plus_one_labels_the_window", clicks: crowd(21, 0, 50*time.Second, "l"), from: 0, wantAlerts: 1},
+		{name: "floor_plus_one_over_more_than_a_window_is_allowed", clicks: crowd(21, 0, 64*time.Second, "l"), from: -1},
+		{name: "under_factor_times_baseline_is_allowed", clicks: minutes("l", 15, 15, 15, 15, 140), from: -1},
+		{name: "over_factor_times_baseline_floods", clicks: minutes("l", 15, 15, 15, 15, 200), from: 60, wantAlerts: 1},
+		{name: "organic_doubling_every_minute_is_not_a_flood", clicks: minutes("l", 10, 20, 40, 80, 160, 320, 640, 1280), from: -1},
+		{name: "sustained_flood_stays_flagged", clicks: minutes("l", 5, 5, 5, 300, 300, 300, 300, 300), from: 15, wantAlerts: 1},
+		{name: "baseline_decays_over_quiet_minutes", clicks: append(minutes("l", 15, 15, 15, 15),
+			crowd(100, 30*time.Minute, time.Minute, "l")...), from: 60, wantAlerts: 1},
+		{name: "without_the_quiet_minutes_the_same_clicks_are_allowed", clicks: append(minutes("l", 15, 15, 15, 15),
+			crowd(100, 4*time.Minute, time.Minute, "l")...), from: -1},
+		{name: "thirty_minutes_of_flood_become_the_baseline", clicks: minutes("l", slices.Repeat([]int{150}, 40)...),
+			from: 0, until: 30 * 150, wantAlerts: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			// A click on another link a minute earlier starts the state, so
+			// link l is new when it appears (see TestStateStart...).
+			labels, alerts := run(t, floodRules(), append([]clk{{at: -time.Minute, code: "other"}}, tc.clicks...))
+			until := tc.until
+			if until == 0 {
+				until = len(tc.clicks)
+			}
+			for i := range tc.clicks {
+				seq := uint64(i + 2)
+				got := labels[seq]
+				want := ""
+				if tc.from >= 0 && i >= tc.from && i < until {
+					want = fraud.RuleLinkFlood
+				}
+				// The window the rule fired in may reach a little before from.
+				if tc.from >= 0 && i < tc.from && got != "" && i >= tc.from-20 {
+					continue
+				}
+				if got != want {
+					t.Fatalf("click %d (at %s) label %q, want %q (%d labels)", i, tc.clicks[i].at, got, want, len(labels))
+				}
+			}
+			if len(alerts) != tc.wantAlerts {
+				t.Fatalf("alerts = %d, want %d: %+v", len(alerts), tc.wantAlerts, alerts)
+			}
+		})
+	}
+}
+
+func TestStateStartWarmsBusyLinksInsteadOfFlaggingThem(t *testing.T) {
+	t.Parallel()
+	d, _ := fraud.NewDetector(floodRules())
+	// A member whose state begins (a first start, or the rebuild after a
+	// takeover) where a link already gets 100 clicks a minute, over the
+	// floor of 20: the link is not judged until a minute watched in full
+	// sets its baseline, wherever in the minute the state began.
+	for _, offset := range []time.Duration{0, 30 * time.Second, 59*time.Second + 500*time.Millisecond} {
+		p := d.NewPartition()
+		clicks := minutes("l", 100, 100, 100, 100)
+		for i, c := range clicks {
+			if c.at < offset {
+				continue
+			}
+			if j, _ := p.Judge(event(uint64(i+1), c)); len(j.Labels) != 0 {
+				t.Fatalf("state starting at %s: busy link flagged at %s", offset, c.at)
+			}
+		}
+	}
+	// A link that appears a window after the state began is new: judged by
+	// the floor at once.
+	p := d.NewPartition()
+	clicks := append(minutes("quiet", 1), crowd(100, time.Minute, time.Minute, "l")...)
+	flagged := 0
+	for i, c := range clicks {
+		j, _ := p.Judge(event(uint64(i+1), c))
+		flagged += len(j.Labels)
+	}
+	if flagged != 100 {
+		t.Fatalf("new link at 100 a minute: %d of 100 clicks flagged", flagged)
+	}
+}
+
+func TestBotAgents(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		ua   string
+		want fraud.AgentClass
+	}{
+		{browser, fraud.ClassBrowser},
+		{"Mozilla/5.0 (Linux; Android 9; CUBOT X19) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Mobile Safari/537.36", fraud.ClassBrowser},
+		{"Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Teams/24295.605.3225.8804 Chrome/120.0 Electron/28.2.10 Safari/537.36", fraud.ClassBrowser},
+		{"Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)", fraud.ClassUnfurler},
+		{"facebookexternalhit/1.1 Facebot Twitterbot/1.0", fraud.ClassUnfurler},
+		{"http.rb/5.1.1 (Mastodon/4.2.0; +https://mastodon.social/)", fraud.ClassUnfurler},
+		{"python-requests/2.32.3", fraud.ClassTool},
+		{"curl/8.5.0", fraud.ClassTool},
+		{"Go-http-client/1.1", fraud.ClassTool},
+		{"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) HeadlessChrome/120.0.0.0 Safari/537.36", fraud.ClassHeadless},
+		{"Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)", fraud.ClassCrawler},
+		{"Mozilla/5.0 (compatible; SomeNewBot/0.1; +https://example.org/bot)", fraud.ClassCrawler},
+		{"UptimeRobot/2.0; http://www.uptimerobot.com/", fraud.ClassMonitor},
+		{"", fraud.ClassEmpty},
+		{"   ", fraud.ClassEmpty},
+	}
+	for _, tc := range tests {
+		if got := fraud.Classify(tc.ua).Class; got != tc.want {
+			t.Errorf("Classify(%q) = %q, want %q", tc.ua, got, tc.want)
+		}
+	}
+
+	r := fraud.Defaults()
+	r.LabelAlertThreshold = 2
+	t.Run("labels_unlabelled_bots_and_alerts_on_tools", func(t *testing.T) {
+		t.Parallel()
+		tool := repeat(3, 0, 5*time.Second, clk{ua: "curl/8.5.0"})
+		for i := range tool {
+			tool[i].visitor = fmt.Sprintf("t%d", i)
+		}
+		labels, alerts := run(t, r, tool)
+		if d := cmp.Diff(seqs(1, 3, fraud.RuleBotAgent), labels); d != "" {
+			t.Errorf("labels (-want +got):\n%s", d)
+		}
+		if len(alerts) != 1 || alerts[0].Key != "curl" || alerts[0].Count != 3 || alerts[0].Threshold != 2 {
+			t.Fatalf("alerts = %+v, want one for curl", alerts)
+		}
+	})
+	t.Run("unfurlers_are_labelled_not_alerted_and_source_bots_not_relabelled", func(t *testing.T) {
+		t.Parallel()
+		var clicks []clk
+		for i := range 5 {
+			clicks = append(clicks, clk{at: time.Duration(i) * time.Second, ua: "Slackbot-LinkExpanding 1.0", visitor: fmt.Sprintf("s%d", i)})
+			clicks = append(clicks, clk{at: time.Duration(i) * time.Second, ua: "curl/8.5.0", bot: true, visitor: fmt.Sprintf("c%d", i)})
+		}
+		labels, alerts := run(t, r, clicks)
+		if d := cmp.Diff(map[uint64]string{1: fraud.RuleBotAgent, 3: fraud.RuleBotAgent, 5: fraud.RuleBotAgent, 7: fraud.RuleBotAgent, 9: fraud.RuleBotAgent}, labels); d != "" {
+			t.Errorf("labels (-want +got):\n%s", d)
+		}
+		// Source-labelled curl clicks still count towards the tool alert.
+		if len(alerts) != 1 || alerts[0].Key != "curl" {
+			t.Fatalf("alerts = %+v, want one for curl", alerts)
+		}
+	})
+}
+
+func TestListedNetworks(t *testing.T) {
+	t.Parallel()
+	nets, err := fraud.ParseNetworks(strings.NewReader("# datacenters\n203.0.0.0/16, 198.51.100.0/24\n2001:db8::/32\n\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("203.0.0.0/16"), netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8::/32")}
+	if d := cmp.Diff(want, nets, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
+		t.Fatalf("parsed (-want +got):\n%s", d)
+	}
+	for _, bad := range []string{"203.0.113.0/28", "2001:db8::/64", "not-a-cidr", "10.0.0.1"} {
+		if _, err := fraud.ParseNetworks(strings.NewReader(bad)); err == nil {
+			t.Errorf("ParseNetworks(%q) accepted", bad)
+		}
+	}
+	r := fraud.Defaults()
+	r.ListedNetworks = nets
+	r.LabelAlertThreshold = 1
+	tests := []struct {
+		prefix string
+		listed bool
+	}{
+		{"203.0.113.0/24", true}, {"203.1.113.0/24", false}, {"198.51.100.0/24", true}, {"198.51.101.0/24", false},
+		{"2001:db8:1::/48", true}, {"2001:db9::/48", false}, {"", false}, {"garbage", false},
+	}
+	for _, tc := range tests {
+		labels, _ := run(t, r, []clk{{prefix: tc.prefix}})
+		if got := labels[1] == fraud.RuleListedNetwork; got != tc.listed {
+			t.Errorf("prefix %q listed = %v, want %v", tc.prefix, got, tc.listed)
+		}
+	}
+	_, alerts := run(t, r, []clk{{prefix: "203.0.1.0/24"}, {prefix: "203.0.2.0/24", at: time.Second}})
+	if len(alerts) != 1 || alerts[0].Key != "203.0.0.0/16" || alerts[0].Rule != fraud.RuleListedNetwork {
+		t.Fatalf("alerts = %+v", alerts)
+	}
+}
+
+func TestUnfurlerPair(t *testing.T) {
+	t.Parallel()
+	const p = "198.51.100.0/24"
+	unfurl := clk{ua: "Twitterbot/1.0", prefix: p, bot: true}
+	at := func(c clk, d time.Duration) clk { c.at = d; return c }
+	tests := []struct {
+		name   string
+		clicks []clk
+		want   map[uint64]string
+	}{
+		{name: "browser_fetch_after_unfurler_is_paired", clicks: []clk{at(unfurl, 0), {at: time.Second, prefix: p}, {at: 2 * time.Second, prefix: p}},
+			want: map[uint64]string{2: fraud.RuleUnfurlerPair, 3: fraud.RuleUnfurlerPair}},
+		{name: "browser_fetch_before_unfurler_is_paired", clicks: []clk{{prefix: p}, at(unfurl, 1500*time.Millisecond)},
+			want: map[uint64]string{1: fraud.RuleUnfurlerPair}},
+		{name: "outside_pair_window_is_a_person", clicks: []clk{{prefix: p}, at(unfurl, 2*time.Second+1), {at: 4*time.Second + 2, prefix: p}},
+			want: map[uint64]string{}},
+		{name: "other_prefix_is_a_person", clicks: []clk{at(unfurl, 0), {at: time.Second, prefix: "198.51.101.0/24"}},
+			want: map[uint64]string{}},
+		{name: "other_link_is_a_person", clicks: []clk{at(unfurl, 0), {at: time.Second, prefix: p, code: "other"}},
+			want: map[uint64]string{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			labels, _ := run(t, fraud.Defaults(), tc.clicks)
+			if d := cmp.Diff(tc.want, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestEvictionBounds(t *testing.T) {
+	t.Parallel()
+	r := burstRules()
+	r.MaxIdentities = 100
+	d, err := fraud.NewDetector(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	seq := uint64(0)
+	judge := func(c clk) fraud.Judgement {
+		seq++
+		j, _ := p.Judge(event(seq, c))
+		return j
+	}
+	// 1000 distinct visitors within one second: the cap holds, the
+	// least recently active are evicted.
+	for i := range 1000 {
+		judge(clk{at: time.Duration(i) * time.Millisecond, visitor: fmt.Sprintf("h%d", i)})
+	}
+	if s := p.Stats(); s.Identities != 100 || s.Evicted < 900 {
+		t.Fatalf("after 1000 visitors: %+v, want 100 identities and >= 900 evicted", s)
+	}
+	// A bursting visitor among a crowd that overflows the cap every second
+	// stays tracked (it is always recently active) and is caught.
+	labelled := 0
+	for i := range 400 {
+		at := 2*time.Second + time.Duration(i)*5*time.Millisecond
+		labelled += len(judge(clk{at: at, visitor: "bot"}).Labels)
+		for k := range 50 {
+			judge(clk{at: at, visitor: fmt.Sprintf("c%d-%d", i, k)})
+		}
+	}
+	if labelled != 400 {
+		t.Fatalf("burst under eviction pressure: %d of 400 clicks labelled", labelled)
+	}
+	// Windows expire with event time: one click a window later leaves one identity.
+	judge(clk{at: time.Hour, visitor: "late"})
+	if s := p.Stats(); s.Identities != 1 || s.Pairs != 1 || s.Labelled != 0 {
+		t.Fatalf("after a quiet hour: %+v, want 1 identity, 1 pair, no labels held", s)
+	}
+}
+
+func TestRedeliveryIsSkipped(t *testing.T) {
+	t.Parallel()
+	d, _ := fraud.NewDetector(burstRules())
+	p := d.NewPartition()
+	if _, ok := p.Judge(event(5, clk{})); !ok {
+		t.Fatal("first event skipped")
+	}
+	for _, seq := range []uint64{5, 4} {
+		if _, ok := p.Judge(event(seq, clk{})); ok {
+			t.Errorf("sequence %d judged again", seq)
+		}
+	}
+	if p.Last() != 5 {
+		t.Fatalf("Last = %d", p.Last())
+	}
+}
+
+func TestClockSkewIsClamped(t *testing.T) {
+	t.Parallel()
+	r := burstRules()
+	d, _ := fraud.NewDetector(r)
+	p := d.NewPartition()
+	ev := event(1, clk{})
+	ev.Click.Time = ev.Stored.Add(24 * time.Hour) // a redirect with a wrong clock
+	j, _ := p.Judge(ev)
+	if want := ev.Stored.Add(r.MaxClockSkew); !j.At.Equal(want) {
+		t.Fatalf("At = %s, want %s", j.At, want)
+	}
+}
+
+func TestRulesValidate(t *testing.T) {
+	t.Parallel()
+	mut := []func(*fraud.Rules){
+		func(r *fraud.Rules) { r.VisitorWindow = 0 },
+		func(r *fraud.Rules) { r.VisitorThreshold = 0 },
+		func(r *fraud.Rules) { r.FloodFactor = 0.5 },
+		func(r *fraud.Rules) { r.FloodFloor = 0 },
+		func(r *fraud.Rules) { r.FloodHalfLife = 0 },
+		func(r *fraud.Rules) { r.AlertPeriod = time.Millisecond },
+		func(r *fraud.Rules) { r.MaxIdentities = 0 },
+		func(r *fraud.Rules) { r.PairWindow = -1 },
+	}
+	for i, m := range mut {
+		r := fraud.Defaults()
+		m(&r)
+		if _, err := fraud.NewDetector(r); err == nil {
+			t.Errorf("mutation %d accepted", i)
+		}
+	}
+	if err := fraud.Defaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var _ = slices.Sort[[]int]

@@ -1,0 +1,81 @@
+package fraud
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the detector's Prometheus collectors.
+type Metrics struct {
+	judged      prometheus.Counter
+	behind      prometheus.Counter
+	alerts      *prometheus.CounterVec
+	verdicts    *prometheus.CounterVec
+	duplicates  prometheus.Counter
+	lookups     prometheus.Counter
+	rebuilds    prometheus.Histogram
+	rebuildRead prometheus.Histogram
+	identities  *prometheus.GaugeVec
+	links       *prometheus.GaugeVec
+	evicted     *prometheus.GaugeVec
+}
+
+// NewMetrics registers the collectors on reg (nil: not registered, for tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		judged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
+		}),
+		behind: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0).",
+		}),
+		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",
+		}, []string{"rule"}),
+		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fraud_verdicts_total", Help: "Per-click verdicts published, by rule.",
+		}, []string{"rule"}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_publish_duplicates_total", Help: "Alerts and verdicts the FRAUD stream acknowledged as duplicates of ones it had (replay, redelivery, takeover).",
+		}),
+		lookups: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_click_lookups_total", Help: "Earlier clicks read back from CLICKS to label them.",
+		}),
+		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 3, 10),
+		}),
+		rebuildRead: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fraud_rebuild_events", Help: "Events read from the log per rebuild.",
+			Buckets: prometheus.ExponentialBuckets(10, 4, 10),
+		}),
+		identities: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fraud_tracked_identities", Help: "(link, visitor) identities tracked, by partition.",
+		}, []string{"partition"}),
+		links: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fraud_tracked_links", Help: "Links tracked, by partition.",
+		}, []string{"partition"}),
+		evicted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fraud_state_evicted", Help: "States evicted by a cap since the partition was assigned, by partition; growth means a cap is too low for the traffic.",
+		}, []string{"partition"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+	}
+	return m
+}
+
+func (m *Metrics) observe(partition int, s Stats) {
+	p := strconv.Itoa(partition)
+	m.identities.WithLabelValues(p).Set(float64(s.Identities))
+	m.links.WithLabelValues(p).Set(float64(s.Links))
+	m.evicted.WithLabelValues(p).Set(float64(s.Evicted))
+}
+
+func (m *Metrics) forget(partition int) {
+	p := strconv.Itoa(partition)
+	m.identities.DeleteLabelValues(p)
+	m.links.DeleteLabelValues(p)
+	m.evicted.DeleteLabelValues(p)
+}

@@ -1,0 +1,132 @@
+package fraud_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/traffic"
+)
+
+// mixSpec starts the traffic half a second before a minute ends: the
+// detector's state then begins with almost nothing of the first minute seen.
+func mixSpec() traffic.Spec {
+	return traffic.Spec{Seed: 42, Start: t0.Add(59*time.Second + 500*time.Millisecond), Duration: 12 * time.Minute, HumanRate: 25, Links: 60, Owners: 3, Inject: true}
+}
+
+// judgeAll runs a fresh partition per partition over its events and returns
+// every label (sequence -> rule) and every alert ID.
+func judgeAll(t testing.TB, d *fraud.Detector, byPart map[int][]reader.Event) (map[uint64]string, []string) {
+	t.Helper()
+	labels := map[uint64]string{}
+	var alerts []string
+	for _, evs := range byPart {
+		p := d.NewPartition()
+		for _, ev := range evs {
+			j, _ := p.Judge(ev)
+			for _, l := range j.Labels {
+				labels[l.Seq] = l.Rule
+			}
+			for _, a := range j.Alerts {
+				alerts = append(alerts, a.ID)
+			}
+		}
+	}
+	slices.Sort(alerts)
+	return labels, alerts
+}
+
+// TestGeneratedMix is the detector alone on the generated traffic; the
+// service's TestGeneratedMixEndToEnd runs the same through NATS and Redis.
+func TestGeneratedMix(t *testing.T) {
+	t.Parallel()
+	clicks := traffic.Generate(mixSpec())
+	byPart, truth := traffic.Events(clicks, 8)
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels, alerts := judgeAll(t, d, byPart)
+	flagged, total := map[string]int{}, map[string]int{}
+	for i, c := range clicks {
+		seq := uint64(i + 1)
+		total[truth[seq]]++
+		if _, ok := labels[seq]; ok || c.Bot {
+			flagged[truth[seq]]++
+		}
+	}
+	for _, pattern := range []string{traffic.PatternBurst, traffic.PatternScanner, traffic.PatternFlood, traffic.PatternPair, traffic.PatternPreview} {
+		t.Logf("%-8s flagged %5d of %5d", pattern, flagged[pattern], total[pattern])
+		if total[pattern] == 0 || flagged[pattern] != total[pattern] {
+			t.Errorf("pattern %s: %d of %d clicks flagged, want all", pattern, flagged[pattern], total[pattern])
+		}
+	}
+	share := float64(flagged[""]) / float64(total[""])
+	t.Logf("people   flagged %5d of %5d (%.3f%%); %d alerts", flagged[""], total[""], 100*share, len(alerts))
+	if share > 0.01 {
+		t.Errorf("%.2f%% of people's clicks flagged, want at most 1%%", 100*share)
+	}
+}
+
+// TestRebuildJudgesLikeAnUninterruptedMember takes each partition over in
+// the middle of the run: the new owner feeds the last Memory of the log,
+// then judges the rest. Every label it gives after the takeover is one the
+// uninterrupted member gave, and every alert ID it raises is one the
+// uninterrupted member raised: a takeover creates no new alert.
+func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
+	t.Parallel()
+	clicks := traffic.Generate(mixSpec())
+	byPart, _ := traffic.Events(clicks, 8)
+	d, _ := fraud.NewDetector(fraud.Defaults())
+	want, wantAlerts := judgeAll(t, d, byPart)
+
+	for part, evs := range byPart {
+		for _, cut := range []int{len(evs) / 3, len(evs) / 2, 2 * len(evs) / 3} {
+			resume := evs[cut].Seq
+			from := evs[cut-1].Stored.Add(-d.Memory()).Truncate(d.Rules().FloodWindow)
+			p := d.NewPartition()
+			for _, ev := range evs[:cut] {
+				if !ev.Stored.Before(from) {
+					p.Feed(ev)
+				}
+			}
+			got := map[uint64]string{}
+			for _, ev := range evs[cut:] {
+				j, _ := p.Judge(ev)
+				for _, l := range j.Labels {
+					got[l.Seq] = l.Rule
+				}
+				for _, a := range j.Alerts {
+					if _, ok := slices.BinarySearch(wantAlerts, a.ID); !ok {
+						t.Errorf("partition %d cut at %d: new alert %s", part, resume, a.ID)
+					}
+				}
+			}
+			wantAfter := map[uint64]string{}
+			for _, ev := range evs {
+				if r, ok := want[ev.Seq]; ok && mustAgree(got, ev.Seq, resume) {
+					wantAfter[ev.Seq] = r
+				}
+			}
+			if d := cmp.Diff(wantAfter, got); d != "" {
+				t.Errorf("partition %d taken over at %d: labels after the takeover (-uninterrupted +rebuilt):\n%s", part, resume, d)
+			}
+		}
+	}
+}
+
+// mustAgree says whether the rebuilt member must give the uninterrupted
+// member's label of a click: every click at or after the takeover; a click
+// before it only if the rebuilt member labelled it too (from a window that
+// spans the takeover), when the rule must agree.
+func mustAgree(got map[uint64]string, seq, resume uint64) bool {
+	if seq >= resume {
+		return true
+	}
+	_, ok := got[seq]
+	return ok
+}

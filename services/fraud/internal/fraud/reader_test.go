@@ -1,0 +1,180 @@
+package fraud_test
+
+import (
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/fraud/internal/clicklog"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
+	"github.com/snipdev/snip/services/fraud/internal/redisstore"
+	"github.com/snipdev/snip/services/fraud/internal/traffic"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+// world is real NATS and Redis with the topology applied.
+type world struct {
+	n     *testenv.NATS
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *redisstore.Store
+}
+
+const parts = 4
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, _ := jetstream.New(nc)
+	o := topology.Defaults()
+	o.Partitions = parts
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, _ := servers.Redis.NewDB(t)
+	return &world{n: n, nc: nc, js: js, store: redisstore.New(rdb, parts, 100)}
+}
+
+func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Reader {
+	t.Helper()
+	d, err := fraud.NewDetector(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := fraudpub.New(w.nc, 256, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fraud.NewReader(d, clicklog.New(w.js), pub, w.store, slog.New(slog.DiscardHandler), m)
+}
+
+// events returns partition p's events with sequence >= from, as the runtime
+// would hand them.
+func (w *world) events(t *testing.T, p int, from uint64) []reader.Event {
+	t.Helper()
+	var out []reader.Event
+	if _, err := clicklog.New(w.js).Scan(t.Context(), p, time.Time{}, 1<<62, func(ev reader.Event) {
+		if ev.Seq >= from {
+			out = append(out, ev)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// fraudMsgs returns the FRAUD messages on subject filter by Nats-Msg-Id.
+func (w *world) fraudMsgs(t *testing.T, filter string) map[string]int {
+	t.Helper()
+	ids, err := traffic.MsgIDs(t.Context(), w.js, events.FraudStream, filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// TestTakeoverRebuildsWindowsFromTheLog: the previous owner judged 15
+// clicks of a burst (under the threshold of 20) and acked them; the new
+// owner rebuilds its windows from the log in OnAssign, so the next 10
+// clicks make it fire, and it labels all 25, the first 15 read back from
+// CLICKS by sequence.
+func TestTakeoverRebuildsWindowsFromTheLog(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	start := time.Now().Add(-time.Minute)
+	clicks := traffic.Burst(start, 25, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(ctx, w.js, clicks[:15], 64); err != nil {
+		t.Fatal(err)
+	}
+	old := w.reader(t, fraud.Defaults(), nil)
+	if err := old.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Handle(ctx, p, w.events(t, p, 1)); err != nil {
+		t.Fatal(err)
+	}
+	old.OnRevoke(p)
+
+	if err := traffic.Publish(ctx, w.js, clicks[15:], 64); err != nil {
+		t.Fatal(err)
+	}
+	m := fraud.NewMetrics(nil)
+	next := w.reader(t, fraud.Defaults(), m)
+	if err := next.OnAssign(ctx, p, 16); err != nil {
+		t.Fatal(err)
+	}
+	if err := next.Handle(ctx, p, w.events(t, p, 16)); err != nil {
+		t.Fatal(err)
+	}
+	alerts := w.fraudMsgs(t, "fraud.alerts.>")
+	want := fraud.AlertID(fraud.RuleVisitorBurst, "hot", "bot", clicks[20].Time.Truncate(time.Hour))
+	if len(alerts) != 1 || alerts[want] != 1 {
+		t.Fatalf("alerts = %v, want one %s", alerts, want)
+	}
+	verdicts := w.fraudMsgs(t, "fraud.verdicts.>")
+	for _, c := range clicks {
+		if verdicts[fraud.VerdictID(c.ID)] != 1 {
+			t.Fatalf("click %s: %d verdicts, want 1 (%d verdicts in all)", c.ID, verdicts[fraud.VerdictID(c.ID)], len(verdicts))
+		}
+	}
+	st, err := w.store.LinkStats(ctx, "hot")
+	if err != nil || st.Total != 25 || st.Flagged != 25 || st.ByRule[fraud.RuleVisitorBurst] != 25 {
+		t.Fatalf("stats = %+v, %v; want 25 of 25 flagged", st, err)
+	}
+}
+
+// TestFailedPublishIsRetriedWithoutDoubleCounting: NATS goes away while a
+// batch is handled, the handler returns an error (so the runtime would not
+// ack), and the retry of the same batch after NATS is back publishes and
+// stores everything once.
+func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
+		t.Fatal(err)
+	}
+	batch := w.events(t, p, 1)
+	r := w.reader(t, fraud.Defaults(), nil)
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	w.n.Stop()
+	if err := r.Handle(ctx, p, batch); err == nil {
+		t.Fatal("Handle succeeded with NATS down")
+	}
+	w.n.Start()
+	testenv.WaitFor(t, 20*time.Second, "reconnect", func() bool { return w.nc.IsConnected() })
+	for range 2 { // the retry, then a redelivery of the same batch
+		if err := r.Handle(ctx, p, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := w.fraudMsgs(t, "fraud.verdicts.>"); len(v) != 30 {
+		t.Fatalf("%d verdicts, want 30", len(v))
+	}
+	st, err := w.store.LinkStats(ctx, "hot")
+	if err != nil || st.Total != 30 || st.Flagged != 30 {
+		t.Fatalf("stats = %+v, %v; want 30 of 30", st, err)
+	}
+	if a := w.fraudMsgs(t, "fraud.alerts.>"); len(a) != 1 {
+		t.Fatalf("alerts = %v, want one", a)
+	}
+}

@@ -1,0 +1,58 @@
+package fraud
+
+import (
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// table is a capped map of per-key state with least-recently-active
+// eviction and time expiry. Keys are touched in event order, so the least
+// recently used entry is also the one whose last click is oldest: expiry
+// pops from that end until it meets a live entry, and eviction by the cap
+// takes the quietest key, never one in the middle of a burst (a bursting key
+// is by definition recently active).
+type table[K comparable, V any] struct {
+	lru      *simplelru.LRU[K, *V]
+	lastAt   func(*V) int64
+	evicted  uint64 // entries pushed out by the cap
+	expired  uint64 // entries dropped because their windows ran out
+	capacity int
+}
+
+func newTable[K comparable, V any](capacity int, lastAt func(*V) int64) *table[K, V] {
+	lru, err := simplelru.NewLRU[K, *V](capacity, nil)
+	if err != nil {
+		// NewLRU fails only for a size < 1, which Rules.Validate refuses.
+		panic("fraud: " + err.Error())
+	}
+	return &table[K, V]{lru: lru, lastAt: lastAt, capacity: capacity}
+}
+
+// get returns the state of k, creating it if absent, and marks it the most
+// recently active.
+func (t *table[K, V]) get(k K) *V {
+	if v, ok := t.lru.Get(k); ok {
+		return v
+	}
+	v := new(V)
+	if t.lru.Add(k, v) {
+		t.evicted++
+	}
+	return v
+}
+
+// peek returns the state of k without marking it active.
+func (t *table[K, V]) peek(k K) (*V, bool) { return t.lru.Peek(k) }
+
+// expire drops the entries whose last activity is before cutoff.
+func (t *table[K, V]) expire(cutoff int64) {
+	for {
+		_, v, ok := t.lru.GetOldest()
+		if !ok || t.lastAt(v) >= cutoff {
+			return
+		}
+		t.lru.RemoveOldest()
+		t.expired++
+	}
+}
+
+func (t *table[K, V]) len() int { return t.lru.Len() }

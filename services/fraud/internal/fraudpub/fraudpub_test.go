@@ -1,0 +1,83 @@
+package fraudpub_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
+)
+
+// newServer starts NATS with the topology and returns it and a connection.
+func newServer(t *testing.T) (*testenv.NATS, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, _ := jetstream.New(nc)
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	return n, nc, js
+}
+
+func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
+	t.Parallel()
+	_, nc, js := newServer(t)
+	ctx := t.Context()
+	now := time.Now().UTC()
+	alerts := []events.FraudAlert{{V: 1, ID: "visitor_burst:abc:x:1", Rule: "visitor_burst", Code: "abc", Owner: "acme", Time: now}}
+	var verdicts []events.FraudVerdict
+	for range 300 {
+		id := events.NewID()
+		verdicts = append(verdicts, events.FraudVerdict{V: 1, ID: id + ":bot", ClickID: id, Code: "abc", Owner: "acme", Rule: "visitor_burst", Bot: true, Time: now})
+	}
+	// A window smaller than the batch: publishes wait for room.
+	p, err := fraudpub.New(nc, 64, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dups, err := p.Publish(ctx, alerts, verdicts); err != nil || dups != 0 {
+		t.Fatalf("Publish = %d duplicates, %v", dups, err)
+	}
+	if dups, err := p.Publish(ctx, alerts, verdicts); err != nil || dups != 301 {
+		t.Fatalf("second Publish = %d duplicates, %v; want 301", dups, err)
+	}
+	s, _ := js.Stream(ctx, events.FraudStream)
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter("fraud.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 301 || info.State.Subjects[events.FraudAlertSubject("abc")] != 1 ||
+		info.State.Subjects[events.FraudVerdictSubject("acme", "abc")] != 300 {
+		t.Fatalf("FRAUD holds %d messages by subject %v; want 1 alert and 300 verdicts", info.State.Msgs, info.State.Subjects)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, events.FraudAlertSubject("abc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get(jetstream.MsgIDHeader); got != alerts[0].ID {
+		t.Fatalf("Nats-Msg-Id = %q, want %q", got, alerts[0].ID)
+	}
+	if _, err := events.DecodeFraudAlert(m.Data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPublishFailsWhenNATSIsDown(t *testing.T) {
+	t.Parallel()
+	n, nc, _ := newServer(t)
+	p, _ := fraudpub.New(nc, 64, 500*time.Millisecond)
+	n.Stop()
+	id := events.NewID()
+	_, err := p.Publish(t.Context(), nil, []events.FraudVerdict{{V: 1, ID: id + ":bot", ClickID: id, Code: "abc", Owner: "acme", Rule: "x", Bot: true}})
+	if err == nil {
+		t.Fatal("Publish succeeded with NATS down")
+	}
+}

@@ -1,0 +1,159 @@
+// Package httpapi is the fraud service's HTTP API for owners: their recent
+// alerts and the flagged share of each of their links, authenticated with
+// the owner's API key (Authorization: Bearer <key>).
+//
+//	GET /api/alerts?limit=N         the caller's newest alerts, newest first
+//	GET /api/links/:code/fraud      total and flagged clicks of one of the caller's links
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+)
+
+// Authenticator resolves an API key to its owner.
+type Authenticator interface {
+	Authenticate(ctx context.Context, key string) (owners.Owner, error)
+}
+
+// Stats is where the API reads from.
+type Stats interface {
+	RecentAlerts(ctx context.Context, owner string, limit int) ([]events.FraudAlert, error)
+	LinkStats(ctx context.Context, code string) (fraud.LinkStats, error)
+}
+
+// Errors the handlers return; ErrorHandler maps them to statuses.
+var (
+	// ErrBadRequest means a parameter is malformed.
+	ErrBadRequest = errors.New("bad request")
+)
+
+// DefaultLimit and the most alerts one request returns.
+const DefaultLimit = 50
+
+// API serves the routes.
+type API struct {
+	auth     Authenticator
+	stats    Stats
+	log      *slog.Logger
+	maxLimit int
+}
+
+// New returns the API; maxLimit is the most alerts a request may ask for.
+func New(auth Authenticator, stats Stats, log *slog.Logger, maxLimit int) *API {
+	return &API{auth: auth, stats: stats, log: log, maxLimit: maxLimit}
+}
+
+// Mount adds the routes and the error handler to e.
+func (a *API) Mount(e *echo.Echo) {
+	e.HTTPErrorHandler = a.ErrorHandler
+	g := e.Group("/api", a.authenticate)
+	g.GET("/alerts", a.alerts)
+	g.GET("/links/:code/fraud", a.linkFraud)
+}
+
+func (a *API) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		o, err := a.auth.Authenticate(c.Request().Context(), owners.BearerKey(c.Request().Header.Get(echo.HeaderAuthorization)))
+		if err != nil {
+			return err
+		}
+		c.Set("owner", o)
+		return next(c)
+	}
+}
+
+func owner(c echo.Context) owners.Owner { return c.Get("owner").(owners.Owner) }
+
+type alertsResponse struct {
+	Alerts []events.FraudAlert `json:"alerts"`
+}
+
+func (a *API) alerts(c echo.Context) error {
+	limit := DefaultLimit
+	if s := c.QueryParam("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > a.maxLimit {
+			return wrap(ErrBadRequest, "limit must be an integer from 1 to "+strconv.Itoa(a.maxLimit))
+		}
+		limit = n
+	}
+	list, err := a.stats.RecentAlerts(c.Request().Context(), owner(c).ID, limit)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, alertsResponse{Alerts: list})
+}
+
+func (a *API) linkFraud(c echo.Context) error {
+	code := c.Param("code")
+	if !events.ValidToken(code) {
+		return wrap(ErrBadRequest, "link code must be 1-64 letters, digits, '-' or '_'")
+	}
+	st, err := a.stats.LinkStats(c.Request().Context(), code)
+	if err != nil {
+		return err
+	}
+	if st.Owner != owner(c).ID {
+		return fraud.ErrUnknownLink // someone else's link looks like no link
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+// userError is an error whose message is safe to show the caller.
+type userError struct {
+	kind error
+	msg  string
+}
+
+func (e *userError) Error() string { return e.msg }
+func (e *userError) Unwrap() error { return e.kind }
+
+func wrap(kind error, msg string) error { return &userError{kind: kind, msg: msg} }
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// ErrorHandler is the service's one echo error handler: sentinel errors
+// become statuses, echo's own errors keep theirs, and anything else is a
+// logged 500 whose details stay in the log.
+func (a *API) ErrorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	status, msg := http.StatusInternalServerError, "internal error"
+	var ue *userError
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &ue):
+		status, msg = http.StatusBadRequest, ue.msg
+	case errors.Is(err, owners.ErrUnauthorized):
+		status, msg = http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer <key>)"
+		c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
+	case errors.Is(err, fraud.ErrUnknownLink):
+		status, msg = http.StatusNotFound, "no fraud statistics for this link: no click of it judged yet, or not your link"
+	case errors.As(err, &he):
+		status = he.Code
+		msg = http.StatusText(he.Code)
+		if m, ok := he.Message.(string); ok {
+			msg = m
+		}
+	default:
+		a.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+	}
+	if c.Request().Method == http.MethodHead {
+		_ = c.NoContent(status)
+		return
+	}
+	_ = c.JSON(status, errorBody{Error: msg})
+}

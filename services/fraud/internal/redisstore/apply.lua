@@ -1,0 +1,42 @@
+-- Applies one partition's judgements atomically, once.
+-- KEYS[1]    fraud:{p<N>}:hwm
+-- KEYS[2..]  the link hashes, then each owner's alert set and alert bodies
+-- ARGV       from, to, alerts cap,
+--            nlinks, then per link: owner, nfields, field, delta, ...
+--            nalerts, then per alert: set key index, bodies key index, id, score, json
+-- Returns {1, to} when applied, {0, hwm} when everything was applied before,
+-- {-1, hwm} when part was (the caller resends what is after hwm).
+local hwm = tonumber(redis.call('GET', KEYS[1]) or '0')
+local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
+if to <= hwm then return {0, hwm} end
+if from <= hwm then return {-1, hwm} end
+
+local cap = tonumber(ARGV[3])
+local i = 4
+local nlinks = tonumber(ARGV[i]); i = i + 1
+for l = 1, nlinks do
+  local key = KEYS[1 + l]
+  redis.call('HSET', key, 'owner', ARGV[i]); i = i + 1
+  local nf = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, nf do
+    redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1]); i = i + 2
+  end
+end
+
+local nalerts = tonumber(ARGV[i]); i = i + 1
+for _ = 1, nalerts do
+  local set, bodies = KEYS[tonumber(ARGV[i])], KEYS[tonumber(ARGV[i + 1])]
+  local id, score, body = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]; i = i + 5
+  if redis.call('ZADD', set, 'NX', score, id) == 1 then
+    redis.call('HSET', bodies, id, body)
+    local n = redis.call('ZCARD', set)
+    if n > cap then
+      local old = redis.call('ZRANGE', set, 0, n - cap - 1)
+      redis.call('ZREMRANGEBYRANK', set, 0, n - cap - 1)
+      redis.call('HDEL', bodies, unpack(old))
+    end
+  end
+end
+
+redis.call('SET', KEYS[1], ARGV[2])
+return {1, to}

@@ -1,0 +1,267 @@
+// Package redisstore keeps what the fraud API serves, in Redis: per-link
+// totals and flagged counts (the flagged share), and each owner's recent
+// alerts. It is the Redis side of fraud.Store and of the API's reads.
+//
+// Keys (every key of a partition carries the hash tag {p<N>}, so one
+// script can update them atomically, on Redis Cluster too):
+//
+//	fraud:{p<N>}:hwm                 last CLICKS sequence of partition N applied
+//	fraud:{p<N>}:link:<code>         hash: owner, total, flagged, rule:<rule> (flagged by rule)
+//	fraud:{p<N>}:alerts:<owner>      sorted set: alert ID, scored by its event time (ms)
+//	fraud:{p<N>}:alertbody:<owner>   hash: alert ID -> alert JSON
+//
+// Writes are idempotent twice over. The per-partition high-water mark makes
+// a batch's counts apply once: the runtime hands a partition's events in
+// order, so "applied up to sequence S" is all the memory needed, however
+// often a batch is retried or redelivered or a partition changes hands
+// (the per-click verdicts on FRAUD carry the click ID for consumers that key
+// by it). Alerts are added by ID (ZADD NX), so an alert raised again by a
+// replay or a takeover is stored once.
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+)
+
+var _ fraud.Store = (*Store)(nil)
+
+//go:embed apply.lua
+var applyLua string
+
+var applyScript = redis.NewScript(applyLua)
+
+// Store is the fraud service's Redis state.
+type Store struct {
+	rdb        redis.UniversalClient
+	partitions int
+	alertsCap  int
+}
+
+// New returns a store for a CLICKS stream of the given number of partitions
+// that keeps at most alertsCap alerts per owner and partition.
+func New(rdb redis.UniversalClient, partitions, alertsCap int) *Store {
+	return &Store{rdb: rdb, partitions: partitions, alertsCap: alertsCap}
+}
+
+func tag(p int) string                     { return "fraud:{p" + strconv.Itoa(p) + "}:" }
+func hwmKey(p int) string                  { return tag(p) + "hwm" }
+func linkKey(p int, code string) string    { return tag(p) + "link:" + code }
+func alertsKey(p int, owner string) string { return tag(p) + "alerts:" + owner }
+func bodiesKey(p int, owner string) string { return tag(p) + "alertbody:" + owner }
+
+// rulePrefix starts the flagged-by-rule fields of a link hash.
+const rulePrefix = "rule:"
+
+// Apply adds judgements of partition's events to the counts and alert lists,
+// skipping any event at or before the partition's high-water mark.
+func (s *Store) Apply(ctx context.Context, partition int, js []fraud.Judgement) error {
+	for len(js) > 0 {
+		keys, args, err := s.build(partition, js)
+		if err != nil {
+			return err
+		}
+		res, err := applyScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+		if err != nil {
+			return fmt.Errorf("apply partition %d sequences %d-%d: %w", partition, js[0].Seq, js[len(js)-1].Seq, err)
+		}
+		if res[0] != -1 {
+			return nil // applied now (1) or before (0)
+		}
+		// Partly applied before (a batch cut differently by an earlier
+		// owner): send what is after the mark.
+		hwm := uint64(res[1])
+		i, _ := slices.BinarySearchFunc(js, hwm+1, func(j fraud.Judgement, seq uint64) int { return cmp.Compare(j.Seq, seq) })
+		js = js[i:]
+	}
+	return nil
+}
+
+type linkDelta struct {
+	owner   string
+	total   int64
+	flagged int64
+	byRule  map[string]int64
+}
+
+// build encodes judgements as the script's keys and arguments (see apply.lua).
+func (s *Store) build(p int, js []fraud.Judgement) ([]string, []any, error) {
+	links := map[string]*linkDelta{}
+	var codes []string
+	type alertRef struct {
+		z, h int
+		id   string
+		ms   int64
+		body []byte
+	}
+	var alerts []alertRef
+	keys := []string{hwmKey(p)}
+	ownerKeys := map[string][2]int{}
+	for _, j := range js {
+		d := links[j.Code]
+		if d == nil {
+			d = &linkDelta{owner: j.Owner, byRule: map[string]int64{}}
+			links[j.Code] = d
+			codes = append(codes, j.Code)
+		}
+		d.total++
+		if j.SourceBot {
+			d.flagged++
+			d.byRule[fraud.RuleSourceBot]++
+		}
+		for _, l := range j.Labels {
+			d.flagged++
+			d.byRule[l.Rule]++
+		}
+	}
+	for _, code := range codes {
+		keys = append(keys, linkKey(p, code))
+	}
+	for _, j := range js {
+		for _, a := range j.Alerts {
+			ks, ok := ownerKeys[a.Owner]
+			if !ok {
+				keys = append(keys, alertsKey(p, a.Owner), bodiesKey(p, a.Owner))
+				ks = [2]int{len(keys) - 1, len(keys)}
+				ownerKeys[a.Owner] = ks
+			}
+			body, err := json.Marshal(a)
+			if err != nil {
+				return nil, nil, fmt.Errorf("encode alert %s: %w", a.ID, err)
+			}
+			alerts = append(alerts, alertRef{z: ks[0], h: ks[1], id: a.ID, ms: a.Time.UnixMilli(), body: body})
+		}
+	}
+	args := []any{js[0].Seq, js[len(js)-1].Seq, s.alertsCap, len(codes)}
+	for _, code := range codes {
+		d := links[code]
+		args = append(args, d.owner, 2+len(d.byRule), "total", d.total, "flagged", d.flagged)
+		rules := make([]string, 0, len(d.byRule))
+		for r := range d.byRule {
+			rules = append(rules, r)
+		}
+		slices.Sort(rules)
+		for _, r := range rules {
+			args = append(args, rulePrefix+r, d.byRule[r])
+		}
+	}
+	args = append(args, len(alerts))
+	for _, a := range alerts {
+		args = append(args, a.z, a.h, a.id, a.ms, a.body)
+	}
+	return keys, args, nil
+}
+
+// RecentAlerts returns the owner's newest alerts, newest first, at most limit.
+func (s *Store) RecentAlerts(ctx context.Context, owner string, limit int) ([]events.FraudAlert, error) {
+	type ref struct {
+		id    string
+		score float64
+		p     int
+	}
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.ZSliceCmd, s.partitions)
+	for p := range s.partitions {
+		cmds[p] = pipe.ZRevRangeWithScores(ctx, alertsKey(p, owner), 0, int64(limit-1))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("recent alerts of %s: %w", owner, err)
+	}
+	var refs []ref
+	for p, c := range cmds {
+		for _, z := range c.Val() {
+			refs = append(refs, ref{id: z.Member.(string), score: z.Score, p: p})
+		}
+	}
+	slices.SortFunc(refs, func(a, b ref) int {
+		return cmp.Or(cmp.Compare(b.score, a.score), strings.Compare(a.id, b.id))
+	})
+	refs = refs[:min(len(refs), limit)]
+	byPart := map[int][]string{}
+	for _, r := range refs {
+		byPart[r.p] = append(byPart[r.p], r.id)
+	}
+	pipe = s.rdb.Pipeline()
+	bodies := map[int]*redis.SliceCmd{}
+	for p, ids := range byPart {
+		bodies[p] = pipe.HMGet(ctx, bodiesKey(p, owner), ids...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("recent alerts of %s: %w", owner, err)
+	}
+	found := map[string]events.FraudAlert{}
+	for p, c := range bodies {
+		for i, v := range c.Val() {
+			body, ok := v.(string)
+			if !ok {
+				continue // trimmed between the two reads
+			}
+			a, err := events.DecodeFraudAlert([]byte(body))
+			if err != nil {
+				return nil, fmt.Errorf("recent alerts of %s: alert %s: %w", owner, byPart[p][i], err)
+			}
+			found[a.ID] = a
+		}
+	}
+	out := make([]events.FraudAlert, 0, len(refs))
+	for _, r := range refs {
+		if a, ok := found[r.id]; ok {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+// LinkStats returns the flagged share of a link, or ErrUnknownLink.
+func (s *Store) LinkStats(ctx context.Context, code string) (fraud.LinkStats, error) {
+	m, err := s.rdb.HGetAll(ctx, linkKey(events.Partition(code, s.partitions), code)).Result()
+	if err != nil {
+		return fraud.LinkStats{}, fmt.Errorf("link stats of %s: %w", code, err)
+	}
+	if len(m) == 0 {
+		return fraud.LinkStats{}, fmt.Errorf("link %s: %w", code, fraud.ErrUnknownLink)
+	}
+	st := fraud.LinkStats{Code: code, Owner: m["owner"], ByRule: map[string]int64{}}
+	for k, v := range m {
+		n, err := strconv.ParseInt(v, 10, 64)
+		switch {
+		case k == "owner":
+		case err != nil:
+			return fraud.LinkStats{}, fmt.Errorf("link stats of %s: field %s: %w", code, k, err)
+		case k == "total":
+			st.Total = n
+		case k == "flagged":
+			st.Flagged = n
+		case strings.HasPrefix(k, rulePrefix):
+			st.ByRule[strings.TrimPrefix(k, rulePrefix)] = n
+		}
+	}
+	if st.Total > 0 {
+		st.Share = float64(st.Flagged) / float64(st.Total)
+	}
+	return st, nil
+}
+
+// HighWater returns the last sequence of partition applied (0: none).
+func (s *Store) HighWater(ctx context.Context, partition int) (uint64, error) {
+	v, err := s.rdb.Get(ctx, hwmKey(partition)).Uint64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("high-water mark of partition %d: %w", partition, err)
+	}
+	return v, nil
+}

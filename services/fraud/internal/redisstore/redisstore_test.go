@@ -1,0 +1,156 @@
+package redisstore_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/redisstore"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func newStore(t *testing.T, alertsCap int) *redisstore.Store {
+	t.Helper()
+	rdb, _ := servers.Redis.NewDB(t)
+	return redisstore.New(rdb, 4, alertsCap)
+}
+
+// judgements returns one judgement per sequence from..to on link code; every
+// third is a source bot, every fifth labelled by visitor_burst.
+func judgements(code, owner string, from, to uint64) []fraud.Judgement {
+	var js []fraud.Judgement
+	for s := from; s <= to; s++ {
+		j := fraud.Judgement{Seq: s, Code: code, Owner: owner, SourceBot: s%3 == 0, At: t0.Add(time.Duration(s) * time.Second)}
+		if s%5 == 0 {
+			j.Labels = []fraud.Label{{Seq: s, Rule: fraud.RuleVisitorBurst}}
+		}
+		js = append(js, j)
+	}
+	return js
+}
+
+func alert(id, owner string, at time.Time) events.FraudAlert {
+	return events.FraudAlert{V: events.FraudVersion, ID: id, Rule: fraud.RuleVisitorBurst, Code: "abc", Owner: owner,
+		WindowStart: at.Add(-time.Minute), WindowEnd: at, Count: 21, Threshold: 20, Time: at}
+}
+
+func TestApplyIsIdempotentByHighWaterMark(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 100)
+	ctx := t.Context()
+	p := events.Partition("abc", 4)
+	all := judgements("abc", "acme", 1, 30)
+	steps := []struct {
+		name string
+		js   []fraud.Judgement
+	}{
+		{"first_batch", all[0:10]},
+		{"redelivered_batch_changes_nothing", all[0:10]},
+		{"batch_cut_differently_overlapping_the_mark", all[5:20]},
+		{"rest", all[20:30]},
+		{"replay_of_everything_changes_nothing", all},
+	}
+	for _, st := range steps {
+		if err := s.Apply(ctx, p, st.js); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+	}
+	got, err := s.LinkStats(ctx, "abc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fraud.LinkStats{Code: "abc", Owner: "acme", Total: 30, Flagged: 10 + 6, Share: 16.0 / 30,
+		ByRule: map[string]int64{fraud.RuleSourceBot: 10, fraud.RuleVisitorBurst: 6}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("stats (-want +got):\n%s", d)
+	}
+	if hwm, _ := s.HighWater(ctx, p); hwm != 30 {
+		t.Fatalf("high-water mark = %d, want 30", hwm)
+	}
+}
+
+func TestUnknownLink(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 100)
+	if _, err := s.LinkStats(t.Context(), "nope"); !errors.Is(err, fraud.ErrUnknownLink) {
+		t.Fatalf("err = %v, want ErrUnknownLink", err)
+	}
+}
+
+func TestAlertsAreKeptOncePerIDNewestFirstAndCapped(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 3)
+	ctx := t.Context()
+	seq := uint64(0)
+	apply := func(code string, alerts ...events.FraudAlert) {
+		t.Helper()
+		seq++
+		if err := s.Apply(ctx, events.Partition(code, 4), []fraud.Judgement{{Seq: seq, Code: code, Owner: "acme", Alerts: alerts}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Alerts on links in different partitions, one raised twice (a replay).
+	codes := []string{"a", "b", "c", "d", "e"}
+	for i, code := range codes {
+		a := alert(fmt.Sprintf("visitor_burst:%s:x:%d", code, i), "acme", t0.Add(time.Duration(i)*time.Minute))
+		a.Code = code
+		apply(code, a)
+		apply(code, a)
+	}
+	apply("a", alert("other-owner", "globex", t0))
+
+	got, err := s.RecentAlerts(ctx, "acme", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, a := range got {
+		ids = append(ids, a.ID)
+	}
+	// a..e are in partitions 0, 1, 2, 3, 0: the cap of 3 per partition
+	// drops none. Across partitions the newest come first, no ID twice.
+	want := []string{"visitor_burst:e:x:4", "visitor_burst:d:x:3", "visitor_burst:c:x:2", "visitor_burst:b:x:1", "visitor_burst:a:x:0"}
+	if d := cmp.Diff(want, ids); d != "" {
+		t.Fatalf("alerts (-want +got):\n%s", d)
+	}
+	got, _ = s.RecentAlerts(ctx, "acme", 2)
+	if len(got) != 2 || got[0].ID != want[0] {
+		t.Fatalf("limit 2: %+v", got)
+	}
+	if got, _ := s.RecentAlerts(ctx, "globex", 10); len(got) != 1 || got[0].Owner != "globex" {
+		t.Fatalf("other owner: %+v", got)
+	}
+}
+
+func TestAlertCapDropsTheOldest(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 3)
+	ctx := t.Context()
+	p := events.Partition("abc", 4)
+	for i := range 5 {
+		a := alert(fmt.Sprintf("id%d", i), "acme", t0.Add(time.Duration(i)*time.Hour))
+		if err := s.Apply(ctx, p, []fraud.Judgement{{Seq: uint64(i + 1), Code: "abc", Owner: "acme", Alerts: []events.FraudAlert{a}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := s.RecentAlerts(ctx, "acme", 10)
+	var ids []string
+	for _, a := range got {
+		ids = append(ids, a.ID)
+	}
+	if d := cmp.Diff([]string{"id4", "id3", "id2"}, ids); d != "" {
+		t.Fatalf("alerts (-want +got):\n%s", d)
+	}
+}
