@@ -60,8 +60,12 @@ type Config struct {
 	// LeaseTTL is how long a crashed member keeps its partitions.
 	LeaseTTL time.Duration `env:"WAREHOUSE_LEASE_TTL" envDefault:"3s"`
 
-	// The CLICKS topology, applied at start like every service does; the
-	// same variables configure snipctl and the other services.
+	// ApplyTopology applies the topology at start; false for a NATS user
+	// without stream-admin permissions (run `snipctl topology apply` first;
+	// the loader waits for CLICKS).
+	ApplyTopology bool `env:"SNIP_APPLY_TOPOLOGY" envDefault:"true"`
+	// The CLICKS topology, applied at start; the same variables configure
+	// snipctl and the other services.
 	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
 	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
 	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`
@@ -183,7 +187,7 @@ func (c Config) logValue() slog.Value {
 		slog.Any("clickhouse_addr", c.ClickHouseAddrs), slog.String("clickhouse_database", c.ClickHouseDatabase),
 		slog.String("clickhouse_user", c.ClickHouseUser), slog.String("clickhouse_password", mask(c.ClickHousePassword)),
 		slog.Int("batch_rows", c.BatchRows), slog.Duration("linger", c.Linger), slog.Duration("insert_timeout", c.InsertTimeout),
-		slog.Duration("since", c.Since), slog.String("member", c.Member), slog.Int("partitions", c.Partitions),
+		slog.Duration("since", c.Since), slog.String("member", c.Member), slog.Int("partitions", c.Partitions), slog.Bool("apply_topology", c.ApplyTopology),
 		slog.String("http_addr", c.HTTPAddr), slog.Duration("shutdown_timeout", c.ShutdownTimeout),
 	)
 }

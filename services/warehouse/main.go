@@ -156,25 +156,28 @@ func load(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStr
 // NATS server's is not cut; the loader then cuts by the click's own time.
 const backfillSlack = 10 * time.Minute
 
-// prepare applies the topology and decides where a new group starts. It
-// waits for NATS; only a configuration that cannot work is returned.
+// prepare applies the topology (unless told not to) and decides where a new
+// group starts. It waits for NATS and for CLICKS; only a configuration that
+// cannot work is returned.
 func prepare(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStream) (reader.Start, *loader.Backfill, error) {
 	notify := func(what string) backoff.Notify {
 		return func(err error, d time.Duration) {
 			log.Warn(what+": retrying", "err", err, "in", d.Round(time.Millisecond))
 		}
 	}
-	_, err := backoff.Retry(ctx, func() (struct{}, error) {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		err := topology.Apply(actx, js, cfg.topology())
-		if errors.Is(err, topology.ErrPartitionsChanged) {
-			return struct{}{}, backoff.Permanent(err)
+	if cfg.ApplyTopology {
+		_, err := backoff.Retry(ctx, func() (struct{}, error) {
+			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			err := topology.Apply(actx, js, cfg.topology())
+			if errors.Is(err, topology.ErrPartitionsChanged) {
+				return struct{}{}, backoff.Permanent(err)
+			}
+			return struct{}{}, err
+		}, retryForever(), backoff.WithNotify(notify("apply topology")))
+		if err != nil {
+			return reader.Start{}, nil, err
 		}
-		return struct{}{}, err
-	}, retryForever(), backoff.WithNotify(notify("apply topology")))
-	if err != nil {
-		return reader.Start{}, nil, err
 	}
 	type group struct {
 		isNew   bool

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -729,6 +730,12 @@ func TestLoadConfig(t *testing.T) {
 		{"flag_overrides_env", []string{"WAREHOUSE_SINCE=1h"}, []string{"-since", "72h"}, func(c Config) error {
 			if c.Since != 72*time.Hour {
 				return fmt.Errorf("since %s", c.Since)
+			}
+			return nil
+		}, false},
+		{"topology_not_applied", []string{"SNIP_APPLY_TOPOLOGY=false"}, nil, func(c Config) error {
+			if c.ApplyTopology {
+				return errors.New("ApplyTopology still true")
 			}
 			return nil
 		}, false},
