@@ -228,15 +228,33 @@ func (w *worker) startFetcher() *fetcher {
 			if len(msgs) == 0 {
 				continue
 			}
-			select {
-			case f.out <- fetched{msgs: msgs}:
-			case <-f.quit:
-				f.held = msgs // for stop to hand over
+			if !f.handOver(w, msgs) {
 				return
 			}
 		}
 	}()
 	return f
+}
+
+// handOver waits for the worker to take msgs. While it waits (the handler
+// may be retrying the batch before them for a long time) it tells JetStream
+// these are in progress, or they would be redelivered behind later ones.
+func (f *fetcher) handOver(w *worker, msgs []jetstream.Msg) bool {
+	t := time.NewTicker(w.m.cfg.AckWait / 3)
+	defer t.Stop()
+	for {
+		select {
+		case f.out <- fetched{msgs: msgs}:
+			return true
+		case <-f.quit:
+			f.held = msgs // for stop to hand over
+			return false
+		case <-t.C:
+			for _, msg := range msgs {
+				_ = msg.InProgress()
+			}
+		}
+	}
 }
 
 // stop ends the fetcher, waiting for a fetch in progress, and returns the
