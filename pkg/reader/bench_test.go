@@ -144,20 +144,21 @@ func BenchmarkCatchUp(b *testing.B) {
 	<-js.PublishAsyncComplete()
 
 	b.Run("bare", func(b *testing.B) {
-		for i := range b.N {
+		for range b.N {
 			start := time.Now()
-			bareDrain(b, js, fmt.Sprintf("bare%d", i), 8, events_)
+			bareDrain(b, js, fmt.Sprintf("bare%d", runs.Add(1)), 8, events_)
 			b.ReportMetric(events_/time.Since(start).Seconds(), "events/s")
 		}
 	})
 	b.Run("reader", func(b *testing.B) {
-		for i := range b.N {
+		for range b.N {
 			var handled atomic.Int64
+			group := runs.Add(1)
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			start := time.Now()
 			go func() {
-				_ = reader.Run(ctx, js, reader.Config{Group: fmt.Sprintf("rd%d", i), Member: "m"},
+				_ = reader.Run(ctx, js, reader.Config{Group: fmt.Sprintf("rd%d", group), Member: "m"},
 					func(_ context.Context, _ int, batch []reader.Event) error { handled.Add(int64(len(batch))); return nil })
 				close(done)
 			}()
@@ -168,6 +169,9 @@ func BenchmarkCatchUp(b *testing.B) {
 		}
 	})
 }
+
+// runs names each benchmark run's consumers, so -count > 1 starts afresh.
+var runs atomic.Int64
 
 // bareDrain reads every partition with one plain consumer each: Fetch a
 // batch, ack its last message (AckAll), as the runtime does, but nothing else.
