@@ -300,13 +300,21 @@ func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 	return nil
 }
 
+// unlimited maps the two spellings of "no limit" (0 and -1) to one.
+func unlimited[T int32 | int64](v T) T {
+	if v <= 0 {
+		return -1
+	}
+	return v
+}
+
 // streamUpToDate compares the fields Snip sets; the server fills in others.
 func streamUpToDate(have, want jetstream.StreamConfig) bool {
 	same := slices.Equal(have.Subjects, want.Subjects) &&
 		have.Retention == want.Retention && have.Discard == want.Discard &&
-		have.MaxAge == want.MaxAge && have.MaxBytes == want.MaxBytes && have.MaxMsgs == want.MaxMsgs &&
+		have.MaxAge == want.MaxAge && unlimited(have.MaxBytes) == unlimited(want.MaxBytes) && unlimited(have.MaxMsgs) == unlimited(want.MaxMsgs) &&
 		have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
-		have.MaxMsgSize == want.MaxMsgSize && have.Storage == want.Storage &&
+		unlimited(have.MaxMsgSize) == unlimited(want.MaxMsgSize) && have.Storage == want.Storage &&
 		have.Description == want.Description
 	if !same {
 		return false

@@ -127,3 +127,23 @@ func TestPreviewConsumerRetryPolicy(t *testing.T) {
 		t.Fatalf("preview consumer = %s, want %s", got, want)
 	}
 }
+
+// A second Apply with nothing to change must not update any stream: services
+// whose NATS user may only read stream info rely on it.
+func TestApplyTwiceUpdatesNothing(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfg := range topology.Streams(topology.Defaults()) {
+		s, err := js.Stream(ctx, cfg.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !topology.StreamUpToDate(s.CachedInfo().Config, cfg) {
+			t.Errorf("stream %s is reported out of date right after Apply: Apply would update it every time", cfg.Name)
+		}
+	}
+}

@@ -1,0 +1,369 @@
+package check
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+var update = flag.Bool("update", false, "rewrite the generated files under deploy/nats")
+
+const root = "../.."
+
+// The checked-in NATS configuration is exactly what the model renders.
+func TestNATSConfigIsGenerated(t *testing.T) {
+	for path, want := range Files(topology.DefaultPartitions) {
+		full := filepath.Join(root, path)
+		if *update {
+			if err := os.WriteFile(full, []byte(want), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		got, err := os.ReadFile(full)
+		if err != nil {
+			t.Fatalf("%s: %v (run go run ./deploy/check/cmd/natsconf)", path, err)
+		}
+		if string(got) != want {
+			t.Errorf("%s differs from deploy/check/natsconf.go's model: run go run ./deploy/check/cmd/natsconf", path)
+		}
+	}
+}
+
+// setPasswords gives every user the password "pw-<user>", as the deployment
+// would through the environment.
+func setPasswords(t *testing.T) {
+	for _, u := range Users(topology.DefaultPartitions) {
+		t.Setenv(u.PasswordVar, "pw-"+u.Name)
+	}
+	t.Setenv("SNIP_NATS_SYS_PASSWORD", "pw-sys")
+}
+
+// Every configuration nats-server would be started with parses.
+func TestNATSConfigsParse(t *testing.T) {
+	setPasswords(t)
+	for _, f := range []string{"deploy/nats/nats.conf", "deploy/nats/cluster/nats-1.conf", "deploy/nats/cluster/nats-2.conf", "deploy/nats/cluster/nats-3.conf"} {
+		opts, err := server.ProcessConfigFile(filepath.Join(root, f))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if !opts.JetStream || opts.SyncInterval != time.Second {
+			t.Errorf("%s: jetstream %v, sync_interval %s; want JetStream with a 1s sync interval", f, opts.JetStream, opts.SyncInterval)
+		}
+	}
+}
+
+// startDeployServer runs nats-server with deploy/nats/nats.conf, on a free
+// port with its store in a temporary folder.
+func startDeployServer(t *testing.T) string {
+	t.Helper()
+	setPasswords(t)
+	opts, err := server.ProcessConfigFile(filepath.Join(root, "deploy/nats/nats.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir = filepath.Join(t.TempDir(), "js")
+	opts.NoLog, opts.NoSigs = true, true
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server with deploy/nats/nats.conf did not start")
+	}
+	t.Cleanup(s.Shutdown)
+	return s.ClientURL()
+}
+
+// client is a connection as one deploy user that records permission
+// violations the server reports.
+type client struct {
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	mu         sync.Mutex
+	violations []string
+}
+
+func connectAs(t *testing.T, url, user string) *client {
+	t.Helper()
+	c := &client{}
+	nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(err.Error(), "Permissions Violation") {
+			c.mu.Lock()
+			c.violations = append(c.violations, err.Error())
+			c.mu.Unlock()
+		}
+	}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	c.js, _ = jetstream.New(nc, jetstream.WithDefaultTimeout(3*time.Second))
+	return c
+}
+
+func (c *client) noViolations(t *testing.T, user string) {
+	t.Helper()
+	// Flush so the server's -ERR for anything sent so far has arrived.
+	_ = c.nc.Flush()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range c.violations {
+		t.Errorf("%s: %s", user, v)
+	}
+}
+
+func (c *client) violated(t *testing.T, user, subject string) bool {
+	t.Helper()
+	_ = c.nc.Flush()
+	var found bool
+	testenv.WaitFor(t, 5*time.Second, user+" denied "+subject, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, v := range c.violations {
+			if strings.Contains(v, subject) {
+				found = true
+			}
+		}
+		return found
+	})
+	return found
+}
+
+func publishClick(t *testing.T, js jetstream.JetStream, owner, code string) events.Click {
+	t.Helper()
+	c := events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: code, Owner: owner, Target: "https://example.com/", Visitor: "v"}
+	b, _ := json.Marshal(c)
+	if _, err := js.Publish(t.Context(), events.ClickSubject(owner, code), b, jetstream.WithMsgID(c.ID)); err != nil {
+		t.Fatalf("publish click: %v", err)
+	}
+	return c
+}
+
+func fetchAll(t *testing.T, c jetstream.Consumer, want int) []jetstream.Msg {
+	t.Helper()
+	var out []jetstream.Msg
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < want && time.Now().Before(deadline) {
+		b, err := c.Fetch(want-len(out), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatalf("fetch: %v", err)
+		}
+		for m := range b.Messages() {
+			out = append(out, m)
+		}
+	}
+	if len(out) < want {
+		t.Fatalf("fetched %d of %d", len(out), want)
+	}
+	return out
+}
+
+// Every service's user can do its job with deploy/nats/nats.conf, and is
+// refused what is not its job.
+func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
+	url := startDeployServer(t)
+	ctx := t.Context()
+
+	admin := connectAs(t, url, "admin")
+	if err := topology.Apply(ctx, admin.js, topology.Defaults()); err != nil {
+		t.Fatalf("admin: topology apply: %v", err)
+	}
+	if err := topology.ApplyClickCounter(ctx, admin.js); err != nil {
+		t.Fatalf("admin: click counter consumers: %v", err)
+	}
+
+	t.Run("redirect", func(t *testing.T) {
+		c := connectAs(t, url, "redirect")
+		if err := topology.Apply(ctx, c.js, topology.Defaults()); err != nil {
+			t.Fatalf("topology check with the read-only path: %v", err)
+		}
+		publishClick(t, c.js, "acme", "abc")
+		le := events.LinkEvent{V: 1, ID: events.NewID(), Kind: events.LinkCreated, Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/"}
+		b, _ := json.Marshal(le)
+		if _, err := c.js.Publish(ctx, events.LinkSubject(events.LinkCreated, "abc"), b); err != nil {
+			t.Fatalf("publish link event: %v", err)
+		}
+		if _, err := c.js.Publish(ctx, events.PreviewJobSubject, []byte(`{"v":1}`)); err != nil {
+			t.Fatalf("publish preview job: %v", err)
+		}
+		oc, err := c.js.OrderedConsumer(ctx, events.LinksStream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatalf("ordered consumer on LINKS: %v", err)
+		}
+		fetchAll(t, oc, 1)
+		c.noViolations(t, "redirect")
+		_ = c.nc.Publish("fraud.alerts.abc", nil)
+		c.violated(t, "redirect", "fraud.alerts.abc")
+	})
+
+	for _, g := range []struct{ user, group string }{
+		{"clickcounter", topology.GroupClickCounter},
+		{"fraud", topology.GroupFraudDetection},
+		{"warehouse", topology.GroupWarehouseLoader},
+	} {
+		t.Run(g.user, func(t *testing.T) {
+			c := connectAs(t, url, g.user)
+			var handled atomic.Int64
+			rctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				done <- reader.Run(rctx, c.js, reader.Config{Group: g.group, Member: "m", LeaseTTL: time.Second},
+					func(_ context.Context, _ int, b []reader.Event) error { handled.Add(int64(len(b))); return nil })
+			}()
+			before, _ := reader.Lag(ctx, admin.js, g.group)
+			_ = before
+			publishClick(t, admin.js, "acme", "k"+g.user)
+			// Malformed events are parked on dead.<group>.malformed.
+			if _, err := admin.js.Publish(ctx, events.ClickSubject("acme", "bad"), []byte("{")); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 30*time.Second, g.user+" handles clicks as its group", func() bool { return handled.Load() >= 1 })
+			testenv.WaitFor(t, 30*time.Second, g.user+" caught up (acks and parking allowed)", func() bool {
+				lag, err := reader.Lag(ctx, c.js, g.group)
+				if err != nil {
+					return false
+				}
+				for _, pl := range lag {
+					if pl.Pending+uint64(pl.AckPending) > 0 {
+						return false
+					}
+				}
+				return true
+			})
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			switch g.user {
+			case "clickcounter":
+				for _, cons := range []struct{ stream, name string }{
+					{events.LinksStream, topology.ClickCounterLinksConsumer},
+					{events.FraudStream, topology.ClickCounterVerdictsConsumer},
+				} {
+					cc, err := c.js.Consumer(ctx, cons.stream, cons.name)
+					if err != nil {
+						t.Fatalf("consumer %s: %v", cons.name, err)
+					}
+					b, err := cc.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond))
+					if err != nil {
+						t.Fatalf("fetch %s: %v", cons.name, err)
+					}
+					for m := range b.Messages() {
+						_ = m.DoubleAck(ctx)
+					}
+				}
+			case "fraud":
+				if _, err := c.js.Publish(ctx, events.FraudAlertSubject("kfraud"), []byte(`{}`)); err != nil {
+					t.Fatalf("publish alert: %v", err)
+				}
+				if _, err := c.js.Publish(ctx, events.FraudVerdictSubject("acme", "kfraud"), []byte(`{}`)); err != nil {
+					t.Fatalf("publish verdict: %v", err)
+				}
+				oc, err := c.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.PartitionFilter(events.Partition("kfraud", 8))}})
+				if err != nil {
+					t.Fatalf("ordered consumer on a partition: %v", err)
+				}
+				fetchAll(t, oc, 1)
+			}
+			c.noViolations(t, g.user)
+			_ = c.nc.Publish("clicks.acme.forged", nil)
+			c.violated(t, g.user, "clicks.acme.forged")
+		})
+	}
+
+	t.Run("preview", func(t *testing.T) {
+		c := connectAs(t, url, "preview")
+		if _, err := c.nc.Subscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PREVIEW_JOBS."+topology.PreviewConsumer, func(*nats.Msg) {}); err != nil {
+			t.Fatal(err)
+		}
+		cons, err := c.js.Consumer(ctx, events.PreviewJobsStream, topology.PreviewConsumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := fetchAll(t, cons, 1) // the job the redirect user queued
+		md, _ := msgs[0].Metadata()
+		s, err := c.js.Stream(ctx, events.PreviewJobsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.GetMsg(ctx, md.Sequence.Stream); err != nil {
+			t.Fatalf("get job by sequence: %v", err)
+		}
+		if _, err := deadletter.Publish(ctx, c.js, deadletter.Parcel{Source: "preview", Reason: "test", Stream: events.PreviewJobsStream,
+			Subject: events.PreviewJobSubject, Seq: md.Sequence.Stream, Data: msgs[0].Data()}); err != nil {
+			t.Fatalf("park a job: %v", err)
+		}
+		if err := s.DeleteMsg(ctx, md.Sequence.Stream); err != nil {
+			t.Fatalf("delete the parked job: %v", err)
+		}
+		c.noViolations(t, "preview")
+		_ = c.nc.Publish("clicks.acme.forged", nil)
+		c.violated(t, "preview", "clicks.acme.forged")
+	})
+
+	t.Run("console", func(t *testing.T) {
+		c := connectAs(t, url, "console")
+		if _, err := reader.Lag(ctx, c.js, topology.GroupClickCounter); err != nil {
+			t.Fatalf("lag: %v", err)
+		}
+		if _, err := reader.Rewind(ctx, c.js, topology.GroupWarehouseLoader, reader.FromSeq(1)); err != nil {
+			t.Fatalf("rewind: %v", err)
+		}
+		groups, err := deadletter.List(ctx, c.js)
+		if err != nil || len(groups) == 0 {
+			t.Fatalf("list dead letters: %v, %d groups", err, len(groups))
+		}
+		if _, err := deadletter.Redrive(ctx, c.js, groups[0].Newest.Seq); err != nil {
+			t.Fatalf("redrive: %v", err)
+		}
+		for _, stream := range []string{events.ClicksStream, events.FraudStream} {
+			oc, err := c.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{})
+			if err != nil {
+				t.Fatalf("ordered consumer on %s: %v", stream, err)
+			}
+			fetchAll(t, oc, 1)
+		}
+		c.noViolations(t, "console")
+		_ = c.nc.Publish("fraud.alerts.forged", nil)
+		c.violated(t, "console", "fraud.alerts.forged")
+	})
+
+	t.Run("loadtest", func(t *testing.T) {
+		c := connectAs(t, url, "loadtest")
+		publishClick(t, c.js, "acme", "lt")
+		if _, err := reader.Lag(ctx, c.js, topology.GroupClickCounter); err != nil {
+			t.Fatalf("lag: %v", err)
+		}
+		oc, err := c.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fetchAll(t, oc, 1)
+		c.noViolations(t, "loadtest")
+		_ = c.nc.Publish("links.created.forged", nil)
+		c.violated(t, "loadtest", "links.created.forged")
+	})
+}

@@ -1,0 +1,4 @@
+package topology
+
+// StreamUpToDate exposes streamUpToDate to the tests.
+var StreamUpToDate = streamUpToDate
