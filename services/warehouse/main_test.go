@@ -28,7 +28,7 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
-	"github.com/snipdev/snip/services/warehouse/internal/dashboard"
+	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
 	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
 )

@@ -10,7 +10,11 @@
 // client-side binds (server-side {name:Type} parameters fail on 18.16), no
 // CTEs, no window functions.
 //
-// The SQL is in exported constants so that a console can run the same text.
+// The warehouse loader (services/warehouse) writes the tables these queries
+// read, and both it and the console (services/console) ask them; the schema
+// is the warehouse's (services/warehouse/internal/schema, copied to
+// deploy/clickhouse). The SQL is in exported constants so that an operator
+// can run the same text in clickhouse-client.
 // An alias never reuses a column's name: ClickHouse resolves a name to the
 // alias first, so "uniqExactMerge(clicks) AS clicks" would turn a later
 // uniqExactMergeIf(clicks, ...) into an aggregate of an aggregate.
@@ -160,6 +164,59 @@ func (q *Queries) UniqueVisitors(ctx context.Context, owner, code string, from, 
 		return 0, fmt.Errorf("query unique visitors of %s/%s: %w", owner, code, err)
 	}
 	return n, nil
+}
+
+// HourTotals is one hour over every link.
+type HourTotals struct {
+	// Hour is the start of the hour, UTC.
+	Hour time.Time
+	// Clicks counts distinct click events, bots included.
+	Clicks uint64
+	// BotClicks counts the clicks labelled as bots at the source.
+	BotClicks uint64
+}
+
+// HourlyTotalsSQL sums the distinct clicks of every link per hour. It merges
+// the event-ID states per link (and bot label) first and adds the results:
+// an event belongs to exactly one link, hour and label, so the sum is exact,
+// and no state bigger than one link's hour is ever built (a union over all
+// links would hold every event ID of the hour in memory).
+const HourlyTotalsSQL = `
+SELECT
+    hour,
+    sum(link_clicks)              AS total_clicks,
+    sumIf(link_clicks, bot = 1)   AS bot_clicks
+FROM (
+    SELECT hour, owner, code, bot, uniqExactMerge(clicks) AS link_clicks
+    FROM clicks_hourly
+    WHERE hour >= ? AND hour < ?
+    GROUP BY hour, owner, code, bot
+)
+GROUP BY hour
+ORDER BY hour`
+
+// HourlyTotals returns the clicks of all links per hour in [from, to),
+// oldest first, leaving out hours without clicks. from is rounded down to
+// its hour.
+func (q *Queries) HourlyTotals(ctx context.Context, from, to time.Time) ([]HourTotals, error) {
+	rows, err := q.conn.Query(ctx, HourlyTotalsSQL, hourOf(from), to.UTC())
+	if err != nil {
+		return nil, fmt.Errorf("query hourly totals: %w", err)
+	}
+	defer rows.Close()
+	var out []HourTotals
+	for rows.Next() {
+		var h HourTotals
+		if err := rows.Scan(&h.Hour, &h.Clicks, &h.BotClicks); err != nil {
+			return nil, fmt.Errorf("scan hourly totals: %w", err)
+		}
+		h.Hour = h.Hour.UTC()
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read hourly totals: %w", err)
+	}
+	return out, nil
 }
 
 // Totals is what the warehouse holds for a time range, from the raw table.

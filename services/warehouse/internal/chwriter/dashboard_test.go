@@ -1,8 +1,7 @@
-package dashboard_test
+package chwriter_test
 
 import (
 	"log/slog"
-	"os"
 	"sort"
 	"testing"
 	"time"
@@ -10,18 +9,13 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
-	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
-	"github.com/snipdev/snip/services/warehouse/internal/dashboard"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
 	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
 )
-
-var servers *testenv.Servers
-
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
 
 // start is a fixed time, so expectations do not depend on the clock.
 var start = time.Date(2026, 3, 1, 10, 17, 0, 0, time.UTC)
@@ -29,13 +23,13 @@ var start = time.Date(2026, 3, 1, 10, 17, 0, 0, time.UTC)
 // stored is when the test's events were "stored in JetStream".
 var stored = start.Add(12 * time.Hour)
 
-type env struct {
+type dashEnv struct {
 	q    *dashboard.Queries
 	w    *chwriter.Writer
 	conn driver.Conn
 }
 
-func newEnv(tb testing.TB) *env {
+func newDashEnv(tb testing.TB) *dashEnv {
 	tb.Helper()
 	conn, db := servers.ClickHouse.NewDB(tb)
 	w, err := chwriter.Open(chwriter.Config{Addrs: []string{servers.ClickHouse.Addr}, Database: db}, slog.New(slog.DiscardHandler), nil)
@@ -43,10 +37,10 @@ func newEnv(tb testing.TB) *env {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = w.Close() })
-	return &env{q: dashboard.New(conn), w: w, conn: conn}
+	return &dashEnv{q: dashboard.New(conn), w: w, conn: conn}
 }
 
-func (e *env) insert(tb testing.TB, evs []reader.Event) {
+func (e *dashEnv) insert(tb testing.TB, evs []reader.Event) {
 	tb.Helper()
 	rows := make([]loader.Row, len(evs))
 	for i, ev := range evs {
@@ -75,7 +69,7 @@ var links = func() []events.Click {
 	return warehousetest.Clicks(20, start, time.Second)
 }()
 
-func (e *env) snapshot(tb testing.TB) snapshot {
+func (e *dashEnv) snapshot(tb testing.TB) snapshot {
 	tb.Helper()
 	ctx := tb.Context()
 	from, to := start.Add(-time.Hour), start.Add(48*time.Hour)
@@ -171,7 +165,7 @@ func testClicks() []events.Click {
 
 func TestQueriesAnswerWhatWasSent(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newDashEnv(t)
 	clicks := testClicks()
 	e.insert(t, warehousetest.Events(clicks, stored))
 	if diff := cmp.Diff(expect(clicks), e.snapshot(t)); diff != "" {
@@ -186,7 +180,7 @@ func TestQueriesAnswerWhatWasSent(t *testing.T) {
 // as if each event had arrived once.
 func TestQueriesUnchangedByCopies(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newDashEnv(t)
 	clicks := testClicks()
 	evs := warehousetest.Events(clicks, stored)
 	e.insert(t, evs)
@@ -231,7 +225,7 @@ func TestQueriesUnchangedByCopies(t *testing.T) {
 // FINAL, per link and hour, after copies.
 func TestRollupMatchesRawTable(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newDashEnv(t)
 	evs := warehousetest.Events(testClicks(), stored)
 	e.insert(t, evs)
 	e.insert(t, evs[500:1500])
@@ -248,26 +242,5 @@ WHERE n != m`).Scan(&mismatches)
 	}
 	if mismatches != 0 {
 		t.Errorf("%d (link, hour) rows where the rollup and the raw table disagree", mismatches)
-	}
-}
-
-func TestLast24hIsTheCurrentHourAndThe23Before(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name string
-		now  time.Time
-		want time.Time
-	}{
-		{"mid_hour", time.Date(2026, 3, 2, 15, 42, 7, 0, time.UTC), time.Date(2026, 3, 1, 16, 0, 0, 0, time.UTC)},
-		{"on_the_hour", time.Date(2026, 3, 2, 15, 0, 0, 0, time.UTC), time.Date(2026, 3, 1, 16, 0, 0, 0, time.UTC)},
-		{"other_zone", time.Date(2026, 3, 2, 16, 42, 0, 0, time.FixedZone("CET", 3600)), time.Date(2026, 3, 1, 16, 0, 0, 0, time.UTC)},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			if got := dashboard.Last24h(tc.now); !got.Equal(tc.want) {
-				t.Errorf("Last24h(%s) = %s, want %s", tc.now, got, tc.want)
-			}
-		})
 	}
 }
