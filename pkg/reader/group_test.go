@@ -280,6 +280,19 @@ func TestRewindReplaysTheGroup(t *testing.T) {
 	if err := reader.WaitRewind(ctx, js, "g", id); err != nil {
 		t.Fatal(err)
 	}
+	st, err := reader.LatestRewind(ctx, js, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ID != id || !st.Done() || len(st.Partitions) != 3 || st.Partitions[0].From == 0 {
+		t.Fatalf("LatestRewind = %+v, want request %s carried out by all 3 partitions", st, id)
+	}
+	if groups, err := reader.Groups(ctx, js); err != nil || !slices.Equal(groups, []string{"g"}) {
+		t.Fatalf("Groups = %v, %v; want [g]", groups, err)
+	}
+	if st, err := reader.LatestRewind(ctx, js, "never-replayed"); err != nil || st.ID != "" || st.Done() {
+		t.Fatalf("LatestRewind of a group never replayed = %+v, %v; want the zero status", st, err)
+	}
 	testenv.WaitFor(t, 30*time.Second, "second pass", func() bool { return handled.Load() == int64(2*len(ids)) })
 	if got := rewinds.Load(); got != 3 {
 		t.Fatalf("OnRewind called %d times, want once per partition (3)", got)

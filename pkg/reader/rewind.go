@@ -133,10 +133,6 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 // WaitRewind blocks until every partition of the group has carried out the
 // rewind with the given ID (its owner recorded it), or ctx ends.
 func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
-	n, err := topology.Partitions(ctx, js)
-	if err != nil {
-		return fmt.Errorf("wait for rewind %s: %w", id, err)
-	}
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
 		return fmt.Errorf("wait for rewind %s: %w", id, err)
@@ -144,19 +140,20 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		done := 0
-		for p := range n {
-			e, err := kv.Get(ctx, rewoundKey(group, p))
-			if err == nil && string(e.Value()) == id {
-				done++
-			}
-		}
-		if done == n {
+		// A failed read is retried: the partitions' records do not go away.
+		st, err := rewindStatus(ctx, js, kv, group, rewindRequest{ID: id})
+		if err == nil && st.Done() {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for rewind %s: %d of %d partitions done: %w", id, done, n, ctx.Err())
+			done := 0
+			for _, p := range st.Partitions {
+				if p.Done {
+					done++
+				}
+			}
+			return fmt.Errorf("wait for rewind %s: %d of %d partitions done: %w", id, done, len(st.Partitions), ctx.Err())
 		case <-t.C:
 		}
 	}

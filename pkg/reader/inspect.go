@@ -1,0 +1,113 @@
+package reader
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Groups lists the consumer groups that have consumers on CLICKS, sorted:
+// every consumer topology.GroupConsumerConfig made carries its group in the
+// "snip.group" metadata. Tools that show every reader (the console) use it
+// instead of a list that goes stale when a reader is added.
+func Groups(ctx context.Context, js jetstream.JetStream) ([]string, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("list groups: %w", err)
+	}
+	seen := map[string]bool{}
+	l := s.ListConsumers(ctx)
+	for ci := range l.Info() {
+		if g := ci.Config.Metadata["snip.group"]; g != "" {
+			seen[g] = true
+		}
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("list groups: %w", err)
+	}
+	groups := make([]string, 0, len(seen))
+	for g := range seen {
+		groups = append(groups, g)
+	}
+	slices.Sort(groups)
+	return groups, nil
+}
+
+// RewindStatus is the latest replay requested of a group, and how far it got.
+type RewindStatus struct {
+	// ID identifies the request; empty when the group was never replayed.
+	ID string
+	// Requested is when it was asked for.
+	Requested time.Time
+	// Partitions has one entry per partition, in order.
+	Partitions []PartitionRewind
+}
+
+// PartitionRewind is one partition's part of a replay.
+type PartitionRewind struct {
+	Partition int
+	// From and Until are the partition's replayed range (RewindInfo).
+	From, Until uint64
+	// Done is true once the partition's owner moved its consumer back.
+	Done bool
+}
+
+// Done reports whether every partition has carried the replay out.
+func (s RewindStatus) Done() bool {
+	for _, p := range s.Partitions {
+		if !p.Done {
+			return false
+		}
+	}
+	return s.ID != ""
+}
+
+// LatestRewind reads the group's latest replay request and which partitions
+// have carried it out. A group never replayed has a zero RewindStatus.
+func LatestRewind(ctx context.Context, js jetstream.JetStream, group string) (RewindStatus, error) {
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
+	}
+	e, err := kv.Get(ctx, rewindKey(group))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return RewindStatus{}, nil
+	}
+	if err != nil {
+		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
+	}
+	var req rewindRequest
+	if err := json.Unmarshal(e.Value(), &req); err != nil {
+		return RewindStatus{}, fmt.Errorf("replay status of %s: decode request: %w", group, err)
+	}
+	return rewindStatus(ctx, js, kv, group, req)
+}
+
+func rewindStatus(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, group string, req rewindRequest) (RewindStatus, error) {
+	n, err := topology.Partitions(ctx, js)
+	if err != nil {
+		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
+	}
+	st := RewindStatus{ID: req.ID, Requested: req.Requested, Partitions: make([]PartitionRewind, n)}
+	for p := range n {
+		ri := req.info(p)
+		st.Partitions[p] = PartitionRewind{Partition: p, From: ri.From, Until: ri.Until}
+		e, err := kv.Get(ctx, rewoundKey(group, p))
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return RewindStatus{}, fmt.Errorf("replay status of %s: partition %d: %w", group, p, err)
+		default:
+			st.Partitions[p].Done = string(e.Value()) == req.ID
+		}
+	}
+	return st, nil
+}
