@@ -1,0 +1,85 @@
+// Package consoletest sets up what the console's tests read: an embedded
+// NATS server with Snip's topology, and clicks published as the redirect
+// service's relay publishes them. It is test support: only _test.go files
+// import it.
+package consoletest
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Partitions is the CLICKS partition count of the tests' topology.
+const Partitions = 4
+
+// NATS starts an embedded JetStream server with the topology applied (in
+// memory) and returns it with a JetStream client.
+func NATS(tb testing.TB) (*testenv.NATS, jetstream.JetStream) {
+	tb.Helper()
+	n := testenv.StartNATS(tb)
+	js := n.JetStream(tb)
+	o := topology.Defaults()
+	o.Partitions = Partitions
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(tb.Context(), js, o); err != nil {
+		tb.Fatal(err)
+	}
+	return n, js
+}
+
+// Click is the i-th click of owner/code: a valid event with a fresh ID,
+// every tenth a bot, a country and a referrer.
+func Click(owner, code string, i int) events.Click {
+	return events.Click{
+		V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(),
+		Code: code, Owner: owner, Target: "https://example.com/" + code,
+		IPPrefix: "203.0.113.0/24", Visitor: fmt.Sprintf("visitor-%d", i%7),
+		UserAgent: "Mozilla/5.0", Referrer: "https://news.example.org/item?id=" + fmt.Sprint(i),
+		Country: "DE", RequestID: fmt.Sprintf("req-%d", i), Bot: i%10 == 9,
+	}
+}
+
+// Publish sends clicks to CLICKS with their IDs as Nats-Msg-Id and returns
+// the stream sequence of each, in order.
+func Publish(tb testing.TB, js jetstream.JetStream, clicks ...events.Click) []uint64 {
+	tb.Helper()
+	futures := make([]jetstream.PubAckFuture, len(clicks))
+	for i, c := range clicks {
+		b, err := json.Marshal(c)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if futures[i], err = js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	seqs := make([]uint64, len(clicks))
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			seqs[i] = ack.Sequence
+		case err := <-f.Err():
+			tb.Fatalf("publish click %d: %v", i, err)
+		case <-time.After(30 * time.Second):
+			tb.Fatalf("publish click %d: no ack in 30 s", i)
+		}
+	}
+	return seqs
+}
+
+// Clicks returns n clicks of owner/code numbered from 0.
+func Clicks(owner, code string, n int) []events.Click {
+	out := make([]events.Click, n)
+	for i := range out {
+		out[i] = Click(owner, code, i)
+	}
+	return out
+}

@@ -1,0 +1,394 @@
+// Package livefeed shows the clicks arriving on CLICKS to the browsers that
+// watch the console's live panel: one ordered consumer per console process,
+// fanned out to every watching browser.
+//
+// The consumer runs only while someone watches (it starts with the first
+// browser and stops a while after the last one left), and starts a few
+// clicks back so a new page is not empty. What a browser gets is bounded
+// three ways: at most MaxRate clicks a second are decoded and forwarded (a
+// page cannot show 100,000 clicks a second; the rest are counted as skipped),
+// each browser has a queue of Buffer clicks (a browser that falls behind
+// loses clicks, counted per browser, never holds memory), and at most
+// MaxBrowsers watch at once. The stream's own rate is measured from its
+// sequence numbers, so the page shows the real click rate whatever it skips.
+package livefeed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/console/internal/sse"
+)
+
+// ErrTooManyBrowsers means MaxBrowsers already watch.
+var ErrTooManyBrowsers = errors.New("too many browsers watching the live clicks")
+
+// Click is what the live panel shows of one click: no visitor identity, no
+// network, no user agent.
+type Click struct {
+	// Seq is the click's CLICKS stream sequence.
+	Seq       uint64    `json:"seq"`
+	Partition int       `json:"partition"`
+	Time      time.Time `json:"ts"`
+	Code      string    `json:"code"`
+	Owner     string    `json:"owner"`
+	Country   string    `json:"country,omitempty"`
+	Bot       bool      `json:"bot"`
+	// ReferrerHost is the referrer's host name, without path or query.
+	ReferrerHost string `json:"referrer_host,omitempty"`
+}
+
+// Config tunes the hub.
+type Config struct {
+	// Recent is how many clicks a new browser gets at once (default 50).
+	Recent int
+	// Buffer is each browser's queue (default 256).
+	Buffer int
+	// MaxBrowsers bounds the browsers watching at once (default 16).
+	MaxBrowsers int
+	// MaxRate bounds the clicks a second forwarded to browsers (default 200).
+	MaxRate float64
+	// Idle is how long the consumer keeps running after the last browser
+	// left, so a page reload does not restart it (default 30s).
+	Idle time.Duration
+	// Logger receives the hub's logs (default: discard).
+	Logger *slog.Logger
+	// Metrics, if set, receives the hub's collectors.
+	Metrics prometheus.Registerer
+}
+
+func (c *Config) defaults() {
+	if c.Recent <= 0 {
+		c.Recent = 50
+	}
+	if c.Buffer <= 0 {
+		c.Buffer = 256
+	}
+	if c.MaxBrowsers <= 0 {
+		c.MaxBrowsers = 16
+	}
+	if c.MaxRate <= 0 {
+		c.MaxRate = 200
+	}
+	if c.Idle <= 0 {
+		c.Idle = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Hub follows CLICKS for the browsers that subscribed.
+type Hub struct {
+	js      jetstream.JetStream
+	cfg     Config
+	limiter *rate.Limiter
+	m       metrics
+	wake    chan struct{}
+
+	mu     sync.Mutex
+	subs   map[*Subscription]struct{}
+	recent []sse.Event // ring of the last Recent forwarded clicks, oldest first
+	left   time.Time   // when the last browser left
+
+	lastSeq  atomic.Uint64 // newest CLICKS sequence seen
+	rate     atomic.Uint64 // clicks a second on CLICKS (float64 bits)
+	skipped  atomic.Uint64
+	received atomic.Uint64
+	running  atomic.Bool
+}
+
+// New returns a hub; Run makes it follow CLICKS.
+func New(js jetstream.JetStream, cfg Config) *Hub {
+	cfg.defaults()
+	burst := max(cfg.Recent, int(cfg.MaxRate))
+	return &Hub{
+		js: js, cfg: cfg, m: newMetrics(cfg.Metrics),
+		limiter: rate.NewLimiter(rate.Limit(cfg.MaxRate), burst),
+		wake:    make(chan struct{}, 1),
+		subs:    map[*Subscription]struct{}{},
+	}
+}
+
+// Subscription is one browser's view of the hub.
+type Subscription struct {
+	ch      chan sse.Event
+	recent  []sse.Event
+	dropped atomic.Uint64
+}
+
+// C delivers the clicks, as "click" events whose ID is the stream sequence.
+func (s *Subscription) C() <-chan sse.Event { return s.ch }
+
+// Recent returns the clicks forwarded just before the subscription began,
+// oldest first; C continues after them without a gap.
+func (s *Subscription) Recent() []sse.Event { return s.recent }
+
+// Dropped counts the clicks this browser lost because its queue was full.
+func (s *Subscription) Dropped() uint64 { return s.dropped.Load() }
+
+// Subscribe registers a browser. Unsubscribe it when it leaves.
+func (h *Hub) Subscribe() (*Subscription, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.subs) >= h.cfg.MaxBrowsers {
+		h.m.refused.Inc()
+		return nil, fmt.Errorf("subscribe: %d browsers: %w", len(h.subs), ErrTooManyBrowsers)
+	}
+	s := &Subscription{ch: make(chan sse.Event, h.cfg.Buffer), recent: append([]sse.Event(nil), h.recent...)}
+	h.subs[s] = struct{}{}
+	h.m.browsers.Set(float64(len(h.subs)))
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+	return s, nil
+}
+
+// Unsubscribe removes a browser.
+func (h *Hub) Unsubscribe(s *Subscription) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.subs[s]; !ok {
+		return
+	}
+	delete(h.subs, s)
+	h.m.browsers.Set(float64(len(h.subs)))
+	if len(h.subs) == 0 {
+		h.left = time.Now()
+	}
+}
+
+// Stats is what the live panel shows besides the clicks.
+type Stats struct {
+	// Rate is the clicks a second stored in CLICKS, measured each second.
+	Rate float64 `json:"rate"`
+	// LastSeq is the newest CLICKS sequence the hub saw.
+	LastSeq uint64 `json:"last_seq"`
+	// Skipped counts the clicks not forwarded because of MaxRate.
+	Skipped uint64 `json:"skipped"`
+	// Browsers is how many watch now.
+	Browsers int `json:"browsers"`
+	// Following is true while the consumer runs.
+	Following bool `json:"following"`
+}
+
+// Stats returns the hub's figures now.
+func (h *Hub) Stats() Stats {
+	h.mu.Lock()
+	n := len(h.subs)
+	h.mu.Unlock()
+	return Stats{
+		Rate: float64frombits(h.rate.Load()), LastSeq: h.lastSeq.Load(), Skipped: h.skipped.Load(),
+		Browsers: n, Following: h.running.Load(),
+	}
+}
+
+// Run follows CLICKS whenever browsers watch, until ctx ends. Failures
+// (NATS away, CLICKS missing) are logged and retried; it returns nil.
+func (h *Hub) Run(ctx context.Context) error {
+	wait := time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-h.wake:
+		}
+		if h.idle() {
+			continue
+		}
+		err := h.follow(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			wait = time.Second
+			continue
+		}
+		h.cfg.Logger.Warn("live clicks: following CLICKS failed; retrying", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+		h.poke()
+	}
+}
+
+func (h *Hub) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// idle reports whether no browser has watched for cfg.Idle.
+func (h *Hub) idle() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs) == 0 && time.Since(h.left) >= h.cfg.Idle
+}
+
+// follow runs one ordered consumer until no browser has watched for
+// cfg.Idle, ctx ends, or the consumer fails.
+func (h *Hub) follow(ctx context.Context) error {
+	s, err := h.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return fmt.Errorf("follow clicks: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("follow clicks: %w", err)
+	}
+	last := info.State.LastSeq
+	start := max(info.State.FirstSeq, last+1-min(last, uint64(h.cfg.Recent)), 1)
+	c, err := h.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       start,
+		InactiveThreshold: 30 * time.Second,
+	})
+	if err != nil {
+		return fmt.Errorf("follow clicks: %w", err)
+	}
+	it, err := c.Messages(jetstream.PullMaxMessages(500))
+	if err != nil {
+		return fmt.Errorf("follow clicks: %w", err)
+	}
+	defer deleteConsumer(h.js, c)
+	defer it.Stop()
+	h.mu.Lock()
+	h.recent = h.recent[:0] // the consumer starts Recent back: no repeats
+	h.mu.Unlock()
+	h.lastSeq.Store(start - 1)
+	h.running.Store(true)
+	defer h.running.Store(false)
+	h.cfg.Logger.Info("live clicks: following CLICKS", "from_seq", start)
+
+	// The watcher measures the rate and stops the iterator when ctx ends or
+	// nobody has watched for cfg.Idle; Next then returns.
+	var stoppedIdle atomic.Bool
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		prev, prevAt := h.lastSeq.Load(), time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				it.Stop()
+				return
+			case <-watchDone:
+				return
+			case now := <-t.C:
+				seq := h.lastSeq.Load()
+				h.rate.Store(float64bits(float64(seq-min(prev, seq)) / now.Sub(prevAt).Seconds()))
+				prev, prevAt = seq, now
+				if h.idle() {
+					stoppedIdle.Store(true)
+					it.Stop()
+					return
+				}
+			}
+		}
+	}()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if stoppedIdle.Load() {
+				h.cfg.Logger.Info("live clicks: nobody watching; stopped following CLICKS")
+				h.rate.Store(0)
+				return nil
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow clicks: %w", err)
+		}
+		h.handle(msg)
+	}
+}
+
+// handle forwards one message to every browser, within the rate limit.
+func (h *Hub) handle(msg jetstream.Msg) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return
+	}
+	h.lastSeq.Store(md.Sequence.Stream)
+	h.received.Add(1)
+	h.m.received.Inc()
+	if !h.limiter.Allow() {
+		h.skipped.Add(1)
+		h.m.skipped.Inc()
+		return
+	}
+	c, err := events.DecodeClick(msg.Data())
+	if err != nil {
+		h.m.malformed.Inc()
+		return
+	}
+	data, _ := json.Marshal(Click{
+		Seq: md.Sequence.Stream, Partition: events.PartitionOf(msg.Subject()), Time: c.Time,
+		Code: c.Code, Owner: c.Owner, Country: c.Country, Bot: c.Bot, ReferrerHost: referrerHost(c.Referrer),
+	})
+	h.broadcast(sse.Event{ID: strconv.FormatUint(md.Sequence.Stream, 10), Name: "click", Data: data})
+}
+
+// broadcast queues e for every browser; a full queue loses e for that
+// browser only, and it is counted.
+func (h *Hub) broadcast(e sse.Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.recent) == h.cfg.Recent {
+		copy(h.recent, h.recent[1:])
+		h.recent = h.recent[:len(h.recent)-1]
+	}
+	h.recent = append(h.recent, e)
+	for s := range h.subs {
+		select {
+		case s.ch <- e:
+		default:
+			s.dropped.Add(1)
+			h.m.dropped.Inc()
+		}
+	}
+}
+
+// referrerHost is the host of a referrer URL, or "" when it has none.
+func referrerHost(ref string) string {
+	if ref == "" {
+		return ""
+	}
+	u, err := url.Parse(ref)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
+}
+
+// deleteConsumer removes an ordered consumer's server-side consumer at once,
+// rather than leaving it to expire (InactiveThreshold).
+func deleteConsumer(js jetstream.JetStream, c jetstream.Consumer) {
+	info := c.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = js.DeleteConsumer(ctx, info.Stream, info.Name)
+}

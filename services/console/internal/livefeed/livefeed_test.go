@@ -1,0 +1,193 @@
+package livefeed_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/livefeed"
+)
+
+func startHub(t *testing.T, js jetstream.JetStream, cfg livefeed.Config) *livefeed.Hub {
+	t.Helper()
+	h := livefeed.New(js, cfg)
+	done := make(chan error, 1)
+	go func() { done <- h.Run(t.Context()) }() // t.Context ends before the cleanups run
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("hub did not stop")
+		}
+	})
+	return h
+}
+
+func receive(t *testing.T, s *livefeed.Subscription, n int) []livefeed.Click {
+	t.Helper()
+	var out []livefeed.Click
+	for len(out) < n {
+		select {
+		case e := <-s.C():
+			var c livefeed.Click
+			if err := json.Unmarshal(e.Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			if e.ID != strconv.FormatUint(c.Seq, 10) || e.Name != "click" {
+				t.Fatalf("event id %q name %q for click seq %d", e.ID, e.Name, c.Seq)
+			}
+			out = append(out, c)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("received %d of %d clicks", len(out), n)
+		}
+	}
+	return out
+}
+
+// A browser gets the last few clicks at once, then every click stored after
+// it subscribed, in stream order, without the visitor's identity.
+func TestBrowserGetsRecentThenLiveClicks(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	old := consoletest.Publish(t, js, consoletest.Clicks("acme", "old", 5)...)
+	h := startHub(t, js, livefeed.Config{Recent: 3})
+	s, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(s)
+	testenv.WaitFor(t, 30*time.Second, "the hub following CLICKS", func() bool { return h.Stats().LastSeq == old[4] })
+
+	live := consoletest.Clicks("acme", "abc", 20)
+	seqs := consoletest.Publish(t, js, live...)
+	got := receive(t, s, 3+len(live)) // the three recent ones come through C: the hub started after Subscribe
+	var gotSeqs []uint64
+	for _, c := range got {
+		gotSeqs = append(gotSeqs, c.Seq)
+	}
+	if d := cmp.Diff(append(old[2:], seqs...), gotSeqs); d != "" {
+		t.Errorf("sequences (-want +got):\n%s", d)
+	}
+	last := got[len(got)-1]
+	want := livefeed.Click{Seq: seqs[19], Partition: events.Partition("abc", consoletest.Partitions), Time: live[19].Time,
+		Code: "abc", Owner: "acme", Country: "DE", Bot: true, ReferrerHost: "news.example.org"}
+	if d := cmp.Diff(want, last); d != "" {
+		t.Errorf("last click (-want +got):\n%s", d)
+	}
+
+	// A second browser gets the last three at once.
+	s2, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(s2)
+	var recent []string
+	for _, e := range s2.Recent() {
+		recent = append(recent, e.ID)
+	}
+	if d := cmp.Diff([]string{strconv.FormatUint(seqs[17], 10), strconv.FormatUint(seqs[18], 10), strconv.FormatUint(seqs[19], 10)}, recent); d != "" {
+		t.Errorf("recent clicks of a new browser (-want +got):\n%s", d)
+	}
+}
+
+// A browser that does not read loses clicks beyond its queue, counted; the
+// queue never grows past Buffer, and a browser that reads is not held up.
+func TestSlowBrowserLosesClicksNotMemory(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	h := startHub(t, js, livefeed.Config{Buffer: 64, MaxRate: 1e6})
+	slow, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(slow)
+	reading, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(reading)
+	testenv.WaitFor(t, 30*time.Second, "the hub following CLICKS", func() bool { return h.Stats().Following })
+
+	received := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-reading.C():
+				n++
+			case <-time.After(3 * time.Second):
+				received <- n
+				return
+			}
+		}
+	}()
+	seqs := consoletest.Publish(t, js, consoletest.Clicks("acme", "abc", 200)...)
+	testenv.WaitFor(t, 30*time.Second, "every click seen", func() bool { return h.Stats().LastSeq == seqs[199] })
+	if n := len(slow.C()); n != 64 {
+		t.Errorf("slow browser's queue holds %d clicks, want its buffer (64)", n)
+	}
+	if d := slow.Dropped(); d != 200-64 {
+		t.Errorf("slow browser dropped %d clicks, want %d", d, 200-64)
+	}
+	if n := <-received; uint64(n)+reading.Dropped() != 200 || n < 64 {
+		t.Errorf("reading browser received %d and dropped %d of 200", n, reading.Dropped())
+	}
+}
+
+func TestBrowsersAreLimitedAndRateIsCapped(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	h := startHub(t, js, livefeed.Config{MaxBrowsers: 1, MaxRate: 1, Recent: 1, Buffer: 1000})
+	s, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Subscribe(); !errors.Is(err, livefeed.ErrTooManyBrowsers) {
+		t.Fatalf("second browser: err = %v, want ErrTooManyBrowsers", err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the hub following CLICKS", func() bool { return h.Stats().Following })
+	seqs := consoletest.Publish(t, js, consoletest.Clicks("acme", "abc", 100)...)
+	testenv.WaitFor(t, 30*time.Second, "every click seen", func() bool { return h.Stats().LastSeq == seqs[99] })
+	// The burst is max(Recent, MaxRate) = 1: within the test's few seconds,
+	// a handful get through and the rest are skipped, counted.
+	if st := h.Stats(); st.Skipped < 90 || uint64(len(s.C()))+st.Skipped != 100 {
+		t.Errorf("forwarded %d, skipped %d of 100 at 1 click/s; want most skipped and every click accounted for", len(s.C()), st.Skipped)
+	}
+	h.Unsubscribe(s)
+	if _, err := h.Subscribe(); err != nil {
+		t.Fatalf("a browser after the first left: %v", err)
+	}
+}
+
+// With nobody watching, the hub stops its consumer.
+func TestHubStopsFollowingWhenNobodyWatches(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	h := startHub(t, js, livefeed.Config{Idle: 100 * time.Millisecond})
+	consumers := func() int {
+		s, err := js.Stream(t.Context(), events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Consumers
+	}
+	s, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "a consumer on CLICKS", func() bool { return consumers() == 1 })
+	h.Unsubscribe(s)
+	testenv.WaitFor(t, 30*time.Second, "the consumer gone", func() bool { return consumers() == 0 && !h.Stats().Following })
+}
