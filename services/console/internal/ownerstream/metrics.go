@@ -1,0 +1,31 @@
+package ownerstream
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	open    prometheus.Gauge
+	clicks  prometheus.Counter
+	skipped *prometheus.CounterVec
+	refused *prometheus.CounterVec
+	ended   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) metrics {
+	const ns, sub = "snip", "console"
+	m := metrics{
+		open: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams",
+			Help: "Owners' click streams open now."}),
+		clicks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_clicks_total",
+			Help: "Clicks sent to owners' streams."}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_skipped_total",
+			Help: "Messages an owner's stream did not send: malformed, or a payload naming another owner."}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_refused_total",
+			Help: "Streams refused: owner_limit, instance_limit."}, []string{"reason"}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_ended_total",
+			Help: "Streams ended: client (left), write_error (not reading), shutdown, consumer (failed)."}, []string{"reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.open, m.clicks, m.skipped, m.refused, m.ended)
+	}
+	return m
+}

@@ -1,0 +1,248 @@
+package ownerstream_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/ownerstream"
+	"github.com/snipdev/snip/services/console/internal/sse"
+)
+
+func TestParseStart(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name                         string
+		lastEventID, sinceSeq, since string
+		want                         ownerstream.Start
+		wantErr                      bool
+	}{
+		{name: "nothing_is_new_clicks_only"},
+		{name: "last_event_id_resumes_after_it", lastEventID: "41", want: ownerstream.Start{Seq: 42}},
+		{name: "last_event_id_wins_over_the_query", lastEventID: "41", sinceSeq: "7", since: "2026-03-01T12:00:00Z", want: ownerstream.Start{Seq: 42}},
+		{name: "since_seq_zero_is_everything_retained", sinceSeq: "0", want: ownerstream.Start{Seq: 1}},
+		{name: "since_seq_is_after_it", sinceSeq: "7", want: ownerstream.Start{Seq: 8}},
+		{name: "since_time", since: "2026-03-01T12:00:00Z", want: ownerstream.Start{Time: at}},
+		{name: "both_query_forms_refused", sinceSeq: "7", since: "2026-03-01T12:00:00Z", wantErr: true},
+		{name: "negative_id_refused", lastEventID: "-1", wantErr: true},
+		{name: "text_id_refused", lastEventID: "abc", wantErr: true},
+		{name: "max_id_refused", lastEventID: "18446744073709551615", wantErr: true},
+		{name: "bad_time_refused", since: "yesterday", wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := ownerstream.ParseStart(tc.lastEventID, tc.sinceSeq, tc.since)
+			if tc.wantErr {
+				if !errors.Is(err, ownerstream.ErrBadStart) {
+					t.Fatalf("err = %v, want ErrBadStart", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("start (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// server serves the streams with the owner named in the X-Owner header: the
+// HTTP layer's authentication is tested in the service's main_test.go.
+func server(t *testing.T, s *ownerstream.Streams) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start, err := ownerstream.ParseStart(r.Header.Get("Last-Event-ID"), r.URL.Query().Get("since_seq"), r.URL.Query().Get("since"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := s.Serve(r.Context(), w, r.Header.Get("X-Owner"), start); err != nil {
+			code := http.StatusServiceUnavailable
+			if errors.Is(err, ownerstream.ErrOwnerLimit) {
+				code = http.StatusTooManyRequests
+			}
+			http.Error(w, err.Error(), code)
+		}
+	}))
+	t.Cleanup(func() { s.Close(); srv.Close() })
+	return srv
+}
+
+// client is one connection of an owner's stream.
+type client struct {
+	resp *http.Response
+	r    *sse.Reader
+}
+
+func connect(t *testing.T, url, owner, lastEventID string) *client {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	req.Header.Set("X-Owner", owner)
+	if lastEventID != "" {
+		req.Header.Set("Last-Event-ID", lastEventID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("GET %s as %s: %d %s", url, owner, resp.StatusCode, b)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return &client{resp: resp, r: sse.NewReader(resp.Body)}
+}
+
+// clicks reads n click events and checks each is owner's and carries its
+// sequence as the id.
+func (c *client) clicks(t *testing.T, owner string, n int) []uint64 {
+	t.Helper()
+	var seqs []uint64
+	for len(seqs) < n {
+		e, err := c.r.Next()
+		if err != nil {
+			t.Fatalf("after %d of %d clicks: %v", len(seqs), n, err)
+		}
+		if e.Name != "click" {
+			continue
+		}
+		var k ownerstream.Click
+		if err := json.Unmarshal(e.Data, &k); err != nil {
+			t.Fatal(err)
+		}
+		if k.Owner != owner {
+			t.Fatalf("%s's stream sent a click of %s (seq %d)", owner, k.Owner, k.Seq)
+		}
+		if e.ID != strconv.FormatUint(k.Seq, 10) {
+			t.Fatalf("event id %q for click seq %d", e.ID, k.Seq)
+		}
+		seqs = append(seqs, k.Seq)
+	}
+	return seqs
+}
+
+// publishMix publishes n clicks each for acme and globex, interleaved, and
+// returns acme's sequences.
+func publishMix(t *testing.T, js jetstream.JetStream, n int) (acme []uint64) {
+	t.Helper()
+	var clicks []events.Click
+	for i := range n {
+		clicks = append(clicks, consoletest.Click("acme", "a"+strconv.Itoa(i%3), i), consoletest.Click("globex", "g"+strconv.Itoa(i%3), i))
+	}
+	seqs := consoletest.Publish(t, js, clicks...)
+	for i := 0; i < len(seqs); i += 2 {
+		acme = append(acme, seqs[i])
+	}
+	return acme
+}
+
+// A client that disconnects mid-stream and reconnects with Last-Event-ID
+// gets every one of its owner's clicks exactly once, in order, and none of
+// another owner's, on either connection.
+func TestResumeLosesNothingRepeatsNothingAndShowsOnlyTheOwnersClicks(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	s := ownerstream.New(js, ownerstream.Config{})
+	srv := server(t, s)
+	want := publishMix(t, js, 20)
+
+	first := connect(t, srv.URL+"?since_seq=0", "acme", "")
+	got := first.clicks(t, "acme", 7)
+	first.resp.Body.Close() // the client goes away mid-stream
+
+	want = append(want, publishMix(t, js, 15)...) // clicks while it is away
+	// A click whose subject says acme but whose payload says globex: the
+	// stream sends neither owner such a thing.
+	forged := consoletest.Click("globex", "a1", 0)
+	b, _ := json.Marshal(forged)
+	if _, err := js.Publish(t.Context(), events.ClickSubject("acme", "a1"), b); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, publishMix(t, js, 3)...)
+
+	second := connect(t, srv.URL+"?since_seq=0", "acme", strconv.FormatUint(got[len(got)-1], 10))
+	got = append(got, second.clicks(t, "acme", len(want)-len(got))...)
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("acme's sequences across the reconnect (-published +received):\n%s", d)
+	}
+
+	// globex, from the start, sees only its own (clicks() fails on acme's).
+	g := connect(t, srv.URL+"?since_seq=0", "globex", "")
+	g.clicks(t, "globex", 38)
+}
+
+func TestLiveClicksAndLimits(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	s := ownerstream.New(js, ownerstream.Config{PerOwner: 1, Heartbeat: 100 * time.Millisecond})
+	srv := server(t, s)
+	publishMix(t, js, 3) // before the stream: not sent without a start
+
+	c := connect(t, srv.URL, "acme", "")
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)
+	req.Header.Set("X-Owner", "acme")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("acme's second stream with PerOwner 1: %d, want 429", resp.StatusCode)
+	}
+	connect(t, srv.URL, "globex", "") // another owner is not limited by acme's
+
+	want := publishMix(t, js, 4)
+	if d := cmp.Diff(want, c.clicks(t, "acme", 4)); d != "" {
+		t.Errorf("live clicks (-published +received):\n%s", d)
+	}
+
+	// Close ends the stream (graceful shutdown); the client sees the end.
+	s.Close()
+	for {
+		if _, err := c.r.Next(); err != nil {
+			break
+		}
+	}
+}
+
+// A start before what CLICKS retains gets a "gap" event first.
+func TestStartBeforeRetentionSaysSo(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	s := ownerstream.New(js, ownerstream.Config{})
+	srv := server(t, s)
+	acme := publishMix(t, js, 5)
+	st, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(t.Context(), jetstream.WithPurgeSequence(acme[2])); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t, srv.URL+"?since_seq=0", "acme", "")
+	e, err := c.r.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Name != "gap" || string(e.Data) != `{"first_seq":`+strconv.FormatUint(acme[2], 10)+`,"requested_seq":1}` {
+		t.Fatalf("first event = %s %s, want a gap from 1 to %d", e.Name, e.Data, acme[2])
+	}
+	if d := cmp.Diff(acme[2:], c.clicks(t, "acme", 3)); d != "" {
+		t.Errorf("clicks after the gap (-want +got):\n%s", d)
+	}
+}
