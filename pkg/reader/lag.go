@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -62,27 +63,46 @@ func partitionLag(ctx context.Context, s jetstream.Stream, group string, p int) 
 			pl.Pinned = g.PinnedClientID
 		}
 	}
-	if pl.Pending == 0 && pl.AckPending == 0 {
-		return pl, nil
+	t, err := OldestUnprocessed(ctx, s, info)
+	if err != nil {
+		return PartitionLag{}, fmt.Errorf("oldest unprocessed event of %s: %w", name, err)
 	}
-	// The first unprocessed event: after the ack floor if events are in
-	// flight, else after the last delivered one.
+	pl.OldestUnprocessed = t
+	return pl, nil
+}
+
+// OldestUnprocessed returns when the oldest event a consumer of stream s has
+// not processed was stored: the first one after its ack floor while events
+// are in flight, else the first after the last delivered one. It is zero
+// when the consumer is caught up. Any durable consumer can be asked: the
+// console reads the preview workers' and the counter's feeds with it too.
+func OldestUnprocessed(ctx context.Context, s jetstream.Stream, info *jetstream.ConsumerInfo) (time.Time, error) {
+	if info.NumPending == 0 && info.NumAckPending == 0 {
+		return time.Time{}, nil
+	}
 	next := info.AckFloor.Stream + 1
 	if info.NumAckPending == 0 && info.Delivered.Stream > info.AckFloor.Stream {
 		next = info.Delivered.Stream + 1
 	}
-	m, err := s.GetMsg(ctx, next, jetstream.WithGetMsgSubject(events.PartitionFilter(p)))
+	filter := info.Config.FilterSubject
+	if filter == "" && len(info.Config.FilterSubjects) == 1 {
+		filter = info.Config.FilterSubjects[0]
+	}
+	var opts []jetstream.GetMsgOpt
+	if filter != "" {
+		opts = append(opts, jetstream.WithGetMsgSubject(filter))
+	}
+	m, err := s.GetMsg(ctx, next, opts...)
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return pl, nil
+		return time.Time{}, nil
 	case err != nil:
-		return PartitionLag{}, fmt.Errorf("oldest unprocessed event of %s: %w", name, err)
+		return time.Time{}, err
 	}
-	pl.OldestUnprocessed = m.Time
-	// A group that started at a time has skipped what came before; the
+	// A consumer that started at a time has skipped what came before; the
 	// oldest event it still owes is then no older than its start.
 	if st := info.Config.OptStartTime; st != nil && info.Delivered.Stream == 0 && m.Time.Before(*st) {
-		pl.OldestUnprocessed = *st
+		return *st, nil
 	}
-	return pl, nil
+	return m.Time, nil
 }
