@@ -1,0 +1,13 @@
+package readers
+
+import "errors"
+
+// Errors of a replay request.
+var (
+	// ErrNotConfirmed means the request did not repeat the group's name.
+	ErrNotConfirmed = errors.New("replay not confirmed")
+	// ErrBadReplay means the position is missing, doubled or malformed.
+	ErrBadReplay = errors.New("invalid replay position")
+	// ErrUnknownGroup means no such consumer group reads CLICKS.
+	ErrUnknownGroup = errors.New("no such consumer group")
+)

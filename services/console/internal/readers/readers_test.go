@@ -1,0 +1,179 @@
+package readers_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/readers"
+)
+
+// createGroup makes a group's consumers as the reader runtime does, with no
+// member: a reader that is down.
+func createGroup(t *testing.T, js jetstream.JetStream, group string) {
+	t.Helper()
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// runMember runs a live member of group that handles every event.
+func runMember(t *testing.T, js jetstream.JetStream, group string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- reader.Run(t.Context(), js, reader.Config{Group: group, LeaseTTL: time.Second},
+			func(context.Context, int, []reader.Event) error { return nil })
+	}()
+	t.Cleanup(func() { <-done })
+}
+
+func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	if err := topology.ApplyClickCounter(t.Context(), js); err != nil {
+		t.Fatal(err)
+	}
+	createGroup(t, js, "down-reader")
+	runMember(t, js, "live-reader")
+	clicks := append(consoletest.Clicks("acme", "a", 5), consoletest.Clicks("acme", "b", 7)...)
+	consoletest.Publish(t, js, clicks...)
+	if _, err := js.Publish(t.Context(), events.PreviewJobSubject, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+
+	v := readers.New(js, readers.Thresholds{Warn: time.Millisecond, Alarm: time.Hour})
+	var snap readers.Snapshot
+	testenv.WaitFor(t, 30*time.Second, "the live reader caught up and owning its partitions", func() bool {
+		var err error
+		if snap, err = v.Snapshot(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		return len(snap.Groups) == 2 && snap.Groups[1].Pending == 0 && snap.Groups[1].InFlight == 0 && snap.Groups[1].Unowned == 0
+	})
+	down, live := snap.Groups[0], snap.Groups[1]
+	if down.Name != "down-reader" || live.Name != "live-reader" {
+		t.Fatalf("groups %s, %s; want down-reader, live-reader (sorted)", down.Name, live.Name)
+	}
+	waiting := 0
+	for _, p := range down.Partitions {
+		if p.Pending > 0 {
+			waiting++
+		}
+	}
+	if down.Pending != uint64(len(clicks)) || down.Unowned != waiting || waiting == 0 || down.Level != readers.LevelWarn {
+		t.Errorf("down reader: pending %d, unowned %d, level %s; want %d, %d (the partitions with events), warn", down.Pending, down.Unowned, down.Level, len(clicks), waiting)
+	}
+	var perPartition uint64
+	for _, p := range down.Partitions {
+		perPartition += p.Pending
+		if (p.Pending > 0) != (p.OldestAge > 0) || p.Pinned {
+			t.Errorf("down reader partition %+v: an age exactly where events wait, and no owner", p)
+		}
+	}
+	if perPartition != down.Pending {
+		t.Errorf("partitions sum to %d, group total %d", perPartition, down.Pending)
+	}
+	if live.Level != readers.LevelOK || live.OldestAge != 0 {
+		t.Errorf("live reader caught up: level %s, age %v; want ok, 0", live.Level, live.OldestAge)
+	}
+
+	got := map[string]uint64{}
+	for _, c := range snap.Consumers {
+		got[c.Stream+"/"+c.Name] = c.Pending + uint64(c.InFlight)
+	}
+	want := map[string]uint64{
+		events.PreviewJobsStream + "/" + topology.PreviewConsumer:        1,
+		events.LinksStream + "/" + topology.ClickCounterLinksConsumer:    0,
+		events.FraudStream + "/" + topology.ClickCounterVerdictsConsumer: 0,
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("other consumers' unprocessed events (-want +got):\n%s", d)
+	}
+}
+
+func TestThresholds(t *testing.T) {
+	t.Parallel()
+	th := readers.Thresholds{Warn: time.Minute, Alarm: 5 * time.Minute}
+	tests := []struct {
+		age  time.Duration
+		want string
+	}{
+		{0, readers.LevelOK}, {59 * time.Second, readers.LevelOK}, {time.Minute, readers.LevelWarn},
+		{299 * time.Second, readers.LevelWarn}, {5 * time.Minute, readers.LevelAlarm}, {time.Hour, readers.LevelAlarm},
+	}
+	for _, tc := range tests {
+		if got := th.Level(tc.age); got != tc.want {
+			t.Errorf("Level(%s) = %s, want %s", tc.age, got, tc.want)
+		}
+	}
+}
+
+func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	runMember(t, js, "live-reader")
+	seqs := consoletest.Publish(t, js, consoletest.Clicks("acme", "a", 10)...)
+	v := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
+	ctx := t.Context()
+	testenv.WaitFor(t, 30*time.Second, "the group created", func() bool {
+		_, err := reader.Lag(ctx, js, "live-reader")
+		return err == nil
+	})
+
+	if st, err := v.ReplayStatus(ctx, "live-reader"); err != nil || st.ID != "" || st.Done {
+		t.Fatalf("status before any replay = %+v, %v; want none", st, err)
+	}
+	refused := []struct {
+		name string
+		req  readers.ReplayRequest
+		want error
+	}{
+		{"unconfirmed", readers.ReplayRequest{FromSeq: 1}, readers.ErrNotConfirmed},
+		{"confirmed_as_another_group", readers.ReplayRequest{FromSeq: 1, Confirm: "other"}, readers.ErrNotConfirmed},
+		{"no_position", readers.ReplayRequest{Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"two_positions", readers.ReplayRequest{FromSeq: 1, Since: "1h", Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"negative_since", readers.ReplayRequest{Since: "-1h", Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"bad_time", readers.ReplayRequest{From: "yesterday", Confirm: "live-reader"}, readers.ErrBadReplay},
+	}
+	for _, tc := range refused {
+		if _, _, err := v.Replay(ctx, "live-reader", tc.req); !errors.Is(err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if _, _, err := v.Replay(ctx, "no-such-group", readers.ReplayRequest{FromSeq: 1, Confirm: "no-such-group"}); !errors.Is(err, readers.ErrUnknownGroup) {
+		t.Errorf("unknown group: err = %v, want ErrUnknownGroup", err)
+	}
+
+	id, desc, err := v.Replay(ctx, "live-reader", readers.ReplayRequest{FromSeq: seqs[0], Confirm: "live-reader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if desc != "from sequence 1" {
+		t.Errorf("description %q", desc)
+	}
+	var st readers.ReplayStatus
+	testenv.WaitFor(t, 30*time.Second, "every partition moved back", func() bool {
+		if st, err = v.ReplayStatus(ctx, "live-reader"); err != nil {
+			t.Fatal(err)
+		}
+		return st.Done
+	})
+	if st.ID != id || st.DoneCount != consoletest.Partitions || st.Total != consoletest.Partitions || st.Requested == nil {
+		t.Errorf("status = %+v, want replay %s done in all %d partitions", st, id, consoletest.Partitions)
+	}
+}

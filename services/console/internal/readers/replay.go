@@ -1,0 +1,120 @@
+package readers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+)
+
+// ReplayRequest is what an operator asks of a group: exactly one of Since,
+// From and FromSeq, and Confirm set to the group's name.
+type ReplayRequest struct {
+	// Since replays the events of the last Since (a Go duration, "24h").
+	Since string `json:"since,omitempty"`
+	// From replays from a time (RFC 3339).
+	From string `json:"from,omitempty"`
+	// FromSeq replays from a CLICKS sequence (1 is the oldest retained).
+	FromSeq uint64 `json:"from_seq,omitempty"`
+	// Confirm must repeat the group's name: a replay moves every partition
+	// of a live reader, so it is never one click away.
+	Confirm string `json:"confirm"`
+}
+
+// Position checks the request and returns where the replay starts.
+func (r ReplayRequest) Position(group string, now time.Time) (reader.Position, string, error) {
+	if r.Confirm != group {
+		return reader.Position{}, "", fmt.Errorf("replay %s: confirm with the group's name: %w", group, ErrNotConfirmed)
+	}
+	var pos reader.Position
+	var desc string
+	set := 0
+	if r.Since != "" {
+		d, err := time.ParseDuration(r.Since)
+		if err != nil || d <= 0 {
+			return reader.Position{}, "", fmt.Errorf("replay %s: since %q is not a positive duration: %w", group, r.Since, ErrBadReplay)
+		}
+		pos, desc, set = reader.FromTime(now.Add(-d)), "since "+d.String(), set+1
+	}
+	if r.From != "" {
+		t, err := time.Parse(time.RFC3339, r.From)
+		if err != nil {
+			return reader.Position{}, "", fmt.Errorf("replay %s: from %q is not an RFC 3339 time: %w", group, r.From, ErrBadReplay)
+		}
+		pos, desc, set = reader.FromTime(t), "from "+t.UTC().Format(time.RFC3339), set+1
+	}
+	if r.FromSeq > 0 {
+		pos, desc, set = reader.FromSeq(r.FromSeq), fmt.Sprintf("from sequence %d", r.FromSeq), set+1
+	}
+	if set != 1 {
+		return reader.Position{}, "", fmt.Errorf("replay %s: give exactly one of since, from, from_seq: %w", group, ErrBadReplay)
+	}
+	return pos, desc, nil
+}
+
+// Replay asks group to replay CLICKS as r says and returns the request's ID
+// and what was asked ("since 24h0m0s"). Each partition moves back when its
+// owner takes the request; ReplayStatus shows how far it got.
+func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (id, desc string, err error) {
+	if !events.ValidToken(group) {
+		return "", "", fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
+	}
+	pos, desc, err := r.Position(group, time.Now())
+	if err != nil {
+		return "", "", err
+	}
+	id, err = reader.Rewind(ctx, v.js, group, pos)
+	if errors.Is(err, reader.ErrNoGroup) {
+		return "", "", fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return id, desc, nil
+}
+
+// ReplayStatus is the latest replay of a group, as the panel shows it.
+type ReplayStatus struct {
+	Group     string             `json:"group"`
+	ID        string             `json:"id,omitempty"`
+	Requested *time.Time         `json:"requested,omitempty"`
+	Done      bool               `json:"done"`
+	DoneCount int                `json:"partitions_done"`
+	Total     int                `json:"partitions"`
+	Parts     []PartitionRewound `json:"partition_status"`
+}
+
+// PartitionRewound is one partition of a replay.
+type PartitionRewound struct {
+	Partition int    `json:"partition"`
+	From      uint64 `json:"from_seq"`
+	Until     uint64 `json:"until_seq"`
+	Done      bool   `json:"done"`
+}
+
+// ReplayStatus reads the group's latest replay and which partitions have
+// moved back.
+func (v *View) ReplayStatus(ctx context.Context, group string) (ReplayStatus, error) {
+	if !events.ValidToken(group) {
+		return ReplayStatus{}, fmt.Errorf("replay status of %q: %w", group, ErrUnknownGroup)
+	}
+	st, err := reader.LatestRewind(ctx, v.js, group)
+	if err != nil {
+		return ReplayStatus{}, err
+	}
+	out := ReplayStatus{Group: group, ID: st.ID, Done: st.Done(), Total: len(st.Partitions), Parts: []PartitionRewound{}}
+	if st.ID != "" {
+		t := st.Requested
+		out.Requested = &t
+	}
+	for _, p := range st.Partitions {
+		out.Parts = append(out.Parts, PartitionRewound{Partition: p.Partition, From: p.From, Until: p.Until, Done: p.Done})
+		if p.Done {
+			out.DoneCount++
+		}
+	}
+	return out, nil
+}
