@@ -83,3 +83,29 @@ func Clicks(owner, code string, n int) []events.Click {
 	}
 	return out
 }
+
+// Alert is a valid fraud alert about owner/code with a deterministic ID of
+// the shape the fraud service gives (rule:code:key:period).
+func Alert(owner, code, rule string, n int) events.FraudAlert {
+	now := time.Now().UTC().Truncate(time.Second)
+	return events.FraudAlert{
+		V: events.FraudVersion, ID: fmt.Sprintf("%s:%s:-:%d", rule, code, now.Unix()+int64(n)),
+		Rule: rule, Code: code, Owner: owner, WindowStart: now.Add(-time.Minute), WindowEnd: now,
+		Count: 30 + n, Threshold: 20, Time: now, Detail: "test alert",
+	}
+}
+
+// PublishAlert stores a on FRAUD as the fraud service does and returns its
+// sequence.
+func PublishAlert(tb testing.TB, js jetstream.JetStream, a events.FraudAlert) uint64 {
+	tb.Helper()
+	b, err := json.Marshal(a)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ack, err := js.Publish(tb.Context(), events.FraudAlertSubject(a.Code), b, jetstream.WithMsgID(a.ID))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ack.Sequence
+}

@@ -1,0 +1,167 @@
+// Package alerts keeps the recent fraud alerts for the console: it reads
+// fraud.alerts.* on the FRAUD stream from a while back (Since) at start, then
+// follows new ones, and keeps the newest Keep in memory.
+//
+// FRAUD drops a repeated alert by its deterministic ID (rule, link, key,
+// period), so each alert is read once; after a reconnect the follower goes
+// on from the last sequence it read.
+package alerts
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Alert is one fraud alert with where FRAUD stored it.
+type Alert struct {
+	events.FraudAlert
+	// Seq is its FRAUD stream sequence.
+	Seq uint64 `json:"seq"`
+}
+
+// Config tunes the follower.
+type Config struct {
+	// Keep is how many alerts are kept (default 100).
+	Keep int
+	// Since is how far back the first read starts (default 24h).
+	Since time.Duration
+	// Logger receives the follower's logs (default: discard).
+	Logger *slog.Logger
+}
+
+// Follower follows the FRAUD stream's alerts.
+type Follower struct {
+	js  jetstream.JetStream
+	cfg Config
+
+	mu        sync.Mutex
+	alerts    []Alert // oldest first, at most Keep
+	seen      uint64
+	lastSeq   uint64
+	following bool
+	lastErr   string
+}
+
+// New returns a follower; Run makes it follow.
+func New(js jetstream.JetStream, cfg Config) *Follower {
+	if cfg.Keep <= 0 {
+		cfg.Keep = 100
+	}
+	if cfg.Since <= 0 {
+		cfg.Since = 24 * time.Hour
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Follower{js: js, cfg: cfg}
+}
+
+// Snapshot is the alerts panel.
+type Snapshot struct {
+	// Alerts are the newest first.
+	Alerts []Alert `json:"alerts"`
+	// Seen counts the alerts read since the console started (within Since
+	// at first).
+	Seen      uint64 `json:"seen"`
+	Following bool   `json:"following"`
+	// Error is why the follower is not following, if it is not.
+	Error string `json:"error,omitempty"`
+}
+
+// Snapshot returns the recent alerts, newest first.
+func (f *Follower) Snapshot() Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]Alert, len(f.alerts))
+	for i, a := range f.alerts {
+		out[len(out)-1-i] = a
+	}
+	return Snapshot{Alerts: out, Seen: f.seen, Following: f.following, Error: f.lastErr}
+}
+
+// Run follows the alerts until ctx ends; failures are retried. It returns nil.
+func (f *Follower) Run(ctx context.Context) error {
+	wait := time.Second
+	for {
+		err := f.follow(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		f.mu.Lock()
+		f.following, f.lastErr = false, err.Error()
+		f.mu.Unlock()
+		f.cfg.Logger.Warn("fraud alerts: following FRAUD failed; retrying", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+	}
+}
+
+func (f *Follower) follow(ctx context.Context) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FraudAlertSubjects}, InactiveThreshold: 30 * time.Second}
+	f.mu.Lock()
+	last := f.lastSeq
+	f.mu.Unlock()
+	if last > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last+1
+	} else {
+		t := time.Now().Add(-f.cfg.Since)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	}
+	c, err := f.js.OrderedConsumer(ctx, events.FraudStream, cfg)
+	if err != nil {
+		return fmt.Errorf("follow fraud alerts: %w", err)
+	}
+	it, err := c.Messages(jetstream.PullMaxMessages(100))
+	if err != nil {
+		return fmt.Errorf("follow fraud alerts: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer func() {
+		if info := c.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = f.js.DeleteConsumer(dctx, info.Stream, info.Name)
+			cancel()
+		}
+	}()
+	defer it.Stop()
+	f.mu.Lock()
+	f.following, f.lastErr = true, ""
+	f.mu.Unlock()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow fraud alerts: %w", err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		a, err := events.DecodeFraudAlert(msg.Data())
+		f.mu.Lock()
+		f.lastSeq = md.Sequence.Stream
+		if err == nil {
+			f.seen++
+			if len(f.alerts) == f.cfg.Keep {
+				copy(f.alerts, f.alerts[1:])
+				f.alerts = f.alerts[:len(f.alerts)-1]
+			}
+			f.alerts = append(f.alerts, Alert{FraudAlert: a, Seq: md.Sequence.Stream})
+		}
+		f.mu.Unlock()
+	}
+}
