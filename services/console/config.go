@@ -1,0 +1,160 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"reflect"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/services/console/internal/httpapi"
+)
+
+// Config is the console's configuration, read once from the environment.
+type Config struct {
+	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
+	NATSUser     string `env:"NATS_USER"`
+	NATSPassword string `env:"NATS_PASSWORD"`
+	NATSCreds    string `env:"NATS_CREDS"`
+	// RedisURL is where the owners' API keys and the redirect outbox are.
+	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
+	// HTTPAddr serves the page, the API, the owners' streams, /healthz,
+	// /readyz and /metrics.
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8085"`
+	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	// ShutdownTimeout bounds each stage of a graceful stop.
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
+
+	// ClickHouseAddrs are host:port of ClickHouse's native protocol; empty
+	// leaves the warehouse panel out.
+	ClickHouseAddrs    []string `env:"CLICKHOUSE_ADDR" envSeparator:","`
+	ClickHouseDatabase string   `env:"CLICKHOUSE_DATABASE" envDefault:"snip"`
+	ClickHouseUser     string   `env:"CLICKHOUSE_USER" envDefault:"default"`
+	ClickHousePassword string   `env:"CLICKHOUSE_PASSWORD"`
+
+	// Token is the operators' shared secret (16 characters or more). Without
+	// it the console serves loopback only, unless Insecure.
+	Token string `env:"CONSOLE_TOKEN"`
+	// Insecure allows a console without a token on a non-loopback address.
+	Insecure bool `env:"CONSOLE_INSECURE"`
+	// CookieSecure marks the session cookie Secure (the console is behind TLS).
+	CookieSecure bool `env:"CONSOLE_COOKIE_SECURE"`
+
+	// LagWarn and LagAlarm colour the age of the oldest unread event (and the
+	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
+	LagWarn  time.Duration `env:"CONSOLE_LAG_WARN" envDefault:"60s"`
+	LagAlarm time.Duration `env:"CONSOLE_LAG_ALARM" envDefault:"5m"`
+	// Refresh is how often the page polls the panels.
+	Refresh time.Duration `env:"CONSOLE_REFRESH" envDefault:"2s"`
+
+	// The live clicks: clicks a new page gets at once, each page's queue,
+	// pages watching at once, clicks a second shown.
+	LiveRecent      int     `env:"CONSOLE_LIVE_RECENT" envDefault:"50"`
+	LiveBuffer      int     `env:"CONSOLE_LIVE_BUFFER" envDefault:"256"`
+	LiveMaxBrowsers int     `env:"CONSOLE_LIVE_MAX_BROWSERS" envDefault:"16"`
+	LiveMaxRate     float64 `env:"CONSOLE_LIVE_MAX_RATE" envDefault:"200"`
+
+	// AlertsKeep fraud alerts are kept, read from AlertsSince back at start.
+	AlertsKeep  int           `env:"CONSOLE_ALERTS_KEEP" envDefault:"100"`
+	AlertsSince time.Duration `env:"CONSOLE_ALERTS_SINCE" envDefault:"24h"`
+
+	// The owners' click streams: per owner and per instance.
+	OwnerStreamsPerOwner int `env:"CONSOLE_OWNER_STREAMS_PER_OWNER" envDefault:"4"`
+	OwnerStreamsMax      int `env:"CONSOLE_OWNER_STREAMS_MAX" envDefault:"1000"`
+	// SSEHeartbeat is the owners' streams' keepalive interval; SSEWriteTimeout
+	// disconnects a client (owner or page) that stops reading.
+	SSEHeartbeat    time.Duration `env:"CONSOLE_SSE_HEARTBEAT" envDefault:"15s"`
+	SSEWriteTimeout time.Duration `env:"CONSOLE_SSE_WRITE_TIMEOUT" envDefault:"10s"`
+
+	// Ready, if set, is called with the HTTP address once it listens.
+	Ready func(addr string) `env:"-"`
+}
+
+// minTokenLen keeps the token out of guessing range.
+const minTokenLen = 16
+
+func loadConfig(environ []string) (Config, error) {
+	var cfg Config
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
+		var pe env.ParseError
+		if errors.As(err, &pe) {
+			if f, ok := reflect.TypeFor[Config]().FieldByName(pe.Name); ok {
+				return Config{}, fmt.Errorf("load config: %s: %w", f.Tag.Get("env"), pe.Err)
+			}
+		}
+		return Config{}, fmt.Errorf("load config: %w", err)
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, fmt.Errorf("load config: %w", err)
+	}
+	return cfg, nil
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Token != "" && len(c.Token) < minTokenLen:
+		return fmt.Errorf("CONSOLE_TOKEN: want %d characters or more", minTokenLen)
+	case c.Token == "" && !c.Insecure && !loopbackListen(c.HTTPAddr):
+		return fmt.Errorf("HTTP_ADDR %q is not a loopback address and CONSOLE_TOKEN is not set: "+
+			"set a token, listen on 127.0.0.1, or set CONSOLE_INSECURE=true", c.HTTPAddr)
+	case c.LagWarn <= 0 || c.LagAlarm <= c.LagWarn:
+		return fmt.Errorf("CONSOLE_LAG_WARN %s, CONSOLE_LAG_ALARM %s: want 0 < warn < alarm", c.LagWarn, c.LagAlarm)
+	case c.Refresh < 500*time.Millisecond:
+		return fmt.Errorf("CONSOLE_REFRESH %s: want >= 500ms", c.Refresh)
+	case c.LiveRecent < 0 || c.LiveBuffer < 1 || c.LiveMaxBrowsers < 1 || c.LiveMaxRate <= 0:
+		return errors.New("CONSOLE_LIVE_*: want recent >= 0 and buffer, max browsers, max rate > 0")
+	case c.AlertsKeep < 1 || c.AlertsSince <= 0:
+		return errors.New("CONSOLE_ALERTS_KEEP and CONSOLE_ALERTS_SINCE: want > 0")
+	case c.OwnerStreamsPerOwner < 1 || c.OwnerStreamsMax < c.OwnerStreamsPerOwner:
+		return errors.New("CONSOLE_OWNER_STREAMS_PER_OWNER >= 1 and CONSOLE_OWNER_STREAMS_MAX >= it")
+	case c.SSEHeartbeat <= 0 || c.SSEWriteTimeout <= 0 || c.ShutdownTimeout <= 0:
+		return errors.New("CONSOLE_SSE_HEARTBEAT, CONSOLE_SSE_WRITE_TIMEOUT and SHUTDOWN_TIMEOUT: want > 0")
+	}
+	return nil
+}
+
+// loopbackListen reports whether addr listens on loopback only; an empty
+// host (every interface) does not.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && httpapi.IsLoopbackHost(host)
+}
+
+// LogValue prints the configuration with secrets masked.
+func (c Config) LogValue() slog.Value {
+	mask := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return "***"
+	}
+	return slog.GroupValue(
+		slog.String("nats_url", c.NATSURL), slog.String("nats_user", c.NATSUser),
+		slog.String("nats_password", mask(c.NATSPassword)), slog.String("nats_creds", c.NATSCreds),
+		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
+		slog.Any("clickhouse_addr", c.ClickHouseAddrs), slog.String("clickhouse_database", c.ClickHouseDatabase),
+		slog.String("clickhouse_password", mask(c.ClickHousePassword)),
+		slog.String("token", mask(c.Token)), slog.Bool("insecure", c.Insecure),
+		slog.Duration("lag_warn", c.LagWarn), slog.Duration("lag_alarm", c.LagAlarm),
+		slog.Int("live_max_browsers", c.LiveMaxBrowsers), slog.Float64("live_max_rate", c.LiveMaxRate),
+		slog.Int("owner_streams_per_owner", c.OwnerStreamsPerOwner), slog.Int("owner_streams_max", c.OwnerStreamsMax),
+		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
+	)
+}
+
+func (c Config) nats() natsconn.Config {
+	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+}
+
+func maskURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,216 @@
+// Package dlq is the console's view of DEAD_LETTER through pkg/deadletter:
+// counts and the newest letter per source and reason, one letter with its
+// headers and payload, and redrive of one letter or of a whole source and
+// reason.
+package dlq
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// ErrBadFilter means a source or reason is not a subject token.
+var ErrBadFilter = errors.New("source and reason must be subject tokens")
+
+// Letter is a dead letter as the panel shows it.
+type Letter struct {
+	Seq         uint64    `json:"seq"`
+	Subject     string    `json:"subject"`
+	Source      string    `json:"source"`
+	Reason      string    `json:"reason"`
+	Parked      time.Time `json:"parked"`
+	Stream      string    `json:"stream"`
+	OrigSubject string    `json:"orig_subject"`
+	OrigSeq     uint64    `json:"orig_seq"`
+	Attempts    int       `json:"attempts"`
+	Error       string    `json:"error,omitempty"`
+	Consumer    string    `json:"consumer,omitempty"`
+	ID          string    `json:"id,omitempty"`
+	// RedriveTo is the subject a redrive publishes to; RedriveRefused says
+	// why it cannot be redriven instead.
+	RedriveTo      string `json:"redrive_to,omitempty"`
+	RedriveRefused string `json:"redrive_refused,omitempty"`
+	// Headers and the payload: as indented JSON or text when it is one,
+	// else base64. Only a single letter's view carries them.
+	Headers       map[string][]string `json:"headers,omitempty"`
+	Payload       string              `json:"payload,omitempty"`
+	PayloadBase64 string              `json:"payload_base64,omitempty"`
+	PayloadBytes  int                 `json:"payload_bytes"`
+}
+
+func view(l deadletter.Letter, full bool) Letter {
+	v := Letter{
+		Seq: l.Seq, Subject: l.Subject, Source: l.Source, Reason: l.Reason, Parked: l.Time.UTC(), Stream: l.Stream,
+		OrigSubject: l.OrigSubject, OrigSeq: l.OrigSeq, Attempts: l.Attempts, Error: l.Error, Consumer: l.Consumer,
+		ID: l.ID, PayloadBytes: len(l.Data),
+	}
+	if subj, err := l.RedriveSubject(); err == nil {
+		v.RedriveTo = subj
+	} else {
+		v.RedriveRefused = err.Error()
+	}
+	if !full {
+		return v
+	}
+	v.Headers = map[string][]string(l.Header)
+	var pretty bytes.Buffer
+	switch {
+	case json.Valid(l.Data) && json.Indent(&pretty, l.Data, "", "  ") == nil:
+		v.Payload = pretty.String()
+	case utf8.Valid(l.Data):
+		v.Payload = string(l.Data)
+	default:
+		v.PayloadBase64 = base64.StdEncoding.EncodeToString(l.Data)
+	}
+	return v
+}
+
+// Group is the letters of one source and reason.
+type Group struct {
+	Source string `json:"source"`
+	Reason string `json:"reason"`
+	Count  uint64 `json:"count"`
+	Newest Letter `json:"newest"`
+}
+
+// DLQ reads and redrives dead letters.
+type DLQ struct {
+	js jetstream.JetStream
+}
+
+// New returns the DLQ view on js.
+func New(js jetstream.JetStream) *DLQ { return &DLQ{js: js} }
+
+// Groups returns a group per source and reason, sorted.
+func (d *DLQ) Groups(ctx context.Context) ([]Group, error) {
+	gs, err := deadletter.List(ctx, d.js)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Group, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, Group{Source: g.Source, Reason: g.Reason, Count: g.Count, Newest: view(g.Newest, false)})
+	}
+	return out, nil
+}
+
+func filter(source, reason string) (string, error) {
+	if (source != "" && !events.ValidToken(source)) || (reason != "" && !events.ValidToken(reason)) {
+		return "", fmt.Errorf("source %q reason %q: %w", source, reason, ErrBadFilter)
+	}
+	return deadletter.Filter(source, reason), nil
+}
+
+var errEnough = errors.New("enough letters")
+
+// Letters returns up to limit letters of source and reason (empty: any),
+// oldest first.
+func (d *DLQ) Letters(ctx context.Context, source, reason string, limit int) ([]Letter, error) {
+	f, err := filter(source, reason)
+	if err != nil {
+		return nil, err
+	}
+	out := []Letter{}
+	err = deadletter.Each(ctx, d.js, f, func(l deadletter.Letter) error {
+		out = append(out, view(l, false))
+		if len(out) >= limit {
+			return errEnough
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnough) {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Letter returns one letter with its headers and payload.
+func (d *DLQ) Letter(ctx context.Context, seq uint64) (Letter, error) {
+	l, err := deadletter.Get(ctx, d.js, seq)
+	if err != nil {
+		return Letter{}, err
+	}
+	return view(l, true), nil
+}
+
+// Redriven is the outcome of one redrive.
+type Redriven struct {
+	Seq       uint64 `json:"seq"`
+	Subject   string `json:"subject"`
+	Stream    string `json:"stream"`
+	NewSeq    uint64 `json:"new_seq"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+func redriven(r deadletter.Redriven) Redriven {
+	return Redriven{Seq: r.Letter.Seq, Subject: r.Subject, Stream: r.Stream, NewSeq: r.Seq, Duplicate: r.Duplicate}
+}
+
+// Redrive sends one letter home.
+func (d *DLQ) Redrive(ctx context.Context, seq uint64) (Redriven, error) {
+	r, err := deadletter.Redrive(ctx, d.js, seq)
+	if err != nil {
+		return Redriven{}, err
+	}
+	return redriven(r), nil
+}
+
+// GroupRedrive is the outcome of redriving a source and reason.
+type GroupRedrive struct {
+	Redriven int `json:"redriven"`
+	// Refused are the letters that cannot be redriven (left in place).
+	Refused []Refusal `json:"refused"`
+	// Incomplete is true when time ran out before every letter was tried;
+	// the rest are still there.
+	Incomplete bool   `json:"incomplete"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Refusal is a letter left in place, and why.
+type Refusal struct {
+	Seq   uint64 `json:"seq"`
+	Error string `json:"error"`
+}
+
+// RedriveGroup sends every letter of source and reason (both required)
+// stored when it started home, oldest first, until ctx ends.
+func (d *DLQ) RedriveGroup(ctx context.Context, source, reason string) (GroupRedrive, error) {
+	if source == "" || reason == "" {
+		return GroupRedrive{}, fmt.Errorf("redrive: give a source and a reason: %w", ErrBadFilter)
+	}
+	f, err := filter(source, reason)
+	if err != nil {
+		return GroupRedrive{}, err
+	}
+	out := GroupRedrive{Refused: []Refusal{}}
+	err = deadletter.Each(ctx, d.js, f, func(l deadletter.Letter) error {
+		_, err := deadletter.RedriveLetter(ctx, d.js, l)
+		if errors.Is(err, deadletter.ErrNotRedrivable) {
+			out.Refused = append(out.Refused, Refusal{Seq: l.Seq, Error: err.Error()})
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out.Redriven++
+		return nil
+	})
+	if err != nil {
+		// What was redriven stays redriven: report it with the error.
+		out.Incomplete, out.Error = true, err.Error()
+	}
+	sort.Slice(out.Refused, func(i, j int) bool { return out.Refused[i].Seq < out.Refused[j].Seq })
+	return out, nil
+}

@@ -1,0 +1,415 @@
+// Package httpapi is the console's HTTP side: the operator's page and the
+// JSON endpoints its panels poll, the live clicks as Server-Sent Events, the
+// replay and redrive actions, the owners' click stream, and the service's one
+// echo error handler.
+//
+// Routes (operator routes need the console token when one is set; see
+// auth.go):
+//
+//	GET  /                                 the page
+//	GET  /login, POST /login, POST /logout the session cookie
+//	GET  /static/*                         the page's script and style
+//	GET  /api/readers                      groups per partition, other consumers
+//	POST /api/readers/:group/replay        {"since"|"from"|"from_seq", "confirm": group}
+//	GET  /api/readers/:group/replay        the latest replay's progress
+//	GET  /api/live                         live clicks (SSE)
+//	GET  /api/alerts                       recent fraud alerts
+//	GET  /api/dlq                          dead letters per source and reason
+//	GET  /api/dlq/letters?source&reason    letters of a group, oldest first
+//	GET  /api/dlq/letters/:seq             one letter, headers and payload
+//	POST /api/dlq/letters/:seq/redrive     send one letter home
+//	POST /api/dlq/redrive                  {"source", "reason"}: send a group home
+//	GET  /api/outbox                       the redirect outbox in Redis
+//	GET  /api/warehouse                    top links and clicks per hour
+//	GET  /api/clicks/stream                an owner's clicks (SSE; owner API key)
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/services/console/internal/alerts"
+	"github.com/snipdev/snip/services/console/internal/dlq"
+	"github.com/snipdev/snip/services/console/internal/livefeed"
+	"github.com/snipdev/snip/services/console/internal/memo"
+	"github.com/snipdev/snip/services/console/internal/outboxstate"
+	"github.com/snipdev/snip/services/console/internal/ownerstream"
+	"github.com/snipdev/snip/services/console/internal/readers"
+	"github.com/snipdev/snip/services/console/internal/sse"
+	"github.com/snipdev/snip/services/console/internal/warehouseview"
+)
+
+// Readers is the readers panel and its replays.
+type Readers interface {
+	Snapshot(ctx context.Context) (readers.Snapshot, error)
+	Replay(ctx context.Context, group string, r readers.ReplayRequest) (id, desc string, err error)
+	ReplayStatus(ctx context.Context, group string) (readers.ReplayStatus, error)
+}
+
+// Live is the live clicks' hub.
+type Live interface {
+	Subscribe() (*livefeed.Subscription, error)
+	Unsubscribe(*livefeed.Subscription)
+	Stats() livefeed.Stats
+}
+
+// Alerts are the recent fraud alerts.
+type Alerts interface{ Snapshot() alerts.Snapshot }
+
+// DeadLetters reads and redrives DEAD_LETTER.
+type DeadLetters interface {
+	Groups(ctx context.Context) ([]dlq.Group, error)
+	Letters(ctx context.Context, source, reason string, limit int) ([]dlq.Letter, error)
+	Letter(ctx context.Context, seq uint64) (dlq.Letter, error)
+	Redrive(ctx context.Context, seq uint64) (dlq.Redriven, error)
+	RedriveGroup(ctx context.Context, source, reason string) (dlq.GroupRedrive, error)
+}
+
+// Outbox reads the redirect outbox.
+type Outbox interface {
+	Snapshot(ctx context.Context) (outboxstate.Snapshot, error)
+}
+
+// Warehouse reads the warehouse panel.
+type Warehouse interface {
+	Snapshot(ctx context.Context, now time.Time) warehouseview.Snapshot
+}
+
+// OwnerStreams serves the owners' click streams.
+type OwnerStreams interface {
+	Serve(ctx context.Context, w http.ResponseWriter, owner string, start ownerstream.Start) error
+}
+
+// Authenticator resolves an owner's API key.
+type Authenticator interface {
+	Authenticate(ctx context.Context, key string) (owners.Owner, error)
+}
+
+// Deps are what the routes read and act on.
+type Deps struct {
+	Readers     Readers
+	Live        Live
+	Alerts      Alerts
+	DeadLetters DeadLetters
+	// Outbox is nil when Redis holds no outbox to read.
+	Outbox    Outbox
+	Warehouse Warehouse
+	Streams   OwnerStreams
+	Owners    Authenticator
+	Auth      AuthConfig
+	// Page is what the page shows of the configuration.
+	Page PageConfig
+	// SSE tunes the live clicks stream.
+	LiveWriteTimeout time.Duration
+	// Stop closes when the service shuts down: live streams end.
+	Stop    <-chan struct{}
+	Log     *slog.Logger
+	Metrics prometheus.Registerer
+}
+
+// PageConfig is shown on the page.
+type PageConfig struct {
+	// Refresh is how often the panels poll.
+	Refresh time.Duration
+	// Warn and Alarm are the oldest-unread-age thresholds.
+	Warn, Alarm time.Duration
+}
+
+// letterLimit bounds a group's letters listed at once.
+const letterLimit = 50
+
+// groupRedriveTime bounds a group redrive within the server's 30 s write
+// timeout; the rest stay for the next press.
+const groupRedriveTime = 20 * time.Second
+
+type api struct {
+	d       Deps
+	auth    *auth
+	actions *prometheus.CounterVec
+
+	readers   *memo.Value[readers.Snapshot]
+	dlqGroups *memo.Value[[]dlq.Group]
+	outbox    *memo.Value[outboxstate.Snapshot]
+	warehouse *memo.Value[warehouseview.Snapshot]
+}
+
+// Register mounts every route on e and installs the error handler.
+func Register(e *echo.Echo, d Deps) error {
+	a := &api{
+		d: d, auth: newAuth(d.Auth),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "console", Name: "actions_total",
+			Help: "Operator actions (replay, redrive, redrive_group, login) by result."}, []string{"action", "result"}),
+	}
+	if d.Metrics != nil {
+		if err := d.Metrics.Register(a.actions); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	a.readers = memo.New(time.Second, d.Readers.Snapshot)
+	a.dlqGroups = memo.New(time.Second, d.DeadLetters.Groups)
+	a.outbox = memo.New(time.Second, func(ctx context.Context) (outboxstate.Snapshot, error) {
+		if d.Outbox == nil {
+			return outboxstate.Snapshot{}, fmt.Errorf("no redis: %w", errUnavailable)
+		}
+		return d.Outbox.Snapshot(ctx)
+	})
+	a.warehouse = memo.New(10*time.Second, func(ctx context.Context) (warehouseview.Snapshot, error) {
+		return d.Warehouse.Snapshot(ctx, time.Now()), nil
+	})
+
+	e.HTTPErrorHandler = ErrorHandler(d.Log)
+	e.Use(securityHeaders)
+	e.Use(middleware.BodyLimit("16K"))
+
+	// The owners' stream: an owner's API key, not the console token.
+	e.GET("/api/clicks/stream", a.ownerStream)
+
+	e.GET("/static/*", staticHandler())
+	e.GET("/login", a.loginPage)
+	e.POST("/login", a.login)
+	op := e.Group("", a.auth.operator)
+	op.GET("/", a.page)
+	op.POST("/logout", a.logout)
+	op.GET("/api/readers", a.getReaders)
+	op.POST("/api/readers/:group/replay", a.replay)
+	op.GET("/api/readers/:group/replay", a.replayStatus)
+	op.GET("/api/live", a.live)
+	op.GET("/api/alerts", func(c echo.Context) error { return c.JSON(http.StatusOK, d.Alerts.Snapshot()) })
+	op.GET("/api/dlq", a.dlq)
+	op.GET("/api/dlq/letters", a.letters)
+	op.GET("/api/dlq/letters/:seq", a.letter)
+	op.POST("/api/dlq/letters/:seq/redrive", a.redrive)
+	op.POST("/api/dlq/redrive", a.redriveGroup)
+	op.GET("/api/outbox", a.getOutbox)
+	op.GET("/api/warehouse", func(c echo.Context) error {
+		s, _ := a.warehouse.Get(c.Request().Context())
+		return c.JSON(http.StatusOK, s)
+	})
+	return nil
+}
+
+// securityHeaders: nothing on the page comes from elsewhere, nothing frames
+// it, no script runs that is not the console's own file.
+func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "same-origin")
+		h.Set(echo.HeaderCacheControl, "no-store")
+		return next(c)
+	}
+}
+
+// audit logs an operator action once, with who asked and from where.
+func (a *api) audit(c echo.Context, action string, err error, attrs ...any) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	a.actions.WithLabelValues(action, result).Inc()
+	attrs = append(attrs, "action", action, "result", result, "who", c.Get(whoKey), "remote", c.Request().RemoteAddr,
+		"user_agent", c.Request().UserAgent(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	a.d.Log.Info("console action", attrs...)
+}
+
+func (a *api) getReaders(c echo.Context) error {
+	s, err := a.readers.Get(c.Request().Context())
+	if err != nil {
+		return fmt.Errorf("read the readers: %w: %w", errUnavailable, err)
+	}
+	return c.JSON(http.StatusOK, s)
+}
+
+func (a *api) replay(c echo.Context) error {
+	var req readers.ReplayRequest
+	if err := decodeJSON(c, &req); err != nil {
+		return err
+	}
+	group := c.Param("group")
+	id, desc, err := a.d.Readers.Replay(c.Request().Context(), group, req)
+	a.audit(c, "replay", err, "group", group, "position", desc, "replay_id", id)
+	if err != nil {
+		return err
+	}
+	a.readers.Forget()
+	return c.JSON(http.StatusAccepted, map[string]string{
+		"id": id, "group": group, "position": desc, "note": readers.ReplayNote(group),
+	})
+}
+
+func (a *api) replayStatus(c echo.Context) error {
+	st, err := a.d.Readers.ReplayStatus(c.Request().Context(), c.Param("group"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, st)
+}
+
+// liveTick is how often the live stream sends its status (rate, skipped,
+// dropped), which doubles as its heartbeat.
+const liveTick = 2 * time.Second
+
+func (a *api) live(c echo.Context) error {
+	sub, err := a.d.Live.Subscribe()
+	if err != nil {
+		return err
+	}
+	defer a.d.Live.Unsubscribe(sub)
+	s, err := sse.Open(c.Response(), 2*time.Second, a.d.LiveWriteTimeout)
+	if err != nil {
+		return nil // the client is gone
+	}
+	for _, e := range sub.Recent() {
+		if err := s.Write(e); err != nil {
+			return nil
+		}
+	}
+	if err := s.Flush(); err != nil {
+		return nil
+	}
+	status := func() (sse.Event, bool) {
+		st := a.d.Live.Stats()
+		b, _ := json.Marshal(struct {
+			livefeed.Stats
+			Dropped uint64 `json:"dropped"`
+		}{st, sub.Dropped()})
+		return sse.Event{Name: "status", Data: b}, true
+	}
+	_ = s.Pump(c.Request().Context(), sub.C(), a.d.Stop, liveTick, status)
+	return nil
+}
+
+func (a *api) dlq(c echo.Context) error {
+	gs, err := a.dlqGroups.Get(c.Request().Context())
+	if err != nil {
+		return fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
+	}
+	var total uint64
+	for _, g := range gs {
+		total += g.Count
+	}
+	return c.JSON(http.StatusOK, map[string]any{"groups": gs, "total": total})
+}
+
+func (a *api) letters(c echo.Context) error {
+	ls, err := a.d.DeadLetters.Letters(c.Request().Context(), c.QueryParam("source"), c.QueryParam("reason"), letterLimit)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"letters": ls, "limit": letterLimit})
+}
+
+func parseSeq(s string) (uint64, error) {
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%q is not a dead-letter sequence: %w", s, errBadRequest)
+	}
+	return n, nil
+}
+
+func (a *api) letter(c echo.Context) error {
+	seq, err := parseSeq(c.Param("seq"))
+	if err != nil {
+		return err
+	}
+	l, err := a.d.DeadLetters.Letter(c.Request().Context(), seq)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, l)
+}
+
+func (a *api) redrive(c echo.Context) error {
+	seq, err := parseSeq(c.Param("seq"))
+	if err != nil {
+		return err
+	}
+	r, err := a.d.DeadLetters.Redrive(c.Request().Context(), seq)
+	a.audit(c, "redrive", err, "dead_seq", seq, "to", r.Subject, "new_seq", r.NewSeq)
+	if err != nil {
+		return err
+	}
+	a.dlqGroups.Forget()
+	return c.JSON(http.StatusOK, r)
+}
+
+func (a *api) redriveGroup(c echo.Context) error {
+	var req struct {
+		Source string `json:"source"`
+		Reason string `json:"reason"`
+	}
+	if err := decodeJSON(c, &req); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.Request().Context(), groupRedriveTime)
+	defer cancel()
+	r, err := a.d.DeadLetters.RedriveGroup(ctx, req.Source, req.Reason)
+	if err == nil && r.Error != "" {
+		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+	} else {
+		a.audit(c, "redrive_group", err, "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+	}
+	if err != nil {
+		return err
+	}
+	a.dlqGroups.Forget()
+	return c.JSON(http.StatusOK, r)
+}
+
+func (a *api) getOutbox(c echo.Context) error {
+	s, err := a.outbox.Get(c.Request().Context())
+	if err != nil {
+		return c.JSON(http.StatusOK, map[string]any{"available": false, "error": err.Error()})
+	}
+	return c.JSON(http.StatusOK, map[string]any{"available": true, "outbox": s})
+}
+
+// ownerStream serves GET /api/clicks/stream to the owner of the API key.
+// The filter is built from the key's owner inside Serve: nothing the client
+// sends chooses whose clicks it gets.
+func (a *api) ownerStream(c echo.Context) error {
+	r := c.Request()
+	key := owners.BearerKey(r.Header.Get(echo.HeaderAuthorization))
+	if key == "" {
+		return owners.ErrUnauthorized
+	}
+	o, err := a.d.Owners.Authenticate(r.Context(), key)
+	if err != nil && !errors.Is(err, owners.ErrUnauthorized) {
+		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err) // Redis away
+	}
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	start, err := ownerstream.ParseStart(r.Header.Get("Last-Event-ID"), q.Get("since_seq"), q.Get("since"))
+	if err != nil {
+		return err
+	}
+	return a.d.Streams.Serve(r.Context(), c.Response(), o.ID, start)
+}
+
+// decodeJSON reads a JSON body with no unknown fields.
+func decodeJSON(c echo.Context, v any) error {
+	dec := json.NewDecoder(c.Request().Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode body: %v: %w", err, errBadRequest)
+	}
+	return nil
+}

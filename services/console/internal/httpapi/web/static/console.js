@@ -1,0 +1,295 @@
+// The Snip console's page: it polls the console's JSON endpoints and renders
+// them, follows the live clicks over Server-Sent Events, and posts the
+// replay and redrive actions. Everything from the system goes into the page
+// as text (textContent), never as HTML.
+'use strict';
+
+const REFRESH_MS = Number(document.body.dataset.refreshMs) || 2000;
+const WAREHOUSE_MS = 30000;
+const LIVE_ROWS = 100;
+
+// el builds an element: el('td', {class: 'num'}, 'text', childNode).
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children) {
+    if (c === undefined || c === null) continue;
+    e.append(c instanceof Node ? c : String(c));
+  }
+  return e;
+}
+
+function table(headers, rows) {
+  return el('table', {},
+    el('thead', {}, el('tr', {}, ...headers.map((h) => el('th', {}, h)))),
+    el('tbody', {}, ...rows));
+}
+
+function show(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
+
+function age(s) {
+  if (!s) return '—';
+  if (s < 60) return s.toFixed(1) + ' s';
+  if (s < 3600) return Math.floor(s / 60) + 'm ' + Math.floor(s % 60) + 's';
+  if (s < 86400) return Math.floor(s / 3600) + 'h ' + Math.floor((s % 3600) / 60) + 'm';
+  return Math.floor(s / 86400) + 'd ' + Math.floor((s % 86400) / 3600) + 'h';
+}
+
+function when(t) { return t ? new Date(t).toLocaleString() : '—'; }
+function num(n) { return (n || 0).toLocaleString(); }
+function level(l) { return el('span', {class: 'badge lvl-' + l}, l); }
+
+async function request(method, path, body) {
+  const opts = {method, credentials: 'same-origin', headers: {Accept: 'application/json'}};
+  if (body !== undefined) {
+    opts.headers['Content-Type'] = 'application/json';
+    opts.body = JSON.stringify(body);
+  }
+  const r = await fetch(path, opts);
+  if (r.status === 401) { location.href = '/login'; throw new Error('not logged in'); }
+  const j = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(j.error ? j.error.message : r.status + ' ' + r.statusText);
+  return j;
+}
+
+function failed(id, err) { show(id, el('p', {class: 'lvl-alarm'}, 'Cannot read: ' + err.message)); }
+
+// ---- readers and other consumers
+
+function renderReaders(s) {
+  if (!s.groups.length) { show('readers', el('p', {class: 'muted'}, 'No consumer group on CLICKS yet.')); }
+  else {
+    show('readers', ...s.groups.map((g) => el('div', {class: 'group'},
+      el('h3', {}, g.group, ' ', level(g.level), ' ',
+        el('button', {type: 'button', onclick: () => openReplay(g)}, 'Replay…')),
+      el('p', {}, 'pending ', el('b', {}, num(g.pending)), ', in flight ', el('b', {}, num(g.in_flight)),
+        ', oldest unread ', el('b', {class: 'lvl-' + g.level}, age(g.oldest_unread_age_s)),
+        g.unowned ? el('span', {class: 'lvl-alarm'}, ` — ${g.unowned} partition(s) with events and no member`) : ''),
+      table(['partition', 'pending', 'in flight', 'oldest unread', 'ack floor', 'owner'],
+        g.partitions.map((p) => el('tr', {class: 'lvl-' + p.level},
+          el('td', {class: 'num'}, p.partition), el('td', {class: 'num'}, num(p.pending)),
+          el('td', {class: 'num'}, num(p.in_flight)), el('td', {class: 'num'}, age(p.oldest_unread_age_s)),
+          el('td', {class: 'num'}, p.ack_floor), el('td', {}, p.pinned ? 'pinned' : '—')))))));
+  }
+  show('consumers', s.consumers.length
+    ? table(['stream', 'consumer', 'pending', 'in flight', 'redelivered', 'waiting pulls', 'oldest unread'],
+      s.consumers.map((c) => el('tr', {class: 'lvl-' + c.level},
+        el('td', {}, c.stream), el('td', {title: c.filter}, c.consumer), el('td', {class: 'num'}, num(c.pending)),
+        el('td', {class: 'num'}, num(c.in_flight)), el('td', {class: 'num'}, num(c.redelivered)),
+        el('td', {class: 'num'}, num(c.waiting)), el('td', {class: 'num'}, age(c.oldest_unread_age_s)))))
+    : el('p', {class: 'muted'}, 'None.'));
+}
+
+// ---- replay
+
+let replayGroup = null;
+let replayPoll = null;
+
+function openReplay(g) {
+  replayGroup = g.group;
+  const f = document.getElementById('replay-form');
+  f.reset();
+  document.getElementById('replay-group').textContent = g.group;
+  document.getElementById('replay-note').textContent = g.replay_note;
+  document.getElementById('replay-result').textContent = '';
+  document.getElementById('replay-dialog').showModal();
+}
+
+async function submitReplay(ev) {
+  ev.preventDefault();
+  const f = ev.target;
+  const kind = f.elements.kind.value;
+  const body = {confirm: f.elements.confirm.value};
+  if (kind === 'since') body.since = f.elements.since.value;
+  else if (kind === 'from') body.from = f.elements.from.value;
+  else body.from_seq = Number(f.elements.from_seq.value);
+  const out = document.getElementById('replay-result');
+  try {
+    const r = await request('POST', '/api/readers/' + encodeURIComponent(replayGroup) + '/replay', body);
+    out.textContent = `Replay ${r.id} requested (${r.position}). Waiting for each partition's owner…`;
+    watchReplay(replayGroup, r.id, out);
+  } catch (err) {
+    out.textContent = 'Refused: ' + err.message;
+  }
+}
+
+function watchReplay(group, id, out) {
+  clearInterval(replayPoll);
+  replayPoll = setInterval(async () => {
+    try {
+      const s = await request('GET', '/api/readers/' + encodeURIComponent(group) + '/replay');
+      if (s.id !== id) { out.textContent = `Another replay (${s.id}) was requested since.`; clearInterval(replayPoll); return; }
+      out.textContent = `Replay ${id}: ${s.partitions_done} of ${s.partitions} partitions moved back` +
+        (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…');
+      if (s.done) clearInterval(replayPoll);
+    } catch (err) { out.textContent = 'Cannot read the progress: ' + err.message; }
+  }, 1000);
+}
+
+// ---- outbox, alerts
+
+function renderOutbox(j) {
+  if (!j.available) { show('outbox', el('p', {class: 'muted'}, j.error)); return; }
+  const o = j.outbox;
+  show('outbox',
+    table(['lane', 'entries', 'oldest'], o.lanes.map((l) => el('tr', {class: 'lvl-' + l.level},
+      el('td', {}, l.lane), el('td', {class: 'num'}, num(l.entries)), el('td', {class: 'num'}, age(l.oldest_age_s))))),
+    el('p', {}, `${o.shards} shards, ${o.relays} live relay(s)`,
+      o.unleased_shards ? el('span', {class: 'lvl-alarm'}, `, ${o.unleased_shards} shard(s) without a relay`) : '',
+      o.dead_entries ? el('span', {class: 'lvl-alarm'}, `, ${o.dead_entries} entries parked in Redis`) : ''));
+}
+
+function renderAlerts(j) {
+  const rows = j.alerts.map((a) => el('tr', {},
+    el('td', {}, when(a.ts)), el('td', {}, a.rule), el('td', {}, a.owner + '/' + a.code),
+    el('td', {class: 'num'}, `${a.count} > ${a.threshold}`),
+    el('td', {}, when(a.window_start) + ' – ' + when(a.window_end)), el('td', {}, a.detail || '')));
+  show('alerts',
+    el('p', {class: 'muted'}, `${j.seen} alert(s) read`, j.following ? '' : ' — not following FRAUD: ' + (j.error || 'starting')),
+    rows.length ? table(['time', 'rule', 'link', 'count', 'window', 'detail'], rows) : el('p', {class: 'muted'}, 'No alerts.'));
+}
+
+// ---- dead letters
+
+function renderDLQ(j) {
+  if (!j.groups.length) { show('dlq', el('p', {class: 'muted'}, 'No dead letters.')); return; }
+  show('dlq', el('p', {}, el('b', {}, num(j.total)), ' dead letters'),
+    table(['source', 'reason', 'count', 'newest parked', 'newest error', ''], j.groups.map((g) => el('tr', {},
+      el('td', {}, g.source), el('td', {}, g.reason), el('td', {class: 'num'}, num(g.count)),
+      el('td', {}, when(g.newest.parked)), el('td', {class: 'error'}, g.newest.error || ''),
+      el('td', {},
+        el('button', {type: 'button', onclick: () => showLetters(g.source, g.reason)}, 'Letters'), ' ',
+        el('button', {type: 'button', onclick: () => redriveGroup(g.source, g.reason, g.count)}, 'Redrive all'))))));
+}
+
+async function showLetters(source, reason) {
+  try {
+    const j = await request('GET', `/api/dlq/letters?source=${encodeURIComponent(source)}&reason=${encodeURIComponent(reason)}`);
+    show('letters', el('h3', {}, `dead.${source}.${reason}`, el('span', {class: 'muted'}, ` (the oldest ${j.limit} at most)`)),
+      table(['seq', 'parked', 'from', 'attempts', 'error', ''], j.letters.map((l) => el('tr', {},
+        el('td', {class: 'num'}, l.seq), el('td', {}, when(l.parked)), el('td', {}, `${l.stream} #${l.orig_seq}`),
+        el('td', {class: 'num'}, l.attempts), el('td', {class: 'error'}, l.error || ''),
+        el('td', {},
+          el('button', {type: 'button', onclick: () => showLetter(l.seq)}, 'Show'), ' ',
+          el('button', {type: 'button', disabled: !l.redrive_to, title: l.redrive_refused || 'to ' + l.redrive_to,
+            onclick: () => redrive(l.seq, source, reason)}, 'Redrive'))))));
+  } catch (err) { failed('letters', err); }
+}
+
+async function showLetter(seq) {
+  const pre = document.getElementById('letter');
+  try {
+    const l = await request('GET', '/api/dlq/letters/' + seq);
+    const lines = [`seq ${l.seq}  ${l.subject}  parked ${when(l.parked)}`,
+      `from ${l.stream} #${l.orig_seq} (${l.orig_subject}), consumer ${l.consumer || '—'}, ${l.attempts} attempt(s)`,
+      l.redrive_to ? `redrive to ${l.redrive_to}` : `cannot be redriven: ${l.redrive_refused}`, '', 'headers:'];
+    for (const [k, vs] of Object.entries(l.headers || {})) for (const v of vs) lines.push(`  ${k}: ${v}`);
+    lines.push('', `payload (${l.payload_bytes} bytes)${l.payload_base64 ? ', base64' : ''}:`, l.payload || l.payload_base64 || '');
+    pre.textContent = lines.join('\n');
+    pre.hidden = false;
+  } catch (err) { pre.textContent = 'Cannot read letter ' + seq + ': ' + err.message; pre.hidden = false; }
+}
+
+async function redrive(seq, source, reason) {
+  if (!confirm(`Redrive dead letter ${seq} to where it came from?`)) return;
+  try {
+    const r = await request('POST', `/api/dlq/letters/${seq}/redrive`);
+    alert(`Redriven to ${r.subject} (${r.stream} #${r.new_seq})${r.duplicate ? ', already there' : ''}.`);
+  } catch (err) { alert('Redrive refused: ' + err.message); }
+  showLetters(source, reason);
+  poll();
+}
+
+async function redriveGroup(source, reason, count) {
+  if (!confirm(`Redrive all ${count} dead letters of dead.${source}.${reason}? Fix their cause first.`)) return;
+  try {
+    const r = await request('POST', '/api/dlq/redrive', {source, reason});
+    alert(`${r.redriven} redriven` + (r.refused.length ? `, ${r.refused.length} cannot be (left in place)` : '') +
+      (r.incomplete ? `; stopped early (${r.error}): press again for the rest` : '') + '.');
+  } catch (err) { alert('Redrive refused: ' + err.message); }
+  poll();
+}
+
+// ---- warehouse
+
+function renderWarehouse(j) {
+  if (!j.available) { show('warehouse', el('p', {class: 'muted'}, j.error)); return; }
+  const most = Math.max(1, ...j.hours.map((h) => h.Clicks));
+  show('warehouse',
+    el('div', {class: 'cols'},
+      el('div', {}, el('h3', {}, 'Top links'), j.top_links.length
+        ? table(['owner', 'link', 'clicks', 'bots'], j.top_links.map((l) => el('tr', {},
+          el('td', {}, l.Owner), el('td', {}, l.Code), el('td', {class: 'num'}, num(l.Clicks)), el('td', {class: 'num'}, num(l.BotClicks)))))
+        : el('p', {class: 'muted'}, 'No clicks in the last 24 hours.')),
+      el('div', {}, el('h3', {}, 'Clicks per hour'), ...j.hours.map((h) => {
+        const bar = el('span', {class: 'bar'});
+        bar.style.width = (100 * h.Clicks / most).toFixed(1) + '%';
+        return el('div', {class: 'hour'}, el('span', {class: 'label'}, new Date(h.Hour).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})),
+          bar, el('span', {class: 'num'}, num(h.Clicks) + (h.BotClicks ? ` (${num(h.BotClicks)} bots)` : '')));
+      }))));
+}
+
+// ---- live clicks
+
+let live = null;
+let lastSeq = 0;
+
+function startLive() {
+  live = new EventSource('/api/live');
+  live.addEventListener('click', (ev) => {
+    const c = JSON.parse(ev.data);
+    if (c.seq <= lastSeq) return; // a reconnect sends the recent ones again
+    lastSeq = c.seq;
+    const rows = document.getElementById('live');
+    rows.prepend(el('tr', {class: c.bot ? 'bot' : ''},
+      el('td', {}, new Date(c.ts).toLocaleTimeString()), el('td', {class: 'num'}, c.seq), el('td', {class: 'num'}, c.partition),
+      el('td', {}, c.code), el('td', {}, c.owner), el('td', {}, c.country || '—'), el('td', {}, c.bot ? 'bot' : 'human'),
+      el('td', {}, c.referrer_host || '—')));
+    while (rows.children.length > LIVE_ROWS) rows.lastElementChild.remove();
+  });
+  live.addEventListener('status', (ev) => {
+    const s = JSON.parse(ev.data);
+    document.getElementById('live-status').textContent =
+      `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${s.browsers} watching`;
+  });
+  live.onerror = () => { document.getElementById('live-status').textContent = 'reconnecting…'; };
+}
+
+document.getElementById('live-toggle').addEventListener('click', (ev) => {
+  if (live) { live.close(); live = null; ev.target.textContent = 'Resume'; document.getElementById('live-status').textContent = 'paused'; }
+  else { startLive(); ev.target.textContent = 'Pause'; }
+});
+
+// ---- polling
+
+async function poll() {
+  const jobs = [
+    request('GET', '/api/readers').then(renderReaders, (e) => { failed('readers', e); failed('consumers', e); }),
+    request('GET', '/api/outbox').then(renderOutbox, (e) => failed('outbox', e)),
+    request('GET', '/api/alerts').then(renderAlerts, (e) => failed('alerts', e)),
+    request('GET', '/api/dlq').then(renderDLQ, (e) => failed('dlq', e)),
+  ];
+  await Promise.allSettled(jobs);
+  document.getElementById('updated').textContent = 'Updated ' + new Date().toLocaleTimeString();
+}
+
+async function pollWarehouse() {
+  await request('GET', '/api/warehouse').then(renderWarehouse, (e) => failed('warehouse', e));
+}
+
+document.getElementById('replay-form').addEventListener('submit', submitReplay);
+document.getElementById('replay-close').addEventListener('click', () => {
+  clearInterval(replayPoll);
+  document.getElementById('replay-dialog').close();
+});
+
+poll();
+pollWarehouse();
+setInterval(poll, REFRESH_MS);
+setInterval(pollWarehouse, WAREHOUSE_MS);
+startLive();

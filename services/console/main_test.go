@@ -1,0 +1,774 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/dashboard/dashboardtest"
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/ownerstream"
+	"github.com/snipdev/snip/services/console/internal/sse"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithClickHouse()))
+}
+
+const testToken = "console-test-token-0123456789"
+
+// system is a console running in the test against its own NATS, Redis
+// database and ClickHouse database.
+type system struct {
+	url  string
+	js   jetstream.JetStream
+	rdb  *redis.Client
+	ch   driver.Conn
+	stop func() error
+}
+
+// start runs the console with cfg's defaults as in production, on loopback,
+// with the test's servers and whatever edit changes.
+func start(t *testing.T, edit func(*Config)) *system {
+	t.Helper()
+	_, js := consoletest.NATS(t)
+	natsURL := js.Conn().ConnectedUrl()
+	rdb, db := servers.Redis.NewDB(t)
+	conn, chdb := servers.ClickHouse.NewDB(t)
+	dashboardtest.ApplySchema(t, conn)
+	cfg, err := loadConfig([]string{
+		"NATS_URL=" + natsURL, "REDIS_URL=" + servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0",
+		"CLICKHOUSE_ADDR=" + servers.ClickHouse.Addr, "CLICKHOUSE_DATABASE=" + chdb, "SHUTDOWN_TIMEOUT=5s",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	addr := make(chan string, 1)
+	cfg.Ready = func(a string) { addr <- a }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	go func() { done <- run(ctx, log, cfg) }()
+	s := &system{js: js, rdb: rdb, ch: conn}
+	stopped := false
+	s.stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("console did not stop within 30 s")
+		}
+	}
+	t.Cleanup(func() {
+		if err := s.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case a := <-addr:
+		s.url = "http://" + a
+	case err := <-done:
+		t.Fatalf("console stopped at start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("console not listening after 30 s")
+	}
+	return s
+}
+
+func withToken(c *Config) { c.Token = testToken }
+
+// do sends a request with optional JSON body and headers and returns the
+// status and body.
+func do(t *testing.T, client *http.Client, method, url string, body any, header map[string]string) (int, []byte) {
+	t.Helper()
+	var r io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		r = strings.NewReader(string(b))
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, url, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range header {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	if client == nil {
+		client = noRedirects()
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func noRedirects() *http.Client {
+	return &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+var bearer = map[string]string{"Authorization": "Bearer " + testToken}
+
+func getJSON(t *testing.T, s *system, path string, into any) {
+	t.Helper()
+	code, b := do(t, nil, http.MethodGet, s.url+path, nil, bearer)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, b)
+	}
+	if err := json.Unmarshal(b, into); err != nil {
+		t.Fatalf("GET %s: %v in %s", path, err, b)
+	}
+}
+
+// metric reads one sample from /metrics ("name" or "name{labels}").
+func metric(t *testing.T, s *system, name string) float64 {
+	t.Helper()
+	_, b := do(t, nil, http.MethodGet, s.url+"/metrics", nil, nil)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
+func TestPageHasEveryPanelAndLoadsNothingFromElsewhere(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	code, b := do(t, nil, http.MethodGet, s.url+"/", nil, bearer)
+	if code != http.StatusOK {
+		t.Fatalf("GET /: %d", code)
+	}
+	page := string(b)
+	for _, id := range []string{"panel-readers", "panel-consumers", "panel-outbox", "panel-live", "panel-alerts", "panel-dlq", "panel-warehouse", "replay-dialog"} {
+		if !strings.Contains(page, `id="`+id+`"`) {
+			t.Errorf("the page has no #%s", id)
+		}
+	}
+	if strings.Contains(page, "http://") || strings.Contains(page, "https://") {
+		t.Errorf("the page refers to another site")
+	}
+	for _, path := range []string{"/static/console.js", "/static/console.css"} {
+		if code, b := do(t, nil, http.MethodGet, s.url+path, nil, nil); code != http.StatusOK || len(b) < 100 {
+			t.Errorf("GET %s: %d, %d bytes", path, code, len(b))
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, s.url+"/", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "script-src 'self'") {
+		t.Errorf("Content-Security-Policy = %q", csp)
+	}
+	// Without the token: the page sends to the login form, the API says 401.
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/", nil, nil); code != http.StatusSeeOther {
+		t.Errorf("GET / without the token: %d, want 303 to /login", code)
+	}
+	for _, path := range []string{"/api/readers", "/api/dlq", "/api/alerts", "/api/outbox", "/api/warehouse", "/api/live"} {
+		if code, _ := do(t, nil, http.MethodGet, s.url+path, nil, nil); code != http.StatusUnauthorized {
+			t.Errorf("GET %s without the token: %d, want 401", path, code)
+		}
+		if code, _ := do(t, nil, http.MethodGet, s.url+path, nil, map[string]string{"Authorization": "Bearer wrong-token-0123456789"}); code != http.StatusUnauthorized {
+			t.Errorf("GET %s with a wrong token: %d, want 401", path, code)
+		}
+	}
+}
+
+// seed puts something in every panel: a group that is down with lag, dead
+// letters, a fraud alert, warehouse rows, an outbox backlog.
+func seed(t *testing.T, s *system) (parked []uint64) {
+	t.Helper()
+	ctx := t.Context()
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig("down-reader", p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clicks := consoletest.Clicks("acme", "abc", 6)
+	seqs := consoletest.Publish(t, s.js, clicks...)
+	for i, c := range clicks[:3] {
+		data, _ := json.Marshal(c)
+		ack, err := deadletter.Publish(ctx, s.js, deadletter.Parcel{
+			Source: "down-reader", Reason: "malformed", Stream: events.ClicksStream,
+			Subject: events.PartitionedClickSubject(consoletest.Partitions, c.Owner, c.Code), Seq: seqs[i],
+			Attempts: 1, Error: "test: <b>not</b> a click", Consumer: "down-reader", Data: data,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		parked = append(parked, ack.Sequence)
+	}
+	if _, err := deadletter.Publish(ctx, s.js, deadletter.Parcel{
+		Source: "preview", Reason: "timeout", Stream: events.PreviewJobsStream, Subject: events.PreviewJobSubject,
+		Seq: 1, Attempts: 5, Error: "deadline exceeded", Consumer: topology.PreviewConsumer, Data: []byte(`{"v":1,"id":"job-1"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	consoletest.PublishAlert(t, s.js, consoletest.Alert("acme", "abc", "link_flood", 0))
+
+	now := time.Now().UTC()
+	dashboardtest.Insert(t, s.ch, []events.Click{
+		dashboardtest.Click("acme", "abc", now, false), dashboardtest.Click("acme", "abc", now, true),
+		dashboardtest.Click("globex", "xyz", now, false),
+	})
+
+	s.rdb.Set(ctx, "snip:outbox:shards", 1, 0)
+	s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: "snip:{s0}:outbox:clicks", ID: strconv.FormatInt(now.Add(-2*time.Minute).UnixMilli(), 10) + "-0",
+		Values: []any{"id", "x", "subject", "clicks.acme.abc", "data", "{}"}})
+	return parked
+}
+
+func TestPanelsShowTheSeededSystem(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	parked := seed(t, s)
+
+	var readersPanel struct {
+		Groups []struct {
+			Group     string  `json:"group"`
+			Pending   uint64  `json:"pending"`
+			OldestAge float64 `json:"oldest_unread_age_s"`
+			Unowned   int     `json:"unowned"`
+			Note      string  `json:"replay_note"`
+		} `json:"groups"`
+		Consumers []struct {
+			Consumer string `json:"consumer"`
+		} `json:"consumers"`
+		Warn float64 `json:"warn_after_s"`
+	}
+	getJSON(t, s, "/api/readers", &readersPanel)
+	if len(readersPanel.Groups) != 1 || readersPanel.Groups[0].Group != "down-reader" || readersPanel.Groups[0].Pending != 6 ||
+		readersPanel.Groups[0].OldestAge <= 0 || readersPanel.Groups[0].Unowned == 0 || readersPanel.Warn != 60 {
+		t.Errorf("readers panel: %+v", readersPanel)
+	}
+	if len(readersPanel.Consumers) == 0 || readersPanel.Consumers[0].Consumer != topology.PreviewConsumer {
+		t.Errorf("other consumers: %+v, want the preview workers' consumer", readersPanel.Consumers)
+	}
+
+	var dlqPanel struct {
+		Total  uint64 `json:"total"`
+		Groups []struct {
+			Source, Reason string
+			Count          uint64
+			Newest         struct{ Seq uint64 }
+		} `json:"groups"`
+	}
+	getJSON(t, s, "/api/dlq", &dlqPanel)
+	if dlqPanel.Total != 4 || len(dlqPanel.Groups) != 2 || dlqPanel.Groups[0].Source != "down-reader" ||
+		dlqPanel.Groups[0].Count != 3 || dlqPanel.Groups[0].Newest.Seq != parked[2] {
+		t.Errorf("dlq panel: %+v", dlqPanel)
+	}
+	var letters struct {
+		Letters []struct{ Seq uint64 } `json:"letters"`
+	}
+	getJSON(t, s, "/api/dlq/letters?source=down-reader&reason=malformed", &letters)
+	if len(letters.Letters) != 3 || letters.Letters[0].Seq != parked[0] {
+		t.Errorf("letters of down-reader/malformed: %+v, want the 3 parked, oldest first", letters)
+	}
+	var letter struct {
+		Error     string              `json:"error"`
+		Payload   string              `json:"payload"`
+		Headers   map[string][]string `json:"headers"`
+		RedriveTo string              `json:"redrive_to"`
+	}
+	getJSON(t, s, "/api/dlq/letters/"+strconv.FormatUint(parked[0], 10), &letter)
+	if letter.Error != "test: <b>not</b> a click" || !strings.Contains(letter.Payload, `"owner": "acme"`) ||
+		letter.Headers[events.HeaderDeadReason][0] != "malformed" || letter.RedriveTo != "clicks.acme.abc" {
+		t.Errorf("letter: %+v", letter)
+	}
+	// The JSON escapes markup; the page puts it in the DOM as text.
+	_, raw := do(t, nil, http.MethodGet, s.url+"/api/dlq/letters/"+strconv.FormatUint(parked[0], 10), nil, bearer)
+	if strings.Contains(string(raw), "<b>") {
+		t.Errorf("letter JSON carries raw markup: %s", raw)
+	}
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/dlq/letters/999999", nil, bearer); code != http.StatusNotFound {
+		t.Errorf("a letter that is not there: %d, want 404", code)
+	}
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/dlq/letters?source=a.b", nil, bearer); code != http.StatusBadRequest {
+		t.Errorf("a source that is not a token: %d, want 400", code)
+	}
+
+	var alertsPanel struct {
+		Alerts []struct{ Rule, Owner, Code string }
+		Seen   int
+	}
+	testenv.WaitFor(t, 30*time.Second, "the alert read", func() bool {
+		getJSON(t, s, "/api/alerts", &alertsPanel)
+		return alertsPanel.Seen == 1
+	})
+	if a := alertsPanel.Alerts[0]; a.Rule != "link_flood" || a.Owner != "acme" || a.Code != "abc" {
+		t.Errorf("alert: %+v", a)
+	}
+
+	var wh struct {
+		Available bool
+		TopLinks  []struct {
+			Owner, Code       string
+			Clicks, BotClicks uint64
+		} `json:"top_links"`
+		Hours []struct{ Clicks uint64 }
+	}
+	getJSON(t, s, "/api/warehouse", &wh)
+	if !wh.Available || len(wh.TopLinks) != 2 || wh.TopLinks[0].Code != "abc" || wh.TopLinks[0].Clicks != 2 || wh.TopLinks[0].BotClicks != 1 ||
+		len(wh.Hours) != 1 || wh.Hours[0].Clicks != 3 {
+		t.Errorf("warehouse panel: %+v", wh)
+	}
+
+	var outbox struct {
+		Available bool
+		Outbox    struct {
+			Lanes []struct {
+				Lane    string
+				Entries int64
+				Level   string
+			}
+		}
+	}
+	getJSON(t, s, "/api/outbox", &outbox)
+	if !outbox.Available || outbox.Outbox.Lanes[0].Entries != 1 || outbox.Outbox.Lanes[0].Level != "warn" {
+		t.Errorf("outbox panel: %+v", outbox)
+	}
+}
+
+// Without ClickHouse the panel says so and everything else works.
+func TestWithoutClickHouseThePanelSaysSo(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, func(c *Config) { withToken(c); c.ClickHouseAddrs = []string{"127.0.0.1:" + strconv.Itoa(port)} })
+	var wh struct {
+		Available bool
+		Error     string
+	}
+	getJSON(t, s, "/api/warehouse", &wh)
+	if wh.Available || !strings.Contains(wh.Error, "ClickHouse not reachable") {
+		t.Errorf("warehouse panel without ClickHouse: %+v", wh)
+	}
+	var r struct{ Groups []any }
+	getJSON(t, s, "/api/readers", &r)
+}
+
+func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	parked := seed(t, s)
+	replay := map[string]any{"from_seq": 1, "confirm": "down-reader"}
+	path := s.url + "/api/readers/down-reader/replay"
+
+	// No token, a wrong one: refused, nothing requested.
+	if code, _ := do(t, nil, http.MethodPost, path, replay, nil); code != http.StatusUnauthorized {
+		t.Errorf("replay without the token: %d, want 401", code)
+	}
+	var st struct{ ID string }
+	getJSON(t, s, "/api/readers/down-reader/replay", &st)
+	if st.ID != "" {
+		t.Fatalf("a refused replay was requested: %+v", st)
+	}
+	// Unconfirmed: refused.
+	if code, b := do(t, nil, http.MethodPost, path, map[string]any{"from_seq": 1}, bearer); code != http.StatusBadRequest || !strings.Contains(string(b), "not_confirmed") {
+		t.Errorf("unconfirmed replay: %d %s, want 400 not_confirmed", code, b)
+	}
+	if code, _ := do(t, nil, http.MethodPost, s.url+"/api/readers/nope/replay", map[string]any{"from_seq": 1, "confirm": "nope"}, bearer); code != http.StatusNotFound {
+		t.Errorf("replay of a group that does not exist: %d, want 404", code)
+	}
+	// With the token (a script): accepted.
+	code, b := do(t, nil, http.MethodPost, path, replay, bearer)
+	if code != http.StatusAccepted {
+		t.Fatalf("replay with the token: %d %s", code, b)
+	}
+	var accepted struct{ ID, Position string }
+	_ = json.Unmarshal(b, &accepted)
+	getJSON(t, s, "/api/readers/down-reader/replay", &st)
+	if st.ID == "" || st.ID != accepted.ID {
+		t.Errorf("replay status %+v, want request %s", st, accepted.ID)
+	}
+
+	// A browser: log in, then act with the cookie from the same origin.
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	form := url.Values{"token": {"wrong-token-0123456789"}}
+	resp, err := browser.PostForm(s.url+"/login", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("login with a wrong token: %d, want 401", resp.StatusCode)
+	}
+	resp, err = browser.PostForm(s.url+"/login", url.Values{"token": {testToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cookies := resp.Cookies()
+	if resp.StatusCode != http.StatusSeeOther || len(cookies) != 1 || !cookies[0].HttpOnly || cookies[0].SameSite != http.SameSiteStrictMode ||
+		strings.Contains(cookies[0].Value, testToken) {
+		t.Fatalf("login: %d, cookies %+v; want 303 and one HttpOnly SameSite=Strict cookie without the token in it", resp.StatusCode, cookies)
+	}
+	sameOrigin := map[string]string{"Origin": s.url, "Sec-Fetch-Site": "same-origin"}
+	crossSite := map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+	letterPath := func(i int) string { return s.url + "/api/dlq/letters/" + strconv.FormatUint(parked[i], 10) + "/redrive" }
+
+	if code, _ := do(t, browser, http.MethodPost, letterPath(0), nil, crossSite); code != http.StatusForbidden {
+		t.Errorf("cross-origin redrive with the session cookie: %d, want 403", code)
+	}
+	if code, _ := do(t, browser, http.MethodPost, path, replay, map[string]string{"Origin": "http://evil.example"}); code != http.StatusForbidden {
+		t.Errorf("cross-origin replay (Origin only) with the session cookie: %d, want 403", code)
+	}
+	if _, err := deadletter.Get(t.Context(), s.js, parked[0]); err != nil {
+		t.Fatalf("a refused redrive touched the letter: %v", err)
+	}
+	code, b = do(t, browser, http.MethodPost, letterPath(0), nil, sameOrigin)
+	if code != http.StatusOK {
+		t.Fatalf("same-origin redrive with the session cookie: %d %s", code, b)
+	}
+	var redriven struct {
+		Subject string
+		Stream  string
+		NewSeq  uint64 `json:"new_seq"`
+	}
+	_ = json.Unmarshal(b, &redriven)
+	if redriven.Subject != "clicks.acme.abc" || redriven.Stream != events.ClicksStream {
+		t.Errorf("redriven: %+v", redriven)
+	}
+	m, err := s.js.Conn().JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.GetMsg(events.ClicksStream, redriven.NewSeq); err != nil || got.Header.Get(deadletter.HeaderRedriveOf) != strconv.FormatUint(parked[0], 10) {
+		t.Errorf("the redriven click on CLICKS: %v, %v", got, err)
+	}
+	if code, _ := do(t, browser, http.MethodPost, letterPath(0), nil, sameOrigin); code != http.StatusNotFound {
+		t.Errorf("redriving it again: %d, want 404 (gone)", code)
+	}
+
+	// Redrive the rest of the group, as a script.
+	code, b = do(t, nil, http.MethodPost, s.url+"/api/dlq/redrive", map[string]string{"source": "down-reader", "reason": "malformed"}, bearer)
+	var group struct{ Redriven int }
+	_ = json.Unmarshal(b, &group)
+	if code != http.StatusOK || group.Redriven != 2 {
+		t.Errorf("group redrive: %d %s, want the 2 left", code, b)
+	}
+	if code, _ := do(t, nil, http.MethodPost, s.url+"/api/dlq/redrive", map[string]string{"source": "down-reader"}, bearer); code != http.StatusBadRequest {
+		t.Errorf("group redrive without a reason: %d, want 400", code)
+	}
+	var dlqPanel struct{ Total uint64 }
+	getJSON(t, s, "/api/dlq", &dlqPanel)
+	if dlqPanel.Total != 1 {
+		t.Errorf("dead letters left: %d, want the preview one", dlqPanel.Total)
+	}
+	if n := metric(t, s, `snip_console_actions_total{action="redrive",result="ok"}`); n != 1 {
+		t.Errorf("redrive actions counted: %v", n)
+	}
+}
+
+func TestWithoutATokenOnlyLoopbackIsServed(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		env     []string
+		wantErr bool
+	}{
+		{"loopback_without_token", []string{"HTTP_ADDR=127.0.0.1:8085"}, false},
+		{"localhost_without_token", []string{"HTTP_ADDR=localhost:8085"}, false},
+		{"ipv6_loopback_without_token", []string{"HTTP_ADDR=[::1]:8085"}, false},
+		{"every_interface_without_token", []string{"HTTP_ADDR=:8085"}, true},
+		{"public_address_without_token", []string{"HTTP_ADDR=0.0.0.0:8085"}, true},
+		{"every_interface_insecure", []string{"HTTP_ADDR=:8085", "CONSOLE_INSECURE=true"}, false},
+		{"every_interface_with_token", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=" + testToken}, false},
+		{"short_token", []string{"CONSOLE_TOKEN=short"}, true},
+		{"alarm_before_warn", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_LAG_WARN=5m", "CONSOLE_LAG_ALARM=1m"}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := loadConfig(tc.env)
+			if (err != nil) != tc.wantErr {
+				t.Errorf("loadConfig(%v) = %v, want error: %v", tc.env, err, tc.wantErr)
+			}
+		})
+	}
+
+	s := start(t, nil) // no token, on 127.0.0.1
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/readers", nil, nil); code != http.StatusOK {
+		t.Errorf("loopback console without a token: %d, want 200", code)
+	}
+	// A page elsewhere pointing a DNS name at 127.0.0.1 (DNS rebinding).
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/readers", nil, map[string]string{"Host": "evil.example:8085"}); code != http.StatusForbidden {
+		t.Errorf("Host evil.example on a loopback console: %d, want 403", code)
+	}
+	if code, _ := do(t, nil, http.MethodPost, s.url+"/api/dlq/redrive", map[string]string{"source": "a", "reason": "b"},
+		map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}); code != http.StatusForbidden {
+		t.Errorf("cross-site POST to a loopback console: %d, want 403", code)
+	}
+}
+
+// liveClient opens /api/live.
+func liveClient(t *testing.T, s *system) *sse.Reader {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, s.url+"/api/live", nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /api/live: %d", resp.StatusCode)
+	}
+	return sse.NewReader(resp.Body)
+}
+
+func TestLiveClicksReachThePageAndASlowPageIsDropped(t *testing.T) {
+	t.Parallel()
+	s := start(t, func(c *Config) {
+		withToken(c)
+		c.LiveMaxRate = 1e6
+		c.LiveBuffer = 16
+		c.SSEWriteTimeout = 300 * time.Millisecond
+	})
+	r := liveClient(t, s)
+	testenv.WaitFor(t, 30*time.Second, "the page watching", func() bool { return metric(t, s, "snip_console_live_browsers") == 1 })
+	sent := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "live", 5)...)
+	var got []uint64
+	for len(got) < 5 {
+		e, err := r.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name != "click" {
+			continue
+		}
+		var c struct {
+			Seq  uint64
+			Code string
+		}
+		_ = json.Unmarshal(e.Data, &c)
+		if c.Code == "live" {
+			got = append(got, c.Seq)
+		}
+	}
+	if d := cmp.Diff(sent, got); d != "" {
+		t.Errorf("live clicks (-published +received):\n%s", d)
+	}
+
+	// A page that stops reading: a connection with a small receive buffer
+	// that never reads. Its queue fills (clicks dropped, counted), its
+	// writes time out, and it is disconnected: nothing grows for it.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.DialContext(t.Context(), "tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /api/live HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", strings.TrimPrefix(s.url, "http://"), testToken)
+	testenv.WaitFor(t, 30*time.Second, "two pages watching", func() bool { return metric(t, s, "snip_console_live_browsers") == 2 })
+	stopReading := make(chan struct{})
+	go func() { // the first page keeps reading
+		for {
+			if _, err := r.Next(); err != nil {
+				return
+			}
+			select {
+			case <-stopReading:
+				return
+			default:
+			}
+		}
+	}()
+	defer close(stopReading)
+	testenv.WaitFor(t, 120*time.Second, "the page that does not read disconnected", func() bool {
+		consoletest.Publish(t, s.js, consoletest.Clicks("acme", "flood", 500)...)
+		return metric(t, s, "snip_console_live_browsers") == 1
+	})
+	if n := metric(t, s, "snip_console_live_clicks_dropped_total"); n == 0 {
+		t.Errorf("no clicks counted as dropped for the page that did not read")
+	}
+}
+
+// ownerClient connects to the owners' stream.
+func ownerClient(t *testing.T, s *system, key, query, lastEventID string) (*http.Response, *sse.Reader) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, s.url+"/api/clicks/stream"+query, nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if lastEventID != "" {
+		req.Header.Set("Last-Event-ID", lastEventID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp, sse.NewReader(resp.Body)
+}
+
+func readOwnerClicks(t *testing.T, r *sse.Reader, owner string, n int) []uint64 {
+	t.Helper()
+	var seqs []uint64
+	for len(seqs) < n {
+		e, err := r.Next()
+		if err != nil {
+			t.Fatalf("after %d of %d clicks: %v", len(seqs), n, err)
+		}
+		if e.Name != "click" {
+			continue
+		}
+		var c ownerstream.Click
+		if err := json.Unmarshal(e.Data, &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Owner != owner {
+			t.Fatalf("%s's stream sent %s's click %d", owner, c.Owner, c.Seq)
+		}
+		if strings.Contains(string(e.Data), `"visitor"`) || strings.Contains(string(e.Data), "ip_prefix") {
+			t.Fatalf("an owner's click carries the visitor's identity or network: %s", e.Data)
+		}
+		seqs = append(seqs, c.Seq)
+	}
+	return seqs
+}
+
+func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
+	t.Parallel()
+	s := start(t, func(c *Config) { withToken(c); c.OwnerStreamsPerOwner = 1 })
+	store := owners.NewStore(s.rdb)
+	const acmeKey, globexKey = "snip_acme_test_key_0123456789", "snip_globex_test_key_012345678"
+	if err := store.EnsureFromSpec(t.Context(), "acme:"+acmeKey+",globex:"+globexKey); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, key string }{{"no_key", ""}, {"unknown_key", "snip_unknown_key_0123456789"}, {"console_token", testToken}} {
+		resp, _ := ownerClient(t, s, tc.key, "", "")
+		if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s: %d, want 401 with WWW-Authenticate", tc.name, resp.StatusCode)
+		}
+	}
+	if resp, _ := ownerClient(t, s, acmeKey, "?since_seq=x", ""); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("since_seq=x: %d, want 400", resp.StatusCode)
+	}
+
+	mixed := func(n int) (acme []uint64) {
+		var clicks []events.Click
+		for i := range n {
+			clicks = append(clicks, consoletest.Click("acme", "a"+strconv.Itoa(i%2), i), consoletest.Click("globex", "g", i))
+		}
+		seqs := consoletest.Publish(t, s.js, clicks...)
+		for i := 0; i < len(seqs); i += 2 {
+			acme = append(acme, seqs[i])
+		}
+		return acme
+	}
+	want := mixed(10)
+	resp, r := ownerClient(t, s, acmeKey, "?since_seq=0", "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("acme's stream: %d", resp.StatusCode)
+	}
+	// The query cannot choose another owner: there is no such parameter,
+	// and the stream is acme's whatever is asked.
+	got := readOwnerClicks(t, r, "acme", 4)
+	if again, _ := ownerClient(t, s, acmeKey, "", ""); again.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("acme's second stream with a limit of 1: %d, want 429", again.StatusCode)
+	}
+	resp.Body.Close() // disconnect mid-stream
+	testenv.WaitFor(t, 30*time.Second, "the stream closed on the server", func() bool { return metric(t, s, "snip_console_owner_streams") == 0 })
+	want = append(want, mixed(6)...)
+
+	// The reconnect carries Last-Event-ID, as EventSource does, and the
+	// same query as the first connection.
+	resp, r = ownerClient(t, s, acmeKey, "?since_seq=0", strconv.FormatUint(got[len(got)-1], 10))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("acme's stream again: %d", resp.StatusCode)
+	}
+	got = append(got, readOwnerClicks(t, r, "acme", len(want)-len(got))...)
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("acme's clicks across the reconnect (-published +received):\n%s", d)
+	}
+	// globex sees its own 16 and none of acme's.
+	_, g := ownerClient(t, s, globexKey, "?since_seq=0", "")
+	readOwnerClicks(t, g, "globex", 16)
+}
+
+// Shutdown ends the event streams instead of waiting for them, and returns.
+func TestShutdownEndsOpenStreams(t *testing.T) {
+	t.Parallel()
+	// With a shutdown timeout this long, waiting for the streams would show.
+	s := start(t, func(c *Config) { withToken(c); c.ShutdownTimeout = time.Minute })
+	if err := owners.NewStore(s.rdb).Ensure(t.Context(), "acme", "snip_acme_test_key_0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	live := liveClient(t, s)
+	_, owner := ownerClient(t, s, "snip_acme_test_key_0123456789", "", "")
+	testenv.WaitFor(t, 30*time.Second, "both streams open", func() bool {
+		return metric(t, s, "snip_console_live_browsers") == 1 && metric(t, s, "snip_console_owner_streams") == 1
+	})
+	began := time.Now()
+	if err := s.stop(); err != nil {
+		t.Fatalf("run returned %v", err)
+	}
+	if took := time.Since(began); took > 30*time.Second {
+		t.Errorf("shutdown took %s with streams open (the HTTP shutdown timeout is 1 min): the streams were waited for", took)
+	}
+	for _, r := range []*sse.Reader{live, owner} {
+		for {
+			if _, err := r.Next(); err != nil {
+				break // the stream ended
+			}
+		}
+	}
+}
