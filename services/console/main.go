@@ -109,8 +109,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	err = httpapi.Register(web.Echo, httpapi.Deps{
 		Readers: readers.New(js, th), Live: hub, Alerts: fraudAlerts, DeadLetters: dlq.New(js),
 		Outbox: outboxstate.New(rdb, th.Level), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb),
-		Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure},
-		Page: httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
+		Auth:             httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure},
+		Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
 		LiveWriteTimeout: cfg.SSEWriteTimeout, Stop: stopStreams, Log: log, Metrics: reg,
 	})
 	if err != nil {

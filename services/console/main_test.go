@@ -460,7 +460,9 @@ func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
 	}
 	sameOrigin := map[string]string{"Origin": s.url, "Sec-Fetch-Site": "same-origin"}
 	crossSite := map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
-	letterPath := func(i int) string { return s.url + "/api/dlq/letters/" + strconv.FormatUint(parked[i], 10) + "/redrive" }
+	letterPath := func(i int) string {
+		return s.url + "/api/dlq/letters/" + strconv.FormatUint(parked[i], 10) + "/redrive"
+	}
 
 	if code, _ := do(t, browser, http.MethodPost, letterPath(0), nil, crossSite); code != http.StatusForbidden {
 		t.Errorf("cross-origin redrive with the session cookie: %d, want 403", code)

@@ -24,11 +24,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
-	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
 	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
 )
