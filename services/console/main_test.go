@@ -354,8 +354,9 @@ func TestPanelsShowTheSeededSystem(t *testing.T) {
 	var wh struct {
 		Available bool
 		TopLinks  []struct {
-			Owner, Code       string
-			Clicks, BotClicks uint64
+			Owner, Code string
+			Clicks      uint64
+			BotClicks   uint64 `json:"bot_clicks"`
 		} `json:"top_links"`
 		Hours []struct{ Clicks uint64 }
 	}

@@ -275,14 +275,6 @@ func (a *api) live(c echo.Context) error {
 	if err != nil {
 		return nil // the client is gone
 	}
-	for _, e := range sub.Recent() {
-		if err := s.Write(e); err != nil {
-			return nil
-		}
-	}
-	if err := s.Flush(); err != nil {
-		return nil
-	}
 	status := func() (sse.Event, bool) {
 		st := a.d.Live.Stats()
 		b, _ := json.Marshal(struct {
@@ -290,6 +282,15 @@ func (a *api) live(c echo.Context) error {
 			Dropped uint64 `json:"dropped"`
 		}{st, sub.Dropped()})
 		return sse.Event{Name: "status", Data: b}, true
+	}
+	first, _ := status()
+	for _, e := range append(sub.Recent(), first) {
+		if err := s.Write(e); err != nil {
+			return nil
+		}
+	}
+	if err := s.Flush(); err != nil {
+		return nil
 	}
 	_ = s.Pump(c.Request().Context(), sub.C(), a.d.Stop, liveTick, status)
 	return nil

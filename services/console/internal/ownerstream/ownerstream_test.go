@@ -62,7 +62,7 @@ func TestParseStart(t *testing.T) {
 
 // server serves the streams with the owner named in the X-Owner header: the
 // HTTP layer's authentication is tested in the service's main_test.go.
-func server(t *testing.T, s *ownerstream.Streams) *httptest.Server {
+func server(t testing.TB, s *ownerstream.Streams) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, err := ownerstream.ParseStart(r.Header.Get("Last-Event-ID"), r.URL.Query().Get("since_seq"), r.URL.Query().Get("since"))
@@ -88,7 +88,7 @@ type client struct {
 	r    *sse.Reader
 }
 
-func connect(t *testing.T, url, owner, lastEventID string) *client {
+func connect(t testing.TB, url, owner, lastEventID string) *client {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
 	req.Header.Set("X-Owner", owner)
@@ -110,7 +110,7 @@ func connect(t *testing.T, url, owner, lastEventID string) *client {
 
 // clicks reads n click events and checks each is owner's and carries its
 // sequence as the id.
-func (c *client) clicks(t *testing.T, owner string, n int) []uint64 {
+func (c *client) clicks(t testing.TB, owner string, n int) []uint64 {
 	t.Helper()
 	var seqs []uint64
 	for len(seqs) < n {
@@ -138,7 +138,7 @@ func (c *client) clicks(t *testing.T, owner string, n int) []uint64 {
 
 // publishMix publishes n clicks each for acme and globex, interleaved, and
 // returns acme's sequences.
-func publishMix(t *testing.T, js jetstream.JetStream, n int) (acme []uint64) {
+func publishMix(t testing.TB, js jetstream.JetStream, n int) (acme []uint64) {
 	t.Helper()
 	var clicks []events.Click
 	for i := range n {

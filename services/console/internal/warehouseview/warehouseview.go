@@ -89,15 +89,30 @@ type Snapshot struct {
 	// Error says why not: "ClickHouse not reachable: ..." or the tables
 	// are missing.
 	Error    string                 `json:"error,omitempty"`
-	Since    time.Time              `json:"since"`
-	TopLinks []dashboard.LinkClicks `json:"top_links"`
-	Hours    []dashboard.HourTotals `json:"hours"`
+	Since    time.Time `json:"since"`
+	TopLinks []Link    `json:"top_links"`
+	Hours    []Hour    `json:"hours"`
+}
+
+// Link is one of the top links.
+type Link struct {
+	Owner     string `json:"owner"`
+	Code      string `json:"code"`
+	Clicks    uint64 `json:"clicks"`
+	BotClicks uint64 `json:"bot_clicks"`
+}
+
+// Hour is the clicks of every link in one hour.
+type Hour struct {
+	Hour      time.Time `json:"hour"`
+	Clicks    uint64    `json:"clicks"`
+	BotClicks uint64    `json:"bot_clicks"`
 }
 
 // Snapshot reads the last 24 hours (the current hour and the 23 before).
 // Failures are in the snapshot, not an error: the panel shows them.
 func (v *View) Snapshot(ctx context.Context, now time.Time) Snapshot {
-	snap := Snapshot{Configured: v.conn != nil, Since: dashboard.Last24h(now), TopLinks: []dashboard.LinkClicks{}, Hours: []dashboard.HourTotals{}}
+	snap := Snapshot{Configured: v.conn != nil, Since: dashboard.Last24h(now), TopLinks: []Link{}, Hours: []Hour{}}
 	if v.conn == nil {
 		snap.Error = "ClickHouse not configured (CLICKHOUSE_ADDR)"
 		return snap
@@ -116,11 +131,11 @@ func (v *View) Snapshot(ctx context.Context, now time.Time) Snapshot {
 		snap.Error = describe(err)
 		return snap
 	}
-	if top != nil {
-		snap.TopLinks = top
+	for _, l := range top {
+		snap.TopLinks = append(snap.TopLinks, Link(l))
 	}
-	if hours != nil {
-		snap.Hours = hours
+	for _, h := range hours {
+		snap.Hours = append(snap.Hours, Hour(h))
 	}
 	snap.Available = true
 	return snap

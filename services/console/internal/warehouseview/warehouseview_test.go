@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/pkg/dashboard/dashboardtest"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -76,11 +75,11 @@ func TestPanelShowsTopLinksAndHoursOfTheLast24h(t *testing.T) {
 	if !s.Available || s.Error != "" {
 		t.Fatalf("snapshot unavailable: %s", s.Error)
 	}
-	wantTop := []dashboard.LinkClicks{{Owner: "acme", Code: "hot", Clicks: 5, BotClicks: 1}, {Owner: "globex", Code: "warm", Clicks: 1}}
+	wantTop := []warehouseview.Link{{Owner: "acme", Code: "hot", Clicks: 5, BotClicks: 1}, {Owner: "globex", Code: "warm", Clicks: 1}}
 	if d := cmp.Diff(wantTop, s.TopLinks); d != "" {
 		t.Errorf("top links (-want +got):\n%s", d)
 	}
-	wantHours := []dashboard.HourTotals{{Hour: hour.Add(-2 * time.Hour), Clicks: 1}, {Hour: hour, Clicks: 5, BotClicks: 1}}
+	wantHours := []warehouseview.Hour{{Hour: hour.Add(-2 * time.Hour), Clicks: 1}, {Hour: hour, Clicks: 5, BotClicks: 1}}
 	if d := cmp.Diff(wantHours, s.Hours); d != "" {
 		t.Errorf("hours (-want +got):\n%s", d)
 	}

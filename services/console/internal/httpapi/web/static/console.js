@@ -219,18 +219,18 @@ async function redriveGroup(source, reason, count) {
 
 function renderWarehouse(j) {
   if (!j.available) { show('warehouse', el('p', {class: 'muted'}, j.error)); return; }
-  const most = Math.max(1, ...j.hours.map((h) => h.Clicks));
+  const most = Math.max(1, ...j.hours.map((h) => h.clicks));
   show('warehouse',
     el('div', {class: 'cols'},
       el('div', {}, el('h3', {}, 'Top links'), j.top_links.length
         ? table(['owner', 'link', 'clicks', 'bots'], j.top_links.map((l) => el('tr', {},
-          el('td', {}, l.Owner), el('td', {}, l.Code), el('td', {class: 'num'}, num(l.Clicks)), el('td', {class: 'num'}, num(l.BotClicks)))))
+          el('td', {}, l.owner), el('td', {}, l.code), el('td', {class: 'num'}, num(l.clicks)), el('td', {class: 'num'}, num(l.bot_clicks)))))
         : el('p', {class: 'muted'}, 'No clicks in the last 24 hours.')),
       el('div', {}, el('h3', {}, 'Clicks per hour'), ...j.hours.map((h) => {
         const bar = el('span', {class: 'bar'});
-        bar.style.width = (100 * h.Clicks / most).toFixed(1) + '%';
-        return el('div', {class: 'hour'}, el('span', {class: 'label'}, new Date(h.Hour).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})),
-          bar, el('span', {class: 'num'}, num(h.Clicks) + (h.BotClicks ? ` (${num(h.BotClicks)} bots)` : '')));
+        bar.style.width = (100 * h.clicks / most).toFixed(1) + '%';
+        return el('div', {class: 'hour'}, el('span', {class: 'label'}, new Date(h.hour).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})),
+          bar, el('span', {class: 'num'}, num(h.clicks) + (h.bot_clicks ? ` (${num(h.bot_clicks)} bots)` : '')));
       }))));
 }
 
