@@ -29,7 +29,6 @@ import (
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
-	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/sse"
 )
 
@@ -662,32 +661,6 @@ func ownerClient(t *testing.T, s *system, key, query, lastEventID string) (*http
 	return resp, sse.NewReader(resp.Body)
 }
 
-func readOwnerClicks(t *testing.T, r *sse.Reader, owner string, n int) []uint64 {
-	t.Helper()
-	var seqs []uint64
-	for len(seqs) < n {
-		e, err := r.Next()
-		if err != nil {
-			t.Fatalf("after %d of %d clicks: %v", len(seqs), n, err)
-		}
-		if e.Name != "click" {
-			continue
-		}
-		var c ownerstream.Click
-		if err := json.Unmarshal(e.Data, &c); err != nil {
-			t.Fatal(err)
-		}
-		if c.Owner != owner {
-			t.Fatalf("%s's stream sent %s's click %d", owner, c.Owner, c.Seq)
-		}
-		if strings.Contains(string(e.Data), `"visitor"`) || strings.Contains(string(e.Data), "ip_prefix") {
-			t.Fatalf("an owner's click carries the visitor's identity or network: %s", e.Data)
-		}
-		seqs = append(seqs, c.Seq)
-	}
-	return seqs
-}
-
 func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	t.Parallel()
 	s := start(t, func(c *Config) { withToken(c); c.OwnerStreamsPerOwner = 1 })
@@ -724,7 +697,7 @@ func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	}
 	// The query cannot choose another owner: there is no such parameter,
 	// and the stream is acme's whatever is asked.
-	got := readOwnerClicks(t, r, "acme", 4)
+	got := consoletest.OwnerClicks(t, r, "acme", 4)
 	if again, _ := ownerClient(t, s, acmeKey, "", ""); again.StatusCode != http.StatusTooManyRequests {
 		t.Errorf("acme's second stream with a limit of 1: %d, want 429", again.StatusCode)
 	}
@@ -738,13 +711,13 @@ func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("acme's stream again: %d", resp.StatusCode)
 	}
-	got = append(got, readOwnerClicks(t, r, "acme", len(want)-len(got))...)
+	got = append(got, consoletest.OwnerClicks(t, r, "acme", len(want)-len(got))...)
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("acme's clicks across the reconnect (-published +received):\n%s", d)
 	}
 	// globex sees its own 16 and none of acme's.
 	_, g := ownerClient(t, s, globexKey, "?since_seq=0", "")
-	readOwnerClicks(t, g, "globex", 16)
+	consoletest.OwnerClicks(t, g, "globex", 16)
 }
 
 // Shutdown ends the event streams instead of waiting for them, and returns.

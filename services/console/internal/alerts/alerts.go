@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/console/internal/ordered"
 )
 
 // Alert is one fraud alert with where FRAUD stored it.
@@ -108,7 +109,7 @@ func (f *Follower) Run(ctx context.Context) error {
 }
 
 func (f *Follower) follow(ctx context.Context) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FraudAlertSubjects}, InactiveThreshold: 30 * time.Second}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FraudAlertSubjects}}
 	f.mu.Lock()
 	last := f.lastSeq
 	f.mu.Unlock()
@@ -118,24 +119,13 @@ func (f *Follower) follow(ctx context.Context) error {
 		t := time.Now().Add(-f.cfg.Since)
 		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
 	}
-	c, err := f.js.OrderedConsumer(ctx, events.FraudStream, cfg)
+	it, err := ordered.Open(ctx, f.js, events.FraudStream, cfg, 100)
 	if err != nil {
 		return fmt.Errorf("follow fraud alerts: %w", err)
 	}
-	it, err := c.Messages(jetstream.PullMaxMessages(100))
-	if err != nil {
-		return fmt.Errorf("follow fraud alerts: %w", err)
-	}
+	defer it.Close()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	defer func() {
-		if info := c.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = f.js.DeleteConsumer(dctx, info.Stream, info.Name)
-			cancel()
-		}
-	}()
-	defer it.Stop()
 	f.mu.Lock()
 	f.following, f.lastErr = true, ""
 	f.mu.Unlock()

@@ -5,8 +5,10 @@
 package consoletest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/ownerstream"
+	"github.com/snipdev/snip/services/console/internal/sse"
 )
 
 // Partitions is the CLICKS partition count of the tests' topology.
@@ -108,4 +112,36 @@ func PublishAlert(tb testing.TB, js jetstream.JetStream, a events.FraudAlert) ui
 		tb.Fatal(err)
 	}
 	return ack.Sequence
+}
+
+// OwnerClicks reads n click events from an owner's stream. It fails the test
+// on a click of another owner, an event id that is not the click's CLICKS
+// sequence, or a field an owner must not get (the visitor's identity or
+// network, the request ID); it returns the sequences in the order read.
+func OwnerClicks(tb testing.TB, r *sse.Reader, owner string, n int) []uint64 {
+	tb.Helper()
+	var seqs []uint64
+	for len(seqs) < n {
+		e, err := r.Next()
+		if err != nil {
+			tb.Fatalf("%s's stream: after %d of %d clicks: %v", owner, len(seqs), n, err)
+		}
+		if e.Name != "click" {
+			continue
+		}
+		var c ownerstream.Click
+		if err := json.Unmarshal(e.Data, &c); err != nil {
+			tb.Fatal(err)
+		}
+		switch {
+		case c.Owner != owner:
+			tb.Fatalf("%s's stream sent a click of %s (seq %d)", owner, c.Owner, c.Seq)
+		case e.ID != strconv.FormatUint(c.Seq, 10):
+			tb.Fatalf("event id %q for click seq %d", e.ID, c.Seq)
+		case bytes.Contains(e.Data, []byte(`"visitor"`)) || bytes.Contains(e.Data, []byte(`"ip_prefix"`)) || bytes.Contains(e.Data, []byte(`"request_id"`)):
+			tb.Fatalf("an owner's click carries the visitor's identity, network or the request ID: %s", e.Data)
+		}
+		seqs = append(seqs, c.Seq)
+	}
+	return seqs
 }

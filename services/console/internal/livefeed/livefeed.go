@@ -30,6 +30,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/console/internal/ordered"
 	"github.com/snipdev/snip/services/console/internal/sse"
 )
 
@@ -256,20 +257,14 @@ func (h *Hub) follow(ctx context.Context) error {
 	}
 	last := info.State.LastSeq
 	start := max(info.State.FirstSeq, last+1-min(last, uint64(h.cfg.Recent)), 1)
-	c, err := h.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       start,
-		InactiveThreshold: 30 * time.Second,
-	})
+	it, err := ordered.Open(ctx, h.js, events.ClicksStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   start,
+	}, 500)
 	if err != nil {
 		return fmt.Errorf("follow clicks: %w", err)
 	}
-	it, err := c.Messages(jetstream.PullMaxMessages(500))
-	if err != nil {
-		return fmt.Errorf("follow clicks: %w", err)
-	}
-	defer deleteConsumer(h.js, c)
-	defer it.Stop()
+	defer it.Close()
 	h.mu.Lock()
 	h.recent = h.recent[:0] // the consumer starts Recent back: no repeats
 	h.mu.Unlock()
@@ -379,16 +374,4 @@ func referrerHost(ref string) string {
 		return ""
 	}
 	return u.Hostname()
-}
-
-// deleteConsumer removes an ordered consumer's server-side consumer at once,
-// rather than leaving it to expire (InactiveThreshold).
-func deleteConsumer(js jetstream.JetStream, c jetstream.Consumer) {
-	info := c.CachedInfo()
-	if info == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = js.DeleteConsumer(ctx, info.Stream, info.Name)
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/console/internal/ordered"
 	"github.com/snipdev/snip/services/console/internal/sse"
 )
 
@@ -221,7 +222,7 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	}
 	defer s.release(owner)
 
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{Filter(owner)}, InactiveThreshold: 30 * time.Second}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{Filter(owner)}}
 	switch {
 	case start.Seq > 0:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start.Seq
@@ -237,16 +238,11 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	if err != nil {
 		return fmt.Errorf("stream clicks of %s: %w: %w", owner, ErrUnavailable, err)
 	}
-	c, err := s.js.OrderedConsumer(octx, events.ClicksStream, cfg)
+	it, err := ordered.Open(octx, s.js, events.ClicksStream, cfg, pullBuffer)
 	if err != nil {
 		return fmt.Errorf("stream clicks of %s: %w: %w", owner, ErrUnavailable, err)
 	}
-	it, err := c.Messages(jetstream.PullMaxMessages(pullBuffer))
-	if err != nil {
-		return fmt.Errorf("stream clicks of %s: %w: %w", owner, ErrUnavailable, err)
-	}
-	defer deleteConsumer(s.js, c)
-	defer it.Stop()
+	defer it.Close()
 
 	stream, err := sse.Open(w, s.cfg.Retry, s.cfg.WriteTimeout)
 	if err != nil {
@@ -294,7 +290,7 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 // pump reads the owner's clicks and queues them for the writer, until the
 // iterator stops or quit closes. It closes ch when the consumer fails, which
 // ends the stream (the client resumes).
-func (s *Streams) pump(it jetstream.MessagesContext, owner string, ch chan<- sse.Event, quit <-chan struct{}, log *slog.Logger) {
+func (s *Streams) pump(it *ordered.Iterator, owner string, ch chan<- sse.Event, quit <-chan struct{}, log *slog.Logger) {
 	for {
 		msg, err := it.Next()
 		if err != nil {
@@ -354,16 +350,4 @@ func isClosed(c <-chan struct{}) bool {
 	default:
 		return false
 	}
-}
-
-// deleteConsumer removes the stream's server-side consumer at once rather
-// than leaving it to expire.
-func deleteConsumer(js jetstream.JetStream, c jetstream.Consumer) {
-	info := c.CachedInfo()
-	if info == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = js.DeleteConsumer(ctx, info.Stream, info.Name)
 }

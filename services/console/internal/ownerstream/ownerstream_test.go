@@ -108,32 +108,9 @@ func connect(t testing.TB, url, owner, lastEventID string) *client {
 	return &client{resp: resp, r: sse.NewReader(resp.Body)}
 }
 
-// clicks reads n click events and checks each is owner's and carries its
-// sequence as the id.
 func (c *client) clicks(t testing.TB, owner string, n int) []uint64 {
 	t.Helper()
-	var seqs []uint64
-	for len(seqs) < n {
-		e, err := c.r.Next()
-		if err != nil {
-			t.Fatalf("after %d of %d clicks: %v", len(seqs), n, err)
-		}
-		if e.Name != "click" {
-			continue
-		}
-		var k ownerstream.Click
-		if err := json.Unmarshal(e.Data, &k); err != nil {
-			t.Fatal(err)
-		}
-		if k.Owner != owner {
-			t.Fatalf("%s's stream sent a click of %s (seq %d)", owner, k.Owner, k.Seq)
-		}
-		if e.ID != strconv.FormatUint(k.Seq, 10) {
-			t.Fatalf("event id %q for click seq %d", e.ID, k.Seq)
-		}
-		seqs = append(seqs, k.Seq)
-	}
-	return seqs
+	return consoletest.OwnerClicks(t, c.r, owner, n)
 }
 
 // publishMix publishes n clicks each for acme and globex, interleaved, and

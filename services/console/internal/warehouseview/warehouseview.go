@@ -88,7 +88,7 @@ type Snapshot struct {
 	Available bool `json:"available"`
 	// Error says why not: "ClickHouse not reachable: ..." or the tables
 	// are missing.
-	Error    string                 `json:"error,omitempty"`
+	Error    string    `json:"error,omitempty"`
 	Since    time.Time `json:"since"`
 	TopLinks []Link    `json:"top_links"`
 	Hours    []Hour    `json:"hours"`
