@@ -55,6 +55,20 @@ type system struct {
 func start(t *testing.T, edit func(*Config)) *system {
 	t.Helper()
 	_, js := consoletest.NATS(t)
+	return startOn(t, js, log(t), edit)
+}
+
+// log is the console's logger in tests: silent unless -v.
+func log(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test", t.Name())
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// startOn runs the console against the NATS server js is connected to.
+func startOn(t *testing.T, js jetstream.JetStream, log *slog.Logger, edit func(*Config)) *system {
+	t.Helper()
 	natsURL := js.Conn().ConnectedUrl()
 	rdb, db := servers.Redis.NewDB(t)
 	conn, chdb := servers.ClickHouse.NewDB(t)
@@ -73,10 +87,6 @@ func start(t *testing.T, edit func(*Config)) *system {
 	cfg.Ready = func(a string) { addr <- a }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	log := slog.New(slog.DiscardHandler)
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}
 	go func() { done <- run(ctx, log, cfg) }()
 	s := &system{js: js, rdb: rdb, ch: conn}
 	stopped := false

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+)
+
+// syncBuffer is a log sink the console and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// The console does everything the page and the owners' streams offer as the
+// least-privilege "console" user of deploy/nats, with no permission
+// violation: the permissions there are enough, and this test fails when they
+// stop being enough (or when the console starts needing more).
+// It sets environment variables (the server reads the passwords from them),
+// so it does not run in parallel.
+func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
+	conf := filepath.Join("..", "..", "deploy", "nats", "nats.conf")
+	accounts, err := os.ReadFile(filepath.Join(filepath.Dir(conf), "accounts.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range regexp.MustCompile(`\$(SNIP_NATS_[A-Z]+_PASSWORD)`).FindAllStringSubmatch(string(accounts), -1) {
+		t.Setenv(v[1], "pw-"+strings.ToLower(v[1]))
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir = filepath.Join(t.TempDir(), "js")
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server with deploy/nats/nats.conf not ready")
+	}
+	connect := func(user string) jetstream.JetStream {
+		nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(user, "pw-snip_nats_"+user+"_password"))
+		if err != nil {
+			t.Fatalf("connect as %s: %v", user, err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		return js
+	}
+
+	// What other services and snipctl would have done, as admin.
+	admin := connect("admin")
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	if err := topology.Apply(ctx, admin, o); err != nil {
+		t.Fatal(err)
+	}
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(topology.GroupWarehouseLoader, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := admin.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clicks := consoletest.Clicks("acme", "abc", 3)
+	seqs := consoletest.Publish(t, admin, clicks...)
+	data, _ := json.Marshal(clicks[0])
+	parked, err := deadletter.Publish(ctx, admin, deadletter.Parcel{
+		Source: topology.GroupWarehouseLoader, Reason: "malformed", Stream: events.ClicksStream,
+		Subject: events.PartitionedClickSubject(consoletest.Partitions, "acme", "abc"), Seq: seqs[0], Attempts: 1, Data: data,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consoletest.PublishAlert(t, admin, consoletest.Alert("acme", "abc", "link_flood", 0))
+
+	// The console, as the console user.
+	var logs syncBuffer
+	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		withToken(c)
+		c.NATSUser, c.NATSPassword = "console", "pw-snip_nats_console_password"
+	})
+	const key = "snip_acme_test_key_0123456789"
+	if err := owners.NewStore(s.rdb).Ensure(ctx, "acme", key); err != nil {
+		t.Fatal(err)
+	}
+	var readersPanel struct{ Groups []struct{ Pending uint64 } }
+	getJSON(t, s, "/api/readers", &readersPanel)
+	if len(readersPanel.Groups) != 1 || readersPanel.Groups[0].Pending != 3 {
+		t.Errorf("readers panel as the console user: %+v", readersPanel)
+	}
+	var dlqPanel struct{ Total int }
+	getJSON(t, s, "/api/dlq", &dlqPanel)
+	getJSON(t, s, "/api/dlq/letters?source=warehouse-loader&reason=malformed", &struct{}{})
+	getJSON(t, s, "/api/dlq/letters/"+strconv.FormatUint(parked.Sequence, 10), &struct{}{})
+	if dlqPanel.Total != 1 {
+		t.Errorf("dead letters as the console user: %d, want 1", dlqPanel.Total)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the alert read as the console user", func() bool {
+		var a struct{ Seen int }
+		getJSON(t, s, "/api/alerts", &a)
+		return a.Seen == 1
+	})
+	live := liveClient(t, s)
+	_, owner := ownerClient(t, s, key, "?since_seq=0", "")
+	consoletest.OwnerClicks(t, owner, "acme", 3)
+	for {
+		e, err := live.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name == "click" {
+			break
+		}
+	}
+	for _, body := range []map[string]any{{"since": "1h"}, {"from_seq": 1}} {
+		body["confirm"] = topology.GroupWarehouseLoader
+		if code, b := do(t, nil, http.MethodPost, s.url+"/api/readers/warehouse-loader/replay", body, bearer); code != http.StatusAccepted {
+			t.Errorf("replay %v as the console user: %d %s", body, code, b)
+		}
+	}
+	getJSON(t, s, "/api/readers/warehouse-loader/replay", &struct{}{})
+	if code, b := do(t, nil, http.MethodPost, s.url+"/api/dlq/letters/"+strconv.FormatUint(parked.Sequence, 10)+"/redrive", nil, bearer); code != http.StatusOK {
+		t.Errorf("redrive as the console user: %d %s", code, b)
+	}
+	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") {
+		t.Errorf("the console met permission violations:\n%s", l)
+	}
+}
