@@ -21,9 +21,6 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 )
 
-// ErrBadFilter means a source or reason is not a subject token.
-var ErrBadFilter = errors.New("source and reason must be subject tokens")
-
 // Letter is a dead letter as the panel shows it.
 type Letter struct {
 	Seq         uint64    `json:"seq"`

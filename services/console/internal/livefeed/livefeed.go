@@ -16,7 +16,6 @@ package livefeed
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -33,9 +32,6 @@ import (
 	"github.com/snipdev/snip/services/console/internal/ordered"
 	"github.com/snipdev/snip/services/console/internal/sse"
 )
-
-// ErrTooManyBrowsers means MaxBrowsers already watch.
-var ErrTooManyBrowsers = errors.New("too many browsers watching the live clicks")
 
 // Click is what the live panel shows of one click: no visitor identity, no
 // network, no user agent.

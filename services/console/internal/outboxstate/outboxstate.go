@@ -23,9 +23,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// ErrNoOutbox means the redirect service has not created its outbox yet.
-var ErrNoOutbox = errors.New("no outbox in redis yet (the redirect service has not started)")
-
 // Lanes are the outbox lanes, in the redirect's order: clicks to CLICKS,
 // link events to LINKS, preview jobs to PREVIEW_JOBS.
 var Lanes = []string{"clicks", "links", "jobs"}
