@@ -364,33 +364,57 @@ func (d *demo) banner(started []string, links []demoLink) {
   logs in %[5]s; Ctrl-C stops everything.`, demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"))
 }
 
-// trickle sends demo clicks: mostly people, sometimes a crawler, now and
-// then a burst from one visitor for the fraud detector to find.
+// trickle sends demo clicks: people from many addresses (sent in
+// X-Forwarded-For, which the demo's redirect trusts from this machine), a
+// share of crawlers and link unfurlers, and once a minute a burst from one
+// visitor for the fraud detector to find.
 func (d *demo) trickle(ctx context.Context, links []demoLink, rate float64) {
 	client := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	uas := []string{
+	browsers := []string{
 		"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36",
 		"Mozilla/5.0 (iPhone; CPU iPhone OS 18_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.0 Mobile/15E148 Safari/604.1",
 		"Mozilla/5.0 (Macintosh; Intel Mac OS X 14_5) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Safari/605.1.15",
+		"Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 Firefox/133.0",
+	}
+	bots := []string{
 		"Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)",
+		"Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
 	}
 	countries := []string{"DE", "US", "FR", "GB", "BR", "IN", "JP"}
-	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer t.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		l := links[rand.IntN(len(links))]
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:8080/"+l.Code, nil)
-		req.Header.Set("User-Agent", uas[rand.IntN(len(uas))])
+	click := func(code, ip, ua string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:8080/"+code, nil)
+		req.Header.Set("User-Agent", ua)
+		req.Header.Set("X-Forwarded-For", ip)
 		req.Header.Set("X-Country", countries[rand.IntN(len(countries))])
 		req.Header.Set("Referer", "https://news.example/item/"+strconv.Itoa(rand.IntN(50)))
 		if resp, err := client.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
+		}
+	}
+	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer t.Stop()
+	burst := time.NewTicker(time.Minute)
+	defer burst.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-burst.C:
+			// One visitor, one link, 30 clicks in a few seconds: more than the
+			// 20 a minute fraud detection allows a person.
+			l := links[rand.IntN(len(links))]
+			for range 30 {
+				click(l.Code, "198.51.100.66", browsers[0])
+			}
+		case <-t.C:
+			l := links[rand.IntN(len(links))]
+			ip := fmt.Sprintf("203.0.%d.%d", rand.IntN(256), 1+rand.IntN(254))
+			ua := browsers[rand.IntN(len(browsers))]
+			if rand.IntN(10) == 0 {
+				ua = bots[rand.IntN(len(bots))]
+			}
+			click(l.Code, ip, ua)
 		}
 	}
 }
