@@ -74,8 +74,12 @@ down: ## docker compose down
 	docker compose down
 
 .PHONY: compose-check
-compose-check: ## validate docker-compose.yml without a Docker engine
-	$(GO) run ./services/snipctl compose-check docker-compose.yml
+compose-check: ## validate docker-compose.yml, the Dockerfile, NATS users and alert rules without a Docker engine
+	$(GO) test -count=1 ./deploy/check/
+
+.PHONY: generate
+generate: ## regenerate deploy/nats from deploy/check/natsconf.go
+	$(GO) run ./deploy/check/cmd/natsconf -partitions 8
 
 .PHONY: tidy
 tidy: ## go mod tidy in every module

@@ -280,7 +280,7 @@ func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
 
 func TestBare302AnswersWithARedirect(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(bare302(&Env{Log: slog.New(slog.DiscardHandler)}).Echo)
+	srv := httptest.NewServer(bare302(&Env{Log: slog.New(slog.DiscardHandler)}).Handler())
 	defer srv.Close()
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/abc", nil)

@@ -36,7 +36,9 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectBufSize(8 << 20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.Warn("nats disconnected", "err", err)
+			if err != nil { // nil: the connection was closed on purpose
+				log.Warn("nats disconnected", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())

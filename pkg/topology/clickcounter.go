@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -83,7 +84,8 @@ func applyConsumer(ctx context.Context, js jetstream.JetStream, stream string, w
 		have := c.CachedInfo().Config
 		if have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
 			have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
-			have.MaxAckPending == want.MaxAckPending && have.Description == want.Description {
+			have.MaxAckPending == want.MaxAckPending && have.Description == want.Description &&
+			slices.Equal(have.BackOff, want.BackOff) {
 			return nil
 		}
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {

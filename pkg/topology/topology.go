@@ -241,8 +241,11 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if err := applyPreviewConsumer(ctx, js); err != nil {
+	if err := applyConsumer(ctx, js, events.PreviewJobsStream, PreviewConsumerConfig()); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
+	}
+	if err := ApplyClickCounter(ctx, js); err != nil {
+		return err
 	}
 	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
@@ -250,24 +253,6 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		}
 	} else if err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
-	}
-	return nil
-}
-
-func applyPreviewConsumer(ctx context.Context, js jetstream.JetStream) error {
-	want := PreviewConsumerConfig()
-	c, err := js.Consumer(ctx, events.PreviewJobsStream, want.Durable)
-	if err == nil {
-		have := c.CachedInfo().Config
-		if have.MaxDeliver == want.MaxDeliver && slices.Equal(have.BackOff, want.BackOff) &&
-			have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending {
-			return nil
-		}
-	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("consumer %s: %w", want.Durable, err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, events.PreviewJobsStream, want); err != nil {
-		return fmt.Errorf("consumer %s: %w", want.Durable, err)
 	}
 	return nil
 }

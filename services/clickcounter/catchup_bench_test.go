@@ -27,7 +27,7 @@ import (
 // BenchmarkCatchUp measures replay speed: CLICKS holds a backlog of N
 // clicks (CLICKCOUNTER_BENCH_EVENTS, default 200,000) of the benchmix mix
 // (10,000 links, Zipf), and three readers drain it one after the other on the same
-// server, each with batches of 500 over the 8 partitions in parallel:
+// server, each with batches of 2,000 (CLICKCOUNTER_BENCH_BATCH) over the 8 partitions in parallel:
 //
 //   - bare: one pull consumer per partition that fetches and acks (AckAll,
 //     the last message of each batch), nothing else;
@@ -43,7 +43,10 @@ func BenchmarkCatchUp(b *testing.B) {
 			b.Fatalf("CLICKCOUNTER_BENCH_EVENTS=%q: %v", v, err)
 		}
 	}
-	const batch = 500
+	batch := 2000 // the service default, CLICKCOUNTER_BATCH_SIZE
+	if v := os.Getenv("CLICKCOUNTER_BENCH_BATCH"); v != "" {
+		batch, _ = strconv.Atoi(v)
+	}
 	ns := testenv.StartNATS(b)
 	js := ns.JetStream(b)
 	ctx := context.Background()

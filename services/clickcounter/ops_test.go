@@ -79,7 +79,7 @@ func TestLoadConfig(t *testing.T) {
 		check   func(Config) string
 	}{
 		{name: "defaults", check: func(c Config) string {
-			return cmp.Diff([]any{":8081", 500, 100 * time.Millisecond, 10 * time.Minute, 8, 168 * time.Hour},
+			return cmp.Diff([]any{":8081", 2000, 100 * time.Millisecond, 10 * time.Minute, 8, 168 * time.Hour},
 				[]any{c.HTTPAddr, c.BatchSize, c.Linger, c.DedupWindow, c.Partitions, c.ClicksMaxAge})
 		}},
 		{name: "overrides", env: []string{"CLICKCOUNTER_BATCH_SIZE=50", "CLICKCOUNTER_DEDUP_WINDOW=30m", "LOG_LEVEL=debug"},

@@ -36,7 +36,7 @@ type Config struct {
 	// creates what is missing and updates only what differs, so a NATS user
 	// that may only read stream info passes when `snipctl topology apply`
 	// ran first. Off: only look the consumer up.
-	ApplyTopology bool `env:"PREVIEW_APPLY_TOPOLOGY" envDefault:"true"`
+	ApplyTopology bool `env:"SNIP_APPLY_TOPOLOGY" envDefault:"true"`
 	// The deployment's topology, read from the same variables as snipctl's,
 	// so one environment file serves both.
 	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`

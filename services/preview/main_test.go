@@ -76,7 +76,7 @@ func (w *world) config(t testing.TB, extra ...string) Config {
 	t.Helper()
 	environ := append([]string{
 		"NATS_URL=" + w.natsURL, "REDIS_URL=" + w.redisURL, "HTTP_ADDR=127.0.0.1:0",
-		"PREVIEW_APPLY_TOPOLOGY=false", "PREVIEW_ALLOW_CIDRS=127.0.0.1/32", "SHUTDOWN_TIMEOUT=10s",
+		"SNIP_APPLY_TOPOLOGY=false", "PREVIEW_ALLOW_CIDRS=127.0.0.1/32", "SHUTDOWN_TIMEOUT=10s",
 		"PREVIEW_RETRY_BASE=100ms", "PREVIEW_RETRY_MAX=200ms", "PREVIEW_RETRY_JITTER=0",
 		"PREVIEW_FETCH_TIMEOUT=5s", "PREVIEW_CONCURRENCY=4", "PREVIEW_BACKLOG_INTERVAL=200ms", "PREVIEW_PULL_WAIT=200ms",
 	}, extra...)
@@ -665,7 +665,7 @@ func TestAppliesItsTopology(t *testing.T) {
 	rdb, db := servers.Redis.NewDB(t)
 	_ = rdb
 	w := &world{js: n.JetStream(t), natsURL: n.URL, redisURL: servers.Redis.URL(db), pages: newPageServer(t, "127.0.0.1:0")}
-	start(t, w.config(t, "PREVIEW_APPLY_TOPOLOGY=true"))
+	start(t, w.config(t, "SNIP_APPLY_TOPOLOGY=true"))
 	c, err := w.js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
 	if err != nil {
 		t.Fatal(err)
@@ -678,7 +678,7 @@ func TestAppliesItsTopology(t *testing.T) {
 	}
 	// A second instance configured for another partition count must refuse
 	// to start rather than fight over CLICKS.
-	cfg := w.config(t, "PREVIEW_APPLY_TOPOLOGY=true", "SNIP_PARTITIONS=3")
+	cfg := w.config(t, "SNIP_APPLY_TOPOLOGY=true", "SNIP_PARTITIONS=3")
 	if err := run(t.Context(), slog.New(slog.DiscardHandler), cfg); !errors.Is(err, topology.ErrPartitionsChanged) {
 		t.Fatalf("run with another partition count = %v, want ErrPartitionsChanged", err)
 	}

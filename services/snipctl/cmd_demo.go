@@ -39,28 +39,28 @@ const (
 // demoService is one Snip service the demo runs as a child process.
 type demoService struct {
 	name string // folder under services/ and binary name
-	port int    // HTTP port
+	port int    // HTTP port offset from --http-base (8080)
 	env  func(d *demo) []string
 }
 
 // demoServices in start order: the redirect first (it creates the links),
 // the readers after it.
 var demoServices = []demoService{
-	{name: "redirect", port: 8080, env: func(d *demo) []string {
+	{name: "redirect", port: 0, env: func(d *demo) []string {
 		// The demo's traffic and `make loadtest` come from this machine and
 		// carry each visitor's address in X-Forwarded-For: trust it from here.
 		return []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey, "SNIP_TRUSTED_PROXIES=127.0.0.1/32"}
 	}},
-	{name: "preview", port: 8084, env: func(d *demo) []string {
+	{name: "preview", port: 4, env: func(d *demo) []string {
 		// The demo's links point at the local demo site; let the fetcher in.
 		return []string{"PREVIEW_ALLOW_CIDRS=127.0.0.1/32"}
 	}},
-	{name: "clickcounter", port: 8081},
-	{name: "fraud", port: 8082},
-	{name: "warehouse", port: 8083, env: func(d *demo) []string {
+	{name: "clickcounter", port: 1},
+	{name: "fraud", port: 2},
+	{name: "warehouse", port: 3, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},
-	{name: "console", port: 8085, env: func(d *demo) []string {
+	{name: "console", port: 5, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},
 }
@@ -72,6 +72,8 @@ type demo struct {
 	redisURL       string
 	clickhouseAddr string
 	siteURL        string
+	httpBase       int
+	natsHTTP       int
 	procs          []*demoProc
 }
 
@@ -90,7 +92,9 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	fs.SetOutput(env.Stderr)
 	dir := fs.String("dir", ".demo", "folder for the demo's data and logs")
 	bin := fs.String("bin", ".demo/bin", "folder with the service binaries (make build)")
-	natsPort := fs.Int("nats-port", 4222, "NATS client port (monitoring on 8222)")
+	natsPort := fs.Int("nats-port", 4222, "NATS client port")
+	natsHTTP := fs.Int("nats-monitor-port", 8222, "NATS monitoring port")
+	httpBase := fs.Int("http-base", 8080, "HTTP port of the redirect service; the others follow (counter +1, fraud +2, warehouse +3, preview +4, console +5)")
 	redisPort := fs.Int("redis-port", 6390, "Redis port")
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
@@ -98,7 +102,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("demo: %w", errUsage)
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin}
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP}
 	for _, sub := range []string{"nats", "redis", "clickhouse", "logs"} {
 		if err := os.MkdirAll(filepath.Join(d.dir, sub), 0o755); err != nil {
 			return fmt.Errorf("demo: %w", err)
@@ -146,7 +150,7 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 		Host:       "127.0.0.1",
 		Port:       port,
 		HTTPHost:   "127.0.0.1",
-		HTTPPort:   8222,
+		HTTPPort:   d.natsHTTP,
 		JetStream:  true,
 		StoreDir:   filepath.Join(d.dir, "nats"),
 		NoSigs:     true,
@@ -162,7 +166,7 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 		return nil, fmt.Errorf("demo: nats did not start on port %d (is it taken?)", port)
 	}
 	d.natsURL = ns.ClientURL()
-	d.logf("nats        %s (monitoring http://127.0.0.1:8222)", d.natsURL)
+	d.logf("nats        %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
 	return ns, nil
 }
 
@@ -293,7 +297,7 @@ func (d *demo) startServices() []string {
 			d.logf("%-11s not built (%s missing); skipped", s.name, bin)
 			continue
 		}
-		env := append(slices.Clone(common), "HTTP_ADDR=127.0.0.1:"+strconv.Itoa(s.port))
+		env := append(slices.Clone(common), "HTTP_ADDR="+d.addr(s.port))
 		if s.env != nil {
 			env = append(env, s.env(d)...)
 		}
@@ -307,12 +311,12 @@ func (d *demo) startServices() []string {
 		if !slices.Contains(started, s.name) {
 			continue
 		}
-		url := fmt.Sprintf("http://127.0.0.1:%d/healthz", s.port)
+		url := "http://" + d.addr(s.port) + "/healthz"
 		if err := waitUntil(30*time.Second, func() error { return httpOK(url) }); err != nil {
 			d.logf("%-11s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
 		}
-		d.logf("%-11s http://127.0.0.1:%d (log %s)", s.name, s.port, d.logPath(s.name))
+		d.logf("%-11s http://%s (log %s)", s.name, d.addr(s.port), d.logPath(s.name))
 	}
 	return started
 }
@@ -331,7 +335,7 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 		var resp []byte
 		err := waitUntil(30*time.Second, func() error {
 			var err error
-			code, resp, err = httpPost(ctx, "http://127.0.0.1:8080/api/links", demoAPIKey, body)
+			code, resp, err = httpPost(ctx, "http://"+d.addr(0)+"/api/links", demoAPIKey, body)
 			return err
 		})
 		if err != nil {
@@ -348,44 +352,43 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 func (d *demo) banner(started []string, links []demoLink) {
 	d.logf("\nSnip is running: %s", strings.Join(started, ", "))
 	if slices.Contains(started, "console") {
-		d.logf("\n  console:   http://127.0.0.1:8085/")
+		d.logf("\n  console:   http://%s/", d.addr(5))
 	}
 	d.logf(`
   demo owner: %[1]s   API key: %[2]s
 
   try:
-    curl -i http://127.0.0.1:8080/%[3]s
+    curl -i http://%[6]s/%[3]s
     curl -s -H 'Authorization: Bearer %[2]s' -H 'Content-Type: application/json' \
-         -d '{"url":"https://example.com/hello"}' http://127.0.0.1:8080/api/links
-    curl -s -H 'Authorization: Bearer %[2]s' http://127.0.0.1:8080/api/links/%[3]s
-    curl -s -H 'Authorization: Bearer %[2]s' http://127.0.0.1:8081/api/links/%[3]s/stats
+         -d '{"url":"https://example.com/hello"}' http://%[6]s/api/links
+    curl -s -H 'Authorization: Bearer %[2]s' http://%[6]s/api/links/%[3]s
+    curl -s -H 'Authorization: Bearer %[2]s' http://%[7]s/api/links/%[3]s/stats
     NATS_URL=%[4]s .demo/bin/snipctl lag
 
-  logs in %[5]s; Ctrl-C stops everything.`, demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"))
+  logs in %[5]s; Ctrl-C stops everything.`, demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"), d.addr(0), d.addr(1))
 }
 
-// trickle sends demo clicks: mostly people, sometimes a crawler, now and
-// then a burst from one visitor for the fraud detector to find.
+// trickle sends demo clicks: people from many addresses (sent in
+// X-Forwarded-For, which the demo's redirect trusts from this machine), a
+// share of crawlers and link unfurlers, and once a minute a burst from one
+// visitor for the fraud detector to find.
 func (d *demo) trickle(ctx context.Context, links []demoLink, rate float64) {
 	client := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	uas := []string{
+	browsers := []string{
 		"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Safari/537.36",
 		"Mozilla/5.0 (iPhone; CPU iPhone OS 18_0 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/18.0 Mobile/15E148 Safari/604.1",
 		"Mozilla/5.0 (Macintosh; Intel Mac OS X 14_5) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Safari/605.1.15",
+		"Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 Firefox/133.0",
+	}
+	bots := []string{
 		"Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)",
+		"Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
 	}
 	countries := []string{"DE", "US", "FR", "GB", "BR", "IN", "JP"}
-	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer t.Stop()
-	for i := 0; ; i++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		l := links[rand.IntN(len(links))]
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:8080/"+l.Code, nil)
-		req.Header.Set("User-Agent", uas[rand.IntN(len(uas))])
+	click := func(code, ip, ua string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.addr(0)+"/"+code, nil)
+		req.Header.Set("User-Agent", ua)
+		req.Header.Set("X-Forwarded-For", ip)
 		req.Header.Set("X-Country", countries[rand.IntN(len(countries))])
 		req.Header.Set("Referer", "https://news.example/item/"+strconv.Itoa(rand.IntN(50)))
 		if resp, err := client.Do(req); err == nil {
@@ -393,7 +396,35 @@ func (d *demo) trickle(ctx context.Context, links []demoLink, rate float64) {
 			resp.Body.Close()
 		}
 	}
+	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer t.Stop()
+	burst := time.NewTicker(time.Minute)
+	defer burst.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-burst.C:
+			// One visitor, one link, 30 clicks in a few seconds: more than the
+			// 20 a minute fraud detection allows a person.
+			l := links[rand.IntN(len(links))]
+			for range 30 {
+				click(l.Code, "198.51.100.66", browsers[0])
+			}
+		case <-t.C:
+			l := links[rand.IntN(len(links))]
+			ip := fmt.Sprintf("203.0.%d.%d", rand.IntN(256), 1+rand.IntN(254))
+			ua := browsers[rand.IntN(len(browsers))]
+			if rand.IntN(10) == 0 {
+				ua = bots[rand.IntN(len(bots))]
+			}
+			click(l.Code, ip, ua)
+		}
+	}
 }
+
+// addr is the listen address of the service at a port offset.
+func (d *demo) addr(offset int) string { return "127.0.0.1:" + strconv.Itoa(d.httpBase+offset) }
 
 func (d *demo) logPath(name string) string { return filepath.Join(d.dir, "logs", name+".log") }
 

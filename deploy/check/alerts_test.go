@@ -1,0 +1,138 @@
+package check
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+)
+
+// codeWords collects every lower_snake string literal in the services' and
+// pkg's code: metric namespaces, subsystems and names among them.
+func codeWords(t *testing.T) map[string]bool {
+	t.Helper()
+	re := regexp.MustCompile(`"([a-z][a-z0-9_]*)"`)
+	words := map[string]bool{}
+	for _, dir := range []string{"services", "pkg"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+				words[m[1]] = true
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return words
+}
+
+// metricInCode reports whether name can be "snip_<subsystem>_<name>" built
+// from literals in the code (histograms add _bucket, _sum, _count).
+func metricInCode(words map[string]bool, name string) bool {
+	if name == "up" {
+		return true
+	}
+	for _, suf := range []string{"_bucket", "_sum", "_count"} {
+		if base, ok := strings.CutSuffix(name, suf); ok && metricInCode(words, base) {
+			return true
+		}
+	}
+	rest, ok := strings.CutPrefix(name, "snip_")
+	if !ok {
+		return false
+	}
+	for i := range len(rest) {
+		if rest[i] == '_' && words[rest[:i]] && words[rest[i+1:]] {
+			return true
+		}
+	}
+	return false
+}
+
+func metricsIn(t *testing.T, expr string) []string {
+	t.Helper()
+	e, err := parser.ParseExpr(expr)
+	if err != nil {
+		t.Errorf("PromQL %q: %v", expr, err)
+		return nil
+	}
+	var names []string
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		if vs, ok := n.(*parser.VectorSelector); ok {
+			names = append(names, vs.Name)
+		}
+		return nil
+	})
+	return names
+}
+
+// The alert rules load in Prometheus, every rule has a runbook that exists,
+// and every metric the rules and the Grafana dashboard use is one the code
+// registers (a renamed metric would otherwise silence its alert).
+func TestAlertRulesAndDashboard(t *testing.T) {
+	groups, errs := rulefmt.ParseFile(filepath.Join(root, "deploy/prometheus/alerts.yml"), false, model.UTF8Validation)
+	for _, err := range errs {
+		t.Errorf("alerts.yml: %v", err)
+	}
+	if groups == nil {
+		t.FailNow()
+	}
+	words := codeWords(t)
+	rules := 0
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			rules++
+			rb := r.Annotations["runbook"]
+			if rb == "" {
+				t.Errorf("alert %s has no runbook annotation", r.Alert)
+			} else if _, err := os.Stat(filepath.Join(root, rb)); err != nil {
+				t.Errorf("alert %s: runbook %s: %v", r.Alert, rb, err)
+			}
+			for _, m := range metricsIn(t, r.Expr) {
+				if !metricInCode(words, m) {
+					t.Errorf("alert %s uses metric %s, which no service registers", r.Alert, m)
+				}
+			}
+		}
+	}
+	if rules < 10 {
+		t.Errorf("only %d alert rules", rules)
+	}
+
+	b, err := os.ReadFile(filepath.Join(root, "deploy/grafana/dashboards/snip-overview.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range metricsIn(t, tg.Expr) {
+				if !metricInCode(words, m) {
+					t.Errorf("dashboard panel %q uses metric %s, which no service registers", p.Title, m)
+				}
+			}
+		}
+	}
+}

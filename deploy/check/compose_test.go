@@ -1,0 +1,183 @@
+package check
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
+
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// loadCompose loads docker-compose.yml the way `docker compose` does:
+// schema validation, interpolation of ${VAR:-default}, anchors and merges.
+func loadCompose(t *testing.T, profiles ...string) *types.Project {
+	t.Helper()
+	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
+		cli.WithWorkingDirectory(root), cli.WithName("snip"), cli.WithProfiles(profiles))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatalf("docker-compose.yml does not load: %v", err)
+	}
+	return p
+}
+
+// envTags reads the environment variable names a Go module's config
+// declares (caarlos0/env struct tags), or that it reads with os.Getenv.
+func envTags(t *testing.T, dir string) []string {
+	t.Helper()
+	re := regexp.MustCompile(`env:"([A-Z0-9_]+)"|Getenv\("([A-Z0-9_]+)"\)|LookupEnv\("([A-Z0-9_]+)"\)`)
+	var names []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			names = append(names, m[1]+m[2]+m[3])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+// Every Snip service in docker-compose.yml is built from the one Dockerfile
+// with a SERVICE that exists, is given only environment variables its code
+// reads, connects to NATS as a user of deploy/nats with the password the
+// NATS server is given, and has a healthcheck if it is long-running.
+func TestComposeMatchesTheCode(t *testing.T) {
+	p := loadCompose(t, "loadtest")
+	users := map[string]User{}
+	for _, u := range Users(topology.DefaultPartitions) {
+		users[u.Name] = u
+	}
+	natsSvc, err := p.GetService("nats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range users {
+		if v := natsSvc.Environment[u.PasswordVar]; v == nil || *v == "" {
+			t.Errorf("nats service lacks %s, which deploy/nats/accounts.conf reads", u.PasswordVar)
+		}
+	}
+	snip := 0
+	for name, svc := range p.Services {
+		if svc.Build == nil {
+			continue
+		}
+		snip++
+		if !strings.HasSuffix(svc.Build.Dockerfile, "deploy/docker/Dockerfile") {
+			t.Errorf("%s: built from %q, want deploy/docker/Dockerfile", name, svc.Build.Dockerfile)
+		}
+		arg := svc.Build.Args["SERVICE"]
+		if arg == nil {
+			t.Errorf("%s: no SERVICE build argument", name)
+			continue
+		}
+		dir := "services/" + *arg
+		if d := svc.Build.Args["DIR"]; d != nil {
+			dir = *d
+		}
+		if _, err := os.Stat(filepath.Join(root, dir, "go.mod")); err != nil {
+			t.Errorf("%s: build folder %s is not a module: %v", name, dir, err)
+			continue
+		}
+		known := envTags(t, filepath.Join(root, dir))
+		for k := range svc.Environment {
+			if !slices.Contains(known, k) {
+				t.Errorf("%s: environment variable %s is not read by %s (it reads %v)", name, k, dir, known)
+			}
+		}
+		if user := svc.Environment["NATS_USER"]; user != nil {
+			u, ok := users[*user]
+			if !ok {
+				t.Errorf("%s: NATS_USER %q is not a user in deploy/nats", name, *user)
+			} else if pw, np := svc.Environment["NATS_PASSWORD"], natsSvc.Environment[u.PasswordVar]; pw == nil || np == nil || *pw != *np {
+				t.Errorf("%s: NATS_PASSWORD does not match the nats service's %s", name, u.PasswordVar)
+			}
+		}
+		oneShot := svc.Restart == "no" || len(svc.Profiles) > 0
+		if !oneShot && (svc.HealthCheck == nil || len(svc.HealthCheck.Test) == 0) {
+			t.Errorf("%s: a long-running service without a healthcheck", name)
+		}
+		if addr := svc.Environment["HTTP_ADDR"]; addr != nil && !oneShot {
+			_, port, _ := net.SplitHostPort(*addr)
+			exposed := false
+			for _, pp := range svc.Ports {
+				exposed = exposed || pp.Target == parsePort(port)
+			}
+			if !exposed {
+				t.Errorf("%s: listens on %s but does not publish that port", name, *addr)
+			}
+		}
+	}
+	if snip < 7 {
+		t.Errorf("only %d Snip services in docker-compose.yml", snip)
+	}
+	for _, dir := range []string{"redirect", "clickcounter", "fraud", "warehouse", "preview", "console"} {
+		if _, err := p.GetService(dir); err != nil {
+			t.Errorf("docker-compose.yml has no %s service", dir)
+		}
+	}
+}
+
+func parsePort(s string) uint32 {
+	var n uint32
+	for _, c := range s {
+		n = n*10 + uint32(c-'0')
+	}
+	return n
+}
+
+// The Dockerfile parses, takes SERVICE, and copies pkg next to the service
+// so `replace ../../pkg` resolves inside the build.
+func TestDockerfile(t *testing.T) {
+	f, err := os.Open(filepath.Join(root, "deploy/docker/Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	res, err := parser.Parse(f)
+	if err != nil {
+		t.Fatalf("Dockerfile does not parse: %v", err)
+	}
+	var args, copies []string
+	stages := 0
+	for _, n := range res.AST.Children {
+		switch strings.ToLower(n.Value) {
+		case "arg":
+			args = append(args, n.Next.Value)
+		case "copy":
+			copies = append(copies, n.Original)
+		case "from":
+			stages++
+		}
+	}
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "SERVICE") }) {
+		t.Errorf("Dockerfile takes no SERVICE argument: %v", args)
+	}
+	if !slices.ContainsFunc(copies, func(c string) bool { return strings.Contains(c, "COPY pkg ./pkg") }) {
+		t.Errorf("Dockerfile does not copy pkg/ into the build: %v", copies)
+	}
+	if stages < 2 {
+		t.Errorf("Dockerfile has %d stages; want a build stage and a small runtime stage", stages)
+	}
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+// syncBuffer collects the demo's output for the failure message.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// freeRange finds n consecutive free ports.
+func freeRange(t *testing.T, n int) int {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		base, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok := true
+		for i := range n {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// `make demo` is how most people meet Snip: run it with the real redirect
+// and counter binaries and follow one click from the demo's link to the
+// counter's stats.
+func TestDemoRunsAndCountsAClick(t *testing.T) {
+	t.Parallel()
+	bin := t.TempDir()
+	for _, svc := range []string{"redirect", "clickcounter"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(bin, svc), "../"+svc).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build %s: %v\n%s", svc, err, out)
+		}
+	}
+	port := func() string {
+		p, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(p)
+	}
+	base := freeRange(t, 6)
+	args := []string{"demo", "--dir", t.TempDir(), "--bin", bin, "--rate", "0",
+		"--nats-port", port(), "--nats-monitor-port", port(), "--redis-port", port(),
+		"--clickhouse-port", port(), "--site-port", port(), "--http-base", strconv.Itoa(base)}
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler)) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("demo returned %v\n%s", err, out.String())
+			}
+		case <-time.After(2 * time.Minute):
+			t.Errorf("demo did not stop\n%s", out.String())
+		}
+	}
+	t.Cleanup(stop)
+
+	redirect := "http://127.0.0.1:" + strconv.Itoa(base)
+	counter := "http://127.0.0.1:" + strconv.Itoa(base+1)
+	client := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	testenv.WaitFor(t, 2*time.Minute, "the demo link to redirect", func() bool {
+		resp, err := client.Get(redirect + "/nats-jetstream")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusFound
+	})
+	var total int
+	testenv.WaitFor(t, time.Minute, "the click in the counter's stats", func() bool {
+		req, _ := http.NewRequest(http.MethodGet, counter+"/api/links/nats-jetstream/stats", nil)
+		req.Header.Set("Authorization", "Bearer "+demoAPIKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var st struct {
+			Totals struct{ Human, Bot int }
+		}
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil {
+			return false
+		}
+		total = st.Totals.Human + st.Totals.Bot
+		return total >= 1
+	})
+	if total != 1 {
+		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", total, out.String())
+	}
+	stop()
+}
