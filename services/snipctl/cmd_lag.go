@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -27,7 +24,7 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 	defer closeJS()
 	groups := args
 	if len(groups) == 0 {
-		if groups, err = clickGroups(ctx, js); err != nil {
+		if groups, err = reader.Groups(ctx, js); err != nil {
 			return err
 		}
 	}
@@ -56,28 +53,4 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	return tw.Flush()
-}
-
-// clickGroups lists the consumer groups that have consumers on CLICKS.
-func clickGroups(ctx context.Context, js jetstream.JetStream) ([]string, error) {
-	s, err := js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
-	}
-	seen := map[string]bool{}
-	l := s.ListConsumers(ctx)
-	for ci := range l.Info() {
-		if g := ci.Config.Metadata["snip.group"]; g != "" {
-			seen[g] = true
-		}
-	}
-	if err := l.Err(); err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
-	}
-	groups := make([]string, 0, len(seen))
-	for g := range seen {
-		groups = append(groups, g)
-	}
-	slices.Sort(groups)
-	return groups, nil
 }

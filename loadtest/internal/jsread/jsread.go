@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -187,26 +186,7 @@ func NewReaders(js jetstream.JetStream) *Readers { return &Readers{js: js} }
 
 // Groups lists the consumer groups deployed on CLICKS.
 func (r *Readers) Groups(ctx context.Context) ([]string, error) {
-	s, err := r.js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
-	}
-	seen := map[string]bool{}
-	l := s.ListConsumers(ctx)
-	for ci := range l.Info() {
-		if g := ci.Config.Metadata["snip.group"]; g != "" {
-			seen[g] = true
-		}
-	}
-	if err := l.Err(); err != nil {
-		return nil, fmt.Errorf("list groups: %w", err)
-	}
-	out := make([]string, 0, len(seen))
-	for g := range seen {
-		out = append(out, g)
-	}
-	sort.Strings(out)
-	return out, nil
+	return reader.Groups(ctx, r.js)
 }
 
 // GroupLag is one group's backlog and the age of its oldest unprocessed event.
