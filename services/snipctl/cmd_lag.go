@@ -7,7 +7,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-
 	"github.com/snipdev/snip/pkg/reader"
 )
 

@@ -87,7 +87,9 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 	var out syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler)) }()
+	go func() {
+		done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler))
+	}()
 	stopped := false
 	stop := func() {
 		if stopped {
