@@ -241,8 +241,13 @@ func TestServerDownPausedAndBack(t *testing.T) {
 		t.Fatalf("insert after restart: %v", err)
 	}
 	var n uint64
-	if err := w.Conn().QueryRow(t.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&n); err != nil || n != 300 {
-		t.Fatalf("distinct events = %d, %v; want 300 (three successful inserts)", n, err)
+	// Three inserts succeeded. The one that timed out against the frozen
+	// server may still have landed: its data was in the socket when the
+	// server stopped, and the server finished it after SIGCONT. A client
+	// cannot know (the notes' "maybe inserted"), which is why the loader
+	// retries whole batches into an idempotent table.
+	if err := w.Conn().QueryRow(t.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&n); err != nil || (n != 300 && n != 400) {
+		t.Fatalf("distinct events = %d, %v; want 300 (three successful inserts), or 400 if the timed-out one landed", n, err)
 	}
 }
 
