@@ -166,7 +166,7 @@ func RenderConfig(partitions int) string {
 # Do not edit: change deploy/check/natsconf.go, regenerate; TestNATSConfigIsGenerated fails otherwise.
 #
 # One JetStream server for docker-compose. Passwords come from the environment
-# (docker-compose.yml passes them; .env.example lists them).
+# (docker-compose.yml passes them; deploy/env.example lists them).
 
 server_name: snip-nats
 listen: 0.0.0.0:4222
