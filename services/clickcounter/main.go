@@ -192,12 +192,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 func feeds(c *counter.Counter, log *slog.Logger, drain time.Duration) []jsfeed.Feed {
 	fs := []jsfeed.Feed{
 		{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
-			Handle: jsfeed.Links(c.ApplyLinkEvent)},
+			Handle: jsfeed.Links(c.ApplyLinkEvents)},
 		{Name: "verdicts", Stream: events.FraudStream, Consumer: topology.ClickCounterVerdictsConsumer,
-			Handle: jsfeed.Verdicts(func(ctx context.Context, v *events.FraudVerdict, seq uint64) error {
-				_, err := c.ApplyVerdict(ctx, v, seq)
-				return err
-			})},
+			Handle: jsfeed.Verdicts(c.ApplyVerdicts)},
 	}
 	for i := range fs {
 		fs[i].Source, fs[i].Log, fs[i].DrainTimeout = topology.GroupClickCounter, log, drain

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,13 +27,20 @@ import (
 
 // BenchmarkVerdictFeed measures the correction path: FRAUD holds N verdicts
 // (CLICKCOUNTER_BENCH_VERDICTS, default 100,000), one about each of N clicks
-// of the benchmix mix that the counter has already counted, each relabelling
-// its click (so every one moves counts, the expensive case), and the
-// counter's verdict feed, wired as run wires it, drains them. The time runs
-// from the feed's start to the consumer's ack floor reaching the last
-// verdict; afterwards every verdict must have been applied.
+// the counter has already counted, each relabelling its click (so every one
+// moves counts, the expensive case), and the counter's verdict feed, wired
+// as run wires it, drains them. The time runs from the feed's start to the
+// consumer's ack floor reaching the last verdict; afterwards every verdict
+// must have been applied. Two mixes:
 //
-//	go test -run '^$' -bench VerdictFeed -benchtime 1x ./services/clickcounter
+//   - flood: every click is on one link (fraud detection's link_flood rule
+//     labels every click of a flooded link: the load test's case), with the
+//     benchmix spread of countries and referrers;
+//
+//   - spread: the benchmix clicks as they are (10,000 links, Zipf), so a
+//     batch touches hundreds of links: the worst case for aggregation.
+//
+//     go test -run '^$' -bench VerdictFeed -benchtime 1x ./services/clickcounter
 func BenchmarkVerdictFeed(b *testing.B) {
 	n := 100_000
 	if v := os.Getenv("CLICKCOUNTER_BENCH_VERDICTS"); v != "" {
@@ -41,6 +49,12 @@ func BenchmarkVerdictFeed(b *testing.B) {
 			b.Fatalf("CLICKCOUNTER_BENCH_VERDICTS=%q: %v", v, err)
 		}
 	}
+	for _, mix := range []string{"flood", "spread"} {
+		b.Run(mix, func(b *testing.B) { benchVerdictFeed(b, n, mix == "flood") })
+	}
+}
+
+func benchVerdictFeed(b *testing.B, n int, flood bool) {
 	ns := testenv.StartNATS(b)
 	js := ns.JetStream(b)
 	ctx := context.Background()
@@ -48,7 +62,7 @@ func BenchmarkVerdictFeed(b *testing.B) {
 	if err := topology.Apply(ctx, js, o); err != nil {
 		b.Fatal(err)
 	}
-	clicks := benchClicks(o.Partitions, n)
+	clicks := benchClicks(o.Partitions, n, flood)
 	start := time.Now()
 	lastSeq := publishVerdicts(b, js, clicks)
 	b.Logf("published %d verdicts in %s", n, time.Since(start).Round(time.Millisecond))
@@ -75,7 +89,15 @@ func BenchmarkVerdictFeed(b *testing.B) {
 		if err := topology.ApplyClickCounter(ctx, js); err != nil {
 			b.Fatal(err)
 		}
+		_ = rdb.ConfigResetStat(ctx).Err()
 		d := drainVerdicts(b, js, c, reg, lastSeq)
+		if info, err := rdb.Info(ctx, "commandstats").Result(); err == nil {
+			for _, line := range strings.Split(info, "\n") {
+				if strings.HasPrefix(line, "cmdstat_evalsha") {
+					b.Logf("redis %s", strings.TrimSpace(line))
+				}
+			}
+		}
 		if got := gatherCounter(b, reg, "snip_clickcounter_corrections_total", "relabelled"); got != float64(n) {
 			b.Fatalf("relabelled %v verdicts, want %d", got, n)
 		}
@@ -85,14 +107,17 @@ func BenchmarkVerdictFeed(b *testing.B) {
 	}
 }
 
-// benchClicks draws n clicks of the mix and places them in CLICKS order:
-// per partition, with increasing stream sequences.
-func benchClicks(partitions, n int) map[int][]reader.Event {
+// benchClicks draws n clicks of the mix (all on one link if flood) and
+// places them in CLICKS order: per partition, with increasing sequences.
+func benchClicks(partitions, n int, flood bool) map[int][]reader.Event {
 	mix := benchmix.New()
 	now := time.Now().UTC()
 	out := map[int][]reader.Event{}
 	for i := range n {
 		cl := mix.Click("acme", now)
+		if flood {
+			cl.Code = "flooded"
+		}
 		p := events.Partition(cl.Code, partitions)
 		out[p] = append(out[p], reader.Event{Click: cl, Partition: p, Seq: uint64(i + 1), Stored: now, Deliveries: 1})
 	}

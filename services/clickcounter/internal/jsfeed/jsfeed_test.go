@@ -16,6 +16,7 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 	"github.com/snipdev/snip/services/clickcounter/internal/jsfeed"
 )
 
@@ -70,12 +71,16 @@ func TestFeedRetriesTransientErrorsAndParksPoison(t *testing.T) {
 	got := map[string]int{}
 	var fails atomic.Int32
 	fails.Store(2)
-	run(t, js, jsfeed.Links(func(_ context.Context, e *events.LinkEvent, _ uint64) error {
-		if e.Code == "flaky" && fails.Add(-1) >= 0 {
-			return errors.New("redis: connection refused")
+	run(t, js, jsfeed.Links(func(_ context.Context, es []counter.LinkEvent) error {
+		for _, e := range es {
+			if e.E.Code == "flaky" && fails.Add(-1) >= 0 {
+				return errors.New("redis: connection refused")
+			}
 		}
 		mu.Lock()
-		got[e.Code]++
+		for _, e := range es {
+			got[e.E.Code]++
+		}
 		mu.Unlock()
 		return nil
 	}))
