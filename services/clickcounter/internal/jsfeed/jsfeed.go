@@ -39,7 +39,7 @@ type Msg struct {
 // writes succeeded may still come again (a crash before its acks).
 type HandleFunc func(ctx context.Context, msgs []Msg) []error
 
-// Batching defaults. Workers batches in hand and one more prefetched stay
+// Batching defaults. The workers' batches and the one being fetched stay
 // within the consumers' MaxAckPending of 1000.
 const (
 	DefaultBatchSize = 300
@@ -62,8 +62,8 @@ type Feed struct {
 	BatchSize int
 	// Workers is how many batches are handled at once (DefaultWorkers):
 	// while one waits for Redis, the next is decoded. Handling must be
-	// safe for concurrent batches (the counter's writes are ordered by
-	// stream sequence in Redis, not by arrival).
+	// safe for concurrent batches (the counter orders verdicts by FRAUD
+	// sequence and link events by LINKS sequence in Redis, not by arrival).
 	Workers int
 	// Linger is the longest a batch waits to fill after its first message
 	// (default 50ms).
@@ -98,9 +98,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Run consumes the feed until ctx ends, then stops pulling and handles
-// and acks (within DrainTimeout) the messages it has received. It waits for
-// the consumer to exist and for NATS to be reachable rather than fail.
+// Run consumes the feed until ctx ends, then handles and acks (within
+// DrainTimeout) the batches it has fetched. It waits for the consumer to
+// exist and for NATS to be reachable rather than fail.
 func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error {
 	if f.Log == nil {
 		f.Log = slog.New(slog.DiscardHandler)
@@ -115,57 +115,31 @@ func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error
 	f.HandleTimeout = orDefault(f.HandleTimeout, 10*time.Second)
 	f.MaxRetryDelay = orDefault(f.MaxRetryDelay, 10*time.Second)
 	f.DrainTimeout = orDefault(f.DrainTimeout, 10*time.Second)
-	r := &run{f: f, js: js, m: m}
-	for ctx.Err() == nil {
-		it, err := f.messages(ctx, js)
-		if err != nil {
-			return err
-		}
-		if it == nil {
-			return nil // ctx ended while waiting for the consumer
-		}
-		stopped := make(chan struct{})
-		go func() {
-			select {
-			case <-ctx.Done():
-				r.drainBy() // the drain's clock starts now
-				it.Drain()  // Next hands out what is buffered, then ErrMsgIteratorClosed
-			case <-stopped:
-			}
-		}()
-		r.consume(ctx, it)
-		close(stopped)
-		if ctx.Err() == nil {
-			f.Log.Warn("feed subscription ended; subscribing again", "feed", f.Name)
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
-	}
-	return nil
-}
-
-// messages waits for the feed's consumer and subscribes to it; nil, nil
-// when ctx ends first.
-func (f Feed) messages(ctx context.Context, js jetstream.JetStream) (jetstream.MessagesContext, error) {
+	var cons jetstream.Consumer
 	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		cons, err := js.Consumer(ctx, f.Stream, f.Consumer)
-		if err == nil {
-			it, err := cons.Messages(jetstream.PullMaxMessages(f.BatchSize))
-			if err != nil {
-				return nil, fmt.Errorf("consume %s: %w", f.Consumer, err)
-			}
-			f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer)
-			return it, nil
+		var err error
+		if cons, err = js.Consumer(ctx, f.Stream, f.Consumer); err == nil {
+			break
 		}
 		f.Log.Warn("feed consumer not available; retrying", "feed", f.Name, "consumer", f.Consumer, "err", err)
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil
 		case <-time.After(wait):
 		}
 	}
+	f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer)
+	r := &run{f: f, js: js, m: m}
+	defer context.AfterFunc(ctx, func() { r.drainBy() })() // the drain's clock starts when ctx ends
+	batches := make(chan []jetstream.Msg)
+	var wg sync.WaitGroup
+	for range f.Workers {
+		wg.Go(func() { r.work(ctx, batches) })
+	}
+	r.fetch(ctx, cons, batches)
+	close(batches)
+	wg.Wait()
+	return nil
 }
 
 // run is one running feed.
@@ -178,69 +152,71 @@ type run struct {
 	drainEnd  time.Time
 }
 
-// drainBy is when a graceful stop gives up on the messages in hand: the
-// first call (when ctx ends) fixes it at DrainTimeout from then.
+// drainBy is when a graceful stop gives up on the batches in hand:
+// DrainTimeout after ctx ended (when the first call is made).
 func (r *run) drainBy() time.Time {
 	r.drainOnce.Do(func() { r.drainEnd = time.Now().Add(r.f.DrainTimeout) })
 	return r.drainEnd
 }
 
-// consume reads batches from it and hands them to Workers goroutines until
-// it is closed (drained at shutdown, or ended by the server), and returns
-// when every batch read is handled. While one batch waits for Redis the
-// next is decoded and sent: the two overlap.
-func (r *run) consume(ctx context.Context, it jetstream.MessagesContext) {
-	batches := make(chan []jetstream.Msg)
-	var wg sync.WaitGroup
-	for range r.f.Workers {
-		wg.Go(func() { r.work(ctx, batches) })
-	}
-	r.collect(ctx, it, batches)
-	close(batches)
-	wg.Wait()
-}
+// idleWait is how long a fetch waits for the first message of a batch when
+// the feed is idle: it bounds how long a stop waits for the fetch in
+// flight.
+const idleWait = time.Second
 
-// collect reads batches: up to BatchSize messages, or what arrived within
-// Linger of the first. After ctx ends it reads what was already received,
-// until the iterator closes or the drain's deadline passes.
-func (r *run) collect(ctx context.Context, it jetstream.MessagesContext, batches chan<- []jetstream.Msg) {
+// fetch reads batches and hands them to the workers until ctx ends: up to
+// BatchSize messages, or what arrived within Linger of the first. It
+// fetches the next batch while the workers handle the previous ones, and
+// waits for a worker before fetching more (the workers' batches, and the
+// one it holds, are all the feed has unacked). It pulls with Fetch, not a
+// prefetching subscription, so that when it returns every message it
+// received has been handed over.
+func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<- []jetstream.Msg) {
 	f := r.f
-	for {
-		first, err := it.Next()
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			return
+	idle, failures := true, uint64(0)
+	for ctx.Err() == nil {
+		var batch []jetstream.Msg
+		var err error
+		want := f.BatchSize
+		if idle {
+			// Messages that arrived are kept even if the fetch then failed.
+			batch, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(idleWait)))
+			want--
 		}
-		if err != nil {
-			f.Log.Debug("feed next", "feed", f.Name, "err", err)
+		if want > 0 && (!idle || len(batch) > 0) {
+			var more []jetstream.Msg
+			more, err = collect(cons.Fetch(want, jetstream.FetchMaxWait(f.Linger)))
+			batch = append(batch, more...)
+		}
+		if len(batch) == 0 {
+			if err != nil && !errors.Is(err, nats.ErrTimeout) {
+				// NATS down, the consumer deleted: wait, and try again.
+				failures++
+				f.Log.Debug("feed fetch", "feed", f.Name, "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(f.delay(failures)):
+				}
+			}
+			idle = true
 			continue
 		}
-		batch := []jetstream.Msg{first}
-		closed := false
-		for deadline := time.Now().Add(f.Linger); len(batch) < f.BatchSize; {
-			wait := time.Until(deadline)
-			if wait <= 0 {
-				break
-			}
-			msg, err := it.Next(jetstream.NextMaxWait(wait))
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				closed = true
-				break
-			}
-			if err != nil {
-				break // timeout: the batch is what arrived within Linger
-			}
-			batch = append(batch, msg)
-		}
-		batches <- batch
-		if closed {
-			return
-		}
-		if ctx.Err() != nil && time.Now().After(r.drainBy()) {
-			it.Stop()
-			f.Log.Warn("feed drain timed out; unacked messages will be redelivered", "feed", f.Name)
-			return
-		}
+		failures = 0
+		idle = len(batch) < f.BatchSize/2
+		batches <- batch // also after ctx ended: every fetched message is handled
 	}
+}
+
+// collect drains a fetch; it returns what arrived and the fetch's error.
+func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var out []jetstream.Msg
+	for m := range b.Messages() {
+		out = append(out, m)
+	}
+	return out, b.Error()
 }
 
 // work handles batches until there are no more. After a batch that failed

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/benchmix"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
@@ -135,5 +136,49 @@ func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
 	want := []string{"cc:{p10}:g1:pos", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p1}:meta"}
 	if !slices.Equal(left, want) {
 		t.Fatalf("keys left = %v, want %v", left, want)
+	}
+}
+
+// The batched calls go out as EVALSHA in a pipeline; on a server that does
+// not have the scripts (a new one, or after SCRIPT FLUSH) they are run
+// again with the source, and nothing is applied twice.
+func TestPipelinedScriptsSurviveAScriptFlush(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb)
+	ctx := t.Context()
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(code string) counter.LinkEvent {
+		return counter.LinkEvent{E: &events.LinkEvent{V: events.LinkVersion, ID: events.NewID(), Kind: events.LinkCreated,
+			Time: time.Now(), Code: code, Owner: "acme"}, Seq: 1}
+	}
+	applied, err := s.ApplyLinkEvents(ctx, []counter.LinkEvent{ev("a"), ev("b")})
+	if err != nil || !slices.Equal(applied, []bool{true, true}) {
+		t.Fatalf("ApplyLinkEvents after SCRIPT FLUSH = %v, %v; want both applied", applied, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	id := events.NewID()
+	m, _ := counter.ParseID(id)
+	batch := func(p int) *counter.Corrections {
+		return &counter.Corrections{Partition: p, Expect: counter.State{Read: 1, Write: 1}, Items: []counter.Correction{{
+			ClickID: id, LabelDay: m.LabelDay(), FraudSeq: 1, To: counter.Bot, Source: counter.Human, ClickSeq: 1,
+			Link: counter.LinkRef{Owner: "acme", Code: "a"}, Day: counter.DayOf(now), Hour: now.Hour(),
+			Country: "DE", Referrer: "(direct)", LabelExpiry: now.Add(time.Hour),
+		}}}
+	}
+	for _, res := range s.Correct(ctx, []*counter.Corrections{batch(0), batch(1)}) {
+		if res.Err != nil || res.Conflict || len(res.Items) != 1 || res.Items[0].Status != counter.Relabelled {
+			t.Fatalf("Correct after SCRIPT FLUSH = %+v; want relabelled", res)
+		}
+	}
+	for _, res := range s.Correct(ctx, []*counter.Corrections{batch(0)}) {
+		if res.Err != nil || res.Items[0].Status != counter.Stale {
+			t.Fatalf("Correct again = %+v; want stale", res)
+		}
 	}
 }
