@@ -171,17 +171,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			Logger: log, Metrics: reg,
 		}, c.HandleBatch)
 	})
-	feeds := []jsfeed.Feed{
-		{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
-			Handle: jsfeed.Links(c.ApplyLinkEvent)},
-		{Name: "verdicts", Stream: events.FraudStream, Consumer: topology.ClickCounterVerdictsConsumer,
-			Handle: jsfeed.Verdicts(func(ctx context.Context, v *events.FraudVerdict, seq uint64) error {
-				_, err := c.ApplyVerdict(ctx, v, seq)
-				return err
-			})},
-	}
-	for _, f := range feeds {
-		f.Source, f.Log, f.DrainTimeout = topology.GroupClickCounter, log, cfg.ShutdownTimeout
+	for _, f := range feeds(c, log, cfg.ShutdownTimeout) {
 		start(f.Name, func(ctx context.Context) error { return f.Run(ctx, js, fm) })
 	}
 	start("janitor", func(ctx context.Context) error { c.RunJanitor(ctx); return nil })
@@ -195,6 +185,21 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// feeds are the counter's LINKS and FRAUD verdict feeds (the benchmarks run
+// them as run does).
+func feeds(c *counter.Counter, log *slog.Logger, drain time.Duration) []jsfeed.Feed {
+	fs := []jsfeed.Feed{
+		{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
+			Handle: jsfeed.Links(c.ApplyLinkEvents)},
+		{Name: "verdicts", Stream: events.FraudStream, Consumer: topology.ClickCounterVerdictsConsumer,
+			Handle: jsfeed.Verdicts(c.ApplyVerdicts)},
+	}
+	for i := range fs {
+		fs[i].Source, fs[i].Log, fs[i].DrainTimeout = topology.GroupClickCounter, log, drain
+	}
+	return fs
 }
 
 // retry calls f until it succeeds or ctx ends (then it returns nil: the

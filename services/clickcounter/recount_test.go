@@ -174,6 +174,72 @@ func TestVerdictsFromFraud(t *testing.T) {
 	}
 }
 
+// A flood of verdicts through FRAUD (fraud detection's link_flood labels
+// every click of a link), some published twice, then some reversed: the
+// batched feed applies each change once, in FRAUD order.
+func TestVerdictFloodThroughFraud(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	const code, n = "flooded", 60
+	p := events.Partition(code, testPartitions)
+	cs := s.publishClicks(t, []string{code}, n, nil)
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: n}})
+	seqs := map[string]uint64{}
+	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); len(seqs) < n; seq++ {
+		m, err := stream.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := events.DecodeClick(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[c.ID] = seq
+	}
+	verdict := func(c events.Click, bot bool) {
+		t.Helper()
+		v := events.FraudVerdict{V: events.FraudVersion, ID: "v-" + events.NewID(), ClickID: c.ID, Partition: p, ClickSeq: seqs[c.ID],
+			Code: code, Owner: "acme", Rule: "link_flood", Bot: bot, ClickTime: c.Time, Country: c.Country,
+			Referrer: c.Referrer, Time: time.Now().UTC()}
+		b, _ := json.Marshal(v)
+		if _, err := s.js.PublishAsync(events.FraudVerdictSubject("acme", code), b, jetstream.WithMsgID(v.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cs {
+		verdict(c, true)
+		if i%4 == 0 {
+			verdict(c, true) // published twice
+		}
+	}
+	for _, c := range cs[:10] {
+		verdict(c, false)
+	}
+	select {
+	case <-s.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("verdicts not stored")
+	}
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: 10, Bot: n - 10}})
+	testenv.WaitFor(t, 30*time.Second, "every verdict handled", func() bool {
+		return metricValue(t, svc.addr, `snip_clickcounter_feed_messages_total{feed="verdicts",result="ok"}`) == n+n/4+10
+	})
+	// Which copy counts as the change and which as unchanged or stale depends
+	// on how the two workers' batches interleave; every verdict is one of them.
+	var sum float64
+	for _, result := range []string{"relabelled", "unchanged", "stale"} {
+		sum += metricValue(t, svc.addr, `snip_clickcounter_corrections_total{result="`+result+`"}`)
+	}
+	if sum != n+n/4+10 {
+		t.Errorf("corrections = %v, want one per verdict (%d)", sum, n+n/4+10)
+	}
+}
+
 // A link created with no clicks is known from LINKS: its stats are zeros,
 // not a 404; once deleted it is a 404.
 func TestLinksFeedKnowsLinksWithoutClicks(t *testing.T) {

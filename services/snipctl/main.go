@@ -39,7 +39,7 @@ type command struct {
 var commands = map[string]command{
 	"topology": {usage: "apply", help: "create or update every stream, consumer and bucket (idempotent)", run: cmdTopology},
 	"owners":   {usage: "create ID [-name NAME]", help: "create an owner and print its API key (shown once)", run: cmdOwners},
-	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
+	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},

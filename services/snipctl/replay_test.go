@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 func publishClicks(t *testing.T, js jetstream.JetStream, n int) {
@@ -67,5 +69,91 @@ func TestReplayAndLag(t *testing.T) {
 	}
 	if out, err := snipctl(t, environ, "replay", "nosuchgroup", "--since", "1h"); err == nil {
 		t.Fatalf("replay of a missing group succeeded:\n%s", out)
+	}
+}
+
+// The click counter recounts only a replay from the oldest retained event
+// (decision 0021); snipctl refuses any other, saying what to do, unless
+// --force.
+func TestReplayOfTheClickCounterMustBeARecount(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
+	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	js := n.JetStream(t)
+	publishClicks(t, js, 10)
+	var handled atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- reader.Run(ctx, js, reader.Config{Group: topology.GroupClickCounter, Member: "m", LeaseTTL: time.Second},
+			func(_ context.Context, _ int, b []reader.Event) error { handled.Add(int64(len(b))); return nil })
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	testenv.WaitFor(t, 30*time.Second, "first pass", func() bool { return handled.Load() == 10 })
+	kv, err := js.KeyValue(t.Context(), topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requested := func() string {
+		e, err := kv.Get(t.Context(), topology.GroupClickCounter+".rewind")
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return ""
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(e.Value())
+	}
+	stream, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fifth, err := stream.GetMsg(t.Context(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := fifth.Time.UTC().Format(time.RFC3339Nano) // after the oldest event
+	// Sequential: the cases share the group and its last replay request.
+	tests := []struct {
+		name    string
+		args    []string
+		refused bool
+		output  string
+	}{
+		{name: "from_a_later_time_is_refused", args: []string{"--from", later}, refused: true},
+		{name: "since_a_short_while_is_refused", args: []string{"--since", "1ms"}, refused: true},
+		{name: "from_a_later_sequence_is_refused", args: []string{"--from-seq", "3"}, refused: true},
+		{name: "forced_it_is_requested_with_a_warning", args: []string{"--from", later, "--force"}, output: "warning: --from " + later + " starts after the oldest event"},
+		{name: "since_before_the_oldest_event_is_a_recount", args: []string{"--since", "1h"}, output: "a recount"},
+		{name: "from_the_first_sequence_is_a_recount", args: []string{"--from-seq", "1"}, output: "a recount"},
+		{name: "from_before_retention_is_a_recount", args: []string{"--from", "2000-01-01T00:00:00Z"}, output: "a recount"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := requested()
+			out, err := snipctl(t, environ, append([]string{"replay", topology.GroupClickCounter}, tc.args...)...)
+			if tc.refused {
+				if !errors.Is(err, errNotARecount) || !strings.Contains(err.Error(), "--from-seq 1") || !strings.Contains(err.Error(), "--force") {
+					t.Fatalf("err = %v, want a refusal naming --from-seq 1 and --force\n%s", err, out)
+				}
+				if requested() != before {
+					t.Fatal("a refused replay was requested")
+				}
+				return
+			}
+			if err != nil || !strings.Contains(out, tc.output) {
+				t.Fatalf("err = %v, output:\n%s\nwant it to contain %q", err, out, tc.output)
+			}
+			if requested() == before {
+				t.Fatal("the replay was not requested")
+			}
+		})
+	}
+	// Other groups replay from anywhere, as before.
+	if out, err := snipctl(t, environ, "replay", "nosuchgroup", "--since", "1h"); errors.Is(err, errNotARecount) {
+		t.Fatalf("another group's replay was refused as a click-counter one:\n%s", out)
 	}
 }

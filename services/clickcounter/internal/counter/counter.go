@@ -67,6 +67,9 @@ type Counter struct {
 
 	mu    sync.Mutex
 	parts map[int]*State
+	// vstate caches the generations of every partition for the verdict
+	// path, which runs on every member whatever partitions it owns.
+	vstate map[int]State
 
 	janitor chan int
 }
@@ -97,6 +100,7 @@ func New(o Options) (*Counter, error) {
 		store: o.Store, clicks: o.Clicks, n: o.Partitions, window: o.DedupWindow, maxAge: o.ClicksMaxAge,
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:   map[int]*State{},
+		vstate:  map[int]State{},
 		janitor: make(chan int, 4*o.Partitions),
 	}, nil
 }
@@ -158,7 +162,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"kind"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_write_retries_total",
-			Help: "Batch writes redone: reason=conflict (the partition's state changed under the batch) or recheck (duplicates or verdict labels found by the write).",
+			Help: "Writes redone: reason=conflict (the partition's state changed under a click batch), recheck (duplicates or verdict labels found by the write), verdict_conflict (a partition's generations changed under a verdict batch).",
 		}, []string{"reason"}),
 		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_corrections_total",

@@ -3,8 +3,6 @@ package counter
 import (
 	"context"
 	"time"
-
-	"github.com/snipdev/snip/pkg/events"
 )
 
 // Store is what the counter needs from its database. Every method that
@@ -25,12 +23,17 @@ type Store interface {
 	Generations(ctx context.Context, partition int) ([]int64, error)
 	// DropGeneration deletes every key of one generation.
 	DropGeneration(ctx context.Context, partition int, gen int64) error
-	// Correct records a verdict's label and moves the click between its
-	// human and bot counts in the generations that have counted it.
-	Correct(ctx context.Context, c *Correction) (CorrectionResult, error)
-	// ApplyLinkEvent records a link's owner or deletion from LINKS; events
-	// at or below the sequence already applied for the code are ignored.
-	ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq uint64) (applied bool, err error)
+	// Correct applies verdicts: each Corrections is one partition's, applied
+	// in one atomic step if the partition's generations are still
+	// Corrections.Expect's (else nothing is written: Conflict). For each
+	// verdict it records the label and moves the click between its human
+	// and bot counts in the generations that have counted it. All partitions
+	// go in one round trip; results[i] answers batches[i].
+	Correct(ctx context.Context, batches []*Corrections) (results []CorrectionsResult)
+	// ApplyLinkEvents records links' owners and deletions from LINKS, in one
+	// round trip; an event at or below the sequence already applied for its
+	// code is ignored (applied[i] is false).
+	ApplyLinkEvents(ctx context.Context, es []LinkEvent) (applied []bool, err error)
 	// Link returns what LINKS said about a code, and whether it said anything.
 	Link(ctx context.Context, code string) (LinkInfo, bool, error)
 	// ReadStats reads a link's counts from the read generation, in one
@@ -111,11 +114,16 @@ type ApplyResult struct {
 	Switched bool
 }
 
-// Correction is one verdict, resolved into the counts it moves.
-type Correction struct {
+// Corrections are one partition's verdicts, in FRAUD order.
+type Corrections struct {
 	Partition int
 	// Expect is the partition state the generations below were read from.
-	Expect   State
+	Expect State
+	Items  []Correction
+}
+
+// Correction is one verdict, resolved into the counts it moves.
+type Correction struct {
 	ClickID  string
 	LabelDay Day
 	// FraudSeq orders verdicts of one click: a verdict at or below the
@@ -136,7 +144,18 @@ type Correction struct {
 	LabelExpiry time.Time
 }
 
-// CorrectionResult is what Correct did.
+// CorrectionsResult is what Correct did with one partition's verdicts.
+type CorrectionsResult struct {
+	// Conflict: the partition's generations changed; nothing was written.
+	Conflict bool
+	// Items answer Corrections.Items, one each, when the step was applied.
+	Items []CorrectionResult
+	// Err: the step failed; it may have been applied or not. Applying it
+	// again is harmless: a verdict already recorded is stale.
+	Err error
+}
+
+// CorrectionResult is what Correct did with one verdict.
 type CorrectionResult struct {
 	Status CorrectionStatus
 	// Moved is the number of generations whose counts moved.
@@ -155,9 +174,23 @@ const (
 	Unchanged
 	// Stale: a verdict at or after this one was already applied.
 	Stale
-	// CorrectionConflict: the partition's generations changed; retry.
-	CorrectionConflict
 )
+
+// String is the status's name in metrics: relabelled, unchanged, stale,
+// expired.
+func (s CorrectionStatus) String() string {
+	switch s {
+	case Relabelled:
+		return "relabelled"
+	case Unchanged:
+		return "unchanged"
+	case Stale:
+		return "stale"
+	case Expired:
+		return "expired"
+	}
+	return "unknown"
+}
 
 // LinkInfo is what LINKS said last about a code.
 type LinkInfo struct {

@@ -1,16 +1,18 @@
 package counter
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
 )
 
-// Expired is ApplyVerdict's status for a verdict about a click older than
-// CLICKS retention: it is acknowledged and changes nothing (see
-// labelHorizon).
+// Expired is a verdict's status when it is about a click older than CLICKS
+// retention: it is acknowledged and changes nothing (see labelHorizon).
 const Expired CorrectionStatus = -1
 
 // labelHorizon is how long after the end of a click's label day a verdict
@@ -22,83 +24,200 @@ func (c *Counter) labelHorizon(d Day) time.Time { return d.End().Add(c.maxAge + 
 
 func (c *Counter) labelKeep(d Day) time.Time { return d.End().Add(c.maxAge + 48*time.Hour) }
 
-// ApplyVerdict applies a fraud verdict as a correction. fraudSeq is the
-// verdict's FRAUD stream sequence, which orders verdicts about one click.
-//
-// The click's label is recorded, and wherever the click was already counted
-// it moves between the human and bot counts (total, day, hour, country,
-// referrer) once; a verdict that repeats the current label changes nothing,
-// and one older than a label already applied is stale. A verdict that comes
-// before its click is counted needs no waiting: the click is counted with
-// the recorded label when it comes.
+// Verdict is a fraud verdict and its FRAUD stream sequence, which orders the
+// verdicts about one click: the one with the higher sequence wins.
+type Verdict struct {
+	V   *events.FraudVerdict
+	Seq uint64
+}
+
+// VerdictResult is what applying one verdict did.
+type VerdictResult struct {
+	Status CorrectionStatus
+	// Err is set when the verdict was not applied: wrapping
+	// events.ErrMalformed it never can be; otherwise it may be retried
+	// (applying a verdict again changes nothing).
+	Err error
+}
+
+// ApplyVerdict applies one fraud verdict; see ApplyVerdicts.
 func (c *Counter) ApplyVerdict(ctx context.Context, v *events.FraudVerdict, fraudSeq uint64) (CorrectionStatus, error) {
-	p := events.Partition(v.Code, c.n)
-	if v.Partition != p {
-		c.log.Warn("verdict names another partition than its link code hashes to; using the code's",
-			"verdict", v.ID, "code", v.Code, "partition", v.Partition, "computed", p)
+	r := c.ApplyVerdicts(ctx, []Verdict{{V: v, Seq: fraudSeq}})[0]
+	return r.Status, r.Err
+}
+
+// ApplyVerdicts applies a batch of fraud verdicts as corrections, and
+// returns one result per verdict.
+//
+// Each verdict's label is recorded by click ID, and wherever the click was
+// already counted it moves between the human and bot counts (total, day,
+// hour, country, referrer) once; a verdict that repeats the current label
+// changes nothing, and one at or below a FRAUD sequence already applied to
+// the click is stale. A verdict that comes before its click is counted needs
+// no waiting: the click is counted with the recorded label when it comes.
+//
+// The verdicts are grouped by partition, and each partition's group is
+// applied in one atomic store call, in FRAUD order, guarded by the
+// partition's generations; the groups of all partitions go in one round
+// trip. A group whose generations changed meanwhile (a recount started or
+// switched) is retried on the new ones.
+func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResult {
+	out := make([]VerdictResult, len(vs))
+	groups := map[int]*Corrections{}
+	at := map[int][]int{} // partition -> indexes into vs, in the group's order
+	for i, v := range vs {
+		p, corr, status, err := c.correction(v)
+		if err != nil || status == Expired {
+			out[i] = VerdictResult{Status: status, Err: err}
+			continue
+		}
+		g := groups[p]
+		if g == nil {
+			g = &Corrections{Partition: p}
+			groups[p] = g
+		}
+		g.Items = append(g.Items, corr)
+		at[p] = append(at[p], i)
 	}
-	mark, err := ParseID(v.ClickID)
+	// FRAUD order within a partition, so two verdicts of one click in one
+	// batch end with the later one's label, as if handled one by one.
+	for p, g := range groups {
+		idx := at[p]
+		order := make([]int, len(idx))
+		for k := range order {
+			order[k] = k
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(g.Items[a].FraudSeq, g.Items[b].FraudSeq) })
+		items, sorted := make([]Correction, len(order)), make([]int, len(order))
+		for k, o := range order {
+			items[k], sorted[k] = g.Items[o], idx[o]
+		}
+		g.Items, at[p] = items, sorted
+	}
+	fail := func(p int, err error) {
+		for _, i := range at[p] {
+			out[i].Err = fmt.Errorf("apply verdict %s: %w", vs[i].V.ID, err)
+		}
+	}
+	pending := slices.Sorted(maps.Keys(groups))
+	for attempt := 0; attempt < maxWriteAttempts && len(pending) > 0; attempt++ {
+		batch := make([]*Corrections, 0, len(pending))
+		for _, p := range pending {
+			st, err := c.verdictState(ctx, p, attempt > 0)
+			if err != nil {
+				fail(p, err)
+				continue
+			}
+			groups[p].Expect = st
+			batch = append(batch, groups[p])
+		}
+		pending = pending[:0]
+		for k, res := range c.store.Correct(ctx, batch) {
+			p := batch[k].Partition
+			switch {
+			case res.Err != nil:
+				fail(p, res.Err)
+			case res.Conflict:
+				c.m.retries.WithLabelValues("verdict_conflict").Inc()
+				pending = append(pending, p)
+			default:
+				for j, r := range res.Items {
+					out[at[p][j]].Status = r.Status
+					c.m.corrections.WithLabelValues(r.Status.String()).Inc()
+				}
+			}
+		}
+	}
+	for _, p := range pending {
+		fail(p, ErrContention)
+	}
+	return out
+}
+
+// correction resolves a verdict into its partition and the counts it would
+// move. It returns
+// Expired for a verdict past the label horizon, and an error wrapping
+// events.ErrMalformed for one that can never be applied.
+func (c *Counter) correction(v Verdict) (int, Correction, CorrectionStatus, error) {
+	p := events.Partition(v.V.Code, c.n)
+	if v.V.Partition != p {
+		c.log.Warn("verdict names another partition than its link code hashes to; using the code's",
+			"verdict", v.V.ID, "code", v.V.Code, "partition", v.V.Partition, "computed", p)
+	}
+	mark, err := ParseID(v.V.ClickID)
 	if err != nil {
-		return 0, fmt.Errorf("apply verdict %s: %w: %w", v.ID, err, events.ErrMalformed)
+		return p, Correction{}, 0, fmt.Errorf("apply verdict %s: %w: %w", v.V.ID, err, events.ErrMalformed)
 	}
 	day := mark.LabelDay()
 	if c.now().After(c.labelHorizon(day)) {
 		c.m.corrections.WithLabelValues("expired").Inc()
-		return Expired, nil
+		return p, Correction{}, Expired, nil
 	}
-	t := v.ClickTime.UTC()
-	corr := &Correction{
-		Partition:   p,
-		ClickID:     v.ClickID,
+	t := v.V.ClickTime.UTC()
+	return p, Correction{
+		ClickID:     v.V.ClickID,
 		LabelDay:    day,
-		FraudSeq:    fraudSeq,
-		To:          LabelOf(v.Bot),
-		Source:      LabelOf(v.SourceBot),
-		ClickSeq:    v.ClickSeq,
-		Link:        LinkRef{Owner: v.Owner, Code: v.Code},
+		FraudSeq:    v.Seq,
+		To:          LabelOf(v.V.Bot),
+		Source:      LabelOf(v.V.SourceBot),
+		ClickSeq:    v.V.ClickSeq,
+		Link:        LinkRef{Owner: v.V.Owner, Code: v.V.Code},
 		Day:         DayOf(t),
 		Hour:        t.Hour(),
-		Country:     CountryOf(v.Country),
-		Referrer:    ReferrerHost(v.Referrer),
+		Country:     CountryOf(v.V.Country),
+		Referrer:    ReferrerHost(v.V.Referrer),
 		LabelExpiry: c.labelKeep(day),
-	}
-	for range maxWriteAttempts {
-		st, err := c.store.State(ctx, p)
-		if err != nil {
-			return 0, fmt.Errorf("apply verdict %s: %w", v.ID, err)
-		}
-		corr.Expect = st
-		res, err := c.store.Correct(ctx, corr)
-		if err != nil {
-			return 0, fmt.Errorf("apply verdict %s: %w", v.ID, err)
-		}
-		switch res.Status {
-		case CorrectionConflict:
-			continue
-		case Relabelled:
-			c.m.corrections.WithLabelValues("relabelled").Inc()
-		case Unchanged:
-			c.m.corrections.WithLabelValues("unchanged").Inc()
-		case Stale:
-			c.m.corrections.WithLabelValues("stale").Inc()
-		}
-		return res.Status, nil
-	}
-	return 0, fmt.Errorf("apply verdict %s: %w", v.ID, ErrContention)
+	}, 0, nil
 }
 
-// ApplyLinkEvent records a LINKS event (seq is its stream sequence): who
-// owns a code, or that it was deleted. The stats API needs it for links
-// with no clicks yet, and to refuse deleted ones.
-func (c *Counter) ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq uint64) error {
-	applied, err := c.store.ApplyLinkEvent(ctx, e, seq)
-	if err != nil {
-		return fmt.Errorf("apply link event %s: %w", e.ID, err)
+// verdictState returns the generations verdicts for partition p are
+// written against: cached, because they change only when a recount starts
+// or switches, and the store's compare-and-set says when they did (then
+// fresh is set, and they are read again).
+func (c *Counter) verdictState(ctx context.Context, p int, fresh bool) (State, error) {
+	c.mu.Lock()
+	st, ok := c.vstate[p]
+	c.mu.Unlock()
+	if ok && !fresh {
+		return st, nil
 	}
-	if applied {
-		c.m.linkEvents.WithLabelValues("applied").Inc()
-	} else {
-		c.m.linkEvents.WithLabelValues("stale").Inc()
+	st, err := c.store.State(ctx, p)
+	if err != nil {
+		return State{}, fmt.Errorf("load partition %d state: %w", p, err)
+	}
+	c.mu.Lock()
+	c.vstate[p] = st
+	c.mu.Unlock()
+	return st, nil
+}
+
+// LinkEvent is a LINKS event and its stream sequence.
+type LinkEvent struct {
+	E   *events.LinkEvent
+	Seq uint64
+}
+
+// ApplyLinkEvent records one LINKS event; see ApplyLinkEvents.
+func (c *Counter) ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq uint64) error {
+	return c.ApplyLinkEvents(ctx, []LinkEvent{{E: e, Seq: seq}})
+}
+
+// ApplyLinkEvents records a batch of LINKS events, in one round trip: who
+// owns each code, or that it was deleted. The stats API needs it for links
+// with no clicks yet, and to refuse deleted ones. An event at or below the
+// sequence already recorded for its code changes nothing, so the batch may
+// be applied again after an error.
+func (c *Counter) ApplyLinkEvents(ctx context.Context, es []LinkEvent) error {
+	applied, err := c.store.ApplyLinkEvents(ctx, es)
+	if err != nil {
+		return fmt.Errorf("apply %d link events: %w", len(es), err)
+	}
+	for _, ok := range applied {
+		if ok {
+			c.m.linkEvents.WithLabelValues("applied").Inc()
+		} else {
+			c.m.linkEvents.WithLabelValues("stale").Inc()
+		}
 	}
 	return nil
 }

@@ -1,9 +1,10 @@
-// Package jsfeed runs the click counter's two small JetStream consumers
-// besides its consumer group: LINKS (who owns each code) and FRAUD verdicts
+// Package jsfeed runs the click counter's two JetStream consumers besides
+// its consumer group: LINKS (who owns each code) and FRAUD verdicts
 // (corrections). Each is one durable consumer shared by every counter
-// instance; a message is acked when its handler succeeds, retried with
-// backoff when it fails, and parked on DEAD_LETTER when it can never be
-// handled (malformed or of an unknown schema version).
+// instance, read in batches (one Redis round trip per batch); a message is
+// acked once its batch is written, retried with backoff when it failed, and
+// parked on DEAD_LETTER when it can never be handled (malformed or of an
+// unknown schema version).
 package jsfeed
 
 import (
@@ -13,6 +14,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,14 +23,32 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
-// HandleFunc handles one message's payload; seq is its stream sequence. An
-// error wrapping events.ErrMalformed or events.ErrUnknownVersion is
-// permanent (the message is parked); any other error is retried.
-type HandleFunc func(ctx context.Context, data []byte, seq uint64) error
+// Msg is one message of a batch: its payload and stream sequence.
+type Msg struct {
+	Data []byte
+	Seq  uint64
+}
 
-// Feed is one durable consumer and its handler.
+// HandleFunc handles a batch of messages and returns one error per message,
+// nil for each one handled. An error wrapping events.ErrMalformed or
+// events.ErrUnknownVersion is permanent (the message is parked); any other
+// is retried. Handling a message again must be harmless: a batch whose
+// writes succeeded may still come again (a crash before its acks).
+type HandleFunc func(ctx context.Context, msgs []Msg) []error
+
+// Batching defaults. The workers' batches and the one being fetched stay
+// within the consumers' MaxAckPending of 1000.
+const (
+	DefaultBatchSize = 300
+	DefaultWorkers   = 2
+)
+
+// Feed is one durable consumer and its handler. It hands the handler
+// batches: up to BatchSize messages, or what arrived within Linger of the
+// first, so a busy feed costs one write per batch, not one per message.
 type Feed struct {
 	// Name labels logs and metrics ("links", "verdicts").
 	Name     string
@@ -37,7 +57,18 @@ type Feed struct {
 	// Source is the dead-letter source token: dead.<Source>.<reason>.
 	Source string
 	Handle HandleFunc
-	// HandleTimeout bounds one message's handling (default 10s).
+	// BatchSize is the most messages handed over at once
+	// (DefaultBatchSize).
+	BatchSize int
+	// Workers is how many batches are handled at once (DefaultWorkers):
+	// while one waits for Redis, the next is decoded. Handling must be
+	// safe for concurrent batches (the counter orders verdicts by FRAUD
+	// sequence and link events by LINKS sequence in Redis, not by arrival).
+	Workers int
+	// Linger is the longest a batch waits to fill after its first message
+	// (default 50ms).
+	Linger time.Duration
+	// HandleTimeout bounds one batch's handling (default 10s).
 	HandleTimeout time.Duration
 	// MaxRetryDelay caps the delay before a failed message is redelivered
 	// (default 10s).
@@ -67,13 +98,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Run consumes the feed until ctx ends, then stops pulling and waits (up to
-// DrainTimeout) for the messages in hand to be handled and acked. It waits
-// for the consumer to exist and for NATS to be reachable rather than fail.
+// Run consumes the feed until ctx ends, then handles and acks (within
+// DrainTimeout) the batches it has fetched. It waits for the consumer to
+// exist and for NATS to be reachable rather than fail.
 func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error {
 	if f.Log == nil {
 		f.Log = slog.New(slog.DiscardHandler)
 	}
+	if f.BatchSize <= 0 {
+		f.BatchSize = DefaultBatchSize
+	}
+	if f.Workers <= 0 {
+		f.Workers = DefaultWorkers
+	}
+	f.Linger = orDefault(f.Linger, 50*time.Millisecond)
 	f.HandleTimeout = orDefault(f.HandleTimeout, 10*time.Second)
 	f.MaxRetryDelay = orDefault(f.MaxRetryDelay, 10*time.Second)
 	f.DrainTimeout = orDefault(f.DrainTimeout, 10*time.Second)
@@ -90,63 +128,193 @@ func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error
 		case <-time.After(wait):
 		}
 	}
-	cc, err := cons.Consume(func(msg jetstream.Msg) { f.handle(ctx, js, m, msg) },
-		jetstream.PullMaxMessages(256),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			f.Log.Debug("feed consume", "feed", f.Name, "err", err)
-		}))
-	if err != nil {
-		return fmt.Errorf("consume %s: %w", f.Consumer, err)
-	}
 	f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer)
-	<-ctx.Done()
-	cc.Drain()
-	select {
-	case <-cc.Closed():
-	case <-time.After(f.DrainTimeout):
-		cc.Stop()
-		f.Log.Warn("feed drain timed out; unacked messages will be redelivered", "feed", f.Name)
+	r := &run{f: f, js: js, m: m}
+	defer context.AfterFunc(ctx, func() { r.drainBy() })() // the drain's clock starts when ctx ends
+	batches := make(chan []jetstream.Msg)
+	var wg sync.WaitGroup
+	for range f.Workers {
+		wg.Go(func() { r.work(ctx, batches) })
 	}
+	r.fetch(ctx, cons, batches)
+	close(batches)
+	wg.Wait()
 	return nil
 }
 
-func (f Feed) handle(ctx context.Context, js jetstream.JetStream, m *Metrics, msg jetstream.Msg) {
-	md, err := msg.Metadata()
-	if err != nil {
-		f.Log.Error("feed message without metadata", "feed", f.Name, "err", err)
-		_ = msg.Term()
-		return
+// run is one running feed.
+type run struct {
+	f  Feed
+	js jetstream.JetStream
+	m  *Metrics
+
+	drainOnce sync.Once
+	drainEnd  time.Time
+}
+
+// drainBy is when a graceful stop gives up on the batches in hand:
+// DrainTimeout after ctx ended (when the first call is made).
+func (r *run) drainBy() time.Time {
+	r.drainOnce.Do(func() { r.drainEnd = time.Now().Add(r.f.DrainTimeout) })
+	return r.drainEnd
+}
+
+// idleWait is how long a fetch waits for the first message of a batch when
+// the feed is idle: it bounds how long a stop waits for the fetch in
+// flight.
+const idleWait = time.Second
+
+// fetch reads batches and hands them to the workers until ctx ends: up to
+// BatchSize messages, or what arrived within Linger of the first. It
+// fetches the next batch while the workers handle the previous ones, and
+// waits for a worker before fetching more (the workers' batches, and the
+// one it holds, are all the feed has unacked). It pulls with Fetch, not a
+// prefetching subscription, so that when it returns every message it
+// received has been handed over.
+func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<- []jetstream.Msg) {
+	f := r.f
+	idle, failures := true, uint64(0)
+	for ctx.Err() == nil {
+		var batch []jetstream.Msg
+		var err error
+		want := f.BatchSize
+		if idle {
+			// Messages that arrived are kept even if the fetch then failed.
+			batch, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(idleWait)))
+			want--
+		}
+		if want > 0 && (!idle || len(batch) > 0) {
+			var more []jetstream.Msg
+			more, err = collect(cons.Fetch(want, jetstream.FetchMaxWait(f.Linger)))
+			batch = append(batch, more...)
+		}
+		if len(batch) == 0 {
+			if err != nil && !errors.Is(err, nats.ErrTimeout) {
+				// NATS down, the consumer deleted: wait, and try again.
+				failures++
+				f.Log.Debug("feed fetch", "feed", f.Name, "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(f.delay(failures)):
+				}
+			}
+			idle = true
+			continue
+		}
+		failures = 0
+		idle = len(batch) < f.BatchSize/2
+		batches <- batch // also after ctx ended: every fetched message is handled
 	}
-	// Finish what is in hand even when shutdown has begun.
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.HandleTimeout)
-	defer cancel()
-	err = f.Handle(hctx, msg.Data(), md.Sequence.Stream)
-	switch {
-	case err == nil:
-		if err := msg.Ack(); err != nil {
-			f.Log.Warn("feed ack", "feed", f.Name, "seq", md.Sequence.Stream, "err", err)
+}
+
+// collect drains a fetch; it returns what arrived and the fetch's error.
+func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var out []jetstream.Msg
+	for m := range b.Messages() {
+		out = append(out, m)
+	}
+	return out, b.Error()
+}
+
+// work handles batches until there are no more. After a batch that failed
+// as a whole (Redis down?) it waits before the next, which would most
+// likely fail the same way.
+func (r *run) work(ctx context.Context, batches <-chan []jetstream.Msg) {
+	var failures uint64
+	for batch := range batches {
+		// Finish what is in hand even when shutdown has begun, but within
+		// DrainTimeout of it.
+		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.f.HandleTimeout)
+		if ctx.Err() != nil {
+			cancel()
+			hctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), r.drainBy())
 		}
-		m.messages.WithLabelValues(f.Name, "ok").Inc()
-	case errors.Is(err, events.ErrMalformed) || errors.Is(err, events.ErrUnknownVersion):
-		reason := reader.ReasonMalformed
-		if errors.Is(err, events.ErrUnknownVersion) {
-			reason = reader.ReasonUnknownVersion
+		failed := r.handle(hctx, batch)
+		cancel()
+		if !failed {
+			failures = 0
+			continue
 		}
-		if perr := f.park(hctx, js, msg, md, reason, err); perr != nil {
-			f.Log.Warn("feed park; retrying", "feed", f.Name, "seq", md.Sequence.Stream, "err", perr)
-			_ = msg.NakWithDelay(f.delay(md.NumDelivered))
-			m.messages.WithLabelValues(f.Name, "retried").Inc()
-			return
+		failures++
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.f.delay(failures)):
 		}
-		f.Log.Warn("feed message parked", "feed", f.Name, "seq", md.Sequence.Stream, "reason", reason, "err", err)
-		_ = msg.Ack()
-		m.messages.WithLabelValues(f.Name, "parked").Inc()
-	default:
-		f.Log.Warn("feed message failed; retrying", "feed", f.Name, "seq", md.Sequence.Stream,
-			"deliveries", md.NumDelivered, "err", err)
+	}
+}
+
+// handle hands a batch to the handler and settles each message: ack when
+// handled, park and ack when it never can be, redeliver later when it
+// failed. It reports whether every message failed and is to be retried.
+func (r *run) handle(ctx context.Context, batch []jetstream.Msg) (allFailed bool) {
+	f, m := r.f, r.m
+	in := make([]Msg, 0, len(batch))
+	mds := make([]*jetstream.MsgMetadata, 0, len(batch))
+	msgs := make([]jetstream.Msg, 0, len(batch))
+	for _, msg := range batch {
+		md, err := msg.Metadata()
+		if err != nil {
+			f.Log.Error("feed message without metadata", "feed", f.Name, "err", err)
+			_ = msg.Term()
+			continue
+		}
+		in = append(in, Msg{Data: msg.Data(), Seq: md.Sequence.Stream})
+		mds = append(mds, md)
+		msgs = append(msgs, msg)
+	}
+	if len(in) == 0 {
+		return false
+	}
+	errs := f.Handle(ctx, in)
+	if len(errs) != len(in) { // a broken handler: handle nothing rather than ack unhandled messages
+		err := fmt.Errorf("feed %s: handler answered %d of %d messages", f.Name, len(errs), len(in))
+		f.Log.Error("feed handler", "feed", f.Name, "err", err)
+		errs = make([]error, len(in))
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	var retried []uint64
+	var firstErr error
+	for i, msg := range msgs {
+		md, err := mds[i], errs[i]
+		seq := md.Sequence.Stream
+		switch {
+		case err == nil:
+			if err := msg.Ack(); err != nil {
+				f.Log.Warn("feed ack", "feed", f.Name, "seq", seq, "err", err)
+			}
+			m.messages.WithLabelValues(f.Name, "ok").Inc()
+			continue
+		case errors.Is(err, events.ErrMalformed) || errors.Is(err, events.ErrUnknownVersion):
+			reason := reader.ReasonMalformed
+			if errors.Is(err, events.ErrUnknownVersion) {
+				reason = reader.ReasonUnknownVersion
+			}
+			perr := f.park(ctx, r.js, msg, md, reason, err)
+			if perr == nil {
+				f.Log.Warn("feed message parked", "feed", f.Name, "seq", seq, "reason", reason, "err", err)
+				_ = msg.Ack()
+				m.messages.WithLabelValues(f.Name, "parked").Inc()
+				continue
+			}
+			err = perr
+		}
 		_ = msg.NakWithDelay(f.delay(md.NumDelivered))
 		m.messages.WithLabelValues(f.Name, "retried").Inc()
+		retried = append(retried, seq)
+		if firstErr == nil {
+			firstErr = err
+		}
 	}
+	if len(retried) > 0 { // one line per batch: a Redis outage fails every message
+		f.Log.Warn("feed messages failed; retrying", "feed", f.Name, "count", len(retried),
+			"first_seq", retried[0], "last_seq", retried[len(retried)-1], "err", firstErr)
+	}
+	return len(retried) == len(msgs)
 }
 
 // park copies the message to DEAD_LETTER with the reason. The Nats-Msg-Id
@@ -184,26 +352,58 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-// Links returns the LINKS feed's handler: it decodes a link event and hands
-// it to apply.
-func Links(apply func(ctx context.Context, e *events.LinkEvent, seq uint64) error) HandleFunc {
-	return func(ctx context.Context, data []byte, seq uint64) error {
+// Links returns the LINKS feed's handler: it decodes link events and hands
+// them to apply, in one call per batch; apply's error fails them all.
+func Links(apply func(ctx context.Context, es []counter.LinkEvent) error) HandleFunc {
+	return decoded(func(data []byte, seq uint64) (counter.LinkEvent, error) {
 		e, err := events.DecodeLinkEvent(data)
-		if err != nil {
-			return err
+		return counter.LinkEvent{E: &e, Seq: seq}, err
+	}, func(ctx context.Context, es []counter.LinkEvent) []error {
+		err := apply(ctx, es)
+		errs := make([]error, len(es))
+		for i := range errs {
+			errs[i] = err
 		}
-		return apply(ctx, &e, seq)
-	}
+		return errs
+	})
 }
 
-// Verdicts returns the FRAUD feed's handler: it decodes a verdict and hands
-// it to apply.
-func Verdicts(apply func(ctx context.Context, v *events.FraudVerdict, seq uint64) error) HandleFunc {
-	return func(ctx context.Context, data []byte, seq uint64) error {
+// Verdicts returns the FRAUD feed's handler: it decodes verdicts and hands
+// them to apply, in one call per batch.
+func Verdicts(apply func(ctx context.Context, vs []counter.Verdict) []counter.VerdictResult) HandleFunc {
+	return decoded(func(data []byte, seq uint64) (counter.Verdict, error) {
 		v, err := events.DecodeFraudVerdict(data)
-		if err != nil {
-			return err
+		return counter.Verdict{V: &v, Seq: seq}, err
+	}, func(ctx context.Context, vs []counter.Verdict) []error {
+		errs := make([]error, len(vs))
+		for i, r := range apply(ctx, vs) {
+			errs[i] = r.Err
 		}
-		return apply(ctx, &v, seq)
+		return errs
+	})
+}
+
+// decoded decodes each message of a batch and hands the ones that decode
+// to apply; the others fail with their decoding error (permanent).
+func decoded[T any](decode func(data []byte, seq uint64) (T, error), apply func(context.Context, []T) []error) HandleFunc {
+	return func(ctx context.Context, msgs []Msg) []error {
+		errs := make([]error, len(msgs))
+		items := make([]T, 0, len(msgs))
+		at := make([]int, 0, len(msgs))
+		for i, m := range msgs {
+			it, err := decode(m.Data, m.Seq)
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			items = append(items, it)
+			at = append(at, i)
+		}
+		if len(items) > 0 {
+			for j, err := range apply(ctx, items) {
+				errs[at[j]] = err
+			}
+		}
+		return errs
 	}
 }

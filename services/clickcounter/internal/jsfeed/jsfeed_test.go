@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 	"github.com/snipdev/snip/services/clickcounter/internal/jsfeed"
 )
 
@@ -34,7 +39,9 @@ func setup(tb testing.TB) jetstream.JetStream {
 	return js
 }
 
-func run(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc) {
+// run runs a LINKS feed with h until the test ends; stop ends it earlier
+// and waits for Run to return.
+func run(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc, opts ...func(*jsfeed.Feed)) (stop func()) {
 	tb.Helper()
 	m, err := jsfeed.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -42,14 +49,66 @@ func run(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := jsfeed.Feed{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
-		Source: "click-counter", Handle: h, MaxRetryDelay: 100 * time.Millisecond}
+		Source: "click-counter", Handle: h, MaxRetryDelay: 100 * time.Millisecond, DrainTimeout: 20 * time.Second}
+	for _, o := range opts {
+		o(&f)
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := f.Run(ctx, js, m); err != nil {
 			tb.Errorf("feed: %v", err)
 		}
 	})
-	tb.Cleanup(func() { cancel(); wg.Wait() })
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	tb.Cleanup(stop)
+	return stop
+}
+
+// consumerState returns the LINKS consumer's delivered-but-unacked count
+// and ack floor.
+func consumerState(tb testing.TB, js jetstream.JetStream) (pending int, floor uint64) {
+	tb.Helper()
+	c, err := js.Consumer(tb.Context(), events.LinksStream, topology.ClickCounterLinksConsumer)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := c.Info(tb.Context())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return info.NumAckPending, info.AckFloor.Stream
+}
+
+// gate holds every handler call until it is opened, and records the
+// batches it sees.
+type gate struct {
+	open chan struct{}
+	once sync.Once
+
+	mu      sync.Mutex
+	held    []int // sizes of the batches waiting at the gate, or let through
+	batches []int // sizes of the batches handled
+	seqs    map[uint64]int
+}
+
+func newGate() *gate { return &gate{open: make(chan struct{}), seqs: map[uint64]int{}} }
+
+// release opens the gate (again: a no-op).
+func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
+
+func (g *gate) handle(_ context.Context, msgs []jsfeed.Msg) []error {
+	g.mu.Lock()
+	g.held = append(g.held, len(msgs))
+	g.mu.Unlock()
+	<-g.open
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.batches = append(g.batches, len(msgs))
+	for _, m := range msgs {
+		g.seqs[m.Seq]++
+	}
+	return make([]error, len(msgs))
 }
 
 func publishLink(tb testing.TB, js jetstream.JetStream, code string, payload []byte) {
@@ -70,12 +129,16 @@ func TestFeedRetriesTransientErrorsAndParksPoison(t *testing.T) {
 	got := map[string]int{}
 	var fails atomic.Int32
 	fails.Store(2)
-	run(t, js, jsfeed.Links(func(_ context.Context, e *events.LinkEvent, _ uint64) error {
-		if e.Code == "flaky" && fails.Add(-1) >= 0 {
-			return errors.New("redis: connection refused")
+	run(t, js, jsfeed.Links(func(_ context.Context, es []counter.LinkEvent) error {
+		for _, e := range es {
+			if e.E.Code == "flaky" && fails.Add(-1) >= 0 {
+				return errors.New("redis: connection refused")
+			}
 		}
 		mu.Lock()
-		got[e.Code]++
+		for _, e := range es {
+			got[e.E.Code]++
+		}
 		mu.Unlock()
 		return nil
 	}))
@@ -137,5 +200,133 @@ func TestClicksFirstSeq(t *testing.T) {
 		if err != nil || got != seq {
 			t.Errorf("partition %d: FirstSeq = %d, %v; want %d", p, got, err, seq)
 		}
+	}
+}
+
+// Messages come in batches, and a message is acked only after its batch
+// was handled: while the handler works, everything delivered stays pending.
+func TestFeedAcksABatchOnlyAfterItIsHandled(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	const n = 40
+	for i := range n {
+		publishLink(t, js, "c"+strconv.Itoa(i), nil)
+	}
+	g := newGate()
+	run(t, js, g.handle)
+	t.Cleanup(g.release)
+	testenv.WaitFor(t, 20*time.Second, "every message delivered", func() bool {
+		pending, _ := consumerState(t, js)
+		return pending == n
+	})
+	if _, floor := consumerState(t, js); floor != 0 {
+		t.Fatalf("ack floor %d while the handler holds the batch, want 0", floor)
+	}
+	g.release()
+	testenv.WaitFor(t, 20*time.Second, "every message acked", func() bool {
+		pending, floor := consumerState(t, js)
+		return pending == 0 && floor == n
+	})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.seqs) != n || slices.Max(g.batches) < 2 || slices.Max(g.batches) > jsfeed.DefaultBatchSize {
+		t.Errorf("handled %d distinct messages in batches %v; want %d in batches of 2..%d", len(g.seqs), g.batches, n, jsfeed.DefaultBatchSize)
+	}
+	for seq, k := range g.seqs {
+		if k != 1 {
+			t.Errorf("message %d handled %d times", seq, k)
+		}
+	}
+}
+
+// Each message of a batch is settled by its own result: acked, parked, or
+// redelivered later (and then handled).
+func TestFeedSettlesEachMessageOfABatch(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	for _, code := range []string{"ok1", "poison", "flaky", "ok2"} {
+		publishLink(t, js, code, []byte(code))
+	}
+	var mu sync.Mutex
+	handled := map[string]int{}
+	var flakyFailed atomic.Bool
+	run(t, js, func(_ context.Context, msgs []jsfeed.Msg) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		errs := make([]error, len(msgs))
+		for i, m := range msgs {
+			switch string(m.Data) {
+			case "poison":
+				errs[i] = fmt.Errorf("decode: %w", events.ErrMalformed)
+				continue
+			case "flaky":
+				if flakyFailed.CompareAndSwap(false, true) {
+					errs[i] = errors.New("redis: i/o timeout")
+					continue
+				}
+			}
+			handled[string(m.Data)]++
+		}
+		return errs
+	})
+	testenv.WaitFor(t, 20*time.Second, "every message settled", func() bool {
+		pending, floor := consumerState(t, js)
+		return pending == 0 && floor == 4
+	})
+	mu.Lock()
+	if d := cmp.Diff(map[string]int{"ok1": 1, "flaky": 1, "ok2": 1}, handled); d != "" {
+		t.Errorf("handled (-want +got):\n%s", d)
+	}
+	mu.Unlock()
+	dl, err := js.Stream(t.Context(), events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := dl.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("click-counter", reader.ReasonMalformed))
+	if err != nil || msg.Header.Get(events.HeaderDeadSeq) != "2" || string(msg.Data) != "poison" {
+		t.Fatalf("parked message: %v, %v; want LINKS seq 2", msg, err)
+	}
+}
+
+// A graceful stop handles and acks what the feed holds: the batches in
+// hand and those already received but not yet handed out.
+func TestFeedStopHandlesWhatItReceived(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	const n, batch = 40, 5
+	for i := range n {
+		publishLink(t, js, "c"+strconv.Itoa(i), nil)
+	}
+	g := newGate()
+	stop := run(t, js, g.handle, func(f *jsfeed.Feed) { f.BatchSize = batch })
+	t.Cleanup(g.release) // before stop: a failed test must not leave the handler blocked
+	// Both workers hold a batch, and more was delivered: it waits in the
+	// feed (a batch being collected, or the prefetch buffer).
+	testenv.WaitFor(t, 20*time.Second, "more messages delivered than the workers hold", func() bool {
+		g.mu.Lock()
+		held := slices.Clone(g.held)
+		g.mu.Unlock()
+		pending, _ := consumerState(t, js)
+		return len(held) == jsfeed.DefaultWorkers && pending > held[0]+held[1]
+	})
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	g.release()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the feed did not stop")
+	}
+	// Acks are sent without waiting for the server; give them time to land.
+	var floor uint64
+	testenv.WaitFor(t, 20*time.Second, "every received message acked", func() bool {
+		var pending int
+		pending, floor = consumerState(t, js)
+		return pending == 0
+	})
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if held := g.held[0] + g.held[1]; floor <= uint64(held) || uint64(len(g.seqs)) != floor {
+		t.Errorf("acked up to %d, handled %d messages; want the same, above the %d the workers held", floor, len(g.seqs), held)
 	}
 }

@@ -143,56 +143,213 @@ redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', A
 return {'started', read, g, untl}
 `)
 
-// correctScript applies one verdict. It checks the generations, orders the
-// verdict against the label already recorded (by FRAUD sequence), records
-// the new label, and if the label changed moves the click from its old to
-// its new label in each generation whose watermark shows it counted it.
+// correctScript applies one partition's verdicts, with the effect of
+// applying them one by one in their order. It checks the generations, then
+// reads (before any write, as applyScript does) the labels recorded for the
+// batch's clicks and the counts the batch may move; it decides each verdict
+// against the label before it (an equal or older FRAUD sequence is stale,
+// the same label unchanged) and plays the moves on its copy of the counts,
+// exactly as one HINCRBY after another would (a new link field beyond the
+// cap goes to the "(other)" referrer, as when counting); then it writes
+// what changed: one HSET per label hash (with its expiry) and per link
+// hash, one HINCRBY per day-hash field. A flooded link's 300 verdicts cost
+// a handful of commands, not 300 times as many.
 //
-// KEYS[1] meta, KEYS[2] the label hash, then per generation: pos, link, day.
-// ARGV: read, write, click id, fraud seq, new label, source label, click seq,
-// label expiry (unix), country, referrer host, hour (HH), other-referrer
-// name, combo cap, number of generations.
+// A move happens in each generation whose watermark shows it counted the
+// click: the click leaves its (old label, country, referrer) field and hour
+// and joins the new label's.
+//
+// KEYS[1] meta, KEYS[1+g] the pos of generation g (read, then write if it
+// differs), then the rest, by index. ARGV: read, write, number of
+// generations, combo cap; then per verdict: label hash (index), click id,
+// fraud seq, new label, source label, click seq, label expiry (unix),
+// "|<country>|<referrer host>", "|<country>|(other)", hour (HH), then per
+// generation the link hash and the day hash (indexes).
+//
+// Returns {'conflict'}, or {'ok', s} with one character of s per verdict:
+// 's' stale, 'u' unchanged, or the number of generations the click moved in.
 var correctScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'read', 'write')
 if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumber(ARGV[2]) then
   return {'conflict'}
 end
-local old = ARGV[6]
-local cur = redis.call('HGET', KEYS[2], ARGV[3])
-if cur then
-  local l, fs = string.match(cur, '^(%a):(%d+)$')
-  if tonumber(fs) >= tonumber(ARGV[4]) then return {'stale'} end
-  old = l
-end
-local new = ARGV[5]
-redis.call('HSET', KEYS[2], ARGV[3], new .. ':' .. ARGV[4])
-redis.call('EXPIREAT', KEYS[2], ARGV[8])
-if old == new then return {'unchanged'} end
-local country, host, hour, other, cap = ARGV[9], ARGV[10], ARGV[11], ARGV[12], tonumber(ARGV[13])
-local moved, k = 0, 3
-for _ = 1, tonumber(ARGV[14]) do
-  local pos, lk, dk = KEYS[k], KEYS[k+1], KEYS[k+2]
-  k = k + 3
-  if tonumber(redis.call('HGET', pos, 'seq') or '0') >= tonumber(ARGV[7]) then
-    -- The click was counted under its host, or under (other) if the link
-    -- was full then; a field once created is never removed, so the host
-    -- field exists now exactly if it did then.
-    local src = old .. '|' .. country .. '|' .. host
-    if redis.call('HEXISTS', lk, src) == 0 then src = old .. '|' .. country .. '|' .. other end
-    redis.call('HINCRBY', lk, src, -1)
-    local dst = new .. '|' .. country .. '|' .. host
-    if redis.call('HINCRBY', lk, dst, 1) == 1 and redis.call('HLEN', lk) > cap then
-      redis.call('HDEL', lk, dst)
-      redis.call('HINCRBY', lk, new .. '|' .. country .. '|' .. other, 1)
+local ngen, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local first, stride, n = 5, 10 + 2*ngen, #ARGV
+local wm = {}
+for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0') end
+
+-- hmget reads fields of key into into[field] (absent fields stay nil), in
+-- commands of at most 1,000 fields.
+local function hmget(key, fields, into)
+  for s = 1, #fields, 1000 do
+    local e = math.min(s + 999, #fields)
+    local got = redis.call('HMGET', key, unpack(fields, s, e))
+    for j = s, e do
+      if got[j - s + 1] then into[fields[j]] = got[j - s + 1] end
     end
-    if redis.call('EXISTS', dk) == 1 then
-      redis.call('HINCRBY', dk, old .. hour, -1)
-      redis.call('HINCRBY', dk, new .. hour, 1)
-    end
-    moved = moved + 1
   end
 end
-return {'relabelled', moved}
+
+-- 1. Read the labels recorded for the batch's clicks.
+local labs, lorder = {}, {}
+for i = first, n, stride do
+  local k, id = ARGV[i], ARGV[i+1]
+  local l = labs[k]
+  if not l then
+    l = {key = KEYS[tonumber(k)], expiry = ARGV[i+6], ids = {}, cur = {}, touched = {}, changed = {}}
+    labs[k] = l
+    lorder[#lorder + 1] = l
+  end
+  if l.cur[id] == nil then
+    l.cur[id] = false
+    l.ids[#l.ids + 1] = id
+  end
+end
+for _, l in ipairs(lorder) do hmget(l.key, l.ids, l.cur) end
+
+-- 2. Decide, in order, each verdict against the label before it.
+local out, moves = {}, {}
+for i = first, n, stride do
+  local l, id, fseq, new = labs[ARGV[i]], ARGV[i+1], ARGV[i+2], ARGV[i+3]
+  local old, status = ARGV[i+4], nil
+  local have = l.cur[id]
+  if have then
+    local hl, hs = string.match(have, '^(%a):(%d+)$')
+    if tonumber(hs) >= tonumber(fseq) then status = 's' else old = hl end
+  end
+  if not status then
+    if not l.touched[id] then
+      l.touched[id] = true
+      l.changed[#l.changed + 1] = id
+    end
+    l.cur[id] = new .. ':' .. fseq
+    if old == new then
+      status = 'u'
+    else
+      local cseq, moved = tonumber(ARGV[i+5]), 0
+      for g = 1, ngen do
+        if wm[g] >= cseq then
+          moved = moved + 1
+          local mv = #moves
+          moves[mv + 1], moves[mv + 2], moves[mv + 3], moves[mv + 4] = i, g, old, new
+        end
+      end
+      status = tostring(moved)
+    end
+  end
+  out[#out + 1] = status
+end
+
+-- 3. Read the counts the moves touch: per link hash, its length and the
+-- fields a move may use; per day hash, whether it exists.
+local links, days, korder, dlist = {}, {}, {}, {}
+local function want(h, f)
+  if h.base[f] == nil then
+    h.base[f] = false
+    h.want[#h.want + 1] = f
+  end
+end
+for j = 1, #moves, 4 do
+  local i, g, old, new = moves[j], moves[j+1], moves[j+2], moves[j+3]
+  local lkey, dkey = KEYS[tonumber(ARGV[i+8+2*g])], KEYS[tonumber(ARGV[i+9+2*g])]
+  local h = links[lkey]
+  if not h then
+    h = {key = lkey, want = {}, val = {}, base = {}, dirty = {}}
+    links[lkey] = h
+    korder[#korder + 1] = h
+  end
+  want(h, old .. ARGV[i+7])
+  want(h, old .. ARGV[i+8])
+  want(h, new .. ARGV[i+7])
+  want(h, new .. ARGV[i+8])
+  if days[dkey] == nil then
+    days[dkey] = {key = dkey, val = {}, order = {}}
+    dlist[#dlist + 1] = days[dkey]
+  end
+end
+for _, h in ipairs(korder) do
+  hmget(h.key, h.want, h.base)
+  h.len = redis.call('HLEN', h.key)
+  for _, f in ipairs(h.want) do h.val[f] = tonumber(h.base[f]) end
+end
+local dorder = {}
+for _, d in ipairs(dlist) do
+  if redis.call('EXISTS', d.key) == 1 then dorder[#dorder + 1] = d else d.gone = true end
+end
+
+-- 4. Play the moves on those values, as one HINCRBY after another would.
+local function incr(h, f, by)
+  local v = h.val[f]
+  if v == nil then h.len = h.len + 1 end
+  v = (v or 0) + by
+  h.val[f] = v
+  if not h.dirty[f] then
+    h.dirty[f] = true
+    h.dirty[#h.dirty + 1] = f
+  end
+  return v
+end
+for j = 1, #moves, 4 do
+  local i, g, old, new = moves[j], moves[j+1], moves[j+2], moves[j+3]
+  local host, oth, hour = ARGV[i+7], ARGV[i+8], ARGV[i+9]
+  local h = links[KEYS[tonumber(ARGV[i+8+2*g])]]
+  -- The click was counted under its host, or under (other) if the link
+  -- was full then; a field once created is never removed, so the host
+  -- field exists now exactly if it did then.
+  local src = old .. host
+  if h.val[src] == nil then src = old .. oth end
+  incr(h, src, -1)
+  local dst = new .. host
+  if incr(h, dst, 1) == 1 and h.len > cap then
+    h.val[dst] = nil -- as HDEL: the new field would overfill the link
+    h.len = h.len - 1
+    incr(h, new .. oth, 1)
+  end
+  local d = days[KEYS[tonumber(ARGV[i+9+2*g])]]
+  if not d.gone then -- an expired day hash is not brought back (it would never expire)
+    local from, to = old .. hour, new .. hour
+    if d.val[from] == nil then d.order[#d.order + 1] = from end
+    d.val[from] = (d.val[from] or 0) - 1
+    if d.val[to] == nil then d.order[#d.order + 1] = to end
+    d.val[to] = (d.val[to] or 0) + 1
+  end
+end
+
+-- 5. Write: the labels, then the counts that changed.
+local function hset(key, kv)
+  for s = 1, #kv, 1000 do redis.call('HSET', key, unpack(kv, s, math.min(s + 999, #kv))) end
+end
+for _, l in ipairs(lorder) do
+  if #l.changed > 0 then
+    local kv = {}
+    for _, id in ipairs(l.changed) do
+      kv[#kv + 1] = id
+      kv[#kv + 1] = l.cur[id]
+    end
+    hset(l.key, kv)
+    redis.call('EXPIREAT', l.key, l.expiry)
+  end
+end
+for _, h in ipairs(korder) do
+  local kv, gone = {}, {}
+  for _, f in ipairs(h.dirty) do
+    local v = h.val[f]
+    if v == nil then
+      if h.base[f] then gone[#gone + 1] = f end
+    elseif v ~= tonumber(h.base[f]) then
+      kv[#kv + 1] = f
+      kv[#kv + 1] = string.format('%d', v)
+    end
+  end
+  hset(h.key, kv)
+  for s = 1, #gone, 1000 do redis.call('HDEL', h.key, unpack(gone, s, math.min(s + 999, #gone))) end
+end
+for _, d in ipairs(dorder) do
+  for _, f in ipairs(d.order) do
+    if d.val[f] ~= 0 then redis.call('HINCRBY', d.key, f, d.val[f]) end
+  end
+end
+return {'ok', table.concat(out)}
 `)
 
 // linkScript records a LINKS event unless one at or after its sequence

@@ -336,45 +336,127 @@ func (s *Store) scan(ctx context.Context, pattern string, fn func([]string) erro
 	return one(ctx, s.rdb)
 }
 
-// Correct applies one verdict (see correctScript).
-func (s *Store) Correct(ctx context.Context, c *counter.Correction) (counter.CorrectionResult, error) {
-	p := c.Partition
-	gens := []int64{c.Expect.Read}
-	if c.Expect.Write != c.Expect.Read {
-		gens = append(gens, c.Expect.Write)
+// Correct applies each partition's verdicts in one script call (see
+// correctScript), all partitions in one pipeline: on Redis Cluster each
+// call goes to its partition's slot.
+func (s *Store) Correct(ctx context.Context, batches []*counter.Corrections) []counter.CorrectionsResult {
+	calls := make([]scriptCall, len(batches))
+	for k, b := range batches {
+		calls[k] = correctCall(b)
 	}
-	keys := []string{metaKey(p), labelKey(p, c.LabelDay)}
-	for _, g := range gens {
-		keys = append(keys, posKey(p, g), linkKey(p, g, c.Link), dayKey(p, g, c.Link, c.Day))
+	out := make([]counter.CorrectionsResult, len(batches))
+	for k, cmd := range s.runAll(ctx, correctScript, calls) {
+		out[k] = correctResult(batches[k], cmd)
 	}
-	res, err := correctScript.Run(ctx, s.rdb, keys,
-		c.Expect.Read, c.Expect.Write, c.ClickID, c.FraudSeq, string(rune(c.To)), string(rune(c.Source)),
-		c.ClickSeq, c.LabelExpiry.Unix(), c.Country, c.Referrer, twoDigits(c.Hour),
-		counter.OtherReferrer, counter.MaxCombosPerLink, len(gens)).Slice()
-	if err != nil {
-		return counter.CorrectionResult{}, fmt.Errorf("correct click %s: %w", c.ClickID, err)
-	}
-	switch res[0] {
-	case "relabelled":
-		return counter.CorrectionResult{Status: counter.Relabelled, Moved: int(res[1].(int64))}, nil
-	case "unchanged":
-		return counter.CorrectionResult{Status: counter.Unchanged}, nil
-	case "stale":
-		return counter.CorrectionResult{Status: counter.Stale}, nil
-	case "conflict":
-		return counter.CorrectionResult{Status: counter.CorrectionConflict}, nil
-	}
-	return counter.CorrectionResult{}, fmt.Errorf("correct click %s: unexpected reply %v", c.ClickID, res)
+	return out
 }
 
-// ApplyLinkEvent records a LINKS event (see linkScript).
-func (s *Store) ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq uint64) (bool, error) {
-	n, err := linkScript.Run(ctx, s.rdb, []string{registryKey(e.Code)},
-		seq, string(e.Kind), e.Owner, e.Time.UTC().Format(time.RFC3339Nano)).Int()
-	if err != nil {
-		return false, fmt.Errorf("record link event: %w", err)
+// correctCall builds one partition's correctScript call.
+func correctCall(b *counter.Corrections) scriptCall {
+	p := b.Partition
+	gens := []int64{b.Expect.Read}
+	if b.Expect.Write != b.Expect.Read {
+		gens = append(gens, b.Expect.Write)
 	}
-	return n == 1, nil
+	a := newArgs(metaKey(p))
+	for _, g := range gens {
+		a.key(posKey(p, g))
+	}
+	a.add(b.Expect.Read, b.Expect.Write, len(gens), counter.MaxCombosPerLink)
+	for i := range b.Items {
+		c := &b.Items[i]
+		a.add(a.key(labelKey(p, c.LabelDay)), c.ClickID, c.FraudSeq, string(rune(c.To)), string(rune(c.Source)),
+			c.ClickSeq, c.LabelExpiry.Unix(), "|"+c.Country+"|"+c.Referrer, "|"+c.Country+"|"+counter.OtherReferrer, twoDigits(c.Hour))
+		for _, g := range gens {
+			a.add(a.key(linkKey(p, g, c.Link)), a.key(dayKey(p, g, c.Link, c.Day)))
+		}
+	}
+	return scriptCall{keys: a.keys, argv: a.argv}
+}
+
+func correctResult(b *counter.Corrections, cmd *redis.Cmd) counter.CorrectionsResult {
+	res, err := cmd.Slice()
+	if err != nil {
+		return counter.CorrectionsResult{Err: fmt.Errorf("correct partition %d: %w", b.Partition, err)}
+	}
+	if res[0] == "conflict" {
+		return counter.CorrectionsResult{Conflict: true}
+	}
+	var st string
+	if len(res) == 2 {
+		st, _ = res[1].(string)
+	}
+	if res[0] != "ok" || len(st) != len(b.Items) {
+		return counter.CorrectionsResult{Err: fmt.Errorf("correct partition %d: unexpected reply %v", b.Partition, res)}
+	}
+	items := make([]counter.CorrectionResult, len(st))
+	for j := range len(st) {
+		switch st[j] {
+		case 's':
+			items[j].Status = counter.Stale
+		case 'u':
+			items[j].Status = counter.Unchanged
+		default:
+			items[j] = counter.CorrectionResult{Status: counter.Relabelled, Moved: int(st[j] - '0')}
+		}
+	}
+	return counter.CorrectionsResult{Items: items}
+}
+
+// ApplyLinkEvents records LINKS events (see linkScript), in one pipeline.
+func (s *Store) ApplyLinkEvents(ctx context.Context, es []counter.LinkEvent) ([]bool, error) {
+	calls := make([]scriptCall, len(es))
+	for i, e := range es {
+		calls[i] = scriptCall{keys: []string{registryKey(e.E.Code)},
+			argv: []any{e.Seq, string(e.E.Kind), e.E.Owner, e.E.Time.UTC().Format(time.RFC3339Nano)}}
+	}
+	applied := make([]bool, len(es))
+	for i, cmd := range s.runAll(ctx, linkScript, calls) {
+		n, err := cmd.Int()
+		if err != nil {
+			return nil, fmt.Errorf("record link event: %w", err)
+		}
+		applied[i] = n == 1
+	}
+	return applied, nil
+}
+
+// scriptCall is one call of a script: its keys and arguments.
+type scriptCall struct {
+	keys []string
+	argv []any
+}
+
+// runAll runs the calls of one script in one pipeline (EVALSHA), then once
+// more, with the script's source, those Redis answered NOSCRIPT (a new
+// server, or its script cache was flushed): a call answered NOSCRIPT did
+// not run. The commands answer the calls in order, each with its own error.
+func (s *Store) runAll(ctx context.Context, script *redis.Script, calls []scriptCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	pipe := func(idx []int, eval func(p redis.Pipeliner, c scriptCall) *redis.Cmd) {
+		// The pipeline's error is the first command's; each command keeps its own.
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range idx {
+				cmds[i] = eval(p, calls[i])
+			}
+			return nil
+		})
+	}
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	pipe(all, func(p redis.Pipeliner, c scriptCall) *redis.Cmd { return script.EvalSha(ctx, p, c.keys, c.argv...) })
+	var missing []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) > 0 {
+		pipe(missing, func(p redis.Pipeliner, c scriptCall) *redis.Cmd { return script.Eval(ctx, p, c.keys, c.argv...) })
+	}
+	return cmds
 }
 
 // Link returns what LINKS said last about code.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/benchmix"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
@@ -49,6 +50,62 @@ func BenchmarkApply(b *testing.B) {
 	}
 }
 
+// BenchmarkCorrect measures one partition's batch of 500 verdicts, each
+// moving a click of the benchmix mix that was counted just before (the
+// counting is not timed): the Redis side of the verdict path, without NATS.
+// In the flood mix every click is on one link; in the spread mix they are
+// on the mix's 10,000 links.
+func BenchmarkCorrect(b *testing.B) {
+	for _, mix := range []string{"flood", "spread"} {
+		b.Run(mix, func(b *testing.B) { benchCorrect(b, mix == "flood") })
+	}
+}
+
+func benchCorrect(b *testing.B, flood bool) {
+	rdb, _ := servers.Redis.NewDB(b)
+	s := redisstore.New(rdb)
+	mix := benchmix.New()
+	now := time.Now().UTC()
+	var seq uint64
+	var spent time.Duration
+	_ = rdb.ConfigResetStat(b.Context()).Err()
+	for b.Loop() {
+		w := &counter.Write{Partition: 0, Expect: counter.State{Read: 1, Write: 1, WM: seq}, Delta: counter.NewDelta(), DedupTTL: time.Minute}
+		batch := &counter.Corrections{Partition: 0, Expect: counter.State{Read: 1, Write: 1}}
+		for range 500 {
+			c := mix.Click("acme", now)
+			if flood {
+				c.Code = "flooded"
+			}
+			w.Delta.Add(&c, counter.LabelOf(c.Bot), 1)
+			m, _ := counter.ParseID(c.ID)
+			w.Marks = append(w.Marks, counter.Mark{ID: c.ID, IDMark: m})
+			w.Counted++
+			seq++
+			batch.Items = append(batch.Items, counter.Correction{
+				ClickID: c.ID, LabelDay: m.LabelDay(), FraudSeq: seq, To: counter.LabelOf(!c.Bot), Source: counter.LabelOf(c.Bot),
+				ClickSeq: seq, Link: counter.LinkRef{Owner: c.Owner, Code: c.Code}, Day: counter.DayOf(now), Hour: now.Hour(),
+				Country: counter.CountryOf(c.Country), Referrer: counter.ReferrerHost(c.Referrer), LabelExpiry: now.Add(time.Hour),
+			})
+		}
+		w.LastSeq, w.LastStored = seq, now
+		if res, err := s.Apply(b.Context(), w); err != nil || res.Status != counter.Applied {
+			b.Fatalf("apply: %+v, %v", res, err)
+		}
+		start := time.Now()
+		res := s.Correct(b.Context(), []*counter.Corrections{batch})
+		spent += time.Since(start)
+		if res[0].Err != nil || res[0].Conflict || len(res[0].Items) != 500 || res[0].Items[0].Status != counter.Relabelled {
+			b.Fatalf("correct: %+v", res[0])
+		}
+	}
+	b.ReportMetric(float64(b.N*500)/spent.Seconds(), "verdicts/s")
+	if os.Getenv("CLICKCOUNTER_BENCH_STATS") != "" {
+		info, _ := rdb.Info(b.Context(), "commandstats").Result()
+		b.Log(info)
+	}
+}
+
 // Dropping a generation deletes its keys and nothing else, on the
 // partition's keys only.
 func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
@@ -79,5 +136,49 @@ func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
 	want := []string{"cc:{p10}:g1:pos", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p1}:meta"}
 	if !slices.Equal(left, want) {
 		t.Fatalf("keys left = %v, want %v", left, want)
+	}
+}
+
+// The batched calls go out as EVALSHA in a pipeline; on a server that does
+// not have the scripts (a new one, or after SCRIPT FLUSH) they are run
+// again with the source, and nothing is applied twice.
+func TestPipelinedScriptsSurviveAScriptFlush(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb)
+	ctx := t.Context()
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ev := func(code string) counter.LinkEvent {
+		return counter.LinkEvent{E: &events.LinkEvent{V: events.LinkVersion, ID: events.NewID(), Kind: events.LinkCreated,
+			Time: time.Now(), Code: code, Owner: "acme"}, Seq: 1}
+	}
+	applied, err := s.ApplyLinkEvents(ctx, []counter.LinkEvent{ev("a"), ev("b")})
+	if err != nil || !slices.Equal(applied, []bool{true, true}) {
+		t.Fatalf("ApplyLinkEvents after SCRIPT FLUSH = %v, %v; want both applied", applied, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	id := events.NewID()
+	m, _ := counter.ParseID(id)
+	batch := func(p int) *counter.Corrections {
+		return &counter.Corrections{Partition: p, Expect: counter.State{Read: 1, Write: 1}, Items: []counter.Correction{{
+			ClickID: id, LabelDay: m.LabelDay(), FraudSeq: 1, To: counter.Bot, Source: counter.Human, ClickSeq: 1,
+			Link: counter.LinkRef{Owner: "acme", Code: "a"}, Day: counter.DayOf(now), Hour: now.Hour(),
+			Country: "DE", Referrer: "(direct)", LabelExpiry: now.Add(time.Hour),
+		}}}
+	}
+	for _, res := range s.Correct(ctx, []*counter.Corrections{batch(0), batch(1)}) {
+		if res.Err != nil || res.Conflict || len(res.Items) != 1 || res.Items[0].Status != counter.Relabelled {
+			t.Fatalf("Correct after SCRIPT FLUSH = %+v; want relabelled", res)
+		}
+	}
+	for _, res := range s.Correct(ctx, []*counter.Corrections{batch(0)}) {
+		if res.Err != nil || res.Items[0].Status != counter.Stale {
+			t.Fatalf("Correct again = %+v; want stale", res)
+		}
 	}
 }
