@@ -1,8 +1,8 @@
 package events
 
 import (
-	"encoding/json"
 	"fmt"
+	"github.com/segmentio/encoding/json"
 	"time"
 )
 

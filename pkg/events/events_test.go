@@ -121,6 +121,19 @@ func FuzzDecodeClick(f *testing.F) {
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := events.DecodeClick(data)
+		// DecodeClick uses a faster JSON decoder than encoding/json (the
+		// readers' hottest path); it must accept and read exactly what
+		// encoding/json would.
+		var std events.Click
+		stdOK := json.Unmarshal(data, &std) == nil && std.V == events.ClickVersion && std.Validate() == nil
+		if stdOK != (err == nil) {
+			t.Fatalf("encoding/json accepts: %v; DecodeClick: %v", stdOK, err)
+		}
+		if stdOK {
+			if d := cmp.Diff(std, c); d != "" {
+				t.Fatalf("DecodeClick differs from encoding/json (-std +ours):\n%s", d)
+			}
+		}
 		if err != nil {
 			if !errors.Is(err, events.ErrMalformed) && !errors.Is(err, events.ErrUnknownVersion) {
 				t.Fatalf("error %v wraps neither ErrMalformed nor ErrUnknownVersion", err)

@@ -13,6 +13,8 @@ require (
 	github.com/snipdev/snip/pkg v0.0.0
 )
 
+require github.com/segmentio/encoding v0.5.4 // indirect
+
 require (
 	github.com/ClickHouse/ch-go v0.75.0 // indirect
 	github.com/ClickHouse/clickhouse-go/v2 v2.51.0 // indirect

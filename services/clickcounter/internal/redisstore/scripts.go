@@ -41,18 +41,10 @@ for _ = 1, nid do
   i = i + 3
   local data = redis.call('GET', key)
   if data then
+    local seen = {}
+    for o = 1, #data - 7, 8 do seen[string.sub(data, o, o + 7)] = true end
     for j = 0, #blob / 8 - 1 do
-      local fp = string.sub(blob, j*8 + 1, j*8 + 8)
-      local s = 1
-      while true do
-        local at = string.find(data, fp, s, true)
-        if not at then break end
-        if (at - 1) % 8 == 0 then
-          dups[#dups + 1] = start + j
-          break
-        end
-        s = at + 1
-      end
+      if seen[string.sub(blob, j*8 + 1, j*8 + 8)] then dups[#dups + 1] = start + j end
     end
   end
   appends[#appends + 1] = key

@@ -1,0 +1,30 @@
+package events
+
+import (
+	stdjson "encoding/json"
+	"testing"
+	"time"
+)
+
+func benchClickJSON(b *testing.B) []byte {
+	c := Click{V: ClickVersion, ID: NewID(), Time: time.Now().UTC(), Code: "abc123", Owner: "acme",
+		Target: "https://example.com/some/long/path?utm_source=x", IPPrefix: "203.0.113.0/24",
+		Visitor: "7f3a9c2e1b4d5f60", UserAgent: "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Safari/537.36",
+		Referrer: "news.ycombinator.com", Country: "DE", RequestID: "01JABCDEF"}
+	data, err := stdjson.Marshal(c)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return data
+}
+
+func BenchmarkDecodeClick(b *testing.B) {
+	data := benchClickJSON(b)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := DecodeClick(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
