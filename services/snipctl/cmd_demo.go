@@ -17,6 +17,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,6 +77,28 @@ type demo struct {
 	httpBase       int
 	natsHTTP       int
 	procs          []*demoProc
+	// stopping is set when the demo stops its children; a child that exits
+	// before is reported.
+	stopping atomic.Bool
+	outMu    sync.Mutex
+}
+
+type demoPort struct {
+	what string
+	port int
+}
+
+// portsFree says which of the demo's ports is taken, if one is.
+func portsFree(ports []demoPort) error {
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
+		if err != nil {
+			return fmt.Errorf("demo: port %d (%s) is in use: is another demo running, or still stopping? "+
+				"Stop it, or choose other ports (snipctl demo -h): %w", p.port, p.what, err)
+		}
+		l.Close()
+	}
+	return nil
 }
 
 type demoProc struct {
@@ -103,6 +127,17 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("demo: %w", errUsage)
 	}
 	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP}
+	// Every port first: a demo still running (or still stopping) would
+	// otherwise answer the new demo's health checks while the new services
+	// fail to bind, and the banner would say all is well.
+	ports := []demoPort{{"nats", *natsPort}, {"nats monitoring", *natsHTTP}, {"redis", *redisPort},
+		{"clickhouse", *chPort}, {"demo site", *sitePort}}
+	for _, s := range demoServices {
+		ports = append(ports, demoPort{s.name, *httpBase + s.port})
+	}
+	if err := portsFree(ports); err != nil {
+		return err
+	}
 	for _, sub := range []string{"nats", "redis", "clickhouse", "logs"} {
 		if err := os.MkdirAll(filepath.Join(d.dir, sub), 0o755); err != nil {
 			return fmt.Errorf("demo: %w", err)
@@ -142,7 +177,11 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-func (d *demo) logf(format string, a ...any) { fmt.Fprintf(d.env.Stdout, format+"\n", a...) }
+func (d *demo) logf(format string, a ...any) {
+	d.outMu.Lock()
+	defer d.outMu.Unlock()
+	fmt.Fprintf(d.env.Stdout, format+"\n", a...)
+}
 
 func (d *demo) startNATS(port int) (*server.Server, error) {
 	ns, err := server.NewServer(&server.Options{
@@ -312,7 +351,15 @@ func (d *demo) startServices() []string {
 			continue
 		}
 		url := "http://" + d.addr(s.port) + "/healthz"
-		if err := waitUntil(30*time.Second, func() error { return httpOK(url) }); err != nil {
+		p := d.proc(s.name)
+		if err := waitUntil(30*time.Second, func() error {
+			select {
+			case <-p.done:
+				return stopWaiting{fmt.Errorf("exited")}
+			default:
+			}
+			return httpOK(url)
+		}); err != nil {
 			d.logf("%-11s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
 		}
@@ -444,14 +491,32 @@ func (d *demo) spawn(name, bin string, env []string, args ...string) (*demoProc,
 		return nil, fmt.Errorf("demo: start %s: %w", name, err)
 	}
 	p := &demoProc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	go func() {
+		err := cmd.Wait()
+		logf.Close()
+		close(p.done)
+		if !d.stopping.Load() {
+			d.logf("%-11s EXITED (%v); the demo goes on without it: see %s", name, err, d.logPath(name))
+		}
+	}()
 	d.procs = append(d.procs, p)
 	return p, nil
+}
+
+// proc is the child started under name.
+func (d *demo) proc(name string) *demoProc {
+	for _, p := range d.procs {
+		if p.name == name {
+			return p
+		}
+	}
+	return nil
 }
 
 // stopAll stops the children in reverse start order: services before the
 // servers they use, each with SIGTERM and a deadline.
 func (d *demo) stopAll() {
+	d.stopping.Store(true)
 	for i := len(d.procs) - 1; i >= 0; i-- {
 		p := d.procs[i]
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
@@ -485,10 +550,18 @@ func isExecutable(p string) bool {
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
 }
 
+// stopWaiting, returned by a waitUntil condition, ends the wait at once:
+// waiting longer cannot help.
+type stopWaiting struct{ error }
+
 func waitUntil(timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := f()
+		var stop stopWaiting
+		if errors.As(err, &stop) {
+			return stop.error
+		}
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,4 +144,37 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", total, out.String())
 	}
 	stop()
+}
+
+// A second demo on the ports of one still running (or still stopping) must
+// refuse to start and say which port, instead of starting services that
+// cannot bind while the old ones answer its health checks.
+func TestDemoRefusesAPortInUse(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
+	base := freeRange(t, 6)
+	free := func() string {
+		p, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strconv.Itoa(p)
+	}
+	dir := t.TempDir()
+	args := []string{"demo", "--dir", dir, "--bin", t.TempDir(), "--rate", "0",
+		"--nats-port", free(), "--nats-monitor-port", free(), "--redis-port", port,
+		"--clickhouse-port", free(), "--site-port", free(), "--http-base", strconv.Itoa(base)}
+	var out syncBuffer
+	err = run(context.Background(), args, nil, &out, &out, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "port "+port+" (redis) is in use") {
+		t.Fatalf("demo with its Redis port taken: err %v, want one naming port %s (redis)\n%s", err, port, out.String())
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "logs")); len(entries) != 0 {
+		t.Errorf("the refused demo started something: logs %v", entries)
+	}
 }

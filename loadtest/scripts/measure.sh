@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The load-test measurements of docs/benchmarks.md ("Load test"), in order:
+#   (1) ramp: a bare 302 handler, the redirect service alone, the redirect
+#       inside `make demo`; one HTTP run through every reader with the oracle;
+#   (2) nats bench against loadtest events on a standalone nats-server, then
+#       loadtest events against `make demo` at rising rates with the oracle.
+# Needs: make build, nats-server and nats (the CLI) on PATH, redis-server and
+# clickhouse-server (for the demo), free ports 4222, 4333, 6390, 6391,
+# 8080-8085, 8089, 8090, 8180, 8222, 19000. About 25 minutes.
+#
+#   loadtest/scripts/measure.sh                  # all of it
+#   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
+#   STEPS=events loadtest/scripts/measure.sh     # only (2)
+set -u
+cd "$(dirname "$0")/../.."
+B=$PWD/.demo/bin
+LT=$B/loadtest
+OUT=${OUT:-$PWD/loadtest/reports/measure-$(date +%Y%m%d-%H%M%S)}
+TMP=$(mktemp -d)
+mkdir -p "$OUT"
+KEY=snip_demo_local_only_0123456789
+
+log() { echo "== $(date +%T) load $(cut -d' ' -f1-3 /proc/loadavg) :: $*"; }
+waitport() {
+	for _ in $(seq 1 300); do
+		(echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+		sleep 0.2
+	done
+	echo "port $1 never opened" >&2
+	return 1
+}
+pids=()
+stop() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	wait 2>/dev/null
+	pids=()
+}
+trap 'stop; rm -rf "$TMP"' EXIT
+
+log "make build"
+make build >/dev/null || exit 1
+git log --oneline -1
+
+if [[ ${STEPS:-all} != events ]]; then
+	$LT bare302 --addr 127.0.0.1:8090 >"$OUT/bare302.log" 2>&1 &
+	pids+=($!)
+	waitport 8090 || exit 1
+	log "ramp: bare 302"
+	$LT ramp --target http://127.0.0.1:8090 --create-links=false --from 1000 --to 16000 --step 1000 \
+		--step-duration 5s --pause 2s --out "$OUT/ramp-bare302"
+fi
+
+nats-server -js -sd "$TMP/nats" -a 127.0.0.1 -p 4333 >"$OUT/nats.log" 2>&1 &
+pids+=($!)
+redis-server --port 6391 --bind 127.0.0.1 --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
+pids+=($!)
+waitport 4333 && waitport 6391 || exit 1
+NATS_URL=nats://127.0.0.1:4333 $B/snipctl topology apply >/dev/null || exit 1
+
+if [[ ${STEPS:-all} != events ]]; then
+	HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
+		SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
+		$B/redirect >"$OUT/redirect.log" 2>&1 &
+	pids+=($!)
+	waitport 8180 || exit 1
+	log "ramp: the redirect service alone"
+	$LT ramp --target http://127.0.0.1:8180 --from 500 --to 8000 --step 500 --step-duration 5s \
+		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
+fi
+
+log "nats bench js pub"
+nats -s nats://127.0.0.1:4333 bench js pub async --create --dedup --size 450B --msgs 300000 \
+	--batch 500 --no-progress bench.clicks
+for r in 15000 20000 25000 30000 40000; do
+	log "loadtest events at $r/s, no readers"
+	NATS_URL=nats://127.0.0.1:4333 $LT events --rate "$r" --duration 20s --links 1000 --viral 0.5 \
+		--counter-url off --clickhouse off --fraud off --out "$OUT/events-noreaders-$r" |
+		grep -v ' load \| drain '
+done
+stop
+
+$B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 >"$OUT/demo.log" 2>&1 &
+pids+=($!)
+for p in 8080 8081 8082 8083 19000; do waitport $p || { tail -30 "$OUT/demo.log"; exit 1; }; done
+for _ in $(seq 1 240); do # the warehouse is ready once ClickHouse is
+	curl -fsS http://127.0.0.1:8083/readyz >/dev/null 2>&1 && break
+	sleep 0.5
+done
+log "make demo is up"
+
+if [[ ${STEPS:-all} != events ]]; then
+	log "ramp: the redirect inside the demo"
+	$LT ramp --target http://127.0.0.1:8080 --from 500 --to 6000 --step 500 --step-duration 5s \
+		--pause 2s --links 1000 --out "$OUT/ramp-demo"
+	log "HTTP through every reader, with the oracle"
+	$LT http --target http://127.0.0.1:8080 --rate 400 --duration 15s --links 50 --viral 0.3 \
+		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" | grep -v ' load \| drain '
+fi
+
+for r in ${RATES:-1000 2000 4000 6000 8000}; do
+	log "loadtest events at $r/s, every reader"
+	$LT events --rate "$r" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
+		--verify --deadline 300s --out "$OUT/events-$r" | grep -v ' load \| drain '
+done
+log "done: reports in $OUT"
