@@ -74,7 +74,7 @@ nats -s nats://127.0.0.1:4333 bench js pub async --create --dedup --size 450B --
 for r in 15000 20000 25000 30000 40000; do
 	log "loadtest events at $r/s, no readers"
 	NATS_URL=nats://127.0.0.1:4333 $LT events --rate "$r" --duration 20s --links 1000 --viral 0.5 \
-		--counter-url off --clickhouse off --fraud off --out "$OUT/events-noreaders-$r" |
+		--counter-url off --clickhouse off --fraud off --out "$OUT/events-noreaders-$r" 2>&1 |
 		grep -v ' load \| drain '
 done
 stop
@@ -94,12 +94,12 @@ if [[ ${STEPS:-all} != events ]]; then
 		--pause 2s --links 1000 --out "$OUT/ramp-demo"
 	log "HTTP through every reader, with the oracle"
 	$LT http --target http://127.0.0.1:8080 --rate 400 --duration 15s --links 50 --viral 0.3 \
-		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" | grep -v ' load \| drain '
+		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" 2>&1 | grep -v ' load \| drain '
 fi
 
 for r in ${RATES:-1000 2000 4000 6000 8000}; do
 	log "loadtest events at $r/s, every reader"
 	$LT events --rate "$r" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
-		--verify --deadline 300s --out "$OUT/events-$r" | grep -v ' load \| drain '
+		--verify --deadline 300s --out "$OUT/events-$r" 2>&1 | grep -v ' load \| drain '
 done
 log "done: reports in $OUT"
