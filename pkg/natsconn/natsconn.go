@@ -6,6 +6,7 @@
 package natsconn
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -62,4 +63,36 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		return nil, fmt.Errorf("connect to nats %s: %w", cfg.URL, err)
 	}
 	return nc, nil
+}
+
+// Drain drains nc and waits until it is closed: subscriptions finish what they
+// hold, pending publishes and their acks go out. If ctx ends first, nc is
+// closed at once and ctx's error is returned. It polls nc.IsClosed rather than
+// setting a closed handler, so a handler given at Connect stays in place.
+func Drain(ctx context.Context, nc *nats.Conn) error {
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return err
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for !nc.IsClosed() {
+		select {
+		case <-ctx.Done():
+			nc.Close()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// DrainWithin is Drain with a timeout, logging when the connection had to be
+// closed before it drained: a service's last step at shutdown.
+func DrainWithin(nc *nats.Conn, timeout time.Duration, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := Drain(ctx, nc); err != nil {
+		log.Warn("nats drain did not finish; connection closed", "err", err)
+	}
 }

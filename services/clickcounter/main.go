@@ -69,7 +69,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	defer closeNATS(nc, cfg.ShutdownTimeout, log)
+	defer natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -218,22 +218,5 @@ func retry(ctx context.Context, log *slog.Logger, what string, f func(ctx contex
 			return nil
 		case <-time.After(wait):
 		}
-	}
-}
-
-// closeNATS drains the connection (pending acks and publishes go out) and
-// waits for it to close, within timeout.
-func closeNATS(nc *nats.Conn, timeout time.Duration, log *slog.Logger) {
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		nc.Close()
-		return
-	}
-	select {
-	case <-closed:
-	case <-time.After(timeout):
-		log.Warn("nats drain timed out")
-		nc.Close()
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -74,7 +73,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	defer closeNATS(nc, cfg.ShutdownTimeout, log)
+	defer natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -159,20 +158,4 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
-}
-
-// closeNATS drains the connection and waits for it to close, within timeout.
-func closeNATS(nc *nats.Conn, timeout time.Duration, log *slog.Logger) {
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		nc.Close()
-		return
-	}
-	select {
-	case <-closed:
-	case <-time.After(timeout):
-		log.Warn("nats drain timed out")
-		nc.Close()
-	}
 }

@@ -85,7 +85,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	defer drain(nc, cfg.ShutdownTimeout, log)
+	defer natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
 	if cfg.Connected != nil {
 		cfg.Connected(nc)
 	}
@@ -198,21 +198,5 @@ func retry(ctx context.Context, log *slog.Logger, what string, f func(context.Co
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 5*time.Second)
-	}
-}
-
-// drain flushes and closes the NATS connection within timeout.
-func drain(nc *nats.Conn, timeout time.Duration, log *slog.Logger) {
-	closed := make(chan struct{})
-	nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
-	if err := nc.Drain(); err != nil {
-		nc.Close()
-		return
-	}
-	select {
-	case <-closed:
-	case <-time.After(timeout):
-		log.Warn("nats drain timed out; closing")
-		nc.Close()
 	}
 }

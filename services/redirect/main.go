@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -180,11 +179,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	stopBG()
 	wg.Wait()
 	if nc.IsConnected() { // nothing to drain from a connection that is down
-		dctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-		defer cancel()
-		if err := drainNATS(dctx, nc); err != nil {
-			log.Warn("nats drain", "err", err)
-		}
+		natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
 	}
 	log.Info("stopped")
 	return serveErr
@@ -283,25 +278,6 @@ func drainOutbox(mo *outbox.Monitor, connected func() bool, d time.Duration, log
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// drainNATS drains the connection within ctx (async publish acks included).
-func drainNATS(ctx context.Context, nc *nats.Conn) error {
-	if err := nc.Drain(); err != nil {
-		nc.Close()
-		return err
-	}
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for !nc.IsClosed() {
-		select {
-		case <-ctx.Done():
-			nc.Close()
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
 }
 
 // redisLogger sends go-redis's internal messages (dial retries while Redis
