@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -180,17 +181,11 @@ func drainVerdicts(b *testing.B, js jetstream.JetStream, c *counter.Counter, reg
 		}
 	})
 	defer func() { cancel(); wg.Wait() }()
-	deadline := time.Now().Add(30 * time.Minute)
-	for {
+	testenv.WaitFor(b, 30*time.Minute, fmt.Sprintf("the verdict feed to ack every verdict (to FRAUD sequence %d)", last), func() bool {
 		info, err := cons.Info(context.Background())
-		if err == nil && info.AckFloor.Stream >= last && info.NumAckPending == 0 {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("verdict feed not drained after 30 minutes (ack floor %d of %d)", info.AckFloor.Stream, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && info.AckFloor.Stream >= last && info.NumAckPending == 0
+	})
+	return time.Since(start)
 }
 
 // gatherCounter returns a counter's value for the sample whose only label

@@ -160,19 +160,16 @@ func fraudConsume(b *testing.B, n *testenv.NATS, db int, js jetstream.JetStream)
 
 func waitCaughtUp(b *testing.B, js jetstream.JetStream, group string) {
 	b.Helper()
-	deadline := time.Now().Add(30 * time.Minute)
-	for time.Now().Before(deadline) {
+	testenv.WaitFor(b, 30*time.Minute, "group "+group+" to catch up", func() bool {
 		lag, err := reader.Lag(context.Background(), js, group)
-		if err == nil && len(lag) > 0 {
-			done := true
-			for _, l := range lag {
-				done = done && l.Pending == 0 && l.AckPending == 0
-			}
-			if done {
-				return
+		if err != nil || len(lag) == 0 {
+			return false
+		}
+		for _, l := range lag {
+			if l.Pending != 0 || l.AckPending != 0 {
+				return false
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	b.Fatalf("group %s did not catch up in 30 minutes", group)
+		return true
+	})
 }

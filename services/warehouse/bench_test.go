@@ -72,9 +72,9 @@ func catchUp(b *testing.B, natsURL string, rows int) (rowsPerSec, rowsPerInsert 
 	start := time.Now()
 	go func() { done <- run(ctx, benchLog(), cfg) }()
 	a := <-addr
-	for metricValue(a, "warehouse_rows_inserted_total") < catchUpEvents {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(b, 30*time.Minute, "the loader to insert the backlog", func() bool {
+		return metricValue(a, "warehouse_rows_inserted_total") >= catchUpEvents
+	})
 	rowsPerSec = catchUpEvents / time.Since(start).Seconds()
 	rowsPerInsert = metricValue(a, "warehouse_rows_inserted_total") / metricValue(a, "warehouse_insert_rows_count")
 	cancel()
@@ -95,9 +95,9 @@ func drainNoop(b *testing.B, js jetstream.JetStream, group string, batch int) fl
 		done <- reader.Run(ctx, js, reader.Config{Group: group, BatchSize: batch, LeaseTTL: time.Second},
 			func(_ context.Context, _ int, evs []reader.Event) error { handled.Add(int64(len(evs))); return nil })
 	}()
-	for handled.Load() < catchUpEvents {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(b, 30*time.Minute, "the no-op group to drain the backlog", func() bool {
+		return handled.Load() >= catchUpEvents
+	})
 	rate := catchUpEvents / time.Since(start).Seconds()
 	cancel()
 	if err := <-done; err != nil {

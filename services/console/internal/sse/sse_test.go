@@ -80,16 +80,23 @@ func TestStreamOutlivesServerTimeouts(t *testing.T) {
 			t.Error(err)
 			return
 		}
+		// Six events half a second apart: the stream lasts past both timeouts.
 		ch := make(chan sse.Event)
 		go func() {
 			defer close(ch)
+			tick := time.NewTicker(500 * time.Millisecond)
+			defer tick.Stop()
 			for i := range 6 {
 				select {
 				case ch <- sse.Event{ID: string(rune('a' + i)), Data: []byte("x")}:
 				case <-r.Context().Done():
 					return
 				}
-				time.Sleep(500 * time.Millisecond)
+				select {
+				case <-tick.C:
+				case <-r.Context().Done():
+					return
+				}
 			}
 		}()
 		_ = s.Pump(r.Context(), ch, nil, time.Hour, nil)
