@@ -309,7 +309,12 @@ func TestLagFromTheServer(t *testing.T) {
 	ctx := t.Context()
 	rec := newRecorder()
 	m := startMember(t, n, reader.Config{Group: "g", Member: "m"}, rec.handler("m"))
-	testenv.WaitFor(t, 30*time.Second, "group joined", func() bool { _, err := reader.Lag(ctx, js, "g"); return err == nil })
+	// Lag lists the partitions whose consumer exists; the member creates
+	// them as it takes the partitions, so wait for both.
+	testenv.WaitFor(t, 30*time.Second, "both partition consumers", func() bool {
+		lag, err := reader.Lag(ctx, js, "g")
+		return err == nil && len(lag) == 2
+	})
 	m.stop(t)
 	ids := publish(t, js, 4, 5, 0)
 	lag, err := reader.Lag(ctx, js, "g")
