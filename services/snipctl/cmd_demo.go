@@ -149,7 +149,12 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer ns.Shutdown()
+	// The services stop first, while NATS still answers their last acks and
+	// their leaving the groups; then NATS.
+	defer func() {
+		d.stopAll()
+		ns.Shutdown()
+	}()
 	if err := d.startRedis(*redisPort); err != nil {
 		return err
 	}

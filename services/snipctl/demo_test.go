@@ -83,7 +83,8 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		return strconv.Itoa(p)
 	}
 	base := freeRange(t, 6)
-	args := []string{"demo", "--dir", t.TempDir(), "--bin", bin, "--rate", "0",
+	dir := t.TempDir()
+	args := []string{"demo", "--dir", dir, "--bin", bin, "--rate", "0",
 		"--nats-port", port(), "--nats-monitor-port", port(), "--redis-port", port(),
 		"--clickhouse-port", port(), "--site-port", port(), "--http-base", strconv.Itoa(base)}
 	var out syncBuffer
@@ -144,6 +145,15 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", total, out.String())
 	}
 	stop()
+	// The services stopped while NATS still ran: the counter acked what it
+	// held and left its group, and nothing timed out waiting for NATS.
+	log, err := os.ReadFile(filepath.Join(dir, "logs", "clickcounter.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "left consumer group") || strings.Contains(string(log), "deadline exceeded") {
+		t.Errorf("the counter did not leave its group cleanly at the demo's stop:\n%s", log)
+	}
 }
 
 // A second demo on the ports of one still running (or still stopping) must
