@@ -11,7 +11,7 @@ import (
 
 // User is one NATS user of a Snip deployment and what it may publish and
 // subscribe to. Every service connects as its own user, with the subjects it
-// needs and no others (DESIGN.md: "per-service NATS users with least-privilege
+// needs and no others (the contract: "per-service NATS users with least-privilege
 // subject permissions").
 type User struct {
 	Name string

@@ -57,7 +57,7 @@ const (
 	GroupWarehouseLoader = "warehouse-loader"
 )
 
-// Preview job retry policy (DESIGN.md): five deliveries; the ack deadline of
+// Preview job retry policy (the contract in docs/architecture.md): five deliveries; the ack deadline of
 // delivery n is PreviewBackOff[n-1] (the last value repeats), so a worker that
 // crashes mid-fetch hands the job on after a short, growing wait.
 var PreviewBackOff = []time.Duration{1 * time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
