@@ -30,8 +30,11 @@
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
 // batch when the handler returns nil. A transient error makes the partition
 // wait and retry the same batch with backoff; a PoisonError parks one event
-// on DEAD_LETTER and moves on. Malformed events and unknown schema versions
-// are parked by the runtime before the handler sees them.
+// on DEAD_LETTER and moves on. Events that fail the one rule of validity
+// (events.ReadClick: malformed, unknown schema version, subject and payload
+// disagreeing on owner, code or partition, implausible time) are parked by
+// the runtime before the handler sees them, so every reader parks the same
+// events.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

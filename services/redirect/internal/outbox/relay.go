@@ -61,9 +61,11 @@ type JetStream interface {
 // still ours). On a transient error it keeps the failed entry and everything
 // after it and retries from there after a backoff; entries after it that
 // were stored already are dropped by the stream's duplicate window. An entry
-// JetStream refuses for good (too large, wrong stream) is parked on
+// JetStream refuses for good (too large, wrong stream), and a click that
+// fails the rule of validity every reader applies (events.ReadClick: subject
+// and payload disagree, implausible time, unknown version), is parked on
 // DEAD_LETTER as dead.outbox.<reason> and deleted, so it cannot block its
-// shard.
+// shard and no reader ever sees it.
 type Relay struct {
 	rdb    redis.UniversalClient
 	js     JetStream
@@ -119,6 +121,11 @@ end
 return redis.call('XDEL', KEYS[2], unpack(ARGV, 2))`)
 
 var errLeaseLost = errors.New("shard lease lost")
+
+// errInvalidClick marks a click entry that fails events.ReadClick: the relay
+// parks it on dead.outbox.<reason> (the reason every reader would park it
+// under) instead of publishing it.
+var errInvalidClick = errors.New("invalid click")
 
 type heldShard struct {
 	token  string
@@ -366,6 +373,14 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 			batch = append(batch, sent{e: e, err: err, parked: true})
 			continue
 		}
+		if lane.Stream == events.ClicksStream {
+			// The rule of validity every reader applies: a click they
+			// would all park is parked here instead, never published.
+			if _, err := events.ReadClick([]byte(e.Data), e.Subject, 0, time.Now()); err != nil {
+				batch = append(batch, sent{e: e, err: fmt.Errorf("%w: %w", errInvalidClick, err), parked: true})
+				continue
+			}
+		}
 		msg := &nats.Msg{Subject: e.Subject, Data: []byte(e.Data), Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
 		// No retries inside the client: it would resend a refused message
 		// after later ones of the window were stored. The relay retries.
@@ -453,6 +468,8 @@ func permanent(err error) bool {
 func reason(err error) string {
 	var apiErr *jetstream.APIError
 	switch {
+	case errors.Is(err, errInvalidClick):
+		return events.Reason(err)
 	case errors.Is(err, errMalformedEntry):
 		return "malformed"
 	case errors.Is(err, nats.ErrMaxPayload):
