@@ -12,10 +12,13 @@
 //   - Members announce themselves with heartbeat leases in the snip_members
 //     KV bucket (key "<group>.<member>", per-key TTL). A member that stops
 //     heartbeating expires; one that stops gracefully deletes its key.
-//   - Every member computes the same assignment from the live members:
-//     rendezvous hashing with bounded load, so no member has more than
-//     ceil(partitions/members) partitions and a membership change moves few
-//     partitions. With 6 partitions and 10 members, exactly 6 members work.
+//   - Every member computes the same assignment from the live members and
+//     the partitions each says it holds (its claims, in its heartbeat):
+//     claims are kept up to the bound ceil(partitions/members), the rest go
+//     by rendezvous hashing with bounded load (AssignSticky). So no member
+//     has more than the bound, and when a member dies while idle members
+//     exist only its partitions move, to idle members. With 6 partitions
+//     and 10 members, exactly 6 members work.
 //   - The consumers use JetStream's pinned_client priority policy, so even
 //     while members disagree during a change only one client can pull a
 //     partition. A member that gives a partition up finishes and acks its
