@@ -345,6 +345,51 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 	})
 }
 
+// TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL: of
+// two instances sharing 8 shards, one is killed (kill -9: its leases and
+// its heartbeat stay behind). The survivor takes all 8 within LeaseTTL plus
+// a balance tick: the dead instance stops counting toward the survivor's
+// fair share when its heartbeat lapses, which is when its leases do (were
+// it counted longer, the survivor would take its old 4 and leave 4 waiting
+// for the heartbeat to expire). Everything written after the kill is relayed.
+func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 8)
+	const ttl = 2 * time.Second
+	cfg := RelayConfig{Window: 16, LeaseTTL: ttl, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
+	doomedRDB := redis.NewClient(&redis.Options{Addr: e.rdb.Options().Addr, DB: e.rdb.Options().DB})
+	cfg.Instance = "doomed"
+	doomed := NewRelay(doomedRDB, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	cfg.Instance = "survivor"
+	survivor := NewRelay(e.rdb, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	rd, rs := start(doomed), start(survivor)
+	defer rs.stop()
+	testenv.WaitFor(t, 20*time.Second, "4 shards each", func() bool {
+		return gaugeValue(doomed.m.LeasesHeld) == 4 && gaugeValue(survivor.m.LeasesHeld) == 4
+	})
+
+	// kill -9: the connection goes first, so nothing is released.
+	_ = doomedRDB.Close()
+	killed := time.Now()
+	rd.stop()
+	if n := e.rdb.ZCard(t.Context(), RelaysKey).Val(); n != 2 {
+		t.Fatalf("%d relays in the heartbeat set after the kill, want the dead one still there (2)", n)
+	}
+	var n int
+	for i := range 24 {
+		n += len(e.addClicks(t, fmt.Sprintf("k%d", i), 2))
+	}
+	testenv.WaitFor(t, 4*ttl, "the survivor to hold all 8 shards", func() bool { return gaugeValue(survivor.m.LeasesHeld) == 8 })
+	took := time.Since(killed)
+	t.Logf("all 8 shards taken over %s after the kill (lease TTL %s)", took.Round(10*time.Millisecond), ttl)
+	if bound := ttl + 2*balanceEvery(ttl) + 500*time.Millisecond; took > bound {
+		t.Errorf("takeover took %s, want within the lease TTL plus a balance tick (%s with slack)", took, bound)
+	}
+	testenv.WaitFor(t, 15*time.Second, "everything written after the kill relayed", func() bool {
+		return count(e.js, events.ClicksStream) == n && e.outboxLen(t) == 0
+	})
+}
+
 // TestRelaySharesShardsAmongInstances: two live relays split the shards
 // (each holds its fair share), and together relay everything.
 func TestRelaySharesShardsAmongInstances(t *testing.T) {

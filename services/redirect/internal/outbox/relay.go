@@ -26,9 +26,11 @@ type RelayConfig struct {
 	// Window is the most entries of one lane published before waiting for
 	// their acks (the bounded PublishAsync window).
 	Window int
-	// LeaseTTL is how long a shard lease lives without renewal: the time a
-	// dead instance's shards wait before another instance takes them over.
-	// Leases are renewed every LeaseTTL/3.
+	// LeaseTTL is how long a shard lease lives without renewal, and how long
+	// an instance that stopped heartbeating still counts toward the others'
+	// fair share: a dead instance's shards are taken over within LeaseTTL
+	// plus one balance tick (LeaseTTL/10) of its death. Leases are renewed,
+	// and free shards looked for, every LeaseTTL/10.
 	LeaseTTL time.Duration
 	// Block is the longest a relay waits in XREAD for new entries.
 	Block time.Duration
@@ -148,7 +150,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer cancel()
 		_ = r.rdb.ZRem(cctx, RelaysKey, r.cfg.Instance).Err()
 	}()
-	tick := time.NewTicker(r.cfg.LeaseTTL / 3)
+	tick := time.NewTicker(balanceEvery(r.cfg.LeaseTTL))
 	defer tick.Stop()
 	for {
 		r.balance(ctx, held)
@@ -160,13 +162,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
+// balanceEvery is how often an instance heartbeats, renews its leases and
+// looks for free shards: often enough that a dead instance's shards are
+// taken over within a tenth of LeaseTTL of their leases expiring.
+func balanceEvery(ttl time.Duration) time.Duration { return max(ttl/10, 10*time.Millisecond) }
+
 // balance renews held leases, drops lost ones, and moves toward this
 // instance's fair share of shards: ceil(shards / live instances).
+//
+// An instance counts as live for LeaseTTL after its last heartbeat, the
+// same time its leases live: when a killed instance's leases expire, it has
+// stopped counting toward the survivors' share too, so they take all its
+// shards at once (were it counted longer, they would take only their old
+// share and leave the rest waiting).
 func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 	now := time.Now()
 	live := 1
 	pipe := r.rdb.Pipeline()
-	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(3 * r.cfg.LeaseTTL).UnixMilli()), Member: r.cfg.Instance})
+	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(r.cfg.LeaseTTL).UnixMilli()), Member: r.cfg.Instance})
 	pipe.ZRemRangeByScore(ctx, RelaysKey, "-inf", strconv.FormatInt(now.UnixMilli(), 10))
 	card := pipe.ZCard(ctx, RelaysKey)
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -180,19 +193,31 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 	r.m.RelayInstances.Set(float64(live))
 	share := int(math.Ceil(float64(r.layout.Shards) / float64(live)))
 
+	// Renew every held lease in one round trip.
+	renewals := map[int]*redis.Cmd{}
+	if len(held) > 0 {
+		rp := r.rdb.Pipeline()
+		for s, h := range held {
+			select {
+			case <-h.done:
+			default:
+				renewals[s] = renewScript.Eval(ctx, rp, []string{r.layout.LeaseKey(s)}, h.token, r.cfg.LeaseTTL.Milliseconds())
+			}
+		}
+		_, _ = rp.Exec(ctx) // errors are read per command below
+	}
 	for s, h := range held {
 		lost := false
-		select {
-		case <-h.done: // the shard loop found the lease gone (fenced XDEL)
-			lost = true
-		default:
-			ok, err := renewScript.Run(ctx, r.rdb, []string{r.layout.LeaseKey(s)}, h.token, r.cfg.LeaseTTL.Milliseconds()).Int()
+		if cmd, ok := renewals[s]; ok {
+			n, err := cmd.Int()
 			if err != nil {
 				// Unknown: keep relaying; the fenced XDEL protects the outbox
 				// and the lease may still be ours.
 				continue
 			}
-			lost = ok == 0
+			lost = n == 0
+		} else {
+			lost = true // the shard loop found the lease gone (fenced XDEL)
 		}
 		if lost {
 			h.cancel()
