@@ -92,19 +92,19 @@ func ReadClick(data []byte, subject string, partitions int, stored time.Time) (C
 // never on the clock of the reader, so every reader, and a replay, judges an
 // event the same.
 func CheckClick(c *Click, subject string, partitions int, at time.Time) error {
-	toks := strings.Split(subject, ".")
-	part := -1
-	if len(toks) == 4 {
-		part = PartitionOf(subject)
-		if part < 0 {
+	rest, part := subject, -1
+	if i := strings.IndexByte(subject, '.'); i > 0 && subject[0] >= '0' && subject[0] <= '9' {
+		if part = PartitionOf(subject); part < 0 {
 			return invalid(ReasonSubjectMismatch, "click %s: subject %q is not a click subject", c.ID, subject)
 		}
-		toks = toks[1:]
+		rest = subject[i+1:]
 	}
-	if len(toks) != 3 || toks[0] != "clicks" {
+	tail, ok := strings.CutPrefix(rest, "clicks.")
+	owner, code, ok2 := strings.Cut(tail, ".")
+	if !ok || !ok2 || strings.IndexByte(code, '.') >= 0 {
 		return invalid(ReasonSubjectMismatch, "click %s: subject %q is not a click subject", c.ID, subject)
 	}
-	if toks[1] != c.Owner || toks[2] != c.Code {
+	if owner != c.Owner || code != c.Code {
 		return invalid(ReasonSubjectMismatch, "click %s of %s/%s published on %q", c.ID, c.Owner, c.Code, subject)
 	}
 	if part >= 0 && partitions > 0 {
@@ -116,13 +116,41 @@ func CheckClick(c *Click, subject string, partitions int, at time.Time) error {
 		return invalid(ReasonImplausibleTime, "click %s at %s, stored or published at %s: more than %s apart",
 			c.ID, c.Time.UTC().Format(time.RFC3339), at.UTC().Format(time.RFC3339), MaxClockSkew)
 	}
-	idt, err := IDTime(c.ID)
-	if err != nil {
-		return fmt.Errorf("click %s: %w: %v", c.ID, ErrMalformed, err)
+	idt, ok := idTime(c.ID)
+	if !ok {
+		return fmt.Errorf("click %s: event ID without a time: %w", c.ID, ErrMalformed)
 	}
 	if skew := idt.Sub(at); skew > MaxClockSkew || skew < -MaxClockSkew {
 		return invalid(ReasonImplausibleTime, "click %s: event ID time %s, stored or published at %s: more than %s apart",
 			c.ID, idt.Format(time.RFC3339), at.UTC().Format(time.RFC3339), MaxClockSkew)
 	}
 	return nil
+}
+
+// idTime reads the 48-bit millisecond timestamp of a canonical UUIDv7
+// (hex digits 0-7 and 9-12) without parsing the rest.
+func idTime(id string) (time.Time, bool) {
+	if len(id) != 36 || id[8] != '-' {
+		return time.Time{}, false
+	}
+	var ms int64
+	for i := 0; i < 13; i++ {
+		if i == 8 {
+			continue
+		}
+		c := id[i]
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'f':
+			v = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			v = c - 'A' + 10
+		default:
+			return time.Time{}, false
+		}
+		ms = ms<<4 | int64(v)
+	}
+	return time.UnixMilli(ms).UTC(), true
 }

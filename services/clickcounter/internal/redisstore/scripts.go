@@ -177,24 +177,23 @@ local wm = {}
 for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0') end
 
 -- counted says whether generation g counted the click of verdict i: its
--- fingerprint is in the recent-ID bucket (read once per bucket), or the
--- bucket is gone and the watermark is at or past the click.
+-- fingerprint is in the recent-ID bucket (read, and made a set, once per
+-- bucket), or the bucket is gone and the watermark is at or past the click.
 local buckets = {}
 local function counted(i, g)
   local key = KEYS[tonumber(ARGV[i+10+3*g])]
-  local data = buckets[key]
-  if data == nil then
-    data = redis.call('GET', key) or false
-    buckets[key] = data
+  local seen = buckets[key]
+  if seen == nil then
+    local data = redis.call('GET', key)
+    seen = false
+    if data then
+      seen = {}
+      for o = 1, #data - 7, 8 do seen[string.sub(data, o, o + 7)] = true end
+    end
+    buckets[key] = seen
   end
-  if not data then return wm[g] >= tonumber(ARGV[i+5]) end
-  local fp, o = ARGV[i+10], 1
-  while true do
-    local s = string.find(data, fp, o, true)
-    if not s then return false end
-    if (s - 1) % 8 == 0 then return true end
-    o = s + 1
-  end
+  if not seen then return wm[g] >= tonumber(ARGV[i+5]) end
+  return seen[ARGV[i+10]] == true
 end
 
 -- hmget reads fields of key into into[field] (absent fields stay nil), in
