@@ -347,8 +347,8 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 
 // TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL: of
 // two instances sharing 8 shards, one is killed (kill -9: its leases and
-// its heartbeat stay behind). The survivor takes all 8 within LeaseTTL plus
-// a balance tick: the dead instance stops counting toward the survivor's
+// its heartbeat stay behind). The survivor takes all 8 within LeaseTTL: the
+// dead instance stops counting toward the survivor's
 // fair share when its heartbeat lapses, which is when its leases do (were
 // it counted longer, the survivor would take its old 4 and leave 4 waiting
 // for the heartbeat to expire). Everything written after the kill is relayed.
@@ -382,8 +382,8 @@ func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *test
 	testenv.WaitFor(t, 4*ttl, "the survivor to hold all 8 shards", func() bool { return gaugeValue(survivor.m.LeasesHeld) == 8 })
 	took := time.Since(killed)
 	t.Logf("all 8 shards taken over %s after the kill (lease TTL %s)", took.Round(10*time.Millisecond), ttl)
-	if bound := ttl + 2*balanceEvery(ttl) + 500*time.Millisecond; took > bound {
-		t.Errorf("takeover took %s, want within the lease TTL plus a balance tick (%s with slack)", took, bound)
+	if bound := ttl + 300*time.Millisecond; took > bound { // 300 ms of scheduling slack on a loaded machine
+		t.Errorf("takeover took %s, want within the lease TTL (%s with slack)", took, bound)
 	}
 	testenv.WaitFor(t, 15*time.Second, "everything written after the kill relayed", func() bool {
 		return count(e.js, events.ClicksStream) == n && e.outboxLen(t) == 0

@@ -26,11 +26,11 @@ type RelayConfig struct {
 	// Window is the most entries of one lane published before waiting for
 	// their acks (the bounded PublishAsync window).
 	Window int
-	// LeaseTTL is how long a shard lease lives without renewal, and how long
-	// an instance that stopped heartbeating still counts toward the others'
-	// fair share: a dead instance's shards are taken over within LeaseTTL
-	// plus one balance tick (LeaseTTL/10) of its death. Leases are renewed,
-	// and free shards looked for, every LeaseTTL/10.
+	// LeaseTTL bounds takeover: a dead instance's shards are all taken over
+	// within LeaseTTL of its death. Leases (and an instance's heartbeat,
+	// which makes it count toward the others' fair share) live
+	// LeaseTTL - LeaseTTL/10 without renewal, and instances renew them, and
+	// look for free shards, every LeaseTTL/10.
 	LeaseTTL time.Duration
 	// Block is the longest a relay waits in XREAD for new entries.
 	Block time.Duration
@@ -167,10 +167,16 @@ func (r *Relay) Run(ctx context.Context) error {
 // taken over within a tenth of LeaseTTL of their leases expiring.
 func balanceEvery(ttl time.Duration) time.Duration { return max(ttl/10, 10*time.Millisecond) }
 
+// leaseLife is how long a lease, and a heartbeat, lives without renewal:
+// LeaseTTL less one balance tick, so that expiry plus the tick it takes a
+// survivor to notice stays within LeaseTTL. It is renewed nine times in
+// that span.
+func leaseLife(ttl time.Duration) time.Duration { return ttl - balanceEvery(ttl) }
+
 // balance renews held leases, drops lost ones, and moves toward this
 // instance's fair share of shards: ceil(shards / live instances).
 //
-// An instance counts as live for LeaseTTL after its last heartbeat, the
+// An instance counts as live for leaseLife after its last heartbeat, the
 // same time its leases live: when a killed instance's leases expire, it has
 // stopped counting toward the survivors' share too, so they take all its
 // shards at once (were it counted longer, they would take only their old
@@ -179,7 +185,7 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 	now := time.Now()
 	live := 1
 	pipe := r.rdb.Pipeline()
-	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(r.cfg.LeaseTTL).UnixMilli()), Member: r.cfg.Instance})
+	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(leaseLife(r.cfg.LeaseTTL)).UnixMilli()), Member: r.cfg.Instance})
 	pipe.ZRemRangeByScore(ctx, RelaysKey, "-inf", strconv.FormatInt(now.UnixMilli(), 10))
 	card := pipe.ZCard(ctx, RelaysKey)
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -201,7 +207,7 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 			select {
 			case <-h.done:
 			default:
-				renewals[s] = renewScript.Eval(ctx, rp, []string{r.layout.LeaseKey(s)}, h.token, r.cfg.LeaseTTL.Milliseconds())
+				renewals[s] = renewScript.Eval(ctx, rp, []string{r.layout.LeaseKey(s)}, h.token, leaseLife(r.cfg.LeaseTTL).Milliseconds())
 			}
 		}
 		_, _ = rp.Exec(ctx) // errors are read per command below
@@ -244,7 +250,7 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 				continue
 			}
 			token := r.cfg.Instance + "/" + randomToken()
-			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, r.cfg.LeaseTTL).Result()
+			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, leaseLife(r.cfg.LeaseTTL)).Result()
 			if err != nil || !ok {
 				continue
 			}
