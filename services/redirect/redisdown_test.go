@@ -20,16 +20,23 @@ func openLoop(l *ledger, base string, codes []string, rate int, stop <-chan stru
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(time.Second / time.Duration(rate))
+		start := time.Now()
+		tick := time.NewTicker(time.Millisecond)
 		defer tick.Stop()
-		for i := 0; ; i++ {
+		sent := 0
+		for {
 			select {
 			case <-stop:
 				return
-			case <-tick.C:
+			case now := <-tick.C:
+				// Catch up on ticks the runtime dropped: the schedule, not
+				// the ticker, sets the rate.
+				due := int(now.Sub(start).Seconds() * float64(rate))
+				for ; sent < due; sent++ {
+					code := codes[sent%len(codes)]
+					wg.Go(func() { _, _ = l.click(base, code) })
+				}
 			}
-			code := codes[i%len(codes)]
-			wg.Go(func() { _, _ = l.click(base, code) })
 		}
 	}()
 	return func() { <-done; wg.Wait() }
