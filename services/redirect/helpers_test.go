@@ -39,7 +39,9 @@ func testConfig(redisURL, natsURL string) Config {
 		ShutdownTimeout: 10 * time.Second, Partitions: 3, Replicas: 1,
 		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
 		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
-		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 500 * time.Millisecond, LookupTimeout: 250 * time.Millisecond,
+		// The production outbox wait; a generous ack bound, because a loaded
+		// test machine can take longer than 500 ms to answer a publish.
+		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,
 		CommitMaxBatch: 64, CommitWorkers: 2, CommitTimeout: time.Second,
 		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 5 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
@@ -249,6 +251,7 @@ type ledger struct {
 	refused int                 // non-302 answers
 	seq     int
 	lat     []time.Duration // time to the 302, per served click
+	why     []string        // the first few non-302 answers, for failure messages
 }
 
 func newLedger() *ledger {
@@ -280,6 +283,9 @@ func (l *ledger) click(base, code string) (int, error) {
 		l.failed[rid] = true
 		if err == nil {
 			l.errored[rid] = true
+		}
+		if len(l.why) < 5 {
+			l.why = append(l.why, fmt.Sprintf("%s: %d %s %v", rid, r.Status, r.Body, err))
 		}
 		l.refused++
 		return r.Status, err

@@ -87,7 +87,7 @@ func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
 	t.Logf("%d clicks served (%d straight to JetStream), %d refused; 302 latency p50 %s p99 %s max %s; %v late outbox entries dropped",
 		served, int(direct), l.refused, p50, p99, top, late)
 	if l.refused != 0 {
-		t.Fatalf("%d requests were not answered 302 while redis was frozen", l.refused)
+		t.Fatalf("%d requests were not answered 302 while redis was frozen: %q", l.refused, l.why)
 	}
 	if top > 3*time.Second {
 		t.Fatalf("slowest 302 took %s; want it bounded by the outbox wait plus the ack (well under a client's 5 s timeout)", top)
