@@ -124,9 +124,11 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 }
 
 // runChaos is one run: load for warmup, the fault, load for tail, then the
-// oracle. Time to recover is from the fault's end to the first second in
-// which every request got its 302 and every reader's backlog was at most a
-// second of traffic; when that did not happen during the tail, to the time
+// oracle. Time to recover is from the fault's end to the end of the first
+// second in which every request got its 302 and the readers' total backlog
+// was back to normal (at most twice the largest seen before the fault, or
+// one second of traffic, whichever is more: readers batch, so it is never
+// 0 under load); when that did not happen during the tail, to the time
 // every click was in CLICKS and every backlog 0 after the load.
 func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chaosPlan, truthFile string) chaosResult {
 	res := chaosResult{Fault: f.Name, Recover: -1}
@@ -155,11 +157,16 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 	var mu sync.Mutex
 	var faultEnd, recovered time.Time
 	var faultErr error
+	var baseLag uint64 // the largest total backlog before the fault: readers batch
+	faultStarted := false
 	wg.Go(func() {
 		if !sleepCtx(bg, p.warmup) {
 			return
 		}
 		fmt.Fprintf(env.Stderr, "%5.0fs inject: %s\n", time.Since(start).Seconds(), f.Name)
+		mu.Lock()
+		faultStarted = true
+		mu.Unlock()
 		end, err := chaos.Run(bg, f)
 		fmt.Fprintf(env.Stderr, "%5.0fs fault over: %s\n", time.Since(start).Seconds(), f.Name)
 		mu.Lock()
@@ -183,8 +190,11 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 				s := m.Tick(now, series.PhaseLoad)
 				fmt.Fprintln(env.Stderr, progressLine(s, lag, lerr))
 				mu.Lock()
+				if !faultStarted && lerr == nil {
+					baseLag = max(baseLag, total(lag))
+				}
 				if !faultEnd.IsZero() && recovered.IsZero() && now.After(faultEnd.Add(time.Second)) &&
-					s.Errors == 0 && s.OK+s.OK/20 >= s.Offered && lerr == nil && total(lag) <= uint64(p.rate) {
+					s.Errors == 0 && s.OK+s.OK/20 >= s.Offered && lerr == nil && total(lag) <= max(uint64(p.rate), 2*baseLag) {
 					recovered = now
 				}
 				mu.Unlock()
