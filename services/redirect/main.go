@@ -178,7 +178,17 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	wg.Go(func() { monitor.Run(bg, cfg.MonitorInterval) })
 
 	web := webserver.New(log, reg)
-	web.AddReadiness("redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) })
+	// Ready while clicks can be recorded: through Redis, or, while Redis is
+	// away, straight through JetStream. Failing readiness on Redis alone
+	// would take every instance out of its load balancer at once and turn
+	// a Redis outage into a redirect outage.
+	web.AddReadiness("click_recording", func(ctx context.Context) error {
+		err := redisconn.Ping(ctx, rdb)
+		if err == nil || directNC.IsConnected() {
+			return nil
+		}
+		return fmt.Errorf("%w; and nats (the direct path) is not connected", err)
+	})
 	web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
 	api := &httpapi.API{
 		Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
