@@ -65,6 +65,25 @@ lint: ## gofmt check and go vet
 loadtest: build ## a short load test against a running `make demo`
 	$(BIN)/loadtest http --rate 2000 --duration 30s --verify
 
+# make chaos: each fault in turn against a running `make demo` (default
+# ports), under HTTP load, judged by the oracle. PIDs are looked up when each
+# fault starts; a killed service is restarted by `make demo`. Override the
+# list with CHAOS_FAULTS (specs: loadtest chaos -h).
+CHAOS_FREEZE ?= 20s
+CHAOS_ARGS ?= --rate 1000 --require counter,warehouse
+CHAOS_FAULTS ?= \
+	--fault 'freeze:redis:pgrep -nf "redis-serve[r] 127.0.0.1.6390":$(CHAOS_FREEZE)' \
+	--fault 'freeze:nats:pgrep -nx snipctl:$(CHAOS_FREEZE)' \
+	--fault 'freeze:clickhouse:pgrep -nf clickhouse-serve[r]:$(CHAOS_FREEZE)' \
+	--fault 'kill:redirect:pgrep -nx redirect' \
+	--fault 'kill:clickcounter:pgrep -nx clickcounter' \
+	--fault 'kill:fraud:pgrep -nx fraud' \
+	--fault 'kill:warehouse:pgrep -nx warehouse'
+
+.PHONY: chaos
+chaos: build ## the fault suite against a running `make demo`: freeze Redis, NATS, ClickHouse; kill -9 each reader and the redirect
+	$(BIN)/loadtest chaos $(CHAOS_ARGS) $(CHAOS_FAULTS)
+
 .PHONY: up
 up: ## docker compose up (needs a Docker engine)
 	docker compose up --build -d

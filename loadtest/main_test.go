@@ -307,6 +307,8 @@ func TestUsageErrors(t *testing.T) {
 		{name: "bad_require", args: []string{"verify", "--truth", "x.json", "--require", "everything"}},
 		{name: "bad_spec", args: []string{"events", "--bot-share", "2"}},
 		{name: "ramp_backwards", args: []string{"ramp", "--from", "10", "--to", "5"}},
+		{name: "chaos_without_faults", args: []string{"chaos"}},
+		{name: "chaos_bad_fault", args: []string{"chaos", "--fault", "drop:redis:12"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

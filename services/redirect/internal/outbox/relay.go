@@ -396,12 +396,17 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		f      jetstream.PubAckFuture
 		err    error // synchronous publish error
 		parked bool  // malformed: park without publishing
+		late   bool  // stored after its validity: delete without publishing (Late)
 	}
 	batch := make([]sent, 0, len(msgs))
 	for _, m := range msgs {
 		e, err := parseEntry(m)
 		if err != nil {
 			batch = append(batch, sent{e: e, err: err, parked: true})
+			continue
+		}
+		if e.late() {
+			batch = append(batch, sent{e: e, late: true})
 			continue
 		}
 		if lane.Stream == events.ClicksStream {
@@ -422,6 +427,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		}
 	}
 	ids := make([]string, 0, len(batch))
+	late := 0
 	var stop error
 	for _, b := range batch {
 		err := b.err
@@ -439,6 +445,9 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		switch {
 		case err == nil:
 			ids = append(ids, b.e.StreamID)
+			if b.late {
+				late++
+			}
 		case b.parked || permanent(err):
 			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
 				stop = perr
@@ -475,7 +484,8 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 	if n < 0 {
 		return 0, errLeaseLost
 	}
-	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids)))
+	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids) - late))
+	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
 	return len(ids), stop
 }
 
