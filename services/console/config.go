@@ -21,6 +21,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 	// RedisURL is where the owners' API keys and the redirect outbox are.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves the page, the API, the owners' streams, /healthz,
@@ -148,7 +149,7 @@ func (c Config) LogValue() slog.Value {
 }
 
 func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func maskURL(s string) string {

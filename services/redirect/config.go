@@ -22,6 +22,7 @@ type Config struct {
 	NATSUser        string        `env:"NATS_USER"`
 	NATSPassword    string        `env:"NATS_PASSWORD"`
 	NATSCreds       string        `env:"NATS_CREDS"`
+	NATSInbox       string        `env:"NATS_INBOX_PREFIX"`
 	RedisURL        string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	LogLevel        string        `env:"LOG_LEVEL" envDefault:"info"`
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
@@ -136,7 +137,7 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 }
 
 func (c *Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func (c *Config) topology() topology.Options {
