@@ -688,6 +688,14 @@ func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	if resp, _ := ownerClient(t, s, acmeKey, "?since_seq=x", ""); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("since_seq=x: %d, want 400", resp.StatusCode)
 	}
+	// Times a stream position cannot hold are refused, not wrapped around.
+	for _, since := range []string{"9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"} {
+		resp, _ := ownerClient(t, s, acmeKey, "?since="+since, "")
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "outside") {
+			t.Errorf("since=%s: %d %s, want 400 saying it is out of range", since, resp.StatusCode, b)
+		}
+	}
 
 	mixed := func(n int) (acme []uint64) {
 		var clicks []events.Click
