@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"time"
+	"unicode"
 
 	"github.com/caarlos0/env/v11"
 
@@ -45,6 +47,14 @@ type Config struct {
 	Insecure bool `env:"CONSOLE_INSECURE"`
 	// CookieSecure marks the session cookie Secure (the console is behind TLS).
 	CookieSecure bool `env:"CONSOLE_COOKIE_SECURE"`
+	// AllowDevToken accepts a token published in this repository (compose's
+	// former default), for a laptop demo only.
+	AllowDevToken bool `env:"CONSOLE_ALLOW_DEV_TOKEN"`
+	// AuthFailureBurst failed logins or Bearer tokens one client (an IPv4
+	// address, an IPv6 /64) may send at once, then one per
+	// AuthFailureInterval; correct ones cost nothing.
+	AuthFailureBurst    int           `env:"CONSOLE_AUTH_FAILURE_BURST" envDefault:"5"`
+	AuthFailureInterval time.Duration `env:"CONSOLE_AUTH_FAILURE_INTERVAL" envDefault:"2s"`
 
 	// LagWarn and LagAlarm colour the age of the oldest unread event (and the
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
@@ -76,8 +86,38 @@ type Config struct {
 	Ready func(addr string) `env:"-"`
 }
 
-// minTokenLen keeps the token out of guessing range.
-const minTokenLen = 16
+// minTokenLen and minTokenDistinct keep the token out of guessing range:
+// 16 characters of which at least 8 differ (20 spaces, or "aaaa...", are
+// refused).
+const (
+	minTokenLen      = 16
+	minTokenDistinct = 8
+)
+
+// devTokens are tokens this repository has published; the console refuses
+// them unless CONSOLE_ALLOW_DEV_TOKEN says this is a demo.
+var devTokens = []string{"console-dev-token"}
+
+// tokenProblem says what is wrong with a console token, or nil.
+func tokenProblem(t string, allowDev bool) error {
+	distinct := map[rune]bool{}
+	for _, r := range t {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return errors.New("CONSOLE_TOKEN: no spaces or control characters")
+		}
+		distinct[r] = true
+	}
+	switch {
+	case len(t) < minTokenLen:
+		return fmt.Errorf("CONSOLE_TOKEN: want %d characters or more", minTokenLen)
+	case len(distinct) < minTokenDistinct:
+		return fmt.Errorf("CONSOLE_TOKEN: want %d different characters or more (e.g. openssl rand -hex 24)", minTokenDistinct)
+	case !allowDev && slices.Contains(devTokens, t):
+		return errors.New("CONSOLE_TOKEN is a development token published in this repository: " +
+			"set your own (e.g. openssl rand -hex 24), or CONSOLE_ALLOW_DEV_TOKEN=true for a laptop demo")
+	}
+	return nil
+}
 
 func loadConfig(environ []string) (Config, error) {
 	var cfg Config
@@ -98,8 +138,10 @@ func loadConfig(environ []string) (Config, error) {
 
 func (c Config) validate() error {
 	switch {
-	case c.Token != "" && len(c.Token) < minTokenLen:
-		return fmt.Errorf("CONSOLE_TOKEN: want %d characters or more", minTokenLen)
+	case c.Token != "" && tokenProblem(c.Token, c.AllowDevToken) != nil:
+		return tokenProblem(c.Token, c.AllowDevToken)
+	case c.AuthFailureBurst < 1 || c.AuthFailureInterval <= 0:
+		return errors.New("CONSOLE_AUTH_FAILURE_BURST >= 1 and CONSOLE_AUTH_FAILURE_INTERVAL > 0")
 	case c.Token == "" && !c.Insecure && !loopbackListen(c.HTTPAddr):
 		return fmt.Errorf("HTTP_ADDR %q is not a loopback address and CONSOLE_TOKEN is not set: "+
 			"set a token, listen on 127.0.0.1, or set CONSOLE_INSECURE=true", c.HTTPAddr)

@@ -390,13 +390,20 @@ func (a *api) ownerStream(c echo.Context) error {
 	if key == "" {
 		return owners.ErrUnauthorized
 	}
+	// A key is a guess until it matches, as the console token is.
+	try, err := a.auth.fails.begin(r, time.Now())
+	if err != nil {
+		return err
+	}
 	o, err := a.d.Owners.Authenticate(r.Context(), key)
 	if err != nil && !errors.Is(err, owners.ErrUnauthorized) {
-		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err) // Redis away
+		try.succeeded() // not a guess: Redis is away
+		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err)
 	}
 	if err != nil {
 		return err
 	}
+	try.succeeded()
 	q := r.URL.Query()
 	start, err := ownerstream.ParseStart(r.Header.Get("Last-Event-ID"), q.Get("since_seq"), q.Get("since"))
 	if err != nil {
