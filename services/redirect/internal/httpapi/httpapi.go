@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -410,25 +409,6 @@ func decodeCreate(c echo.Context) (createRequest, error) {
 		return req, badRequest("invalid_target", "target is required")
 	}
 	return req, nil
-}
-
-// checkLoop refuses targets that point back at this service: a short link
-// to a short link is a redirect loop waiting to happen.
-func (a *API) checkLoop(c echo.Context, target string) error {
-	u, err := url.Parse(target)
-	if err != nil {
-		return nil
-	}
-	self := c.Request().Host
-	if a.PublicURL != "" {
-		if pu, err := url.Parse(a.PublicURL); err == nil {
-			self = pu.Host
-		}
-	}
-	if strings.EqualFold(u.Host, self) {
-		return fmt.Errorf("%w: it points at this shortener (%s)", link.ErrInvalidTarget, self)
-	}
-	return nil
 }
 
 // get answers GET /api/links/:code with the owner's link and its preview:
