@@ -39,6 +39,11 @@ type Config struct {
 	// TrustedProxies are CIDRs whose X-Forwarded-For is believed; empty
 	// means the connection's peer is the client.
 	TrustedProxies []string `env:"SNIP_TRUSTED_PROXIES" envSeparator:","`
+	// LinkCreateLimit links per LinkCreateWindow each owner may create (all
+	// its keys together, every instance together); 0: no limit. Over it:
+	// 429 with Retry-After.
+	LinkCreateLimit  int           `env:"SNIP_LINK_CREATE_LIMIT" envDefault:"6000"`
+	LinkCreateWindow time.Duration `env:"SNIP_LINK_CREATE_WINDOW" envDefault:"1m"`
 
 	// OutboxShards is the number of outbox shards (and relay leases). Fixed
 	// once the outbox exists: the service refuses to start with another.
@@ -101,6 +106,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms", c.RelayLeaseTTL)
 	case c.CacheSize < 1:
 		return fmt.Errorf("SNIP_CACHE_SIZE %d: want at least 1", c.CacheSize)
+	case c.LinkCreateLimit < 0 || (c.LinkCreateLimit > 0 && c.LinkCreateWindow < time.Second):
+		return fmt.Errorf("SNIP_LINK_CREATE_LIMIT %d per SNIP_LINK_CREATE_WINDOW %s: want a limit >= 0 (0: none) and a window of 1s or more",
+			c.LinkCreateLimit, c.LinkCreateWindow)
 	}
 	if _, err := c.trustedProxies(); err != nil {
 		return err

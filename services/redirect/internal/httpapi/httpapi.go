@@ -65,6 +65,10 @@ type API struct {
 	Cache     Invalidator
 	Log       *slog.Logger
 	PublicURL string // base of short_url; empty: derived from the request
+	// CreateLimit, if set, limits each owner's link creation (apikeys.go).
+	CreateLimit Limiter
+	// Keys, if set, serves POST /api/key/rotate.
+	Keys KeyRotator
 	// RedirectLatency observes the time to answer a redirect.
 	RedirectLatency prometheus.Observer
 	// Misses counts requests for codes that cannot exist (bad characters).
@@ -93,6 +97,7 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	api.POST("/links", a.countRequests(middleware.BodyLimit(strconv.Itoa(MaxBody))(a.create)))
 	api.GET("/links/:code", a.countRequests(a.get))
 	api.DELETE("/links/:code", a.countRequests(a.delete))
+	api.POST("/key/rotate", a.countRequests(a.rotateKey))
 
 	follow := a.countRequests(a.redirect)
 	e.GET("/:code", follow)
@@ -345,6 +350,9 @@ type createRequest struct {
 func (a *API) create(c echo.Context) error {
 	o, err := a.owner(c)
 	if err != nil {
+		return err
+	}
+	if err := a.limitCreate(c, o); err != nil {
 		return err
 	}
 	req, err := decodeCreate(c)
