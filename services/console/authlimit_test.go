@@ -101,3 +101,41 @@ func TestGuessingIsLimitedPerClientAndCorrectLoginsPass(t *testing.T) {
 		t.Errorf("API key guess after %d failures: %d, want 429", burst, code)
 	}
 }
+
+// A stream opened with a key that is then revoked (or rotated) ends within
+// the recheck interval, and reconnecting with that key is refused.
+func TestRevokedKeyEndsAnOpenOwnerStream(t *testing.T) {
+	t.Parallel()
+	s := start(t, func(c *Config) { withToken(c); c.OwnerKeyRecheck = 200 * time.Millisecond })
+	store := owners.NewStore(s.rdb)
+	const key = "snip_acme_test_key_0123456789"
+	if err := store.Ensure(t.Context(), "acme", key); err != nil {
+		t.Fatal(err)
+	}
+	resp, r := ownerClient(t, s, key, "?since_seq=0", "")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("stream: %d", resp.StatusCode)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := r.Next(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	if _, err := store.Revoke(t.Context(), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	select {
+	case <-ended:
+		t.Logf("stream ended %s after the revocation", time.Since(revoked).Round(time.Millisecond))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream went on 10 s after its key was revoked")
+	}
+	if again, _ := ownerClient(t, s, key, "", ""); again.StatusCode != http.StatusUnauthorized {
+		t.Errorf("reconnect with the revoked key: %d, want 401", again.StatusCode)
+	}
+}

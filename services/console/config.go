@@ -77,6 +77,9 @@ type Config struct {
 	// The owners' click streams: per owner and per instance.
 	OwnerStreamsPerOwner int `env:"CONSOLE_OWNER_STREAMS_PER_OWNER" envDefault:"4"`
 	OwnerStreamsMax      int `env:"CONSOLE_OWNER_STREAMS_MAX" envDefault:"1000"`
+	// OwnerKeyRecheck is how often an open owner stream checks its API key
+	// again: a rotated or revoked key ends the stream within it.
+	OwnerKeyRecheck time.Duration `env:"CONSOLE_OWNER_KEY_RECHECK" envDefault:"2s"`
 	// SSEHeartbeat is the owners' streams' keepalive interval; SSEWriteTimeout
 	// disconnects a client (owner or page) that stops reading.
 	SSEHeartbeat    time.Duration `env:"CONSOLE_SSE_HEARTBEAT" envDefault:"15s"`
@@ -153,6 +156,8 @@ func (c Config) validate() error {
 		return errors.New("CONSOLE_LIVE_*: want recent >= 0 and buffer, max browsers, max rate > 0")
 	case c.AlertsKeep < 1 || c.AlertsSince <= 0:
 		return errors.New("CONSOLE_ALERTS_KEEP and CONSOLE_ALERTS_SINCE: want > 0")
+	case c.OwnerKeyRecheck < 100*time.Millisecond:
+		return errors.New("CONSOLE_OWNER_KEY_RECHECK: want 100ms or more")
 	case c.OwnerStreamsPerOwner < 1 || c.OwnerStreamsMax < c.OwnerStreamsPerOwner:
 		return errors.New("CONSOLE_OWNER_STREAMS_PER_OWNER >= 1 and CONSOLE_OWNER_STREAMS_MAX >= it")
 	case c.SSEHeartbeat <= 0 || c.SSEWriteTimeout <= 0 || c.ShutdownTimeout <= 0:
