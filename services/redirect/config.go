@@ -168,6 +168,7 @@ func (c *Config) logValue() map[string]any {
 		"redis_url": redactURL(c.RedisURL), "partitions": c.Partitions, "outbox_shards": c.OutboxShards,
 		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "relay_window": c.RelayWindow,
 		"relay_lease_ttl": c.RelayLeaseTTL.String(), "cache_size": c.CacheSize, "cache_ttl": c.CacheTTL.String(),
+		"link_create_limit": c.LinkCreateLimit, "link_create_window": c.LinkCreateWindow.String(),
 		"trusted_proxies": c.TrustedProxies, "instance": c.Instance, "bootstrap_owners": mask(c.BootstrapOwners),
 	}
 }
