@@ -16,6 +16,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 	// APIKey is the owner key for creating links and reading stats. The
 	// default is `make demo`'s demo owner key (local only, see snipctl demo).
 	APIKey string `env:"SNIP_API_KEY" envDefault:"snip_demo_local_only_0123456789"`
@@ -30,5 +31,5 @@ func loadConfig(environ []string) (Config, error) {
 }
 
 func (c Config) nats(name string) natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: name, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: name, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }

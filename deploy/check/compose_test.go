@@ -3,6 +3,7 @@ package check
 import (
 	"context"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,18 +20,93 @@ import (
 
 // loadCompose loads docker-compose.yml the way `docker compose` does:
 // schema validation, interpolation of ${VAR:-default}, anchors and merges.
+// The environment is the .env an operator writes (CONSOLE_TOKEN has no
+// default).
 func loadCompose(t *testing.T, profiles ...string) *types.Project {
 	t.Helper()
-	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
-		cli.WithWorkingDirectory(root), cli.WithName("snip"), cli.WithProfiles(profiles))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := opts.LoadProject(context.Background())
+	p, err := loadComposeWith([]string{"CONSOLE_TOKEN=" + composeTestToken}, profiles...)
 	if err != nil {
 		t.Fatalf("docker-compose.yml does not load: %v", err)
 	}
 	return p
+}
+
+const composeTestToken = "compose-check-token-0123456789"
+
+func loadComposeWith(env []string, profiles ...string) (*types.Project, error) {
+	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
+		cli.WithWorkingDirectory(root), cli.WithName("snip"), cli.WithProfiles(profiles), cli.WithEnv(env))
+	if err != nil {
+		return nil, err
+	}
+	return opts.LoadProject(context.Background())
+}
+
+// Without CONSOLE_TOKEN compose refuses to start, naming it: no published
+// development token reaches a deployment.
+func TestComposeNeedsAConsoleToken(t *testing.T) {
+	_, err := loadComposeWith(nil)
+	if err == nil || !strings.Contains(err.Error(), "CONSOLE_TOKEN") {
+		t.Fatalf("docker-compose.yml without CONSOLE_TOKEN: %v, want an error naming CONSOLE_TOKEN", err)
+	}
+	p := loadCompose(t)
+	c, err := p.GetService("console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Environment["CONSOLE_TOKEN"]; v == nil || *v != composeTestToken {
+		t.Errorf("console's CONSOLE_TOKEN is %v, want the one from the environment", v)
+	}
+}
+
+// Only the product is published on every interface: the redirect service
+// and the console. Everything else (NATS, Redis, ClickHouse, the other
+// services' APIs, Prometheus, Grafana) is bound to the host's 127.0.0.1.
+// Redis needs a password, and every service's REDIS_URL carries it.
+func TestComposeExposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T) {
+	p := loadCompose(t, "loadtest")
+	public := []string{"redirect", "console"}
+	for name, svc := range p.Services {
+		for _, pp := range svc.Ports {
+			if slices.Contains(public, name) {
+				continue
+			}
+			if pp.HostIP != "127.0.0.1" {
+				t.Errorf("%s publishes port %s on %q, want 127.0.0.1", name, pp.Published, pp.HostIP)
+			}
+		}
+	}
+	redis, err := p.GetService("redis")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.Index(redis.Command, "--requirepass")
+	if i < 0 || i+1 >= len(redis.Command) || redis.Command[i+1] == "" {
+		t.Fatalf("redis runs without --requirepass: %v", redis.Command)
+	}
+	password := redis.Command[i+1]
+	if v := redis.Environment["REDISCLI_AUTH"]; v == nil || *v != password {
+		t.Errorf("redis healthcheck: REDISCLI_AUTH does not hold the password")
+	}
+	users := 0
+	for name, svc := range p.Services {
+		v := svc.Environment["REDIS_URL"]
+		if v == nil {
+			continue
+		}
+		users++
+		u, err := url.Parse(*v)
+		if err != nil {
+			t.Errorf("%s: REDIS_URL: %v", name, err)
+			continue
+		}
+		if pw, _ := u.User.Password(); pw != password {
+			t.Errorf("%s: REDIS_URL %s does not carry redis's password", name, u.Redacted())
+		}
+	}
+	if users < 5 {
+		t.Errorf("only %d services with a REDIS_URL", users)
+	}
 }
 
 // envTags reads the environment variable names a Go module's config

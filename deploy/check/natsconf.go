@@ -6,13 +6,18 @@ import (
 	"strings"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/topology"
 )
 
 // User is one NATS user of a Snip deployment and what it may publish and
 // subscribe to. Every service connects as its own user, with the subjects it
-// needs and no others (the contract: "per-service NATS users with least-privilege
-// subject permissions").
+// needs and no others: its own durable consumers by name, its own inbox
+// prefix, and consumers it creates on the fly on the streams it reads.
+//
+// Adding a service is one more entry in Users: its Grants (groupReader for a
+// consumer group on CLICKS) say what it needs; the denials that keep every
+// other user off its consumers, and it off theirs, are computed from Owns.
 type User struct {
 	Name string
 	// PasswordVar is the environment variable the server reads the password
@@ -20,79 +25,229 @@ type User struct {
 	PasswordVar string
 	// Admin users may do anything (snipctl topology apply, operators).
 	Admin bool
-	Pub   []string
-	Sub   []string
+	// Grants are what the user needs, merged.
+	Grants []Grant
 	// Why says in one line what the user is for.
 	Why string
 }
 
+// Consumer names a durable consumer on a stream.
+type Consumer struct {
+	Stream, Name string
+	// Manage: the user creates and updates the consumer itself and moves its
+	// pin (consumer groups); otherwise it only reads it (created by topology).
+	Manage bool
+}
+
+// Grant is one piece of what a user needs.
+type Grant struct {
+	// Pub and Sub are plain subjects (the user's inbox is added to Sub).
+	Pub, Sub []string
+	// Owns are durable consumers only this user may read, ack, create,
+	// update, delete or re-pin. Every other user is denied them by name.
+	Owns []Consumer
+	// Ephemeral streams are those on which the user creates, reads and
+	// deletes unnamed (ordered) consumers of its own. Consumer names are one
+	// subject token, so this allows any name on the stream; the denials
+	// derived from the other users' Owns keep it off their durables.
+	Ephemeral []string
+}
+
+// InboxPrefix is the reply-subject prefix the user's connections use (pkg/natsconn
+// derives the same from the user name); the user may subscribe below it and
+// to no other inbox, so it cannot read replies meant for another service.
+func (u User) InboxPrefix() string { return natsconn.InboxPrefix(u.Name) }
+
+// consumerVerbs are the JetStream API subjects that act on one named
+// consumer, for the stream s and consumer c, with the ack subject. Consumer
+// info is not among them: every service checks the topology's shared
+// consumers at start (topology.Apply), and info shows configuration and
+// counts, never messages.
+func consumerVerbs(s, c string) []string {
+	a := "$JS.API.CONSUMER."
+	return []string{
+		a + "CREATE." + s + "." + c,
+		a + "CREATE." + s + "." + c + ".>",
+		a + "DURABLE.CREATE." + s + "." + c,
+		a + "DELETE." + s + "." + c,
+		a + "MSG.NEXT." + s + "." + c,
+		a + "PAUSE." + s + "." + c,
+		a + "UNPIN." + s + "." + c,
+		a + "RESET." + s + "." + c,
+		a + "LEADER.STEPDOWN." + s + "." + c,
+		"$JS.ACK." + s + "." + c + ".>",
+	}
+}
+
+// ownedSubjects are what a user needs on a consumer it owns.
+func ownedSubjects(c Consumer) []string {
+	out := []string{
+		"$JS.API.CONSUMER.MSG.NEXT." + c.Stream + "." + c.Name,
+		"$JS.ACK." + c.Stream + "." + c.Name + ".>",
+	}
+	if c.Manage {
+		a := "$JS.API.CONSUMER."
+		out = append(out,
+			a+"CREATE."+c.Stream+"."+c.Name,
+			a+"CREATE."+c.Stream+"."+c.Name+".>",
+			a+"DURABLE.CREATE."+c.Stream+"."+c.Name,
+			a+"UNPIN."+c.Stream+"."+c.Name,
+			a+"RESET."+c.Stream+"."+c.Name,
+		)
+	}
+	return out
+}
+
+// ephemeralSubjects are what creating, reading and deleting consumers of
+// one's own on stream s needs.
+func ephemeralSubjects(s string) []string {
+	a := "$JS.API.CONSUMER."
+	return []string{a + "CREATE." + s + ".>", a + "MSG.NEXT." + s + ".*", a + "DELETE." + s + ".*"}
+}
+
+func (u User) owns() []Consumer {
+	var out []Consumer
+	for _, g := range u.Grants {
+		out = append(out, g.Owns...)
+	}
+	return out
+}
+
+// PubAllow is every subject the user may publish to.
+func (u User) PubAllow() []string {
+	var out []string
+	for _, g := range u.Grants {
+		out = append(out, g.Pub...)
+		for _, c := range g.Owns {
+			out = append(out, ownedSubjects(c)...)
+		}
+		for _, s := range g.Ephemeral {
+			out = append(out, ephemeralSubjects(s)...)
+		}
+	}
+	return sorted(out)
+}
+
+// SubAllow is every subject the user may subscribe to: its own inbox and
+// what its grants add.
+func (u User) SubAllow() []string {
+	out := []string{u.InboxPrefix() + ".>"}
+	for _, g := range u.Grants {
+		out = append(out, g.Sub...)
+	}
+	return sorted(out)
+}
+
+// PubDeny names, among the subjects PubAllow would let through, those that
+// act on another user's consumers.
+func (u User) PubDeny(all []User) []string {
+	allow := u.PubAllow()
+	var out []string
+	for _, o := range all {
+		if o.Name == u.Name {
+			continue
+		}
+		for _, c := range o.owns() {
+			for _, subj := range consumerVerbs(c.Stream, c.Name) {
+				lit := probe(subj)
+				if slices.ContainsFunc(allow, func(p string) bool { return SubjectMatches(p, lit) }) {
+					out = append(out, subj)
+				}
+			}
+		}
+	}
+	return sorted(out)
+}
+
+// probe turns a subject that may end in ">" into a literal one it matches.
+func probe(subj string) string {
+	if strings.HasSuffix(subj, ".>") {
+		return strings.TrimSuffix(subj, ">") + "x"
+	}
+	return subj
+}
+
+// SubjectMatches reports whether the NATS subject pattern p (with * and >
+// wildcards) matches the literal subject s.
+func SubjectMatches(p, s string) bool {
+	pt, st := strings.Split(p, "."), strings.Split(s, ".")
+	for i, t := range pt {
+		if t == ">" {
+			return len(st) > i
+		}
+		if i >= len(st) || (t != "*" && t != st[i]) {
+			return false
+		}
+	}
+	return len(pt) == len(st)
+}
+
+func sorted(in []string) []string {
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // jsBasics are what every JetStream client does: ask for account info and
-// stream and consumer info (topology.Apply checks the streams it would
-// create), and receive replies.
-var jsBasics = []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.CONSUMER.INFO.*.*"}
+// stream and consumer info (topology.Apply checks the streams and the shared
+// consumers it would create).
+var jsBasics = Grant{Pub: []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.CONSUMER.INFO.*.*"}}
 
 // kvMembers is what a consumer-group member does in the snip_members bucket:
 // heartbeat and leave (publish to its group's keys), watch the group, read a
 // key, list keys.
-func kvMembers(group string) []string {
+func kvMembers(group string) Grant {
 	b := topology.MembersBucket
-	return []string{
-		"$KV." + b + "." + group + ".>",
-		"$JS.API.CONSUMER.CREATE.KV_" + b + ".>",
-		"$JS.API.CONSUMER.DELETE.KV_" + b + ".>",
-		"$JS.API.CONSUMER.MSG.NEXT.KV_" + b + ".>",
-		"$JS.API.DIRECT.GET.KV_" + b + ".>",
-		"$JS.API.STREAM.MSG.GET.KV_" + b,
-		"$JS.FC.KV_" + b + ".>",
+	return Grant{
+		Pub: []string{
+			"$KV." + b + "." + group + ".>",
+			"$JS.API.DIRECT.GET.KV_" + b + ".>",
+			"$JS.API.STREAM.MSG.GET.KV_" + b,
+			"$JS.FC.KV_" + b + ".>",
+		},
+		Ephemeral: []string{"KV_" + b},
 	}
 }
 
-// groupReader is what pkg/reader needs for one consumer group on CLICKS.
-func groupReader(group string, partitions int) []string {
-	var out []string
+// groupReader is what pkg/reader needs for one consumer group on CLICKS:
+// the group's partition consumers, its members' keys, its dead letters.
+func groupReader(group string, partitions int) []Grant {
+	g := Grant{Pub: []string{"$JS.API.STREAM.MSG.GET.CLICKS", "dead." + group + ".>"}}
 	for p := range partitions {
-		c := topology.GroupConsumerName(group, p)
-		out = append(out,
-			"$JS.API.CONSUMER.CREATE.CLICKS."+c+".>",
-			"$JS.API.CONSUMER.DURABLE.CREATE.CLICKS."+c,
-			"$JS.API.CONSUMER.MSG.NEXT.CLICKS."+c,
-			"$JS.API.CONSUMER.UNPIN.CLICKS."+c,
-			"$JS.API.CONSUMER.RESET.CLICKS."+c,
-			"$JS.ACK.CLICKS."+c+".>",
-		)
+		g.Owns = append(g.Owns, Consumer{Stream: events.ClicksStream, Name: topology.GroupConsumerName(group, p), Manage: true})
 	}
-	out = append(out, "$JS.API.STREAM.MSG.GET.CLICKS", "dead."+group+".>")
-	return append(out, kvMembers(group)...)
+	return []Grant{g, kvMembers(group)}
 }
 
-// orderedOn is what an ordered (ephemeral) consumer on a stream needs.
-func orderedOn(stream string) []string {
-	return []string{
-		"$JS.API.CONSUMER.CREATE." + stream + ".>",
-		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
-		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+// reads is reading durable consumers that topology creates.
+func reads(stream string, consumers ...string) Grant {
+	var g Grant
+	for _, c := range consumers {
+		g.Owns = append(g.Owns, Consumer{Stream: stream, Name: c})
 	}
+	return g
 }
 
-// durable is what reading one durable consumer needs.
-func durable(stream, consumer string) []string {
-	return []string{
-		"$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer,
-		"$JS.ACK." + stream + "." + consumer + ".>",
+// ordered is creating ordered consumers of one's own on streams.
+func ordered(streams ...string) Grant { return Grant{Ephemeral: streams} }
+
+func grants(parts ...any) []Grant {
+	var out []Grant
+	for _, p := range parts {
+		switch p := p.(type) {
+		case Grant:
+			out = append(out, p)
+		case []Grant:
+			out = append(out, p...)
+		default:
+			panic(fmt.Sprintf("grants: %T", p))
+		}
 	}
+	return out
 }
 
 // Users returns every user of a deployment with the given CLICKS partitions.
 func Users(partitions int) []User {
-	inbox := []string{"_INBOX.>"}
-	cat := func(parts ...[]string) []string {
-		var out []string
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		slices.Sort(out)
-		return slices.Compact(out)
-	}
 	return []User{
 		{
 			Name: "admin", PasswordVar: "SNIP_NATS_ADMIN_PASSWORD", Admin: true,
@@ -101,59 +256,56 @@ func Users(partitions int) []User {
 		{
 			Name: "redirect", PasswordVar: "SNIP_NATS_REDIRECT_PASSWORD",
 			Why: "the outbox relay publishes clicks, link events and preview jobs; an ordered consumer on LINKS invalidates the link cache",
-			Pub: cat(jsBasics,
-				[]string{"clicks.>", "links.>", events.PreviewJobSubject, "dead.outbox.>"},
-				orderedOn(events.LinksStream)),
-			Sub: inbox,
+			Grants: grants(jsBasics,
+				Grant{Pub: []string{"clicks.>", "links.>", events.PreviewJobSubject, "dead.outbox.>"}},
+				ordered(events.LinksStream)),
 		},
 		{
 			Name: "clickcounter", PasswordVar: "SNIP_NATS_CLICKCOUNTER_PASSWORD",
 			Why: "the click-counter group on CLICKS, its LINKS and FRAUD-verdict feeds",
-			Pub: cat(jsBasics, groupReader(topology.GroupClickCounter, partitions),
-				durable(events.LinksStream, topology.ClickCounterLinksConsumer),
-				durable(events.FraudStream, topology.ClickCounterVerdictsConsumer)),
-			Sub: inbox,
+			Grants: grants(jsBasics, groupReader(topology.GroupClickCounter, partitions),
+				reads(events.LinksStream, topology.ClickCounterLinksConsumer),
+				reads(events.FraudStream, topology.ClickCounterVerdictsConsumer)),
 		},
 		{
 			Name: "fraud", PasswordVar: "SNIP_NATS_FRAUD_PASSWORD",
 			Why: "the fraud-detection group on CLICKS; reads a partition's recent past on takeover; publishes alerts and verdicts",
-			Pub: cat(jsBasics, groupReader(topology.GroupFraudDetection, partitions), orderedOn(events.ClicksStream),
-				[]string{"fraud.alerts.>", "fraud.verdicts.>"}),
-			Sub: inbox,
+			Grants: grants(jsBasics, groupReader(topology.GroupFraudDetection, partitions), ordered(events.ClicksStream),
+				Grant{Pub: []string{"fraud.alerts.>", "fraud.verdicts.>"}}),
 		},
 		{
 			Name: "warehouse", PasswordVar: "SNIP_NATS_WAREHOUSE_PASSWORD",
-			Why: "the warehouse-loader group on CLICKS",
-			Pub: cat(jsBasics, groupReader(topology.GroupWarehouseLoader, partitions)),
-			Sub: inbox,
+			Why:    "the warehouse-loader group on CLICKS",
+			Grants: grants(jsBasics, groupReader(topology.GroupWarehouseLoader, partitions)),
 		},
 		{
 			Name: "preview", PasswordVar: "SNIP_NATS_PREVIEW_PASSWORD",
 			Why: "competing workers on PREVIEW_JOBS; park dead jobs (copy by sequence, then delete)",
-			Pub: cat(jsBasics, durable(events.PreviewJobsStream, topology.PreviewConsumer),
-				[]string{"$JS.API.STREAM.MSG.GET.PREVIEW_JOBS", "$JS.API.STREAM.MSG.DELETE.PREVIEW_JOBS", "dead.preview.>"}),
-			Sub: cat(inbox, []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PREVIEW_JOBS." + topology.PreviewConsumer}),
+			Grants: grants(jsBasics, reads(events.PreviewJobsStream, topology.PreviewConsumer),
+				Grant{
+					Pub: []string{"$JS.API.STREAM.MSG.GET.PREVIEW_JOBS", "$JS.API.STREAM.MSG.DELETE.PREVIEW_JOBS", "dead.preview.>"},
+					Sub: []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PREVIEW_JOBS." + topology.PreviewConsumer},
+				}),
 		},
 		{
 			Name: "console", PasswordVar: "SNIP_NATS_CONSOLE_PASSWORD",
 			Why: "the operator console and the owners' live click streams: read every stream, request replays (the members bucket), redrive dead letters",
-			Pub: cat(jsBasics,
-				orderedOn(events.ClicksStream), orderedOn(events.FraudStream), orderedOn(events.DeadLetterStream),
-				[]string{
+			Grants: grants(jsBasics,
+				ordered(events.ClicksStream, events.FraudStream, events.DeadLetterStream),
+				Grant{Pub: []string{
 					"$JS.API.CONSUMER.LIST.*", "$JS.API.CONSUMER.NAMES.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST",
 					"$JS.API.STREAM.MSG.GET.*", "$JS.API.STREAM.MSG.DELETE.DEAD_LETTER",
 					"$KV." + topology.MembersBucket + ".*.rewind",
 					"$JS.API.DIRECT.GET.KV_" + topology.MembersBucket + ".>",
 					"clicks.>", events.PreviewJobSubject, // redrive
-				}),
-			Sub: inbox,
+				}}),
 		},
 		{
 			Name: "loadtest", PasswordVar: "SNIP_NATS_LOADTEST_PASSWORD",
 			Why: "loadtest events publishes clicks; the oracle reads CLICKS and FRAUD back and the groups' lag",
-			Pub: cat(jsBasics, []string{"clicks.>", "$JS.API.STREAM.MSG.GET.CLICKS", "$JS.API.CONSUMER.LIST.*"},
-				orderedOn(events.ClicksStream), orderedOn(events.FraudStream)),
-			Sub: inbox,
+			Grants: grants(jsBasics,
+				Grant{Pub: []string{"clicks.>", "$JS.API.STREAM.MSG.GET.CLICKS", "$JS.API.CONSUMER.LIST.*"}},
+				ordered(events.ClicksStream, events.FraudStream)),
 		},
 	}
 }
@@ -195,7 +347,8 @@ func RenderAccounts(partitions int) string {
 	fmt.Fprintf(&b, "# Generated by \"go run ./deploy/check/cmd/natsconf -partitions %d\"; see deploy/check/natsconf.go.\n", partitions)
 	b.WriteString("# Consumer-group permissions name each partition's consumer: regenerate when SNIP_PARTITIONS changes.\n\n")
 	b.WriteString("accounts {\n  SNIP {\n    jetstream: enabled\n    users: [\n")
-	for _, u := range Users(partitions) {
+	users := Users(partitions)
+	for _, u := range users {
 		fmt.Fprintf(&b, "      # %s: %s\n", u.Name, u.Why)
 		fmt.Fprintf(&b, "      { user: %s, password: $%s", u.Name, u.PasswordVar)
 		if u.Admin {
@@ -203,20 +356,28 @@ func RenderAccounts(partitions int) string {
 			continue
 		}
 		b.WriteString(", permissions: {\n")
-		fmt.Fprintf(&b, "          publish: { allow: %s }\n", list(u.Pub))
-		fmt.Fprintf(&b, "          subscribe: { allow: %s }\n", list(u.Sub))
+		fmt.Fprintf(&b, "          publish: {\n            allow: %s\n", list(u.PubAllow(), 12))
+		if deny := u.PubDeny(users); len(deny) > 0 {
+			b.WriteString("            # other users' consumers, by name\n")
+			fmt.Fprintf(&b, "            deny: %s\n", list(deny, 12))
+		}
+		b.WriteString("          }\n")
+		fmt.Fprintf(&b, "          subscribe: { allow: %s }\n", list(u.SubAllow(), 10))
 		b.WriteString("      } }\n")
 	}
 	b.WriteString("    ]\n  }\n  SYS { users: [ { user: sys, password: $SNIP_NATS_SYS_PASSWORD } ] }\n}\nsystem_account: SYS\n")
 	return b.String()
 }
 
-func list(subjects []string) string {
+// list renders subjects as a configuration list whose closing bracket is
+// indented by indent spaces.
+func list(subjects []string, indent int) string {
 	q := make([]string, len(subjects))
 	for i, s := range subjects {
 		q[i] = `"` + s + `"`
 	}
-	return "[\n            " + strings.Join(q, ",\n            ") + "\n          ]"
+	in := strings.Repeat(" ", indent+2)
+	return "[\n" + in + strings.Join(q, ",\n"+in) + "\n" + strings.Repeat(" ", indent) + "]"
 }
 
 // RenderClusterNode renders deploy/nats/cluster/nats-<n>.conf: one of three

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -108,7 +110,9 @@ type client struct {
 func connectAs(t *testing.T, url, user string) *client {
 	t.Helper()
 	c := &client{}
-	nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	// natsconn gives the connection the user's own inbox prefix, as in the
+	// services; the error handler records what the server refused.
+	nc, err := natsconn.Connect(natsconn.Config{URL: url, Name: "check-" + user, User: user, Password: "pw-" + user}, slog.New(slog.DiscardHandler), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) || strings.Contains(err.Error(), "Permissions Violation") {
 			c.mu.Lock()
 			c.violations = append(c.violations, err.Error())

@@ -24,6 +24,24 @@ type Config struct {
 	User      string
 	Password  string
 	CredsFile string
+	// InboxPrefix is the prefix of the connection's reply subjects (JetStream
+	// API replies, pulled messages, KV watches). Empty means InboxPrefix(User)
+	// when User is set, and NATS's shared "_INBOX" otherwise. deploy/nats lets
+	// each user subscribe only below its own prefix, so no service can read
+	// replies meant for another.
+	InboxPrefix string
+}
+
+// InboxPrefix is the inbox prefix of a NATS user: "_INBOX_" and the user name,
+// with characters that may not appear in a subject token replaced by "_".
+func InboxPrefix(user string) string {
+	b := []byte(user)
+	for i, c := range b {
+		if c <= ' ' || c == '.' || c == '*' || c == '>' || c >= 0x7f {
+			b[i] = '_'
+		}
+	}
+	return "_INBOX_" + string(b)
 }
 
 // Connect connects as cfg says. With RetryOnFailedConnect the returned
@@ -57,6 +75,13 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
 	case cfg.User != "":
 		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	prefix := cfg.InboxPrefix
+	if prefix == "" && cfg.User != "" {
+		prefix = InboxPrefix(cfg.User)
+	}
+	if prefix != "" {
+		opts = append(opts, nats.CustomInboxPrefix(prefix))
 	}
 	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 	if err != nil {

@@ -3,6 +3,7 @@ package natsconn_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,4 +64,30 @@ func TestDrainClosesWhenTheContextEnds(t *testing.T) {
 		t.Fatalf("Drain with an ended context: %v, want context.Canceled (or nil if it drained first)", err)
 	}
 	testenv.WaitFor(t, 5*time.Second, "the connection to close", nc.IsClosed)
+}
+
+// A connection as a user replies on the user's own inbox prefix (the only
+// one deploy/nats lets it subscribe to); the configured prefix wins.
+func TestInboxPrefixIsTheUsers(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	for _, c := range []struct {
+		cfg  natsconn.Config
+		want string
+	}{
+		{natsconn.Config{URL: ns.URL, User: "fraud"}, "_INBOX_fraud."},
+		{natsconn.Config{URL: ns.URL, User: "a.b*c"}, "_INBOX_a_b_c."},
+		{natsconn.Config{URL: ns.URL, User: "fraud", InboxPrefix: "_R_fraud"}, "_R_fraud."},
+		{natsconn.Config{URL: ns.URL}, "_INBOX."},
+	} {
+		// The test server has no users and ignores the user name.
+		nc, err := natsconn.Connect(c.cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := nc.NewInbox(); !strings.HasPrefix(got, c.want) {
+			t.Errorf("%+v: inbox %q, want prefix %q", c.cfg, got, c.want)
+		}
+		nc.Close()
+	}
 }

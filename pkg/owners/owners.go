@@ -9,7 +9,11 @@
 // Keys in Redis:
 //
 //	snip:owner:<id>          hash {name, created}
+//	snip:owner:<id>:keys     set of <sha256hex>, the owner's keys
 //	snip:apikey:<sha256hex>  string <id>
+//
+// Rotate and Revoke delete key entries, and no service caches them: every
+// check is a GET, so a revoked key fails at its next use everywhere.
 package owners
 
 import (
@@ -36,6 +40,8 @@ var (
 	ErrExists = errors.New("owner already exists")
 	// ErrInvalidID means the owner ID is not a subject token.
 	ErrInvalidID = errors.New("owner id must be 1-64 letters, digits, '-' or '_'")
+	// ErrUnknownOwner means no owner has that ID.
+	ErrUnknownOwner = errors.New("no such owner")
 )
 
 // KeyPrefix starts every API key, so a leaked key is recognisable (secret
@@ -59,10 +65,16 @@ func NewStore(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 
 func ownerKey(id string) string { return "snip:owner:" + id }
 
-func apiKeyKey(key string) string {
+func ownerKeysKey(id string) string { return "snip:owner:" + id + ":keys" }
+
+const apiKeyPrefix = "snip:apikey:"
+
+func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	return "snip:apikey:" + hex.EncodeToString(sum[:])
+	return hex.EncodeToString(sum[:])
 }
+
+func apiKeyKey(key string) string { return apiKeyPrefix + keyHash(key) }
 
 // NewAPIKey returns a fresh random API key.
 func NewAPIKey() string {
@@ -95,6 +107,7 @@ func (s *Store) create(ctx context.Context, id, name, key string) error {
 	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339))
 		p.Set(ctx, apiKeyKey(key), id, 0)
+		p.SAdd(ctx, ownerKeysKey(id), keyHash(key))
 		return nil
 	})
 	if err != nil {
@@ -114,7 +127,12 @@ func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	if err == nil || !errors.Is(err, ErrExists) {
 		return err
 	}
-	if err := s.rdb.Set(ctx, apiKeyKey(key), id, 0).Err(); err != nil {
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, apiKeyKey(key), id, 0)
+		p.SAdd(ctx, ownerKeysKey(id), keyHash(key))
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("ensure owner %q: %w", id, err)
 	}
 	return nil

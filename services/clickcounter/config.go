@@ -25,6 +25,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 	// RedisURL is where the counts live (see pkg/redisconn for the cluster form).
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves the stats API, /healthz, /readyz and /metrics.
@@ -126,7 +127,7 @@ func (c Config) LogValue() slog.Value {
 }
 
 func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "clickcounter", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "clickcounter", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func (c Config) topology() topology.Options {

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"time"
+	"unicode"
 
 	"github.com/caarlos0/env/v11"
 
@@ -21,6 +23,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 	// RedisURL is where the owners' API keys and the redirect outbox are.
 	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves the page, the API, the owners' streams, /healthz,
@@ -44,6 +47,14 @@ type Config struct {
 	Insecure bool `env:"CONSOLE_INSECURE"`
 	// CookieSecure marks the session cookie Secure (the console is behind TLS).
 	CookieSecure bool `env:"CONSOLE_COOKIE_SECURE"`
+	// AllowDevToken accepts a token published in this repository (compose's
+	// former default), for a laptop demo only.
+	AllowDevToken bool `env:"CONSOLE_ALLOW_DEV_TOKEN"`
+	// AuthFailureBurst failed logins or Bearer tokens one client (an IPv4
+	// address, an IPv6 /64) may send at once, then one per
+	// AuthFailureInterval; correct ones cost nothing.
+	AuthFailureBurst    int           `env:"CONSOLE_AUTH_FAILURE_BURST" envDefault:"5"`
+	AuthFailureInterval time.Duration `env:"CONSOLE_AUTH_FAILURE_INTERVAL" envDefault:"2s"`
 
 	// LagWarn and LagAlarm colour the age of the oldest unread event (and the
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
@@ -66,6 +77,9 @@ type Config struct {
 	// The owners' click streams: per owner and per instance.
 	OwnerStreamsPerOwner int `env:"CONSOLE_OWNER_STREAMS_PER_OWNER" envDefault:"4"`
 	OwnerStreamsMax      int `env:"CONSOLE_OWNER_STREAMS_MAX" envDefault:"1000"`
+	// OwnerKeyRecheck is how often an open owner stream checks its API key
+	// again: a rotated or revoked key ends the stream within it.
+	OwnerKeyRecheck time.Duration `env:"CONSOLE_OWNER_KEY_RECHECK" envDefault:"2s"`
 	// SSEHeartbeat is the owners' streams' keepalive interval; SSEWriteTimeout
 	// disconnects a client (owner or page) that stops reading.
 	SSEHeartbeat    time.Duration `env:"CONSOLE_SSE_HEARTBEAT" envDefault:"15s"`
@@ -75,8 +89,38 @@ type Config struct {
 	Ready func(addr string) `env:"-"`
 }
 
-// minTokenLen keeps the token out of guessing range.
-const minTokenLen = 16
+// minTokenLen and minTokenDistinct keep the token out of guessing range:
+// 16 characters of which at least 8 differ (20 spaces, or "aaaa...", are
+// refused).
+const (
+	minTokenLen      = 16
+	minTokenDistinct = 8
+)
+
+// devTokens are tokens this repository has published; the console refuses
+// them unless CONSOLE_ALLOW_DEV_TOKEN says this is a demo.
+var devTokens = []string{"console-dev-token"}
+
+// tokenProblem says what is wrong with a console token, or nil.
+func tokenProblem(t string, allowDev bool) error {
+	distinct := map[rune]bool{}
+	for _, r := range t {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return errors.New("CONSOLE_TOKEN: no spaces or control characters")
+		}
+		distinct[r] = true
+	}
+	switch {
+	case len(t) < minTokenLen:
+		return fmt.Errorf("CONSOLE_TOKEN: want %d characters or more", minTokenLen)
+	case len(distinct) < minTokenDistinct:
+		return fmt.Errorf("CONSOLE_TOKEN: want %d different characters or more (e.g. openssl rand -hex 24)", minTokenDistinct)
+	case !allowDev && slices.Contains(devTokens, t):
+		return errors.New("CONSOLE_TOKEN is a development token published in this repository: " +
+			"set your own (e.g. openssl rand -hex 24), or CONSOLE_ALLOW_DEV_TOKEN=true for a laptop demo")
+	}
+	return nil
+}
 
 func loadConfig(environ []string) (Config, error) {
 	var cfg Config
@@ -97,8 +141,10 @@ func loadConfig(environ []string) (Config, error) {
 
 func (c Config) validate() error {
 	switch {
-	case c.Token != "" && len(c.Token) < minTokenLen:
-		return fmt.Errorf("CONSOLE_TOKEN: want %d characters or more", minTokenLen)
+	case c.Token != "" && tokenProblem(c.Token, c.AllowDevToken) != nil:
+		return tokenProblem(c.Token, c.AllowDevToken)
+	case c.AuthFailureBurst < 1 || c.AuthFailureInterval <= 0:
+		return errors.New("CONSOLE_AUTH_FAILURE_BURST >= 1 and CONSOLE_AUTH_FAILURE_INTERVAL > 0")
 	case c.Token == "" && !c.Insecure && !loopbackListen(c.HTTPAddr):
 		return fmt.Errorf("HTTP_ADDR %q is not a loopback address and CONSOLE_TOKEN is not set: "+
 			"set a token, listen on 127.0.0.1, or set CONSOLE_INSECURE=true", c.HTTPAddr)
@@ -110,6 +156,8 @@ func (c Config) validate() error {
 		return errors.New("CONSOLE_LIVE_*: want recent >= 0 and buffer, max browsers, max rate > 0")
 	case c.AlertsKeep < 1 || c.AlertsSince <= 0:
 		return errors.New("CONSOLE_ALERTS_KEEP and CONSOLE_ALERTS_SINCE: want > 0")
+	case c.OwnerKeyRecheck < 100*time.Millisecond:
+		return errors.New("CONSOLE_OWNER_KEY_RECHECK: want 100ms or more")
 	case c.OwnerStreamsPerOwner < 1 || c.OwnerStreamsMax < c.OwnerStreamsPerOwner:
 		return errors.New("CONSOLE_OWNER_STREAMS_PER_OWNER >= 1 and CONSOLE_OWNER_STREAMS_MAX >= it")
 	case c.SSEHeartbeat <= 0 || c.SSEWriteTimeout <= 0 || c.ShutdownTimeout <= 0:
@@ -139,7 +187,9 @@ func (c Config) LogValue() slog.Value {
 		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
 		slog.Any("clickhouse_addr", c.ClickHouseAddrs), slog.String("clickhouse_database", c.ClickHouseDatabase),
 		slog.String("clickhouse_password", mask(c.ClickHousePassword)),
-		slog.String("token", mask(c.Token)), slog.Bool("insecure", c.Insecure),
+		slog.String("token", mask(c.Token)), slog.Bool("insecure", c.Insecure), slog.Bool("allow_dev_token", c.AllowDevToken),
+		slog.Int("auth_failure_burst", c.AuthFailureBurst), slog.Duration("auth_failure_interval", c.AuthFailureInterval),
+		slog.Duration("owner_key_recheck", c.OwnerKeyRecheck),
 		slog.Duration("lag_warn", c.LagWarn), slog.Duration("lag_alarm", c.LagAlarm),
 		slog.Int("live_max_browsers", c.LiveMaxBrowsers), slog.Float64("live_max_rate", c.LiveMaxRate),
 		slog.Int("owner_streams_per_owner", c.OwnerStreamsPerOwner), slog.Int("owner_streams_max", c.OwnerStreamsMax),
@@ -148,7 +198,7 @@ func (c Config) LogValue() slog.Value {
 }
 
 func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func maskURL(s string) string {

@@ -107,8 +107,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	web := webserver.New(log, reg)
 	err = httpapi.Register(web.Echo, httpapi.Deps{
 		Readers: readers.New(js, th), Live: hub, Alerts: fraudAlerts, DeadLetters: dlq.New(js),
-		Outbox: outboxstate.New(rdb, th.Level), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb),
-		Auth:             httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure},
+		Outbox: outboxstate.New(rdb, th.Level), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb), KeyRecheck: cfg.OwnerKeyRecheck,
+		Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure,
+			FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval},
 		Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
 		LiveWriteTimeout: cfg.SSEWriteTimeout, Stop: stopStreams, Log: log, Metrics: reg,
 	})

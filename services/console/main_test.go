@@ -188,7 +188,8 @@ func metric(t *testing.T, s *system, name string) float64 {
 
 func TestPageHasEveryPanelAndLoadsNothingFromElsewhere(t *testing.T) {
 	t.Parallel()
-	s := start(t, withToken)
+	// Six wrong tokens below: more than the default per-client allowance.
+	s := start(t, func(c *Config) { withToken(c); c.AuthFailureBurst = 20 })
 	code, b := do(t, nil, http.MethodGet, s.url+"/", nil, bearer)
 	if code != http.StatusOK {
 		t.Fatalf("GET /: %d", code)
@@ -542,6 +543,12 @@ func TestWithoutATokenOnlyLoopbackIsServed(t *testing.T) {
 		{"every_interface_insecure", []string{"HTTP_ADDR=:8085", "CONSOLE_INSECURE=true"}, false},
 		{"every_interface_with_token", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=" + testToken}, false},
 		{"short_token", []string{"CONSOLE_TOKEN=short"}, true},
+		{"spaces_token", []string{"CONSOLE_TOKEN=                    "}, true},
+		{"token_with_a_space", []string{"CONSOLE_TOKEN=console test token 0123"}, true},
+		{"few_distinct_characters", []string{"CONSOLE_TOKEN=abababababababababab"}, true},
+		{"published_dev_token", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token"}, true},
+		{"published_dev_token_allowed_for_a_demo", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token", "CONSOLE_ALLOW_DEV_TOKEN=true"}, false},
+		{"no_failures_allowed", []string{"CONSOLE_TOKEN=" + testToken, "CONSOLE_AUTH_FAILURE_BURST=0"}, true},
 		{"alarm_before_warn", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_LAG_WARN=5m", "CONSOLE_LAG_ALARM=1m"}, true},
 	}
 	for _, tc := range tests {
@@ -687,6 +694,14 @@ func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	}
 	if resp, _ := ownerClient(t, s, acmeKey, "?since_seq=x", ""); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("since_seq=x: %d, want 400", resp.StatusCode)
+	}
+	// Times a stream position cannot hold are refused, not wrapped around.
+	for _, since := range []string{"9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z"} {
+		resp, _ := ownerClient(t, s, acmeKey, "?since="+since, "")
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "outside") {
+			t.Errorf("since=%s: %d %s, want 400 saying it is out of range", since, resp.StatusCode, b)
+		}
 	}
 
 	mixed := func(n int) (acme []uint64) {

@@ -24,6 +24,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 	RedisURL     string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	// HTTPAddr serves /healthz, /readyz and /metrics.
 	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8084"`
@@ -141,7 +142,7 @@ func (c Config) LogValue() slog.Value {
 }
 
 func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "preview", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "preview", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func (c Config) fetch() fetch.Config {

@@ -22,6 +22,7 @@ type Config struct {
 	NATSUser        string        `env:"NATS_USER"`
 	NATSPassword    string        `env:"NATS_PASSWORD"`
 	NATSCreds       string        `env:"NATS_CREDS"`
+	NATSInbox       string        `env:"NATS_INBOX_PREFIX"`
 	RedisURL        string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
 	LogLevel        string        `env:"LOG_LEVEL" envDefault:"info"`
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
@@ -38,6 +39,11 @@ type Config struct {
 	// TrustedProxies are CIDRs whose X-Forwarded-For is believed; empty
 	// means the connection's peer is the client.
 	TrustedProxies []string `env:"SNIP_TRUSTED_PROXIES" envSeparator:","`
+	// LinkCreateLimit links per LinkCreateWindow each owner may create (all
+	// its keys together, every instance together); 0: no limit. Over it:
+	// 429 with Retry-After.
+	LinkCreateLimit  int           `env:"SNIP_LINK_CREATE_LIMIT" envDefault:"6000"`
+	LinkCreateWindow time.Duration `env:"SNIP_LINK_CREATE_WINDOW" envDefault:"1m"`
 
 	// OutboxShards is the number of outbox shards (and relay leases). Fixed
 	// once the outbox exists: the service refuses to start with another.
@@ -125,6 +131,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms", c.RelayLeaseTTL)
 	case c.CacheSize < 1:
 		return fmt.Errorf("SNIP_CACHE_SIZE %d: want at least 1", c.CacheSize)
+	case c.LinkCreateLimit < 0 || (c.LinkCreateLimit > 0 && c.LinkCreateWindow < time.Second):
+		return fmt.Errorf("SNIP_LINK_CREATE_LIMIT %d per SNIP_LINK_CREATE_WINDOW %s: want a limit >= 0 (0: none) and a window of 1s or more",
+			c.LinkCreateLimit, c.LinkCreateWindow)
 	}
 	if _, err := c.trustedProxies(); err != nil {
 		return err
@@ -161,7 +170,7 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 }
 
 func (c *Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 // natsDirect is the connection for clicks published straight to CLICKS.
@@ -192,6 +201,7 @@ func (c *Config) logValue() map[string]any {
 		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "outbox_wait": c.OutboxWait.String(), "outbox_validity": c.OutboxValidity.String(),
 		"direct_timeout": c.DirectTimeout.String(), "lookup_timeout": c.LookupTimeout.String(), "relay_window": c.RelayWindow,
 		"relay_lease_ttl": c.RelayLeaseTTL.String(), "cache_size": c.CacheSize, "cache_ttl": c.CacheTTL.String(),
+		"link_create_limit": c.LinkCreateLimit, "link_create_window": c.LinkCreateWindow.String(),
 		"trusted_proxies": c.TrustedProxies, "instance": c.Instance, "bootstrap_owners": mask(c.BootstrapOwners),
 	}
 }

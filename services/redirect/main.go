@@ -193,6 +193,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	api := &httpapi.API{
 		Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
 		PublicURL: cfg.PublicURL, RedirectLatency: rm.Latency, Misses: rm.Misses,
+		CreateLimit: owners.NewLimit(rdb, "links.create", cfg.LinkCreateLimit, cfg.LinkCreateWindow),
+		Keys:        owners.NewStore(rdb),
 	}
 	api.Register(web.Echo, reg)
 

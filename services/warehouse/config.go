@@ -25,6 +25,7 @@ type Config struct {
 	NATSUser     string `env:"NATS_USER"`
 	NATSPassword string `env:"NATS_PASSWORD"`
 	NATSCreds    string `env:"NATS_CREDS"`
+	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
 
 	// ClickHouseAddrs are host:port of ClickHouse's native protocol (9000),
 	// comma-separated; HTTP (8123) does not work with 18.16.
@@ -141,7 +142,7 @@ func (c Config) logLevel() (slog.Level, error) {
 }
 
 func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "warehouse", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
+	return natsconn.Config{URL: c.NATSURL, Name: "warehouse", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
 func (c Config) clickhouse() chwriter.Config {

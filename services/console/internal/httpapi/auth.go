@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"golang.org/x/time/rate"
 )
 
 // The console is an operator tool with one shared secret, CONSOLE_TOKEN.
@@ -47,16 +46,32 @@ type AuthConfig struct {
 	Insecure bool
 	// SecureCookie marks the session cookie Secure (behind TLS).
 	SecureCookie bool
+	// FailureBurst failed logins or Bearer tokens a client may send at once,
+	// then one per FailureInterval (defaults 5 and 2s). MaxClients bounds the
+	// clients remembered (default 10000).
+	FailureBurst    int
+	FailureInterval time.Duration
+	MaxClients      int
 }
 
 type auth struct {
-	cfg    AuthConfig
-	cop    *http.CrossOriginProtection
-	logins *rate.Limiter // failed logins, all clients together
+	cfg   AuthConfig
+	cop   *http.CrossOriginProtection
+	fails *failures // failed logins and Bearer tokens, per client
 }
 
 func newAuth(cfg AuthConfig) *auth {
-	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(), logins: rate.NewLimiter(1, 5)}
+	if cfg.FailureBurst <= 0 {
+		cfg.FailureBurst = 5
+	}
+	if cfg.FailureInterval <= 0 {
+		cfg.FailureInterval = 2 * time.Second
+	}
+	if cfg.MaxClients <= 0 {
+		cfg.MaxClients = 10000
+	}
+	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(),
+		fails: newFailures(cfg.FailureInterval, cfg.FailureBurst, cfg.MaxClients)}
 }
 
 // who authenticates the request and says how; ok is false when it is not.
@@ -146,12 +161,24 @@ func (a *auth) operator(next echo.HandlerFunc) echo.HandlerFunc {
 				return errCrossOrigin
 			}
 		}
+		// A Bearer token is a guess until it matches: limited per client.
+		var try attempt
+		bearer := a.cfg.Token != "" && r.Header.Get(echo.HeaderAuthorization) != ""
+		if bearer {
+			var err error
+			if try, err = a.fails.begin(r, time.Now()); err != nil {
+				return err
+			}
+		}
 		who, ok := a.who(r)
 		if !ok {
 			if strings.HasPrefix(r.URL.Path, "/api/") {
 				return errNoToken
 			}
 			return c.Redirect(http.StatusSeeOther, "/login")
+		}
+		if bearer {
+			try.succeeded()
 		}
 		c.Set(whoKey, who)
 		return next(c)

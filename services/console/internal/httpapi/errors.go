@@ -3,7 +3,9 @@ package httpapi
 import (
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
+	"strconv"
 
 	"github.com/labstack/echo/v4"
 
@@ -38,6 +40,8 @@ func statusOf(err error) (int, string) {
 	switch {
 	case errors.As(err, &he):
 		return he.Code, http.StatusText(he.Code)
+	case errors.As(err, new(errLimited)):
+		return http.StatusTooManyRequests, "too_many_attempts"
 	case errors.Is(err, errNoToken), errors.Is(err, owners.ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"
 	case errors.Is(err, errCrossOrigin), errors.Is(err, errForbiddenHost):
@@ -59,6 +63,17 @@ func statusOf(err error) (int, string) {
 		return http.StatusServiceUnavailable, "unavailable"
 	}
 	return http.StatusInternalServerError, "internal"
+}
+
+// setRetryAfter tells a refused client when to come back: the wait of an
+// errLimited, 5 seconds otherwise.
+func setRetryAfter(c echo.Context, err error) {
+	secs := 5
+	var lim errLimited
+	if errors.As(err, &lim) {
+		secs = max(1, int(math.Ceil(lim.wait.Seconds())))
+	}
+	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
 }
 
 // ErrorHandler is the service's one echo error handler: sentinel errors
@@ -86,7 +101,7 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		case status == http.StatusUnauthorized:
 			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="snip"`)
 		case status == http.StatusTooManyRequests:
-			c.Response().Header().Set("Retry-After", "5")
+			setRetryAfter(c, err)
 		}
 		if c.Request().Method == http.MethodHead {
 			_ = c.NoContent(status)

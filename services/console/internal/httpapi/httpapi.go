@@ -107,7 +107,10 @@ type Deps struct {
 	Warehouse Warehouse
 	Streams   OwnerStreams
 	Owners    Authenticator
-	Auth      AuthConfig
+	// KeyRecheck is how often an open owner stream checks its API key again,
+	// so a rotated or revoked key ends it (default 2s).
+	KeyRecheck time.Duration
+	Auth       AuthConfig
 	// Page is what the page shows of the configuration.
 	Page PageConfig
 	// SSE tunes the live clicks stream.
@@ -390,19 +393,57 @@ func (a *api) ownerStream(c echo.Context) error {
 	if key == "" {
 		return owners.ErrUnauthorized
 	}
+	// A key is a guess until it matches, as the console token is.
+	try, err := a.auth.fails.begin(r, time.Now())
+	if err != nil {
+		return err
+	}
 	o, err := a.d.Owners.Authenticate(r.Context(), key)
 	if err != nil && !errors.Is(err, owners.ErrUnauthorized) {
-		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err) // Redis away
+		try.succeeded() // not a guess: Redis is away
+		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err)
 	}
 	if err != nil {
 		return err
 	}
+	try.succeeded()
 	q := r.URL.Query()
 	start, err := ownerstream.ParseStart(r.Header.Get("Last-Event-ID"), q.Get("since_seq"), q.Get("since"))
 	if err != nil {
 		return err
 	}
-	return a.d.Streams.Serve(r.Context(), c.Response(), o.ID, start)
+	// The key was good at the start; a stream may last hours. When the key
+	// is rotated or revoked the stream ends (the client's reconnect is then
+	// refused).
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go a.watchKey(ctx, cancel, key, o.ID)
+	return a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
+}
+
+// watchKey checks key every KeyRecheck until ctx ends, and calls revoked
+// when the key no longer opens owner's account. A Redis error is not a
+// revocation: the stream goes on and the next check tries again.
+func (a *api) watchKey(ctx context.Context, revoked context.CancelFunc, key, owner string) {
+	every := a.d.KeyRecheck
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		o, err := a.d.Owners.Authenticate(ctx, key)
+		if errors.Is(err, owners.ErrUnauthorized) || (err == nil && o.ID != owner) {
+			a.d.Log.Info("owner stream: API key revoked or rotated; ending the stream", "owner", owner)
+			revoked()
+			return
+		}
+	}
 }
 
 // decodeJSON reads a JSON body with no unknown fields.

@@ -64,8 +64,9 @@ func (a *api) loginPage(c echo.Context) error {
 }
 
 // login checks the token from the form and sets the session cookie. Failed
-// attempts are rate-limited over all clients: the token is long, and
-// guessing it should also be slow.
+// attempts are limited per client (failures): the token is long, guessing it
+// should also be slow, and one client's failures never hold up another's
+// correct login.
 func (a *api) login(c echo.Context) error {
 	if a.d.Auth.Token == "" {
 		return c.Redirect(http.StatusSeeOther, "/")
@@ -74,9 +75,11 @@ func (a *api) login(c echo.Context) error {
 	if err := a.auth.cop.Check(r); err != nil {
 		return errCrossOrigin
 	}
-	if !a.auth.logins.Allow() {
+	try, err := a.auth.fails.begin(r, time.Now())
+	if err != nil {
 		a.actions.WithLabelValues("login", "limited").Inc()
-		return a.render(c, http.StatusTooManyRequests, "login.html", pageData{Error: "Too many failed logins; wait a few seconds."})
+		setRetryAfter(c, err)
+		return a.render(c, http.StatusTooManyRequests, "login.html", pageData{Error: "Too many failed logins from this address; wait a few seconds."})
 	}
 	token := c.FormValue("token")
 	if !a.auth.tokenMatches(token) {
@@ -84,6 +87,7 @@ func (a *api) login(c echo.Context) error {
 		a.d.Log.Warn("console login refused", "remote", r.RemoteAddr, "user_agent", r.UserAgent())
 		return a.render(c, http.StatusUnauthorized, "login.html", pageData{Error: "That is not the console's token."})
 	}
+	try.succeeded()
 	a.actions.WithLabelValues("login", "ok").Inc()
 	a.d.Log.Info("console login", "remote", r.RemoteAddr, "user_agent", r.UserAgent())
 	c.SetCookie(a.auth.cookie(r, a.auth.session(time.Now()), int(sessionTTL.Seconds())))

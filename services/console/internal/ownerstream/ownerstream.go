@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -74,6 +75,16 @@ type Start struct {
 	Time time.Time
 }
 
+// earliestStart and latestStart bound the times a start may name: those
+// whose Unix time in nanoseconds fits an int64 (years 1678 to 2262), which is
+// how the server and time.Duration arithmetic hold them. Outside, the value
+// wraps: a time far in the future would read as the distant past and replay
+// every retained click, and year 1 would return none.
+var (
+	earliestStart = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
+	latestStart   = time.Unix(0, math.MaxInt64).UTC().Truncate(time.Second)
+)
+
 // ParseStart reads where a stream begins: the Last-Event-ID header of a
 // reconnecting client (the next sequence after it) wins over the query's
 // since_seq (the same meaning: the last sequence already had; 0 for every
@@ -98,6 +109,10 @@ func ParseStart(lastEventID, sinceSeq, since string) (Start, error) {
 		t, err := time.Parse(time.RFC3339, since)
 		if err != nil {
 			return Start{}, fmt.Errorf("since %q is not an RFC 3339 time: %w", since, ErrBadStart)
+		}
+		if t.Before(earliestStart) || t.After(latestStart) {
+			return Start{}, fmt.Errorf("since %q is outside %s to %s, the times a stream position can hold: %w",
+				since, earliestStart.Format(time.RFC3339), latestStart.Format(time.RFC3339), ErrBadStart)
 		}
 		return Start{Time: t}, nil
 	}

@@ -39,6 +39,12 @@ func TestParseStart(t *testing.T) {
 		{name: "text_id_refused", lastEventID: "abc", wantErr: true},
 		{name: "max_id_refused", lastEventID: "18446744073709551615", wantErr: true},
 		{name: "bad_time_refused", since: "yesterday", wantErr: true},
+		{name: "year_9999_refused", since: "9999-12-31T23:59:59Z", wantErr: true},
+		{name: "year_1_refused", since: "0001-01-01T00:00:00Z", wantErr: true},
+		{name: "just_after_2262_refused", since: "2262-04-11T23:47:17Z", wantErr: true},
+		{name: "just_before_1678_refused", since: "1677-09-21T00:12:43Z", wantErr: true},
+		{name: "latest_accepted", since: "2262-04-11T23:47:16Z", want: ownerstream.Start{Time: time.Date(2262, 4, 11, 23, 47, 16, 0, time.UTC)}},
+		{name: "earliest_accepted", since: "1677-09-21T00:12:44Z", want: ownerstream.Start{Time: time.Date(1677, 9, 21, 0, 12, 44, 0, time.UTC)}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

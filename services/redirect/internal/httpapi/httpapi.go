@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -66,6 +65,10 @@ type API struct {
 	Cache     Invalidator
 	Log       *slog.Logger
 	PublicURL string // base of short_url; empty: derived from the request
+	// CreateLimit, if set, limits each owner's link creation (apikeys.go).
+	CreateLimit Limiter
+	// Keys, if set, serves POST /api/key/rotate.
+	Keys KeyRotator
 	// RedirectLatency observes the time to answer a redirect.
 	RedirectLatency prometheus.Observer
 	// Misses counts requests for codes that cannot exist (bad characters).
@@ -94,6 +97,7 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	api.POST("/links", a.countRequests(middleware.BodyLimit(strconv.Itoa(MaxBody))(a.create)))
 	api.GET("/links/:code", a.countRequests(a.get))
 	api.DELETE("/links/:code", a.countRequests(a.delete))
+	api.POST("/key/rotate", a.countRequests(a.rotateKey))
 
 	follow := a.countRequests(a.redirect)
 	e.GET("/:code", follow)
@@ -348,6 +352,9 @@ func (a *API) create(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.limitCreate(c, o); err != nil {
+		return err
+	}
 	req, err := decodeCreate(c)
 	if err != nil {
 		return err
@@ -410,25 +417,6 @@ func decodeCreate(c echo.Context) (createRequest, error) {
 		return req, badRequest("invalid_target", "target is required")
 	}
 	return req, nil
-}
-
-// checkLoop refuses targets that point back at this service: a short link
-// to a short link is a redirect loop waiting to happen.
-func (a *API) checkLoop(c echo.Context, target string) error {
-	u, err := url.Parse(target)
-	if err != nil {
-		return nil
-	}
-	self := c.Request().Host
-	if a.PublicURL != "" {
-		if pu, err := url.Parse(a.PublicURL); err == nil {
-			self = pu.Host
-		}
-	}
-	if strings.EqualFold(u.Host, self) {
-		return fmt.Errorf("%w: it points at this shortener (%s)", link.ErrInvalidTarget, self)
-	}
-	return nil
 }
 
 // get answers GET /api/links/:code with the owner's link and its preview:

@@ -1,0 +1,121 @@
+package httpapi
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// failures limits failed credential checks (the login form, a wrong
+// "Authorization: Bearer" on /api/*) per client: a client may fail burst
+// times, then once per every interval. A correct credential costs nothing, so
+// one client's guessing never locks out another's correct login, and a
+// client over its limit is refused before its credential is looked at, so
+// guessing faster than the limit tells the guesser nothing.
+//
+// Clients are told apart by the connection's remote address (an IPv6 client
+// by its /64, what one host usually holds). The table is bounded: when it is
+// full, clients whose allowance has refilled are forgotten; if it is still
+// full, clients not in it share one allowance until room is made.
+type failures struct {
+	every time.Duration
+	burst int
+	max   int
+
+	mu       sync.Mutex
+	clients  map[netip.Prefix]*rate.Limiter
+	overflow *rate.Limiter
+}
+
+func newFailures(every time.Duration, burst, maxClients int) *failures {
+	return &failures{
+		every: every, burst: burst, max: maxClients,
+		clients:  make(map[netip.Prefix]*rate.Limiter),
+		overflow: rate.NewLimiter(rate.Every(every), burst),
+	}
+}
+
+// attempt is one credential check in progress.
+type attempt struct {
+	r  *rate.Reservation
+	at time.Time
+}
+
+// succeeded gives back what the attempt took: a correct credential is free.
+// (Cancelled at the time it was taken: rate restores nothing for a
+// reservation whose time has passed.)
+func (a attempt) succeeded() { a.r.CancelAt(a.at) }
+
+// errLimited is a refusal for too many failed attempts from one client.
+type errLimited struct{ wait time.Duration }
+
+func (e errLimited) Error() string {
+	return fmt.Sprintf("too many failed attempts from this address: wait %s", e.wait.Round(time.Second))
+}
+
+// begin starts a credential check for the client of r. It takes one failure
+// from the client's allowance, which succeeded gives back; when none is left
+// it returns errLimited with the time until there is one.
+func (f *failures) begin(r *http.Request, now time.Time) (attempt, error) {
+	lim := f.limiter(clientOf(r), now)
+	res := lim.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		return attempt{}, errLimited{wait: d}
+	}
+	return attempt{r: res, at: now}, nil
+}
+
+func (f *failures) limiter(client netip.Prefix, now time.Time) *rate.Limiter {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.clients[client]; ok {
+		return l
+	}
+	if len(f.clients) >= f.max {
+		for k, l := range f.clients {
+			if l.TokensAt(now) >= float64(f.burst) {
+				delete(f.clients, k)
+			}
+		}
+		if len(f.clients) >= f.max {
+			return f.overflow
+		}
+	}
+	l := rate.NewLimiter(rate.Every(f.every), f.burst)
+	f.clients[client] = l
+	return l
+}
+
+// tracked is how many clients the table holds (tests and metrics).
+func (f *failures) tracked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.clients)
+}
+
+// clientOf is the client's address from the connection: /32 for IPv4, /64
+// for IPv6. Headers such as X-Forwarded-For are not read: a client sets them
+// as it likes.
+func clientOf(r *http.Request) netip.Prefix {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Prefix{}
+	}
+	ip = ip.Unmap()
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}

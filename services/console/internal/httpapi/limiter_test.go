@@ -1,0 +1,90 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+// The table of clients stays bounded: clients whose allowance has refilled
+// are forgotten to make room, and when none has, newcomers share one
+// allowance rather than growing the table.
+func TestFailuresTableIsBounded(t *testing.T) {
+	t.Parallel()
+	f := newFailures(time.Minute, 2, 2)
+	now := time.Now()
+	r := func(addr string) error {
+		q := httptest.NewRequest("POST", "/login", nil)
+		q.RemoteAddr = addr
+		_, err := f.begin(q, now)
+		return err
+	}
+	for _, a := range []string{"192.0.2.1:1", "192.0.2.2:1"} {
+		if err := r(a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Full, and both clients have spent: a third and a fourth share the
+	// overflow allowance (burst 2).
+	if err := r("192.0.2.3:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r("192.0.2.4:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r("192.0.2.5:1"); !errors.As(err, new(errLimited)) {
+		t.Errorf("fifth client with the table full and the overflow spent: %v, want errLimited", err)
+	}
+	if n := f.tracked(); n != 2 {
+		t.Errorf("tracked %d clients, want at most 2", n)
+	}
+	// A minute later both have refilled and are forgotten for newcomers.
+	now = now.Add(2 * time.Minute)
+	if err := r("192.0.2.6:1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.tracked(); n != 1 {
+		t.Errorf("tracked %d clients after the refilled were forgotten, want 1", n)
+	}
+}
+
+// IPv6 clients are told apart by /64; IPv4-mapped addresses are IPv4.
+func TestClientOf(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]string{
+		"192.0.2.1:443":              "192.0.2.1/32",
+		"[2001:db8:1:2:3:4:5:6]:443": "2001:db8:1:2::/64",
+		"[::ffff:192.0.2.1]:443":     "192.0.2.1/32",
+	} {
+		q := httptest.NewRequest("GET", "/", nil)
+		q.RemoteAddr = addr
+		if got := clientOf(q).String(); got != want {
+			t.Errorf("clientOf(%s) = %s, want %s", addr, got, want)
+		}
+	}
+}
+
+// Correct credentials cost nothing, however many and however fast.
+func TestSucceededGivesTheAttemptBack(t *testing.T) {
+	t.Parallel()
+	f := newFailures(time.Hour, 2, 10)
+	q := httptest.NewRequest("POST", "/login", nil)
+	q.RemoteAddr = "192.0.2.1:1"
+	now := time.Now()
+	for i := range 100 {
+		a, err := f.begin(q, now.Add(time.Duration(i)*time.Millisecond))
+		if err != nil {
+			t.Fatalf("correct attempt %d: %v", i+1, err)
+		}
+		a.succeeded()
+	}
+	for i := range 2 {
+		if _, err := f.begin(q, now); err != nil {
+			t.Fatalf("failure %d within the burst: %v", i+1, err)
+		}
+	}
+	if _, err := f.begin(q, now); !errors.As(err, new(errLimited)) {
+		t.Errorf("third failure: %v, want errLimited", err)
+	}
+}

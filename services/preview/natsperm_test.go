@@ -1,0 +1,89 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
+// port; every user's password is "pw-<user>". It sets environment variables
+// (the configuration reads passwords from them), so its test is not parallel.
+func startDeployedNATS(t *testing.T) string {
+	t.Helper()
+	conf := filepath.Join("..", "..", "deploy", "nats", "nats.conf")
+	accounts, err := os.ReadFile(filepath.Join(filepath.Dir(conf), "accounts.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range regexp.MustCompile(`\$SNIP_NATS_([A-Z]+)_PASSWORD`).FindAllStringSubmatch(string(accounts), -1) {
+		t.Setenv("SNIP_NATS_"+v[1]+"_PASSWORD", "pw-"+strings.ToLower(v[1]))
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir = filepath.Join(t.TempDir(), "js")
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(ns.Shutdown)
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server with deploy/nats/nats.conf not ready")
+	}
+	return ns.ClientURL()
+}
+
+// The preview workers do their whole job as the least-privilege "preview"
+// user of deploy/nats: pull jobs on their own inbox prefix, ack, store a
+// preview, and park a job that ran out of tries (copy by sequence, delete,
+// the MAX_DELIVERIES advisory).
+func TestPreviewWorksAsTheDeployedNATSUser(t *testing.T) {
+	url := startDeployedNATS(t)
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	admin, _ := jetstream.New(nc)
+	// snipctl topology apply, as admin; short retry steps so five tries end
+	// quickly.
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), admin, o); err != nil {
+		t.Fatal(err)
+	}
+	cc := topology.PreviewConsumerConfig()
+	cc.BackOff = []time.Duration{300 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 600 * time.Millisecond}
+	cc.AckWait = cc.BackOff[0]
+	if _, err := admin.CreateOrUpdateConsumer(t.Context(), "PREVIEW_JOBS", cc); err != nil {
+		t.Fatal(err)
+	}
+	rdb, db := servers.Redis.NewDB(t)
+	w := &world{js: admin, natsURL: url, rdb: rdb, redisURL: servers.Redis.URL(db), pages: newPageServer(t, "127.0.0.1:0")}
+	w.pages.handle("/good", html("good"))
+	w.pages.handle("/broken", func(rw http.ResponseWriter, _ *http.Request) {
+		http.Error(rw, "database on fire", http.StatusInternalServerError)
+	})
+	start(t, w.config(t, "NATS_USER=preview", "NATS_PASSWORD=pw-preview"))
+	publishJob(t, admin, "good", w.pages.URL+"/good")
+	publishJob(t, admin, "broken", w.pages.URL+"/broken")
+	testenv.WaitFor(t, 30*time.Second, "the good page's preview stored", func() bool { return previewHash(t, rdb, "good")["status"] == "ok" })
+	testenv.WaitFor(t, 30*time.Second, "the broken page's job parked", func() bool { return len(letters(t, admin)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the queue empty", func() bool { return streamMsgs(t, admin, "PREVIEW_JOBS") == 0 })
+}
