@@ -19,6 +19,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
@@ -114,12 +116,21 @@ func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error 
 // system is NATS with the topology, the two stand-in readers, and the
 // environment and flags that point loadtest at them.
 type testSystem struct {
+	natsURL string
 	environ []string
 	flags   []string
 	tally   *tally
 }
 
 func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
+	t.Helper()
+	return startSystemWith(t, lose, 20*time.Millisecond)
+}
+
+// startSystemWith is startSystem with the warehouse stand-in's linger: the
+// real loader batches for a second, so while any traffic flows its backlog
+// (delivered, not yet acknowledged) is rarely 0.
+func startSystemWith(t *testing.T, lose func(events.Click) bool, loaderLinger time.Duration) *testSystem {
 	t.Helper()
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
@@ -139,8 +150,12 @@ func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 		topology.GroupClickCounter:    ta.handle,
 		topology.GroupWarehouseLoader: (&loader{conn: conn}).handle,
 	} {
+		linger := 20 * time.Millisecond
+		if group == topology.GroupWarehouseLoader {
+			linger = loaderLinger
+		}
 		wg.Go(func() {
-			cfg := reader.Config{Group: group, Linger: 20 * time.Millisecond, Start: reader.StartAtOldest()}
+			cfg := reader.Config{Group: group, Linger: linger, Start: reader.StartAtOldest()}
 			if err := reader.Run(ctx, n.JetStream(t), cfg, h); err != nil && !errors.Is(err, context.Canceled) {
 				t.Errorf("reader %s: %v", group, err)
 			}
@@ -150,6 +165,7 @@ func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 	srv := httptest.NewServer(ta)
 	t.Cleanup(srv.Close)
 	return &testSystem{
+		natsURL: n.URL,
 		environ: []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
 		flags: []string{
 			"--counter-url", srv.URL,
@@ -235,6 +251,65 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 	}
 	if r := row(t, out, "counter totals"); r[0] != "600" || r[5] != "PASS" {
 		t.Errorf("verify --truth: counter row %v", r)
+	}
+}
+
+// trickle publishes clicks on another link of the run's owner, as `make
+// demo` does, until the test ends: the readers are never idle.
+func trickle(t *testing.T, natsURL string, every time.Duration) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			c := events.Click{V: events.ClickVersion, ID: uuid.Must(uuid.NewV7()).String(), Time: time.Now().UTC(),
+				Code: "nats-jetstream", Owner: "demo", Target: "http://127.0.0.1:8089/articles/nats-jetstream",
+				IPPrefix: "203.0.113.0/24", Visitor: "v1", UserAgent: "Mozilla/5.0", RequestID: "bg"}
+			data, _ := json.Marshal(&c)
+			msg := nats.NewMsg(events.ClickSubject(c.Owner, c.Code))
+			msg.Data = data
+			msg.Header.Set(events.HeaderMsgID, c.ID)
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = js.PublishMsg(pctx, msg)
+			pcancel()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+}
+
+// Next to `make demo` other clicks keep flowing and the warehouse batches
+// for a second, so some backlog is almost never 0: the run is caught up when
+// every reader has acknowledged the run's own last events, and the summary
+// says so.
+func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
+	t.Parallel()
+	s := startSystemWith(t, nil, time.Second)
+	trickle(t, s.natsURL, 20*time.Millisecond)
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "60s")...)
+	if err != nil {
+		t.Fatalf("loadtest events with other traffic flowing: %v\n%s", err, out)
+	}
+	if r := row(t, out, "readers caught up"); r[5] != "PASS" {
+		t.Errorf("readers caught up: %v, want PASS\n%s", r, out)
+	}
+	if !regexp.MustCompile(`catch-up time +[0-9.]+m?s \(end of load to every event of the run processed`).MatchString(out) {
+		t.Errorf("the summary gives no catch-up time for the run:\n%s", out)
 	}
 }
 
