@@ -280,7 +280,7 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 		return nil, fmt.Errorf("demo: nats did not start on port %d (is it taken?)", port)
 	}
 	d.natsURL = ns.ClientURL()
-	d.logf("nats        %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
+	d.logf("nats         %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
 	return ns, nil
 }
 
@@ -300,7 +300,7 @@ func (d *demo) startRedis(port int) error {
 	if err := waitUntil(15*time.Second, func() error { return rdb.Ping(context.Background()).Err() }); err != nil {
 		return fmt.Errorf("demo: redis did not start on port %d: %w (see %s)", port, err, d.logPath("redis"))
 	}
-	d.logf("redis       %s (data in %s)", d.redisURL, dir)
+	d.logf("redis        %s (data in %s)", d.redisURL, dir)
 	return nil
 }
 
@@ -310,7 +310,7 @@ func (d *demo) startClickHouse(port int) {
 	d.clickhouseAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	bin, err := lookBinary("clickhouse-server")
 	if err != nil {
-		d.logf("clickhouse  not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
+		d.logf("clickhouse   not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
 		return
 	}
 	dir, _ := filepath.Abs(filepath.Join(d.dir, "clickhouse"))
@@ -331,18 +331,18 @@ func (d *demo) startClickHouse(port int) {
 `, dir, port)
 	users := `<yandex><profiles><default/></profiles><users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users><quotas><default/></quotas></yandex>`
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
 	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(users), 0o644); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
 	if _, err := d.spawn("clickhouse", bin, nil, false, "--config-file="+cfg); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
-	d.logf("clickhouse  %s (native protocol; data in %s)", d.clickhouseAddr, dir)
+	d.logf("clickhouse   %s (native protocol; data in %s)", d.clickhouseAddr, dir)
 }
 
 // startSite serves a few article pages with Open Graph tags, so the preview
@@ -408,7 +408,7 @@ func (d *demo) startServices() []string {
 	for _, s := range demoServices {
 		bin := filepath.Join(d.bin, s.name)
 		if _, err := os.Stat(bin); err != nil {
-			d.logf("%-11s not built (%s missing); skipped", s.name, bin)
+			d.logf("%-12s not built (%s missing); skipped", s.name, bin)
 			continue
 		}
 		env := append(slices.Clone(common), "HTTP_ADDR="+d.addr(s.port))
@@ -416,7 +416,7 @@ func (d *demo) startServices() []string {
 			env = append(env, s.env(d)...)
 		}
 		if _, err := d.spawn(s.name, bin, env, true); err != nil {
-			d.logf("%-11s failed to start: %v", s.name, err)
+			d.logf("%-12s failed to start: %v", s.name, err)
 			continue
 		}
 		started = append(started, s.name)
@@ -435,10 +435,10 @@ func (d *demo) startServices() []string {
 			}
 			return httpOK(url)
 		}); err != nil {
-			d.logf("%-11s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
+			d.logf("%-12s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
 		}
-		d.logf("%-11s http://%s (pid %d, log %s)", s.name, d.addr(s.port), p.pid(), d.logPath(s.name))
+		d.logf("%-12s http://%s (pid %d, log %s)", s.name, d.addr(s.port), p.pid(), d.logPath(s.name))
 	}
 	return started
 }
@@ -525,7 +525,7 @@ func (d *demo) watchReadiness(ctx context.Context, waiting map[string]string) {
 		for _, name := range slices.Sorted(maps.Keys(waiting)) {
 			if d.notReady(name) == "" {
 				delete(waiting, name)
-				d.logf("%-11s ready now", name)
+				d.logf("%-12s ready now", name)
 			}
 		}
 	}
@@ -711,7 +711,7 @@ func (d *demo) supervise(p *demoProc, cmd *exec.Cmd, logf *os.File) {
 			return
 		}
 		if !p.restart {
-			d.logf("%-11s EXITED (%v); the demo goes on without it: see %s", p.name, err, d.logPath(p.name))
+			d.logf("%-12s EXITED (%v); the demo goes on without it: see %s", p.name, err, d.logPath(p.name))
 			return
 		}
 		if up >= restartReset {
@@ -723,7 +723,7 @@ func (d *demo) supervise(p *demoProc, cmd *exec.Cmd, logf *os.File) {
 			n := p.restarts
 			p.mu.Unlock()
 			msg := fmt.Sprintf("%s exited (%v) after %s; restarting it in %s (restart %d)", p.name, err, up, backoff, n)
-			d.logf("%-11s EXITED (%v) after %s; restarting it in %s (restart %d; log %s)", p.name, err, up, backoff, n, d.logPath(p.name))
+			d.logf("%-12s EXITED (%v) after %s; restarting it in %s (restart %d; log %s)", p.name, err, up, backoff, n, d.logPath(p.name))
 			d.noteInLog(p.name, msg)
 			select {
 			case <-p.stop:
@@ -736,7 +736,7 @@ func (d *demo) supervise(p *demoProc, cmd *exec.Cmd, logf *os.File) {
 				return
 			}
 			if err == nil {
-				d.logf("%-11s restarted (pid %d)", p.name, cmd.Process.Pid)
+				d.logf("%-12s restarted (pid %d)", p.name, cmd.Process.Pid)
 				d.noteInLog(p.name, fmt.Sprintf("%s restarted (pid %d, restart %d)", p.name, cmd.Process.Pid, n))
 				break
 			}
