@@ -181,6 +181,8 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("demo: %w", err)
 		}
 	}
+	// Deferred first, so it runs last: once every child and NATS stopped.
+	defer d.logf("snip demo stopped")
 	defer d.stopAll()
 
 	ns, err := d.startNATS(*natsPort)
@@ -221,8 +223,6 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	}
 	<-ctx.Done()
 	d.logf("\nstopping the demo: the services first, then Redis and ClickHouse, then NATS...")
-	// The deferred stops run next; the last line says they are done.
-	defer d.logf("snip demo stopped")
 	return nil
 }
 

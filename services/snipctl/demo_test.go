@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -331,6 +332,12 @@ func TestDemoStopsWhenItsParentIsKilled(t *testing.T) {
 	testenv.WaitFor(t, 2*time.Minute, `the demo's "stopped" line after its parent died`, func() bool {
 		return strings.Contains(read(), "snip demo stopped")
 	})
+	// "stopped" comes once everything has stopped: NATS and the services
+	// have let go of their ports.
+	natsPort, _ := strconv.Atoi(args[slices.Index(args, "--nats-port")+1])
+	if err := portsFree([]demoPort{{"redirect", base}, {"nats", natsPort}}); err != nil {
+		t.Errorf("the demo said it stopped while still running: %v\n%s", err, read())
+	}
 	if strings.Contains(read(), "did not stop in 30s") {
 		t.Errorf("a service had to be killed:\n%s", read())
 	}
