@@ -77,7 +77,10 @@ type demo struct {
 	siteURL        string
 	httpBase       int
 	natsHTTP       int
-	procs          []*demoProc
+	// readyWait is how long the demo waits for every service's /readyz
+	// before it prints the banner (20 s).
+	readyWait time.Duration
+	procs     []*demoProc
 	// stopping is set when the demo stops its children; a child that exits
 	// before is reported.
 	stopping atomic.Bool
@@ -162,7 +165,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP}
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
@@ -477,7 +480,7 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 func (d *demo) readiness(ctx context.Context, started []string) map[string]string {
 	d.logf("waiting for the services to be ready (/readyz)...")
 	waiting := map[string]string{}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(d.readyWait)
 	for _, name := range started {
 		var why string
 		_ = waitUntil(time.Until(deadline), func() error {

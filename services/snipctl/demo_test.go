@@ -342,3 +342,62 @@ func TestDemoStopsWhenItsParentIsKilled(t *testing.T) {
 		t.Errorf("a service had to be killed:\n%s", read())
 	}
 }
+
+// While a service is not ready (the warehouse waits for ClickHouse) the
+// demo does not say "running": it names what is ready and what waits, with
+// the service's own reason, and says when it turns ready.
+func TestDemoSaysWhatIsReadyAndWhatWaits(t *testing.T) {
+	t.Parallel()
+	base := freeRange(t, 6)
+	var ready sync.Map // service name -> true once ready
+	for _, s := range demoServices {
+		if s.name != "redirect" && s.name != "warehouse" {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+s.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/readyz" {
+				http.NotFound(w, r)
+				return
+			}
+			if s.name == "warehouse" {
+				if _, ok := ready.Load(s.name); !ok {
+					http.Error(w, "clickhouse: dial tcp 127.0.0.1:19000: connect: connection refused", http.StatusServiceUnavailable)
+					return
+				}
+			}
+			_, _ = io.WriteString(w, "ok")
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+	}
+	var out syncBuffer
+	d := &demo{env: &Env{Stdout: &out}, httpBase: base, readyWait: time.Second, bin: "bin", dir: "dir",
+		natsURL: "nats://127.0.0.1:1", siteURL: "http://127.0.0.1:2", clickhouseAddr: "127.0.0.1:19000"}
+	started := []string{"redirect", "warehouse"}
+	waiting := d.readiness(t.Context(), started)
+	d.banner(started, waiting, []demoLink{{Code: "nats-jetstream"}})
+	got := out.String()
+	for _, want := range []string{
+		"Snip is starting. Ready: redirect.",
+		"Still waiting: warehouse: 503 Service Unavailable clickhouse: dial tcp 127.0.0.1:19000: connect: connection refused",
+		"nothing is lost meanwhile",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "Snip is running") {
+		t.Errorf("the banner says running while the warehouse waits:\n%s", got)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go d.watchReadiness(ctx, waiting)
+	ready.Store("warehouse", true)
+	testenv.WaitFor(t, 30*time.Second, "the warehouse said ready", func() bool {
+		return regexp.MustCompile(`warehouse +ready now`).MatchString(out.String()) && strings.Contains(out.String(), "every service is ready")
+	})
+}
