@@ -160,7 +160,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h: the demo's usage, printed once by fs.Usage
 		}
-		return fmt.Errorf("demo: %w (snipctl demo -h lists the flags)", errUsage)
+		return fmt.Errorf("demo: %w", errUsageShown) // the flag package printed the error and the demo's usage
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
@@ -385,7 +385,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, d.env.Cfg.Timeout)
 	defer cancel()
 	if err := topology.Apply(tctx, js, d.env.Cfg.topology()); err != nil {
 		return fmt.Errorf("demo: %w", err)
