@@ -38,7 +38,7 @@ type pageData struct {
 	WarnSeconds  float64
 	AlarmSeconds float64
 	Error        string
-	// Initial is the panels' first figures as JSON (initial.go).
+	// Initial is the panels' first figures as JSON (initial.go; decision 0091).
 	Initial string
 }
 
