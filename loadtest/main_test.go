@@ -86,12 +86,23 @@ func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // loader is a stand-in warehouse loader: a consumer group that inserts each
 // batch into a ClickHouse `clicks` table twice, the way a redelivery would,
 // so the oracle must count distinct event IDs, not rows.
-type loader struct{ conn driver.Conn }
+type loader struct {
+	conn driver.Conn
+	// stuck: fail every batch holding a load test's click.
+	stuck bool
+}
 
 const clicksDDL = `CREATE TABLE clicks (event_id UUID, ts DateTime('UTC'), owner String, code String, bot UInt8)
 ENGINE = ReplacingMergeTree PARTITION BY toDate(ts) ORDER BY (owner, code, ts, event_id)`
 
 func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error {
+	if l.stuck {
+		for _, e := range batch {
+			if strings.HasPrefix(e.Click.Code, stuckCode) {
+				return errors.New("test: the warehouse is stuck")
+			}
+		}
+	}
 	for range 2 {
 		b, err := l.conn.PrepareBatch(ctx, "INSERT INTO clicks (event_id, ts, owner, code, bot)")
 		if err != nil {
@@ -124,14 +135,27 @@ type testSystem struct {
 
 func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 	t.Helper()
-	return startSystemWith(t, lose, 20*time.Millisecond)
+	return startSystemWith(t, systemOptions{lose: lose, loaderLinger: 20 * time.Millisecond})
 }
 
-// startSystemWith is startSystem with the warehouse stand-in's linger: the
-// real loader batches for a second, so while any traffic flows its backlog
-// (delivered, not yet acknowledged) is rarely 0.
-func startSystemWith(t *testing.T, lose func(events.Click) bool, loaderLinger time.Duration) *testSystem {
+// systemOptions change the stand-in readers.
+type systemOptions struct {
+	// lose makes the counter skip the events it returns true for.
+	lose func(events.Click) bool
+	// loaderLinger is the warehouse stand-in's linger: the real loader
+	// batches for a second, so while any traffic flows its backlog
+	// (delivered, not yet acknowledged) is rarely 0.
+	loaderLinger time.Duration
+	// loaderStuck makes the warehouse stand-in fail every batch holding a
+	// click on stuckCode: it never acknowledges them.
+	loaderStuck bool
+}
+
+const stuckCode = "lt-"
+
+func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	t.Helper()
+	lose, loaderLinger := o.lose, o.loaderLinger
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	opts := topology.Defaults()
@@ -148,7 +172,7 @@ func startSystemWith(t *testing.T, lose func(events.Click) bool, loaderLinger ti
 	var wg sync.WaitGroup
 	for group, h := range map[string]reader.Handler{
 		topology.GroupClickCounter:    ta.handle,
-		topology.GroupWarehouseLoader: (&loader{conn: conn}).handle,
+		topology.GroupWarehouseLoader: (&loader{conn: conn, stuck: o.loaderStuck}).handle,
 	} {
 		linger := 20 * time.Millisecond
 		if group == topology.GroupWarehouseLoader {
@@ -299,7 +323,7 @@ func trickle(t *testing.T, natsURL string, every time.Duration) {
 // says so.
 func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
 	t.Parallel()
-	s := startSystemWith(t, nil, time.Second)
+	s := startSystemWith(t, systemOptions{loaderLinger: time.Second})
 	trickle(t, s.natsURL, 20*time.Millisecond)
 	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "60s")...)
 	if err != nil {
@@ -310,6 +334,28 @@ func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
 	}
 	if !regexp.MustCompile(`catch-up time +[0-9.]+m?s \(end of load to every event of the run processed`).MatchString(out) {
 		t.Errorf("the summary gives no catch-up time for the run:\n%s", out)
+	}
+}
+
+// A reader that never processes the run's clicks (while others flow and it
+// acknowledges those): the readers row fails, naming it, and the summary
+// gives no catch-up time.
+func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
+	t.Parallel()
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, loaderStuck: true})
+	trickle(t, s.natsURL, 50*time.Millisecond)
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "8s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with a stuck warehouse: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "readers caught up"); r[2] != "1" || r[5] != "FAIL" {
+		t.Errorf("readers caught up: %v, want 1 missing and FAIL\n%s", r, out)
+	}
+	if !regexp.MustCompile(`readers caught up .*FAIL +\d+ partitions? behind the run's last event: warehouse-loader p\d acked \d+ of \d+`).MatchString(out) {
+		t.Errorf("the readers row does not name the warehouse's partitions behind:\n%s", out)
+	}
+	if !strings.Contains(out, "catch-up time        not reached") || strings.Contains(out, "processed by every reader)") {
+		t.Errorf("the summary claims a catch-up next to a failed readers row:\n%s", out)
 	}
 }
 

@@ -119,7 +119,11 @@ func readersRow(readers []string, behind []Behind, backlog map[string]uint64, ca
 	case len(readers) == 0:
 		r.Note = "no reader deployed"
 	case len(behind) > 0:
-		r.Note = limitList("partitions behind the run's last event", notes)
+		what := "partitions behind the run's last event"
+		if len(notes) == 1 {
+			what = "partition behind the run's last event"
+		}
+		r.Note = limitList(what, notes)
 	case catchUp >= 0:
 		r.Note = fmt.Sprintf("every reader processed the run's last event after %s", catchUp.Round(time.Millisecond))
 		if other := total(backlog); other > 0 {

@@ -166,7 +166,7 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		for _, b := range behind {
 			waiting = append(waiting, b.String())
 		}
-		opts.Progress(fmt.Sprintf("waiting: %s; %s", limitList("partitions behind the run", waiting), failing(rows)))
+		opts.Progress(fmt.Sprintf("waiting: %s; %s", limitList("reader partitions behind the run", waiting), failing(rows)))
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("verify: %w", ctx.Err())
