@@ -25,8 +25,13 @@ help: ## list the targets
 .PHONY: build
 build: ## build every service binary into .demo/bin
 	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do $(GO) build -o $(BIN)/$$s ./services/$$s || exit 1; done
-	$(GO) build -o $(BIN)/loadtest ./loadtest
+	@echo "building $(words $(SERVICES)) services and the load test into $(BIN) (the first build compiles every dependency: a minute or two)"
+	@for s in $(SERVICES); do \
+		start=$$(date +%s); printf '  %-13s' "$$s"; \
+		$(GO) build -o $(BIN)/$$s ./services/$$s || exit 1; \
+		echo " $$(( $$(date +%s) - start ))s"; \
+	done
+	@start=$$(date +%s); printf '  %-13s' loadtest; $(GO) build -o $(BIN)/loadtest ./loadtest && echo " $$(( $$(date +%s) - start ))s"
 
 .PHONY: demo
 demo: build ## run the whole system on this machine (embedded NATS, local Redis and ClickHouse)
@@ -62,8 +67,8 @@ lint: ## gofmt check and go vet
 	$(GO) vet work
 
 .PHONY: loadtest
-loadtest: build ## a short load test against a running `make demo`
-	$(BIN)/loadtest http --rate 2000 --duration 30s --verify
+loadtest: build ## a short load test against a running `make demo` (links point at the demo's local site)
+	$(BIN)/loadtest http --rate 2000 --duration 30s --verify --link-base http://127.0.0.1:8089/articles
 
 # make chaos: each fault in turn against a running `make demo` (default
 # ports), under HTTP load, judged by the oracle. PIDs are looked up when each

@@ -10,8 +10,8 @@
 // of one link are handled in order, one at a time, by one process:
 //
 //   - Members announce themselves with heartbeat leases in the snip_members
-//     KV bucket (key "<group>.<member>", per-key TTL). A member that stops
-//     heartbeating expires; one that stops gracefully deletes its key.
+//     KV bucket (key "<group>.members.<member>", per-key TTL). A member that
+//     stops heartbeating expires; one that stops gracefully deletes its key.
 //   - Every member computes the same assignment from the live members and
 //     the partitions each says it holds (its claims, in its heartbeat):
 //     claims are kept up to the bound ceil(partitions/members), the rest go

@@ -222,7 +222,7 @@ func PreviewConsumerConfig() jetstream.ConsumerConfig {
 func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket:         MembersBucket,
-		Description:    "Consumer-group member leases: <group>.<member>",
+		Description:    "Consumer-group member leases <group>.members.<member>; replay requests <group>.rewind and <group>.rewound.<partition>",
 		History:        1,
 		Storage:        o.Storage,
 		Replicas:       o.Replicas,

@@ -48,6 +48,10 @@ var commands = map[string]command{
 // errUsage marks a mistake in the command line; main prints usage for it.
 var errUsage = errors.New("usage")
 
+// errUsageShown is errUsage when the command has printed its own usage
+// already: main exits 2 without printing it again.
+var errUsageShown = fmt.Errorf("%w (shown above)", errUsage)
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -55,7 +59,9 @@ func main() {
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
 		fmt.Fprintln(os.Stderr, "snipctl:", err)
 		if errors.Is(err, errUsage) {
-			usage(os.Stderr)
+			if !errors.Is(err, errUsageShown) {
+				usage(os.Stderr)
+			}
 			os.Exit(2)
 		}
 		os.Exit(1)

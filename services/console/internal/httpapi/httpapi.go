@@ -300,15 +300,24 @@ func (a *api) live(c echo.Context) error {
 }
 
 func (a *api) dlq(c echo.Context) error {
-	gs, err := a.dlqGroups.Get(c.Request().Context())
+	p, err := a.dlqPanel(c.Request().Context())
 	if err != nil {
-		return fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
+		return err
+	}
+	return c.JSON(http.StatusOK, p)
+}
+
+// dlqPanel is the dead-letters panel: the groups and their total.
+func (a *api) dlqPanel(ctx context.Context) (map[string]any, error) {
+	gs, err := a.dlqGroups.Get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
 	}
 	var total uint64
 	for _, g := range gs {
 		total += g.Count
 	}
-	return c.JSON(http.StatusOK, map[string]any{"groups": gs, "total": total})
+	return map[string]any{"groups": gs, "total": total}, nil
 }
 
 func (a *api) letters(c echo.Context) error {
@@ -377,11 +386,16 @@ func (a *api) redriveGroup(c echo.Context) error {
 }
 
 func (a *api) getOutbox(c echo.Context) error {
-	s, err := a.outbox.Get(c.Request().Context())
+	return c.JSON(http.StatusOK, a.outboxPanel(c.Request().Context()))
+}
+
+// outboxPanel is the outbox panel, or why there is none.
+func (a *api) outboxPanel(ctx context.Context) map[string]any {
+	s, err := a.outbox.Get(ctx)
 	if err != nil {
-		return c.JSON(http.StatusOK, map[string]any{"available": false, "error": err.Error()})
+		return map[string]any{"available": false, "error": err.Error()}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"available": true, "outbox": s})
+	return map[string]any{"available": true, "outbox": s}
 }
 
 // ownerStream serves GET /api/clicks/stream to the owner of the API key.
