@@ -79,7 +79,7 @@ func TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID(t *testing.T) {
 		t.Errorf("%d requests did not verify", bad)
 	}
 	checkUnaltered(t, rc, clicks)
-	bodies := map[string][]byte{}   // webhook-id -> body
+	bodies := map[string][]byte{}    // webhook-id -> body
 	webhookOf := map[string]string{} // event id -> webhook-id
 	dups := 0
 	for _, r := range rc.got() {
