@@ -6,6 +6,7 @@ replace github.com/snipdev/snip/pkg => ../../pkg
 
 require (
 	github.com/caarlos0/env/v11 v11.4.2
+	github.com/google/go-cmp v0.7.0
 	github.com/labstack/echo/v4 v4.16.5
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
