@@ -19,21 +19,21 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	l := []string{"endpoint"}
 	m := &Metrics{
-		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhooks_queued_events_total",
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "queued_events_total",
 			Help: "Events queued for an endpoint."}, l),
-		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhooks_dropped_events_total",
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "dropped_events_total",
 			Help: "Oldest events dropped because an endpoint's backlog was full (replayable from the streams)."}, l),
-		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhooks_delivered_events_total",
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "delivered_events_total",
 			Help: "Events delivered (2xx) to an endpoint."}, l),
-		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhooks_failed_attempts_total",
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "failed_attempts_total",
 			Help: "Delivery attempts that failed (non-2xx, timeout, refused address, transport)."}, l),
-		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "webhooks_backlog_events",
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "backlog_events",
 			Help: "Events waiting for an endpoint."}, l),
-		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "webhooks_oldest_undelivered_age_seconds",
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "oldest_undelivered_age_seconds",
 			Help: "Age of the oldest event waiting for an endpoint (0 when none)."}, l),
-		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "webhooks_endpoint_disabled",
+		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "endpoint_disabled",
 			Help: "1 when an endpoint was disabled for failing too long."}, l),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "webhooks_delivery_seconds",
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "snip", Subsystem: "webhooks", Name: "delivery_seconds",
 			Help: "Duration of delivery attempts.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}, l),
 	}
 	for _, c := range []prometheus.Collector{m.queued, m.dropped, m.delivered, m.failed, m.backlog, m.oldest, m.disabled, m.latency} {
