@@ -66,6 +66,10 @@ var demoServices = []demoService{
 	{name: "console", port: 5, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},
+	{name: "webhooks", port: 7, env: func(d *demo) []string {
+		// The demo's receiver listens on this machine over plain http.
+		return []string{"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32"}
+	}},
 }
 
 type demo struct {
@@ -217,6 +221,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	waiting := d.readiness(ctx, started)
+	defer d.joinWebhooks(ctx, started)()
 	d.banner(started, waiting, links)
 	if len(waiting) > 0 {
 		go d.watchReadiness(ctx, waiting)

@@ -112,7 +112,7 @@ func demoArgs(t *testing.T, bin, dir string) (args []string, base, chPort, siteP
 		}
 		return p
 	}
-	base, chPort, sitePort = freeRange(t, 6), port(), port()
+	base, chPort, sitePort = freeRange(t, 8), port(), port() // http-base .. +7 (webhooks)
 	args = []string{"demo", "--dir", dir, "--bin", bin, "--rate", "0",
 		"--nats-port", strconv.Itoa(port()), "--nats-monitor-port", strconv.Itoa(port()), "--redis-port", strconv.Itoa(port()),
 		"--clickhouse-port", strconv.Itoa(chPort), "--site-port", strconv.Itoa(sitePort), "--http-base", strconv.Itoa(base)}
@@ -254,7 +254,7 @@ func TestDemoRefusesAPortInUse(t *testing.T) {
 	}
 	defer taken.Close()
 	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
-	base := freeRange(t, 6)
+	base := freeRange(t, 8) // http-base .. +7 (webhooks)
 	free := func() string {
 		p, err := testenv.FreePort()
 		if err != nil {
