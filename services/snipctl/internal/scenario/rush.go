@@ -246,6 +246,10 @@ func runRush(ctx context.Context, e *Env) error {
 		e.exact("log: rush's last event handled", "bool", 1, 0, "the run ended first")
 	}
 	e.within("log: drain rate after the rush", "events/s", after-rushAfter, (backlogAtEnd-backlog10)/10, 0.25, 0, "spare capacity, not the reader's full rate: 100/s keep arriving")
+	if caughtUp == 0 {
+		caughtUp = time.Since(rushEnd) // not caught up: at least this long
+		e.note("the backlog had not drained when the run ended")
+	}
 	e.within("log: catch-up time", "s", backlogAtEnd/(after-rushAfter), e.Lesson(caughtUp), 0.25, 1, pacing+"; caught up = backlog under 2% of its peak")
 	_, _ = catchUp, lastWait
 	e.exact("log: writes the writer lost or had refused", "events", 0, float64(sent.Load()-published.Load()), "JetStream stores whatever the reader's pace")

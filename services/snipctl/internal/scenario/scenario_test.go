@@ -37,5 +37,15 @@ func TestKitchen(t *testing.T) {
 
 func TestRush(t *testing.T) {
 	t.Parallel()
-	runAt(t, "rush", 6)
+	runAt(t, "rush", 3)
+}
+
+func TestSixOfTen(t *testing.T) {
+	t.Parallel()
+	runAt(t, "six-of-ten", 4)
+}
+
+func TestPoison(t *testing.T) {
+	t.Parallel()
+	runAt(t, "poison", 4)
 }

@@ -12,8 +12,6 @@ func notYet(context.Context, *Env) error { return errNotYet }
 
 var (
 	thursday     = Scenario{Name: "thursday", Claim: "replay", Lesson: time.Second, run: notYet}
-	sixOfTen     = Scenario{Name: "six-of-ten", Claim: "six", Lesson: time.Second, run: notYet}
-	poison       = Scenario{Name: "poison", Claim: "poison", Lesson: time.Second, run: notYet}
 	crashPoints  = Scenario{Name: "crash-points", Claim: "crash", Lesson: time.Second, run: notYet}
 	outbox       = Scenario{Name: "outbox", Claim: "outbox", Lesson: time.Second, run: notYet}
 	hotPartition = Scenario{Name: "hot-partition", Claim: "hot", Lesson: time.Second, run: notYet}
