@@ -13,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // The parts the scenarios are built from: real clicks, published the way the
@@ -43,7 +44,9 @@ func publishClick(js jetstream.JetStream, c events.Click) (jetstream.PubAckFutur
 	if err != nil {
 		return nil, fmt.Errorf("encode click: %w", err)
 	}
-	f, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID))
+	// A producer that runs ahead of the acks waits for room rather than
+	// failing: the scenarios measure flow, not the client's window.
+	f, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID), jetstream.WithStallWait(30*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("publish click: %w", err)
 	}
@@ -156,4 +159,24 @@ func (t *tally) counts() (handled, dups, disorder int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.handled, t.dups, t.disorder
+}
+
+// waitMembers waits until group has n live members: n heartbeat leases in
+// the members bucket, the view every member computes its partitions from.
+func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n int) error {
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return fmt.Errorf("members bucket: %w", err)
+	}
+	return waitFor(ctx, 60*time.Second, fmt.Sprintf("%d members in group %s", n, group), func() (bool, error) {
+		keys, err := kv.ListKeysFiltered(ctx, group+".members.>")
+		if err != nil {
+			return false, err
+		}
+		have := 0
+		for range keys.Keys() {
+			have++
+		}
+		return have == n, nil
+	})
 }

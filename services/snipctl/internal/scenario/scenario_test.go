@@ -37,7 +37,7 @@ func TestKitchen(t *testing.T) {
 
 func TestRush(t *testing.T) {
 	t.Parallel()
-	runAt(t, "rush", 3)
+	runAt(t, "rush", 2)
 }
 
 func TestSixOfTen(t *testing.T) {
@@ -48,4 +48,24 @@ func TestSixOfTen(t *testing.T) {
 func TestPoison(t *testing.T) {
 	t.Parallel()
 	runAt(t, "poison", 4)
+}
+
+func TestBackpressure(t *testing.T) {
+	t.Parallel()
+	runAt(t, "backpressure", 3)
+}
+
+func TestHotPartition(t *testing.T) {
+	t.Parallel()
+	runAt(t, "hot-partition", 4)
+}
+
+func TestRepartition(t *testing.T) {
+	t.Parallel()
+	runAt(t, "repartition", 2)
+}
+
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	runAt(t, "crash-points", 4)
 }
