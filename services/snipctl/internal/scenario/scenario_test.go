@@ -36,7 +36,8 @@ func TestKitchen(t *testing.T) {
 }
 
 func TestRush(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
 	runAt(t, "rush", 2)
 }
 
@@ -51,12 +52,14 @@ func TestPoison(t *testing.T) {
 }
 
 func TestBackpressure(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
 	runAt(t, "backpressure", 3)
 }
 
 func TestHotPartition(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
 	runAt(t, "hot-partition", 4)
 }
 
@@ -68,4 +71,14 @@ func TestRepartition(t *testing.T) {
 func TestCrashPoints(t *testing.T) {
 	t.Parallel()
 	runAt(t, "crash-points", 4)
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	runAt(t, "outbox", 4)
+}
+
+func TestThursday(t *testing.T) {
+	t.Parallel()
+	runAt(t, "thursday", 4)
 }
