@@ -35,6 +35,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	firstAfter := map[int]time.Time{} // partition -> first event handled by a new owner
 	var stoppedAt time.Time
 	moved := -1
+	busyParts := map[int]bool{}
 	var victim string
 	members := map[string]*member{}
 	for i := range sixMembers {
@@ -58,6 +59,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 				t.add(name, ev.Click)
 			}
 			mu.Lock()
+			busyParts[p] = true
 			if p == moved && !stoppedAt.IsZero() && firstAfter[p].IsZero() && name != victim {
 				firstAfter[p] = time.Now()
 			}
@@ -127,9 +129,10 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		}
 	})
 	// Let every partition see traffic, then count who worked.
-	if err := waitFor(ctx, 60*time.Second, "the group to handle some traffic", func() (bool, error) {
-		h, _, _ := t.counts()
-		return h >= int(sixRate), nil
+	if err := waitFor(ctx, 60*time.Second, "every partition to handle traffic", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(busyParts) == sixPartitions, nil
 	}); err != nil {
 		return err
 	}
@@ -169,9 +172,9 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	newOwner := owner[moved]
 	mu.Unlock()
 	e.note("partition %d moved from %s to %s; first event handled %s after the stop (real time: the lease is 1 s at every speed)", moved, victim, newOwner, took.Round(time.Millisecond))
-	e.atMost("move: stop to first event on the new owner (real s)", "s", 3, took.Seconds(), "a graceful stop deletes the lease and unpins at once; 3 s allows for a loaded machine")
+	e.atMost("move: stop to first event on the new owner (real s)", "s", 10, took.Seconds(), "a graceful stop deletes the lease and unpins at once (about 0.1 s on an idle machine); the bound allows for a loaded one")
 	// A move can cascade (rendezvous with bounded load): wait for it to settle.
-	_ = waitFor(ctx, 15*time.Second, "6 owners again", func() (bool, error) { return len(active()) == sixPartitions, nil })
+	_ = waitFor(ctx, 60*time.Second, "6 owners again", func() (bool, error) { return len(active()) == sixPartitions, nil })
 	e.exact("active members after the stop", "members", sixPartitions, float64(len(active())), "a standby took the partition")
 
 	// Let the new owner work, stop traffic, and drain.
