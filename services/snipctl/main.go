@@ -42,6 +42,7 @@ var commands = map[string]command{
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
+	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers", run: cmdScenario},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
 }
 
