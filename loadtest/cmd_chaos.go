@@ -138,7 +138,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 		return res
 	}
 	tag := workload.NewTag()
-	owner, err := httpload.CreateLinks(ctx, p.target, env.Cfg.APIKey, tag, gen.NumLinks())
+	owner, err := httpload.CreateLinks(ctx, p.target, env.Cfg.APIKey, p.wf.linkBase, tag, gen.NumLinks())
 	if err != nil {
 		res.Err = err
 		return res
