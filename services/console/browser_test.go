@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,18 +42,71 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// fraudDetection runs the fraud service's binary against the console's
+// NATS: a reader of the system that writes real alerts, verdicts and dead
+// letters for the console to show.
+func fraudDetection(t *testing.T, natsURL string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fraud")
+	if out, err := exec.Command("go", "build", "-o", bin, "../fraud").CombinedOutput(); err != nil {
+		t.Fatalf("build the fraud service: %v\n%s", err, out)
+	}
+	_, db := servers.Redis.NewDB(t)
+	logPath := filepath.Join(t.TempDir(), "fraud.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "REDIS_URL="+servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0",
+		"SNIP_PARTITIONS="+strconv.Itoa(consoletest.Partitions), "SNIP_APPLY_TOPOLOGY=false", "LOG_LEVEL=warn", "SHUTDOWN_TIMEOUT=5s")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the fraud service: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("fraud service log:\n%s", b)
+		}
+	})
+}
+
 // The console as an operator sees it: a real headless Chromium logs in and
 // reads every panel of a console running against real NATS, Redis and
-// ClickHouse with clicks flowing, dead letters, a fraud alert, warehouse rows
-// and an outbox backlog. It asserts what each panel says, that the page's
-// first paint already has the figures, that the live table's number columns
-// line up with their headers, and that the page logs no JavaScript error or
+// ClickHouse, next to the fraud service's binary, with clicks flowing (a
+// burst among them, which fraud detection alerts on), a malformed event
+// (which it parks as a dead letter), more dead letters, warehouse rows and
+// an outbox backlog. It asserts what each panel says, that the page's first
+// paint already has the figures, that the live table's number columns line
+// up with their headers, and that the page logs no JavaScript error or
 // exception (a Content-Security-Policy violation included).
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
 	s := start(t, withToken)
 	seed(t, s)
+	fraudDetection(t, s.js.Conn().ConnectedUrl())
+	// One visitor clicks acme/abc 25 times at once: fraud detection allows
+	// 20 a minute. And an event that is not a click.
+	burst := make([]events.Click, 25)
+	for i := range burst {
+		burst[i] = consoletest.Click("acme", "abc", 0)
+		burst[i].Visitor, burst[i].Bot = "burst-visitor", false
+	}
+	consoletest.Publish(t, s.js, burst...)
+	if _, err := s.js.Publish(t.Context(), events.ClickSubject("acme", "abc"), []byte(`{"v":1,"id":"not-a-click"}`)); err != nil {
+		t.Fatal(err)
+	}
 	// An alert as fraud detection writes it: a window of a few milliseconds
 	// and a Go duration in its detail.
 	now := time.Now().UTC()
@@ -159,12 +215,16 @@ func TestConsoleInABrowser(t *testing.T) {
 	waitFor("both alerts", `String(document.getElementById("alerts").innerText.includes("visitor_burst"))`)
 	waitFor("the warehouse", `String(document.getElementById("warehouse").innerText.includes("globex"))`)
 
+	// What the fraud service wrote: its alert on the burst, the event it parked.
+	waitFor("fraud detection's alert", `String(document.getElementById("alerts").innerText.includes("by one visitor within"))`)
+	waitFor("fraud detection's dead letter", `String(document.getElementById("dlq").innerText.includes("fraud-detection"))`)
+
 	panels := map[string][]string{
-		"readers":   {"down-reader", "Replay…", "with events and no member", "ack floor"},
+		"readers":   {"down-reader", "fraud-detection", "Replay…", "with events and no member", "ack floor", "pinned"},
 		"consumers": {topology.PreviewConsumer, "PREVIEW_JOBS"},
 		"outbox":    {"clicks", "1 shard,"},
-		"alerts":    {"2 alerts read", "link_flood", "visitor_burst", "acme/abc", "21 > 20", "within 28 ms (at most 20 allowed)"},
-		"dlq":       {"4 dead letters", "down-reader", "malformed", "preview", "timeout"},
+		"alerts":    {"alerts read", "link_flood", "visitor_burst", "acme/abc", "21 > 20", "within 28 ms (at most 20 allowed)"},
+		"dlq":       {"5 dead letters", "down-reader", "fraud-detection", "malformed", "preview", "timeout"},
 		"warehouse": {"Top links", "abc", "globex", "Clicks per hour"},
 		"live":      {"abc", "acme", "human"},
 	}
@@ -177,11 +237,14 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	}
 	alerts := text("alerts")
+	if !regexp.MustCompile(`(?m)^\d+ alerts read`).MatchString(alerts) {
+		t.Errorf("the alerts panel does not count the alerts read:\n%s", alerts)
+	}
 	// The window, to the millisecond the browser's clock has.
 	if !regexp.MustCompile(`\(within 2[89] ms\)`).MatchString(alerts) {
 		t.Errorf("the alerts panel does not give the window as \"(within 28 ms)\":\n%s", alerts)
 	}
-	if regexp.MustCompile(`\d\.\d{3,}m?s`).MatchString(alerts) {
+	if regexp.MustCompile(`\d\.\d{3,}(ms|µs|s)`).MatchString(alerts) {
 		t.Errorf("the alerts panel prints a raw duration:\n%s", alerts)
 	}
 	if today := eval("new Date().toLocaleDateString()"); strings.Contains(alerts, today) {

@@ -59,9 +59,9 @@ function when(t) {
 
 function sameDay(a, b) { return a.toDateString() === b.toDateString(); }
 
-// span is a short duration in seconds, rounded for people: 28 ms, 1.5 s, 2m 5s.
+// span is a short duration in seconds, rounded for people: 0.35 ms, 28 ms, 1.5 s, 2m 5s.
 function span(s) {
-  if (s < 0.001) return '< 1 ms';
+  if (s < 0.001) return (s * 1000).toFixed(2).replace(/\.?0+$/, '') + ' ms';
   if (s < 1) return Math.round(s * 1000) + ' ms';
   if (s < 10) return s.toFixed(1) + ' s';
   return age(s);
@@ -74,6 +74,7 @@ function windowText(start, end) {
   const secs = Math.max(0, (b - a) / 1000);
   const from = sameDay(a, new Date()) ? a.toLocaleTimeString() : a.toLocaleString();
   const to = sameDay(a, b) ? b.toLocaleTimeString() : b.toLocaleString();
+  if (secs < 0.001) return `${from} (under 1 ms)`; // the browser's clock has milliseconds
   return secs < 1 ? `${from} (within ${span(secs)})` : `${from} – ${to} (${span(secs)})`;
 }
 
