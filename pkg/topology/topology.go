@@ -247,6 +247,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := ApplyClickCounter(ctx, js); err != nil {
 		return err
 	}
+	if err := ApplyWebhooks(ctx, js); err != nil {
+		return err
+	}
 	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
 			return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
