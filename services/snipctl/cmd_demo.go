@@ -65,6 +65,10 @@ var demoServices = []demoService{
 	{name: "console", port: 5, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},
+	{name: "webhooks", port: 7, env: func(d *demo) []string {
+		// The demo's receiver listens on this machine over plain http.
+		return []string{"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32"}
+	}},
 }
 
 type demo struct {
@@ -173,6 +177,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer d.joinWebhooks(ctx, started)()
 	d.banner(started, links)
 	if *rate > 0 {
 		go d.trickle(ctx, links, *rate)

@@ -8,6 +8,7 @@ require (
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/snipdev/snip/pkg v0.0.0
+	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
 )
 
 require (
