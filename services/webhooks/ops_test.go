@@ -396,3 +396,35 @@ func TestRetryAfterIsHonouredAndAFailingEndpointIsDisabled(t *testing.T) {
 		t.Errorf("status after resume %q, want active", st.Status)
 	}
 }
+
+// TestResumeSendsAtOnceAfterALongRetryWait: an endpoint disabled while its
+// next try is an hour away is tried at once when its owner resumes it.
+func TestResumeSendsAtOnceAfterALongRetryWait(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.DisableAfter = 50 * time.Millisecond
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, time.Hour}
+	cfg.RetryJitter = 0
+	svc := s.start(t, cfg)
+	var up atomic.Bool
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		if up.Load() {
+			return true
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		return false
+	})
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	clicks := s.publishClicks(t, []string{"a1"}, 3)
+	testenv.WaitFor(t, 30*time.Second, "the endpoint disabled", func() bool { return getEndpoint(t, svc.addr, ep.ID).Status == "disabled" })
+	up.Store(true)
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: status %d", code)
+	}
+	rc.waitAll(t, "the queued clicks right after resume (the next scheduled try was an hour away)", clicks, 20*time.Second)
+	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "active" || !st.FailingSince.IsZero() {
+		t.Errorf("after delivery: %+v, want active and not failing", st)
+	}
+}

@@ -135,6 +135,9 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
 		if batch != nil && gen != e.Generation {
 			batch = nil // the queue was cleared by a replay
 		}
+		if attempt > 0 && st.Attempts == 0 && st.FailingSince.IsZero() {
+			attempt, retryAt = 0, time.Time{} // the owner resumed the endpoint: try now
+		}
 		if batch == nil {
 			attempt, retryAt = st.Attempts, time.Time{}
 			batch, err = s.nextBatch(ctx, e, wake)
