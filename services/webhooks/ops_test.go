@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -426,5 +428,85 @@ func TestResumeSendsAtOnceAfterALongRetryWait(t *testing.T) {
 	rc.waitAll(t, "the queued clicks right after resume (the next scheduled try was an hour away)", clicks, 20*time.Second)
 	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "active" || !st.FailingSince.IsZero() {
 		t.Errorf("after delivery: %+v, want active and not failing", st)
+	}
+}
+
+// TestFraudAlertsReachTheirOwnersEndpointsOnce: an alert goes to its owner's
+// fraud_alert endpoints only, unaltered, and an alert published again (as
+// a redelivery would hand it) is not sent twice.
+func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	alerts := newReceiver(t, nil)
+	clicksOnly := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, alerts.url(), map[string]any{"event_types": []string{"fraud_alert"}})
+	alerts.addSecret(ep.Secret)
+	clicksOnly.addSecret(createEndpoint(t, svc.addr, clicksOnly.url(), nil).Secret)
+
+	publish := func(owner, id string) events.FraudAlert {
+		now := time.Now().UTC()
+		a := events.FraudAlert{V: events.FraudVersion, ID: id, Rule: "visitor_burst", Code: "a1", Owner: owner,
+			WindowStart: now.Add(-time.Minute), WindowEnd: now, Count: 50, Threshold: 20, Time: now}
+		b, err := json.Marshal(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A fresh Nats-Msg-Id each time: the stream stores every copy, as it
+		// would a republish after its duplicate window.
+		if _, err := s.js.Publish(t.Context(), events.FraudAlertSubject(a.Code), b, jetstream.WithMsgID(events.NewID())); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	mine := publish("acme", "visitor_burst:a1:k1:1")
+	publish("other", "visitor_burst:a1:k2:1")
+	publish("acme", mine.ID) // the same alert again
+	last := publish("acme", "visitor_burst:a1:k3:1")
+	testenv.WaitFor(t, 30*time.Second, "acme's alerts", func() bool {
+		ids := alerts.eventIDs()
+		return ids[mine.ID] > 0 && ids[last.ID] > 0
+	})
+	ids := alerts.eventIDs()
+	if len(ids) != 2 || ids[mine.ID] != 1 {
+		t.Errorf("received %v, want acme's two alerts once each", ids)
+	}
+	for _, r := range alerts.got() {
+		for _, e := range r.events {
+			var a events.FraudAlert
+			if err := json.Unmarshal(e.Data, &a); err != nil || e.Type != "fraud_alert" || a.Owner != "acme" || a.Rule != "visitor_burst" {
+				t.Errorf("event %s type %s data %s: %v", e.ID, e.Type, e.Data, err)
+			}
+		}
+	}
+	if n, _ := clicksOnly.counts(); n != 0 {
+		t.Errorf("a click-only endpoint got %d requests", n)
+	}
+}
+
+// TestTwoInstancesShareEndpointsAndTakeOver: endpoints are spread over two
+// instances by lease; when one stops, the other delivers all of them.
+func TestTwoInstancesShareEndpointsAndTakeOver(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.start(t, s.testConfig("m1"))
+	s.start(t, s.testConfig("m2"))
+	var rcs []*receiver
+	for range 4 {
+		rc := newReceiver(t, nil)
+		rc.addSecret(createEndpoint(t, a.addr, rc.url(), nil).Secret)
+		rcs = append(rcs, rc)
+	}
+	first := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
+	for i, rc := range rcs {
+		rc.waitAll(t, fmt.Sprintf("endpoint %d, both instances up", i), first, 30*time.Second)
+	}
+	a.stop(t)
+	second := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
+	for i, rc := range rcs {
+		rc.waitAll(t, fmt.Sprintf("endpoint %d after m1 stopped", i), second, 30*time.Second)
+		if _, bad := rc.counts(); bad != 0 {
+			t.Errorf("endpoint %d: %d requests did not verify", i, bad)
+		}
 	}
 }
