@@ -82,7 +82,7 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		}
 		return strconv.Itoa(p)
 	}
-	base := freeRange(t, 6)
+	base := freeRange(t, 8) // http-base .. +7 (webhooks)
 	dir := t.TempDir()
 	args := []string{"demo", "--dir", dir, "--bin", bin, "--rate", "0",
 		"--nats-port", port(), "--nats-monitor-port", port(), "--redis-port", port(),
@@ -167,7 +167,7 @@ func TestDemoRefusesAPortInUse(t *testing.T) {
 	}
 	defer taken.Close()
 	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
-	base := freeRange(t, 6)
+	base := freeRange(t, 8) // http-base .. +7 (webhooks)
 	free := func() string {
 		p, err := testenv.FreePort()
 		if err != nil {
