@@ -5,17 +5,17 @@
 //
 // Keys (the {id} hash tag keeps one endpoint's keys in one cluster slot):
 //
-//	wh:{<id>}:ep        hash: cfg (endpoint JSON), failing_since, last_error, attempts
-//	wh:{<id>}:q         stream: undelivered events, MAXLEN bounded, oldest dropped
-//	wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
-//	wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
-//	wh:{<id>}:inflight  the last queue entry ID of the batch being sent
-//	wh:{<id>}:dl        list: the most recent delivery records (JSON)
-//	wh:{<id>}:body:<d>  a recent delivery's body, for redelivery (expires)
-//	wh:{<id>}:lease     the instance sending for this endpoint (expires)
-//	wh:owner:<owner>    set of the owner's endpoint IDs
-//	wh:endpoints        set of every endpoint ID
-//	wh:version          bumped on every endpoint change; readers reload on change
+//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), failing_since, last_error, attempts
+//	snip:wh:{<id>}:q         stream: undelivered events, MAXLEN bounded, oldest dropped
+//	snip:wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
+//	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
+//	snip:wh:{<id>}:inflight  the first and last queue entries of the batch being sent
+//	snip:wh:{<id>}:dl        list: the most recent delivery records (JSON)
+//	snip:wh:{<id>}:body:<d>  a recent delivery's body, for redelivery (expires)
+//	snip:wh:{<id>}:lease     the instance sending for this endpoint (expires)
+//	snip:wh:owner:<owner>    set of the owner's endpoint IDs
+//	snip:wh:endpoints        set of every endpoint ID
+//	snip:wh:version          bumped on every endpoint change; readers reload on change
 package redisstore
 
 import (
@@ -48,12 +48,12 @@ func New(rdb redis.UniversalClient, maxBacklog int64) *Store {
 	return &Store{rdb: rdb, MaxBacklog: maxBacklog, KeepDeliveries: 100, BodyTTL: 72 * time.Hour}
 }
 
-func k(id, part string) string     { return "wh:{" + id + "}:" + part }
-func ownerKey(owner string) string { return "wh:owner:" + owner }
+func k(id, part string) string     { return "snip:wh:{" + id + "}:" + part }
+func ownerKey(owner string) string { return "snip:wh:owner:" + owner }
 
 const (
-	allKey     = "wh:endpoints"
-	versionKey = "wh:version"
+	allKey     = "snip:wh:endpoints"
+	versionKey = "snip:wh:version"
 )
 
 // State is an endpoint's delivery state, written by its sender.
