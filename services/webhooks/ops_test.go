@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -509,4 +510,77 @@ func TestTwoInstancesShareEndpointsAndTakeOver(t *testing.T) {
 			t.Errorf("endpoint %d: %d requests did not verify", i, bad)
 		}
 	}
+}
+
+// TestRedirectsAreNotFollowedAndResponsesAreCapped: a 3xx is a failed
+// attempt (the target it names gets nothing), a large response body is
+// kept only in part, and the per-endpoint metrics count both.
+func TestRedirectsAreNotFollowedAndResponsesAreCapped(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	target := newReceiver(t, nil)
+	redirecting := newReceiver(t, func(w http.ResponseWriter, r *http.Request) bool {
+		http.Redirect(w, r, target.url(), http.StatusTemporaryRedirect)
+		return false
+	})
+	chatty := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 1<<20))
+		return false
+	})
+	redirEP := createEndpoint(t, svc.addr, redirecting.url(), nil)
+	target.addSecret(redirEP.Secret)
+	chattyEP := createEndpoint(t, svc.addr, chatty.url(), nil)
+	s.publishClicks(t, []string{"a1"}, 1)
+
+	testenv.WaitFor(t, 30*time.Second, "a failed attempt at the redirecting endpoint", func() bool {
+		for _, d := range deliveries(t, svc.addr, redirEP.ID) {
+			if d.Status == "failed" && d.Code == http.StatusTemporaryRedirect && strings.Contains(d.Error, "redirect not followed") {
+				return true
+			}
+		}
+		return false
+	})
+	if n, _ := target.counts(); n != 0 {
+		t.Errorf("the redirect's target got %d requests, want 0", n)
+	}
+	var d redisstore.Delivery
+	testenv.WaitFor(t, 30*time.Second, "a delivery to the chatty endpoint", func() bool {
+		ds := deliveries(t, svc.addr, chattyEP.ID)
+		if len(ds) == 0 {
+			return false
+		}
+		d = ds[0]
+		return true
+	})
+	if d.Status != "delivered" || len(d.Response) != 512 {
+		t.Errorf("delivery %s with %d response bytes kept, want delivered with 512", d.Status, len(d.Response))
+	}
+	wants := []string{
+		`snip_webhooks_delivered_events_total{endpoint="` + chattyEP.ID + `"} 1`,
+		`snip_webhooks_failed_attempts_total{endpoint="` + redirEP.ID + `"}`,
+		`snip_webhooks_backlog_events{endpoint="` + redirEP.ID + `"} 1`,
+		`snip_webhooks_oldest_undelivered_age_seconds{endpoint="` + redirEP.ID + `"}`,
+	}
+	testenv.WaitFor(t, 30*time.Second, "the per-endpoint metrics", func() bool {
+		_, b := getMetrics(t, svc.addr)
+		for _, want := range wants {
+			if !strings.Contains(b, want) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func getMetrics(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
