@@ -256,7 +256,9 @@ func TestSSRFRefusedAtCreationAndAtDelivery(t *testing.T) {
 func TestOwnerAPI(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
-	svc := s.start(t, s.testConfig("m1"))
+	cfg := s.testConfig("m1")
+	cfg.MaxEndpointsPerOwner = 2
+	svc := s.start(t, cfg)
 	rc := newReceiver(t, nil)
 	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"links": []string{"a1"}})
 	rc.addSecret(ep.Secret)
@@ -279,9 +281,11 @@ func TestOwnerAPI(t *testing.T) {
 		{"batch_too_big", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url(), "event_types": []string{"click"}, "batch_max": 5000}, http.StatusBadRequest},
 		{"bad_replay_time", acmeKey, http.MethodPost, base + "/replay", map[string]any{"from": "yesterday"}, http.StatusBadRequest},
 		{"unknown_delivery", acmeKey, http.MethodPost, base + "/deliveries/nope/redeliver", nil, http.StatusNotFound},
+		{"second_endpoint", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "2", "event_types": []string{"fraud_alert"}}, http.StatusCreated},
+		{"too_many_endpoints", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "3", "event_types": []string{"click"}}, http.StatusBadRequest},
 	} {
 		e.Error = ""
-		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || e.Error == "" {
+		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || (code >= 400) != (e.Error != "") {
 			t.Errorf("%s: %s %s = %d %q, want %d with an error message", tc.name, tc.method, tc.path, code, e.Error, tc.want)
 		}
 	}
