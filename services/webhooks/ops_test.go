@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -464,6 +465,7 @@ func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
 		}
 		return a
 	}
+	from := time.Now().UTC()
 	mine := publish("acme", "visitor_burst:a1:k1:1")
 	publish("other", "visitor_burst:a1:k2:1")
 	publish("acme", mine.ID) // the same alert again
@@ -486,6 +488,28 @@ func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
 	}
 	if n, _ := clicksOnly.counts(); n != 0 {
 		t.Errorf("a click-only endpoint got %d requests", n)
+	}
+
+	// A replay sends acme's alerts again, once each (the first is in FRAUD
+	// twice).
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	n0 := len(alerts.got())
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	replayed := map[string]int{}
+	testenv.WaitFor(t, 30*time.Second, "the replayed alerts", func() bool {
+		replayed = map[string]int{}
+		for _, r := range alerts.got()[n0:] {
+			for _, e := range r.events {
+				replayed[e.ID]++
+			}
+		}
+		return replayed[mine.ID] > 0 && replayed[last.ID] > 0 && getEndpoint(t, svc.addr, ep.ID).Backlog == 0
+	})
+	if diff := cmp.Diff(map[string]int{mine.ID: 1, last.ID: 1}, replayed); diff != "" {
+		t.Errorf("replayed alerts (-want +got):\n%s", diff)
 	}
 }
 
