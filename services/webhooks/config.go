@@ -77,6 +77,9 @@ type Config struct {
 	// MaxResponseBytes is the most of a response body read; the first 512
 	// bytes are kept in the delivery record.
 	MaxResponseBytes int64 `env:"WEBHOOKS_MAX_RESPONSE_BYTES" envDefault:"65536"`
+	// MaxEndpointsPerOwner bounds an owner's endpoints: each has a queue
+	// (up to WEBHOOKS_MAX_BACKLOG events) and a sender.
+	MaxEndpointsPerOwner int `env:"WEBHOOKS_MAX_ENDPOINTS_PER_OWNER" envDefault:"20"`
 	// RotationOverlap is how long the old secret keeps signing after a rotation.
 	RotationOverlap time.Duration `env:"WEBHOOKS_ROTATION_OVERLAP" envDefault:"24h"`
 	// Poll is how often an idle sender looks at its queue when events are
@@ -124,6 +127,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("WEBHOOKS_RETRY_JITTER %v: want 0 <= j < 1", c.RetryJitter)
 	case c.DisableAfter <= 0 || c.DisableAfter >= c.ClicksMaxAge:
 		return fmt.Errorf("WEBHOOKS_DISABLE_AFTER %s: want > 0 and < SNIP_CLICKS_MAX_AGE (%s), so missed events stay replayable", c.DisableAfter, c.ClicksMaxAge)
+	case c.MaxEndpointsPerOwner < 1:
+		return fmt.Errorf("WEBHOOKS_MAX_ENDPOINTS_PER_OWNER %d: want >= 1", c.MaxEndpointsPerOwner)
 	case c.MaxBacklog < 1:
 		return fmt.Errorf("WEBHOOKS_MAX_BACKLOG %d: want >= 1", c.MaxBacklog)
 	case c.BatchMax < 1 || c.BatchMax > 1000:
@@ -171,7 +176,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Int("partitions", c.Partitions), slog.String("member", c.Member),
 		slog.Duration("lease_ttl", c.LeaseTTL), slog.String("retry_schedule", strings.Join(sched, ",")),
 		slog.Float64("retry_jitter", c.RetryJitter), slog.Duration("disable_after", c.DisableAfter),
-		slog.Int64("max_backlog", c.MaxBacklog), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait),
+		slog.Int64("max_backlog", c.MaxBacklog), slog.Int("max_endpoints_per_owner", c.MaxEndpointsPerOwner), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait),
 		slog.Int("max_batch_bytes", c.MaxBatchBytes), slog.Duration("timeout", c.Timeout),
 		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Int64("max_response_bytes", c.MaxResponseBytes),
 		slog.Duration("rotation_overlap", c.RotationOverlap), slog.Any("allow_cidrs", allow),

@@ -71,7 +71,7 @@ func (s *system) testConfig(member string) Config {
 		RetrySchedule: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, RetryJitter: 0.2,
 		DisableAfter: time.Hour, MaxBacklog: 100_000, BatchMax: 10, BatchWait: 50 * time.Millisecond,
 		MaxBatchBytes: 256 << 10, Timeout: 500 * time.Millisecond, ConnectTimeout: 500 * time.Millisecond,
-		MaxResponseBytes: 64 << 10, RotationOverlap: time.Hour, Poll: 100 * time.Millisecond,
+		MaxResponseBytes: 64 << 10, RotationOverlap: time.Hour, MaxEndpointsPerOwner: 10, Poll: 100 * time.Millisecond,
 		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, HTTPHosts: []string{"127.0.0.1"},
 		UserAgent: "Snip-Webhooks/test", Storage: jetstream.MemoryStorage,
 	}

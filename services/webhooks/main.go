@@ -152,8 +152,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	replayer := delivery.NewReplayer(js, store, intake, log, 16)
 	admin := &delivery.Admin{
 		Store: store, Client: client, Dialer: dialer, Replayer: replayer, Intake: intake,
-		RotationOverlap: cfg.RotationOverlap,
-		Rules:           endpoint.Rules{HTTPHosts: cfg.HTTPHosts, DefaultBatchMax: cfg.BatchMax, DefaultBatchWait: cfg.BatchWait},
+		RotationOverlap: cfg.RotationOverlap, MaxPerOwner: cfg.MaxEndpointsPerOwner,
+		Rules: endpoint.Rules{HTTPHosts: cfg.HTTPHosts, DefaultBatchMax: cfg.BatchMax, DefaultBatchWait: cfg.BatchWait},
 	}
 	web := webserver.New(log, reg)
 	httpapi.Register(web.Echo, ownerStore, admin, log)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -256,7 +257,9 @@ func TestSSRFRefusedAtCreationAndAtDelivery(t *testing.T) {
 func TestOwnerAPI(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
-	svc := s.start(t, s.testConfig("m1"))
+	cfg := s.testConfig("m1")
+	cfg.MaxEndpointsPerOwner = 2
+	svc := s.start(t, cfg)
 	rc := newReceiver(t, nil)
 	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"links": []string{"a1"}})
 	rc.addSecret(ep.Secret)
@@ -279,9 +282,11 @@ func TestOwnerAPI(t *testing.T) {
 		{"batch_too_big", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url(), "event_types": []string{"click"}, "batch_max": 5000}, http.StatusBadRequest},
 		{"bad_replay_time", acmeKey, http.MethodPost, base + "/replay", map[string]any{"from": "yesterday"}, http.StatusBadRequest},
 		{"unknown_delivery", acmeKey, http.MethodPost, base + "/deliveries/nope/redeliver", nil, http.StatusNotFound},
+		{"second_endpoint", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "2", "event_types": []string{"fraud_alert"}}, http.StatusCreated},
+		{"too_many_endpoints", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "3", "event_types": []string{"click"}}, http.StatusBadRequest},
 	} {
 		e.Error = ""
-		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || e.Error == "" {
+		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || (code >= 400) != (e.Error != "") {
 			t.Errorf("%s: %s %s = %d %q, want %d with an error message", tc.name, tc.method, tc.path, code, e.Error, tc.want)
 		}
 	}
@@ -460,6 +465,7 @@ func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
 		}
 		return a
 	}
+	from := time.Now().UTC()
 	mine := publish("acme", "visitor_burst:a1:k1:1")
 	publish("other", "visitor_burst:a1:k2:1")
 	publish("acme", mine.ID) // the same alert again
@@ -482,6 +488,28 @@ func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
 	}
 	if n, _ := clicksOnly.counts(); n != 0 {
 		t.Errorf("a click-only endpoint got %d requests", n)
+	}
+
+	// A replay sends acme's alerts again, once each (the first is in FRAUD
+	// twice).
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	n0 := len(alerts.got())
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	replayed := map[string]int{}
+	testenv.WaitFor(t, 30*time.Second, "the replayed alerts", func() bool {
+		replayed = map[string]int{}
+		for _, r := range alerts.got()[n0:] {
+			for _, e := range r.events {
+				replayed[e.ID]++
+			}
+		}
+		return replayed[mine.ID] > 0 && replayed[last.ID] > 0 && getEndpoint(t, svc.addr, ep.ID).Backlog == 0
+	})
+	if diff := cmp.Diff(map[string]int{mine.ID: 1, last.ID: 1}, replayed); diff != "" {
+		t.Errorf("replayed alerts (-want +got):\n%s", diff)
 	}
 }
 

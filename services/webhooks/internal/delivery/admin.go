@@ -26,6 +26,9 @@ type Admin struct {
 	Intake   *Intake
 	// RotationOverlap is how long the old secret keeps signing after a rotation.
 	RotationOverlap time.Duration
+	// MaxPerOwner bounds an owner's endpoints (each costs a queue and a
+	// sender).
+	MaxPerOwner int
 }
 
 // Status is an endpoint as its owner sees it: configuration (the secrets
@@ -61,6 +64,13 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 	}
 	if err := a.checkHost(ctx, e.URL); err != nil {
 		return Status{}, err
+	}
+	have, err := a.Store.List(ctx, owner)
+	if err != nil {
+		return Status{}, err
+	}
+	if len(have) >= a.MaxPerOwner {
+		return Status{}, fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
 	}
 	if err := a.Store.Put(ctx, e); err != nil {
 		return Status{}, err

@@ -73,14 +73,16 @@ func (in *Intake) HandleClicks(ctx context.Context, partition int, batch []reade
 		return fmt.Errorf("handle clicks: %w", err)
 	}
 	q := map[string][]redisstore.Event{}
-	for _, ev := range batch {
+	for i, ev := range batch {
+		var data []byte
 		for _, e := range eps[ev.Click.Owner] {
 			if !e.Wants(endpoint.TypeClick, ev.Click.Code) || ev.Seq <= e.ReplayClicksUpto {
 				continue
 			}
-			data, err := json.Marshal(ev.Click)
-			if err != nil {
-				return reader.Poison(0, "encode", err)
+			if data == nil {
+				if data, err = json.Marshal(ev.Click); err != nil {
+					return reader.Poison(i, "encode", err)
+				}
 			}
 			q[e.ID] = append(q[e.ID], redisstore.Event{Seq: ev.Seq, ID: ev.Click.ID, Type: endpoint.TypeClick, Time: ev.Click.Time, Data: data})
 		}

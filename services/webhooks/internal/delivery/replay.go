@@ -112,11 +112,15 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 		n += c
 	}
 	if containsType(e.Types, endpoint.TypeFraudAlert) && alertsUpto > 0 {
+		// An alert stored twice (republished after FRAUD's duplicate
+		// window) is sent once, as live intake does. Alerts are few.
+		seen := map[string]bool{}
 		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, j.from, alertsUpto, func(data []byte) (redisstore.Event, bool) {
 			a, err := events.DecodeFraudAlert(data)
-			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) {
+			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
 				return redisstore.Event{}, false
 			}
+			seen[a.ID] = true
 			return redisstore.Event{ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: data}, true
 		})
 		if err != nil {
