@@ -296,15 +296,6 @@ func Users(partitions int) []User {
 				Grant{Pub: []string{topology.WebhooksDisabledSubjectPrefix + ">"}}),
 		},
 		{
-			Name: "webhooks", PasswordVar: "SNIP_NATS_WEBHOOKS_PASSWORD",
-			Why: "the webhooks group on CLICKS and its FRAUD alerts consumer; replays read CLICKS and FRAUD; announces disabled endpoints",
-			Pub: cat(jsBasics, groupReader(topology.GroupWebhooks, partitions),
-				durable(events.FraudStream, topology.WebhooksAlertsConsumer),
-				orderedOn(events.ClicksStream), orderedOn(events.FraudStream),
-				[]string{topology.WebhooksDisabledSubjectPrefix + ">"}),
-			Sub: inbox,
-		},
-		{
 			Name: "console", PasswordVar: "SNIP_NATS_CONSOLE_PASSWORD",
 			Why: "the operator console and the owners' live click streams: read every stream, request replays (the members bucket), redrive dead letters",
 			Grants: grants(jsBasics,
