@@ -261,6 +261,10 @@ func newLedger() *ledger {
 func (l *ledger) total() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.totalLocked()
+}
+
+func (l *ledger) totalLocked() int {
 	n := 0
 	for _, ids := range l.served {
 		n += len(ids)
