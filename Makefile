@@ -25,8 +25,13 @@ help: ## list the targets
 .PHONY: build
 build: ## build every service binary into .demo/bin
 	@mkdir -p $(BIN)
-	@for s in $(SERVICES); do $(GO) build -o $(BIN)/$$s ./services/$$s || exit 1; done
-	$(GO) build -o $(BIN)/loadtest ./loadtest
+	@echo "building $(words $(SERVICES)) services and the load test into $(BIN) (the first build compiles every dependency: a minute or two)"
+	@for s in $(SERVICES); do \
+		start=$$(date +%s); printf '  %-13s' "$$s"; \
+		$(GO) build -o $(BIN)/$$s ./services/$$s || exit 1; \
+		echo " $$(( $$(date +%s) - start ))s"; \
+	done
+	@start=$$(date +%s); printf '  %-13s' loadtest; $(GO) build -o $(BIN)/loadtest ./loadtest && echo " $$(( $$(date +%s) - start ))s"
 
 .PHONY: demo
 demo: build ## run the whole system on this machine (embedded NATS, local Redis and ClickHouse)
@@ -62,8 +67,27 @@ lint: ## gofmt check and go vet
 	$(GO) vet work
 
 .PHONY: loadtest
-loadtest: build ## a short load test against a running `make demo`
-	$(BIN)/loadtest http --rate 2000 --duration 30s --verify
+loadtest: build ## a short load test against a running `make demo` (links point at the demo's local site)
+	$(BIN)/loadtest http --rate 2000 --duration 30s --verify --link-base http://127.0.0.1:8089/articles
+
+# make chaos: each fault in turn against a running `make demo` (default
+# ports), under HTTP load, judged by the oracle. PIDs are looked up when each
+# fault starts; a killed service is restarted by `make demo`. Override the
+# list with CHAOS_FAULTS (specs: loadtest chaos -h).
+CHAOS_FREEZE ?= 20s
+CHAOS_ARGS ?= --rate 1000 --require counter,warehouse
+CHAOS_FAULTS ?= \
+	--fault 'freeze:redis:pgrep -nf "redis-serve[r] 127.0.0.1.6390":$(CHAOS_FREEZE)' \
+	--fault 'freeze:nats:pgrep -nx snipctl:$(CHAOS_FREEZE)' \
+	--fault 'freeze:clickhouse:pgrep -nf clickhouse-serve[r]:$(CHAOS_FREEZE)' \
+	--fault 'kill:redirect:pgrep -nx redirect' \
+	--fault 'kill:clickcounter:pgrep -nx clickcounter' \
+	--fault 'kill:fraud:pgrep -nx fraud' \
+	--fault 'kill:warehouse:pgrep -nx warehouse'
+
+.PHONY: chaos
+chaos: build ## the fault suite against a running `make demo`: freeze Redis, NATS, ClickHouse; kill -9 each reader and the redirect
+	$(BIN)/loadtest chaos $(CHAOS_ARGS) $(CHAOS_FAULTS)
 
 .PHONY: up
 up: ## docker compose up (needs a Docker engine)

@@ -41,6 +41,7 @@ func cmdEvents(ctx context.Context, env *Env, args []string) error {
 	tag := workload.NewTag()
 	cfg := eventload.Config{
 		Rate: rf.rate, Duration: rf.duration, Window: *window, Owner: *owner, Tag: tag, Gen: gen,
+		Target: wf.linkBase,
 	}
 	if *loss > 0 {
 		n := *loss

@@ -41,8 +41,8 @@ func cmdHTTP(ctx context.Context, env *Env, args []string) error {
 	}
 	defer sys.close()
 	tag := workload.NewTag()
-	fmt.Fprintf(env.Stderr, "creating %d links through %s/api/links ...\n", gen.NumLinks(), *target)
-	owner, err := httpload.CreateLinks(ctx, *target, env.Cfg.APIKey, tag, gen.NumLinks())
+	fmt.Fprintf(env.Stderr, "creating %d links through %s/api/links, pointing at %s/...\n", gen.NumLinks(), *target, strings.TrimSuffix(wf.linkBase, "/"))
+	owner, err := httpload.CreateLinks(ctx, *target, env.Cfg.APIKey, wf.linkBase, tag, gen.NumLinks())
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 	}
 	tag := workload.NewTag()
 	if *create {
-		if _, err := httpload.CreateLinks(ctx, *target, env.Cfg.APIKey, tag, gen.NumLinks()); err != nil {
+		if _, err := httpload.CreateLinks(ctx, *target, env.Cfg.APIKey, wf.linkBase, tag, gen.NumLinks()); err != nil {
 			return err
 		}
 	}

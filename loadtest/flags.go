@@ -27,7 +27,12 @@ type workloadFlags struct {
 	probeEvery   int
 	countryShare float64
 	seed         uint64
+	linkBase     string
 }
+
+// demoSite is where `make demo` (snipctl demo) serves the local site its
+// links point at: an article page for any name.
+const demoSite = "http://127.0.0.1:8089/articles"
 
 func (w *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&w.links, "links", 1000, "links to create and click")
@@ -40,6 +45,7 @@ func (w *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&w.probeEvery, "probe-every", 0, "send every Nth click to the probe link (0: about 10 a second; -1: no probes)")
 	fs.Float64Var(&w.countryShare, "country-share", 0.9, "share of clicks with a country header")
 	fs.Uint64Var(&w.seed, "seed", 0, "traffic seed (0: random; the same seed gives the same traffic)")
+	fs.StringVar(&w.linkBase, "link-base", demoSite, "base URL the run's links point at (link <code> goes to <link-base>/<code>); the preview workers fetch each one, so keep it a site you run")
 }
 
 func (w *workloadFlags) spec(rate int) workload.Spec {

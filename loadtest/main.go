@@ -3,8 +3,9 @@
 // `loadtest events` publishes click events straight into CLICKS, and both
 // (with --verify) or `loadtest verify --truth FILE` afterwards compare every
 // reader with what was sent. `loadtest ramp` steps the rate up to find the
-// highest one a service holds, and `loadtest bare302` is the baseline
-// server to compare the redirect service with.
+// highest one a service holds, `loadtest bare302` is the baseline server
+// to compare the redirect service with, and `loadtest chaos` injects faults
+// under load and judges each run with the oracle.
 //
 // Every command is a function of (ctx, Env, args) in its own cmd_*.go file,
 // listed once in commands below.
@@ -43,6 +44,7 @@ var commands = map[string]command{
 	"verify":  {usage: "--truth FILE [...]", help: "check every reader against a saved run's truth", run: cmdVerify},
 	"ramp":    {usage: "--target URL --from N --to N --step N", help: "step the HTTP rate up until p99 or errors break the limit", run: cmdRamp},
 	"bare302": {usage: "[--addr ADDR]", help: "serve a bare 302 for any code: the baseline for ramp", run: cmdBare302},
+	"chaos":   {usage: "--fault SPEC [--fault SPEC ...] [--rate N] ...", help: "inject each fault under HTTP load and judge it with the oracle", run: cmdChaos},
 }
 
 var (

@@ -19,6 +19,8 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
@@ -84,12 +86,23 @@ func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // loader is a stand-in warehouse loader: a consumer group that inserts each
 // batch into a ClickHouse `clicks` table twice, the way a redelivery would,
 // so the oracle must count distinct event IDs, not rows.
-type loader struct{ conn driver.Conn }
+type loader struct {
+	conn driver.Conn
+	// stuck: fail every batch holding a load test's click.
+	stuck bool
+}
 
 const clicksDDL = `CREATE TABLE clicks (event_id UUID, ts DateTime('UTC'), owner String, code String, bot UInt8)
 ENGINE = ReplacingMergeTree PARTITION BY toDate(ts) ORDER BY (owner, code, ts, event_id)`
 
 func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error {
+	if l.stuck {
+		for _, e := range batch {
+			if strings.HasPrefix(e.Click.Code, stuckCode) {
+				return errors.New("test: the warehouse is stuck")
+			}
+		}
+	}
 	for range 2 {
 		b, err := l.conn.PrepareBatch(ctx, "INSERT INTO clicks (event_id, ts, owner, code, bot)")
 		if err != nil {
@@ -114,6 +127,7 @@ func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error 
 // system is NATS with the topology, the two stand-in readers, and the
 // environment and flags that point loadtest at them.
 type testSystem struct {
+	natsURL string
 	environ []string
 	flags   []string
 	tally   *tally
@@ -121,6 +135,27 @@ type testSystem struct {
 
 func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 	t.Helper()
+	return startSystemWith(t, systemOptions{lose: lose, loaderLinger: 20 * time.Millisecond})
+}
+
+// systemOptions change the stand-in readers.
+type systemOptions struct {
+	// lose makes the counter skip the events it returns true for.
+	lose func(events.Click) bool
+	// loaderLinger is the warehouse stand-in's linger: the real loader
+	// batches for a second, so while any traffic flows its backlog
+	// (delivered, not yet acknowledged) is rarely 0.
+	loaderLinger time.Duration
+	// loaderStuck makes the warehouse stand-in fail every batch holding a
+	// click on stuckCode: it never acknowledges them.
+	loaderStuck bool
+}
+
+const stuckCode = "lt-"
+
+func startSystemWith(t *testing.T, o systemOptions) *testSystem {
+	t.Helper()
+	lose, loaderLinger := o.lose, o.loaderLinger
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	opts := topology.Defaults()
@@ -137,10 +172,14 @@ func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 	var wg sync.WaitGroup
 	for group, h := range map[string]reader.Handler{
 		topology.GroupClickCounter:    ta.handle,
-		topology.GroupWarehouseLoader: (&loader{conn: conn}).handle,
+		topology.GroupWarehouseLoader: (&loader{conn: conn, stuck: o.loaderStuck}).handle,
 	} {
+		linger := 20 * time.Millisecond
+		if group == topology.GroupWarehouseLoader {
+			linger = loaderLinger
+		}
 		wg.Go(func() {
-			cfg := reader.Config{Group: group, Linger: 20 * time.Millisecond, Start: reader.StartAtOldest()}
+			cfg := reader.Config{Group: group, Linger: linger, Start: reader.StartAtOldest()}
 			if err := reader.Run(ctx, n.JetStream(t), cfg, h); err != nil && !errors.Is(err, context.Canceled) {
 				t.Errorf("reader %s: %v", group, err)
 			}
@@ -150,6 +189,7 @@ func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
 	srv := httptest.NewServer(ta)
 	t.Cleanup(srv.Close)
 	return &testSystem{
+		natsURL: n.URL,
 		environ: []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
 		flags: []string{
 			"--counter-url", srv.URL,
@@ -238,6 +278,87 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 	}
 }
 
+// trickle publishes clicks on another link of the run's owner, as `make
+// demo` does, until the test ends: the readers are never idle.
+func trickle(t *testing.T, natsURL string, every time.Duration) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			c := events.Click{V: events.ClickVersion, ID: uuid.Must(uuid.NewV7()).String(), Time: time.Now().UTC(),
+				Code: "nats-jetstream", Owner: "demo", Target: "http://127.0.0.1:8089/articles/nats-jetstream",
+				IPPrefix: "203.0.113.0/24", Visitor: "v1", UserAgent: "Mozilla/5.0", RequestID: "bg"}
+			data, _ := json.Marshal(&c)
+			msg := nats.NewMsg(events.ClickSubject(c.Owner, c.Code))
+			msg.Data = data
+			msg.Header.Set(events.HeaderMsgID, c.ID)
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = js.PublishMsg(pctx, msg)
+			pcancel()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+}
+
+// Next to `make demo` other clicks keep flowing and the warehouse batches
+// for a second, so some backlog is almost never 0: the run is caught up when
+// every reader has acknowledged the run's own last events, and the summary
+// says so.
+func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
+	t.Parallel()
+	s := startSystemWith(t, systemOptions{loaderLinger: time.Second})
+	trickle(t, s.natsURL, 20*time.Millisecond)
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "60s")...)
+	if err != nil {
+		t.Fatalf("loadtest events with other traffic flowing: %v\n%s", err, out)
+	}
+	if r := row(t, out, "readers caught up"); r[5] != "PASS" {
+		t.Errorf("readers caught up: %v, want PASS\n%s", r, out)
+	}
+	if !regexp.MustCompile(`catch-up time +[0-9.]+m?s \(end of load to every event of the run processed`).MatchString(out) {
+		t.Errorf("the summary gives no catch-up time for the run:\n%s", out)
+	}
+}
+
+// A reader that never processes the run's clicks (while others flow and it
+// acknowledges those): the readers row fails, naming it, and the summary
+// gives no catch-up time.
+func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
+	t.Parallel()
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, loaderStuck: true})
+	trickle(t, s.natsURL, 50*time.Millisecond)
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "8s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with a stuck warehouse: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "readers caught up"); r[2] != "1" || r[5] != "FAIL" {
+		t.Errorf("readers caught up: %v, want 1 missing and FAIL\n%s", r, out)
+	}
+	if !regexp.MustCompile(`readers caught up .*FAIL +\d+ partitions? behind the run's last event: warehouse-loader p\d acked \d+ of \d+`).MatchString(out) {
+		t.Errorf("the readers row does not name the warehouse's partitions behind:\n%s", out)
+	}
+	if !strings.Contains(out, "catch-up time        not reached") || strings.Contains(out, "processed by every reader)") {
+		t.Errorf("the summary claims a catch-up next to a failed readers row:\n%s", out)
+	}
+}
+
 func TestOracleFailsWhenAnEventIsDropped(t *testing.T) {
 	t.Parallel()
 	s := startSystem(t, nil)
@@ -307,6 +428,8 @@ func TestUsageErrors(t *testing.T) {
 		{name: "bad_require", args: []string{"verify", "--truth", "x.json", "--require", "everything"}},
 		{name: "bad_spec", args: []string{"events", "--bot-share", "2"}},
 		{name: "ramp_backwards", args: []string{"ramp", "--from", "10", "--to", "5"}},
+		{name: "chaos_without_faults", args: []string{"chaos"}},
+		{name: "chaos_bad_fault", args: []string{"chaos", "--fault", "drop:redis:12"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/loadtest/internal/workload"
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -147,7 +149,7 @@ func answers(ctx context.Context, url string) error {
 // sinks are the oracle's sources for one run.
 func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
 	log := jsread.NewClicks(s.js, owner, since)
-	out := oracle.Sinks{Log: log, Backlog: s.readers, Skip: s.skip}
+	out := oracle.Sinks{Log: log, Readers: s.readers, Skip: s.skip}
 	closers := []func(){log.Close}
 	if s.fraud {
 		v := jsread.NewVerdicts(s.js, owner, since)
@@ -263,6 +265,11 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 		rep.Verify = vr
 	}
 	rep.CatchUp = <-caught
+	if rep.Verify != nil && !readersPassed(rep.Verify.Rows) {
+		// The oracle, reading every event of the run, found a reader that
+		// had not processed it: whatever the watcher saw, not caught up.
+		rep.CatchUp = -1
+	}
 	stopBG()
 	wg.Wait()
 	rep.Summary = m.Summarise(loadEnd.Sub(start))
@@ -291,17 +298,39 @@ func finish(env *Env, dir string, rep *report.Report) error {
 }
 
 // waitCaughtUp polls until CLICKS holds at least the sent clicks of the
-// run (the redirect's outbox has drained) and every reader's backlog is 0,
-// and returns the time from end to then (-1: not within deadline).
+// run (the redirect's outbox has drained), then until every reader has
+// processed the run: on each partition, up to the owner's last click stored
+// once the run's were all in (the run's last click or later); then, on
+// FRAUD, up to the last verdict about the owner's links stored once the
+// readers of CLICKS got there. Other traffic flowing meanwhile (a demo's
+// trickle) neither hides a reader that is behind nor keeps the run from
+// being caught up. It returns the time from end to then (-1: not within
+// deadline).
 func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent uint64, end time.Time, deadline time.Duration) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	var targets *oracle.Targets
+	fraudKnown := false
 	for {
-		stored, err := jsread.StoredClicks(ctx, sys.js, owner, prefix)
-		if err == nil && stored >= sent {
-			b, err := sys.readers.Backlog(ctx)
-			if err == nil && total(b) == 0 {
-				return time.Since(end)
+		if targets == nil {
+			if stored, err := jsread.StoredClicks(ctx, sys.js, owner, prefix); err == nil && stored >= sent {
+				targets, _ = clickTargets(ctx, sys.js, owner)
+			}
+		}
+		if targets != nil {
+			if pos, err := sys.readers.Positions(ctx); err == nil {
+				_, behind := oracle.CaughtUp(pos, oracle.Targets{Clicks: targets.Clicks})
+				if len(behind) == 0 && !fraudKnown {
+					// Fraud detection has processed the run's clicks: the
+					// verdicts about them are stored.
+					targets.Fraud, err = jsread.LastStored(ctx, sys.js, events.FraudStream, events.FraudVerdictSubject(owner, "*"))
+					fraudKnown = err == nil || errors.Is(err, jetstream.ErrStreamNotFound)
+				}
+				if fraudKnown {
+					if _, behind = oracle.CaughtUp(pos, *targets); len(behind) == 0 {
+						return time.Since(end)
+					}
+				}
 			}
 		}
 		select {
@@ -310,6 +339,34 @@ func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent u
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// clickTargets is, per partition, the last of owner's clicks stored now.
+func clickTargets(ctx context.Context, js jetstream.JetStream, owner string) (*oracle.Targets, error) {
+	n, err := topology.Partitions(ctx, js)
+	if err != nil {
+		return nil, err
+	}
+	t := &oracle.Targets{Clicks: map[int]uint64{}}
+	for p := range n {
+		seq, err := jsread.LastStored(ctx, js, events.ClicksStream, strconv.Itoa(p)+"."+events.ClickSubject(owner, "*"))
+		if err != nil {
+			return nil, err
+		}
+		if seq > 0 {
+			t.Clicks[p] = seq
+		}
+	}
+	return t, nil
+}
+
+func readersPassed(rows []oracle.Result) bool {
+	for _, r := range rows {
+		if r.Sink == oracle.SinkReaders {
+			return r.Status == oracle.Pass
+		}
+	}
+	return true
 }
 
 func total(m map[string]uint64) uint64 {

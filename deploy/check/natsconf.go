@@ -288,6 +288,14 @@ func Users(partitions int) []User {
 				}),
 		},
 		{
+			Name: "webhooks", PasswordVar: "SNIP_NATS_WEBHOOKS_PASSWORD",
+			Why: "the webhooks group on CLICKS and its FRAUD alerts consumer; replays read CLICKS and FRAUD; announces disabled endpoints",
+			Grants: grants(jsBasics, groupReader(topology.GroupWebhooks, partitions),
+				reads(events.FraudStream, topology.WebhooksAlertsConsumer),
+				ordered(events.ClicksStream, events.FraudStream),
+				Grant{Pub: []string{topology.WebhooksDisabledSubjectPrefix + ">"}}),
+		},
+		{
 			Name: "console", PasswordVar: "SNIP_NATS_CONSOLE_PASSWORD",
 			Why: "the operator console and the owners' live click streams: read every stream, request replays (the members bucket), redrive dead letters",
 			Grants: grants(jsBasics,

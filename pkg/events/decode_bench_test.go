@@ -28,3 +28,21 @@ func BenchmarkDecodeClick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReadClick is DecodeClick plus the rule of validity's subject,
+// partition and time checks: the cost each reader and the relay pay per click.
+func BenchmarkReadClick(b *testing.B) {
+	data := benchClickJSON(b)
+	subject := "3.clicks.acme.abc123"
+	if p := Partition("abc123", 8); p != 3 {
+		subject = string(rune('0'+p)) + ".clicks.acme.abc123"
+	}
+	stored := time.Now()
+	b.ReportAllocs()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := ReadClick(data, subject, 8, stored); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -13,4 +13,9 @@
 // Owner IDs and link codes are subject tokens (ValidToken): letters, digits,
 // '-' and '_'. That keeps subjects such as clicks.<owner>.<code> safe to build
 // by concatenation.
+//
+// Validity is one rule, here: ReadClick (DecodeClick, then CheckClick: the
+// subject and the payload agree on owner, code and partition, and the time is
+// plausible). Every reader and the outbox relay apply it, so an event invalid
+// for one of them is parked by all, under the same Reason, and counted by none.
 package events

@@ -63,13 +63,16 @@ func Poison(index int, reason string, err error) error {
 	return &PoisonError{Index: index, Reason: reason, Err: err}
 }
 
-// Dead-letter reasons the runtime itself uses.
+// Dead-letter reasons the runtime itself uses: an event that fails
+// events.ReadClick is parked under events.Reason of its error, before any
+// handler sees it (these two, and events.ReasonSubjectMismatch,
+// ReasonWrongPartition and ReasonImplausibleTime).
 const (
 	// ReasonMalformed: the payload is not a valid click.
-	ReasonMalformed = "malformed"
+	ReasonMalformed = events.ReasonMalformed
 	// ReasonUnknownVersion: the payload's schema version is not one this
 	// build reads.
-	ReasonUnknownVersion = "unknown_version"
+	ReasonUnknownVersion = events.ReasonUnknownVersion
 )
 
 // Start says where a group's consumers begin when they are first created.

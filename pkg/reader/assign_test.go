@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -90,5 +92,77 @@ func TestAssignMovesLittleWhenAMemberLeaves(t *testing.T) {
 		if moved > 3*owned+1 {
 			t.Errorf("trial %d: %d partitions over %d members: removing one owning %d moved %d", trial, p, len(ms), owned, moved)
 		}
+	}
+}
+
+// claimsOf turns an assignment into the claims its members publish.
+func claimsOf(owner []string) map[string][]int {
+	c := map[string][]int{}
+	for p, m := range owner {
+		c[m] = append(c[m], p)
+	}
+	return c
+}
+
+// When a member dies and idle members exist, only its partitions move, each
+// to a member that was idle; every healthy member keeps its partitions.
+// Rendezvous hashing alone fails this in some of these trials (a busy
+// member takes the dead one's partition and gives its own up).
+func TestAssignStickyMovesOnlyTheDeadMembersPartitions(t *testing.T) {
+	t.Parallel()
+	cascades := 0
+	for trial := range 300 {
+		parts := 2 + trial%8
+		ms := members(parts + 1 + trial%4)
+		before := reader.AssignSticky("g", parts, ms, nil)
+		dead := before[trial%parts]
+		alive := slices.DeleteFunc(slices.Clone(ms), func(m string) bool { return m == dead })
+		after := reader.AssignSticky("g", parts, alive, claimsOf(before))
+		busy := map[string]bool{}
+		for _, m := range before {
+			busy[m] = true
+		}
+		for p := range parts {
+			switch {
+			case before[p] != dead && after[p] != before[p]:
+				t.Fatalf("trial %d: healthy %s lost partition %d to %s (before %v, after %v)", trial, before[p], p, after[p], before, after)
+			case before[p] == dead && busy[after[p]]:
+				t.Fatalf("trial %d: the dead member's partition %d went to busy %s while idle members exist", trial, p, after[p])
+			}
+		}
+		if stateless := reader.Assign("g", parts, alive); !slices.Equal(stateless, after) {
+			cascades++
+		}
+	}
+	t.Logf("rendezvous hashing alone would have assigned differently (moving healthy members' partitions) in %d of 300 trials", cascades)
+}
+
+// A member keeps no more than the bound when members join, and claims of
+// members that are gone are ignored.
+func TestAssignStickyBoundsAndIgnoresTheDead(t *testing.T) {
+	t.Parallel()
+	ms := members(2)
+	before := reader.AssignSticky("g", 8, ms, nil)
+	joined := append(slices.Clone(ms), "member-9")
+	after := reader.AssignSticky("g", 8, joined, claimsOf(before))
+	load := map[string]int{}
+	kept := 0
+	for p, m := range after {
+		load[m]++
+		if before[p] == m {
+			kept++
+		}
+	}
+	for m, n := range load {
+		if n > 3 {
+			t.Errorf("%s owns %d partitions after a join, bound 3", m, n)
+		}
+	}
+	if kept != 6 {
+		t.Errorf("%d partitions stayed, want 6 (each old member keeps 3)", kept)
+	}
+	ghost := reader.AssignSticky("g", 4, []string{"a", "b"}, map[string][]int{"dead": {0, 1, 2, 3}})
+	if d := cmp.Diff(reader.Assign("g", 4, []string{"a", "b"}), ghost); d != "" {
+		t.Errorf("a dead member's claims changed the assignment (-want +got):\n%s", d)
 	}
 }

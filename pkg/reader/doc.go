@@ -10,12 +10,15 @@
 // of one link are handled in order, one at a time, by one process:
 //
 //   - Members announce themselves with heartbeat leases in the snip_members
-//     KV bucket (key "<group>.<member>", per-key TTL). A member that stops
-//     heartbeating expires; one that stops gracefully deletes its key.
-//   - Every member computes the same assignment from the live members:
-//     rendezvous hashing with bounded load, so no member has more than
-//     ceil(partitions/members) partitions and a membership change moves few
-//     partitions. With 6 partitions and 10 members, exactly 6 members work.
+//     KV bucket (key "<group>.members.<member>", per-key TTL). A member that
+//     stops heartbeating expires; one that stops gracefully deletes its key.
+//   - Every member computes the same assignment from the live members and
+//     the partitions each says it holds (its claims, in its heartbeat):
+//     claims are kept up to the bound ceil(partitions/members), the rest go
+//     by rendezvous hashing with bounded load (AssignSticky). So no member
+//     has more than the bound, and when a member dies while idle members
+//     exist only its partitions move, to idle members. With 6 partitions
+//     and 10 members, exactly 6 members work.
 //   - The consumers use JetStream's pinned_client priority policy, so even
 //     while members disagree during a change only one client can pull a
 //     partition. A member that gives a partition up finishes and acks its
@@ -30,8 +33,11 @@
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
 // batch when the handler returns nil. A transient error makes the partition
 // wait and retry the same batch with backoff; a PoisonError parks one event
-// on DEAD_LETTER and moves on. Malformed events and unknown schema versions
-// are parked by the runtime before the handler sees them.
+// on DEAD_LETTER and moves on. Events that fail the one rule of validity
+// (events.ReadClick: malformed, unknown schema version, subject and payload
+// disagreeing on owner, code or partition, implausible time) are parked by
+// the runtime before the handler sees them, so every reader parks the same
+// events.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -135,16 +135,41 @@ func (r *recorder) track(cfg reader.Config) reader.Config {
 	return cfg
 }
 
-// owns reports whether partition ownership is exactly want.
-func (r *recorder) owns(want []string) bool {
+// settled reports whether each of the partitions has exactly one owner and
+// no member owns more than bound.
+func (r *recorder) settled(partitions, bound int) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for p, m := range want {
-		if len(r.owners[p]) != 1 || !r.owners[p][m] {
+	load := map[string]int{}
+	for p := range partitions {
+		if len(r.owners[p]) != 1 {
+			return false
+		}
+		for m := range r.owners[p] {
+			load[m]++
+		}
+	}
+	for _, n := range load {
+		if n > bound {
 			return false
 		}
 	}
 	return true
+}
+
+// ownersNow returns each partition's single owner ("" if none or several).
+func (r *recorder) ownersNow(partitions int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, partitions)
+	for p := range partitions {
+		if len(r.owners[p]) == 1 {
+			for m := range r.owners[p] {
+				out[p] = m
+			}
+		}
+	}
+	return out
 }
 
 func (r *recorder) distinct() int {

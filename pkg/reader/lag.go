@@ -16,6 +16,11 @@ import (
 // events not yet delivered, delivered but not acked, and when the oldest
 // unprocessed event was stored. It reads the server's state, so it is right
 // even when every member is down; the console and `snipctl lag` use it.
+//
+// The server updates a consumer's pending count asynchronously (it acks a
+// publish, then signals the stream's consumers from another goroutine), so
+// right after a publish Lag may not count the newest events yet; a moment
+// later it does. It is a monitor, not a barrier.
 func Lag(ctx context.Context, js jetstream.JetStream, group string) ([]PartitionLag, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {

@@ -66,9 +66,18 @@ type member struct {
 	rewind atomic.Pointer[rewindRequest]
 
 	// Owned by the control loop.
-	live    map[string]bool
+	live map[string]bool
+	// claims are the partitions each live member said it holds, in its
+	// last heartbeat: the assignment keeps them (AssignSticky).
+	claims  map[string][]int
 	workers map[int]*worker
 	owned   []int
+
+	// published is what this member's heartbeat says it holds; claimed
+	// asks the heartbeat to publish it now, so the others see a change
+	// without waiting for the next beat.
+	published atomic.Pointer[[]int]
+	claimed   chan struct{}
 }
 
 func (m *member) run(ctx context.Context) error {
@@ -82,7 +91,10 @@ func (m *member) run(ctx context.Context) error {
 		return err
 	}
 	m.live = map[string]bool{}
+	m.claims = map[string][]int{}
 	m.workers = map[int]*worker{}
+	m.claimed = make(chan struct{}, 1)
+	m.published.Store(&[]int{})
 	m.log.Info("joining consumer group", "partitions", m.partitions)
 
 	hbCtx, stopHB := context.WithCancel(hard)
@@ -184,18 +196,32 @@ func (m *member) ensureConsumer(ctx context.Context, s jetstream.Stream, p int) 
 	return nil
 }
 
+// lease is a member's heartbeat value.
+type lease struct {
+	Member string    `json:"member"`
+	Host   string    `json:"host"`
+	PID    int       `json:"pid"`
+	Since  time.Time `json:"since"`
+	// Owned are the partitions the member holds: its claims, which the
+	// assignment keeps while it lives (AssignSticky).
+	Owned []int `json:"owned"`
+}
+
 // heartbeat keeps this member's lease alive: a KV entry with a per-message
-// TTL of LeaseTTL, rewritten every LeaseTTL/3. If the member stops (crash,
-// partition from NATS), the server deletes the entry when the TTL runs out
-// and the other members see a delete marker.
+// TTL of LeaseTTL, rewritten every LeaseTTL/3, and at once when the
+// partitions it holds change. If the member stops (crash, partition from
+// NATS), the server deletes the entry when the TTL runs out and the other
+// members see a delete marker.
 func (m *member) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
-	val, _ := json.Marshal(map[string]any{"member": m.cfg.Member, "host": host, "pid": os.Getpid(), "since": time.Now().UTC()})
+	l := lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: time.Now().UTC()}
 	subj := memberSubject(m.cfg.Group, m.cfg.Member)
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)
 	defer t.Stop()
 	failing := false
 	for {
+		l.Owned = *m.published.Load()
+		val, _ := json.Marshal(l)
 		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL/3)
 		_, err := m.js.Publish(pctx, subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL))
 		cancel()
@@ -211,6 +237,7 @@ func (m *member) heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-m.claimed:
 		}
 	}
 }
@@ -238,6 +265,7 @@ func (m *member) control(ctx context.Context, exited chan *worker) {
 			}
 		}
 		m.live = map[string]bool{}
+		m.claims = map[string][]int{}
 		synced := false
 	watching:
 		for {
@@ -291,8 +319,15 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		id := strings.TrimPrefix(key, memberPrefix(m.cfg.Group))
 		if e.Operation() == jetstream.KeyValuePut {
 			m.live[id] = true
+			var l lease
+			if err := json.Unmarshal(e.Value(), &l); err == nil {
+				m.claims[id] = l.Owned
+			} else {
+				delete(m.claims, id)
+			}
 		} else {
 			delete(m.live, id)
+			delete(m.claims, id)
 		}
 	case key == rewindKey(m.cfg.Group) && e.Operation() == jetstream.KeyValuePut:
 		var r rewindRequest
@@ -327,17 +362,27 @@ func (m *member) resync(ctx context.Context) {
 	if !maps.Equal(live, m.live) {
 		m.log.Warn("membership resync corrected the live set", "was", len(m.live), "now", len(live))
 		m.live = live
+		for id := range m.claims {
+			if !live[id] {
+				delete(m.claims, id)
+			}
+		}
 	}
 }
 
 // reconcile starts and stops workers so this member owns exactly the
 // partitions the assignment gives it. A member that cannot see its own
 // lease owns nothing: that is how a member cut off from NATS fences itself.
+// The assignment keeps what live members hold (their heartbeats' claims;
+// this member's own from its current view), so a failover moves only the
+// dead member's partitions.
 func (m *member) reconcile(exited chan *worker) {
 	var want []int
 	if m.live[m.cfg.Member] {
 		members := slices.Collect(maps.Keys(m.live))
-		for p, owner := range Assign(m.cfg.Group, m.partitions, members) {
+		claims := maps.Clone(m.claims)
+		claims[m.cfg.Member] = m.owned
+		for p, owner := range AssignSticky(m.cfg.Group, m.partitions, members, claims) {
 			if owner == m.cfg.Member {
 				want = append(want, p)
 			}
@@ -368,6 +413,12 @@ func (m *member) reconcile(exited chan *worker) {
 		m.met.rebalances.WithLabelValues(m.cfg.Group).Inc()
 		m.log.Info("partitions assigned", "owned", want, "live_members", len(m.live))
 		m.owned = want
+		owned := slices.Clone(want)
+		m.published.Store(&owned)
+		select {
+		case m.claimed <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -530,13 +530,12 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		if md.NumDelivered > 1 {
 			m.met.redelivered.WithLabelValues(m.cfg.Group).Inc()
 		}
-		click, err := events.DecodeClick(msg.Data())
+		// The one rule of validity, the same in every reader and at the
+		// relay: an invalid event is parked here, so no handler counts,
+		// loads or judges it.
+		click, err := events.ReadClick(msg.Data(), msg.Subject(), m.partitions, md.Timestamp)
 		if err != nil {
-			reason := ReasonMalformed
-			if errors.Is(err, events.ErrUnknownVersion) {
-				reason = ReasonUnknownVersion
-			}
-			if err := w.park(msg, md, reason, err); err != nil {
+			if err := w.park(msg, md, events.Reason(err), err); err != nil {
 				return err
 			}
 			continue

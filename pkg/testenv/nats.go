@@ -36,20 +36,9 @@ func StartNATS(tb testing.TB) *NATS {
 		tb.Fatalf("testenv: nats: %v", err)
 	}
 	n := &NATS{
-		tb: tb,
-		opts: server.Options{
-			ServerName: "snip-test",
-			Host:       "127.0.0.1",
-			Port:       port,
-			NoLog:      true,
-			NoSigs:     true,
-			JetStream:  true,
-			StoreDir:   filepath.Join(tb.TempDir(), "jetstream"),
-			// Room for the message IDs of large duplicate windows in load tests.
-			JetStreamMaxMemory: 1 << 30,
-			JetStreamMaxStore:  8 << 30,
-		},
-		URL: "nats://127.0.0.1:" + strconv.Itoa(port),
+		tb:   tb,
+		opts: NATSOptions(port, filepath.Join(tb.TempDir(), "jetstream")),
+		URL:  "nats://127.0.0.1:" + strconv.Itoa(port),
 	}
 	n.Start()
 	tb.Cleanup(n.Stop)
@@ -64,17 +53,45 @@ func (n *NATS) Start() {
 	if n.srv != nil {
 		return
 	}
-	opts := n.opts // the server keeps and mutates its options
-	srv, err := server.NewServer(&opts)
+	srv, err := RunNATSServer(n.opts)
 	if err != nil {
-		n.tb.Fatalf("testenv: nats: new server: %v", err)
+		n.tb.Fatalf("testenv: %v", err)
+	}
+	n.srv = srv
+}
+
+// NATSOptions are the options of Snip's embedded test server: loopback only,
+// JetStream on with its store in storeDir, no logs, no signal handlers.
+// Tools that run real components outside a test (snipctl scenario) use it
+// with RunNATSServer.
+func NATSOptions(port int, storeDir string) server.Options {
+	return server.Options{
+		ServerName: "snip-test",
+		Host:       "127.0.0.1",
+		Port:       port,
+		NoLog:      true,
+		NoSigs:     true,
+		JetStream:  true,
+		StoreDir:   storeDir,
+		// Room for the message IDs of large duplicate windows in load tests.
+		JetStreamMaxMemory: 1 << 30,
+		JetStreamMaxStore:  8 << 30,
+	}
+}
+
+// RunNATSServer starts an embedded server with a copy of opts and waits until
+// it accepts connections. The caller shuts it down.
+func RunNATSServer(opts server.Options) (*server.Server, error) {
+	srv, err := server.NewServer(&opts) // the server keeps and mutates its options
+	if err != nil {
+		return nil, fmt.Errorf("nats: new server: %w", err)
 	}
 	go srv.Start()
 	if !srv.ReadyForConnections(20 * time.Second) {
 		srv.Shutdown()
-		n.tb.Fatalf("testenv: nats: not ready on %s after 20s", n.URL)
+		return nil, fmt.Errorf("nats: not ready on %s:%d after 20s", opts.Host, opts.Port)
 	}
-	n.srv = srv
+	return srv, nil
 }
 
 // Stop shuts the server down; clients see a disconnect and reconnect when

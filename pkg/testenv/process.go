@@ -116,6 +116,16 @@ func (p *process) signal(sig syscall.Signal, wait bool, timeout time.Duration) {
 	p.mu.Unlock()
 }
 
+// pid is the running process's ID, 0 when it is not running.
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // stop terminates the process gracefully (SIGTERM, then SIGKILL after timeout).
 func (p *process) stop(timeout time.Duration) { p.signal(syscall.SIGTERM, true, timeout) }
 

@@ -106,6 +106,10 @@ func (r *RedisServer) Kill() { r.proc.kill() }
 func (r *RedisServer) Pause()  { r.proc.pause() }
 func (r *RedisServer) Resume() { r.proc.resume() }
 
+// PID is the server's process ID (0 when stopped), for tools that signal it
+// themselves, as an operator would (the load test's chaos suite).
+func (r *RedisServer) PID() int { return r.proc.pid() }
+
 // Close stops the server for good.
 func (r *RedisServer) Close() {
 	r.proc.resume()

@@ -1,6 +1,7 @@
 package testenv_test
 
 import (
+	"context"
 	"os"
 	"testing"
 	"time"
@@ -72,5 +73,30 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "stream T with 1 message after restart", func() bool {
 		s, err := js.Stream(ctx, "T")
 		return err == nil && s.CachedInfo().State.Msgs == 1
+	})
+}
+
+// TestRedisPauseFreezesAndResumeThaws: a paused Redis (SIGSTOP on its PID)
+// accepts no answer until it is resumed, and keeps its data.
+func TestRedisPauseFreezesAndResumeThaws(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	if r.PID() <= 1 {
+		t.Fatalf("PID() = %d", r.PID())
+	}
+	c, _ := r.NewDB(t)
+	if err := c.Set(t.Context(), "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Pause()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	err := c.Get(ctx, "k").Err()
+	cancel()
+	if err == nil {
+		t.Fatal("GET answered while Redis was paused")
+	}
+	r.Resume()
+	testenv.WaitFor(t, 10*time.Second, "redis to answer after resume", func() bool {
+		return c.Get(t.Context(), "k").Val() == "v"
 	})
 }

@@ -23,6 +23,12 @@ const (
 	ClickCounterVerdictsConsumer = "click-counter-verdicts"
 )
 
+// FeedAckWait is the AckWait of the counter's LINKS and FRAUD consumers:
+// what a killed instance held comes back to the others this long after its
+// death. The feeds mark messages in progress every FeedAckWait/3 while they
+// hold them, so a live instance's slow batch is not redelivered.
+const FeedAckWait = 2 * time.Second
+
 // ClickCounterLinksConsumerConfig is a durable consumer on every LINKS
 // event, from the first. All counter instances share it (each event is
 // handled by one of them); the counter applies an event only if its sequence
@@ -35,7 +41,7 @@ func ClickCounterLinksConsumerConfig() jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		FilterSubject: events.LinksSubjects,
-		AckWait:       30 * time.Second,
+		AckWait:       FeedAckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: 1000,
 	}
@@ -52,7 +58,7 @@ func ClickCounterVerdictsConsumerConfig() jetstream.ConsumerConfig {
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		FilterSubject: events.FraudVerdictSubjects,
-		AckWait:       30 * time.Second,
+		AckWait:       FeedAckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: 1000,
 	}

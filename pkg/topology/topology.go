@@ -57,7 +57,7 @@ const (
 	GroupWarehouseLoader = "warehouse-loader"
 )
 
-// Preview job retry policy (DESIGN.md): five deliveries; the ack deadline of
+// Preview job retry policy (the contract in docs/architecture.md): five deliveries; the ack deadline of
 // delivery n is PreviewBackOff[n-1] (the last value repeats), so a worker that
 // crashes mid-fetch hands the job on after a short, growing wait.
 var PreviewBackOff = []time.Duration{1 * time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
@@ -222,7 +222,7 @@ func PreviewConsumerConfig() jetstream.ConsumerConfig {
 func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket:         MembersBucket,
-		Description:    "Consumer-group member leases: <group>.<member>",
+		Description:    "Consumer-group member leases <group>.members.<member>; replay requests <group>.rewind and <group>.rewound.<partition>",
 		History:        1,
 		Storage:        o.Storage,
 		Replicas:       o.Replicas,
@@ -245,6 +245,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	if err := ApplyClickCounter(ctx, js); err != nil {
+		return err
+	}
+	if err := ApplyWebhooks(ctx, js); err != nil {
 		return err
 	}
 	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {

@@ -330,3 +330,44 @@ func TestRedeliveryAndDuplicatePublishCountOnce(t *testing.T) {
 		return metricValue(t, svc.addr, `snip_clickcounter_duplicates_total{kind="event_id"}`) >= 1
 	})
 }
+
+// The clicks every reader parks (events.ReadClick) are parked by the counter
+// too and counted by none: a payload code that differs from its subject's
+// (and hashes to another partition), a click dated 1999, and a subject owner
+// that differs from the payload owner.
+func TestInvalidClicksAreParkedAndNotCounted(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	cs := s.publishClicks(t, codes(2), 5, nil)
+	pub := func(subject string, c events.Click) {
+		t.Helper()
+		b, _ := json.Marshal(c)
+		if _, err := s.js.Publish(t.Context(), subject, b, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := cs[0]
+	mismatch := base
+	mismatch.ID = events.NewID()
+	for mismatch.Code = base.Code + "x"; events.Partition(mismatch.Code, testPartitions) == events.Partition(base.Code, testPartitions); {
+		mismatch.Code += "x"
+	}
+	pub(events.ClickSubject(base.Owner, base.Code), mismatch)
+	old := base
+	old.ID, old.Time = events.NewID(), time.Date(1999, 6, 1, 0, 0, 0, 0, time.UTC)
+	pub(events.ClickSubject(base.Owner, base.Code), old)
+	owner := base
+	owner.ID = events.NewID()
+	pub(events.ClickSubject("mallory", base.Code), owner)
+	more := s.publishClicks(t, codes(2), 1, nil) // after them, so the partitions went past them
+
+	waitTotals(t, svc.addr, totals(append(cs, more...), 1))
+	testenv.WaitFor(t, 30*time.Second, "the 3 invalid clicks parked", func() bool {
+		return metricValue(t, svc.addr, `snip_reader_parked_total{group="click-counter",reason="subject_mismatch"}`) == 2 &&
+			metricValue(t, svc.addr, `snip_reader_parked_total{group="click-counter",reason="implausible_time"}`) == 1
+	})
+	if st, ok := statsOf(t, svc.addr, mismatch.Code); ok && st.Totals != (counter.Pair{}) {
+		t.Errorf("the mismatched click's code %s has counts %+v", mismatch.Code, st.Totals)
+	}
+}

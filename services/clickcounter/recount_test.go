@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -266,4 +267,56 @@ func TestLinksFeedKnowsLinksWithoutClicks(t *testing.T) {
 		_, ok := statsOf(t, svc.addr, "fresh")
 		return !ok
 	})
+}
+
+// The negative count, end to end: a click published on one link's subject
+// whose payload names a link of another partition (stored in the first
+// link's partition, parked by every reader), and verdicts naming it with the
+// partition and sequence it was stored at. The counter applies none of them,
+// although its own partition for the named code has counted past that
+// sequence: the code's counts never go negative.
+func TestVerdictsAboutAClickStoredInAnotherPartitionMoveNothing(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	const code = "hac-neg-b"
+	other := "carrier"
+	for events.Partition(other, testPartitions) == events.Partition(code, testPartitions) {
+		other += "x"
+	}
+	cs := s.publishClicks(t, []string{code}, 3, nil)
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: 3}})
+
+	const strays = 13
+	for i := range strays {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: code, Owner: "acme",
+			Target: "https://example.com/", Visitor: "v1", Country: "US"}
+		b, _ := json.Marshal(c)
+		ack, err := s.js.Publish(t.Context(), events.ClickSubject("acme", other), b, jetstream.WithMsgID(c.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := events.FraudVerdict{V: events.FraudVersion, ID: fmt.Sprintf("stray-%d", i), ClickID: c.ID,
+			Partition: events.Partition(other, testPartitions), ClickSeq: ack.Sequence, // where it was stored
+			Code: code, Owner: "acme", Rule: "link_flood", Bot: true, ClickTime: c.Time, Country: c.Country, Time: time.Now().UTC()}
+		vb, _ := json.Marshal(v)
+		if _, err := s.js.Publish(t.Context(), events.FraudVerdictSubject("acme", code), vb, jetstream.WithMsgID(v.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// More traffic on the code's own partition, past the strays' sequences.
+	cs = append(cs, s.publishClicks(t, []string{code}, 2, nil)...)
+	testenv.WaitFor(t, 30*time.Second, "the verdicts to be handled", func() bool {
+		return metricValue(t, svc.addr, `snip_clickcounter_feed_messages_total{feed="verdicts",result="ok"}`) == strays
+	})
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: int64(len(cs))}})
+	if got := metricValue(t, svc.addr, `snip_clickcounter_corrections_total{result="not_counted"}`); got != strays {
+		t.Errorf("corrections_total{result=not_counted} = %v, want %d", got, strays)
+	}
+	st, _ := statsOf(t, svc.addr, code)
+	for _, c := range st.TopCountries {
+		if c.Pair.Human < 0 || c.Pair.Bot < 0 {
+			t.Errorf("country %s has negative counts %+v", c.Name, c.Pair)
+		}
+	}
 }

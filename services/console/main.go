@@ -33,6 +33,7 @@ import (
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/readers"
 	"github.com/snipdev/snip/services/console/internal/warehouseview"
+	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
 
 func main() {
@@ -111,7 +112,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	web := webserver.New(log, reg)
 	err = httpapi.Register(web.Echo, httpapi.Deps{
 		Readers: readers.New(js, th), Live: hub, Alerts: fraudAlerts, DeadLetters: dlq.New(js),
-		Outbox: outboxstate.New(rdb, th.Level), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb), KeyRecheck: cfg.OwnerKeyRecheck,
+		Outbox: outboxstate.New(rdb, th.Level), Webhooks: webhookstate.New(rdb), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb), KeyRecheck: cfg.OwnerKeyRecheck,
 		Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure,
 			FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval, TrustedProxies: trusted},
 		Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},

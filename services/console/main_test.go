@@ -195,7 +195,7 @@ func TestPageHasEveryPanelAndLoadsNothingFromElsewhere(t *testing.T) {
 		t.Fatalf("GET /: %d", code)
 	}
 	page := string(b)
-	for _, id := range []string{"panel-readers", "panel-consumers", "panel-outbox", "panel-live", "panel-alerts", "panel-dlq", "panel-warehouse", "replay-dialog"} {
+	for _, id := range []string{"panel-readers", "panel-consumers", "panel-outbox", "panel-webhooks", "panel-live", "panel-alerts", "panel-dlq", "panel-warehouse", "replay-dialog"} {
 		if !strings.Contains(page, `id="`+id+`"`) {
 			t.Errorf("the page has no #%s", id)
 		}

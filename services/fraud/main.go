@@ -131,7 +131,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}
 	store := redisstore.New(rdb, partitions, cfg.AlertsPerOwner)
 	reg := prometheus.NewRegistry()
-	rd := fraud.NewReader(det, clicklog.New(js), pub, store, log, fraud.NewMetrics(reg))
+	rd := fraud.NewReader(det, clicklog.New(js, partitions), pub, store, log, fraud.NewMetrics(reg))
 
 	web := webserver.New(log, reg)
 	web.AddReadiness("nats", func(context.Context) error {

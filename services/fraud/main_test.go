@@ -459,3 +459,52 @@ func TestConfig(t *testing.T) {
 		t.Fatalf("secret in logged config: %s", b.String())
 	}
 }
+
+// The clicks every reader parks (events.ReadClick) are parked by fraud
+// detection too and judged by none (no verdict can name them): a payload
+// code that differs from its subject's (and hashes to another partition), a
+// click dated 1999, and a subject owner that differs from the payload owner.
+func TestInvalidClicksAreParkedAndNotJudged(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	_, db := servers.Redis.NewDB(t)
+	svc := start(t, n, db, "m1")
+	now := time.Now().UTC()
+	valid := func(code string) events.Click {
+		return events.Click{V: events.ClickVersion, ID: events.NewID(), Time: now, Code: code, Owner: "acme",
+			Target: "https://example.com/", Visitor: "v1", UserAgent: "Mozilla/5.0"}
+	}
+	pub := func(subject string, c events.Click) {
+		t.Helper()
+		b, _ := json.Marshal(c)
+		if _, err := js.Publish(t.Context(), subject, b, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := []events.Click{valid("link0"), valid("link1"), valid("link2")}
+	for _, c := range good {
+		pub(events.ClickSubject(c.Owner, c.Code), c)
+	}
+	mismatch := valid("link0x")
+	for events.Partition(mismatch.Code, partitions) == events.Partition("link0", partitions) {
+		mismatch.Code += "x"
+	}
+	pub(events.ClickSubject("acme", "link0"), mismatch)
+	old := valid("link1")
+	old.Time = time.Date(1999, 6, 1, 0, 0, 0, 0, time.UTC)
+	pub(events.ClickSubject("acme", "link1"), old)
+	owner := valid("link2")
+	pub(events.ClickSubject("mallory", "link2"), owner)
+
+	testenv.WaitFor(t, time.Minute, "the group to catch up", func() bool { return caughtUp(t, js) })
+	if got := svc.metric(t, "fraud_events_judged_total"); got != float64(len(good)) {
+		t.Errorf("fraud_events_judged_total = %v, want %d (the valid clicks only)", got, len(good))
+	}
+	if got := svc.metric(t, `snip_reader_parked_total{group="fraud-detection",reason="subject_mismatch"}`); got != 2 {
+		t.Errorf("parked subject_mismatch = %v, want 2", got)
+	}
+	if got := svc.metric(t, `snip_reader_parked_total{group="fraud-detection",reason="implausible_time"}`); got != 1 {
+		t.Errorf("parked implausible_time = %v, want 1", got)
+	}
+}

@@ -53,10 +53,27 @@ type Config struct {
 	// about 500 bytes in Redis, so the default is about 1 GB of clicks:
 	// 30 minutes of a NATS outage at 1,000 clicks/s.
 	OutboxMaxEntries int64 `env:"SNIP_OUTBOX_MAX_ENTRIES" envDefault:"2000000"`
-	// UnrecordedPolicy is what a redirect does when its click cannot be
-	// written to the outbox: "redirect" (302 anyway, counted in
-	// clicks_unrecorded_total) or "reject" (503).
-	UnrecordedPolicy redirect.Policy `env:"SNIP_UNRECORDED_POLICY" envDefault:"redirect"`
+	// UnrecordedPolicy is what a redirect does when its click can be
+	// recorded neither in the outbox nor straight in JetStream: "reject"
+	// (503, never counted) or "redirect" (302 anyway, counted in
+	// clicks_unrecorded_total, the click lost).
+	UnrecordedPolicy redirect.Policy `env:"SNIP_UNRECORDED_POLICY" envDefault:"reject"`
+	// OutboxWait is how long a redirect waits for Redis to store its click
+	// before publishing it straight to JetStream instead (and waiting for
+	// the ack, at most DirectTimeout). It bounds what a stopped Redis adds
+	// to a redirect.
+	OutboxWait time.Duration `env:"SNIP_OUTBOX_WAIT" envDefault:"100ms"`
+	// OutboxValidity: a click's outbox entry is relayed only if Redis stored
+	// it (by its stream ID, Redis's clock) within this long of the
+	// redirect handing it over (this host's clock); a later one is deleted
+	// unpublished, because the redirect had stopped waiting for it. The
+	// margin above SNIP_OUTBOX_WAIT tolerates Redis's clock running ahead.
+	OutboxValidity time.Duration `env:"SNIP_OUTBOX_VALIDITY" envDefault:"1s"`
+	// DirectTimeout bounds the wait for JetStream's ack of a click
+	// published straight to CLICKS.
+	DirectTimeout time.Duration `env:"SNIP_DIRECT_TIMEOUT" envDefault:"500ms"`
+	// LookupTimeout bounds a link lookup in Redis on a cache miss.
+	LookupTimeout time.Duration `env:"SNIP_LOOKUP_TIMEOUT" envDefault:"250ms"`
 	// CommitMaxBatch and CommitWorkers shape the group commit.
 	CommitMaxBatch int `env:"SNIP_COMMIT_MAX_BATCH" envDefault:"256"`
 	CommitWorkers  int `env:"SNIP_COMMIT_WORKERS" envDefault:"2"`
@@ -102,6 +119,14 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_OUTBOX_SHARDS %d: want 1..1024", c.OutboxShards)
 	case c.OutboxMaxEntries < int64(c.OutboxShards):
 		return fmt.Errorf("SNIP_OUTBOX_MAX_ENTRIES %d: want at least one per shard", c.OutboxMaxEntries)
+	case c.OutboxWait <= 0 || c.OutboxWait > 5*time.Second:
+		return fmt.Errorf("SNIP_OUTBOX_WAIT %s: want more than 0, at most 5s", c.OutboxWait)
+	case c.OutboxValidity < c.OutboxWait:
+		return fmt.Errorf("SNIP_OUTBOX_VALIDITY %s: want at least SNIP_OUTBOX_WAIT (%s)", c.OutboxValidity, c.OutboxWait)
+	case c.DirectTimeout <= 0:
+		return fmt.Errorf("SNIP_DIRECT_TIMEOUT %s: want more than 0", c.DirectTimeout)
+	case c.LookupTimeout <= 0:
+		return fmt.Errorf("SNIP_LOOKUP_TIMEOUT %s: want more than 0", c.LookupTimeout)
 	case c.RelayLeaseTTL < 300*time.Millisecond:
 		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms", c.RelayLeaseTTL)
 	case c.CacheSize < 1:
@@ -148,6 +173,13 @@ func (c *Config) nats() natsconn.Config {
 	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
 }
 
+// natsDirect is the connection for clicks published straight to CLICKS.
+func (c *Config) natsDirect() natsconn.Config {
+	n := c.nats()
+	n.Name = "redirect direct " + c.Instance
+	return n
+}
+
 func (c *Config) topology() topology.Options {
 	o := topology.Defaults()
 	o.Partitions = c.Partitions
@@ -166,7 +198,8 @@ func (c *Config) logValue() map[string]any {
 	return map[string]any{
 		"http_addr": c.HTTPAddr, "nats_url": c.NATSURL, "nats_user": c.NATSUser, "nats_password": mask(c.NATSPassword),
 		"redis_url": redactURL(c.RedisURL), "partitions": c.Partitions, "outbox_shards": c.OutboxShards,
-		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "relay_window": c.RelayWindow,
+		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "outbox_wait": c.OutboxWait.String(), "outbox_validity": c.OutboxValidity.String(),
+		"direct_timeout": c.DirectTimeout.String(), "lookup_timeout": c.LookupTimeout.String(), "relay_window": c.RelayWindow,
 		"relay_lease_ttl": c.RelayLeaseTTL.String(), "cache_size": c.CacheSize, "cache_ttl": c.CacheTTL.String(),
 		"link_create_limit": c.LinkCreateLimit, "link_create_window": c.LinkCreateWindow.String(),
 		"trusted_proxies": c.TrustedProxies, "instance": c.Instance, "bootstrap_owners": mask(c.BootstrapOwners),

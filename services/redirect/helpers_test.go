@@ -38,7 +38,10 @@ func testConfig(redisURL, natsURL string) Config {
 		HTTPAddr: "127.0.0.1:0", NATSURL: natsURL, RedisURL: redisURL, LogLevel: "warn",
 		ShutdownTimeout: 10 * time.Second, Partitions: 3, Replicas: 1,
 		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
-		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "redirect",
+		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
+		// The production outbox wait; a generous ack bound, because a loaded
+		// test machine can take longer than 500 ms to answer a publish.
+		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,
 		CommitMaxBatch: 64, CommitWorkers: 2, CommitTimeout: time.Second,
 		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 5 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
@@ -244,12 +247,15 @@ type ledger struct {
 	mu      sync.Mutex
 	served  map[string][]string // code -> request IDs answered 302
 	failed  map[string]bool     // request IDs without a 302 (may or may not be recorded)
+	errored map[string]bool     // request IDs answered with an error status: never recorded
 	refused int                 // non-302 answers
 	seq     int
+	lat     []time.Duration // time to the 302, per served click
+	why     []string        // the first few non-302 answers, for failure messages
 }
 
 func newLedger() *ledger {
-	return &ledger{served: map[string][]string{}, failed: map[string]bool{}}
+	return &ledger{served: map[string][]string{}, failed: map[string]bool{}, errored: map[string]bool{}}
 }
 
 func (l *ledger) total() int {
@@ -268,15 +274,24 @@ func (l *ledger) click(base, code string) (int, error) {
 	l.seq++
 	rid := fmt.Sprintf("%s-%07d", code, l.seq)
 	l.mu.Unlock()
+	start := time.Now()
 	r, err := doErr("GET", base+"/"+code, "", "X-Request-Id", rid, "User-Agent", "Mozilla/5.0 test", "CF-IPCountry", "DE")
+	took := time.Since(start)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil || r.Status != http.StatusFound {
 		l.failed[rid] = true
+		if err == nil {
+			l.errored[rid] = true
+		}
+		if len(l.why) < 5 {
+			l.why = append(l.why, fmt.Sprintf("%s: %d %s %v", rid, r.Status, r.Body, err))
+		}
 		l.refused++
 		return r.Status, err
 	}
 	l.served[code] = append(l.served[code], rid)
+	l.lat = append(l.lat, took)
 	return r.Status, nil
 }
 
@@ -328,6 +343,76 @@ func (l *ledger) verify(tb testing.TB, clicks []clickMsg) {
 			tb.Fatalf("CLICKS has %d clicks of code %s that was never served", len(got), code)
 		}
 	}
+}
+
+// verifyOnce checks CLICKS against the ledger without order: every served
+// click exactly once, no click of a request answered with an error status,
+// nothing that was never requested. It returns the number of errored
+// requests checked.
+func (l *ledger) verifyOnce(tb testing.TB, clicks []clickMsg) int {
+	tb.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seenEvent := map[string]bool{}
+	seenReq := map[string]int{}
+	for _, c := range clicks {
+		if c.MsgID != c.Click.ID {
+			tb.Fatalf("Nats-Msg-Id %q != event ID %q", c.MsgID, c.Click.ID)
+		}
+		if seenEvent[c.Click.ID] {
+			tb.Fatalf("event %s is in CLICKS twice", c.Click.ID)
+		}
+		seenEvent[c.Click.ID] = true
+		seenReq[c.Click.RequestID]++
+		if seenReq[c.Click.RequestID] > 1 {
+			tb.Fatalf("request %s has %d clicks in CLICKS", c.Click.RequestID, seenReq[c.Click.RequestID])
+		}
+		if l.errored[c.Click.RequestID] {
+			tb.Fatalf("request %s was answered with an error, but its click is in CLICKS", c.Click.RequestID)
+		}
+	}
+	lost := 0
+	for _, ids := range l.served {
+		for _, rid := range ids {
+			if seenReq[rid] == 0 {
+				lost++
+			}
+		}
+	}
+	known := 0
+	for _, ids := range l.served {
+		known += len(ids)
+	}
+	for rid := range l.failed {
+		if seenReq[rid] > 0 {
+			known++ // an unanswered request's click may be there, once
+		}
+	}
+	if lost > 0 {
+		tb.Fatalf("%d clicks that got a 302 are not in CLICKS", lost)
+	}
+	if len(clicks) != known {
+		tb.Fatalf("CLICKS holds %d clicks, want the %d served (plus unanswered ones found): a click nobody requested", len(clicks), known)
+	}
+	return len(l.errored)
+}
+
+// expectInCLICKSAnyOrder waits until CLICKS holds every served click, then
+// checks it with verifyOnce. It returns the number served and errored.
+func (l *ledger) expectInCLICKSAnyOrder(tb testing.TB, js jetstream.JetStream) (served, errored int) {
+	tb.Helper()
+	want := l.total()
+	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
+		return streamCount(js, events.ClicksStream) >= want
+	})
+	return want, l.verifyOnce(tb, readClicks(tb, js))
+}
+
+// latencies returns the p50, p99 and largest time to a 302.
+func (l *ledger) latencies() (p50, p99, top time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return percentiles(l.lat)
 }
 
 // expectInCLICKS waits until CLICKS holds at least every served click, then

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -27,6 +28,7 @@ import (
 	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/services/redirect/internal/directpub"
 	"github.com/snipdev/snip/services/redirect/internal/httpapi"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
@@ -121,6 +123,20 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 
+	// A second connection for clicks recorded straight in JetStream when
+	// the outbox does not answer in time. It buffers nothing while it
+	// reconnects: a publish then fails at once instead of being stored
+	// after the redirect answered with an error.
+	directNC, err := natsconn.Connect(cfg.natsDirect(), log, nats.ReconnectBufSize(-1))
+	if err != nil {
+		return err
+	}
+	defer directNC.Close()
+	directJS, err := jetstream.New(directNC)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+
 	reg := prometheus.NewRegistry()
 	om := outbox.NewMetrics(reg)
 	rm := redirect.NewMetrics(reg)
@@ -130,7 +146,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 
 	perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
 	store := linkstore.New(rdb, layout, perShard)
-	resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, rm)
+	resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
 	defer resolver.Close()
 	committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
 		MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
@@ -138,7 +154,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	}, om)
 	committer.Start()
 	defer committer.Close()
-	svc := redirect.NewService(resolver, committer, visitor.NewIdentifier(rdb), layout, cfg.UnrecordedPolicy, rm)
+	svc := redirect.NewService(resolver, committer, directpub.New(directJS, cfg.DirectTimeout), visitor.NewIdentifier(rdb), layout,
+		redirect.Options{Policy: cfg.UnrecordedPolicy, OutboxWait: cfg.OutboxWait, Validity: cfg.OutboxValidity}, rm)
 
 	// Background loops live until the HTTP server and the committer are done.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -161,7 +178,17 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	wg.Go(func() { monitor.Run(bg, cfg.MonitorInterval) })
 
 	web := webserver.New(log, reg)
-	web.AddReadiness("redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) })
+	// Ready while clicks can be recorded: through Redis, or, while Redis is
+	// away, straight through JetStream. Failing readiness on Redis alone
+	// would take every instance out of its load balancer at once and turn
+	// a Redis outage into a redirect outage.
+	web.AddReadiness("click_recording", func(ctx context.Context) error {
+		err := redisconn.Ping(ctx, rdb)
+		if err == nil || directNC.IsConnected() {
+			return nil
+		}
+		return fmt.Errorf("%w; and nats (the direct path) is not connected", err)
+	})
 	web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
 	api := &httpapi.API{
 		Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
@@ -182,6 +209,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	wg.Wait()
 	if nc.IsConnected() { // nothing to drain from a connection that is down
 		natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
+	}
+	if directNC.IsConnected() {
+		natsconn.DrainWithin(directNC, cfg.ShutdownTimeout, log)
 	}
 	log.Info("stopped")
 	return serveErr

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -65,6 +66,10 @@ var demoServices = []demoService{
 	{name: "console", port: 5, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},
+	{name: "webhooks", port: 7, env: func(d *demo) []string {
+		// The demo's receiver listens on this machine over plain http.
+		return []string{"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32"}
+	}},
 }
 
 type demo struct {
@@ -76,7 +81,10 @@ type demo struct {
 	siteURL        string
 	httpBase       int
 	natsHTTP       int
-	procs          []*demoProc
+	// readyWait is how long the demo waits for every service's /readyz
+	// before it prints the banner (20 s).
+	readyWait time.Duration
+	procs     []*demoProc
 	// stopping is set when the demo stops its children; a child that exits
 	// before is reported.
 	stopping atomic.Bool
@@ -101,11 +109,39 @@ func portsFree(ports []demoPort) error {
 	return nil
 }
 
+// demoProc is one child process. A service is supervised: when it exits
+// while the demo runs, it is started again after a backoff (1 s, doubling
+// to 30 s; back to 1 s after a minute up), and the terminal and its log say
+// so. Redis and ClickHouse are reported, not restarted.
 type demoProc struct {
-	name string
-	cmd  *exec.Cmd
+	name    string
+	bin     string
+	env     []string
+	args    []string
+	restart bool
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd // the current run
+	stopped  bool      // no further run starts
+	restarts int
+
+	stop chan struct{} // closed by stopAll: ends a backoff wait
+	// firstExit closes when the first run exits: the health check stops
+	// waiting for it.
+	firstExit chan struct{}
+	// done closes when the process has exited for good.
 	done chan struct{}
 }
+
+// Restart backoff of a supervised service.
+const (
+	restartMin   = time.Second
+	restartMax   = 30 * time.Second
+	restartReset = time.Minute
+)
+
+// errStopped: the demo is stopping, nothing more starts.
+var errStopped = errors.New("the demo is stopping")
 
 // cmdDemo runs the whole system on this machine with no Docker: an embedded
 // NATS server, Redis and ClickHouse from the local binaries (data under
@@ -114,6 +150,7 @@ type demoProc struct {
 func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
+	fs.Usage = func() { demoUsage(fs) }
 	dir := fs.String("dir", ".demo", "folder for the demo's data and logs")
 	bin := fs.String("bin", ".demo/bin", "folder with the service binaries (make build)")
 	natsPort := fs.Int("nats-port", 4222, "NATS client port")
@@ -124,9 +161,15 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
 	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
 	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("demo: %w", errUsage)
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // -h: the demo's usage, printed once by fs.Usage
+		}
+		return fmt.Errorf("demo: %w", errUsageShown) // the flag package printed the error and the demo's usage
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
+	}
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
@@ -138,11 +181,15 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err := portsFree(ports); err != nil {
 		return err
 	}
+	stopWithParent()
+	d.logf("starting the demo: data and logs in %s (Ctrl-C, or SIGTERM to pid %d, stops it)", d.dir, os.Getpid())
 	for _, sub := range []string{"nats", "redis", "clickhouse", "logs"} {
 		if err := os.MkdirAll(filepath.Join(d.dir, sub), 0o755); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
 	}
+	// Deferred first, so it runs last: once every child and NATS stopped.
+	defer d.logf("snip demo stopped")
 	defer d.stopAll()
 
 	ns, err := d.startNATS(*natsPort)
@@ -173,13 +220,44 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	d.banner(started, links)
+	waiting := d.readiness(ctx, started)
+	defer d.joinWebhooks(ctx, started)()
+	d.banner(started, waiting, links)
+	if len(waiting) > 0 {
+		go d.watchReadiness(ctx, waiting)
+	}
 	if *rate > 0 {
 		go d.trickle(ctx, links, *rate)
 	}
 	<-ctx.Done()
-	fmt.Fprintln(env.Stdout, "\nstopping the demo...")
+	d.logf("\nstopping the demo: the services first, then Redis and ClickHouse, then NATS...")
 	return nil
+}
+
+// demoUsage prints the demo's usage once: what it runs, its flags, and the
+// environment it reads.
+func demoUsage(fs *flag.FlagSet) {
+	w := fs.Output()
+	fmt.Fprint(w, `usage: snipctl demo [flags]
+
+Runs the whole system on this machine: an embedded NATS server, Redis and
+ClickHouse from the local binaries, every service binary found in --bin
+(make build), a local site the demo links point at, a demo owner with five
+links, and a trickle of clicks. A service that exits is restarted (with
+backoff). Ctrl-C or SIGTERM stops everything.
+
+flags:
+`)
+	fs.PrintDefaults()
+	fmt.Fprint(w, `
+environment:
+  SNIP_PARTITIONS        CLICKS partitions (default 8)
+  SNIP_REPLICAS          stream replicas (default 1)
+  SNIP_CLICKS_MAX_AGE    CLICKS retention by age (default 168h)
+  SNIP_CLICKS_MAX_BYTES  CLICKS retention by size (default: none)
+  SNIPCTL_TIMEOUT        timeout of each setup call (default 30s)
+The demo starts its own NATS and Redis: NATS_URL and REDIS_URL are not read.
+`)
 }
 
 func (d *demo) logf(format string, a ...any) {
@@ -210,7 +288,7 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 		return nil, fmt.Errorf("demo: nats did not start on port %d (is it taken?)", port)
 	}
 	d.natsURL = ns.ClientURL()
-	d.logf("nats        %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
+	d.logf("nats         %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
 	return ns, nil
 }
 
@@ -220,7 +298,7 @@ func (d *demo) startRedis(port int) error {
 		return fmt.Errorf("demo: %w (Debian/Ubuntu: apt-get install redis-server)", err)
 	}
 	dir, _ := filepath.Abs(filepath.Join(d.dir, "redis"))
-	if _, err := d.spawn("redis", bin, nil, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	if _, err := d.spawn("redis", bin, nil, false, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--dir", dir, "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"); err != nil {
 		return err
 	}
@@ -230,7 +308,7 @@ func (d *demo) startRedis(port int) error {
 	if err := waitUntil(15*time.Second, func() error { return rdb.Ping(context.Background()).Err() }); err != nil {
 		return fmt.Errorf("demo: redis did not start on port %d: %w (see %s)", port, err, d.logPath("redis"))
 	}
-	d.logf("redis       %s (data in %s)", d.redisURL, dir)
+	d.logf("redis        %s (data in %s)", d.redisURL, dir)
 	return nil
 }
 
@@ -240,7 +318,7 @@ func (d *demo) startClickHouse(port int) {
 	d.clickhouseAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	bin, err := lookBinary("clickhouse-server")
 	if err != nil {
-		d.logf("clickhouse  not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
+		d.logf("clickhouse   not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
 		return
 	}
 	dir, _ := filepath.Abs(filepath.Join(d.dir, "clickhouse"))
@@ -261,18 +339,18 @@ func (d *demo) startClickHouse(port int) {
 `, dir, port)
 	users := `<yandex><profiles><default/></profiles><users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users><quotas><default/></quotas></yandex>`
 	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
 	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(users), 0o644); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
-	if _, err := d.spawn("clickhouse", bin, nil, "--config-file="+cfg); err != nil {
-		d.logf("clickhouse  not started: %v", err)
+	if _, err := d.spawn("clickhouse", bin, nil, false, "--config-file="+cfg); err != nil {
+		d.logf("clickhouse   not started: %v", err)
 		return
 	}
-	d.logf("clickhouse  %s (native protocol; data in %s)", d.clickhouseAddr, dir)
+	d.logf("clickhouse   %s (native protocol; data in %s)", d.clickhouseAddr, dir)
 }
 
 // startSite serves a few article pages with Open Graph tags, so the preview
@@ -312,7 +390,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, d.env.Cfg.Timeout)
 	defer cancel()
 	if err := topology.Apply(tctx, js, d.env.Cfg.topology()); err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -338,15 +416,15 @@ func (d *demo) startServices() []string {
 	for _, s := range demoServices {
 		bin := filepath.Join(d.bin, s.name)
 		if _, err := os.Stat(bin); err != nil {
-			d.logf("%-11s not built (%s missing); skipped", s.name, bin)
+			d.logf("%-12s not built (%s missing); skipped", s.name, bin)
 			continue
 		}
 		env := append(slices.Clone(common), "HTTP_ADDR="+d.addr(s.port))
 		if s.env != nil {
 			env = append(env, s.env(d)...)
 		}
-		if _, err := d.spawn(s.name, bin, env); err != nil {
-			d.logf("%-11s failed to start: %v", s.name, err)
+		if _, err := d.spawn(s.name, bin, env, true); err != nil {
+			d.logf("%-12s failed to start: %v", s.name, err)
 			continue
 		}
 		started = append(started, s.name)
@@ -359,16 +437,16 @@ func (d *demo) startServices() []string {
 		p := d.proc(s.name)
 		if err := waitUntil(30*time.Second, func() error {
 			select {
-			case <-p.done:
-				return stopWaiting{fmt.Errorf("exited")}
+			case <-p.firstExit:
+				return stopWaiting{fmt.Errorf("exited; it is restarted with backoff")}
 			default:
 			}
 			return httpOK(url)
 		}); err != nil {
-			d.logf("%-11s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
+			d.logf("%-12s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
 		}
-		d.logf("%-11s http://%s (log %s)", s.name, d.addr(s.port), d.logPath(s.name))
+		d.logf("%-12s http://%s (pid %d, log %s)", s.name, d.addr(s.port), p.pid(), d.logPath(s.name))
 	}
 	return started
 }
@@ -401,23 +479,126 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 	return links, nil
 }
 
-func (d *demo) banner(started []string, links []demoLink) {
-	d.logf("\nSnip is running: %s", strings.Join(started, ", "))
+// readiness waits a little for every started service's /readyz, and
+// returns those not ready then, with the reason each gives (the warehouse
+// waits for ClickHouse, which takes a few seconds to start).
+func (d *demo) readiness(ctx context.Context, started []string) map[string]string {
+	d.logf("waiting for the services to be ready (/readyz)...")
+	waiting := map[string]string{}
+	deadline := time.Now().Add(d.readyWait)
+	for _, name := range started {
+		var why string
+		_ = waitUntil(time.Until(deadline), func() error {
+			if ctx.Err() != nil {
+				return stopWaiting{ctx.Err()}
+			}
+			why = d.notReady(name)
+			if why != "" {
+				return errors.New(why)
+			}
+			return nil
+		})
+		if why != "" {
+			waiting[name] = why
+		}
+	}
+	return waiting
+}
+
+// notReady is why a service's /readyz does not answer 200; "" when it does.
+func (d *demo) notReady(name string) string {
+	s := demoServiceNamed(name)
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + d.addr(s.port) + "/readyz")
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return ""
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+	return strings.TrimSpace(resp.Status + " " + string(b))
+}
+
+// watchReadiness says on the terminal when each waiting service turns ready.
+func (d *demo) watchReadiness(ctx context.Context, waiting map[string]string) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for len(waiting) > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, name := range slices.Sorted(maps.Keys(waiting)) {
+			if d.notReady(name) == "" {
+				delete(waiting, name)
+				d.logf("%-12s ready now", name)
+			}
+		}
+	}
+	d.logf("every service is ready")
+}
+
+func demoServiceNamed(name string) demoService {
+	for _, s := range demoServices {
+		if s.name == name {
+			return s
+		}
+	}
+	return demoService{name: name}
+}
+
+func (d *demo) banner(started []string, waiting map[string]string, links []demoLink) {
+	var ready []string
+	for _, name := range started {
+		if _, w := waiting[name]; !w {
+			ready = append(ready, name)
+		}
+	}
+	if len(waiting) == 0 {
+		d.logf("\nSnip is running: %s (all ready)", strings.Join(started, ", "))
+	} else {
+		d.logf("\nSnip is starting. Ready: %s.", strings.Join(ready, ", "))
+		for _, name := range slices.Sorted(maps.Keys(waiting)) {
+			note := ""
+			if name == "warehouse" || name == "console" {
+				note = " (ClickHouse takes a few seconds to start; nothing is lost meanwhile: clicks wait in CLICKS)"
+			}
+			d.logf("Still waiting: %s: %s%s", name, waiting[name], note)
+		}
+		d.logf("This terminal says when each one is ready.")
+	}
 	if slices.Contains(started, "console") {
 		d.logf("\n  console:   http://%s/", d.addr(5))
 	}
 	d.logf(`
   demo owner: %[1]s   API key: %[2]s
+  demo site:  %[8]s (the links point at its pages; the preview workers fetch them)
 
   try:
     curl -i http://%[6]s/%[3]s
+    curl -s -o /dev/null -w '%%{http_code}\n' -A 'Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0' http://%[6]s/%[3]s
     curl -s -H 'Authorization: Bearer %[2]s' -H 'Content-Type: application/json' \
-         -d '{"url":"https://example.com/hello"}' http://%[6]s/api/links
+         -d '{"target":"%[8]s/articles/hello"}' http://%[6]s/api/links
     curl -s -H 'Authorization: Bearer %[2]s' http://%[6]s/api/links/%[3]s
     curl -s -H 'Authorization: Bearer %[2]s' http://%[7]s/api/links/%[3]s/stats
-    NATS_URL=%[4]s .demo/bin/snipctl lag
+    NATS_URL=%[4]s %[10]s lag
+    clickhouse-client --port %[9]s --database snip -q 'SELECT code, uniqExact(event_id) AS clicks, sum(bot) AS bot_rows FROM clicks GROUP BY code ORDER BY clicks DESC'
 
-  logs in %[5]s; Ctrl-C stops everything.`, demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"), d.addr(0), d.addr(1))
+  curl's own clicks count as bots (its user agent is a tool's): the second
+  line sends a browser's user agent and counts as a person. curl -I sends
+  HEAD, which answers 302 but is not counted as a click. Stats follow within
+  a second or two.
+
+  logs in %[5]s; Ctrl-C (or SIGTERM to pid %[11]d) stops everything.`,
+		demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"), d.addr(0), d.addr(1),
+		d.siteURL, clickhousePort(d.clickhouseAddr), filepath.Join(d.bin, "snipctl"), os.Getpid())
+}
+
+func clickhousePort(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return port
 }
 
 // trickle sends demo clicks: people from many addresses (sent in
@@ -480,32 +661,135 @@ func (d *demo) addr(offset int) string { return "127.0.0.1:" + strconv.Itoa(d.ht
 
 func (d *demo) logPath(name string) string { return filepath.Join(d.dir, "logs", name+".log") }
 
-// spawn starts a child process with its output in the demo's log folder.
-// The kernel kills it if snipctl dies.
-func (d *demo) spawn(name, bin string, env []string, args ...string) (*demoProc, error) {
-	logf, err := os.OpenFile(d.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+// spawn starts a child process with its output in the demo's log folder,
+// and supervises it (restart: start it again when it dies). The kernel
+// kills it if snipctl dies.
+func (d *demo) spawn(name, bin string, env []string, restart bool, args ...string) (*demoProc, error) {
+	p := &demoProc{name: name, bin: bin, env: env, args: args, restart: restart,
+		stop: make(chan struct{}), firstExit: make(chan struct{}), done: make(chan struct{})}
+	cmd, logf, err := d.startOnce(p)
 	if err != nil {
-		return nil, fmt.Errorf("demo: %s log: %w", name, err)
+		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
+	d.procs = append(d.procs, p)
+	go d.supervise(p, cmd, logf)
+	return p, nil
+}
+
+// startOnce starts one run of p, unless the demo is stopping.
+func (d *demo) startOnce(p *demoProc) (*exec.Cmd, *os.File, error) {
+	logf, err := os.OpenFile(d.logPath(p.name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo: %s log: %w", p.name, err)
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		logf.Close()
+		return nil, nil, errStopped
+	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("demo: start %s: %w", name, err)
+		return nil, nil, fmt.Errorf("demo: start %s: %w", p.name, err)
 	}
-	p := &demoProc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
+	p.cmd = cmd
+	return cmd, logf, nil
+}
+
+// supervise waits for p's runs and restarts a service that exits while the
+// demo runs.
+func (d *demo) supervise(p *demoProc, cmd *exec.Cmd, logf *os.File) {
+	defer close(p.done)
+	backoff := restartMin
+	first := true
+	for {
+		started := time.Now()
 		err := cmd.Wait()
+		up := time.Since(started).Round(100 * time.Millisecond)
 		logf.Close()
-		close(p.done)
-		if !d.stopping.Load() {
-			d.logf("%-11s EXITED (%v); the demo goes on without it: see %s", name, err, d.logPath(name))
+		if first {
+			close(p.firstExit)
+			first = false
 		}
-	}()
-	d.procs = append(d.procs, p)
-	return p, nil
+		if d.stopping.Load() || p.isStopped() {
+			return
+		}
+		if !p.restart {
+			d.logf("%-12s EXITED (%v); the demo goes on without it: see %s", p.name, err, d.logPath(p.name))
+			return
+		}
+		if up >= restartReset {
+			backoff = restartMin
+		}
+		for {
+			p.mu.Lock()
+			p.restarts++
+			n := p.restarts
+			p.mu.Unlock()
+			msg := fmt.Sprintf("%s exited (%v) after %s; restarting it in %s (restart %d)", p.name, err, up, backoff, n)
+			d.logf("%-12s EXITED (%v) after %s; restarting it in %s (restart %d; log %s)", p.name, err, up, backoff, n, d.logPath(p.name))
+			d.noteInLog(p.name, msg)
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, restartMax)
+			cmd, logf, err = d.startOnce(p)
+			if errors.Is(err, errStopped) {
+				return
+			}
+			if err == nil {
+				d.logf("%-12s restarted (pid %d)", p.name, cmd.Process.Pid)
+				d.noteInLog(p.name, fmt.Sprintf("%s restarted (pid %d, restart %d)", p.name, cmd.Process.Pid, n))
+				break
+			}
+			up = 0
+		}
+	}
+}
+
+// pid is the current run's process ID.
+func (p *demoProc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd.Process.Pid
+}
+
+// stopWithParent asks the kernel to send the demo SIGTERM when its parent
+// dies. `make demo` runs it as make's child: under nohup, or from a script,
+// make ignores SIGINT and a SIGTERM kills make alone, which would leave the
+// demo running with no terminal. With this, stopping make stops the demo
+// the normal way (services first, then the servers, then "stopped").
+func stopWithParent() {
+	before := os.Getppid()
+	_, _, _ = syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGTERM), 0)
+	if os.Getppid() != before {
+		// The parent died before the request took effect.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	}
+}
+
+func (p *demoProc) isStopped() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stopped
+}
+
+// noteInLog appends one line from the demo to a child's log, in the JSON
+// shape of the services' own lines.
+func (d *demo) noteInLog(name, msg string) {
+	f, err := os.OpenFile(d.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	line, _ := json.Marshal(map[string]string{"time": time.Now().Format(time.RFC3339Nano), "level": "WARN", "source": "snipctl demo", "msg": msg})
+	_, _ = f.Write(append(line, '\n'))
 }
 
 // proc is the child started under name.
@@ -519,17 +803,25 @@ func (d *demo) proc(name string) *demoProc {
 }
 
 // stopAll stops the children in reverse start order: services before the
-// servers they use, each with SIGTERM and a deadline.
+// servers they use, each with SIGTERM and a deadline. A service waiting to
+// be restarted is not started again.
 func (d *demo) stopAll() {
 	d.stopping.Store(true)
 	for i := len(d.procs) - 1; i >= 0; i-- {
 		p := d.procs[i]
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		p.mu.Lock()
+		if !p.stopped {
+			p.stopped = true
+			close(p.stop)
+		}
+		cmd := p.cmd
+		p.mu.Unlock()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
 		case <-time.After(30 * time.Second):
 			d.logf("%s did not stop in 30s; killing it", p.name)
-			_ = p.cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 			<-p.done
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,9 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,30 +67,67 @@ func freeRange(t *testing.T, n int) int {
 	return 0
 }
 
-// `make demo` is how most people meet Snip: run it with the real redirect
-// and counter binaries and follow one click from the demo's link to the
-// counter's stats.
-func TestDemoRunsAndCountsAClick(t *testing.T) {
-	t.Parallel()
-	bin := t.TempDir()
-	for _, svc := range []string{"redirect", "clickcounter"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(bin, svc), "../"+svc).CombinedOutput()
-		if err != nil {
-			t.Fatalf("build %s: %v\n%s", svc, err, out)
+// built holds the service binaries the demo tests run (and snipctl's own),
+// built once for the package; TestMain removes them.
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// demoBinaries builds redirect, clickcounter and snipctl once and returns
+// their folder: the demo's --bin, with snipctl beside them.
+func demoBinaries(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "snipctl-demo-bin-"); built.err != nil {
+			return
 		}
+		for _, pkg := range []string{"../redirect", "../clickcounter", "."} {
+			name := filepath.Base(pkg)
+			if pkg == "." {
+				name = "snipctl"
+			}
+			out, err := exec.Command("go", "build", "-o", filepath.Join(built.dir, name), pkg).CombinedOutput()
+			if err != nil {
+				built.err = fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+				return
+			}
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
-	port := func() string {
+	return built.dir
+}
+
+// demoArgs are a demo's flags on free ports; base is the redirect's port
+// (the counter's is base+1).
+func demoArgs(t *testing.T, bin, dir string) (args []string, base, chPort, sitePort int) {
+	t.Helper()
+	port := func() int {
 		p, err := testenv.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return strconv.Itoa(p)
+		return p
 	}
-	base := freeRange(t, 6)
+	base, chPort, sitePort = freeRange(t, 8), port(), port() // http-base .. +7 (webhooks)
+	args = []string{"demo", "--dir", dir, "--bin", bin, "--rate", "0",
+		"--nats-port", strconv.Itoa(port()), "--nats-monitor-port", strconv.Itoa(port()), "--redis-port", strconv.Itoa(port()),
+		"--clickhouse-port", strconv.Itoa(chPort), "--site-port", strconv.Itoa(sitePort), "--http-base", strconv.Itoa(base)}
+	return args, base, chPort, sitePort
+}
+
+// `make demo` is how most people meet Snip: run it with the real redirect
+// and counter binaries and follow one click from the demo's link to the
+// counter's stats; kill the counter and see the demo restart it, as a
+// supervisor would, and count the next click.
+func TestDemoRunsAndCountsAClick(t *testing.T) {
+	t.Parallel()
+	bin := demoBinaries(t)
 	dir := t.TempDir()
-	args := []string{"demo", "--dir", dir, "--bin", bin, "--rate", "0",
-		"--nats-port", port(), "--nats-monitor-port", port(), "--redis-port", port(),
-		"--clickhouse-port", port(), "--site-port", port(), "--http-base", strconv.Itoa(base)}
+	args, base, chPort, sitePort := demoArgs(t, bin, dir)
 	var out syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -122,13 +163,12 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusFound
 	})
-	var total int
-	testenv.WaitFor(t, time.Minute, "the click in the counter's stats", func() bool {
+	total := func() int {
 		req, _ := http.NewRequest(http.MethodGet, counter+"/api/links/nats-jetstream/stats", nil)
 		req.Header.Set("Authorization", "Bearer "+demoAPIKey)
 		resp, err := client.Do(req)
 		if err != nil {
-			return false
+			return -1
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
@@ -136,15 +176,62 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 			Totals struct{ Human, Bot int }
 		}
 		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil {
-			return false
+			return -1
 		}
-		total = st.Totals.Human + st.Totals.Bot
-		return total >= 1
-	})
-	if total != 1 {
-		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", total, out.String())
+		return st.Totals.Human + st.Totals.Bot
 	}
+	testenv.WaitFor(t, time.Minute, "the click in the counter's stats", func() bool { return total() >= 1 })
+	if n := total(); n != 1 {
+		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", n, out.String())
+	}
+
+	// What the banner promises a newcomer.
+	testenv.WaitFor(t, time.Minute, "the banner", func() bool { return strings.Contains(out.String(), "Snip is running") })
+	banner := out.String()
+	for _, want := range []string{
+		"Snip is running: redirect, clickcounter (all ready)",
+		fmt.Sprintf("demo site:  http://127.0.0.1:%d", sitePort),
+		fmt.Sprintf(`{"target":"http://127.0.0.1:%d/articles/hello"}`, sitePort),
+		fmt.Sprintf("clickhouse-client --port %d --database snip -q", chPort),
+		"curl's own clicks count as bots",
+		"HEAD, which answers 302 but is not counted",
+	} {
+		if !strings.Contains(banner, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, banner)
+		}
+	}
+	if strings.Contains(banner, "example.com") {
+		t.Errorf("the banner points at example.com:\n%s", banner)
+	}
+
+	// The counter dies; the demo restarts it and says so, on the terminal
+	// and in the counter's log; the next click is counted.
+	m := regexp.MustCompile(`clickcounter +http://\S+ \(pid (\d+),`).FindStringSubmatch(banner)
+	if m == nil {
+		t.Fatalf("no pid for the counter in:\n%s", banner)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill the counter (pid %d): %v", pid, err)
+	}
+	testenv.WaitFor(t, time.Minute, "the demo to restart the counter", func() bool {
+		return regexp.MustCompile(`clickcounter +EXITED \(signal: killed\) after \S+; restarting it in 1s \(restart 1;`).MatchString(out.String()) &&
+			strings.Contains(out.String(), "clickcounter restarted (pid ")
+	})
+	if log, _ := os.ReadFile(filepath.Join(dir, "logs", "clickcounter.log")); !strings.Contains(string(log), `"source":"snipctl demo"`) ||
+		!strings.Contains(string(log), "restarting it in 1s") {
+		t.Errorf("the counter's log does not say it was restarted:\n%s", log)
+	}
+	resp, err := client.Get(redirect + "/nats-jetstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	testenv.WaitFor(t, time.Minute, "the second click counted by the restarted counter", func() bool { return total() == 2 })
 	stop()
+	if !strings.HasSuffix(strings.TrimSpace(out.String()), "snip demo stopped") {
+		t.Errorf("the demo's last line is not \"snip demo stopped\":\n%s", out.String())
+	}
 	// The services stopped while NATS still ran: the counter acked what it
 	// held and left its group, and nothing timed out waiting for NATS.
 	log, err := os.ReadFile(filepath.Join(dir, "logs", "clickcounter.log"))
@@ -167,7 +254,7 @@ func TestDemoRefusesAPortInUse(t *testing.T) {
 	}
 	defer taken.Close()
 	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
-	base := freeRange(t, 6)
+	base := freeRange(t, 8) // http-base .. +7 (webhooks)
 	free := func() string {
 		p, err := testenv.FreePort()
 		if err != nil {
@@ -187,4 +274,130 @@ func TestDemoRefusesAPortInUse(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(dir, "logs")); len(entries) != 0 {
 		t.Errorf("the refused demo started something: logs %v", entries)
 	}
+}
+
+// `snipctl demo -h` prints the demo's usage once, flags and environment
+// variables included, and is not an error.
+func TestDemoHelpPrintsUsageOnce(t *testing.T) {
+	t.Parallel()
+	out, err := snipctl(t, nil, "demo", "--help")
+	if err != nil {
+		t.Fatalf("demo --help: %v\n%s", err, out)
+	}
+	if n := strings.Count(out, "usage:"); n != 1 {
+		t.Errorf("demo --help printed usage %d times:\n%s", n, out)
+	}
+	for _, want := range []string{"usage: snipctl demo", "-http-base", "-rate", "SNIP_PARTITIONS", "SNIPCTL_TIMEOUT"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo --help lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "README") {
+		t.Errorf("demo --help sends the reader to a README instead of listing the variables:\n%s", out)
+	}
+}
+
+// A demo started the way `nohup make demo &` starts it (SIGINT ignored,
+// make as its parent) stops when its parent is killed, the normal way, and
+// says so.
+func TestDemoStopsWhenItsParentIsKilled(t *testing.T) {
+	t.Parallel()
+	bin := demoBinaries(t)
+	dir := t.TempDir()
+	args, base, _, _ := demoArgs(t, bin, dir)
+	outPath := filepath.Join(t.TempDir(), "nohup.out")
+	// bash stands in for make: it ignores SIGINT (as a background job
+	// does), runs the demo as its child, and dies on SIGTERM.
+	script := `trap "" INT HUP; "$@" > "` + outPath + `" 2>&1; true`
+	parent := exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(bin, "snipctl")}, args...)...)
+	parent.Env = append(os.Environ(), "SNIP_PARTITIONS=2")
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- parent.Wait() }()
+	read := func() string { b, _ := os.ReadFile(outPath); return string(b) }
+	t.Cleanup(func() {
+		_ = parent.Process.Kill()
+		<-waited
+		// If the demo outlived the test, it must not hold its ports.
+		testenv.WaitFor(t, time.Minute, "the demo to let go of its ports", func() bool {
+			return portsFree([]demoPort{{"redirect", base}}) == nil
+		})
+	})
+	testenv.WaitFor(t, 2*time.Minute, "the demo's banner", func() bool { return strings.Contains(read(), "Snip is running") })
+	if err := parent.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Minute, `the demo's "stopped" line after its parent died`, func() bool {
+		return strings.Contains(read(), "snip demo stopped")
+	})
+	// "stopped" comes once everything has stopped: NATS and the services
+	// have let go of their ports.
+	natsPort, _ := strconv.Atoi(args[slices.Index(args, "--nats-port")+1])
+	if err := portsFree([]demoPort{{"redirect", base}, {"nats", natsPort}}); err != nil {
+		t.Errorf("the demo said it stopped while still running: %v\n%s", err, read())
+	}
+	if strings.Contains(read(), "did not stop in 30s") {
+		t.Errorf("a service had to be killed:\n%s", read())
+	}
+}
+
+// While a service is not ready (the warehouse waits for ClickHouse) the
+// demo does not say "running": it names what is ready and what waits, with
+// the service's own reason, and says when it turns ready.
+func TestDemoSaysWhatIsReadyAndWhatWaits(t *testing.T) {
+	t.Parallel()
+	base := freeRange(t, 6)
+	var ready sync.Map // service name -> true once ready
+	for _, s := range demoServices {
+		if s.name != "redirect" && s.name != "warehouse" {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+s.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/readyz" {
+				http.NotFound(w, r)
+				return
+			}
+			if s.name == "warehouse" {
+				if _, ok := ready.Load(s.name); !ok {
+					http.Error(w, "clickhouse: dial tcp 127.0.0.1:19000: connect: connection refused", http.StatusServiceUnavailable)
+					return
+				}
+			}
+			_, _ = io.WriteString(w, "ok")
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { _ = srv.Close() })
+	}
+	var out syncBuffer
+	d := &demo{env: &Env{Stdout: &out}, httpBase: base, readyWait: time.Second, bin: "bin", dir: "dir",
+		natsURL: "nats://127.0.0.1:1", siteURL: "http://127.0.0.1:2", clickhouseAddr: "127.0.0.1:19000"}
+	started := []string{"redirect", "warehouse"}
+	waiting := d.readiness(t.Context(), started)
+	d.banner(started, waiting, []demoLink{{Code: "nats-jetstream"}})
+	got := out.String()
+	for _, want := range []string{
+		"Snip is starting. Ready: redirect.",
+		"Still waiting: warehouse: 503 Service Unavailable clickhouse: dial tcp 127.0.0.1:19000: connect: connection refused",
+		"nothing is lost meanwhile",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "Snip is running") {
+		t.Errorf("the banner says running while the warehouse waits:\n%s", got)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go d.watchReadiness(ctx, waiting)
+	ready.Store("warehouse", true)
+	testenv.WaitFor(t, 30*time.Second, "the warehouse said ready", func() bool {
+		return regexp.MustCompile(`warehouse +ready now`).MatchString(out.String()) && strings.Contains(out.String(), "every service is ready")
+	})
 }

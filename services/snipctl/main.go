@@ -42,11 +42,16 @@ var commands = map[string]command{
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
+	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers", run: cmdScenario},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
 }
 
 // errUsage marks a mistake in the command line; main prints usage for it.
 var errUsage = errors.New("usage")
+
+// errUsageShown is errUsage when the command has printed its own usage
+// already: main exits 2 without printing it again.
+var errUsageShown = fmt.Errorf("%w (shown above)", errUsage)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -55,7 +60,9 @@ func main() {
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
 		fmt.Fprintln(os.Stderr, "snipctl:", err)
 		if errors.Is(err, errUsage) {
-			usage(os.Stderr)
+			if !errors.Is(err, errUsageShown) {
+				usage(os.Stderr)
+			}
 			os.Exit(2)
 		}
 		os.Exit(1)

@@ -18,7 +18,13 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	code := testenv.Main(m, &servers, testenv.WithRedis())
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
 
 func snipctl(t *testing.T, environ []string, args ...string) (string, error) {
 	t.Helper()

@@ -638,11 +638,14 @@ func TestShutdownInsertsAndAcksWhatItHolds(t *testing.T) {
 	}
 }
 
-// TestImplausibleClickIsParkedAndTheRestLoaded: a click that cannot be a
-// good row (its time is 40 days from when it was stored) is parked on
-// DEAD_LETTER under the loader's group with the reason, and its partition
-// goes on.
-func TestImplausibleClickIsParkedAndTheRestLoaded(t *testing.T) {
+// TestInvalidClicksAreParkedAndTheRestLoaded: the clicks every reader
+// parks (the one rule of validity, events.ReadClick) are parked on
+// DEAD_LETTER under the loader's group with their reason, none becomes a row,
+// and their partitions go on: a click dated 40 days before it was stored, one
+// dated 1999, one whose payload code differs from its subject's (and hashes
+// to another partition), and one whose subject owner differs from its
+// payload owner.
+func TestInvalidClicksAreParkedAndTheRestLoaded(t *testing.T) {
 	t.Parallel()
 	n, js := startNATS(t)
 	conn, db := servers.ClickHouse.NewDB(t)
@@ -650,28 +653,62 @@ func TestImplausibleClickIsParkedAndTheRestLoaded(t *testing.T) {
 	bad := clicks[7]
 	bad.Time = time.Now().Add(-40 * 24 * time.Hour).UTC()
 	clicks[7] = bad
+	old := clicks[9]
+	old.Time = time.Date(1999, 6, 1, 0, 0, 0, 0, time.UTC)
+	clicks[9] = old
 	publish(t, js, clicks, eventID)
+	// Published on another link's subject, and on another owner's.
+	mismatch := warehousetest.Click(100, clicks[0].Owner, clicks[0].Code+"-x", time.Now())
+	for events.Partition(mismatch.Code, warehousetest.Partitions) == events.Partition(clicks[0].Code, warehousetest.Partitions) {
+		mismatch.Code += "x"
+	}
+	owner := warehousetest.Click(101, clicks[1].Owner, clicks[1].Code, time.Now())
+	for subject, c := range map[string]events.Click{
+		events.ClickSubject(clicks[0].Owner, clicks[0].Code): mismatch,
+		events.ClickSubject("mallory", owner.Code):           owner,
+	} {
+		b, _ := json.Marshal(c)
+		if _, err := js.Publish(t.Context(), subject, b, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s := startService(t, testConfig(n.URL, servers.ClickHouse.Addr, db))
 
-	waitLoaded(t, conn, len(clicks)-1, len(clicks)-1, time.Minute)
-	if got := warehousetest.RowsPerEvent(t, conn)[bad.ID]; got != 0 {
-		t.Errorf("the implausible click has %d rows", got)
+	waitLoaded(t, conn, len(clicks)-2, len(clicks)-2, time.Minute)
+	rows := warehousetest.RowsPerEvent(t, conn)
+	for _, c := range []events.Click{bad, old, mismatch, owner} {
+		if got := rows[c.ID]; got != 0 {
+			t.Errorf("invalid click %s has %d rows", c.ID, got)
+		}
 	}
-	subject := events.DeadLetterSubject(topology.GroupWarehouseLoader, loader.ReasonImplausibleTime)
-	testenv.WaitFor(t, 30*time.Second, "the click parked on "+subject, func() bool {
-		m, err := js.Stream(t.Context(), events.DeadLetterStream)
+	want := map[string]string{
+		bad.ID:      events.DeadLetterSubject(topology.GroupWarehouseLoader, loader.ReasonImplausibleTime),
+		old.ID:      events.DeadLetterSubject(topology.GroupWarehouseLoader, events.ReasonImplausibleTime),
+		mismatch.ID: events.DeadLetterSubject(topology.GroupWarehouseLoader, events.ReasonSubjectMismatch),
+		owner.ID:    events.DeadLetterSubject(topology.GroupWarehouseLoader, events.ReasonSubjectMismatch),
+	}
+	testenv.WaitFor(t, 30*time.Second, "the 4 invalid clicks parked", func() bool {
+		dlq, err := js.Stream(t.Context(), events.DeadLetterStream)
 		if err != nil {
 			return false
 		}
-		msg, err := m.GetLastMsgForSubject(t.Context(), subject)
-		if err != nil {
+		info, err := dlq.Info(t.Context())
+		if err != nil || info.State.Msgs < 4 {
 			return false
 		}
-		var c events.Click
-		return json.Unmarshal(msg.Data, &c) == nil && c.ID == bad.ID
+		got := map[string]string{}
+		for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+			if m, err := dlq.GetMsg(t.Context(), seq); err == nil {
+				var c events.Click
+				if json.Unmarshal(m.Data, &c) == nil {
+					got[c.ID] = m.Subject
+				}
+			}
+		}
+		return fmt.Sprint(got) == fmt.Sprint(want)
 	})
-	if got := metric(t, s.addr, "warehouse_rows_parked_total"); got != 1 {
-		t.Errorf("warehouse_rows_parked_total = %v, want 1", got)
+	if got := metric(t, s.addr, "snip_reader_parked_total"); got != 4 {
+		t.Errorf("snip_reader_parked_total = %v, want 4", got)
 	}
 }
 

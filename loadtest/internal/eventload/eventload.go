@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,7 +40,8 @@ type Config struct {
 	MaxAttempts int
 	// AckTimeout bounds the wait for one ack (default 10s).
 	AckTimeout time.Duration
-	// Owner owns the clicks; Target is the URL they claim to redirect to.
+	// Owner owns the clicks; Target is the base of the URL they claim to
+	// redirect to (link <code>: Target/<code>).
 	Owner  string
 	Target string
 	Tag    workload.Tag
@@ -60,7 +62,7 @@ func (c *Config) defaults() error {
 		c.AckTimeout = 10 * time.Second
 	}
 	if c.Target == "" {
-		c.Target = "https://example.com/"
+		c.Target = "http://127.0.0.1:8089/articles"
 	}
 	switch {
 	case c.Rate < 1:
@@ -151,7 +153,7 @@ func publish(ctx context.Context, js jetstream.JetStream, cfg *Config, seq uint6
 	code := cfg.Tag.LinkCode(v.Link)
 	c := events.Click{
 		V: events.ClickVersion, ID: cfg.Tag.EventID(seq, now), Time: now.UTC(),
-		Code: code, Owner: cfg.Owner, Target: cfg.Target,
+		Code: code, Owner: cfg.Owner, Target: strings.TrimSuffix(cfg.Target, "/") + "/" + code,
 		IPPrefix: workload.IPPrefix(v.IP), Visitor: cfg.Gen.VisitorHash(&v),
 		UserAgent: v.UserAgent, Referrer: v.Referrer, Country: v.Country,
 		RequestID: cfg.Tag.RequestID(seq), Bot: v.Kind == workload.Bot,

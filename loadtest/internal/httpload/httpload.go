@@ -197,9 +197,11 @@ func errorClass(e string) string {
 }
 
 // CreateLinks creates link i of the run as code tag.LinkCode(i) for every
-// i < n, through POST /api/links with the owner's key, 16 at a time. It
-// returns the owner ID the API reports.
-func CreateLinks(ctx context.Context, base, key string, tag workload.Tag, n int) (string, error) {
+// i < n, through POST /api/links with the owner's key, 16 at a time, each
+// pointing at linkBase/<code> (by default a page of `make demo`'s local
+// site: the preview workers fetch every new link's target). It returns the
+// owner ID the API reports.
+func CreateLinks(ctx context.Context, base, key, linkBase string, tag workload.Tag, n int) (string, error) {
 	client := &http.Client{Timeout: 30 * time.Second, Transport: newTransport(16)}
 	var (
 		mu    sync.Mutex
@@ -217,7 +219,7 @@ func CreateLinks(ctx context.Context, base, key string, tag workload.Tag, n int)
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				o, err := createLink(ctx, client, base, key, tag.LinkCode(i), fmt.Sprintf("https://example.com/loadtest/%s/%d", tag, i))
+				o, err := createLink(ctx, client, base, key, tag.LinkCode(i), LinkTarget(linkBase, tag.LinkCode(i)))
 				mu.Lock()
 				if err != nil && first == nil {
 					first = err
@@ -238,6 +240,11 @@ func CreateLinks(ctx context.Context, base, key string, tag workload.Tag, n int)
 		return "", fmt.Errorf("create links: %w", ctx.Err())
 	}
 	return owner, nil
+}
+
+// LinkTarget is where link code of a run points: linkBase/code.
+func LinkTarget(linkBase, code string) string {
+	return strings.TrimSuffix(linkBase, "/") + "/" + code
 }
 
 func createLink(ctx context.Context, client *http.Client, base, key, code, target string) (string, error) {

@@ -124,7 +124,7 @@ func TestClassify(t *testing.T) {
 func TestCreateLinks(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
-	codes := map[string]bool{}
+	codes := map[string]string{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/api/links" || r.Header.Get("Authorization") != "Bearer k" || !strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 			http.Error(w, "bad request", http.StatusBadRequest)
@@ -133,22 +133,23 @@ func TestCreateLinks(t *testing.T) {
 		var body struct{ Target, Code string }
 		_ = json.NewDecoder(r.Body).Decode(&body)
 		mu.Lock()
-		codes[body.Code] = true
+		codes[body.Code] = body.Target
 		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(map[string]string{"code": body.Code, "owner": "acme", "target": body.Target})
 	}))
 	defer srv.Close()
-	owner, err := httpload.CreateLinks(t.Context(), srv.URL, "k", tag, 50)
+	owner, err := httpload.CreateLinks(t.Context(), srv.URL, "k", "http://127.0.0.1:8089/articles/", tag, 50)
 	if err != nil || owner != "acme" {
 		t.Fatalf("CreateLinks = %q, %v", owner, err)
 	}
 	for i := range 50 {
-		if !codes[tag.LinkCode(i)] {
-			t.Errorf("link %s was not created", tag.LinkCode(i))
+		code := tag.LinkCode(i)
+		if want := "http://127.0.0.1:8089/articles/" + code; codes[code] != want {
+			t.Errorf("link %s: target %q, want %q", code, codes[code], want)
 		}
 	}
-	if _, err := httpload.CreateLinks(t.Context(), srv.URL, "wrong key", tag, 5); err == nil {
+	if _, err := httpload.CreateLinks(t.Context(), srv.URL, "wrong key", "http://127.0.0.1:8089/articles", tag, 5); err == nil {
 		t.Error("CreateLinks with a refused key succeeded")
 	}
 }

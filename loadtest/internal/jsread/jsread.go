@@ -239,34 +239,76 @@ func (r *Readers) Lag(ctx context.Context) (map[string]GroupLag, error) {
 	return out, nil
 }
 
-// Backlog implements oracle.Backlog: the consumer groups on CLICKS, and the
-// durable consumers on FRAUD (the click counter applies verdicts through
-// one) named "FRAUD/<consumer>".
+// Backlog returns every reader's backlog (Positions summed per reader),
+// for the progress line.
 func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
-	lag, err := r.Lag(ctx)
+	pos, err := r.Positions(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]uint64, len(lag)+1)
-	for g, gl := range lag {
-		out[g] = gl.Pending
+	out := make(map[string]uint64, len(pos))
+	for _, p := range pos {
+		out[p.Reader] += p.Backlog
+	}
+	return out, nil
+}
+
+// Positions implements oracle.Positions: each partition consumer of the
+// consumer groups on CLICKS, and the durable consumers on FRAUD (the click
+// counter applies verdicts through one) named "FRAUD/<consumer>".
+func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
+	groups, err := r.Groups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []oracle.Position
+	for _, g := range groups {
+		parts, err := reader.Lag(ctx, r.js, g)
+		if errors.Is(err, reader.ErrNoGroup) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("positions: %w", err)
+		}
+		for _, p := range parts {
+			out = append(out, oracle.Position{Reader: g, Stream: events.ClicksStream, Partition: p.Partition,
+				AckFloor: p.AckFloor, Backlog: p.Pending + uint64(p.AckPending)})
+		}
 	}
 	s, err := r.js.Stream(ctx, events.FraudStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return out, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("backlog: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	l := s.ListConsumers(ctx)
 	for ci := range l.Info() {
 		if ci.Config.Durable == "" {
 			continue // ephemeral: a tool reading, like this one
 		}
-		out[events.FraudStream+"/"+ci.Name] = ci.NumPending + uint64(ci.NumAckPending)
+		out = append(out, oracle.Position{Reader: events.FraudStream + "/" + ci.Name, Stream: events.FraudStream, Partition: -1,
+			AckFloor: ci.AckFloor.Stream, Backlog: ci.NumPending + uint64(ci.NumAckPending)})
 	}
 	if err := l.Err(); err != nil {
-		return nil, fmt.Errorf("backlog: %w", err)
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	return out, nil
+}
+
+// LastStored returns the stream sequence of the last event on subject (a
+// filter) in stream; 0 when there is none.
+func LastStored(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("last stored on %s: %w", subject, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last stored on %s: %w", subject, err)
+	}
+	return m.Sequence, nil
 }

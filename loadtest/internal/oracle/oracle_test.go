@@ -82,9 +82,14 @@ func (f *fakeWarehouse) EventIDs(_ context.Context, _, prefix string, fn func(st
 	return nil
 }
 
-type fakeBacklog map[string]uint64
+// fakeReaders are readers at fixed positions.
+type fakeReaders []oracle.Position
 
-func (f fakeBacklog) Backlog(context.Context) (map[string]uint64, error) { return f, nil }
+func (f fakeReaders) Positions(context.Context) ([]oracle.Position, error) { return f, nil }
+
+// otherTraffic is the backlog every fake reader has besides the run: a
+// demo's trickle that never lets it reach 0.
+const otherTraffic = 5
 
 const tag = workload.Tag(0x123456789)
 
@@ -102,7 +107,9 @@ type world struct {
 	verdicts  []oracle.Verdict
 	counter   fakeCounter
 	warehouse []whRow
-	backlog   fakeBacklog
+	// readers, if set, changes the readers' positions, which are otherwise
+	// exactly at the run's last events with other traffic waiting behind.
+	readers func([]oracle.Position) []oracle.Position
 }
 
 // newWorld builds a perfect run of 200 clicks in the given mode: every
@@ -119,7 +126,6 @@ func newWorld(t *testing.T, mode truth.Mode) *world {
 			Attempts: 200, Refused: []uint64{3}, Uncertain: []uint64{4, 5}},
 		gen:     g,
 		counter: fakeCounter{},
-		backlog: fakeBacklog{"click-counter": 0, "fraud-detection": 0},
 	}
 	for seq := range uint64(200) {
 		if seq == 3 || seq == 5 { // refused; and one unanswered request that was not recorded
@@ -137,7 +143,8 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 	if w.tr.Mode == truth.ModeHTTP {
 		id = uuid.Must(uuid.NewV7()).String()
 	}
-	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP)}
+	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP),
+		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1)}
 	w.log = append(w.log, c)
 	if v.Kind == workload.Burst {
 		w.verdicts = append(w.verdicts, oracle.Verdict{ID: "burst:" + id, ClickID: c.ID, Code: c.Code, Bot: true, Rule: "visitor_burst", FraudSeq: uint64(len(w.verdicts) + 1)})
@@ -192,10 +199,34 @@ func (w *world) seq(c oracle.LogClick) (uint64, bool) {
 	return tag.ParseRequestID(c.RequestID)
 }
 
+// positions are the readers exactly at the run's last events: each group on
+// both partitions of CLICKS, the counter's consumer on FRAUD.
+func (w *world) positions() []oracle.Position {
+	last := map[int]uint64{}
+	for _, c := range w.log {
+		last[c.Partition] = max(last[c.Partition], c.StreamSeq)
+	}
+	var verdict uint64
+	for _, v := range w.verdicts {
+		verdict = max(verdict, v.FraudSeq)
+	}
+	var pos []oracle.Position
+	for _, g := range []string{"click-counter", "fraud-detection", "warehouse-loader"} {
+		for p := range 2 {
+			pos = append(pos, oracle.Position{Reader: g, Stream: "CLICKS", Partition: p, AckFloor: last[p], Backlog: otherTraffic})
+		}
+	}
+	pos = append(pos, oracle.Position{Reader: "FRAUD/click-counter-verdicts", Stream: "FRAUD", Partition: -1, AckFloor: verdict, Backlog: otherTraffic})
+	if w.readers != nil {
+		pos = w.readers(pos)
+	}
+	return pos
+}
+
 func (w *world) sinks() oracle.Sinks {
 	return oracle.Sinks{
 		Log:       &fakeLog{clicks: append([]oracle.LogClick(nil), w.log...)},
-		Backlog:   w.backlog,
+		Readers:   fakeReaders(w.positions()),
 		Verdicts:  &fakeVerdicts{verdicts: append([]oracle.Verdict(nil), w.verdicts...)},
 		Counter:   w.counter,
 		Warehouse: &fakeWarehouse{rows: w.warehouse},
@@ -419,9 +450,50 @@ func TestVerify(t *testing.T) {
 			want:  map[string]outcome{oracle.SinkWarehouse: {Status: oracle.Fail}},
 		},
 		{
-			name: "reader_still_behind_fails", mode: truth.ModeEvents,
-			mutate: func(t *testing.T, w *world) { w.backlog = fakeBacklog{"click-counter": 0, "warehouse-loader": 12} },
-			want:   map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+			// A backlog that never reaches 0 (other traffic) is fine once
+			// the run's last events are acknowledged; one partition short
+			// of them is not, even by one event.
+			name: "reader_one_event_short_of_the_run_fails", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.readers = func(pos []oracle.Position) []oracle.Position {
+					for i := range pos {
+						if pos[i].Reader == "warehouse-loader" && pos[i].Partition == 1 {
+							pos[i].AckFloor--
+						}
+					}
+					return pos
+				}
+			},
+			want: map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "reader_of_verdicts_short_of_the_run_fails", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.readers = func(pos []oracle.Position) []oracle.Position {
+					pos[len(pos)-1].AckFloor--
+					return pos
+				}
+			},
+			want: map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "partition_without_a_consumer_fails", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.readers = func(pos []oracle.Position) []oracle.Position { return pos[1:] }
+			},
+			want: map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			// Behind the run's last event but with nothing left to do: a
+			// consumer whose filter leaves the run out.
+			name: "reader_with_no_backlog_is_caught_up", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.readers = func(pos []oracle.Position) []oracle.Position {
+					last := &pos[len(pos)-1]
+					last.AckFloor, last.Backlog = 0, 0
+					return pos
+				}
+			},
 		},
 	}
 	for _, tc := range tests {
@@ -464,8 +536,9 @@ func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	sinks := w.sinks()
 	// The counter shows nothing until its backlog drains on the third poll.
 	slow := &slowCounter{real: w.counter, after: 3}
+	slow.pos = w.positions()
 	sinks.Counter = slow
-	sinks.Backlog = slow
+	sinks.Readers = slow
 	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -476,24 +549,31 @@ func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 		t.Fatalf("verify did not wait for the counter to catch up:\n%s", b.String())
 	}
 	if rep.CatchUp < 0 {
-		t.Errorf("catch-up time %v; want the time the backlog reached 0", rep.CatchUp)
+		t.Errorf("catch-up time %v; want the time the readers reached the run's last events", rep.CatchUp)
 	}
 }
 
-// slowCounter is a counter whose backlog drains after a few polls and
-// which answers zero until then.
+// slowCounter is a counter that reaches the run's last events after a few
+// polls and answers zero until then; other traffic keeps its backlog above
+// 0 throughout.
 type slowCounter struct {
 	real  fakeCounter
+	pos   []oracle.Position
 	after int
 	polls int
 }
 
-func (s *slowCounter) Backlog(context.Context) (map[string]uint64, error) {
+func (s *slowCounter) Positions(context.Context) ([]oracle.Position, error) {
 	s.polls++
+	out := append([]oracle.Position(nil), s.pos...)
 	if s.polls < s.after {
-		return map[string]uint64{"click-counter": uint64(s.after - s.polls)}, nil
+		for i := range out {
+			if out[i].Reader == "click-counter" {
+				out[i].AckFloor /= 2
+			}
+		}
 	}
-	return map[string]uint64{"click-counter": 0}, nil
+	return out, nil
 }
 
 func (s *slowCounter) Totals(ctx context.Context, code string) (int64, int64, error) {

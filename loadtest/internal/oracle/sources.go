@@ -79,10 +79,28 @@ type WarehouseReader interface {
 	EventIDs(ctx context.Context, owner, prefix string, fn func(code string, id uuid.UUID)) error
 }
 
-// Backlog reports how far behind each reader is.
-type Backlog interface {
-	// Backlog returns, for every reader deployed (a consumer group on
-	// CLICKS, a durable consumer on FRAUD), the number of events it has not
-	// yet processed: not delivered plus delivered but not acknowledged.
-	Backlog(ctx context.Context) (map[string]uint64, error)
+// Position is how far one reader has processed one stream (or one
+// partition of CLICKS).
+type Position struct {
+	// Reader names the reader: a consumer group on CLICKS, or
+	// "FRAUD/<consumer>" for a durable consumer on FRAUD.
+	Reader string
+	// Stream is CLICKS or FRAUD.
+	Stream string
+	// Partition is the CLICKS partition; -1 on FRAUD.
+	Partition int
+	// AckFloor is the last stream sequence acknowledged with everything
+	// before it: every event of the reader's at or below it is processed.
+	AckFloor uint64
+	// Backlog is the events not yet processed: not delivered plus
+	// delivered but not acknowledged, whoever sent them.
+	Backlog uint64
+}
+
+// Positions reports how far each reader has processed.
+type Positions interface {
+	// Positions returns one position per reader deployed and partition (a
+	// consumer group on CLICKS: one per partition consumer; a durable
+	// consumer on FRAUD: one).
+	Positions(ctx context.Context) ([]Position, error)
 }

@@ -49,6 +49,12 @@ type state struct {
 	verdictRules   map[string]uint64 // rule -> verdicts labelling a non-burst human click bot
 	label          []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
 	labelSeq       []uint64          // FRAUD sequence of that verdict
+
+	// lastClick is, per CLICKS partition, the highest stream sequence of a
+	// click on the run's links; lastVerdict the highest FRAUD sequence of a
+	// verdict about one. Every reader must have processed up to them.
+	lastClick   map[int]uint64
+	lastVerdict uint64
 }
 
 type slot struct {
@@ -81,6 +87,7 @@ func newState(tr *truth.Truth) (*state, error) {
 		slots:        make([]slot, tr.Attempts),
 		verdictIDs:   map[string]struct{}{},
 		verdictRules: map[string]uint64{},
+		lastClick:    map[int]uint64{},
 	}, nil
 }
 
@@ -118,6 +125,9 @@ func (s *state) addClick(c *LogClick) {
 	if _, ours := s.linkOf(c.Code); !ours {
 		return // another link of the owner: not the run's business
 	}
+	// Every click on the run's links is the readers' to process (count,
+	// load, or park), valid or not.
+	s.lastClick[c.Partition] = max(s.lastClick[c.Partition], c.StreamSeq)
 	seq, ok := s.seqOf(c)
 	switch {
 	case !ok:
@@ -153,6 +163,11 @@ func (s *state) addClick(c *LogClick) {
 	}
 }
 
+// targets are the run's last events, for CaughtUp.
+func (s *state) targets() Targets {
+	return Targets{Clicks: s.lastClick, Fraud: s.lastVerdict}
+}
+
 // logComplete reports whether every click that must be in the log is.
 func (s *state) logComplete() bool { return s.sentFound == s.tr.SentCount() }
 
@@ -185,6 +200,7 @@ func (s *state) addVerdict(v *Verdict) {
 	if _, ours := s.linkOf(v.Code); !ours {
 		return
 	}
+	s.lastVerdict = max(s.lastVerdict, v.FraudSeq)
 	if _, seen := s.verdictIDs[v.ID]; seen {
 		s.verdictDups++
 		return

@@ -23,12 +23,12 @@ const (
 	KeyFraud     = "fraud"
 )
 
-// Sinks are the readers to check. Log and Backlog are always there (they
+// Sinks are the readers to check. Log and Readers are always there (they
 // are NATS); a nil reader is a sink that is not deployed or not configured,
 // and Skip says why.
 type Sinks struct {
 	Log       LogReader
-	Backlog   Backlog
+	Readers   Positions
 	Verdicts  VerdictReader
 	Counter   CounterReader
 	Warehouse WarehouseReader
@@ -80,11 +80,15 @@ type Report struct {
 	Passed bool     `json:"passed"`
 	// LogWait is how long the log took to hold every sent click.
 	LogWait time.Duration `json:"log_wait_ns"`
-	// CatchUp is how long, from the start of Verify, until every reader's
-	// backlog was zero; negative if it never was.
+	// CatchUp is how long, from the start of Verify, until every reader
+	// had processed every event of the run (CaughtUp); negative if never.
 	CatchUp time.Duration `json:"catch_up_ns"`
-	// Backlog is the last backlog seen, by reader.
+	// Backlog is the last backlog seen, by reader: the run's events and
+	// any other traffic's.
 	Backlog map[string]uint64 `json:"backlog"`
+	// Behind lists, at the end, the readers' partitions that had not
+	// processed the run's last event.
+	Behind []Behind `json:"behind,omitempty"`
 }
 
 // queryTimeout bounds each query to a sink.
@@ -113,27 +117,32 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 
 	c := &checker{s: s, sinks: sinks, opts: opts}
 	deadline := start.Add(opts.Deadline)
-	var backlogErr error
+	var posErr error
 	for {
 		// Each read and query has its own timeout; only the waiting
 		// between polls is bounded by the deadline, so the last pass still
-		// reads every sink.
+		// reads every sink. Positions are read before the verdicts: a
+		// reader of FRAUD is then judged against every verdict published
+		// before fraud detection's position was read.
+		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
+		pos, err := sinks.Readers.Positions(bctx)
+		bcancel()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
+		}
 		if sinks.Verdicts != nil {
 			if err := readVerdicts(ctx, s, sinks.Verdicts); err != nil {
 				return nil, fmt.Errorf("verify: read FRAUD: %w", err)
 			}
 		}
-		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
-		backlog, err := sinks.Backlog.Backlog(bctx)
-		bcancel()
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("verify: %w", ctx.Err())
-		}
-		backlogErr = err
+		posErr = err
+		var readers []string
+		var behind []Behind
 		if err == nil {
-			rep.Backlog = backlog
+			rep.Backlog = backlogs(pos)
+			readers, behind = CaughtUp(pos, s.targets())
 		}
-		caught := err == nil && total(backlog) == 0
+		caught := err == nil && len(behind) == 0
 		if caught && rep.CatchUp < 0 {
 			rep.CatchUp = time.Since(start)
 		}
@@ -145,11 +154,19 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 			rows = c.rows(ctx, caught)
 		}
 		if (caught && Passed(rows)) || !time.Now().Before(deadline) {
-			rep.Rows = append(rows, readersRow(rep.Backlog, rep.CatchUp, backlogErr))
+			if !caught {
+				rep.CatchUp = -1 // caught up once, behind again: not caught up
+			}
+			rep.Behind = behind
+			rep.Rows = append(rows, readersRow(readers, behind, rep.Backlog, rep.CatchUp, posErr))
 			rep.Passed = Passed(rep.Rows)
 			return rep, nil
 		}
-		opts.Progress(fmt.Sprintf("waiting: backlog %s; %s", describe(backlog), failing(rows)))
+		var waiting []string
+		for _, b := range behind {
+			waiting = append(waiting, b.String())
+		}
+		opts.Progress(fmt.Sprintf("waiting: %s; %s", limitList("reader partitions behind the run", waiting), failing(rows)))
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("verify: %w", ctx.Err())
@@ -392,33 +409,6 @@ func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) Resul
 		}
 	})
 	r.Note = fmt.Sprintf("exact set; %d rows for %d distinct IDs (copies not yet merged are expected)", rows, distinct)
-	r.judge()
-	return r
-}
-
-func readersRow(backlog map[string]uint64, catchUp time.Duration, err error) Result {
-	r := Result{Sink: SinkReaders, Expected: uint64(len(backlog))}
-	if err != nil {
-		return Result{Sink: SinkReaders, Status: Fail, Note: "backlog unknown: " + err.Error()}
-	}
-	var behind []string
-	for name, n := range backlog {
-		if n == 0 {
-			r.Got++
-		} else {
-			r.Missing++
-			behind = append(behind, fmt.Sprintf("%s %d", name, n))
-		}
-	}
-	sort.Strings(behind)
-	if len(behind) > 0 {
-		r.Note = "still behind: " + strings.Join(behind, ", ")
-	} else if catchUp >= 0 {
-		r.Note = fmt.Sprintf("every reader's backlog was 0 after %s", catchUp.Round(time.Millisecond))
-	}
-	if len(backlog) == 0 {
-		r.Note = "no reader deployed"
-	}
 	r.judge()
 	return r
 }

@@ -38,7 +38,8 @@ type Report struct {
 	LoadTime time.Duration `json:"load_time_ns"`
 	Rate     int           `json:"rate"`
 	// CatchUp is the time from the end of the load until every click was
-	// in the log and every reader's backlog was 0; negative if never seen.
+	// in the log and every reader had acknowledged the run's last events
+	// (other traffic may still be waiting); negative if never seen.
 	CatchUp time.Duration     `json:"catch_up_ns"`
 	Spec    workload.Spec     `json:"spec"`
 	Answers map[string]uint64 `json:"answers"`
@@ -87,9 +88,9 @@ func Text(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "  peak lag %-24s %d\n", g, s.PeakLag[g])
 	}
 	if r.CatchUp >= 0 {
-		fmt.Fprintf(w, "  catch-up time        %s (end of load to every click in the log and every backlog 0)\n", r.CatchUp.Round(time.Millisecond))
+		fmt.Fprintf(w, "  catch-up time        %s (end of load to every event of the run processed by every reader)\n", r.CatchUp.Round(time.Millisecond))
 	} else {
-		fmt.Fprintln(w, "  catch-up time        not reached")
+		fmt.Fprintln(w, "  catch-up time        not reached (a reader had not processed every event of the run)")
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)
@@ -239,7 +240,7 @@ img{max-width:100%}
 <li><b>offered</b>: what the constant-rate schedule asked for; <b>sent</b>: requests (or publishes) started; <b>ok</b>: 302s (or acks) received.</li>
 <li><b>redirect latency</b>: from the request's start to its 302, per vegeta; the schedule is open, so slow answers do not lower the offered load. <b>publish-to-ack</b>: from the async publish to its ack.</li>
 <li><b>click-to-counted</b>: for probe clicks (a link that gets nothing else), from the 302 (or ack) to the first time the reader's public view (the counter's stats API, the warehouse's clicks table) includes it.</li>
-<li><b>lag</b>: a reader's events not yet processed (pending + unacknowledged); <b>catch-up time</b>: end of load to every click in the log and every backlog 0.</li>
+<li><b>lag</b>: a reader's events not yet processed (pending + unacknowledged); <b>catch-up time</b>: end of load to every event of the run processed by every reader (acknowledged past the run's last event on every partition; other traffic may still be waiting).</li>
 </ul>
 </body></html>
 `))

@@ -16,7 +16,7 @@ var browserAgents = []weighted{
 
 // BotAgents are well-known crawlers, link unfurlers and HTTP tools: each
 // names itself, so a redirect that labels known bots at the source labels
-// all of them (DESIGN.md: "Bot is set at the source when the user agent is a
+// all of them (the event contract: "Bot is set at the source when the user agent is a
 // known bot or link unfurler").
 var BotAgents = []string{
 	"Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",

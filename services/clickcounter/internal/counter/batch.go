@@ -16,8 +16,10 @@ import (
 const maxWriteAttempts = 8
 
 // ReasonWrongPartition is the dead-letter reason of a click stored in a
-// partition its link code does not hash to.
-const ReasonWrongPartition = "wrong_partition"
+// partition its link code does not hash to. The reader runtime parks such a
+// click before the counter sees it (events.ReadClick, the rule every reader
+// applies); the counter checks again because counting it would be wrong.
+const ReasonWrongPartition = events.ReasonWrongPartition
 
 // HandleBatch is the reader.Handler of the click counter: it counts one
 // partition's batch exactly once, in one atomic write.

@@ -166,7 +166,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"reason"}),
 		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_corrections_total",
-			Help: "Fraud verdicts handled: result=relabelled (applied), unchanged, stale (older than one applied), expired (click past retention).",
+			Help: "Fraud verdicts handled: result=relabelled (applied), unchanged, stale (older than one applied), expired (click past retention), not_counted (click stored in another partition than its code hashes to: never counted).",
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",

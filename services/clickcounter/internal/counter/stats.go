@@ -69,7 +69,9 @@ type DayStat struct {
 	Day string `json:"day"`
 	Pair
 	// Uniques is the estimated number of distinct visitors among the day's
-	// clicks the redirect did not flag as bots (a HyperLogLog, ±0.81%).
+	// clicks the redirect did not flag as bots (a HyperLogLog, ±0.81%). It
+	// can exceed Human: a fraud verdict moves a click from human to bot, but
+	// the estimate cannot forget the visitor it already saw.
 	Uniques int64 `json:"uniques"`
 }
 

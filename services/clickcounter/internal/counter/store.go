@@ -124,7 +124,10 @@ type Corrections struct {
 
 // Correction is one verdict, resolved into the counts it moves.
 type Correction struct {
-	ClickID  string
+	ClickID string
+	// Mark locates the click in the recent-ID record: a generation whose
+	// record holds its fingerprint has counted it.
+	Mark     IDMark
 	LabelDay Day
 	// FraudSeq orders verdicts of one click: a verdict at or below the
 	// sequence already recorded is stale and changes nothing.
@@ -132,8 +135,9 @@ type Correction struct {
 	// To is the verdict's label; Source is the click's own label (Bot flag).
 	To     Label
 	Source Label
-	// ClickSeq is where the click is in CLICKS: a generation whose
-	// watermark is at or past it has counted it.
+	// ClickSeq is where the click is in CLICKS (in the partition of its
+	// code): once the record's bucket of the click has expired, a
+	// generation whose watermark is at or past it has counted it.
 	ClickSeq uint64
 	Link     LinkRef
 	Day      Day
@@ -177,7 +181,7 @@ const (
 )
 
 // String is the status's name in metrics: relabelled, unchanged, stale,
-// expired.
+// expired, not_counted.
 func (s CorrectionStatus) String() string {
 	switch s {
 	case Relabelled:
@@ -188,6 +192,8 @@ func (s CorrectionStatus) String() string {
 		return "stale"
 	case Expired:
 		return "expired"
+	case NotCounted:
+		return "not_counted"
 	}
 	return "unknown"
 }

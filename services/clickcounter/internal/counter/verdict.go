@@ -15,6 +15,11 @@ import (
 // retention: it is acknowledged and changes nothing (see labelHorizon).
 const Expired CorrectionStatus = -1
 
+// NotCounted is a verdict's status when it names a click stored in a
+// partition its link code does not hash to: the counter never counts such a
+// click, so the verdict is acknowledged and changes nothing.
+const NotCounted CorrectionStatus = -2
+
 // labelHorizon is how long after the end of a click's label day a verdict
 // about it is still applied: CLICKS retention plus a day. Labels are kept a
 // day longer still (labelKeep), so a verdict redelivered or replayed before
@@ -49,6 +54,13 @@ func (c *Counter) ApplyVerdict(ctx context.Context, v *events.FraudVerdict, frau
 // ApplyVerdicts applies a batch of fraud verdicts as corrections, and
 // returns one result per verdict.
 //
+// A verdict moves only what the counter counted: whether a generation
+// counted the click is looked up by event ID in its recent-ID record (the
+// same record, written in the same script as the counts, that deduplicates
+// clicks), and only once that record has expired is it inferred from the
+// watermark of the click's own partition. A verdict naming a click stored
+// in another partition than its code hashes to is NotCounted.
+//
 // Each verdict's label is recorded by click ID, and wherever the click was
 // already counted it moves between the human and bot counts (total, day,
 // hour, country, referrer) once; a verdict that repeats the current label
@@ -67,7 +79,7 @@ func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResu
 	at := map[int][]int{} // partition -> indexes into vs, in the group's order
 	for i, v := range vs {
 		p, corr, status, err := c.correction(v)
-		if err != nil || status == Expired {
+		if err != nil || status == Expired || status == NotCounted {
 			out[i] = VerdictResult{Status: status, Err: err}
 			continue
 		}
@@ -141,8 +153,14 @@ func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResu
 func (c *Counter) correction(v Verdict) (int, Correction, CorrectionStatus, error) {
 	p := events.Partition(v.V.Code, c.n)
 	if v.V.Partition != p {
-		c.log.Warn("verdict names another partition than its link code hashes to; using the code's",
-			"verdict", v.V.ID, "code", v.V.Code, "partition", v.V.Partition, "computed", p)
+		// The click was stored where its code does not hash to: every
+		// reader parks such a click, and the counter counts a click only in
+		// its code's partition, so it never counted this one. Another
+		// partition's watermark says nothing about it.
+		c.log.Warn("verdict about a click stored in another partition than its link code hashes to; ignored",
+			"verdict", v.V.ID, "click", v.V.ClickID, "code", v.V.Code, "partition", v.V.Partition, "computed", p)
+		c.m.corrections.WithLabelValues(NotCounted.String()).Inc()
+		return p, Correction{}, NotCounted, nil
 	}
 	mark, err := ParseID(v.V.ClickID)
 	if err != nil {
@@ -156,6 +174,7 @@ func (c *Counter) correction(v Verdict) (int, Correction, CorrectionStatus, erro
 	t := v.V.ClickTime.UTC()
 	return p, Correction{
 		ClickID:     v.V.ClickID,
+		Mark:        mark,
 		LabelDay:    day,
 		FraudSeq:    v.Seq,
 		To:          LabelOf(v.V.Bot),

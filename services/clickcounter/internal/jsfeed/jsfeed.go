@@ -76,7 +76,13 @@ type Feed struct {
 	// DrainTimeout bounds the wait for messages in hand at shutdown
 	// (default 10s).
 	DrainTimeout time.Duration
-	Log          *slog.Logger
+	// AckWait is the consumer's: messages in hand longer than AckWait/3
+	// (waiting for a worker, or a slow batch) are marked in progress every
+	// AckWait/3, so a short AckWait redelivers only what a dead instance
+	// held, never what a live one is still working on. Default: the
+	// consumer's configured AckWait.
+	AckWait time.Duration
+	Log     *slog.Logger
 }
 
 // Metrics are the feeds' Prometheus collectors.
@@ -128,10 +134,13 @@ func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error
 		case <-time.After(wait):
 		}
 	}
-	f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer)
+	if f.AckWait <= 0 {
+		f.AckWait = cons.CachedInfo().Config.AckWait
+	}
+	f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer, "ack_wait", f.AckWait)
 	r := &run{f: f, js: js, m: m}
 	defer context.AfterFunc(ctx, func() { r.drainBy() })() // the drain's clock starts when ctx ends
-	batches := make(chan []jetstream.Msg)
+	batches := make(chan inHand)
 	var wg sync.WaitGroup
 	for range f.Workers {
 		wg.Go(func() { r.work(ctx, batches) })
@@ -171,7 +180,7 @@ const idleWait = time.Second
 // one it holds, are all the feed has unacked). It pulls with Fetch, not a
 // prefetching subscription, so that when it returns every message it
 // received has been handed over.
-func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<- []jetstream.Msg) {
+func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<- inHand) {
 	f := r.f
 	idle, failures := true, uint64(0)
 	for ctx.Err() == nil {
@@ -203,7 +212,37 @@ func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<-
 		}
 		failures = 0
 		idle = len(batch) < f.BatchSize/2
-		batches <- batch // also after ctx ended: every fetched message is handled
+		b := inHand{msgs: batch, done: make(chan struct{})}
+		go r.keepInProgress(b)
+		batches <- b // also after ctx ended: every fetched message is handled
+	}
+}
+
+// inHand is a fetched batch; done is closed once every message is settled.
+type inHand struct {
+	msgs []jetstream.Msg
+	done chan struct{}
+}
+
+// keepInProgress marks the batch's messages in progress every AckWait/3
+// until they are settled, so JetStream redelivers them only if this
+// instance dies (then within AckWait), not while it waits for a worker or
+// for a slow Redis.
+func (r *run) keepInProgress(b inHand) {
+	if r.f.AckWait <= 0 {
+		return
+	}
+	t := time.NewTicker(max(r.f.AckWait/3, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-t.C:
+			for _, msg := range b.msgs {
+				_ = msg.InProgress()
+			}
+		}
 	}
 }
 
@@ -222,9 +261,10 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 // work handles batches until there are no more. After a batch that failed
 // as a whole (Redis down?) it waits before the next, which would most
 // likely fail the same way.
-func (r *run) work(ctx context.Context, batches <-chan []jetstream.Msg) {
+func (r *run) work(ctx context.Context, batches <-chan inHand) {
 	var failures uint64
-	for batch := range batches {
+	for b := range batches {
+		batch := b.msgs
 		// Finish what is in hand even when shutdown has begun, but within
 		// DrainTimeout of it.
 		hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.f.HandleTimeout)
@@ -233,6 +273,7 @@ func (r *run) work(ctx context.Context, batches <-chan []jetstream.Msg) {
 			hctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), r.drainBy())
 		}
 		failed := r.handle(hctx, batch)
+		close(b.done)
 		cancel()
 		if !failed {
 			failures = 0

@@ -330,3 +330,90 @@ func TestFeedStopHandlesWhatItReceived(t *testing.T) {
 		t.Errorf("acked up to %d, handled %d messages; want the same, above the %d the workers held", floor, len(g.seqs), held)
 	}
 }
+
+// An instance killed while it holds a batch (kill -9: no ack, no nak)
+// leaves the messages to the others within the consumer's short AckWait,
+// not after the 30 s it used to be.
+func TestMessagesHeldByAKilledInstanceComeBackWithinTheAckWait(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	o := topology.Defaults()
+	o.Storage, o.Partitions = jetstream.MemoryStorage, 4
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.ApplyClickCounter(t.Context(), js); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		publishLink(t, js, fmt.Sprintf("k%d", i), nil)
+	}
+	doomedNC := n.Connect(t)
+	doomedJS, err := jetstream.New(doomedNC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := newGate()
+	defer held.release() // after the test: lets the doomed handler return
+	run(t, doomedJS, held.handle)
+	testenv.WaitFor(t, 10*time.Second, "the doomed instance to hold a batch", func() bool {
+		held.mu.Lock()
+		defer held.mu.Unlock()
+		return len(held.held) > 0
+	})
+	doomedNC.Close() // kill -9: the connection goes, nothing is acked or naked
+	killed := time.Now()
+
+	survivor := newGate()
+	survivor.release()
+	run(t, js, survivor.handle)
+	testenv.WaitFor(t, 3*topology.FeedAckWait+5*time.Second, "the survivor to handle all 30", func() bool {
+		survivor.mu.Lock()
+		defer survivor.mu.Unlock()
+		return len(survivor.seqs) == 30
+	})
+	took := time.Since(killed)
+	t.Logf("the killed instance's messages handled %s after the kill (AckWait %s)", took.Round(10*time.Millisecond), topology.FeedAckWait)
+	if bound := topology.FeedAckWait + 2*time.Second; took > bound {
+		t.Errorf("took %s, want within the AckWait plus a fetch (%s)", took, bound)
+	}
+}
+
+// A batch held longer than the AckWait by a live instance (a slow Redis) is
+// marked in progress, so it is not redelivered meanwhile: each message is
+// handled once.
+func TestASlowBatchIsKeptInProgressNotRedelivered(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	for i := range 10 {
+		publishLink(t, js, fmt.Sprintf("s%d", i), nil)
+	}
+	g := newGate()
+	stop := run(t, js, g.handle)
+	run(t, js, g.handle) // another instance, free to take a redelivery
+	testenv.WaitFor(t, 10*time.Second, "a batch held", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.held) > 0
+	})
+	// The fault: Redis answers this batch after twice the AckWait.
+	<-time.After(2*topology.FeedAckWait + time.Second)
+	g.mu.Lock()
+	holders := len(g.held)
+	g.mu.Unlock()
+	g.release()
+	testenv.WaitFor(t, 10*time.Second, "all 10 handled", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.seqs) == 10
+	})
+	stop()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for seq, n := range g.seqs {
+		if n != 1 {
+			t.Errorf("link event %d handled %d times, want once (held batches: %d)", seq, n, holders)
+		}
+	}
+}

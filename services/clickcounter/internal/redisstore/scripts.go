@@ -147,16 +147,22 @@ return {'started', read, g, untl}
 // hash, one HINCRBY per day-hash field. A flooded link's 300 verdicts cost
 // a handful of commands, not 300 times as many.
 //
-// A move happens in each generation whose watermark shows it counted the
-// click: the click leaves its (old label, country, referrer) field and hour
-// and joins the new label's.
+// A move happens in each generation that counted the click: the click
+// leaves its (old label, country, referrer) field and hour and joins the
+// new label's. Whether a generation counted it is read from its recent-ID
+// record, by event ID: the bucket of the click's ID time holds its
+// fingerprint or not (applyScript writes both in one step with the
+// counts). Only when that bucket has expired (the click is older than the
+// dedup window) does the watermark decide: at or past the click's sequence
+// in its own partition means counted.
 //
 // KEYS[1] meta, KEYS[1+g] the pos of generation g (read, then write if it
 // differs), then the rest, by index. ARGV: read, write, number of
 // generations, combo cap; then per verdict: label hash (index), click id,
 // fraud seq, new label, source label, click seq, label expiry (unix),
-// "|<country>|<referrer host>", "|<country>|(other)", hour (HH), then per
-// generation the link hash and the day hash (indexes).
+// "|<country>|<referrer host>", "|<country>|(other)", hour (HH), the
+// click's 8-byte fingerprint, then per generation the link hash, the day
+// hash and the recent-ID bucket (indexes).
 //
 // Returns {'conflict'}, or {'ok', s} with one character of s per verdict:
 // 's' stale, 'u' unchanged, or the number of generations the click moved in.
@@ -166,9 +172,29 @@ if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumb
   return {'conflict'}
 end
 local ngen, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local first, stride, n = 5, 10 + 2*ngen, #ARGV
+local first, stride, n = 5, 11 + 3*ngen, #ARGV
 local wm = {}
 for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0') end
+
+-- counted says whether generation g counted the click of verdict i: its
+-- fingerprint is in the recent-ID bucket (read, and made a set, once per
+-- bucket), or the bucket is gone and the watermark is at or past the click.
+local buckets = {}
+local function counted(i, g)
+  local key = KEYS[tonumber(ARGV[i+10+3*g])]
+  local seen = buckets[key]
+  if seen == nil then
+    local data = redis.call('GET', key)
+    seen = false
+    if data then
+      seen = {}
+      for o = 1, #data - 7, 8 do seen[string.sub(data, o, o + 7)] = true end
+    end
+    buckets[key] = seen
+  end
+  if not seen then return wm[g] >= tonumber(ARGV[i+5]) end
+  return seen[ARGV[i+10]] == true
+end
 
 -- hmget reads fields of key into into[field] (absent fields stay nil), in
 -- commands of at most 1,000 fields.
@@ -218,9 +244,9 @@ for i = first, n, stride do
     if old == new then
       status = 'u'
     else
-      local cseq, moved = tonumber(ARGV[i+5]), 0
+      local moved = 0
       for g = 1, ngen do
-        if wm[g] >= cseq then
+        if counted(i, g) then
           moved = moved + 1
           local mv = #moves
           moves[mv + 1], moves[mv + 2], moves[mv + 3], moves[mv + 4] = i, g, old, new
@@ -243,7 +269,7 @@ local function want(h, f)
 end
 for j = 1, #moves, 4 do
   local i, g, old, new = moves[j], moves[j+1], moves[j+2], moves[j+3]
-  local lkey, dkey = KEYS[tonumber(ARGV[i+8+2*g])], KEYS[tonumber(ARGV[i+9+2*g])]
+  local lkey, dkey = KEYS[tonumber(ARGV[i+8+3*g])], KEYS[tonumber(ARGV[i+9+3*g])]
   local h = links[lkey]
   if not h then
     h = {key = lkey, want = {}, val = {}, base = {}, dirty = {}}
@@ -284,7 +310,7 @@ end
 for j = 1, #moves, 4 do
   local i, g, old, new = moves[j], moves[j+1], moves[j+2], moves[j+3]
   local host, oth, hour = ARGV[i+7], ARGV[i+8], ARGV[i+9]
-  local h = links[KEYS[tonumber(ARGV[i+8+2*g])]]
+  local h = links[KEYS[tonumber(ARGV[i+8+3*g])]]
   -- The click was counted under its host, or under (other) if the link
   -- was full then; a field once created is never removed, so the host
   -- field exists now exactly if it did then.
@@ -297,7 +323,7 @@ for j = 1, #moves, 4 do
     h.len = h.len - 1
     incr(h, new .. oth, 1)
   end
-  local d = days[KEYS[tonumber(ARGV[i+9+2*g])]]
+  local d = days[KEYS[tonumber(ARGV[i+9+3*g])]]
   if not d.gone then -- an expired day hash is not brought back (it would never expire)
     local from, to = old .. hour, new .. hour
     if d.val[from] == nil then d.order[#d.order + 1] = from end

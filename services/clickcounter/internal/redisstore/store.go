@@ -366,9 +366,10 @@ func correctCall(b *counter.Corrections) scriptCall {
 	for i := range b.Items {
 		c := &b.Items[i]
 		a.add(a.key(labelKey(p, c.LabelDay)), c.ClickID, c.FraudSeq, string(rune(c.To)), string(rune(c.Source)),
-			c.ClickSeq, c.LabelExpiry.Unix(), "|"+c.Country+"|"+c.Referrer, "|"+c.Country+"|"+counter.OtherReferrer, twoDigits(c.Hour))
+			c.ClickSeq, c.LabelExpiry.Unix(), "|"+c.Country+"|"+c.Referrer, "|"+c.Country+"|"+counter.OtherReferrer, twoDigits(c.Hour),
+			string(c.Mark.Fingerprint[:]))
 		for _, g := range gens {
-			a.add(a.key(linkKey(p, g, c.Link)), a.key(dayKey(p, g, c.Link, c.Day)))
+			a.add(a.key(linkKey(p, g, c.Link)), a.key(dayKey(p, g, c.Link, c.Day)), a.key(idKey(p, g, c.Mark.Bucket)))
 		}
 	}
 	return scriptCall{keys: a.keys, argv: a.argv}

@@ -83,7 +83,7 @@ func benchCorrect(b *testing.B, flood bool) {
 			w.Counted++
 			seq++
 			batch.Items = append(batch.Items, counter.Correction{
-				ClickID: c.ID, LabelDay: m.LabelDay(), FraudSeq: seq, To: counter.LabelOf(!c.Bot), Source: counter.LabelOf(c.Bot),
+				ClickID: c.ID, Mark: m, LabelDay: m.LabelDay(), FraudSeq: seq, To: counter.LabelOf(!c.Bot), Source: counter.LabelOf(c.Bot),
 				ClickSeq: seq, Link: counter.LinkRef{Owner: c.Owner, Code: c.Code}, Day: counter.DayOf(now), Hour: now.Hour(),
 				Country: counter.CountryOf(c.Country), Referrer: counter.ReferrerHost(c.Referrer), LabelExpiry: now.Add(time.Hour),
 			})

@@ -20,6 +20,7 @@
 //	POST /api/dlq/letters/:seq/redrive     send one letter home
 //	POST /api/dlq/redrive                  {"source", "reason"}: send a group home
 //	GET  /api/outbox                       the redirect outbox in Redis
+//	GET  /api/webhooks                     owners' webhook endpoints: status, backlog
 //	GET  /api/warehouse                    top links and clicks per hour
 //	GET  /api/clicks/stream                an owner's clicks (SSE; owner API key)
 package httpapi
@@ -48,6 +49,7 @@ import (
 	"github.com/snipdev/snip/services/console/internal/readers"
 	"github.com/snipdev/snip/services/console/internal/sse"
 	"github.com/snipdev/snip/services/console/internal/warehouseview"
+	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
 
 // Readers is the readers panel and its replays.
@@ -81,6 +83,11 @@ type Outbox interface {
 	Snapshot(ctx context.Context) (outboxstate.Snapshot, error)
 }
 
+// Webhooks reads the webhooks service's endpoints.
+type Webhooks interface {
+	Snapshot(ctx context.Context, now time.Time) (webhookstate.Snapshot, error)
+}
+
 // Warehouse reads the warehouse panel.
 type Warehouse interface {
 	Snapshot(ctx context.Context, now time.Time) warehouseview.Snapshot
@@ -103,7 +110,9 @@ type Deps struct {
 	Alerts      Alerts
 	DeadLetters DeadLetters
 	// Outbox is nil when Redis holds no outbox to read.
-	Outbox    Outbox
+	Outbox Outbox
+	// Webhooks is nil when Redis holds no webhook endpoints to read.
+	Webhooks  Webhooks
 	Warehouse Warehouse
 	Streams   OwnerStreams
 	Owners    Authenticator
@@ -144,6 +153,7 @@ type api struct {
 	readers   *memo.Value[readers.Snapshot]
 	dlqGroups *memo.Value[[]dlq.Group]
 	outbox    *memo.Value[outboxstate.Snapshot]
+	webhooks  *memo.Value[webhookstate.Snapshot]
 	warehouse *memo.Value[warehouseview.Snapshot]
 }
 
@@ -166,6 +176,12 @@ func Register(e *echo.Echo, d Deps) error {
 			return outboxstate.Snapshot{}, fmt.Errorf("no redis: %w", errUnavailable)
 		}
 		return d.Outbox.Snapshot(ctx)
+	})
+	a.webhooks = memo.New(time.Second, func(ctx context.Context) (webhookstate.Snapshot, error) {
+		if d.Webhooks == nil {
+			return webhookstate.Snapshot{}, fmt.Errorf("no redis: %w", errUnavailable)
+		}
+		return d.Webhooks.Snapshot(ctx, time.Now())
 	})
 	a.warehouse = memo.New(10*time.Second, func(ctx context.Context) (warehouseview.Snapshot, error) {
 		return d.Warehouse.Snapshot(ctx, time.Now()), nil
@@ -195,6 +211,13 @@ func Register(e *echo.Echo, d Deps) error {
 	op.POST("/api/dlq/letters/:seq/redrive", a.redrive)
 	op.POST("/api/dlq/redrive", a.redriveGroup)
 	op.GET("/api/outbox", a.getOutbox)
+	op.GET("/api/webhooks", func(c echo.Context) error {
+		s, err := a.webhooks.Get(c.Request().Context())
+		if err != nil {
+			return c.JSON(http.StatusOK, map[string]any{"available": false, "error": err.Error()})
+		}
+		return c.JSON(http.StatusOK, map[string]any{"available": true, "webhooks": s})
+	})
 	op.GET("/api/warehouse", func(c echo.Context) error {
 		s, _ := a.warehouse.Get(c.Request().Context())
 		return c.JSON(http.StatusOK, s)
@@ -300,15 +323,24 @@ func (a *api) live(c echo.Context) error {
 }
 
 func (a *api) dlq(c echo.Context) error {
-	gs, err := a.dlqGroups.Get(c.Request().Context())
+	p, err := a.dlqPanel(c.Request().Context())
 	if err != nil {
-		return fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
+		return err
+	}
+	return c.JSON(http.StatusOK, p)
+}
+
+// dlqPanel is the dead-letters panel: the groups and their total.
+func (a *api) dlqPanel(ctx context.Context) (map[string]any, error) {
+	gs, err := a.dlqGroups.Get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
 	}
 	var total uint64
 	for _, g := range gs {
 		total += g.Count
 	}
-	return c.JSON(http.StatusOK, map[string]any{"groups": gs, "total": total})
+	return map[string]any{"groups": gs, "total": total}, nil
 }
 
 func (a *api) letters(c echo.Context) error {
@@ -377,11 +409,16 @@ func (a *api) redriveGroup(c echo.Context) error {
 }
 
 func (a *api) getOutbox(c echo.Context) error {
-	s, err := a.outbox.Get(c.Request().Context())
+	return c.JSON(http.StatusOK, a.outboxPanel(c.Request().Context()))
+}
+
+// outboxPanel is the outbox panel, or why there is none.
+func (a *api) outboxPanel(ctx context.Context) map[string]any {
+	s, err := a.outbox.Get(ctx)
 	if err != nil {
-		return c.JSON(http.StatusOK, map[string]any{"available": false, "error": err.Error()})
+		return map[string]any{"available": false, "error": err.Error()}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"available": true, "outbox": s})
+	return map[string]any{"available": true, "outbox": s}
 }
 
 // ownerStream serves GET /api/clicks/stream to the owner of the API key.

@@ -38,6 +38,8 @@ type pageData struct {
 	WarnSeconds  float64
 	AlarmSeconds float64
 	Error        string
+	// Initial is the panels' first figures as JSON (initial.go; decision 0091).
+	Initial string
 }
 
 func (a *api) render(c echo.Context, status int, name string, d pageData) error {
@@ -53,6 +55,7 @@ func (a *api) page(c echo.Context) error {
 	return a.render(c, http.StatusOK, "index.html", pageData{
 		Who: who, LoggedIn: a.d.Auth.Token != "",
 		RefreshMS: a.d.Page.Refresh.Milliseconds(), WarnSeconds: a.d.Page.Warn.Seconds(), AlarmSeconds: a.d.Page.Alarm.Seconds(),
+		Initial: a.initial(c.Request().Context()),
 	})
 }
 

@@ -100,6 +100,7 @@ func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
 		events.PreviewJobsStream + "/" + topology.PreviewConsumer:        1,
 		events.LinksStream + "/" + topology.ClickCounterLinksConsumer:    0,
 		events.FraudStream + "/" + topology.ClickCounterVerdictsConsumer: 0,
+		events.FraudStream + "/" + topology.WebhooksAlertsConsumer:       0,
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("other consumers' unprocessed events (-want +got):\n%s", d)

@@ -23,12 +23,19 @@ var _ fraud.ClickLog = (*Log)(nil)
 // Log reads CLICKS.
 type Log struct {
 	js jetstream.JetStream
+	// partitions is CLICKS' partition count, for the rule of validity.
+	partitions int
 	// fetch is how many events a rebuild asks for at a time.
 	fetch int
 }
 
-// New returns a Log on js.
-func New(js jetstream.JetStream) *Log { return &Log{js: js, fetch: 1000} }
+// New returns a Log on js, whose CLICKS stream has the given number of
+// partitions. It applies the rule of validity every reader applies
+// (events.ReadClick): an event the group's runtime parked is never fed to a
+// rebuild nor labelled.
+func New(js jetstream.JetStream, partitions int) *Log {
+	return &Log{js: js, partitions: partitions, fetch: 1000}
+}
 
 func (l *Log) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
 	s, err := l.js.Stream(ctx, events.ClicksStream)
@@ -51,7 +58,7 @@ func (l *Log) Click(ctx context.Context, seq uint64) (reader.Event, error) {
 	if err != nil {
 		return reader.Event{}, err
 	}
-	c, err := events.DecodeClick(m.Data)
+	c, err := events.ReadClick(m.Data, m.Subject, l.partitions, m.Time)
 	if err != nil {
 		return reader.Event{}, fmt.Errorf("%s sequence %d: %w", events.ClicksStream, seq, err)
 	}
@@ -70,7 +77,8 @@ func (l *Log) StoredAt(ctx context.Context, seq uint64) (time.Time, error) {
 // Scan reads partition's events stored at or after from, up to but not
 // including sequence until, with an ordered consumer (ephemeral, flow
 // controlled, no acks: the cheapest way to read a stretch of a stream).
-// Events that do not decode are skipped: the group's runtime parked them.
+// Events that fail the rule of validity are skipped: the group's runtime
+// parked them.
 //
 // It knows where to stop before it starts (the partition's last event, or
 // the one before until), so a slow or empty fetch is waited out, not taken
@@ -120,7 +128,7 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 			if seq > end {
 				return n, nil
 			}
-			if c, err := events.DecodeClick(m.Data()); err == nil {
+			if c, err := events.ReadClick(m.Data(), m.Subject(), l.partitions, meta.Timestamp); err == nil {
 				fn(reader.Event{Click: c, Partition: partition, Seq: seq, Stored: meta.Timestamp, Deliveries: 1})
 				n++
 			}

@@ -31,7 +31,7 @@ func TestReadsClicksBySequenceAndScansAPartition(t *testing.T) {
 	if err := traffic.Publish(ctx, js, clicks, 256); err != nil {
 		t.Fatal(err)
 	}
-	l := clicklog.New(js)
+	l := clicklog.New(js, 4)
 
 	ev, err := l.Click(ctx, 7)
 	if err != nil {

@@ -58,7 +58,7 @@ func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Rea
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fraud.NewReader(d, clicklog.New(w.js), pub, w.store, slog.New(slog.DiscardHandler), m)
+	return fraud.NewReader(d, clicklog.New(w.js, parts), pub, w.store, slog.New(slog.DiscardHandler), m)
 }
 
 // events returns partition p's events with sequence >= from, as the runtime
@@ -66,7 +66,7 @@ func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Rea
 func (w *world) events(t *testing.T, p int, from uint64) []reader.Event {
 	t.Helper()
 	var out []reader.Event
-	if _, err := clicklog.New(w.js).Scan(t.Context(), p, time.Time{}, 1<<62, func(ev reader.Event) {
+	if _, err := clicklog.New(w.js, parts).Scan(t.Context(), p, time.Time{}, 1<<62, func(ev reader.Event) {
 		if ev.Seq >= from {
 			out = append(out, ev)
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/snipdev/snip/pkg/netguard"
 )
 
 // Expected failures of Get. Callers tell permanent from transient ones with
@@ -16,9 +18,9 @@ var (
 	// ErrRefused: the host resolves to an address the policy refuses
 	// (private, loopback, link-local, metadata, ...). No connection was
 	// made. Permanent.
-	ErrRefused = errors.New("address refused")
+	ErrRefused = netguard.ErrRefused
 	// ErrNoSuchHost: DNS says the host does not exist. Permanent.
-	ErrNoSuchHost = errors.New("no such host")
+	ErrNoSuchHost = netguard.ErrNoSuchHost
 	// ErrTooManyRedirects: more redirects than the cap, usually a loop.
 	// Permanent.
 	ErrTooManyRedirects = errors.New("too many redirects")

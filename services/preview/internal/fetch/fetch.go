@@ -2,9 +2,9 @@
 // network it runs in (server-side request forgery).
 //
 // Every connection, to the first URL and to every redirect hop, goes through
-// a net.Dialer whose Control function checks the address actually being
-// connected to against a Policy, after DNS resolution and before the
-// connect(2) call. Because the check is on the socket's address rather than
+// a netguard.Dialer, which checks the address actually being connected to
+// against a netguard.Policy, after DNS resolution and before the connect(2)
+// call. Because the check is on the socket's address rather than
 // on a name, DNS rebinding (a name that resolves to a public address when
 // checked and a private one when used) cannot get past it. Proxies from the
 // environment are ignored: a proxy would make the connected address
@@ -29,15 +29,14 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
-	"syscall"
 	"time"
+
+	"github.com/snipdev/snip/pkg/netguard"
 )
 
 // Resolver looks up a host's addresses. *net.Resolver implements it; tests
 // pass one that maps public-looking names to local addresses.
-type Resolver interface {
-	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
-}
+type Resolver = netguard.Resolver
 
 // Config are a Fetcher's limits.
 type Config struct {
@@ -67,23 +66,11 @@ type Fetcher struct {
 
 // New returns a Fetcher with cfg's limits.
 func New(cfg Config) *Fetcher {
-	if cfg.Resolver == nil {
-		cfg.Resolver = net.DefaultResolver
-	}
-	policy := NewPolicy(cfg.Allow)
-	dialer := &net.Dialer{
-		Timeout:   cfg.ConnectTimeout,
-		KeepAlive: 30 * time.Second,
-		Control: func(network, address string, _ syscall.RawConn) error {
-			return control(policy, network, address)
-		},
-	}
+	dialer := netguard.NewDialer(netguard.NewPolicy(cfg.Allow), cfg.Resolver, cfg.ConnectTimeout)
 	f := &Fetcher{cfg: cfg}
 	transport := &http.Transport{
-		Proxy: nil, // never: see the package doc
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return f.dial(ctx, dialer, network, addr)
-		},
+		Proxy:                  nil, // never: see the package doc
+		DialContext:            dialer.DialContext,
 		ForceAttemptHTTP2:      true,
 		TLSHandshakeTimeout:    cfg.ConnectTimeout,
 		ResponseHeaderTimeout:  cfg.Timeout,
@@ -99,62 +86,6 @@ func New(cfg Config) *Fetcher {
 		CheckRedirect: f.checkRedirect,
 	}
 	return f
-}
-
-// control is the net.Dialer Control function: it runs on the resolved
-// address of every connection attempt, before connect(2).
-func control(p Policy, network, address string) error {
-	switch network {
-	case "tcp4", "tcp6":
-	default:
-		return fmt.Errorf("network %s: %w", network, ErrRefused)
-	}
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("address %q: %w", address, ErrRefused)
-	}
-	return p.Check(ap.Addr())
-}
-
-// dial resolves the host with the configured Resolver and connects to its
-// addresses in turn; the dialer's Control function vets each one.
-func (f *Fetcher) dial(ctx context.Context, d *net.Dialer, network, addr string) (net.Conn, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	var ips []netip.Addr
-	if ip, err := netip.ParseAddr(host); err == nil {
-		ips = []netip.Addr{ip}
-	} else {
-		ips, err = f.cfg.Resolver.LookupNetIP(ctx, "ip", host)
-		if err != nil {
-			var dnsErr *net.DNSError
-			if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
-				return nil, fmt.Errorf("resolve %s: %w", host, ErrNoSuchHost)
-			}
-			return nil, fmt.Errorf("resolve %s: %w", host, err)
-		}
-		if len(ips) == 0 {
-			return nil, fmt.Errorf("resolve %s: %w", host, ErrNoSuchHost)
-		}
-	}
-	var firstErr error
-	for _, ip := range ips {
-		conn, err := d.DialContext(ctx, network, net.JoinHostPort(ip.Unmap().String(), port))
-		if err == nil {
-			return conn, nil
-		}
-		// Prefer reporting a real connection failure over a refusal: a
-		// host with one public and one private address is reachable.
-		if firstErr == nil || errors.Is(firstErr, ErrRefused) && !errors.Is(err, ErrRefused) {
-			firstErr = err
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, firstErr
 }
 
 func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {

@@ -127,7 +127,7 @@ type decision struct {
 }
 
 // decide turns a handler's result into what happens to the delivery. This
-// function is the one place that does (STYLE rule 11).
+// function is the one place that does: handlers return errors, the runtime decides.
 func decide(err error, aborted bool, delivered uint64, p consumerPolicy, b Backoff, rnd float64) decision {
 	if err == nil {
 		return decision{action: ack}

@@ -37,13 +37,13 @@ func BenchmarkRedirectHandler(b *testing.B) {
 	}
 	reg := prometheus.NewRegistry()
 	rm := redirect.NewMetrics(reg)
-	res := redirect.NewResolver(store, 1000, time.Hour, rm)
+	res := redirect.NewResolver(store, 1000, time.Hour, time.Second, rm)
 	defer res.Close()
 	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second},
 		outbox.NewMetrics(reg))
 	c.Start()
 	defer c.Close()
-	svc := redirect.NewService(res, c, visitor.NewIdentifier(rdb), layout, redirect.PolicyReject, rm)
+	svc := redirect.NewService(res, c, nil, visitor.NewIdentifier(rdb), layout, redirect.Options{Policy: redirect.PolicyReject, OutboxWait: time.Second}, rm)
 	web := webserver.New(slog.New(slog.DiscardHandler), reg)
 	api := &httpapi.API{Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: res, Log: slog.New(slog.DiscardHandler),
 		RedirectLatency: rm.Latency, Misses: rm.Misses}

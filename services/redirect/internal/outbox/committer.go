@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,13 +54,16 @@ type Committer struct {
 }
 
 type pending struct {
-	shard   int
-	id      rawArg
-	subject rawArg
-	data    rawArg
-	args    []any // the XADD command, rebuilt in place for every use
-	err     error
-	done    chan struct{}
+	shard    int
+	id       rawArg
+	subject  rawArg
+	data     rawArg
+	until    rawArg   // the entry's validity (Unix ms), as decimal text
+	untilBuf [20]byte // backs until
+	args     []any    // the XADD command, rebuilt in place for every use
+	stored   int64    // Unix ms of the stream ID Redis assigned
+	err      error
+	done     chan struct{}
 }
 
 // rawArg hands a byte slice to go-redis without boxing the slice header
@@ -106,41 +110,98 @@ func (c *Committer) Close() {
 // SetDepth records a sampled depth of a shard's clicks lane.
 func (c *Committer) SetDepth(shard int, n int64) { c.depth[shard].Store(n) }
 
-// Append writes one click into shard's clicks lane and returns once Redis
-// has it (nil), or why not: ErrFull (not attempted), ErrUnavailable (Redis
-// failed; the entry may or may not be stored), ErrClosed, or ctx's error
-// (the request went away; the click may still be written). The slices are
+// Append writes one click into shard's clicks lane without a validity and
+// returns once Redis has it (nil), or why not: ErrFull (not attempted),
+// ErrUnavailable (Redis failed; the entry may or may not be stored),
+// ErrClosed, or ctx's error (the click may still be written). The slices are
 // only read until Append returns.
 func (c *Committer) Append(ctx context.Context, shard int, id, subject, data []byte) error {
+	t, err := c.Submit(ctx, shard, id, subject, data, 0)
+	if err != nil {
+		return err
+	}
+	_, err = t.Wait(ctx)
+	if t.Done() {
+		t.Release()
+	}
+	return err
+}
+
+// Ticket is one click handed to the committer: Wait for its outcome, as
+// often as needed, and Release it once Done.
+type Ticket struct {
+	c      *Committer
+	p      *pending
+	done   bool
+	stored int64
+	err    error
+}
+
+// Submit queues one click for shard's clicks lane with the entry field
+// until (Unix ms; 0: none): the relay publishes the entry only if Redis
+// stored it no later than that (Late). It fails fast with ErrFull (the lane
+// is at its bound), ErrUnavailable (Redis failed moments ago), ErrClosed, or
+// ctx's error when the queue stays full until ctx ends. The slices must stay
+// unchanged until the ticket is Done: a worker may read them until then.
+func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []byte, until int64) (Ticket, error) {
 	if c.depth[shard].Load() >= c.cfg.MaxEntries {
 		c.m.Rejected.WithLabelValues("full").Inc()
-		return ErrFull
+		return Ticket{}, ErrFull
 	}
 	if time.Now().UnixNano() < c.downUntil.Load() {
 		c.m.Rejected.WithLabelValues("unavailable").Inc()
-		return fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
+		return Ticket{}, fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
 	}
 	p := c.pool.Get().(*pending)
-	p.shard, p.id.b, p.subject.b, p.data.b, p.err = shard, id, subject, data, nil
+	p.shard, p.id.b, p.subject.b, p.data.b, p.err, p.stored = shard, id, subject, data, nil, 0
+	p.until.b = nil
+	if until > 0 {
+		p.until.b = strconv.AppendInt(p.untilBuf[:0], until, 10)
+	}
 	select {
 	case c.reqs <- p:
+		return Ticket{c: c, p: p}, nil
 	case <-c.stop:
 		c.pool.Put(p)
-		return ErrClosed
+		return Ticket{}, ErrClosed
 	case <-ctx.Done():
 		c.pool.Put(p)
-		return ctx.Err()
+		return Ticket{}, ctx.Err()
+	}
+}
+
+// Wait returns the Unix ms of the stream ID Redis gave the entry, or why it
+// was not written (ErrUnavailable: Redis failed, the entry may or may not be
+// stored), or ctx's error when the outcome is not known by then; Wait may
+// then be called again.
+func (t *Ticket) Wait(ctx context.Context) (int64, error) {
+	if t.done {
+		return t.stored, t.err
 	}
 	select {
-	case <-p.done:
-		err := p.err
-		p.id.b, p.subject.b, p.data.b = nil, nil, nil
-		c.pool.Put(p)
-		return err
+	case <-t.p.done:
+		t.done, t.stored, t.err = true, t.p.stored, t.p.err
+		return t.stored, t.err
 	case <-ctx.Done():
-		// The worker still holds p and will signal it; leave it to the GC.
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
+}
+
+// Submitted reports whether the ticket came from a successful Submit.
+func (t *Ticket) Submitted() bool { return t.p != nil }
+
+// Done reports whether the outcome is known (the worker is done with the
+// click's slices).
+func (t *Ticket) Done() bool { return t.done }
+
+// Release returns a Done ticket's resources for reuse; a ticket that is not
+// Done is left to the garbage collector (its worker still holds it).
+func (t *Ticket) Release() {
+	if t.p != nil && t.done {
+		t.p.id.b, t.p.subject.b, t.p.data.b, t.p.until.b = nil, nil, nil, nil
+		t.c.pool.Put(t.p)
+	}
+	t.p = nil
 }
 
 func (c *Committer) work() {
@@ -186,6 +247,9 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 		// writes it, built without per-click allocations.
 		p.args = append(p.args[:0], "xadd", c.layout.boxedKey(p.shard, LaneClicks), "*",
 			fieldID, &p.id, fieldSubject, &p.subject, fieldData, &p.data)
+		if p.until.b != nil {
+			p.args = append(p.args, fieldUntil, &p.until)
+		}
 		cmd := redis.NewStringCmd(ctx, p.args...)
 		_ = pipe.Process(ctx, cmd)
 		cmds = append(cmds, cmd)
@@ -211,6 +275,8 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 		if e := cmds[i].Err(); e != nil {
 			c.m.Rejected.WithLabelValues("unavailable").Inc()
 			p.err = fmt.Errorf("append click: %w: %w", ErrUnavailable, e)
+		} else {
+			p.stored = streamIDMillis(cmds[i].Val())
 		}
 		p.done <- struct{}{}
 	}

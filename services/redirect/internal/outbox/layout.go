@@ -46,6 +46,9 @@ const (
 	fieldID      = "id"
 	fieldSubject = "subject"
 	fieldData    = "data"
+	// fieldUntil is a click entry's validity, Unix ms on the writer's
+	// clock: see Late.
+	fieldUntil = "until"
 )
 
 // Layout maps link codes to shards and shards to keys. The zero value is not
@@ -140,6 +143,34 @@ type Entry struct {
 	ID       string // event ID
 	Subject  string
 	Data     string
+	Until    int64 // validity, Unix ms; 0: none
+}
+
+// Late reports whether an entry stored at storedMS (the millisecond part of
+// the stream ID Redis assigned, on Redis's clock) missed its validity until
+// (Unix ms on the writer's clock; 0: no validity). The relay deletes a late
+// entry without publishing it, and the redirect counts a click as written
+// to the outbox only when its entry is not late, so both apply this one
+// rule to the same two numbers: a click the redirect answered 302 for on
+// the strength of the outbox is never dropped, whatever the clocks say, and
+// a write that reached Redis after the redirect stopped waiting for it is
+// never published from the outbox (decisions/0014).
+func Late(storedMS, until int64) bool { return until > 0 && storedMS > until }
+
+// late reports whether the entry is Late.
+func (e Entry) late() bool { return Late(streamIDMillis(e.StreamID), e.Until) }
+
+// streamIDMillis is the millisecond part of a stream ID ("ms-seq"); 0 when
+// malformed.
+func streamIDMillis(id string) int64 {
+	var ms int64
+	for i := 0; i < len(id) && id[i] != '-'; i++ {
+		if id[i] < '0' || id[i] > '9' {
+			return 0
+		}
+		ms = ms*10 + int64(id[i]-'0')
+	}
+	return ms
 }
 
 var errMalformedEntry = errors.New("outbox entry lacks id, subject or data")
@@ -148,8 +179,16 @@ func parseEntry(m redis.XMessage) (Entry, error) {
 	id, _ := m.Values[fieldID].(string)
 	subj, _ := m.Values[fieldSubject].(string)
 	data, _ := m.Values[fieldData].(string)
+	e := Entry{StreamID: m.ID, ID: id, Subject: subj, Data: data}
 	if id == "" || subj == "" || data == "" {
-		return Entry{StreamID: m.ID, ID: id, Subject: subj, Data: data}, errMalformedEntry
+		return e, errMalformedEntry
 	}
-	return Entry{StreamID: m.ID, ID: id, Subject: subj, Data: data}, nil
+	if u, ok := m.Values[fieldUntil].(string); ok {
+		n, err := strconv.ParseInt(u, 10, 64)
+		if err != nil || n <= 0 {
+			return e, errMalformedEntry
+		}
+		e.Until = n
+	}
+	return e, nil
 }

@@ -18,6 +18,7 @@ type Metrics struct {
 	Published      *prometheus.CounterVec // lane
 	PublishErrors  *prometheus.CounterVec // lane, kind
 	Parked         *prometheus.CounterVec // lane, reason
+	Late           *prometheus.CounterVec // lane
 	LeasesHeld     prometheus.Gauge
 	LeasesLost     prometheus.Counter
 	RelayInstances prometheus.Gauge
@@ -51,6 +52,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Relay errors, per lane and kind (publish, permanent, redis, lease)."}, []string{"lane", "kind"}),
 		Parked: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_parked_total",
 			Help: "Entries JetStream refused for good, parked on DEAD_LETTER (dead.outbox.<reason>) or in Redis."}, []string{"lane", "reason"}),
+		Late: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_late_dropped_total",
+			Help: "Outbox entries deleted without publishing because Redis stored them after their validity: the redirect had stopped waiting for them (recorded straight in JetStream, or answered with an error)."}, []string{"lane"}),
 		LeasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "relay_leases_held",
 			Help: "Outbox shards this instance relays now."}),
 		LeasesLost: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_leases_lost_total",
@@ -59,6 +62,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Live relay instances seen in the last heartbeat."}),
 	}
 	reg.MustRegister(m.Depth, m.OldestAge, m.DepthSum, m.OldestAgeMax, m.DeadEntries, m.Rejected, m.BatchSize,
-		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.LeasesHeld, m.LeasesLost, m.RelayInstances)
+		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.Late, m.LeasesHeld, m.LeasesLost, m.RelayInstances)
 	return m
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,15 +82,21 @@ func (e *env) addClicks(tb testing.TB, code string, n int) []string {
 	var ids []string
 	pipe := e.rdb.Pipeline()
 	for i := range n {
-		id := events.NewID()
-		ids = append(ids, id)
-		data := fmt.Sprintf(`{"v":1,"id":%q,"seq":%d}`, id, i)
-		Add(tb.Context(), pipe, e.layout.OutboxKey(e.layout.Shard(code), LaneClicks), id, events.ClickSubject("acme", code), []byte(data))
+		c := testClick("acme", code, i)
+		ids = append(ids, c.ID)
+		data, _ := json.Marshal(c)
+		Add(tb.Context(), pipe, e.layout.OutboxKey(e.layout.Shard(code), LaneClicks), c.ID, events.ClickSubject("acme", code), data)
 	}
 	if _, err := pipe.Exec(tb.Context()); err != nil {
 		tb.Fatal(err)
 	}
 	return ids
+}
+
+// testClick is the i-th valid click of owner's code, as the handler writes it.
+func testClick(owner, code string, i int) events.Click {
+	return events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: code, Owner: owner,
+		Target: "https://example.com/", Visitor: "v", RequestID: fmt.Sprint(i)}
 }
 
 // storedIDs reads the Nats-Msg-Id of every message in stream, in order.
@@ -196,8 +203,11 @@ func TestRelayParksPermanentRejections(t *testing.T) {
 	e := newEnv(t, 1)
 	key := e.layout.OutboxKey(0, LaneClicks)
 	before := e.addClicks(t, "abc", 3)
-	bigID := events.NewID()
-	Add(t.Context(), e.rdb, key, bigID, events.ClickSubject("acme", "abc"), []byte(strings.Repeat("x", 20<<10)))
+	big := testClick("acme", "abc", 99)
+	big.Target = "https://example.com/" + strings.Repeat("x", 20<<10)
+	bigID := big.ID
+	bigData, _ := json.Marshal(big)
+	Add(t.Context(), e.rdb, key, bigID, events.ClickSubject("acme", "abc"), bigData)
 	e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: []any{"subject", "clicks.acme.abc", "data", "{}"}}) // no id
 	after := e.addClicks(t, "abc", 3)
 
@@ -211,16 +221,64 @@ func TestRelayParksPermanentRejections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	big, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "too_large"))
+	parked, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "too_large"))
 	if err != nil {
 		t.Fatalf("dead.outbox.too_large: %v", err)
 	}
-	if big.Header.Get(events.HeaderMsgID) != bigID || big.Header.Get(events.HeaderDeadSource) != events.ClicksStream ||
-		big.Header.Get(events.HeaderDeadSubject) != "clicks.acme.abc" || big.Header.Get(events.HeaderDeadError) == "" {
-		t.Fatalf("parked message headers: %v", big.Header)
+	if parked.Header.Get(events.HeaderMsgID) != bigID || parked.Header.Get(events.HeaderDeadSource) != events.ClicksStream ||
+		parked.Header.Get(events.HeaderDeadSubject) != "clicks.acme.abc" || parked.Header.Get(events.HeaderDeadError) == "" {
+		t.Fatalf("parked message headers: %v", parked.Header)
 	}
 	if _, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "malformed")); err != nil {
 		t.Fatalf("dead.outbox.malformed: %v", err)
+	}
+}
+
+// TestRelayParksClicksEveryReaderWouldPark: the relay applies the readers'
+// rule of validity (events.ReadClick) before publishing: a click whose
+// payload code or owner differs from its subject's, or dated 1999, is parked
+// on dead.outbox.<reason> and never reaches CLICKS; the valid ones around it
+// are published in order.
+func TestRelayParksClicksEveryReaderWouldPark(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	before := e.addClicks(t, "abc", 2)
+	add := func(subject string, c events.Click) {
+		data, _ := json.Marshal(c)
+		Add(t.Context(), e.rdb, key, c.ID, subject, data)
+	}
+	add(events.ClickSubject("acme", "abc"), testClick("acme", "other", 0))  // code mismatch
+	add(events.ClickSubject("mallory", "abc"), testClick("acme", "abc", 1)) // owner mismatch
+	old := testClick("acme", "abc", 2)
+	old.Time = time.Date(1999, 6, 1, 0, 0, 0, 0, time.UTC)
+	add(events.ClickSubject("acme", "abc"), old)
+	after := e.addClicks(t, "abc", 2)
+
+	rr := start(e.relay("one"))
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", append(before, after...), storedIDs(t, e.js, events.ClicksStream))
+	s, err := e.js.Stream(t.Context(), events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		if m, err := s.GetMsg(t.Context(), seq); err == nil {
+			got[m.Subject]++
+		}
+	}
+	want := map[string]int{
+		events.DeadLetterSubject("outbox", events.ReasonSubjectMismatch): 2,
+		events.DeadLetterSubject("outbox", events.ReasonImplausibleTime): 1,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("dead letters = %v, want %v", got, want)
 	}
 }
 
@@ -284,6 +342,51 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 	defer rr.stop()
 	testenv.WaitFor(t, 15*time.Second, "the survivor to relay the dead instance's shards", func() bool {
 		return count(e.js, events.ClicksStream) == len(want) && e.outboxLen(t) == 0
+	})
+}
+
+// TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL: of
+// two instances sharing 8 shards, one is killed (kill -9: its leases and
+// its heartbeat stay behind). The survivor takes all 8 within LeaseTTL: the
+// dead instance stops counting toward the survivor's
+// fair share when its heartbeat lapses, which is when its leases do (were
+// it counted longer, the survivor would take its old 4 and leave 4 waiting
+// for the heartbeat to expire). Everything written after the kill is relayed.
+func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 8)
+	const ttl = 2 * time.Second
+	cfg := RelayConfig{Window: 16, LeaseTTL: ttl, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
+	doomedRDB := redis.NewClient(&redis.Options{Addr: e.rdb.Options().Addr, DB: e.rdb.Options().DB})
+	cfg.Instance = "doomed"
+	doomed := NewRelay(doomedRDB, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	cfg.Instance = "survivor"
+	survivor := NewRelay(e.rdb, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+	rd, rs := start(doomed), start(survivor)
+	defer rs.stop()
+	testenv.WaitFor(t, 20*time.Second, "4 shards each", func() bool {
+		return gaugeValue(doomed.m.LeasesHeld) == 4 && gaugeValue(survivor.m.LeasesHeld) == 4
+	})
+
+	// kill -9: the connection goes first, so nothing is released.
+	_ = doomedRDB.Close()
+	killed := time.Now()
+	rd.stop()
+	if n := e.rdb.ZCard(t.Context(), RelaysKey).Val(); n != 2 {
+		t.Fatalf("%d relays in the heartbeat set after the kill, want the dead one still there (2)", n)
+	}
+	var n int
+	for i := range 24 {
+		n += len(e.addClicks(t, fmt.Sprintf("k%d", i), 2))
+	}
+	testenv.WaitFor(t, 4*ttl, "the survivor to hold all 8 shards", func() bool { return gaugeValue(survivor.m.LeasesHeld) == 8 })
+	took := time.Since(killed)
+	t.Logf("all 8 shards taken over %s after the kill (lease TTL %s)", took.Round(10*time.Millisecond), ttl)
+	if bound := ttl + 300*time.Millisecond; took > bound { // 300 ms of scheduling slack on a loaded machine
+		t.Errorf("takeover took %s, want within the lease TTL (%s with slack)", took, bound)
+	}
+	testenv.WaitFor(t, 15*time.Second, "everything written after the kill relayed", func() bool {
+		return count(e.js, events.ClicksStream) == n && e.outboxLen(t) == 0
 	})
 }
 

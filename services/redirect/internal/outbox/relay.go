@@ -26,9 +26,11 @@ type RelayConfig struct {
 	// Window is the most entries of one lane published before waiting for
 	// their acks (the bounded PublishAsync window).
 	Window int
-	// LeaseTTL is how long a shard lease lives without renewal: the time a
-	// dead instance's shards wait before another instance takes them over.
-	// Leases are renewed every LeaseTTL/3.
+	// LeaseTTL bounds takeover: a dead instance's shards are all taken over
+	// within LeaseTTL of its death. Leases (and an instance's heartbeat,
+	// which makes it count toward the others' fair share) live
+	// LeaseTTL - LeaseTTL/10 without renewal, and instances renew them, and
+	// look for free shards, every LeaseTTL/10.
 	LeaseTTL time.Duration
 	// Block is the longest a relay waits in XREAD for new entries.
 	Block time.Duration
@@ -61,9 +63,11 @@ type JetStream interface {
 // still ours). On a transient error it keeps the failed entry and everything
 // after it and retries from there after a backoff; entries after it that
 // were stored already are dropped by the stream's duplicate window. An entry
-// JetStream refuses for good (too large, wrong stream) is parked on
+// JetStream refuses for good (too large, wrong stream), and a click that
+// fails the rule of validity every reader applies (events.ReadClick: subject
+// and payload disagree, implausible time, unknown version), is parked on
 // DEAD_LETTER as dead.outbox.<reason> and deleted, so it cannot block its
-// shard.
+// shard and no reader ever sees it.
 type Relay struct {
 	rdb    redis.UniversalClient
 	js     JetStream
@@ -120,6 +124,11 @@ return redis.call('XDEL', KEYS[2], unpack(ARGV, 2))`)
 
 var errLeaseLost = errors.New("shard lease lost")
 
+// errInvalidClick marks a click entry that fails events.ReadClick: the relay
+// parks it on dead.outbox.<reason> (the reason every reader would park it
+// under) instead of publishing it.
+var errInvalidClick = errors.New("invalid click")
+
 type heldShard struct {
 	token  string
 	cancel context.CancelFunc
@@ -141,7 +150,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer cancel()
 		_ = r.rdb.ZRem(cctx, RelaysKey, r.cfg.Instance).Err()
 	}()
-	tick := time.NewTicker(r.cfg.LeaseTTL / 3)
+	tick := time.NewTicker(balanceEvery(r.cfg.LeaseTTL))
 	defer tick.Stop()
 	for {
 		r.balance(ctx, held)
@@ -153,13 +162,30 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
+// balanceEvery is how often an instance heartbeats, renews its leases and
+// looks for free shards: often enough that a dead instance's shards are
+// taken over within a tenth of LeaseTTL of their leases expiring.
+func balanceEvery(ttl time.Duration) time.Duration { return max(ttl/10, 10*time.Millisecond) }
+
+// leaseLife is how long a lease, and a heartbeat, lives without renewal:
+// LeaseTTL less one balance tick, so that expiry plus the tick it takes a
+// survivor to notice stays within LeaseTTL. It is renewed nine times in
+// that span.
+func leaseLife(ttl time.Duration) time.Duration { return ttl - balanceEvery(ttl) }
+
 // balance renews held leases, drops lost ones, and moves toward this
 // instance's fair share of shards: ceil(shards / live instances).
+//
+// An instance counts as live for leaseLife after its last heartbeat, the
+// same time its leases live: when a killed instance's leases expire, it has
+// stopped counting toward the survivors' share too, so they take all its
+// shards at once (were it counted longer, they would take only their old
+// share and leave the rest waiting).
 func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 	now := time.Now()
 	live := 1
 	pipe := r.rdb.Pipeline()
-	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(3 * r.cfg.LeaseTTL).UnixMilli()), Member: r.cfg.Instance})
+	pipe.ZAdd(ctx, RelaysKey, redis.Z{Score: float64(now.Add(leaseLife(r.cfg.LeaseTTL)).UnixMilli()), Member: r.cfg.Instance})
 	pipe.ZRemRangeByScore(ctx, RelaysKey, "-inf", strconv.FormatInt(now.UnixMilli(), 10))
 	card := pipe.ZCard(ctx, RelaysKey)
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -173,19 +199,31 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 	r.m.RelayInstances.Set(float64(live))
 	share := int(math.Ceil(float64(r.layout.Shards) / float64(live)))
 
+	// Renew every held lease in one round trip.
+	renewals := map[int]*redis.Cmd{}
+	if len(held) > 0 {
+		rp := r.rdb.Pipeline()
+		for s, h := range held {
+			select {
+			case <-h.done:
+			default:
+				renewals[s] = renewScript.Eval(ctx, rp, []string{r.layout.LeaseKey(s)}, h.token, leaseLife(r.cfg.LeaseTTL).Milliseconds())
+			}
+		}
+		_, _ = rp.Exec(ctx) // errors are read per command below
+	}
 	for s, h := range held {
 		lost := false
-		select {
-		case <-h.done: // the shard loop found the lease gone (fenced XDEL)
-			lost = true
-		default:
-			ok, err := renewScript.Run(ctx, r.rdb, []string{r.layout.LeaseKey(s)}, h.token, r.cfg.LeaseTTL.Milliseconds()).Int()
+		if cmd, ok := renewals[s]; ok {
+			n, err := cmd.Int()
 			if err != nil {
 				// Unknown: keep relaying; the fenced XDEL protects the outbox
 				// and the lease may still be ours.
 				continue
 			}
-			lost = ok == 0
+			lost = n == 0
+		} else {
+			lost = true // the shard loop found the lease gone (fenced XDEL)
 		}
 		if lost {
 			h.cancel()
@@ -212,7 +250,7 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 				continue
 			}
 			token := r.cfg.Instance + "/" + randomToken()
-			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, r.cfg.LeaseTTL).Result()
+			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, leaseLife(r.cfg.LeaseTTL)).Result()
 			if err != nil || !ok {
 				continue
 			}
@@ -358,6 +396,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		f      jetstream.PubAckFuture
 		err    error // synchronous publish error
 		parked bool  // malformed: park without publishing
+		late   bool  // stored after its validity: delete without publishing (Late)
 	}
 	batch := make([]sent, 0, len(msgs))
 	for _, m := range msgs {
@@ -365,6 +404,18 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		if err != nil {
 			batch = append(batch, sent{e: e, err: err, parked: true})
 			continue
+		}
+		if e.late() {
+			batch = append(batch, sent{e: e, late: true})
+			continue
+		}
+		if lane.Stream == events.ClicksStream {
+			// The rule of validity every reader applies: a click they
+			// would all park is parked here instead, never published.
+			if _, err := events.ReadClick([]byte(e.Data), e.Subject, 0, time.Now()); err != nil {
+				batch = append(batch, sent{e: e, err: fmt.Errorf("%w: %w", errInvalidClick, err), parked: true})
+				continue
+			}
 		}
 		msg := &nats.Msg{Subject: e.Subject, Data: []byte(e.Data), Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
 		// No retries inside the client: it would resend a refused message
@@ -376,6 +427,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		}
 	}
 	ids := make([]string, 0, len(batch))
+	late := 0
 	var stop error
 	for _, b := range batch {
 		err := b.err
@@ -393,6 +445,9 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		switch {
 		case err == nil:
 			ids = append(ids, b.e.StreamID)
+			if b.late {
+				late++
+			}
 		case b.parked || permanent(err):
 			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
 				stop = perr
@@ -429,7 +484,8 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 	if n < 0 {
 		return 0, errLeaseLost
 	}
-	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids)))
+	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids) - late))
+	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
 	return len(ids), stop
 }
 
@@ -453,6 +509,8 @@ func permanent(err error) bool {
 func reason(err error) string {
 	var apiErr *jetstream.APIError
 	switch {
+	case errors.Is(err, errInvalidClick):
+		return events.Reason(err)
 	case errors.Is(err, errMalformedEntry):
 		return "malformed"
 	case errors.Is(err, nats.ErrMaxPayload):

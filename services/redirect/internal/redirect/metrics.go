@@ -9,7 +9,9 @@ type Metrics struct {
 	CacheMisses        prometheus.Counter
 	CacheInvalidations prometheus.Counter
 	Misses             prometheus.Counter // unknown codes
-	Clicks             prometheus.Counter
+	Clicks             prometheus.Counter // recorded in the outbox
+	RecordedDirect     prometheus.Counter // recorded straight in JetStream
+	DirectDuration     prometheus.Histogram
 	Unrecorded         *prometheus.CounterVec // reason
 	Heads              prometheus.Counter
 	Latency            prometheus.Histogram
@@ -21,6 +23,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	const ns, sub = "snip", "redirect"
 	lookups := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_lookups_total",
 		Help: "Link cache lookups, by result (hit, miss)."}, []string{"result"})
+	recorded := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_recorded_total",
+		Help: "Clicks recorded before their 302, by path: outbox (Redis) or jetstream (straight to CLICKS when the outbox did not answer in time)."}, []string{"path"})
 	m := &Metrics{
 		CacheHits:   lookups.WithLabelValues("hit"),
 		CacheMisses: lookups.WithLabelValues("miss"),
@@ -28,10 +32,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Link cache entries dropped because LINKS said the link changed."}),
 		Misses: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "misses_total",
 			Help: "Redirect requests for unknown or deleted codes (404); not clicks."}),
-		Clicks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_recorded_total",
-			Help: "Clicks written to the outbox before their 302."}),
+		Clicks:         recorded.WithLabelValues("outbox"),
+		RecordedDirect: recorded.WithLabelValues("jetstream"),
+		DirectDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "direct_publish_duration_seconds",
+			Help:    "Time to record a click straight in JetStream (publish to PubAck), when the outbox did not answer in time.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		Unrecorded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_unrecorded_total",
-			Help: "Redirects served (policy redirect) or refused (policy reject) without their click in the outbox, by reason (full, unavailable)."},
+			Help: "Clicks recorded on neither path (outbox, JetStream): refused with 503 (policy reject) or redirected without their click (policy redirect), by reason (full, unavailable)."},
 			[]string{"reason"}),
 		Heads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "head_requests_total",
 			Help: "HEAD requests answered with a 302 and not counted as clicks."}),
@@ -41,6 +48,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
 			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, m.CacheInvalidations, m.Misses, m.Clicks, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	reg.MustRegister(lookups, recorded, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }

@@ -22,19 +22,22 @@ type LinkGetter interface {
 
 // Resolver finds links, from the cache when it can.
 type Resolver struct {
-	store LinkGetter
-	cache *otter.Cache[string, link.Link]
-	m     *Metrics
+	store   LinkGetter
+	cache   *otter.Cache[string, link.Link]
+	timeout time.Duration
+	m       *Metrics
 }
 
 // NewResolver returns a resolver whose cache holds at most size links, each
-// for at most ttl.
-func NewResolver(store LinkGetter, size int, ttl time.Duration, m *Metrics) *Resolver {
+// for at most ttl. A lookup in the store (a cache miss) is bounded by
+// timeout (0: by ctx alone), so a stopped Redis costs a visitor whose link
+// is not cached that long, then a 503.
+func NewResolver(store LinkGetter, size int, ttl, timeout time.Duration, m *Metrics) *Resolver {
 	c := otter.Must(&otter.Options[string, link.Link]{
 		MaximumSize:      size,
 		ExpiryCalculator: otter.ExpiryWriting[string, link.Link](ttl),
 	})
-	return &Resolver{store: store, cache: c, m: m}
+	return &Resolver{store: store, cache: c, timeout: timeout, m: m}
 }
 
 // Close stops the cache's maintenance goroutines.
@@ -49,7 +52,7 @@ func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) 
 		return l, nil
 	}
 	r.m.CacheMisses.Inc()
-	l, err := r.store.Get(ctx, code)
+	l, err := r.get(ctx, code)
 	if errors.Is(err, linkstore.ErrNotFound) {
 		return link.Link{}, fmt.Errorf("resolve %q: %w", code, ErrNotFound)
 	}
@@ -58,6 +61,33 @@ func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) 
 	}
 	r.cache.Set(code, l)
 	return l, nil
+}
+
+// get reads a link from the store within the timeout. The Redis client
+// bounds its reads by its own read timeout, not by ctx, so the read runs
+// on its own goroutine and is abandoned at the deadline (it ends by the
+// client's read timeout).
+func (r *Resolver) get(ctx context.Context, code string) (link.Link, error) {
+	if r.timeout <= 0 {
+		return r.store.Get(ctx, code)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	type result struct {
+		l   link.Link
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		l, err := r.store.Get(ctx, code)
+		ch <- result{l, err}
+	}()
+	select {
+	case res := <-ch:
+		return res.l, res.err
+	case <-ctx.Done():
+		return link.Link{}, fmt.Errorf("look up link: no answer within %s: %w", r.timeout, linkstore.ErrUnavailable)
+	}
 }
 
 // Invalidate drops code from the cache.

@@ -22,24 +22,47 @@ const (
 	MaxRequestID = 128
 )
 
-// Policy says what a redirect does when its click cannot be written to the
-// outbox (Redis down, or the outbox full because NATS has been away).
+// Policy says what a redirect does when its click could be recorded
+// neither in the outbox nor straight in JetStream (Redis and NATS both
+// failing at once, or the outbox full and NATS away).
 type Policy string
 
 const (
-	// PolicyRedirect answers 302 anyway and counts the click in
-	// clicks_unrecorded_total: availability of links is the product. The
-	// guarantee "a 302 only after the click is in the outbox" is off for
-	// exactly the requests that counter counts.
-	PolicyRedirect Policy = "redirect"
-	// PolicyReject answers 503 with Retry-After: no redirect without its
-	// click, for deployments where every click is billed.
+	// PolicyReject answers 503 with Retry-After (the default): a 302 always
+	// means the click is recorded, and a request answered 503 is never
+	// counted (decisions/0014 says exactly when it could be).
 	PolicyReject Policy = "reject"
+	// PolicyRedirect answers 302 anyway and counts the click in
+	// clicks_unrecorded_total: for deployments where a working link matters
+	// more than its click, and only while both stores fail.
+	PolicyRedirect Policy = "redirect"
 )
+
+// Options shape how a click is recorded.
+type Options struct {
+	// Policy applies when both paths failed.
+	Policy Policy
+	// OutboxWait is how long a redirect waits for the outbox before it
+	// records the click straight in JetStream instead.
+	OutboxWait time.Duration
+	// Validity is how long after it was handed to the committer an outbox
+	// entry may still be stored to count: the entry carries start+Validity
+	// and the relay drops it unpublished when Redis stored it later
+	// (outbox.Late). At least OutboxWait; the slack above it is how far
+	// Redis's clock may run ahead of this host's before clicks take the
+	// direct path needlessly.
+	Validity time.Duration
+}
 
 // ClickAppender is what the service needs of the outbox committer.
 type ClickAppender interface {
-	Append(ctx context.Context, shard int, id, subject, data []byte) error
+	Submit(ctx context.Context, shard int, id, subject, data []byte, until int64) (outbox.Ticket, error)
+}
+
+// DirectPublisher records a click straight in JetStream (the second
+// durable path): nil means JetStream acknowledged it.
+type DirectPublisher interface {
+	PublishClick(ctx context.Context, id, subject, data []byte) error
 }
 
 // Identifier computes visitor identities.
@@ -64,24 +87,35 @@ type Visit struct {
 type Service struct {
 	resolver *Resolver
 	appender ClickAppender
+	direct   DirectPublisher
 	ident    Identifier
 	layout   outbox.Layout
-	policy   Policy
+	opt      Options
 	m        *Metrics
 	bufs     sync.Pool
 }
 
-// NewService returns the hot path.
-func NewService(resolver *Resolver, appender ClickAppender, ident Identifier, layout outbox.Layout, policy Policy, m *Metrics) *Service {
-	s := &Service{resolver: resolver, appender: appender, ident: ident, layout: layout, policy: policy, m: m}
+// NewService returns the hot path. Without a direct publisher (nil), a
+// click the outbox does not take in time goes by the policy.
+func NewService(resolver *Resolver, appender ClickAppender, direct DirectPublisher, ident Identifier, layout outbox.Layout, opt Options, m *Metrics) *Service {
+	if opt.OutboxWait <= 0 {
+		opt.OutboxWait = 100 * time.Millisecond
+	}
+	opt.Validity = max(opt.Validity, opt.OutboxWait)
+	if opt.Policy == "" {
+		opt.Policy = PolicyReject
+	}
+	s := &Service{resolver: resolver, appender: appender, direct: direct, ident: ident, layout: layout, opt: opt, m: m}
 	s.bufs.New = func() any { b := make([]byte, 0, 2048); return &b }
 	return s
 }
 
-// Follow resolves v.Code and, unless v is a HEAD, writes its click into the
-// outbox before returning the link, so the caller's 302 follows the click.
-// Errors: ErrNotFound; ErrClickNotRecorded (policy reject); anything else is
-// Redis failing on a cache miss.
+// Follow resolves v.Code and, unless v is a HEAD, records its click before
+// returning the link, so the caller's 302 follows the click: in the Redis
+// outbox when it answers within OutboxWait, else straight in JetStream.
+// Errors: ErrNotFound; ErrClickNotRecorded (both paths failed, policy
+// reject); ctx's error (the client went away); anything else is Redis
+// failing on a cache miss.
 func (s *Service) Follow(ctx context.Context, v Visit) (link.Link, error) {
 	l, err := s.resolver.Resolve(ctx, v.Code)
 	if err != nil {
@@ -94,38 +128,52 @@ func (s *Service) Follow(ctx context.Context, v Visit) (link.Link, error) {
 		s.m.Heads.Inc()
 		return l, nil
 	}
-	err = s.record(ctx, &v, &l)
+	direct, err := s.record(ctx, &v, &l)
 	if err == nil {
-		s.m.Clicks.Inc()
+		if direct {
+			s.m.RecordedDirect.Inc()
+		} else {
+			s.m.Clicks.Inc()
+		}
 		return l, nil
+	}
+	if ctx.Err() != nil {
+		return link.Link{}, fmt.Errorf("follow %q: %w", v.Code, ctx.Err())
 	}
 	reason := "unavailable"
 	if errors.Is(err, outbox.ErrFull) {
 		reason = "full"
 	}
 	s.m.Unrecorded.WithLabelValues(reason).Inc()
-	if s.policy == PolicyReject {
+	if s.opt.Policy == PolicyReject {
 		return link.Link{}, fmt.Errorf("follow %q: %w: %w", v.Code, ErrClickNotRecorded, err)
 	}
 	return l, nil
 }
 
 // record builds the click in one pooled buffer laid out as
-// [event ID][subject][JSON] and appends it to the outbox.
-func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) error {
+// [event ID][subject][JSON] and records it: in the outbox if Redis stores it
+// within OutboxWait (and in time by outbox.Late), otherwise straight in
+// JetStream. If that fails too while the outbox write is still in flight,
+// it waits until the relay's rule has decided (the entry's validity plus
+// OutboxWait), so an error is answered only for a click whose outbox entry,
+// if it ever lands, the relay drops. direct reports which path recorded it.
+func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bool, err error) {
 	bp := s.bufs.Get().(*[]byte)
+	var t outbox.Ticket
 	defer func() {
-		// After a cancelled wait a committer worker may still read the
+		// A ticket still in flight means a committer worker may read the
 		// buffer; then it is left to the GC instead of reused.
-		if ctx.Err() == nil {
+		if t.Done() || !t.Submitted() {
 			s.bufs.Put(bp)
 		}
+		t.Release()
 	}()
 	b := (*bp)[:0]
 
 	id, err := uuid.NewV7()
 	if err != nil {
-		return fmt.Errorf("click id: %w", err)
+		return false, fmt.Errorf("click id: %w", err)
 	}
 	b = appendUUID(b, id)
 	idEnd := len(b)
@@ -140,7 +188,7 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) error {
 	b, err = s.ident.AppendID(ctx, b, v.Time, v.IP, ua)
 	if err != nil {
 		*bp = b
-		return fmt.Errorf("%w: %w", outbox.ErrUnavailable, err)
+		return false, fmt.Errorf("%w: %w", outbox.ErrUnavailable, err)
 	}
 	visEnd := len(b)
 	c := clickFields{
@@ -159,7 +207,48 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) error {
 	}
 	b = appendClick(b, &c)
 	*bp = b // keep the grown buffer for the next request
-	return s.appender.Append(ctx, s.layout.Shard(l.Code), b[:idEnd], b[idEnd:subjEnd], b[visEnd:])
+	evID, subj, data := b[:idEnd], b[idEnd:subjEnd], b[visEnd:]
+
+	start := time.Now()
+	until := start.Add(s.opt.Validity).UnixMilli()
+	wctx, cancel := context.WithDeadline(ctx, start.Add(s.opt.OutboxWait))
+	t, oerr := s.appender.Submit(wctx, s.layout.Shard(l.Code), evID, subj, data, until)
+	if oerr == nil {
+		var stored int64
+		stored, oerr = t.Wait(wctx)
+		if oerr == nil && !outbox.Late(stored, until) {
+			cancel()
+			return false, nil
+		}
+		if oerr == nil {
+			oerr = fmt.Errorf("outbox entry stored at %d, after its validity %d: %w", stored, until, outbox.ErrUnavailable)
+		}
+	}
+	cancel()
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	if errors.Is(oerr, context.DeadlineExceeded) {
+		oerr = fmt.Errorf("outbox did not answer within %s: %w", s.opt.OutboxWait, outbox.ErrUnavailable)
+	}
+	if s.direct == nil {
+		return false, oerr
+	}
+	dstart := time.Now()
+	derr := s.direct.PublishClick(ctx, evID, subj, data)
+	s.m.DirectDuration.Observe(time.Since(dstart).Seconds())
+	if derr == nil {
+		return true, nil
+	}
+	if t.Submitted() && !t.Done() {
+		gctx, cancel := context.WithDeadline(ctx, time.UnixMilli(until).Add(s.opt.OutboxWait))
+		stored, err := t.Wait(gctx)
+		cancel()
+		if err == nil && !outbox.Late(stored, until) {
+			return false, nil
+		}
+	}
+	return false, fmt.Errorf("record click: %w; direct: %w", oerr, derr)
 }
 
 // appendUUID appends the canonical 36-character text of id.

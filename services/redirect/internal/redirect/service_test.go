@@ -32,13 +32,13 @@ func BenchmarkFollow(b *testing.B) {
 		b.Fatal(err)
 	}
 	m := redirect.NewMetrics(prometheus.NewRegistry())
-	res := redirect.NewResolver(store, 1000, time.Hour, m)
+	res := redirect.NewResolver(store, 1000, time.Hour, time.Second, m)
 	defer res.Close()
 	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second},
 		outbox.NewMetrics(prometheus.NewRegistry()))
 	c.Start()
 	defer c.Close()
-	svc := redirect.NewService(res, c, visitor.NewIdentifier(rdb), layout, redirect.PolicyReject, m)
+	svc := redirect.NewService(res, c, nil, visitor.NewIdentifier(rdb), layout, redirect.Options{Policy: redirect.PolicyReject, OutboxWait: time.Second}, m)
 	ip := netip.MustParseAddr("203.0.113.9")
 	b.ReportAllocs()
 	b.SetParallelism(32) // many requests in flight, as a server has

@@ -3,6 +3,8 @@ package loader
 import (
 	"errors"
 	"fmt"
+
+	"github.com/snipdev/snip/pkg/events"
 )
 
 // Reasons a click is parked on DEAD_LETTER by the loader, as the token of
@@ -15,7 +17,9 @@ const (
 	// stored it than MaxClockSkew. Loading it would create a day partition
 	// far from every other, and a batch spanning more than 100 days is
 	// refused by current ClickHouse servers (max_partitions_per_insert_block).
-	ReasonImplausibleTime = "implausible_time"
+	// The runtime parks such a click first (events.ReadClick), under the
+	// same reason, so every reader parks it.
+	ReasonImplausibleTime = events.ReasonImplausibleTime
 )
 
 // RowError is returned by an Inserter for a row it cannot encode. Only that

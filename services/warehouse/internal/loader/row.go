@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -34,9 +35,10 @@ type Row struct {
 }
 
 // MaxClockSkew bounds how far a click's time may be from when JetStream
-// stored it. The outbox holds clicks while NATS is down, so hours are normal;
-// a month is a broken clock or a forged event.
-const MaxClockSkew = 30 * 24 * time.Hour
+// stored it: the one rule of validity's bound (events.MaxClockSkew). The
+// reader runtime parks such a click before the loader sees it; the loader
+// checks again because a row outside it would break ClickHouse's partitions.
+const MaxClockSkew = events.MaxClockSkew
 
 // RowFromEvent maps a click read from CLICKS to its row. It refuses only what
 // would be wrong in the table: a time ClickHouse cannot hold or that is

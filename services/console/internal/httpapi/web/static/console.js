@@ -24,10 +24,20 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+// NUMERIC are the column headers whose cells are numbers: their headers are
+// right-aligned like the numbers under them.
+const NUMERIC = new Set(['partition', 'pending', 'in flight', 'oldest unread', 'ack floor', 'redelivered', 'waiting pulls',
+  'entries', 'oldest', 'count', 'clicks', 'bots', 'seq', 'p', 'attempts']);
+
 function table(headers, rows) {
   return el('table', {},
-    el('thead', {}, el('tr', {}, ...headers.map((h) => el('th', {}, h)))),
+    el('thead', {}, el('tr', {}, ...headers.map((h) => el('th', {class: NUMERIC.has(h) ? 'num' : null}, h)))),
     el('tbody', {}, ...rows));
+}
+
+// plural: plural(1, 'dead letter') is "1 dead letter", plural(2, ...) "2 dead letters".
+function plural(n, one, many) {
+  return num(n) + ' ' + (n === 1 ? one : (many || one + 's'));
 }
 
 function show(id, ...nodes) { document.getElementById(id).replaceChildren(...nodes); }
@@ -40,7 +50,46 @@ function age(s) {
   return Math.floor(s / 86400) + 'd ' + Math.floor((s % 86400) / 3600) + 'h';
 }
 
-function when(t) { return t ? new Date(t).toLocaleString() : '—'; }
+// when is a time: the time of day for today, the date and time otherwise.
+function when(t) {
+  if (!t) return '—';
+  const d = new Date(t);
+  return sameDay(d, new Date()) ? d.toLocaleTimeString() : d.toLocaleString();
+}
+
+function sameDay(a, b) { return a.toDateString() === b.toDateString(); }
+
+// span is a short duration in seconds, rounded for people: 0.35 ms, 28 ms, 1.5 s, 2m 5s.
+function span(s) {
+  if (s < 0.001) return (s * 1000).toFixed(2).replace(/\.?0+$/, '') + ' ms';
+  if (s < 1) return Math.round(s * 1000) + ' ms';
+  if (s < 10) return s.toFixed(1) + ' s';
+  return age(s);
+}
+
+// window is an alert's window: its start, and how long it lasted (the
+// date once, and only when it is not today).
+function windowText(start, end) {
+  const a = new Date(start), b = new Date(end);
+  const secs = Math.max(0, (b - a) / 1000);
+  const from = sameDay(a, new Date()) ? a.toLocaleTimeString() : a.toLocaleString();
+  const to = sameDay(a, b) ? b.toLocaleTimeString() : b.toLocaleString();
+  if (secs < 0.001) return `${from} (under 1 ms)`; // the browser's clock has milliseconds
+  return secs < 1 ? `${from} (within ${span(secs)})` : `${from} – ${to} (${span(secs)})`;
+}
+
+// GO_DURATION matches a Go duration as a service writes it ("28.363413ms",
+// "1m2.5s"); readable() rounds every one in a text.
+const GO_DURATION = /(?<![\w.])(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|h|m|s))+(?![\w])/g;
+const UNIT = {ns: 1e-9, us: 1e-6, 'µs': 1e-6, ms: 1e-3, s: 1, m: 60, h: 3600};
+
+function readable(text) {
+  return (text || '').replace(GO_DURATION, (d) => {
+    let secs = 0;
+    for (const [, n, u] of d.matchAll(/(\d+(?:\.\d+)?)(ns|us|µs|ms|h|m|s)/g)) secs += Number(n) * UNIT[u];
+    return span(secs);
+  });
+}
 function num(n) { return (n || 0).toLocaleString(); }
 function level(l) { return el('span', {class: 'badge lvl-' + l}, l); }
 
@@ -69,7 +118,7 @@ function renderReaders(s) {
         el('button', {type: 'button', onclick: () => openReplay(g)}, 'Replay…')),
       el('p', {}, 'pending ', el('b', {}, num(g.pending)), ', in flight ', el('b', {}, num(g.in_flight)),
         ', oldest unread ', el('b', {class: 'lvl-' + g.level}, age(g.oldest_unread_age_s)),
-        g.unowned ? el('span', {class: 'lvl-alarm'}, ` — ${g.unowned} partition(s) with events and no member`) : ''),
+        g.unowned ? el('span', {class: 'lvl-alarm'}, ` — ${plural(g.unowned, 'partition')} with events and no member`) : ''),
       table(['partition', 'pending', 'in flight', 'oldest unread', 'ack floor', 'owner'],
         g.partitions.map((p) => el('tr', {class: 'lvl-' + p.level},
           el('td', {class: 'num'}, p.partition), el('td', {class: 'num'}, num(p.pending)),
@@ -139,18 +188,50 @@ function renderOutbox(j) {
   show('outbox',
     table(['lane', 'entries', 'oldest'], o.lanes.map((l) => el('tr', {class: 'lvl-' + l.level},
       el('td', {}, l.lane), el('td', {class: 'num'}, num(l.entries)), el('td', {class: 'num'}, age(l.oldest_age_s))))),
-    el('p', {}, `${o.shards} shards, ${o.relays} live relay(s)`,
-      o.unleased_shards ? el('span', {class: 'lvl-alarm'}, `, ${o.unleased_shards} shard(s) without a relay`) : '',
-      o.dead_entries ? el('span', {class: 'lvl-alarm'}, `, ${o.dead_entries} entries parked in Redis`) : ''));
+    el('p', {}, `${plural(o.shards, 'shard')}, ${plural(o.relays, 'live relay')}`,
+      o.unleased_shards ? el('span', {class: 'lvl-alarm'}, `, ${plural(o.unleased_shards, 'shard')} without a relay`) : '',
+      o.dead_entries ? el('span', {class: 'lvl-alarm'}, `, ${plural(o.dead_entries, 'entry', 'entries')} parked in Redis`) : ''));
+}
+
+function renderWebhooks(j) {
+  if (!j.available) { show('webhooks', el('p', {class: 'muted'}, j.error)); return; }
+  const w = j.webhooks;
+  if (!w.total) { show('webhooks', el('p', {class: 'muted'}, 'No webhook endpoints.')); return; }
+  const level = (e) => e.status === 'disabled' ? 'alarm' : (e.failing_for_s > 0 ? 'warn' : 'ok');
+  show('webhooks',
+    el('p', {}, `${w.total} endpoint(s), ${num(w.backlog)} event(s) waiting`,
+      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${w.disabled} disabled`) : '',
+      w.failing ? el('span', {class: 'lvl-warn'}, `, ${w.failing} failing`) : ''),
+    table(['endpoint', 'owner', 'host', 'status', 'backlog', 'oldest', 'failing for', 'last error'],
+      w.endpoints.map((e) => el('tr', {class: 'lvl-' + level(e)},
+        el('td', {}, e.id), el('td', {}, e.owner), el('td', {}, e.host), el('td', {title: e.disabled_reason || ''}, e.status),
+        el('td', {class: 'num'}, num(e.backlog)), el('td', {class: 'num'}, age(e.oldest_age_s)),
+        el('td', {class: 'num'}, age(e.failing_for_s)), el('td', {class: 'error'}, e.last_error || '')))));
+}
+
+function renderWebhooks(j) {
+  if (!j.available) { show('webhooks', el('p', {class: 'muted'}, j.error)); return; }
+  const w = j.webhooks;
+  if (!w.total) { show('webhooks', el('p', {class: 'muted'}, 'No webhook endpoints.')); return; }
+  const level = (e) => e.status === 'disabled' ? 'alarm' : (e.failing_for_s > 0 ? 'warn' : 'ok');
+  show('webhooks',
+    el('p', {}, `${w.total} endpoint(s), ${num(w.backlog)} event(s) waiting`,
+      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${w.disabled} disabled`) : '',
+      w.failing ? el('span', {class: 'lvl-warn'}, `, ${w.failing} failing`) : ''),
+    table(['endpoint', 'owner', 'host', 'status', 'backlog', 'oldest', 'failing for', 'last error'],
+      w.endpoints.map((e) => el('tr', {class: 'lvl-' + level(e)},
+        el('td', {}, e.id), el('td', {}, e.owner), el('td', {}, e.host), el('td', {title: e.disabled_reason || ''}, e.status),
+        el('td', {class: 'num'}, num(e.backlog)), el('td', {class: 'num'}, age(e.oldest_age_s)),
+        el('td', {class: 'num'}, age(e.failing_for_s)), el('td', {class: 'error'}, e.last_error || '')))));
 }
 
 function renderAlerts(j) {
   const rows = j.alerts.map((a) => el('tr', {},
     el('td', {}, when(a.ts)), el('td', {}, a.rule), el('td', {}, a.owner + '/' + a.code),
     el('td', {class: 'num'}, `${a.count} > ${a.threshold}`),
-    el('td', {}, when(a.window_start) + ' – ' + when(a.window_end)), el('td', {}, a.detail || '')));
+    el('td', {}, windowText(a.window_start, a.window_end)), el('td', {}, readable(a.detail))));
   show('alerts',
-    el('p', {class: 'muted'}, `${j.seen} alert(s) read`, j.following ? '' : ' — not following FRAUD: ' + (j.error || 'starting')),
+    el('p', {class: 'muted'}, `${plural(j.seen, 'alert')} read`, j.following ? '' : ' — not following FRAUD: ' + (j.error || 'starting')),
     rows.length ? table(['time', 'rule', 'link', 'count', 'window', 'detail'], rows) : el('p', {class: 'muted'}, 'No alerts.'));
 }
 
@@ -158,7 +239,7 @@ function renderAlerts(j) {
 
 function renderDLQ(j) {
   if (!j.groups.length) { show('dlq', el('p', {class: 'muted'}, 'No dead letters.')); return; }
-  show('dlq', el('p', {}, el('b', {}, num(j.total)), ' dead letters'),
+  show('dlq', el('p', {}, el('b', {}, num(j.total)), j.total === 1 ? ' dead letter' : ' dead letters'),
     table(['source', 'reason', 'count', 'newest parked', 'newest error', ''], j.groups.map((g) => el('tr', {},
       el('td', {}, g.source), el('td', {}, g.reason), el('td', {class: 'num'}, num(g.count)),
       el('td', {}, when(g.newest.parked)), el('td', {class: 'error'}, g.newest.error || ''),
@@ -186,7 +267,7 @@ async function showLetter(seq) {
   try {
     const l = await request('GET', '/api/dlq/letters/' + seq);
     const lines = [`seq ${l.seq}  ${l.subject}  parked ${when(l.parked)}`,
-      `from ${l.stream} #${l.orig_seq} (${l.orig_subject}), consumer ${l.consumer || '—'}, ${l.attempts} attempt(s)`,
+      `from ${l.stream} #${l.orig_seq} (${l.orig_subject}), consumer ${l.consumer || '—'}, ${plural(l.attempts, 'attempt')}`,
       l.redrive_to ? `redrive to ${l.redrive_to}` : `cannot be redriven: ${l.redrive_refused}`, '', 'headers:'];
     for (const [k, vs] of Object.entries(l.headers || {})) for (const v of vs) lines.push(`  ${k}: ${v}`);
     lines.push('', `payload (${l.payload_bytes} bytes)${l.payload_base64 ? ', base64' : ''}:`, l.payload || l.payload_base64 || '');
@@ -206,10 +287,10 @@ async function redrive(seq, source, reason) {
 }
 
 async function redriveGroup(source, reason, count) {
-  if (!confirm(`Redrive all ${count} dead letters of dead.${source}.${reason}? Fix their cause first.`)) return;
+  if (!confirm(`Redrive ${count === 1 ? 'the 1 dead letter' : 'all ' + plural(count, 'dead letter')} of dead.${source}.${reason}? Fix their cause first.`)) return;
   try {
     const r = await request('POST', '/api/dlq/redrive', {source, reason});
-    alert(`${r.redriven} redriven` + (r.refused.length ? `, ${r.refused.length} cannot be (left in place)` : '') +
+    alert(`${num(r.redriven)} redriven` + (r.refused.length ? `, ${num(r.refused.length)} cannot be (left in place)` : '') +
       (r.incomplete ? `; stopped early (${r.error}): press again for the rest` : '') + '.');
   } catch (err) { alert('Redrive refused: ' + err.message); }
   poll();
@@ -230,7 +311,7 @@ function renderWarehouse(j) {
         const bar = el('span', {class: 'bar'});
         bar.style.width = (100 * h.clicks / most).toFixed(1) + '%';
         return el('div', {class: 'hour'}, el('span', {class: 'label'}, new Date(h.hour).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})),
-          bar, el('span', {class: 'num'}, num(h.clicks) + (h.bot_clicks ? ` (${num(h.bot_clicks)} bots)` : '')));
+          bar, el('span', {class: 'num'}, num(h.clicks) + (h.bot_clicks ? ` (${plural(h.bot_clicks, 'bot')})` : '')));
       }))));
 }
 
@@ -255,7 +336,7 @@ function startLive() {
   live.addEventListener('status', (ev) => {
     const s = JSON.parse(ev.data);
     document.getElementById('live-status').textContent =
-      `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${s.browsers} watching`;
+      `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${plural(s.browsers, 'page')} watching`;
   });
   live.onerror = () => { document.getElementById('live-status').textContent = 'reconnecting…'; };
 }
@@ -271,6 +352,7 @@ async function poll() {
   const jobs = [
     request('GET', '/api/readers').then(renderReaders, (e) => { failed('readers', e); failed('consumers', e); }),
     request('GET', '/api/outbox').then(renderOutbox, (e) => failed('outbox', e)),
+    request('GET', '/api/webhooks').then(renderWebhooks, (e) => failed('webhooks', e)),
     request('GET', '/api/alerts').then(renderAlerts, (e) => failed('alerts', e)),
     request('GET', '/api/dlq').then(renderDLQ, (e) => failed('dlq', e)),
   ];
@@ -288,6 +370,21 @@ document.getElementById('replay-close').addEventListener('click', () => {
   document.getElementById('replay-dialog').close();
 });
 
+// The page arrives with the panels' first figures (those the server had
+// within a moment), so the first paint shows them instead of placeholders.
+function renderInitial() {
+  const holder = document.getElementById('initial');
+  let j = {};
+  try { j = JSON.parse(holder.dataset.json || '{}'); } catch (err) { return; }
+  if (j.readers) renderReaders(j.readers);
+  if (j.outbox) renderOutbox(j.outbox);
+  if (j.alerts) renderAlerts(j.alerts);
+  if (j.dlq) renderDLQ(j.dlq);
+  if (j.warehouse) renderWarehouse(j.warehouse);
+  if (Object.keys(j).length) document.getElementById('updated').textContent = 'Updated ' + new Date().toLocaleTimeString();
+}
+
+renderInitial();
 poll();
 pollWarehouse();
 setInterval(poll, REFRESH_MS);

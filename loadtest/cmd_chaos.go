@@ -1,0 +1,310 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/snipdev/snip/loadtest/internal/chaos"
+	"github.com/snipdev/snip/loadtest/internal/httpload"
+	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/loadtest/internal/series"
+	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/loadtest/internal/workload"
+)
+
+// faultList collects repeated --fault flags.
+type faultList []chaos.Fault
+
+func (f *faultList) String() string { return fmt.Sprint(len(*f), " faults") }
+
+func (f *faultList) Set(spec string) error {
+	fault, err := chaos.Parse(spec)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, fault)
+	return nil
+}
+
+// chaosPlan is how each fault's run is shaped.
+type chaosPlan struct {
+	target  string
+	rate    int
+	warmup  time.Duration // load before the fault
+	tail    time.Duration // load after the fault ended
+	timeout time.Duration // per request: slower answers are unanswered
+	xff     bool
+	wf      workloadFlags
+	sf      sinkFlags
+	require []string
+	out     string
+}
+
+// chaosResult is one row of the chaos table.
+type chaosResult struct {
+	Fault    string
+	Sent     uint64 // requests answered 302
+	InClicks uint64 // of the run's clicks, in CLICKS
+	Counted  string // counter's total, or why not checked
+	Loaded   string // warehouse's distinct event IDs, or why not checked
+	Lost     uint64 // most clicks missing in any checked sink
+	Doubled  uint64 // most clicks stored or counted twice in any sink
+	Recover  time.Duration
+	Passed   bool
+	Err      error
+}
+
+// cmdChaos runs each fault in turn against a running system, under HTTP
+// load, and judges each run with the oracle.
+func cmdChaos(ctx context.Context, env *Env, args []string) error {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	var p chaosPlan
+	var faults faultList
+	p.wf.register(fs)
+	p.sf.register(fs)
+	fs.Var(&faults, "fault", "a fault to inject (repeatable), in turn, each in its own run:\n"+chaos.Spec)
+	fs.StringVar(&p.target, "target", "http://127.0.0.1:8080", "the redirect service's base URL")
+	fs.IntVar(&p.rate, "rate", 500, "redirects per second during each run")
+	fs.DurationVar(&p.warmup, "warmup", 5*time.Second, "load before each fault")
+	fs.DurationVar(&p.tail, "tail", 15*time.Second, "load after each fault ended")
+	fs.DurationVar(&p.timeout, "timeout", 5*time.Second, "per-request timeout (a slower answer counts as unanswered)")
+	fs.BoolVar(&p.xff, "xff", true, "send each visitor's address in X-Forwarded-For")
+	fs.StringVar(&p.out, "out", "", "directory for each run's truth.json (default loadtest/reports/chaos-<time>)")
+	if err := parse(fs, args, env.Stderr); err != nil {
+		return err
+	}
+	if len(faults) == 0 {
+		return fmt.Errorf("no --fault given: %w", errUsage)
+	}
+	if p.rate < 1 || p.warmup < 0 || p.tail < time.Second {
+		return fmt.Errorf("--rate at least 1, --warmup not negative, --tail at least 1s: %w", errUsage)
+	}
+	var err error
+	if p.require, err = p.sf.required(); err != nil {
+		return err
+	}
+	if p.out == "" {
+		p.out = filepath.Join(filepath.Dir(reportDir("", time.Now(), workload.Tag(0))), "chaos-"+time.Now().Format("20060102-150405"))
+	}
+	if err := ensureDir(p.out); err != nil {
+		return err
+	}
+	sys, err := connect(ctx, env, &p.sf)
+	if err != nil {
+		return err
+	}
+	defer sys.close()
+	results := make([]chaosResult, 0, len(faults))
+	for i, f := range faults {
+		fmt.Fprintf(env.Stderr, "chaos %d/%d: %s\n", i+1, len(faults), f.Name)
+		r := runChaos(ctx, env, sys, f, &p, filepath.Join(p.out, fmt.Sprintf("%02d-truth.json", i+1)))
+		results = append(results, r)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Fprintln(env.Stdout)
+	if err := writeChaosTable(env.Stdout, results); err != nil {
+		return err
+	}
+	for _, r := range results {
+		if !r.Passed {
+			return errVerifyFailed
+		}
+	}
+	return nil
+}
+
+// runChaos is one run: load for warmup, the fault, load for tail, then the
+// oracle. Time to recover is from the fault's end to the end of the first
+// second in which every request got its 302 and the readers' total backlog
+// was back to normal (at most twice the largest seen before the fault, or
+// one second of traffic, whichever is more: readers batch, so it is never
+// 0 under load); when that did not happen during the tail, to the time
+// every click was in CLICKS and every backlog 0 after the load.
+func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chaosPlan, truthFile string) chaosResult {
+	res := chaosResult{Fault: f.Name, Recover: -1}
+	gen, err := workload.New(p.wf.spec(p.rate))
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	tag := workload.NewTag()
+	owner, err := httpload.CreateLinks(ctx, p.target, env.Cfg.APIKey, p.wf.linkBase, tag, gen.NumLinks())
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	duration := p.warmup + f.Hold + p.tail
+	start := time.Now()
+	m := series.NewMeter(start, float64(p.rate))
+	rec := truth.NewRecorder(int(float64(p.rate) * duration.Seconds()))
+	cfg := httpload.Config{
+		Base: p.target, Rate: p.rate, Duration: duration, Timeout: p.timeout,
+		ForwardedFor: p.xff, CountryHeader: "X-Country", Tag: tag, Gen: gen,
+	}
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var faultEnd, recovered time.Time
+	var faultErr error
+	var baseLag uint64 // the largest total backlog before the fault: readers batch
+	faultStarted := false
+	wg.Go(func() {
+		if !sleepCtx(bg, p.warmup) {
+			return
+		}
+		fmt.Fprintf(env.Stderr, "%5.0fs inject: %s\n", time.Since(start).Seconds(), f.Name)
+		mu.Lock()
+		faultStarted = true
+		mu.Unlock()
+		end, err := chaos.Run(bg, f)
+		fmt.Fprintf(env.Stderr, "%5.0fs fault over: %s\n", time.Since(start).Seconds(), f.Name)
+		mu.Lock()
+		faultEnd, faultErr = end, err
+		mu.Unlock()
+	})
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case now := <-tick.C:
+				lctx, cancel := context.WithTimeout(bg, 800*time.Millisecond)
+				lag, lerr := sys.readers.Backlog(lctx)
+				cancel()
+				if lerr == nil {
+					m.SetLag(lag)
+				}
+				s := m.Tick(now, series.PhaseLoad)
+				fmt.Fprintln(env.Stderr, progressLine(s, lag, lerr))
+				mu.Lock()
+				if !faultStarted && lerr == nil {
+					baseLag = max(baseLag, total(lag))
+				}
+				if !faultEnd.IsZero() && recovered.IsZero() && now.After(faultEnd.Add(time.Second)) &&
+					s.Errors == 0 && s.OK+s.OK/20 >= s.Offered && lerr == nil && total(lag) <= max(uint64(p.rate), 2*baseLag) {
+					recovered = now
+				}
+				mu.Unlock()
+			}
+		}
+	})
+	attempts, driveErr := httpload.Run(ctx, cfg, rec, m)
+	loadEnd := time.Now()
+	stopBG()
+	wg.Wait()
+	if faultErr != nil {
+		res.Err = faultErr
+		return res
+	}
+	if driveErr != nil && attempts == 0 {
+		res.Err = driveErr
+		return res
+	}
+
+	refused, uncertain, answers := rec.Finish(attempts)
+	tr := &truth.Truth{
+		Version: truth.Version, Mode: truth.ModeHTTP, Tag: tag.String(), Owner: owner, Spec: gen.Spec(),
+		Started: start, Ended: loadEnd, ForwardedFor: p.xff, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
+	}
+	if err := tr.Save(truthFile); err != nil {
+		res.Err = err
+		return res
+	}
+	sinks, closeSinks := sys.sinks(owner, start.Add(-time.Second))
+	vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
+		Deadline: p.sf.deadline, SetLimit: p.sf.setLimit, Require: p.require,
+		Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
+	})
+	closeSinks()
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	if faultEnd.IsZero() {
+		res.Err = errors.New("the fault did not end before the load")
+		return res
+	}
+	if recovered.IsZero() {
+		if d := waitCaughtUp(ctx, sys, owner, "lt-"+tag.String()+"-", tr.SentCount(), loadEnd, p.sf.deadline); d >= 0 {
+			recovered = loadEnd.Add(d)
+		}
+	}
+	if !recovered.IsZero() {
+		res.Recover = recovered.Sub(faultEnd)
+	}
+	res.Sent, res.Passed = tr.SentCount(), vr.Passed
+	res.Counted, res.Loaded = "skipped", "skipped"
+	for _, r := range vr.Rows {
+		switch r.Sink {
+		case oracle.SinkLog:
+			res.InClicks = r.Got
+		case oracle.SinkCounter:
+			res.Counted = fmt.Sprint(r.Got)
+		case oracle.SinkWarehouse:
+			res.Loaded = fmt.Sprint(r.Got)
+		}
+		if r.Status == oracle.Skipped {
+			continue
+		}
+		switch r.Sink {
+		case oracle.SinkLog, oracle.SinkCounter, oracle.SinkWarehouse:
+			res.Lost = max(res.Lost, r.Missing)
+			res.Doubled = max(res.Doubled, r.Dup)
+		}
+	}
+	if !vr.Passed {
+		var bad []string
+		for _, r := range vr.Rows {
+			if r.Status == oracle.Fail {
+				bad = append(bad, r.Sink)
+			}
+		}
+		res.Err = fmt.Errorf("oracle failed: %s (the run's truth: %s)", strings.Join(bad, ", "), truthFile)
+	}
+	return res
+}
+
+// writeChaosTable prints the results: one row per fault.
+func writeChaosTable(w io.Writer, rs []chaosResult) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "fault\tsent\tin CLICKS\tcounted\tloaded\tlost\tdoubled\ttime to recover\tverdict\tnote")
+	for _, r := range rs {
+		verdict, note, rec := "PASS", "", "-"
+		if !r.Passed {
+			verdict = "FAIL"
+		}
+		if r.Err != nil {
+			note = r.Err.Error()
+		}
+		if r.Recover >= 0 {
+			rec = r.Recover.Round(100 * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", r.Fault, r.Sent, r.InClicks, r.Counted, r.Loaded, r.Lost, r.Doubled, rec, verdict, note)
+	}
+	return tw.Flush()
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

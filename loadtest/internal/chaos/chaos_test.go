@@ -1,0 +1,117 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		spec     string
+		wantName string
+		wantHold time.Duration
+		recovers bool
+		bad      bool
+	}{
+		{name: "kill_left_to_a_supervisor", spec: "kill:counter:1234", wantName: "kill -9 counter"},
+		{name: "kill_with_a_restart_command", spec: "kill:redirect:pgrep -n redirect:bin/redirect --x=1", wantName: "kill -9 redirect", recovers: true},
+		{name: "freeze", spec: "freeze:redis:4321:20s", wantName: "freeze redis 20s", wantHold: 20 * time.Second, recovers: true},
+		{name: "freeze_without_duration", spec: "freeze:redis:4321", bad: true},
+		{name: "freeze_with_a_bad_duration", spec: "freeze:redis:4321:soon", bad: true},
+		{name: "unknown_kind", spec: "drop:redis:4321", bad: true},
+		{name: "no_pid", spec: "kill:counter:", bad: true},
+		{name: "no_name", spec: "kill::12", bad: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f, err := Parse(tc.spec)
+			if tc.bad {
+				if !errors.Is(err, ErrBadSpec) {
+					t.Fatalf("Parse(%q) err = %v, want ErrBadSpec", tc.spec, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Name != tc.wantName || f.Hold != tc.wantHold || (f.Recover != nil) != tc.recovers {
+				t.Fatalf("Parse(%q) = {%q, hold %s, recovers %v}, want {%q, %s, %v}", tc.spec, f.Name, f.Hold, f.Recover != nil, tc.wantName, tc.wantHold, tc.recovers)
+			}
+		})
+	}
+}
+
+// TestFreezeAndKillARealProcess: a freeze stops the process for its hold
+// and continues it; a kill -9 found by a pid command ends it.
+func TestFreezeAndKillARealProcess(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	pid := cmd.Process.Pid
+
+	f, err := Parse("freeze:sleep:" + itoa(pid) + ":200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan string, 1)
+	inject := f.Inject
+	f.Inject = func(ctx context.Context) error {
+		err := inject(ctx)
+		stopped <- procState(t, pid)
+		return err
+	}
+	start := time.Now()
+	if _, err := Run(t.Context(), f); err != nil {
+		t.Fatal(err)
+	}
+	if s := <-stopped; s != "T" {
+		t.Fatalf("state after SIGSTOP = %q, want T (stopped)", s)
+	}
+	if time.Since(start) < 200*time.Millisecond {
+		t.Fatal("recovered before the hold ended")
+	}
+	if s := procState(t, pid); s == "T" {
+		t.Fatal("still stopped after recover")
+	}
+
+	k, err := Parse("kill:sleep:echo " + itoa(pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(t.Context(), k); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("process ended with %v, want SIGKILL", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("process still running after kill -9")
+	}
+}
+
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	out, err := exec.Command("ps", "-o", "stat=", "-p", itoa(pid)).Output()
+	if err != nil {
+		t.Fatalf("ps: %v", err)
+	}
+	return strings.TrimSpace(string(out))[:1]
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

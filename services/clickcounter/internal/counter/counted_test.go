@@ -1,0 +1,111 @@
+package counter_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+)
+
+// sibling returns an event ID with the same UUIDv7 time as id (so the same
+// recent-ID bucket) and other random bits.
+func sibling(id, tail string) string { return id[:24] + tail }
+
+// A click stored in a partition its code does not hash to is parked, not
+// counted; a verdict naming it (with that partition and its sequence there)
+// must move nothing, even though the code's own partition has counted past
+// that sequence.
+func TestVerdictAboutAClickStoredInAnotherPartitionMovesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 2, 7) // hashes to partition 2
+	now := time.Now().UTC()
+	var s seqs
+	stray := s.event(1, click("acme", code, now)) // stored in partition 1
+	good := s.events(2, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	mustHandle(t, e.c, 2, good) // partition 2's watermark is now past stray.Seq
+
+	var pe *reader.PoisonError
+	if err := e.c.HandleBatch(t.Context(), 1, []reader.Event{stray}); !errors.As(err, &pe) || pe.Reason != counter.ReasonWrongPartition {
+		t.Fatalf("HandleBatch(stray) = %v, want Poison(%q)", err, counter.ReasonWrongPartition)
+	}
+	got, err := e.c.ApplyVerdict(t.Context(), verdict(stray, true), 1)
+	if err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if got != counter.NotCounted {
+		t.Errorf("status = %s, want %s", got, counter.NotCounted)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 3}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts (-want +got):\n%s", d)
+	}
+	if n := metric(t, e.reg, "snip_clickcounter_corrections_total", map[string]string{"result": "not_counted"}); n != 1 {
+		t.Errorf("corrections{result=not_counted} = %v, want 1", n)
+	}
+}
+
+// The counter knows per event whether it counted it: a click of the right
+// partition that it never counted (the runtime parked it) is past the
+// watermark, but not in the recent-ID record, so its verdict records a label
+// and moves nothing.
+func TestVerdictAboutAnUncountedClickPastTheWatermarkMovesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 3, 8)
+	now := time.Now().UTC()
+	var s seqs
+	first := click("acme", code, now)
+	skipped, last := first, first
+	skipped.ID = sibling(first.ID, "0000000000a1")
+	last.ID = sibling(first.ID, "0000000000b2")
+	evs := s.events(3, first, skipped, last)
+	// The runtime parked evs[1]: the counter sees the others only.
+	mustHandle(t, e.c, 3, []reader.Event{evs[0], evs[2]})
+
+	got, err := e.c.ApplyVerdict(t.Context(), verdict(evs[1], true), 1)
+	if err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if got != counter.Relabelled {
+		t.Errorf("status = %s, want %s (label recorded)", got, counter.Relabelled)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 2}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts (-want +got):\n%s", d)
+	}
+	// A verdict about a click it did count moves it.
+	if _, err := e.c.ApplyVerdict(t.Context(), verdict(evs[2], true), 2); err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1, Bot: 1}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts after a verdict on a counted click (-want +got):\n%s", d)
+	}
+}
+
+// Past the recent-ID record's window the watermark of the click's own
+// partition decides, as before: a click counted long ago still moves.
+func TestVerdictAfterTheRecordExpiredUsesTheOwnPartitionsWatermark(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 0, 9)
+	now := time.Now().UTC()
+	var s seqs
+	evs := s.events(0, click("acme", code, now), click("acme", code, now))
+	mustHandle(t, e.c, 0, evs)
+	keys, err := e.rdb.Keys(t.Context(), "cc:{p0}:g*:id:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("recent-ID keys = %v (%v), want some", keys, err)
+	}
+	if err := e.rdb.Del(t.Context(), keys...).Err(); err != nil { // the window passed
+		t.Fatal(err)
+	}
+	if _, err := e.c.ApplyVerdict(t.Context(), verdict(evs[0], true), 1); err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1, Bot: 1}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts (-want +got):\n%s", d)
+	}
+}

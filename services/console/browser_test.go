@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
+)
+
+// screenshotEnv names the file the browser test writes the console's
+// screenshot to (a PNG), when set: SNIP_CONSOLE_SCREENSHOT=../../docs/console.png
+// from services/console refreshes the one the README shows.
+const screenshotEnv = "SNIP_CONSOLE_SCREENSHOT"
+
+// chromium finds Debian's chromium (or a Chrome) to drive. A missing browser
+// fails the test: the page is only tested in one.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no chromium on PATH: the console's browser test needs headless Chromium " +
+		"(Debian/Ubuntu: apt-get install chromium; bash .ci/install-servers installs it)")
+	return ""
+}
+
+// fraudDetection runs the fraud service's binary against the console's
+// NATS: a reader of the system that writes real alerts, verdicts and dead
+// letters for the console to show.
+func fraudDetection(t *testing.T, natsURL string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fraud")
+	if out, err := exec.Command("go", "build", "-o", bin, "../fraud").CombinedOutput(); err != nil {
+		t.Fatalf("build the fraud service: %v\n%s", err, out)
+	}
+	_, db := servers.Redis.NewDB(t)
+	logPath := filepath.Join(t.TempDir(), "fraud.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "REDIS_URL="+servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0",
+		"SNIP_PARTITIONS="+strconv.Itoa(consoletest.Partitions), "SNIP_APPLY_TOPOLOGY=false", "LOG_LEVEL=warn", "SHUTDOWN_TIMEOUT=5s")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the fraud service: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("fraud service log:\n%s", b)
+		}
+	})
+}
+
+// The console as an operator sees it: a real headless Chromium logs in and
+// reads every panel of a console running against real NATS, Redis and
+// ClickHouse, next to the fraud service's binary, with clicks flowing (a
+// burst among them, which fraud detection alerts on), a malformed event
+// (which it parks as a dead letter), more dead letters, warehouse rows and
+// an outbox backlog. It asserts what each panel says, that the page's first
+// paint already has the figures, that the live table's number columns line
+// up with their headers, and that the page logs no JavaScript error or
+// exception (a Content-Security-Policy violation included).
+func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	seed(t, s)
+	fraudDetection(t, s.js.Conn().ConnectedUrl())
+	// One visitor clicks acme/abc 25 times at once: fraud detection allows
+	// 20 a minute. And an event that is not a click.
+	burst := make([]events.Click, 25)
+	for i := range burst {
+		burst[i] = consoletest.Click("acme", "abc", 0)
+		burst[i].Visitor, burst[i].Bot = "burst-visitor", false
+	}
+	consoletest.Publish(t, s.js, burst...)
+	if _, err := s.js.Publish(t.Context(), events.ClickSubject("acme", "abc"), []byte(`{"v":1,"id":"not-a-click"}`)); err != nil {
+		t.Fatal(err)
+	}
+	// An alert as fraud detection writes it: a window of a few milliseconds
+	// and a Go duration in its detail.
+	now := time.Now().UTC()
+	window := 28363413 * time.Nanosecond
+	consoletest.PublishAlert(t, s.js, events.FraudAlert{
+		V: events.FraudVersion, ID: fmt.Sprintf("visitor_burst:abc:v1:%d", now.UnixNano()), Rule: "visitor_burst",
+		Code: "abc", Owner: "acme", Key: "v1", WindowStart: now.Add(-window), WindowEnd: now, Count: 21, Threshold: 20,
+		Time: now, Detail: "21 clicks by one visitor within 28.363413ms (at most 20 allowed)",
+	})
+	// Clicks keep arriving while the page is open.
+	trafficCtx, stopTraffic := context.WithCancel(context.Background())
+	traffic := make(chan struct{})
+	go func() {
+		defer close(traffic)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-trafficCtx.Done():
+				return
+			case <-tick.C:
+				c := consoletest.Click("acme", "abc", i)
+				b, _ := json.Marshal(c)
+				pctx, cancel := context.WithTimeout(trafficCtx, 5*time.Second)
+				_, _ = s.js.Publish(pctx, events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID))
+				cancel()
+			}
+		}
+	}()
+	defer func() { stopTraffic(); <-traffic }()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1400, 1000), chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+
+	// Every console error and uncaught exception the page produces.
+	var mu sync.Mutex
+	var problems []string
+	messages := chromedp.Console(ctx)
+	consoleDone := make(chan struct{})
+	go func() {
+		defer close(consoleDone)
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.IsException() {
+				mu.Lock()
+				problems = append(problems, m.String()+" ("+m.URL+")")
+				mu.Unlock()
+			}
+		}
+	}()
+	defer func() { cancelTab(); <-consoleDone }()
+
+	step := func(what string, a chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := chromedp.Run(sctx, a); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	waitFor := func(what, expr string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for eval(expr) != "true" {
+			if time.Now().After(deadline) {
+				t.Fatalf("the page did not show %s within 30 s; it reads:\n%s", what, eval("document.body.innerText"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	text := func(id string) string { return eval(fmt.Sprintf("document.getElementById(%q).innerText", id)) }
+
+	// Log in through the form, as an operator does.
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(s.url+"/login")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the login page: %v", err)
+	}
+	step("type the token", chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), testToken))
+	step("log in", chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+	waitFor("the console after logging in", `String(location.pathname === "/" && !!document.getElementById("panel-readers"))`)
+
+	// The first paint has the figures: the page arrives with them.
+	step("load the console", chromedp.Navigate(s.url+"/"))
+	for _, id := range []string{"readers", "consumers", "outbox", "alerts", "dlq"} {
+		if got := text(id); strings.Contains(got, "Reading") || strings.Contains(got, "loading") {
+			t.Errorf("panel #%s shows %q at first paint, not its figures", id, got)
+		}
+	}
+
+	waitFor("live clicks", `String(document.querySelectorAll("#live tr").length >= 3)`)
+	waitFor("both alerts", `String(document.getElementById("alerts").innerText.includes("visitor_burst"))`)
+	waitFor("the warehouse", `String(document.getElementById("warehouse").innerText.includes("globex"))`)
+
+	// What the fraud service wrote: its alert on the burst, the event it parked.
+	waitFor("fraud detection's alert", `String(document.getElementById("alerts").innerText.includes("by one visitor within"))`)
+	waitFor("fraud detection's dead letter", `String(document.getElementById("dlq").innerText.includes("fraud-detection"))`)
+
+	panels := map[string][]string{
+		"readers":   {"down-reader", "fraud-detection", "Replay…", "with events and no member", "ack floor", "pinned"},
+		"consumers": {topology.PreviewConsumer, "PREVIEW_JOBS"},
+		"outbox":    {"clicks", "1 shard,"},
+		"alerts":    {"alerts read", "link_flood", "visitor_burst", "acme/abc", "21 > 20", "within 28 ms (at most 20 allowed)"},
+		"dlq":       {"5 dead letters", "down-reader", "fraud-detection", "malformed", "preview", "timeout"},
+		"warehouse": {"Top links", "abc", "globex", "Clicks per hour"},
+		"live":      {"abc", "acme", "human"},
+	}
+	for id, wants := range panels {
+		got := text(id)
+		for _, want := range wants {
+			if !strings.Contains(got, want) {
+				t.Errorf("panel #%s lacks %q; it reads:\n%s", id, want, got)
+			}
+		}
+	}
+	alerts := text("alerts")
+	if !regexp.MustCompile(`(?m)^\d+ alerts read`).MatchString(alerts) {
+		t.Errorf("the alerts panel does not count the alerts read:\n%s", alerts)
+	}
+	// The window, to the millisecond the browser's clock has.
+	if !regexp.MustCompile(`\(within 2[89] ms\)`).MatchString(alerts) {
+		t.Errorf("the alerts panel does not give the window as \"(within 28 ms)\":\n%s", alerts)
+	}
+	if regexp.MustCompile(`\d\.\d{3,}(ms|µs|s)`).MatchString(alerts) {
+		t.Errorf("the alerts panel prints a raw duration:\n%s", alerts)
+	}
+	if today := eval("new Date().toLocaleDateString()"); strings.Contains(alerts, today) {
+		t.Errorf("the alerts panel prints today's date (%s) on today's alerts:\n%s", today, alerts)
+	}
+	body := text("panel-live") + eval("document.body.innerText")
+	for _, bad := range []string{"(s)", "loading", "undefined", "NaN", "[object Object]", "1 dead letters", "1 alerts", "1 bots"} {
+		if strings.Contains(body, bad) {
+			t.Errorf("the page says %q:\n%s", bad, body)
+		}
+	}
+
+	// The live table's seq and p headers stand over their numbers.
+	if got := eval(`(() => {
+		const out = [];
+		for (const i of [2, 3]) {
+			const th = document.querySelector("table.clicks thead th:nth-child(" + i + ")");
+			const td = document.querySelector("#live tr td:nth-child(" + i + ")");
+			const a = th.getBoundingClientRect(), b = td.getBoundingClientRect();
+			if (getComputedStyle(th).textAlign !== "right" || Math.abs(a.right - b.right) > 1 || Math.abs(a.left - b.left) > 1)
+				out.push(th.innerText + ": header " + a.left + "-" + a.right + " " + getComputedStyle(th).textAlign + ", cell " + b.left + "-" + b.right);
+		}
+		return out.join("; ");
+	})()`); got != "" {
+		t.Errorf("live clicks: headers not over their numbers: %s", got)
+	}
+
+	// The dead letters open, and one shows its headers and payload.
+	step("list the letters", chromedp.Click(chromedp.CSS(`#dlq button`)))
+	waitFor("the letters", `String(document.querySelectorAll("#letters tbody tr").length > 0)`)
+	step("show a letter", chromedp.Click(chromedp.CSS(`#letters tbody button`)))
+	waitFor("the letter", `String(!document.getElementById("letter").hidden && document.getElementById("letter").innerText.includes("`+events.HeaderDeadReason+`"))`)
+	if got := text("letter"); !strings.Contains(got, `"owner": "acme"`) || !strings.Contains(got, "redrive to clicks.acme.abc") {
+		t.Errorf("the letter shows:\n%s", got)
+	}
+
+	// Replay asks first, and says what a replay means for the group.
+	step("open the replay dialog", chromedp.Click(chromedp.CSS(`#readers button`)))
+	waitFor("the replay dialog", `String(document.getElementById("replay-dialog").open)`)
+	if got := text("replay-note"); len(got) < 20 {
+		t.Errorf("the replay dialog explains nothing: %q", got)
+	}
+	step("close the replay dialog", chromedp.Click(chromedp.CSS(`#replay-close`)))
+
+	if path := os.Getenv(screenshotEnv); path != "" {
+		step("scroll to the top", chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+			_, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("window.scrollTo(0, 0) === undefined"))
+			return err
+		}))
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		png, err := chromedp.Run(sctx, chromedp.FullScreenshot(100))
+		cancel()
+		if err != nil {
+			t.Fatalf("screenshot: %v", err)
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatalf("write the screenshot: %v", err)
+		}
+		t.Logf("screenshot written to %s", path)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Errorf("the page logged %d JavaScript errors:\n%s", len(problems), strings.Join(problems, "\n"))
+	}
+}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/console/internal/webhookstate"
+)
+
+// TestWebhooksPanelShowsADisabledEndpoint: an endpoint the webhooks service
+// disabled shows on the console with its reason and backlog.
+func TestWebhooksPanelShowsADisabledEndpoint(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	ctx := t.Context()
+	s.rdb.SAdd(ctx, "snip:wh:endpoints", "ep_1")
+	s.rdb.HSet(ctx, "snip:wh:{ep_1}:ep",
+		"cfg", `{"id":"ep_1","owner":"acme","url":"https://hooks.acme.example/x","disabled_at":"2026-12-01T00:00:00Z","disabled_reason":"failing since 2026-11-28T00:00:00Z: HTTP 500"}`,
+		"failing_since", time.Now().Add(-72*time.Hour).UnixMilli(), "last_error", "HTTP 500")
+	var got struct {
+		Available bool                  `json:"available"`
+		Webhooks  webhookstate.Snapshot `json:"webhooks"`
+	}
+	testenv.WaitFor(t, 10*time.Second, "the endpoint on /api/webhooks", func() bool {
+		code, b := do(t, nil, http.MethodGet, s.url+"/api/webhooks", nil, bearer)
+		return code == http.StatusOK && json.Unmarshal(b, &got) == nil && got.Webhooks.Total == 1
+	})
+	e := got.Webhooks.Endpoints[0]
+	if !got.Available || got.Webhooks.Disabled != 1 || e.Status != "disabled" || e.Owner != "acme" || e.Host != "hooks.acme.example" || e.LastError != "HTTP 500" {
+		t.Errorf("webhooks panel %+v", got)
+	}
+	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/webhooks", nil, nil); code != http.StatusUnauthorized {
+		t.Errorf("GET /api/webhooks without the console token: %d, want 401", code)
+	}
+}

@@ -1,0 +1,54 @@
+// Package directpub records a click straight in JetStream: the redirect's
+// second durable path, used when the Redis outbox does not answer in time.
+// The click is published to its CLICKS subject with Nats-Msg-Id set to the
+// event ID (so the copy the outbox may still relay later is dropped by the
+// stream's duplicate window) and Nats-Expected-Stream CLICKS, and Publish
+// returns only once JetStream acknowledged it.
+//
+// The connection it is given must not buffer publishes while it reconnects
+// (nats.ReconnectBufSize(-1)): a buffered click would be stored after the
+// redirect had answered with an error, and then counted.
+package directpub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// Publisher publishes clicks synchronously.
+type Publisher struct {
+	js      jetstream.JetStream
+	timeout time.Duration
+}
+
+// New returns a publisher that waits at most timeout for each ack.
+func New(js jetstream.JetStream, timeout time.Duration) *Publisher {
+	return &Publisher{js: js, timeout: timeout}
+}
+
+// PublishClick publishes one click and returns nil once JetStream has
+// stored it (or already had it: a duplicate ack means stored). An error
+// means it is not known to be stored.
+func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	msg := &nats.Msg{
+		Subject: string(subject),
+		// The caller's buffer may be reused once this returns; the client
+		// has written the bytes by then, but copy to be independent of it.
+		Data:   append([]byte(nil), data...),
+		Header: nats.Header{events.HeaderMsgID: []string{string(id)}},
+	}
+	// The client retries only "no responders" (nothing received the
+	// message), within ctx.
+	if _, err := p.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.ClicksStream)); err != nil {
+		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
+	}
+	return nil
+}

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+// openLoop sends rate clicks a second, spread over codes, each on its own
+// goroutine (an open model: a slow answer does not delay the next request),
+// until stop is closed. The returned wait waits for the answers.
+func openLoop(l *ledger, base string, codes []string, rate int, stop <-chan struct{}) (wait func()) {
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		start := time.Now()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		sent := 0
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-tick.C:
+				// Catch up on ticks the runtime dropped: the schedule, not
+				// the ticker, sets the rate.
+				due := int(now.Sub(start).Seconds() * float64(rate))
+				for ; sent < due; sent++ {
+					code := codes[sent%len(codes)]
+					wg.Go(func() { _, _ = l.click(base, code) })
+				}
+			}
+		}
+	}()
+	return func() { <-done; wg.Wait() }
+}
+
+// TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn freezes the real
+// redis-server (SIGSTOP: it keeps its sockets and answers nothing, like a
+// hung server) under open-loop traffic on cached links. Every request still
+// gets its 302 within a bound (the outbox wait plus JetStream's ack),
+// because the clicks the outbox does not take in time are published
+// straight to CLICKS; after the thaw the writes Redis stored late are
+// dropped by the relay. Every click that got a 302 is in CLICKS exactly
+// once, and nothing else is.
+func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	n := testenv.StartNATS(t)
+	in := startInstance(t, testConfig(r.URL(0), n.URL))
+	l := newLedger()
+	var codes []string
+	for i := range 8 {
+		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/f%d", i), "")
+		codes = append(codes, code)
+		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
+			t.Fatalf("GET = %d %v", got, err)
+		}
+	}
+	stop := make(chan struct{})
+	wait := openLoop(l, in.URL, codes, 200, stop)
+	testenv.WaitFor(t, 30*time.Second, "traffic before the freeze", func() bool { return l.total() >= 200 })
+	r.Pause()
+	frozenAt := l.total()
+	testenv.WaitFor(t, 60*time.Second, "clicks recorded straight in JetStream while redis is frozen", func() bool {
+		return l.total() >= frozenAt+600 && metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`) >= 500
+	})
+	r.Resume()
+	viaOutbox := metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`)
+	testenv.WaitFor(t, 60*time.Second, "clicks in the outbox again after the thaw", func() bool {
+		return metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`) >= viaOutbox+200
+	})
+	close(stop)
+	wait()
+
+	served, _ := l.expectInCLICKSAnyOrder(t, n.JetStream(t))
+	p50, p99, top := l.latencies()
+	direct := metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`)
+	late := metric(t, in.URL, "snip_redirect_relay_late_dropped_total")
+	t.Logf("%d clicks served (%d straight to JetStream), %d refused; 302 latency p50 %s p99 %s max %s; %v late outbox entries dropped",
+		served, int(direct), l.refused, p50, p99, top, late)
+	if l.refused != 0 {
+		t.Fatalf("%d requests were not answered 302 while redis was frozen: %q", l.refused, l.why)
+	}
+	if top > 3*time.Second {
+		t.Fatalf("slowest 302 took %s; want it bounded by the outbox wait plus the ack (well under a client's 5 s timeout)", top)
+	}
+}
+
+// TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCounted:
+// with both stores failing (Redis frozen, NATS stopped) a redirect cannot
+// record its click, so it answers 503, and the writes it queued to Redis
+// land after the thaw. The relay must drop them: no request answered 503
+// has its click in CLICKS, and every click that got a 302 (before and
+// after) is there exactly once.
+func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCounted(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	n := testenv.StartNATS(t)
+	in := startInstance(t, testConfig(r.URL(0), n.URL))
+	l := newLedger()
+	var codes []string
+	for i := range 4 {
+		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/b%d", i), "")
+		codes = append(codes, code)
+		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
+			t.Fatalf("GET = %d %v", got, err)
+		}
+	}
+	stop := make(chan struct{})
+	wait := openLoop(l, in.URL, codes, 50, stop)
+	testenv.WaitFor(t, 30*time.Second, "traffic before the faults", func() bool { return l.total() >= 50 })
+	r.Pause()
+	n.Stop()
+	testenv.WaitFor(t, 60*time.Second, "503s while both stores are down", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.errored) >= 30
+	})
+	if got := metric(t, in.URL, "snip_redirect_clicks_unrecorded_total"); got < 30 {
+		t.Fatalf("clicks_unrecorded_total = %v, want at least 30", got)
+	}
+	n.Start()
+	r.Resume()
+	resumedAt := l.total()
+	testenv.WaitFor(t, 60*time.Second, "redirects after recovery", func() bool { return l.total() >= resumedAt+100 })
+	close(stop)
+	wait()
+
+	testenv.WaitFor(t, 60*time.Second, "the relay to drop the writes redis stored after the thaw", func() bool {
+		return metric(t, in.URL, "snip_redirect_relay_late_dropped_total") >= 1 &&
+			metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+	})
+	served, errored := l.expectInCLICKSAnyOrder(t, n.JetStream(t))
+	t.Logf("%d clicks served, %d requests answered with an error (none in CLICKS), %v late outbox entries dropped",
+		served, errored, metric(t, in.URL, "snip_redirect_relay_late_dropped_total"))
+}
+
+// BenchmarkRedisFreeze measures what docs/benchmarks.md reports: open-loop
+// redirects at SNIP_BENCH_RATE (default 1,000/s) on cached links, Redis
+// frozen (SIGSTOP) for SNIP_BENCH_FREEZE (default 20 s) after 5 s, then 5 s
+// after the thaw; the 302 latency before, during and after, and the clicks
+// lost and doubled (CLICKS against the ledger). Run it once:
+//
+//	go test -run '^$' -bench RedisFreeze -benchtime 1x .
+func BenchmarkRedisFreeze(b *testing.B) {
+	rate := envInt("SNIP_BENCH_RATE", 1000)
+	freeze := time.Duration(envInt("SNIP_BENCH_FREEZE", 20)) * time.Second
+	r := testenv.StartRedis(b)
+	n := testenv.StartNATS(b)
+	in := startInstance(b, testConfig(r.URL(0), n.URL))
+	l := newLedger()
+	var codes []string
+	for i := range 50 {
+		code := createLink(b, in.URL, fmt.Sprintf("https://example.com/z%d", i), "")
+		codes = append(codes, code)
+		if got, err := l.click(in.URL, code); got != http.StatusFound {
+			b.Fatalf("GET = %d %v", got, err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		stop := make(chan struct{})
+		wait := openLoop(l, in.URL, codes, rate, stop)
+		phase := func(name string, d time.Duration) {
+			l.takeLatencies()
+			time.Sleep(d) // a measured phase of fixed length, not a wait for a condition
+			lat := l.takeLatencies()
+			p50, p99, top := percentiles(lat)
+			b.Logf("%-14s %6d 302s  p50 %8s  p99 %8s  max %8s", name, len(lat), p50.Round(time.Microsecond), p99.Round(time.Microsecond), top.Round(time.Microsecond))
+		}
+		phase("before", 5*time.Second)
+		r.Pause()
+		phase("redis frozen", freeze)
+		r.Resume()
+		phase("after thaw", 5*time.Second)
+		close(stop)
+		wait()
+	}
+	b.StopTimer()
+	served, errored := l.expectInCLICKSAnyOrder(b, n.JetStream(b))
+	b.Logf("%d clicks served, %d refused (%d with an error status), %v straight to JetStream, %v late outbox entries dropped; lost 0, doubled 0 (checked)",
+		served, l.refused, errored, metric(b, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`),
+		metric(b, in.URL, "snip_redirect_relay_late_dropped_total"))
+}
+
+func envInt(name string, def int) int {
+	var v int
+	if _, err := fmt.Sscan(os.Getenv(name), &v); err != nil || v <= 0 {
+		return def
+	}
+	return v
+}
+
+// takeLatencies returns the latencies recorded since the last call.
+func (l *ledger) takeLatencies() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.lat
+	l.lat = nil
+	return out
+}
+
+func percentiles(lat []time.Duration) (p50, p99, top time.Duration) {
+	if len(lat) == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	return s[len(s)/2], s[len(s)*99/100], s[len(s)-1]
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/snipdev/snip/services/snipctl/internal/scenario"
+)
+
+// errScenarioFailed is returned when a scenario ran but a measurement missed
+// its prediction; main exits 1 for it.
+var errScenarioFailed = errors.New("measurements outside their tolerance")
+
+// cmdScenario runs the lessons as experiments on real components:
+//
+//	snipctl scenario list
+//	snipctl scenario run NAME [--speed X] [--json]
+func cmdScenario(ctx context.Context, env *Env, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("scenario: want list or run: %w", errUsage)
+	}
+	switch args[0] {
+	case "list":
+		if len(args) != 1 {
+			return fmt.Errorf("scenario list takes no arguments: %w", errUsage)
+		}
+		tw := tabwriter.NewWriter(env.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAME\tLESSON TIME\tNEEDS\tCLAIM")
+		for _, s := range scenario.All() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, s.Lesson, s.Needs, s.Claim)
+		}
+		return tw.Flush()
+	case "run":
+		return scenarioRun(ctx, env, args[1:])
+	default:
+		return fmt.Errorf("scenario %q: want list or run: %w", args[0], errUsage)
+	}
+}
+
+func scenarioRun(ctx context.Context, env *Env, args []string) error {
+	fs := flag.NewFlagSet("scenario run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	speed := fs.Float64("speed", 1, "time compression: rates x X, durations / X")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	// The name may come before or after the flags.
+	var name string
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		name, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("scenario run: %v: %w", err, errUsage)
+	}
+	if name == "" && fs.NArg() == 1 {
+		name = fs.Arg(0)
+	} else if fs.NArg() != 0 || name == "" {
+		return fmt.Errorf("scenario run: want one NAME (see snipctl scenario list): %w", errUsage)
+	}
+	s, err := scenario.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errUsage)
+	}
+	o := scenario.Options{Speed: *speed, Log: env.Log}
+	if !*asJSON {
+		fmt.Fprintf(env.Stdout, "%s: %s\n  lesson time %s, speed %g: about %s of real time\n",
+			s.Name, s.Claim, s.Lesson, *speed, scaled(s.Lesson.Seconds(), *speed))
+		o.Progress = env.Stdout
+	}
+	res, err := scenario.Run(ctx, s, o)
+	if err != nil {
+		if errors.Is(err, scenario.ErrBadSpeed) {
+			return fmt.Errorf("%w: %w", err, errUsage)
+		}
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(env.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	} else {
+		scenario.Print(env.Stdout, res)
+	}
+	if !res.Pass {
+		return fmt.Errorf("scenario %s: %w", s.Name, errScenarioFailed)
+	}
+	return nil
+}
+
+func scaled(lessonSeconds, speed float64) string {
+	if speed <= 0 {
+		speed = 1
+	}
+	return fmt.Sprintf("%.0fs plus start-up", lessonSeconds/speed)
+}

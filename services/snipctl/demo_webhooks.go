@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+)
+
+// demoWebhooksPath is the path of the demo's local webhook receiver; the
+// demo replaces any endpoint of an earlier run that points at it.
+const demoWebhooksPath = "/demo-webhooks"
+
+// joinWebhooks starts a local receiver that verifies each delivery with the
+// Standard Webhooks library and prints it, and registers it as the demo
+// owner's endpoint for clicks and fraud alerts. It returns a function that
+// stops the receiver (a no-op when the webhooks service is not running).
+func (d *demo) joinWebhooks(ctx context.Context, started []string) func() {
+	if !containsName(started, "webhooks") {
+		return func() {}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		d.logf("%-11s receiver: %v", "webhooks", err)
+		return func() {}
+	}
+	rcv := &demoReceiver{d: d}
+	srv := &http.Server{Handler: rcv, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	stop := func() { _ = srv.Close() }
+
+	api := "http://" + d.addr(7) + "/api/webhooks/endpoints"
+	d.removeOldDemoEndpoints(ctx, api)
+	url := "http://" + ln.Addr().String() + demoWebhooksPath
+	body, _ := json.Marshal(map[string]any{"url": url, "event_types": []string{"click", "fraud_alert"}, "batch_max": 50, "batch_wait_ms": 5000})
+	code, resp, err := httpPost(ctx, api, demoAPIKey, body)
+	if err != nil || code != http.StatusCreated {
+		d.logf("%-11s could not register the demo receiver: %d %s %v", "webhooks", code, resp, err)
+		return stop
+	}
+	var ep struct {
+		ID     string `json:"id"`
+		Secret string `json:"secret"`
+	}
+	if err := json.Unmarshal(resp, &ep); err != nil {
+		d.logf("%-11s endpoint answer: %v", "webhooks", err)
+		return stop
+	}
+	rcv.wh, err = standardwebhooks.NewWebhook(ep.Secret)
+	if err != nil {
+		d.logf("%-11s secret: %v", "webhooks", err)
+		return stop
+	}
+	d.logf("%-11s endpoint %s -> %s (verified and printed here, every 5 s)", "webhooks", ep.ID, url)
+	return stop
+}
+
+// removeOldDemoEndpoints deletes the demo receivers of earlier runs.
+func (d *demo) removeOldDemoEndpoints(ctx context.Context, api string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api, nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("Authorization", "Bearer "+demoAPIKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Endpoints []struct {
+			ID  string `json:"id"`
+			URL string `json:"url"`
+		} `json:"endpoints"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&list) != nil {
+		return
+	}
+	for _, e := range list.Endpoints {
+		if strings.HasPrefix(e.URL, "http://127.0.0.1:") && strings.HasSuffix(e.URL, demoWebhooksPath) {
+			del, err := http.NewRequestWithContext(ctx, http.MethodDelete, api+"/"+e.ID, nil)
+			if err != nil {
+				continue
+			}
+			del.Header.Set("Authorization", "Bearer "+demoAPIKey)
+			if r, err := http.DefaultClient.Do(del); err == nil {
+				r.Body.Close()
+			}
+		}
+	}
+}
+
+func containsName(names []string, n string) bool {
+	for _, s := range names {
+		if s == n {
+			return true
+		}
+	}
+	return false
+}
+
+// demoReceiver verifies and prints deliveries.
+type demoReceiver struct {
+	d  *demo
+	wh *standardwebhooks.Webhook
+}
+
+func (r *demoReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
+	if err != nil || r.wh == nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if err := r.wh.Verify(body, req.Header); err != nil {
+		r.d.logf("webhook    %s REJECTED: %v", req.Header.Get("webhook-id"), err)
+		w.WriteHeader(http.StatusUnauthorized)
+		return
+	}
+	var b struct {
+		Events []struct {
+			ID   string `json:"id"`
+			Type string `json:"type"`
+			Data struct {
+				Code string `json:"code"`
+				Rule string `json:"rule"`
+			} `json:"data"`
+		} `json:"events"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	counts := map[string]int{}
+	for _, e := range b.Events {
+		k := e.Type + " " + e.Data.Code
+		if e.Type == "fraud_alert" {
+			k = "fraud_alert " + e.Data.Rule + " on " + e.Data.Code
+		}
+		counts[k]++
+	}
+	parts := make([]string, 0, len(counts))
+	for k, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, k))
+	}
+	r.d.logf("webhook    verified %s: %s", short(req.Header.Get("webhook-id")), strings.Join(parts, ", "))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func short(id string) string {
+	if len(id) > 40 {
+		return id[:40] + "…"
+	}
+	return id
+}

@@ -1,0 +1,237 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/reader"
+)
+
+var backpressure = Scenario{
+	Name:   "backpressure",
+	Claim:  "producers at 1,000/s, readers at 800/s: the backlog grows 200/s; the oldest-unread age crosses its alarm long before the count looks alarming, and the age, not the count, tells a healthy queue from a stuck one",
+	Needs:  "nats",
+	Lesson: 40 * time.Second,
+	run:    runBackpressure,
+}
+
+const (
+	bpIn        = 1000.0 // events/s produced
+	bpOut       = 800.0  // events/s the group handles
+	bpSecs      = 30.0   // lesson seconds observed
+	bpAgeAlarm  = 5.0    // seconds: the age alarm
+	bpCountWarn = 10_000 // events: a count alarm as people usually set one
+)
+
+func runBackpressure(ctx context.Context, e *Env) error {
+	js, err := e.NATS(ctx, 4)
+	if err != nil {
+		return err
+	}
+	var handled atomic.Int64
+	lim := e.limiter(bpOut)
+	var assigned atomic.Int64
+	cfg := groupConfig("readers", "reader-1")
+	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
+	m, err := e.startMember(ctx, cfg, func(ctx context.Context, _ int, batch []reader.Event) error {
+		for len(batch) > 0 {
+			n := min(len(batch), lim.Burst())
+			if err := lim.WaitN(ctx, n); err != nil {
+				return err
+			}
+			handled.Add(int64(n))
+			batch = batch[n:]
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	defer m.stop()
+	if err := waitFor(ctx, 30*time.Second, "the readers to own every partition", func() (bool, error) { return assigned.Load() == 4, nil }); err != nil {
+		return err
+	}
+	pjs, err := e.Connect("producer")
+	if err != nil {
+		return err
+	}
+	// The console's two alarms, sampled every lesson second from the
+	// group's consumers (reader.Lag, as `snipctl lag` and the console do).
+	smp := e.newSampler(time.Second)
+	var ageAlarmAt, countAlarmAt float64
+	var countAtAgeAlarm float64
+	var handledHalf atomic.Int64
+	start := time.Now()
+	sctx, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	go smp.run(sctx, func() {
+		count, age := groupLag(ctx, js, "readers")
+		lessonAge := e.Lesson(age)
+		at := e.Lesson(time.Since(start))
+		smp.add("backlog", "events", count)
+		smp.add("oldest unread age", "s", lessonAge)
+		if ageAlarmAt == 0 && lessonAge >= bpAgeAlarm {
+			ageAlarmAt, countAtAgeAlarm = at, count
+		}
+		if countAlarmAt == 0 && count >= bpCountWarn {
+			countAlarmAt = at
+		}
+	})
+	e.say("producers at %g/s, readers at %g/s, for %g s", bpIn, bpOut, bpSecs)
+	total := int(bpIn * bpSecs)
+	links := codes(40)
+	_, err = emit(ctx, e.Rate(bpIn), e.Real(time.Duration(bpSecs*float64(time.Second))), func(i int) error {
+		if i == total/2 {
+			handledHalf.Store(handled.Load())
+		}
+		_, err := publishClick(pjs, newClick(links[i%len(links)], i))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	end := time.Now()
+	backlogEnd := float64(int64(total) - handled.Load())
+	stopSampling()
+	smp.flush()
+
+	out := e.LessonRate(float64(handledHalf.Load()) / e.Real(time.Duration(bpSecs/2*float64(time.Second))).Seconds())
+	e.atMost("readers' rate, first half (paced at 800)", "events/s", bpOut*1.05, out, "the pace is a ceiling; on a loaded machine the predictions below use the measured rate")
+	if out < bpOut*0.97 {
+		e.note("the readers ran at %.0f/s, not %.0f/s: the predictions use the measured rate", out, bpOut)
+	} else {
+		out = bpOut
+	}
+	growth := bpIn - out
+	measuredGrowth := backlogEnd / e.Lesson(end.Sub(start))
+	e.within("backlog growth", "events/s", growth, measuredGrowth, 0.2, 0, "arrivals minus handling; rates are timer-paced on a shared machine")
+	e.within("backlog after an hour (from the measured growth)", "events", growth*3600, measuredGrowth*3600, 0.2, 0, "the same growth, an hour long: not run, multiplied")
+	// FIFO: the oldest unread event at time t was produced at t*out/in,
+	// so its age is t*(1 - out/in).
+	predAge := bpAgeAlarm / (1 - out/bpIn)
+	e.within("age alarm (5 s) fires at", "s", predAge, ageAlarmAt, 0.4, 1, "age grows at 1 - out/in seconds per second; the reader acks per batch (up to 500 events of a partition), so the oldest unacked event can be up to a batch's handling time older")
+	e.within("backlog when the age alarm fires", "events", growth*predAge, countAtAgeAlarm, 0.4, 0, "the count looks small then")
+	countAt := bpCountWarn / growth
+	e.exact("age alarm fires before the count alarm (10,000)", "bool", 1, b2f(ageAlarmAt > 0 && (countAlarmAt == 0 || ageAlarmAt < countAlarmAt)), fmt.Sprintf("the count reaches 10,000 only at %.0f s", countAt))
+
+	// Part two, in real time at any speed: a big queue that drains fast and
+	// a small one that does not move.
+	e.say("a queue of 10,000 with a working reader, a queue of 100 with a stuck one")
+	healthyMax, healthyDrain, stuckAge, err := healthyVsStuck(ctx, e, js)
+	if err != nil {
+		return err
+	}
+	e.info("healthy queue of 10,000: drain time (real s)", "s", 2, healthyDrain.Seconds(), "how fast this machine's reader runs; the lesson's reader does 5,000/s")
+	e.note("a count alarm at 10,000 fires on the healthy queue (10,000 waiting) and never on the stuck one (100)")
+	e.info("healthy queue: oldest unread age at most (real s)", "s", 2, healthyMax.Seconds(), "about its drain time: under the 5 s age alarm wherever the reader drains 10,000 in under 5 s")
+	e.atLeast("stuck queue of 100: oldest unread age after 10 s (real s)", "s", bpAgeAlarm, stuckAge.Seconds(), "the age alarm fires; a count alarm at 10,000 never would")
+	e.exact("the stuck queue's age passes the healthy queue's worst", "bool", 1, b2f(stuckAge > healthyMax), "age tells them apart; the count (100 against 10,000) says the opposite")
+	return nil
+}
+
+// groupLag sums a group's unhandled events and returns the oldest one's age.
+func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float64, time.Duration) {
+	lag, err := reader.Lag(ctx, js, group)
+	if err != nil {
+		return 0, 0
+	}
+	var n float64
+	var oldest time.Time
+	for _, l := range lag {
+		n += float64(l.Pending) + float64(l.AckPending)
+		if !l.OldestUnprocessed.IsZero() && (oldest.IsZero() || l.OldestUnprocessed.Before(oldest)) {
+			oldest = l.OldestUnprocessed
+		}
+	}
+	if oldest.IsZero() {
+		return n, 0
+	}
+	return n, time.Since(oldest)
+}
+
+// healthyVsStuck fills two groups' view of CLICKS: 10,000 events for a
+// working reader and then 100 for one that never reads. Both groups start at
+// new events, so each sees only its own queue.
+func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (healthyMaxAge, healthyDrain, stuckAge time.Duration, err error) {
+	var done atomic.Int64
+	var assigned atomic.Int64
+	cfg := groupConfig("healthy", "healthy-1")
+	cfg.Start = reader.StartAtNew()
+	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
+	m, err := e.startMember(ctx, cfg, func(_ context.Context, _ int, batch []reader.Event) error {
+		done.Add(int64(len(batch)))
+		return nil
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer m.stop()
+	if err := waitFor(ctx, 30*time.Second, "the healthy reader", func() (bool, error) { return assigned.Load() == 4, nil }); err != nil {
+		return 0, 0, 0, err
+	}
+	pjs, err := e.Connect("queues")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	links := codes(40)
+	start := time.Now()
+	for i := range 10_000 {
+		if _, err := publishClick(pjs, newClick(links[i%len(links)], i)); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	if err := waitPublished(ctx, pjs); err != nil {
+		return 0, 0, 0, err
+	}
+	err = waitFor(ctx, 60*time.Second, "the healthy queue to drain", func() (bool, error) {
+		_, age := groupLag(ctx, js, "healthy")
+		healthyMaxAge = max(healthyMaxAge, age)
+		return done.Load() >= 10_000, nil
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	healthyDrain = time.Since(start)
+	// The stuck reader: its group exists (created at new events), then 100
+	// events arrive and nobody reads them.
+	scfg := groupConfig("stuck", "stuck-1")
+	scfg.Start = reader.StartAtNew()
+	var sassigned atomic.Int64
+	scfg.OnAssign = func(context.Context, int, uint64) error { sassigned.Add(1); return nil }
+	block := make(chan struct{})
+	sm, err := e.startMember(ctx, scfg, func(ctx context.Context, _ int, _ []reader.Event) error {
+		select { // a handler that hangs on a dependency
+		case <-block:
+		case <-ctx.Done():
+		}
+		return context.Canceled
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer func() { close(block); sm.stop() }()
+	if err := waitFor(ctx, 30*time.Second, "the stuck reader", func() (bool, error) { return sassigned.Load() == 4, nil }); err != nil {
+		return 0, 0, 0, err
+	}
+	for i := range 100 {
+		if _, err := publishClick(pjs, newClick(links[i%len(links)], 10_000+i)); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	if err := waitPublished(ctx, pjs); err != nil {
+		return 0, 0, 0, err
+	}
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return 0, 0, 0, ctx.Err()
+	case <-t.C:
+	}
+	_, stuckAge = groupLag(ctx, js, "stuck")
+	return healthyMaxAge, healthyDrain, stuckAge, nil
+}

@@ -1,0 +1,321 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Env is what a scenario runs in: its speed, its servers (started on first
+// use, stopped when the run ends) and the result it fills in.
+type Env struct {
+	speed    float64
+	progress io.Writer
+	log      *slog.Logger
+	res      *Result
+
+	mu      sync.Mutex
+	dir     string
+	srv     *server.Server
+	url     string
+	conns   []*nats.Conn
+	redis   *testenv.RedisServer
+	clients []*redis.Client
+}
+
+// Real converts a lesson-time duration into the real duration at this speed.
+func (e *Env) Real(lesson time.Duration) time.Duration {
+	return time.Duration(float64(lesson) / e.speed)
+}
+
+// Rate converts a lesson-time rate (per second) into the real rate.
+func (e *Env) Rate(perSecond float64) float64 { return perSecond * e.speed }
+
+// Lesson converts a measured real duration into lesson seconds.
+func (e *Env) Lesson(real time.Duration) float64 { return real.Seconds() * e.speed }
+
+// LessonRate converts a measured real rate into a lesson-time rate.
+func (e *Env) LessonRate(perSecond float64) float64 { return perSecond / e.speed }
+
+func (e *Env) say(format string, a ...any) {
+	if e.progress != nil {
+		fmt.Fprintf(e.progress, "  · "+format+"\n", a...)
+	}
+}
+
+func (e *Env) note(format string, a ...any) {
+	e.res.Notes = append(e.res.Notes, fmt.Sprintf(format, a...))
+}
+
+func (e *Env) tempDir() (string, error) {
+	if e.dir != "" {
+		return e.dir, nil
+	}
+	d, err := os.MkdirTemp("", "snip-scenario-")
+	if err != nil {
+		return "", fmt.Errorf("temp dir: %w", err)
+	}
+	e.dir = d
+	return d, nil
+}
+
+// NATS starts the embedded nats-server (once), applies Snip's topology with
+// the given CLICKS partition count, and returns a JetStream client on a new
+// connection named name.
+func (e *Env) NATS(ctx context.Context, partitions int) (jetstream.JetStream, error) {
+	e.mu.Lock()
+	if e.srv == nil {
+		dir, err := e.tempDir()
+		if err != nil {
+			e.mu.Unlock()
+			return nil, err
+		}
+		port, err := testenv.FreePort()
+		if err != nil {
+			e.mu.Unlock()
+			return nil, err
+		}
+		srv, err := testenv.RunNATSServer(testenv.NATSOptions(port, filepath.Join(dir, "jetstream")))
+		if err != nil {
+			e.mu.Unlock()
+			return nil, err
+		}
+		e.srv, e.url = srv, srv.ClientURL()
+		e.mu.Unlock()
+		js, err := e.Connect("topology")
+		if err != nil {
+			return nil, err
+		}
+		o := topology.Defaults()
+		o.Partitions = partitions
+		// Memory storage: the lessons are about flow, not disks, and the
+		// machine is shared; every other setting is production's.
+		o.Storage = jetstream.MemoryStorage
+		if err := topology.Apply(ctx, js, o); err != nil {
+			return nil, err
+		}
+		return js, nil
+	}
+	e.mu.Unlock()
+	return e.Connect("scenario")
+}
+
+// Connect opens another connection to the scenario's NATS server, as a
+// separate process would.
+func (e *Env) Connect(name string) (jetstream.JetStream, error) {
+	nc, err := e.Conn(name)
+	if err != nil {
+		return nil, err
+	}
+	return jetstream.New(nc)
+}
+
+// Conn opens another core NATS connection.
+func (e *Env) Conn(name string) (*nats.Conn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.srv == nil {
+		return nil, fmt.Errorf("connect %s: nats not started", name)
+	}
+	nc, err := nats.Connect(e.url, nats.Name("scenario-"+name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", name, err)
+	}
+	e.conns = append(e.conns, nc)
+	return nc, nil
+}
+
+// Redis starts a redis-server (once) the way the tests do and returns a
+// client on a fresh database.
+func (e *Env) Redis(ctx context.Context) (*redis.Client, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.redis == nil {
+		dir, err := e.tempDir()
+		if err != nil {
+			return nil, err
+		}
+		d := filepath.Join(dir, "redis")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("redis dir: %w", err)
+		}
+		if e.redis, err = testenv.NewRedisServer(d); err != nil {
+			return nil, err
+		}
+	}
+	c := redis.NewClient(&redis.Options{Addr: e.redis.Addr, DB: len(e.clients)})
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("redis flush: %w", err)
+	}
+	e.clients = append(e.clients, c)
+	return c, nil
+}
+
+func (e *Env) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.clients {
+		c.Close()
+	}
+	for _, nc := range e.conns {
+		nc.Close()
+	}
+	if e.srv != nil {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+	}
+	if e.redis != nil {
+		e.redis.Close()
+	}
+	if e.dir != "" {
+		os.RemoveAll(e.dir)
+	}
+}
+
+// Checks. Each records a row of the table; the run passes when all are OK.
+
+// within: |measured - predicted| <= rel x |predicted| (+ abs, for predictions
+// near zero).
+func (e *Env) within(name, unit string, predicted, measured, rel, abs float64, why string) {
+	ok := math.Abs(measured-predicted) <= rel*math.Abs(predicted)+abs
+	tol := fmt.Sprintf("±%.0f%%", rel*100)
+	switch {
+	case rel == 0:
+		tol = fmt.Sprintf("±%g", abs)
+	case abs > 0:
+		tol += fmt.Sprintf(" ±%g", abs)
+	}
+	e.res.Checks = append(e.res.Checks, Check{Name: name, Unit: unit, Predicted: predicted, Measured: measured, Tolerance: tol, Why: why, OK: ok})
+}
+
+// exact: measured == predicted.
+func (e *Env) exact(name, unit string, predicted, measured float64, why string) {
+	e.res.Checks = append(e.res.Checks, Check{Name: name, Unit: unit, Predicted: predicted, Measured: measured, Tolerance: "exact", Why: why, OK: measured == predicted})
+}
+
+// atMost: measured <= limit (the prediction is the limit).
+func (e *Env) atMost(name, unit string, limit, measured float64, why string) {
+	e.res.Checks = append(e.res.Checks, Check{Name: name, Unit: unit, Predicted: limit, Measured: measured, Tolerance: "≤", Why: why, OK: measured <= limit})
+}
+
+// atLeast: measured >= limit.
+func (e *Env) atLeast(name, unit string, limit, measured float64, why string) {
+	e.res.Checks = append(e.res.Checks, Check{Name: name, Unit: unit, Predicted: limit, Measured: measured, Tolerance: "≥", Why: why, OK: measured >= limit})
+}
+
+// sampler records series at a fixed lesson-time step.
+type sampler struct {
+	e     *Env
+	step  time.Duration // lesson time
+	names []string
+	units map[string]string
+	vals  map[string][]float64
+	mu    sync.Mutex
+}
+
+func (e *Env) newSampler(step time.Duration) *sampler {
+	return &sampler{e: e, step: step, units: map[string]string{}, vals: map[string][]float64{}}
+}
+
+// add appends one sample of series name.
+func (s *sampler) add(name, unit string, v float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.vals[name]; !ok {
+		s.names = append(s.names, name)
+		s.units[name] = unit
+	}
+	s.vals[name] = append(s.vals[name], v)
+}
+
+// run calls tick every step (real: step/speed) until ctx ends.
+func (s *sampler) run(ctx context.Context, tick func()) {
+	t := time.NewTicker(s.e.Real(s.step))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			tick()
+		}
+	}
+}
+
+// flush moves the series into the result.
+func (s *sampler) flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.names {
+		s.e.res.Series = append(s.e.res.Series, Series{Name: n, Unit: s.units[n], Step: s.step.Seconds(), Values: s.vals[n]})
+	}
+}
+
+// emit calls fn(i) for events i = 0, 1, ... at rate per real second for
+// real duration d: every 5 ms it sends whatever is due by then (an open
+// model: a slow fn does not lower the offered rate, it sends a burst after).
+// It returns how many it sent.
+func emit(ctx context.Context, rate float64, d time.Duration, fn func(i int) error) (int, error) {
+	total := int(math.Round(rate * d.Seconds()))
+	start := time.Now()
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	sent := 0
+	for sent < total {
+		due := min(total, int(time.Since(start).Seconds()*rate)+1)
+		for ; sent < due; sent++ {
+			if err := fn(sent); err != nil {
+				return sent, err
+			}
+		}
+		if sent >= total {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return sent, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return sent, nil
+}
+
+// waitFor polls cond every 10 ms until it is true, ctx ends or timeout
+// (real time) passes.
+func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("wait for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("wait for %s: not after %s", what, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

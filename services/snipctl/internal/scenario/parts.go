@@ -1,0 +1,182 @@
+package scenario
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// The parts the scenarios are built from: real clicks, published the way the
+// redirect service's relay publishes them, read by pkg/reader groups.
+
+const owner = "lesson"
+
+// newClick is the i-th click of a link; RequestID carries i so readers can
+// check order per link.
+func newClick(code string, i int) events.Click {
+	return events.Click{
+		V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(),
+		Code: code, Owner: owner, Target: "https://example.com/" + code,
+		Visitor: "v", RequestID: strconv.Itoa(i),
+	}
+}
+
+// indexOf returns the i a click was built with.
+func indexOf(c events.Click) int {
+	i, _ := strconv.Atoi(c.RequestID)
+	return i
+}
+
+// publishClick publishes c to CLICKS asynchronously with its ID as
+// Nats-Msg-Id, as the outbox relay does.
+func publishClick(js jetstream.JetStream, c events.Click) (jetstream.PubAckFuture, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("encode click: %w", err)
+	}
+	// A producer that runs ahead of the acks waits for room rather than
+	// failing: the scenarios measure flow, not the client's window.
+	f, err := js.PublishAsync(events.ClickSubject(c.Owner, c.Code), b, jetstream.WithMsgID(c.ID), jetstream.WithStallWait(30*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("publish click: %w", err)
+	}
+	return f, nil
+}
+
+// waitPublished waits for every outstanding async publish of js.
+func waitPublished(ctx context.Context, js jetstream.JetStream) error {
+	select {
+	case <-js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("publish acks did not arrive within 60s")
+	}
+}
+
+// codes returns n link codes.
+func codes(n int) []string {
+	c := make([]string, n)
+	for i := range c {
+		c[i] = "link" + strconv.Itoa(i)
+	}
+	return c
+}
+
+// member is one running pkg/reader group member.
+type member struct {
+	name   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// stop leaves the group gracefully and waits for Run to return.
+func (m *member) stop() error {
+	m.cancel()
+	return <-m.done
+}
+
+// groupConfig is a member's configuration: production defaults, with a short
+// lease and linger so the lessons do not wait on timers meant for hosts that
+// come and go. The lease is at JetStream's one-second minimum at every speed.
+func groupConfig(group, name string) reader.Config {
+	return reader.Config{
+		Group:        group,
+		Member:       name,
+		LeaseTTL:     time.Second,
+		AckWait:      10 * time.Second,
+		Linger:       20 * time.Millisecond,
+		DrainTimeout: 10 * time.Second,
+		Start:        reader.StartAtOldest(),
+	}
+}
+
+// startMember runs reader.Run on its own connection, as a separate process
+// would.
+func (e *Env) startMember(ctx context.Context, cfg reader.Config, h reader.Handler) (*member, error) {
+	js, err := e.Connect(cfg.Group + "-" + cfg.Member)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	m := &member{name: cfg.Member, cancel: cancel, done: make(chan error, 1)}
+	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()
+	return m, nil
+}
+
+// limiter paces work at a lesson-time rate, converted to real time. Its
+// burst is 50 ms of work, so coarse sleeps do not lower the average rate.
+func (e *Env) limiter(perSecond float64) *rate.Limiter {
+	r := e.Rate(perSecond)
+	return rate.NewLimiter(rate.Limit(r), max(1, int(r/20)))
+}
+
+// tally counts handled events per link and checks their order: a click of a
+// link is out of order when its index is lower than one handled before it.
+type tally struct {
+	mu       sync.Mutex
+	seen     map[string]int // handlings per event ID
+	last     map[string]int // highest index handled per link
+	handled  int
+	dups     int
+	disorder int
+	byMember map[string]int
+}
+
+func newTally() *tally {
+	return &tally{seen: map[string]int{}, last: map[string]int{}, byMember: map[string]int{}}
+}
+
+func (t *tally) add(memberName string, c events.Click) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.seen[c.ID]++
+	if t.seen[c.ID] > 1 {
+		t.dups++
+		return
+	}
+	t.handled++
+	t.byMember[memberName]++
+	i := indexOf(c)
+	if l, ok := t.last[c.Code]; ok && i < l {
+		t.disorder++
+	}
+	t.last[c.Code] = max(t.last[c.Code], i)
+}
+
+func (t *tally) counts() (handled, dups, disorder int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.handled, t.dups, t.disorder
+}
+
+// waitMembers waits until group has n live members: n heartbeat leases in
+// the members bucket, the view every member computes its partitions from.
+func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n int) error {
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return fmt.Errorf("members bucket: %w", err)
+	}
+	return waitFor(ctx, 60*time.Second, fmt.Sprintf("%d members in group %s", n, group), func() (bool, error) {
+		keys, err := kv.ListKeysFiltered(ctx, group+".members.>")
+		if err != nil {
+			return false, err
+		}
+		have := 0
+		for range keys.Keys() {
+			have++
+		}
+		return have == n, nil
+	})
+}

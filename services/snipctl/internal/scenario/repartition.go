@@ -1,0 +1,162 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+var repartition = Scenario{
+	Name:   "repartition",
+	Claim:  "changing the partition count moves most keys to another partition, and a key's old and new events are then read out of order; Snip refuses the change",
+	Needs:  "nats",
+	Lesson: 4 * time.Second,
+	run:    runRepartition,
+}
+
+const (
+	repFrom      = 8
+	repTo        = 12
+	repKeys      = 120
+	repPerKey    = 20    // events per key before and after the change
+	repPartition = 500.0 // events/s one partition's worker handles
+)
+
+func runRepartition(ctx context.Context, e *Env) error {
+	js, err := e.NATS(ctx, repFrom)
+	if err != nil {
+		return err
+	}
+	links := codes(repKeys)
+
+	// The arithmetic: a key moves when hash mod 8 differs from hash mod 12.
+	moved, toNew := 0, 0
+	for _, c := range links {
+		a, b := events.Partition(c, repFrom), events.Partition(c, repTo)
+		if a != b {
+			moved++
+		}
+		if b >= repFrom {
+			toNew++
+		}
+	}
+
+	// Snip's way: topology.Apply refuses to change the count of an existing
+	// CLICKS (every service applies the topology at start).
+	o := topology.Defaults()
+	o.Partitions = repTo
+	o.Storage = jetstream.MemoryStorage
+	refused := errors.Is(topology.Apply(ctx, js, o), topology.ErrPartitionsChanged)
+	e.exact("Snip: topology.Apply with 12 partitions on an 8-partition CLICKS is refused", "bool", 1, b2f(refused), "ErrPartitionsChanged: a count change would break order per link")
+
+	// The naive way: events before the change, the stream's transform
+	// edited to 12 partitions, events after it.
+	e.say("%d links x %d events in %d partitions, then the count goes to %d, then %d more each", repKeys, repPerKey, repFrom, repTo, repPerKey)
+	pjs, err := e.Connect("producer")
+	if err != nil {
+		return err
+	}
+	publish := func(from int) error {
+		for i := from; i < from+repPerKey; i++ {
+			for _, c := range links {
+				if _, err := publishClick(pjs, newClick(c, i)); err != nil {
+					return err
+				}
+			}
+		}
+		return waitPublished(ctx, pjs)
+	}
+	if err := publish(0); err != nil {
+		return err
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return fmt.Errorf("clicks stream: %w", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("clicks stream info: %w", err)
+	}
+	cfg := info.Config
+	cfg.SubjectTransform.Destination = events.ClicksTransformDest(repTo)
+	cfg.Metadata["snip.partitions"] = strconv.Itoa(repTo)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("change the partition count: %w", err)
+	}
+	if err := publish(repPerKey); err != nil {
+		return err
+	}
+
+	// A group reading all 12 partitions, each partition's worker at 500/s.
+	var mu sync.Mutex
+	lims := map[int]interface{ Wait(context.Context) error }{}
+	seenPart := map[string]map[int]bool{} // link -> partitions its events were read from
+	last := map[string]int{}
+	disordered := map[string]bool{}
+	handled := 0
+	rcfg := groupConfig("naive", "naive-1")
+	rcfg.Partitions = repTo
+	m, err := e.startMember(ctx, rcfg, func(ctx context.Context, p int, batch []reader.Event) error {
+		mu.Lock()
+		lim, ok := lims[p]
+		if !ok {
+			lim = e.limiter(repPartition)
+			lims[p] = lim
+		}
+		mu.Unlock()
+		for _, ev := range batch {
+			if err := lim.Wait(ctx); err != nil {
+				return err
+			}
+			mu.Lock()
+			c := ev.Click.Code
+			if seenPart[c] == nil {
+				seenPart[c] = map[int]bool{}
+			}
+			seenPart[c][p] = true
+			i := indexOf(ev.Click)
+			if l, ok := last[c]; ok && i < l {
+				disordered[c] = true
+			}
+			last[c] = max(last[c], i)
+			handled++
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	defer m.stop()
+	if err := waitFor(ctx, 60*time.Second, "every event to be read", func() (bool, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return handled >= 2*repKeys*repPerKey, nil
+	}); err != nil {
+		return err
+	}
+	mu.Lock()
+	movedSeen := 0
+	for _, ps := range seenPart {
+		if len(ps) > 1 {
+			movedSeen++
+		}
+	}
+	outOfOrder := len(disordered)
+	mu.Unlock()
+	e.exact("links whose events are now in two partitions", "links", float64(moved), float64(movedSeen), "hash mod 8 != hash mod 12: about 2/3 of all links")
+	e.atLeast("links read out of order", "links", float64(toNew), float64(outOfOrder),
+		"at least every link moved to a new partition (8..11): its new events sit at the front of an empty partition, its old ones behind a backlog")
+	e.note("%d of %d links moved (%.0f%%); %d of them to partitions 8..11 that had no backlog", moved, repKeys, 100*float64(moved)/repKeys, toNew)
+	e.note("to grow, Snip would create a new stream with more partitions, have every group drain the old one, then switch producers (see docs/lessons.md)")
+	return nil
+}

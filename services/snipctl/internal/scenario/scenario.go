@@ -1,0 +1,167 @@
+// Package scenario runs Snip's messaging lessons as experiments: each
+// scenario starts real components (an embedded nats-server, a redis-server
+// where it needs one), runs the naive design next to Snip's where the idea has
+// one, and compares what it measured with what the lesson predicts.
+//
+// Scenarios reuse Snip's own packages (pkg/reader consumer groups,
+// pkg/topology's stream and consumer declarations, pkg/deadletter, pkg/events
+// partitioning), so what a scenario teaches is what runs in production.
+//
+// # Speed
+//
+// Every scenario is written in "lesson time": rates in events per second and
+// durations in seconds, as the lesson states them. Speed X multiplies every
+// rate by X and divides every duration by X, so counts (rate x duration),
+// ratios and orderings are unchanged. Measured rates are divided by X and
+// measured durations multiplied by X before they are compared, so the
+// predicted column is the same at every speed. Server-side timers that a
+// scenario sets itself (ack waits, backoff schedules) are scaled too; timers
+// that the production code fixes (a reader's one-second lease granularity)
+// are not, and the scenarios that meet one say so.
+package scenario
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sort"
+	"time"
+)
+
+// ErrUnknown is returned for a scenario name that is not in the list.
+var ErrUnknown = errors.New("unknown scenario")
+
+// ErrBadSpeed is returned for a speed outside [MinSpeed, MaxSpeed].
+var ErrBadSpeed = errors.New("speed out of range")
+
+// Speed bounds. Above MaxSpeed the rates of the busier scenarios exceed what
+// one small machine can publish and consume while measuring itself.
+const (
+	MinSpeed = 0.1
+	MaxSpeed = 20.0
+)
+
+// Scenario is one runnable lesson.
+type Scenario struct {
+	// Name is what `snipctl scenario run NAME` takes.
+	Name string
+	// Claim is the lesson in one sentence.
+	Claim string
+	// Needs lists the servers it starts, for the list command.
+	Needs string
+	// Lesson is the scenario's nominal length in lesson time.
+	Lesson time.Duration
+	run    func(ctx context.Context, e *Env) error
+}
+
+// All returns every scenario, in the order of the lessons.
+func All() []Scenario {
+	return []Scenario{
+		kitchen, rush, thursday, sixOfTen, poison, crashPoints, outbox, hotPartition, repartition, backpressure,
+	}
+}
+
+// Lookup finds a scenario by name.
+func Lookup(name string) (Scenario, error) {
+	for _, s := range All() {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	names := make([]string, 0, 10)
+	for _, s := range All() {
+		names = append(names, s.Name)
+	}
+	return Scenario{}, fmt.Errorf("%w %q (have: %v)", ErrUnknown, name, names)
+}
+
+// Options configure a run.
+type Options struct {
+	// Speed compresses time (see the package doc); 1 is lesson time.
+	Speed float64
+	// Progress, if set, receives a line per phase while the scenario runs.
+	Progress io.Writer
+	// Log receives the components' logs (default: discard).
+	Log *slog.Logger
+}
+
+// Run runs one scenario and returns its result. The result's Pass says
+// whether every measurement was within its tolerance; an error means the
+// scenario could not run at all.
+func Run(ctx context.Context, s Scenario, o Options) (*Result, error) {
+	if o.Speed == 0 {
+		o.Speed = 1
+	}
+	if math.IsNaN(o.Speed) || o.Speed < MinSpeed || o.Speed > MaxSpeed {
+		return nil, fmt.Errorf("speed %g, want %g..%g: %w", o.Speed, MinSpeed, MaxSpeed, ErrBadSpeed)
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	e := &Env{speed: o.Speed, progress: o.Progress, log: o.Log, res: &Result{Scenario: s.Name, Claim: s.Claim, Speed: o.Speed}}
+	defer e.close()
+	start := time.Now()
+	if err := s.run(ctx, e); err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
+	}
+	e.res.Wall = time.Since(start).Round(time.Millisecond).String()
+	e.res.Pass = true
+	for _, c := range e.res.Checks {
+		if !c.OK {
+			e.res.Pass = false
+		}
+	}
+	return e.res, nil
+}
+
+// Result is what a run measured.
+type Result struct {
+	Scenario string   `json:"scenario"`
+	Claim    string   `json:"claim"`
+	Speed    float64  `json:"speed"`
+	Checks   []Check  `json:"checks"`
+	Series   []Series `json:"series,omitempty"`
+	Notes    []string `json:"notes,omitempty"`
+	// Pass is true when every check is within its tolerance.
+	Pass bool `json:"pass"`
+	// Wall is how long the run took in real time.
+	Wall string `json:"wall"`
+}
+
+// Check is one predicted-vs-measured row.
+type Check struct {
+	Name      string  `json:"name"`
+	Unit      string  `json:"unit,omitempty"`
+	Predicted float64 `json:"predicted"`
+	Measured  float64 `json:"measured"`
+	// Tolerance says how far Measured may be from Predicted, in words
+	// ("±20%", "exact", "≤ 3"), and why in Why.
+	Tolerance string `json:"tolerance"`
+	Why       string `json:"why,omitempty"`
+	OK        bool   `json:"ok"`
+}
+
+// Series is a quantity sampled over lesson time, for the chart.
+type Series struct {
+	Name string `json:"name"`
+	Unit string `json:"unit,omitempty"`
+	// Step is the lesson time between samples, in seconds.
+	Step   float64   `json:"step_s"`
+	Values []float64 `json:"values"`
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	k := make([]string, 0, len(m))
+	for n := range m {
+		k = append(k, n)
+	}
+	sort.Strings(k)
+	return k
+}

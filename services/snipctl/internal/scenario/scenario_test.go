@@ -1,0 +1,84 @@
+package scenario
+
+import (
+	"bytes"
+	"testing"
+)
+
+// runAt runs a scenario at a high speed and fails the test when a
+// measurement is outside its tolerance. Each scenario states its tolerances
+// and why next to its checks; the test asserts the same table a user sees.
+func runAt(t *testing.T, name string, speed float64) *Result {
+	t.Helper()
+	s, err := Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(t.Context(), s, Options{Speed: speed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	Print(&out, res)
+	if !res.Pass {
+		t.Fatalf("%s at speed %g:\n%s", name, speed, out.String())
+	}
+	if len(res.Checks) == 0 {
+		t.Fatalf("%s measured nothing", name)
+	}
+	t.Log("\n" + out.String())
+	return res
+}
+
+func TestKitchen(t *testing.T) {
+	t.Parallel()
+	runAt(t, "kitchen", 4)
+}
+
+func TestRush(t *testing.T) {
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
+	runAt(t, "rush", 2)
+}
+
+func TestSixOfTen(t *testing.T) {
+	t.Parallel()
+	runAt(t, "six-of-ten", 4)
+}
+
+func TestPoison(t *testing.T) {
+	t.Parallel()
+	runAt(t, "poison", 4)
+}
+
+func TestBackpressure(t *testing.T) {
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
+	runAt(t, "backpressure", 3)
+}
+
+func TestHotPartition(t *testing.T) {
+	// Not parallel: its numbers are rates, and the other scenarios would
+	// take the CPU it measures. The parallel tests start after it.
+	runAt(t, "hot-partition", 4)
+}
+
+func TestRepartition(t *testing.T) {
+	t.Parallel()
+	runAt(t, "repartition", 2)
+}
+
+func TestCrashPoints(t *testing.T) {
+	t.Parallel()
+	runAt(t, "crash-points", 4)
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	runAt(t, "outbox", 4)
+}
+
+func TestThursday(t *testing.T) {
+	t.Parallel()
+	runAt(t, "thursday", 4)
+}

@@ -1,0 +1,236 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/netguard"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// ErrBusy: too many replays are waiting; try again later.
+var ErrBusy = errors.New("too many replays in progress")
+
+// Admin is what the owner API does with endpoints.
+type Admin struct {
+	Store    *redisstore.Store
+	Client   *Client
+	Dialer   *netguard.Dialer
+	Rules    endpoint.Rules
+	Replayer *Replayer
+	Intake   *Intake
+	// RotationOverlap is how long the old secret keeps signing after a rotation.
+	RotationOverlap time.Duration
+	// MaxPerOwner bounds an owner's endpoints (each costs a queue and a
+	// sender).
+	MaxPerOwner int
+}
+
+// Status is an endpoint as its owner sees it: configuration (the secrets
+// only when asked), status and backlog.
+type Status struct {
+	endpoint.Endpoint
+	Status       string    `json:"status"`
+	Backlog      int64     `json:"backlog"`
+	OldestQueued time.Time `json:"oldest_queued,omitzero"`
+	FailingSince time.Time `json:"failing_since,omitzero"`
+	LastError    string    `json:"last_error,omitempty"`
+}
+
+func (a *Admin) status(ctx context.Context, e endpoint.Endpoint, st redisstore.State, secrets bool) (Status, error) {
+	n, oldest, err := a.Store.Backlog(ctx, e.ID)
+	if err != nil {
+		return Status{}, err
+	}
+	if !secrets {
+		e.Secret, e.OldSecret = "", ""
+	}
+	return Status{Endpoint: e, Status: e.Status(), Backlog: n, OldestQueued: oldest,
+		FailingSince: st.FailingSince, LastError: st.LastError}, nil
+}
+
+// Create validates and stores a new endpoint. Its host must resolve to
+// addresses the SSRF guard allows now (and it is checked again at every
+// connection).
+func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (Status, error) {
+	e, err := endpoint.New(owner, r, a.Rules, time.Now())
+	if err != nil {
+		return Status{}, err
+	}
+	if err := a.checkHost(ctx, e.URL); err != nil {
+		return Status{}, err
+	}
+	have, err := a.Store.List(ctx, owner)
+	if err != nil {
+		return Status{}, err
+	}
+	if len(have) >= a.MaxPerOwner {
+		return Status{}, fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
+	}
+	if err := a.Store.Put(ctx, e); err != nil {
+		return Status{}, err
+	}
+	return a.status(ctx, e, redisstore.State{}, true)
+}
+
+func (a *Admin) checkHost(ctx context.Context, raw string) error {
+	u, err := endpoint.CheckURL(raw, a.Rules.HTTPHosts)
+	if err != nil {
+		return err
+	}
+	if err := a.Dialer.CheckHost(ctx, u.Hostname()); err != nil {
+		if errors.Is(err, netguard.ErrRefused) || errors.Is(err, netguard.ErrNoSuchHost) {
+			return fmt.Errorf("url: %v: %w", err, endpoint.ErrInvalid)
+		}
+		return err
+	}
+	return nil
+}
+
+// List returns the owner's endpoints, without secrets.
+func (a *Admin) List(ctx context.Context, owner string) ([]Status, error) {
+	eps, err := a.Store.List(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Status, 0, len(eps))
+	for _, e := range eps {
+		_, st, err := a.Store.Get(ctx, e.ID)
+		if err != nil {
+			continue
+		}
+		s, err := a.status(ctx, e, st, false)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Get returns one of the owner's endpoints, without secrets.
+func (a *Admin) Get(ctx context.Context, owner, id string) (Status, error) {
+	e, st, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return Status{}, err
+	}
+	return a.status(ctx, e, st, false)
+}
+
+// Delete removes one of the owner's endpoints and its queue.
+func (a *Admin) Delete(ctx context.Context, owner, id string) error {
+	e, _, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	return a.Store.Delete(ctx, e)
+}
+
+// SetPaused pauses or resumes an endpoint. Resuming also re-enables a
+// disabled endpoint and starts its retries afresh.
+func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (Status, error) {
+	e, st, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return Status{}, err
+	}
+	e.Paused = paused
+	if !paused {
+		e.DisabledAt, e.DisabledReason = time.Time{}, ""
+		st = redisstore.State{}
+		if err := a.Store.SetState(ctx, id, st); err != nil {
+			return Status{}, err
+		}
+	}
+	if err := a.Store.Put(ctx, e); err != nil {
+		return Status{}, err
+	}
+	return a.status(ctx, e, st, false)
+}
+
+// Rotate gives the endpoint a new secret; both sign for RotationOverlap.
+func (a *Admin) Rotate(ctx context.Context, owner, id string) (Status, error) {
+	e, st, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return Status{}, err
+	}
+	e.Rotate(time.Now(), a.RotationOverlap)
+	if err := a.Store.Put(ctx, e); err != nil {
+		return Status{}, err
+	}
+	return a.status(ctx, e, st, true)
+}
+
+// SendTest queues a test event for the endpoint and returns its ID.
+func (a *Admin) SendTest(ctx context.Context, owner, id string) (string, error) {
+	e, _, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return "", err
+	}
+	ev := redisstore.Event{ID: events.NewID(), Type: endpoint.TypeTest, Time: time.Now().UTC(),
+		Data: json.RawMessage(`{"message":"test event from Snip"}`)}
+	return ev.ID, a.Intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}})
+}
+
+// Deliveries returns the endpoint's recent delivery attempts, newest first.
+func (a *Admin) Deliveries(ctx context.Context, owner, id string) ([]redisstore.Delivery, error) {
+	if _, _, err := a.Store.GetOwned(ctx, owner, id); err != nil {
+		return nil, err
+	}
+	return a.Store.Deliveries(ctx, id)
+}
+
+// Redeliver sends a recent delivery's body again, now, with the same
+// webhook-id and a fresh signature, and records the attempt.
+func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (redisstore.Delivery, error) {
+	e, _, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return redisstore.Delivery{}, err
+	}
+	ds, err := a.Store.Deliveries(ctx, id)
+	if err != nil {
+		return redisstore.Delivery{}, err
+	}
+	var orig *redisstore.Delivery
+	for i := range ds {
+		if ds[i].ID == deliveryID {
+			orig = &ds[i]
+			break
+		}
+	}
+	if orig == nil {
+		return redisstore.Delivery{}, fmt.Errorf("delivery %s: %w", deliveryID, endpoint.ErrNotFound)
+	}
+	body, err := a.Store.Body(ctx, id, deliveryID)
+	if err != nil {
+		return redisstore.Delivery{}, err
+	}
+	now := time.Now()
+	res := a.Client.Post(ctx, e.URL, e.Secrets(now), orig.WebhookID, body, now)
+	d := redisstore.Delivery{
+		ID: events.NewID(), WebhookID: orig.WebhookID, EventIDs: orig.EventIDs, Attempt: 1, Time: now.UTC(),
+		Code: res.Code, Response: res.Response, Error: res.ErrorText(), DurationMS: res.Duration.Milliseconds(),
+		Status: "failed", Redelivery: true,
+	}
+	if res.OK() {
+		d.Status = "delivered"
+	}
+	return d, a.Store.AddDelivery(ctx, id, d, body)
+}
+
+// Replay empties the endpoint's queue and refills it, in the background,
+// with the owner's events stored since from.
+func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) error {
+	e, _, err := a.Store.GetOwned(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	if from.After(time.Now()) {
+		return fmt.Errorf("replay from %s: in the future: %w", from.Format(time.RFC3339), endpoint.ErrInvalid)
+	}
+	return a.Replayer.Start(ctx, e, from)
+}

@@ -1,0 +1,122 @@
+package delivery
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// Manager runs one sender goroutine per endpoint whose lease this instance
+// holds. Leases spread endpoints over instances and hand an endpoint over
+// when its instance dies (after LeaseTTL).
+type Manager struct {
+	store    *redisstore.Store
+	sender   *Sender
+	instance string
+	leaseTTL time.Duration
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	running map[string]*run
+}
+
+type run struct {
+	cancel context.CancelFunc
+	wake   chan struct{}
+	done   chan struct{}
+}
+
+// NewManager returns a Manager for instance.
+func NewManager(store *redisstore.Store, sender *Sender, instance string, leaseTTL time.Duration, log *slog.Logger) *Manager {
+	return &Manager{store: store, sender: sender, instance: instance, leaseTTL: leaseTTL, log: log, running: map[string]*run{}}
+}
+
+// Wake tells endpoint id's sender, if it runs here, that events were queued.
+func (m *Manager) Wake(id string) {
+	m.mu.Lock()
+	r := m.running[id]
+	m.mu.Unlock()
+	if r != nil {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run takes and renews leases every LeaseTTL/3 and starts and stops
+// senders, until ctx ends; then it stops every sender and gives the leases
+// back.
+func (m *Manager) Run(ctx context.Context) error {
+	t := time.NewTicker(m.leaseTTL / 3)
+	defer t.Stop()
+	for {
+		m.scan(ctx)
+		select {
+		case <-ctx.Done():
+			m.stopAll()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Manager) scan(ctx context.Context) {
+	all, err := m.store.All(ctx)
+	if err != nil {
+		m.log.Warn("webhooks: list endpoints", "err", err)
+		return
+	}
+	seen := map[string]bool{}
+	for _, e := range all {
+		seen[e.ID] = true
+		ok, err := m.store.Lease(ctx, e.ID, m.instance, m.leaseTTL)
+		if err != nil {
+			m.log.Warn("webhooks: lease", "endpoint", e.ID, "err", err)
+			ok = false
+		}
+		m.mu.Lock()
+		r := m.running[e.ID]
+		switch {
+		case ok && r == nil:
+			rctx, cancel := context.WithCancel(ctx)
+			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+			m.running[e.ID] = r
+			go func(id string) {
+				defer close(r.done)
+				m.sender.Run(rctx, id, r.wake)
+			}(e.ID)
+		case !ok && r != nil:
+			r.cancel() // another instance has it now
+			delete(m.running, e.ID)
+		}
+		m.mu.Unlock()
+	}
+	m.mu.Lock()
+	for id, r := range m.running {
+		if !seen[id] {
+			r.cancel()
+			delete(m.running, id)
+		}
+	}
+	m.mu.Unlock()
+}
+
+func (m *Manager) stopAll() {
+	m.mu.Lock()
+	runs := m.running
+	m.running = map[string]*run{}
+	m.mu.Unlock()
+	for _, r := range runs {
+		r.cancel()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for id, r := range runs {
+		<-r.done
+		_ = m.store.Release(ctx, id, m.instance)
+	}
+}

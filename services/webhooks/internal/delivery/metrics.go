@@ -1,0 +1,51 @@
+package delivery
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the per-endpoint collectors. The endpoint label is the
+// endpoint ID: one series per endpoint, removed when its sender stops here.
+type Metrics struct {
+	queued    *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	delivered *prometheus.CounterVec
+	failed    *prometheus.CounterVec
+	backlog   *prometheus.GaugeVec
+	oldest    *prometheus.GaugeVec
+	disabled  *prometheus.GaugeVec
+	latency   *prometheus.HistogramVec
+}
+
+// NewMetrics registers the collectors on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	l := []string{"endpoint"}
+	m := &Metrics{
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "queued_events_total",
+			Help: "Events queued for an endpoint."}, l),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "dropped_events_total",
+			Help: "Oldest events dropped because an endpoint's backlog was full (replayable from the streams)."}, l),
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "delivered_events_total",
+			Help: "Events delivered (2xx) to an endpoint."}, l),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "failed_attempts_total",
+			Help: "Delivery attempts that failed (non-2xx, timeout, refused address, transport)."}, l),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "backlog_events",
+			Help: "Events waiting for an endpoint."}, l),
+		oldest: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "oldest_undelivered_age_seconds",
+			Help: "Age of the oldest event waiting for an endpoint (0 when none)."}, l),
+		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "endpoint_disabled",
+			Help: "1 when an endpoint was disabled for failing too long."}, l),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "snip", Subsystem: "webhooks", Name: "delivery_seconds",
+			Help: "Duration of delivery attempts.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}, l),
+	}
+	for _, c := range []prometheus.Collector{m.queued, m.dropped, m.delivered, m.failed, m.backlog, m.oldest, m.disabled, m.latency} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) forget(id string) {
+	m.backlog.DeleteLabelValues(id)
+	m.oldest.DeleteLabelValues(id)
+	m.disabled.DeleteLabelValues(id)
+}

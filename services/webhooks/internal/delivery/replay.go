@@ -1,0 +1,195 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// Replayer refills endpoints' queues from CLICKS and FRAUD, one replay at a
+// time, in the instance that accepted the request. A replay in progress
+// when the instance stops is not resumed: the owner asks again.
+type Replayer struct {
+	js     jetstream.JetStream
+	store  *redisstore.Store
+	intake *Intake
+	log    *slog.Logger
+	jobs   chan replayJob
+}
+
+type replayJob struct {
+	id   string
+	from time.Time
+}
+
+// NewReplayer returns a Replayer that queues at most pending requests.
+func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake, log *slog.Logger, pending int) *Replayer {
+	return &Replayer{js: js, store: store, intake: intake, log: log, jobs: make(chan replayJob, pending)}
+}
+
+// Start queues a replay of endpoint e from time from, or returns ErrBusy.
+func (r *Replayer) Start(_ context.Context, e endpoint.Endpoint, from time.Time) error {
+	select {
+	case r.jobs <- replayJob{id: e.ID, from: from}:
+		return nil
+	default:
+		return ErrBusy
+	}
+}
+
+// Run performs queued replays until ctx ends.
+func (r *Replayer) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case j := <-r.jobs:
+			if err := r.replay(ctx, j); err != nil && ctx.Err() == nil {
+				r.log.Error("webhooks: replay", "endpoint", j.id, "from", j.from, "err", err)
+			}
+		}
+	}
+}
+
+func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// replay marks the endpoint (live intake skips events up to the streams'
+// current last sequences from now on), clears its queue, and copies the
+// owner's events stored since j.from up to those sequences into it.
+func (r *Replayer) replay(ctx context.Context, j replayJob) error {
+	clicksUpto, err := lastSeq(ctx, r.js, events.ClicksStream)
+	if err != nil {
+		return err
+	}
+	alertsUpto, err := lastSeq(ctx, r.js, events.FraudStream)
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	e, _, err := r.store.Get(ctx, j.id)
+	if err != nil {
+		return err
+	}
+	e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
+	e.Generation++
+	if err := r.store.Put(ctx, e); err != nil {
+		return err
+	}
+	if err := r.store.ClearQueue(ctx, e.ID); err != nil {
+		return err
+	}
+	n := 0
+	if containsType(e.Types, endpoint.TypeClick) {
+		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", j.from, clicksUpto, func(data []byte) (redisstore.Event, bool) {
+			c, err := events.DecodeClick(data)
+			if err != nil || !e.Wants(endpoint.TypeClick, c.Code) {
+				return redisstore.Event{}, false
+			}
+			b, _ := json.Marshal(c)
+			return redisstore.Event{ID: c.ID, Type: endpoint.TypeClick, Time: c.Time, Data: b}, true
+		})
+		if err != nil {
+			return err
+		}
+		n += c
+	}
+	if containsType(e.Types, endpoint.TypeFraudAlert) && alertsUpto > 0 {
+		// An alert stored twice (republished after FRAUD's duplicate
+		// window) is sent once, as live intake does. Alerts are few.
+		seen := map[string]bool{}
+		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, j.from, alertsUpto, func(data []byte) (redisstore.Event, bool) {
+			a, err := events.DecodeFraudAlert(data)
+			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
+				return redisstore.Event{}, false
+			}
+			seen[a.ID] = true
+			return redisstore.Event{ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: data}, true
+		})
+		if err != nil {
+			return err
+		}
+		n += c
+	}
+	r.log.Info("webhooks: replay queued", "endpoint", e.ID, "from", j.from, "events", n)
+	return nil
+}
+
+func containsType(ts []string, t string) bool {
+	for _, x := range ts {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// copy reads stream (filtered) from a start time up to sequence upto with
+// an ordered consumer and queues what convert accepts, 500 at a time.
+func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter string, from time.Time, upto uint64,
+	convert func([]byte) (redisstore.Event, bool)) (int, error) {
+	if upto == 0 {
+		return 0, nil
+	}
+	cons, err := r.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("replay %s: %w", stream, err)
+	}
+	total := 0
+	for {
+		msgs, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return total, fmt.Errorf("replay %s: %w", stream, err)
+		}
+		var batch []redisstore.Event
+		done, got := false, 0
+		for m := range msgs.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			if md.Sequence.Stream > upto {
+				done = true
+				continue
+			}
+			if ev, ok := convert(m.Data()); ok {
+				batch = append(batch, ev)
+			}
+			if md.Sequence.Stream == upto || md.NumPending == 0 {
+				done = true
+			}
+		}
+		if err := msgs.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return total, fmt.Errorf("replay %s: %w", stream, err)
+		}
+		if len(batch) > 0 {
+			if err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
+				return total, err
+			}
+			total += len(batch)
+		}
+		if done || got == 0 {
+			return total, nil
+		}
+	}
+}

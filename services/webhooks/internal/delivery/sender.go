@@ -1,0 +1,326 @@
+package delivery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// SenderConfig is how senders batch and retry.
+type SenderConfig struct {
+	// Schedule are the waits before the 1st, 2nd, ... retry of a failing
+	// batch; the last one repeats.
+	Schedule []time.Duration
+	// Jitter spreads each wait by up to this fraction either way, so
+	// endpoints that failed together do not retry together.
+	Jitter float64
+	// DisableAfter disables an endpoint that has failed for this long.
+	DisableAfter time.Duration
+	// MaxBatchBytes bounds a request body.
+	MaxBatchBytes int
+	// Poll is how often an idle sender looks at its queue when nothing
+	// woke it (an event queued by another instance).
+	Poll time.Duration
+}
+
+// Body is what every POST carries: one or more events, oldest first.
+//
+//	{"events":[{"id":"<event id>","type":"click","timestamp":"<RFC 3339>","data":{...}}]}
+//
+// data is the event as published (events.Click, events.FraudAlert, or a test
+// message). A receiver deduplicates by each event's id.
+type Body struct {
+	Events []BodyEvent `json:"events"`
+}
+
+// BodyEvent is one event of a Body.
+type BodyEvent struct {
+	ID        string          `json:"id"`
+	Type      string          `json:"type"`
+	Timestamp time.Time       `json:"timestamp"`
+	Data      json.RawMessage `json:"data"`
+}
+
+// EncodeBody returns the body of a batch and its webhook-id: the event ID
+// for one event, "batch_<first>_<last>" for several (a batch is never cut
+// differently once sent, so the same ID always means the same body).
+func EncodeBody(evs []redisstore.Event) ([]byte, string, error) {
+	b := Body{Events: make([]BodyEvent, len(evs))}
+	for i, e := range evs {
+		b.Events[i] = BodyEvent{ID: e.ID, Type: e.Type, Timestamp: e.Time, Data: e.Data}
+	}
+	body, err := json.Marshal(b)
+	if err != nil {
+		return nil, "", fmt.Errorf("encode body: %w", err)
+	}
+	id := evs[0].ID
+	if len(evs) > 1 {
+		id = "batch_" + evs[0].ID + "_" + evs[len(evs)-1].ID
+	}
+	return body, id, nil
+}
+
+// Sender delivers endpoints' queues.
+type Sender struct {
+	store   *redisstore.Store
+	client  *Client
+	cfg     SenderConfig
+	metrics *Metrics
+	log     *slog.Logger
+	// OnDisabled is told when an endpoint is disabled (the service
+	// publishes an event for the owner).
+	OnDisabled func(ctx context.Context, e endpoint.Endpoint)
+}
+
+// NewSender returns a Sender.
+func NewSender(store *redisstore.Store, client *Client, cfg SenderConfig, m *Metrics, log *slog.Logger) *Sender {
+	return &Sender{store: store, client: client, cfg: cfg, metrics: m, log: log}
+}
+
+// backoff is the wait before retry n (1-based), with jitter.
+func (s *Sender) backoff(n int) time.Duration {
+	d := s.cfg.Schedule[min(n, len(s.cfg.Schedule))-1]
+	if s.cfg.Jitter > 0 {
+		d = time.Duration(float64(d) * (1 + s.cfg.Jitter*(2*rand.Float64()-1)))
+	}
+	return d
+}
+
+// sleep waits d, or until woken or ctx ends.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+	}
+}
+
+// Run delivers endpoint id's queue until ctx ends or the endpoint is
+// deleted. wake is signalled when events were queued for it.
+func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
+	defer s.metrics.forget(id)
+	var (
+		batch   []redisstore.Event
+		gen     int
+		retryAt time.Time
+		attempt int
+	)
+	for ctx.Err() == nil {
+		e, st, err := s.store.Get(ctx, id)
+		if errors.Is(err, endpoint.ErrNotFound) {
+			return
+		}
+		if err != nil {
+			s.log.Warn("webhooks: load endpoint", "endpoint", id, "err", err)
+			sleep(ctx, s.cfg.Poll, nil)
+			continue
+		}
+		s.gauges(ctx, e)
+		if e.Status() != "active" {
+			sleep(ctx, s.cfg.Poll, wake)
+			continue
+		}
+		if batch != nil && gen != e.Generation {
+			batch = nil // the queue was cleared by a replay
+		}
+		if attempt > 0 && st.Attempts == 0 && st.FailingSince.IsZero() {
+			attempt, retryAt = 0, time.Time{} // the owner resumed the endpoint: try now
+		}
+		if batch == nil {
+			attempt, retryAt = st.Attempts, time.Time{}
+			batch, err = s.nextBatch(ctx, e, wake)
+			if err != nil {
+				s.log.Warn("webhooks: read queue", "endpoint", id, "err", err)
+				sleep(ctx, s.cfg.Poll, nil)
+				continue
+			}
+			if batch == nil {
+				continue
+			}
+			gen = e.Generation
+		}
+		if wait := time.Until(retryAt); wait > 0 {
+			sleep(ctx, min(wait, s.cfg.Poll), nil) // and look at the endpoint again (paused, deleted, ...)
+			continue
+		}
+		ok, after := s.attempt(ctx, e, st, batch, attempt+1)
+		if ctx.Err() != nil {
+			return // stopping: the batch stays in flight and is sent again
+		}
+		if ok {
+			batch, attempt = nil, 0
+			continue
+		}
+		attempt++
+		retryAt = time.Now().Add(s.nextDelay(attempt, after))
+	}
+}
+
+// nextDelay is the wait before the next try: the server's Retry-After when
+// it sent one (capped at the schedule's longest wait), else the schedule.
+func (s *Sender) nextDelay(attempt int, retryAfter time.Duration) time.Duration {
+	if retryAfter > 0 {
+		return min(retryAfter, s.cfg.Schedule[len(s.cfg.Schedule)-1])
+	}
+	return s.backoff(attempt)
+}
+
+// nextBatch returns the in-flight batch left by a previous sender, or the
+// next events (up to the endpoint's BatchMax and MaxBatchBytes, waiting at
+// most BatchWait after the oldest was queued for more), or nil when the
+// queue stayed empty for a poll.
+func (s *Sender) nextBatch(ctx context.Context, e endpoint.Endpoint, wake <-chan struct{}) ([]redisstore.Event, error) {
+	first, last, ok, err := s.store.Inflight(ctx, e.ID)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		evs, err := s.store.ReadRange(ctx, e.ID, first, last)
+		if err != nil || len(evs) > 0 {
+			return evs, err
+		}
+	}
+	evs, err := s.store.Read(ctx, e.ID, "0", e.BatchMax, s.cfg.MaxBatchBytes, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(evs) == 0 {
+		sleep(ctx, s.cfg.Poll, wake)
+		return nil, nil
+	}
+	deadline := entryTime(evs[0].Entry).Add(e.BatchWait)
+	size := 0
+	for _, ev := range evs {
+		size += ev.Size()
+	}
+	for len(evs) < e.BatchMax && size < s.cfg.MaxBatchBytes && time.Now().Before(deadline) && ctx.Err() == nil {
+		sleep(ctx, min(time.Until(deadline), 10*time.Millisecond+time.Until(deadline)/4), wake)
+		more, err := s.store.Read(ctx, e.ID, evs[len(evs)-1].Entry, e.BatchMax-len(evs), s.cfg.MaxBatchBytes-size, 0)
+		if err != nil {
+			return nil, err
+		}
+		if len(more) > 0 && size+more[0].Size() > s.cfg.MaxBatchBytes {
+			break
+		}
+		for _, ev := range more {
+			size += ev.Size()
+		}
+		evs = append(evs, more...)
+	}
+	if err := s.store.SetInflight(ctx, e.ID, evs[0].Entry, evs[len(evs)-1].Entry); err != nil {
+		return nil, err
+	}
+	return evs, nil
+}
+
+// entryTime is when a queue entry was added (its ID is "<unix ms>-<n>").
+func entryTime(entry string) time.Time {
+	ms, _ := strconv.ParseInt(strings.SplitN(entry, "-", 2)[0], 10, 64)
+	return time.UnixMilli(ms)
+}
+
+// attempt posts batch once and records the outcome; it reports success,
+// and the server's Retry-After.
+func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, st redisstore.State, batch []redisstore.Event, n int) (bool, time.Duration) {
+	body, webhookID, err := EncodeBody(batch)
+	if err != nil {
+		s.log.Error("webhooks: encode batch", "endpoint", e.ID, "err", err)
+		return false, 0
+	}
+	now := time.Now()
+	res := s.client.Post(ctx, e.URL, e.Secrets(now), webhookID, body, now)
+	if ctx.Err() != nil {
+		return false, 0
+	}
+	s.metrics.latency.WithLabelValues(e.ID).Observe(res.Duration.Seconds())
+	ids := make([]string, len(batch))
+	entries := make([]string, len(batch))
+	for i, ev := range batch {
+		ids[i], entries[i] = ev.ID, ev.Entry
+	}
+	d := redisstore.Delivery{
+		ID: events.NewID(), WebhookID: webhookID, EventIDs: ids, Attempt: n, Time: now.UTC(),
+		Code: res.Code, Response: res.Response, Error: res.ErrorText(), DurationMS: res.Duration.Milliseconds(),
+	}
+	if res.OK() {
+		d.Status = "delivered"
+	} else {
+		d.Status = "failed"
+	}
+	if err := s.store.AddDelivery(ctx, e.ID, d, body); err != nil {
+		s.log.Warn("webhooks: record delivery", "endpoint", e.ID, "err", err)
+	}
+	if res.OK() {
+		if err := s.store.Delivered(ctx, e.ID, entries); err != nil {
+			s.log.Warn("webhooks: mark delivered", "endpoint", e.ID, "err", err)
+			return false, 0 // sent again: a duplicate with the same webhook-id
+		}
+		s.metrics.delivered.WithLabelValues(e.ID).Add(float64(len(batch)))
+		if st.Attempts > 0 || !st.FailingSince.IsZero() {
+			_ = s.store.SetState(ctx, e.ID, redisstore.State{})
+		}
+		return true, 0
+	}
+	s.metrics.failed.WithLabelValues(e.ID).Inc()
+	if st.FailingSince.IsZero() {
+		st.FailingSince = now
+	}
+	st.Attempts, st.LastError = n, d.Error
+	if err := s.store.SetState(ctx, e.ID, st); err != nil {
+		s.log.Warn("webhooks: record state", "endpoint", e.ID, "err", err)
+	}
+	if now.Sub(st.FailingSince) >= s.cfg.DisableAfter {
+		s.disable(ctx, e, st)
+	}
+	return false, res.RetryAfter
+}
+
+// disable stops deliveries to an endpoint that failed for too long; what is
+// queued stays (bounded) and the owner can resume or replay it.
+func (s *Sender) disable(ctx context.Context, e endpoint.Endpoint, st redisstore.State) {
+	cur, _, err := s.store.Get(ctx, e.ID)
+	if err != nil {
+		return
+	}
+	cur.DisabledAt = time.Now().UTC()
+	cur.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
+	if err := s.store.Put(ctx, cur); err != nil {
+		s.log.Warn("webhooks: disable endpoint", "endpoint", e.ID, "err", err)
+		return
+	}
+	s.log.Warn("webhooks: endpoint disabled", "endpoint", e.ID, "owner", e.Owner, "reason", cur.DisabledReason)
+	if s.OnDisabled != nil {
+		s.OnDisabled(ctx, cur)
+	}
+}
+
+// gauges refreshes the endpoint's backlog and status gauges.
+func (s *Sender) gauges(ctx context.Context, e endpoint.Endpoint) {
+	n, oldest, err := s.store.Backlog(ctx, e.ID)
+	if err != nil {
+		return
+	}
+	s.metrics.backlog.WithLabelValues(e.ID).Set(float64(n))
+	age := 0.0
+	if !oldest.IsZero() {
+		age = time.Since(oldest).Seconds()
+	}
+	s.metrics.oldest.WithLabelValues(e.ID).Set(age)
+	dis := 0.0
+	if !e.DisabledAt.IsZero() {
+		dis = 1
+	}
+	s.metrics.disabled.WithLabelValues(e.ID).Set(dis)
+}

@@ -1,0 +1,548 @@
+// Package redisstore keeps the webhooks service's state in Redis: endpoints,
+// each endpoint's queue of undelivered events (a Redis stream, bounded), its
+// in-flight batch, its recent deliveries, and the lease that says which
+// instance sends for it.
+//
+// Keys (the {id} hash tag keeps one endpoint's keys in one cluster slot):
+//
+//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), failing_since, last_error, attempts
+//	snip:wh:{<id>}:q         stream: undelivered events, MAXLEN bounded, oldest dropped
+//	snip:wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
+//	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
+//	snip:wh:{<id>}:inflight  the first and last queue entries of the batch being sent
+//	snip:wh:{<id>}:dl        list: the most recent delivery records (JSON)
+//	snip:wh:{<id>}:body:<d>  a recent delivery's body, for redelivery (expires)
+//	snip:wh:{<id>}:lease     the instance sending for this endpoint (expires)
+//	snip:wh:owner:<owner>    set of the owner's endpoint IDs
+//	snip:wh:endpoints        set of every endpoint ID
+//	snip:wh:version          bumped on every endpoint change; readers reload on change
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+)
+
+// Store is the webhooks service's Redis state.
+type Store struct {
+	rdb redis.UniversalClient
+	// MaxBacklog bounds each endpoint's queue; when full, the oldest events
+	// are dropped (and counted by Enqueue).
+	MaxBacklog int64
+	// KeepDeliveries is how many delivery records an endpoint keeps.
+	KeepDeliveries int64
+	// BodyTTL is how long a delivery's body is kept for redelivery.
+	BodyTTL time.Duration
+}
+
+// New returns a Store on rdb.
+func New(rdb redis.UniversalClient, maxBacklog int64) *Store {
+	return &Store{rdb: rdb, MaxBacklog: maxBacklog, KeepDeliveries: 100, BodyTTL: 72 * time.Hour}
+}
+
+func k(id, part string) string     { return "snip:wh:{" + id + "}:" + part }
+func ownerKey(owner string) string { return "snip:wh:owner:" + owner }
+
+const (
+	allKey     = "snip:wh:endpoints"
+	versionKey = "snip:wh:version"
+)
+
+// State is an endpoint's delivery state, written by its sender.
+type State struct {
+	// FailingSince is when the current run of failed attempts began (zero
+	// when the last attempt succeeded).
+	FailingSince time.Time `json:"failing_since,omitzero"`
+	LastError    string    `json:"last_error,omitempty"`
+	Attempts     int       `json:"attempts"`
+}
+
+// Put creates or replaces an endpoint's configuration.
+func (s *Store) Put(ctx context.Context, e endpoint.Endpoint) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("put endpoint: %w", err)
+	}
+	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, k(e.ID, "ep"), "cfg", b)
+		p.SAdd(ctx, ownerKey(e.Owner), e.ID)
+		p.SAdd(ctx, allKey, e.ID)
+		p.Incr(ctx, versionKey)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("put endpoint %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Get returns an endpoint and its state, or endpoint.ErrNotFound.
+func (s *Store) Get(ctx context.Context, id string) (endpoint.Endpoint, State, error) {
+	var e endpoint.Endpoint
+	var st State
+	m, err := s.rdb.HGetAll(ctx, k(id, "ep")).Result()
+	if err != nil {
+		return e, st, fmt.Errorf("get endpoint %s: %w", id, err)
+	}
+	if m["cfg"] == "" {
+		return e, st, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+	}
+	if err := json.Unmarshal([]byte(m["cfg"]), &e); err != nil {
+		return e, st, fmt.Errorf("decode endpoint %s: %w", id, err)
+	}
+	if v := m["failing_since"]; v != "" && v != "0" {
+		ms, _ := strconv.ParseInt(v, 10, 64)
+		st.FailingSince = time.UnixMilli(ms)
+	}
+	st.LastError = m["last_error"]
+	st.Attempts, _ = strconv.Atoi(m["attempts"])
+	return e, st, nil
+}
+
+// GetOwned is Get for an owner: another owner's endpoint is not found.
+func (s *Store) GetOwned(ctx context.Context, owner, id string) (endpoint.Endpoint, State, error) {
+	e, st, err := s.Get(ctx, id)
+	if err == nil && e.Owner != owner {
+		return endpoint.Endpoint{}, State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+	}
+	return e, st, err
+}
+
+// SetState records the sender's view of an endpoint.
+func (s *Store) SetState(ctx context.Context, id string, st State) error {
+	fs := int64(0)
+	if !st.FailingSince.IsZero() {
+		fs = st.FailingSince.UnixMilli()
+	}
+	// HSET only if the endpoint still exists, so a deleted one stays deleted.
+	err := setStateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, fs, st.LastError, st.Attempts).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("set state of %s: %w", id, err)
+	}
+	return nil
+}
+
+var setStateScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'cfg') == 1 then
+  redis.call('HSET', KEYS[1], 'failing_since', ARGV[1], 'last_error', ARGV[2], 'attempts', ARGV[3])
+end
+return 1`)
+
+// List returns the owner's endpoints.
+func (s *Store) List(ctx context.Context, owner string) ([]endpoint.Endpoint, error) {
+	ids, err := s.rdb.SMembers(ctx, ownerKey(owner)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	return s.load(ctx, ids)
+}
+
+// All returns every endpoint.
+func (s *Store) All(ctx context.Context) ([]endpoint.Endpoint, error) {
+	ids, err := s.rdb.SMembers(ctx, allKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list endpoints: %w", err)
+	}
+	return s.load(ctx, ids)
+}
+
+func (s *Store) load(ctx context.Context, ids []string) ([]endpoint.Endpoint, error) {
+	cmds := make([]*redis.StringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HGet(ctx, k(id, "ep"), "cfg")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("load endpoints: %w", err)
+	}
+	out := make([]endpoint.Endpoint, 0, len(ids))
+	for _, c := range cmds {
+		b, err := c.Bytes()
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		var e endpoint.Endpoint
+		if err := json.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("decode endpoint: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Delete removes an endpoint and everything queued for it.
+func (s *Store) Delete(ctx context.Context, e endpoint.Endpoint) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "dl"), k(e.ID, "hw"))
+		p.SRem(ctx, ownerKey(e.Owner), e.ID)
+		p.SRem(ctx, allKey, e.ID)
+		p.Incr(ctx, versionKey)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("delete endpoint %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Version changes whenever an endpoint is created, changed or deleted.
+func (s *Store) Version(ctx context.Context) (int64, error) {
+	v, err := s.rdb.Get(ctx, versionKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("endpoints version: %w", err)
+	}
+	return v, nil
+}
+
+// Event is one event queued for an endpoint.
+type Event struct {
+	// Seq is the event's stream sequence (for DedupSeq).
+	Seq uint64
+	// Entry is the queue entry's ID (set when read).
+	Entry string
+	// ID is the event's ID, sent as (or in) webhook-id.
+	ID   string
+	Type string
+	Time time.Time
+	// Data is the event's payload as published.
+	Data json.RawMessage
+}
+
+// Size is about what the event adds to a request body.
+func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
+
+// Enqueue appends events to endpoints' queues and returns how many were
+// added and how many older events each endpoint dropped to stay within
+// MaxBacklog. Duplicates are skipped by Dedup:
+//
+//   - DedupSeq: events carry their CLICKS sequence (Seq) and all come from
+//     one partition; each endpoint remembers the highest sequence it queued
+//     per partition and skips events at or below it. A partition is read
+//     in order by one member at a time, so a batch handed again (a crash
+//     before the ack, a new owner) queues nothing twice, in O(1) memory.
+//   - DedupID: each event ID is remembered for DedupTTL (fraud alerts,
+//     which are few).
+//   - DedupNone: replays and test events.
+func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
+	if len(byEndpoint) == 0 {
+		return nil, nil, nil
+	}
+	added, dropped, err = s.enqueue(ctx, mode, partition, byEndpoint)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A pipeline does not fall back from EVALSHA to EVAL: load the
+		// script (a fresh or flushed server) and try once more.
+		if lerr := enqueueScript.Load(ctx, s.rdb).Err(); lerr != nil {
+			return nil, nil, fmt.Errorf("enqueue: load script: %w", lerr)
+		}
+		added, dropped, err = s.enqueue(ctx, mode, partition, byEndpoint)
+	}
+	return added, dropped, err
+}
+
+func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
+	cmds := map[string]*redis.Cmd{}
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for id, evs := range byEndpoint {
+			args := []any{int(mode), partition, s.MaxBacklog, int64(DedupTTL / time.Second)}
+			for _, e := range evs {
+				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
+			}
+			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:")}, args...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("enqueue: %w", err)
+	}
+	added, dropped = map[string]int64{}, map[string]int64{}
+	for id, c := range cmds {
+		r, err := c.Int64Slice()
+		if err != nil || len(r) != 2 {
+			return nil, nil, fmt.Errorf("enqueue for %s: %v", id, err)
+		}
+		if r[0] > 0 {
+			added[id] = r[0]
+		}
+		if r[1] > 0 {
+			dropped[id] = r[1]
+		}
+	}
+	return added, dropped, nil
+}
+
+// Dedup says how Enqueue skips duplicates.
+type Dedup int
+
+// Dedup modes (see Enqueue).
+const (
+	DedupNone Dedup = iota
+	DedupSeq
+	DedupID
+)
+
+// DedupTTL is how long DedupID remembers an event ID.
+const DedupTTL = 24 * time.Hour
+
+// enqueueScript: ARGV = mode, partition, maxlen, ttl, then (seq, id, type,
+// ts, data) per event. Returns {added, dropped}.
+var enqueueScript = redis.NewScript(`
+local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local hw = 0
+if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
+local top, added, dropped = hw, 0, 0
+for i = 5, #ARGV, 5 do
+  local seq = tonumber(ARGV[i])
+  local ok = true
+  if mode == 1 then
+    ok = seq > hw
+    if seq > top then top = seq end
+  elseif mode == 2 then
+    ok = redis.call('SET', KEYS[3] .. ARGV[i+1], '1', 'NX', 'EX', ttl)
+  end
+  if ok then
+    if redis.call('XLEN', KEYS[1]) >= maxlen then dropped = dropped + 1 end
+    redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'id', ARGV[i+1], 't', ARGV[i+2], 'ts', ARGV[i+3], 'd', ARGV[i+4])
+    added = added + 1
+  end
+end
+if mode == 1 and top > hw then redis.call('HSET', KEYS[2], part, top) end
+return {added, dropped}`)
+
+// Read returns up to count queued events of endpoint id after entry after
+// ("0": from the oldest), at most maxBytes in all (at least one event).
+// With block > 0 it waits that long for one to arrive.
+func (s *Store) Read(ctx context.Context, id, after string, count int, maxBytes int, block time.Duration) ([]Event, error) {
+	var msgs []redis.XMessage
+	if block > 0 {
+		res, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{k(id, "q"), after}, Count: int64(count), Block: block}).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read queue of %s: %w", id, err)
+		}
+		for _, r := range res {
+			msgs = append(msgs, r.Messages...)
+		}
+	} else {
+		start := "-"
+		if after != "0" {
+			start = "(" + after
+		}
+		var err error
+		msgs, err = s.rdb.XRangeN(ctx, k(id, "q"), start, "+", int64(count)).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read queue of %s: %w", id, err)
+		}
+	}
+	out := make([]Event, 0, len(msgs))
+	size := 0
+	for _, m := range msgs {
+		e := decodeEntry(m)
+		if len(out) > 0 && size+e.Size() > maxBytes {
+			break
+		}
+		size += e.Size()
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// ReadRange returns the queued events from entry first to entry last,
+// inclusive (a batch that was in flight).
+func (s *Store) ReadRange(ctx context.Context, id, first, last string) ([]Event, error) {
+	msgs, err := s.rdb.XRange(ctx, k(id, "q"), first, last).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read queue of %s: %w", id, err)
+	}
+	out := make([]Event, len(msgs))
+	for i, m := range msgs {
+		out[i] = decodeEntry(m)
+	}
+	return out, nil
+}
+
+func decodeEntry(m redis.XMessage) Event {
+	str := func(k string) string { s, _ := m.Values[k].(string); return s }
+	ns, _ := strconv.ParseInt(str("ts"), 10, 64)
+	return Event{Entry: m.ID, ID: str("id"), Type: str("t"), Time: time.Unix(0, ns).UTC(), Data: json.RawMessage(str("d"))}
+}
+
+// Delivered removes delivered events from the queue and clears the
+// in-flight mark.
+func (s *Store) Delivered(ctx context.Context, id string, entries []string) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.XDel(ctx, k(id, "q"), entries...)
+		p.Del(ctx, k(id, "inflight"))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("mark delivered for %s: %w", id, err)
+	}
+	return nil
+}
+
+// SetInflight records the first and last queue entries of the batch about
+// to be sent, so that after a crash the same batch (same webhook-id) is sent
+// again, not a differently cut one.
+func (s *Store) SetInflight(ctx context.Context, id, first, last string) error {
+	if err := s.rdb.Set(ctx, k(id, "inflight"), first+" "+last, 0).Err(); err != nil {
+		return fmt.Errorf("set in-flight batch of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Inflight returns the batch recorded by SetInflight, if any.
+func (s *Store) Inflight(ctx context.Context, id string) (first, last string, ok bool, err error) {
+	v, err := s.rdb.Get(ctx, k(id, "inflight")).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("get in-flight batch of %s: %w", id, err)
+	}
+	var ok2 bool
+	first, last, ok2 = cut(v)
+	return first, last, ok2, nil
+}
+
+func cut(s string) (string, string, bool) {
+	for i := range len(s) {
+		if s[i] == ' ' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return "", "", false
+}
+
+// Backlog returns how many events wait for endpoint id and the time of the
+// oldest.
+func (s *Store) Backlog(ctx context.Context, id string) (int64, time.Time, error) {
+	var n *redis.IntCmd
+	var first *redis.XMessageSliceCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		n = p.XLen(ctx, k(id, "q"))
+		first = p.XRangeN(ctx, k(id, "q"), "-", "+", 1)
+		return nil
+	})
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("backlog of %s: %w", id, err)
+	}
+	var oldest time.Time
+	if ms := first.Val(); len(ms) > 0 {
+		oldest = decodeEntry(ms[0]).Time
+	}
+	return n.Val(), oldest, nil
+}
+
+// ClearQueue drops everything queued for endpoint id (a replay refills it).
+func (s *Store) ClearQueue(ctx context.Context, id string) error {
+	if err := s.rdb.Del(ctx, k(id, "q"), k(id, "inflight")).Err(); err != nil {
+		return fmt.Errorf("clear queue of %s: %w", id, err)
+	}
+	return nil
+}
+
+// Delivery is one attempt to deliver a batch, as the owner sees it.
+type Delivery struct {
+	ID        string    `json:"id"`
+	WebhookID string    `json:"webhook_id"`
+	EventIDs  []string  `json:"event_ids"`
+	Attempt   int       `json:"attempt"`
+	Time      time.Time `json:"time"`
+	Status    string    `json:"status"` // "delivered" or "failed"
+	Code      int       `json:"response_code,omitempty"`
+	// Response is the start of the response body (capped), never all of it.
+	Response   string `json:"response,omitempty"`
+	Error      string `json:"error,omitempty"`
+	DurationMS int64  `json:"duration_ms"`
+	Redelivery bool   `json:"redelivery,omitempty"`
+}
+
+// AddDelivery records an attempt and keeps its body for redelivery.
+func (s *Store) AddDelivery(ctx context.Context, id string, d Delivery, body []byte) error {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("record delivery: %w", err)
+	}
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.LPush(ctx, k(id, "dl"), b)
+		p.LTrim(ctx, k(id, "dl"), 0, s.KeepDeliveries-1)
+		p.Set(ctx, k(id, "body:"+d.ID), body, s.BodyTTL)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record delivery for %s: %w", id, err)
+	}
+	return nil
+}
+
+// Deliveries returns endpoint id's most recent delivery records, newest first.
+func (s *Store) Deliveries(ctx context.Context, id string) ([]Delivery, error) {
+	raw, err := s.rdb.LRange(ctx, k(id, "dl"), 0, s.KeepDeliveries-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("deliveries of %s: %w", id, err)
+	}
+	out := make([]Delivery, 0, len(raw))
+	for _, r := range raw {
+		var d Delivery
+		if err := json.Unmarshal([]byte(r), &d); err != nil {
+			return nil, fmt.Errorf("decode delivery: %w", err)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// Body returns a recent delivery's body, or endpoint.ErrNotFound once it
+// expired.
+func (s *Store) Body(ctx context.Context, id, delivery string) ([]byte, error) {
+	b, err := s.rdb.Get(ctx, k(id, "body:"+delivery)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("delivery %s body (kept %s): %w", delivery, s.BodyTTL, endpoint.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("delivery %s body: %w", delivery, err)
+	}
+	return b, nil
+}
+
+// Lease makes instance the sender for endpoint id for ttl, if no other
+// instance holds it; it extends the lease when instance already holds it.
+func (s *Store) Lease(ctx context.Context, id, instance string, ttl time.Duration) (bool, error) {
+	ok, err := leaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, instance, ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("lease %s: %w", id, err)
+	}
+	return ok == 1, nil
+}
+
+var leaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0`)
+
+// Release gives up instance's lease on endpoint id.
+func (s *Store) Release(ctx context.Context, id, instance string) error {
+	return releaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, instance).Err()
+}
+
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1`)

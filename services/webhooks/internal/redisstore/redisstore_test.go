@@ -1,0 +1,158 @@
+package redisstore_test
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+func ev(seq uint64, id string) redisstore.Event {
+	return redisstore.Event{Seq: seq, ID: id, Type: "click", Time: time.Unix(0, int64(seq)).UTC(), Data: []byte(`{"id":"` + id + `"}`)}
+}
+
+func ids(evs []redisstore.Event) []string {
+	out := []string{}
+	for _, e := range evs {
+		out = append(out, e.ID)
+	}
+	return out
+}
+
+// TestEnqueueSkipsWhatAPartitionAlreadyQueued: a batch handed again (a
+// crash before the ack, a new owner) queues nothing twice.
+func TestEnqueueSkipsWhatAPartitionAlreadyQueued(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"ep": {ev(1, "a"), ev(2, "b")}}); err != nil {
+		t.Fatal(err)
+	}
+	added, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"ep": {ev(2, "b"), ev(3, "c")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added["ep"] != 1 {
+		t.Errorf("added %d, want 1 (seq 2 was queued already)", added["ep"])
+	}
+	// Another partition has its own sequence mark.
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 1, map[string][]redisstore.Event{"ep": {ev(2, "p1")}}); err != nil {
+		t.Fatal(err)
+	}
+	// Alerts: by ID.
+	for range 2 {
+		if _, _, err := s.Enqueue(ctx, redisstore.DedupID, 0, map[string][]redisstore.Event{"ep": {ev(0, "alert-1")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a", "b", "c", "p1", "alert-1"}, ids(got)); diff != "" {
+		t.Errorf("queue (-want +got):\n%s", diff)
+	}
+}
+
+// TestBacklogIsBoundedDroppingTheOldest: the stated policy when an
+// endpoint's queue is full.
+func TestBacklogIsBoundedDroppingTheOldest(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb, 3)
+	ctx := t.Context()
+	var dropped int64
+	for i := range 5 {
+		_, d, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": {ev(uint64(i+1), string(rune('a'+i)))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dropped += d["ep"]
+	}
+	got, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"c", "d", "e"}, ids(got)); diff != "" {
+		t.Errorf("queue (-want +got):\n%s", diff)
+	}
+	if dropped != 2 {
+		t.Errorf("dropped %d, want 2", dropped)
+	}
+}
+
+// TestBatchesAreCutBySize and the in-flight batch is read back exactly.
+func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	var evs []redisstore.Event
+	for i := range 10 {
+		evs = append(evs, ev(uint64(i+1), string(rune('a'+i))))
+	}
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": evs}); err != nil {
+		t.Fatal(err)
+	}
+	one := evs[0].Size()
+	got, err := s.Read(ctx, "ep", "0", 100, 3*one, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("read %d events within 3 events' bytes, want 3", len(got))
+	}
+	if err := s.SetInflight(ctx, "ep", got[0].Entry, got[2].Entry); err != nil {
+		t.Fatal(err)
+	}
+	first, last, ok, err := s.Inflight(ctx, "ep")
+	if err != nil || !ok {
+		t.Fatalf("inflight: %v %v", ok, err)
+	}
+	back, err := s.ReadRange(ctx, "ep", first, last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ids(got), ids(back)); diff != "" {
+		t.Errorf("in-flight batch read back (-want +got):\n%s", diff)
+	}
+	if err := s.Delivered(ctx, "ep", []string{got[0].Entry, got[1].Entry, got[2].Entry}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := s.Backlog(ctx, "ep"); n != 7 {
+		t.Errorf("backlog %d after delivering 3 of 10, want 7", n)
+	}
+	if _, _, ok, _ := s.Inflight(ctx, "ep"); ok {
+		t.Error("in-flight mark left after delivery")
+	}
+}
+
+func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	s := redisstore.New(rdb, 10)
+	ctx := t.Context()
+	for _, step := range []struct {
+		who  string
+		want bool
+	}{{"a", true}, {"b", false}, {"a", true}} {
+		if ok, err := s.Lease(ctx, "ep", step.who, time.Minute); err != nil || ok != step.want {
+			t.Fatalf("Lease(%s) = %v, %v; want %v", step.who, ok, err, step.want)
+		}
+	}
+	if err := s.Release(ctx, "ep", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := s.Lease(ctx, "ep", "b", time.Minute); !ok {
+		t.Error("b could not take the lease a released")
+	}
+}

@@ -1,0 +1,614 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+type endpointStatus struct {
+	ID           string    `json:"id"`
+	Status       string    `json:"status"`
+	Backlog      int64     `json:"backlog"`
+	FailingSince time.Time `json:"failing_since"`
+	LastError    string    `json:"last_error"`
+}
+
+func getEndpoint(tb testing.TB, addr, id string) endpointStatus {
+	tb.Helper()
+	var st endpointStatus
+	if code := api(tb, addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints/"+id, nil, &st); code != http.StatusOK {
+		tb.Fatalf("get endpoint %s: status %d", id, code)
+	}
+	return st
+}
+
+func deliveries(tb testing.TB, addr, id string) []redisstore.Delivery {
+	tb.Helper()
+	var ds struct {
+		Deliveries []redisstore.Delivery `json:"deliveries"`
+	}
+	api(tb, addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints/"+id+"/deliveries", nil, &ds)
+	return ds.Deliveries
+}
+
+// TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID: the service is
+// stopped while a batch is on the wire (the receiver has it, the sender
+// never hears back); a new instance sends that batch again with the same
+// webhook-id and body, and every click arrives.
+func TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	first := s.start(t, s.testConfig("m1"))
+	var requests atomic.Int64
+	var killed sync.Once
+	rc := newReceiver(t, nil)
+	rc.answer = func(w http.ResponseWriter, r *http.Request) bool {
+		if requests.Add(1) == 3 {
+			killed.Do(func() { go first.cancel() })
+			<-r.Context().Done() // the sender went away with the batch in flight
+		}
+		return true // record it: the receiver did get it
+	}
+	ep := createEndpoint(t, first.addr, rc.url(), map[string]any{"batch_max": 5, "batch_wait_ms": 20})
+	rc.addSecret(ep.Secret)
+
+	clicks := s.publishClicks(t, []string{"a1", "b2", "c3"}, 60)
+	testenv.WaitFor(t, 30*time.Second, "the first instance to stop mid-batch", func() bool { return requests.Load() >= 3 })
+	first.stop(t)
+	clicks = append(clicks, s.publishClicks(t, []string{"a1", "b2", "c3"}, 40)...)
+	s.start(t, s.testConfig("m2"))
+	rc.waitAll(t, "every click after the restart", clicks, 60*time.Second)
+
+	if _, bad := rc.counts(); bad != 0 {
+		t.Errorf("%d requests did not verify", bad)
+	}
+	checkUnaltered(t, rc, clicks)
+	bodies := map[string][]byte{}    // webhook-id -> body
+	webhookOf := map[string]string{} // event id -> webhook-id
+	dups := 0
+	for _, r := range rc.got() {
+		if b, ok := bodies[r.webhookID]; ok {
+			dups++
+			if !bytes.Equal(b, r.body) {
+				t.Errorf("webhook-id %s sent with two different bodies", r.webhookID)
+			}
+		}
+		bodies[r.webhookID] = r.body
+		for _, e := range r.events {
+			if w, ok := webhookOf[e.ID]; ok && w != r.webhookID {
+				t.Errorf("event %s sent again under webhook-id %s, first under %s", e.ID, r.webhookID, w)
+			}
+			webhookOf[e.ID] = r.webhookID
+		}
+	}
+	if dups == 0 {
+		t.Errorf("the batch in flight at the stop was not sent again")
+	}
+	t.Logf("%d clicks, %d requests, %d repeated (same webhook-id and body)", len(clicks), len(rc.got()), dups)
+}
+
+// TestReplayFromATimeDeliversExactlyTheEventsSinceThen.
+func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+
+	before := s.publishClicks(t, []string{"a1", "b2"}, 30)
+	rc.waitAll(t, "the clicks before the replay point", before, 30*time.Second)
+	from := time.Now().UTC()
+	since := s.publishClicks(t, []string{"a1", "b2"}, 30)
+	rc.waitAll(t, "the clicks after the replay point", since, 30*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	n0 := len(rc.got())
+
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	replayed := func() map[string]int {
+		out := map[string]int{}
+		for _, r := range rc.got()[n0:] {
+			for _, e := range r.events {
+				out[e.ID]++
+			}
+		}
+		return out
+	}
+	testenv.WaitFor(t, 30*time.Second, "the replayed clicks", func() bool {
+		got := replayed()
+		for _, c := range since {
+			if got[c.ID] == 0 {
+				return false
+			}
+		}
+		return getEndpoint(t, svc.addr, ep.ID).Backlog == 0
+	})
+	got := replayed()
+	if len(got) != len(since) {
+		t.Errorf("replay delivered %d distinct events, want exactly the %d since the replay point", len(got), len(since))
+	}
+	for _, c := range before {
+		if got[c.ID] > 0 {
+			t.Errorf("click %s from before the replay point was replayed", c.ID)
+		}
+	}
+	for id, n := range got {
+		if n != 1 {
+			t.Errorf("event %s replayed %d times, want once", id, n)
+		}
+	}
+	// Live delivery goes on after the replay.
+	after := s.publishClicks(t, []string{"a1"}, 5)
+	rc.waitAll(t, "clicks after the replay", after, 30*time.Second)
+}
+
+// hosts resolves names from a table the test changes (DNS that answers
+// differently at creation and at delivery).
+type hosts struct {
+	mu sync.Mutex
+	m  map[string]netip.Addr
+}
+
+func (h *hosts) set(name, ip string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.m[name] = netip.MustParseAddr(ip)
+}
+
+func (h *hosts) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ip, ok := h.m[host]; ok {
+		return []netip.Addr{ip}, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// TestSSRFRefusedAtCreationAndAtDelivery: with no allow-list, endpoints at
+// internal addresses are refused when created, and a name that resolved
+// to a public address at creation and to loopback later is refused when
+// delivering, without a request reaching the local receiver.
+func TestSSRFRefusedAtCreationAndAtDelivery(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	rc := newReceiver(t, nil)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(rc.srv.URL, "http://"))
+	dns := &hosts{m: map[string]netip.Addr{}}
+	dns.set("rebind.example", "93.184.215.14")
+	dns.set("internal.example", "10.1.2.3")
+	cfg := s.testConfig("m1")
+	cfg.AllowCIDRs = nil
+	cfg.HTTPHosts = []string{"127.0.0.1", "localhost", "10.0.0.1", "169.254.169.254", "[::1]", "::1", "::127.0.0.1",
+		"::ffff:127.0.0.1", "192.168.1.10", "fd00:ec2::254", "rebind.example", "internal.example", "100.100.100.200"}
+	cfg.Resolver = dns
+	svc := s.start(t, cfg)
+
+	tests := []struct{ name, url string }{
+		{"loopback", "http://127.0.0.1:" + port + "/hook"},
+		{"loopback_v6", "http://[::1]:" + port + "/hook"},
+		{"v4_compatible_loopback", "http://[::127.0.0.1]:" + port + "/hook"},
+		{"v4_mapped_loopback", "http://[::ffff:127.0.0.1]:" + port + "/hook"},
+		{"private_10", "http://10.0.0.1/hook"},
+		{"private_192_168", "http://192.168.1.10/hook"},
+		{"link_local_metadata", "http://169.254.169.254/latest/meta-data/"},
+		{"aws_metadata_v6", "http://[fd00:ec2::254]/"},
+		{"alibaba_metadata", "http://100.100.100.200/"},
+		{"name_resolving_to_private", "http://internal.example/hook"},
+		{"unknown_name", "http://localhost/hook"},
+		{"https_required", "http://example.com/hook"},
+		{"credentials", "https://user:pass@example.com/hook"},
+		{"not_http", "ftp://example.com/hook"},
+	}
+	for _, tc := range tests {
+		var e struct {
+			Error string `json:"error"`
+		}
+		code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints",
+			map[string]any{"url": tc.url, "event_types": []string{"click"}}, &e)
+		if code != http.StatusBadRequest || e.Error == "" {
+			t.Errorf("%s: create %s = %d %q, want 400 with a message", tc.name, tc.url, code, e.Error)
+		}
+	}
+
+	// Public at creation, loopback at delivery.
+	ep := createEndpoint(t, svc.addr, "http://rebind.example:"+port+"/hook", nil)
+	dns.set("rebind.example", "127.0.0.1")
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/test", nil, nil); code != http.StatusAccepted {
+		t.Fatalf("test event: status %d", code)
+	}
+	testenv.WaitFor(t, 30*time.Second, "a refused delivery attempt", func() bool {
+		for _, d := range deliveries(t, svc.addr, ep.ID) {
+			if d.Status == "failed" && strings.Contains(d.Error, "address refused") {
+				return true
+			}
+		}
+		return false
+	})
+	if n, _ := rc.counts(); n != 0 {
+		t.Errorf("the local receiver got %d requests, want 0", n)
+	}
+}
+
+// TestOwnerAPI: authentication, the error envelope, another owner's
+// endpoint, pause and resume, a test event, redelivery, delete.
+func TestOwnerAPI(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.MaxEndpointsPerOwner = 2
+	svc := s.start(t, cfg)
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"links": []string{"a1"}})
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+
+	var e struct {
+		Error string `json:"error"`
+	}
+	for _, tc := range []struct {
+		name, key, method, path string
+		body                    any
+		want                    int
+	}{
+		{"no_key", "", http.MethodGet, "/api/webhooks/endpoints", nil, http.StatusUnauthorized},
+		{"bad_key", "snip_nope", http.MethodGet, "/api/webhooks/endpoints", nil, http.StatusUnauthorized},
+		{"other_owners_endpoint", otherKey, http.MethodGet, base, nil, http.StatusNotFound},
+		{"other_owner_cannot_delete", otherKey, http.MethodDelete, base, nil, http.StatusNotFound},
+		{"unknown_event_type", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url(), "event_types": []string{"purchase"}}, http.StatusBadRequest},
+		{"unknown_field", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url(), "event_types": []string{"click"}, "colour": "red"}, http.StatusBadRequest},
+		{"batch_too_big", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url(), "event_types": []string{"click"}, "batch_max": 5000}, http.StatusBadRequest},
+		{"bad_replay_time", acmeKey, http.MethodPost, base + "/replay", map[string]any{"from": "yesterday"}, http.StatusBadRequest},
+		{"unknown_delivery", acmeKey, http.MethodPost, base + "/deliveries/nope/redeliver", nil, http.StatusNotFound},
+		{"second_endpoint", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "2", "event_types": []string{"fraud_alert"}}, http.StatusCreated},
+		{"too_many_endpoints", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "3", "event_types": []string{"click"}}, http.StatusBadRequest},
+	} {
+		e.Error = ""
+		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || (code >= 400) != (e.Error != "") {
+			t.Errorf("%s: %s %s = %d %q, want %d with an error message", tc.name, tc.method, tc.path, code, e.Error, tc.want)
+		}
+	}
+
+	// Paused: events queue (only link a1's), nothing is sent; resumed: all arrive.
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/pause", nil, nil)
+	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "paused" {
+		t.Fatalf("status after pause %q", st.Status)
+	}
+	clicks := s.publishClicks(t, []string{"a1", "zz"}, 20)
+	testenv.WaitFor(t, 30*time.Second, "10 clicks of link a1 queued while paused", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 10 })
+	if n, _ := rc.counts(); n != 0 {
+		t.Fatalf("paused endpoint got %d requests", n)
+	}
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/resume", nil, nil)
+	var a1 []events.Click
+	for _, c := range clicks {
+		if c.Code == "a1" {
+			a1 = append(a1, c)
+		}
+	}
+	rc.waitAll(t, "the queued clicks after resume", a1, 30*time.Second)
+	if ids := rc.eventIDs(); len(ids) != len(a1) {
+		t.Errorf("got %d distinct events, want the %d of link a1 (the link filter)", len(ids), len(a1))
+	}
+
+	// A test event, then its redelivery with the same webhook-id.
+	var test struct {
+		EventID string `json:"event_id"`
+	}
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/test", nil, &test)
+	testenv.WaitFor(t, 30*time.Second, "the test event", func() bool { return rc.eventIDs()[test.EventID] == 1 })
+	var testDelivery redisstore.Delivery
+	for _, d := range deliveries(t, svc.addr, ep.ID) {
+		if d.WebhookID == test.EventID && d.Status == "delivered" {
+			testDelivery = d
+		}
+	}
+	if testDelivery.ID == "" {
+		t.Fatalf("no delivered record of the test event in %+v", deliveries(t, svc.addr, ep.ID))
+	}
+	var again redisstore.Delivery
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/deliveries/"+testDelivery.ID+"/redeliver", nil, &again); code != http.StatusOK || again.Status != "delivered" {
+		t.Fatalf("redeliver: %d %+v", code, again)
+	}
+	if n := rc.eventIDs()[test.EventID]; n != 2 {
+		t.Errorf("test event received %d times after redelivery, want 2", n)
+	}
+	if _, bad := rc.counts(); bad != 0 {
+		t.Errorf("%d requests did not verify", bad)
+	}
+
+	if code := api(t, svc.addr, acmeKey, http.MethodDelete, base, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: status %d", code)
+	}
+	if code := api(t, svc.addr, acmeKey, http.MethodGet, base, nil, nil); code != http.StatusNotFound {
+		t.Errorf("get after delete: status %d, want 404", code)
+	}
+}
+
+// TestRetryAfterIsHonouredAndAFailingEndpointIsDisabled: 429 with
+// Retry-After: 1 spaces the attempts by a second (the schedule says 100ms),
+// and after DisableAfter the endpoint is disabled and the owner is told on
+// webhooks.disabled.<owner>.
+func TestRetryAfterIsHonouredAndAFailingEndpointIsDisabled(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.DisableAfter = 2500 * time.Millisecond
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 5 * time.Second}
+	svc := s.start(t, cfg)
+	nc := s.nats.Connect(t)
+	told := make(chan *nats.Msg, 4)
+	sub, err := nc.ChanSubscribe(topology.WebhooksDisabledSubjectPrefix+"acme", told)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		return false
+	})
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	s.publishClicks(t, []string{"a1"}, 1)
+
+	select {
+	case m := <-told:
+		var ev struct {
+			Endpoint string `json:"endpoint"`
+			Reason   string `json:"reason"`
+		}
+		if err := json.Unmarshal(m.Data, &ev); err != nil || ev.Endpoint != ep.ID || ev.Reason == "" {
+			t.Errorf("disabled event %s: %v", m.Data, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no disabled event within 30s")
+	}
+	st := getEndpoint(t, svc.addr, ep.ID)
+	if st.Status != "disabled" || !strings.Contains(st.LastError, "429") {
+		t.Errorf("endpoint %+v, want disabled after HTTP 429s", st)
+	}
+	ds := deliveries(t, svc.addr, ep.ID)
+	if len(ds) < 2 {
+		t.Fatalf("%d attempts, want at least 2", len(ds))
+	}
+	for i := 0; i+1 < len(ds); i++ { // newest first
+		if gap := ds[i].Time.Sub(ds[i+1].Time); gap < 900*time.Millisecond {
+			t.Errorf("attempts %d and %d %s apart, want >= Retry-After (1s)", ds[i+1].Attempt, ds[i].Attempt, gap)
+		}
+	}
+	// Resume re-enables it.
+	api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/resume", nil, nil)
+	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "active" {
+		t.Errorf("status after resume %q, want active", st.Status)
+	}
+}
+
+// TestResumeSendsAtOnceAfterALongRetryWait: an endpoint disabled while its
+// next try is an hour away is tried at once when its owner resumes it.
+func TestResumeSendsAtOnceAfterALongRetryWait(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.DisableAfter = 50 * time.Millisecond
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, time.Hour}
+	cfg.RetryJitter = 0
+	svc := s.start(t, cfg)
+	var up atomic.Bool
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		if up.Load() {
+			return true
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		return false
+	})
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	clicks := s.publishClicks(t, []string{"a1"}, 3)
+	testenv.WaitFor(t, 30*time.Second, "the endpoint disabled", func() bool { return getEndpoint(t, svc.addr, ep.ID).Status == "disabled" })
+	up.Store(true)
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: status %d", code)
+	}
+	rc.waitAll(t, "the queued clicks right after resume (the next scheduled try was an hour away)", clicks, 20*time.Second)
+	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "active" || !st.FailingSince.IsZero() {
+		t.Errorf("after delivery: %+v, want active and not failing", st)
+	}
+}
+
+// TestFraudAlertsReachTheirOwnersEndpointsOnce: an alert goes to its owner's
+// fraud_alert endpoints only, unaltered, and an alert published again (as
+// a redelivery would hand it) is not sent twice.
+func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	alerts := newReceiver(t, nil)
+	clicksOnly := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, alerts.url(), map[string]any{"event_types": []string{"fraud_alert"}})
+	alerts.addSecret(ep.Secret)
+	clicksOnly.addSecret(createEndpoint(t, svc.addr, clicksOnly.url(), nil).Secret)
+
+	publish := func(owner, id string) events.FraudAlert {
+		now := time.Now().UTC()
+		a := events.FraudAlert{V: events.FraudVersion, ID: id, Rule: "visitor_burst", Code: "a1", Owner: owner,
+			WindowStart: now.Add(-time.Minute), WindowEnd: now, Count: 50, Threshold: 20, Time: now}
+		b, err := json.Marshal(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A fresh Nats-Msg-Id each time: the stream stores every copy, as it
+		// would a republish after its duplicate window.
+		if _, err := s.js.Publish(t.Context(), events.FraudAlertSubject(a.Code), b, jetstream.WithMsgID(events.NewID())); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	from := time.Now().UTC()
+	mine := publish("acme", "visitor_burst:a1:k1:1")
+	publish("other", "visitor_burst:a1:k2:1")
+	publish("acme", mine.ID) // the same alert again
+	last := publish("acme", "visitor_burst:a1:k3:1")
+	testenv.WaitFor(t, 30*time.Second, "acme's alerts", func() bool {
+		ids := alerts.eventIDs()
+		return ids[mine.ID] > 0 && ids[last.ID] > 0
+	})
+	ids := alerts.eventIDs()
+	if len(ids) != 2 || ids[mine.ID] != 1 {
+		t.Errorf("received %v, want acme's two alerts once each", ids)
+	}
+	for _, r := range alerts.got() {
+		for _, e := range r.events {
+			var a events.FraudAlert
+			if err := json.Unmarshal(e.Data, &a); err != nil || e.Type != "fraud_alert" || a.Owner != "acme" || a.Rule != "visitor_burst" {
+				t.Errorf("event %s type %s data %s: %v", e.ID, e.Type, e.Data, err)
+			}
+		}
+	}
+	if n, _ := clicksOnly.counts(); n != 0 {
+		t.Errorf("a click-only endpoint got %d requests", n)
+	}
+
+	// A replay sends acme's alerts again, once each (the first is in FRAUD
+	// twice).
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	n0 := len(alerts.got())
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	replayed := map[string]int{}
+	testenv.WaitFor(t, 30*time.Second, "the replayed alerts", func() bool {
+		replayed = map[string]int{}
+		for _, r := range alerts.got()[n0:] {
+			for _, e := range r.events {
+				replayed[e.ID]++
+			}
+		}
+		return replayed[mine.ID] > 0 && replayed[last.ID] > 0 && getEndpoint(t, svc.addr, ep.ID).Backlog == 0
+	})
+	if diff := cmp.Diff(map[string]int{mine.ID: 1, last.ID: 1}, replayed); diff != "" {
+		t.Errorf("replayed alerts (-want +got):\n%s", diff)
+	}
+}
+
+// TestTwoInstancesShareEndpointsAndTakeOver: endpoints are spread over two
+// instances by lease; when one stops, the other delivers all of them.
+func TestTwoInstancesShareEndpointsAndTakeOver(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	a := s.start(t, s.testConfig("m1"))
+	s.start(t, s.testConfig("m2"))
+	var rcs []*receiver
+	for range 4 {
+		rc := newReceiver(t, nil)
+		rc.addSecret(createEndpoint(t, a.addr, rc.url(), nil).Secret)
+		rcs = append(rcs, rc)
+	}
+	first := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
+	for i, rc := range rcs {
+		rc.waitAll(t, fmt.Sprintf("endpoint %d, both instances up", i), first, 30*time.Second)
+	}
+	a.stop(t)
+	second := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
+	for i, rc := range rcs {
+		rc.waitAll(t, fmt.Sprintf("endpoint %d after m1 stopped", i), second, 30*time.Second)
+		if _, bad := rc.counts(); bad != 0 {
+			t.Errorf("endpoint %d: %d requests did not verify", i, bad)
+		}
+	}
+}
+
+// TestRedirectsAreNotFollowedAndResponsesAreCapped: a 3xx is a failed
+// attempt (the target it names gets nothing), a large response body is
+// kept only in part, and the per-endpoint metrics count both.
+func TestRedirectsAreNotFollowedAndResponsesAreCapped(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	target := newReceiver(t, nil)
+	redirecting := newReceiver(t, func(w http.ResponseWriter, r *http.Request) bool {
+		http.Redirect(w, r, target.url(), http.StatusTemporaryRedirect)
+		return false
+	})
+	chatty := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 1<<20))
+		return false
+	})
+	redirEP := createEndpoint(t, svc.addr, redirecting.url(), nil)
+	target.addSecret(redirEP.Secret)
+	chattyEP := createEndpoint(t, svc.addr, chatty.url(), nil)
+	s.publishClicks(t, []string{"a1"}, 1)
+
+	testenv.WaitFor(t, 30*time.Second, "a failed attempt at the redirecting endpoint", func() bool {
+		for _, d := range deliveries(t, svc.addr, redirEP.ID) {
+			if d.Status == "failed" && d.Code == http.StatusTemporaryRedirect && strings.Contains(d.Error, "redirect not followed") {
+				return true
+			}
+		}
+		return false
+	})
+	if n, _ := target.counts(); n != 0 {
+		t.Errorf("the redirect's target got %d requests, want 0", n)
+	}
+	var d redisstore.Delivery
+	testenv.WaitFor(t, 30*time.Second, "a delivery to the chatty endpoint", func() bool {
+		ds := deliveries(t, svc.addr, chattyEP.ID)
+		if len(ds) == 0 {
+			return false
+		}
+		d = ds[0]
+		return true
+	})
+	if d.Status != "delivered" || len(d.Response) != 512 {
+		t.Errorf("delivery %s with %d response bytes kept, want delivered with 512", d.Status, len(d.Response))
+	}
+	wants := []string{
+		`snip_webhooks_delivered_events_total{endpoint="` + chattyEP.ID + `"} 1`,
+		`snip_webhooks_failed_attempts_total{endpoint="` + redirEP.ID + `"}`,
+		`snip_webhooks_backlog_events{endpoint="` + redirEP.ID + `"} 1`,
+		`snip_webhooks_oldest_undelivered_age_seconds{endpoint="` + redirEP.ID + `"}`,
+	}
+	testenv.WaitFor(t, 30*time.Second, "the per-endpoint metrics", func() bool {
+		_, b := getMetrics(t, svc.addr)
+		for _, want := range wants {
+			if !strings.Contains(b, want) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func getMetrics(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
