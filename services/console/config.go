@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 	"unicode"
 
@@ -55,6 +57,10 @@ type Config struct {
 	// AuthFailureInterval; correct ones cost nothing.
 	AuthFailureBurst    int           `env:"CONSOLE_AUTH_FAILURE_BURST" envDefault:"5"`
 	AuthFailureInterval time.Duration `env:"CONSOLE_AUTH_FAILURE_INTERVAL" envDefault:"2s"`
+	// TrustedProxies are CIDRs (or addresses) of reverse proxies whose
+	// X-Forwarded-For names the client for those limits; empty: the
+	// connection's peer is the client.
+	TrustedProxies []string `env:"CONSOLE_TRUSTED_PROXIES" envSeparator:","`
 
 	// LagWarn and LagAlarm colour the age of the oldest unread event (and the
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
@@ -101,6 +107,32 @@ const (
 // them unless CONSOLE_ALLOW_DEV_TOKEN says this is a demo.
 var devTokens = []string{"console-dev-token"}
 
+// trustedProxies parses CONSOLE_TRUSTED_PROXIES.
+func (c Config) trustedProxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range c.TrustedProxies {
+		v = strings.TrimSpace(v)
+		if v == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, fmt.Errorf("CONSOLE_TRUSTED_PROXIES: %q is not a CIDR or an address", v)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
+}
+
+func (c Config) trustedProxiesErr() error {
+	_, err := c.trustedProxies()
+	return err
+}
+
 // tokenProblem says what is wrong with a console token, or nil.
 func tokenProblem(t string, allowDev bool) error {
 	distinct := map[rune]bool{}
@@ -145,6 +177,8 @@ func (c Config) validate() error {
 		return tokenProblem(c.Token, c.AllowDevToken)
 	case c.AuthFailureBurst < 1 || c.AuthFailureInterval <= 0:
 		return errors.New("CONSOLE_AUTH_FAILURE_BURST >= 1 and CONSOLE_AUTH_FAILURE_INTERVAL > 0")
+	case c.trustedProxiesErr() != nil:
+		return c.trustedProxiesErr()
 	case c.Token == "" && !c.Insecure && !loopbackListen(c.HTTPAddr):
 		return fmt.Errorf("HTTP_ADDR %q is not a loopback address and CONSOLE_TOKEN is not set: "+
 			"set a token, listen on 127.0.0.1, or set CONSOLE_INSECURE=true", c.HTTPAddr)
@@ -189,7 +223,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("clickhouse_password", mask(c.ClickHousePassword)),
 		slog.String("token", mask(c.Token)), slog.Bool("insecure", c.Insecure), slog.Bool("allow_dev_token", c.AllowDevToken),
 		slog.Int("auth_failure_burst", c.AuthFailureBurst), slog.Duration("auth_failure_interval", c.AuthFailureInterval),
-		slog.Duration("owner_key_recheck", c.OwnerKeyRecheck),
+		slog.Duration("owner_key_recheck", c.OwnerKeyRecheck), slog.Any("trusted_proxies", c.TrustedProxies),
 		slog.Duration("lag_warn", c.LagWarn), slog.Duration("lag_alarm", c.LagAlarm),
 		slog.Int("live_max_browsers", c.LiveMaxBrowsers), slog.Float64("live_max_rate", c.LiveMaxRate),
 		slog.Int("owner_streams_per_owner", c.OwnerStreamsPerOwner), slog.Int("owner_streams_max", c.OwnerStreamsMax),

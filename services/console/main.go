@@ -69,6 +69,10 @@ func main() {
 // Last-Event-ID), then the HTTP server stops, then the clients close.
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	log.Info("starting console", "config", cfg)
+	trusted, err := cfg.trustedProxies()
+	if err != nil {
+		return err
+	}
 
 	nc, err := natsconn.Connect(cfg.nats(), log)
 	if err != nil {
@@ -110,7 +114,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		Readers: readers.New(js, th), Live: hub, Alerts: fraudAlerts, DeadLetters: dlq.New(js),
 		Outbox: outboxstate.New(rdb, th.Level), Webhooks: webhookstate.New(rdb), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb), KeyRecheck: cfg.OwnerKeyRecheck,
 		Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure,
-			FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval},
+			FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval, TrustedProxies: trusted},
 		Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
 		LiveWriteTimeout: cfg.SSEWriteTimeout, Stop: stopStreams, Log: log, Metrics: reg,
 	})

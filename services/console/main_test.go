@@ -549,6 +549,8 @@ func TestWithoutATokenOnlyLoopbackIsServed(t *testing.T) {
 		{"published_dev_token", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token"}, true},
 		{"published_dev_token_allowed_for_a_demo", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token", "CONSOLE_ALLOW_DEV_TOKEN=true"}, false},
 		{"no_failures_allowed", []string{"CONSOLE_TOKEN=" + testToken, "CONSOLE_AUTH_FAILURE_BURST=0"}, true},
+		{"trusted_proxies", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_TRUSTED_PROXIES=10.0.0.0/8, 192.0.2.1"}, false},
+		{"bad_trusted_proxy", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_TRUSTED_PROXIES=proxy.local"}, true},
 		{"alarm_before_warn", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_LAG_WARN=5m", "CONSOLE_LAG_ALARM=1m"}, true},
 	}
 	for _, tc := range tests {

@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -69,6 +70,9 @@ type API struct {
 	CreateLimit Limiter
 	// Keys, if set, serves POST /api/key/rotate.
 	Keys KeyRotator
+	// resolved caches the self-loop check's DNS answers (selfloop.go).
+	resolvedOnce sync.Once
+	resolved     *resolveCache
 	// RedirectLatency observes the time to answer a redirect.
 	RedirectLatency prometheus.Observer
 	// Misses counts requests for codes that cannot exist (bad characters).
