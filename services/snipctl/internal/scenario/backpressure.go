@@ -66,9 +66,7 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	var countAtAgeAlarm float64
 	var handledHalf atomic.Int64
 	start := time.Now()
-	sctx, stopSampling := context.WithCancel(ctx)
-	defer stopSampling()
-	go smp.run(sctx, func() {
+	stopSampling := smp.start(ctx, func() {
 		count, age := groupLag(ctx, js, "readers")
 		lessonAge := e.Lesson(age)
 		at := e.Lesson(time.Since(start))
@@ -81,6 +79,8 @@ func runBackpressure(ctx context.Context, e *Env) error {
 			countAlarmAt = at
 		}
 	})
+	defer stopSampling()
+
 	e.say("producers at %g/s, readers at %g/s, for %g s", bpIn, bpOut, bpSecs)
 	total := int(bpIn * bpSecs)
 	links := codes(40)
