@@ -435,7 +435,20 @@ func (l *ledger) expectInCLICKS(tb testing.TB, js jetstream.JetStream) int {
 // match, from /metrics.
 func metric(tb testing.TB, base, name string, match ...string) float64 {
 	tb.Helper()
-	r := do(tb, "GET", base+"/metrics", "")
+	// A scrape can time out on a machine loaded enough (the race detector,
+	// other test binaries); the service is not at fault, so try again, up
+	// to a deadline, before failing the test.
+	var r response
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		var err error
+		if r, err = doErr("GET", base+"/metrics", ""); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("GET %s/metrics: %v", base, err)
+		}
+	}
 	var sum float64
 	for _, line := range bytes.Split(r.Body, []byte("\n")) {
 		s := string(line)

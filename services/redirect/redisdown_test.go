@@ -129,13 +129,20 @@ func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCoun
 	stop := make(chan struct{})
 	wait := openLoop(l, in.URL, codes, 50, stop)
 	testenv.WaitFor(t, 30*time.Second, "traffic before the faults", func() bool { return l.total() >= 50 })
-	// NATS first: while Redis is up its clicks take the outbox, so no
-	// direct publish is in flight when NATS stops (one in flight at that
-	// instant is the one way a 503'd click can be stored; decisions/0014).
-	// Then Redis: the outbox wait runs out, the direct publish fails at once
-	// (nothing is buffered while disconnected), and the request gets 503.
+	// The faults strike between requests: a request in flight at the very
+	// instant of the fault is the residual decisions/0014 states (its XADD
+	// executed just before the freeze and its reply lost, or its direct
+	// publish stored with the ack lost), not what this test is about. So
+	// the traffic stops, the stores fail, and new traffic starts.
+	close(stop)
+	wait()
+	// NATS first, then Redis: the outbox wait runs out, the direct publish
+	// fails at once (nothing is buffered while disconnected), and the
+	// request gets 503 after waiting for its XADD past the entry's validity.
 	n.Stop()
 	r.Pause()
+	stop = make(chan struct{})
+	wait = openLoop(l, in.URL, codes, 50, stop)
 	testenv.WaitFor(t, 60*time.Second, "503s while both stores are down", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
