@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 )
 
 // Event is one click read from CLICKS, with where it was stored.
@@ -27,22 +28,29 @@ type Event struct {
 }
 
 // Handler processes a batch of one partition's events, in stream order. It
-// is never called concurrently for the same partition.
+// is never called concurrently for the same partition. Its answer follows
+// the failure contract every Snip consumer shares (package failure), with
+// the batch index a batch handler must add to a permanent error:
 //
 //   - nil: every event of the batch is done and the batch is acked.
-//   - an error wrapping a *PoisonError (see Poison): the events before Index
-//     are done, the event at Index is parked on DEAD_LETTER as
-//     dead.<group>.<reason> and acked, and the events after it are handed to
-//     the handler again in a new batch.
-//   - any other error is transient: the partition waits (exponential backoff
-//     with jitter, capped at Config.MaxRetryDelay) and the same batch is
-//     handed again. Nothing after it is processed meanwhile.
+//   - a permanent error naming its event, a *PoisonError (see Poison): the
+//     events before Index are done, the event at Index is parked on
+//     DEAD_LETTER as dead.<group>.<reason> and acked, and the events after
+//     it are handed to the handler again in a new batch. A permanent error
+//     without an index (failure.Permanent) parks the event of a one-event
+//     batch; in a longer batch the runtime cannot tell which event it is
+//     about, so it logs that and retries the batch.
+//   - any other error is retryable: the partition waits (exponential backoff
+//     with jitter, capped at Config.MaxRetryDelay, never shorter than the
+//     error's failure.RetryableAfter) and the same batch is handed again.
+//     Nothing after it is processed meanwhile.
 //
 // The context is cancelled only when the member must stop at once (the drain
 // timeout passed); a graceful stop lets the batch in hand finish.
 type Handler func(ctx context.Context, partition int, batch []Event) error
 
-// PoisonError marks one event of a batch as one that can never be processed.
+// PoisonError marks one event of a batch as one that can never be
+// processed: failure.Permanent with the event's index in the batch.
 type PoisonError struct {
 	// Index is the position of the event in the batch.
 	Index int
@@ -56,9 +64,13 @@ func (e *PoisonError) Error() string {
 	return fmt.Sprintf("poison event at batch index %d (%s): %v", e.Index, e.Reason, e.Err)
 }
 
-func (e *PoisonError) Unwrap() error { return e.Err }
+// Unwrap returns the permanent failure (package failure) the error stands
+// for, which wraps Err: failure.Classify of a PoisonError is Park with its
+// Reason, and errors.Is finds Err.
+func (e *PoisonError) Unwrap() error { return failure.Permanent(e.Reason, e.Err) }
 
-// Poison returns a *PoisonError for batch[index].
+// Poison returns a *PoisonError for batch[index]: the event is parked under
+// reason.
 func Poison(index int, reason string, err error) error {
 	return &PoisonError{Index: index, Reason: reason, Err: err}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/topology"
 )
 
@@ -613,12 +614,25 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			batch = batch[pe.Index+1:]
 			continue
 		}
+		verdict := failure.Classify(err)
+		if verdict.Kind == failure.Park && len(batch) == 1 {
+			m.met.errors.WithLabelValues(m.cfg.Group, "poison").Inc()
+			msg := msgBySeq(msgs, batch[0].Seq)
+			md, _ := msg.Metadata()
+			if err := w.park(msg, md, verdict.Reason, err); err != nil {
+				return err
+			}
+			return nil
+		}
+		if verdict.Kind == failure.Park {
+			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
+		}
 		if w.ctx.Err() != nil {
 			return w.ctx.Err()
 		}
 		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
 		failures++
-		d := bo.NextBackOff()
+		d := max(bo.NextBackOff(), verdict.RetryAfter)
 		if failures == 1 || failures%10 == 0 {
 			w.log.Warn("handler failed; retrying the batch", "err", err, "failures", failures, "in", d, "first_seq", batch[0].Seq)
 		}
