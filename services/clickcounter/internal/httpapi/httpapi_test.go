@@ -16,9 +16,9 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
-	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 	"github.com/snipdev/snip/services/clickcounter/internal/httpapi"
 	"github.com/snipdev/snip/services/clickcounter/internal/redisstore"
