@@ -89,9 +89,16 @@ const (
 
 // Start says where a group's consumers begin when they are first created.
 // It is ignored for consumers that exist: a group resumes where it was.
+//
+// Every reader says it the same way, in code (StartAtOldest, StartAtNew,
+// StartAtTime, StartWithin) or in configuration (ParseStart: "oldest",
+// "new", a duration such as "72h", or an RFC 3339 time). Start implements
+// encoding.TextUnmarshaler, so a Config field of type Start reads its
+// environment variable directly.
 type Start struct {
 	policy startPolicy
 	time   time.Time
+	within time.Duration
 }
 
 type startPolicy int
@@ -100,6 +107,7 @@ const (
 	startOldest startPolicy = iota
 	startNew
 	startTime
+	startWithin
 )
 
 // StartAtOldest starts a new group at the oldest event CLICKS retains.
@@ -111,6 +119,68 @@ func StartAtNew() Start { return Start{policy: startNew} }
 // StartAtTime starts a new group at the first event stored at or after t:
 // "load the last three days first" is StartAtTime(time.Now().Add(-72*time.Hour)).
 func StartAtTime(t time.Time) Start { return Start{policy: startTime, time: t} }
+
+// StartWithin starts a new group at the first event stored within d before
+// its consumers are created: "load the last three days first" said once in
+// configuration, StartWithin(72*time.Hour).
+func StartWithin(d time.Duration) Start { return Start{policy: startWithin, within: d} }
+
+// ParseStart reads a Start from configuration: "oldest", "new", a positive
+// Go duration (StartWithin: "72h" loads the last three days first) or an
+// RFC 3339 time (StartAtTime).
+func ParseStart(s string) (Start, error) {
+	switch s {
+	case "oldest":
+		return StartAtOldest(), nil
+	case "new":
+		return StartAtNew(), nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return Start{}, fmt.Errorf("start %q: a duration must be positive: %w", s, ErrBadConfig)
+		}
+		return StartWithin(d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return StartAtTime(t), nil
+	}
+	return Start{}, fmt.Errorf("start %q: want oldest, new, a positive duration or an RFC 3339 time: %w", s, ErrBadConfig)
+}
+
+// UnmarshalText is ParseStart, for configuration loaders.
+func (s *Start) UnmarshalText(b []byte) error {
+	v, err := ParseStart(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// String is the Start as ParseStart reads it.
+func (s Start) String() string {
+	switch s.policy {
+	case startNew:
+		return "new"
+	case startTime:
+		return s.time.UTC().Format(time.RFC3339Nano)
+	case startWithin:
+		return s.within.String()
+	}
+	return "oldest"
+}
+
+// from is where the group's consumers begin if they are created at now:
+// the zero time for the oldest event or the new ones, per policy.
+func (s Start) from(now time.Time) time.Time {
+	switch s.policy {
+	case startTime:
+		return s.time
+	case startWithin:
+		return now.Add(-s.within)
+	}
+	return time.Time{}
+}
 
 // Config configures a member.
 type Config struct {
