@@ -3,8 +3,9 @@
 // (corrections). Each is one durable consumer shared by every counter
 // instance, read in batches (one Redis round trip per batch); a message is
 // acked once its batch is written, retried with backoff when it failed, and
-// parked on DEAD_LETTER when it can never be handled (malformed or of an
-// unknown schema version).
+// parked on DEAD_LETTER (through package deadletter) when it can never be
+// handled (malformed, of an unknown schema version, or any failure.Permanent):
+// the failure contract every Snip consumer shares, read by failure.Classify.
 package jsfeed
 
 import (
