@@ -13,8 +13,8 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/workqueue"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
-	"github.com/snipdev/snip/services/preview/internal/workqueue"
 )
 
 // Config is the preview worker's configuration, read once from the

@@ -25,10 +25,10 @@ import (
 	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/pkg/workqueue"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
 	"github.com/snipdev/snip/services/preview/internal/preview"
 	"github.com/snipdev/snip/services/preview/internal/redisstore"
-	"github.com/snipdev/snip/services/preview/internal/workqueue"
 )
 
 func main() {
