@@ -66,11 +66,11 @@ func TestFraudWorksAsTheDeployedNATSUser(t *testing.T) {
 	n := &testenv.NATS{URL: url}
 
 	// snipctl topology apply, as admin, with the options the service checks.
-	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)})
+	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil {
+	if err := topology.Apply(t.Context(), admin, cfg.Topology.Options()); err != nil {
 		t.Fatal(err)
 	}
 	clicks := traffic.Generate(traffic.Spec{Seed: 3, Start: time.Now().Add(-10 * time.Minute), Duration: 6 * time.Minute, HumanRate: 2, Links: 30, Owners: 3, Inject: true})
