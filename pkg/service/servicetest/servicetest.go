@@ -84,6 +84,10 @@ func (r *Running) Stop() error {
 	return r.err
 }
 
+// Cancel tells the service to stop, as SIGTERM would, without waiting
+// (Stop waits).
+func (r *Running) Cancel() { r.cancel() }
+
 func (r *Running) wait() error {
 	r.cancel()
 	select {
