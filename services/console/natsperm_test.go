@@ -117,7 +117,7 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 	var logs syncBuffer
 	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
 		withToken(c)
-		c.NATSUser, c.NATSPassword = "console", "pw-snip_nats_console_password"
+		c.NATS.User, c.NATS.Password = "console", "pw-snip_nats_console_password"
 	})
 	const key = "snip_acme_test_key_0123456789"
 	if err := owners.NewStore(s.rdb).Ensure(ctx, "acme", key); err != nil {
