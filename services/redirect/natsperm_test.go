@@ -64,8 +64,8 @@ func TestRedirectWorksAsTheDeployedNATSUser(t *testing.T) {
 	admin, _ := jetstream.New(nc)
 	_, db := servers.Redis.NewDB(t)
 	cfg := testConfig(servers.Redis.URL(db), url)
-	cfg.NATSUser, cfg.NATSPassword = "redirect", "pw-redirect"
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil { // snipctl topology apply
+	cfg.NATS.User, cfg.NATS.Password = "redirect", "pw-redirect"
+	if err := topology.Apply(t.Context(), admin, cfg.Topology.Options()); err != nil { // snipctl topology apply
 		t.Fatal(err)
 	}
 	in := startInstance(t, cfg)
