@@ -392,7 +392,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, d.env.Cfg.Timeout)
 	defer cancel()
-	if err := topology.Apply(tctx, js, d.env.Cfg.topology()); err != nil {
+	if err := topology.Apply(tctx, js, d.env.Cfg.Topology.Options()); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(d.redisURL, "redis://"), "/0")})
