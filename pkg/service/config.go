@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/topology"
 )
 
@@ -251,4 +253,25 @@ func Mask(value string, secret bool) string {
 		parts[i] = p[:scheme+3] + user + rest[at:]
 	}
 	return strings.Join(parts, ",")
+}
+
+// Owners is the block of a service with an owner API: owners it ensures
+// exist at start (Bootstrap).
+type Owners struct {
+	// BootstrapOwners is "id:key,..." owners ensured at start (demos, tests).
+	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS" secret:"true"`
+}
+
+// Bootstrap ensures that the owners of BootstrapOwners exist with their
+// keys, retrying while Redis is away (Retry). A spec that is not
+// "id:key,..." is returned at once.
+func (o Owners) Bootstrap(ctx context.Context, log *slog.Logger, store *owners.Store) error {
+	for pair := range strings.SplitSeq(o.BootstrapOwners, ",") {
+		if pair = strings.TrimSpace(pair); pair != "" && !strings.Contains(pair, ":") {
+			return fmt.Errorf("SNIP_BOOTSTRAP_OWNERS: %q is not id:key", pair)
+		}
+	}
+	return Retry(ctx, log, "bootstrap owners", func(ctx context.Context) error {
+		return store.EnsureFromSpec(ctx, o.BootstrapOwners)
+	})
 }

@@ -1,10 +1,10 @@
 // Package service is the skeleton every Snip service is built on: what
 // main does (the healthcheck subcommand, signals, the log level and the JSON
-// log), the configuration blocks every service embeds (Base, NATS, Redis,
-// Topology) read once from the environment and logged with its secrets
-// masked, a named group of components where the first failure stops the
-// rest and the stop runs in stated stages, and one retry with backoff for
-// waiting on servers at start.
+// log), the configuration blocks services embed (Base, NATS, Redis,
+// Topology, Owners) read once from the environment and logged with their
+// secrets masked, a named group of components where the first failure stops
+// the rest and the stop runs in stated stages, and one retry with backoff
+// for waiting on servers at start.
 //
 // A service's main.go wires only what is its own:
 //

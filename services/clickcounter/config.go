@@ -19,8 +19,8 @@ type Config struct {
 	service.Redis
 	// The topology the service applies at start (as snipctl topology apply).
 	service.Topology
-	// BootstrapOwners is "id:key,..." owners to ensure at start (demo, tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS" secret:"true"`
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 
 	// Member names this instance in the consumer group; empty: host-pid-random.
 	Member string `env:"CLICKCOUNTER_MEMBER"`

@@ -43,9 +43,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			return err
 		}
 		ownerStore := owners.NewStore(rdb)
-		if err := service.Retry(ctx, log, "bootstrap owners", func(ctx context.Context) error {
-			return ownerStore.EnsureFromSpec(ctx, cfg.BootstrapOwners)
-		}); err != nil {
+		if err := cfg.Owners.Bootstrap(ctx, log, ownerStore); err != nil {
 			return err
 		}
 		var partitions int

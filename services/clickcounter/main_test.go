@@ -64,8 +64,8 @@ func (s *system) testConfig(member string) Config {
 		NATS: service.NATS{URL: s.nats.URL}, Redis: service.Redis{URL: s.redisURL},
 		Topology: service.Topology{ApplyTopology: true, Partitions: testPartitions, Replicas: 1,
 			ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1, Storage: jetstream.MemoryStorage},
-		BootstrapOwners: "acme:" + acmeKey,
-		Member:          member, BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second,
+		Owners: service.Owners{BootstrapOwners: "acme:" + acmeKey},
+		Member: member, BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second,
 		DedupWindow: time.Minute,
 	}
 }

@@ -20,8 +20,8 @@ type Config struct {
 	service.NATS
 	service.Redis
 	service.Topology
-	// BootstrapOwners is "id:key,..." owners to create (demos and tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS" secret:"true"`
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 
 	// Member names this instance in the group (default: hostname-pid-random).
 	Member string `env:"FRAUD_MEMBER"`
@@ -60,7 +60,6 @@ type Config struct {
 	// acknowledgement at once; PublishTimeout bounds each wait.
 	PublishWindow  int           `env:"FRAUD_PUBLISH_WINDOW" envDefault:"4096"`
 	PublishTimeout time.Duration `env:"FRAUD_PUBLISH_TIMEOUT" envDefault:"10s"`
-
 }
 
 // loadConfig reads the environment (fraud detection takes no arguments).

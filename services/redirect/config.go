@@ -22,8 +22,8 @@ type Config struct {
 	// are served meanwhile, into the outbox).
 	service.Topology
 
-	// BootstrapOwners is "id:key,..." owners ensured at start (demos, tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS" secret:"true"`
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 	// PublicURL is the base of short_url in API answers, e.g.
 	// https://sn.ip; empty derives it from each request's Host.
 	PublicURL string `env:"SNIP_PUBLIC_URL"`

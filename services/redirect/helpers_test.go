@@ -39,9 +39,9 @@ func testConfig(redisURL, natsURL string) Config {
 	return Config{
 		Base: service.Base{HTTPAddr: "127.0.0.1:0", LogLevel: slog.LevelWarn, ShutdownTimeout: 10 * time.Second},
 		NATS: service.NATS{URL: natsURL}, Redis: service.Redis{URL: redisURL},
-		Topology:        service.Topology{ApplyTopology: true, Partitions: 3, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1},
-		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
-		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
+		Topology:     service.Topology{ApplyTopology: true, Partitions: 3, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1},
+		Owners:       service.Owners{BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey},
+		OutboxShards: 4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
 		// The production outbox wait; a generous ack bound, because a loaded
 		// test machine can take longer than 500 ms to answer a publish.
 		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,

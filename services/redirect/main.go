@@ -65,7 +65,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		if err := service.Retry(wctx, log, "wait for redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) }); err != nil {
 			return err
 		}
-		if err := owners.NewStore(rdb).EnsureFromSpec(ctx, cfg.BootstrapOwners); err != nil {
+		if err := cfg.Owners.Bootstrap(ctx, log, owners.NewStore(rdb)); err != nil {
 			return err
 		}
 		layout := outbox.NewLayout(cfg.OutboxShards)

@@ -24,8 +24,8 @@ type Config struct {
 	service.Redis
 	// The topology the service applies at start (as snipctl topology apply).
 	service.Topology
-	// BootstrapOwners is "id:key,..." owners to ensure at start (demo, tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS" secret:"true"`
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 
 	// Member names this instance in the consumer group and in endpoint
 	// leases; empty: host-pid-random.
