@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -86,7 +87,9 @@ func (in *instance) stop(t *testing.T) {
 // unpin, no lease delete), then lets its process go.
 func (in *instance) crash(t *testing.T) {
 	in.nc.Close()
-	_ = in.Stop()
+	if err := in.Stop(); errors.Is(err, servicetest.ErrStopTimeout) {
+		t.Fatalf("crashed service did not exit: %v", err)
+	}
 }
 
 type testWriter struct{ t *testing.T }

@@ -5,6 +5,7 @@ package servicetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -84,6 +85,9 @@ func (r *Running) Stop() error {
 	return r.err
 }
 
+// ErrStopTimeout is Stop's error when run did not return within StopTimeout.
+var ErrStopTimeout = errors.New("servicetest: the service did not stop in time")
+
 // Cancel tells the service to stop, as SIGTERM would, without waiting
 // (Stop waits).
 func (r *Running) Cancel() { r.cancel() }
@@ -94,6 +98,6 @@ func (r *Running) wait() error {
 	case err := <-r.done:
 		return err
 	case <-time.After(StopTimeout):
-		return fmt.Errorf("servicetest: the service did not stop within %s", StopTimeout)
+		return fmt.Errorf("%w (%s)", ErrStopTimeout, StopTimeout)
 	}
 }
