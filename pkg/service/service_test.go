@@ -217,3 +217,12 @@ func TestLogValueMasksSecrets(t *testing.T) {
 		}
 	}
 }
+
+// A bootstrap spec that is not id:key is refused at once, not retried.
+func TestBootstrapRefusesAMalformedSpec(t *testing.T) {
+	t.Parallel()
+	err := Owners{BootstrapOwners: "acme:key1, acme"}.Bootstrap(t.Context(), discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "SNIP_BOOTSTRAP_OWNERS") {
+		t.Fatalf("Bootstrap = %v, want an error naming SNIP_BOOTSTRAP_OWNERS", err)
+	}
+}
