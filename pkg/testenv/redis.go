@@ -30,7 +30,7 @@ type RedisServer struct {
 // NewRedisServer starts redis-server with its data in dir. Prefer StartRedis
 // in a test and Main in TestMain; this is for both of them and for tools.
 func NewRedisServer(dir string) (*RedisServer, error) {
-	bin, err := findBinary("redis-server", "redis-server")
+	bin, err := FindBinary("redis-server", "redis-server")
 	if err != nil {
 		return nil, err
 	}
@@ -47,18 +47,10 @@ func NewRedisServer(dir string) (*RedisServer, error) {
 				name: "redis-" + strconv.Itoa(port),
 				bin:  bin,
 				dir:  dir,
-				args: []string{
-					"--port", strconv.Itoa(port),
-					"--bind", "127.0.0.1",
-					"--dir", dir,
-					"--daemonize", "no",
-					"--protected-mode", "no",
-					"--save", "",
-					"--appendonly", "yes",
-					"--appendfsync", "everysec",
+				args: append(RedisArgs(port, dir),
 					"--databases", strconv.Itoa(redisDatabases),
 					"--maxclients", "4000",
-				},
+				),
 			},
 		}
 		if lastErr = r.Start(); lastErr == nil {
@@ -67,6 +59,23 @@ func NewRedisServer(dir string) (*RedisServer, error) {
 		r.proc.kill()
 	}
 	return nil, lastErr
+}
+
+// RedisArgs are redis-server's arguments for a local server on 127.0.0.1:port
+// with its data in dir, as tests and `snipctl demo` run it: no snapshots,
+// the append-only file synced every second (so a stop and a start keep the
+// data, as a production restart would).
+func RedisArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--dir", dir,
+		"--daemonize", "no",
+		"--protected-mode", "no",
+		"--save", "",
+		"--appendonly", "yes",
+		"--appendfsync", "everysec",
+	}
 }
 
 // StartRedis starts a redis-server for one test and stops it at the end.

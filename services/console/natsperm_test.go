@@ -48,9 +48,9 @@ func (w *syncBuffer) String() string {
 // It sets environment variables (the server reads the passwords from them),
 // so it does not run in parallel.
 func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := testenv.StartDeployedNATS(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	connect := func(user string) jetstream.JetStream {
-		nc, err := nats.Connect(url, nats.UserInfo(user, testenv.DeployedPassword(user)))
+		nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user))
 		if err != nil {
 			t.Fatalf("connect as %s: %v", user, err)
 		}
@@ -91,7 +91,7 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 	var logs syncBuffer
 	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
 		withToken(c)
-		c.NATSUser, c.NATSPassword = "console", testenv.DeployedPassword("console")
+		c.NATS.User, c.NATS.Password = "console", "pw-console"
 	})
 	const key = "snip_acme_test_key_0123456789"
 	if err := owners.NewStore(s.rdb).Ensure(ctx, "acme", key); err != nil {

@@ -3,7 +3,6 @@ module github.com/snipdev/snip/services/fraud
 go 1.26.0
 
 require (
-	github.com/caarlos0/env/v11 v11.4.2
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/labstack/echo/v4 v4.16.5
@@ -13,7 +12,10 @@ require (
 	github.com/snipdev/snip/pkg v0.0.0
 )
 
-require github.com/segmentio/encoding v0.5.4 // indirect
+require (
+	github.com/caarlos0/env/v11 v11.4.2 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
+)
 
 require (
 	github.com/ClickHouse/ch-go v0.75.0 // indirect

@@ -14,19 +14,12 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
-// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
-// port; every user's password is "pw-<user>" (testenv.DeployedPassword).
-func startDeployedNATS(t *testing.T) string {
-	t.Helper()
-	return testenv.StartDeployedNATS(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
-}
-
 // The fraud detector does its whole job as the least-privilege "fraud" user
 // of deploy/nats: its group on CLICKS (own inbox prefix, own consumers, the
 // partition's recent past read with an ordered consumer), alerts and
 // verdicts published, every partition acked to the end.
 func TestFraudWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := startDeployedNATS(t)
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
 	if err != nil {
 		t.Fatal(err)
@@ -37,11 +30,11 @@ func TestFraudWorksAsTheDeployedNATSUser(t *testing.T) {
 	n := &testenv.NATS{URL: url}
 
 	// snipctl topology apply, as admin, with the options the service checks.
-	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)})
+	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil {
+	if err := topology.Apply(t.Context(), admin, cfg.Topology.Options()); err != nil {
 		t.Fatal(err)
 	}
 	clicks := traffic.Generate(traffic.Spec{Seed: 3, Start: time.Now().Add(-10 * time.Minute), Duration: 6 * time.Minute, HumanRate: 2, Links: 30, Owners: 3, Inject: true})

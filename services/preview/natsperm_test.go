@@ -13,19 +13,12 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
-// port; every user's password is "pw-<user>" (testenv.DeployedPassword).
-func startDeployedNATS(t *testing.T) string {
-	t.Helper()
-	return testenv.StartDeployedNATS(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
-}
-
 // The preview workers do their whole job as the least-privilege "preview"
 // user of deploy/nats: pull jobs on their own inbox prefix, ack, store a
 // preview, and park a job that ran out of tries (copy by sequence, delete,
 // the MAX_DELIVERIES advisory).
 func TestPreviewWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := startDeployedNATS(t)
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
 	if err != nil {
 		t.Fatal(err)

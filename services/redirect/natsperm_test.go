@@ -14,19 +14,12 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
-// port; every user's password is "pw-<user>" (testenv.DeployedPassword).
-func startDeployedNATS(t *testing.T) string {
-	t.Helper()
-	return testenv.StartDeployedNATS(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
-}
-
 // The redirect service does its whole job as the least-privilege "redirect"
 // user of deploy/nats: the relay publishes clicks, link events and preview
 // jobs on its own inbox prefix, and the LINKS follower (an ordered consumer
 // of its own) sees a deletion.
 func TestRedirectWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := startDeployedNATS(t)
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +28,8 @@ func TestRedirectWorksAsTheDeployedNATSUser(t *testing.T) {
 	admin, _ := jetstream.New(nc)
 	_, db := servers.Redis.NewDB(t)
 	cfg := testConfig(servers.Redis.URL(db), url)
-	cfg.NATSUser, cfg.NATSPassword = "redirect", "pw-redirect"
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil { // snipctl topology apply
+	cfg.NATS.User, cfg.NATS.Password = "redirect", "pw-redirect"
+	if err := topology.Apply(t.Context(), admin, cfg.Topology.Options()); err != nil { // snipctl topology apply
 		t.Fatal(err)
 	}
 	in := startInstance(t, cfg)

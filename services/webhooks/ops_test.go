@@ -65,7 +65,7 @@ func TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID(t *testing.T) {
 	rc := newReceiver(t, nil)
 	rc.answer = func(w http.ResponseWriter, r *http.Request) bool {
 		if requests.Add(1) == 3 {
-			killed.Do(func() { go first.cancel() })
+			killed.Do(first.Cancel)
 			<-r.Context().Done() // the sender went away with the batch in flight
 		}
 		return true // record it: the receiver did get it
