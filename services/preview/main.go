@@ -7,12 +7,8 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
 
-	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/service"
@@ -42,7 +38,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		}
 		reg := prometheus.NewRegistry()
 		web := webserver.New(log, reg)
-		web.Echo.HTTPErrorHandler = httpErrorHandler(log)
+		web.Echo.HTTPErrorHandler = webserver.ErrorHandler(log, nil)
 		svc := preview.New(redisstore.New(rdb), fetch.New(cfg.fetch()), log, reg)
 		q := workqueue.New(js, cfg.queue(log, reg), svc.Process, svc.OnDead)
 		web.AddReadiness("nats", service.NATSReady(nc))
@@ -58,23 +54,4 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		})
 		return nil
 	})
-}
-
-// httpErrorHandler is the service's one error handler: JSON bodies, and a
-// log line only for what is not the client's mistake.
-func httpErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		if errors.As(err, &he) {
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		}
-		if code >= 500 {
-			log.Error("http", "path", c.Path(), "err", err)
-		}
-		_ = c.JSON(code, map[string]string{"error": msg})
-	}
 }

@@ -11,12 +11,9 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -40,7 +37,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return service.Run(ctx, log, "warehouse loader", cfg, func(ctx context.Context, g *service.Group) error {
 		reg := prometheus.NewRegistry()
 		web := webserver.New(log, reg)
-		web.Echo.HTTPErrorHandler = errorHandler(log)
+		web.Echo.HTTPErrorHandler = webserver.ErrorHandler(log, nil)
 		// ClickHouse may not be there yet: the pool connects lazily, and the
 		// schema is applied as soon as the server answers. Until then the
 		// service is not ready, and batches fail and wait in the stream.
@@ -164,23 +161,5 @@ func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Regi
 		Start:         start,
 		Logger:        log,
 		Metrics:       reg,
-	}
-}
-
-// errorHandler is the service's one echo error handler. The loader serves
-// only the operational endpoints, so errors are unknown routes and methods.
-func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		if errors.As(err, &he) {
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		} else {
-			log.Error("http request", "err", err, "path", c.Request().URL.Path)
-		}
-		_ = c.JSON(code, map[string]string{"error": msg})
 	}
 }
