@@ -20,6 +20,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// ClusterStateReloadInterval is how often a cluster client re-reads the slot
+// map (lazily, on its next command). go-redis does not re-read it when a
+// master refuses connections, only after this interval (60 s by default), so
+// after a failover it would keep dialing the dead master that long; one
+// CLUSTER SLOTS a second per client bounds that to about a second.
+const ClusterStateReloadInterval = time.Second
+
 // Open parses url and returns a client. It does not connect; call Ping to
 // check the server.
 func Open(url string) (redis.UniversalClient, error) {
@@ -29,6 +36,9 @@ func Open(url string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("parse redis cluster url: %w", err)
 		}
 		tune(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
+		if opts.ClusterStateReloadInterval == 0 {
+			opts.ClusterStateReloadInterval = ClusterStateReloadInterval
+		}
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(url)
