@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/snipdev/snip/pkg/owners"
 )
 
@@ -15,7 +17,10 @@ import (
 // set of their keys; other owners are untouched.
 func TestRotateAndRevoke(t *testing.T) {
 	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testRotateAndRevoke(t, onServer(t))
+}
+
+func testRotateAndRevoke(t *testing.T, rdb redis.UniversalClient) {
 	s := owners.NewStore(rdb)
 	ctx := t.Context()
 	first, err := s.Create(ctx, "acme", "Acme")
@@ -82,7 +87,10 @@ func TestRotateAndRevoke(t *testing.T) {
 // next window, and counts each owner apart.
 func TestLimit(t *testing.T) {
 	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testLimit(t, onServer(t))
+}
+
+func testLimit(t *testing.T, rdb redis.UniversalClient) {
 	l := owners.NewLimit(rdb, "links.create", 3, time.Minute)
 	ctx := t.Context()
 	now := time.Date(2026, 3, 1, 12, 0, 10, 0, time.UTC)
