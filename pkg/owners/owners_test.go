@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
 )
@@ -18,31 +16,15 @@ func TestMain(m *testing.M) {
 	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
 }
 
-// onServer is a database of its own on the shared redis-server.
-func onServer(t *testing.T) redis.UniversalClient {
-	rdb, _ := servers.Redis.NewDB(t)
-	return rdb
-}
-
-// TestOnRedisCluster runs the store's tests on the shared Redis Cluster.
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
 func TestOnRedisCluster(t *testing.T) {
-	for name, f := range map[string]func(*testing.T, redis.UniversalClient){
-		"CreateAndAuthenticate":      testCreateAndAuthenticate,
-		"AuthenticateRejects":        testAuthenticateRejects,
-		"EnsureFromSpecIsIdempotent": testEnsureFromSpecIsIdempotent,
-		"RotateAndRevoke":            testRotateAndRevoke,
-		"Limit":                      testLimit,
-	} {
-		t.Run(name, func(t *testing.T) { f(t, servers.RedisCluster.Client(t)) })
-	}
+	servers.RunOnRedisCluster(t, TestCreateAndAuthenticate, TestAuthenticateRejects,
+		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit)
 }
 
 func TestCreateAndAuthenticate(t *testing.T) {
-	t.Parallel()
-	testCreateAndAuthenticate(t, onServer(t))
-}
-
-func testCreateAndAuthenticate(t *testing.T, rdb redis.UniversalClient) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	ctx := t.Context()
 	key, err := s.Create(ctx, "acme", "Acme Inc")
@@ -67,11 +49,8 @@ func testCreateAndAuthenticate(t *testing.T, rdb redis.UniversalClient) {
 }
 
 func TestAuthenticateRejects(t *testing.T) {
-	t.Parallel()
-	testAuthenticateRejects(t, onServer(t))
-}
-
-func testAuthenticateRejects(t *testing.T, rdb redis.UniversalClient) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	for _, key := range []string{"", "Bearer x", "snip_unknownunknownunknown", "nope"} {
 		if _, err := s.Authenticate(t.Context(), key); !errors.Is(err, owners.ErrUnauthorized) {
@@ -84,11 +63,8 @@ func testAuthenticateRejects(t *testing.T, rdb redis.UniversalClient) {
 }
 
 func TestEnsureFromSpecIsIdempotent(t *testing.T) {
-	t.Parallel()
-	testEnsureFromSpecIsIdempotent(t, onServer(t))
-}
-
-func testEnsureFromSpecIsIdempotent(t *testing.T, rdb redis.UniversalClient) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	spec := "demo:snip_demo_key_0123456789abcdef, other:snip_other_key_0123456789abcdef"
 	for range 2 {

@@ -7,20 +7,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
 )
 
 // Rotating gives a working key and the old one fails at once; revoking makes
 // every key of the owner fail, including a key stored before owners kept a
 // set of their keys; other owners are untouched.
 func TestRotateAndRevoke(t *testing.T) {
-	t.Parallel()
-	testRotateAndRevoke(t, onServer(t))
-}
-
-func testRotateAndRevoke(t *testing.T, rdb redis.UniversalClient) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	ctx := t.Context()
 	first, err := s.Create(ctx, "acme", "Acme")
@@ -86,11 +82,8 @@ func testRotateAndRevoke(t *testing.T, rdb redis.UniversalClient) {
 // The limit allows Max calls per window per owner, says how long until the
 // next window, and counts each owner apart.
 func TestLimit(t *testing.T) {
-	t.Parallel()
-	testLimit(t, onServer(t))
-}
-
-func testLimit(t *testing.T, rdb redis.UniversalClient) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	l := owners.NewLimit(rdb, "links.create", 3, time.Minute)
 	ctx := t.Context()
 	now := time.Date(2026, 3, 1, 12, 0, 10, 0, time.UTC)
