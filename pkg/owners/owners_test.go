@@ -36,7 +36,7 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		t.Fatalf("Authenticate = %+v, %v; want acme", o, err)
 	}
 	// The key is stored hashed: no Redis value or key contains it.
-	keys, _ := rdb.Keys(ctx, "*").Result()
+	keys := testenv.Keys(t, rdb, "*")
 	for _, k := range keys {
 		v, _ := rdb.Dump(ctx, k).Result()
 		if strings.Contains(k, key) || strings.Contains(v, key) {

@@ -1,9 +1,11 @@
 package testenv
 
 import (
+	"context"
 	"reflect"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -73,4 +75,34 @@ func AnotherClient(tb testing.TB, rdb redis.UniversalClient) redis.UniversalClie
 	}
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// Keys lists the keys matching pattern on a server's database or on every
+// master of a cluster (KEYS on a cluster client asks one node only).
+func Keys(tb testing.TB, rdb redis.UniversalClient, pattern string) []string {
+	tb.Helper()
+	var (
+		mu  sync.Mutex
+		out []string
+	)
+	one := func(ctx context.Context, c *redis.Client) error {
+		keys, err := c.Keys(ctx, pattern).Result()
+		mu.Lock()
+		out = append(out, keys...)
+		mu.Unlock()
+		return err
+	}
+	var err error
+	switch r := rdb.(type) {
+	case *redis.ClusterClient:
+		err = r.ForEachMaster(tb.Context(), one)
+	case *redis.Client:
+		err = one(tb.Context(), r)
+	default:
+		tb.Fatalf("testenv: Keys on a %T", rdb)
+	}
+	if err != nil {
+		tb.Fatalf("testenv: keys %s: %v", pattern, err)
+	}
+	return out
 }
