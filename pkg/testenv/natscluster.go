@@ -52,10 +52,12 @@ jetstream {
   max_memory_store: 1GB
   max_file_store: 8GB
 }
-cluster {
+`
+
+const natsClusterBlock = `cluster {
   name: snip-test
-  listen: 127.0.0.1:%[5]d
-  routes: [%[6]s]
+  listen: 127.0.0.1:%d
+  routes: [%s]
 }
 `
 
@@ -99,12 +101,18 @@ func NATSServerBinary() (string, error) {
 // NewNATSCluster starts three nats-servers with their stores under dir and
 // waits until every node is healthy and the cluster has a JetStream meta
 // leader. The caller closes it.
-func NewNATSCluster(dir string) (*NATSCluster, error) {
+func NewNATSCluster(dir string) (*NATSCluster, error) { return newNATSNodes(dir, 3) }
+
+// NewNATSProcess starts one nats-server process with JetStream and no
+// cluster, in the NATSCluster shape (one node), for comparisons with a
+// cluster on the same machine.
+func NewNATSProcess(dir string) (*NATSCluster, error) { return newNATSNodes(dir, 1) }
+
+func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 	bin, err := NATSServerBinary()
 	if err != nil {
 		return nil, err
 	}
-	const n = 3
 	ports := make([]int, 0, 3*n)
 	for range 3 * n {
 		p, err := FreePort()
@@ -127,7 +135,10 @@ func NewNATSCluster(dir string) (*NATSCluster, error) {
 			return nil, err
 		}
 		cfg := filepath.Join(nd, "nats.conf")
-		body := fmt.Sprintf(natsNodeConfig, name, client, mon, filepath.Join(nd, "jetstream"), route, strings.Join(routes, ", "))
+		body := fmt.Sprintf(natsNodeConfig, name, client, mon, filepath.Join(nd, "jetstream"))
+		if n > 1 {
+			body += fmt.Sprintf(natsClusterBlock, route, strings.Join(routes, ", "))
+		}
 		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 			return nil, fmt.Errorf("write nats config: %w", err)
 		}
