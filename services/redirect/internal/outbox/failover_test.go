@@ -57,6 +57,7 @@ func TestRedisMasterKilledUnderCommitLoad(t *testing.T) {
 			victimShards[s] = true
 		}
 	}
+	started := time.Now()
 	for w := range 16 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
@@ -88,6 +89,7 @@ func TestRedisMasterKilledUnderCommitLoad(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "3000 clicks appended before the kill", func() bool {
 		return count() >= 3000
 	})
+	rate := float64(count()) / time.Since(started).Seconds()
 	killedAt := time.Now()
 	victim.Kill()
 	testenv.WaitFor(t, 60*time.Second, "appends to the dead master's shards to resume", func() bool {
@@ -128,8 +130,8 @@ func TestRedisMasterKilledUnderCommitLoad(t *testing.T) {
 			t.Errorf("click %s stored %d times", id, n)
 		}
 	}
-	t.Logf("killed %s (master of %d of 16 shards); %d clicks acknowledged, %d refused or timed out while it was down; appends to its shards resumed %s after the kill; acknowledged but lost: %d",
-		victim.Addr, len(victimShards), len(ackedAt), failures.Load(), resumed.Sub(killedAt).Round(time.Millisecond), lost)
+	t.Logf("%.0f clicks/s before the kill; killed %s (master of %d of 16 shards); %d clicks acknowledged, %d refused or timed out while it was down; appends to its shards resumed %s after the kill; acknowledged but lost: %d",
+		rate, victim.Addr, len(victimShards), len(ackedAt), failures.Load(), resumed.Sub(killedAt).Round(time.Millisecond), lost)
 	if lost != lostOnVictim {
 		t.Errorf("%d acknowledged clicks lost, %d of them on the killed master's shards; want every loss there", lost, lostOnVictim)
 	}
