@@ -59,6 +59,14 @@ func NewRedisCluster(dir string) (*RedisCluster, error) {
 				"--cluster-config-file", "nodes.conf",
 				"--cluster-node-timeout", strconv.Itoa(int(RedisClusterNodeTimeout.Milliseconds())),
 				"--cluster-port", portArg,
+				// A master waits this long for more replicas before a
+				// diskless full sync (5 s by default): the longest part of
+				// forming a test cluster.
+				"--repl-diskless-sync-delay", "0",
+				// CLUSTER SLOTS lists a replica only once its replication
+				// offset is above 0, which on an idle master takes the
+				// master's next PING to its replicas (every 10 s by default).
+				"--repl-ping-replica-period", "1",
 			})
 			mu.Lock()
 			defer mu.Unlock()
