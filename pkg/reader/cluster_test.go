@@ -94,6 +94,46 @@ func TestGroupOnAThreeNodeCluster(t *testing.T) {
 // acknowledgement.
 func TestKillTheClicksLeaderUnderLoad(t *testing.T) {
 	t.Parallel()
+	killUnderLoad(t, "CLICKS leader", func(c *testenv.NATSCluster, js jetstream.JetStream) *testenv.NATSNode {
+		leader, err := c.StreamLeader(t.Context(), js, events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leader
+	})
+}
+
+// TestKillAGroupConsumersLeaderUnderLoad: the same, killing a node that
+// leads one of the group's partition consumers but not CLICKS, so the
+// publishers go on and the consumer's Raft group elects a leader while its
+// partition is being read.
+func TestKillAGroupConsumersLeaderUnderLoad(t *testing.T) {
+	t.Parallel()
+	killUnderLoad(t, "leader of consumer g-p0, not of CLICKS", func(c *testenv.NATSCluster, js jetstream.JetStream) *testenv.NATSNode {
+		ctx := t.Context()
+		name := topology.GroupConsumerName("g", 0)
+		var victim *testenv.NATSNode
+		testenv.WaitFor(t, 30*time.Second, "consumer g-p0 led by a node that does not lead CLICKS", func() bool {
+			sl, err1 := c.StreamLeader(ctx, js, events.ClicksStream)
+			cl, err2 := c.ConsumerLeader(ctx, js, events.ClicksStream, name)
+			if err1 != nil || err2 != nil {
+				return false
+			}
+			if cl != sl {
+				victim = cl
+				return true
+			}
+			// Ask the consumer's leader to step down; another replica takes over.
+			_, _ = c.Connect(t).Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+events.ClicksStream+"."+name, nil, 2*time.Second)
+			return false
+		})
+		return victim
+	})
+}
+
+// killUnderLoad runs the load, kills the node pick chooses, and checks the
+// outcome.
+func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, jetstream.JetStream) *testenv.NATSNode) {
 	const partitions, publishers, links = 6, 4, 60
 	c, js := clusterSetup(t, partitions)
 	ctx := t.Context()
@@ -140,10 +180,7 @@ func TestKillTheClicksLeaderUnderLoad(t *testing.T) {
 	}
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	testenv.WaitFor(t, 30*time.Second, "2000 clicks acknowledged before the kill", func() bool { return count() >= 2000 })
-	leader, err := c.StreamLeader(ctx, js, events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	leader := pick(c, js)
 	killedAt, before := time.Now(), count()
 	leader.Kill()
 	testenv.WaitFor(t, 60*time.Second, "2000 more clicks acknowledged after the kill", func() bool { return count() >= before+2000 })
@@ -162,8 +199,8 @@ func TestKillTheClicksLeaderUnderLoad(t *testing.T) {
 		}
 	}
 	elapsed := times[len(times)-1].Sub(times[0])
-	t.Logf("killed %s (CLICKS leader); %d clicks acknowledged in %s (%.0f/s), %d publish retries; longest time with no ack: %s",
-		leader.Name, len(ids), elapsed.Round(time.Millisecond), float64(len(ids))/elapsed.Seconds(), retries.Load(), gap.Round(time.Millisecond))
+	t.Logf("killed %s (%s); %d clicks acknowledged in %s (%.0f/s), %d publish retries; longest time with no ack: %s",
+		leader.Name, what, len(ids), elapsed.Round(time.Millisecond), float64(len(ids))/elapsed.Seconds(), retries.Load(), gap.Round(time.Millisecond))
 
 	// While the node is down, the group handles every acknowledged click.
 	testenv.WaitFor(t, 90*time.Second, "the group to handle every acknowledged click", func() bool {
