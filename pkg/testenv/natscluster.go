@@ -55,7 +55,7 @@ jetstream {
 `
 
 const natsClusterBlock = `cluster {
-  name: snip-test
+  name: %s
   listen: 127.0.0.1:%d
   routes: [%s]
 }
@@ -101,12 +101,27 @@ func NATSServerBinary() (string, error) {
 // NewNATSCluster starts three nats-servers with their stores under dir and
 // waits until every node is healthy and the cluster has a JetStream meta
 // leader. The caller closes it.
-func NewNATSCluster(dir string) (*NATSCluster, error) { return newNATSNodes(dir, 3) }
+func NewNATSCluster(dir string) (*NATSCluster, error) { return retryNATS(dir, 3) }
 
 // NewNATSProcess starts one nats-server process with JetStream and no
 // cluster, in the NATSCluster shape (one node), for comparisons with a
 // cluster on the same machine.
-func NewNATSProcess(dir string) (*NATSCluster, error) { return newNATSNodes(dir, 1) }
+func NewNATSProcess(dir string) (*NATSCluster, error) { return retryNATS(dir, 1) }
+
+// retryNATS starts the nodes, and once more on new ports if they do not
+// become healthy: another process can take a port between FreePort and the
+// server's bind.
+func retryNATS(dir string, n int) (*NATSCluster, error) {
+	c, err := newNATSNodes(filepath.Join(dir, "a"), n)
+	if err == nil {
+		return c, nil
+	}
+	c, err2 := newNATSNodes(filepath.Join(dir, "b"), n)
+	if err2 != nil {
+		return nil, fmt.Errorf("%w; and on new ports: %w", err, err2)
+	}
+	return c, nil
+}
 
 func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 	bin, err := NATSServerBinary()
@@ -126,6 +141,7 @@ func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3*i+2])
 	}
 	c := &NATSCluster{}
+	clusterName := fmt.Sprintf("snip-test-%d-%d", os.Getpid(), ports[0])
 	urls := make([]string, n)
 	for i := range n {
 		name := "n" + strconv.Itoa(i+1)
@@ -137,7 +153,9 @@ func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 		cfg := filepath.Join(nd, "nats.conf")
 		body := fmt.Sprintf(natsNodeConfig, name, client, mon, filepath.Join(nd, "jetstream"))
 		if n > 1 {
-			body += fmt.Sprintf(natsClusterBlock, route, strings.Join(routes, ", "))
+			// A name of its own, so a route that reaches another test's
+			// cluster (a port reused) is refused rather than merged.
+			body += fmt.Sprintf(natsClusterBlock, clusterName, route, strings.Join(routes, ", "))
 		}
 		if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 			return nil, fmt.Errorf("write nats config: %w", err)
@@ -159,8 +177,12 @@ func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 		}
 	}
 	if err := c.WaitHealthy(60 * time.Second); err != nil {
+		var logs strings.Builder
+		for _, node := range c.Nodes {
+			fmt.Fprintf(&logs, "\n--- %s (exited: %v):\n%s", node.Name, node.proc.exited(), node.proc.tailLog())
+		}
 		c.Close()
-		return nil, err
+		return nil, fmt.Errorf("%w; every node's log:%s", err, logs.String())
 	}
 	return c, nil
 }
