@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,7 +84,12 @@ func NATSServerBinary() (string, error) {
 			return
 		}
 		tmp := fmt.Sprintf("%s.%d.tmp", p, os.Getpid())
-		out, err := exec.Command("go", "build", "-o", tmp, "github.com/nats-io/nats-server/v2").CombinedOutput()
+		gocmd := "go"
+		if _, err := exec.LookPath(gocmd); err != nil {
+			// `go test` run by absolute path, with no go on PATH.
+			gocmd = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		out, err := exec.Command(gocmd, "build", "-o", tmp, "github.com/nats-io/nats-server/v2").CombinedOutput()
 		if err != nil {
 			natsBin.err = fmt.Errorf("build nats-server %s (needs the go command and the module cache; or set SNIP_NATS_SERVER): %v: %s",
 				server.VERSION, err, out)
