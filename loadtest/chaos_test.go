@@ -170,8 +170,8 @@ func TestChaosRedisFreezeAndKill9LoseNothing(t *testing.T) {
 	}
 
 	env := &Env{Cfg: Config{NATSURL: n.URL, APIKey: chaosKey}, Stdout: &lockedBuffer{}, Stderr: &lockedBuffer{}, Log: slog.New(slog.DiscardHandler)}
-	p := &chaosPlan{target: redirect.url, rate: 150, warmup: 3 * time.Second, tail: 6 * time.Second, timeout: 5 * time.Second, xff: true}
-	p.wf = workloadFlags{links: 20, zipf: 1.1, botShare: 0.05, countryShare: 0.9, seed: 7}
+	p := &chaosPlan{target: redirect.url, rate: 100, warmup: 3 * time.Second, tail: 6 * time.Second, timeout: 5 * time.Second, xff: true}
+	p.wf = workloadFlags{links: 20, zipf: 1.1, botShare: 0.05, countryShare: 0.9, seed: 7, linkBase: demoSite}
 	p.sf = sinkFlags{counter: counter.url, clickhouse: "clickhouse://" + servers.ClickHouse.Addr + "/" + db, fraud: off,
 		deadline: 90 * time.Second, setLimit: 1_000_000}
 	p.require = []string{"counter", "warehouse"}

@@ -110,10 +110,12 @@ func TestComposeExposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T) {
 }
 
 // envTags reads the environment variable names a Go module's config
-// declares (caarlos0/env struct tags), or that it reads with os.Getenv.
+// declares (caarlos0/env struct tags), or that it reads with os.Getenv,
+// and those of the pkg/service blocks its Config embeds (service.NATS, ...).
 func envTags(t *testing.T, dir string) []string {
 	t.Helper()
 	re := regexp.MustCompile(`env:"([A-Z0-9_]+)"|Getenv\("([A-Z0-9_]+)"\)|LookupEnv\("([A-Z0-9_]+)"\)`)
+	embedded := regexp.MustCompile(`(?m)^\tservice\.([A-Z][A-Za-z]*)$`)
 	var names []string
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
@@ -126,6 +128,12 @@ func envTags(t *testing.T, dir string) []string {
 		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
 			names = append(names, m[1]+m[2]+m[3])
 		}
+		for _, m := range embedded.FindAllStringSubmatch(string(b), -1) {
+			block := serviceBlock(t, m[1])
+			for _, m := range re.FindAllStringSubmatch(block, -1) {
+				names = append(names, m[1]+m[2]+m[3])
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -133,6 +141,22 @@ func envTags(t *testing.T, dir string) []string {
 	}
 	slices.Sort(names)
 	return slices.Compact(names)
+}
+
+// serviceBlock is the declaration of the configuration block
+// "type name struct {...}" in pkg/service.
+func serviceBlock(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "pkg", "service", "config.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\ntype "+name+" struct {")
+	if !ok {
+		t.Fatalf("pkg/service has no block %s", name)
+	}
+	block, _, _ := strings.Cut(rest, "\n}")
+	return block
 }
 
 // Every Snip service in docker-compose.yml is built from the one Dockerfile

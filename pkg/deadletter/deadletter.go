@@ -8,8 +8,14 @@
 // saying where it came from (stream, subject, sequence), who gave up
 // (consumer), after how many attempts, and the last error. Publish sets
 // Nats-Msg-Id to "<id>:dead:<source>:<seq>" (the event or job ID, who parks
-// it, and the original stream sequence), so two paths of one source that park
-// the same message within DEAD_LETTER's duplicate window store it once.
+// it, and the original stream sequence, or, for a message that never reached
+// its stream, its position where it waited), so two paths of one source that
+// park the same message within DEAD_LETTER's duplicate window store it once.
+//
+// This package is the only writer of dead letters: the log readers, the work
+// queue, the click counter's feeds and the outbox relay all park through
+// Publish, so every dead letter has the same headers and ID scheme and every
+// one can be redriven.
 //
 // Redrive re-publishes the payload to the subject it came from, expecting the
 // original stream, with a fresh Nats-Msg-Id "<id>:redrive:<dead seq>" so the
@@ -18,7 +24,8 @@
 // between leaves the dead letter in place; redriving it again within the
 // duplicate window is deduplicated by that ID.
 //
-// The preview workers, the log readers, snipctl and the console all use it.
+// The runtimes that park (package reader, package workqueue, the click
+// counter's feeds, the outbox relay), snipctl and the console all use it.
 package deadletter
 
 import (
@@ -68,6 +75,12 @@ type Parcel struct {
 	Stream  string
 	Subject string
 	Seq     uint64
+	// Position stands in for Seq when the message never reached Stream:
+	// the outbox relay parks a click it will not publish, so it gives the
+	// outbox entry's ID and the subject the click was to be published on
+	// (clicks.<owner>.<code>, without a partition). One of Seq and
+	// Position is needed; Position has no spaces or colons.
+	Position string
 	// Attempts is how many deliveries were tried.
 	Attempts int
 	// Error is the last error's text (truncated to MaxErrorLen).
@@ -89,11 +102,29 @@ func (p Parcel) subject() string { return events.DeadLetterSubject(p.Source, p.R
 // rescuer park a job once); two sources parking the same message (two
 // consumer groups of CLICKS meeting one malformed event) each keep theirs.
 func MsgID(source, stream string, seq uint64, data []byte) string {
+	return msgID(source, stream, strconv.FormatUint(seq, 10), data)
+}
+
+// PositionMsgID is MsgID for a message that never reached its stream: the
+// position where it waited (an outbox entry ID) takes the sequence's place.
+func PositionMsgID(source, stream, position string, data []byte) string {
+	return msgID(source, stream, position, data)
+}
+
+func msgID(source, stream, at string, data []byte) string {
 	id := PayloadID(data)
 	if id == "" {
 		id = stream
 	}
-	return id + ":dead:" + source + ":" + strconv.FormatUint(seq, 10)
+	return id + ":dead:" + source + ":" + at
+}
+
+// msgID is the Nats-Msg-Id Publish gives p.
+func (p Parcel) msgID() string {
+	if p.Seq > 0 {
+		return MsgID(p.Source, p.Stream, p.Seq, p.Data)
+	}
+	return PositionMsgID(p.Source, p.Stream, p.Position, p.Data)
 }
 
 // PayloadID returns the "id" field of a JSON event or job, or "" when the
@@ -114,25 +145,33 @@ func PayloadID(data []byte) string {
 	return v.ID
 }
 
+// Publisher is what Publish needs of a JetStream client
+// (jetstream.JetStream has it).
+type Publisher interface {
+	PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
 // Publish parks p on DEAD_LETTER and waits for the stream's ack. A duplicate
 // (the same message parked by another path within the duplicate window) is a
 // success: ack.Duplicate tells.
-func Publish(ctx context.Context, js jetstream.JetStream, p Parcel) (*jetstream.PubAck, error) {
+func Publish(ctx context.Context, js Publisher, p Parcel) (*jetstream.PubAck, error) {
 	switch {
 	case !events.ValidToken(p.Source):
 		return nil, fmt.Errorf("park message: source %q: %w", p.Source, ErrInvalid)
 	case !events.ValidToken(p.Reason):
 		return nil, fmt.Errorf("park message: reason %q: %w", p.Reason, ErrInvalid)
-	case p.Stream == "" || p.Subject == "" || p.Seq == 0:
-		return nil, fmt.Errorf("park message: stream %q subject %q seq %d: %w", p.Stream, p.Subject, p.Seq, ErrInvalid)
+	case p.Stream == "" || p.Subject == "" || (p.Seq == 0 && !safePosition(p.Position)):
+		return nil, fmt.Errorf("park message: stream %q subject %q seq %d position %q: %w", p.Stream, p.Subject, p.Seq, p.Position, ErrInvalid)
 	}
 	m := nats.NewMsg(p.subject())
 	m.Data = p.Data
-	m.Header.Set(events.HeaderMsgID, MsgID(p.Source, p.Stream, p.Seq, p.Data))
+	m.Header.Set(events.HeaderMsgID, p.msgID())
 	m.Header.Set(events.HeaderDeadReason, p.Reason)
 	m.Header.Set(events.HeaderDeadSource, p.Stream)
 	m.Header.Set(events.HeaderDeadSubject, p.Subject)
-	m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(p.Seq, 10))
+	if p.Seq > 0 {
+		m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(p.Seq, 10))
+	}
 	m.Header.Set(events.HeaderDeadAttempts, strconv.Itoa(p.Attempts))
 	if p.Consumer != "" {
 		m.Header.Set(events.HeaderDeadGroup, p.Consumer)
@@ -142,7 +181,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, p Parcel) (*jetstream.
 	}
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(events.DeadLetterStream))
 	if err != nil {
-		return nil, fmt.Errorf("park message %s seq %d on %s: %w", p.Stream, p.Seq, m.Subject, err)
+		return nil, fmt.Errorf("park message %s seq %d position %q on %s: %w", p.Stream, p.Seq, p.Position, m.Subject, err)
 	}
 	return ack, nil
 }
@@ -211,16 +250,21 @@ func letterFrom(m *jetstream.RawStreamMsg) Letter {
 
 // RedriveSubject is the subject a redrive publishes to: the subject the
 // message had, without the partition prefix CLICKS' subject transform put in
-// front (the stream adds it again on the way in).
+// front (the stream adds it again on the way in). A click the outbox relay
+// parked before publishing it has no prefix yet: its subject is
+// clicks.<owner>.<code>, published as it is.
 func (l Letter) RedriveSubject() (string, error) {
 	switch {
 	case l.Stream == "" || l.OrigSubject == "":
 		return "", fmt.Errorf("dead letter %d has no %s/%s headers: %w", l.Seq, events.HeaderDeadSource, events.HeaderDeadSubject, ErrNotRedrivable)
 	case l.Stream == events.ClicksStream:
-		if events.PartitionOf(l.OrigSubject) < 0 {
-			return "", fmt.Errorf("dead letter %d: %q is not a partitioned click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
+		if events.PartitionOf(l.OrigSubject) >= 0 {
+			return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
 		}
-		return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
+		if t := strings.Split(l.OrigSubject, "."); len(t) == 3 && t[0] == "clicks" && events.ValidToken(t[1]) && events.ValidToken(t[2]) {
+			return l.OrigSubject, nil
+		}
+		return "", fmt.Errorf("dead letter %d: %q is not a click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
 	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream:
 		return l.OrigSubject, nil
 	}
@@ -404,4 +448,18 @@ func DeleteIfPresent(ctx context.Context, s jetstream.Stream, seq uint64) error 
 		return nil
 	}
 	return fmt.Errorf("delete %s seq %d: %w", s.CachedInfo().Config.Name, seq, err)
+}
+
+// safePosition reports whether a Parcel's Position can go into a
+// Nats-Msg-Id: one to 64 printable characters without spaces or colons.
+func safePosition(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
 }

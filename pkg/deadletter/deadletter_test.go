@@ -110,6 +110,8 @@ func TestPublishRejectsBadParcel(t *testing.T) {
 		{"reason_with_dot", func(p *deadletter.Parcel) { p.Reason = "a.b" }},
 		{"empty_source", func(p *deadletter.Parcel) { p.Source = "" }},
 		{"no_origin_seq", func(p *deadletter.Parcel) { p.Seq = 0 }},
+		{"position_with_colon", func(p *deadletter.Parcel) { p.Seq, p.Position = 0, "1-0:x" }},
+		{"position_with_space", func(p *deadletter.Parcel) { p.Seq, p.Position = 0, "1 0" }},
 		{"no_origin_stream", func(p *deadletter.Parcel) { p.Stream = "" }},
 	}
 	for _, tc := range tests {
@@ -235,6 +237,51 @@ func TestRedriveClickGoesBackToItsPartition(t *testing.T) {
 	}
 }
 
+// TestRedriveClickParkedBeforeItReachedCLICKS: the outbox relay parks a
+// click it will not publish under its position in the outbox (no stream
+// sequence yet) and the subject it was to be published on, without a
+// partition. Such a letter is stored once however often it is parked, and
+// its redrive publishes it on that subject: CLICKS puts it in the partition
+// its code hashes to.
+func TestRedriveClickParkedBeforeItReachedCLICKS(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	data, _ := json.Marshal(events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Visitor: "v"})
+	p := deadletter.Parcel{Source: "outbox", Reason: "too_large", Stream: events.ClicksStream, Subject: events.ClickSubject("acme", "abc"),
+		Position: "1700000000000-0", Attempts: 1, Error: "message size exceeds maximum allowed", Consumer: "outbox", Data: data}
+	first, err := deadletter.Publish(ctx, js, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := deadletter.Publish(ctx, js, p)
+	if err != nil || !again.Duplicate || again.Sequence != first.Sequence {
+		t.Fatalf("parking again = %+v, %v; want a duplicate of seq %d", again, err, first.Sequence)
+	}
+	l, err := deadletter.Get(ctx, js, first.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := deadletter.PositionMsgID("outbox", events.ClicksStream, "1700000000000-0", data); l.Header.Get(events.HeaderMsgID) != want || l.OrigSeq != 0 {
+		t.Fatalf("letter Nats-Msg-Id %q, origin seq %d; want %q, 0", l.Header.Get(events.HeaderMsgID), l.OrigSeq, want)
+	}
+	r, err := deadletter.Redrive(ctx, js, first.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Subject != events.ClickSubject("acme", "abc") || r.Stream != events.ClicksStream {
+		t.Fatalf("redriven to %s on %s, want %s on CLICKS", r.Subject, r.Stream, events.ClickSubject("acme", "abc"))
+	}
+	s, _ := js.Stream(ctx, events.ClicksStream)
+	m, err := s.GetMsg(ctx, r.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := events.PartitionedClickSubject(4, "acme", "abc"); m.Subject != want {
+		t.Fatalf("stored as %s, want %s", m.Subject, want)
+	}
+}
+
 func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
 	t.Parallel()
 	js := newJS(t)
@@ -245,7 +292,8 @@ func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
 	}{
 		{"no_headers", nats.Header{}},
 		{"unknown_stream", nats.Header{events.HeaderDeadSource: {"ELSEWHERE"}, events.HeaderDeadSubject: {"x.y"}}},
-		{"click_without_partition", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"clicks.acme.abc"}}},
+		{"click_subject_too_short", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"clicks.acme"}}},
+		{"click_subject_of_another_kind", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"links.created.abc"}}},
 	}
 	for _, tc := range tests {
 		m := nats.NewMsg("dead.someone." + tc.name)

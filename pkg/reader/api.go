@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 )
 
 // Event is one click read from CLICKS, with where it was stored.
@@ -27,22 +28,29 @@ type Event struct {
 }
 
 // Handler processes a batch of one partition's events, in stream order. It
-// is never called concurrently for the same partition.
+// is never called concurrently for the same partition. Its answer follows
+// the failure contract every Snip consumer shares (package failure), with
+// the batch index a batch handler must add to a permanent error:
 //
 //   - nil: every event of the batch is done and the batch is acked.
-//   - an error wrapping a *PoisonError (see Poison): the events before Index
-//     are done, the event at Index is parked on DEAD_LETTER as
-//     dead.<group>.<reason> and acked, and the events after it are handed to
-//     the handler again in a new batch.
-//   - any other error is transient: the partition waits (exponential backoff
-//     with jitter, capped at Config.MaxRetryDelay) and the same batch is
-//     handed again. Nothing after it is processed meanwhile.
+//   - a permanent error naming its event, a *PoisonError (see Poison): the
+//     events before Index are done, the event at Index is parked on
+//     DEAD_LETTER as dead.<group>.<reason> and acked, and the events after
+//     it are handed to the handler again in a new batch. A permanent error
+//     without an index (failure.Permanent) parks the event of a one-event
+//     batch; in a longer batch the runtime cannot tell which event it is
+//     about, so it logs that and retries the batch.
+//   - any other error is retryable: the partition waits (exponential backoff
+//     with jitter, capped at Config.MaxRetryDelay, never shorter than the
+//     error's failure.RetryableAfter) and the same batch is handed again.
+//     Nothing after it is processed meanwhile.
 //
 // The context is cancelled only when the member must stop at once (the drain
 // timeout passed); a graceful stop lets the batch in hand finish.
 type Handler func(ctx context.Context, partition int, batch []Event) error
 
-// PoisonError marks one event of a batch as one that can never be processed.
+// PoisonError marks one event of a batch as one that can never be
+// processed: failure.Permanent with the event's index in the batch.
 type PoisonError struct {
 	// Index is the position of the event in the batch.
 	Index int
@@ -56,9 +64,13 @@ func (e *PoisonError) Error() string {
 	return fmt.Sprintf("poison event at batch index %d (%s): %v", e.Index, e.Reason, e.Err)
 }
 
-func (e *PoisonError) Unwrap() error { return e.Err }
+// Unwrap returns the permanent failure (package failure) the error stands
+// for, which wraps Err: failure.Classify of a PoisonError is Park with its
+// Reason, and errors.Is finds Err.
+func (e *PoisonError) Unwrap() error { return failure.Permanent(e.Reason, e.Err) }
 
-// Poison returns a *PoisonError for batch[index].
+// Poison returns a *PoisonError for batch[index]: the event is parked under
+// reason.
 func Poison(index int, reason string, err error) error {
 	return &PoisonError{Index: index, Reason: reason, Err: err}
 }
@@ -77,9 +89,16 @@ const (
 
 // Start says where a group's consumers begin when they are first created.
 // It is ignored for consumers that exist: a group resumes where it was.
+//
+// Every reader says it the same way, in code (StartAtOldest, StartAtNew,
+// StartAtTime, StartWithin) or in configuration (ParseStart: "oldest",
+// "new", a duration such as "72h", or an RFC 3339 time). Start implements
+// encoding.TextUnmarshaler, so a Config field of type Start reads its
+// environment variable directly.
 type Start struct {
 	policy startPolicy
 	time   time.Time
+	within time.Duration
 }
 
 type startPolicy int
@@ -88,6 +107,7 @@ const (
 	startOldest startPolicy = iota
 	startNew
 	startTime
+	startWithin
 )
 
 // StartAtOldest starts a new group at the oldest event CLICKS retains.
@@ -99,6 +119,68 @@ func StartAtNew() Start { return Start{policy: startNew} }
 // StartAtTime starts a new group at the first event stored at or after t:
 // "load the last three days first" is StartAtTime(time.Now().Add(-72*time.Hour)).
 func StartAtTime(t time.Time) Start { return Start{policy: startTime, time: t} }
+
+// StartWithin starts a new group at the first event stored within d before
+// its consumers are created: "load the last three days first" said once in
+// configuration, StartWithin(72*time.Hour).
+func StartWithin(d time.Duration) Start { return Start{policy: startWithin, within: d} }
+
+// ParseStart reads a Start from configuration: "oldest", "new", a positive
+// Go duration (StartWithin: "72h" loads the last three days first) or an
+// RFC 3339 time (StartAtTime).
+func ParseStart(s string) (Start, error) {
+	switch s {
+	case "oldest":
+		return StartAtOldest(), nil
+	case "new":
+		return StartAtNew(), nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return Start{}, fmt.Errorf("start %q: a duration must be positive: %w", s, ErrBadConfig)
+		}
+		return StartWithin(d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return StartAtTime(t), nil
+	}
+	return Start{}, fmt.Errorf("start %q: want oldest, new, a positive duration or an RFC 3339 time: %w", s, ErrBadConfig)
+}
+
+// UnmarshalText is ParseStart, for configuration loaders.
+func (s *Start) UnmarshalText(b []byte) error {
+	v, err := ParseStart(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
+// String is the Start as ParseStart reads it.
+func (s Start) String() string {
+	switch s.policy {
+	case startNew:
+		return "new"
+	case startTime:
+		return s.time.UTC().Format(time.RFC3339Nano)
+	case startWithin:
+		return s.within.String()
+	}
+	return "oldest"
+}
+
+// from is where the group's consumers begin if they are created at now:
+// the zero time for the oldest event or the new ones, per policy.
+func (s Start) from(now time.Time) time.Time {
+	switch s.policy {
+	case startTime:
+		return s.time
+	case startWithin:
+		return now.Add(-s.within)
+	}
+	return time.Time{}
+}
 
 // Config configures a member.
 type Config struct {

@@ -71,8 +71,8 @@ func (c Config) consumerConfig(p int) jetstream.ConsumerConfig {
 	switch c.Start.policy {
 	case startNew:
 		gc.DeliverPolicy = jetstream.DeliverNewPolicy
-	case startTime:
-		t := c.Start.time
+	case startTime, startWithin:
+		t := c.Start.from(time.Now())
 		gc.DeliverPolicy, gc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
 	default:
 		gc.DeliverPolicy = jetstream.DeliverAllPolicy

@@ -31,9 +31,12 @@
 //
 // The runtime hands the Handler a batch of one partition's events in stream
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
-// batch when the handler returns nil. A transient error makes the partition
-// wait and retry the same batch with backoff; a PoisonError parks one event
-// on DEAD_LETTER and moves on. Events that fail the one rule of validity
+// batch when the handler returns nil. A retryable error makes the partition
+// wait and retry the same batch with backoff; a permanent one naming its
+// event (Poison) parks that event on DEAD_LETTER and moves on. That is the
+// failure contract every Snip consumer shares (package failure); the work
+// queue beside this log runtime (package workqueue) reads its handlers'
+// answers the same way. Events that fail the one rule of validity
 // (events.ReadClick: malformed, unknown schema version, subject and payload
 // disagreeing on owner, code or partition, implausible time) are parked by
 // the runtime before the handler sees them, so every reader parks the same

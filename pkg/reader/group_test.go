@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -491,5 +492,58 @@ func TestFailoverMovesOnlyTheDeadMembersPartitions(t *testing.T) {
 		if id != victim && n != revokedBefore[id] {
 			t.Errorf("healthy member %s gave up %d partitions during the failover", id, n-revokedBefore[id])
 		}
+	}
+}
+
+// The failure contract without an index: a handler of one-event batches may
+// answer failure.Permanent, and the event is parked like a Poison; in a
+// longer batch the runtime cannot tell which event is meant, so it retries
+// the batch rather than park an innocent one.
+func TestPermanentErrorWithoutAnIndex(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ctx := t.Context()
+	ids := publish(t, js, 1, 8, 0) // link0, RequestID 0..7
+
+	single := newRecorder()
+	single.fail = func(_ string, batch []reader.Event) error {
+		if batch[0].Click.RequestID == "3" {
+			return failure.Permanent("bad_target", errors.New("target rejected"))
+		}
+		return nil
+	}
+	startMember(t, n, reader.Config{Group: "single", Member: "m", BatchSize: 1}, single.handler("m"))
+
+	var refusedOnce atomic.Bool
+	batched := newRecorder()
+	batched.fail = func(_ string, batch []reader.Event) error {
+		for _, e := range batch {
+			if e.Click.RequestID == "3" && len(batch) > 1 && refusedOnce.CompareAndSwap(false, true) {
+				return failure.Permanent("bad_target", errors.New("target rejected"))
+			}
+		}
+		return nil
+	}
+	startMember(t, n, reader.Config{Group: "batched", Member: "m", BatchSize: 8, MaxRetryDelay: 50 * time.Millisecond}, batched.handler("m"))
+
+	testenv.WaitFor(t, 30*time.Second, "the one-event group to handle all but the refused event", func() bool { return single.distinct() == len(ids)-1 })
+	testenv.WaitFor(t, 30*time.Second, "the batched group to handle every event", func() bool { return batched.distinct() == len(ids) })
+	dlq, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "one dead letter", func() bool {
+		info, err := dlq.Info(ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+	m, err := dlq.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "dead.single.bad_target" {
+		t.Errorf("dead letter on %s, want dead.single.bad_target", m.Subject)
+	}
+	if !refusedOnce.Load() {
+		t.Error("the batched group never saw the event in a batch of more than one")
 	}
 }

@@ -111,3 +111,25 @@ func OldestUnprocessed(ctx context.Context, s jetstream.Stream, info *jetstream.
 	}
 	return m.Time, nil
 }
+
+// updateLag refreshes the partition's lag gauges every few seconds.
+func (w *worker) updateLag() {
+	if time.Since(w.lastLagRead) < 5*time.Second {
+		return
+	}
+	w.lastLagRead = time.Now()
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	defer cancel()
+	pl, err := partitionLag(ctx, w.m.stream, w.m.cfg.Group, w.p)
+	if err != nil {
+		return
+	}
+	g := w.m.cfg.Group
+	w.m.met.lag.WithLabelValues(g, w.ps).Set(float64(pl.Pending))
+	w.m.met.ackPending.WithLabelValues(g, w.ps).Set(float64(pl.AckPending))
+	age := 0.0
+	if !pl.OldestUnprocessed.IsZero() {
+		age = time.Since(pl.OldestUnprocessed).Seconds()
+	}
+	w.m.met.oldestAge.WithLabelValues(g, w.ps).Set(age)
+}

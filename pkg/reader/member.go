@@ -46,7 +46,7 @@ func Run(ctx context.Context, js jetstream.JetStream, cfg Config, h Handler) err
 
 // member is one running instance of a group. Its control loop (run) owns
 // the live-member set and the workers; each owned partition has a worker
-// goroutine (worker.go).
+// goroutine (worker.go names the files of its concerns).
 type member struct {
 	cfg Config
 	js  jetstream.JetStream

@@ -158,3 +158,85 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 		}
 	}
 }
+
+// loadRewound reads which rewind this partition last carried out, so a new
+// owner neither repeats an old rewind nor misses a pending one.
+func (w *worker) loadRewound() error {
+	if w.m.rewind.Load() == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	e, err := w.m.kv.Get(ctx, rewoundKey(w.m.cfg.Group, w.p))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		w.rewoundID = ""
+	case err != nil:
+		return err
+	default:
+		w.rewoundID = string(e.Value())
+	}
+	return nil
+}
+
+// maybeRewind carries out the group's latest rewind request if this
+// partition has not yet: OnRewind, then the consumer moves back.
+func (w *worker) maybeRewind() error {
+	m := w.m
+	req := m.rewind.Load()
+	if req == nil || req.ID == w.rewoundID {
+		return nil
+	}
+	ri := req.info(w.p)
+	bo := m.cfg.newBackoff()
+	if m.cfg.OnRewind != nil {
+		for {
+			err := m.cfg.OnRewind(w.ctx, w.p, ri)
+			if err == nil {
+				break
+			}
+			w.log.Warn("on rewind", "err", err)
+			if !w.sleep(bo.NextBackOff()) {
+				return errReleased
+			}
+		}
+	}
+	for {
+		err := w.rewindTo(ri)
+		if err == nil {
+			break
+		}
+		w.log.Warn("rewind partition", "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return errReleased
+		}
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := m.kv.Put(ctx, rewoundKey(m.cfg.Group, w.p), []byte(req.ID)); err != nil {
+		w.log.Warn("record rewind done", "err", err)
+	}
+	w.rewoundID = req.ID
+	w.idle = true
+	return nil
+}
+
+func (w *worker) rewindTo(ri RewindInfo) error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	info, err := w.cons.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if ri.From == 0 || ri.From > ri.Until || ri.From > info.AckFloor.Stream+1 {
+		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until, "ack_floor", info.AckFloor.Stream)
+		return nil
+	}
+	resp, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, ri.From)
+	if err != nil {
+		return fmt.Errorf("reset %s to %d: %w", w.name, ri.From, err)
+	}
+	w.baselineAfterReset(resp)
+	w.log.Info("partition rewound", "rewind", ri.ID, "from", ri.From, "until", ri.Until)
+	return nil
+}

@@ -48,9 +48,24 @@ const clickhouseUsers = `<yandex>
 </yandex>
 `
 
+// WriteClickHouseConfig writes the configuration of a local clickhouse-server
+// (native protocol on 127.0.0.1:port, data and logs in dir, user default
+// without a password from loopback) into dir, as tests and `snipctl demo`
+// run it, and returns the path to give --config-file.
+func WriteClickHouseConfig(dir string, port int) (string, error) {
+	cfg := filepath.Join(dir, "config.xml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, clickhouseConfig, dir, port), 0o644); err != nil {
+		return "", fmt.Errorf("write clickhouse config: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(clickhouseUsers), 0o644); err != nil {
+		return "", fmt.Errorf("write clickhouse users: %w", err)
+	}
+	return cfg, nil
+}
+
 // NewClickHouseServer starts clickhouse-server with its data in dir.
 func NewClickHouseServer(dir string) (*ClickHouseServer, error) {
-	bin, err := findBinary("clickhouse-server", "clickhouse-server")
+	bin, err := FindBinary("clickhouse-server", "clickhouse-server")
 	if err != nil {
 		return nil, err
 	}
@@ -60,12 +75,9 @@ func NewClickHouseServer(dir string) (*ClickHouseServer, error) {
 		if err != nil {
 			return nil, err
 		}
-		cfg := filepath.Join(dir, "config.xml")
-		if err := os.WriteFile(cfg, fmt.Appendf(nil, clickhouseConfig, dir, port), 0o644); err != nil {
-			return nil, fmt.Errorf("write clickhouse config: %w", err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(clickhouseUsers), 0o644); err != nil {
-			return nil, fmt.Errorf("write clickhouse users: %w", err)
+		cfg, err := WriteClickHouseConfig(dir, port)
+		if err != nil {
+			return nil, err
 		}
 		c := &ClickHouseServer{
 			Addr: "127.0.0.1:" + strconv.Itoa(port),

@@ -19,8 +19,9 @@ var searchDirs = []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/loca
 // ErrBinaryMissing is returned when a server binary cannot be found.
 var ErrBinaryMissing = errors.New("server binary not found")
 
-// findBinary locates a server binary or explains how to get it.
-func findBinary(name, debianPkg string) (string, error) {
+// FindBinary locates a server binary on PATH or in the sbin folders, or
+// explains how to get it. Tests and `snipctl demo` find their servers with it.
+func FindBinary(name, debianPkg string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}

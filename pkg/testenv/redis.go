@@ -34,7 +34,7 @@ func NewRedisServer(dir string) (*RedisServer, error) { return newRedisServer(di
 // newRedisServer starts redis-server with extra arguments; extra may use
 // the placeholder portArg, replaced by a free port of its own.
 func newRedisServer(dir string, extra []string) (*RedisServer, error) {
-	bin, err := findBinary("redis-server", "redis-server")
+	bin, err := FindBinary("redis-server", "redis-server")
 	if err != nil {
 		return nil, err
 	}
@@ -51,18 +51,10 @@ func newRedisServer(dir string, extra []string) (*RedisServer, error) {
 				name: "redis-" + strconv.Itoa(port),
 				bin:  bin,
 				dir:  dir,
-				args: []string{
-					"--port", strconv.Itoa(port),
-					"--bind", "127.0.0.1",
-					"--dir", dir,
-					"--daemonize", "no",
-					"--protected-mode", "no",
-					"--save", "",
-					"--appendonly", "yes",
-					"--appendfsync", "everysec",
+				args: append(RedisArgs(port, dir),
 					"--databases", strconv.Itoa(redisDatabases),
 					"--maxclients", "4000",
-				},
+				),
 			},
 		}
 		for _, a := range extra {
@@ -81,6 +73,23 @@ func newRedisServer(dir string, extra []string) (*RedisServer, error) {
 		r.proc.kill()
 	}
 	return nil, lastErr
+}
+
+// RedisArgs are redis-server's arguments for a local server on 127.0.0.1:port
+// with its data in dir, as tests and `snipctl demo` run it: no snapshots,
+// the append-only file synced every second (so a stop and a start keep the
+// data, as a production restart would).
+func RedisArgs(port int, dir string) []string {
+	return []string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--dir", dir,
+		"--daemonize", "no",
+		"--protected-mode", "no",
+		"--save", "",
+		"--appendonly", "yes",
+		"--appendfsync", "everysec",
+	}
 }
 
 // StartRedis starts a redis-server for one test and stops it at the end.

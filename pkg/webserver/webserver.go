@@ -3,8 +3,11 @@
 // (/healthz, /readyz, /metrics), and Serve, which runs it until the context
 // ends and then shuts it down gracefully under a deadline.
 //
-// Routes and the service's one HTTPErrorHandler are the service's own; this
-// package only provides what is the same everywhere.
+// It also holds the one error envelope of every Snip API (ErrorBody,
+// {"error": {"code", "message"}}) and the error handler that writes it
+// (ErrorHandler). Routes, and the table from the service's sentinel errors to
+// statuses (an ErrorTable), are the service's own; this package only
+// provides what is the same everywhere.
 package webserver
 
 import (

@@ -20,6 +20,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/service"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
@@ -48,58 +50,48 @@ func newSystem(tb testing.TB) *system {
 	return &system{nats: n, js: n.JetStream(tb), rdb: rdb, redisURL: servers.Redis.URL(db)}
 }
 
-// service is one clickcounter running in-process.
-type service struct {
-	addr     string
-	cancel   context.CancelFunc
-	done     chan error
-	stopOnce sync.Once
+// instance is one clickcounter running in-process.
+type instance struct {
+	*servicetest.Running
+	addr string
+}
+
+// testConfig is a member's configuration: 4 partitions in memory, small
+// batches, quick failover.
+func (s *system) testConfig(member string) Config {
+	return Config{
+		Base: service.Base{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 2 * time.Second},
+		NATS: service.NATS{URL: s.nats.URL}, Redis: service.Redis{URL: s.redisURL},
+		Topology: service.Topology{ApplyTopology: true, Partitions: testPartitions, Replicas: 1,
+			ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1, Storage: jetstream.MemoryStorage},
+		Owners: service.Owners{BootstrapOwners: "acme:" + acmeKey},
+		Member: member, BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second,
+		DedupWindow: time.Minute,
+	}
 }
 
 // start runs a counter member until the test ends (or stop).
-func (s *system) start(tb testing.TB, member string, mutate func(*Config)) *service {
+func (s *system) start(tb testing.TB, member string, mutate func(*Config)) *instance {
 	tb.Helper()
-	ready := make(chan string, 1)
-	cfg := Config{
-		NATSURL: s.nats.URL, RedisURL: s.redisURL, HTTPAddr: "127.0.0.1:0",
-		ShutdownTimeout: 2 * time.Second, BootstrapOwners: "acme:" + acmeKey,
-		Partitions: testPartitions, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1,
-		Member: member, BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second,
-		DedupWindow: time.Minute, Storage: jetstream.MemoryStorage,
-		Ready: func(addr string) { ready <- addr },
-	}
+	cfg := s.testConfig(member)
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	svc := &service{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.NewJSONHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", member)
-	go func() { svc.done <- run(ctx, log, cfg) }()
-	select {
-	case svc.addr = <-ready:
-	case err := <-svc.done:
-		tb.Fatalf("service %s stopped at start: %v", member, err)
-	case <-time.After(30 * time.Second):
-		tb.Fatalf("service %s not listening after 30s", member)
-	}
-	tb.Cleanup(func() { svc.stop(tb) })
-	return svc
+	r := servicetest.Start(tb, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
+	})
+	return &instance{Running: r, addr: r.Addr}
 }
 
-// stop cancels the service and waits for its graceful shutdown.
-func (svc *service) stop(tb testing.TB) {
+// stop stops the member as SIGTERM would and waits for its graceful
+// shutdown, which must end without an error.
+func (in *instance) stop(tb testing.TB) {
 	tb.Helper()
-	svc.stopOnce.Do(func() {
-		svc.cancel()
-		select {
-		case err := <-svc.done:
-			if err != nil {
-				tb.Errorf("service stopped with: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			tb.Errorf("service did not stop within 30s")
-		}
-	})
+	if err := in.Stop(); err != nil {
+		tb.Errorf("service stopped with: %v", err)
+	}
 }
 
 // testWriter sends logs to t.Log, so they show only on failure.
@@ -271,7 +263,7 @@ func TestKilledBetweenWriteAndAckCountsExactly(t *testing.T) {
 	written := make(chan struct{})
 	var once sync.Once
 	s.start(t, "doomed", func(c *Config) {
-		c.NATSOptions = []nats.Option{nats.SetCustomDialer(dialer)}
+		c.NATS.Options = []nats.Option{nats.SetCustomDialer(dialer)}
 		c.Hooks.AfterWrite = func(ctx context.Context, p int, seq uint64) error {
 			hang := false
 			once.Do(func() { hang = true; close(written) })

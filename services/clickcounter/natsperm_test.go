@@ -1,14 +1,10 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -17,43 +13,11 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
-// port; every user's password is "pw-<user>". It sets environment variables
-// (the configuration reads passwords from them), so its test is not parallel.
-func startDeployedNATS(t *testing.T) string {
-	t.Helper()
-	conf := filepath.Join("..", "..", "deploy", "nats", "nats.conf")
-	accounts, err := os.ReadFile(filepath.Join(filepath.Dir(conf), "accounts.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range regexp.MustCompile(`\$SNIP_NATS_([A-Z]+)_PASSWORD`).FindAllStringSubmatch(string(accounts), -1) {
-		t.Setenv("SNIP_NATS_"+v[1]+"_PASSWORD", "pw-"+strings.ToLower(v[1]))
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = filepath.Join(t.TempDir(), "js")
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server with deploy/nats/nats.conf not ready")
-	}
-	return ns.ClientURL()
-}
-
 // The counter does its whole job as the least-privilege "clickcounter" user
 // of deploy/nats (its own inbox prefix, its group's consumers, its LINKS and
 // verdict feeds): every click counted, every partition acked to the end.
 func TestCounterWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := startDeployedNATS(t)
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
 	if err != nil {
 		t.Fatal(err)
@@ -65,13 +29,11 @@ func TestCounterWorksAsTheDeployedNATSUser(t *testing.T) {
 
 	// What snipctl topology apply does first, as admin, with the options the
 	// counter checks.
-	var cfg Config
-	cfg.Partitions, cfg.Replicas, cfg.ClicksMaxAge, cfg.ClicksMaxBytes, cfg.Storage = testPartitions, 1, 168*time.Hour, -1, jetstream.MemoryStorage
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil {
+	if err := topology.Apply(t.Context(), admin, s.testConfig("admin").Topology.Options()); err != nil {
 		t.Fatal(err)
 	}
 
-	svc := s.start(t, "m1", func(c *Config) { c.NATSUser, c.NATSPassword = "clickcounter", "pw-clickcounter" })
+	svc := s.start(t, "m1", func(c *Config) { c.NATS.User, c.NATS.Password = "clickcounter", "pw-clickcounter" })
 	cs := s.publishClicks(t, codes(5), 4, nil)
 	waitTotals(t, svc.addr, totals(cs, 1))
 	testenv.WaitFor(t, 30*time.Second, "every partition acked to the end", func() bool {

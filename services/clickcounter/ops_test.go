@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -94,7 +93,7 @@ func TestLoadConfig(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := loadConfig(tc.env)
+			c, err := loadConfig(tc.env, nil)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("loadConfig error = %v, want one naming %s", err, tc.wantErr)
@@ -114,7 +113,7 @@ func TestLoadConfig(t *testing.T) {
 // The configuration is logged with its secrets masked.
 func TestConfigLogMasksSecrets(t *testing.T) {
 	t.Parallel()
-	c, err := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:s3cret@h:6379/0", "SNIP_BOOTSTRAP_OWNERS=acme:snip_key"})
+	c, err := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:s3cret@h:6379/0", "SNIP_BOOTSTRAP_OWNERS=acme:snip_key"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,12 +133,9 @@ func TestDifferentPartitionCountStopsTheService(t *testing.T) {
 	first := s.start(t, "m1", nil)
 	first.stop(t)
 	ready := make(chan string, 1)
-	cfg := Config{
-		NATSURL: s.nats.URL, RedisURL: s.redisURL, HTTPAddr: "127.0.0.1:0", ShutdownTimeout: time.Second,
-		Partitions: testPartitions + 1, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1,
-		BatchSize: 50, Linger: 20 * time.Millisecond, LeaseTTL: time.Second, DedupWindow: time.Minute,
-		Storage: jetstream.MemoryStorage, Ready: func(addr string) { ready <- addr },
-	}
+	cfg := s.testConfig("")
+	cfg.Partitions, cfg.ShutdownTimeout, cfg.BootstrapOwners = testPartitions+1, time.Second, ""
+	cfg.Ready = func(addr string) { ready <- addr }
 	err := run(t.Context(), slog.New(slog.DiscardHandler), cfg)
 	if !errors.Is(err, topology.ErrPartitionsChanged) {
 		t.Fatalf("run = %v, want %v", err, topology.ErrPartitionsChanged)

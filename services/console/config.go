@@ -5,44 +5,33 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
-	"reflect"
+	"net/netip"
 	"slices"
+	"strings"
 	"time"
 	"unicode"
 
-	"github.com/caarlos0/env/v11"
-
-	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/services/console/internal/httpapi"
 )
 
 // Config is the console's configuration, read once from the environment.
 type Config struct {
-	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	NATSUser     string `env:"NATS_USER"`
-	NATSPassword string `env:"NATS_PASSWORD"`
-	NATSCreds    string `env:"NATS_CREDS"`
-	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
-	// RedisURL is where the owners' API keys and the redirect outbox are.
-	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	// HTTPAddr serves the page, the API, the owners' streams, /healthz,
-	// /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8085"`
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownTimeout bounds each stage of a graceful stop.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"10s"`
+	service.Base
+	service.NATS
+	// Redis is where the owners' API keys and the redirect outbox are.
+	service.Redis
 
 	// ClickHouseAddrs are host:port of ClickHouse's native protocol; empty
 	// leaves the warehouse panel out.
 	ClickHouseAddrs    []string `env:"CLICKHOUSE_ADDR" envSeparator:","`
 	ClickHouseDatabase string   `env:"CLICKHOUSE_DATABASE" envDefault:"snip"`
 	ClickHouseUser     string   `env:"CLICKHOUSE_USER" envDefault:"default"`
-	ClickHousePassword string   `env:"CLICKHOUSE_PASSWORD"`
+	ClickHousePassword string   `env:"CLICKHOUSE_PASSWORD" secret:"true"`
 
 	// Token is the operators' shared secret (16 characters or more). Without
 	// it the console serves loopback only, unless Insecure.
-	Token string `env:"CONSOLE_TOKEN"`
+	Token string `env:"CONSOLE_TOKEN" secret:"true"`
 	// Insecure allows a console without a token on a non-loopback address.
 	Insecure bool `env:"CONSOLE_INSECURE"`
 	// CookieSecure marks the session cookie Secure (the console is behind TLS).
@@ -55,6 +44,10 @@ type Config struct {
 	// AuthFailureInterval; correct ones cost nothing.
 	AuthFailureBurst    int           `env:"CONSOLE_AUTH_FAILURE_BURST" envDefault:"5"`
 	AuthFailureInterval time.Duration `env:"CONSOLE_AUTH_FAILURE_INTERVAL" envDefault:"2s"`
+	// TrustedProxies are CIDRs (or addresses) of reverse proxies whose
+	// X-Forwarded-For names the client for those limits; empty: the
+	// connection's peer is the client.
+	TrustedProxies []string `env:"CONSOLE_TRUSTED_PROXIES" envSeparator:","`
 
 	// LagWarn and LagAlarm colour the age of the oldest unread event (and the
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
@@ -84,9 +77,6 @@ type Config struct {
 	// disconnects a client (owner or page) that stops reading.
 	SSEHeartbeat    time.Duration `env:"CONSOLE_SSE_HEARTBEAT" envDefault:"15s"`
 	SSEWriteTimeout time.Duration `env:"CONSOLE_SSE_WRITE_TIMEOUT" envDefault:"10s"`
-
-	// Ready, if set, is called with the HTTP address once it listens.
-	Ready func(addr string) `env:"-"`
 }
 
 // minTokenLen and minTokenDistinct keep the token out of guessing range:
@@ -100,6 +90,32 @@ const (
 // devTokens are tokens this repository has published; the console refuses
 // them unless CONSOLE_ALLOW_DEV_TOKEN says this is a demo.
 var devTokens = []string{"console-dev-token"}
+
+// trustedProxies parses CONSOLE_TRUSTED_PROXIES.
+func (c Config) trustedProxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range c.TrustedProxies {
+		v = strings.TrimSpace(v)
+		if v == "" {
+			continue
+		}
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, fmt.Errorf("CONSOLE_TRUSTED_PROXIES: %q is not a CIDR or an address", v)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
+}
+
+func (c Config) trustedProxiesErr() error {
+	_, err := c.trustedProxies()
+	return err
+}
 
 // tokenProblem says what is wrong with a console token, or nil.
 func tokenProblem(t string, allowDev bool) error {
@@ -122,21 +138,10 @@ func tokenProblem(t string, allowDev bool) error {
 	return nil
 }
 
-func loadConfig(environ []string) (Config, error) {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
-		var pe env.ParseError
-		if errors.As(err, &pe) {
-			if f, ok := reflect.TypeFor[Config]().FieldByName(pe.Name); ok {
-				return Config{}, fmt.Errorf("load config: %s: %w", f.Tag.Get("env"), pe.Err)
-			}
-		}
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	if err := cfg.validate(); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	return cfg, nil
+// loadConfig reads the environment (the console takes no arguments).
+func loadConfig(environ, _ []string) (Config, error) {
+	cfg := Config{Base: service.Base{HTTPAddr: ":8085", ShutdownTimeout: 10 * time.Second}}
+	return service.LoadConfig(environ, cfg, (*Config).validate)
 }
 
 func (c Config) validate() error {
@@ -145,6 +150,8 @@ func (c Config) validate() error {
 		return tokenProblem(c.Token, c.AllowDevToken)
 	case c.AuthFailureBurst < 1 || c.AuthFailureInterval <= 0:
 		return errors.New("CONSOLE_AUTH_FAILURE_BURST >= 1 and CONSOLE_AUTH_FAILURE_INTERVAL > 0")
+	case c.trustedProxiesErr() != nil:
+		return c.trustedProxiesErr()
 	case c.Token == "" && !c.Insecure && !loopbackListen(c.HTTPAddr):
 		return fmt.Errorf("HTTP_ADDR %q is not a loopback address and CONSOLE_TOKEN is not set: "+
 			"set a token, listen on 127.0.0.1, or set CONSOLE_INSECURE=true", c.HTTPAddr)
@@ -173,38 +180,5 @@ func loopbackListen(addr string) bool {
 	return err == nil && host != "" && httpapi.IsLoopbackHost(host)
 }
 
-// LogValue prints the configuration with secrets masked.
-func (c Config) LogValue() slog.Value {
-	mask := func(s string) string {
-		if s == "" {
-			return ""
-		}
-		return "***"
-	}
-	return slog.GroupValue(
-		slog.String("nats_url", c.NATSURL), slog.String("nats_user", c.NATSUser),
-		slog.String("nats_password", mask(c.NATSPassword)), slog.String("nats_creds", c.NATSCreds),
-		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
-		slog.Any("clickhouse_addr", c.ClickHouseAddrs), slog.String("clickhouse_database", c.ClickHouseDatabase),
-		slog.String("clickhouse_password", mask(c.ClickHousePassword)),
-		slog.String("token", mask(c.Token)), slog.Bool("insecure", c.Insecure), slog.Bool("allow_dev_token", c.AllowDevToken),
-		slog.Int("auth_failure_burst", c.AuthFailureBurst), slog.Duration("auth_failure_interval", c.AuthFailureInterval),
-		slog.Duration("owner_key_recheck", c.OwnerKeyRecheck),
-		slog.Duration("lag_warn", c.LagWarn), slog.Duration("lag_alarm", c.LagAlarm),
-		slog.Int("live_max_browsers", c.LiveMaxBrowsers), slog.Float64("live_max_rate", c.LiveMaxRate),
-		slog.Int("owner_streams_per_owner", c.OwnerStreamsPerOwner), slog.Int("owner_streams_max", c.OwnerStreamsMax),
-		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
-	)
-}
-
-func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "console", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
-}
-
-func maskURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Redacted()
-}
+// LogValue is the configuration as logged: secrets masked.
+func (c Config) LogValue() slog.Value { return service.LogValue(c) }

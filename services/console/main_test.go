@@ -26,6 +26,7 @@ import (
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
@@ -76,46 +77,19 @@ func startOn(t *testing.T, js jetstream.JetStream, log *slog.Logger, edit func(*
 	cfg, err := loadConfig([]string{
 		"NATS_URL=" + natsURL, "REDIS_URL=" + servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0",
 		"CLICKHOUSE_ADDR=" + servers.ClickHouse.Addr, "CLICKHOUSE_DATABASE=" + chdb, "SHUTDOWN_TIMEOUT=5s",
-	})
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if edit != nil {
 		edit(&cfg)
 	}
-	addr := make(chan string, 1)
-	cfg.Ready = func(a string) { addr <- a }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, log, cfg) }()
 	s := &system{js: js, rdb: rdb, ch: conn}
-	stopped := false
-	s.stop = func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("console did not stop within 30 s")
-		}
-	}
-	t.Cleanup(func() {
-		if err := s.stop(); err != nil {
-			t.Error(err)
-		}
+	r := servicetest.Start(t, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
 	})
-	select {
-	case a := <-addr:
-		s.url = "http://" + a
-	case err := <-done:
-		t.Fatalf("console stopped at start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("console not listening after 30 s")
-	}
+	s.url, s.stop = r.URL(), r.Stop
 	return s
 }
 
@@ -549,12 +523,14 @@ func TestWithoutATokenOnlyLoopbackIsServed(t *testing.T) {
 		{"published_dev_token", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token"}, true},
 		{"published_dev_token_allowed_for_a_demo", []string{"HTTP_ADDR=:8085", "CONSOLE_TOKEN=console-dev-token", "CONSOLE_ALLOW_DEV_TOKEN=true"}, false},
 		{"no_failures_allowed", []string{"CONSOLE_TOKEN=" + testToken, "CONSOLE_AUTH_FAILURE_BURST=0"}, true},
+		{"trusted_proxies", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_TRUSTED_PROXIES=10.0.0.0/8, 192.0.2.1"}, false},
+		{"bad_trusted_proxy", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_TRUSTED_PROXIES=proxy.local"}, true},
 		{"alarm_before_warn", []string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_LAG_WARN=5m", "CONSOLE_LAG_ALARM=1m"}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := loadConfig(tc.env)
+			_, err := loadConfig(tc.env, nil)
 			if (err != nil) != tc.wantErr {
 				t.Errorf("loadConfig(%v) = %v, want error: %v", tc.env, err, tc.wantErr)
 			}

@@ -5,16 +5,13 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -51,32 +48,9 @@ func (w *syncBuffer) String() string {
 // It sets environment variables (the server reads the passwords from them),
 // so it does not run in parallel.
 func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
-	conf := filepath.Join("..", "..", "deploy", "nats", "nats.conf")
-	accounts, err := os.ReadFile(filepath.Join(filepath.Dir(conf), "accounts.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range regexp.MustCompile(`\$(SNIP_NATS_[A-Z]+_PASSWORD)`).FindAllStringSubmatch(string(accounts), -1) {
-		t.Setenv(v[1], "pw-"+strings.ToLower(v[1]))
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = filepath.Join(t.TempDir(), "js")
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server with deploy/nats/nats.conf not ready")
-	}
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	connect := func(user string) jetstream.JetStream {
-		nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo(user, "pw-snip_nats_"+user+"_password"))
+		nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user))
 		if err != nil {
 			t.Fatalf("connect as %s: %v", user, err)
 		}
@@ -117,7 +91,7 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 	var logs syncBuffer
 	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
 		withToken(c)
-		c.NATSUser, c.NATSPassword = "console", "pw-snip_nats_console_password"
+		c.NATS.User, c.NATS.Password = "console", "pw-console"
 	})
 	const key = "snip_acme_test_key_0123456789"
 	if err := owners.NewStore(s.rdb).Ensure(ctx, "acme", key); err != nil {

@@ -143,7 +143,7 @@ func runtimeConsume(b *testing.B, js jetstream.JetStream) {
 
 func fraudConsume(b *testing.B, n *testenv.NATS, db int, js jetstream.JetStream) {
 	b.Helper()
-	cfg, err := loadConfig([]string{"NATS_URL=" + n.URL, "REDIS_URL=" + servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0", "FRAUD_MEMBER=b1"})
+	cfg, err := loadConfig([]string{"NATS_URL=" + n.URL, "REDIS_URL=" + servers.Redis.URL(db), "HTTP_ADDR=127.0.0.1:0", "FRAUD_MEMBER=b1"}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,12 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-	"github.com/nats-io/nats.go"
-
-	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/reader"
-	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 )
 
@@ -20,30 +16,12 @@ import (
 // environment. The detector's thresholds are documented on fraud.Rules and
 // in the README; their defaults are fraud.Defaults().
 type Config struct {
-	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	NATSUser     string `env:"NATS_USER"`
-	NATSPassword string `env:"NATS_PASSWORD"`
-	NATSCreds    string `env:"NATS_CREDS"`
-	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
-	RedisURL     string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	// HTTPAddr serves the API, /healthz, /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8082"`
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownTimeout bounds each step of a graceful stop: finishing and
-	// acking the batch in hand, and answering the HTTP requests in flight.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
-	// BootstrapOwners is "id:key,..." owners to create (demos and tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS"`
-
-	// ApplyTopology applies the topology at start, as `snipctl topology
-	// apply` does (same variables). Set it false for a NATS user without
-	// stream-admin permissions: the service then only reads CLICKS' partition
-	// count, and waits until the topology exists.
-	ApplyTopology  bool          `env:"SNIP_APPLY_TOPOLOGY" envDefault:"true"`
-	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
-	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
-	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`
-	ClicksMaxBytes int64         `env:"SNIP_CLICKS_MAX_BYTES" envDefault:"-1"`
+	service.Base
+	service.NATS
+	service.Redis
+	service.Topology
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 
 	// Member names this instance in the group (default: hostname-pid-random).
 	Member string `env:"FRAUD_MEMBER"`
@@ -82,72 +60,22 @@ type Config struct {
 	// acknowledgement at once; PublishTimeout bounds each wait.
 	PublishWindow  int           `env:"FRAUD_PUBLISH_WINDOW" envDefault:"4096"`
 	PublishTimeout time.Duration `env:"FRAUD_PUBLISH_TIMEOUT" envDefault:"10s"`
-
-	// Ready, if set, is called with the HTTP address once it accepts
-	// connections (tests listen on 127.0.0.1:0).
-	Ready func(addr string) `env:"-"`
-	// Connected, if set, is given the NATS connection once made; tests use
-	// it to cut a member off abruptly, as a crash would.
-	Connected func(nc *nats.Conn) `env:"-"`
 }
 
-func loadConfig(environ []string) (Config, error) {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	if _, err := cfg.start(time.Now()); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	if _, err := cfg.rules(); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	return cfg, nil
-}
-
-// LogValue masks the secrets when the config is logged.
-func (c Config) LogValue() slog.Value {
-	mask := func(s string) string {
-		if s == "" {
-			return ""
+// loadConfig reads the environment (fraud detection takes no arguments).
+func loadConfig(environ, _ []string) (Config, error) {
+	cfg := Config{Base: service.Base{HTTPAddr: ":8082", ShutdownTimeout: 30 * time.Second}}
+	return service.LoadConfig(environ, cfg, func(c *Config) error {
+		if _, err := c.start(time.Now()); err != nil {
+			return err
 		}
-		return "***"
-	}
-	return slog.GroupValue(
-		slog.String("nats_url", maskURL(c.NATSURL)), slog.String("nats_user", c.NATSUser),
-		slog.String("nats_password", mask(c.NATSPassword)), slog.String("nats_creds", c.NATSCreds),
-		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
-		slog.String("member", c.Member), slog.String("start", c.Start), slog.Int("batch_size", c.BatchSize),
-		slog.Duration("visitor_window", c.VisitorWindow), slog.Int("visitor_threshold", c.VisitorThreshold),
-		slog.Duration("flood_window", c.FloodWindow), slog.Int("flood_floor", c.FloodFloor),
-		slog.Float64("flood_factor", c.FloodFactor), slog.Duration("flood_half_life", c.FloodHalfLife),
-		slog.Duration("pair_window", c.PairWindow), slog.Int("label_alert_threshold", c.LabelAlertThreshold),
-		slog.Int("max_identities", c.MaxIdentities), slog.String("listed_networks_file", c.ListedNetworksFile),
-	)
+		_, err := c.rules()
+		return err
+	})
 }
 
-// maskURL hides a password in a URL's user information.
-func maskURL(u string) string {
-	at := strings.LastIndexByte(u, '@')
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return u
-	}
-	return u[:scheme+3] + "***" + u[at:]
-}
-
-func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "fraud", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
-}
-
-func (c Config) topology() topology.Options {
-	o := topology.Defaults()
-	o.Partitions = c.Partitions
-	o.Replicas = c.Replicas
-	o.ClicksMaxAge = c.ClicksMaxAge
-	o.ClicksMaxBytes = c.ClicksMaxBytes
-	return o
-}
+// LogValue is the configuration as logged: secrets masked.
+func (c Config) LogValue() slog.Value { return service.LogValue(c) }
 
 // start parses Start.
 func (c Config) start(now time.Time) (reader.Start, error) {

@@ -3,7 +3,6 @@ module github.com/snipdev/snip/services/fraud
 go 1.26.0
 
 require (
-	github.com/caarlos0/env/v11 v11.4.2
 	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/labstack/echo/v4 v4.16.5
@@ -13,7 +12,10 @@ require (
 	github.com/snipdev/snip/pkg v0.0.0
 )
 
-require github.com/segmentio/encoding v0.5.4 // indirect
+require (
+	github.com/caarlos0/env/v11 v11.4.2 // indirect
+	github.com/segmentio/encoding v0.5.4 // indirect
+)
 
 require (
 	github.com/ClickHouse/ch-go v0.75.0 // indirect
@@ -34,7 +36,7 @@ require (
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
+	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/paulmach/orb v0.14.0 // indirect

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
@@ -45,10 +47,9 @@ func bootstrapSpec() string {
 
 // instance is one running fraud service.
 type instance struct {
-	addr   string
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	done   chan error
+	*servicetest.Running
+	addr string
+	nc   *nats.Conn
 }
 
 // start runs the service in-process against n and Redis database db.
@@ -59,43 +60,26 @@ func start(t *testing.T, n *testenv.NATS, db int, member string, extra ...string
 		"SNIP_PARTITIONS=" + strconv.Itoa(partitions), "FRAUD_MEMBER=" + member,
 		"SNIP_BOOTSTRAP_OWNERS=" + bootstrapSpec(), "SHUTDOWN_TIMEOUT=10s",
 	}, extra...)
-	cfg, err := loadConfig(environ)
+	cfg, err := loadConfig(environ, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &instance{done: make(chan error, 1)}
-	ready := make(chan string, 1)
+	in := &instance{}
 	var once sync.Once
-	cfg.Ready = func(addr string) { ready <- addr }
 	cfg.Connected = func(nc *nats.Conn) { once.Do(func() { in.nc = nc }) }
-	ctx, cancel := context.WithCancel(context.Background())
-	in.cancel = cancel
 	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	go func() { in.done <- run(ctx, log, cfg) }()
-	select {
-	case in.addr = <-ready:
-	case err := <-in.done:
-		t.Fatalf("service %s exited at start: %v", member, err)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("service %s not ready after 60s", member)
-	}
-	t.Cleanup(func() { in.stop(t) })
+	in.Running = servicetest.Start(t, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
+	})
+	in.addr = in.Addr
 	return in
 }
 
-// stop cancels the service and waits for its graceful exit.
+// stop stops the service as SIGTERM would and waits for its graceful exit.
 func (in *instance) stop(t *testing.T) {
-	in.cancel()
-	select {
-	case err, ok := <-in.done:
-		if ok && err != nil {
-			t.Errorf("service exit: %v", err)
-		}
-		if ok {
-			close(in.done)
-		}
-	case <-time.After(60 * time.Second):
-		t.Errorf("service did not stop within 60s")
+	if err := in.Stop(); err != nil {
+		t.Errorf("service exit: %v", err)
 	}
 }
 
@@ -103,12 +87,8 @@ func (in *instance) stop(t *testing.T) {
 // unpin, no lease delete), then lets its process go.
 func (in *instance) crash(t *testing.T) {
 	in.nc.Close()
-	in.cancel()
-	select {
-	case <-in.done:
-		close(in.done)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("crashed service did not exit within 60s")
+	if err := in.Stop(); errors.Is(err, servicetest.ErrStopTimeout) {
+		t.Fatalf("crashed service did not exit: %v", err)
 	}
 }
 
@@ -443,7 +423,7 @@ func TestConfig(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg, err := loadConfig(tc.environ)
+			cfg, err := loadConfig(tc.environ, nil)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("loadConfig(%v) = %v, want error %v", tc.environ, err, tc.wantErr)
 			}
@@ -452,7 +432,7 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
-	cfg, _ := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:hunter2@r:6379/0", "NATS_URL=nats://u:hunter2@n:4222"})
+	cfg, _ := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:hunter2@r:6379/0", "NATS_URL=nats://u:hunter2@n:4222"}, nil)
 	var b strings.Builder
 	slog.New(slog.NewJSONHandler(&b, nil)).Info("config", "config", cfg)
 	if strings.Contains(b.String(), "hunter2") {

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -18,44 +14,12 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
-// startDeployedNATS runs nats-server with deploy/nats/nats.conf on a free
-// port; every user's password is "pw-<user>". It sets environment variables
-// (the configuration reads passwords from them), so its test is not parallel.
-func startDeployedNATS(t *testing.T) string {
-	t.Helper()
-	conf := filepath.Join("..", "..", "deploy", "nats", "nats.conf")
-	accounts, err := os.ReadFile(filepath.Join(filepath.Dir(conf), "accounts.conf"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range regexp.MustCompile(`\$SNIP_NATS_([A-Z]+)_PASSWORD`).FindAllStringSubmatch(string(accounts), -1) {
-		t.Setenv("SNIP_NATS_"+v[1]+"_PASSWORD", "pw-"+strings.ToLower(v[1]))
-	}
-	opts, err := server.ProcessConfigFile(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
-	opts.StoreDir = filepath.Join(t.TempDir(), "js")
-	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(ns.Shutdown)
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server with deploy/nats/nats.conf not ready")
-	}
-	return ns.ClientURL()
-}
-
 // The fraud detector does its whole job as the least-privilege "fraud" user
 // of deploy/nats: its group on CLICKS (own inbox prefix, own consumers, the
 // partition's recent past read with an ordered consumer), alerts and
 // verdicts published, every partition acked to the end.
 func TestFraudWorksAsTheDeployedNATSUser(t *testing.T) {
-	url := startDeployedNATS(t)
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
 	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
 	if err != nil {
 		t.Fatal(err)
@@ -66,11 +30,11 @@ func TestFraudWorksAsTheDeployedNATSUser(t *testing.T) {
 	n := &testenv.NATS{URL: url}
 
 	// snipctl topology apply, as admin, with the options the service checks.
-	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)})
+	cfg, err := loadConfig([]string{"SNIP_PARTITIONS=" + strconv.Itoa(partitions)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Apply(t.Context(), admin, cfg.topology()); err != nil {
+	if err := topology.Apply(t.Context(), admin, cfg.Topology.Options()); err != nil {
 		t.Fatal(err)
 	}
 	clicks := traffic.Generate(traffic.Spec{Seed: 3, Start: time.Now().Add(-10 * time.Minute), Duration: 6 * time.Minute, HumanRate: 2, Links: 30, Owners: 3, Inject: true})

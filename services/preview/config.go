@@ -7,43 +7,24 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/caarlos0/env/v11"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
-	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/workqueue"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
-	"github.com/snipdev/snip/services/preview/internal/workqueue"
 )
 
 // Config is the preview worker's configuration, read once from the
 // environment (see README.md for the table).
 type Config struct {
-	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	NATSUser     string `env:"NATS_USER"`
-	NATSPassword string `env:"NATS_PASSWORD"`
-	NATSCreds    string `env:"NATS_CREDS"`
-	NATSInbox    string `env:"NATS_INBOX_PREFIX"`
-	RedisURL     string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	// HTTPAddr serves /healthz, /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8084"`
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownTimeout is how long jobs in hand may take to finish after
-	// SIGTERM; what has not finished then is handed back to the queue.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"20s"`
-
-	// ApplyTopology runs topology.Apply at start, as every service does: it
-	// creates what is missing and updates only what differs, so a NATS user
-	// that may only read stream info passes when `snipctl topology apply`
-	// ran first. Off: only look the consumer up.
-	ApplyTopology bool `env:"SNIP_APPLY_TOPOLOGY" envDefault:"true"`
+	service.Base
+	service.NATS
+	service.Redis
 	// The deployment's topology, read from the same variables as snipctl's,
 	// so one environment file serves both.
-	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
-	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
-	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`
-	ClicksMaxBytes int64         `env:"SNIP_CLICKS_MAX_BYTES" envDefault:"-1"`
+	service.Topology
 
 	// Concurrency is the most jobs one instance works on at once. Fetches
 	// mostly wait on the network, so it is well above the CPU count.
@@ -80,21 +61,14 @@ type Config struct {
 	// BacklogInterval is how often the dead-letter backlog gauge is sampled.
 	BacklogInterval time.Duration `env:"PREVIEW_BACKLOG_INTERVAL" envDefault:"30s"`
 
-	// Ready, if set, is called with the HTTP address once it listens (tests).
-	Ready func(addr string) `env:"-"`
 	// Resolver, if set, replaces DNS for fetches (tests).
 	Resolver fetch.Resolver `env:"-"`
 }
 
-func loadConfig(environ []string) (Config, error) {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	if err := cfg.validate(); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	return cfg, nil
+// loadConfig reads the environment (the worker takes no arguments).
+func loadConfig(environ, _ []string) (Config, error) {
+	cfg := Config{Base: service.Base{HTTPAddr: ":8084", ShutdownTimeout: 20 * time.Second}}
+	return service.LoadConfig(environ, cfg, (*Config).validate)
 }
 
 func (c Config) validate() error {
@@ -118,32 +92,8 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// LogValue masks secrets when the config is logged at start.
-func (c Config) LogValue() slog.Value {
-	mask := func(s string) string {
-		if s == "" {
-			return ""
-		}
-		return "***"
-	}
-	allow := make([]string, len(c.AllowCIDRs))
-	for i, p := range c.AllowCIDRs {
-		allow[i] = p.String()
-	}
-	return slog.GroupValue(
-		slog.String("nats_url", c.NATSURL), slog.String("nats_user", c.NATSUser), slog.String("nats_password", mask(c.NATSPassword)),
-		slog.String("nats_creds", c.NATSCreds), slog.String("redis_url", redact(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
-		slog.Duration("shutdown_timeout", c.ShutdownTimeout), slog.Bool("apply_topology", c.ApplyTopology), slog.Int("concurrency", c.Concurrency),
-		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Duration("fetch_timeout", c.FetchTimeout), slog.Int("max_redirects", c.MaxRedirects),
-		slog.Int64("max_body_bytes", c.MaxBodyBytes), slog.Any("allow_cidrs", allow), slog.String("user_agent", c.UserAgent),
-		slog.Duration("retry_base", c.RetryBase), slog.Duration("retry_max", c.RetryMax), slog.Float64("retry_jitter", c.RetryJitter),
-		slog.Duration("retry_after_max", c.RetryAfterMax), slog.Duration("pull_wait", c.PullWait),
-	)
-}
-
-func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "preview", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
-}
+// LogValue is the configuration as logged: secrets masked.
+func (c Config) LogValue() slog.Value { return service.LogValue(c) }
 
 func (c Config) fetch() fetch.Config {
 	return fetch.Config{
@@ -165,13 +115,4 @@ func (c Config) queue(log *slog.Logger, reg prometheus.Registerer) workqueue.Con
 		Logger:          log,
 		Metrics:         reg,
 	}
-}
-
-func (c Config) topology() topology.Options {
-	o := topology.Defaults()
-	o.Partitions = c.Partitions
-	o.Replicas = c.Replicas
-	o.ClicksMaxAge = c.ClicksMaxAge
-	o.ClicksMaxBytes = c.ClicksMaxBytes
-	return o
 }

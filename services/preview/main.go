@@ -7,167 +7,51 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"net/url"
-	"os"
-	"os/signal"
-	"syscall"
-	"time"
 
-	"github.com/labstack/echo/v4"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/snipdev/snip/pkg/natsconn"
-	"github.com/snipdev/snip/pkg/redisconn"
-	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/pkg/workqueue"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
 	"github.com/snipdev/snip/services/preview/internal/preview"
 	"github.com/snipdev/snip/services/preview/internal/redisstore"
-	"github.com/snipdev/snip/services/preview/internal/workqueue"
 )
 
-func main() {
-	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
-		cfg, err := loadConfig(os.Environ())
-		if err == nil {
-			err = webserver.Probe(cfg.HTTPAddr)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	cfg, err := loadConfig(os.Environ())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "preview:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	if err := run(ctx, log, cfg); err != nil {
-		log.Error("preview stopped", "err", err)
-		os.Exit(1)
-	}
-}
+func main() { service.Main("preview", loadConfig, run) }
 
-// run wires the worker and blocks until ctx ends or a component fails, then
-// shuts down: HTTP and the queue stop together (the queue lets jobs in hand
-// finish within cfg.ShutdownTimeout), then Redis and NATS close.
+// run wires the worker and runs it until ctx ends or a component fails;
+// then HTTP and the queue stop together (the queue lets jobs in hand finish
+// within cfg.ShutdownTimeout), NATS drains and Redis closes (service.Run).
+// The topology is applied by the queue's component, so /healthz answers
+// while it waits for NATS.
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
-	log.Info("starting", "config", cfg)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-
-	nc, err := natsconn.Connect(cfg.nats(), log)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		// Acks and NAKs are fire-and-forget publishes: flush them out.
-		_ = nc.FlushTimeout(2 * time.Second)
-		nc.Close()
-	}()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	rdb, err := redisconn.Open(cfg.RedisURL)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-
-	reg := prometheus.NewRegistry()
-	web := webserver.New(log, reg)
-	web.Echo.HTTPErrorHandler = httpErrorHandler(log)
-	svc := preview.New(redisstore.New(rdb), fetch.New(cfg.fetch()), log, reg)
-	q := workqueue.New(js, cfg.queue(log, reg), svc.Process, svc.OnDead)
-	web.AddReadiness("nats", func(context.Context) error {
-		if !nc.IsConnected() {
-			return fmt.Errorf("nats: %s", nc.Status())
-		}
-		return nil
-	})
-	web.AddReadiness("redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) })
-	web.AddReadiness("queue", q.Ready)
-
-	errc := make(chan error, 2)
-	go func() { errc <- web.Serve(ctx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout) }()
-	go func() {
-		if cfg.ApplyTopology {
-			if err := applyTopology(ctx, log, js, cfg.topology()); err != nil {
-				errc <- err
-				return
-			}
-		}
-		errc <- q.Run(ctx)
-	}()
-	var first error
-	for range 2 {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			cancel() // one failed: stop the other
-		}
-	}
-	log.Info("stopped")
-	return first
-}
-
-// applyTopology applies the topology, retrying until NATS answers or ctx
-// ends. A CLICKS partition count that differs from SNIP_PARTITIONS is a
-// configuration error, returned.
-func applyTopology(ctx context.Context, log *slog.Logger, js jetstream.JetStream, o topology.Options) error {
-	wait := 250 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := topology.Apply(actx, js, o)
-		cancel()
-		switch {
-		case err == nil || ctx.Err() != nil:
-			return nil
-		case errors.Is(err, topology.ErrPartitionsChanged):
+	return service.Run(ctx, log, "preview", cfg, func(ctx context.Context, g *service.Group) error {
+		nc, js, err := g.NATS(cfg.NATS, "preview")
+		if err != nil {
 			return err
 		}
-		log.Warn("apply topology; retrying", "err", err, "in", wait)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-			wait = min(2*wait, 10*time.Second)
+		rdb, err := g.Redis(cfg.Redis)
+		if err != nil {
+			return err
 		}
-	}
-}
+		reg := prometheus.NewRegistry()
+		web := webserver.New(log, reg)
+		web.Echo.HTTPErrorHandler = webserver.ErrorHandler(log, nil)
+		svc := preview.New(redisstore.New(rdb), fetch.New(cfg.fetch()), log, reg)
+		q := workqueue.New(js, cfg.queue(log, reg), svc.Process, svc.OnDead)
+		web.AddReadiness("nats", service.NATSReady(nc))
+		web.AddReadiness("redis", service.RedisReady(rdb))
+		web.AddReadiness("queue", q.Ready)
 
-// httpErrorHandler is the service's one error handler: JSON bodies, and a
-// log line only for what is not the client's mistake.
-func httpErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		if errors.As(err, &he) {
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		}
-		if code >= 500 {
-			log.Error("http", "path", c.Path(), "err", err)
-		}
-		_ = c.JSON(code, map[string]string{"error": msg})
-	}
-}
-
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Redacted()
+		g.Go(service.Intake, "http", g.HTTP(web))
+		g.Go(service.Intake, "queue", func(ctx context.Context) error {
+			if err := cfg.Topology.Prepare(ctx, log, js); err != nil {
+				return err
+			}
+			return q.Run(ctx)
+		})
+		return nil
+	})
 }

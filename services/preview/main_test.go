@@ -24,6 +24,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/preview/internal/redisstore"
@@ -80,7 +81,7 @@ func (w *world) config(t testing.TB, extra ...string) Config {
 		"PREVIEW_RETRY_BASE=100ms", "PREVIEW_RETRY_MAX=200ms", "PREVIEW_RETRY_JITTER=0",
 		"PREVIEW_FETCH_TIMEOUT=5s", "PREVIEW_CONCURRENCY=4", "PREVIEW_BACKLOG_INTERVAL=200ms", "PREVIEW_PULL_WAIT=200ms",
 	}, extra...)
-	cfg, err := loadConfig(environ)
+	cfg, err := loadConfig(environ, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,49 +90,25 @@ func (w *world) config(t testing.TB, extra ...string) Config {
 
 // instance is one running preview service.
 type instance struct {
+	*servicetest.Running
 	addr string
-	stop func() error
 }
 
+// start runs the service until the test ends, and returns once it is ready.
 func start(t testing.TB, cfg Config) *instance {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	cfg.Ready = func(a string) { addrc <- a }
-	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: cfg.LogLevel}))
-	go func() { done <- run(ctx, log, cfg) }()
-	var addr string
-	select {
-	case addr = <-addrc:
-	case err := <-done:
-		cancel()
-		t.Fatalf("run: %v", err)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("service did not listen within 20s")
-	}
-	var once sync.Once
-	var runErr error
-	inst := &instance{addr: addr, stop: func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case runErr = <-done:
-			case <-time.After(60 * time.Second):
-				runErr = fmt.Errorf("run did not return 60s after cancel")
-			}
-		})
-		return runErr
-	}}
-	t.Cleanup(func() {
-		if err := inst.stop(); err != nil {
-			t.Errorf("stop: %v", err)
-		}
+	r := servicetest.Start(t, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
 	})
+	inst := &instance{Running: r, addr: r.Addr}
 	testenv.WaitFor(t, 20*time.Second, "service ready", func() bool { return inst.get(t, "/readyz") == http.StatusOK })
 	return inst
 }
+
+// stop stops the service as SIGTERM would and returns how run ended.
+func (i *instance) stop() error { return i.Stop() }
 
 func (i *instance) get(t testing.TB, path string) int {
 	resp, err := http.Get("http://" + i.addr + path)
@@ -686,14 +663,14 @@ func TestAppliesItsTopology(t *testing.T) {
 
 func TestLoadConfig(t *testing.T) {
 	t.Parallel()
-	cfg, err := loadConfig(nil)
+	cfg, err := loadConfig(nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Concurrency != 8 || cfg.HTTPAddr != ":8084" || !cfg.ApplyTopology || len(cfg.AllowCIDRs) != 0 || !strings.Contains(cfg.UserAgent, "Snip") {
 		t.Fatalf("defaults = %+v", cfg)
 	}
-	cfg, err = loadConfig([]string{"PREVIEW_ALLOW_CIDRS=10.1.0.0/16,fd00::/8"})
+	cfg, err = loadConfig([]string{"PREVIEW_ALLOW_CIDRS=10.1.0.0/16,fd00::/8"}, nil)
 	if err != nil || len(cfg.AllowCIDRs) != 2 || cfg.AllowCIDRs[1] != netip.MustParsePrefix("fd00::/8") {
 		t.Fatalf("allow-list = %v, %v", cfg.AllowCIDRs, err)
 	}
@@ -701,7 +678,7 @@ func TestLoadConfig(t *testing.T) {
 		{"PREVIEW_ALLOW_CIDRS=10.1.0.0"}, {"PREVIEW_CONCURRENCY=0"}, {"PREVIEW_RETRY_JITTER=2"},
 		{"PREVIEW_RETRY_BASE=1m", "PREVIEW_RETRY_MAX=1s"}, {"PREVIEW_MAX_BODY_BYTES=10"}, {"LOG_LEVEL=loud"},
 	} {
-		if _, err := loadConfig(bad); err == nil {
+		if _, err := loadConfig(bad, nil); err == nil {
 			t.Errorf("loadConfig(%v) accepted a bad value", bad)
 		}
 	}

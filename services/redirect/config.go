@@ -2,37 +2,28 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-
-	"github.com/snipdev/snip/pkg/natsconn"
-	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/services/redirect/internal/redirect"
 )
 
 // Config is the redirect service's configuration, read once from the
 // environment (README.md has the table).
 type Config struct {
-	HTTPAddr        string        `env:"HTTP_ADDR" envDefault:":8080"`
-	NATSURL         string        `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	NATSUser        string        `env:"NATS_USER"`
-	NATSPassword    string        `env:"NATS_PASSWORD"`
-	NATSCreds       string        `env:"NATS_CREDS"`
-	NATSInbox       string        `env:"NATS_INBOX_PREFIX"`
-	RedisURL        string        `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	LogLevel        string        `env:"LOG_LEVEL" envDefault:"info"`
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
+	service.Base
+	service.NATS
+	service.Redis
+	// The topology, applied at start (retried in the background: redirects
+	// are served meanwhile, into the outbox).
+	service.Topology
 
-	// Partitions and Replicas are used when this instance applies the
-	// topology (topology.Apply at start, retried in the background).
-	Partitions int `env:"SNIP_PARTITIONS" envDefault:"8"`
-	Replicas   int `env:"SNIP_REPLICAS" envDefault:"1"`
-	// BootstrapOwners is "id:key,..." owners ensured at start (demos, tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS"`
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 	// PublicURL is the base of short_url in API answers, e.g.
 	// https://sn.ip; empty derives it from each request's Host.
 	PublicURL string `env:"SNIP_PUBLIC_URL"`
@@ -97,18 +88,12 @@ type Config struct {
 	CacheTTL  time.Duration `env:"SNIP_CACHE_TTL" envDefault:"60s"`
 	// Instance names this process in relay leases; default hostname-pid.
 	Instance string `env:"SNIP_INSTANCE"`
-
-	// Ready, if set, is called with the bound HTTP address once the service
-	// accepts requests (tests run the service in-process on 127.0.0.1:0).
-	Ready func(addr string) `env:"-"`
 }
 
-func loadConfig() (Config, error) {
-	var cfg Config
-	if err := env.Parse(&cfg); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	return cfg, nil
+// loadConfig reads the environment (the service takes no arguments).
+func loadConfig(environ, _ []string) (Config, error) {
+	cfg := Config{Base: service.Base{HTTPAddr: ":8080", ShutdownTimeout: 15 * time.Second}}
+	return service.LoadConfig(environ, cfg, (*Config).validate)
 }
 
 func (c *Config) validate() error {
@@ -169,49 +154,5 @@ func (c *Config) trustedProxies() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (c *Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "redirect " + c.Instance, User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds, InboxPrefix: c.NATSInbox}
-}
-
-// natsDirect is the connection for clicks published straight to CLICKS.
-func (c *Config) natsDirect() natsconn.Config {
-	n := c.nats()
-	n.Name = "redirect direct " + c.Instance
-	return n
-}
-
-func (c *Config) topology() topology.Options {
-	o := topology.Defaults()
-	o.Partitions = c.Partitions
-	o.Replicas = c.Replicas
-	return o
-}
-
-// logValue is the configuration as logged at start: secrets masked.
-func (c *Config) logValue() map[string]any {
-	mask := func(s string) string {
-		if s == "" {
-			return ""
-		}
-		return "***"
-	}
-	return map[string]any{
-		"http_addr": c.HTTPAddr, "nats_url": c.NATSURL, "nats_user": c.NATSUser, "nats_password": mask(c.NATSPassword),
-		"redis_url": redactURL(c.RedisURL), "partitions": c.Partitions, "outbox_shards": c.OutboxShards,
-		"outbox_max_entries": c.OutboxMaxEntries, "unrecorded_policy": c.UnrecordedPolicy, "outbox_wait": c.OutboxWait.String(), "outbox_validity": c.OutboxValidity.String(),
-		"direct_timeout": c.DirectTimeout.String(), "lookup_timeout": c.LookupTimeout.String(), "relay_window": c.RelayWindow,
-		"relay_lease_ttl": c.RelayLeaseTTL.String(), "cache_size": c.CacheSize, "cache_ttl": c.CacheTTL.String(),
-		"link_create_limit": c.LinkCreateLimit, "link_create_window": c.LinkCreateWindow.String(),
-		"trusted_proxies": c.TrustedProxies, "instance": c.Instance, "bootstrap_owners": mask(c.BootstrapOwners),
-	}
-}
-
-// redactURL hides a password in a redis://user:pass@host URL.
-func redactURL(s string) string {
-	at := strings.LastIndexByte(s, '@')
-	scheme := strings.Index(s, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return s
-	}
-	return s[:scheme+3] + "***" + s[at:]
-}
+// LogValue is the configuration as logged: secrets masked.
+func (c Config) LogValue() slog.Value { return service.LogValue(c) }

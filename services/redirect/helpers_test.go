@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/service"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -35,10 +37,11 @@ const (
 // testConfig is a Config for one in-process instance on 127.0.0.1:0.
 func testConfig(redisURL, natsURL string) Config {
 	return Config{
-		HTTPAddr: "127.0.0.1:0", NATSURL: natsURL, RedisURL: redisURL, LogLevel: "warn",
-		ShutdownTimeout: 10 * time.Second, Partitions: 3, Replicas: 1,
-		BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
-		OutboxShards:    4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
+		Base: service.Base{HTTPAddr: "127.0.0.1:0", LogLevel: slog.LevelWarn, ShutdownTimeout: 10 * time.Second},
+		NATS: service.NATS{URL: natsURL}, Redis: service.Redis{URL: redisURL},
+		Topology:     service.Topology{ApplyTopology: true, Partitions: 3, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1},
+		Owners:       service.Owners{BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey},
+		OutboxShards: 4, OutboxMaxEntries: 1_000_000, UnrecordedPolicy: "reject",
 		// The production outbox wait; a generous ack bound, because a loaded
 		// test machine can take longer than 500 ms to answer a publish.
 		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,
@@ -50,44 +53,22 @@ func testConfig(redisURL, natsURL string) Config {
 
 // instance is the service running in-process.
 type instance struct {
-	URL    string
-	cancel context.CancelFunc
-	done   chan error
+	*servicetest.Running
+	URL string
 }
 
 // startInstance runs the service until the test ends (or Stop).
 func startInstance(tb testing.TB, cfg Config) *instance {
 	tb.Helper()
-	addr := make(chan string, 1)
-	cfg.Ready = func(a string) { addr <- a }
-	ctx, cancel := context.WithCancel(context.Background())
-	in := &instance{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.DiscardHandler)
 	if os.Getenv("SNIP_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	go func() { in.done <- run(ctx, log, cfg) }()
-	select {
-	case a := <-addr:
-		in.URL = "http://" + a
-	case err := <-in.done:
-		cancel()
-		tb.Fatalf("service did not start: %v", err)
-	case <-time.After(60 * time.Second):
-		cancel()
-		tb.Fatal("service not ready after 60s")
-	}
-	tb.Cleanup(in.Stop)
-	return in
-}
-
-// Stop shuts the instance down gracefully and waits for it.
-func (in *instance) Stop() {
-	in.cancel()
-	select {
-	case <-in.done:
-	case <-time.After(60 * time.Second):
-	}
+	r := servicetest.Start(tb, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
+	})
+	return &instance{Running: r, URL: r.URL()}
 }
 
 // client never follows redirects, so tests see the 302 itself.
@@ -261,6 +242,10 @@ func newLedger() *ledger {
 func (l *ledger) total() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.totalLocked()
+}
+
+func (l *ledger) totalLocked() int {
 	n := 0
 	for _, ids := range l.served {
 		n += len(ids)
@@ -431,7 +416,20 @@ func (l *ledger) expectInCLICKS(tb testing.TB, js jetstream.JetStream) int {
 // match, from /metrics.
 func metric(tb testing.TB, base, name string, match ...string) float64 {
 	tb.Helper()
-	r := do(tb, "GET", base+"/metrics", "")
+	// A scrape can time out on a machine loaded enough (the race detector,
+	// other test binaries); the service is not at fault, so try again, up
+	// to a deadline, before failing the test.
+	var r response
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		var err error
+		if r, err = doErr("GET", base+"/metrics", ""); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("GET %s/metrics: %v", base, err)
+		}
+	}
 	var sum float64
 	for _, line := range bytes.Split(r.Body, []byte("\n")) {
 		s := string(line)

@@ -6,15 +6,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,9 +20,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
-	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/redisconn"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/redirect/internal/directpub"
@@ -36,185 +33,136 @@ import (
 	"github.com/snipdev/snip/services/redirect/internal/visitor"
 )
 
-func main() {
-	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
-		cfg, err := loadConfig()
-		if err == nil {
-			err = webserver.Probe(cfg.HTTPAddr)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "healthcheck:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	cfg, err := loadConfig()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "redirect:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(cfg.LogLevel)}))
-	if err := run(ctx, log, cfg); err != nil {
-		log.Error("redirect stopped", "err", err)
-		os.Exit(1)
-	}
-}
-
-func parseLevel(s string) slog.Level {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return slog.LevelInfo
-	}
-	return l
-}
+func main() { service.Main("redirect", loadConfig, run) }
 
 // startupTimeout is how long run waits for Redis at start before giving up
 // (the orchestrator restarts it). NATS is not waited for.
 const startupTimeout = 30 * time.Second
 
-// run wires the service and serves until ctx ends, then shuts down from the
-// outside in: HTTP (waiting for requests in flight, whose clicks are
-// committed before their 302), the group committer, a short drain of the
-// outbox by the relay, then the background loops, NATS and Redis.
+// run wires the service and serves until ctx ends, then stops in stages
+// (service.Run): HTTP (waiting for requests in flight, whose clicks are
+// committed before their 302); the group committer, a short drain of the
+// outbox by the relay, then the background loops; NATS; Redis.
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	log.Info("starting", "config", cfg.logValue())
-	redis.SetLogger(redisLogger{log})
-	trusted, _ := cfg.trustedProxies()
-
-	// Redis: one client for requests, one for the relay, whose blocking
-	// XREADs hold a connection per shard.
-	rdb, err := redisconn.Open(cfg.RedisURL)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	relayRDB, err := redisconn.Open(withPoolSize(cfg.RedisURL, cfg.OutboxShards+8))
-	if err != nil {
-		return err
-	}
-	defer relayRDB.Close()
-	if err := waitForRedis(ctx, rdb, log); err != nil {
-		return err
-	}
-	if err := owners.NewStore(rdb).EnsureFromSpec(ctx, cfg.BootstrapOwners); err != nil {
-		return err
-	}
-	layout := outbox.NewLayout(cfg.OutboxShards)
-	if err := outbox.CheckShards(ctx, rdb, layout); err != nil {
-		return err
-	}
-
-	// NATS: connects in the background and reconnects forever; redirects
-	// never wait for it.
-	nc, err := natsconn.Connect(cfg.nats(), log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(cfg.OutboxShards*len(outbox.Lanes)*cfg.RelayWindow),
-		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-
-	// A second connection for clicks recorded straight in JetStream when
-	// the outbox does not answer in time. It buffers nothing while it
-	// reconnects: a publish then fails at once instead of being stored
-	// after the redirect answered with an error.
-	directNC, err := natsconn.Connect(cfg.natsDirect(), log, nats.ReconnectBufSize(-1))
-	if err != nil {
-		return err
-	}
-	defer directNC.Close()
-	directJS, err := jetstream.New(directNC)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-
-	reg := prometheus.NewRegistry()
-	om := outbox.NewMetrics(reg)
-	rm := redirect.NewMetrics(reg)
-	topoReady := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "redirect", Name: "topology_applied",
-		Help: "1 once this instance has applied the JetStream topology."})
-	reg.MustRegister(topoReady)
-
-	perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
-	store := linkstore.New(rdb, layout, perShard)
-	resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
-	defer resolver.Close()
-	committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
-		MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
-		Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
-	}, om)
-	committer.Start()
-	defer committer.Close()
-	svc := redirect.NewService(resolver, committer, directpub.New(directJS, cfg.DirectTimeout), visitor.NewIdentifier(rdb), layout,
-		redirect.Options{Policy: cfg.UnrecordedPolicy, OutboxWait: cfg.OutboxWait, Validity: cfg.OutboxValidity}, rm)
-
-	// Background loops live until the HTTP server and the committer are done.
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	defer func() { stopBG(); wg.Wait() }()
-	var topologyApplied atomic.Bool
-	wg.Go(func() {
-		if applyTopology(bg, js, cfg.topology(), log) {
-			topologyApplied.Store(true)
-			topoReady.Set(1)
+	return service.Run(ctx, log, "redirect", cfg, func(ctx context.Context, g *service.Group) error {
+		redis.SetLogger(redisLogger{log})
+		trusted, _ := cfg.trustedProxies()
+		// Redis: one client for requests, one for the relay, whose blocking
+		// XREADs hold a connection per shard.
+		rdb, err := g.Redis(cfg.Redis)
+		if err != nil {
+			return err
 		}
-	})
-	wg.Go(func() { redirect.WatchLinks(bg, js, resolver, log) })
-	relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
-	relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
-		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
-	}, log, om)
-	wg.Go(func() { _ = relay.Run(bg) })
-	monitor := outbox.NewMonitor(rdb, layout, committer, om, log)
-	wg.Go(func() { monitor.Run(bg, cfg.MonitorInterval) })
+		relayRDB, err := g.Redis(service.Redis{URL: withPoolSize(cfg.Redis.URL, cfg.OutboxShards+8)})
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, startupTimeout)
+		defer cancel()
+		if err := service.Retry(wctx, log, "wait for redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) }); err != nil {
+			return err
+		}
+		if err := cfg.Owners.Bootstrap(ctx, log, owners.NewStore(rdb)); err != nil {
+			return err
+		}
+		layout := outbox.NewLayout(cfg.OutboxShards)
+		if err := outbox.CheckShards(ctx, rdb, layout); err != nil {
+			return err
+		}
 
-	web := webserver.New(log, reg)
-	// Ready while clicks can be recorded: through Redis, or, while Redis is
-	// away, straight through JetStream. Failing readiness on Redis alone
-	// would take every instance out of its load balancer at once and turn
-	// a Redis outage into a redirect outage.
-	web.AddReadiness("click_recording", func(ctx context.Context) error {
-		err := redisconn.Ping(ctx, rdb)
-		if err == nil || directNC.IsConnected() {
+		// NATS: connects in the background and reconnects forever; redirects
+		// never wait for it.
+		nc, _, err := g.NATS(cfg.NATS, "redirect "+cfg.Instance)
+		if err != nil {
+			return err
+		}
+		js, err := jetstream.New(nc,
+			jetstream.WithPublishAsyncMaxPending(cfg.OutboxShards*len(outbox.Lanes)*cfg.RelayWindow),
+			jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+		if err != nil {
+			return fmt.Errorf("jetstream: %w", err)
+		}
+		// A second connection for clicks recorded straight in JetStream when
+		// the outbox does not answer in time. It buffers nothing while it
+		// reconnects: a publish then fails at once instead of being stored
+		// after the redirect answered with an error.
+		directNC, directJS, err := g.NATS(cfg.NATS, "redirect direct "+cfg.Instance, nats.ReconnectBufSize(-1))
+		if err != nil {
+			return err
+		}
+
+		reg := prometheus.NewRegistry()
+		om := outbox.NewMetrics(reg)
+		rm := redirect.NewMetrics(reg)
+		topoReady := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "redirect", Name: "topology_applied",
+			Help: "1 once this instance has applied the JetStream topology."})
+		reg.MustRegister(topoReady)
+
+		perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
+		store := linkstore.New(rdb, layout, perShard)
+		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
+		g.Close("link cache", func() error { resolver.Close(); return nil })
+		committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
+			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
+			Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
+		}, om)
+		committer.Start()
+		svc := redirect.NewService(resolver, committer, directpub.New(directJS, cfg.DirectTimeout), visitor.NewIdentifier(rdb), layout,
+			redirect.Options{Policy: cfg.UnrecordedPolicy, OutboxWait: cfg.OutboxWait, Validity: cfg.OutboxValidity}, rm)
+
+		var topologyApplied atomic.Bool
+		relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
+		relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
+			Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
+		}, log, om)
+		monitor := outbox.NewMonitor(rdb, layout, committer, om, log)
+
+		web := webserver.New(log, reg)
+		// Ready while clicks can be recorded: through Redis, or, while Redis is
+		// away, straight through JetStream. Failing readiness on Redis alone
+		// would take every instance out of its load balancer at once and turn
+		// a Redis outage into a redirect outage.
+		web.AddReadiness("click_recording", func(ctx context.Context) error {
+			err := redisconn.Ping(ctx, rdb)
+			if err == nil || directNC.IsConnected() {
+				return nil
+			}
+			return fmt.Errorf("%w; and nats (the direct path) is not connected", err)
+		})
+		web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
+		api := &httpapi.API{
+			Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
+			PublicURL: cfg.PublicURL, RedirectLatency: rm.Latency, Misses: rm.Misses,
+			CreateLimit: owners.NewLimit(rdb, "links.create", cfg.LinkCreateLimit, cfg.LinkCreateWindow),
+			Keys:        owners.NewStore(rdb),
+		}
+		api.Register(web.Echo, reg)
+
+		g.Go(service.Intake, "http", g.HTTP(web))
+		// HTTP is stopped: every request that got an answer is done. Write
+		// what the committer still holds, then give the relay a moment to
+		// empty the outbox (what it cannot publish now stays in Redis for the
+		// next start or another instance).
+		g.OnStop(service.Work, "committer", committer.Close)
+		g.OnStop(service.Work, "outbox", func() {
+			drainOutbox(monitor, nc.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
+		})
+		// Background loops live until the HTTP server and the committer are done.
+		g.Go(service.Work, "topology", func(ctx context.Context) error {
+			if applyTopology(ctx, js, cfg.Topology, log) == nil {
+				topologyApplied.Store(true)
+				topoReady.Set(1)
+			}
 			return nil
-		}
-		return fmt.Errorf("%w; and nats (the direct path) is not connected", err)
+		})
+		g.Go(service.Work, "links", func(ctx context.Context) error { redirect.WatchLinks(ctx, js, resolver, log); return nil })
+		g.Go(service.Work, "relay", relay.Run)
+		g.Go(service.Work, "monitor", func(ctx context.Context) error { monitor.Run(ctx, cfg.MonitorInterval); return nil })
+		return nil
 	})
-	web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
-	api := &httpapi.API{
-		Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
-		PublicURL: cfg.PublicURL, RedirectLatency: rm.Latency, Misses: rm.Misses,
-		CreateLimit: owners.NewLimit(rdb, "links.create", cfg.LinkCreateLimit, cfg.LinkCreateWindow),
-		Keys:        owners.NewStore(rdb),
-	}
-	api.Register(web.Echo, reg)
-
-	serveErr := web.Serve(ctx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout)
-	// HTTP is stopped: every request that got an answer is done. Write what
-	// the committer still holds, then give the relay a moment to empty the
-	// outbox (what it cannot publish now stays in Redis for the next start
-	// or another instance).
-	committer.Close()
-	drainOutbox(monitor, nc.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
-	stopBG()
-	wg.Wait()
-	if nc.IsConnected() { // nothing to drain from a connection that is down
-		natsconn.DrainWithin(nc, cfg.ShutdownTimeout, log)
-	}
-	if directNC.IsConnected() {
-		natsconn.DrainWithin(directNC, cfg.ShutdownTimeout, log)
-	}
-	log.Info("stopped")
-	return serveErr
 }
 
 // withPoolSize sets pool_size on a redis URL (both forms redisconn takes).
@@ -226,56 +174,34 @@ func withPoolSize(url string, n int) string {
 	return url + sep + "pool_size=" + strconv.Itoa(n)
 }
 
-func waitForRedis(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) error {
-	deadline := time.Now().Add(startupTimeout)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := redisconn.Ping(pctx, rdb)
-		cancel()
-		if err == nil {
-			return nil
+// applyTopology applies the JetStream topology unless SNIP_APPLY_TOPOLOGY
+// says not to, retrying while NATS is away: redirects are served meanwhile,
+// into the outbox. It returns nil once the streams are there to publish to;
+// the relay waits for that. When Apply fails for another reason (a NATS user
+// without stream-admin rights, a partition count that differs from the
+// existing stream) but the streams exist, it logs why and relays into them
+// as they are.
+func applyTopology(ctx context.Context, js jetstream.JetStream, t service.Topology, log *slog.Logger) error {
+	return service.Retry(ctx, log, "apply topology", func(ctx context.Context) error {
+		err := errNotApplied
+		if t.ApplyTopology {
+			if err = topology.Apply(ctx, js, t.Options()); err == nil {
+				log.Info("topology applied", "partitions", t.Partitions)
+				return nil
+			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("wait for redis: %w", err)
+		if !streamsExist(ctx, js) {
+			return err
 		}
-		log.Warn("waiting for redis", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
+		if t.ApplyTopology {
+			log.Error("topology not applied; the streams exist, relaying into them as they are", "err", err)
 		}
-	}
+		return nil
+	})
 }
 
-// applyTopology applies the JetStream topology, retrying with backoff while
-// NATS is away: redirects are served meanwhile, into the outbox. It reports
-// whether the streams are there to publish to; the relay waits for that.
-// When Apply fails for another reason (a NATS user without stream-admin
-// rights, a partition count that differs from the existing stream) but the
-// streams exist, it logs why and relays into them as they are.
-func applyTopology(ctx context.Context, js jetstream.JetStream, o topology.Options, log *slog.Logger) bool {
-	backoff := 250 * time.Millisecond
-	for {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := topology.Apply(actx, js, o)
-		exist := err != nil && streamsExist(actx, js)
-		cancel()
-		switch {
-		case err == nil:
-			log.Info("topology applied", "partitions", o.Partitions)
-			return true
-		case exist:
-			log.Error("topology not applied; the streams exist, relaying into them as they are", "err", err)
-			return true
-		}
-		log.Warn("apply topology; retrying", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
+// errNotApplied: SNIP_APPLY_TOPOLOGY=false, and the streams are not there yet.
+var errNotApplied = errors.New("SNIP_APPLY_TOPOLOGY is false: waiting for the streams (snipctl topology apply)")
 
 // streamsExist reports whether every stream the relay publishes to exists.
 func streamsExist(ctx context.Context, js jetstream.JetStream) bool {

@@ -54,7 +54,8 @@ func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)
 	n := testenv.StartNATS(t)
-	in := startInstance(t, testConfig(r.URL(0), n.URL))
+	cfg := testConfig(r.URL(0), n.URL)
+	in := startInstance(t, cfg)
 	l := newLedger()
 	var codes []string
 	for i := range 8 {
@@ -65,17 +66,28 @@ func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
 		}
 	}
 	stop := make(chan struct{})
-	wait := openLoop(l, in.URL, codes, 200, stop)
-	testenv.WaitFor(t, 30*time.Second, "traffic before the freeze", func() bool { return l.total() >= 200 })
+	// A modest rate: the embedded NATS server runs race-instrumented in this
+	// process, and an overloaded one acks late, which turns redirects into
+	// 503s (a fault of both stores, not the one this test injects).
+	wait := openLoop(l, in.URL, codes, 100, stop)
+	testenv.WaitFor(t, 30*time.Second, "traffic before the freeze", func() bool { return l.total() >= 100 })
 	r.Pause()
 	frozenAt := l.total()
+	lastLog := time.Now()
 	testenv.WaitFor(t, 60*time.Second, "clicks recorded straight in JetStream while redis is frozen", func() bool {
-		return l.total() >= frozenAt+600 && metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`) >= 500
+		direct := metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`)
+		if time.Since(lastLog) > 10*time.Second { // say where it stands if this takes long
+			lastLog = time.Now()
+			l.mu.Lock()
+			t.Logf("frozen: %d served since the freeze, %v direct, %d refused (%q)", l.totalLocked()-frozenAt, direct, l.refused, l.why)
+			l.mu.Unlock()
+		}
+		return l.total() >= frozenAt+300 && direct >= 250
 	})
 	r.Resume()
 	viaOutbox := metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`)
 	testenv.WaitFor(t, 60*time.Second, "clicks in the outbox again after the thaw", func() bool {
-		return metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`) >= viaOutbox+200
+		return metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`) >= viaOutbox+100
 	})
 	close(stop)
 	wait()
@@ -89,13 +101,13 @@ func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
 	if l.refused != 0 {
 		t.Fatalf("%d requests were not answered 302 while redis was frozen: %q", l.refused, l.why)
 	}
-	if top > 3*time.Second {
-		t.Fatalf("slowest 302 took %s; want it bounded by the outbox wait plus the ack (well under a client's 5 s timeout)", top)
+	if bound := cfg.OutboxWait + cfg.DirectTimeout + time.Second; top > bound {
+		t.Fatalf("slowest 302 took %s; want it bounded by the outbox wait plus the ack bound (%s)", top, bound)
 	}
 }
 
 // TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCounted:
-// with both stores failing (Redis frozen, NATS stopped) a redirect cannot
+// with both stores failing (NATS stopped, then Redis frozen) a redirect cannot
 // record its click, so it answers 503, and the writes it queued to Redis
 // land after the thaw. The relay must drop them: no request answered 503
 // has its click in CLICKS, and every click that got a 302 (before and
@@ -117,8 +129,20 @@ func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCoun
 	stop := make(chan struct{})
 	wait := openLoop(l, in.URL, codes, 50, stop)
 	testenv.WaitFor(t, 30*time.Second, "traffic before the faults", func() bool { return l.total() >= 50 })
-	r.Pause()
+	// The faults strike between requests: a request in flight at the very
+	// instant of the fault is the residual decisions/0014 states (its XADD
+	// executed just before the freeze and its reply lost, or its direct
+	// publish stored with the ack lost), not what this test is about. So
+	// the traffic stops, the stores fail, and new traffic starts.
+	close(stop)
+	wait()
+	// NATS first, then Redis: the outbox wait runs out, the direct publish
+	// fails at once (nothing is buffered while disconnected), and the
+	// request gets 503 after waiting for its XADD past the entry's validity.
 	n.Stop()
+	r.Pause()
+	stop = make(chan struct{})
+	wait = openLoop(l, in.URL, codes, 50, stop)
 	testenv.WaitFor(t, 60*time.Second, "503s while both stores are down", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()

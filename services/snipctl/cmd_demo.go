@@ -29,6 +29,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
 
@@ -266,26 +267,18 @@ func (d *demo) logf(format string, a ...any) {
 	fmt.Fprintf(d.env.Stdout, format+"\n", a...)
 }
 
+// startNATS, startRedis and startClickHouse start the servers as the tests
+// do (pkg/testenv: the same options, arguments and configuration), on the
+// demo's ports, with the data under --dir.
 func (d *demo) startNATS(port int) (*server.Server, error) {
-	ns, err := server.NewServer(&server.Options{
-		ServerName: "snip-demo",
-		Host:       "127.0.0.1",
-		Port:       port,
-		HTTPHost:   "127.0.0.1",
-		HTTPPort:   d.natsHTTP,
-		JetStream:  true,
-		StoreDir:   filepath.Join(d.dir, "nats"),
-		NoSigs:     true,
-		// Durability is a stated choice (docs/durability.md): fsync every
-		// second rather than the server's default two minutes.
-		SyncInterval: time.Second,
-	})
+	o := testenv.NATSOptions(port, filepath.Join(d.dir, "nats"))
+	o.ServerName, o.HTTPHost, o.HTTPPort = "snip-demo", "127.0.0.1", d.natsHTTP
+	// Durability is a stated choice (docs/durability.md): fsync every
+	// second rather than the server's default two minutes.
+	o.SyncInterval = time.Second
+	ns, err := testenv.RunNATSServer(o)
 	if err != nil {
-		return nil, fmt.Errorf("demo: nats: %w", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return nil, fmt.Errorf("demo: nats did not start on port %d (is it taken?)", port)
+		return nil, fmt.Errorf("demo: %w (is port %d taken?)", err, port)
 	}
 	d.natsURL = ns.ClientURL()
 	d.logf("nats         %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
@@ -293,13 +286,12 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 }
 
 func (d *demo) startRedis(port int) error {
-	bin, err := lookBinary("redis-server")
+	bin, err := testenv.FindBinary("redis-server", "redis-server")
 	if err != nil {
-		return fmt.Errorf("demo: %w (Debian/Ubuntu: apt-get install redis-server)", err)
+		return fmt.Errorf("demo: %w", err)
 	}
 	dir, _ := filepath.Abs(filepath.Join(d.dir, "redis"))
-	if _, err := d.spawn("redis", bin, nil, false, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--dir", dir, "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"); err != nil {
+	if _, err := d.spawn("redis", bin, nil, false, testenv.RedisArgs(port, dir)...); err != nil {
 		return err
 	}
 	d.redisURL = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
@@ -316,33 +308,14 @@ func (d *demo) startRedis(port int) error {
 // warehouse loader waits and catches up from the log once one appears.
 func (d *demo) startClickHouse(port int) {
 	d.clickhouseAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	bin, err := lookBinary("clickhouse-server")
+	bin, err := testenv.FindBinary("clickhouse-server", "clickhouse-server")
 	if err != nil {
 		d.logf("clickhouse   not found: the warehouse loader will wait for %s and catch up from CLICKS when it appears", d.clickhouseAddr)
 		return
 	}
 	dir, _ := filepath.Abs(filepath.Join(d.dir, "clickhouse"))
-	cfg := filepath.Join(dir, "config.xml")
-	conf := fmt.Sprintf(`<yandex>
-  <logger><level>warning</level><log>%[1]s/clickhouse.log</log><errorlog>%[1]s/clickhouse.err.log</errorlog></logger>
-  <listen_host>127.0.0.1</listen_host>
-  <tcp_port>%[2]d</tcp_port>
-  <path>%[1]s/data/</path>
-  <tmp_path>%[1]s/tmp/</tmp_path>
-  <user_files_path>%[1]s/user_files/</user_files_path>
-  <format_schema_path>%[1]s/format_schemas/</format_schema_path>
-  <users_config>%[1]s/users.xml</users_config>
-  <default_profile>default</default_profile>
-  <default_database>default</default_database>
-  <mark_cache_size>268435456</mark_cache_size>
-</yandex>
-`, dir, port)
-	users := `<yandex><profiles><default/></profiles><users><default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default></users><quotas><default/></quotas></yandex>`
-	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
-		d.logf("clickhouse   not started: %v", err)
-		return
-	}
-	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(users), 0o644); err != nil {
+	cfg, err := testenv.WriteClickHouseConfig(dir, port)
+	if err != nil {
 		d.logf("clickhouse   not started: %v", err)
 		return
 	}
@@ -392,7 +365,7 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, d.env.Cfg.Timeout)
 	defer cancel()
-	if err := topology.Apply(tctx, js, d.env.Cfg.topology()); err != nil {
+	if err := topology.Apply(tctx, js, d.env.Cfg.Topology.Options()); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(d.redisURL, "redis://"), "/0")})
@@ -826,25 +799,6 @@ func (d *demo) stopAll() {
 		}
 	}
 	d.procs = nil
-}
-
-// lookBinary finds a server binary on PATH or in the sbin folders, where
-// Debian puts clickhouse-server.
-func lookBinary(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"} {
-		if p := filepath.Join(dir, name); isExecutable(p) {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found", name)
-}
-
-func isExecutable(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
 }
 
 // stopWaiting, returned by a waitUntil condition, ends the wait at once:

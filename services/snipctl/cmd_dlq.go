@@ -105,8 +105,12 @@ func dlqShow(ctx context.Context, env *Env, js jetstream.JetStream, args []strin
 	}
 	w := env.Stdout
 	fmt.Fprintf(w, "seq:       %d\nsubject:   %s\nparked:    %s\n", l.Seq, l.Subject, l.Time.UTC().Format(time.RFC3339Nano))
-	fmt.Fprintf(w, "from:      %s seq %d (%s)\nconsumer:  %s\nattempts:  %d\nreason:    %s\nerror:     %s\n",
-		l.Stream, l.OrigSeq, l.OrigSubject, l.Consumer, l.Attempts, l.Reason, l.Error)
+	from := fmt.Sprintf("seq %d", l.OrigSeq)
+	if l.OrigSeq == 0 { // parked before it reached its stream (the outbox relay)
+		from = "never stored"
+	}
+	fmt.Fprintf(w, "from:      %s %s (%s)\nconsumer:  %s\nattempts:  %d\nreason:    %s\nerror:     %s\n",
+		l.Stream, from, l.OrigSubject, l.Consumer, l.Attempts, l.Reason, l.Error)
 	if subj, err := l.RedriveSubject(); err == nil {
 		fmt.Fprintf(w, "redrive:   to %s on %s\n", subj, l.Stream)
 	} else {

@@ -39,7 +39,7 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
-	rdb, err := redisconn.Open(env.Cfg.RedisURL)
+	rdb, err := redisconn.Open(env.Cfg.Redis.URL)
 	if err != nil {
 		return err
 	}

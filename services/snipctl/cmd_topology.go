@@ -21,7 +21,7 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer closeJS()
-	o := env.Cfg.topology()
+	o := env.Cfg.Topology.Options()
 	if err := topology.Apply(ctx, js, o); err != nil {
 		return err
 	}
@@ -35,7 +35,7 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 // connectJetStream connects without retrying forever: an operator wants a
 // quick, clear failure when NATS is not there.
 func connectJetStream(env *Env) (jetstream.JetStream, func(), error) {
-	nc, err := natsconn.Connect(env.Cfg.nats(), env.Log)
+	nc, err := natsconn.Connect(env.Cfg.NATS.Conn("snipctl"), env.Log)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -163,3 +163,45 @@ func TestDLQListEmptyAndUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestDLQRedriveClickTheRelayParked: the outbox relay parks a click it will
+// not publish before CLICKS ever stored it (so the dead letter names the
+// subject it was published on, clicks.<owner>.<code>, and the outbox entry
+// instead of a sequence). dlq show says where it would go, and dlq redrive
+// sends it there: CLICKS stores it in the partition its code hashes to.
+func TestDLQRedriveClickTheRelayParked(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	click := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "rel", Owner: "acme", Visitor: "v"}
+	data, _ := json.Marshal(click)
+	ack, err := deadletter.Publish(t.Context(), w.js, deadletter.Parcel{
+		Source: "outbox", Reason: "too_large", Stream: events.ClicksStream, Subject: events.ClickSubject("acme", "rel"),
+		Position: "1700000000000-3", Attempts: 1, Error: "nats: maximum payload exceeded", Consumer: "outbox", Data: data,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := strconv.FormatUint(ack.Sequence, 10)
+	out, err := snipctl(t, w.environ, "dlq", "show", seq)
+	if err != nil || !strings.Contains(out, "redrive:   to clicks.acme.rel on CLICKS") || !strings.Contains(out, "from:      CLICKS never stored (clicks.acme.rel)") {
+		t.Fatalf("dlq show %s: %v\n%s", seq, err, out)
+	}
+	out, err = snipctl(t, w.environ, "dlq", "redrive", seq)
+	if err != nil {
+		t.Fatalf("dlq redrive %s: %v\n%s", seq, err, out)
+	}
+	s, err := w.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetLastMsgForSubject(t.Context(), events.PartitionedClickSubject(4, "acme", "rel"))
+	if err != nil {
+		t.Fatalf("the redriven click is not in its partition: %v\n%s", err, out)
+	}
+	if c, err := events.ReadClick(m.Data, m.Subject, 4, m.Time); err != nil || c.ID != click.ID {
+		t.Fatalf("redriven click = %+v, %v; want click %s", c, err, click.ID)
+	}
+	if _, err := deadletter.Get(t.Context(), w.js, ack.Sequence); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Errorf("dead letter after the redrive: %v, want ErrNotFound", err)
+	}
+}

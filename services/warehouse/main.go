@@ -11,130 +11,64 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-	"github.com/labstack/echo/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
-	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
 )
 
-func main() {
-	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
-		cfg, err := loadConfig(os.Environ(), nil)
-		if err == nil {
-			err = webserver.Probe(cfg.HTTPAddr)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "warehouse healthcheck:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	cfg, err := loadConfig(os.Environ(), os.Args[1:])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "warehouse:", err)
-		os.Exit(2)
-	}
-	level, _ := cfg.logLevel() // validated by loadConfig
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if err := run(ctx, log, cfg); err != nil {
-		log.Error("warehouse loader stopped", "err", err)
-		stop()
-		os.Exit(1)
-	}
-}
+func main() { service.Main("warehouse", loadConfig, run) }
 
-// run wires the loader and runs it until ctx ends, then shuts down from the
-// outside in: the runtime stops fetching and drains (the loader inserts the
-// batches in hand at once, and they are acked), the loader stops, then the
-// clients close.
+// run wires the loader and runs it until ctx ends, then stops in stages
+// (service.Run): the runtime stops fetching and drains (the loader inserts
+// the batches in hand at once, and they are acked) and the loader stops;
+// then the HTTP server, which outlives the drain so /metrics shows it; then
+// NATS drains and ClickHouse closes.
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
-	log.Info("starting warehouse loader", "config", cfg.logValue())
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-
-	reg := prometheus.NewRegistry()
-	web := webserver.New(log, reg)
-	web.Echo.HTTPErrorHandler = errorHandler(log)
-
-	// ClickHouse may not be there yet: the pool connects lazily, and the
-	// schema is applied as soon as the server answers. Until then the
-	// service is not ready, and batches fail and wait in the stream.
-	w, err := chwriter.Open(cfg.clickhouse(), log, reg)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	web.AddReadiness("clickhouse", w.Ready)
-
-	nc, err := natsconn.Connect(cfg.nats(), log)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	web.AddReadiness("nats", func(context.Context) error {
-		if !nc.IsConnected() {
-			return errors.New("not connected")
+	return service.Run(ctx, log, "warehouse loader", cfg, func(ctx context.Context, g *service.Group) error {
+		reg := prometheus.NewRegistry()
+		web := webserver.New(log, reg)
+		web.Echo.HTTPErrorHandler = webserver.ErrorHandler(log, nil)
+		// ClickHouse may not be there yet: the pool connects lazily, and the
+		// schema is applied as soon as the server answers. Until then the
+		// service is not ready, and batches fail and wait in the stream.
+		w, err := chwriter.Open(cfg.clickhouse(), log, reg)
+		if err != nil {
+			return err
 		}
+		g.Close("clickhouse", w.Close)
+		web.AddReadiness("clickhouse", w.Ready)
+		nc, js, err := g.NATS(cfg.NATS, "warehouse")
+		if err != nil {
+			return err
+		}
+		web.AddReadiness("nats", service.NATSReady(nc))
+
+		g.Go(service.Work, "http", g.HTTP(web))
+		g.Go(service.Intake, "schema", func(ctx context.Context) error {
+			// Applied as soon as ClickHouse answers, so the service turns
+			// ready without waiting for the first batch.
+			return service.Backoff{First: 200 * time.Millisecond, Max: 10 * time.Second, Attempt: 30 * time.Second}.
+				Retry(ctx, log, "wait for clickhouse", w.EnsureSchema)
+		})
+		g.Go(service.Intake, "loader", func(ctx context.Context) error { return load(ctx, log, cfg, js, w, reg) })
 		return nil
 	})
-
-	// The HTTP server outlives the drain, so /metrics shows it; it stops
-	// last, or first if it fails.
-	httpCtx, stopHTTP := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopHTTP()
-	httpDone := make(chan struct{})
-	go func() {
-		defer close(httpDone)
-		if err := web.Serve(httpCtx, cfg.HTTPAddr, cfg.Ready, cfg.ShutdownTimeout); err != nil {
-			cancel(err)
-		}
-	}()
-	schemaDone := make(chan struct{})
-	go func() {
-		defer close(schemaDone)
-		waitForClickHouse(ctx, log, w)
-	}()
-
-	err = load(ctx, log, cfg, js, w, reg)
-	cancel(nil)
-	<-schemaDone
-	stopHTTP()
-	<-httpDone
-	if cause := context.Cause(ctx); err == nil && cause != nil && !errors.Is(cause, context.Canceled) {
-		err = cause // the HTTP server failed
-	}
-	return err
 }
 
 // load joins the group and loads until ctx ends.
 func load(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStream, w *chwriter.Writer, reg *prometheus.Registry) error {
 	start, backfill, err := prepare(ctx, log, cfg, js)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
 		return err
 	}
 	lcfg := cfg.loader()
@@ -160,55 +94,33 @@ const backfillSlack = 10 * time.Minute
 // group starts. It waits for NATS and for CLICKS; only a configuration that
 // cannot work is returned.
 func prepare(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStream) (reader.Start, *loader.Backfill, error) {
-	notify := func(what string) backoff.Notify {
-		return func(err error, d time.Duration) {
-			log.Warn(what+": retrying", "err", err, "in", d.Round(time.Millisecond))
-		}
+	if err := cfg.Topology.Prepare(ctx, log, js); err != nil {
+		return reader.Start{}, nil, err
 	}
-	if cfg.ApplyTopology {
-		_, err := backoff.Retry(ctx, func() (struct{}, error) {
-			actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			err := topology.Apply(actx, js, cfg.topology())
-			if errors.Is(err, topology.ErrPartitionsChanged) {
-				return struct{}{}, backoff.Permanent(err)
-			}
-			return struct{}{}, err
-		}, retryForever(), backoff.WithNotify(notify("apply topology")))
+	var isNew bool
+	var lastSeq uint64
+	err := service.Retry(ctx, log, "look up consumer group", func(ctx context.Context) error {
+		s, err := js.Stream(ctx, events.ClicksStream)
 		if err != nil {
-			return reader.Start{}, nil, err
+			return err
 		}
-	}
-	type group struct {
-		isNew   bool
-		lastSeq uint64
-	}
-	g, err := backoff.Retry(ctx, func() (group, error) {
-		gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		s, err := js.Stream(gctx, events.ClicksStream)
+		info, err := s.Info(ctx)
 		if err != nil {
-			return group{}, err
+			return err
 		}
-		info, err := s.Info(gctx)
-		if err != nil {
-			return group{}, err
+		_, err = reader.Lag(ctx, js, topology.GroupWarehouseLoader)
+		isNew, lastSeq = errors.Is(err, reader.ErrNoGroup), info.State.LastSeq
+		if isNew {
+			return nil
 		}
-		_, err = reader.Lag(gctx, js, topology.GroupWarehouseLoader)
-		switch {
-		case errors.Is(err, reader.ErrNoGroup):
-			return group{isNew: true, lastSeq: info.State.LastSeq}, nil
-		case err != nil:
-			return group{}, err
-		}
-		return group{}, nil
-	}, retryForever(), backoff.WithNotify(notify("look up consumer group")))
+		return err
+	})
 	if err != nil {
 		return reader.Start{}, nil, err
 	}
-	start, bf := startFor(g.isNew, cfg.Since, time.Now(), g.lastSeq)
+	start, bf := startFor(isNew, cfg.Since, time.Now(), lastSeq)
 	switch {
-	case !g.isNew:
+	case !isNew:
 		log.Info("resuming the consumer group where it was", "group", topology.GroupWarehouseLoader)
 	case bf != nil:
 		log.Info("new consumer group: loading the clicks of the backfill window from the log, then live",
@@ -233,25 +145,6 @@ func startFor(isNew bool, since time.Duration, now time.Time, lastSeq uint64) (r
 	return reader.StartAtTime(from.Add(-backfillSlack)), &loader.Backfill{Since: from, BacklogUntilSeq: lastSeq}
 }
 
-// waitForClickHouse applies the schema as soon as ClickHouse answers, so the
-// service turns ready without waiting for the first batch.
-func waitForClickHouse(ctx context.Context, log *slog.Logger, w *chwriter.Writer) {
-	_, _ = backoff.Retry(ctx, func() (struct{}, error) {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		return struct{}{}, w.EnsureSchema(sctx)
-	}, retryForever(), backoff.WithNotify(func(err error, d time.Duration) {
-		log.Warn("waiting for clickhouse", "err", err, "retry_in", d.Round(time.Millisecond))
-	}))
-}
-
-func retryForever() backoff.RetryOption {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = 200 * time.Millisecond
-	b.MaxInterval = 10 * time.Second
-	return backoff.WithBackOff(b)
-}
-
 func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Registerer) reader.Config {
 	return reader.Config{
 		Group:  topology.GroupWarehouseLoader,
@@ -268,23 +161,5 @@ func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Regi
 		Start:         start,
 		Logger:        log,
 		Metrics:       reg,
-	}
-}
-
-// errorHandler is the service's one echo error handler. The loader serves
-// only the operational endpoints, so errors are unknown routes and methods.
-func errorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		if errors.As(err, &he) {
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		} else {
-			log.Error("http request", "err", err, "path", c.Request().URL.Path)
-		}
-		_ = c.JSON(code, map[string]string{"error": msg})
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
@@ -84,46 +85,24 @@ func testConfig(natsURL, chAddr, db string) Config {
 	return cfg
 }
 
-// service is run() in a goroutine.
-type service struct {
-	addr   string
-	cancel context.CancelFunc
-	done   chan error
+// instance is run() in a goroutine.
+type instance struct {
+	*servicetest.Running
+	addr string
 }
 
-func startService(t *testing.T, cfg Config) *service {
+func startService(t *testing.T, cfg Config) *instance {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	cfg.Ready = func(a string) { addr <- a }
-	s := &service{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	go func() { s.done <- run(ctx, log, cfg) }()
-	select {
-	case s.addr = <-addr:
-	case err := <-s.done:
-		t.Fatalf("service stopped at start: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("service did not listen within 30s")
-	}
-	t.Cleanup(func() { _ = s.stop(t) })
-	return s
+	r := servicetest.Start(t, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
+	})
+	return &instance{Running: r, addr: r.Addr}
 }
 
-// stop cancels the service and waits for run to return.
-func (s *service) stop(t *testing.T) error {
-	s.cancel()
-	select {
-	case err, ok := <-s.done:
-		if ok {
-			close(s.done)
-		}
-		return err
-	case <-time.After(2 * time.Minute):
-		t.Fatal("service did not stop within 2 minutes")
-		return nil
-	}
-}
+// stop stops the service as SIGTERM would and returns how run ended.
+func (s *instance) stop(*testing.T) error { return s.Stop() }
 
 // testWriter sends the service's logs to t.Log, shown only on failure.
 type testWriter struct{ t *testing.T }

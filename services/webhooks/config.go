@@ -5,45 +5,27 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"net/url"
 	"os"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/netguard"
-	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/service"
 )
 
 // Config is the webhooks service's configuration, read once from the
 // environment. The SNIP_* variables are the deployment's, shared with
 // snipctl and the other services.
 type Config struct {
-	NATSURL      string `env:"NATS_URL" envDefault:"nats://127.0.0.1:4222"`
-	NATSUser     string `env:"NATS_USER"`
-	NATSPassword string `env:"NATS_PASSWORD"`
-	NATSCreds    string `env:"NATS_CREDS"`
-	// RedisURL holds endpoints, their queues and delivery records.
-	RedisURL string `env:"REDIS_URL" envDefault:"redis://127.0.0.1:6379/0"`
-	// HTTPAddr serves the owner API, /healthz, /readyz and /metrics.
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:":8087"`
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
-	// ShutdownTimeout bounds each stage of a graceful stop.
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s"`
-	// BootstrapOwners is "id:key,..." owners to ensure at start (demo, tests).
-	BootstrapOwners string `env:"SNIP_BOOTSTRAP_OWNERS"`
-
+	service.Base
+	service.NATS
+	// Redis holds endpoints, their queues and delivery records.
+	service.Redis
 	// The topology the service applies at start (as snipctl topology apply).
-	Partitions     int           `env:"SNIP_PARTITIONS" envDefault:"8"`
-	Replicas       int           `env:"SNIP_REPLICAS" envDefault:"1"`
-	ClicksMaxAge   time.Duration `env:"SNIP_CLICKS_MAX_AGE" envDefault:"168h"`
-	ClicksMaxBytes int64         `env:"SNIP_CLICKS_MAX_BYTES" envDefault:"-1"`
+	service.Topology
+	// Owners are ensured at start (SNIP_BOOTSTRAP_OWNERS: demos, tests).
+	service.Owners
 
 	// Member names this instance in the consumer group and in endpoint
 	// leases; empty: host-pid-random.
@@ -92,31 +74,14 @@ type Config struct {
 	HTTPHosts []string `env:"WEBHOOKS_HTTP_HOSTS" envSeparator:","`
 	UserAgent string   `env:"WEBHOOKS_USER_AGENT" envDefault:"Snip-Webhooks/1.0 (+https://github.com/snipdev/snip)"`
 
-	// Ready, if set, is called with the HTTP address once it listens.
-	Ready func(addr string) `env:"-"`
 	// Resolver resolves endpoint hosts (tests map names to addresses).
 	Resolver netguard.Resolver `env:"-"`
-	// NATSOptions are extra connection options.
-	NATSOptions []nats.Option `env:"-"`
-	// Storage is the streams' storage: file (the zero value); tests use memory.
-	Storage jetstream.StorageType `env:"-"`
 }
 
-func loadConfig(environ []string) (Config, error) {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: env.ToMap(environ)}); err != nil {
-		var pe env.ParseError
-		if errors.As(err, &pe) {
-			if f, ok := reflect.TypeFor[Config]().FieldByName(pe.Name); ok {
-				return Config{}, fmt.Errorf("load config: %s: %w", f.Tag.Get("env"), pe.Err)
-			}
-		}
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	if err := cfg.validate(); err != nil {
-		return Config{}, fmt.Errorf("load config: %w", err)
-	}
-	return cfg, nil
+// loadConfig reads the environment (the service takes no arguments).
+func loadConfig(environ, _ []string) (Config, error) {
+	cfg := Config{Base: service.Base{HTTPAddr: ":8087", ShutdownTimeout: 30 * time.Second}}
+	return service.LoadConfig(environ, cfg, (*Config).validate)
 }
 
 func (c Config) validate() error {
@@ -152,51 +117,8 @@ func (c Config) validate() error {
 	return nil
 }
 
-// LogValue prints the configuration with secrets masked.
-func (c Config) LogValue() slog.Value {
-	mask := func(s string) string {
-		if s == "" {
-			return ""
-		}
-		return "***"
-	}
-	sched := make([]string, len(c.RetrySchedule))
-	for i, d := range c.RetrySchedule {
-		sched[i] = d.String()
-	}
-	allow := make([]string, len(c.AllowCIDRs))
-	for i, p := range c.AllowCIDRs {
-		allow[i] = p.String()
-	}
-	return slog.GroupValue(
-		slog.String("nats_url", c.NATSURL), slog.String("nats_user", c.NATSUser),
-		slog.String("nats_password", mask(c.NATSPassword)), slog.String("nats_creds", c.NATSCreds),
-		slog.String("redis_url", maskURL(c.RedisURL)), slog.String("http_addr", c.HTTPAddr),
-		slog.String("bootstrap_owners", mask(c.BootstrapOwners)),
-		slog.Int("partitions", c.Partitions), slog.String("member", c.Member),
-		slog.Duration("lease_ttl", c.LeaseTTL), slog.String("retry_schedule", strings.Join(sched, ",")),
-		slog.Float64("retry_jitter", c.RetryJitter), slog.Duration("disable_after", c.DisableAfter),
-		slog.Int64("max_backlog", c.MaxBacklog), slog.Int("max_endpoints_per_owner", c.MaxEndpointsPerOwner), slog.Int("batch_max", c.BatchMax), slog.Duration("batch_wait", c.BatchWait),
-		slog.Int("max_batch_bytes", c.MaxBatchBytes), slog.Duration("timeout", c.Timeout),
-		slog.Duration("connect_timeout", c.ConnectTimeout), slog.Int64("max_response_bytes", c.MaxResponseBytes),
-		slog.Duration("rotation_overlap", c.RotationOverlap), slog.Any("allow_cidrs", allow),
-		slog.Any("http_hosts", c.HTTPHosts), slog.Duration("shutdown_timeout", c.ShutdownTimeout),
-	)
-}
-
-func (c Config) nats() natsconn.Config {
-	return natsconn.Config{URL: c.NATSURL, Name: "webhooks", User: c.NATSUser, Password: c.NATSPassword, CredsFile: c.NATSCreds}
-}
-
-func (c Config) topology() topology.Options {
-	o := topology.Defaults()
-	o.Partitions = c.Partitions
-	o.Replicas = c.Replicas
-	o.ClicksMaxAge = c.ClicksMaxAge
-	o.ClicksMaxBytes = c.ClicksMaxBytes
-	o.Storage = c.Storage
-	return o
-}
+// LogValue is the configuration as logged: secrets masked.
+func (c Config) LogValue() slog.Value { return service.LogValue(c) }
 
 // member is the instance name: WEBHOOKS_MEMBER or host-pid.
 func (c Config) member() string {
@@ -211,13 +133,4 @@ func (c Config) member() string {
 		return '-'
 	}, h)
 	return clean + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixNano()%1_000_000, 36)
-}
-
-// maskURL hides the password of a URL.
-func maskURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable)"
-	}
-	return u.Redacted()
 }

@@ -22,6 +22,8 @@ import (
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/service"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/webhooks/internal/delivery"
@@ -52,48 +54,39 @@ func newSystem(tb testing.TB) *system {
 	return &system{nats: n, js: n.JetStream(tb), rdb: rdb, redisURL: servers.Redis.URL(db)}
 }
 
-// service is one webhooks instance running in-process.
-type service struct {
-	addr     string
-	cancel   context.CancelFunc
-	done     chan error
-	stopOnce sync.Once
+// instance is one webhooks instance running in-process.
+type instance struct {
+	*servicetest.Running
+	addr string
 }
 
 // testConfig delivers to local receivers (127.0.0.1 allow-listed, plain
 // http allowed to it) and retries fast.
 func (s *system) testConfig(member string) Config {
 	return Config{
-		NATSURL: s.nats.URL, RedisURL: s.redisURL, HTTPAddr: "127.0.0.1:0",
-		ShutdownTimeout: 5 * time.Second, BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey,
-		Partitions: testPartitions, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1,
+		Base: service.Base{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second},
+		NATS: service.NATS{URL: s.nats.URL}, Redis: service.Redis{URL: s.redisURL},
+		Topology: service.Topology{ApplyTopology: true, Partitions: testPartitions, Replicas: 1,
+			ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1, Storage: jetstream.MemoryStorage},
+		Owners: service.Owners{BootstrapOwners: "acme:" + acmeKey + ",other:" + otherKey},
 		Member: member, LeaseTTL: time.Second,
 		RetrySchedule: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, RetryJitter: 0.2,
 		DisableAfter: time.Hour, MaxBacklog: 100_000, BatchMax: 10, BatchWait: 50 * time.Millisecond,
 		MaxBatchBytes: 256 << 10, Timeout: 500 * time.Millisecond, ConnectTimeout: 500 * time.Millisecond,
 		MaxResponseBytes: 64 << 10, RotationOverlap: time.Hour, MaxEndpointsPerOwner: 10, Poll: 100 * time.Millisecond,
 		AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, HTTPHosts: []string{"127.0.0.1"},
-		UserAgent: "Snip-Webhooks/test", Storage: jetstream.MemoryStorage,
+		UserAgent: "Snip-Webhooks/test",
 	}
 }
 
 // start runs a webhooks instance until the test ends (or stop).
-func (s *system) start(tb testing.TB, cfg Config) *service {
+func (s *system) start(tb testing.TB, cfg Config) *instance {
 	tb.Helper()
-	ready := make(chan string, 1)
-	cfg.Ready = func(addr string) { ready <- addr }
-	ctx, cancel := context.WithCancel(context.Background())
-	svc := &service{cancel: cancel, done: make(chan error, 1)}
 	log := slog.New(slog.NewJSONHandler(testWriter{tb}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("member", cfg.Member)
-	go func() { svc.done <- run(ctx, log, cfg) }()
-	select {
-	case svc.addr = <-ready:
-	case err := <-svc.done:
-		tb.Fatalf("service %s stopped at start: %v", cfg.Member, err)
-	case <-time.After(30 * time.Second):
-		tb.Fatalf("service %s not listening after 30s", cfg.Member)
-	}
-	tb.Cleanup(func() { svc.stop(tb) })
+	r := servicetest.Start(tb, func(ctx context.Context, ready func(string)) error {
+		cfg.Ready = ready
+		return run(ctx, log, cfg)
+	})
 	// The group's consumers exist once the member joined: clicks published
 	// from now on reach it (the group starts at new events).
 	testenv.WaitFor(tb, 30*time.Second, "the webhooks group's consumers", func() bool {
@@ -104,23 +97,16 @@ func (s *system) start(tb testing.TB, cfg Config) *service {
 		}
 		return true
 	})
-	return svc
+	return &instance{Running: r, addr: r.Addr}
 }
 
-// stop cancels the service and waits for its shutdown.
-func (svc *service) stop(tb testing.TB) {
+// stop stops the instance as SIGTERM would and waits for its shutdown,
+// which must end without an error.
+func (in *instance) stop(tb testing.TB) {
 	tb.Helper()
-	svc.stopOnce.Do(func() {
-		svc.cancel()
-		select {
-		case err := <-svc.done:
-			if err != nil {
-				tb.Errorf("service stopped with: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			tb.Errorf("service did not stop within 30s")
-		}
-	})
+	if err := in.Stop(); err != nil {
+		tb.Errorf("service stopped with: %v", err)
+	}
 }
 
 // testWriter sends logs to t.Log, so they show only on failure.

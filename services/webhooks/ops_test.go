@@ -22,6 +22,7 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
 )
 
@@ -64,7 +65,7 @@ func TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID(t *testing.T) {
 	rc := newReceiver(t, nil)
 	rc.answer = func(w http.ResponseWriter, r *http.Request) bool {
 		if requests.Add(1) == 3 {
-			killed.Do(func() { go first.cancel() })
+			killed.Do(first.Cancel)
 			<-r.Context().Done() // the sender went away with the batch in flight
 		}
 		return true // record it: the receiver did get it
@@ -223,13 +224,11 @@ func TestSSRFRefusedAtCreationAndAtDelivery(t *testing.T) {
 		{"not_http", "ftp://example.com/hook"},
 	}
 	for _, tc := range tests {
-		var e struct {
-			Error string `json:"error"`
-		}
+		var e webserver.ErrorBody
 		code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints",
 			map[string]any{"url": tc.url, "event_types": []string{"click"}}, &e)
-		if code != http.StatusBadRequest || e.Error == "" {
-			t.Errorf("%s: create %s = %d %q, want 400 with a message", tc.name, tc.url, code, e.Error)
+		if code != http.StatusBadRequest || e.Error.Message == "" || e.Error.Code != "bad_request" {
+			t.Errorf("%s: create %s = %d %+v, want 400 bad_request with a message", tc.name, tc.url, code, e.Error)
 		}
 	}
 
@@ -265,9 +264,7 @@ func TestOwnerAPI(t *testing.T) {
 	rc.addSecret(ep.Secret)
 	base := "/api/webhooks/endpoints/" + ep.ID
 
-	var e struct {
-		Error string `json:"error"`
-	}
+	var e webserver.ErrorBody
 	for _, tc := range []struct {
 		name, key, method, path string
 		body                    any
@@ -285,9 +282,9 @@ func TestOwnerAPI(t *testing.T) {
 		{"second_endpoint", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "2", "event_types": []string{"fraud_alert"}}, http.StatusCreated},
 		{"too_many_endpoints", acmeKey, http.MethodPost, "/api/webhooks/endpoints", map[string]any{"url": rc.url() + "3", "event_types": []string{"click"}}, http.StatusBadRequest},
 	} {
-		e.Error = ""
-		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || (code >= 400) != (e.Error != "") {
-			t.Errorf("%s: %s %s = %d %q, want %d with an error message", tc.name, tc.method, tc.path, code, e.Error, tc.want)
+		e = webserver.ErrorBody{}
+		if code := api(t, svc.addr, tc.key, tc.method, tc.path, tc.body, &e); code != tc.want || (code >= 400) != (e.Error.Message != "") || (code >= 400) != (e.Error.Code != "") {
+			t.Errorf("%s: %s %s = %d %+v, want %d with an error code and message", tc.name, tc.method, tc.path, code, e.Error, tc.want)
 		}
 	}
 

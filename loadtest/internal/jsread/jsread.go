@@ -110,11 +110,17 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 		if md, err := m.Metadata(); err == nil {
 			lc.StreamSeq, lc.Stored = md.Sequence.Stream, md.Timestamp
 		}
-		// One decode, then the same checks as events.DecodeClick.
+		// One decode, then the readers' rule of validity: the checks of
+		// events.DecodeClick, then events.CheckClick against the stored
+		// subject and time (partitions 0: the oracle compares partitions
+		// itself).
 		var click events.Click
 		err := json.Unmarshal(m.Data(), &click)
 		if err == nil {
 			err = click.Validate()
+		}
+		if err == nil {
+			err = events.CheckClick(&click, m.Subject(), 0, lc.Stored)
 		}
 		if err != nil {
 			// Not a valid click: readers park it. Keep what identifies it, so

@@ -19,6 +19,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -98,43 +99,23 @@ func parseRange(q map[string][]string) (counter.Range, error) {
 	return r, nil
 }
 
-// errorBody is every error response.
-type errorBody struct {
-	Error string `json:"error"`
+// ErrorHandler is pkg/webserver's error handler (the envelope every Snip API
+// shares) with this service's table.
+func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+	return webserver.ErrorHandler(log, errorTable)
 }
 
-// ErrorHandler maps errors to statuses, in one place: unauthorized 401,
-// not found 404, bad query 400, echo's own errors as they are, and anything
-// else 500, logged (the only errors logged: the rest are the client's).
-func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		switch {
-		case errors.Is(err, owners.ErrUnauthorized):
-			code, msg = http.StatusUnauthorized, "missing or invalid API key (Authorization: Bearer <key>)"
-			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
-		case errors.Is(err, counter.ErrLinkNotFound):
-			code, msg = http.StatusNotFound, "link not found"
-		case errors.Is(err, counter.ErrInvalidRange), errors.Is(err, errBadQuery):
-			code, msg = http.StatusBadRequest, err.Error()
-		case errors.As(err, &he):
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		default:
-			log.Error("request failed", "method", c.Request().Method, "path", c.Path(),
-				"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "err", err)
-		}
-		var werr error
-		if c.Request().Method == http.MethodHead {
-			werr = c.NoContent(code)
-		} else {
-			werr = c.JSON(code, errorBody{Error: msg})
-		}
-		if werr != nil {
-			log.Warn("write error response", "err", werr)
-		}
+// errorTable maps the service's errors to statuses, in one place:
+// unauthorized 401, not found 404, bad query 400; echo's own errors keep
+// theirs, and anything else is a logged 500.
+func errorTable(err error, _ http.Header) (webserver.Problem, bool) {
+	switch {
+	case errors.Is(err, owners.ErrUnauthorized):
+		return webserver.Problem{Status: http.StatusUnauthorized, Code: webserver.CodeUnauthorized, Message: "missing or invalid API key (Authorization: Bearer <key>)"}, true
+	case errors.Is(err, counter.ErrLinkNotFound):
+		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "link not found"}, true
+	case errors.Is(err, counter.ErrInvalidRange), errors.Is(err, errBadQuery):
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "bad_request"}, true
 	}
+	return webserver.Problem{}, false
 }

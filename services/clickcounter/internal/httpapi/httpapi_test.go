@@ -18,6 +18,7 @@ import (
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 	"github.com/snipdev/snip/services/clickcounter/internal/httpapi"
 	"github.com/snipdev/snip/services/clickcounter/internal/redisstore"
@@ -124,9 +125,9 @@ func TestStatsAPI(t *testing.T) {
 				t.Errorf("401 without WWW-Authenticate")
 			}
 			if tc.wantCode != 200 {
-				var body struct{ Error string }
-				if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Error == "" {
-					t.Errorf("error body %q: want {\"error\": ...}", rec.Body)
+				var body webserver.ErrorBody
+				if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || body.Error.Code == "" || body.Error.Message == "" {
+					t.Errorf("error body %q: want {\"error\": {\"code\": ..., \"message\": ...}}", rec.Body)
 				}
 				return
 			}

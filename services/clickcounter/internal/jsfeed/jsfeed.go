@@ -3,8 +3,9 @@
 // (corrections). Each is one durable consumer shared by every counter
 // instance, read in batches (one Redis round trip per batch); a message is
 // acked once its batch is written, retried with backoff when it failed, and
-// parked on DEAD_LETTER when it can never be handled (malformed or of an
-// unknown schema version).
+// parked on DEAD_LETTER (through package deadletter) when it can never be
+// handled (malformed, of an unknown schema version, or any failure.Permanent):
+// the failure contract every Snip consumer shares, read by failure.Classify.
 package jsfeed
 
 import (
@@ -13,7 +14,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -21,8 +21,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
-	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -33,9 +34,10 @@ type Msg struct {
 }
 
 // HandleFunc handles a batch of messages and returns one error per message,
-// nil for each one handled. An error wrapping events.ErrMalformed or
-// events.ErrUnknownVersion is permanent (the message is parked); any other
-// is retried. Handling a message again must be harmless: a batch whose
+// in the terms of package failure: nil for each one handled, a permanent
+// error (failure.Permanent, or events.ErrMalformed and
+// events.ErrUnknownVersion) for one that never can be (it is parked), any
+// other for one to retry. Handling a message again must be harmless: a batch whose
 // writes succeeded may still come again (a crash before its acks).
 type HandleFunc func(ctx context.Context, msgs []Msg) []error
 
@@ -323,28 +325,25 @@ func (r *run) handle(ctx context.Context, batch []jetstream.Msg) (allFailed bool
 	for i, msg := range msgs {
 		md, err := mds[i], errs[i]
 		seq := md.Sequence.Stream
-		switch {
-		case err == nil:
+		d := failure.Classify(err)
+		if d.Kind == failure.Done {
 			if err := msg.Ack(); err != nil {
 				f.Log.Warn("feed ack", "feed", f.Name, "seq", seq, "err", err)
 			}
 			m.messages.WithLabelValues(f.Name, "ok").Inc()
 			continue
-		case errors.Is(err, events.ErrMalformed) || errors.Is(err, events.ErrUnknownVersion):
-			reason := reader.ReasonMalformed
-			if errors.Is(err, events.ErrUnknownVersion) {
-				reason = reader.ReasonUnknownVersion
-			}
-			perr := f.park(ctx, r.js, msg, md, reason, err)
+		}
+		if d.Kind == failure.Park {
+			perr := f.park(ctx, r.js, msg, md, d.Reason, err)
 			if perr == nil {
-				f.Log.Warn("feed message parked", "feed", f.Name, "seq", seq, "reason", reason, "err", err)
+				f.Log.Warn("feed message parked", "feed", f.Name, "seq", seq, "reason", d.Reason, "err", err)
 				_ = msg.Ack()
 				m.messages.WithLabelValues(f.Name, "parked").Inc()
 				continue
 			}
 			err = perr
 		}
-		_ = msg.NakWithDelay(f.delay(md.NumDelivered))
+		_ = msg.NakWithDelay(max(f.delay(md.NumDelivered), d.RetryAfter))
 		m.messages.WithLabelValues(f.Name, "retried").Inc()
 		retried = append(retried, seq)
 		if firstErr == nil {
@@ -358,24 +357,22 @@ func (r *run) handle(ctx context.Context, batch []jetstream.Msg) (allFailed bool
 	return len(retried) == len(msgs)
 }
 
-// park copies the message to DEAD_LETTER with the reason. The Nats-Msg-Id
-// is derived from the original's place, so parking twice stores it once.
+// park copies the message to DEAD_LETTER with the reason (package
+// deadletter: its Nats-Msg-Id is derived from the original's place, so
+// parking twice stores it once).
 func (f Feed) park(ctx context.Context, js jetstream.JetStream, msg jetstream.Msg, md *jetstream.MsgMetadata, reason string, cause error) error {
-	seq := strconv.FormatUint(md.Sequence.Stream, 10)
-	dead := nats.NewMsg(events.DeadLetterSubject(f.Source, reason))
-	dead.Data = msg.Data()
-	dead.Header.Set(events.HeaderMsgID, "dead:"+f.Stream+":"+f.Consumer+":"+seq)
-	dead.Header.Set(events.HeaderDeadReason, reason)
-	dead.Header.Set(events.HeaderDeadError, cause.Error())
-	dead.Header.Set(events.HeaderDeadSource, f.Stream)
-	dead.Header.Set(events.HeaderDeadSubject, msg.Subject())
-	dead.Header.Set(events.HeaderDeadSeq, seq)
-	dead.Header.Set(events.HeaderDeadAttempts, strconv.FormatUint(md.NumDelivered, 10))
-	dead.Header.Set(events.HeaderDeadGroup, f.Consumer)
-	if _, err := js.PublishMsg(ctx, dead); err != nil {
-		return fmt.Errorf("park %s seq %s: %w", f.Stream, seq, err)
-	}
-	return nil
+	_, err := deadletter.Publish(ctx, js, deadletter.Parcel{
+		Source:   f.Source,
+		Reason:   reason,
+		Stream:   f.Stream,
+		Subject:  msg.Subject(),
+		Seq:      md.Sequence.Stream,
+		Attempts: int(md.NumDelivered),
+		Error:    cause.Error(),
+		Consumer: f.Consumer,
+		Data:     msg.Data(),
+	})
+	return err
 }
 
 // delay is the redelivery delay after n deliveries: exponential from 250ms,

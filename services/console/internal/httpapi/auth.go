@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +53,9 @@ type AuthConfig struct {
 	FailureBurst    int
 	FailureInterval time.Duration
 	MaxClients      int
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names the
+	// client for these limits; none: the connection's peer is the client.
+	TrustedProxies []netip.Prefix
 }
 
 type auth struct {
@@ -70,8 +74,9 @@ func newAuth(cfg AuthConfig) *auth {
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = 10000
 	}
-	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(),
-		fails: newFailures(cfg.FailureInterval, cfg.FailureBurst, cfg.MaxClients)}
+	f := newFailures(cfg.FailureInterval, cfg.FailureBurst, cfg.MaxClients)
+	f.trusted = cfg.TrustedProxies
+	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(), fails: f}
 }
 
 // who authenticates the request and says how; ok is false when it is not.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/console/internal/dlq"
 	"github.com/snipdev/snip/services/console/internal/livefeed"
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
@@ -26,24 +27,27 @@ var (
 	errUnavailable   = errors.New("unavailable")
 )
 
-// apiError is the body of every error: {"error": {"code", "message"}}.
-type apiError struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
+// errorTable maps an error to its status and code; the message is the
+// error's text (the console's errors are written for the operator). What it
+// does not know is a logged 500.
+func errorTable(err error, h http.Header) (webserver.Problem, bool) {
+	status, code := statusOf(err)
+	if code == "" {
+		return webserver.Problem{}, false
+	}
+	if status == http.StatusTooManyRequests {
+		setRetryAfter(h, err)
+	}
+	return webserver.Problem{Status: status, Code: code}, true
 }
 
-// statusOf maps an error to its status and code; unknown errors are 500.
+// statusOf maps an error to its status and code; "" for an unknown error.
 func statusOf(err error) (int, string) {
-	var he *echo.HTTPError
 	switch {
-	case errors.As(err, &he):
-		return he.Code, http.StatusText(he.Code)
 	case errors.As(err, new(errLimited)):
 		return http.StatusTooManyRequests, "too_many_attempts"
 	case errors.Is(err, errNoToken), errors.Is(err, owners.ErrUnauthorized):
-		return http.StatusUnauthorized, "unauthorized"
+		return http.StatusUnauthorized, webserver.CodeUnauthorized
 	case errors.Is(err, errCrossOrigin), errors.Is(err, errForbiddenHost):
 		return http.StatusForbidden, "forbidden"
 	case errors.Is(err, readers.ErrNotConfirmed):
@@ -62,51 +66,23 @@ func statusOf(err error) (int, string) {
 	case errors.Is(err, ownerstream.ErrUnavailable), errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"
 	}
-	return http.StatusInternalServerError, "internal"
+	return 0, ""
 }
 
 // setRetryAfter tells a refused client when to come back: the wait of an
 // errLimited, 5 seconds otherwise.
-func setRetryAfter(c echo.Context, err error) {
+func setRetryAfter(h http.Header, err error) {
 	secs := 5
 	var lim errLimited
 	if errors.As(err, &lim) {
 		secs = max(1, int(math.Ceil(lim.wait.Seconds())))
 	}
-	c.Response().Header().Set("Retry-After", strconv.Itoa(secs))
+	h.Set("Retry-After", strconv.Itoa(secs))
 }
 
-// ErrorHandler is the service's one echo error handler: sentinel errors
-// become their status, everything else a logged 500.
+// ErrorHandler is the service's one echo error handler: pkg/webserver's
+// (the envelope every Snip API shares, {"error": {"code", "message"}}) with
+// the console's table.
 func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		status, code := statusOf(err)
-		var body apiError
-		body.Error.Code = code
-		body.Error.Message = err.Error()
-		var he *echo.HTTPError
-		if errors.As(err, &he) {
-			if m, ok := he.Message.(string); ok {
-				body.Error.Message = m
-			}
-		}
-		switch {
-		case status >= 500 && code == "internal":
-			log.Error("request failed", "method", c.Request().Method, "path", c.Request().URL.Path, "err", err,
-				"request_id", c.Response().Header().Get(echo.HeaderXRequestID))
-			body.Error.Message = "internal error"
-		case status == http.StatusUnauthorized:
-			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="snip"`)
-		case status == http.StatusTooManyRequests:
-			setRetryAfter(c, err)
-		}
-		if c.Request().Method == http.MethodHead {
-			_ = c.NoContent(status)
-			return
-		}
-		_ = c.JSON(status, body)
-	}
+	return webserver.ErrorHandler(log, errorTable)
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,13 +20,16 @@ import (
 // guessing faster than the limit tells the guesser nothing.
 //
 // Clients are told apart by the connection's remote address (an IPv6 client
-// by its /64, what one host usually holds). The table is bounded: when it is
+// by its /64, what one host usually holds), or behind trusted proxies by the
+// address they forward. The table is bounded: when it is
 // full, clients whose allowance has refilled are forgotten; if it is still
 // full, clients not in it share one allowance until room is made.
 type failures struct {
 	every time.Duration
 	burst int
 	max   int
+	// trusted are proxies whose X-Forwarded-For names the client.
+	trusted []netip.Prefix
 
 	mu       sync.Mutex
 	clients  map[netip.Prefix]*rate.Limiter
@@ -62,7 +66,7 @@ func (e errLimited) Error() string {
 // from the client's allowance, which succeeded gives back; when none is left
 // it returns errLimited with the time until there is one.
 func (f *failures) begin(r *http.Request, now time.Time) (attempt, error) {
-	lim := f.limiter(clientOf(r), now)
+	lim := f.limiter(clientOf(r, f.trusted), now)
 	res := lim.ReserveN(now, 1)
 	if d := res.DelayFrom(now); d > 0 {
 		res.CancelAt(now)
@@ -99,10 +103,11 @@ func (f *failures) tracked() int {
 	return len(f.clients)
 }
 
-// clientOf is the client's address from the connection: /32 for IPv4, /64
-// for IPv6. Headers such as X-Forwarded-For are not read: a client sets them
-// as it likes.
-func clientOf(r *http.Request) netip.Prefix {
+// clientOf is the client's address, /32 for IPv4, /64 for IPv6: the
+// connection's peer, unless the peer is a trusted proxy; then the nearest
+// address in X-Forwarded-For that is not a trusted proxy (the entries further
+// left were written by the client, which may write anything).
+func clientOf(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
@@ -112,10 +117,32 @@ func clientOf(r *http.Request) netip.Prefix {
 		return netip.Prefix{}
 	}
 	ip = ip.Unmap()
+	if isTrusted(ip, trusted) {
+		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+		for i := len(hops) - 1; i >= 0; i-- {
+			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			if err != nil {
+				break
+			}
+			ip = hop.Unmap()
+			if !isTrusted(ip, trusted) {
+				break
+			}
+		}
+	}
 	bits := 32
 	if ip.Is6() {
 		bits = 64
 	}
 	p, _ := ip.Prefix(bits)
 	return p
+}
+
+func isTrusted(ip netip.Addr, trusted []netip.Prefix) bool {
+	for _, p := range trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }

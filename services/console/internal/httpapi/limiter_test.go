@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 	"time"
 )
@@ -59,7 +60,7 @@ func TestClientOf(t *testing.T) {
 	} {
 		q := httptest.NewRequest("GET", "/", nil)
 		q.RemoteAddr = addr
-		if got := clientOf(q).String(); got != want {
+		if got := clientOf(q, nil).String(); got != want {
 			t.Errorf("clientOf(%s) = %s, want %s", addr, got, want)
 		}
 	}
@@ -86,5 +87,28 @@ func TestSucceededGivesTheAttemptBack(t *testing.T) {
 	}
 	if _, err := f.begin(q, now); !errors.As(err, new(errLimited)) {
 		t.Errorf("third failure: %v, want errLimited", err)
+	}
+}
+
+// Behind a trusted proxy the client is the nearest forwarded address that is
+// not a trusted proxy; from anyone else X-Forwarded-For is ignored.
+func TestClientOfBehindTrustedProxies(t *testing.T) {
+	t.Parallel()
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	for _, c := range []struct{ remote, xff, want string }{
+		{"10.0.0.1:1", "198.51.100.7", "198.51.100.7/32"},
+		{"10.0.0.1:1", "203.0.113.9, 198.51.100.7, 10.0.0.2", "198.51.100.7/32"},
+		{"192.0.2.1:1", "198.51.100.7", "192.0.2.1/32"},
+		{"10.0.0.1:1", "", "10.0.0.1/32"},
+		{"10.0.0.1:1", "junk, 198.51.100.7", "198.51.100.7/32"},
+	} {
+		q := httptest.NewRequest("GET", "/", nil)
+		q.RemoteAddr = c.remote
+		if c.xff != "" {
+			q.Header.Set("X-Forwarded-For", c.xff)
+		}
+		if got := clientOf(q, trusted).String(); got != c.want {
+			t.Errorf("clientOf(%s, XFF %q) = %s, want %s", c.remote, c.xff, got, c.want)
+		}
 	}
 }

@@ -81,7 +81,7 @@ func (a *api) login(c echo.Context) error {
 	try, err := a.auth.fails.begin(r, time.Now())
 	if err != nil {
 		a.actions.WithLabelValues("login", "limited").Inc()
-		setRetryAfter(c, err)
+		setRetryAfter(c.Response().Header(), err)
 		return a.render(c, http.StatusTooManyRequests, "login.html", pageData{Error: "Too many failed logins from this address; wait a few seconds."})
 	}
 	token := c.FormValue("token")

@@ -328,7 +328,10 @@ func (h *Hub) handle(msg jetstream.Msg) {
 		h.m.skipped.Inc()
 		return
 	}
-	c, err := events.DecodeClick(msg.Data())
+	// The readers' rule of validity (the partition count is not known
+	// here, so a click in the wrong partition is the one invalid click the
+	// console can still show; every reader parks it).
+	c, err := events.ReadClick(msg.Data(), msg.Subject(), 0, md.Timestamp)
 	if err != nil {
 		h.m.malformed.Inc()
 		return

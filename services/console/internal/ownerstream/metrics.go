@@ -18,7 +18,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		clicks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_clicks_total",
 			Help: "Clicks sent to owners' streams."}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_skipped_total",
-			Help: "Messages an owner's stream did not send: malformed, or a payload naming another owner."}, []string{"reason"}),
+			Help: "Messages an owner's stream did not send, by the readers' dead-letter reason (malformed, subject_mismatch, implausible_time, ...)."}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_refused_total",
 			Help: "Streams refused: owner_limit, instance_limit."}, []string{"reason"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_ended_total",

@@ -156,6 +156,14 @@ func TestResumeLosesNothingRepeatsNothingAndShowsOnlyTheOwnersClicks(t *testing.
 	if _, err := js.Publish(t.Context(), events.ClickSubject("acme", "a1"), b); err != nil {
 		t.Fatal(err)
 	}
+	// A click every reader parks (dated 1999: implausible_time) is not sent
+	// either: the owner stream applies the readers' rule of validity.
+	old := consoletest.Click("acme", "a2", 0)
+	old.Time = time.Date(1999, 1, 1, 0, 0, 0, 0, time.UTC)
+	b, _ = json.Marshal(old)
+	if _, err := js.Publish(t.Context(), events.ClickSubject("acme", "a2"), b); err != nil {
+		t.Fatal(err)
+	}
 	want = append(want, publishMix(t, js, 3)...)
 
 	second := connect(t, srv.URL+"?since_seq=0", "acme", strconv.FormatUint(got[len(got)-1], 10))

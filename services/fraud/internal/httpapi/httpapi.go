@@ -17,6 +17,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 )
 
@@ -120,40 +121,24 @@ func (e *userError) Unwrap() error { return e.kind }
 
 func wrap(kind error, msg string) error { return &userError{kind: kind, msg: msg} }
 
-type errorBody struct {
-	Error string `json:"error"`
+// ErrorHandler is the service's one echo error handler: pkg/webserver's
+// (the envelope every Snip API shares) with this service's table.
+func (a *API) ErrorHandler(err error, c echo.Context) {
+	webserver.ErrorHandler(a.log, errorTable)(err, c)
 }
 
-// ErrorHandler is the service's one echo error handler: sentinel errors
-// become statuses, echo's own errors keep theirs, and anything else is a
-// logged 500 whose details stay in the log.
-func (a *API) ErrorHandler(err error, c echo.Context) {
-	if c.Response().Committed {
-		return
-	}
-	status, msg := http.StatusInternalServerError, "internal error"
+// errorTable maps the service's errors to statuses: a bad parameter 400,
+// unauthorized 401, an unknown link 404; echo's own errors keep theirs, and
+// anything else is a logged 500 whose details stay in the log.
+func errorTable(err error, _ http.Header) (webserver.Problem, bool) {
 	var ue *userError
-	var he *echo.HTTPError
 	switch {
 	case errors.As(err, &ue):
-		status, msg = http.StatusBadRequest, ue.msg
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "bad_request", Message: ue.msg}, true
 	case errors.Is(err, owners.ErrUnauthorized):
-		status, msg = http.StatusUnauthorized, "missing or unknown API key (Authorization: Bearer <key>)"
-		c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
+		return webserver.Problem{Status: http.StatusUnauthorized, Code: webserver.CodeUnauthorized, Message: "missing or unknown API key (Authorization: Bearer <key>)"}, true
 	case errors.Is(err, fraud.ErrUnknownLink):
-		status, msg = http.StatusNotFound, "no fraud statistics for this link: no click of it judged yet, or not your link"
-	case errors.As(err, &he):
-		status = he.Code
-		msg = http.StatusText(he.Code)
-		if m, ok := he.Message.(string); ok {
-			msg = m
-		}
-	default:
-		a.log.Error("request failed", "method", c.Request().Method, "path", c.Path(), "err", err)
+		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "no fraud statistics for this link: no click of it judged yet, or not your link"}, true
 	}
-	if c.Request().Method == http.MethodHead {
-		_ = c.NoContent(status)
-		return
-	}
-	_ = c.JSON(status, errorBody{Error: msg})
+	return webserver.Problem{}, false
 }

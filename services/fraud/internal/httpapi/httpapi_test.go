@@ -63,11 +63,11 @@ func TestAPI(t *testing.T) {
 		status          int
 		body            string
 	}{
-		{name: "no_key_is_401", path: "/api/alerts", status: 401, body: `{"error":"missing or unknown API key (Authorization: Bearer \u003ckey\u003e)"}`},
+		{name: "no_key_is_401", path: "/api/alerts", status: 401, body: `{"error":{"code":"unauthorized","message":"missing or unknown API key (Authorization: Bearer \u003ckey\u003e)"}}`},
 		{name: "unknown_key_is_401", key: "snip_nopenopenopenopenope", path: "/api/alerts", status: 401},
 		{name: "owner_sees_own_alerts", key: acmeKey, path: "/api/alerts", status: 200, body: mustJSON(t, map[string]any{"alerts": []events.FraudAlert{alert}})},
 		{name: "other_owner_sees_none", key: globexKey, path: "/api/alerts", status: 200, body: `{"alerts":[]}`},
-		{name: "bad_limit_is_400", key: acmeKey, path: "/api/alerts?limit=0", status: 400, body: `{"error":"limit must be an integer from 1 to 100"}`},
+		{name: "bad_limit_is_400", key: acmeKey, path: "/api/alerts?limit=0", status: 400, body: `{"error":{"code":"bad_request","message":"limit must be an integer from 1 to 100"}}`},
 		{name: "limit_over_cap_is_400", key: acmeKey, path: "/api/alerts?limit=101", status: 400},
 		{name: "flagged_share_of_own_link", key: acmeKey, path: "/api/links/abc/fraud", status: 200,
 			body: `{"code":"abc","total":4,"flagged":2,"flagged_share":0.5,"flagged_by_rule":{"source_bot":1,"visitor_burst":1}}`},

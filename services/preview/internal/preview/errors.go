@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
 )
 
@@ -33,30 +34,19 @@ const (
 	ReasonStore       = "store"        // Redis could not be read or written
 )
 
-// Failure is why a job did not succeed. It implements workqueue.Classified.
-type Failure struct {
-	reason     string
-	permanent  bool
-	retryAfter time.Duration
-	err        error
+// permanent and transient build the job's failure in the terms every Snip
+// consumer shares (package failure): the work queue parks a permanent one at
+// once and retries a transient one with backoff, honouring its Retry-After.
+func permanent(reason string, err error) *failure.Error {
+	return failure.Permanent(reason, err)
 }
 
-func (f *Failure) Error() string             { return f.reason + ": " + f.err.Error() }
-func (f *Failure) Unwrap() error             { return f.err }
-func (f *Failure) Reason() string            { return f.reason }
-func (f *Failure) Permanent() bool           { return f.permanent }
-func (f *Failure) RetryAfter() time.Duration { return f.retryAfter }
-
-func permanent(reason string, err error) *Failure {
-	return &Failure{reason: reason, permanent: true, err: err}
-}
-
-func transient(reason string, retryAfter time.Duration, err error) *Failure {
-	return &Failure{reason: reason, retryAfter: retryAfter, err: err}
+func transient(reason string, retryAfter time.Duration, err error) *failure.Error {
+	return failure.RetryableAfter(reason, retryAfter, err)
 }
 
 // classifyDecode names a payload that cannot be a job.
-func classifyDecode(err error) *Failure {
+func classifyDecode(err error) *failure.Error {
 	if errors.Is(err, events.ErrUnknownVersion) {
 		return permanent(ReasonUnknownVersion, err)
 	}
@@ -64,7 +54,7 @@ func classifyDecode(err error) *Failure {
 }
 
 // classifyFetch names a fetch failure and says whether retrying can help.
-func classifyFetch(err error) *Failure {
+func classifyFetch(err error) *failure.Error {
 	var se *fetch.StatusError
 	switch {
 	case errors.As(err, &se):

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/services/preview/internal/fetch"
 )
 
@@ -21,7 +22,7 @@ func TestClassify(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		err  *Failure
+		err  *failure.Error
 		want verdict
 	}{
 		{"malformed_job", classifyDecode(fmt.Errorf("decode: %w", events.ErrMalformed)), verdict{ReasonMalformed, true, 0}},

@@ -5,7 +5,8 @@
 //
 // Process is idempotent by job ID, because the work queue delivers at least
 // once: a job whose preview is stored, or one that a newer job of the same
-// link superseded, does nothing. Its errors are *Failure values that say why
+// link superseded, does nothing. Its errors are *failure.Error values (the
+// failure contract every Snip consumer shares) that say why
 // and whether to retry; package workqueue turns them into acks, retries and
 // dead letters.
 package preview

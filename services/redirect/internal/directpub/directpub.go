@@ -3,7 +3,8 @@
 // The click is published to its CLICKS subject with Nats-Msg-Id set to the
 // event ID (so the copy the outbox may still relay later is dropped by the
 // stream's duplicate window) and Nats-Expected-Stream CLICKS, and Publish
-// returns only once JetStream acknowledged it.
+// returns only once JetStream acknowledged it. Like the outbox relay, it
+// publishes only clicks that pass events.ReadClick, the readers' rule.
 //
 // The connection it is given must not buffer publishes while it reconnects
 // (nats.ReconnectBufSize(-1)): a buffered click would be stored after the
@@ -36,6 +37,12 @@ func New(js jetstream.JetStream, timeout time.Duration) *Publisher {
 // stored it (or already had it: a duplicate ack means stored). An error
 // means it is not known to be stored.
 func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) error {
+	// The rule of validity every reader applies, as the relay applies it
+	// before publishing: a click they would all park is not published (the
+	// redirect then answers with an error, and nothing is counted).
+	if _, err := events.ReadClick(data, string(subject), 0, time.Now()); err != nil {
+		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	msg := &nats.Msg{

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/redirect/internal/link"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
@@ -53,7 +54,7 @@ func TestErrorHandlerMapsEverySentinel(t *testing.T) {
 			w := httptest.NewRecorder()
 			c := e.NewContext(httptest.NewRequest(http.MethodPost, "/api/links", nil), w)
 			a.handleError(tc.err, c)
-			var body errorBody
+			var body webserver.ErrorBody
 			if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
 				t.Fatalf("body %q: %v", w.Body, err)
 			}

@@ -1,7 +1,7 @@
 // Package httpapi is the redirect service's HTTP surface: the owners' link
-// API under /api/links and the redirect itself at /:code, with the one echo
-// HTTPErrorHandler that turns every sentinel error into a status code and a
-// JSON body saying what is wrong.
+// API under /api/links and the redirect itself at /:code, with the table
+// that turns every sentinel error into a status code and a machine code
+// (pkg/webserver writes the JSON envelope every Snip API shares).
 package httpapi
 
 import (
@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/redirect/internal/link"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/redirect"
@@ -69,11 +71,16 @@ type API struct {
 	CreateLimit Limiter
 	// Keys, if set, serves POST /api/key/rotate.
 	Keys KeyRotator
+	// resolved caches the self-loop check's DNS answers (selfloop.go).
+	resolvedOnce sync.Once
+	resolved     *resolveCache
 	// RedirectLatency observes the time to answer a redirect.
 	RedirectLatency prometheus.Observer
 	// Misses counts requests for codes that cannot exist (bad characters).
 	Misses   prometheus.Counter
 	requests *prometheus.CounterVec
+	// onError is pkg/webserver's error handler with this service's table.
+	onError echo.HTTPErrorHandler
 	// redirected is requests{route="/:code",method="GET",status="302"},
 	// resolved once: the hot path's label lookup would allocate.
 	redirected prometheus.Counter
@@ -87,6 +94,7 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	}, []string{"route", "method", "status"})
 	reg.MustRegister(a.requests)
 	a.redirected = a.requests.WithLabelValues("/:code", http.MethodGet, "302")
+	a.onError = webserver.ErrorHandler(a.Log, errorTable)
 	e.HTTPErrorHandler = a.handleError
 
 	// Handlers are wrapped here, once: echo v4 composes middleware given to
@@ -133,81 +141,64 @@ func badRequest(code, format string, args ...any) error {
 	return &apiError{status: http.StatusBadRequest, code: code, message: fmt.Sprintf(format, args...)}
 }
 
-// errorBody is every error response: {"error": {"code": ..., "message": ...}}.
-type errorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
+// handleError is the service's one error handler: pkg/webserver's, which
+// writes the envelope every Snip API shares ({"error": {"code", "message"}})
+// from errorTable, plus the count of requests no route matched (no route
+// middleware counted them).
 func (a *API) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
 	if c.Path() == "" {
-		// No route matched, so no route middleware counted it.
 		defer func() {
 			a.requests.WithLabelValues("unmatched", c.Request().Method, statusText(c.Response().Status)).Inc()
 		}()
 	}
-	status, code, msg := a.classify(err, c)
-	if status >= 500 && status != http.StatusServiceUnavailable {
-		a.Log.Error("request failed", "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
-	} else if status == http.StatusServiceUnavailable {
-		a.Log.Warn("request refused: dependency unavailable", "path", c.Request().URL.Path, "err", err)
-	}
-	var body errorBody
-	body.Error.Code, body.Error.Message = code, msg
-	if c.Request().Method == http.MethodHead {
-		_ = c.NoContent(status)
-		return
-	}
-	_ = c.JSON(status, body)
+	a.onError(err, c)
 }
 
-func (a *API) classify(err error, c echo.Context) (int, string, string) {
+// errorTable is the service's table from its errors to statuses, codes and
+// messages; anything it does not know is a logged 500.
+func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 	var ae *apiError
 	var he *echo.HTTPError
-	h := c.Response().Header()
 	switch {
 	case errors.As(err, &ae):
-		return ae.status, ae.code, ae.message
+		return webserver.Problem{Status: ae.status, Code: ae.code, Message: ae.message}, true
 	case errors.As(err, &he):
 		msg := fmt.Sprint(he.Message)
 		switch he.Code {
 		case http.StatusNotFound:
-			return he.Code, "not_found", "no such link or route"
+			return webserver.Problem{Status: he.Code, Code: "not_found", Message: "no such link or route"}, true
 		case http.StatusMethodNotAllowed:
-			return he.Code, "method_not_allowed", msg
+			return webserver.Problem{Status: he.Code, Code: "method_not_allowed", Message: msg}, true
 		case http.StatusRequestEntityTooLarge:
-			return he.Code, "body_too_large", fmt.Sprintf("request body over %d bytes", MaxBody)
+			return webserver.Problem{Status: he.Code, Code: "body_too_large", Message: fmt.Sprintf("request body over %d bytes", MaxBody)}, true
 		}
-		return he.Code, strings.ReplaceAll(strings.ToLower(http.StatusText(he.Code)), " ", "_"), msg
+		return webserver.Problem{Status: he.Code, Code: webserver.StatusCode(he.Code), Message: msg}, true
 	case errors.Is(err, owners.ErrUnauthorized):
-		h.Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
-		return http.StatusUnauthorized, "unauthorized", "missing or unknown API key; send Authorization: Bearer <key>"
+		return webserver.Problem{Status: http.StatusUnauthorized, Code: webserver.CodeUnauthorized, Message: "missing or unknown API key; send Authorization: Bearer <key>"}, true
 	case errors.Is(err, link.ErrInvalidTarget):
-		return http.StatusBadRequest, "invalid_target", err.Error()
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "invalid_target"}, true
 	case errors.Is(err, link.ErrReservedCode):
-		return http.StatusBadRequest, "reserved_code", err.Error()
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "reserved_code"}, true
 	case errors.Is(err, link.ErrInvalidCode):
-		return http.StatusBadRequest, "invalid_code", err.Error()
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "invalid_code"}, true
 	case errors.Is(err, linkstore.ErrNotFound), errors.Is(err, redirect.ErrNotFound):
-		return http.StatusNotFound, "not_found", "no such link"
+		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "no such link"}, true
 	case errors.Is(err, linkstore.ErrCodeTaken):
-		return http.StatusConflict, "code_taken", "that code is taken; choose another or leave code out for a random one"
+		return webserver.Problem{Status: http.StatusConflict, Code: "code_taken", Message: "that code is taken; choose another or leave code out for a random one"}, true
 	case errors.Is(err, redirect.ErrClickNotRecorded):
 		h.Set("Retry-After", "1")
-		return http.StatusServiceUnavailable, "click_not_recorded", "the click could not be recorded; try again"
+		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "click_not_recorded", Message: "the click could not be recorded; try again"}, true
 	case isFull(err):
 		h.Set("Retry-After", "10")
-		return http.StatusServiceUnavailable, "outbox_full", "event delivery is backed up; try again later"
+		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "outbox_full", Message: "event delivery is backed up; try again later"}, true
 	case isUnavailable(err):
 		h.Set("Retry-After", "1")
-		return http.StatusServiceUnavailable, "unavailable", "storage is unavailable; try again"
+		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "storage is unavailable; try again"}, true
 	}
-	return http.StatusInternalServerError, "internal", "internal error"
+	return webserver.Problem{}, false
 }
 
 // countRequests counts every routed request by route template, method and

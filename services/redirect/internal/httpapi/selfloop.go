@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -35,6 +36,9 @@ import (
 // is accepted: only what resolves now can be compared. A name that resolves
 // to this service only later (DNS changes) is not caught; the loop then
 // costs clicks, not correctness.
+
+// DNS answers (and failures) are cached for a minute per name, so creating
+// many links to one site costs one lookup.
 
 // loopResolveTimeout bounds the DNS lookups of one check.
 const loopResolveTimeout = 2 * time.Second
@@ -71,7 +75,7 @@ func (a *API) checkLoop(c echo.Context, target string) error {
 		return nil
 	}
 
-	addrs := resolve(ctx, t.host)
+	addrs := a.resolveCached(ctx, t.host)
 	if len(addrs) == 0 {
 		return nil
 	}
@@ -98,7 +102,7 @@ func (a *API) checkLoop(c echo.Context, target string) error {
 			if w.port != t.port {
 				continue
 			}
-			for _, wa := range resolve(ctx, w.host) {
+			for _, wa := range a.resolveCached(ctx, w.host) {
 				if ad == wa {
 					return a.loop(u)
 				}
@@ -205,6 +209,49 @@ func parseInetAton(s string) (netip.Addr, bool) {
 	}
 	ip |= last
 	return netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)}), true
+}
+
+// resolveCache remembers what names resolved to (or that they did not) for
+// a minute, so creating many links to one site costs one lookup, not one
+// each. Bounded: when full it starts afresh.
+type resolveCache struct {
+	mu      sync.Mutex
+	entries map[string]resolved
+}
+
+type resolved struct {
+	addrs   []netip.Addr
+	expires time.Time
+}
+
+const (
+	resolveCacheTTL  = time.Minute
+	resolveCacheSize = 4096
+)
+
+func (a *API) resolveCached(ctx context.Context, host string) []netip.Addr {
+	if _, err := netip.ParseAddr(host); err == nil || host == "" {
+		return resolve(ctx, host) // literals cost nothing
+	}
+	a.resolvedOnce.Do(func() { a.resolved = &resolveCache{entries: map[string]resolved{}} })
+	c, now := a.resolved, time.Now()
+	c.mu.Lock()
+	e, ok := c.entries[host]
+	c.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.addrs
+	}
+	addrs := resolve(ctx, host)
+	if ctx.Err() != nil {
+		return addrs // a lookup cut short says nothing about the name
+	}
+	c.mu.Lock()
+	if len(c.entries) >= resolveCacheSize {
+		clear(c.entries)
+	}
+	c.entries[host] = resolved{addrs: addrs, expires: now.Add(resolveCacheTTL)}
+	c.mu.Unlock()
+	return addrs
 }
 
 // interfaceAddrs are this machine's addresses.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -245,8 +246,11 @@ func TestRelayParksPermanentRejections(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dead.outbox.too_large: %v", err)
 	}
-	if parked.Header.Get(events.HeaderMsgID) != bigID || parked.Header.Get(events.HeaderDeadSource) != events.ClicksStream ||
-		parked.Header.Get(events.HeaderDeadSubject) != "clicks.acme.abc" || parked.Header.Get(events.HeaderDeadError) == "" {
+	// Package deadletter's ID scheme: the event ID, who parked it, and the
+	// outbox entry's position in place of a stream sequence.
+	if !strings.HasPrefix(parked.Header.Get(events.HeaderMsgID), bigID+":dead:outbox:") || parked.Header.Get(events.HeaderDeadSource) != events.ClicksStream ||
+		parked.Header.Get(events.HeaderDeadSubject) != "clicks.acme.abc" || parked.Header.Get(events.HeaderDeadError) == "" ||
+		parked.Header.Get(events.HeaderDeadGroup) != "outbox" || parked.Header.Get(events.HeaderDeadAttempts) != "1" {
 		t.Fatalf("parked message headers: %v", parked.Header)
 	}
 	if _, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "malformed")); err != nil {
@@ -472,5 +476,68 @@ func TestCheckShardsRefusesAChange(t *testing.T) {
 	}
 	if err := CheckShards(t.Context(), rdb, NewLayout(8)); !errors.Is(err, ErrShardsChanged) {
 		t.Fatalf("another count: %v, want ErrShardsChanged", err)
+	}
+}
+
+// TestRelayParkedClickIsRedrivenIntoItsPartition: a click the relay parked
+// before publishing it (larger than CLICKS allowed) is a dead letter like any
+// other: once the cause is fixed (CLICKS takes larger messages), a redrive,
+// which is what snipctl dlq redrive does, publishes it on
+// clicks.<owner>.<code> and CLICKS stores it in the partition its code
+// hashes to, with its payload unchanged; the dead letter is gone.
+func TestRelayParkedClickIsRedrivenIntoItsPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	big := testClick("acme", "abc", 0)
+	big.Target = "https://example.com/" + strings.Repeat("x", 20<<10)
+	data, _ := json.Marshal(big)
+	Add(t.Context(), e.rdb, e.layout.OutboxKey(0, LaneClicks), big.ID, events.ClickSubject("acme", "abc"), data)
+
+	rr := start(e.relay("one"))
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	if n := count(e.js, events.ClicksStream); n != 0 {
+		t.Fatalf("CLICKS holds %d messages before the redrive, want 0", n)
+	}
+	var letter deadletter.Letter
+	if err := deadletter.Each(t.Context(), e.js, deadletter.Filter("outbox", "too_large"), func(l deadletter.Letter) error {
+		letter = l
+		return nil
+	}); err != nil || letter.Seq == 0 {
+		t.Fatalf("dead.outbox.too_large: %v, letter %+v", err, letter)
+	}
+
+	// The fix: CLICKS takes the larger click.
+	s, err := e.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgSize = 64 << 10
+	if _, err := e.js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := deadletter.Redrive(t.Context(), e.js, letter.Seq)
+	if err != nil {
+		t.Fatalf("redrive: %v", err)
+	}
+	if r.Subject != events.ClickSubject("acme", "abc") || r.Stream != events.ClicksStream {
+		t.Fatalf("redriven to %s on %s, want %s on %s", r.Subject, r.Stream, events.ClickSubject("acme", "abc"), events.ClicksStream)
+	}
+	stored, err := s.GetMsg(t.Context(), r.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := events.PartitionedClickSubject(3, "acme", "abc"); stored.Subject != want {
+		t.Errorf("stored subject %q, want %q", stored.Subject, want)
+	}
+	if _, err := events.ReadClick(stored.Data, stored.Subject, 3, stored.Time); err != nil {
+		t.Errorf("the redriven click fails the readers' rule of validity: %v", err)
+	}
+	if string(stored.Data) != string(data) {
+		t.Error("the redriven payload differs from the parked one")
+	}
+	if _, err := deadletter.Get(t.Context(), e.js, letter.Seq); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Errorf("dead letter after the redrive: %v, want ErrNotFound", err)
 	}
 }

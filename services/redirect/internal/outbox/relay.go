@@ -16,7 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 )
 
 // RelayConfig tunes the relay.
@@ -489,68 +491,68 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 	return len(ids), stop
 }
 
-// permanent reports whether JetStream will refuse the message however often
-// it is sent, so retrying would block the shard forever.
-func permanent(err error) bool {
-	if errors.Is(err, errMalformedEntry) || errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamMessageExceedsMaximum, 10060 /* expected stream does not match */, jetstream.JSErrCodeBadRequest:
-			return true
-		}
-	}
-	return false
-}
-
-// reason is the dead-letter subject token for a permanent error.
-func reason(err error) string {
+// classify is the relay's side of the failure contract (package failure):
+// a publish error JetStream will repeat however often the entry is sent is
+// permanent, and the entry is parked under its reason, or it would block the
+// shard forever; any other error is retryable: the shard backs off and sends
+// the entry again.
+func classify(err error) failure.Decision {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, errInvalidClick):
-		return events.Reason(err)
+		return failure.Classify(failure.Permanent(events.Reason(err), err))
 	case errors.Is(err, errMalformedEntry):
-		return "malformed"
+		return failure.Classify(failure.Permanent("malformed", err))
 	case errors.Is(err, nats.ErrMaxPayload):
-		return "too_large"
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum:
-		return "too_large"
-	case errors.As(err, &apiErr) && apiErr.ErrorCode == 10060:
-		return "wrong_stream"
+		return failure.Classify(failure.Permanent("too_large", err))
+	case errors.Is(err, nats.ErrBadSubject):
+		return failure.Classify(failure.Permanent("rejected", err))
+	case errors.As(err, &apiErr):
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum:
+			return failure.Classify(failure.Permanent("too_large", err))
+		case 10060: // expected stream does not match
+			return failure.Classify(failure.Permanent("wrong_stream", err))
+		case jetstream.JSErrCodeBadRequest:
+			return failure.Classify(failure.Permanent("rejected", err))
+		}
 	}
-	return "rejected"
+	return failure.Classify(failure.Retryable(failure.ReasonUnclassified, err))
 }
 
-// park puts an entry JetStream refused for good on DEAD_LETTER, or, if
-// DEAD_LETTER refuses it too, into the shard's Redis dead stream. An error
-// means neither worked now (transient); the entry stays in the outbox.
+// permanent reports whether JetStream will refuse the message however often
+// it is sent.
+func permanent(err error) bool { return classify(err).Kind == failure.Park }
+
+// park puts an entry JetStream refused for good on DEAD_LETTER (through
+// package deadletter, like every other dead letter: dead.outbox.<reason>,
+// the Snip-Dead-* headers, and the outbox entry's ID in place of a stream
+// sequence, so a retried park is stored once and snipctl dlq redrive can send
+// it on), or, if DEAD_LETTER refuses it too, into the shard's Redis dead
+// stream. An error means neither worked now (transient); the entry stays in
+// the outbox.
 func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) error {
-	why := reason(cause)
+	why := classify(cause).Reason
 	r.m.PublishErrors.WithLabelValues(lane.Name, "permanent").Inc()
 	r.log.Error("relay parks an entry JetStream refused", "shard", shard, "lane", lane.Name, "id", e.ID, "subject", e.Subject, "reason", why, "err", cause)
-	msg := &nats.Msg{
-		Subject: events.DeadLetterSubject("outbox", why),
-		Data:    []byte(e.Data),
-		Header: nats.Header{
-			events.HeaderDeadReason:  []string{why},
-			events.HeaderDeadError:   []string{truncate(cause.Error(), 512)},
-			events.HeaderDeadSource:  []string{lane.Stream},
-			events.HeaderDeadSubject: []string{e.Subject},
-		},
-	}
-	if e.ID != "" {
-		msg.Header.Set(events.HeaderMsgID, e.ID)
-	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := r.js.PublishMsg(pctx, msg, jetstream.WithExpectStream(events.DeadLetterStream))
+	_, err := deadletter.Publish(pctx, r.js, deadletter.Parcel{
+		Source:   deadSource,
+		Reason:   why,
+		Stream:   lane.Stream,
+		Subject:  e.Subject,
+		Position: e.StreamID,
+		Attempts: 1,
+		Error:    cause.Error(),
+		Consumer: deadSource,
+		Data:     []byte(e.Data),
+	})
 	if err == nil {
 		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
 		return nil
 	}
-	if !permanent(err) {
+	if !permanent(err) && !errors.Is(err, deadletter.ErrInvalid) {
 		return fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
 	}
 	if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.layout.DeadKey(shard), ID: "*", Values: []any{
@@ -561,6 +563,9 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 	r.m.Parked.WithLabelValues(lane.Name, why).Inc()
 	return nil
 }
+
+// deadSource is the relay's dead-letter source token: dead.outbox.<reason>.
+const deadSource = "outbox"
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -243,17 +243,28 @@ func (s *sampler) add(name, unit string, v float64) {
 	s.vals[name] = append(s.vals[name], v)
 }
 
-// run calls tick every step (real: step/speed) until ctx ends.
-func (s *sampler) run(ctx context.Context, tick func()) {
-	t := time.NewTicker(s.e.Real(s.step))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			tick()
+// start calls tick every step (real: step/speed) until ctx ends or the
+// returned stop is called; stop waits for the last tick to finish, so what
+// tick wrote can be read after it. stop may be called more than once.
+func (s *sampler) start(ctx context.Context, tick func()) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.e.Real(s.step))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				tick()
+			}
 		}
+	}()
+	return func() {
+		cancel()
+		<-done
 	}
 }
 

@@ -144,10 +144,8 @@ func runHotPartition(ctx context.Context, e *Env) error {
 		return hot
 	}
 	smp := e.newSampler(500 * time.Millisecond)
-	sctx, stopSampling := context.WithCancel(ctx)
-	defer stopSampling()
 	prev := make([]int, hotPartitions)
-	go smp.run(sctx, func() {
+	stopSampling := smp.start(ctx, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		coldSum := 0
@@ -160,6 +158,7 @@ func runHotPartition(ctx context.Context, e *Env) error {
 		smp.add("5 cold partitions handled/s", "events/s", e.LessonRate(float64(coldSum)/e.Real(500*time.Millisecond).Seconds()))
 		copy(prev, byPartition)
 	})
+	defer stopSampling()
 	// phase returns the group's throughput, the hot partition's rate, and
 	// the share of the phase the hot and the cold partitions' handlers were
 	// busy (handling or waiting for capacity).

@@ -117,9 +117,7 @@ func runPoison(ctx context.Context, e *Env) error {
 		}
 		return stalled, others
 	}
-	sctx, stopSampling := context.WithCancel(ctx)
-	defer stopSampling()
-	go smp.run(sctx, func() {
+	stopSampling := smp.start(ctx, func() {
 		s, o := lagOf("naive")
 		smp.add("naive: poisoned partition lag", "events", s)
 		smp.add("naive: other partitions lag", "events", o)
@@ -132,6 +130,7 @@ func runPoison(ctx context.Context, e *Env) error {
 			}
 		}
 	})
+	defer stopSampling()
 	_, err = emit(ctx, e.Rate(poisonRate), e.Real(time.Duration(poisonSecs*float64(time.Second))), func(i int) error {
 		c := newClick(links[i%len(links)], i/len(links))
 		perPartition[events.Partition(c.Code, poisonPartitions)]++

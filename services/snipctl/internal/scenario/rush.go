@@ -87,7 +87,10 @@ func runRush(ctx context.Context, e *Env) error {
 			}
 			for _, ev := range batch[:n] {
 				if id, ok := lastRushID.Load().(string); ok && id == ev.Click.ID {
-					handledLast <- time.Now()
+					select { // once: a redelivery must not block the handler
+					case handledLast <- time.Now():
+					default:
+					}
 				}
 			}
 			handled.Add(int64(n))
@@ -124,12 +127,11 @@ func runRush(ctx context.Context, e *Env) error {
 	})
 
 	smp := e.newSampler(500 * time.Millisecond)
-	sctx, stopSampling := context.WithCancel(ctx)
-	defer stopSampling()
-	go smp.run(sctx, func() {
+	stopSampling := smp.start(ctx, func() {
 		smp.add("log backlog", "events", float64(sent.Load()-handled.Load()))
 		smp.add("naive buffer", "KB", float64(naive.bytes())/1024)
 	})
+	defer stopSampling()
 
 	var naiveDone sync.WaitGroup
 	naiveDone.Go(func() { naive.send(ctx, pc) })

@@ -109,9 +109,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	}()
 	defer stopTraffic()
 	smp := e.newSampler(250 * time.Millisecond)
-	sctx, stopSampling := context.WithCancel(ctx)
-	defer stopSampling()
-	go smp.run(sctx, func() {
+	stopSampling := smp.start(ctx, func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		for i := range sixMembers {
@@ -119,6 +117,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 			smp.add(n+" handled", "clicks", float64(t.byMember[n]))
 		}
 	})
+	defer stopSampling()
 	// Let every partition see traffic, then count who worked.
 	if err := waitFor(ctx, 60*time.Second, "every partition to handle traffic", func() (bool, error) {
 		mu.Lock()

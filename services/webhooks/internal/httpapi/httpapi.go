@@ -29,6 +29,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/webserver"
 	"github.com/snipdev/snip/services/webhooks/internal/delivery"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
 )
@@ -165,45 +166,25 @@ func requireOwner(auth Authenticator) echo.MiddlewareFunc {
 	}
 }
 
-// errorBody is every error response.
-type errorBody struct {
-	Error string `json:"error"`
+// ErrorHandler is pkg/webserver's error handler (the envelope every Snip API
+// shares) with this service's table.
+func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+	return webserver.ErrorHandler(log, errorTable)
 }
 
-// ErrorHandler maps errors to statuses, in one place: unauthorized 401,
-// not found 404, invalid 400, busy 429, echo's own errors as they are, and
-// anything else 500, logged (the only errors logged).
-func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
-	return func(err error, c echo.Context) {
-		if c.Response().Committed {
-			return
-		}
-		code, msg := http.StatusInternalServerError, "internal error"
-		var he *echo.HTTPError
-		switch {
-		case errors.Is(err, owners.ErrUnauthorized):
-			code, msg = http.StatusUnauthorized, "missing or invalid API key (Authorization: Bearer <key>)"
-			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer realm="snip"`)
-		case errors.Is(err, endpoint.ErrNotFound):
-			code, msg = http.StatusNotFound, "not found"
-		case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, errBadRequest):
-			code, msg = http.StatusBadRequest, err.Error()
-		case errors.Is(err, delivery.ErrBusy):
-			code, msg = http.StatusTooManyRequests, err.Error()
-		case errors.As(err, &he):
-			code, msg = he.Code, fmt.Sprint(he.Message)
-		default:
-			log.Error("request failed", "method", c.Request().Method, "path", c.Path(),
-				"request_id", c.Response().Header().Get(echo.HeaderXRequestID), "err", err)
-		}
-		var werr error
-		if c.Request().Method == http.MethodHead {
-			werr = c.NoContent(code)
-		} else {
-			werr = c.JSON(code, errorBody{Error: msg})
-		}
-		if werr != nil {
-			log.Warn("write error response", "err", werr)
-		}
+// errorTable maps the service's errors to statuses, in one place:
+// unauthorized 401, not found 404, invalid 400, busy 429; echo's own errors
+// keep theirs, and anything else is a logged 500.
+func errorTable(err error, _ http.Header) (webserver.Problem, bool) {
+	switch {
+	case errors.Is(err, owners.ErrUnauthorized):
+		return webserver.Problem{Status: http.StatusUnauthorized, Code: webserver.CodeUnauthorized, Message: "missing or invalid API key (Authorization: Bearer <key>)"}, true
+	case errors.Is(err, endpoint.ErrNotFound):
+		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "not found"}, true
+	case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, errBadRequest):
+		return webserver.Problem{Status: http.StatusBadRequest, Code: "bad_request"}, true
+	case errors.Is(err, delivery.ErrBusy):
+		return webserver.Problem{Status: http.StatusTooManyRequests, Code: "busy"}, true
 	}
+	return webserver.Problem{}, false
 }

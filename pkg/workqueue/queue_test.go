@@ -3,6 +3,7 @@ package workqueue
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -143,7 +145,7 @@ func TestTransientFailuresAreRetriedThenDeadLettered(t *testing.T) {
 	var mu sync.Mutex
 	q := New(js, testConfig(t), func(context.Context, []byte) error {
 		calls.Add(1)
-		return failure{reason: "http_5xx"}
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
 	}, func(_ context.Context, data []byte, reason, detail string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -155,7 +157,7 @@ func TestTransientFailuresAreRetriedThenDeadLettered(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "job dead-lettered", func() bool { return streamMsgs(t, js, events.DeadLetterStream) == 1 })
 	l := onlyLetter(t, js)
 	if l.Subject != "dead.preview.http_5xx" || l.Attempts != 5 || l.OrigSeq != seq || l.ID != id ||
-		l.Error != "failure: http_5xx" || l.Consumer != topology.PreviewConsumer || l.Stream != events.PreviewJobsStream {
+		l.Error != "http_5xx: 503 Service Unavailable" || l.Consumer != topology.PreviewConsumer || l.Stream != events.PreviewJobsStream {
 		t.Fatalf("letter = %+v", l)
 	}
 	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
@@ -181,12 +183,12 @@ func TestPermanentFailureIsDeadLetteredAtOnce(t *testing.T) {
 	var calls atomic.Int64
 	q := New(js, testConfig(t), func(context.Context, []byte) error {
 		calls.Add(1)
-		return fmt.Errorf("process: %w", failure{reason: "not_found", permanent: true})
+		return fmt.Errorf("process: %w", failure.Permanent("not_found", errors.New("404 Not Found")))
 	}, nil)
 	start(t, q)
 	publishJob(t, js, events.NewID())
 	testenv.WaitFor(t, 10*time.Second, "job dead-lettered", func() bool { return streamMsgs(t, js, events.DeadLetterStream) == 1 })
-	if l := onlyLetter(t, js); l.Reason != "not_found" || l.Attempts != 1 || l.Error != "process: failure: not_found" {
+	if l := onlyLetter(t, js); l.Reason != "not_found" || l.Attempts != 1 || l.Error != "process: not_found: 404 Not Found" {
 		t.Fatalf("letter = %+v", l)
 	}
 	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })

@@ -1,7 +1,9 @@
 // Package workqueue runs competing workers on a JetStream work-queue stream:
 // many processes share one durable pull consumer, each job goes to one of
 // them and is removed from the stream once acknowledged, and adding a process
-// drains the queue faster.
+// drains the queue faster. It is the queue beside package reader's log: a
+// log gives every group every event, in order per partition; a queue gives
+// each job to one worker, in no particular order.
 //
 // Each process keeps at most Concurrency jobs in hand and asks the server for
 // exactly as many jobs as it has free slots, so no job waits in a client
@@ -10,11 +12,11 @@
 // (InProgress) three times per ack deadline, so a fetch longer than the
 // consumer's current BackOff step is not redelivered to a second worker.
 //
-// A handler's error becomes one decision (decide): nil acks; a transient
-// failure is retried with exponential backoff and jitter through
-// NakWithDelay; a permanent failure, or a transient one on the last allowed
-// delivery, is parked on DEAD_LETTER (with reason, attempts and last error)
-// and then terminated. Deliveries that never reached a decision (a worker
+// A handler answers in the terms of package failure, and its answer becomes
+// one decision (decide): nil acks; a retryable failure is retried with
+// exponential backoff and jitter through NakWithDelay; a permanent failure,
+// or a retryable one on the last allowed delivery, is parked on DEAD_LETTER
+// (package deadletter: reason, attempts and last error) and then terminated. Deliveries that never reached a decision (a worker
 // that crashed on the last try) are parked by a rescuer that listens to the
 // server's MAX_DELIVERIES advisory. Both paths park a job under the same
 // Nats-Msg-Id, so the job is parked once.
@@ -42,9 +44,11 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 )
 
-// Handler processes one job's payload. It must be idempotent: JetStream
-// delivers at least once. ctx ends only when the worker must stop at once
-// (the shutdown timeout passed).
+// Handler processes one job's payload and answers nil (done), a retryable
+// error (failure.Retryable, or any unclassified error) or a permanent one
+// (failure.Permanent, or a payload package events cannot decode). It must be
+// idempotent: JetStream delivers at least once. ctx ends only when the worker
+// must stop at once (the shutdown timeout passed).
 type Handler func(ctx context.Context, data []byte) error
 
 // DeadHook, if set, is called after a job was parked on DEAD_LETTER, before

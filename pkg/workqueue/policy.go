@@ -1,32 +1,18 @@
 package workqueue
 
 import (
-	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-)
 
-// Classified is what a handler error may implement to say how the queue
-// should treat it. Errors that do not are transient, with reason
-// ReasonUnclassified.
-type Classified interface {
-	error
-	// Reason is a short token for the DEAD_LETTER subject and the metrics:
-	// "not_found", "timeout", ...
-	Reason() string
-	// Permanent reports that trying again cannot help: the job is
-	// dead-lettered at once.
-	Permanent() bool
-	// RetryAfter is the least delay before the next try that the failure
-	// itself asks for (an HTTP Retry-After), zero if none.
-	RetryAfter() time.Duration
-}
+	"github.com/snipdev/snip/pkg/failure"
+)
 
 // Reasons the queue itself gives.
 const (
-	// ReasonUnclassified: a handler error that does not implement Classified.
-	ReasonUnclassified = "error"
+	// ReasonUnclassified: a handler error that carries no reason (not a
+	// failure.Classified).
+	ReasonUnclassified = failure.ReasonUnclassified
 	// ReasonMaxDeliveries: the delivery limit was reached without a worker's
 	// decision (a worker crashed or hung on the last try); found by the
 	// MAX_DELIVERIES advisory or the sweep.
@@ -127,7 +113,10 @@ type decision struct {
 }
 
 // decide turns a handler's result into what happens to the delivery. This
-// function is the one place that does: handlers return errors, the runtime decides.
+// function is the one place that does: handlers return errors in the terms
+// of package failure (nil, retryable, permanent), the runtime decides. The
+// queue adds one rule of its own: a retryable failure on the last allowed
+// delivery is parked with its reason.
 func decide(err error, aborted bool, delivered uint64, p consumerPolicy, b Backoff, rnd float64) decision {
 	if err == nil {
 		return decision{action: ack}
@@ -135,13 +124,9 @@ func decide(err error, aborted bool, delivered uint64, p consumerPolicy, b Backo
 	if aborted {
 		return decision{action: requeue, reason: "shutdown"}
 	}
-	reason, permanent, retryAfter := ReasonUnclassified, false, time.Duration(0)
-	var c Classified
-	if errors.As(err, &c) {
-		reason, permanent, retryAfter = c.Reason(), c.Permanent(), c.RetryAfter()
+	f := failure.Classify(err)
+	if f.Kind == failure.Park || p.lastTry(delivered) {
+		return decision{action: dead, reason: f.Reason}
 	}
-	if permanent || p.lastTry(delivered) {
-		return decision{action: dead, reason: reason}
-	}
-	return decision{action: retry, reason: reason, delay: b.Delay(delivered, retryAfter, rnd)}
+	return decision{action: retry, reason: f.Reason, delay: b.Delay(delivered, f.RetryAfter, rnd)}
 }

@@ -7,19 +7,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 )
 
-// failure is a Classified error for tests.
-type failure struct {
-	reason     string
-	permanent  bool
-	retryAfter time.Duration
-}
-
-func (f failure) Error() string             { return "failure: " + f.reason }
-func (f failure) Reason() string            { return f.reason }
-func (f failure) Permanent() bool           { return f.permanent }
-func (f failure) RetryAfter() time.Duration { return f.retryAfter }
+var errCause = errors.New("cause")
 
 func TestBackoffDelay(t *testing.T) {
 	t.Parallel()
@@ -105,13 +98,14 @@ func TestDecide(t *testing.T) {
 		{"success_acks", nil, false, 1, p, decision{action: ack}},
 		{"success_after_abort_still_acks", nil, true, 1, p, decision{action: ack}},
 		{"aborted_is_handed_back", errors.New("context canceled"), true, 2, p, decision{action: requeue, reason: "shutdown"}},
-		{"permanent_is_dead_at_once", failure{reason: "not_found", permanent: true}, false, 1, p, decision{action: dead, reason: "not_found"}},
-		{"wrapped_permanent_is_dead", fmt.Errorf("process: %w", failure{reason: "not_html", permanent: true}), false, 1, p, decision{action: dead, reason: "not_html"}},
-		{"transient_is_retried_with_backoff", failure{reason: "timeout"}, false, 2, p, decision{action: retry, reason: "timeout", delay: 2 * time.Second}},
-		{"transient_honours_retry_after", failure{reason: "rate_limited", retryAfter: 20 * time.Second}, false, 1, p, decision{action: retry, reason: "rate_limited", delay: 20 * time.Second}},
-		{"transient_on_last_try_is_dead_with_its_reason", failure{reason: "http_5xx"}, false, 5, p, decision{action: dead, reason: "http_5xx"}},
+		{"permanent_is_dead_at_once", failure.Permanent("not_found", errCause), false, 1, p, decision{action: dead, reason: "not_found"}},
+		{"wrapped_permanent_is_dead", fmt.Errorf("process: %w", failure.Permanent("not_html", errCause)), false, 1, p, decision{action: dead, reason: "not_html"}},
+		{"transient_is_retried_with_backoff", failure.Retryable("timeout", errCause), false, 2, p, decision{action: retry, reason: "timeout", delay: 2 * time.Second}},
+		{"transient_honours_retry_after", failure.RetryableAfter("rate_limited", 20*time.Second, errCause), false, 1, p, decision{action: retry, reason: "rate_limited", delay: 20 * time.Second}},
+		{"transient_on_last_try_is_dead_with_its_reason", failure.Retryable("http_5xx", errCause), false, 5, p, decision{action: dead, reason: "http_5xx"}},
 		{"unclassified_is_transient", errors.New("boom"), false, 1, p, decision{action: retry, reason: ReasonUnclassified, delay: time.Second}},
-		{"unlimited_deliveries_never_run_out", failure{reason: "timeout"}, false, 50, unlimited, decision{action: retry, reason: "timeout", delay: time.Minute}},
+		{"malformed_payload_is_dead_at_once", fmt.Errorf("decode job: %w", events.ErrMalformed), false, 1, p, decision{action: dead, reason: events.ReasonMalformed}},
+		{"unlimited_deliveries_never_run_out", failure.Retryable("timeout", errCause), false, 50, unlimited, decision{action: retry, reason: "timeout", delay: time.Minute}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,162 @@
+// The worker's ownership of its partition: taking it over (waiting for the
+// previous owner's pin to go, resetting to the ack floor after a crash),
+// telling the reader (OnAssign), and giving it back (unpin, OnRevoke).
+
+package reader
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// acquire waits until no other client is pinned to the partition (its
+// previous owner unpinned it, or went silent for PinnedTTL), forcing an
+// unpin if the previous owner holds on too long. Then, if events were left
+// in flight, it resets the consumer to its ack floor so they come again
+// first: order per link survives the move.
+func (w *worker) acquire() error {
+	m := w.m
+	deadline := time.Now().Add(2*m.cfg.LeaseTTL + m.cfg.DrainTimeout)
+	bo := m.cfg.newBackoff()
+	for {
+		if w.stopping() {
+			return errReleased
+		}
+		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+		c, err := m.stream.Consumer(ctx, w.name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			err = m.ensureConsumer(ctx, m.stream, w.p)
+			cancel()
+			if err == nil {
+				continue
+			}
+		} else {
+			cancel()
+		}
+		if err != nil {
+			if !w.sleep(bo.NextBackOff()) {
+				return errReleased
+			}
+			continue
+		}
+		info := c.CachedInfo()
+		pinned := pinnedClient(info)
+		// The server pins a client when it first delivers to it, so an idle
+		// previous owner is not pinned yet may still have a pull waiting.
+		// Wait for both to go, so it does not take one more batch after we
+		// start (pinning would keep order either way; this keeps the handover
+		// clean).
+		if (pinned != "" || info.NumWaiting > 0) && time.Now().Before(deadline) {
+			if !w.sleep(100 * time.Millisecond) {
+				return errReleased
+			}
+			continue
+		}
+		if pinned != "" {
+			w.log.Warn("previous owner did not let go; unpinning it", "pinned", pinned)
+			if err := w.unpin(); err != nil {
+				w.log.Warn("force unpin", "err", err)
+			}
+		}
+		var reset *jetstream.ConsumerResetResponse
+		if info.NumAckPending > 0 {
+			ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+			var err error
+			reset, err = m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
+			if err == nil {
+				c, err = m.stream.Consumer(ctx, w.name)
+			}
+			cancel()
+			if err != nil {
+				w.log.Warn("reset partition to its ack floor", "err", err)
+				if !w.sleep(bo.NextBackOff()) {
+					return errReleased
+				}
+				continue
+			}
+			w.log.Info("events were left in flight; partition reset to its ack floor",
+				"ack_floor", info.AckFloor.Stream, "in_flight", info.NumAckPending)
+		}
+		if err := w.loadRewound(); err != nil {
+			w.log.Warn("read rewind state", "err", err)
+			if !w.sleep(bo.NextBackOff()) {
+				return errReleased
+			}
+			continue
+		}
+		w.cons = c
+		if reset != nil {
+			w.baselineAfterReset(reset)
+		} else {
+			w.lastCseq, w.cseqKnown = c.CachedInfo().Delivered.Consumer, true
+		}
+		return nil
+	}
+}
+
+func pinnedClient(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == topology.PriorityGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
+}
+
+func (w *worker) unpin() error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 5*time.Second)
+	defer cancel()
+	return w.m.stream.UnpinConsumer(ctx, w.name, topology.PriorityGroup)
+}
+
+func (w *worker) recreate() error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	if err := w.m.ensureConsumer(ctx, w.m.stream, w.p); err != nil {
+		return err
+	}
+	c, err := w.m.stream.Consumer(ctx, w.name)
+	if err != nil {
+		return err
+	}
+	w.cons = c
+	return nil
+}
+
+// assigned calls OnAssign, retrying with backoff while the partition is ours.
+func (w *worker) assigned() error {
+	if w.m.cfg.OnAssign == nil {
+		return nil
+	}
+	bo := w.m.cfg.newBackoff()
+	for {
+		resume := w.cons.CachedInfo().AckFloor.Stream + 1
+		err := w.m.cfg.OnAssign(w.ctx, w.p, resume)
+		if err == nil {
+			return nil
+		}
+		w.log.Warn("on assign", "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return errReleased
+		}
+	}
+}
+
+// giveBack unpins the partition so its next owner starts at once, and tells
+// the reader.
+func (w *worker) giveBack() {
+	if err := w.unpin(); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		w.log.Debug("unpin on release", "err", err)
+	}
+	w.m.met.forgetPartition(w.m.cfg.Group, w.p)
+	if w.m.cfg.OnRevoke != nil {
+		w.m.cfg.OnRevoke(w.p)
+	}
+	w.log.Info("partition released")
+}

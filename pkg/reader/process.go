@@ -1,0 +1,203 @@
+// Processing: decode a batch, park what fails the rule of validity, hand
+// the rest to the handler, turn its answer into ack, retry or park (the
+// failure contract of package failure), and ack.
+
+package reader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
+)
+
+// process decodes a batch, parks what cannot be decoded, hands the rest to
+// the handler (retrying transient failures, parking poison), and acks the
+// batch by acking its last message.
+func (w *worker) process(msgs []jetstream.Msg) error {
+	m := w.m
+	start := time.Now()
+	// Every delivery takes the next consumer sequence. A gap means the
+	// server delivered something this worker never received (a fetch that
+	// gave up while messages were on their way, a slow-consumer drop).
+	// Acking past it would ack the missing events unseen (AckAll), so handle
+	// the contiguous part, then make the caller reset to the ack floor.
+	gap := false
+	mds := make([]*jetstream.MsgMetadata, 0, len(msgs))
+	for i, msg := range msgs {
+		md, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("read message metadata: %w", err)
+		}
+		if w.cseqKnown && md.Sequence.Consumer != w.lastCseq+1 {
+			w.log.Warn("gap in deliveries: handling up to it, then resetting to the ack floor",
+				"expected_consumer_seq", w.lastCseq+1, "got", md.Sequence.Consumer, "stream_seq", md.Sequence.Stream)
+			m.met.gaps.WithLabelValues(m.cfg.Group).Inc()
+			msgs, gap = msgs[:i], true
+			break
+		}
+		w.lastCseq, w.cseqKnown = md.Sequence.Consumer, true
+		mds = append(mds, md)
+	}
+	if len(msgs) == 0 {
+		return errGap
+	}
+	evs := make([]Event, 0, len(msgs))
+	for i, msg := range msgs {
+		md := mds[i]
+		if md.NumDelivered > 1 {
+			m.met.redelivered.WithLabelValues(m.cfg.Group).Inc()
+		}
+		// The one rule of validity, the same in every reader and at the
+		// relay: an invalid event is parked here, so no handler counts,
+		// loads or judges it.
+		click, err := events.ReadClick(msg.Data(), msg.Subject(), m.partitions, md.Timestamp)
+		if err != nil {
+			if err := w.park(msg, md, events.Reason(err), err); err != nil {
+				return err
+			}
+			continue
+		}
+		evs = append(evs, Event{Click: click, Partition: w.p, Seq: md.Sequence.Stream, Stored: md.Timestamp, Deliveries: md.NumDelivered})
+	}
+	m.met.batchSize.WithLabelValues(m.cfg.Group).Observe(float64(len(evs)))
+	if err := w.handle(evs, msgs); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 10*time.Second)
+	defer cancel()
+	if err := msgs[len(msgs)-1].DoubleAck(ctx); err != nil {
+		// A lost ack is healed by the next batch's (AckAll), or the batch
+		// comes again: the handler is idempotent.
+		w.log.Warn("ack batch", "err", err)
+	}
+	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
+	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
+	if gap {
+		return errGap
+	}
+	return nil
+}
+
+// errGap asks the worker loop to reset the partition to its ack floor.
+var errGap = errors.New("gap in deliveries")
+
+// resetToAckFloor makes the server deliver again everything after the ack
+// floor, in order, forgetting what it had delivered.
+func (w *worker) resetToAckFloor() error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := w.m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
+	if err != nil {
+		return fmt.Errorf("reset %s to its ack floor: %w", w.name, err)
+	}
+	w.baselineAfterReset(resp)
+	w.idle = true
+	return nil
+}
+
+// baselineAfterReset takes the consumer sequence a reset left (the server
+// counts deliveries again from there).
+func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
+	if resp == nil || resp.ConsumerInfo == nil {
+		w.cseqKnown = false
+		return
+	}
+	w.lastCseq, w.cseqKnown = resp.ConsumerInfo.Delivered.Consumer, true
+}
+
+// handle calls the handler until the batch is done, parking poison events
+// and backing off on transient errors. While it waits it tells JetStream the
+// batch is in progress, so the events are not redelivered meanwhile. It gives
+// up (returning errReleased) if the partition is taken away.
+func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
+	m := w.m
+	bo := m.cfg.newBackoff()
+	failures := 0
+	for len(batch) > 0 {
+		err := w.call(batch)
+		if err == nil {
+			return nil
+		}
+		var pe *PoisonError
+		if errors.As(err, &pe) && pe.Index >= 0 && pe.Index < len(batch) {
+			m.met.errors.WithLabelValues(m.cfg.Group, "poison").Inc()
+			ev := batch[pe.Index]
+			msg := msgBySeq(msgs, ev.Seq)
+			md, _ := msg.Metadata()
+			if err := w.park(msg, md, pe.Reason, pe.Err); err != nil {
+				return err
+			}
+			batch = batch[pe.Index+1:]
+			continue
+		}
+		verdict := failure.Classify(err)
+		if verdict.Kind == failure.Park && len(batch) == 1 {
+			m.met.errors.WithLabelValues(m.cfg.Group, "poison").Inc()
+			msg := msgBySeq(msgs, batch[0].Seq)
+			md, _ := msg.Metadata()
+			if err := w.park(msg, md, verdict.Reason, err); err != nil {
+				return err
+			}
+			return nil
+		}
+		if verdict.Kind == failure.Park {
+			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
+		}
+		if w.ctx.Err() != nil {
+			return w.ctx.Err()
+		}
+		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
+		failures++
+		d := max(bo.NextBackOff(), verdict.RetryAfter)
+		if failures == 1 || failures%10 == 0 {
+			w.log.Warn("handler failed; retrying the batch", "err", err, "failures", failures, "in", d, "first_seq", batch[0].Seq)
+		}
+		if !w.waitInProgress(d, msgs) {
+			return errReleased
+		}
+	}
+	return nil
+}
+
+// call runs the handler, turning a panic into a transient error so one bad
+// batch cannot take the process down.
+func (w *worker) call(batch []Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.m.met.errors.WithLabelValues(w.m.cfg.Group, "panic").Inc()
+			w.log.Error("handler panicked", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return w.m.h(w.ctx, w.p, batch)
+}
+
+// waitInProgress sleeps d, then tells JetStream the batch is still in
+// progress (resetting its events' ack timers, so they are not redelivered
+// while the handler retries) and refreshes the lag gauges.
+func (w *worker) waitInProgress(d time.Duration, msgs []jetstream.Msg) bool {
+	if !w.sleep(d) {
+		return false
+	}
+	for _, msg := range msgs {
+		_ = msg.InProgress()
+	}
+	w.updateLag()
+	return true
+}
+
+func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {
+	for _, msg := range msgs {
+		if md, err := msg.Metadata(); err == nil && md.Sequence.Stream == seq {
+			return msg
+		}
+	}
+	return msgs[0]
+}

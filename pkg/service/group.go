@@ -1,0 +1,237 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/natsconn"
+	"github.com/snipdev/snip/pkg/redisconn"
+	"github.com/snipdev/snip/pkg/webserver"
+)
+
+// Stage is when a running component is told to stop.
+type Stage int
+
+const (
+	// Intake is what takes work in: HTTP servers that take requests,
+	// consumers. Told to stop first, as soon as the service stops.
+	Intake Stage = iota
+	// Work is what finishes work the intake took, and what serves the
+	// stop itself: background loops, senders, an operational HTTP server
+	// that should show the drain. Told to stop once every intake
+	// component has returned.
+	Work
+)
+
+func (s Stage) String() string {
+	if s == Intake {
+		return "intake"
+	}
+	return "work"
+}
+
+// Group is a service's named components and the clients they use, stopped
+// in stages. Run makes one and hands it to the service's setup.
+type Group struct {
+	log  *slog.Logger
+	base Base
+
+	components [2][]component
+	steps      [2][]step
+	conns      []*nats.Conn
+	closers    []step
+}
+
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+type step struct {
+	name string
+	f    func() error
+}
+
+// Go adds a component that Run starts once setup has returned, and stops
+// (by ending its context) in its stage. It should return nil once its
+// context has ended and it has finished what it holds, each wait bounded
+// (by ShutdownTimeout, where it takes one). An error stops the service: the
+// first failure tells every component to stop, in the stages.
+func (g *Group) Go(stage Stage, name string, run func(ctx context.Context) error) {
+	g.components[stage] = append(g.components[stage], component{name, run})
+}
+
+// OnStop adds a step that runs, in the order added, when the stage begins,
+// before the stage's components are told to stop: at Intake, as the stop
+// begins (end what would hold the HTTP server's shutdown, such as event
+// streams); at Work, once the intake has stopped (write out what the intake
+// left in buffers, wait a bounded while for a relay to empty an outbox).
+func (g *Group) OnStop(stage Stage, name string, f func()) {
+	g.steps[stage] = append(g.steps[stage], step{name, func() error { f(); return nil }})
+}
+
+// Close adds a client to close in the last stage, after NATS: the stores.
+// They close in the reverse order of adding, as deferred calls would.
+func (g *Group) Close(name string, f func() error) {
+	g.closers = append(g.closers, step{name, f})
+}
+
+// Drain adds a NATS connection to drain in the third stage, within
+// ShutdownTimeout: subscriptions finish what they hold, publishes and acks
+// go out. A connection that is down is closed at once (nothing would drain).
+func (g *Group) Drain(nc *nats.Conn) { g.conns = append(g.conns, nc) }
+
+// NATS connects as cfg says, in a connection named name (natsconn.Connect:
+// it connects in the background when the server is not up yet), calls
+// cfg.Connected, and drains the connection in the third stage.
+func (g *Group) NATS(cfg NATS, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := natsconn.Connect(cfg.Conn(name), g.log, append(slices.Clone(cfg.Options), opts...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	g.Drain(nc)
+	if cfg.Connected != nil {
+		cfg.Connected(nc)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+// Redis opens a client as cfg says (redisconn.Open: it does not connect)
+// and closes it in the last stage.
+func (g *Group) Redis(cfg Redis) (redis.UniversalClient, error) {
+	rdb, err := redisconn.Open(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	g.Close("redis", rdb.Close)
+	return rdb, nil
+}
+
+// HTTP is the component that serves web at HTTPAddr, calls Ready once it
+// listens, and when told to stop, stops taking connections and lets
+// requests in flight finish within ShutdownTimeout.
+func (g *Group) HTTP(web *webserver.Server) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		return web.Serve(ctx, g.base.HTTPAddr, g.base.Ready, g.base.ShutdownTimeout)
+	}
+}
+
+// NATSReady is a readiness check: the connection is up.
+func NATSReady(nc *nats.Conn) webserver.Check {
+	return func(context.Context) error {
+		if st := nc.Status(); st != nats.CONNECTED {
+			return fmt.Errorf("nats %s", st)
+		}
+		return nil
+	}
+}
+
+// RedisReady is a readiness check: Redis answers PING.
+func RedisReady(rdb redis.UniversalClient) webserver.Check {
+	return func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) }
+}
+
+// Run is a service's life. It logs cfg (LogValue: secrets masked), calls
+// setup to open clients and add components, starts the components, and
+// runs them until ctx ends or one of them fails. Then it stops in four
+// stages, each bounded:
+//
+//  1. stop intake: the OnStop(Intake) steps, then the Intake components are
+//     told to stop (the HTTP server finishes requests in flight, consumers
+//     finish and ack the batch in hand), and Run waits for them;
+//  2. finish in-flight work: the OnStop(Work) steps, then the Work
+//     components are told to stop, and Run waits for them;
+//  3. drain NATS: every connection, each within ShutdownTimeout;
+//  4. close stores: what Close added, last added first.
+//
+// What setup added is stopped in the same stages when setup fails. Run
+// returns setup's error, or every component's error joined, each prefixed
+// with the component's name; nil after a clean stop. An error that wraps
+// the context's own once that context has ended (a Retry or a wait cut
+// short by the stop) is a clean stop, not a failure.
+func Run(ctx context.Context, log *slog.Logger, name string, cfg Config, setup func(ctx context.Context, g *Group) error) error {
+	g := &Group{log: log, base: cfg.base()}
+	log.Info("starting "+name, "config", LogValue(cfg))
+	if err := setup(ctx, g); err != nil {
+		g.stop(nil, nil)
+		if stoppedBy(ctx, err) {
+			return nil
+		}
+		return err
+	}
+
+	intakeCtx, stopIntake := context.WithCancel(ctx)
+	defer stopIntake()
+	// Work outlives ctx: it is told to stop only once the intake has.
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var mu sync.Mutex
+	var errs []error
+	var wgs [2]sync.WaitGroup
+	for stage, ctx := range [2]context.Context{intakeCtx, workCtx} {
+		for _, c := range g.components[stage] {
+			wgs[stage].Go(func() {
+				if err := c.run(ctx); err != nil && !stoppedBy(ctx, err) {
+					mu.Lock()
+					errs = append(errs, fmt.Errorf("%s: %w", c.name, err))
+					mu.Unlock()
+					stopIntake() // the first failure stops the service
+				}
+			})
+		}
+	}
+	<-intakeCtx.Done()
+	log.Info("stopping " + name)
+	g.stop([]func(){stopIntake, stopWork}, wgs[:])
+	log.Info(name + " stopped")
+	return errors.Join(errs...)
+}
+
+// stop runs the four stages: stops[i] tells stage i's components to stop,
+// and wgs[i] waits for them (both nil when setup failed: nothing runs).
+func (g *Group) stop(stops []func(), wgs []sync.WaitGroup) {
+	for stage := range g.steps {
+		for _, s := range g.steps[stage] {
+			g.run(s)
+		}
+		if stops != nil {
+			stops[stage]()
+			wgs[stage].Wait()
+		}
+	}
+	for _, nc := range g.conns {
+		if !nc.IsConnected() { // nothing to drain from a connection that is down
+			nc.Close()
+			continue
+		}
+		natsconn.DrainWithin(nc, g.base.ShutdownTimeout, g.log)
+	}
+	for _, s := range slices.Backward(g.closers) {
+		g.run(s)
+	}
+}
+
+func (g *Group) run(s step) {
+	start := time.Now()
+	if err := s.f(); err != nil {
+		g.log.Warn("stop: "+s.name, "err", err, "took", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// stoppedBy reports whether err is ctx's own error after ctx ended.
+func stoppedBy(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && errors.Is(err, ctx.Err())
+}

@@ -1,0 +1,58 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/snipdev/snip/pkg/webserver"
+)
+
+// Main is a service's main function:
+//
+//   - `<binary> healthcheck` (the distroless image's Docker HEALTHCHECK,
+//     which has no shell or curl) loads the configuration and exits 0 if the
+//     service answers /healthz at HTTP_ADDR, else 1;
+//   - otherwise it loads the configuration from the environment and the
+//     arguments (exit 2 when it is wrong), logs JSON to stderr at LOG_LEVEL,
+//     and calls run with a context that ends on SIGINT or SIGTERM; an error
+//     from run is logged and exits 1.
+//
+// load is the service's loadConfig; run is its run, which tests call with
+// a Config literal.
+func Main[C Config](name string, load func(environ, args []string) (C, error), run func(context.Context, *slog.Logger, C) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := exitCode(ctx, name, os.Args[1:], os.Environ(), os.Stderr, load, run)
+	stop()
+	os.Exit(code)
+}
+
+func exitCode[C Config](ctx context.Context, name string, args, environ []string, stderr io.Writer,
+	load func(environ, args []string) (C, error), run func(context.Context, *slog.Logger, C) error) int {
+	if len(args) > 0 && args[0] == "healthcheck" {
+		cfg, err := load(environ, nil)
+		if err == nil {
+			err = webserver.Probe(cfg.base().HTTPAddr)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s healthcheck: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+	cfg, err := load(environ, args)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.base().LogLevel}))
+	if err := run(ctx, log, cfg); err != nil {
+		log.Error(name+" stopped", "err", err)
+		return 1
+	}
+	return 0
+}

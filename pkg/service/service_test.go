@@ -1,0 +1,228 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/webserver"
+)
+
+type testConfig struct {
+	Base
+	NATS
+	Secret string `env:"TEST_SECRET" secret:"true"`
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// What setup opened is closed when setup fails, and its error returned.
+func TestRunClosesWhatAFailedSetupOpened(t *testing.T) {
+	t.Parallel()
+	var closed, flushed bool
+	errSetup := errors.New("bad configuration")
+	err := Run(t.Context(), discard, "test", testConfig{}, func(ctx context.Context, g *Group) error {
+		g.Close("store", func() error { closed = true; return nil })
+		g.OnStop(Work, "flush", func() { flushed = true })
+		g.Go(Intake, "never started", func(context.Context) error { t.Error("a component started after setup failed"); return nil })
+		return errSetup
+	})
+	if !errors.Is(err, errSetup) || !closed || !flushed {
+		t.Fatalf("Run = %v, store closed %v, flushed %v; want the setup error, both true", err, closed, flushed)
+	}
+}
+
+// A stop during setup (a Retry waiting for a server) is a clean stop.
+func TestRunStoppedDuringSetupIsClean(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	err := Run(ctx, discard, "test", testConfig{}, func(ctx context.Context, g *Group) error {
+		return Retry(ctx, discard, "wait for a server", func(context.Context) error {
+			cancel()
+			return errors.New("connection refused")
+		})
+	})
+	if err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+}
+
+// Retry cut short by its context says so and keeps the last failure.
+func TestRetryEndsWithItsContext(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	var log bytes.Buffer
+	tries := 0
+	err := Backoff{First: 10 * time.Millisecond, Max: 20 * time.Millisecond}.Retry(ctx, slog.New(slog.NewTextHandler(&log, nil)), "wait for redis", func(context.Context) error {
+		tries++
+		return errors.New("connection refused")
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "wait for redis") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Retry = %v, want the deadline, what and the last error", err)
+	}
+	if tries < 3 || !strings.Contains(log.String(), "wait for redis: retrying") {
+		t.Fatalf("%d tries, log %q: want several, each logged", tries, log.String())
+	}
+}
+
+// Each attempt is bounded by Backoff.Attempt.
+func TestRetryBoundsEachAttempt(t *testing.T) {
+	t.Parallel()
+	tries := 0
+	err := Backoff{First: time.Millisecond, Attempt: 20 * time.Millisecond}.Retry(t.Context(), discard, "hang", func(ctx context.Context) error {
+		if tries++; tries == 1 {
+			<-ctx.Done() // a server that does not answer
+			return ctx.Err()
+		}
+		return nil
+	})
+	if err != nil || tries != 2 {
+		t.Fatalf("Retry = %v after %d tries, want nil after 2", err, tries)
+	}
+}
+
+// A component's failure stops the service in stages: Work components run
+// until the intake has returned; the error is the component's, named.
+func TestFirstFailureStopsTheRestInStages(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var order []string
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	errBroken := errors.New("broken")
+	err := Run(t.Context(), discard, "test", testConfig{}, func(ctx context.Context, g *Group) error {
+		g.Go(Work, "sender", func(ctx context.Context) error { <-ctx.Done(); note("sender"); return nil })
+		g.Go(Intake, "consumer", func(ctx context.Context) error {
+			<-ctx.Done()
+			time.Sleep(50 * time.Millisecond) // the batch in hand
+			note("consumer")
+			return ctx.Err() // a stop is not a failure
+		})
+		g.Go(Intake, "reader", func(context.Context) error { return errBroken })
+		g.OnStop(Intake, "end streams", func() { note("streams") })
+		g.Close("redis", func() error { note("redis"); return nil })
+		return nil
+	})
+	if !errors.Is(err, errBroken) || err.Error() != "reader: broken" {
+		t.Fatalf("Run = %v, want reader: broken", err)
+	}
+	if got := strings.Join(order, ","); got != "streams,consumer,sender,redis" {
+		t.Fatalf("stop order %s, want streams,consumer,sender,redis", got)
+	}
+}
+
+// The NATS connection Group.NATS opened is drained in the third stage: a
+// publish made by the last stage before it reaches the server.
+func TestNATSIsDrainedAfterTheWork(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	reader := ns.Connect(t)
+	sub, err := reader.SubscribeSync("stop.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reader.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	err = Run(ctx, discard, "test", testConfig{Base: Base{ShutdownTimeout: 5 * time.Second}, NATS: NATS{URL: ns.URL}}, func(ctx context.Context, g *Group) error {
+		nc, _, err := g.NATS(NATS{URL: ns.URL}, "test")
+		if err != nil {
+			return err
+		}
+		g.Go(Work, "publisher", func(ctx context.Context) error {
+			<-ctx.Done()
+			return nc.Publish("stop.test", []byte("last words"))
+		})
+		g.Close("check", func() error {
+			if !nc.IsClosed() {
+				t.Error("NATS not closed before the stores")
+			}
+			return nil
+		})
+		cancel()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(5 * time.Second); err != nil || string(m.Data) != "last words" {
+		t.Fatalf("last publish: %v, %v", m, err)
+	}
+}
+
+// `healthcheck` probes /healthz at HTTP_ADDR; a wrong configuration exits 2.
+func TestMainHealthcheckAndConfigErrors(t *testing.T) {
+	t.Parallel()
+	web := webserver.New(discard, prometheus.NewRegistry())
+	addr := make(chan string, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- web.Serve(ctx, "127.0.0.1:0", func(a string) { addr <- a }, time.Second) }()
+	a := <-addr
+	t.Cleanup(func() { cancel(); <-done })
+
+	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testConfig{}, nil) }
+	run := func(context.Context, *slog.Logger, testConfig) error { return errors.New("failed") }
+	var stderr bytes.Buffer
+	for _, c := range []struct {
+		args, environ []string
+		want          int
+		says          string
+	}{
+		{[]string{"healthcheck"}, []string{"HTTP_ADDR=" + a}, 0, ""},
+		{[]string{"healthcheck"}, []string{"HTTP_ADDR=127.0.0.1:1"}, 1, "test healthcheck: probe"},
+		{nil, []string{"LOG_LEVEL=loud"}, 2, "test: load config: LOG_LEVEL"},
+		{nil, nil, 1, `"msg":"test stopped","err":"failed"`},
+	} {
+		stderr.Reset()
+		if got := exitCode(t.Context(), "test", c.args, c.environ, &stderr, load, run); got != c.want || !strings.Contains(stderr.String(), c.says) {
+			t.Errorf("%v %v: exit %d, %q; want %d, %q", c.args, c.environ, got, stderr.String(), c.want, c.says)
+		}
+	}
+	resp, err := http.Get("http://" + a + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// The configuration log masks secrets and URL passwords, and names every
+// variable.
+func TestLogValueMasksSecrets(t *testing.T) {
+	t.Parallel()
+	cfg, err := LoadConfig([]string{"TEST_SECRET=hunter2", "NATS_URL=nats://u:s3cret@n:4222", "NATS_PASSWORD=pw"}, testConfig{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	slog.New(slog.NewJSONHandler(&b, nil)).Info("starting", "config", LogValue(cfg))
+	for _, secret := range []string{"hunter2", "s3cret", `"pw"`} {
+		if strings.Contains(b.String(), secret) {
+			t.Errorf("logged %s: %s", secret, b.String())
+		}
+	}
+	for _, name := range []string{"nats_url", "nats_password", "test_secret", "log_level", "shutdown_timeout"} {
+		if !strings.Contains(b.String(), `"`+name+`"`) {
+			t.Errorf("%s not logged: %s", name, b.String())
+		}
+	}
+}
+
+// A bootstrap spec that is not id:key is refused at once, not retried.
+func TestBootstrapRefusesAMalformedSpec(t *testing.T) {
+	t.Parallel()
+	err := Owners{BootstrapOwners: "acme:key1, acme"}.Bootstrap(t.Context(), discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "SNIP_BOOTSTRAP_OWNERS") {
+		t.Fatalf("Bootstrap = %v, want an error naming SNIP_BOOTSTRAP_OWNERS", err)
+	}
+}
