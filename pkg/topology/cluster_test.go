@@ -1,7 +1,9 @@
 package topology_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -26,33 +28,36 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 			t.Fatalf("apply %d: %v", i+1, err)
 		}
 	}
-	threeNodes := func(what string, cl *jetstream.ClusterInfo) {
-		t.Helper()
+	// A new asset's Raft group reports its leader and replicas a moment
+	// after it is created, so each is polled.
+	threeNodes := func(cl *jetstream.ClusterInfo) error {
 		if cl == nil || cl.Leader == "" || len(cl.Replicas) != 2 {
-			t.Errorf("%s: cluster info %+v, want a leader and 2 replicas", what, cl)
-			return
+			return fmt.Errorf("cluster info %+v, want a leader and 2 replicas", cl)
 		}
 		nodes := map[string]bool{cl.Leader: true}
 		for _, r := range cl.Replicas {
 			nodes[r.Name] = true
 		}
 		if len(nodes) != 3 {
-			t.Errorf("%s: on nodes %v, want all 3", what, nodes)
+			return fmt.Errorf("on nodes %v, want all 3", nodes)
 		}
+		return nil
 	}
 	names := []string{"KV_" + topology.MembersBucket}
 	for _, cfg := range topology.Streams(o) {
 		names = append(names, cfg.Name)
 	}
 	for _, name := range names {
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			t.Fatalf("stream %s: %v", name, err)
-		}
-		if r := s.CachedInfo().Config.Replicas; r != 3 {
-			t.Errorf("stream %s: %d replicas, want 3", name, r)
-		}
-		threeNodes("stream "+name, s.CachedInfo().Cluster)
+		testenv.WaitFor(t, 20*time.Second, "stream "+name+" on all three nodes", func() bool {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				return false
+			}
+			if r := s.CachedInfo().Config.Replicas; r != 3 {
+				t.Fatalf("stream %s: %d replicas, want 3", name, r)
+			}
+			return threeNodes(s.CachedInfo().Cluster) == nil
+		})
 	}
 	consumers := map[string]string{
 		topology.PreviewConsumer:              events.PreviewJobsStream,
@@ -61,10 +66,9 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 		topology.WebhooksAlertsConsumer:       events.FraudStream,
 	}
 	for name, stream := range consumers {
-		cons, err := js.Consumer(ctx, stream, name)
-		if err != nil {
-			t.Fatalf("consumer %s on %s: %v", name, stream, err)
-		}
-		threeNodes("consumer "+name, cons.CachedInfo().Cluster)
+		testenv.WaitFor(t, 20*time.Second, "consumer "+name+" on all three nodes", func() bool {
+			cons, err := js.Consumer(ctx, stream, name)
+			return err == nil && threeNodes(cons.CachedInfo().Cluster) == nil
+		})
 	}
 }
