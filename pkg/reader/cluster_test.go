@@ -75,13 +75,15 @@ func TestGroupOnAThreeNodeCluster(t *testing.T) {
 		t.Fatalf("%d duplicate handlings on a stable cluster, want 0", dups)
 	}
 	for p := range 6 {
-		cons, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", p))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cl := cons.CachedInfo().Cluster; cl == nil || len(cl.Replicas) != 2 {
-			t.Errorf("consumer of partition %d: cluster %+v, want 3 replicas", p, cl)
-		}
+		name := topology.GroupConsumerName("g", p)
+		testenv.WaitFor(t, 20*time.Second, "consumer "+name+" with a leader and 2 replicas", func() bool {
+			cons, err := js.Consumer(t.Context(), events.ClicksStream, name)
+			if err != nil {
+				return false
+			}
+			cl := cons.CachedInfo().Cluster
+			return cl != nil && cl.Leader != "" && len(cl.Replicas) == 2
+		})
 	}
 }
 

@@ -32,13 +32,14 @@ func TestNATSClusterReplicatesAndSurvivesLeaderKill(t *testing.T) {
 	if _, err := js.Publish(ctx, "t.1", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, "T")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cl := s.CachedInfo().Cluster; cl == nil || len(cl.Replicas) != 2 {
-		t.Fatalf("stream cluster info %+v, want a leader and 2 replicas", cl)
-	}
+	testenv.WaitFor(t, 20*time.Second, "stream T with a leader and 2 replicas", func() bool {
+		s, err := js.Stream(ctx, "T")
+		if err != nil {
+			return false
+		}
+		cl := s.CachedInfo().Cluster
+		return cl != nil && cl.Leader != "" && len(cl.Replicas) == 2
+	})
 	leader, err := c.StreamLeader(ctx, js, "T")
 	if err != nil {
 		t.Fatal(err)
