@@ -104,16 +104,26 @@ func (s *Store) create(ctx context.Context, id, name, key string) error {
 	if !ok {
 		return fmt.Errorf("create owner %q: %w", id, ErrExists)
 	}
-	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339))
-		p.Set(ctx, apiKeyKey(key), id, 0)
-		p.SAdd(ctx, ownerKeysKey(id), keyHash(key))
-		return nil
-	})
-	if err != nil {
+	if err := s.rdb.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339)).Err(); err != nil {
+		return fmt.Errorf("create owner %q: %w", id, err)
+	}
+	if err := s.storeKey(ctx, id, key); err != nil {
 		return fmt.Errorf("create owner %q: store key: %w", id, err)
 	}
 	return nil
+}
+
+// storeKey records key as one of owner id's keys: first as a member of the
+// owner's set (what Revoke reads), then as the lookup entry. The two live in
+// different Redis Cluster slots, so they cannot share a MULTI; written in
+// this order, a failure between them leaves a set member without an entry
+// (nothing authenticates with it, and Revoke removes it), never a working key
+// that Revoke cannot find. Repeating the call completes it.
+func (s *Store) storeKey(ctx context.Context, id, key string) error {
+	if err := s.rdb.SAdd(ctx, ownerKeysKey(id), keyHash(key)).Err(); err != nil {
+		return err
+	}
+	return s.rdb.Set(ctx, apiKeyKey(key), id, 0).Err()
 }
 
 // Ensure creates the owner with the given API key if it does not exist, and
@@ -127,12 +137,7 @@ func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	if err == nil || !errors.Is(err, ErrExists) {
 		return err
 	}
-	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, apiKeyKey(key), id, 0)
-		p.SAdd(ctx, ownerKeysKey(id), keyHash(key))
-		return nil
-	})
-	if err != nil {
+	if err := s.storeKey(ctx, id, key); err != nil {
 		return fmt.Errorf("ensure owner %q: %w", id, err)
 	}
 	return nil

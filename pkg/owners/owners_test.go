@@ -12,11 +12,19 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t, TestCreateAndAuthenticate, TestAuthenticateRejects,
+		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit)
+}
 
 func TestCreateAndAuthenticate(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	ctx := t.Context()
 	key, err := s.Create(ctx, "acme", "Acme Inc")
@@ -28,7 +36,7 @@ func TestCreateAndAuthenticate(t *testing.T) {
 		t.Fatalf("Authenticate = %+v, %v; want acme", o, err)
 	}
 	// The key is stored hashed: no Redis value or key contains it.
-	keys, _ := rdb.Keys(ctx, "*").Result()
+	keys := testenv.Keys(t, rdb, "*")
 	for _, k := range keys {
 		v, _ := rdb.Dump(ctx, k).Result()
 		if strings.Contains(k, key) || strings.Contains(v, key) {
@@ -41,8 +49,8 @@ func TestCreateAndAuthenticate(t *testing.T) {
 }
 
 func TestAuthenticateRejects(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	for _, key := range []string{"", "Bearer x", "snip_unknownunknownunknown", "nope"} {
 		if _, err := s.Authenticate(t.Context(), key); !errors.Is(err, owners.ErrUnauthorized) {
@@ -55,8 +63,8 @@ func TestAuthenticateRejects(t *testing.T) {
 }
 
 func TestEnsureFromSpecIsIdempotent(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	spec := "demo:snip_demo_key_0123456789abcdef, other:snip_other_key_0123456789abcdef"
 	for range 2 {

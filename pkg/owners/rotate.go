@@ -23,12 +23,7 @@ func (s *Store) Rotate(ctx context.Context, id string) (string, error) {
 	key := NewAPIKey()
 	// The new key first: if the revocation below fails, the owner has both
 	// and the call can be repeated; never neither.
-	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, apiKeyKey(key), id, 0)
-		p.SAdd(ctx, ownerKeysKey(id), keyHash(key))
-		return nil
-	})
-	if err != nil {
+	if err := s.storeKey(ctx, id, key); err != nil {
 		return "", fmt.Errorf("rotate key of %q: store the new key: %w", id, err)
 	}
 	if err := s.revoke(ctx, id, old); err != nil {

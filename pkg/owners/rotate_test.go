@@ -8,14 +8,15 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
 )
 
 // Rotating gives a working key and the old one fails at once; revoking makes
 // every key of the owner fail, including a key stored before owners kept a
 // set of their keys; other owners are untouched.
 func TestRotateAndRevoke(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := owners.NewStore(rdb)
 	ctx := t.Context()
 	first, err := s.Create(ctx, "acme", "Acme")
@@ -81,8 +82,8 @@ func TestRotateAndRevoke(t *testing.T) {
 // The limit allows Max calls per window per owner, says how long until the
 // next window, and counts each owner apart.
 func TestLimit(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	l := owners.NewLimit(rdb, "links.create", 3, time.Minute)
 	ctx := t.Context()
 	now := time.Date(2026, 3, 1, 12, 0, 10, 0, time.UTC)

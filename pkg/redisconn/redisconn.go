@@ -20,15 +20,25 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// ClusterStateReloadInterval is how often a cluster client re-reads the slot
+// map (lazily, on its next command). go-redis does not re-read it when a
+// master refuses connections, only after this interval (60 s by default), so
+// after a failover it would keep dialing the dead master that long; one
+// CLUSTER SLOTS a second per client bounds that to about a second.
+const ClusterStateReloadInterval = time.Second
+
 // Open parses url and returns a client. It does not connect; call Ping to
 // check the server.
 func Open(url string) (redis.UniversalClient, error) {
 	if rest, ok := strings.CutPrefix(url, "redis+cluster://"); ok {
-		opts, err := redis.ParseClusterURL("redis://" + rest)
+		opts, err := redis.ParseClusterURL(clusterURL(rest))
 		if err != nil {
 			return nil, fmt.Errorf("parse redis cluster url: %w", err)
 		}
 		tune(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
+		if opts.ClusterStateReloadInterval == 0 {
+			opts.ClusterStateReloadInterval = ClusterStateReloadInterval
+		}
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(url)
@@ -37,6 +47,33 @@ func Open(url string) (redis.UniversalClient, error) {
 	}
 	tune(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
 	return redis.NewClient(opts), nil
+}
+
+// clusterURL turns "[user:password@]h1:p1,h2:p2[/...][?query]" into the form
+// go-redis parses: the first host in the URL, the others as addr parameters.
+func clusterURL(rest string) string {
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	userinfo := ""
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo, authority = authority[:i+1], authority[i+1:]
+	}
+	hosts := strings.Split(authority, ",")
+	var extra strings.Builder
+	for _, h := range hosts[1:] {
+		if h = strings.TrimSpace(h); h != "" {
+			extra.WriteString("addr=" + h + "&")
+		}
+	}
+	path, query, _ := strings.Cut(tail, "?")
+	q := strings.TrimSuffix(extra.String()+query, "&")
+	u := "redis://" + userinfo + strings.TrimSpace(hosts[0]) + path
+	if q != "" {
+		u += "?" + q
+	}
+	return u
 }
 
 // tune sets timeouts that fail fast on a dead server instead of hanging

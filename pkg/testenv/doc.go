@@ -12,6 +12,13 @@
 // it (RedisServer.NewDB, ClickHouseServer.NewDB). Tests that kill or restart a
 // server start their own (StartRedis, StartClickHouse).
 //
+// Clusters: StartNATSCluster starts three nats-server processes with routes
+// and JetStream (built once from the module with `go build`), and
+// StartRedisCluster six redis-servers forming a Redis Cluster of three
+// masters with a replica each, both on free loopback ports, so tests can
+// SIGKILL or SIGSTOP one node. WithRedisCluster and RunOnRedisCluster run a
+// package's store tests again on a shared Redis Cluster.
+//
 // Child processes get SIGKILL when the test binary dies (Pdeathsig), so a
 // crashed test run leaves no servers behind.
 package testenv

@@ -8,20 +8,26 @@ import (
 
 // Servers are the shared servers a package's TestMain asked for.
 type Servers struct {
-	Redis      *RedisServer
-	ClickHouse *ClickHouseServer
+	Redis        *RedisServer
+	ClickHouse   *ClickHouseServer
+	RedisCluster *RedisCluster
 }
 
 // Option selects a server for Main.
 type Option func(*mainConfig)
 
-type mainConfig struct{ redis, clickhouse bool }
+type mainConfig struct{ redis, clickhouse, redisCluster bool }
 
 // WithRedis asks Main for a shared redis-server.
 func WithRedis() Option { return func(c *mainConfig) { c.redis = true } }
 
 // WithClickHouse asks Main for a shared clickhouse-server.
 func WithClickHouse() Option { return func(c *mainConfig) { c.clickhouse = true } }
+
+// WithRedisCluster asks Main for a shared Redis Cluster (three masters, three
+// replicas). Tests on it take a client with RedisCluster.Client, which
+// flushes it, so they must not call t.Parallel.
+func WithRedisCluster() Option { return func(c *mainConfig) { c.redisCluster = true } }
 
 // Main starts the servers a package's tests share, runs the tests, stops the
 // servers and returns the exit code. A server that cannot start fails the
@@ -65,6 +71,13 @@ func Main(m *testing.M, into **Servers, opts ...Option) int {
 			return 1
 		}
 		defer s.ClickHouse.Close()
+	}
+	if cfg.redisCluster {
+		if s.RedisCluster, err = NewRedisCluster(dir + "/redis-cluster"); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL: testenv: %v\n", err)
+			return 1
+		}
+		defer s.RedisCluster.Close()
 	}
 	*into = s
 	return m.Run()

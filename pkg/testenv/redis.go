@@ -29,7 +29,11 @@ type RedisServer struct {
 
 // NewRedisServer starts redis-server with its data in dir. Prefer StartRedis
 // in a test and Main in TestMain; this is for both of them and for tools.
-func NewRedisServer(dir string) (*RedisServer, error) {
+func NewRedisServer(dir string) (*RedisServer, error) { return newRedisServer(dir, nil) }
+
+// newRedisServer starts redis-server with extra arguments; extra may use
+// the placeholder portArg, replaced by a free port of its own.
+func newRedisServer(dir string, extra []string) (*RedisServer, error) {
 	bin, err := FindBinary("redis-server", "redis-server")
 	if err != nil {
 		return nil, err
@@ -52,6 +56,16 @@ func NewRedisServer(dir string) (*RedisServer, error) {
 					"--maxclients", "4000",
 				),
 			},
+		}
+		for _, a := range extra {
+			if a == portArg {
+				p, err := FreePort()
+				if err != nil {
+					return nil, err
+				}
+				a = strconv.Itoa(p)
+			}
+			r.proc.args = append(r.proc.args, a)
 		}
 		if lastErr = r.Start(); lastErr == nil {
 			return r, nil

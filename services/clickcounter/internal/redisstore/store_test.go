@@ -15,12 +15,22 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestDropGenerationDeletesOnlyItsKeys,
+		TestPipelinedScriptsSurviveAScriptFlush,
+	)
+}
 
 // BenchmarkApply measures one batch write of 500 clicks of the benchmix
 // mix: the Redis side of counting, without NATS.
 func BenchmarkApply(b *testing.B) {
-	rdb, _ := servers.Redis.NewDB(b)
+	rdb := servers.RedisClient(b)
 	s := redisstore.New(rdb)
 	mix := benchmix.New()
 	now := time.Now().UTC()
@@ -62,7 +72,7 @@ func BenchmarkCorrect(b *testing.B) {
 }
 
 func benchCorrect(b *testing.B, flood bool) {
-	rdb, _ := servers.Redis.NewDB(b)
+	rdb := servers.RedisClient(b)
 	s := redisstore.New(rdb)
 	mix := benchmix.New()
 	now := time.Now().UTC()
@@ -109,8 +119,8 @@ func benchCorrect(b *testing.B, flood bool) {
 // Dropping a generation deletes its keys and nothing else, on the
 // partition's keys only.
 func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb)
 	ctx := t.Context()
 	for _, k := range []string{"cc:{p1}:g1:pos", "cc:{p1}:g1:l:a:b", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p10}:g1:pos", "cc:{p1}:meta"} {
@@ -128,10 +138,7 @@ func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
 	if err := s.DropGeneration(ctx, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	left, err := rdb.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	left := testenv.Keys(t, rdb, "*")
 	slices.Sort(left)
 	want := []string{"cc:{p10}:g1:pos", "cc:{p1}:g12:pos", "cc:{p1}:g2:pos", "cc:{p1}:meta"}
 	if !slices.Equal(left, want) {
@@ -143,8 +150,8 @@ func TestDropGenerationDeletesOnlyItsKeys(t *testing.T) {
 // not have the scripts (a new one, or after SCRIPT FLUSH) they are run
 // again with the source, and nothing is applied twice.
 func TestPipelinedScriptsSurviveAScriptFlush(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb)
 	ctx := t.Context()
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {

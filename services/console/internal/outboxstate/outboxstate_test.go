@@ -17,7 +17,16 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestSnapshotReadsTheDocumentedLayout,
+	)
+}
 
 func level(d time.Duration) string {
 	if d >= time.Minute {
@@ -30,8 +39,8 @@ func level(d time.Duration) string {
 // "Redis keys"): two shards, clicks waiting in both (the oldest 90 s old),
 // one link event, a parked entry, one shard leased, one live relay.
 func TestSnapshotReadsTheDocumentedLayout(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	ctx := t.Context()
 	r := outboxstate.New(rdb, level)
 	if _, err := r.Snapshot(ctx); !errors.Is(err, outboxstate.ErrNoOutbox) {

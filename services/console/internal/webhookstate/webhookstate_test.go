@@ -14,13 +14,22 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestSnapshotReadsTheDocumentedLayout,
+	)
+}
 
 // TestSnapshotReadsTheDocumentedLayout writes what the webhooks service
 // writes (its redisstore package documents the keys) and reads it back.
 func TestSnapshotReadsTheDocumentedLayout(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	ctx := t.Context()
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	put := func(id, cfg string, fields ...any) {

@@ -37,6 +37,20 @@ func New(js jetstream.JetStream, partitions int) *Log {
 	return &Log{js: js, partitions: partitions, fetch: 1000}
 }
 
+// maxNoResponders is how many pulls in a row Scan retries when no server
+// answers them.
+const maxNoResponders = 20
+
+// consumerInfo is cons.Info, retried while no server answers (see Scan).
+func consumerInfo(ctx context.Context, cons jetstream.Consumer) (*jetstream.ConsumerInfo, error) {
+	for i := 0; ; i++ {
+		info, err := cons.Info(ctx)
+		if !errors.Is(err, nats.ErrNoResponders) || i == maxNoResponders {
+			return info, err
+		}
+	}
+}
+
 func (l *Log) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
 	s, err := l.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
@@ -106,17 +120,25 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 	if err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
 	}
-	if info, err := cons.Info(ctx); err != nil {
+	if info, err := consumerInfo(ctx, cons); err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
 	} else if info.NumPending == 0 {
 		return 0, nil // nothing stored at or after from
 	}
-	n := 0
+	n, noResponders := 0, 0
 	for {
 		batch, err := cons.Fetch(l.fetch, jetstream.FetchMaxWait(5*time.Second))
+		if errors.Is(err, nats.ErrNoResponders) && noResponders < maxNoResponders {
+			// On a cluster a pull can reach no one while the ordered
+			// consumer is being (re)created on another node; the same
+			// consumer's next pull goes on where it stopped.
+			noResponders++
+			continue
+		}
 		if err != nil {
 			return n, fmt.Errorf("scan partition %d: %w", partition, err)
 		}
+		noResponders = 0
 		got := 0
 		for m := range batch.Messages() {
 			got++
@@ -136,7 +158,10 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 				return n, nil
 			}
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		if err := batch.Error(); errors.Is(err, nats.ErrNoResponders) && noResponders < maxNoResponders {
+			noResponders++
+			continue
+		} else if err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return n, fmt.Errorf("scan partition %d: %w", partition, err)
 		}
 		if err := ctx.Err(); err != nil {
@@ -145,7 +170,7 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 		if got == 0 {
 			// Nothing came: slow, or nothing left from where the consumer
 			// is (a start after the last event, or retention took them).
-			info, err := cons.Info(ctx)
+			info, err := consumerInfo(ctx, cons)
 			if err != nil {
 				return n, fmt.Errorf("scan partition %d: %w", partition, err)
 			}

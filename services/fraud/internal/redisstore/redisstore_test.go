@@ -17,13 +17,25 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestApplyIsIdempotentByHighWaterMark,
+		TestUnknownLink,
+		TestAlertsAreKeptOncePerIDNewestFirstAndCapped,
+		TestAlertCapDropsTheOldest,
+	)
+}
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 func newStore(t *testing.T, alertsCap int) *redisstore.Store {
 	t.Helper()
-	rdb, _ := servers.Redis.NewDB(t)
+	rdb := servers.RedisClient(t)
 	return redisstore.New(rdb, 4, alertsCap)
 }
 
@@ -47,7 +59,7 @@ func alert(id, owner string, at time.Time) events.FraudAlert {
 }
 
 func TestApplyIsIdempotentByHighWaterMark(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s := newStore(t, 100)
 	ctx := t.Context()
 	p := events.Partition("abc", 4)
@@ -82,7 +94,7 @@ func TestApplyIsIdempotentByHighWaterMark(t *testing.T) {
 }
 
 func TestUnknownLink(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s := newStore(t, 100)
 	if _, err := s.LinkStats(t.Context(), "nope"); !errors.Is(err, fraud.ErrUnknownLink) {
 		t.Fatalf("err = %v, want ErrUnknownLink", err)
@@ -90,7 +102,7 @@ func TestUnknownLink(t *testing.T) {
 }
 
 func TestAlertsAreKeptOncePerIDNewestFirstAndCapped(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s := newStore(t, 3)
 	ctx := t.Context()
 	seq := uint64(0)
@@ -135,7 +147,7 @@ func TestAlertsAreKeptOncePerIDNewestFirstAndCapped(t *testing.T) {
 }
 
 func TestAlertCapDropsTheOldest(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s := newStore(t, 3)
 	ctx := t.Context()
 	p := events.Partition("abc", 4)

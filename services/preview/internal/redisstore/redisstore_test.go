@@ -16,7 +16,16 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestStore,
+	)
+}
 
 var at = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
@@ -33,7 +42,7 @@ type step struct {
 }
 
 func TestStore(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	older, newer := events.NewID(), events.NewID()
 	okHash := func(job, title string) map[string]string {
 		return map[string]string{"job_id": job, "status": "ok", "title": title, "description": "", "image": "https://example.com/i.png",
@@ -58,8 +67,8 @@ func TestStore(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			rdb, _ := servers.Redis.NewDB(t)
+			testenv.Parallel(t)
+			rdb := servers.RedisClient(t)
 			s := redisstore.New(rdb)
 			for i, st := range tc.steps {
 				var got bool

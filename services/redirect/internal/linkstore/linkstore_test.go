@@ -17,16 +17,31 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
 
-func newStore(tb testing.TB) (*Store, *redis.Client) {
+// TestOnRedisCluster runs the store's tests on a Redis Cluster: a link and
+// its shard's outbox lanes share a slot, so WATCH and MULTI work there.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestCreateWritesLinkEventAndJobTogether,
+		TestGuarantee_AbortedExecLeavesNeitherLinkNorEvent,
+		TestConcurrentCreatesOfOneCodeHaveOneWinner,
+		TestGeneratedCodeCollisionIsRetriedNeverOverwritten,
+		TestDeleteLeavesATombstone,
+		TestCreateRefusesWhenOutboxFull,
+	)
+}
+
+func newStore(tb testing.TB) (*Store, redis.UniversalClient) {
 	tb.Helper()
-	rdb, _ := servers.Redis.NewDB(tb)
+	rdb := servers.RedisClient(tb)
 	return New(rdb, outbox.NewLayout(4), 1000), rdb
 }
 
 // outboxEntries returns every entry of one lane over all shards.
-func outboxEntries(tb testing.TB, s *Store, rdb *redis.Client, lane outbox.Lane) []redis.XMessage {
+func outboxEntries(tb testing.TB, s *Store, rdb redis.UniversalClient, lane outbox.Lane) []redis.XMessage {
 	tb.Helper()
 	var out []redis.XMessage
 	for sh := range s.layout.Shards {
@@ -40,7 +55,7 @@ func outboxEntries(tb testing.TB, s *Store, rdb *redis.Client, lane outbox.Lane)
 }
 
 // assertNothingStored fails if the code's link or any outbox entry exists.
-func assertNothingStored(tb testing.TB, s *Store, rdb *redis.Client, code string) {
+func assertNothingStored(tb testing.TB, s *Store, rdb redis.UniversalClient, code string) {
 	tb.Helper()
 	if n := rdb.Exists(context.Background(), s.layout.LinkKey(code)).Val(); n != 0 {
 		tb.Fatalf("link %s exists after a failed transaction", code)
@@ -56,7 +71,7 @@ func assertNothingStored(tb testing.TB, s *Store, rdb *redis.Client, code string
 // link.created event (for LINKS) and its preview job (for PREVIEW_JOBS), in
 // the link's shard.
 func TestCreateWritesLinkEventAndJobTogether(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, rdb := newStore(t)
 	l, err := s.Create(t.Context(), "acme", "https://example.com/", "hello")
 	if err != nil {
@@ -90,10 +105,9 @@ func TestCreateWritesLinkEventAndJobTogether(t *testing.T) {
 // the link key between WATCH and EXEC aborts EXEC; none of the link, the
 // event or the job is stored, and Create reports the code as taken.
 func TestGuarantee_AbortedExecLeavesNeitherLinkNorEvent(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, rdb := newStore(t)
-	intruder := redis.NewClient(rdb.Options())
-	defer intruder.Close()
+	intruder := testenv.AnotherClient(t, rdb)
 	s.beforeExec = func(ctx context.Context, _ *redis.Tx) error {
 		// Touch the watched key from another connection, then undo it, so
 		// the key is unchanged but EXEC must abort.
@@ -112,9 +126,10 @@ func TestGuarantee_AbortedExecLeavesNeitherLinkNorEvent(t *testing.T) {
 // transaction's connection is killed after WATCH and before MULTI/EXEC (a
 // crash or a network cut); nothing of the link is stored.
 func TestGuarantee_ConnectionKilledBeforeExecLeavesNeitherLinkNorEvent(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, rdb := newStore(t)
-	killer := redis.NewClient(rdb.Options())
+	// One server only: CLIENT KILL names a connection of one node.
+	killer := redis.NewClient(rdb.(*redis.Client).Options())
 	defer killer.Close()
 	s.beforeExec = func(ctx context.Context, tx *redis.Tx) error {
 		id, err := tx.ClientID(ctx).Result()
@@ -148,7 +163,7 @@ func appendInt(b []byte, n int64) []byte {
 // of the same custom code exactly one succeeds, and exactly one event and
 // one job are in the outbox.
 func TestConcurrentCreatesOfOneCodeHaveOneWinner(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, rdb := newStore(t)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -180,7 +195,7 @@ func TestConcurrentCreatesOfOneCodeHaveOneWinner(t *testing.T) {
 // TestGeneratedCodeCollisionIsRetriedNeverOverwritten: when a random code
 // is taken, Create draws another; the existing link is untouched.
 func TestGeneratedCodeCollisionIsRetriedNeverOverwritten(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, _ := newStore(t)
 	if _, err := s.Create(t.Context(), "other", "https://other.example/", "Abc1234"); err != nil {
 		t.Fatal(err)
@@ -204,7 +219,7 @@ func TestGeneratedCodeCollisionIsRetriedNeverOverwritten(t *testing.T) {
 // TestDeleteLeavesATombstone: Delete hides the link, writes link.deleted,
 // refuses other owners and a second delete, and the code stays taken.
 func TestDeleteLeavesATombstone(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	s, rdb := newStore(t)
 	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "bye"); err != nil {
 		t.Fatal(err)
@@ -233,8 +248,8 @@ func TestDeleteLeavesATombstone(t *testing.T) {
 // TestCreateRefusesWhenOutboxFull: at the lane limit Create refuses with
 // outbox.ErrFull and stores nothing.
 func TestCreateRefusesWhenOutboxFull(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := New(rdb, outbox.NewLayout(1), 2)
 	for _, c := range []string{"one", "two"} {
 		if _, err := s.Create(t.Context(), "acme", "https://example.com/", c); err != nil {

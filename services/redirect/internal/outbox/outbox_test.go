@@ -26,12 +26,32 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the outbox's tests on a Redis Cluster: the shards'
+// keys spread over its masters, and each shard's lease and lanes move
+// together.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted,
+		TestRelayParksPermanentRejections,
+		TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced,
+		// Not TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL:
+		// it fakes kill -9 by closing the doomed relay's client, and a closed
+		// cluster client still removes the relay from the heartbeat set on
+		// its way out, so the kill is not faithful there.
+		TestRelaySharesShardsAmongInstances,
+		TestCommitterRefusesWhenFull,
+		TestCheckShardsRefusesAChange,
+	)
+}
 
 // env is one test's Redis database, NATS server with the topology, and
 // layout.
 type env struct {
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	nats   *testenv.NATS
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -40,7 +60,7 @@ type env struct {
 
 func newEnv(tb testing.TB, shards int) *env {
 	tb.Helper()
-	rdb, _ := servers.Redis.NewDB(tb)
+	rdb := servers.RedisClient(tb)
 	n := testenv.StartNATS(tb)
 	nc := n.Connect(tb)
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(2*time.Second))
@@ -167,7 +187,7 @@ var errCrash = errors.New("simulated crash between publish and delete")
 // the stream's duplicate window (Nats-Msg-Id = event ID) drops them, so each
 // event is in the stream once, in order.
 func TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	ids := e.addClicks(t, "abc", 40)
 
@@ -200,7 +220,7 @@ func TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted(t *testing.T
 // and deleted, and the entries behind it are published: one bad entry does
 // not block its shard.
 func TestRelayParksPermanentRejections(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	key := e.layout.OutboxKey(0, LaneClicks)
 	before := e.addClicks(t, "abc", 3)
@@ -244,7 +264,7 @@ func TestRelayParksPermanentRejections(t *testing.T) {
 // on dead.outbox.<reason> and never reaches CLICKS; the valid ones around it
 // are published in order.
 func TestRelayParksClicksEveryReaderWouldPark(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	key := e.layout.OutboxKey(0, LaneClicks)
 	before := e.addClicks(t, "abc", 2)
@@ -292,7 +312,7 @@ func TestRelayParksClicksEveryReaderWouldPark(t *testing.T) {
 // everything. When A wakes up its XDEL is refused by the lease token (the
 // fence), A lets the shard go, and every event is in CLICKS once, in order.
 func TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	ids := e.addClicks(t, "abc", 50)
 
@@ -332,7 +352,7 @@ func TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced(t *testing.T) {
 // dies holding leases (no release) leaves its shards for LeaseTTL; then the
 // surviving instance takes them and publishes their backlog.
 func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 4)
 	// The dead instance's leases, as a SIGKILLed process leaves them.
 	for s := range 4 {
@@ -357,11 +377,11 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 // it counted longer, the survivor would take its old 4 and leave 4 waiting
 // for the heartbeat to expire). Everything written after the kill is relayed.
 func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 8)
 	const ttl = 2 * time.Second
 	cfg := RelayConfig{Window: 16, LeaseTTL: ttl, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
-	doomedRDB := redis.NewClient(&redis.Options{Addr: e.rdb.Options().Addr, DB: e.rdb.Options().DB})
+	doomedRDB := testenv.AnotherClient(t, e.rdb)
 	cfg.Instance = "doomed"
 	doomed := NewRelay(doomedRDB, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	cfg.Instance = "survivor"
@@ -397,7 +417,7 @@ func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *test
 // TestRelaySharesShardsAmongInstances: two live relays split the shards
 // (each holds its fair share), and together relay everything.
 func TestRelaySharesShardsAmongInstances(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 8)
 	a, b := e.relay("a"), e.relay("b")
 	ra, rb := start(a), start(b)
@@ -417,7 +437,7 @@ func TestRelaySharesShardsAmongInstances(t *testing.T) {
 // refuses with ErrFull without writing, and writes again once the depth
 // drops.
 func TestCommitterRefusesWhenFull(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	m := NewMetrics(prometheus.NewRegistry())
 	c := NewCommitter(e.rdb, e.layout, CommitterConfig{MaxBatch: 8, Workers: 1, MaxEntries: 3, Timeout: time.Second, Cooldown: time.Second}, m)
@@ -446,8 +466,8 @@ func TestCommitterRefusesWhenFull(t *testing.T) {
 
 // TestCheckShardsRefusesAChange: the shard count is fixed at first start.
 func TestCheckShardsRefusesAChange(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	if err := CheckShards(t.Context(), rdb, NewLayout(16)); err != nil {
 		t.Fatal(err)
 	}

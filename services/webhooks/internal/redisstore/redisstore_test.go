@@ -13,7 +13,19 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+// TestOnRedisCluster runs the store's tests on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t,
+		TestEnqueueSkipsWhatAPartitionAlreadyQueued,
+		TestBacklogIsBoundedDroppingTheOldest,
+		TestBatchesAreCutBySizeAndInflightIsReadBack,
+		TestLeaseIsExclusiveUntilReleased,
+	)
+}
 
 func ev(seq uint64, id string) redisstore.Event {
 	return redisstore.Event{Seq: seq, ID: id, Type: "click", Time: time.Unix(0, int64(seq)).UTC(), Data: []byte(`{"id":"` + id + `"}`)}
@@ -30,8 +42,8 @@ func ids(evs []redisstore.Event) []string {
 // TestEnqueueSkipsWhatAPartitionAlreadyQueued: a batch handed again (a
 // crash before the ack, a new owner) queues nothing twice.
 func TestEnqueueSkipsWhatAPartitionAlreadyQueued(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 1000)
 	ctx := t.Context()
 	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"ep": {ev(1, "a"), ev(2, "b")}}); err != nil {
@@ -66,8 +78,8 @@ func TestEnqueueSkipsWhatAPartitionAlreadyQueued(t *testing.T) {
 // TestBacklogIsBoundedDroppingTheOldest: the stated policy when an
 // endpoint's queue is full.
 func TestBacklogIsBoundedDroppingTheOldest(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 3)
 	ctx := t.Context()
 	var dropped int64
@@ -92,8 +104,8 @@ func TestBacklogIsBoundedDroppingTheOldest(t *testing.T) {
 
 // TestBatchesAreCutBySize and the in-flight batch is read back exactly.
 func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 1000)
 	ctx := t.Context()
 	var evs []redisstore.Event
@@ -137,8 +149,8 @@ func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 }
 
 func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
-	t.Parallel()
-	rdb, _ := servers.Redis.NewDB(t)
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 10)
 	ctx := t.Context()
 	for _, step := range []struct {

@@ -1,0 +1,74 @@
+package topology_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// TestApplyOnAThreeNodeClusterReplicatesEverything: with Replicas 3 on a
+// three-node cluster, every stream, every consumer Apply declares and the
+// members bucket have a leader and two replicas, one per node; re-applying
+// changes nothing.
+func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	js := c.JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Replicas = 3
+	for i := range 2 {
+		if err := topology.Apply(ctx, js, o); err != nil {
+			t.Fatalf("apply %d: %v", i+1, err)
+		}
+	}
+	// A new asset's Raft group reports its leader and replicas a moment
+	// after it is created, so each is polled.
+	threeNodes := func(cl *jetstream.ClusterInfo) error {
+		if cl == nil || cl.Leader == "" || len(cl.Replicas) != 2 {
+			return fmt.Errorf("cluster info %+v, want a leader and 2 replicas", cl)
+		}
+		nodes := map[string]bool{cl.Leader: true}
+		for _, r := range cl.Replicas {
+			nodes[r.Name] = true
+		}
+		if len(nodes) != 3 {
+			return fmt.Errorf("on nodes %v, want all 3", nodes)
+		}
+		return nil
+	}
+	names := []string{"KV_" + topology.MembersBucket}
+	for _, cfg := range topology.Streams(o) {
+		names = append(names, cfg.Name)
+	}
+	for _, name := range names {
+		testenv.WaitFor(t, 20*time.Second, "stream "+name+" on all three nodes", func() bool {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				return false
+			}
+			if r := s.CachedInfo().Config.Replicas; r != 3 {
+				t.Fatalf("stream %s: %d replicas, want 3", name, r)
+			}
+			return threeNodes(s.CachedInfo().Cluster) == nil
+		})
+	}
+	consumers := map[string]string{
+		topology.PreviewConsumer:              events.PreviewJobsStream,
+		topology.ClickCounterLinksConsumer:    events.LinksStream,
+		topology.ClickCounterVerdictsConsumer: events.FraudStream,
+		topology.WebhooksAlertsConsumer:       events.FraudStream,
+	}
+	for name, stream := range consumers {
+		testenv.WaitFor(t, 20*time.Second, "consumer "+name+" on all three nodes", func() bool {
+			cons, err := js.Consumer(ctx, stream, name)
+			return err == nil && threeNodes(cons.CachedInfo().Cluster) == nil
+		})
+	}
+}
