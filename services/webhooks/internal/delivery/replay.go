@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -154,9 +155,19 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 	if err != nil {
 		return 0, fmt.Errorf("replay %s: %w", stream, err)
 	}
-	total := 0
+	total, noResponders := 0, 0
 	for {
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("replay %s: %w", stream, err)
+		}
 		msgs, err := cons.Fetch(500, jetstream.FetchMaxWait(time.Second))
+		if errors.Is(err, nats.ErrNoResponders) && noResponders < maxNoResponders {
+			// On a NATS cluster a pull can reach no one while the ordered
+			// consumer is being recreated on another node; the same
+			// consumer's next pull goes on where it stopped.
+			noResponders++
+			continue
+		}
 		if err != nil {
 			return total, fmt.Errorf("replay %s: %w", stream, err)
 		}
@@ -179,17 +190,39 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 				done = true
 			}
 		}
-		if err := msgs.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+		if err := msgs.Error(); errors.Is(err, nats.ErrNoResponders) && noResponders < maxNoResponders {
+			noResponders++
+			continue
+		} else if err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) {
 			return total, fmt.Errorf("replay %s: %w", stream, err)
 		}
+		noResponders = 0
 		if len(batch) > 0 {
 			if err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
 				return total, err
 			}
 			total += len(batch)
 		}
-		if done || got == 0 {
+		if done {
 			return total, nil
+		}
+		if got == 0 {
+			// Nothing came within the wait: the end of what matches the
+			// filter, or a slow server. Only the consumer knows which.
+			info, err := cons.Info(ctx)
+			for i := 0; errors.Is(err, nats.ErrNoResponders) && i < maxNoResponders; i++ {
+				info, err = cons.Info(ctx)
+			}
+			if err != nil {
+				return total, fmt.Errorf("replay %s: %w", stream, err)
+			}
+			if info.NumPending == 0 {
+				return total, nil
+			}
 		}
 	}
 }
+
+// maxNoResponders is how many pulls (or consumer infos) in a row a replay
+// retries when no server answers them.
+const maxNoResponders = 20
