@@ -31,17 +31,21 @@ type NATS struct {
 // under tb.TempDir(), and shuts it down when the test ends.
 func StartNATS(tb testing.TB) *NATS {
 	tb.Helper()
-	port, err := FreePort()
-	if err != nil {
-		tb.Fatalf("testenv: nats: %v", err)
-	}
+	// The server picks its port when it binds (a port found free and bound
+	// later can be taken in between by another test binary, and the server
+	// then never becomes ready); restarts reuse the port it got.
 	n := &NATS{
 		tb:   tb,
-		opts: NATSOptions(port, filepath.Join(tb.TempDir(), "jetstream")),
-		URL:  "nats://127.0.0.1:" + strconv.Itoa(port),
+		opts: NATSOptions(server.RANDOM_PORT, filepath.Join(tb.TempDir(), "jetstream")),
 	}
 	n.Start()
 	tb.Cleanup(n.Stop)
+	addr, ok := n.Server().Addr().(*net.TCPAddr)
+	if !ok {
+		tb.Fatalf("testenv: nats: listening on %v, not TCP", n.Server().Addr())
+	}
+	n.opts.Port = addr.Port
+	n.URL = "nats://127.0.0.1:" + strconv.Itoa(addr.Port)
 	return n
 }
 

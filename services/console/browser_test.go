@@ -193,6 +193,17 @@ func TestConsoleInABrowser(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	// click clicks the first element matching sel from inside the page.
+	// chromedp.Click dispatches a mouse event at the element's coordinates,
+	// and the panels refresh (and change height) while the test runs: on a
+	// loaded machine the page can move between the two, and the click lands
+	// on whatever is there by then.
+	click := func(what, sel string) {
+		t.Helper()
+		if got := eval(fmt.Sprintf(`(() => { const b = document.querySelector(%q); if (!b) return "missing"; b.click(); return ""; })()`, sel)); got != "" {
+			t.Fatalf("%s: %s is %s; the page reads:\n%s", what, sel, got, eval("document.body.innerText"))
+		}
+	}
 	text := func(id string) string { return eval(fmt.Sprintf("document.getElementById(%q).innerText", id)) }
 
 	// Log in through the form, as an operator does.
@@ -273,16 +284,16 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 
 	// The dead letters open, and one shows its headers and payload.
-	step("list the letters", chromedp.Click(chromedp.CSS(`#dlq button`)))
+	click("list the letters", `#dlq button`)
 	waitFor("the letters", `String(document.querySelectorAll("#letters tbody tr").length > 0)`)
-	step("show a letter", chromedp.Click(chromedp.CSS(`#letters tbody button`)))
+	click("show a letter", `#letters tbody button`)
 	waitFor("the letter", `String(!document.getElementById("letter").hidden && document.getElementById("letter").innerText.includes("`+events.HeaderDeadReason+`"))`)
 	if got := text("letter"); !strings.Contains(got, `"owner": "acme"`) || !strings.Contains(got, "redrive to clicks.acme.abc") {
 		t.Errorf("the letter shows:\n%s", got)
 	}
 
 	// Replay asks first, and says what a replay means for the group.
-	step("open the replay dialog", chromedp.Click(chromedp.CSS(`#readers button`)))
+	click("open the replay dialog", `#readers button`)
 	waitFor("the replay dialog", `String(document.getElementById("replay-dialog").open)`)
 	if got := text("replay-note"); len(got) < 20 {
 		t.Errorf("the replay dialog explains nothing: %q", got)
