@@ -129,24 +129,36 @@ func (n *NATS) Server() *server.Server {
 // Restart) and closes it when the test ends.
 func (n *NATS) Connect(tb testing.TB, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
+	return connect(tb, n.URL, opts...)
+}
+
+// JetStream returns a JetStream context on a new connection.
+func (n *NATS) JetStream(tb testing.TB) jetstream.JetStream {
+	tb.Helper()
+	return newJetStream(tb, n.Connect(tb))
+}
+
+// connect opens a connection to url (one or more servers, comma-separated)
+// that reconnects forever, and closes it when the test ends.
+func connect(tb testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	tb.Helper()
 	base := []nats.Option{
 		nats.Name(tb.Name()),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(50 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 	}
-	nc, err := nats.Connect(n.URL, append(base, opts...)...)
+	nc, err := nats.Connect(url, append(base, opts...)...)
 	if err != nil {
-		tb.Fatalf("testenv: nats connect %s: %v", n.URL, err)
+		tb.Fatalf("testenv: nats connect %s: %v", url, err)
 	}
 	tb.Cleanup(nc.Close)
 	return nc
 }
 
-// JetStream returns a JetStream context on a new connection.
-func (n *NATS) JetStream(tb testing.TB) jetstream.JetStream {
+func newJetStream(tb testing.TB, nc *nats.Conn) jetstream.JetStream {
 	tb.Helper()
-	js, err := jetstream.New(n.Connect(tb))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		tb.Fatalf("testenv: jetstream: %v", err)
 	}

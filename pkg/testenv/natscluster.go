@@ -262,28 +262,13 @@ func (c *NATSCluster) Close() {
 // closes it when the test ends.
 func (c *NATSCluster) Connect(tb testing.TB, opts ...nats.Option) *nats.Conn {
 	tb.Helper()
-	base := []nats.Option{
-		nats.Name(tb.Name()),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(50 * time.Millisecond),
-		nats.RetryOnFailedConnect(true),
-	}
-	nc, err := nats.Connect(c.URL, append(base, opts...)...)
-	if err != nil {
-		tb.Fatalf("testenv: nats connect %s: %v", c.URL, err)
-	}
-	tb.Cleanup(nc.Close)
-	return nc
+	return connect(tb, c.URL, opts...)
 }
 
 // JetStream returns a JetStream context on a new connection to the cluster.
 func (c *NATSCluster) JetStream(tb testing.TB) jetstream.JetStream {
 	tb.Helper()
-	js, err := jetstream.New(c.Connect(tb))
-	if err != nil {
-		tb.Fatalf("testenv: jetstream: %v", err)
-	}
-	return js
+	return newJetStream(tb, c.Connect(tb))
 }
 
 // Node returns the node called name, or nil.
