@@ -37,6 +37,10 @@ build: ## build every service binary into .demo/bin
 demo: build ## run the whole system on this machine (embedded NATS, local Redis and ClickHouse)
 	$(BIN)/snipctl demo --dir $(DEMO_DIR) --bin $(BIN)
 
+.PHONY: demo-cluster
+demo-cluster: build ## the demo on a 3-node NATS cluster (R3) and a Redis Cluster (3 masters + 3 replicas): kill a node and watch
+	$(BIN)/snipctl demo --cluster --dir $(DEMO_DIR) --bin $(BIN)
+
 .PHONY: test
 test: servers modules ## every test, against real NATS (embedded), Redis and ClickHouse
 	$(GO) vet work

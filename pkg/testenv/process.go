@@ -48,12 +48,19 @@ type process struct {
 
 func (p *process) logPath() string { return filepath.Join(p.dir, p.name+".log") }
 
-// start launches the process. The kernel kills it if the test binary dies.
+// start launches the process, unless it is running. The kernel kills it if
+// the test binary dies.
 func (p *process) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		return nil
+		select {
+		case <-p.done:
+			// It died on its own or was killed from outside (an operator's
+			// kill -9 in snipctl demo --cluster): start it again.
+		default:
+			return nil
+		}
 	}
 	logf, err := os.OpenFile(p.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

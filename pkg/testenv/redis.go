@@ -165,3 +165,6 @@ func (r *RedisServer) NewDB(tb testing.TB) (*redis.Client, int) {
 func (r *RedisServer) URL(db int) string {
 	return fmt.Sprintf("redis://%s/%d", r.Addr, db)
 }
+
+// Running reports whether the server's process is running.
+func (r *RedisServer) Running() bool { return !r.proc.exited() }

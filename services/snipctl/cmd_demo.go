@@ -29,6 +29,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -161,6 +162,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
 	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
+	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h: the demo's usage, printed once by fs.Usage
@@ -174,8 +176,10 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
-	ports := []demoPort{{"nats", *natsPort}, {"nats monitoring", *natsHTTP}, {"redis", *redisPort},
-		{"clickhouse", *chPort}, {"demo site", *sitePort}}
+	ports := []demoPort{{"clickhouse", *chPort}, {"demo site", *sitePort}}
+	if !*cluster {
+		ports = append(ports, demoPort{"nats", *natsPort}, demoPort{"nats monitoring", *natsHTTP}, demoPort{"redis", *redisPort})
+	}
 	for _, s := range demoServices {
 		ports = append(ports, demoPort{s.name, *httpBase + s.port})
 	}
@@ -193,18 +197,31 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	defer d.logf("snip demo stopped")
 	defer d.stopAll()
 
-	ns, err := d.startNATS(*natsPort)
-	if err != nil {
-		return err
-	}
-	// The services stop first, while NATS still answers their last acks and
-	// their leaving the groups; then NATS.
-	defer func() {
-		d.stopAll()
-		ns.Shutdown()
-	}()
-	if err := d.startRedis(*redisPort); err != nil {
-		return err
+	var cl *demoCluster
+	if *cluster {
+		var err error
+		if cl, err = d.startCluster(); err != nil {
+			return err
+		}
+		// The services stop first, while the clusters still answer.
+		defer func() {
+			d.stopAll()
+			cl.Close()
+		}()
+	} else {
+		ns, err := d.startNATS(*natsPort)
+		if err != nil {
+			return err
+		}
+		// The services stop first, while NATS still answers their last acks
+		// and their leaving the groups; then NATS.
+		defer func() {
+			d.stopAll()
+			ns.Shutdown()
+		}()
+		if err := d.startRedis(*redisPort); err != nil {
+			return err
+		}
 	}
 	d.startClickHouse(*chPort)
 	site, err := d.startSite(*sitePort)
@@ -224,6 +241,10 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	waiting := d.readiness(ctx, started)
 	defer d.joinWebhooks(ctx, started)()
 	d.banner(started, waiting, links)
+	if cl != nil {
+		d.clusterBanner(cl)
+		go d.watchCluster(ctx, cl)
+	}
 	if len(waiting) > 0 {
 		go d.watchReadiness(ctx, waiting)
 	}
@@ -247,13 +268,19 @@ ClickHouse from the local binaries, every service binary found in --bin
 links, and a trickle of clicks. A service that exits is restarted (with
 backoff). Ctrl-C or SIGTERM stops everything.
 
+With --cluster it runs on three nats-server processes (streams with 3
+replicas) and a Redis Cluster of three masters and three replicas, on free
+ports of 127.0.0.1, started empty each time; the banner lists every node's
+PID and ports. Kill (kill -9) or freeze (kill -STOP) a node and watch the
+services go on; kill -USR1 to snipctl starts every killed node again.
+
 flags:
 `)
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 environment:
   SNIP_PARTITIONS        CLICKS partitions (default 8)
-  SNIP_REPLICAS          stream replicas (default 1)
+  SNIP_REPLICAS          stream replicas (default 1; 3 with --cluster)
   SNIP_CLICKS_MAX_AGE    CLICKS retention by age (default 168h)
   SNIP_CLICKS_MAX_BYTES  CLICKS retention by size (default: none)
   SNIPCTL_TIMEOUT        timeout of each setup call (default 30s)
@@ -368,7 +395,10 @@ func (d *demo) prepare(ctx context.Context) error {
 	if err := topology.Apply(tctx, js, d.env.Cfg.Topology.Options()); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(d.redisURL, "redis://"), "/0")})
+	rdb, err := redisconn.Open(d.redisURL)
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	defer rdb.Close()
 	if err := owners.NewStore(rdb).Ensure(tctx, demoOwner, demoAPIKey); err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -384,6 +414,7 @@ func (d *demo) startServices() []string {
 		"NATS_URL=" + d.natsURL,
 		"REDIS_URL=" + d.redisURL,
 		"SNIP_PARTITIONS=" + strconv.Itoa(d.env.Cfg.Partitions),
+		"SNIP_REPLICAS=" + strconv.Itoa(d.env.Cfg.Replicas),
 		"LOG_LEVEL=info",
 	}
 	for _, s := range demoServices {

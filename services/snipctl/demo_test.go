@@ -75,6 +75,37 @@ var built struct {
 	err  error
 }
 
+// allBuilt holds every service of the demo, for the cluster demo test, in
+// a folder of its own: the other demo tests expect redirect and clickcounter
+// alone. TestMain removes it.
+var allBuilt struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// allDemoBinaries builds every service of the demo once and returns their
+// folder.
+func allDemoBinaries(t *testing.T) string {
+	t.Helper()
+	allBuilt.once.Do(func() {
+		if allBuilt.dir, allBuilt.err = os.MkdirTemp("", "snipctl-demo-all-"); allBuilt.err != nil {
+			return
+		}
+		for _, s := range demoServices {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(allBuilt.dir, s.name), "../"+s.name).CombinedOutput()
+			if err != nil {
+				allBuilt.err = fmt.Errorf("build %s: %v\n%s", s.name, err, out)
+				return
+			}
+		}
+	})
+	if allBuilt.err != nil {
+		t.Fatal(allBuilt.err)
+	}
+	return allBuilt.dir
+}
+
 // demoBinaries builds redirect, clickcounter and snipctl once and returns
 // their folder: the demo's --bin, with snipctl beside them.
 func demoBinaries(t *testing.T) string {
@@ -99,6 +130,26 @@ func demoBinaries(t *testing.T) string {
 		t.Fatal(built.err)
 	}
 	return built.dir
+}
+
+// counted is the counter's total of clicks on code (people and bots), -1
+// when the counter does not answer.
+func counted(client *http.Client, counter, code string) int {
+	req, _ := http.NewRequest(http.MethodGet, counter+"/api/links/"+code+"/stats", nil)
+	req.Header.Set("Authorization", "Bearer "+demoAPIKey)
+	resp, err := client.Do(req)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var st struct {
+		Totals struct{ Human, Bot int }
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil {
+		return -1
+	}
+	return st.Totals.Human + st.Totals.Bot
 }
 
 // demoArgs are a demo's flags on free ports; base is the redirect's port
@@ -163,23 +214,7 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusFound
 	})
-	total := func() int {
-		req, _ := http.NewRequest(http.MethodGet, counter+"/api/links/nats-jetstream/stats", nil)
-		req.Header.Set("Authorization", "Bearer "+demoAPIKey)
-		resp, err := client.Do(req)
-		if err != nil {
-			return -1
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		var st struct {
-			Totals struct{ Human, Bot int }
-		}
-		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil {
-			return -1
-		}
-		return st.Totals.Human + st.Totals.Bot
-	}
+	total := func() int { return counted(client, counter, "nats-jetstream") }
 	testenv.WaitFor(t, time.Minute, "the click in the counter's stats", func() bool { return total() >= 1 })
 	if n := total(); n != 1 {
 		t.Errorf("counter shows %d clicks, want the 1 sent\n%s", n, out.String())

@@ -20,8 +20,10 @@ var servers *testenv.Servers
 
 func TestMain(m *testing.M) {
 	code := testenv.Main(m, &servers, testenv.WithRedis())
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir)
+	for _, dir := range []string{built.dir, allBuilt.dir} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+// `snipctl demo --cluster` runs every service on a 3-node NATS cluster and a
+// Redis Cluster: each service answers its health check, a click goes from
+// the redirect to the counter; the NATS node that leads CLICKS is killed
+// with kill -9 as the banner tells a user to, the demo says so and goes on,
+// and the next click is counted; SIGUSR1 starts the node again and a third
+// click is counted.
+//
+// Not parallel: it runs sixteen processes, and it sends the test binary
+// SIGUSR1, which the cluster demo handles.
+func TestDemoClusterGoesOnWhenANATSNodeDies(t *testing.T) {
+	bin := allDemoBinaries(t)
+	dir := t.TempDir()
+	args, base, _, _ := demoArgs(t, bin, dir)
+	args = append(args, "--cluster")
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("demo returned %v\n%s", err, out.String())
+			}
+		case <-time.After(2 * time.Minute):
+			t.Errorf("demo did not stop\n%s", out.String())
+		}
+	})
+	testenv.WaitFor(t, 2*time.Minute, "the banner", func() bool {
+		return strings.Contains(out.String(), "kill -USR1 ") || strings.Contains(out.String(), "snip demo stopped")
+	})
+	banner := out.String()
+	if !strings.Contains(banner, "Snip is ") || !strings.Contains(banner, "kill -STOP PID") {
+		t.Fatalf("no cluster banner:\n%s", banner)
+	}
+
+	// Every service answers its health check.
+	for _, s := range demoServices {
+		url := "http://127.0.0.1:" + strconv.Itoa(base+s.port) + "/healthz"
+		testenv.WaitFor(t, time.Minute, s.name+" /healthz", func() bool { return httpOK(url) == nil })
+	}
+	// The banner lists three NATS nodes and six Redis nodes with their PIDs.
+	natsPIDs := map[string]int{}
+	for _, m := range regexp.MustCompile(`nats (n\d) +pid (\d+) +client (nats://\S+)`).FindAllStringSubmatch(banner, -1) {
+		natsPIDs[m[1]], _ = strconv.Atoi(m[2])
+	}
+	if len(natsPIDs) != 3 {
+		t.Fatalf("the banner lists %d NATS nodes, want 3:\n%s", len(natsPIDs), banner)
+	}
+	if n := len(regexp.MustCompile(`redis +pid \d+ +127\.0\.0\.1:\d+ (master|replica)`).FindAllString(banner, -1)); n != 6 {
+		t.Fatalf("the banner lists %d Redis nodes, want 6:\n%s", n, banner)
+	}
+	natsURL := regexp.MustCompile(`nats +(nats://\S+) \(3 nodes, streams with 3 replicas\)`).FindStringSubmatch(banner)
+	if natsURL == nil {
+		t.Fatalf("no cluster NATS URL in:\n%s", banner)
+	}
+
+	redirect := "http://127.0.0.1:" + strconv.Itoa(base)
+	counter := "http://127.0.0.1:" + strconv.Itoa(base+1)
+	client := &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	click := func() {
+		t.Helper()
+		testenv.WaitFor(t, time.Minute, "a 302 from the redirect", func() bool {
+			resp, err := client.Get(redirect + "/nats-jetstream")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusFound
+		})
+	}
+	click()
+	testenv.WaitFor(t, time.Minute, "the click in the counter's stats", func() bool { return counted(client, counter, "nats-jetstream") >= 1 })
+
+	// CLICKS has three replicas; kill the node that leads it.
+	nc, err := nats.Connect(natsURL[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := st.CachedInfo()
+	if info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("CLICKS: %d replicas, cluster %+v; want 3 replicas", info.Config.Replicas, info.Cluster)
+	}
+	leader := info.Cluster.Leader
+	pid := natsPIDs[leader]
+	if pid == 0 {
+		t.Fatalf("CLICKS leader %q is not in the banner:\n%s", leader, banner)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill nats %s (pid %d): %v", leader, pid, err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the demo to say the node is down", func() bool {
+		return regexp.MustCompile(`nats ` + leader + ` +DOWN \(pid ` + strconv.Itoa(pid) + `\)`).MatchString(out.String())
+	})
+	click()
+	testenv.WaitFor(t, time.Minute, "the click sent with a NATS node dead, counted", func() bool {
+		return counted(client, counter, "nats-jetstream") == 2
+	})
+
+	// SIGUSR1 starts the node again, with its store; a third click counts.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, "the demo to restart the node", func() bool {
+		return regexp.MustCompile(`nats ` + leader + ` +restarted \(pid \d+\)`).MatchString(out.String())
+	})
+	click()
+	testenv.WaitFor(t, time.Minute, "the third click counted", func() bool { return counted(client, counter, "nats-jetstream") == 3 })
+	if n := counted(client, counter, "nats-jetstream"); n != 3 {
+		t.Errorf("counter shows %d clicks, want the 3 sent\n%s", n, out.String())
+	}
+}
