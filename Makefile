@@ -101,8 +101,16 @@ up: ## docker compose up (needs a Docker engine)
 down: ## docker compose down
 	docker compose down
 
+.PHONY: up-cluster
+up-cluster: ## docker compose up on a 3-node NATS cluster and a Redis Cluster (docker-compose.cluster.yml; needs a Docker engine)
+	docker compose -f docker-compose.cluster.yml up --build -d
+
+.PHONY: down-cluster
+down-cluster: ## docker compose down for docker-compose.cluster.yml
+	docker compose -f docker-compose.cluster.yml down
+
 .PHONY: compose-check
-compose-check: ## validate docker-compose.yml, the Dockerfile, NATS users and alert rules without a Docker engine
+compose-check: ## validate both compose files, the Dockerfile, NATS users and alert rules without a Docker engine
 	$(GO) test -count=1 ./deploy/check/
 
 .PHONY: generate

@@ -18,23 +18,35 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// loadCompose loads docker-compose.yml the way `docker compose` does:
-// schema validation, interpolation of ${VAR:-default}, anchors and merges.
-// The environment is the .env an operator writes (CONSOLE_TOKEN has no
+// composeFiles are the compose files every compose check runs on: one NATS
+// server and one Redis, and the same system on a NATS cluster and a Redis
+// Cluster.
+var composeFiles = []string{"docker-compose.yml", "docker-compose.cluster.yml"}
+
+// eachCompose runs check as a subtest on each compose file.
+func eachCompose(t *testing.T, check func(t *testing.T, file string)) {
+	for _, f := range composeFiles {
+		t.Run(f, func(t *testing.T) { check(t, f) })
+	}
+}
+
+// loadCompose loads a compose file the way `docker compose` does: schema
+// validation, interpolation of ${VAR:-default}, anchors and merges. The
+// environment is the .env an operator writes (CONSOLE_TOKEN has no
 // default).
-func loadCompose(t *testing.T, profiles ...string) *types.Project {
+func loadCompose(t *testing.T, file string, profiles ...string) *types.Project {
 	t.Helper()
-	p, err := loadComposeWith([]string{"CONSOLE_TOKEN=" + composeTestToken}, profiles...)
+	p, err := loadComposeWith(file, []string{"CONSOLE_TOKEN=" + composeTestToken}, profiles...)
 	if err != nil {
-		t.Fatalf("docker-compose.yml does not load: %v", err)
+		t.Fatalf("%s does not load: %v", file, err)
 	}
 	return p
 }
 
 const composeTestToken = "compose-check-token-0123456789"
 
-func loadComposeWith(env []string, profiles ...string) (*types.Project, error) {
-	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
+func loadComposeWith(file string, env []string, profiles ...string) (*types.Project, error) {
+	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, file)},
 		cli.WithWorkingDirectory(root), cli.WithName("snip"), cli.WithProfiles(profiles), cli.WithEnv(env))
 	if err != nil {
 		return nil, err
@@ -45,18 +57,32 @@ func loadComposeWith(env []string, profiles ...string) (*types.Project, error) {
 // Without CONSOLE_TOKEN compose refuses to start, naming it: no published
 // development token reaches a deployment.
 func TestComposeNeedsAConsoleToken(t *testing.T) {
-	_, err := loadComposeWith(nil)
-	if err == nil || !strings.Contains(err.Error(), "CONSOLE_TOKEN") {
-		t.Fatalf("docker-compose.yml without CONSOLE_TOKEN: %v, want an error naming CONSOLE_TOKEN", err)
+	eachCompose(t, func(t *testing.T, file string) {
+		_, err := loadComposeWith(file, nil)
+		if err == nil || !strings.Contains(err.Error(), "CONSOLE_TOKEN") {
+			t.Fatalf("%s without CONSOLE_TOKEN: %v, want an error naming CONSOLE_TOKEN", file, err)
+		}
+		p := loadCompose(t, file)
+		c, err := p.GetService("console")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := c.Environment["CONSOLE_TOKEN"]; v == nil || *v != composeTestToken {
+			t.Errorf("console's CONSOLE_TOKEN is %v, want the one from the environment", v)
+		}
+	})
+}
+
+// imageServices are the services of p that run an image named name
+// ("nats", "redis"), by service name; a one-shot (restart "no") is left out.
+func imageServices(p *types.Project, name string) map[string]types.ServiceConfig {
+	out := map[string]types.ServiceConfig{}
+	for n, svc := range p.Services {
+		if strings.HasPrefix(svc.Image, name+":") && svc.Restart != "no" {
+			out[n] = svc
+		}
 	}
-	p := loadCompose(t)
-	c, err := p.GetService("console")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v := c.Environment["CONSOLE_TOKEN"]; v == nil || *v != composeTestToken {
-		t.Errorf("console's CONSOLE_TOKEN is %v, want the one from the environment", v)
-	}
+	return out
 }
 
 // Only the product is published on every interface: the redirect service
@@ -64,7 +90,11 @@ func TestComposeNeedsAConsoleToken(t *testing.T) {
 // services' APIs, Prometheus, Grafana) is bound to the host's 127.0.0.1.
 // Redis needs a password, and every service's REDIS_URL carries it.
 func TestComposeExposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T) {
-	p := loadCompose(t, "loadtest")
+	eachCompose(t, exposesOnlyTheProductAndRedisNeedsAPassword)
+}
+
+func exposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T, file string) {
+	p := loadCompose(t, file, "loadtest")
 	public := []string{"redirect", "console"}
 	for name, svc := range p.Services {
 		for _, pp := range svc.Ports {
@@ -76,17 +106,31 @@ func TestComposeExposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T) {
 			}
 		}
 	}
-	redis, err := p.GetService("redis")
-	if err != nil {
-		t.Fatal(err)
+	redises := imageServices(p, "redis")
+	if len(redises) == 0 {
+		t.Fatalf("%s runs no redis", file)
 	}
-	i := slices.Index(redis.Command, "--requirepass")
-	if i < 0 || i+1 >= len(redis.Command) || redis.Command[i+1] == "" {
-		t.Fatalf("redis runs without --requirepass: %v", redis.Command)
-	}
-	password := redis.Command[i+1]
-	if v := redis.Environment["REDISCLI_AUTH"]; v == nil || *v != password {
-		t.Errorf("redis healthcheck: REDISCLI_AUTH does not hold the password")
+	password := ""
+	for name, redis := range redises {
+		i := slices.Index(redis.Command, "--requirepass")
+		if i < 0 || i+1 >= len(redis.Command) || redis.Command[i+1] == "" {
+			t.Fatalf("%s runs without --requirepass: %v", name, redis.Command)
+		}
+		if password == "" {
+			password = redis.Command[i+1]
+		}
+		if redis.Command[i+1] != password {
+			t.Errorf("%s has another password than the other Redis nodes", name)
+		}
+		if j := slices.Index(redis.Command, "--cluster-enabled"); j >= 0 {
+			// A replica authenticates to its master with masterauth.
+			if k := slices.Index(redis.Command, "--masterauth"); k < 0 || k+1 >= len(redis.Command) || redis.Command[k+1] != password {
+				t.Errorf("%s: a cluster node without --masterauth set to the password: %v", name, redis.Command)
+			}
+		}
+		if v := redis.Environment["REDISCLI_AUTH"]; v == nil || *v != password {
+			t.Errorf("%s healthcheck: REDISCLI_AUTH does not hold the password", name)
+		}
 	}
 	users := 0
 	for name, svc := range p.Services {
@@ -95,7 +139,7 @@ func TestComposeExposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T) {
 			continue
 		}
 		users++
-		u, err := url.Parse(*v)
+		u, err := url.Parse(strings.Split(*v, ",")[0])
 		if err != nil {
 			t.Errorf("%s: REDIS_URL: %v", name, err)
 			continue
@@ -164,18 +208,32 @@ func serviceBlock(t *testing.T, name string) string {
 // reads, connects to NATS as a user of deploy/nats with the password the
 // NATS server is given, and has a healthcheck if it is long-running.
 func TestComposeMatchesTheCode(t *testing.T) {
-	p := loadCompose(t, "loadtest")
+	eachCompose(t, matchesTheCode)
+}
+
+func matchesTheCode(t *testing.T, file string) {
+	p := loadCompose(t, file, "loadtest")
 	users := map[string]User{}
 	for _, u := range Users(topology.DefaultPartitions) {
 		users[u.Name] = u
 	}
-	natsSvc, err := p.GetService("nats")
-	if err != nil {
-		t.Fatal(err)
+	natsNodes := imageServices(p, "nats")
+	if len(natsNodes) == 0 {
+		t.Fatalf("%s runs no nats", file)
 	}
-	for _, u := range users {
-		if v := natsSvc.Environment[u.PasswordVar]; v == nil || *v == "" {
-			t.Errorf("nats service lacks %s, which deploy/nats/accounts.conf reads", u.PasswordVar)
+	var natsSvc types.ServiceConfig
+	for name, n := range natsNodes {
+		natsSvc = n
+		for _, u := range users {
+			if v := n.Environment[u.PasswordVar]; v == nil || *v == "" {
+				t.Errorf("%s lacks %s, which deploy/nats/accounts.conf reads", name, u.PasswordVar)
+			}
+		}
+		// Every node is given the same passwords.
+		for k, v := range n.Environment {
+			if w := natsSvc.Environment[k]; w == nil || v == nil || *w != *v {
+				t.Errorf("%s: %s differs from another NATS node's", name, k)
+			}
 		}
 	}
 	snip := 0
@@ -230,11 +288,11 @@ func TestComposeMatchesTheCode(t *testing.T) {
 		}
 	}
 	if snip < 7 {
-		t.Errorf("only %d Snip services in docker-compose.yml", snip)
+		t.Errorf("only %d Snip services in %s", snip, file)
 	}
-	for _, dir := range []string{"redirect", "clickcounter", "fraud", "warehouse", "preview", "console"} {
+	for _, dir := range []string{"redirect", "clickcounter", "fraud", "warehouse", "preview", "console", "webhooks"} {
 		if _, err := p.GetService(dir); err != nil {
-			t.Errorf("docker-compose.yml has no %s service", dir)
+			t.Errorf("%s has no %s service", file, dir)
 		}
 	}
 }
