@@ -38,6 +38,22 @@ func clusterSetup(t *testing.T, partitions int) (*testenv.NATSCluster, jetstream
 // fails over to the others), as a service with NATS_URL listing every node.
 func startClusterMember(t *testing.T, c *testenv.NATSCluster, i int, cfg reader.Config, h reader.Handler) {
 	t.Helper()
+	nc := connectPreferring(t, c, i)
+	js, _ := jetstream.New(nc)
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 2 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reader.Run(ctx, js, cfg, h) }()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+}
+
+// connectPreferring connects to every node of c, node i first (failing over
+// to the others), with the client's default ping interval, as a service's
+// NATS_URL listing every node does. The caller closes it.
+func connectPreferring(t *testing.T, c *testenv.NATSCluster, i int) *nats.Conn {
+	t.Helper()
 	urls := []string{}
 	for k := range c.Nodes {
 		urls = append(urls, c.Nodes[(i+k)%len(c.Nodes)].URL)
@@ -47,14 +63,7 @@ func startClusterMember(t *testing.T, c *testenv.NATSCluster, i int, cfg reader.
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, _ := jetstream.New(nc)
-	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = 2 * time.Second
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reader.Run(ctx, js, cfg, h) }()
-	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	return nc
 }
 
 // TestGroupOnAThreeNodeCluster: a group of three members, each connected to
@@ -96,13 +105,53 @@ func TestGroupOnAThreeNodeCluster(t *testing.T) {
 // acknowledgement.
 func TestKillTheClicksLeaderUnderLoad(t *testing.T) {
 	t.Parallel()
-	killUnderLoad(t, "CLICKS leader", func(c *testenv.NATSCluster, js jetstream.JetStream) *testenv.NATSNode {
+	killUnderLoad(t, "CLICKS leader", clicksLeader(t))
+}
+
+// clicksLeader picks the node that leads CLICKS.
+func clicksLeader(t *testing.T) func(*testenv.NATSCluster, jetstream.JetStream) *testenv.NATSNode {
+	return func(c *testenv.NATSCluster, js jetstream.JetStream) *testenv.NATSNode {
 		leader, err := c.StreamLeader(t.Context(), js, events.ClicksStream)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return leader
-	})
+	}
+}
+
+// freezeFor is how long TestFreezeTheClicksLeaderUnderLoad keeps the node
+// frozen: longer than any timeout on the way (the 2 s publish timeout, the
+// members' 2 s lease, Raft's election timeouts), short of the client's ping
+// interval (2 minutes), as a machine that hangs for a while and comes back.
+const freezeFor = 30 * time.Second
+
+// TestFreezeTheClicksLeaderUnderLoad: the same load, but the node leading
+// CLICKS (the worst node to lose: every publish waits on it) is frozen with
+// SIGSTOP for 30 s and thawed with SIGCONT, as a hung machine or a long GC
+// pause would be: it keeps its sockets open and answers nothing, so no
+// client or peer is told. The two other nodes elect a leader and the
+// publishers connected to them go on; those connected to the frozen node
+// wait with it (their retries go to the same socket) and go on when it
+// thaws. Every acknowledged click is in CLICKS exactly once, nothing is
+// there twice, and the group (one member on each node) handles every click
+// and settles again with its three members: no reader stays stuck. It logs
+// the longest time with no acknowledgement at all and per publisher.
+func TestFreezeTheClicksLeaderUnderLoad(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("holds a node frozen for 30 s; run without -short (CI does)")
+	}
+	underLoad(t, "CLICKS leader, frozen for "+freezeFor.String(), clicksLeader(t), func(node *testenv.NATSNode, count func() int) {
+		frozenAt, before := time.Now(), count()
+		node.Pause()
+		// Resumed by the cluster's Close too, should the test fail here.
+		testenv.WaitFor(t, freezeFor+30*time.Second, "the freeze to last its time with 2000 clicks acknowledged meanwhile", func() bool {
+			return time.Since(frozenAt) >= freezeFor && count() >= before+2000
+		})
+		node.Resume()
+		thawed := count()
+		testenv.WaitFor(t, 60*time.Second, "2000 more clicks acknowledged after the thaw", func() bool { return count() >= thawed+2000 })
+	}, func(*testenv.NATSNode) {})
 }
 
 // TestKillAGroupConsumersLeaderUnderLoad: the same, killing a node that
@@ -136,6 +185,27 @@ func TestKillAGroupConsumersLeaderUnderLoad(t *testing.T) {
 // killUnderLoad runs the load, kills the node pick chooses, and checks the
 // outcome.
 func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, jetstream.JetStream) *testenv.NATSNode) {
+	underLoad(t, what, pick, func(node *testenv.NATSNode, count func() int) {
+		before := count()
+		node.Kill()
+		testenv.WaitFor(t, 60*time.Second, "2000 more clicks acknowledged after the kill", func() bool { return count() >= before+2000 })
+	}, func(node *testenv.NATSNode) {
+		// The killed node comes back and catches up.
+		if err := node.Start(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// underLoad runs the load: a group of three members (one on each node) and
+// four publishers (publisher w connected to node w%3 first) that retry each
+// click until acknowledged. Once 2000 clicks are acknowledged, hurt hurts
+// the node pick chooses and returns when the load may stop; once the group
+// has handled every acknowledged click, heal brings the node back. Then
+// every acknowledged click must be in CLICKS exactly once, nothing twice,
+// the group must handle every click in CLICKS and settle again.
+func underLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, jetstream.JetStream) *testenv.NATSNode,
+	hurt func(node *testenv.NATSNode, count func() int), heal func(*testenv.NATSNode)) {
 	const partitions, publishers, links = 6, 4, 60
 	c, js := clusterSetup(t, partitions)
 	ctx := t.Context()
@@ -150,6 +220,7 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 		mu      sync.Mutex
 		acked   []string
 		ackedAt []time.Time
+		byPub   [publishers][]time.Time
 		stop    atomic.Bool
 		wg      sync.WaitGroup
 		retries atomic.Int64
@@ -157,7 +228,9 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 	for w := range publishers {
 		wg.Go(func() {
 			// Each publisher on its own connection to all nodes.
-			pjs := c.JetStream(t)
+			nc := connectPreferring(t, c, w%len(c.Nodes))
+			defer nc.Close()
+			pjs, _ := jetstream.New(nc)
 			for i := 0; !stop.Load(); i++ {
 				cl := click(fmt.Sprintf("link%d", (w*7919+i)%links), w*1_000_000+i)
 				b, _ := json.Marshal(cl)
@@ -176,6 +249,7 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 				mu.Lock()
 				acked = append(acked, cl.ID)
 				ackedAt = append(ackedAt, time.Now())
+				byPub[w] = append(byPub[w], time.Now())
 				mu.Unlock()
 			}
 		})
@@ -183,9 +257,8 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
 	testenv.WaitFor(t, 30*time.Second, "2000 clicks acknowledged before the kill", func() bool { return count() >= 2000 })
 	leader := pick(c, js)
-	killedAt, before := time.Now(), count()
-	leader.Kill()
-	testenv.WaitFor(t, 60*time.Second, "2000 more clicks acknowledged after the kill", func() bool { return count() >= before+2000 })
+	killedAt := time.Now()
+	hurt(leader, count)
 	stop.Store(true)
 	wg.Wait()
 
@@ -194,15 +267,15 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 	ids := slices.Clone(acked)
 	mu.Unlock()
 	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
-	var gap time.Duration
-	for i := 1; i < len(times); i++ {
-		if times[i].After(killedAt.Add(-time.Second)) {
-			gap = max(gap, times[i].Sub(times[i-1]))
-		}
-	}
+	gap := longestGap(times, killedAt)
 	elapsed := times[len(times)-1].Sub(times[0])
-	t.Logf("killed %s (%s); %d clicks acknowledged in %s (%.0f/s), %d publish retries; longest time with no ack: %s",
+	t.Logf("hurt %s (%s); %d clicks acknowledged in %s (%.0f/s), %d publish retries; longest time with no ack: %s",
 		leader.Name, what, len(ids), elapsed.Round(time.Millisecond), float64(len(ids))/elapsed.Seconds(), retries.Load(), gap.Round(time.Millisecond))
+	for w := range publishers {
+		first := c.Nodes[w%len(c.Nodes)].Name
+		t.Logf("publisher %d (connected to %s first): longest time with no ack: %s",
+			w, first, longestGap(byPub[w], killedAt).Round(time.Millisecond))
+	}
 
 	// While the node is down, the group handles every acknowledged click.
 	testenv.WaitFor(t, 90*time.Second, "the group to handle every acknowledged click", func() bool {
@@ -216,10 +289,7 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 		return true
 	})
 
-	// The killed node comes back and catches up.
-	if err := leader.Start(); err != nil {
-		t.Fatal(err)
-	}
+	heal(leader)
 	testenv.WaitFor(t, 60*time.Second, "every CLICKS replica current again", func() bool {
 		s, err := js.Stream(ctx, events.ClicksStream)
 		if err != nil || s.CachedInfo().Cluster == nil || len(s.CachedInfo().Cluster.Replicas) != 2 {
@@ -259,6 +329,20 @@ func killUnderLoad(t *testing.T, what string, pick func(*testenv.NATSCluster, je
 	}
 	rec.mu.Unlock()
 	t.Logf("the group handled every click; %d handled again after the leader change (at-least-once)", redelivered)
+	// No member stays stuck: the three share the partitions again.
+	testenv.WaitFor(t, 60*time.Second, "the group to settle again with its three members", func() bool { return rec.settled(partitions, 2) })
+}
+
+// longestGap is the longest time between two acknowledgements (times in
+// order) from a second before from.
+func longestGap(times []time.Time, from time.Time) time.Duration {
+	var gap time.Duration
+	for i := 1; i < len(times); i++ {
+		if times[i].After(from.Add(-time.Second)) {
+			gap = max(gap, times[i].Sub(times[i-1]))
+		}
+	}
+	return gap
 }
 
 // readClickIDs counts the message IDs in CLICKS, on a fresh connection,
