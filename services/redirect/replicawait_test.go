@@ -257,3 +257,89 @@ func killMasterWithReplicaCutOff(t *testing.T, replicas int) (lost, cut int, sho
 	direct = metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="jetstream"`)
 	return l.lostClicks(t, readClicks(t, n.JetStream(t))), atKill - atCut, short, direct
 }
+
+// The replica wait is off by default; when on, its timeout must leave room
+// inside SNIP_OUTBOX_WAIT.
+func TestConfigReplicaWait(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.OutboxWaitReplicas != 0 || cfg.OutboxWaitReplicasTimeout != 50*time.Millisecond {
+		t.Fatalf("defaults: %d replicas, %s; want 0 (off), 50ms", cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout)
+	}
+	cfg, err = loadConfig([]string{"SNIP_OUTBOX_WAIT_REPLICAS=1", "SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT=20ms"}, nil)
+	if err != nil || cfg.OutboxWaitReplicas != 1 || cfg.OutboxWaitReplicasTimeout != 20*time.Millisecond {
+		t.Fatalf("WAIT 1 20ms: %+v, %v", cfg.OutboxWaitReplicas, err)
+	}
+	for _, env := range [][]string{
+		{"SNIP_OUTBOX_WAIT_REPLICAS=-1"},
+		{"SNIP_OUTBOX_WAIT_REPLICAS=1", "SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT=100ms"}, // = SNIP_OUTBOX_WAIT
+		{"SNIP_OUTBOX_WAIT_REPLICAS=1", "SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT=0s"},
+	} {
+		if _, err := loadConfig(env, nil); err == nil {
+			t.Errorf("%v accepted", env)
+		}
+	}
+}
+
+// BenchmarkReplicaWait measures what SNIP_OUTBOX_WAIT_REPLICAS=1 costs a
+// redirect on a Redis Cluster (three masters with a replica each, processes
+// on loopback): two instances on the same cluster and NATS, one with the
+// wait off and one with WAIT 1 (50 ms timeout), take open-loop traffic at
+// SNIP_BENCH_RATE (default 500/s) on cached links in alternating phases of
+// 5 s, three each; the 302 latency per setting, all phases together. Run it
+// once:
+//
+//	go test -run '^$' -bench ReplicaWait -benchtime 1x .
+func BenchmarkReplicaWait(b *testing.B) {
+	rate := envInt("SNIP_BENCH_RATE", 500)
+	rc := testenv.StartRedisCluster(b)
+	n := testenv.StartNATS(b)
+	rc.Client(b) // flushes
+	off, on := testConfig(rc.URL(), n.URL), testConfig(rc.URL(), n.URL)
+	off.Instance, on.Instance = "wait-off", "wait-on"
+	on.OutboxWaitReplicas, on.OutboxWaitReplicasTimeout = 1, 50*time.Millisecond
+	instances := map[string]*instance{"off": startInstance(b, off), "on": startInstance(b, on)}
+	l := newLedger()
+	var codes []string
+	for i := range 50 {
+		code := createLink(b, instances["off"].URL, fmt.Sprintf("https://example.com/r%d", i), "")
+		codes = append(codes, code)
+		for _, in := range instances {
+			if got, err := l.click(in.URL, code); got != http.StatusFound {
+				b.Fatalf("GET = %d %v", got, err)
+			}
+		}
+	}
+	lat := map[string][]time.Duration{}
+	b.ResetTimer()
+	for range b.N {
+		for round := range 3 {
+			for _, name := range []string{"off", "on"} {
+				stop := make(chan struct{})
+				l.takeLatencies()
+				wait := openLoop(l, instances[name].URL, codes, rate, stop)
+				time.Sleep(5 * time.Second) // a measured phase of fixed length, not a wait for a condition
+				close(stop)
+				wait()
+				got := l.takeLatencies()
+				p50, p99, _ := percentiles(got)
+				b.Logf("round %d, wait %-3s %6d 302s  p50 %8s  p99 %8s", round+1, name, len(got), p50.Round(time.Microsecond), p99.Round(time.Microsecond))
+				lat[name] = append(lat[name], got...)
+			}
+		}
+	}
+	b.StopTimer()
+	for _, name := range []string{"off", "on"} {
+		p50, p99, top := percentiles(lat[name])
+		b.Logf("SNIP_OUTBOX_WAIT_REPLICAS %-3s %6d 302s  p50 %8s  p99 %8s  max %8s", name, len(lat[name]),
+			p50.Round(time.Microsecond), p99.Round(time.Microsecond), top.Round(time.Microsecond))
+	}
+	served, errored := l.expectInCLICKSAnyOrder(b, n.JetStream(b))
+	b.Logf("%d clicks served, %d refused (%d with an error status); replica wait fell short for %v (published) + %v (master only); lost 0, doubled 0 (checked)",
+		served, l.refused, errored,
+		metric(b, instances["on"].URL, "snip_redirect_clicks_replica_wait_short_total", `outcome="published"`),
+		metric(b, instances["on"].URL, "snip_redirect_clicks_replica_wait_short_total", `outcome="master_only"`))
+}
