@@ -13,10 +13,13 @@ import (
 )
 
 // waitingCommitter is a started committer with WaitReplicas set.
-func waitingCommitter(t *testing.T, rdb redis.UniversalClient, l Layout, replicas int) *Committer {
+// WAIT returns as soon as enough replicas acknowledged, so a generous
+// timeout costs nothing where they do, and keeps a loaded test machine's
+// slow replica from falling short.
+func waitingCommitter(t *testing.T, rdb redis.UniversalClient, l Layout, replicas int, timeout time.Duration) *Committer {
 	t.Helper()
-	c := NewCommitter(rdb, l, CommitterConfig{MaxBatch: 64, Workers: 2, MaxEntries: 1 << 40, Timeout: 2 * time.Second,
-		Cooldown: 50 * time.Millisecond, WaitReplicas: replicas, WaitTimeout: 20 * time.Millisecond},
+	c := NewCommitter(rdb, l, CommitterConfig{MaxBatch: 64, Workers: 2, MaxEntries: 1 << 40, Timeout: timeout + 5*time.Second,
+		Cooldown: 50 * time.Millisecond, WaitReplicas: replicas, WaitTimeout: timeout},
 		NewMetrics(prometheus.NewRegistry()))
 	c.Start()
 	t.Cleanup(c.Close)
@@ -88,7 +91,7 @@ func TestCommitterWaitsForReplicasOnEachMaster(t *testing.T) {
 		t.Fatalf("16 shards on %d masters, want 3", len(masters))
 	}
 
-	errs := appendAll(t, waitingCommitter(t, rdb, l, 1), l, "one", 20)
+	errs := appendAll(t, waitingCommitter(t, rdb, l, 1, 5*time.Second), l, "one", 20)
 	stored := storedByID(t, rdb, l)
 	for id, err := range errs {
 		if err != nil {
@@ -99,7 +102,7 @@ func TestCommitterWaitsForReplicasOnEachMaster(t *testing.T) {
 		}
 	}
 
-	c := waitingCommitter(t, rdb, l, 2)
+	c := waitingCommitter(t, rdb, l, 2, 20*time.Millisecond)
 	errs = appendAll(t, c, l, "two", 5)
 	stored = storedByID(t, rdb, l)
 	for id, err := range errs {
@@ -128,7 +131,7 @@ func TestCommitterWaitOnARedisWithoutReplicas(t *testing.T) {
 	t.Parallel()
 	rdb, _ := servers.Redis.NewDB(t)
 	l := NewLayout(4)
-	errs := appendAll(t, waitingCommitter(t, rdb, l, 1), l, "single", 3)
+	errs := appendAll(t, waitingCommitter(t, rdb, l, 1, 20*time.Millisecond), l, "single", 3)
 	stored := storedByID(t, rdb, l)
 	for id, err := range errs {
 		if !errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrUnavailable) {
@@ -143,7 +146,7 @@ func TestCommitterWaitOnARedisWithoutReplicas(t *testing.T) {
 	defer dead.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	err := waitingCommitter(t, dead, l, 1).Append(ctx, 0, []byte("x"), []byte("clicks.acme.x"), []byte(`{}`))
+	err := waitingCommitter(t, dead, l, 1, 20*time.Millisecond).Append(ctx, 0, []byte("x"), []byte("clicks.acme.x"), []byte(`{}`))
 	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotReplicated) {
 		t.Fatalf("append to a dead redis: %v, want ErrUnavailable", err)
 	}
