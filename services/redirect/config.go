@@ -60,6 +60,18 @@ type Config struct {
 	// unpublished, because the redirect had stopped waiting for it. The
 	// margin above SNIP_OUTBOX_WAIT tolerates Redis's clock running ahead.
 	OutboxValidity time.Duration `env:"SNIP_OUTBOX_VALIDITY" envDefault:"1s"`
+	// OutboxWaitReplicas, when above 0, makes each group commit wait (Redis
+	// WAIT) until that many replicas of each master it wrote to have the
+	// batch, for at most OutboxWaitReplicasTimeout. A click whose master's
+	// replicas fell short is published straight to CLICKS as well, so the
+	// master's crash before its replica caught up cannot lose it. 0: off
+	// (replication stays asynchronous). 1 is the setting for Redis Cluster
+	// or a replicated Redis; on a Redis without replicas every click would
+	// wait the timeout and take the direct path too.
+	OutboxWaitReplicas int `env:"SNIP_OUTBOX_WAIT_REPLICAS" envDefault:"0"`
+	// OutboxWaitReplicasTimeout bounds that wait. It must be below
+	// SNIP_OUTBOX_WAIT, which bounds the whole outbox write.
+	OutboxWaitReplicasTimeout time.Duration `env:"SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT" envDefault:"50ms"`
 	// DirectTimeout bounds the wait for JetStream's ack of a click
 	// published straight to CLICKS.
 	DirectTimeout time.Duration `env:"SNIP_DIRECT_TIMEOUT" envDefault:"500ms"`
@@ -108,6 +120,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_OUTBOX_WAIT %s: want more than 0, at most 5s", c.OutboxWait)
 	case c.OutboxValidity < c.OutboxWait:
 		return fmt.Errorf("SNIP_OUTBOX_VALIDITY %s: want at least SNIP_OUTBOX_WAIT (%s)", c.OutboxValidity, c.OutboxWait)
+	case c.OutboxWaitReplicas < 0:
+		return fmt.Errorf("SNIP_OUTBOX_WAIT_REPLICAS %d: want 0 (off) or more", c.OutboxWaitReplicas)
+	case c.OutboxWaitReplicas > 0 && (c.OutboxWaitReplicasTimeout < time.Millisecond || c.OutboxWaitReplicasTimeout >= c.OutboxWait):
+		return fmt.Errorf("SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT %s: want at least 1ms and less than SNIP_OUTBOX_WAIT (%s)",
+			c.OutboxWaitReplicasTimeout, c.OutboxWait)
 	case c.DirectTimeout <= 0:
 		return fmt.Errorf("SNIP_DIRECT_TIMEOUT %s: want more than 0", c.DirectTimeout)
 	case c.LookupTimeout <= 0:

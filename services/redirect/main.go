@@ -108,6 +108,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
 			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
 			Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
+			WaitReplicas: cfg.OutboxWaitReplicas, WaitTimeout: cfg.OutboxWaitReplicasTimeout,
 		}, om)
 		committer.Start()
 		svc := redirect.NewService(resolver, committer, directpub.New(directJS, cfg.DirectTimeout), visitor.NewIdentifier(rdb), layout,

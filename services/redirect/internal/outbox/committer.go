@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,14 @@ type CommitterConfig struct {
 	// batch failed for a connection error, instead of queueing requests
 	// behind a dead Redis. The first Append after it probes again.
 	Cooldown time.Duration
+	// WaitReplicas, when above 0, makes each batch wait for that many
+	// replicas of each Redis master it wrote to (WAIT on the connection of
+	// the master's XADDs, in the same pipeline) for at most WaitTimeout. A
+	// click whose master's replicas fell short is stored, but its Wait
+	// returns ErrNotReplicated with the stored time, so the caller can record
+	// it elsewhere too. 0: no WAIT (replication stays asynchronous).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Committer writes clicks into the clicks lane in group commits: concurrent
@@ -38,6 +47,11 @@ type CommitterConfig struct {
 //
 // The pipeline is not a transaction: each XADD succeeds or fails on its own,
 // and each request gets its own XADD's result.
+//
+// With CommitterConfig.WaitReplicas a batch is sent as one pipeline per
+// Redis master it touches (on Redis Cluster the shards' hash tags spread
+// them over the masters), each ending with WAIT, because WAIT counts the
+// replicas that have every write of its own connection.
 type Committer struct {
 	rdb    redis.UniversalClient
 	layout Layout
@@ -62,6 +76,7 @@ type pending struct {
 	untilBuf [20]byte // backs until
 	args     []any    // the XADD command, rebuilt in place for every use
 	stored   int64    // Unix ms of the stream ID Redis assigned
+	short    error    // its master's WAIT fell short (WaitReplicas)
 	err      error
 	done     chan struct{}
 }
@@ -81,6 +96,9 @@ func NewCommitter(rdb redis.UniversalClient, layout Layout, cfg CommitterConfig,
 	}
 	if cfg.Workers < 1 {
 		cfg.Workers = 1
+	}
+	if cfg.WaitReplicas > 0 && cfg.WaitTimeout < time.Millisecond {
+		cfg.WaitTimeout = time.Millisecond // WAIT n 0 would block until n replicas answer
 	}
 	c := &Committer{
 		rdb: rdb, layout: layout, cfg: cfg, m: m,
@@ -113,6 +131,7 @@ func (c *Committer) SetDepth(shard int, n int64) { c.depth[shard].Store(n) }
 // Append writes one click into shard's clicks lane without a validity and
 // returns once Redis has it (nil), or why not: ErrFull (not attempted),
 // ErrUnavailable (Redis failed; the entry may or may not be stored),
+// ErrNotReplicated (stored on the master only; see WaitReplicas),
 // ErrClosed, or ctx's error (the click may still be written). The slices are
 // only read until Append returns.
 func (c *Committer) Append(ctx context.Context, shard int, id, subject, data []byte) error {
@@ -153,7 +172,7 @@ func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []b
 		return Ticket{}, fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
 	}
 	p := c.pool.Get().(*pending)
-	p.shard, p.id.b, p.subject.b, p.data.b, p.err, p.stored = shard, id, subject, data, nil, 0
+	p.shard, p.id.b, p.subject.b, p.data.b, p.err, p.short, p.stored = shard, id, subject, data, nil, nil, 0
 	p.until.b = nil
 	if until > 0 {
 		p.until.b = strconv.AppendInt(p.untilBuf[:0], until, 10)
@@ -173,7 +192,9 @@ func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []b
 // Wait returns the Unix ms of the stream ID Redis gave the entry, or why it
 // was not written (ErrUnavailable: Redis failed, the entry may or may not be
 // stored), or ctx's error when the outcome is not known by then; Wait may
-// then be called again.
+// then be called again. With WaitReplicas, an entry stored on its master but
+// not acknowledged by enough replicas in time returns its stored time and
+// an error wrapping ErrNotReplicated.
 func (t *Ticket) Wait(ctx context.Context) (int64, error) {
 	if t.done {
 		return t.stored, t.err
@@ -241,33 +262,23 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	pipe := c.rdb.Pipeline()
-	for _, p := range batch {
-		// XADD key * id <id> subject <subject> data <data>, as outbox.Add
-		// writes it, built without per-click allocations.
-		p.args = append(p.args[:0], "xadd", c.layout.boxedKey(p.shard, LaneClicks), "*",
-			fieldID, &p.id, fieldSubject, &p.subject, fieldData, &p.data)
-		if p.until.b != nil {
-			p.args = append(p.args, fieldUntil, &p.until)
-		}
-		cmd := redis.NewStringCmd(ctx, p.args...)
-		_ = pipe.Process(ctx, cmd)
-		cmds = append(cmds, cmd)
+	var err error
+	if c.cfg.WaitReplicas > 0 {
+		cmds, err = c.execWaiting(ctx, batch, cmds, shards)
+	} else {
+		pipe := c.rdb.Pipeline()
+		cmds = c.queue(ctx, pipe, batch, cmds, shards)
+		_, err = pipe.Exec(ctx)
 	}
-	// The depth of each shard written, for free in the same round trip.
-	for _, p := range batch {
-		if _, ok := shards[p.shard]; !ok {
-			shards[p.shard] = pipe.XLen(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
-		}
-	}
-	_, err := pipe.Exec(ctx)
 	c.m.CommitDuration.Observe(time.Since(start).Seconds())
 	c.m.BatchSize.Observe(float64(len(batch)))
 	if err != nil {
 		c.downUntil.Store(time.Now().Add(c.cfg.Cooldown).UnixNano())
 	} else {
 		c.downUntil.Store(0)
-		for s, cmd := range shards {
+	}
+	for s, cmd := range shards {
+		if cmd.Err() == nil {
 			c.depth[s].Store(cmd.Val())
 		}
 	}
@@ -277,7 +288,148 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 			p.err = fmt.Errorf("append click: %w: %w", ErrUnavailable, e)
 		} else {
 			p.stored = streamIDMillis(cmds[i].Val())
+			if p.short != nil {
+				p.err = fmt.Errorf("append click: %w", p.short)
+			}
 		}
 		p.done <- struct{}{}
 	}
+}
+
+// queue adds the XADDs of batch (and an XLEN of each shard written) to
+// pipe, appending one command per click to cmds, and returns cmds.
+func (c *Committer) queue(ctx context.Context, pipe redis.Pipeliner, batch []*pending, cmds []*redis.StringCmd, shards map[int]*redis.IntCmd) []*redis.StringCmd {
+	for _, p := range batch {
+		cmds = append(cmds, c.xadd(ctx, pipe, p))
+	}
+	// The depth of each shard written, for free in the same round trip.
+	for _, p := range batch {
+		if _, ok := shards[p.shard]; !ok {
+			shards[p.shard] = pipe.XLen(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
+		}
+	}
+	return cmds
+}
+
+// xadd queues p's XADD on pipe.
+func (c *Committer) xadd(ctx context.Context, pipe redis.Pipeliner, p *pending) *redis.StringCmd {
+	// XADD key * id <id> subject <subject> data <data>, as outbox.Add
+	// writes it, built without per-click allocations.
+	p.args = append(p.args[:0], "xadd", c.layout.boxedKey(p.shard, LaneClicks), "*",
+		fieldID, &p.id, fieldSubject, &p.subject, fieldData, &p.data)
+	if p.until.b != nil {
+		p.args = append(p.args, fieldUntil, &p.until)
+	}
+	cmd := redis.NewStringCmd(ctx, p.args...)
+	_ = pipe.Process(ctx, cmd)
+	return cmd
+}
+
+// masterBatch is the part of a batch one Redis master stores.
+type masterBatch struct {
+	node *redis.Client // nil: c.rdb itself (one server)
+	idx  []int         // positions in the batch
+	wait *redis.IntCmd
+}
+
+// execWaiting writes batch with one pipeline per master, each ending with
+// WAIT, and fills cmds (one per click, in batch order). A click whose
+// master's WAIT counted fewer than WaitReplicas replicas keeps its stream ID
+// but gets ErrNotReplicated. It returns an error when a master failed
+// (connection, timeout), for the cooldown.
+func (c *Committer) execWaiting(ctx context.Context, batch []*pending, cmds []*redis.StringCmd, shards map[int]*redis.IntCmd) ([]*redis.StringCmd, error) {
+	cmds = cmds[:len(batch)]
+	clear(cmds)
+	cc, cluster := c.rdb.(*redis.ClusterClient)
+	var groups []*masterBatch
+	if !cluster {
+		g := &masterBatch{idx: make([]int, len(batch))}
+		for i := range batch {
+			g.idx[i] = i
+		}
+		groups = append(groups, g)
+	} else {
+		byNode := map[*redis.Client]*masterBatch{}
+		byShard := map[int]*masterBatch{}
+		for i, p := range batch {
+			g, ok := byShard[p.shard]
+			if !ok {
+				node, err := cc.MasterForKey(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
+				if err != nil {
+					cmd := redis.NewStringCmd(ctx)
+					cmd.SetErr(fmt.Errorf("master of shard %d: %w", p.shard, err))
+					cmds[i] = cmd
+					continue
+				}
+				if g = byNode[node]; g == nil {
+					g = &masterBatch{node: node}
+					byNode[node] = g
+					groups = append(groups, g)
+				}
+				byShard[p.shard] = g
+			}
+			g.idx = append(g.idx, i)
+		}
+	}
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	var smu sync.Mutex
+	for gi, g := range groups {
+		var pipe redis.Pipeliner
+		if g.node != nil {
+			pipe = g.node.Pipeline()
+		} else {
+			pipe = c.rdb.Pipeline()
+		}
+		local := map[int]*redis.IntCmd{}
+		for _, i := range g.idx {
+			cmds[i] = c.xadd(ctx, pipe, batch[i])
+		}
+		for _, i := range g.idx {
+			s := batch[i].shard
+			if _, ok := local[s]; !ok {
+				local[s] = pipe.XLen(ctx, c.layout.OutboxKey(s, LaneClicks))
+			}
+		}
+		g.wait = redis.NewIntCmd(ctx, "wait", c.cfg.WaitReplicas, c.cfg.WaitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, g.wait)
+		wg.Go(func() {
+			_, errs[gi] = pipe.Exec(ctx)
+			smu.Lock()
+			maps.Copy(shards, local)
+			smu.Unlock()
+		})
+	}
+	wg.Wait()
+	var failed error
+	for gi, g := range groups {
+		if errs[gi] != nil && failed == nil {
+			failed = errs[gi]
+		}
+		if errs[gi] != nil && cluster {
+			// A MOVED or a dead master: read the slot map again now rather
+			// than after the client's reload interval.
+			cc.ReloadState(ctx)
+		}
+		n, werr := g.wait.Val(), g.wait.Err()
+		if werr == nil && n >= int64(c.cfg.WaitReplicas) {
+			continue
+		}
+		short := fmt.Errorf("%w: WAIT %d answered %d", ErrNotReplicated, c.cfg.WaitReplicas, n)
+		if werr != nil {
+			short = fmt.Errorf("%w: WAIT %d: %w", ErrNotReplicated, c.cfg.WaitReplicas, werr)
+		}
+		for _, i := range g.idx {
+			batch[i].short = short
+		}
+	}
+	if failed == nil {
+		for _, cmd := range cmds {
+			if cmd.Err() != nil {
+				failed = cmd.Err()
+				break
+			}
+		}
+	}
+	return cmds, failed
 }

@@ -13,9 +13,14 @@ type Metrics struct {
 	RecordedDirect     prometheus.Counter // recorded straight in JetStream
 	DirectDuration     prometheus.Histogram
 	Unrecorded         *prometheus.CounterVec // reason
-	Heads              prometheus.Counter
-	Latency            prometheus.Histogram
-	Following          prometheus.Gauge
+	// Clicks the outbox stored on a Redis master whose replicas did not
+	// acknowledge them within the replica wait: published straight to
+	// CLICKS as well, or (NATS failing too) left on the master alone.
+	ReplicaShortPublished  prometheus.Counter
+	ReplicaShortMasterOnly prometheus.Counter
+	Heads                  prometheus.Counter
+	Latency                prometheus.Histogram
+	Following              prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg.
@@ -25,6 +30,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Link cache lookups, by result (hit, miss)."}, []string{"result"})
 	recorded := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_recorded_total",
 		Help: "Clicks recorded before their 302, by path: outbox (Redis) or jetstream (straight to CLICKS when the outbox did not answer in time)."}, []string{"path"})
+	short := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_replica_wait_short_total",
+		Help: "Clicks stored in the outbox whose Redis master's replicas did not acknowledge them within SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT, by outcome: published (also recorded straight in CLICKS) or master_only (that failed too; answered 302, lost if the master dies before its replica catches up)."},
+		[]string{"outcome"})
 	m := &Metrics{
 		CacheHits:   lookups.WithLabelValues("hit"),
 		CacheMisses: lookups.WithLabelValues("miss"),
@@ -40,6 +48,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Unrecorded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_unrecorded_total",
 			Help: "Clicks recorded on neither path (outbox, JetStream): refused with 503 (policy reject) or redirected without their click (policy redirect), by reason (full, unavailable)."},
 			[]string{"reason"}),
+		ReplicaShortPublished:  short.WithLabelValues("published"),
+		ReplicaShortMasterOnly: short.WithLabelValues("master_only"),
 		Heads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "head_requests_total",
 			Help: "HEAD requests answered with a 302 and not counted as clicks."}),
 		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "redirect_duration_seconds",
@@ -48,6 +58,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
 			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, recorded, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	reg.MustRegister(lookups, recorded, short, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }

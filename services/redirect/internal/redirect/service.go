@@ -220,6 +220,11 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bo
 			cancel()
 			return false, nil
 		}
+		if errors.Is(oerr, outbox.ErrNotReplicated) && !outbox.Late(stored, until) {
+			cancel()
+			s.backUp(ctx, evID, subj, data)
+			return false, nil
+		}
 		if oerr == nil {
 			oerr = fmt.Errorf("outbox entry stored at %d, after its validity %d: %w", stored, until, outbox.ErrUnavailable)
 		}
@@ -247,8 +252,33 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bo
 		if err == nil && !outbox.Late(stored, until) {
 			return false, nil
 		}
+		if errors.Is(err, outbox.ErrNotReplicated) && !outbox.Late(stored, until) {
+			// In the outbox on its master alone; the direct publish just
+			// failed, so there is no second copy to make.
+			s.m.ReplicaShortMasterOnly.Inc()
+			return false, nil
+		}
 	}
 	return false, fmt.Errorf("record click: %w; direct: %w", oerr, derr)
+}
+
+// backUp records a click its Redis master stored but its replicas did not
+// acknowledge in time (so the master's crash would lose it) straight in
+// JetStream as well, with the event ID as Nats-Msg-Id: the relay's later
+// publish of the outbox entry is then a duplicate that CLICKS drops. The
+// click counts as recorded either way (it is in the outbox, as on a Redis
+// without replicas), so a failed publish still answers 302, and is counted.
+func (s *Service) backUp(ctx context.Context, id, subject, data []byte) {
+	if s.direct != nil {
+		start := time.Now()
+		err := s.direct.PublishClick(ctx, id, subject, data)
+		s.m.DirectDuration.Observe(time.Since(start).Seconds())
+		if err == nil {
+			s.m.ReplicaShortPublished.Inc()
+			return
+		}
+	}
+	s.m.ReplicaShortMasterOnly.Inc()
 }
 
 // appendUUID appends the canonical 36-character text of id.
