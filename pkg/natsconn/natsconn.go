@@ -14,6 +14,17 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// PingInterval and MaxPingsOut decide how soon a client gives up on a server
+// that keeps its socket open and answers nothing (a frozen process, a
+// half-open connection): when a ping finds MaxPingsOut earlier pings
+// unanswered, about 15 s after the freeze (measured), it disconnects and
+// reconnects, to another node of a cluster if there is one. nats.go's default (2 minutes, 2 pings) left a relay or a group
+// member connected to a frozen node without acks for the whole freeze.
+const (
+	PingInterval = 5 * time.Second
+	MaxPingsOut  = 2
+)
+
 // Config says where and as whom to connect.
 type Config struct {
 	// URL is one or more comma-separated server URLs.
@@ -54,6 +65,8 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.RetryOnFailedConnect(true),
 		nats.ReconnectBufSize(8 << 20),
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: the connection was closed on purpose
 				log.Warn("nats disconnected", "err", err)

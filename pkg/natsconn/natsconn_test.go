@@ -91,3 +91,42 @@ func TestInboxPrefixIsTheUsers(t *testing.T) {
 		nc.Close()
 	}
 }
+
+// TestLeavesAFrozenNodeForAnother: a client connected to a cluster node that
+// is frozen (SIGSTOP: its socket stays open, nothing is answered) notices by
+// its pings and reconnects to another node, well before nats.go's default of
+// two minutes would.
+func TestLeavesAFrozenNodeForAnother(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for two unanswered pings (10-15 s)")
+	}
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	nc, err := natsconn.Connect(natsconn.Config{URL: c.URL, Name: "freeze-test"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	testenv.WaitFor(t, 10*time.Second, "connected", nc.IsConnected)
+	frozenURL := nc.ConnectedUrl()
+	var frozen *testenv.NATSNode
+	for _, n := range c.Nodes {
+		if strings.TrimPrefix(n.URL, "nats://") == strings.TrimPrefix(frozenURL, "nats://") {
+			frozen = n
+		}
+	}
+	if frozen == nil {
+		t.Fatalf("connected to %s, which is no node of the cluster", frozenURL)
+	}
+	frozen.Pause()
+	t.Cleanup(frozen.Resume)
+	start := time.Now()
+	limit := natsconn.PingInterval*(natsconn.MaxPingsOut+1) + 10*time.Second
+	testenv.WaitFor(t, limit, "reconnected to another node", func() bool {
+		return nc.IsConnected() && nc.ConnectedUrl() != frozenURL
+	})
+	t.Logf("left the frozen node after %s for %s", time.Since(start).Round(100*time.Millisecond), nc.ConnectedUrl())
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatalf("flush on the new node: %v", err)
+	}
+}
