@@ -21,7 +21,9 @@ type CommitterConfig struct {
 	// batch's collection.
 	Workers int
 	// MaxEntries is the most entries one shard's clicks lane may hold; at
-	// that depth Append returns ErrFull without writing.
+	// that depth Append returns ErrFull without writing. The depth is
+	// measured (XLEN in the commit's pipeline) on every commit once the
+	// estimate reaches half of it, and at least every second below that.
 	MaxEntries int64
 	// Timeout bounds one batch's Redis round trip.
 	Timeout time.Duration
@@ -59,7 +61,9 @@ type Committer struct {
 	m      *Metrics
 
 	reqs      chan *pending
-	depth     []atomic.Int64 // per shard, clicks lane: sampled by the monitor, refreshed by every batch
+	depth     []atomic.Int64 // per shard, clicks lane: an estimate, measured (XLEN, the monitor) and counted up by every batch
+	measured  []atomic.Int64 // per shard: unix nanos of the last measured depth
+	alwaysLen bool           // XLEN every shard on every commit (benchmarks compare)
 	downUntil atomic.Int64   // unix nanos until which Append fails fast
 	pool      sync.Pool
 	stop      chan struct{}
@@ -103,8 +107,8 @@ func NewCommitter(rdb redis.UniversalClient, layout Layout, cfg CommitterConfig,
 	c := &Committer{
 		rdb: rdb, layout: layout, cfg: cfg, m: m,
 		reqs:  make(chan *pending, cfg.MaxBatch*cfg.Workers),
-		depth: make([]atomic.Int64, layout.Shards),
-		stop:  make(chan struct{}),
+		depth: make([]atomic.Int64, layout.Shards), measured: make([]atomic.Int64, layout.Shards),
+		stop: make(chan struct{}),
 	}
 	c.pool.New = func() any { return &pending{done: make(chan struct{}, 1)} }
 	return c
@@ -126,7 +130,10 @@ func (c *Committer) Close() {
 }
 
 // SetDepth records a sampled depth of a shard's clicks lane.
-func (c *Committer) SetDepth(shard int, n int64) { c.depth[shard].Store(n) }
+func (c *Committer) SetDepth(shard int, n int64) {
+	c.depth[shard].Store(n)
+	c.measured[shard].Store(time.Now().UnixNano())
+}
 
 // Append writes one click into shard's clicks lane without a validity and
 // returns once Redis has it (nil), or why not: ErrFull (not attempted),
@@ -277,11 +284,14 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 	} else {
 		c.downUntil.Store(0)
 	}
+	now := time.Now().UnixNano()
 	for s, cmd := range shards {
 		if cmd.Err() == nil {
 			c.depth[s].Store(cmd.Val())
+			c.measured[s].Store(now)
 		}
 	}
+	c.counted(batch, cmds, shards)
 	for i, p := range batch {
 		if e := cmds[i].Err(); e != nil {
 			c.m.Rejected.WithLabelValues("unavailable").Inc()
@@ -302,13 +312,39 @@ func (c *Committer) queue(ctx context.Context, pipe redis.Pipeliner, batch []*pe
 	for _, p := range batch {
 		cmds = append(cmds, c.xadd(ctx, pipe, p))
 	}
-	// The depth of each shard written, for free in the same round trip.
+	// The depth of each shard written, in the same round trip, where the
+	// estimate is not clearly below the bound.
 	for _, p := range batch {
-		if _, ok := shards[p.shard]; !ok {
+		if _, ok := shards[p.shard]; !ok && c.needsLen(p.shard) {
 			shards[p.shard] = pipe.XLen(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
 		}
 	}
 	return cmds
+}
+
+// needsLen reports whether a commit must measure shard's depth (XLEN): when
+// the estimate (the last measured depth, plus what this committer wrote
+// since) has reached half the bound, or when it is older than lenEvery. Far
+// below the bound the XLEN changes nothing Submit decides, and costs Redis a
+// command per shard per batch; the monitor's sample (SetDepth) and lenEvery
+// bring in what other instances wrote.
+func (c *Committer) needsLen(shard int) bool {
+	return c.alwaysLen || c.depth[shard].Load() >= c.cfg.MaxEntries/2 ||
+		time.Now().UnixNano()-c.measured[shard].Load() > int64(lenEvery)
+}
+
+// lenEvery bounds the age of a shard's depth estimate: the fullness check
+// sees other instances' writes at least this often, even without a monitor.
+const lenEvery = time.Second
+
+// counted adds n clicks written to shard's estimate, unless an XLEN of the
+// same commit measured it.
+func (c *Committer) counted(batch []*pending, cmds []*redis.StringCmd, shards map[int]*redis.IntCmd) {
+	for i, p := range batch {
+		if _, measured := shards[p.shard]; !measured && cmds[i].Err() == nil {
+			c.depth[p.shard].Add(1)
+		}
+	}
 }
 
 // xadd queues p's XADD on pipe.
@@ -387,7 +423,7 @@ func (c *Committer) execWaiting(ctx context.Context, batch []*pending, cmds []*r
 		}
 		for _, i := range g.idx {
 			s := batch[i].shard
-			if _, ok := local[s]; !ok {
+			if _, ok := local[s]; !ok && c.needsLen(s) {
 				local[s] = pipe.XLen(ctx, c.layout.OutboxKey(s, LaneClicks))
 			}
 		}
