@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
-	"slices"
 	"testing"
 	"time"
 
