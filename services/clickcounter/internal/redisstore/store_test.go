@@ -28,6 +28,8 @@ func TestOnRedisCluster(t *testing.T) {
 	servers.RunOnRedisCluster(t,
 		TestDropGenerationDeletesOnlyItsKeys,
 		TestPipelinedScriptsSurviveAScriptFlush,
+		TestApplyReportsLabelsAnywhereInALargeBatch,
+		TestKeysGetTheirExpiryAgainAfterRedisLostThem,
 	)
 }
 
