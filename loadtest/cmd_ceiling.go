@@ -194,6 +194,8 @@ func runCeiling(ctx context.Context, js jetstream.JetStream, cfg ceilingConfig, 
 	res.Published = published.Load()
 	close(pubDone)
 	if pubErr != nil {
+		stopConsumers()
+		wg.Wait()
 		return res, pubErr
 	}
 
