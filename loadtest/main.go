@@ -4,8 +4,9 @@
 // (with --verify) or `loadtest verify --truth FILE` afterwards compare every
 // reader with what was sent. `loadtest ramp` steps the rate up to find the
 // highest one a service holds, `loadtest bare302` is the baseline server
-// to compare the redirect service with, and `loadtest chaos` injects faults
-// under load and judges each run with the oracle.
+// to compare the redirect service with, `loadtest chaos` injects faults
+// under load and judges each run with the oracle, and `loadtest ceiling`
+// measures what NATS carries to three bare consumers, the readers' baseline.
 //
 // Every command is a function of (ctx, Env, args) in its own cmd_*.go file,
 // listed once in commands below.
@@ -45,6 +46,7 @@ var commands = map[string]command{
 	"ramp":    {usage: "--target URL --from N --to N --step N", help: "step the HTTP rate up until p99 or errors break the limit", run: cmdRamp},
 	"bare302": {usage: "[--addr ADDR]", help: "serve a bare 302 for any code: the baseline for ramp", run: cmdBare302},
 	"chaos":   {usage: "--fault SPEC [--fault SPEC ...] [--rate N] ...", help: "inject each fault under HTTP load and judge it with the oracle", run: cmdChaos},
+	"ceiling": {usage: "[--duration D] [--window N]", help: "a bare publisher and three bare acking consumers on the same NATS: the rate readers are compared with", run: cmdCeiling},
 }
 
 var (

@@ -2,7 +2,9 @@
 # The load-test measurements of docs/benchmarks.md ("Load test"), in order:
 #   (1) ramp: a bare 302 handler, the redirect service alone, the redirect
 #       inside `make demo`; one HTTP run through every reader with the oracle;
-#   (2) nats bench against loadtest events on a standalone nats-server, then
+#   (2) nats bench, loadtest ceiling (a bare publisher and three bare acking
+#       consumers: the denominator of the readers' rates) and loadtest events
+#       on a standalone nats-server, then
 #       loadtest events against `make demo` at rising rates with the oracle.
 # Needs: make build, nats-server and nats (the CLI) on PATH, redis-server and
 # clickhouse-server (for the demo), free ports 4222, 4333, 6390, 6391,
@@ -71,6 +73,9 @@ fi
 log "nats bench js pub"
 nats -s nats://127.0.0.1:4333 bench js pub async --create --dedup --size 450B --msgs 300000 \
 	--batch 500 --no-progress bench.clicks
+log "loadtest ceiling: a bare publisher and three bare acking consumers"
+NATS_URL=nats://127.0.0.1:4333 $LT ceiling --duration 20s | tee "$OUT/ceiling.txt"
+CEILING=$(sed -n 's/^ceiling: \([0-9]*\) events\/s$/\1/p' "$OUT/ceiling.txt")
 for r in 15000 20000 25000 30000 40000; do
 	log "loadtest events at $r/s, no readers"
 	NATS_URL=nats://127.0.0.1:4333 $LT events --rate "$r" --duration 20s --links 1000 --viral 0.5 \
@@ -101,5 +106,9 @@ for r in ${RATES:-1000 2000 4000 6000 8000}; do
 	log "loadtest events at $r/s, every reader"
 	$LT events --rate "$r" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
 		--verify --deadline 300s --out "$OUT/events-$r" 2>&1 | grep -v ' load \| drain '
+	if [[ -n ${CEILING:-} ]]; then
+		# "kept up?" is the report's verdict above; this is the rate against the ceiling.
+		echo "readers at $r events/s = $(awk -v r="$r" -v c="$CEILING" 'BEGIN { printf "%.2f", r / c }') x ceiling ($CEILING events/s)"
+	fi
 done
 log "done: reports in $OUT"

@@ -34,6 +34,16 @@ import (
 //   - noop: the reader runtime with a handler that does nothing;
 //   - counter: the reader runtime with the click counter writing to Redis.
 //
+// nats-server runs as a process of its own (testenv.NewNATSProcess), so the
+// CPU time each phase costs is read per process from /proc/<pid>/stat
+// (utime+stime, before and after): the benchmark process (the reader, and
+// the counter's Go side), nats-server and redis-server, in microseconds per
+// click.
+//
+// CLICKCOUNTER_BENCH_HOT=1 puts every click on one link (so one partition):
+// the viral-link case, where a batch is one link's clicks; the bare reader
+// then drains that one partition.
+//
 // Run it once: go test -run '^$' -bench CatchUp -benchtime 1x ./services/clickcounter
 func BenchmarkCatchUp(b *testing.B) {
 	n := 200_000
@@ -47,20 +57,33 @@ func BenchmarkCatchUp(b *testing.B) {
 	if v := os.Getenv("CLICKCOUNTER_BENCH_BATCH"); v != "" {
 		batch, _ = strconv.Atoi(v)
 	}
-	ns := testenv.StartNATS(b)
-	js := ns.JetStream(b)
+	hot := os.Getenv("CLICKCOUNTER_BENCH_HOT") == "1"
+	nc, err := testenv.NewNATSProcess(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js := nc.JetStream(b)
 	ctx := context.Background()
 	o := topology.Defaults()
 	if err := topology.Apply(ctx, js, o); err != nil {
 		b.Fatal(err)
 	}
+	mix := benchmix.New()
+	if hot {
+		mix = benchmix.NewHot()
+	}
 	start := time.Now()
-	publishBacklog(b, js, n)
-	b.Logf("published %d clicks in %s", n, time.Since(start).Round(time.Millisecond))
+	publishBacklog(b, js, mix, n)
+	b.Logf("published %d clicks in %s (hot=%v)", n, time.Since(start).Round(time.Millisecond), hot)
+	procs := []benchProc{{"bench", os.Getpid()}, {"nats-server", nc.Nodes[0].PID()}, {"redis-server", servers.Redis.PID()}}
 
 	for b.Loop() {
+		cpu0 := cpuTimes(b, procs)
 		bare := drainBare(b, js, o.Partitions, batch, n)
+		cpu1 := cpuTimes(b, procs)
 		noop := drainGroup(b, js, "bench-noop", batch, n, func(_ context.Context, _ int, evs []reader.Event) error { return nil }, nil)
+		cpu2 := cpuTimes(b, procs)
 		rdb, _ := servers.Redis.NewDB(b)
 		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: noClicksLog{}, Partitions: o.Partitions,
 			DedupWindow: 10 * time.Minute, ClicksMaxAge: o.ClicksMaxAge, Metrics: prometheus.NewRegistry()})
@@ -68,7 +91,9 @@ func BenchmarkCatchUp(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = rdb.ConfigResetStat(ctx).Err()
+		cpu3 := cpuTimes(b, procs)
 		cnt := drainGroup(b, js, topology.GroupClickCounter, batch, n, c.HandleBatch, c)
+		cpu4 := cpuTimes(b, procs)
 		if info, err := rdb.Info(ctx, "commandstats").Result(); err == nil {
 			for _, line := range strings.Split(info, "\n") {
 				if strings.HasPrefix(line, "cmdstat_evalsha") || strings.HasPrefix(line, "cmdstat_eval:") {
@@ -92,7 +117,52 @@ func BenchmarkCatchUp(b *testing.B) {
 		b.Logf("%d events: bare %s (%.0f/s), runtime no-op %s (%.0f/s), counter %s (%.0f/s); counter/bare = %.2f",
 			n, bare.Round(time.Millisecond), rate(bare), noop.Round(time.Millisecond), rate(noop),
 			cnt.Round(time.Millisecond), rate(cnt), bare.Seconds()/cnt.Seconds())
+		for _, ph := range []struct {
+			name       string
+			before, at []time.Duration
+		}{{"bare", cpu0, cpu1}, {"runtime no-op", cpu1, cpu2}, {"counter", cpu3, cpu4}} {
+			var parts []string
+			total := 0.0
+			for i, pr := range procs {
+				us := float64((ph.at[i] - ph.before[i]).Microseconds()) / float64(n)
+				total += us
+				parts = append(parts, fmt.Sprintf("%s %.2f", pr.name, us))
+				if ph.name == "counter" {
+					b.ReportMetric(us, "counter_cpu_us/click_"+pr.name)
+				}
+			}
+			b.Logf("CPU per click, %s: %s; total %.2f µs", ph.name, strings.Join(parts, ", "), total)
+		}
 	}
+}
+
+// benchProc is a process whose CPU time the benchmark reads.
+type benchProc struct {
+	name string
+	pid  int
+}
+
+// cpuTimes reads each process's user+system CPU time from /proc/<pid>/stat
+// (fields 14 and 15, in clock ticks of 1/100 s, Linux's USER_HZ).
+func cpuTimes(b *testing.B, procs []benchProc) []time.Duration {
+	b.Helper()
+	out := make([]time.Duration, len(procs))
+	for i, pr := range procs {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pr.pid))
+		if err != nil {
+			b.Fatalf("CPU time of %s: %v", pr.name, err)
+		}
+		// The command name (field 2) is in parentheses and may hold spaces.
+		rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
+		f := strings.Fields(rest) // f[0] is field 3
+		utime, err1 := strconv.ParseInt(f[11], 10, 64)
+		stime, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			b.Fatalf("CPU time of %s: parse %q", pr.name, rest)
+		}
+		out[i] = time.Duration(utime+stime) * 10 * time.Millisecond
+	}
+	return out
 }
 
 type noClicksLog struct{}
@@ -100,9 +170,8 @@ type noClicksLog struct{}
 func (noClicksLog) FirstSeq(context.Context, int) (uint64, error) { return 1, nil }
 
 // publishBacklog stores n clicks, async, with their IDs as Nats-Msg-Id.
-func publishBacklog(b *testing.B, js jetstream.JetStream, n int) {
+func publishBacklog(b *testing.B, js jetstream.JetStream, mix *benchmix.Mix, n int) {
 	b.Helper()
-	mix := benchmix.New()
 	now := time.Now().UTC()
 	for range n {
 		c := mix.Click("acme", now)

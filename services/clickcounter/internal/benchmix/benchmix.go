@@ -30,6 +30,7 @@ const Links = 10_000
 type Mix struct {
 	r    *rand.Rand
 	zipf *rand.Zipf
+	hot  bool
 }
 
 // New returns a mix with a fixed seed, so runs are comparable.
@@ -38,9 +39,24 @@ func New() *Mix {
 	return &Mix{r: r, zipf: rand.NewZipf(r, 1.1, 1, Links-1)}
 }
 
+// NewHot returns a mix whose every click is on one link (HotCode): a viral
+// link, all of whose clicks are in one partition. Referrers, countries,
+// bots and visitors are drawn as by New.
+func NewHot() *Mix {
+	m := New()
+	m.hot = true
+	return m
+}
+
+// HotCode is the link of every click of a NewHot mix.
+const HotCode = "viral"
+
 // Click draws one click of owner at t, with a fresh event ID.
 func (m *Mix) Click(owner string, t time.Time) events.Click {
-	code := "l" + strconv.FormatUint(m.zipf.Uint64(), 36)
+	code := HotCode
+	if !m.hot {
+		code = "l" + strconv.FormatUint(m.zipf.Uint64(), 36)
+	}
 	ref := ""
 	switch x := m.r.IntN(10); {
 	case x < 7:

@@ -140,6 +140,9 @@ func ReferrerHost(referrer string) string {
 // Delta is what a batch adds to the counts of one partition.
 type Delta struct {
 	Links map[LinkRef]*LinkDelta
+	// hosts caches ReferrerHost for the batch's Referer values: a batch
+	// holds few distinct ones, and parsing a URL costs more than a lookup.
+	hosts map[string]string
 }
 
 // LinkDelta is what a batch adds to one link.
@@ -157,6 +160,9 @@ type DayDelta struct {
 	Visitors map[string]struct{}
 }
 
+// maxCachedHosts bounds a delta's cache of referrer hosts.
+const maxCachedHosts = 1000
+
 // NewDelta returns an empty delta.
 func NewDelta() *Delta { return &Delta{Links: map[LinkRef]*LinkDelta{}} }
 
@@ -171,7 +177,17 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 		ld = &LinkDelta{Combos: map[Combo]*Pair{}, Days: map[Day]*DayDelta{}}
 		d.Links[ref] = ld
 	}
-	combo := Combo{Country: CountryOf(c.Country), Referrer: ReferrerHost(c.Referrer)}
+	host, ok := d.hosts[c.Referrer]
+	if !ok {
+		host = ReferrerHost(c.Referrer)
+		if d.hosts == nil {
+			d.hosts = map[string]string{}
+		}
+		if len(d.hosts) < maxCachedHosts {
+			d.hosts[c.Referrer] = host
+		}
+	}
+	combo := Combo{Country: CountryOf(c.Country), Referrer: host}
 	p := ld.Combos[combo]
 	if p == nil {
 		p = &Pair{}

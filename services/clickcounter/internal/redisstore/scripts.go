@@ -15,7 +15,10 @@ import "github.com/redis/go-redis/v9"
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
 // number of ID groups, number of label groups, referrer cap; then the ID
 // groups (key, first position, fingerprints), the label groups (key, first
-// position, count, then id and assumed label for each), then the ops:
+// position, count, the click IDs packed in one value of 36 bytes each, and
+// the assumed labels in one value of a byte each, '-' for none: a label
+// hash that does not exist, the common case, costs one EXISTS and no Lua
+// string per click), then the ops:
 //
 //	h key field n          HINCRBY
 //	r key field other n    HINCRBY; a new field that overfills the hash goes to other
@@ -23,7 +26,9 @@ import "github.com/redis/go-redis/v9"
 //	p key count v...       PFADD
 //	x key unix             EXPIREAT, if an op above created a field or changed
 //	                       the HyperLogLog (a key is only ever created so, so
-//	                       every key gets its expiry; most batches skip it)
+//	                       every key gets its expiry; most batches skip it).
+//	                       The store leaves the op out for a key an applied
+//	                       batch has already given its expiry (Store.expiring).
 var applyScript = redis.NewScript(`
 local meta, pos = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'read', 'write', 'until')
@@ -51,29 +56,32 @@ for _ = 1, nid do
   appends[#appends + 1] = blob
 end
 for _ = 1, nlab do
-  local key, start, n = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
-  i = i + 3
+  local key, start, n, ids, asm = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), ARGV[i+3], ARGV[i+4]
+  i = i + 5
   if redis.call('EXISTS', key) == 1 then
-    local ids = {}
-    for j = 1, n do ids[j] = ARGV[i + 2*(j-1)] end
-    local got = redis.call('HMGET', key, unpack(ids))
-    for j = 1, n do
-      local have = ''
-      if got[j] then have = string.sub(got[j], 1, 1) end
-      if have ~= ARGV[i + 2*(j-1) + 1] then
-        labs[#labs + 1] = start + j - 1
-        labs[#labs + 1] = have
+    for s = 1, n, 1000 do
+      local e = math.min(s + 999, n)
+      local part = {}
+      for j = s, e do part[j - s + 1] = string.sub(ids, j*36 - 35, j*36) end
+      local got = redis.call('HMGET', key, unpack(part))
+      for j = s, e do
+        local have, want = '', string.sub(asm, j, j)
+        if got[j - s + 1] then have = string.sub(got[j - s + 1], 1, 1) end
+        if want == '-' then want = '' end
+        if have ~= want then
+          labs[#labs + 1] = start + j - 1
+          labs[#labs + 1] = have
+        end
       end
     end
-  else
+  elseif string.find(asm, '[^-]') then
     for j = 1, n do
-      if ARGV[i + 2*(j-1) + 1] ~= '' then
+      if string.sub(asm, j, j) ~= '-' then
         labs[#labs + 1] = start + j - 1
         labs[#labs + 1] = ''
       end
     end
   end
-  i = i + 2*n
 end
 if #dups > 0 or #labs > 0 then
   return {'recheck', dups, labs}

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,16 +28,71 @@ import (
 // Store implements counter.Store on Redis.
 type Store struct {
 	rdb redis.UniversalClient
+
+	// expiring remembers, per partition, the day and visitor keys that an
+	// applied batch gave their expiry (key -> the unix time it expires at),
+	// so later batches leave out their "x" op: one EXPIREAT fewer per link
+	// and day when the hour field or the HyperLogLog is new, which in a
+	// spread catch-up is most links of a batch. A key keeps an expiry once
+	// set (HINCRBY and PFADD keep it) until it expires at that time or its
+	// generation is dropped, and a dropped generation is never written
+	// again; an entry is trusted only before its time. Data lost by Redis
+	// (a failover, a restart losing the last second) would also lose the
+	// watermark: the next write conflicts and reloads the state, and both
+	// forget the partition's entries.
+	mu       sync.Mutex
+	expiring map[int]map[string]int64
 }
+
+// maxExpiring bounds the keys remembered per partition; beyond it the
+// partition's entries are forgotten (the next batches set their expiries
+// again). 20,000 is two keys for each of 10,000 links, a day.
+const maxExpiring = 20_000
 
 var _ counter.Store = (*Store)(nil)
 
 // New returns a store on rdb.
-func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+func New(rdb redis.UniversalClient) *Store {
+	return &Store{rdb: rdb, expiring: map[int]map[string]int64{}}
+}
+
+// hasExpiry reports whether an applied batch gave key its expiry at, and
+// that time is still ahead.
+func (s *Store) hasExpiry(p int, key string, at int64, now int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	got, ok := s.expiring[p][key]
+	return ok && got == at && now < at
+}
+
+// rememberExpiries records the keys an applied batch gave their expiry.
+func (s *Store) rememberExpiries(p int, keys map[string]int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.expiring[p]
+	if m == nil || len(m)+len(keys) > maxExpiring {
+		m = make(map[string]int64, len(keys))
+		s.expiring[p] = m
+	}
+	for k, at := range keys {
+		m[k] = at
+	}
+}
+
+// forgetExpiries drops what is remembered of partition p.
+func (s *Store) forgetExpiries(p int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.expiring, p)
+}
 
 // State reads the partition's generations and the write generation's
-// watermark.
+// watermark. It forgets the expiries remembered for the partition: the
+// counter reads the state when it takes a partition over and after a
+// conflict, the moments where Redis may hold something else than this
+// process last wrote.
 func (s *Store) State(ctx context.Context, p int) (counter.State, error) {
+	s.forgetExpiries(p)
 	st, err := s.meta(ctx, s.rdb, p)
 	if err != nil {
 		return counter.State{}, err
@@ -142,18 +198,19 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 	for start := 0; start < len(order); {
 		d := w.Marks[order[start]].LabelDay()
 		end := start
-		var pairs []any
-		for end < len(order) && w.Marks[order[end]].LabelDay() == d && end-start < maxUnpack {
+		var ids strings.Builder
+		assumed := make([]byte, 0, len(order)-start)
+		for end < len(order) && w.Marks[order[end]].LabelDay() == d {
 			m := w.Marks[order[end]]
-			assumed := ""
+			ids.WriteString(m.ID) // canonical, 36 bytes (counter.ParseID)
 			if m.Assumed != 0 {
-				assumed = string(rune(m.Assumed))
+				assumed = append(assumed, byte(m.Assumed))
+			} else {
+				assumed = append(assumed, '-')
 			}
-			pairs = append(pairs, m.ID, assumed)
 			end++
 		}
-		labelGroups = append(labelGroups, a.key(labelKey(p, d)), start, end-start)
-		labelGroups = append(labelGroups, pairs...)
+		labelGroups = append(labelGroups, a.key(labelKey(p, d)), start, end-start, ids.String(), string(assumed))
 		nLabel++
 		start = end
 	}
@@ -162,7 +219,7 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 		nID, nLabel, counter.MaxCombosPerLink)
 	a.add(idGroups...)
 	a.add(labelGroups...)
-	addOps(a, p, g, w.Delta)
+	expiries := s.addOps(a, p, g, w.Delta, time.Now().Unix())
 
 	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
 	if err != nil {
@@ -170,10 +227,13 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 	}
 	switch res[0] {
 	case "ok":
+		s.rememberExpiries(p, expiries)
 		return counter.ApplyResult{Status: counter.Applied}, nil
 	case "switched":
+		s.rememberExpiries(p, expiries)
 		return counter.ApplyResult{Status: counter.Applied, Switched: true}, nil
 	case "conflict":
+		s.forgetExpiries(p)
 		return counter.ApplyResult{Status: counter.Conflict}, nil
 	case "recheck":
 		out := counter.ApplyResult{Status: counter.Recheck, Labels: map[int]counter.Label{}}
@@ -193,8 +253,17 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 	return counter.ApplyResult{}, fmt.Errorf("apply batch: unexpected reply %v", res)
 }
 
-// addOps encodes a delta as the apply script's ops.
-func addOps(a *args, p int, g int64, d *counter.Delta) {
+// addOps encodes a delta as the apply script's ops, and returns the keys
+// given an "x" op, with their expiry. A key an applied batch has already
+// given that expiry gets no "x" op (see Store.expiring).
+func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map[string]int64 {
+	expiries := map[string]int64{}
+	expire := func(k int, key string, at int64) {
+		if !s.hasExpiry(p, key, at, now) {
+			a.add("x", k, at)
+			expiries[key] = at
+		}
+	}
 	incr := func(k int, field string, n int64) {
 		if n != 0 {
 			a.add("h", k, field, n)
@@ -210,15 +279,17 @@ func addOps(a *args, p int, g int64, d *counter.Delta) {
 			}
 		}
 		for day, dd := range ld.Days {
-			expire := day.End().Add(counter.DayKeep).Unix()
-			dk := a.key(dayKey(p, g, ref, day))
+			at := day.End().Add(counter.DayKeep).Unix()
+			dkey := dayKey(p, g, ref, day)
+			dk := a.key(dkey)
 			for h, n := range dd.Hours { // the day's total is the sum of its hours
 				incr(dk, hourFields[counter.Human][h], n.Human)
 				incr(dk, hourFields[counter.Bot][h], n.Bot)
 			}
-			a.add("x", dk, expire)
+			expire(dk, dkey, at)
 			if len(dd.Visitors) > 0 {
-				uk := a.key(uvKey(p, g, ref, day))
+				ukey := uvKey(p, g, ref, day)
+				uk := a.key(ukey)
 				vs := make([]any, 0, len(dd.Visitors))
 				for v := range dd.Visitors {
 					vs = append(vs, v)
@@ -227,10 +298,11 @@ func addOps(a *args, p int, g int64, d *counter.Delta) {
 					a.add("p", uk, len(chunk))
 					a.add(chunk...)
 				}
-				a.add("x", uk, expire)
+				expire(uk, ukey, at)
 			}
 		}
 	}
+	return expiries
 }
 
 // hourFields are the day hash's field names: hourFields[label][hour] = "h07".
