@@ -47,8 +47,8 @@ type FraudVerdictBatch struct {
 	FirstSeq uint64 `json:"first_seq"`
 	LastSeq  uint64 `json:"last_seq"`
 	// Part and Parts say which of the batch's messages this is (0-based).
-	Part   int `json:"part"`
-	Parts  int `json:"parts"`
+	Part   int                 `json:"part"`
+	Parts  int                 `json:"parts"`
 	Labels []FraudVerdictLabel `json:"labels"`
 }
 

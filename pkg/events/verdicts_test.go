@@ -90,7 +90,9 @@ func TestSplitVerdictsByBytes(t *testing.T) {
 
 func TestDecodeFraudVerdictBatchRefuses(t *testing.T) {
 	t.Parallel()
-	good := func() events.FraudVerdictBatch { return events.SplitVerdicts(1, 10, 20, verdictLabels(3, "https://t.co/x"))[0] }
+	good := func() events.FraudVerdictBatch {
+		return events.SplitVerdicts(1, 10, 20, verdictLabels(3, "https://t.co/x"))[0]
+	}
 	for name, tc := range map[string]struct {
 		edit func(*events.FraudVerdictBatch)
 		want error

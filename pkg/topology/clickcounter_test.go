@@ -21,7 +21,7 @@ func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
 		}
 	}
 	for stream, name := range map[string]string{
-		events.LinksStream: topology.ClickCounterLinksConsumer,
+		events.LinksStream:         topology.ClickCounterLinksConsumer,
 		events.FraudVerdictsStream: topology.ClickCounterVerdictsConsumer,
 	} {
 		c, err := js.Consumer(ctx, stream, name)
