@@ -85,7 +85,7 @@ type partState struct {
 	pending  []Judgement
 	alerts   []events.FraudAlert
 	verdicts []events.FraudVerdictBatch
-	labels   int // labels in verdicts
+	labels   int  // labels in verdicts
 	resolved bool // verdicts built for pending
 	sent     bool // alerts and verdicts acknowledged by FRAUD
 }
