@@ -301,7 +301,7 @@ func finish(env *Env, dir string, rep *report.Report) error {
 // run (the redirect's outbox has drained), then until every reader has
 // processed the run: on each partition, up to the owner's last click stored
 // once the run's were all in (the run's last click or later); then, on
-// FRAUD, up to the last verdict about the owner's links stored once the
+// FRAUD_VERDICTS, up to the last verdict message stored once the
 // readers of CLICKS got there. Other traffic flowing meanwhile (a demo's
 // trickle) neither hides a reader that is behind nor keeps the run from
 // being caught up. It returns the time from end to then (-1: not within
@@ -323,7 +323,9 @@ func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent u
 				if len(behind) == 0 && !fraudKnown {
 					// Fraud detection has processed the run's clicks: the
 					// verdicts about them are stored.
-					targets.Fraud, err = jsread.LastStored(ctx, sys.js, events.FraudStream, events.FraudVerdictSubject(owner, "*"))
+					// A verdict message labels many owners' clicks: the
+					// last one stored is the target.
+					targets.Fraud, err = jsread.LastStored(ctx, sys.js, events.FraudVerdictsStream, events.FraudVerdictSubjects)
 					fraudKnown = err == nil || errors.Is(err, jetstream.ErrStreamNotFound)
 				}
 				if fraudKnown {

@@ -262,14 +262,14 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "clickcounter", PasswordVar: "SNIP_NATS_CLICKCOUNTER_PASSWORD",
-			Why: "the click-counter group on CLICKS, its LINKS and FRAUD-verdict feeds",
+			Why: "the click-counter group on CLICKS, its LINKS and FRAUD_VERDICTS feeds",
 			Grants: grants(jsBasics, groupReader(topology.GroupClickCounter, partitions),
 				reads(events.LinksStream, topology.ClickCounterLinksConsumer),
-				reads(events.FraudStream, topology.ClickCounterVerdictsConsumer)),
+				reads(events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)),
 		},
 		{
 			Name: "fraud", PasswordVar: "SNIP_NATS_FRAUD_PASSWORD",
-			Why: "the fraud-detection group on CLICKS; reads a partition's recent past on takeover; publishes alerts and verdicts",
+			Why: "the fraud-detection group on CLICKS; reads a partition's recent past on takeover; publishes alerts (FRAUD) and verdict messages (FRAUD_VERDICTS)",
 			Grants: grants(jsBasics, groupReader(topology.GroupFraudDetection, partitions), ordered(events.ClicksStream),
 				Grant{Pub: []string{"fraud.alerts.>", "fraud.verdicts.>"}}),
 		},
@@ -310,10 +310,10 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "loadtest", PasswordVar: "SNIP_NATS_LOADTEST_PASSWORD",
-			Why: "loadtest events publishes clicks; the oracle reads CLICKS and FRAUD back and the groups' lag",
+			Why: "loadtest events publishes clicks; the oracle reads CLICKS and FRAUD_VERDICTS back and the groups' lag",
 			Grants: grants(jsBasics,
 				Grant{Pub: []string{"clicks.>", "$JS.API.STREAM.MSG.GET.CLICKS", "$JS.API.CONSUMER.LIST.*"}},
-				ordered(events.ClicksStream, events.FraudStream)),
+				ordered(events.ClicksStream, events.FraudVerdictsStream)),
 		},
 	}
 }

@@ -265,7 +265,7 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 			case "clickcounter":
 				for _, cons := range []struct{ stream, name string }{
 					{events.LinksStream, topology.ClickCounterLinksConsumer},
-					{events.FraudStream, topology.ClickCounterVerdictsConsumer},
+					{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer},
 				} {
 					cc, err := c.js.Consumer(ctx, cons.stream, cons.name)
 					if err != nil {
@@ -285,6 +285,9 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 				}
 				if _, err := c.js.Publish(ctx, events.FraudVerdictSubject("acme", "kfraud"), []byte(`{}`)); err != nil {
 					t.Fatalf("publish verdict: %v", err)
+				}
+				if _, err := c.js.Publish(ctx, events.FraudVerdictBatchSubject(events.Partition("kfraud", 8)), []byte(`{}`)); err != nil {
+					t.Fatalf("publish verdict message: %v", err)
 				}
 				oc, err := c.js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.PartitionFilter(events.Partition("kfraud", 8))}})
 				if err != nil {
@@ -366,6 +369,13 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 			t.Fatal(err)
 		}
 		fetchAll(t, oc, 1)
+		// The oracle reads the verdict messages back, and the counter's
+		// position on FRAUD_VERDICTS.
+		vc, err := c.js.OrderedConsumer(ctx, events.FraudVerdictsStream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			t.Fatalf("ordered consumer on %s: %v", events.FraudVerdictsStream, err)
+		}
+		fetchAll(t, vc, 1)
 		c.noViolations(t, "loadtest")
 		_ = c.nc.Publish("links.created.forged", nil)
 		c.violated(t, "loadtest", "links.created.forged")

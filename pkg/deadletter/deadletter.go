@@ -265,7 +265,8 @@ func (l Letter) RedriveSubject() (string, error) {
 			return l.OrigSubject, nil
 		}
 		return "", fmt.Errorf("dead letter %d: %q is not a click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
-	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream:
+	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream,
+		l.Stream == events.FraudVerdictsStream:
 		return l.OrigSubject, nil
 	}
 	return "", fmt.Errorf("dead letter %d comes from unknown stream %q: %w", l.Seq, l.Stream, ErrNotRedrivable)

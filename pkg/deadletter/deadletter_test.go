@@ -387,3 +387,14 @@ func TestHeaderSafe(t *testing.T) {
 		})
 	}
 }
+
+// A verdict message the click counter parked goes back to FRAUD_VERDICTS on
+// the subject it had.
+func TestRedriveSubjectOfAVerdictMessage(t *testing.T) {
+	t.Parallel()
+	l := deadletter.Letter{Seq: 7, Stream: events.FraudVerdictsStream, OrigSubject: events.FraudVerdictBatchSubject(3)}
+	got, err := l.RedriveSubject()
+	if err != nil || got != events.FraudVerdictBatchSubject(3) {
+		t.Fatalf("RedriveSubject() = %q, %v; want %q", got, err, events.FraudVerdictBatchSubject(3))
+	}
+}

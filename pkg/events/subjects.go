@@ -19,8 +19,12 @@ const (
 	// DeadLetterStream holds what could not be processed: preview jobs that
 	// ran out of tries and log events a reader parked.
 	DeadLetterStream = "DEAD_LETTER"
-	// FraudStream holds fraud alerts and per-click verdicts.
+	// FraudStream holds fraud alerts.
 	FraudStream = "FRAUD"
+	// FraudVerdictsStream holds fraud verdicts, many labels a message
+	// (FraudVerdictBatch): a correction log with a duplicate window that
+	// fits its volume, apart from the alerts' long one.
+	FraudVerdictsStream = "FRAUD_VERDICTS"
 )
 
 // Subjects and subject patterns.
@@ -35,8 +39,10 @@ const (
 	DeadLetterSubjects = "dead.*.*"
 	// FraudAlertSubjects is where alerts go: fraud.alerts.<code>.
 	FraudAlertSubjects = "fraud.alerts.*"
-	// FraudVerdictSubjects is where per-click verdicts go: fraud.verdicts.<owner>.<code>.
-	FraudVerdictSubjects = "fraud.verdicts.*.*"
+	// FraudVerdictSubjects is what FRAUD_VERDICTS listens on: verdict
+	// messages on fraud.verdicts.<partition> (FraudVerdictBatchSubject), and
+	// the single verdicts of older detectors on fraud.verdicts.<owner>.<code>.
+	FraudVerdictSubjects = "fraud.verdicts.>"
 )
 
 // Headers Snip sets besides Nats-Msg-Id.
@@ -129,7 +135,9 @@ func FraudAlertSubject(code string) string {
 	return "fraud.alerts." + code
 }
 
-// FraudVerdictSubject is the subject of a per-click verdict on one link.
+// FraudVerdictSubject is the subject of a single per-click verdict on one
+// link, as detectors published it before verdicts came in bulk
+// (FraudVerdictBatchSubject).
 func FraudVerdictSubject(owner, code string) string {
 	return "fraud.verdicts." + owner + "." + code
 }

@@ -23,7 +23,7 @@ const (
 	ClickCounterVerdictsConsumer = "click-counter-verdicts"
 )
 
-// FeedAckWait is the AckWait of the counter's LINKS and FRAUD consumers:
+// FeedAckWait is the AckWait of the counter's LINKS and FRAUD_VERDICTS consumers:
 // what a killed instance held comes back to the others this long after its
 // death. The feeds mark messages in progress every FeedAckWait/3 while they
 // hold them, so a live instance's slow batch is not redelivered.
@@ -47,10 +47,11 @@ func ClickCounterLinksConsumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
-// ClickCounterVerdictsConsumerConfig is a durable consumer on every fraud
-// verdict FRAUD retains, from the first, shared by all counter instances.
-// Verdicts about one click are ordered by their FRAUD sequence in Redis, so
-// they may be handled out of order and redelivered without effect.
+// ClickCounterVerdictsConsumerConfig is a durable consumer on every verdict
+// message FRAUD_VERDICTS retains, from the first, shared by all counter
+// instances. Each message labels many clicks; the labels about one click are
+// ordered by their message's FRAUD_VERDICTS sequence in Redis, so messages
+// may be handled out of order and redelivered without effect.
 func ClickCounterVerdictsConsumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       ClickCounterVerdictsConsumer,
@@ -64,15 +65,15 @@ func ClickCounterVerdictsConsumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
-// ApplyClickCounter creates or updates the click counter's LINKS and FRAUD
-// consumers. The streams must exist (Apply first).
+// ApplyClickCounter creates or updates the click counter's LINKS and
+// FRAUD_VERDICTS consumers. The streams must exist (Apply first).
 func ApplyClickCounter(ctx context.Context, js jetstream.JetStream) error {
 	for _, c := range []struct {
 		stream string
 		cfg    jetstream.ConsumerConfig
 	}{
 		{events.LinksStream, ClickCounterLinksConsumerConfig()},
-		{events.FraudStream, ClickCounterVerdictsConsumerConfig()},
+		{events.FraudVerdictsStream, ClickCounterVerdictsConsumerConfig()},
 	} {
 		if err := applyConsumer(ctx, js, c.stream, c.cfg); err != nil {
 			return fmt.Errorf("apply topology: %w", err)

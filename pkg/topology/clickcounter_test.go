@@ -21,8 +21,8 @@ func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
 		}
 	}
 	for stream, name := range map[string]string{
-		events.LinksStream: topology.ClickCounterLinksConsumer,
-		events.FraudStream: topology.ClickCounterVerdictsConsumer,
+		events.LinksStream:         topology.ClickCounterLinksConsumer,
+		events.FraudVerdictsStream: topology.ClickCounterVerdictsConsumer,
 	} {
 		c, err := js.Consumer(ctx, stream, name)
 		if err != nil {
@@ -32,14 +32,18 @@ func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
 			t.Errorf("consumer %s: durable %q", name, c.CachedInfo().Config.Durable)
 		}
 	}
-	// The verdict consumer sees verdicts, not alerts.
+	// The verdict consumer sees verdicts (a message of many labels, and a
+	// single verdict of an older detector), not alerts.
 	if _, err := js.Publish(ctx, events.FraudAlertSubject("abc"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.Publish(ctx, events.FraudVerdictSubject("acme", "abc"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	c, err := js.Consumer(ctx, events.FraudStream, topology.ClickCounterVerdictsConsumer)
+	if _, err := js.Publish(ctx, events.FraudVerdictBatchSubject(3), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(ctx, events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +51,7 @@ func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.NumPending != 1 {
-		t.Fatalf("verdict consumer has %d pending, want 1 (the verdict, not the alert)", info.NumPending)
+	if info.NumPending != 2 {
+		t.Fatalf("verdict consumer has %d pending, want 2 (the verdicts, not the alert)", info.NumPending)
 	}
 }

@@ -62,7 +62,7 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 	consumers := map[string]string{
 		topology.PreviewConsumer:              events.PreviewJobsStream,
 		topology.ClickCounterLinksConsumer:    events.LinksStream,
-		topology.ClickCounterVerdictsConsumer: events.FraudStream,
+		topology.ClickCounterVerdictsConsumer: events.FraudVerdictsStream,
 		topology.WebhooksAlertsConsumer:       events.FraudStream,
 	}
 	for name, stream := range consumers {

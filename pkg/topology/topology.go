@@ -39,6 +39,25 @@ const (
 	// FraudMaxAge keeps alerts and verdicts as long as the clicks they judge,
 	// and a little longer so a replay of CLICKS meets its verdicts.
 	FraudMaxAge = 8 * 24 * time.Hour
+	// FraudVerdictsDuplicates is the FRAUD_VERDICTS duplicate window. A
+	// verdict message's ID comes from its detector batch's partition and
+	// sequence range, and only the member holding that batch re-sends it:
+	// when a publish or the Redis write fails, the runtime retries the
+	// batch after a backoff of at most 10s, each try waiting up to the 10s
+	// publish timeout, so two minutes covers six tries of one batch. A
+	// re-send after the window (a longer outage) is stored twice and still
+	// counted once: readers apply labels keyed by click ID. The server keeps
+	// about 165 B per ID in the window: at one message per 500 labels, a
+	// flood of 100,000 labelled clicks a second holds 24,000 IDs, 4 MB.
+	FraudVerdictsDuplicates = 2 * time.Minute
+	// DefaultVerdictsMaxBytes is no cap on FRAUD_VERDICTS, as on CLICKS: a
+	// cap reserves its size on the server's store when the stream is created
+	// (a 16 GiB cap does not fit a test server's 8 GiB). The stream is a
+	// correction log its readers apply within seconds, kept FraudMaxAge, as
+	// long as the clicks it labels; a deployment that wants a cap sets
+	// Options.VerdictsMaxBytes (oldest verdicts, long since applied, go
+	// first).
+	DefaultVerdictsMaxBytes = -1
 )
 
 // Names of consumers and buckets declared here.
@@ -83,6 +102,9 @@ type Options struct {
 	ClicksMaxBytes int64
 	// ClicksDuplicates is the CLICKS duplicate window.
 	ClicksDuplicates time.Duration
+	// VerdictsMaxBytes caps FRAUD_VERDICTS on disk (oldest discarded
+	// first); -1 is no cap.
+	VerdictsMaxBytes int64
 	// Storage is file in every deployment; tests may use memory.
 	Storage jetstream.StorageType
 }
@@ -95,6 +117,7 @@ func Defaults() Options {
 		ClicksMaxAge:     DefaultClicksMaxAge,
 		ClicksMaxBytes:   -1,
 		ClicksDuplicates: DefaultClicksDuplicates,
+		VerdictsMaxBytes: DefaultVerdictsMaxBytes,
 		Storage:          jetstream.FileStorage,
 	}
 }
@@ -109,6 +132,8 @@ func (o Options) validate() error {
 		return fmt.Errorf("clicks max age %s: want > 0", o.ClicksMaxAge)
 	case o.ClicksDuplicates <= 0 || o.ClicksDuplicates > o.ClicksMaxAge:
 		return fmt.Errorf("clicks duplicate window %s: want > 0 and <= max age", o.ClicksDuplicates)
+	case o.VerdictsMaxBytes == 0 || o.VerdictsMaxBytes < -1:
+		return fmt.Errorf("verdicts max bytes %d: want > 0, or -1 for no cap", o.VerdictsMaxBytes)
 	}
 	return nil
 }
@@ -180,10 +205,13 @@ func Streams(o Options) []jetstream.StreamConfig {
 			Storage:     o.Storage,
 			Replicas:    o.Replicas,
 		},
+		// FRAUD comes before FRAUD_VERDICTS: on a deployment where FRAUD
+		// still lists the verdict subjects, its update gives them up before
+		// FRAUD_VERDICTS takes them (two streams may not overlap).
 		{
 			Name:        events.FraudStream,
-			Description: "Fraud alerts (fraud.alerts.<code>) and per-click verdicts (fraud.verdicts.<owner>.<code>)",
-			Subjects:    []string{events.FraudAlertSubjects, events.FraudVerdictSubjects},
+			Description: "Fraud alerts: fraud.alerts.<code>",
+			Subjects:    []string{events.FraudAlertSubjects},
 			Retention:   jetstream.LimitsPolicy,
 			Discard:     jetstream.DiscardOld,
 			MaxAge:      FraudMaxAge,
@@ -191,9 +219,25 @@ func Streams(o Options) []jetstream.StreamConfig {
 			MaxMsgs:     -1,
 			// Alert IDs are deterministic (rule, key, window); a long window
 			// keeps a replayed detector from raising the same alert twice.
+			// Alerts are few (at most one per rule, link, key and hour).
 			Duplicates: 24 * time.Hour,
 			Storage:    o.Storage,
 			Replicas:   o.Replicas,
+		},
+		{
+			Name:        events.FraudVerdictsStream,
+			Description: "Fraud verdicts, many labels a message: fraud.verdicts.<partition>",
+			Subjects:    []string{events.FraudVerdictSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      FraudMaxAge,
+			MaxBytes:    o.VerdictsMaxBytes,
+			MaxMsgs:     -1,
+			Duplicates:  FraudVerdictsDuplicates,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			// A message is at most events.MaxVerdictBatchBytes.
+			MaxMsgSize: 1 << 20,
 		},
 	}
 }

@@ -147,3 +147,73 @@ func TestApplyTwiceUpdatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A deployment made before verdicts had a stream of their own has FRAUD
+// listing the verdict subjects, the counter's verdict consumer on FRAUD and
+// verdicts stored there. Apply gives the subjects up on FRAUD first, then
+// creates FRAUD_VERDICTS on them; FRAUD keeps what it stored.
+func TestApplyMovesVerdictsOffAnExistingFraudStream(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: events.FraudStream, Subjects: []string{events.FraudAlertSubjects, "fraud.verdicts.*.*"},
+		Duplicates: 24 * time.Hour, MaxAge: topology.FraudMaxAge, Storage: o.Storage,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, events.FraudStream, jetstream.ConsumerConfig{
+		Durable: topology.ClickCounterVerdictsConsumer, FilterSubject: "fraud.verdicts.*.*", AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{events.FraudAlertSubject("abc"), events.FraudVerdictSubject("acme", "abc")} {
+		if _, err := js.Publish(ctx, subj, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatalf("apply over the old FRAUD: %v", err)
+	}
+	fraud, err := js.Stream(ctx, events.FraudStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fraud.CachedInfo().Config.Subjects; len(got) != 1 || got[0] != events.FraudAlertSubjects {
+		t.Errorf("FRAUD subjects %q, want only %q", got, events.FraudAlertSubjects)
+	}
+	if got := fraud.CachedInfo().State.Msgs; got != 2 {
+		t.Errorf("FRAUD holds %d messages after the move, want the 2 it had", got)
+	}
+	verdicts, err := js.Stream(ctx, events.FraudVerdictsStream)
+	if err != nil {
+		t.Fatalf("FRAUD_VERDICTS after the move: %v", err)
+	}
+	cfg := verdicts.CachedInfo().Config
+	if len(cfg.Subjects) != 1 || cfg.Subjects[0] != events.FraudVerdictSubjects || cfg.Duplicates != topology.FraudVerdictsDuplicates {
+		t.Errorf("FRAUD_VERDICTS subjects %q, duplicates %s", cfg.Subjects, cfg.Duplicates)
+	}
+	if _, err := js.Consumer(ctx, events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer); err != nil {
+		t.Errorf("the counter's consumer on FRAUD_VERDICTS: %v", err)
+	}
+	// Verdicts, bulk or single, now land in FRAUD_VERDICTS; alerts in FRAUD.
+	for _, subj := range []string{events.FraudVerdictBatchSubject(2), events.FraudVerdictSubject("acme", "abc"), events.FraudAlertSubject("abd")} {
+		ack, err := js.Publish(ctx, subj, []byte(`{}`))
+		if err != nil {
+			t.Fatalf("publish %s: %v", subj, err)
+		}
+		want := events.FraudVerdictsStream
+		if subj == events.FraudAlertSubject("abd") {
+			want = events.FraudStream
+		}
+		if ack.Stream != want {
+			t.Errorf("%s stored in %s, want %s", subj, ack.Stream, want)
+		}
+	}
+	// And a second Apply has nothing to change.
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatalf("apply again: %v", err)
+	}
+}

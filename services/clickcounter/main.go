@@ -95,13 +95,13 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	})
 }
 
-// feeds are the counter's LINKS and FRAUD verdict feeds (the benchmarks run
+// feeds are the counter's LINKS and FRAUD_VERDICTS feeds (the benchmarks run
 // them as run does).
 func feeds(c *counter.Counter, log *slog.Logger, drain time.Duration) []jsfeed.Feed {
 	fs := []jsfeed.Feed{
 		{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
 			Handle: jsfeed.Links(c.ApplyLinkEvents)},
-		{Name: "verdicts", Stream: events.FraudStream, Consumer: topology.ClickCounterVerdictsConsumer,
+		{Name: "verdicts", Stream: events.FraudVerdictsStream, Consumer: topology.ClickCounterVerdictsConsumer,
 			Handle: jsfeed.Verdicts(c.ApplyVerdicts)},
 	}
 	for i := range fs {

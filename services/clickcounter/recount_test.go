@@ -320,3 +320,76 @@ func TestVerdictsAboutAClickStoredInAnotherPartitionMoveNothing(t *testing.T) {
 		}
 	}
 }
+
+// Verdict messages of many labels, as fraud detection publishes them: the
+// same message delivered twice, and two messages cut differently (as two
+// members judging overlapping batches cut them) labelling overlapping
+// clicks. Each click moves to bot once.
+func TestBulkVerdictsCountEachClickOnce(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	const code, n = "viral", 60
+	p := events.Partition(code, testPartitions)
+	cs := s.publishClicks(t, []string{code}, n, nil)
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: n}})
+	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs := map[string]uint64{}
+	for seq := uint64(1); len(seqs) < n; seq++ {
+		m, err := stream.GetMsg(t.Context(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := events.DecodeClick(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs[c.ID] = seq
+	}
+	labels := func(cs []events.Click) []events.FraudVerdictLabel {
+		out := make([]events.FraudVerdictLabel, len(cs))
+		for i, c := range cs {
+			out[i] = events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: seqs[c.ID], Code: code, Owner: "acme",
+				Rule: "link_flood", Bot: true, ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: time.Now().UTC()}
+		}
+		return out
+	}
+	send := func(b events.FraudVerdictBatch, msgID string) {
+		t.Helper()
+		data, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.js.Publish(t.Context(), events.FraudVerdictBatchSubject(p), data, jetstream.WithMsgID(msgID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := events.SplitVerdicts(p, seqs[cs[0].ID], seqs[cs[39].ID], labels(cs[:40]))
+	b := events.SplitVerdicts(p, seqs[cs[20].ID], seqs[cs[n-1].ID], labels(cs[20:]))
+	if len(a) != 1 || len(b) != 1 {
+		t.Fatalf("%d and %d messages, want one each", len(a), len(b))
+	}
+	send(a[0], a[0].ID)
+	send(a[0], a[0].ID+"-again") // stored twice: delivered twice
+	send(b[0], b[0].ID)
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Bot: n}})
+	testenv.WaitFor(t, 30*time.Second, "every verdict message handled", func() bool {
+		return metricValue(t, svc.addr, `snip_clickcounter_feed_messages_total{feed="verdicts",result="ok"}`) == 3
+	})
+	// 120 labels delivered; each of the 60 clicks moved once, the other 60
+	// labels changed nothing.
+	if got := metricValue(t, svc.addr, `snip_clickcounter_corrections_total{result="relabelled"}`); got != n {
+		t.Errorf("%v relabelled, want %d (each click once)", got, n)
+	}
+	var rest float64
+	for _, result := range []string{"unchanged", "stale"} {
+		rest += metricValue(t, svc.addr, `snip_clickcounter_corrections_total{result="`+result+`"}`)
+	}
+	if rest != 60 {
+		t.Errorf("%v labels unchanged or stale, want 60", rest)
+	}
+	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Bot: n}})
+}

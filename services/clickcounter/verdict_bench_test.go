@@ -84,7 +84,7 @@ func benchVerdictFeed(b *testing.B, n int, flood bool) {
 			}
 		}
 		// A fresh consumer, so every iteration reads FRAUD from the start.
-		if err := js.DeleteConsumer(ctx, events.FraudStream, topology.ClickCounterVerdictsConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := js.DeleteConsumer(ctx, events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			b.Fatal(err)
 		}
 		if err := topology.ApplyClickCounter(ctx, js); err != nil {
@@ -147,7 +147,7 @@ func publishVerdicts(b *testing.B, js jetstream.JetStream, clicks map[int][]read
 	case <-time.After(5 * time.Minute):
 		b.Fatal("verdicts not acknowledged after 5 minutes")
 	}
-	s, err := js.Stream(context.Background(), events.FraudStream)
+	s, err := js.Stream(context.Background(), events.FraudVerdictsStream)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func drainVerdicts(b *testing.B, js jetstream.JetStream, c *counter.Counter, reg
 	if err != nil {
 		b.Fatal(err)
 	}
-	cons, err := js.Consumer(context.Background(), events.FraudStream, topology.ClickCounterVerdictsConsumer)
+	cons, err := js.Consumer(context.Background(), events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)
 	if err != nil {
 		b.Fatal(err)
 	}

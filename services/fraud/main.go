@@ -1,7 +1,8 @@
 // Command fraud is Snip's fraud detection: a stateful reader of CLICKS, in
 // its own consumer group, that spots bots by the clicks they leave (bursts by
 // one visitor, floods on one link, bot and unfurler user agents, listed
-// networks), publishes alerts and per-click verdicts on FRAUD, and serves
+// networks), publishes alerts on FRAUD and verdicts (one message per batch,
+// many labels) on FRAUD_VERDICTS, and serves
 // each owner's alerts and flagged share over HTTP. See README.md.
 package main
 

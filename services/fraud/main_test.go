@@ -164,6 +164,16 @@ func caughtUp(t *testing.T, js jetstream.JetStream) bool {
 
 // fraudIDs returns the Nats-Msg-Id of every FRAUD message on filter, with
 // how many messages carry each.
+// fraudLabels returns how many labels of FRAUD_VERDICTS name each click.
+func fraudLabels(t *testing.T, js jetstream.JetStream) map[string]int {
+	t.Helper()
+	labels, _, err := traffic.VerdictLabels(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return labels
+}
+
 func fraudIDs(t *testing.T, js jetstream.JetStream, filter string) map[string]int {
 	t.Helper()
 	ids, err := traffic.MsgIDs(t.Context(), js, events.FraudStream, filter)
@@ -191,11 +201,11 @@ func TestGeneratedMixEndToEnd(t *testing.T) {
 	}
 	testenv.WaitFor(t, 3*time.Minute, "the group to catch up", func() bool { return caughtUp(t, js) })
 
-	verdicts := fraudIDs(t, js, "fraud.verdicts.>")
+	verdicts := fraudLabels(t, js)
 	flagged, total := map[string]int{}, map[string]int{}
 	for _, c := range clicks {
 		total[c.Pattern]++
-		if n := verdicts[fraud.VerdictID(c.ID)]; n > 0 || c.Bot {
+		if n := verdicts[c.ID]; n > 0 || c.Bot {
 			flagged[c.Pattern]++
 		}
 	}
@@ -340,10 +350,10 @@ func TestCrashMidBurst(t *testing.T) {
 	if got := info.State.Subjects[events.FraudAlertSubject("hot")]; got != 2 {
 		t.Fatalf("%d alert messages on %s, want 2", got, events.FraudAlertSubject("hot"))
 	}
-	verdicts := fraudIDs(t, js, "fraud.verdicts.>")
+	verdicts := fraudLabels(t, js)
 	for _, c := range append(a, b...) {
-		if verdicts[fraud.VerdictID(c.ID)] != 1 {
-			t.Fatalf("click %s of %s: %d verdicts, want 1", c.ID, c.Visitor, verdicts[fraud.VerdictID(c.ID)])
+		if verdicts[c.ID] != 1 {
+			t.Fatalf("click %s of %s: %d verdicts, want 1", c.ID, c.Visitor, verdicts[c.ID])
 		}
 	}
 	var st fraud.LinkStats

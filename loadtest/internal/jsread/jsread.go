@@ -146,29 +146,42 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 // Close stops reading.
 func (c *Clicks) Close() { c.s.Close() }
 
-// Verdicts reads the verdicts about one owner's clicks from FRAUD.
-type Verdicts struct{ s stream }
-
-// NewVerdicts returns a reader of verdicts on owner's links stored at or
-// after since.
-func NewVerdicts(js jetstream.JetStream, owner string, since time.Time) *Verdicts {
-	return &Verdicts{s: stream{js: js, name: events.FraudStream, filter: events.FraudVerdictSubject(owner, "*"), since: since}}
+// Verdicts reads the verdicts about one owner's clicks from FRAUD_VERDICTS.
+type Verdicts struct {
+	s     stream
+	owner string
 }
 
-// Next implements oracle.VerdictReader.
+// NewVerdicts returns a reader of verdicts on owner's links stored at or
+// after since. A verdict message labels the clicks of many owners (one
+// CLICKS partition's batch): every message is read, and the labels of
+// owner's clicks kept.
+func NewVerdicts(js jetstream.JetStream, owner string, since time.Time) *Verdicts {
+	return &Verdicts{s: stream{js: js, name: events.FraudVerdictsStream, filter: events.FraudVerdictSubjects, since: since}, owner: owner}
+}
+
+// Next implements oracle.VerdictReader: one Verdict per label, each with
+// its message's FRAUD_VERDICTS sequence, and as ID the message's ID and the
+// click's (a message stored twice repeats it).
 func (v *Verdicts) Next(ctx context.Context) ([]oracle.Verdict, bool, error) {
 	var out []oracle.Verdict
 	atEnd, err := v.s.next(ctx, func(m jetstream.Msg) {
-		fv, err := events.DecodeFraudVerdict(m.Data())
+		b, err := events.DecodeFraudVerdictBatch(m.Data())
 		if err != nil {
 			return // not a verdict the counter could apply either
 		}
-		ov := oracle.Verdict{ID: fv.ID, Code: fv.Code, Bot: fv.Bot, Rule: fv.Rule}
-		ov.ClickID, _ = uuid.Parse(fv.ClickID)
+		var seq uint64
 		if md, err := m.Metadata(); err == nil {
-			ov.FraudSeq = md.Sequence.Stream
+			seq = md.Sequence.Stream
 		}
-		out = append(out, ov)
+		for _, l := range b.Labels {
+			if l.Owner != v.owner {
+				continue
+			}
+			ov := oracle.Verdict{ID: b.ID + "/" + l.ClickID, Code: l.Code, Bot: l.Bot, Rule: l.Rule, FraudSeq: seq}
+			ov.ClickID, _ = uuid.Parse(l.ClickID)
+			out = append(out, ov)
+		}
 	})
 	return out, atEnd, err
 }
@@ -260,8 +273,9 @@ func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
 }
 
 // Positions implements oracle.Positions: each partition consumer of the
-// consumer groups on CLICKS, and the durable consumers on FRAUD (the click
-// counter applies verdicts through one) named "FRAUD/<consumer>".
+// consumer groups on CLICKS, and the durable consumers on FRAUD_VERDICTS
+// (the click counter applies verdicts through one) named
+// "FRAUD_VERDICTS/<consumer>".
 func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 	groups, err := r.Groups(ctx)
 	if err != nil {
@@ -281,7 +295,7 @@ func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 				AckFloor: p.AckFloor, Backlog: p.Pending + uint64(p.AckPending)})
 		}
 	}
-	s, err := r.js.Stream(ctx, events.FraudStream)
+	s, err := r.js.Stream(ctx, events.FraudVerdictsStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return out, nil
 	}
@@ -293,7 +307,7 @@ func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 		if ci.Config.Durable == "" {
 			continue // ephemeral: a tool reading, like this one
 		}
-		out = append(out, oracle.Position{Reader: events.FraudStream + "/" + ci.Name, Stream: events.FraudStream, Partition: -1,
+		out = append(out, oracle.Position{Reader: events.FraudVerdictsStream + "/" + ci.Name, Stream: events.FraudVerdictsStream, Partition: -1,
 			AckFloor: ci.AckFloor.Stream, Backlog: ci.NumPending + uint64(ci.NumAckPending)})
 	}
 	if err := l.Err(); err != nil {

@@ -15,7 +15,7 @@ type Targets struct {
 	// Clicks is, per CLICKS partition, the highest stream sequence of the
 	// run's clicks.
 	Clicks map[int]uint64
-	// Fraud is the highest FRAUD sequence of the verdicts about the run's
+	// Fraud is the highest FRAUD_VERDICTS sequence of the verdicts about the run's
 	// clicks; 0 when there are none.
 	Fraud uint64
 }
@@ -23,7 +23,7 @@ type Targets struct {
 // Behind is one reader's partition that has not processed the run yet.
 type Behind struct {
 	Reader    string
-	Partition int // -1 on FRAUD
+	Partition int // -1 on FRAUD_VERDICTS
 	// AckFloor and Target: acknowledged up to AckFloor, the run's last
 	// event is at Target.
 	AckFloor, Target uint64
@@ -46,7 +46,7 @@ func (b Behind) String() string {
 
 // CaughtUp judges readers' positions against a run's targets. A reader has
 // processed the run when, on every partition holding the run's clicks (and
-// on FRAUD, for the readers of verdicts), its acknowledged floor is at or
+// on FRAUD_VERDICTS, for the readers of verdicts), its acknowledged floor is at or
 // past the run's last event there, or it has nothing left to process at all
 // (a consumer whose filter leaves the run's events out has a floor that
 // never reaches them, and a backlog of 0). It returns the readers deployed,

@@ -9,7 +9,7 @@
 // log:
 //
 //   - fraud detection: every click of an injected burst is labelled a bot by
-//     a verdict on FRAUD, and no verdict names a click the log does not hold;
+//     a verdict on FRAUD_VERDICTS, and no verdict names a click the log does not hold;
 //   - the click counter: per link, human + bot = the link's clicks in the
 //     log, and bot = the clicks whose final label is bot (the last verdict
 //     about the click, else the label the redirect gave it);

@@ -216,7 +216,7 @@ func (w *world) positions() []oracle.Position {
 			pos = append(pos, oracle.Position{Reader: g, Stream: "CLICKS", Partition: p, AckFloor: last[p], Backlog: otherTraffic})
 		}
 	}
-	pos = append(pos, oracle.Position{Reader: "FRAUD/click-counter-verdicts", Stream: "FRAUD", Partition: -1, AckFloor: verdict, Backlog: otherTraffic})
+	pos = append(pos, oracle.Position{Reader: "FRAUD_VERDICTS/click-counter-verdicts", Stream: "FRAUD_VERDICTS", Partition: -1, AckFloor: verdict, Backlog: otherTraffic})
 	if w.readers != nil {
 		pos = w.readers(pos)
 	}

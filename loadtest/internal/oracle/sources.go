@@ -33,9 +33,12 @@ type LogReader interface {
 	Next(ctx context.Context) (clicks []LogClick, atEnd bool, err error)
 }
 
-// Verdict is a fraud verdict from FRAUD, reduced to what the oracle checks.
+// Verdict is one label of a verdict message from FRAUD_VERDICTS, reduced to
+// what the oracle checks.
 type Verdict struct {
-	// ID is the verdict's own ID (deterministic, the Nats-Msg-Id).
+	// ID identifies the label: the ID of the verdict message that carried
+	// it (deterministic, the Nats-Msg-Id) and the click ID, so a message
+	// stored twice shows as a duplicate.
 	ID       string
 	ClickID  uuid.UUID
 	Code     string
@@ -44,11 +47,11 @@ type Verdict struct {
 	FraudSeq uint64
 }
 
-// VerdictReader reads the verdicts about the run owner's clicks from FRAUD,
+// VerdictReader reads the verdicts about the run owner's clicks from FRAUD_VERDICTS,
 // in stream order.
 type VerdictReader interface {
 	// Next returns the verdicts stored since the previous call and whether
-	// the reader has reached the end of FRAUD.
+	// the reader has reached the end of FRAUD_VERDICTS.
 	Next(ctx context.Context) (verdicts []Verdict, atEnd bool, err error)
 }
 
@@ -83,11 +86,11 @@ type WarehouseReader interface {
 // partition of CLICKS).
 type Position struct {
 	// Reader names the reader: a consumer group on CLICKS, or
-	// "FRAUD/<consumer>" for a durable consumer on FRAUD.
+	// "FRAUD_VERDICTS/<consumer>" for a durable consumer on FRAUD_VERDICTS.
 	Reader string
-	// Stream is CLICKS or FRAUD.
+	// Stream is CLICKS or FRAUD_VERDICTS.
 	Stream string
-	// Partition is the CLICKS partition; -1 on FRAUD.
+	// Partition is the CLICKS partition; -1 on FRAUD_VERDICTS.
 	Partition int
 	// AckFloor is the last stream sequence acknowledged with everything
 	// before it: every event of the reader's at or below it is processed.

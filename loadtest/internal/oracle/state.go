@@ -48,7 +48,7 @@ type state struct {
 	verdictUnknown uint64
 	verdictRules   map[string]uint64 // rule -> verdicts labelling a non-burst human click bot
 	label          []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
-	labelSeq       []uint64          // FRAUD sequence of that verdict
+	labelSeq       []uint64          // FRAUD_VERDICTS sequence of that verdict
 
 	// lastClick is, per CLICKS partition, the highest stream sequence of a
 	// click on the run's links; lastVerdict the highest FRAUD sequence of a
@@ -194,8 +194,8 @@ func (s *state) lookup(id uuid.UUID) (uint64, bool) {
 	return seq, sl.n > 0 && sl.id == id
 }
 
-// addVerdict records one verdict read from FRAUD. The latest verdict about
-// a click (by FRAUD sequence) is its label.
+// addVerdict records one verdict label read from FRAUD_VERDICTS. The latest
+// label about a click (by FRAUD_VERDICTS sequence) is its label.
 func (s *state) addVerdict(v *Verdict) {
 	if _, ours := s.linkOf(v.Code); !ours {
 		return

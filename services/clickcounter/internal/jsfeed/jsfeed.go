@@ -1,6 +1,6 @@
 // Package jsfeed runs the click counter's two JetStream consumers besides
-// its consumer group: LINKS (who owns each code) and FRAUD verdicts
-// (corrections). Each is one durable consumer shared by every counter
+// its consumer group: LINKS (who owns each code) and FRAUD_VERDICTS
+// (corrections, many labels a message). Each is one durable consumer shared by every counter
 // instance, read in batches (one Redis round trip per batch); a message is
 // acked once its batch is written, retried with backoff when it failed, and
 // parked on DEAD_LETTER (through package deadletter) when it can never be
@@ -406,19 +406,50 @@ func Links(apply func(ctx context.Context, es []counter.LinkEvent) error) Handle
 	})
 }
 
-// Verdicts returns the FRAUD feed's handler: it decodes verdicts and hands
-// them to apply, in one call per batch.
+// MaxLabelsPerApply bounds the labels of one call of the verdict feed's
+// apply (one Redis round trip): a batch of messages of many labels each is
+// applied in slices of at most this many.
+const MaxLabelsPerApply = 1000
+
+// Verdicts returns the FRAUD_VERDICTS feed's handler: it decodes each
+// message (many labels; events.DecodeFraudVerdictBatch), expands it into one
+// counter.Verdict per label, each with the message's stream sequence, and
+// hands them to apply in slices of at most MaxLabelsPerApply. A message is
+// done when every label of it is; when one is not, the message is retried
+// (its applied labels change nothing again) or, if a label can never be
+// applied, parked.
 func Verdicts(apply func(ctx context.Context, vs []counter.Verdict) []counter.VerdictResult) HandleFunc {
-	return decoded(func(data []byte, seq uint64) (counter.Verdict, error) {
-		v, err := events.DecodeFraudVerdict(data)
-		return counter.Verdict{V: &v, Seq: seq}, err
-	}, func(ctx context.Context, vs []counter.Verdict) []error {
-		errs := make([]error, len(vs))
-		for i, r := range apply(ctx, vs) {
-			errs[i] = r.Err
+	return func(ctx context.Context, msgs []Msg) []error {
+		errs := make([]error, len(msgs))
+		var vs []counter.Verdict
+		var of []int // message index of each verdict
+		for i, m := range msgs {
+			b, err := events.DecodeFraudVerdictBatch(m.Data)
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			for _, v := range b.Verdicts() {
+				vs = append(vs, counter.Verdict{V: &v, Seq: m.Seq})
+				of = append(of, i)
+			}
+		}
+		for start := 0; start < len(vs); start += MaxLabelsPerApply {
+			end := min(start+MaxLabelsPerApply, len(vs))
+			for k, r := range apply(ctx, vs[start:end]) {
+				if r.Err == nil {
+					continue
+				}
+				i := of[start+k]
+				// A label to retry wins over one that never can be applied:
+				// the message is retried, not parked, while any can still be.
+				if errs[i] == nil || failure.IsPermanent(errs[i]) && !failure.IsPermanent(r.Err) {
+					errs[i] = r.Err
+				}
+			}
 		}
 		return errs
-	})
+	}
 }
 
 // decoded decodes each message of a batch and hands the ones that decode

@@ -117,7 +117,7 @@ func New(js jetstream.JetStream, th Thresholds) *View { return &View{js: js, th:
 
 // otherStreams are the streams whose durable consumers the panel lists
 // besides the groups (CLICKS durables outside a group are listed too).
-var otherStreams = []string{events.ClicksStream, events.PreviewJobsStream, events.LinksStream, events.FraudStream, events.DeadLetterStream}
+var otherStreams = []string{events.ClicksStream, events.PreviewJobsStream, events.LinksStream, events.FraudStream, events.FraudVerdictsStream, events.DeadLetterStream}
 
 // Snapshot reads every group and consumer now.
 func (v *View) Snapshot(ctx context.Context) (Snapshot, error) {
@@ -220,7 +220,8 @@ func ReplayNote(group string) string {
 			"A replay from later (since 24h) recounts nothing and counts nothing twice: the replayed clicks are below its watermark and skipped."
 	case topology.GroupFraudDetection:
 		return "The detector's windows restart at the replay's first click. Alert IDs are deterministic (rule, link, key, period), " +
-			"so a replay raises no new alert (FRAUD drops the copies) and re-publishes the same verdicts."
+			"so a replay raises no new alert (FRAUD drops the copies); its verdict messages are cut by the replay's batches, " +
+			"and the counter applies each label once by click ID."
 	case topology.GroupWarehouseLoader:
 		return "Rows are idempotent (ReplacingMergeTree on the event ID, queries count distinct IDs): a replay re-inserts copies " +
 			"that change no answer and merge away. Use it to reload a range the warehouse lost."

@@ -97,10 +97,10 @@ func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
 		got[c.Stream+"/"+c.Name] = c.Pending + uint64(c.InFlight)
 	}
 	want := map[string]uint64{
-		events.PreviewJobsStream + "/" + topology.PreviewConsumer:        1,
-		events.LinksStream + "/" + topology.ClickCounterLinksConsumer:    0,
-		events.FraudStream + "/" + topology.ClickCounterVerdictsConsumer: 0,
-		events.FraudStream + "/" + topology.WebhooksAlertsConsumer:       0,
+		events.PreviewJobsStream + "/" + topology.PreviewConsumer:                1,
+		events.LinksStream + "/" + topology.ClickCounterLinksConsumer:            0,
+		events.FraudVerdictsStream + "/" + topology.ClickCounterVerdictsConsumer: 0,
+		events.FraudStream + "/" + topology.WebhooksAlertsConsumer:               0,
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("other consumers' unprocessed events (-want +got):\n%s", d)

@@ -17,10 +17,6 @@ func AlertID(rule, code, key string, period time.Time) string {
 	return rule + ":" + code + ":" + keyDigest(key) + ":" + strconv.FormatInt(period.Unix(), 10)
 }
 
-// VerdictID is the deterministic ID of the verdict that labels a click a
-// bot. The detector labels a click at most once, whichever rule does it.
-func VerdictID(clickID string) string { return clickID + ":bot" }
-
 // keyDigest shortens a rule key (a visitor hash, a CIDR, an agent name) to 16
 // hex characters that fit a message ID; "-" for the empty key of link rules.
 func keyDigest(key string) string {

@@ -25,11 +25,13 @@ type ClickLog interface {
 	Scan(ctx context.Context, partition int, from time.Time, until uint64, fn func(reader.Event)) (int, error)
 }
 
-// Publisher publishes alerts and verdicts on FRAUD with their IDs as
-// Nats-Msg-Id and returns once every one is acknowledged.
+// Publisher publishes alerts on FRAUD and verdict messages on
+// FRAUD_VERDICTS with their IDs as Nats-Msg-Id, all at once within its
+// window of unacknowledged publishes, and returns once every one is
+// acknowledged.
 type Publisher interface {
-	// Publish returns how many the stream reported as duplicates.
-	Publish(ctx context.Context, alerts []events.FraudAlert, verdicts []events.FraudVerdict) (duplicates int, err error)
+	// Publish returns how many the streams reported as duplicates.
+	Publish(ctx context.Context, alerts []events.FraudAlert, verdicts []events.FraudVerdictBatch) (duplicates int, err error)
 }
 
 // Store keeps what the API serves: per-link totals and flagged counts, and
@@ -55,7 +57,9 @@ type LinkStats struct {
 // Handler and the OnAssign, OnRevoke and OnRewind hooks of reader.Config.
 //
 // Per batch it judges each event, reads back from CLICKS the earlier clicks a
-// rule labelled, publishes alerts and verdicts and waits for their acks,
+// rule labelled, publishes alerts and the batch's verdict messages (every
+// label of the batch in one message, or a few when over the message bounds
+// of events.SplitVerdicts) and waits for their acks,
 // writes the API's statistics, and only then returns nil so the runtime acks
 // the batch. Any failure returns an error: the runtime retries the batch,
 // the events already judged are not judged again (their sequences are not
@@ -80,7 +84,8 @@ type partState struct {
 	p        *Partition
 	pending  []Judgement
 	alerts   []events.FraudAlert
-	verdicts []events.FraudVerdict
+	verdicts []events.FraudVerdictBatch
+	labels   int  // labels in verdicts
 	resolved bool // verdicts built for pending
 	sent     bool // alerts and verdicts acknowledged by FRAUD
 }
@@ -221,16 +226,20 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 // statistics never show an alert that FRAUD does not have.
 func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch []reader.Event) error {
 	if !ps.resolved {
-		alerts, verdicts, err := r.decisions(ctx, partition, ps.pending, batch)
+		alerts, labels, err := r.decisions(ctx, ps.pending, batch)
 		if err != nil {
 			return err
 		}
-		ps.alerts, ps.verdicts, ps.resolved = alerts, verdicts, true
+		// The messages' IDs come from the sequences judged: a retry of this
+		// flush re-sends these very messages, from memory.
+		first, last := ps.pending[0].Seq, ps.pending[len(ps.pending)-1].Seq
+		ps.alerts, ps.labels, ps.resolved = alerts, len(labels), true
+		ps.verdicts = events.SplitVerdicts(partition, first, last, labels)
 	}
 	if !ps.sent {
 		dups, err := r.pub.Publish(ctx, ps.alerts, ps.verdicts)
 		if err != nil {
-			return fmt.Errorf("publish %d alerts and %d verdicts: %w", len(ps.alerts), len(ps.verdicts), err)
+			return fmt.Errorf("publish %d alerts and %d verdict messages (%d labels): %w", len(ps.alerts), len(ps.verdicts), ps.labels, err)
 		}
 		ps.sent = true
 		r.metrics.duplicates.Add(float64(dups))
@@ -238,7 +247,9 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 			r.metrics.alerts.WithLabelValues(a.Rule).Inc()
 		}
 		for _, v := range ps.verdicts {
-			r.metrics.verdicts.WithLabelValues(v.Rule).Inc()
+			for _, l := range v.Labels {
+				r.metrics.verdicts.WithLabelValues(l.Rule).Inc()
+			}
 		}
 	}
 	if err := r.store.Apply(ctx, partition, ps.pending); err != nil {
@@ -248,12 +259,12 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 	return nil
 }
 
-// decisions turns judgements into the events to publish. A label of an
-// earlier click needs that click's fields: it is in the batch, or read back
-// from CLICKS by its sequence.
-func (r *Reader) decisions(ctx context.Context, partition int, js []Judgement, batch []reader.Event) ([]events.FraudAlert, []events.FraudVerdict, error) {
+// decisions turns judgements into the alerts and labels to publish. A label
+// of an earlier click needs that click's fields: it is in the batch, or read
+// back from CLICKS by its sequence.
+func (r *Reader) decisions(ctx context.Context, js []Judgement, batch []reader.Event) ([]events.FraudAlert, []events.FraudVerdictLabel, error) {
 	var alerts []events.FraudAlert
-	var verdicts []events.FraudVerdict
+	var labels []events.FraudVerdictLabel
 	first := batch[0].Seq
 	for _, j := range js {
 		alerts = append(alerts, j.Alerts...)
@@ -263,15 +274,14 @@ func (r *Reader) decisions(ctx context.Context, partition int, js []Judgement, b
 				return nil, nil, fmt.Errorf("label click %d: %w", l.Seq, err)
 			}
 			c := &ev.Click
-			verdicts = append(verdicts, events.FraudVerdict{
-				V: events.FraudVersion, ID: VerdictID(c.ID), ClickID: c.ID,
-				Partition: partition, ClickSeq: l.Seq, Code: c.Code, Owner: c.Owner,
+			labels = append(labels, events.FraudVerdictLabel{
+				ClickID: c.ID, ClickSeq: l.Seq, Code: c.Code, Owner: c.Owner,
 				Rule: l.Rule, AlertID: l.AlertID, Bot: true, SourceBot: c.Bot,
 				ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: j.At.UTC(),
 			})
 		}
 	}
-	return alerts, verdicts, nil
+	return alerts, labels, nil
 }
 
 // find returns the event at seq from the batch (sorted by sequence) or the log.

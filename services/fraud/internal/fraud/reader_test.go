@@ -77,6 +77,17 @@ func (w *world) events(t *testing.T, p int, from uint64) []reader.Event {
 }
 
 // fraudMsgs returns the FRAUD messages on subject filter by Nats-Msg-Id.
+// verdictLabels returns how many labels of FRAUD_VERDICTS name each click,
+// and how many verdict messages there are.
+func (w *world) verdictLabels(t *testing.T) (map[string]int, int) {
+	t.Helper()
+	labels, msgs, err := traffic.VerdictLabels(t.Context(), w.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return labels, msgs
+}
+
 func (w *world) fraudMsgs(t *testing.T, filter string) map[string]int {
 	t.Helper()
 	ids, err := traffic.MsgIDs(t.Context(), w.js, events.FraudStream, filter)
@@ -126,10 +137,10 @@ func TestTakeoverRebuildsWindowsFromTheLog(t *testing.T) {
 	if len(alerts) != 1 || alerts[want] != 1 {
 		t.Fatalf("alerts = %v, want one %s", alerts, want)
 	}
-	verdicts := w.fraudMsgs(t, "fraud.verdicts.>")
+	verdicts, _ := w.verdictLabels(t)
 	for _, c := range clicks {
-		if verdicts[fraud.VerdictID(c.ID)] != 1 {
-			t.Fatalf("click %s: %d verdicts, want 1 (%d verdicts in all)", c.ID, verdicts[fraud.VerdictID(c.ID)], len(verdicts))
+		if verdicts[c.ID] != 1 {
+			t.Fatalf("click %s: %d verdicts, want 1 (%d verdicts in all)", c.ID, verdicts[c.ID], len(verdicts))
 		}
 	}
 	st, err := w.store.LinkStats(ctx, "hot")
@@ -167,8 +178,19 @@ func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if v := w.fraudMsgs(t, "fraud.verdicts.>"); len(v) != 30 {
+	v, msgs := w.verdictLabels(t)
+	if len(v) != 30 {
 		t.Fatalf("%d verdicts, want 30", len(v))
+	}
+	for _, c := range clicks {
+		if v[c.ID] != 1 {
+			t.Fatalf("click %s: %d labels, want 1", c.ID, v[c.ID])
+		}
+	}
+	// The batch's labels went out in one message, and its re-sends (same
+	// ID) were dropped as duplicates.
+	if msgs != 1 {
+		t.Fatalf("%d verdict messages, want 1", msgs)
 	}
 	st, err := w.store.LinkStats(ctx, "hot")
 	if err != nil || st.Total != 30 || st.Flagged != 30 {

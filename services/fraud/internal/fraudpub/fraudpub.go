@@ -1,7 +1,8 @@
-// Package fraudpub publishes fraud alerts and verdicts on the FRAUD stream:
-// asynchronously, within a bounded window of unacknowledged publishes, each
-// with its deterministic ID as Nats-Msg-Id so the stream drops repeats. It is
-// the JetStream side of fraud.Publisher.
+// Package fraudpub publishes fraud alerts on the FRAUD stream and verdict
+// messages (many labels each) on FRAUD_VERDICTS: asynchronously, within a
+// bounded window of unacknowledged publishes, each with its deterministic ID
+// as Nats-Msg-Id so the stream drops repeats. It is the JetStream side of
+// fraud.Publisher.
 package fraudpub
 
 import (
@@ -21,7 +22,7 @@ import (
 
 var _ fraud.Publisher = (*Publisher)(nil)
 
-// Publisher publishes on FRAUD.
+// Publisher publishes on FRAUD and FRAUD_VERDICTS.
 type Publisher struct {
 	js      jetstream.JetStream
 	timeout time.Duration
@@ -40,10 +41,10 @@ func New(nc *nats.Conn, window int, timeout time.Duration) (*Publisher, error) {
 	return &Publisher{js: js, timeout: timeout}, nil
 }
 
-// Publish sends every alert and verdict and waits until FRAUD has
-// acknowledged each one; it returns the first error otherwise. On an error
-// some may have been stored: publishing them again is harmless.
-func (p *Publisher) Publish(ctx context.Context, alerts []events.FraudAlert, verdicts []events.FraudVerdict) (int, error) {
+// Publish sends every alert and verdict message and waits until the streams
+// have acknowledged each one; it returns the first error otherwise. On an
+// error some may have been stored: publishing them again is harmless.
+func (p *Publisher) Publish(ctx context.Context, alerts []events.FraudAlert, verdicts []events.FraudVerdictBatch) (int, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(alerts)+len(verdicts))
 	var sendErr error
 	send := func(subject, id string, v any) bool {
@@ -66,7 +67,7 @@ func (p *Publisher) Publish(ctx context.Context, alerts []events.FraudAlert, ver
 		}
 	}
 	for _, v := range verdicts {
-		if sendErr != nil || !send(events.FraudVerdictSubject(v.Owner, v.Code), v.ID, v) {
+		if sendErr != nil || !send(events.FraudVerdictBatchSubject(v.Partition), v.ID, v) {
 			break
 		}
 	}

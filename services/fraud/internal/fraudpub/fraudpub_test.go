@@ -33,30 +33,51 @@ func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
 	ctx := t.Context()
 	now := time.Now().UTC()
 	alerts := []events.FraudAlert{{V: 1, ID: "visitor_burst:abc:x:1", Rule: "visitor_burst", Code: "abc", Owner: "acme", Time: now}}
-	var verdicts []events.FraudVerdict
-	for range 300 {
-		id := events.NewID()
-		verdicts = append(verdicts, events.FraudVerdict{V: 1, ID: id + ":bot", ClickID: id, Code: "abc", Owner: "acme", Rule: "visitor_burst", Bot: true, Time: now})
+	var labels []events.FraudVerdictLabel
+	for i := range 1200 {
+		labels = append(labels, events.FraudVerdictLabel{ClickID: events.NewID(), ClickSeq: uint64(i + 1), Code: "abc", Owner: "acme", Rule: "visitor_burst", Bot: true, Time: now})
+	}
+	// 1200 labels of partition 2: three messages of at most 500 labels.
+	verdicts := events.SplitVerdicts(2, 1, 1200, labels)
+	if len(verdicts) != 3 {
+		t.Fatalf("%d verdict messages, want 3", len(verdicts))
 	}
 	// A window smaller than the batch: publishes wait for room.
-	p, err := fraudpub.New(nc, 64, 5*time.Second)
+	p, err := fraudpub.New(nc, 2, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if dups, err := p.Publish(ctx, alerts, verdicts); err != nil || dups != 0 {
 		t.Fatalf("Publish = %d duplicates, %v", dups, err)
 	}
-	if dups, err := p.Publish(ctx, alerts, verdicts); err != nil || dups != 301 {
-		t.Fatalf("second Publish = %d duplicates, %v; want 301", dups, err)
+	if dups, err := p.Publish(ctx, alerts, verdicts); err != nil || dups != 4 {
+		t.Fatalf("second Publish = %d duplicates, %v; want 4", dups, err)
 	}
 	s, _ := js.Stream(ctx, events.FraudStream)
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter("fraud.>"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 301 || info.State.Subjects[events.FraudAlertSubject("abc")] != 1 ||
-		info.State.Subjects[events.FraudVerdictSubject("acme", "abc")] != 300 {
-		t.Fatalf("FRAUD holds %d messages by subject %v; want 1 alert and 300 verdicts", info.State.Msgs, info.State.Subjects)
+	if info.State.Msgs != 1 || info.State.Subjects[events.FraudAlertSubject("abc")] != 1 {
+		t.Fatalf("FRAUD holds %d messages by subject %v; want 1 alert", info.State.Msgs, info.State.Subjects)
+	}
+	vs, _ := js.Stream(ctx, events.FraudVerdictsStream)
+	vinfo, err := vs.Info(ctx, jetstream.WithSubjectFilter("fraud.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vinfo.State.Msgs != 3 || vinfo.State.Subjects[events.FraudVerdictBatchSubject(2)] != 3 {
+		t.Fatalf("FRAUD_VERDICTS holds %d messages by subject %v; want 3 verdict messages", vinfo.State.Msgs, vinfo.State.Subjects)
+	}
+	last, err := vs.GetLastMsgForSubject(ctx, events.FraudVerdictBatchSubject(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := last.Header.Get(jetstream.MsgIDHeader); got != verdicts[2].ID {
+		t.Fatalf("last verdict message's Nats-Msg-Id = %q, want %q", got, verdicts[2].ID)
+	}
+	if b, err := events.DecodeFraudVerdictBatch(last.Data); err != nil || len(b.Labels) != 200 {
+		t.Fatalf("last verdict message: %d labels, %v; want 200", len(b.Labels), err)
 	}
 	m, err := s.GetLastMsgForSubject(ctx, events.FraudAlertSubject("abc"))
 	if err != nil {
@@ -75,8 +96,7 @@ func TestPublishFailsWhenNATSIsDown(t *testing.T) {
 	n, nc, _ := newServer(t)
 	p, _ := fraudpub.New(nc, 64, 500*time.Millisecond)
 	n.Stop()
-	id := events.NewID()
-	_, err := p.Publish(t.Context(), nil, []events.FraudVerdict{{V: 1, ID: id + ":bot", ClickID: id, Code: "abc", Owner: "acme", Rule: "x", Bot: true}})
+	_, err := p.Publish(t.Context(), nil, events.SplitVerdicts(0, 1, 1, []events.FraudVerdictLabel{{ClickID: events.NewID(), ClickSeq: 1, Code: "abc", Owner: "acme", Rule: "x", Bot: true}}))
 	if err == nil {
 		t.Fatal("Publish succeeded with NATS down")
 	}

@@ -14,7 +14,7 @@
 // a batch's counts apply once: the runtime hands a partition's events in
 // order, so "applied up to sequence S" is all the memory needed, however
 // often a batch is retried or redelivered or a partition changes hands
-// (the per-click verdicts on FRAUD carry the click ID for consumers that key
+// (the verdict labels on FRAUD_VERDICTS carry the click ID for consumers that key
 // by it). Alerts are added by ID (ZADD NX), so an alert raised again by a
 // replay or a takeover is stored once.
 package redisstore
