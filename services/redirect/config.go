@@ -72,8 +72,8 @@ type Config struct {
 	// OutboxWaitReplicasTimeout bounds that wait. It must be below
 	// SNIP_OUTBOX_WAIT, which bounds the whole outbox write.
 	OutboxWaitReplicasTimeout time.Duration `env:"SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT" envDefault:"50ms"`
-	// DirectTimeout bounds the wait for JetStream's ack of a click
-	// published straight to CLICKS.
+	// DirectTimeout bounds each wait for JetStream's ack of a click
+	// published straight to CLICKS (directpub.Attempts when acks time out).
 	DirectTimeout time.Duration `env:"SNIP_DIRECT_TIMEOUT" envDefault:"500ms"`
 	// LookupTimeout bounds a link lookup in Redis on a cache miss.
 	LookupTimeout time.Duration `env:"SNIP_LOOKUP_TIMEOUT" envDefault:"250ms"`

@@ -6,6 +6,14 @@
 // returns only once JetStream acknowledged it. Like the outbox relay, it
 // publishes only clicks that pass events.ReadClick, the readers' rule.
 //
+// An ack that does not come in time is ambiguous: the stream may have stored
+// the click and the ack be slow (a loaded server), and a click answered with
+// an error must not be counted. So a timed-out publish is sent again with the
+// same Nats-Msg-Id, up to Attempts in all: the first ack that comes, new or
+// duplicate, says the click is stored. Only when none comes is the error
+// returned (and then the click may still be in CLICKS: decision 0014 in
+// docs/decisions lists when a request answered 503 can still be counted).
+//
 // The connection it is given must not buffer publishes while it reconnects
 // (nats.ReconnectBufSize(-1)): a buffered click would be stored after the
 // redirect had answered with an error, and then counted.
@@ -13,6 +21,7 @@ package directpub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -21,6 +30,10 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 )
+
+// Attempts is how many times a click whose ack timed out is published, in
+// all; each attempt waits at most the publisher's timeout.
+const Attempts = 3
 
 // Publisher publishes clicks synchronously.
 type Publisher struct {
@@ -43,8 +56,6 @@ func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) 
 	if _, err := events.ReadClick(data, string(subject), 0, time.Now()); err != nil {
 		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
 	msg := &nats.Msg{
 		Subject: string(subject),
 		// The caller's buffer may be reused once this returns; the client
@@ -52,10 +63,28 @@ func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) 
 		Data:   append([]byte(nil), data...),
 		Header: nats.Header{events.HeaderMsgID: []string{string(id)}},
 	}
-	// The client retries only "no responders" (nothing received the
-	// message), within ctx.
-	if _, err := p.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.ClicksStream)); err != nil {
+	var err error
+	for range Attempts {
+		if err = p.publish(ctx, msg); err == nil || !timedOut(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
 	}
 	return nil
+}
+
+func (p *Publisher) publish(ctx context.Context, msg *nats.Msg) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	// The client retries only "no responders" (nothing received the
+	// message), within ctx.
+	_, err := p.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.ClicksStream))
+	return err
+}
+
+// timedOut reports an error after which the click may have been stored.
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
