@@ -214,12 +214,31 @@ func TestConsoleInABrowser(t *testing.T) {
 	step("log in", chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
 	waitFor("the console after logging in", `String(location.pathname === "/" && !!document.getElementById("panel-readers"))`)
 
-	// The first paint has the figures: the page arrives with them.
-	step("load the console", chromedp.Navigate(s.url+"/"))
-	for _, id := range []string{"readers", "consumers", "outbox", "alerts", "dlq"} {
-		if got := text(id); strings.Contains(got, "Reading") || strings.Contains(got, "loading") {
-			t.Errorf("panel #%s shows %q at first paint, not its figures", id, got)
+	// The first paint has the figures: the page arrives with those computed
+	// within initialWait. On a loaded machine a computation can take longer
+	// (it goes on, and the page after it has it), so the page is loaded
+	// again until one first paint has every panel's figures; a page that
+	// never carried them fails here.
+	placeholders := func() []string {
+		var bad []string
+		for _, id := range []string{"readers", "consumers", "outbox", "alerts", "dlq"} {
+			if got := text(id); strings.Contains(got, "Reading") || strings.Contains(got, "loading") {
+				bad = append(bad, fmt.Sprintf("panel #%s shows %q", id, got))
+			}
 		}
+		return bad
+	}
+	for paintDeadline := time.Now().Add(30 * time.Second); ; {
+		step("load the console", chromedp.Navigate(s.url+"/"))
+		bad := placeholders()
+		if len(bad) == 0 {
+			break
+		}
+		if time.Now().After(paintDeadline) {
+			t.Errorf("no first paint had every panel's figures within 30 s; the last:\n%s", strings.Join(bad, "\n"))
+			break
+		}
+		t.Logf("first paint without every figure (a computation outlasted the page's wait), loading again: %s", strings.Join(bad, "; "))
 	}
 
 	waitFor("live clicks", `String(document.querySelectorAll("#live tr").length >= 3)`)
