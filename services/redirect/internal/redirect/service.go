@@ -38,6 +38,13 @@ const (
 	PolicyRedirect Policy = "redirect"
 )
 
+// LateReplyGrace is how long past an outbox entry's validity (plus
+// OutboxWait) a request whose direct publish failed still waits for Redis's
+// reply to its write before it answers an error: the reply says whether the
+// relay will publish the click. Only a reply that never comes (Redis frozen or
+// dead) leaves the request to answer 503 without knowing.
+const LateReplyGrace = 2 * time.Second
+
 // Options shape how a click is recorded.
 type Options struct {
 	// Policy applies when both paths failed.
@@ -246,7 +253,12 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bo
 		return true, nil
 	}
 	if t.Submitted() && !t.Done() {
-		gctx, cancel := context.WithDeadline(ctx, time.UnixMilli(until).Add(s.opt.OutboxWait))
+		// The relay's rule decides by when Redis stored the entry, so its
+		// reply, whenever it comes, says what the relay will do: wait for it
+		// past the validity too (LateReplyGrace), so that a reply delayed by
+		// a starved process or a slow network is not taken for a click
+		// Redis never stored (answered 503, then relayed and counted).
+		gctx, cancel := context.WithDeadline(ctx, time.UnixMilli(until).Add(s.opt.OutboxWait+LateReplyGrace))
 		stored, err := t.Wait(gctx)
 		cancel()
 		if err == nil && !outbox.Late(stored, until) {
