@@ -3,18 +3,23 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/snipdev/snip/loadtest/internal/chaos"
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -122,40 +127,18 @@ func (s *service) stop() {
 // and the warehouse.
 func TestChaosRedisFreezeAndKill9LoseNothing(t *testing.T) {
 	t.Parallel()
-	var redirectBin, counterBin string
-	var wg sync.WaitGroup
-	wg.Go(func() { redirectBin = buildService(t, "redirect") })
-	wg.Go(func() { counterBin = buildService(t, "clickcounter") })
-	r := testenv.StartRedis(t)
-	n := testenv.StartNATS(t)
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	common := []string{"REDIS_URL=" + r.URL(0), "NATS_URL=" + n.URL, "SNIP_PARTITIONS=4", "SNIP_BOOTSTRAP_OWNERS=chaos:" + chaosKey}
-	redirect := startService(t, "redirect", redirectBin, append(common, "SNIP_OUTBOX_SHARDS=4",
-		"SNIP_RELAY_LEASE_TTL=1s", "SNIP_TRUSTED_PROXIES=127.0.0.1/32", "SNIP_INSTANCE=chaos")...)
-	counter := startService(t, "clickcounter", counterBin, append(common, "CLICKCOUNTER_LEASE_TTL=1s")...)
-
-	// The warehouse: the stand-in loader of main_test.go on a fresh database.
-	conn, db := servers.ClickHouse.NewDB(t)
-	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
-		t.Fatalf("create clicks: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var readers sync.WaitGroup
-	t.Cleanup(func() { cancel(); readers.Wait() })
-	readers.Go(func() {
-		cfg := reader.Config{Group: topology.GroupWarehouseLoader, Linger: 20 * time.Millisecond, Start: reader.StartAtOldest()}
-		if err := reader.Run(ctx, n.JetStream(t), cfg, (&loader{conn: conn}).handle); err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("warehouse stand-in: %v", err)
-		}
+	var r *testenv.RedisServer
+	var n *testenv.NATS
+	rig := startChaosRig(t, func() chaosServers {
+		r, n = testenv.StartRedis(t), testenv.StartNATS(t)
+		return chaosServers{natsURL: n.URL, js: n.JetStream(t), env: []string{"REDIS_URL=" + r.URL(0)}}
 	})
 
 	freeze, err := chaos.Parse("freeze:redis:" + strconv.Itoa(r.PID()) + ":4s")
 	if err != nil {
 		t.Fatal(err)
 	}
+	counter := rig.counter
 	kill, err := chaos.Parse("kill:clickcounter:" + strconv.Itoa(counter.pid()))
 	if err != nil {
 		t.Fatal(err)
@@ -168,11 +151,169 @@ func TestChaosRedisFreezeAndKill9LoseNothing(t *testing.T) {
 	kill.Inject = func(ctx context.Context) error { // the pid at injection time
 		return chaos.Signal(counter.pid(), syscall.SIGKILL)
 	}
+	rig.judge(t, freeze, kill)
+}
 
-	env := &Env{Cfg: Config{NATSURL: n.URL, APIKey: chaosKey}, Stdout: &lockedBuffer{}, Stderr: &lockedBuffer{}, Log: slog.New(slog.DiscardHandler)}
-	p := &chaosPlan{target: redirect.url, rate: 100, warmup: 3 * time.Second, tail: 6 * time.Second, timeout: 5 * time.Second, xff: true}
+// TestChaosOnClustersLoseNothing is the chaos suite on clusters: the
+// redirect and click counter binaries against a 3-node NATS cluster
+// (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas),
+// the redirect's group commit waiting for one replica (WAIT), and three
+// faults judged by the oracle one after the other: kill -9 of the
+// nats-server leading CLICKS (started again after 5 s), that leader frozen
+// (SIGSTOP) for 10 s, and kill -9 of a Redis master holding outbox shards
+// (its replica takes over; the old master is started again after 5 s and
+// rejoins as a replica). Every run must pass: lost 0, doubled 0 in CLICKS,
+// the counter and the warehouse.
+func TestChaosOnClustersLoseNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the cluster chaos suite takes about two minutes; make test runs it")
+	}
+	t.Parallel()
+	var nc *testenv.NATSCluster
+	var rc *testenv.RedisCluster
+	rig := startChaosRig(t, func() chaosServers {
+		var wg sync.WaitGroup
+		wg.Go(func() { nc = testenv.StartNATSCluster(t) })
+		wg.Go(func() { rc = testenv.StartRedisCluster(t) })
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		return chaosServers{natsURL: nc.URL, js: nc.JetStream(t),
+			env: []string{"REDIS_URL=" + rc.URL(), "SNIP_REPLICAS=3"},
+			// The replica wait, with a bound generous on a loaded machine
+			// (less than the outbox wait, as the redirect requires). The
+			// direct publish's bound too: while a Redis master is dead, a
+			// click of its shards goes straight to CLICKS, and a PubAck
+			// later than SNIP_DIRECT_TIMEOUT (500 ms by default; seen with
+			// R3 on a busy 2-core machine) answers 503 for a click NATS did
+			// store, which the oracle rightly counts as extra.
+			redirectEnv: []string{"SNIP_OUTBOX_WAIT_REPLICAS=1", "SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT=500ms",
+				"SNIP_OUTBOX_WAIT=1s", "SNIP_OUTBOX_VALIDITY=2s", "SNIP_DIRECT_TIMEOUT=2s"}}
+	})
+	js := nc.JetStream(t)
+	leader := func(ctx context.Context) (*testenv.NATSNode, error) {
+		// Polled: after the last fault's recovery the stream may still be
+		// electing its leader.
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			node, err := nc.StreamLeader(ctx, js, events.ClicksStream)
+			if err == nil {
+				return node, nil
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("leader of %s: %w", events.ClicksStream, err)
+			case <-tick.C:
+			}
+		}
+	}
+	// leaderFault breaks the nats-server leading CLICKS at injection time
+	// and mends it at the end; then every node must be healthy again.
+	leaderFault := func(name string, hold time.Duration, brk func(*testenv.NATSNode), mend func(*testenv.NATSNode) error) chaos.Fault {
+		var node *testenv.NATSNode
+		return chaos.Fault{Name: name, Hold: hold,
+			Inject: func(ctx context.Context) (err error) {
+				if node, err = leader(ctx); err == nil {
+					brk(node)
+				}
+				return err
+			},
+			Recover: func(context.Context) error {
+				if err := mend(node); err != nil {
+					return err
+				}
+				return nc.WaitHealthy(60 * time.Second)
+			}}
+	}
+	killLeader := leaderFault("kill -9 nats CLICKS leader", 5*time.Second, (*testenv.NATSNode).Kill, (*testenv.NATSNode).Start)
+	freezeLeader := leaderFault("freeze nats CLICKS leader 10s", 10*time.Second, (*testenv.NATSNode).Pause,
+		func(n *testenv.NATSNode) error { n.Resume(); return nil })
+	var master *testenv.RedisServer
+	killMaster := chaos.Fault{Name: "kill -9 redis master (outbox shard 0)", Hold: 5 * time.Second,
+		Inject: func(ctx context.Context) (err error) {
+			// The master of outbox shard 0's hash tag (the redirect's key layout).
+			if master, err = rc.MasterOf(ctx, "snip:{s0}:outbox:clicks"); err == nil {
+				master.Kill()
+			}
+			return err
+		},
+		Recover: func(context.Context) error {
+			if err := master.Start(); err != nil { // it rejoins as a replica
+				return err
+			}
+			return rc.WaitHealthy(60 * time.Second)
+		}}
+	rig.judge(t, killLeader, freezeLeader, killMaster)
+}
+
+// chaosServers are the servers a chaos rig runs on: where NATS is, a
+// JetStream client of it for the warehouse stand-in, and the environment
+// both services get (Redis), plus the redirect's own.
+type chaosServers struct {
+	natsURL     string
+	js          jetstream.JetStream
+	env         []string
+	redirectEnv []string
+}
+
+// chaosRig is the system a chaos test breaks: the redirect and click
+// counter binaries, the stand-in warehouse loader on a fresh ClickHouse
+// database, and the load test's plan and sinks against them.
+type chaosRig struct {
+	redirect, counter *service
+	natsURL, db       string
+}
+
+// startChaosRig builds the redirect and click counter while start starts
+// the servers, then starts both services and the warehouse stand-in.
+func startChaosRig(t *testing.T, start func() chaosServers) *chaosRig {
+	t.Helper()
+	var redirectBin, counterBin string
+	var wg sync.WaitGroup
+	wg.Go(func() { redirectBin = buildService(t, "redirect") })
+	wg.Go(func() { counterBin = buildService(t, "clickcounter") })
+	srv := start()
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	common := append([]string{"NATS_URL=" + srv.natsURL, "SNIP_PARTITIONS=4", "SNIP_BOOTSTRAP_OWNERS=chaos:" + chaosKey}, srv.env...)
+	rig := &chaosRig{natsURL: srv.natsURL}
+	rig.redirect = startService(t, "redirect", redirectBin, slices.Concat(common, []string{"SNIP_OUTBOX_SHARDS=4",
+		"SNIP_RELAY_LEASE_TTL=1s", "SNIP_TRUSTED_PROXIES=127.0.0.1/32", "SNIP_INSTANCE=chaos"}, srv.redirectEnv)...)
+	rig.counter = startService(t, "clickcounter", counterBin, append(common, "CLICKCOUNTER_LEASE_TTL=1s")...)
+
+	// The warehouse: the stand-in loader of main_test.go on a fresh database.
+	conn, db := servers.ClickHouse.NewDB(t)
+	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
+		t.Fatalf("create clicks: %v", err)
+	}
+	rig.db = db
+	ctx, cancel := context.WithCancel(context.Background())
+	var readers sync.WaitGroup
+	t.Cleanup(func() { cancel(); readers.Wait() })
+	readers.Go(func() {
+		cfg := reader.Config{Group: topology.GroupWarehouseLoader, Linger: 20 * time.Millisecond, Start: reader.StartAtOldest()}
+		if err := reader.Run(ctx, srv.js, cfg, (&loader{conn: conn}).handle); err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("warehouse stand-in: %v", err)
+		}
+	})
+	return rig
+}
+
+// judge runs the faults one after the other under HTTP load, each judged by
+// the oracle, logs the results table, and requires of every fault: passed,
+// lost 0, doubled 0, every sent click in CLICKS, counted and loaded.
+func (rig *chaosRig) judge(t *testing.T, faults ...chaos.Fault) {
+	t.Helper()
+	env := &Env{Cfg: Config{NATSURL: rig.natsURL, APIKey: chaosKey}, Stdout: &lockedBuffer{}, Stderr: &lockedBuffer{}, Log: slog.New(slog.DiscardHandler)}
+	p := &chaosPlan{target: rig.redirect.url, rate: 100, warmup: 3 * time.Second, tail: 6 * time.Second, timeout: 5 * time.Second, xff: true}
 	p.wf = workloadFlags{links: 20, zipf: 1.1, botShare: 0.05, countryShare: 0.9, seed: 7, linkBase: demoSite}
-	p.sf = sinkFlags{counter: counter.url, clickhouse: "clickhouse://" + servers.ClickHouse.Addr + "/" + db, fraud: off,
+	p.sf = sinkFlags{counter: rig.counter.url, clickhouse: "clickhouse://" + servers.ClickHouse.Addr + "/" + rig.db, fraud: off,
 		deadline: 90 * time.Second, setLimit: 1_000_000}
 	p.require = []string{"counter", "warehouse"}
 	sys, err := connect(t.Context(), env, &p.sf)
@@ -182,7 +323,7 @@ func TestChaosRedisFreezeAndKill9LoseNothing(t *testing.T) {
 	defer sys.close()
 
 	var results []chaosResult
-	for i, f := range []chaos.Fault{freeze, kill} {
+	for i, f := range faults {
 		res := runChaos(t.Context(), env, sys, f, p, filepath.Join(t.TempDir(), strconv.Itoa(i)+"-truth.json"))
 		results = append(results, res)
 	}
