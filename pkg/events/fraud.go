@@ -43,29 +43,12 @@ type FraudAlert struct {
 type FraudVerdict struct {
 	V  int    `json:"v"`
 	ID string `json:"id"`
-	// ClickID is the event ID of the click judged.
-	ClickID string `json:"click_id"`
-	// Partition and ClickSeq locate the click in CLICKS, so a reader can tell
-	// whether it has already processed it.
-	Partition int    `json:"partition"`
-	ClickSeq  uint64 `json:"click_seq"`
-	Code      string `json:"code"`
-	Owner     string `json:"owner"`
-	// Rule and AlertID say why.
-	Rule    string `json:"rule"`
-	AlertID string `json:"alert_id,omitempty"`
-	// Bot is the verdict: true labels the click a bot, false a human.
-	Bot bool `json:"bot"`
-	// SourceBot is the click's own Bot label, set at the redirect; with it
-	// a reader knows how the click was first counted.
-	SourceBot bool `json:"source_bot"`
-	// ClickTime, Country and Referrer are copied from the click so a counter
-	// can correct its per-hour, per-country and per-referrer counts.
-	ClickTime time.Time `json:"click_ts"`
-	Country   string    `json:"country,omitempty"`
-	Referrer  string    `json:"referrer,omitempty"`
-	// Time is the event time of the decision.
-	Time time.Time `json:"ts"`
+	// Partition and the label's ClickSeq locate the click in CLICKS, so a
+	// reader can tell whether it has already processed it.
+	Partition int `json:"partition"`
+	// FraudVerdictLabel is the label itself; its fields encode at the top
+	// level of the verdict, as they always did.
+	FraudVerdictLabel
 }
 
 // MaxFraudIDLen bounds deterministic fraud IDs (they are Nats-Msg-Id values).

@@ -52,8 +52,9 @@ type FraudVerdictBatch struct {
 	Labels []FraudVerdictLabel `json:"labels"`
 }
 
-// FraudVerdictLabel labels one click, keyed by the click's event ID: what
-// FraudVerdict carries, less what its message shares (the partition).
+// FraudVerdictLabel labels one click, keyed by the click's event ID: a
+// FraudVerdict less what a message of many labels shares (its ID and the
+// partition).
 type FraudVerdictLabel struct {
 	// ClickID is the event ID of the click judged.
 	ClickID string `json:"click_id"`
@@ -144,11 +145,7 @@ func labelBound(l *FraudVerdictLabel) int {
 func (b *FraudVerdictBatch) Verdicts() []FraudVerdict {
 	out := make([]FraudVerdict, len(b.Labels))
 	for i, l := range b.Labels {
-		out[i] = FraudVerdict{
-			V: FraudVersion, ID: b.ID, ClickID: l.ClickID, Partition: b.Partition, ClickSeq: l.ClickSeq,
-			Code: l.Code, Owner: l.Owner, Rule: l.Rule, AlertID: l.AlertID, Bot: l.Bot, SourceBot: l.SourceBot,
-			ClickTime: l.ClickTime, Country: l.Country, Referrer: l.Referrer, Time: l.Time,
-		}
+		out[i] = FraudVerdict{V: FraudVersion, ID: b.ID, Partition: b.Partition, FraudVerdictLabel: l}
 	}
 	return out
 }
@@ -208,10 +205,7 @@ func DecodeFraudVerdictBatch(data []byte) (FraudVerdictBatch, error) {
 		}
 		return FraudVerdictBatch{
 			V: FraudVerdictBatchVersion, ID: v.ID, Partition: v.Partition, FirstSeq: v.ClickSeq, LastSeq: v.ClickSeq,
-			Parts: 1, Labels: []FraudVerdictLabel{{
-				ClickID: v.ClickID, ClickSeq: v.ClickSeq, Code: v.Code, Owner: v.Owner, Rule: v.Rule, AlertID: v.AlertID,
-				Bot: v.Bot, SourceBot: v.SourceBot, ClickTime: v.ClickTime, Country: v.Country, Referrer: v.Referrer, Time: v.Time,
-			}},
+			Parts: 1, Labels: []FraudVerdictLabel{v.FraudVerdictLabel},
 		}, nil
 	}
 	var b FraudVerdictBatch

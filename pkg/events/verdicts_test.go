@@ -131,11 +131,8 @@ func TestDecodeFraudVerdictBatchRefuses(t *testing.T) {
 func TestDecodeFraudVerdictBatchReadsASingleVerdict(t *testing.T) {
 	t.Parallel()
 	l := verdictLabels(1, "https://t.co/x")[0]
-	v := events.FraudVerdict{
-		V: events.FraudVersion, ID: l.ClickID + ":bot", ClickID: l.ClickID, Partition: 5, ClickSeq: l.ClickSeq,
-		Code: l.Code, Owner: l.Owner, Rule: l.Rule, AlertID: l.AlertID, Bot: true, ClickTime: l.ClickTime,
-		Country: l.Country, Referrer: l.Referrer, Time: l.Time,
-	}
+	v := events.FraudVerdict{V: events.FraudVersion, ID: l.ClickID + ":bot", Partition: 5,
+		FraudVerdictLabel: events.FraudVerdictLabel{ClickID: l.ClickID, ClickSeq: l.ClickSeq, Code: l.Code, Owner: l.Owner, Rule: l.Rule, AlertID: l.AlertID, Bot: true, ClickTime: l.ClickTime, Country: l.Country, Referrer: l.Referrer, Time: l.Time}}
 	data, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)

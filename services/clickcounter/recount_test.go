@@ -146,9 +146,8 @@ func TestVerdictsFromFraud(t *testing.T) {
 	seq := info.CachedInfo().State.LastSeq + 1
 	verdict := func(bot bool, id string) {
 		t.Helper()
-		v := events.FraudVerdict{V: events.FraudVersion, ID: id, ClickID: c.ID, Partition: p, ClickSeq: seq,
-			Code: code, Owner: "acme", Rule: "visitor_burst", Bot: bot, ClickTime: c.Time, Country: c.Country,
-			Referrer: c.Referrer, Time: time.Now().UTC()}
+		v := events.FraudVerdict{V: events.FraudVersion, ID: id, Partition: p,
+			FraudVerdictLabel: events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: seq, Code: code, Owner: "acme", Rule: "visitor_burst", Bot: bot, ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: time.Now().UTC()}}
 		b, _ := json.Marshal(v)
 		if _, err := s.js.Publish(t.Context(), events.FraudVerdictSubject("acme", code), b, jetstream.WithMsgID(id+"-"+events.NewID())); err != nil {
 			t.Fatal(err)
@@ -204,9 +203,8 @@ func TestVerdictFloodThroughFraud(t *testing.T) {
 	}
 	verdict := func(c events.Click, bot bool) {
 		t.Helper()
-		v := events.FraudVerdict{V: events.FraudVersion, ID: "v-" + events.NewID(), ClickID: c.ID, Partition: p, ClickSeq: seqs[c.ID],
-			Code: code, Owner: "acme", Rule: "link_flood", Bot: bot, ClickTime: c.Time, Country: c.Country,
-			Referrer: c.Referrer, Time: time.Now().UTC()}
+		v := events.FraudVerdict{V: events.FraudVersion, ID: "v-" + events.NewID(), Partition: p,
+			FraudVerdictLabel: events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: seqs[c.ID], Code: code, Owner: "acme", Rule: "link_flood", Bot: bot, ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: time.Now().UTC()}}
 		b, _ := json.Marshal(v)
 		if _, err := s.js.PublishAsync(events.FraudVerdictSubject("acme", code), b, jetstream.WithMsgID(v.ID)); err != nil {
 			t.Fatal(err)
@@ -296,9 +294,9 @@ func TestVerdictsAboutAClickStoredInAnotherPartitionMoveNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v := events.FraudVerdict{V: events.FraudVersion, ID: fmt.Sprintf("stray-%d", i), ClickID: c.ID,
-			Partition: events.Partition(other, testPartitions), ClickSeq: ack.Sequence, // where it was stored
-			Code: code, Owner: "acme", Rule: "link_flood", Bot: true, ClickTime: c.Time, Country: c.Country, Time: time.Now().UTC()}
+		v := events.FraudVerdict{V: events.FraudVersion, ID: fmt.Sprintf("stray-%d", i), Partition: events.Partition(other, testPartitions),
+			FraudVerdictLabel: events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: ack.Sequence, // where it was stored
+				Code: code, Owner: "acme", Rule: "link_flood", Bot: true, ClickTime: c.Time, Country: c.Country, Time: time.Now().UTC()}}
 		vb, _ := json.Marshal(v)
 		if _, err := s.js.Publish(t.Context(), events.FraudVerdictSubject("acme", code), vb, jetstream.WithMsgID(v.ID)); err != nil {
 			t.Fatal(err)

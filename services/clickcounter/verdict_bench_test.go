@@ -132,9 +132,8 @@ func publishVerdicts(b *testing.B, js jetstream.JetStream, clicks map[int][]read
 	for _, evs := range clicks {
 		for _, ev := range evs {
 			cl := ev.Click
-			v := events.FraudVerdict{V: events.FraudVersion, ID: "v:" + cl.ID, ClickID: cl.ID, Partition: ev.Partition,
-				ClickSeq: ev.Seq, Code: cl.Code, Owner: cl.Owner, Rule: "link_flood", Bot: !cl.Bot, SourceBot: cl.Bot,
-				ClickTime: cl.Time, Country: cl.Country, Referrer: cl.Referrer, Time: cl.Time.Add(time.Second)}
+			v := events.FraudVerdict{V: events.FraudVersion, ID: "v:" + cl.ID, Partition: ev.Partition,
+				FraudVerdictLabel: events.FraudVerdictLabel{ClickID: cl.ID, ClickSeq: ev.Seq, Code: cl.Code, Owner: cl.Owner, Rule: "link_flood", Bot: !cl.Bot, SourceBot: cl.Bot, ClickTime: cl.Time, Country: cl.Country, Referrer: cl.Referrer, Time: cl.Time.Add(time.Second)}}
 			data, _ := json.Marshal(v)
 			if _, err := js.PublishAsync(events.FraudVerdictSubject(cl.Owner, cl.Code), data,
 				jetstream.WithMsgID(v.ID), jetstream.WithStallWait(time.Minute)); err != nil {

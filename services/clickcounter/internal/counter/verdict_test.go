@@ -14,11 +14,8 @@ import (
 // verdict returns a verdict about the event, as the fraud service builds it.
 func verdict(ev reader.Event, bot bool) *events.FraudVerdict {
 	c := ev.Click
-	return &events.FraudVerdict{
-		V: events.FraudVersion, ID: "v:" + c.ID, ClickID: c.ID, Partition: ev.Partition, ClickSeq: ev.Seq,
-		Code: c.Code, Owner: c.Owner, Rule: "visitor_burst", Bot: bot, SourceBot: c.Bot,
-		ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: c.Time.Add(time.Second),
-	}
+	return &events.FraudVerdict{V: events.FraudVersion, ID: "v:" + c.ID, Partition: ev.Partition,
+		FraudVerdictLabel: events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: ev.Seq, Code: c.Code, Owner: c.Owner, Rule: "visitor_burst", Bot: bot, SourceBot: c.Bot, ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: c.Time.Add(time.Second)}}
 }
 
 // view is what a verdict test compares: every place a click is counted.
