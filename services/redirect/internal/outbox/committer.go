@@ -312,14 +312,20 @@ func (c *Committer) queue(ctx context.Context, pipe redis.Pipeliner, batch []*pe
 	for _, p := range batch {
 		cmds = append(cmds, c.xadd(ctx, pipe, p))
 	}
-	// The depth of each shard written, in the same round trip, where the
-	// estimate is not clearly below the bound.
+	now := time.Now().UnixNano()
 	for _, p := range batch {
-		if _, ok := shards[p.shard]; !ok && c.needsLen(p.shard) {
-			shards[p.shard] = pipe.XLen(ctx, c.layout.OutboxKey(p.shard, LaneClicks))
-		}
+		c.queueLen(ctx, pipe, p.shard, shards, now)
 	}
 	return cmds
+}
+
+// queueLen adds to pipe the XLEN of shard, once per commit (lens holds those
+// queued), when needsLen says the depth must be measured: the depth of each
+// shard written comes in the same round trip.
+func (c *Committer) queueLen(ctx context.Context, pipe redis.Pipeliner, shard int, lens map[int]*redis.IntCmd, now int64) {
+	if _, ok := lens[shard]; !ok && c.needsLen(shard, now) {
+		lens[shard] = pipe.XLen(ctx, c.layout.OutboxKey(shard, LaneClicks))
+	}
 }
 
 // needsLen reports whether a commit must measure shard's depth (XLEN): when
@@ -328,9 +334,9 @@ func (c *Committer) queue(ctx context.Context, pipe redis.Pipeliner, batch []*pe
 // below the bound the XLEN changes nothing Submit decides, and costs Redis a
 // command per shard per batch; the monitor's sample (SetDepth) and lenEvery
 // bring in what other instances wrote.
-func (c *Committer) needsLen(shard int) bool {
+func (c *Committer) needsLen(shard int, now int64) bool {
 	return c.alwaysLen || c.depth[shard].Load() >= c.cfg.MaxEntries/2 ||
-		time.Now().UnixNano()-c.measured[shard].Load() > int64(lenEvery)
+		now-c.measured[shard].Load() > int64(lenEvery)
 }
 
 // lenEvery bounds the age of a shard's depth estimate: the fullness check
@@ -408,6 +414,7 @@ func (c *Committer) execWaiting(ctx context.Context, batch []*pending, cmds []*r
 		}
 	}
 	errs := make([]error, len(groups))
+	now := time.Now().UnixNano()
 	var wg sync.WaitGroup
 	var smu sync.Mutex
 	for gi, g := range groups {
@@ -422,10 +429,7 @@ func (c *Committer) execWaiting(ctx context.Context, batch []*pending, cmds []*r
 			cmds[i] = c.xadd(ctx, pipe, batch[i])
 		}
 		for _, i := range g.idx {
-			s := batch[i].shard
-			if _, ok := local[s]; !ok && c.needsLen(s) {
-				local[s] = pipe.XLen(ctx, c.layout.OutboxKey(s, LaneClicks))
-			}
+			c.queueLen(ctx, pipe, batch[i].shard, local, now)
 		}
 		g.wait = redis.NewIntCmd(ctx, "wait", c.cfg.WaitReplicas, c.cfg.WaitTimeout.Milliseconds())
 		_ = pipe.Process(ctx, g.wait)
