@@ -97,9 +97,6 @@ func TestInboxPrefixIsTheUsers(t *testing.T) {
 // its pings and reconnects to another node, well before nats.go's default of
 // two minutes would.
 func TestLeavesAFrozenNodeForAnother(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits for two unanswered pings (10-15 s)")
-	}
 	t.Parallel()
 	c := testenv.StartNATSCluster(t)
 	nc, err := natsconn.Connect(natsconn.Config{URL: c.URL, Name: "freeze-test"}, slog.New(slog.DiscardHandler))
