@@ -3,9 +3,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -165,9 +168,67 @@ func newJetStream(tb testing.TB, nc *nats.Conn) jetstream.JetStream {
 	return js
 }
 
-// FreePort asks the kernel for a free TCP port on 127.0.0.1. Another process
-// could take it before it is used; starters retry on a bind failure.
-func FreePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on, for a
+// server a test starts. Another process could take it before it is used;
+// starters retry on a bind failure.
+//
+// The port is drawn from below the kernel's ephemeral range (the ports it
+// gives outgoing connections), not from the kernel's own free-port choice,
+// which lies inside it: a port handed out for a server started seconds later
+// could meanwhile become the local port of one of the thousands of
+// connections a busy test run opens, and the server then cannot bind it for
+// as long as that connection lives. That failed a demo test once (a service's
+// /healthz never answered).
+func FreePort() (int, error) { return FreePortRange(1) }
+
+// FreePortRange returns the first of n consecutive free ports on 127.0.0.1,
+// all below the kernel's ephemeral range (see FreePort).
+func FreePortRange(n int) (int, error) {
+	lo, hi := listenPorts()
+	if hi-lo < 1000+n {
+		// No room below the ephemeral range: let the kernel choose, or
+		// draw from every unprivileged port.
+		if n == 1 {
+			return kernelFreePort()
+		}
+		lo, hi = 1024, 65536
+	}
+	for range 200 {
+		base := lo + rand.IntN(hi-lo-n)
+		if portsFree(base, n) {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("find free port: no %d free consecutive ports in %d-%d", n, lo, hi)
+}
+
+// listenPorts is the range FreePortRange draws from: 10000 up to the start
+// of the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range; 32768 on
+// most systems).
+func listenPorts() (lo, hi int) {
+	lo, hi = 10000, 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if eph, err := strconv.Atoi(f[0]); err == nil {
+				hi = eph
+			}
+		}
+	}
+	return lo, hi
+}
+
+func portsFree(base, n int) bool {
+	for p := base; p < base+n; p++ {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
+}
+
+func kernelFreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find free port: %w", err)

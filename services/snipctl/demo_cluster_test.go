@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -61,7 +62,15 @@ func TestDemoClusterGoesOnWhenANATSNodeDies(t *testing.T) {
 	// Every service answers its health check.
 	for _, s := range demoServices {
 		url := "http://127.0.0.1:" + strconv.Itoa(base+s.port) + "/healthz"
-		testenv.WaitFor(t, time.Minute, s.name+" /healthz", func() bool { return httpOK(url) == nil })
+		deadline := time.Now().Add(time.Minute)
+		for httpOK(url) != nil {
+			if time.Now().After(deadline) {
+				log, _ := os.ReadFile(filepath.Join(dir, "logs", s.name+".log"))
+				t.Fatalf("%s: no answer on %s in a minute: %v\ndemo output:\n%s\nthe end of %s.log:\n%s",
+					s.name, url, httpOK(url), out.String(), s.name, tail(log, 4000))
+			}
+			time.Sleep(50 * time.Millisecond) // polling, with the deadline above
+		}
 	}
 	// The banner lists three NATS nodes and six Redis nodes with their PIDs.
 	natsPIDs := map[string]int{}
@@ -142,4 +151,12 @@ func TestDemoClusterGoesOnWhenANATSNodeDies(t *testing.T) {
 	if n := counted(client, counter, "nats-jetstream"); n != 3 {
 		t.Errorf("counter shows %d clicks, want the 3 sent\n%s", n, out.String())
 	}
+}
+
+// tail is the last n bytes of b.
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }

@@ -45,26 +45,11 @@ func (s *syncBuffer) String() string {
 // freeRange finds n consecutive free ports.
 func freeRange(t *testing.T, n int) int {
 	t.Helper()
-	for try := 0; try < 50; try++ {
-		base, err := testenv.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ok := true
-		for i := range n {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return base
-		}
+	base, err := testenv.FreePortRange(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port range")
-	return 0
+	return base
 }
 
 // built holds the service binaries the demo tests run (and snipctl's own),
