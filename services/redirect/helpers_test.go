@@ -22,6 +22,7 @@ import (
 	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/redirect/internal/httpapi"
 )
 
 var servers *testenv.Servers
@@ -229,6 +230,9 @@ type ledger struct {
 	served  map[string][]string // code -> request IDs answered 302
 	failed  map[string]bool     // request IDs without a 302 (may or may not be recorded)
 	errored map[string]bool     // request IDs answered with an error status: never recorded
+	// unconfirmed are request IDs answered 503 click_unconfirmed: sent to
+	// JetStream without an ack, so recorded at most once (in failed too).
+	unconfirmed map[string]bool
 	refused int                 // non-302 answers
 	seq     int
 	lat     []time.Duration // time to the 302, per served click
@@ -236,7 +240,7 @@ type ledger struct {
 }
 
 func newLedger() *ledger {
-	return &ledger{served: map[string][]string{}, failed: map[string]bool{}, errored: map[string]bool{}}
+	return &ledger{served: map[string][]string{}, failed: map[string]bool{}, errored: map[string]bool{}, unconfirmed: map[string]bool{}}
 }
 
 func (l *ledger) total() int {
@@ -266,7 +270,10 @@ func (l *ledger) click(base, code string) (int, error) {
 	defer l.mu.Unlock()
 	if err != nil || r.Status != http.StatusFound {
 		l.failed[rid] = true
-		if err == nil {
+		switch {
+		case err == nil && r.Header.Get(httpapi.ClickHeader) == "unconfirmed":
+			l.unconfirmed[rid] = true
+		case err == nil:
 			l.errored[rid] = true
 		}
 		if len(l.why) < 5 {

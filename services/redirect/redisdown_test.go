@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -165,6 +166,99 @@ func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCoun
 	served, errored := l.expectInCLICKSAnyOrder(t, n.JetStream(t))
 	t.Logf("%d clicks served, %d requests answered with an error (none in CLICKS), %v late outbox entries dropped",
 		served, errored, metric(t, in.URL, "snip_redirect_relay_late_dropped_total"))
+}
+
+// TestGuarantee_BothStoresFrozenAnswersUnconfirmed: Redis and the
+// nats-server process both frozen (SIGSTOP: they keep their sockets and
+// answer nothing). A redirect's XADD is not answered, and its direct
+// publish is written to NATS's socket but never acknowledged, on any of its
+// attempts. Whether that click is stored is not known when the request
+// must be answered: it is stored if the server reads its socket after the
+// thaw, and it does. So such a request is answered 503 click_unconfirmed
+// with "Snip-Click: unconfirmed", never click_not_recorded (which promises
+// the click is not counted). After the thaw: every 302 is in CLICKS once,
+// no unconfirmed click more than once, and they are in fact there (the
+// answer was right to say it did not know), while the late XADDs are
+// dropped by the relay.
+func TestGuarantee_BothStoresFrozenAnswersUnconfirmed(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	nc, err := testenv.NewNATSProcess(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	natsNode := nc.Nodes[0]
+	cfg := testConfig(r.URL(0), nc.URL)
+	cfg.DirectTimeout = 500 * time.Millisecond // production's: three attempts in 1.5 s
+	in := startInstance(t, cfg)
+	l := newLedger()
+	var codes []string
+	for i := range 4 {
+		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/u%d", i), "")
+		codes = append(codes, code)
+		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
+			t.Fatalf("GET = %d %v", got, err)
+		}
+	}
+	// As in the test above, the faults strike between requests.
+	natsNode.Pause()
+	r.Pause()
+	t.Cleanup(func() { natsNode.Resume(); r.Resume() })
+	stop := make(chan struct{})
+	wait := openLoop(l, in.URL, codes, 20, stop)
+	testenv.WaitFor(t, 60*time.Second, "503 click_unconfirmed while both stores are frozen", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.unconfirmed) >= 10
+	})
+	close(stop)
+	wait()
+	natsNode.Resume()
+	r.Resume()
+	l.mu.Lock()
+	unconfirmed, errored := len(l.unconfirmed), len(l.errored)
+	why := slices.Clone(l.why)
+	l.mu.Unlock()
+	if errored > 0 {
+		t.Fatalf("%d requests answered an error that says the click is not recorded, though it was sent to JetStream: %q", errored, why)
+	}
+	if got := metric(t, in.URL, "snip_redirect_clicks_unrecorded_total", `reason="unconfirmed"`); got != float64(unconfirmed) {
+		t.Fatalf("clicks_unrecorded_total{reason=\"unconfirmed\"} = %v, want the %d answered so", got, unconfirmed)
+	}
+
+	// Traffic after the thaw is served and recorded again.
+	stop = make(chan struct{})
+	wait = openLoop(l, in.URL, codes, 50, stop)
+	resumedAt := l.total()
+	testenv.WaitFor(t, 60*time.Second, "redirects after the thaw", func() bool { return l.total() >= resumedAt+50 })
+	close(stop)
+	wait()
+	testenv.WaitFor(t, 60*time.Second, "the relay to drop the writes redis stored after the thaw", func() bool {
+		// Writes still queued in the committer when their requests gave up
+		// are never sent; those Redis ran after the thaw are late.
+		return metric(t, in.URL, "snip_redirect_relay_late_dropped_total") >= 1 &&
+			metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+	})
+	js := nc.JetStream(t)
+	want := l.total() + unconfirmed
+	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
+		return streamCount(js, events.ClicksStream) >= want
+	})
+	l.verifyOnce(t, readClicks(t, js)) // every 302 once, nothing twice, nothing unrequested
+	found := 0
+	for _, c := range readClicks(t, js) {
+		if l.unconfirmed[c.Click.RequestID] {
+			found++
+		}
+	}
+	t.Logf("%d requests answered click_unconfirmed while both stores were frozen; %d of their clicks are in CLICKS, once each", unconfirmed, found)
+	// The frozen server has them in its socket and stores them on thaw
+	// (all of them, unless a client gave up on its connection first): the
+	// answer that says "not recorded" would have been wrong.
+	if found == 0 {
+		t.Fatalf("none of the %d unconfirmed clicks is in CLICKS: the test froze nothing in flight", unconfirmed)
+	}
 }
 
 // BenchmarkRedisFreeze measures what docs/benchmarks.md reports: open-loop

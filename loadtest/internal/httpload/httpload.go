@@ -152,7 +152,7 @@ func Run(ctx context.Context, cfg Config, rec *truth.Recorder, m *series.Meter) 
 	var attempts uint64
 	for res := range atk.Attack(targeter, pacer, cfg.Duration, "snip") {
 		attempts = max(attempts, res.Seq+1)
-		o, answer := Classify(res.Code, res.Error)
+		o, answer := Classify(res.Code, res.Headers, res.Error)
 		rec.Record(res.Seq, o, answer)
 		m.Done(res.Latency, o == truth.Sent)
 		if o == truth.Sent && cfg.Gen.Visit(res.Seq).Kind == workload.Probe {
@@ -165,16 +165,24 @@ func Run(ctx context.Context, cfg Config, rec *truth.Recorder, m *series.Meter) 
 	return attempts, nil
 }
 
+// ClickHeader is the redirect's answer header that marks a 503 whose click
+// was sent to JetStream and never acknowledged (services/redirect's
+// httpapi.ClickHeader): it may be recorded.
+const ClickHeader = "Snip-Click"
+
 // Classify maps an answer to a click outcome. A 302 recorded the click.
 // 4xx and 503 say it was not recorded (503 is the redirect's "click not
-// recorded", "outbox full" or "storage unavailable"). Anything else (no
-// answer, a 500, a 200) leaves it open.
-func Classify(code uint16, errText string) (truth.Outcome, string) {
+// recorded", "outbox full" or "storage unavailable"), except a 503 marked
+// "Snip-Click: unconfirmed" (click_unconfirmed: JetStream may have it).
+// Anything else (no answer, a 500, a 200) leaves it open.
+func Classify(code uint16, header http.Header, errText string) (truth.Outcome, string) {
 	switch {
 	case code == http.StatusFound:
 		return truth.Sent, "302"
 	case code == 0:
 		return truth.Uncertain, errorClass(errText)
+	case code == http.StatusServiceUnavailable && header.Get(ClickHeader) == "unconfirmed":
+		return truth.Uncertain, "503 unconfirmed"
 	case code == http.StatusServiceUnavailable, code >= 400 && code < 500:
 		return truth.Refused, strconv.Itoa(int(code))
 	}

@@ -101,21 +101,24 @@ func TestEveryAnswerMapsToItsClick(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	t.Parallel()
+	unconfirmed := http.Header{"Snip-Click": {"unconfirmed"}}
 	tests := []struct {
-		code uint16
-		err  string
-		want truth.Outcome
+		code   uint16
+		header http.Header
+		err    string
+		want   truth.Outcome
 	}{
-		{302, "", truth.Sent},
-		{404, "404 Not Found", truth.Refused},
-		{503, "503 Service Unavailable", truth.Refused},
-		{500, "500 Internal Server Error", truth.Uncertain},
-		{200, "", truth.Uncertain},
-		{0, "Get \"http://x\": context deadline exceeded (Client.Timeout exceeded)", truth.Uncertain},
-		{0, "dial tcp: connection refused", truth.Uncertain},
+		{302, nil, "", truth.Sent},
+		{404, nil, "404 Not Found", truth.Refused},
+		{503, nil, "503 Service Unavailable", truth.Refused},
+		{503, unconfirmed, "503 Service Unavailable", truth.Uncertain},
+		{500, nil, "500 Internal Server Error", truth.Uncertain},
+		{200, nil, "", truth.Uncertain},
+		{0, nil, "Get \"http://x\": context deadline exceeded (Client.Timeout exceeded)", truth.Uncertain},
+		{0, nil, "dial tcp: connection refused", truth.Uncertain},
 	}
 	for _, tc := range tests {
-		if got, _ := httpload.Classify(tc.code, tc.err); got != tc.want {
+		if got, _ := httpload.Classify(tc.code, tc.header, tc.err); got != tc.want {
 			t.Errorf("Classify(%d, %q) = %s, want %s", tc.code, tc.err, got, tc.want)
 		}
 	}

@@ -71,7 +71,7 @@ func (s *state) logResult() Result {
 	r.Extra += s.foreign + s.wrongLink
 	var notes []string
 	if n := len(s.tr.Uncertain); n > 0 {
-		notes = append(notes, fmt.Sprintf("%d of %d unanswered requests recorded (allowed)", uncertainIn, n))
+		notes = append(notes, fmt.Sprintf("%d of %d unanswered or unconfirmed requests recorded (allowed)", uncertainIn, n))
 	}
 	if s.foreign > 0 {
 		notes = append(notes, fmt.Sprintf("%d clicks on the run's links name no click of the run", s.foreign))

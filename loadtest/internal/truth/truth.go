@@ -49,10 +49,12 @@ const (
 	NotSent Outcome = iota
 	// Sent: a 302 or a publish ack. Readers must have it exactly once.
 	Sent
-	// Refused: a definite answer that no click was recorded (404, 503).
+	// Refused: a definite answer that no click was recorded (404, 503
+	// other than click_unconfirmed).
 	// Readers must not have it.
 	Refused
-	// Uncertain: no answer. Readers may have it once.
+	// Uncertain: no answer, or one that says the click's fate is unknown
+	// (503 click_unconfirmed). Readers may have it once.
 	Uncertain
 )
 

@@ -31,6 +31,11 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 )
 
+// ErrUnconfirmed means no attempt got an ack: JetStream may have stored the
+// click or not. Other errors mean it did not (the connection was down, the
+// stream refused it, the click broke the rule of validity).
+var ErrUnconfirmed = errors.New("no ack from JetStream on any attempt")
+
 // Attempts is how many times a click whose ack timed out is published, in
 // all; each attempt waits at most the publisher's timeout.
 const Attempts = 3
@@ -70,6 +75,9 @@ func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) 
 		}
 	}
 	if err != nil {
+		if timedOut(err) && ctx.Err() == nil {
+			return fmt.Errorf("publish click %s to %s: %w after %d attempts: %w", id, subject, ErrUnconfirmed, Attempts, err)
+		}
 		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
 	}
 	return nil

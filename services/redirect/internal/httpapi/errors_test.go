@@ -14,6 +14,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/services/redirect/internal/directpub"
 	"github.com/snipdev/snip/services/redirect/internal/link"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
@@ -38,6 +39,7 @@ func TestErrorHandlerMapsEverySentinel(t *testing.T) {
 		{fmt.Errorf("x: %w", redirect.ErrNotFound), 404, "not_found", ""},
 		{fmt.Errorf("x: %w", linkstore.ErrCodeTaken), 409, "code_taken", ""},
 		{fmt.Errorf("x: %w: %w", redirect.ErrClickNotRecorded, outbox.ErrFull), 503, "click_not_recorded", "Retry-After"},
+		{fmt.Errorf("x: %w: %w", redirect.ErrClickUnconfirmed, directpub.ErrUnconfirmed), 503, "click_unconfirmed", ClickHeader},
 		{fmt.Errorf("x: %w", outbox.ErrFull), 503, "outbox_full", "Retry-After"},
 		{fmt.Errorf("x: %w", outbox.ErrUnavailable), 503, "unavailable", "Retry-After"},
 		{fmt.Errorf("x: %w", linkstore.ErrUnavailable), 503, "unavailable", "Retry-After"},

@@ -188,6 +188,14 @@ func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "no such link"}, true
 	case errors.Is(err, linkstore.ErrCodeTaken):
 		return webserver.Problem{Status: http.StatusConflict, Code: "code_taken", Message: "that code is taken; choose another or leave code out for a random one"}, true
+	case errors.Is(err, redirect.ErrClickUnconfirmed):
+		// Not "not recorded": JetStream may have stored it. The header
+		// lets a client that does not read bodies (a load generator's
+		// oracle) tell the two apart.
+		h.Set("Retry-After", "1")
+		h.Set(ClickHeader, "unconfirmed")
+		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "click_unconfirmed",
+			Message: "the click could not be confirmed (it may have been recorded); try again"}, true
 	case errors.Is(err, redirect.ErrClickNotRecorded):
 		h.Set("Retry-After", "1")
 		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "click_not_recorded", Message: "the click could not be recorded; try again"}, true
@@ -234,6 +242,12 @@ func statusText(s int) string {
 	}
 	return strconv.Itoa(s)
 }
+
+// ClickHeader on a 503 says "unconfirmed" when the click was sent to
+// JetStream and never acknowledged: it may be recorded (and counted), unlike
+// a plain 503 click_not_recorded, which is never counted. The load test's
+// oracle reads it (loadtest/internal/httpload).
+const ClickHeader = "Snip-Click"
 
 // Canonical header names (so Header.Get does not canonicalise per call).
 const (

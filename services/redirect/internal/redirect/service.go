@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/snipdev/snip/services/redirect/internal/directpub"
 	"github.com/snipdev/snip/services/redirect/internal/link"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
 	"github.com/snipdev/snip/services/redirect/internal/visitor"
@@ -121,7 +122,8 @@ func NewService(resolver *Resolver, appender ClickAppender, direct DirectPublish
 // returning the link, so the caller's 302 follows the click: in the Redis
 // outbox when it answers within OutboxWait, else straight in JetStream.
 // Errors: ErrNotFound; ErrClickNotRecorded (both paths failed, policy
-// reject); ctx's error (the client went away); anything else is Redis
+// reject); ErrClickUnconfirmed (both failed, and JetStream never answered
+// the direct publish, which it may have stored); ctx's error (the client went away); anything else is Redis
 // failing on a cache miss.
 func (s *Service) Follow(ctx context.Context, v Visit) (link.Link, error) {
 	l, err := s.resolver.Resolve(ctx, v.Code)
@@ -147,13 +149,16 @@ func (s *Service) Follow(ctx context.Context, v Visit) (link.Link, error) {
 	if ctx.Err() != nil {
 		return link.Link{}, fmt.Errorf("follow %q: %w", v.Code, ctx.Err())
 	}
-	reason := "unavailable"
-	if errors.Is(err, outbox.ErrFull) {
+	reason, answer := "unavailable", ErrClickNotRecorded
+	switch {
+	case errors.Is(err, directpub.ErrUnconfirmed):
+		reason, answer = "unconfirmed", ErrClickUnconfirmed
+	case errors.Is(err, outbox.ErrFull):
 		reason = "full"
 	}
 	s.m.Unrecorded.WithLabelValues(reason).Inc()
 	if s.opt.Policy == PolicyReject {
-		return link.Link{}, fmt.Errorf("follow %q: %w: %w", v.Code, ErrClickNotRecorded, err)
+		return link.Link{}, fmt.Errorf("follow %q: %w: %w", v.Code, answer, err)
 	}
 	return l, nil
 }
