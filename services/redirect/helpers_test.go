@@ -233,10 +233,10 @@ type ledger struct {
 	// unconfirmed are request IDs answered 503 click_unconfirmed: sent to
 	// JetStream without an ack, so recorded at most once (in failed too).
 	unconfirmed map[string]bool
-	refused int                 // non-302 answers
-	seq     int
-	lat     []time.Duration // time to the 302, per served click
-	why     []string        // the first few non-302 answers, for failure messages
+	refused     int // non-302 answers
+	seq         int
+	lat         []time.Duration // time to the 302, per served click
+	why         []string        // the first few non-302 answers, for failure messages
 }
 
 func newLedger() *ledger {
