@@ -5,7 +5,11 @@
 #   (2) nats bench, loadtest ceiling (a bare publisher and three bare acking
 #       consumers: the denominator of the readers' rates) and loadtest events
 #       on a standalone nats-server, then
-#       loadtest events against `make demo` at rising rates with the oracle.
+#       loadtest events against `make demo` at rising rates with the oracle;
+#   (3) a sustained flood (FLOOD_RATE, default 12,000/s, for FLOOD_DURATION,
+#       default 300s, half on the viral link) through every reader, with the
+#       memory of the demo's process (which runs the NATS server) sampled
+#       every 10 s, then the oracle.
 # Needs: make build, nats-server and nats (the CLI) on PATH, redis-server and
 # clickhouse-server (for the demo), free ports 4222, 4333, 6390, 6391,
 # 8080-8085, 8089, 8090, 8180, 8222, 19000. About 25 minutes.
@@ -13,6 +17,7 @@
 #   loadtest/scripts/measure.sh                  # all of it
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
 #   STEPS=events loadtest/scripts/measure.sh     # only (2)
+#   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 set -u
 cd "$(dirname "$0")/../.."
 B=$PWD/.demo/bin
@@ -43,7 +48,7 @@ log "make build"
 make build >/dev/null || exit 1
 git log --oneline -1
 
-if [[ ${STEPS:-all} != events ]]; then
+if [[ ${STEPS:-all} == all ]]; then
 	$LT bare302 --addr 127.0.0.1:8090 >"$OUT/bare302.log" 2>&1 &
 	pids+=($!)
 	waitport 8090 || exit 1
@@ -59,7 +64,7 @@ pids+=($!)
 waitport 4333 && waitport 6391 || exit 1
 NATS_URL=nats://127.0.0.1:4333 $B/snipctl topology apply >/dev/null || exit 1
 
-if [[ ${STEPS:-all} != events ]]; then
+if [[ ${STEPS:-all} == all ]]; then
 	HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
 		SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
 		$B/redirect >"$OUT/redirect.log" 2>&1 &
@@ -70,6 +75,7 @@ if [[ ${STEPS:-all} != events ]]; then
 		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
 fi
 
+if [[ ${STEPS:-all} != flood ]]; then
 log "nats bench js pub"
 nats -s nats://127.0.0.1:4333 bench js pub async --create --dedup --size 450B --msgs 300000 \
 	--batch 500 --no-progress bench.clicks
@@ -82,10 +88,12 @@ for r in 15000 20000 25000 30000 40000; do
 		--counter-url off --clickhouse off --fraud off --out "$OUT/events-noreaders-$r" 2>&1 |
 		grep -v ' load \| drain '
 done
+fi
 stop
 
 $B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 >"$OUT/demo.log" 2>&1 &
 pids+=($!)
+DEMO_PID=$!
 for p in 8080 8081 8082 8083 19000; do waitport $p || { tail -30 "$OUT/demo.log"; exit 1; }; done
 for _ in $(seq 1 240); do # the warehouse is ready once ClickHouse is
 	curl -fsS http://127.0.0.1:8083/readyz >/dev/null 2>&1 && break
@@ -93,7 +101,7 @@ for _ in $(seq 1 240); do # the warehouse is ready once ClickHouse is
 done
 log "make demo is up"
 
-if [[ ${STEPS:-all} != events ]]; then
+if [[ ${STEPS:-all} == all ]]; then
 	log "ramp: the redirect inside the demo"
 	$LT ramp --target http://127.0.0.1:8080 --from 500 --to 6000 --step 500 --step-duration 5s \
 		--pause 2s --links 1000 --out "$OUT/ramp-demo"
@@ -102,7 +110,31 @@ if [[ ${STEPS:-all} != events ]]; then
 		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" 2>&1 | grep -v ' load \| drain '
 fi
 
+if [[ ${STEPS:-all} == flood ]]; then
+	RATES=none
+	rate=${FLOOD_RATE:-12000}
+	# A fresh detector takes the links busy when it starts as their
+	# baseline: a short run first, so the flood's viral link is new to it
+	# and judged a flood (every one of its clicks labelled).
+	log "flood: a warm-up run, 1000 events/s for 20s"
+	$LT events --rate 1000 --duration 20s --links 100 --viral 0.5 --require counter,warehouse,fraud \
+		--out "$OUT/flood-warmup" 2>&1 | grep -v ' load \| drain '
+	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; RSS of the demo process (the NATS server) every 10 s"
+	(
+		while kill -0 "$DEMO_PID" 2>/dev/null; do
+			echo "$(date +%T) $(awk '/^VmRSS/ {print $2}' /proc/"$DEMO_PID"/status) kB"
+			sleep 10
+		done
+	) >"$OUT/flood-rss.txt" &
+	pids+=($!)
+	$LT events --rate "$rate" --duration "${FLOOD_DURATION:-300s}" --links 1000 --viral 0.5 \
+		--require counter,warehouse,fraud --verify --deadline 600s --out "$OUT/flood-$rate" 2>&1 | grep -v ' load \| drain '
+	log "RSS of the demo process (kB), every 10 s:"
+	cat "$OUT/flood-rss.txt"
+fi
+
 for r in ${RATES:-1000 2000 4000 6000 8000}; do
+	[[ $r == none ]] && break
 	log "loadtest events at $r/s, every reader"
 	$LT events --rate "$r" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
 		--verify --deadline 300s --out "$OUT/events-$r" 2>&1 | grep -v ' load \| drain '
