@@ -234,12 +234,17 @@ func TestGuarantee_BothStoresFrozenAnswersUnconfirmed(t *testing.T) {
 	testenv.WaitFor(t, 60*time.Second, "redirects after the thaw", func() bool { return l.total() >= resumedAt+50 })
 	close(stop)
 	wait()
-	testenv.WaitFor(t, 60*time.Second, "the relay to drop the writes redis stored after the thaw", func() bool {
-		// Writes still queued in the committer when their requests gave up
-		// are never sent; those Redis ran after the thaw are late.
-		return metric(t, in.URL, "snip_redirect_relay_late_dropped_total") >= 1 &&
-			metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+	// The relay drains the outbox: entries Redis stored after their
+	// validity (XADDs it read from its socket on the thaw) are dropped as
+	// late, the rest published under their event IDs, which JetStream
+	// deduplicates against the direct publishes. Whether any XADD reached
+	// Redis before its request gave up depends on the scheduling (a commit
+	// whose connection timed out is closed, and a commit not yet sent is
+	// never sent), so the count of late entries is reported, not required.
+	testenv.WaitFor(t, 60*time.Second, "the relay to drain the outbox after the thaw", func() bool {
+		return metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
 	})
+	late := metric(t, in.URL, "snip_redirect_relay_late_dropped_total")
 	js := nc.JetStream(t)
 	want := l.total() + unconfirmed
 	testenv.WaitFor(t, 60*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
@@ -252,7 +257,7 @@ func TestGuarantee_BothStoresFrozenAnswersUnconfirmed(t *testing.T) {
 			found++
 		}
 	}
-	t.Logf("%d requests answered click_unconfirmed while both stores were frozen; %d of their clicks are in CLICKS, once each", unconfirmed, found)
+	t.Logf("%d requests answered click_unconfirmed while both stores were frozen; %d of their clicks are in CLICKS, once each; %v late outbox entries dropped", unconfirmed, found, late)
 	// The frozen server has them in its socket and stores them on thaw
 	// (all of them, unless a client gave up on its connection first): the
 	// answer that says "not recorded" would have been wrong.
