@@ -294,12 +294,51 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := ApplyWebhooks(ctx, js); err != nil {
 		return err
 	}
+	for _, r := range retiredConsumers {
+		if err := deleteRetired(ctx, js, r.stream, r.durable); err != nil {
+			return fmt.Errorf("apply topology: %w", err)
+		}
+	}
 	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
 			return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
 		}
 	} else if err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
+	}
+	return nil
+}
+
+// retiredConsumers are durable consumers earlier versions of Snip declared
+// and this one does not read: Apply deletes them, since a durable consumer
+// nobody reads still costs the server its state (and, on a limits stream,
+// its pending count grows for ever in every dashboard).
+var retiredConsumers = []struct{ stream, durable string }{
+	// The counter read single verdicts from FRAUD until verdicts moved to
+	// FRAUD_VERDICTS (in bulk, with a duplicate window that fits their
+	// volume); its consumer there now has the same name on FRAUD_VERDICTS.
+	{events.FraudStream, ClickCounterVerdictsConsumer},
+}
+
+// deleteRetired deletes a retired durable consumer once it has drained:
+// nothing left to deliver and nothing delivered unacknowledged. One that
+// has not (an instance of the earlier version is still working through it
+// during a rolling upgrade) is left for a later Apply, since deleting it
+// would drop what it has not yet handed over. Looking first keeps Apply
+// working for a service whose NATS user may only read consumer info.
+func deleteRetired(ctx context.Context, js jetstream.JetStream, stream, durable string) error {
+	c, err := js.Consumer(ctx, stream, durable)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		}
+		return fmt.Errorf("retired consumer %s on %s: %w", durable, stream, err)
+	}
+	if info := c.CachedInfo(); info.NumPending > 0 || info.NumAckPending > 0 {
+		return nil
+	}
+	if err := js.DeleteConsumer(ctx, stream, durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("delete retired consumer %s on %s: %w", durable, stream, err)
 	}
 	return nil
 }

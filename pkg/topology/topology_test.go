@@ -198,6 +198,28 @@ func TestApplyMovesVerdictsOffAnExistingFraudStream(t *testing.T) {
 	if _, err := js.Consumer(ctx, events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer); err != nil {
 		t.Errorf("the counter's consumer on FRAUD_VERDICTS: %v", err)
 	}
+	// The counter's retired consumer on FRAUD still has a verdict to hand
+	// over (an earlier counter may still be reading it): it stays until it
+	// has drained, and the next Apply deletes it.
+	old, err := js.Consumer(ctx, events.FraudStream, topology.ClickCounterVerdictsConsumer)
+	if err != nil {
+		t.Fatalf("the retired consumer on FRAUD was deleted with a verdict still pending: %v", err)
+	}
+	batch, err := old.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatalf("apply after the retired consumer drained: %v", err)
+	}
+	if _, err := js.Consumer(ctx, events.FraudStream, topology.ClickCounterVerdictsConsumer); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("the counter's retired consumer on FRAUD, drained: %v, want it deleted", err)
+	}
 	// Verdicts, bulk or single, now land in FRAUD_VERDICTS; alerts in FRAUD.
 	for _, subj := range []string{events.FraudVerdictBatchSubject(2), events.FraudVerdictSubject("acme", "abc"), events.FraudAlertSubject("abd")} {
 		ack, err := js.Publish(ctx, subj, []byte(`{}`))
