@@ -26,12 +26,12 @@ import (
 	"github.com/snipdev/snip/services/clickcounter/internal/redisstore"
 )
 
-// BenchmarkVerdictFeed measures the correction path: FRAUD holds N verdicts
-// (CLICKCOUNTER_BENCH_VERDICTS, default 100,000), one about each of N clicks
-// the counter has already counted, each relabelling its click (so every one
+// BenchmarkVerdictFeed measures the correction path: FRAUD_VERDICTS holds
+// labels about N clicks (CLICKCOUNTER_BENCH_VERDICTS, default 100,000) the
+// counter has already counted, each relabelling its click (so every one
 // moves counts, the expensive case), and the counter's verdict feed, wired
 // as run wires it, drains them. The time runs from the feed's start to the
-// consumer's ack floor reaching the last verdict; afterwards every verdict
+// consumer's ack floor reaching the last message; afterwards every label
 // must have been applied. Two mixes:
 //
 //   - flood: every click is on one link (fraud detection's link_flood rule
@@ -40,6 +40,14 @@ import (
 //
 //   - spread: the benchmix clicks as they are (10,000 links, Zipf), so a
 //     batch touches hundreds of links: the worst case for aggregation.
+//
+// and two forms of the same labels:
+//
+//   - bulk: what fraud detection publishes, one FraudVerdictBatch per
+//     detector batch of 500 events of a partition (SplitVerdicts);
+//
+//   - single: one FraudVerdict a message, as detectors before bulk
+//     verdicts published them (the counter still reads them).
 //
 //     go test -run '^$' -bench VerdictFeed -benchtime 1x ./services/clickcounter
 func BenchmarkVerdictFeed(b *testing.B) {
@@ -51,11 +59,13 @@ func BenchmarkVerdictFeed(b *testing.B) {
 		}
 	}
 	for _, mix := range []string{"flood", "spread"} {
-		b.Run(mix, func(b *testing.B) { benchVerdictFeed(b, n, mix == "flood") })
+		for _, form := range []string{"bulk", "single"} {
+			b.Run(mix+"/"+form, func(b *testing.B) { benchVerdictFeed(b, n, mix == "flood", form == "bulk") })
+		}
 	}
 }
 
-func benchVerdictFeed(b *testing.B, n int, flood bool) {
+func benchVerdictFeed(b *testing.B, n int, flood, bulk bool) {
 	ns := testenv.StartNATS(b)
 	js := ns.JetStream(b)
 	ctx := context.Background()
@@ -65,8 +75,8 @@ func benchVerdictFeed(b *testing.B, n int, flood bool) {
 	}
 	clicks := benchClicks(o.Partitions, n, flood)
 	start := time.Now()
-	lastSeq := publishVerdicts(b, js, clicks)
-	b.Logf("published %d verdicts in %s", n, time.Since(start).Round(time.Millisecond))
+	lastSeq, msgs := publishVerdicts(b, js, clicks, bulk)
+	b.Logf("published %d labels in %d messages in %s", n, msgs, time.Since(start).Round(time.Millisecond))
 
 	for b.Loop() {
 		rdb, _ := servers.Redis.NewDB(b)
@@ -125,19 +135,41 @@ func benchClicks(partitions, n int, flood bool) map[int][]reader.Event {
 	return out
 }
 
-// publishVerdicts stores one verdict per click, each flipping the click's
-// label, and returns the last FRAUD sequence.
-func publishVerdicts(b *testing.B, js jetstream.JetStream, clicks map[int][]reader.Event) uint64 {
+// publishVerdicts stores a label about each click, flipping the click's
+// label, in bulk messages (one per 500 events of a partition) or one per
+// message, and returns the last FRAUD_VERDICTS sequence and the number of
+// messages.
+func publishVerdicts(b *testing.B, js jetstream.JetStream, clicks map[int][]reader.Event, bulk bool) (uint64, int) {
 	b.Helper()
-	for _, evs := range clicks {
-		for _, ev := range evs {
-			cl := ev.Click
-			v := events.FraudVerdict{V: events.FraudVersion, ID: "v:" + cl.ID, Partition: ev.Partition,
-				FraudVerdictLabel: events.FraudVerdictLabel{ClickID: cl.ID, ClickSeq: ev.Seq, Code: cl.Code, Owner: cl.Owner, Rule: "link_flood", Bot: !cl.Bot, SourceBot: cl.Bot, ClickTime: cl.Time, Country: cl.Country, Referrer: cl.Referrer, Time: cl.Time.Add(time.Second)}}
-			data, _ := json.Marshal(v)
-			if _, err := js.PublishAsync(events.FraudVerdictSubject(cl.Owner, cl.Code), data,
-				jetstream.WithMsgID(v.ID), jetstream.WithStallWait(time.Minute)); err != nil {
-				b.Fatalf("publish verdict: %v", err)
+	msgs := 0
+	publish := func(subject, id string, v any) {
+		data, err := json.Marshal(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.PublishAsync(subject, data, jetstream.WithMsgID(id), jetstream.WithStallWait(time.Minute)); err != nil {
+			b.Fatalf("publish verdict: %v", err)
+		}
+		msgs++
+	}
+	for p, evs := range clicks {
+		for start := 0; start < len(evs); start += 500 {
+			batch := evs[start:min(start+500, len(evs))]
+			labels := make([]events.FraudVerdictLabel, 0, len(batch))
+			for _, ev := range batch {
+				cl := ev.Click
+				labels = append(labels, events.FraudVerdictLabel{ClickID: cl.ID, ClickSeq: ev.Seq, Code: cl.Code, Owner: cl.Owner, Rule: "link_flood",
+					Bot: !cl.Bot, SourceBot: cl.Bot, ClickTime: cl.Time, Country: cl.Country, Referrer: cl.Referrer, Time: cl.Time.Add(time.Second)})
+			}
+			if bulk {
+				for _, m := range events.SplitVerdicts(p, batch[0].Seq, batch[len(batch)-1].Seq, labels) {
+					publish(events.FraudVerdictBatchSubject(p), m.ID, m)
+				}
+				continue
+			}
+			for _, l := range labels {
+				v := events.FraudVerdict{V: events.FraudVersion, ID: "v:" + l.ClickID, Partition: p, FraudVerdictLabel: l}
+				publish(events.FraudVerdictSubject(l.Owner, l.Code), v.ID, v)
 			}
 		}
 	}
@@ -150,7 +182,7 @@ func publishVerdicts(b *testing.B, js jetstream.JetStream, clicks map[int][]read
 	if err != nil {
 		b.Fatal(err)
 	}
-	return s.CachedInfo().State.LastSeq
+	return s.CachedInfo().State.LastSeq, msgs
 }
 
 // drainVerdicts runs the service's verdict feed until the consumer has
