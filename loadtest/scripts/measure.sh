@@ -18,6 +18,7 @@
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
 #   STEPS=events loadtest/scripts/measure.sh     # only (2)
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
+#   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 set -u
 cd "$(dirname "$0")/../.."
 B=$PWD/.demo/bin
@@ -75,7 +76,7 @@ if [[ ${STEPS:-all} == all ]]; then
 		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
 fi
 
-if [[ ${STEPS:-all} != flood ]]; then
+if [[ ${STEPS:-all} != flood && ${STEPS:-all} != hot ]]; then
 log "nats bench js pub"
 nats -s nats://127.0.0.1:4333 bench js pub async --create --dedup --size 450B --msgs 300000 \
 	--batch 500 --no-progress bench.clicks
@@ -110,15 +111,31 @@ if [[ ${STEPS:-all} == all ]]; then
 		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" 2>&1 | grep -v ' load \| drain '
 fi
 
+warmup() {
+	# A fresh detector takes the links busy when it starts as their
+	# baseline: a short run first, so the next run's viral link is new to
+	# it and judged a flood (every one of its clicks labelled).
+	log "warm-up run, 1000 events/s for 20s"
+	$LT events --rate 1000 --duration 20s --links 100 --viral 0.5 --require counter,warehouse,fraud \
+		--out "$OUT/warmup" 2>&1 | grep -v ' load \| drain '
+}
+
+if [[ ${STEPS:-all} == hot ]]; then
+	# One hot partition: every click but the injected bursts on one link,
+	# so each reader group reads it with one member.
+	RATES=none
+	warmup
+	for r in ${HOT_RATES:-2000 4000 6000}; do
+		log "loadtest events at $r/s, every click on the viral link (one partition), every reader"
+		$LT events --rate "$r" --duration 60s --links 1000 --viral 1.0 --require counter,warehouse,fraud \
+			--verify --deadline 300s --out "$OUT/hot-$r" 2>&1 | grep -v ' load \| drain '
+	done
+fi
+
 if [[ ${STEPS:-all} == flood ]]; then
 	RATES=none
 	rate=${FLOOD_RATE:-12000}
-	# A fresh detector takes the links busy when it starts as their
-	# baseline: a short run first, so the flood's viral link is new to it
-	# and judged a flood (every one of its clicks labelled).
-	log "flood: a warm-up run, 1000 events/s for 20s"
-	$LT events --rate 1000 --duration 20s --links 100 --viral 0.5 --require counter,warehouse,fraud \
-		--out "$OUT/flood-warmup" 2>&1 | grep -v ' load \| drain '
+	warmup
 	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; RSS of the demo process (the NATS server) every 10 s"
 	(
 		while kill -0 "$DEMO_PID" 2>/dev/null; do
