@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -25,11 +26,13 @@ import (
 // the redirect to the counter; the NATS node that leads CLICKS is killed
 // with kill -9 as the banner tells a user to, the demo says so and goes on,
 // and the next click is counted; SIGUSR1 starts the node again and a third
-// click is counted.
+// click is counted; then the Redis master holding the link's counter keys
+// is killed, and the fourth click is counted once its replica has taken
+// over.
 //
 // Not parallel: it runs sixteen processes, and it sends the test binary
 // SIGUSR1, which the cluster demo handles.
-func TestDemoClusterGoesOnWhenANATSNodeDies(t *testing.T) {
+func TestDemoClusterGoesOnWhenANodeDies(t *testing.T) {
 	bin := allDemoBinaries(t)
 	dir := t.TempDir()
 	args, base, _, _ := demoArgs(t, bin, dir)
@@ -148,9 +151,52 @@ func TestDemoClusterGoesOnWhenANATSNodeDies(t *testing.T) {
 	})
 	click()
 	testenv.WaitFor(t, time.Minute, "the third click counted", func() bool { return counted(client, counter, "nats-jetstream") == 3 })
-	if n := counted(client, counter, "nats-jetstream"); n != 3 {
-		t.Errorf("counter shows %d clicks, want the 3 sent\n%s", n, out.String())
+
+	// Now a Redis master: the one holding the link's counter keys, so the
+	// counter must write the next click to the replica promoted in its
+	// place. The demo says so, and the fourth click is counted.
+	master, mpid := redisMasterOf(t, banner, "nats-jetstream")
+	killed := time.Now()
+	if err := syscall.Kill(mpid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill redis %s (pid %d): %v", master, mpid, err)
 	}
+	testenv.WaitFor(t, 30*time.Second, "the demo to say the Redis master is down", func() bool {
+		return regexp.MustCompile(`redis ` + regexp.QuoteMeta(master) + ` +DOWN \(pid ` + strconv.Itoa(mpid) + `\)`).MatchString(out.String())
+	})
+	click()
+	testenv.WaitFor(t, time.Minute, "the click sent with a Redis master dead, counted", func() bool {
+		return counted(client, counter, "nats-jetstream") == 4
+	})
+	if n := counted(client, counter, "nats-jetstream"); n != 4 {
+		t.Errorf("counter shows %d clicks, want the 4 sent\n%s", n, out.String())
+	}
+	t.Logf("redis master %s killed; the fourth click redirected and counted %s after the kill", master, time.Since(killed).Round(time.Millisecond))
+}
+
+// redisMasterOf returns the address and PID of the Redis master (from the
+// demo's banner) that holds the counter's all-time counts of a link
+// (cc:{p<N>}:g<G>:l:<owner>:<code>, see the counter's README).
+func redisMasterOf(t *testing.T, banner, code string) (string, int) {
+	t.Helper()
+	for _, m := range regexp.MustCompile(`redis +pid (\d+) +(127\.0\.0\.1:\d+) master`).FindAllStringSubmatch(banner, -1) {
+		rdb := redis.NewClient(&redis.Options{Addr: m[2]})
+		found := false
+		iter := rdb.Scan(t.Context(), 0, "cc:*:"+code, 1000).Iterator()
+		for iter.Next(t.Context()) {
+			found = found || strings.Contains(iter.Val(), ":l:")
+		}
+		err := iter.Err()
+		rdb.Close()
+		if err != nil {
+			t.Fatalf("scan %s: %v", m[2], err)
+		}
+		if found {
+			pid, _ := strconv.Atoi(m[1])
+			return m[2], pid
+		}
+	}
+	t.Fatalf("no Redis master holds the counter's counts of %q:\n%s", code, banner)
+	return "", 0
 }
 
 // tail is the last n bytes of b.
