@@ -20,6 +20,7 @@
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
+#   DEMO_CLUSTER=1 STEPS=cpu loadtest/scripts/measure.sh   # the same on the clusters
 set -u
 cd "$(dirname "$0")/../.."
 B=$PWD/.demo/bin
@@ -93,7 +94,9 @@ done
 fi
 stop
 
-$B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 >"$OUT/demo.log" 2>&1 &
+# DEMO_CLUSTER=1: the demo on a 3-node NATS cluster (streams R3) and a
+# Redis Cluster of 3 masters and 3 replicas (`snipctl demo --cluster`).
+$B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 ${DEMO_CLUSTER:+--cluster} >"$OUT/demo.log" 2>&1 &
 pids+=($!)
 DEMO_PID=$!
 for p in 8080 8081 8082 8083 19000; do waitport $p || { tail -30 "$OUT/demo.log"; exit 1; }; done
@@ -101,7 +104,14 @@ for _ in $(seq 1 240); do # the warehouse is ready once ClickHouse is
 	curl -fsS http://127.0.0.1:8083/readyz >/dev/null 2>&1 && break
 	sleep 0.5
 done
-log "make demo is up"
+if [[ -n ${DEMO_CLUSTER:-} ]]; then
+	NATS_URL=$(grep -o 'nats://[^ ]* (3 nodes' "$OUT/demo.log" | head -1 | cut -d' ' -f1)
+	[[ -n $NATS_URL ]] || { echo "no cluster NATS URL in the demo's output" >&2; tail -30 "$OUT/demo.log"; exit 1; }
+	export NATS_URL
+	log "make demo-cluster is up: NATS $NATS_URL"
+else
+	log "make demo is up"
+fi
 
 if [[ ${STEPS:-all} == all ]]; then
 	log "ramp: the redirect inside the demo"
@@ -124,10 +134,13 @@ warmup() {
 }
 
 # cputicks prints "<name> <utime+stime in ticks>" for the demo process
-# (which runs the NATS server) and each process it started.
+# (which runs the NATS server, unless DEMO_CLUSTER) and each process it
+# started (the nodes of a cluster add up under one name).
 cputicks() {
+	local self="nats-server(snipctl-demo)"
+	[[ -n ${DEMO_CLUSTER:-} ]] && self="snipctl-demo"
 	for pid in "$DEMO_PID" $(pgrep -P "$DEMO_PID"); do
-		awk -v pid="$pid" '{ n = $2; gsub(/[()]/, "", n); if (pid == dp) n = "nats-server(snipctl-demo)"; print n, $14 + $15 }' \
+		awk -v pid="$pid" -v self="$self" '{ n = $2; gsub(/[()]/, "", n); if (pid == dp) n = self; print n, $14 + $15 }' \
 			dp="$DEMO_PID" /proc/"$pid"/stat 2>/dev/null
 	done
 }
