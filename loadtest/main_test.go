@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/loadtest/internal/jsread"
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/pkg/events"
@@ -456,4 +457,39 @@ func TestProgressLine(t *testing.T) {
 
 func seriesSecond() series.Second {
 	return series.Second{At: 3, Phase: series.PhaseLoad, Offered: 2000, Sent: 1999, OK: 1990, Errors: 9, P50: 1.2, P99: 8.4}
+}
+
+// The backlog is read on a loop of its own and every read lands in the
+// peak lags, however long the progress line's second is.
+func TestLagLoopRecordsEachBacklogRead(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	if err := topology.Apply(t.Context(), js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(t.Context(), events.FraudVerdictBatchSubject(i), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys := &system{readers: jsread.NewReaders(js)}
+	m := series.NewMeter(time.Now(), 1)
+	var last lastLag
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); lagLoop(ctx, sys, m, &last) }()
+	verdicts := events.FraudVerdictsStream + "/" + topology.ClickCounterVerdictsConsumer
+	testenv.WaitFor(t, 30*time.Second, "a backlog read", func() bool {
+		_, at, _ := last.get()
+		return !at.IsZero()
+	})
+	cancel()
+	<-done
+	lag, _, err := last.get()
+	if err != nil || lag[verdicts] != 3 {
+		t.Fatalf("last backlog %v, %v; want %s at 3", lag, err, verdicts)
+	}
+	if got := m.Summarise(time.Second).PeakLag[verdicts]; got != 3 {
+		t.Fatalf("peak lag of %s = %d, want 3", verdicts, got)
+	}
 }

@@ -396,8 +396,15 @@ func (f *phaseFlag) get() string {
 }
 
 // progress prints a line every second: offered and achieved rate, errors,
-// latency of the second, and every reader's backlog.
+// latency of the second, and every reader's backlog as last read. The
+// backlog is read on its own loop (lagLoop): on a loaded cluster reading
+// every consumer's info can take longer than a second, and a read cut short
+// at the tick would leave both the line and the peak lags without it.
 func progress(ctx context.Context, env *Env, sys *system, m *series.Meter, phase *phaseFlag) {
+	var last lastLag
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { lagLoop(ctx, sys, m, &last) })
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -405,14 +412,59 @@ func progress(ctx context.Context, env *Env, sys *system, m *series.Meter, phase
 		case <-ctx.Done():
 			return
 		case now := <-tick.C:
-			lctx, cancel := context.WithTimeout(ctx, 800*time.Millisecond)
-			lag, err := sys.readers.Backlog(lctx)
-			cancel()
-			if err == nil {
-				m.SetLag(lag)
-			}
 			s := m.Tick(now, phase.get())
-			fmt.Fprintln(env.Stderr, progressLine(s, lag, err))
+			lag, at, err := last.get()
+			if err == nil && at.IsZero() {
+				err = errNoLagYet
+			}
+			line := progressLine(s, lag, err)
+			if age := now.Sub(at); err == nil && age > 2*time.Second {
+				line += fmt.Sprintf(" (read %.0fs ago)", age.Seconds())
+			}
+			fmt.Fprintln(env.Stderr, line)
+		}
+	}
+}
+
+// errNoLagYet: no backlog read has finished yet.
+var errNoLagYet = errors.New("no backlog read yet")
+
+// lastLag is the latest backlog read: the backlog and when it was read, or
+// the error of the latest attempt while no read has succeeded.
+type lastLag struct {
+	mu  sync.Mutex
+	lag map[string]uint64
+	at  time.Time
+	err error
+}
+
+func (l *lastLag) get() (map[string]uint64, time.Time, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lag, l.at, l.err
+}
+
+// lagLoop reads every reader's backlog, one read at a time, at most once a
+// second, each within 10 s, recording each result in m (peak lags) and last.
+func lagLoop(ctx context.Context, sys *system, m *series.Meter, last *lastLag) {
+	for ctx.Err() == nil {
+		began := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		lag, err := sys.readers.Backlog(rctx)
+		cancel()
+		last.mu.Lock()
+		if err == nil {
+			m.SetLag(lag)
+			last.lag, last.at, last.err = lag, time.Now(), nil
+		} else if last.at.IsZero() && ctx.Err() == nil {
+			// Only while nothing was read yet: after that the line shows
+			// the last backlog read, with its age.
+			last.err = err
+		}
+		last.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second - time.Since(began)):
 		}
 	}
 }
