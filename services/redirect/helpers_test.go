@@ -473,3 +473,19 @@ func (m rawMsg) NakWithDelay(time.Duration) error          { return nil }
 func (m rawMsg) InProgress() error                         { return nil }
 func (m rawMsg) Term() error                               { return nil }
 func (m rawMsg) TermWithReason(string) error               { return nil }
+
+// warmLinks creates n links (targets https://example.com/<prefix><i>) and
+// clicks each once through l, so the instance at base has them cached
+// before a test's faults begin; it returns their codes.
+func warmLinks(tb testing.TB, l *ledger, base, prefix string, n int) []string {
+	tb.Helper()
+	codes := make([]string, 0, n)
+	for i := range n {
+		code := createLink(tb, base, fmt.Sprintf("https://example.com/%s%d", prefix, i), "")
+		codes = append(codes, code)
+		if got, err := l.click(base, code); got != http.StatusFound { // warms the link cache
+			tb.Fatalf("GET = %d %v", got, err)
+		}
+	}
+	return codes
+}

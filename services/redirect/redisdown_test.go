@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -58,14 +57,7 @@ func TestGuarantee_RedisFrozenLosesNoClickAndRedirectsGoOn(t *testing.T) {
 	cfg := testConfig(r.URL(0), n.URL)
 	in := startInstance(t, cfg)
 	l := newLedger()
-	var codes []string
-	for i := range 8 {
-		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/f%d", i), "")
-		codes = append(codes, code)
-		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
-			t.Fatalf("GET = %d %v", got, err)
-		}
-	}
+	codes := warmLinks(t, l, in.URL, "f", 8)
 	stop := make(chan struct{})
 	// A modest rate: the embedded NATS server runs race-instrumented in this
 	// process, and an overloaded one acks late, which turns redirects into
@@ -119,14 +111,7 @@ func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCoun
 	n := testenv.StartNATS(t)
 	in := startInstance(t, testConfig(r.URL(0), n.URL))
 	l := newLedger()
-	var codes []string
-	for i := range 4 {
-		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/b%d", i), "")
-		codes = append(codes, code)
-		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
-			t.Fatalf("GET = %d %v", got, err)
-		}
-	}
+	codes := warmLinks(t, l, in.URL, "b", 4)
 	stop := make(chan struct{})
 	wait := openLoop(l, in.URL, codes, 50, stop)
 	testenv.WaitFor(t, 30*time.Second, "traffic before the faults", func() bool { return l.total() >= 50 })
@@ -193,14 +178,7 @@ func TestGuarantee_BothStoresFrozenAnswersUnconfirmed(t *testing.T) {
 	cfg.DirectTimeout = 500 * time.Millisecond // production's: three attempts in 1.5 s
 	in := startInstance(t, cfg)
 	l := newLedger()
-	var codes []string
-	for i := range 4 {
-		code := createLink(t, in.URL, fmt.Sprintf("https://example.com/u%d", i), "")
-		codes = append(codes, code)
-		if got, err := l.click(in.URL, code); got != http.StatusFound { // warms the link cache
-			t.Fatalf("GET = %d %v", got, err)
-		}
-	}
+	codes := warmLinks(t, l, in.URL, "u", 4)
 	// As in the test above, the faults strike between requests.
 	natsNode.Pause()
 	r.Pause()
@@ -280,14 +258,7 @@ func BenchmarkRedisFreeze(b *testing.B) {
 	n := testenv.StartNATS(b)
 	in := startInstance(b, testConfig(r.URL(0), n.URL))
 	l := newLedger()
-	var codes []string
-	for i := range 50 {
-		code := createLink(b, in.URL, fmt.Sprintf("https://example.com/z%d", i), "")
-		codes = append(codes, code)
-		if got, err := l.click(in.URL, code); got != http.StatusFound {
-			b.Fatalf("GET = %d %v", got, err)
-		}
-	}
+	codes := warmLinks(b, l, in.URL, "z", 50)
 	b.ResetTimer()
 	for range b.N {
 		stop := make(chan struct{})
