@@ -202,7 +202,9 @@ if [[ ${STEPS:-all} == flood ]]; then
 	RATES=none
 	rate=${FLOOD_RATE:-12000}
 	warmup
-	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; RSS of the demo process (the NATS server) every 10 s"
+	# The demo process runs the NATS server embedded; with DEMO_CLUSTER the
+	# NATS nodes are processes of their own and this samples only the demo.
+	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; RSS of the demo process every 10 s"
 	(
 		while kill -0 "$DEMO_PID" 2>/dev/null; do
 			echo "$(date +%T) $(awk '/^VmRSS/ {print $2}' /proc/"$DEMO_PID"/status) kB"
