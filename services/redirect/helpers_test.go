@@ -391,13 +391,42 @@ func (l *ledger) verifyOnce(tb testing.TB, clicks []clickMsg) int {
 
 // expectInCLICKSAnyOrder waits until CLICKS holds every served click, then
 // checks it with verifyOnce. It returns the number served and errored.
+//
+// The count alone does not say so: a request that got no 302 may be in
+// CLICKS too (its answer was lost, or it said it did not know), so the wait
+// ends when no served request ID is missing, read from the stream once it
+// holds at least as many clicks as were served.
 func (l *ledger) expectInCLICKSAnyOrder(tb testing.TB, js jetstream.JetStream) (served, errored int) {
 	tb.Helper()
 	want := l.total()
-	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("%d clicks in CLICKS", want), func() bool {
-		return streamCount(js, events.ClicksStream) >= want
+	missing := want
+	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("the %d served clicks in CLICKS", want), func() bool {
+		if streamCount(js, events.ClicksStream) < want {
+			return false
+		}
+		missing = l.missingServed(readClicks(tb, js))
+		return missing == 0
 	})
 	return want, l.verifyOnce(tb, readClicks(tb, js))
+}
+
+// missingServed is how many request IDs answered 302 have no click in clicks.
+func (l *ledger) missingServed(clicks []clickMsg) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	in := make(map[string]bool, len(clicks))
+	for _, c := range clicks {
+		in[c.Click.RequestID] = true
+	}
+	n := 0
+	for _, ids := range l.served {
+		for _, rid := range ids {
+			if !in[rid] {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // latencies returns the p50, p99 and largest time to a 302.
@@ -474,10 +503,15 @@ func (m rawMsg) InProgress() error                         { return nil }
 func (m rawMsg) Term() error                               { return nil }
 func (m rawMsg) TermWithReason(string) error               { return nil }
 
-// warmLinks creates n links (targets https://example.com/<prefix><i>) and
-// clicks each once through l, so the instance at base has them cached
-// before a test's faults begin; it returns their codes.
-func warmLinks(tb testing.TB, l *ledger, base, prefix string, n int) []string {
+// warmLinks creates n links (targets https://example.com/<prefix><i>),
+// clicks each once through l, so the instance at base has them cached, and
+// waits until those clicks are in CLICKS: a test's faults then strike a
+// system whose streams exist and whose relay publishes. (A redirect answers
+// 302 once Redis has its click, before the topology may be applied; on a
+// slow machine, creating CLICKS has taken seconds, and a fault test that
+// froze NATS then found no stream to take the clicks it sent.) It returns
+// the codes.
+func warmLinks(tb testing.TB, l *ledger, base string, js jetstream.JetStream, prefix string, n int) []string {
 	tb.Helper()
 	codes := make([]string, 0, n)
 	for i := range n {
@@ -487,5 +521,6 @@ func warmLinks(tb testing.TB, l *ledger, base, prefix string, n int) []string {
 			tb.Fatalf("GET = %d %v", got, err)
 		}
 	}
+	l.expectInCLICKSAnyOrder(tb, js)
 	return codes
 }
