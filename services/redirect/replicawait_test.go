@@ -40,8 +40,6 @@ func hammer(l *ledger, base string, codes []string, workers int, stop <-chan str
 // or under a Nats-Msg-Id other than its event ID.
 func (l *ledger) lostClicks(tb testing.TB, clicks []clickMsg) int {
 	tb.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	seenEvent, seenReq := map[string]bool{}, map[string]bool{}
 	for _, c := range clicks {
 		if c.MsgID != c.Click.ID {
@@ -52,15 +50,7 @@ func (l *ledger) lostClicks(tb testing.TB, clicks []clickMsg) int {
 		}
 		seenEvent[c.Click.ID], seenReq[c.Click.RequestID] = true, true
 	}
-	lost := 0
-	for _, ids := range l.served {
-		for _, rid := range ids {
-			if !seenReq[rid] {
-				lost++
-			}
-		}
-	}
-	return lost
+	return l.missingServed(clicks)
 }
 
 // TestGuarantee_ReplicaWaitShortPublishesTheClickOnceAndStillAnswers302 runs
