@@ -399,13 +399,8 @@ func (l *ledger) verifyOnce(tb testing.TB, clicks []clickMsg) int {
 func (l *ledger) expectInCLICKSAnyOrder(tb testing.TB, js jetstream.JetStream) (served, errored int) {
 	tb.Helper()
 	want := l.total()
-	missing := want
 	testenv.WaitFor(tb, 90*time.Second, fmt.Sprintf("the %d served clicks in CLICKS", want), func() bool {
-		if streamCount(js, events.ClicksStream) < want {
-			return false
-		}
-		missing = l.missingServed(readClicks(tb, js))
-		return missing == 0
+		return streamCount(js, events.ClicksStream) >= want && l.missingServed(readClicks(tb, js)) == 0
 	})
 	return want, l.verifyOnce(tb, readClicks(tb, js))
 }
