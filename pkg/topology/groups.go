@@ -1,6 +1,11 @@
 package topology
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -57,4 +62,119 @@ func GroupConsumerConfig(group string, p int, gc GroupConsumer) jetstream.Consum
 		MaxWaiting:     64,
 		Metadata:       map[string]string{"snip.group": group, "snip.partition": strconv.Itoa(p)},
 	}
+}
+
+// Interest is what a narrowed group reads of CLICKS: for each owner, the
+// link codes it wants, or nil for every link of the owner. A nil Interest
+// is everything.
+type Interest map[string][]string
+
+// MaxGroupFilters bounds the filter subjects of one narrowed partition
+// consumer. Past it the consumer reads the whole partition again (and the
+// reader skips what nobody wants): the server matches every stored subject
+// against the filters, which stays cheap for a few hundred.
+const MaxGroupFilters = 256
+
+// InterestMetadata is the consumer metadata key where NarrowGroup records
+// the version of the interest a consumer was narrowed to.
+const InterestMetadata = "snip.interest"
+
+// NoClicksFilter is partition p's filter when nothing in it is wanted: a
+// subject no click is stored under ("~" is not a valid owner or code).
+func NoClicksFilter(p int) string {
+	return strconv.Itoa(p) + ".clicks.~.~"
+}
+
+// GroupFilters returns the filter subjects of partition p's consumer (of
+// partitions) in a group that reads only in's clicks: one
+// <p>.clicks.<owner>.> per owner that wants every link, one
+// <p>.clicks.<owner>.<code> per wanted code stored in partition p, and
+// NoClicksFilter(p) when that leaves nothing. Filters never overlap (the
+// server refuses overlapping ones) and come sorted.
+func GroupFilters(p, partitions int, in Interest) []string {
+	if in == nil {
+		return []string{events.PartitionFilter(p)}
+	}
+	prefix := strconv.Itoa(p) + "."
+	seen := map[string]bool{}
+	for owner, codes := range in {
+		if codes == nil {
+			seen[prefix+events.ClickSubject(owner, ">")] = true
+			continue
+		}
+		for _, c := range codes {
+			if events.Partition(c, partitions) == p {
+				seen[prefix+events.ClickSubject(owner, c)] = true
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return []string{NoClicksFilter(p)}
+	}
+	if len(seen) > MaxGroupFilters {
+		return []string{events.PartitionFilter(p)}
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// NarrowGroup sets the filters of a group's partition consumers to what in
+// wants (GroupFilters), so the server does not send the group clicks it
+// would skip. version orders the calls: it is recorded in each consumer's
+// metadata (InterestMetadata), and a consumer that records version or a
+// later one is left alone, so an older view never overwrites a newer one
+// that was applied first. Callers that can race must still serialise their
+// calls (read the interest and its version, then narrow, under one lock):
+// JetStream has no compare-and-set for consumer configurations.
+//
+// A narrowed consumer keeps its place. It is not sent what its filters
+// leave out, and it does not move past those clicks either: widened again,
+// it is sent the clicks it had not passed, older ones included, so a
+// reader that wants only what is stored after a widening skips the rest
+// itself (by sequence). Every click stored after NarrowGroup returns that
+// the new filters match is sent. A consumer that does not exist yet is
+// skipped: the reader runtime creates it reading the whole partition, and
+// the next call narrows it. It returns how many consumers' filters changed.
+func NarrowGroup(ctx context.Context, js jetstream.JetStream, group string, partitions int, in Interest, version int64) (int, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("narrow %s: %w", group, err)
+	}
+	changed := 0
+	v := strconv.FormatInt(version, 10)
+	for p := range partitions {
+		name := GroupConsumerName(group, p)
+		c, err := s.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return changed, fmt.Errorf("narrow %s: %w", name, err)
+		}
+		cfg := c.CachedInfo().Config
+		if have, err := strconv.ParseInt(cfg.Metadata[InterestMetadata], 10, 64); err == nil && have >= version {
+			continue
+		}
+		want := GroupFilters(p, partitions, in)
+		have := cfg.FilterSubjects
+		if cfg.FilterSubject != "" {
+			have = []string{cfg.FilterSubject}
+		}
+		cfg.Metadata = maps.Clone(cfg.Metadata)
+		if cfg.Metadata == nil {
+			cfg.Metadata = map[string]string{}
+		}
+		cfg.Metadata[InterestMetadata] = v
+		if len(want) == 1 {
+			cfg.FilterSubject, cfg.FilterSubjects = want[0], nil
+		} else {
+			cfg.FilterSubject, cfg.FilterSubjects = "", want
+		}
+		if _, err := s.UpdateConsumer(ctx, cfg); err != nil {
+			return changed, fmt.Errorf("narrow %s: %w", name, err)
+		}
+		if !slices.Equal(have, want) {
+			changed++
+		}
+	}
+	return changed, nil
 }
