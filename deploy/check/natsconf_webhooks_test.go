@@ -14,7 +14,8 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// The webhooks user reads its group and its FRAUD alerts consumer, replays
+// The webhooks user reads its group (and narrows its consumers' filters)
+// and its FRAUD alerts consumer, replays
 // CLICKS and FRAUD with ordered consumers, announces disabled endpoints, and
 // can publish nothing else.
 func TestWebhooksUserHasWhatItNeedsAndNoMore(t *testing.T) {
@@ -43,6 +44,13 @@ func TestWebhooksUserHasWhatItNeedsAndNoMore(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	// It narrows its group's consumers to the owners with click endpoints:
+	// one filter (the subject-suffixed create) and several (the plain one).
+	for v, in := range []topology.Interest{{"acme": nil}, {"acme": nil, "bob": nil}, {}} {
+		if _, err := topology.NarrowGroup(ctx, c.js, topology.GroupWebhooks, topology.DefaultPartitions, in, int64(v+1)); err != nil {
+			t.Fatalf("narrow the webhooks group to %v: %v", in, err)
+		}
 	}
 	if _, err := admin.js.Publish(ctx, events.FraudAlertSubject("kwebhooks"), []byte(`{}`)); err != nil {
 		t.Fatal(err)

@@ -76,6 +76,10 @@ func partitionLag(ctx context.Context, s jetstream.Stream, group string, p int) 
 	return pl, nil
 }
 
+// maxLagFilters is the most filter subjects OldestUnprocessed asks for one
+// by one (a narrowed group's consumer has one per owner it reads).
+const maxLagFilters = 16
+
 // OldestUnprocessed returns when the oldest event a consumer of stream s has
 // not processed was stored: the first one after its ack floor while events
 // are in flight, else the first after the last delivered one. It is zero
@@ -89,20 +93,35 @@ func OldestUnprocessed(ctx context.Context, s jetstream.Stream, info *jetstream.
 	if info.NumAckPending == 0 && info.Delivered.Stream > info.AckFloor.Stream {
 		next = info.Delivered.Stream + 1
 	}
-	filter := info.Config.FilterSubject
-	if filter == "" && len(info.Config.FilterSubjects) == 1 {
-		filter = info.Config.FilterSubjects[0]
+	filters := info.Config.FilterSubjects
+	if info.Config.FilterSubject != "" {
+		filters = []string{info.Config.FilterSubject}
 	}
-	var opts []jetstream.GetMsgOpt
-	if filter != "" {
-		opts = append(opts, jetstream.WithGetMsgSubject(filter))
+	if len(filters) == 0 || len(filters) > maxLagFilters {
+		// No filter, or too many to ask for one by one: the first event
+		// after next of any subject ("" below), which with filters may be
+		// one the consumer is not sent (older than what it owes).
+		filters = []string{""}
 	}
-	m, err := s.GetMsg(ctx, next, opts...)
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
+	var m *jetstream.RawStreamMsg // the earliest of the filters' first events
+	for _, f := range filters {
+		var opts []jetstream.GetMsgOpt
+		if f != "" {
+			opts = append(opts, jetstream.WithGetMsgSubject(f))
+		}
+		got, err := s.GetMsg(ctx, next, opts...)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			continue
+		case err != nil:
+			return time.Time{}, err
+		}
+		if m == nil || got.Sequence < m.Sequence {
+			m = got
+		}
+	}
+	if m == nil {
 		return time.Time{}, nil
-	case err != nil:
-		return time.Time{}, err
 	}
 	// A consumer that started at a time has skipped what came before; the
 	// oldest event it still owes is then no older than its start.

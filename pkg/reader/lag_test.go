@@ -1,0 +1,66 @@
+package reader_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// A narrowed group's consumer owes only its owners' events: the oldest one
+// it has not processed is the first of those, not an older event of an
+// owner it is not sent.
+func TestOldestUnprocessedOfANarrowedConsumer(t *testing.T) {
+	t.Parallel()
+	_, js := setup(t, 1)
+	ctx := t.Context()
+	cfg := topology.GroupConsumerConfig("g", 0, topology.GroupConsumer{AckWait: time.Minute, PinnedTTL: 3 * time.Second, MaxAckPending: 1000})
+	if _, err := js.CreateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := topology.NarrowGroup(ctx, js, "g", 1, topology.Interest{"acme": nil, "bob": nil}, 1); err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]time.Time{}
+	for _, owner := range []string{"other", "bob", "acme"} {
+		b, _ := json.Marshal(events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "k" + owner, Owner: owner, Target: "https://example.com/"})
+		ack, err := js.Publish(ctx, events.ClickSubject(owner, "k"+owner), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := js.Stream(ctx, events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored[owner] = m.Time
+	}
+	if !stored["other"].Before(stored["bob"]) {
+		t.Fatalf("stored times not increasing: %v", stored)
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Consumer(ctx, topology.GroupConsumerName("g", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := c.CachedInfo()
+	if info.NumPending != 2 {
+		t.Fatalf("pending %d, want bob's and acme's 2", info.NumPending)
+	}
+	got, err := reader.OldestUnprocessed(ctx, s, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Equal(stored["bob"]) {
+		t.Errorf("oldest unprocessed %v, want bob's click's %v (not other's %v)", got, stored["bob"], stored["other"])
+	}
+}
