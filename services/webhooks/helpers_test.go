@@ -120,10 +120,16 @@ func (w testWriter) Write(p []byte) (int, error) {
 // publishClicks publishes n clicks for owner acme over the codes, in turn.
 func (s *system) publishClicks(tb testing.TB, codes []string, n int) []events.Click {
 	tb.Helper()
+	return s.publishOwnerClicks(tb, "acme", codes, n)
+}
+
+// publishOwnerClicks publishes n clicks for owner over the codes, in turn.
+func (s *system) publishOwnerClicks(tb testing.TB, owner string, codes []string, n int) []events.Click {
+	tb.Helper()
 	out := make([]events.Click, 0, n)
 	for i := range n {
 		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: codes[i%len(codes)],
-			Owner: "acme", Target: "https://example.com/", Visitor: fmt.Sprintf("visitor-%d", i%7), Country: "NL"}
+			Owner: owner, Target: "https://example.com/", Visitor: fmt.Sprintf("visitor-%d", i%7), Country: "NL"}
 		b, err := json.Marshal(c)
 		if err != nil {
 			tb.Fatal(err)

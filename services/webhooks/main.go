@@ -82,8 +82,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		intake := delivery.NewIntake(store, metrics)
 		intake.Notify = manager.Wake
 		replayer := delivery.NewReplayer(js, store, intake, log, 16)
+		narrower := delivery.NewNarrower(store, js, topology.GroupWebhooks, partitions, member, log)
 		admin := &delivery.Admin{
-			Store: store, Client: client, Dialer: dialer, Replayer: replayer, Intake: intake,
+			Store: store, Client: client, Dialer: dialer, Replayer: replayer, Intake: intake, Narrower: narrower,
 			RotationOverlap: cfg.RotationOverlap, MaxPerOwner: cfg.MaxEndpointsPerOwner,
 			Rules: endpoint.Rules{HTTPHosts: cfg.HTTPHosts, DefaultBatchMax: cfg.BatchMax, DefaultBatchWait: cfg.BatchWait},
 		}
@@ -105,6 +106,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			return delivery.ConsumeAlerts(ctx, js, topology.WebhooksAlertsConsumer, intake, log, cfg.ShutdownTimeout)
 		})
 		g.Go(service.Intake, "replayer", replayer.Run)
+		g.Go(service.Intake, "narrower", narrower.Run)
 		g.Go(service.Work, "senders", manager.Run)
 		return nil
 	})

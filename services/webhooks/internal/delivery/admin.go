@@ -29,6 +29,37 @@ type Admin struct {
 	// MaxPerOwner bounds an owner's endpoints (each costs a queue and a
 	// sender).
 	MaxPerOwner int
+	// Narrower, if set, widens the group's consumers to a new endpoint's
+	// clicks before Create answers.
+	Narrower *Narrower
+}
+
+// startLive sets where live intake starts for e: after CLICKS' last click
+// now (see endpoint.Endpoint.ReplayClicksUpto).
+func (a *Admin) startLive(ctx context.Context, e *endpoint.Endpoint) error {
+	if a.Narrower == nil {
+		return nil
+	}
+	upto, err := lastSeq(ctx, a.Narrower.js, events.ClicksStream)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotReading, err)
+	}
+	e.ReplayClicksUpto = upto
+	return nil
+}
+
+// narrow makes the group's consumers read what the stored endpoints want,
+// before an answer that promises an endpoint its clicks.
+func (a *Admin) narrow(ctx context.Context) error {
+	if a.Narrower == nil {
+		return nil
+	}
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := a.Narrower.Sync(nctx); err != nil {
+		return fmt.Errorf("%w: %v", ErrNotReading, err)
+	}
+	return nil
 }
 
 // Status is an endpoint as its owner sees it: configuration (the secrets
@@ -56,7 +87,10 @@ func (a *Admin) status(ctx context.Context, e endpoint.Endpoint, st redisstore.S
 
 // Create validates and stores a new endpoint. Its host must resolve to
 // addresses the SSRF guard allows now (and it is checked again at every
-// connection).
+// connection). It answers once the group's consumers read the endpoint's
+// clicks: every click stored after the answer is queued for it. If they
+// cannot be told to (NATS unavailable), the endpoint is deleted again and
+// the error is ErrNotReading.
 func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (Status, error) {
 	e, err := endpoint.New(owner, r, a.Rules, time.Now())
 	if err != nil {
@@ -72,7 +106,17 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 	if len(have) >= a.MaxPerOwner {
 		return Status{}, fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
 	}
+	if err := a.startLive(ctx, &e); err != nil {
+		return Status{}, err
+	}
 	if err := a.Store.Put(ctx, e); err != nil {
+		return Status{}, err
+	}
+	if err := a.narrow(ctx); err != nil {
+		if derr := a.Store.Delete(context.WithoutCancel(ctx), e); derr != nil {
+			// Stored after all: Narrower.Run reads its clicks once NATS answers.
+			return Status{}, errors.Join(err, derr)
+		}
 		return Status{}, err
 	}
 	return a.status(ctx, e, redisstore.State{}, true)
@@ -139,6 +183,11 @@ func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (S
 		return Status{}, err
 	}
 	e.Paused = paused
+	if !paused && !e.DisabledAt.IsZero() {
+		if err := a.startLive(ctx, &e); err != nil {
+			return Status{}, err
+		}
+	}
 	if !paused {
 		e.DisabledAt, e.DisabledReason = time.Time{}, ""
 		st = redisstore.State{}
@@ -148,6 +197,14 @@ func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (S
 	}
 	if err := a.Store.Put(ctx, e); err != nil {
 		return Status{}, err
+	}
+	if !paused {
+		// A disabled endpoint wanted nothing; resumed, it wants its clicks
+		// again. If this fails the endpoint is resumed all the same, and
+		// Narrower.Run widens the consumers once NATS answers.
+		if err := a.narrow(ctx); err != nil {
+			return Status{}, err
+		}
 	}
 	return a.status(ctx, e, st, false)
 }

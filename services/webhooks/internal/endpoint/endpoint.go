@@ -70,7 +70,11 @@ type Endpoint struct {
 	CreatedAt      time.Time `json:"created_at"`
 	// ReplayClicksUpto and ReplayAlertsUpto are the stream sequences a
 	// replay copied up to: live intake skips events at or below them, so a
-	// replay and live traffic do not both queue the same event.
+	// replay and live traffic do not both queue the same event. Creating an
+	// endpoint, and resuming a disabled one, sets ReplayClicksUpto to
+	// CLICKS' last sequence then: the group's consumers may not have passed
+	// older clicks of the owner (they were not sent them while nothing
+	// wanted them), and the endpoint gets what is stored after.
 	ReplayClicksUpto uint64 `json:"replay_clicks_upto,omitempty"`
 	ReplayAlertsUpto uint64 `json:"replay_alerts_upto,omitempty"`
 	// Generation changes with each replay: a sender drops a batch it read

@@ -173,9 +173,9 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 }
 
 // errorTable maps the service's errors to statuses, in one place:
-// unauthorized 401, not found 404, invalid 400, busy 429; echo's own errors
+// unauthorized 401, not found 404, invalid 400, busy 429, not reading 503; echo's own errors
 // keep theirs, and anything else is a logged 500.
-func errorTable(err error, _ http.Header) (webserver.Problem, bool) {
+func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 	switch {
 	case errors.Is(err, owners.ErrUnauthorized):
 		return webserver.Problem{Status: http.StatusUnauthorized, Code: webserver.CodeUnauthorized, Message: "missing or invalid API key (Authorization: Bearer <key>)"}, true
@@ -185,6 +185,9 @@ func errorTable(err error, _ http.Header) (webserver.Problem, bool) {
 		return webserver.Problem{Status: http.StatusBadRequest, Code: "bad_request"}, true
 	case errors.Is(err, delivery.ErrBusy):
 		return webserver.Problem{Status: http.StatusTooManyRequests, Code: "busy"}, true
+	case errors.Is(err, delivery.ErrNotReading):
+		h.Set("Retry-After", "5")
+		return webserver.Problem{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "the endpoint's clicks cannot be read now (NATS unavailable); try again (a create stored nothing)"}, true
 	}
 	return webserver.Problem{}, false
 }

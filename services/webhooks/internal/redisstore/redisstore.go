@@ -16,6 +16,7 @@
 //	snip:wh:owner:<owner>    set of the owner's endpoint IDs
 //	snip:wh:endpoints        set of every endpoint ID
 //	snip:wh:version          bumped on every endpoint change; readers reload on change
+//	snip:wh:{interest}:lease the instance narrowing the group's consumers now (expires)
 package redisstore
 
 import (
@@ -537,6 +538,21 @@ if v == false or v == ARGV[1] then
   return 1
 end
 return 0`)
+
+// interestLease is the lease id of the lock that serialises narrowing the
+// webhooks group's consumers (see delivery.Narrower).
+const interestLease = "interest"
+
+// LockInterest takes the narrowing lock for instance for ttl (or extends
+// it); false when another instance holds it.
+func (s *Store) LockInterest(ctx context.Context, instance string, ttl time.Duration) (bool, error) {
+	return s.Lease(ctx, interestLease, instance, ttl)
+}
+
+// UnlockInterest gives the narrowing lock up, if instance holds it.
+func (s *Store) UnlockInterest(ctx context.Context, instance string) error {
+	return s.Release(ctx, interestLease, instance)
+}
 
 // Release gives up instance's lease on endpoint id.
 func (s *Store) Release(ctx context.Context, id, instance string) error {
