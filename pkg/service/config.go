@@ -30,6 +30,9 @@ type Base struct {
 	HTTPAddr string `env:"HTTP_ADDR"`
 	// ShutdownTimeout bounds each stage of a graceful stop (Run).
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT"`
+	// PprofAddr, if set, serves net/http/pprof there (Main only), apart
+	// from HTTPAddr: for profiling under load, on a loopback address.
+	PprofAddr string `env:"PPROF_ADDR"`
 
 	// Ready, if set, is called with the HTTP server's address once it
 	// accepts connections: tests run a service on 127.0.0.1:0 and wait for it.

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/snipdev/snip/pkg/webserver"
 )
@@ -50,9 +53,29 @@ func exitCode[C Config](ctx context.Context, name string, args, environ []string
 		return 2
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.base().LogLevel}))
+	if addr := cfg.base().PprofAddr; addr != "" {
+		go servePprof(log, addr)
+	}
 	if err := run(ctx, log, cfg); err != nil {
 		log.Error(name+" stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// servePprof serves the runtime's profiles (net/http/pprof) on addr for as
+// long as the process runs. It is off unless PPROF_ADDR is set: profiles
+// show the code's internals, so bind it to loopback.
+func servePprof(log *slog.Logger, addr string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("pprof listening", "addr", addr)
+	if err := srv.ListenAndServe(); err != nil {
+		log.Warn("pprof stopped", "addr", addr, "err", err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -194,6 +195,48 @@ func TestMainHealthcheckAndConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+}
+
+// PPROF_ADDR serves the runtime's profiles on an address of its own while
+// the service runs; without it nothing listens.
+func TestMainServesPprofOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testConfig{}, nil) }
+	var served bool
+	run := func(ctx context.Context, _ *slog.Logger, _ testConfig) error {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			resp, err := http.Get("http://" + addr + "/debug/pprof/cmdline")
+			if err == nil {
+				resp.Body.Close()
+				served = resp.StatusCode == http.StatusOK
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		return errors.New("pprof never answered")
+	}
+	var stderr bytes.Buffer
+	if got := exitCode(t.Context(), "test", nil, []string{"PPROF_ADDR=" + addr}, &stderr, load, run); got != 0 || !served {
+		t.Fatalf("with PPROF_ADDR: exit %d, pprof answered 200: %v; log %s", got, served, stderr.String())
+	}
+	if strings.Contains(func() string {
+		stderr.Reset()
+		exitCode(t.Context(), "test", nil, nil, &stderr, load, func(context.Context, *slog.Logger, testConfig) error { return nil })
+		return stderr.String()
+	}(), "pprof listening") {
+		t.Errorf("without PPROF_ADDR pprof was started: %s", stderr.String())
+	}
 }
 
 // The configuration log masks secrets and URL passwords, and names every
