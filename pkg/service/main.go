@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -73,9 +74,16 @@ func servePprof(log *slog.Logger, addr string) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("pprof listening", "addr", addr)
-	if err := srv.ListenAndServe(); err != nil {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		log.Warn("pprof not served", "addr", addr, "err", err)
+		return
+	}
+	// The address listened on: with port 0, every process of a demo
+	// started with the same PPROF_ADDR gets one of its own.
+	log.Info("pprof listening", "addr", ln.Addr().String())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	if err := srv.Serve(ln); err != nil {
 		log.Warn("pprof stopped", "addr", addr, "err", err)
 	}
 }
