@@ -71,3 +71,44 @@ func BenchmarkJudge(b *testing.B) {
 	}
 	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "events/s")
 }
+
+// BenchmarkFloodedLinkJudged is one link flooded by many visitors, as the
+// load test's viral link is: after 61 s of a quiet link (so the state is
+// older than one flood window and a new link is judged against the floor),
+// a new link gets 2,000 clicks a second for 60 s, every one labelled while
+// the flood window fills up to 120,000 clicks. The cost per click must not
+// grow with the window (it did: each click scanned the whole window for
+// what was not yet labelled).
+func BenchmarkFloodedLinkJudged(b *testing.B) {
+	const rate, secs = 2000, 60
+	var evs []reader.Event
+	add := func(at time.Time, code, visitor string) {
+		evs = append(evs, reader.Event{Seq: uint64(len(evs) + 1), Stored: at, Deliveries: 1, Click: events.Click{
+			V: events.ClickVersion, ID: events.NewID(), Time: at, Code: code, Owner: "acme",
+			Target: "https://example.com/", Visitor: visitor, IPPrefix: "198.51.100.0/24",
+			UserAgent: "Mozilla/5.0 (X11; Linux x86_64; rv:133.0) Gecko/20100101 Firefox/133.0", Country: "NL",
+		}})
+	}
+	for i := range 61 {
+		add(t0.Add(time.Duration(i)*time.Second), "quiet", fmt.Sprintf("q%d", i))
+	}
+	start := t0.Add(61 * time.Second)
+	for i := range rate * secs {
+		add(start.Add(time.Duration(i)*time.Second/rate), "viral", fmt.Sprintf("v%d", i%50_000))
+	}
+	d, _ := fraud.NewDetector(fraud.Defaults())
+	b.ResetTimer()
+	labels := 0
+	for range b.N {
+		p := d.NewPartition()
+		for _, ev := range evs {
+			j, _ := p.Judge(ev)
+			labels += len(j.Labels)
+		}
+	}
+	if labels < rate*secs/2 {
+		b.Fatalf("%d labels a run: the flood was not judged one", labels/b.N)
+	}
+	b.ReportMetric(float64(len(evs)*b.N)/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(labels)/float64(b.N), "labels/run")
+}

@@ -302,8 +302,9 @@ func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
 
 // raise raises an alert unless one was raised for the same rule, link and
 // key in the same alert period (alertedIn remembers which). It returns the
-// alert's ID either way.
-func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, at int64) string {
+// alert's ID either way. detail, the alert's Detail, is called only when
+// the alert is raised: a flood calls raise for every click it labels.
+func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, at int64, detail func() string) string {
 	period := at / int64(p.d.rules.AlertPeriod)
 	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*int64(p.d.rules.AlertPeriod)))
 	if *alertedIn == period+1 {
@@ -311,6 +312,7 @@ func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, a
 	}
 	*alertedIn = period + 1
 	if j != nil {
+		a.Detail = detail()
 		a.V = events.FraudVersion
 		a.Time = time.Unix(0, at).UTC()
 		a.WindowStart = a.WindowStart.UTC()
@@ -340,8 +342,9 @@ func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key
 		Rule: rule, Code: c.Code, Owner: c.Owner, Key: key,
 		WindowStart: start, WindowEnd: start.Add(r.AlertPeriod),
 		Count: lc.count, Threshold: r.LabelAlertThreshold,
-		Detail: fmt.Sprintf("more than %d %s within %s", r.LabelAlertThreshold, what, r.AlertPeriod),
-	}, t)
+	}, t, func() string {
+		return fmt.Sprintf("more than %d %s within %s", r.LabelAlertThreshold, what, r.AlertPeriod)
+	})
 }
 
 // unfurlerPair is the HEAD-then-GET rule. The redirect does not publish HEAD
@@ -400,9 +403,10 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 		Rule: RuleVisitorBurst, Code: c.Code, Owner: c.Owner, Key: c.Visitor,
 		WindowStart: time.Unix(0, first.at), WindowEnd: time.Unix(0, self.at),
 		Count: vs.win.len(), Threshold: r.VisitorThreshold,
-		Detail: fmt.Sprintf("%d clicks by one visitor within %s (at most %d allowed)",
-			vs.win.len(), time.Duration(self.at-first.at), r.VisitorThreshold),
-	}, self.at)
+	}, self.at, func() string {
+		return fmt.Sprintf("%d clicks by one visitor within %s (at most %d allowed)",
+			vs.win.len(), time.Duration(self.at-first.at), r.VisitorThreshold)
+	})
 	for _, e := range vs.win.c {
 		if e.seq > vs.through {
 			p.label(j, e, RuleVisitorBurst, alert)
@@ -450,13 +454,21 @@ func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 		Rule: RuleLinkFlood, Code: c.Code, Owner: c.Owner,
 		WindowStart: time.Unix(0, first.at), WindowEnd: time.Unix(0, self.at),
 		Count: ls.win.len(), Threshold: int(limit),
-		Detail: fmt.Sprintf("%d clicks within %s; baseline %s per %s, at most %d allowed",
-			ls.win.len(), r.FloodWindow, strconv.FormatFloat(ls.baseline, 'f', 1, 64), r.FloodWindow, int(limit)),
-	}, self.at)
-	for _, e := range ls.win.c {
-		if e.seq > ls.through {
-			p.label(j, e, RuleLinkFlood, alert)
-		}
+	}, self.at, func() string {
+		return fmt.Sprintf("%d clicks within %s; baseline %s per %s, at most %d allowed",
+			ls.win.len(), r.FloodWindow, strconv.FormatFloat(ls.baseline, 'f', 1, 64), r.FloodWindow, int(limit))
+	})
+	// The window is in stream order: what it holds after ls.through is at
+	// its end (all of it when the rule first fires, then one click per
+	// click). Searching from the end keeps a flood linear; scanning the
+	// whole window for each click was quadratic (a minute of a viral link
+	// is hundreds of thousands of clicks).
+	from := len(ls.win.c)
+	for from > 0 && ls.win.c[from-1].seq > ls.through {
+		from--
+	}
+	for _, e := range ls.win.c[from:] {
+		p.label(j, e, RuleLinkFlood, alert)
 	}
 	ls.through = self.seq
 }
