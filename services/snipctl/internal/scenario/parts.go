@@ -180,3 +180,49 @@ func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n in
 		return have == n, nil
 	})
 }
+
+// waitSettled waits until the group's partitions are each held by one
+// member, no member holding more than one: the joins' handovers are done
+// (members publish the partitions they hold in their leases). Traffic
+// started before that is handled partly by members that hand their
+// partition on a moment later.
+func waitSettled(ctx context.Context, js jetstream.JetStream, group string, partitions int) error {
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return fmt.Errorf("members bucket: %w", err)
+	}
+	return waitFor(ctx, 60*time.Second, fmt.Sprintf("each of group %s's %d partitions held by one member", group, partitions), func() (bool, error) {
+		keys, err := kv.ListKeysFiltered(ctx, group+".members.>")
+		if err != nil {
+			return false, err
+		}
+		held := map[int]int{}
+		for k := range keys.Keys() {
+			e, err := kv.Get(ctx, k)
+			if err != nil {
+				return false, nil // a lease that lapsed meanwhile: look again
+			}
+			var l struct {
+				Owned []int `json:"owned"`
+			}
+			if err := json.Unmarshal(e.Value(), &l); err != nil {
+				return false, fmt.Errorf("lease %s: %w", k, err)
+			}
+			if len(l.Owned) > 1 {
+				return false, nil
+			}
+			for _, p := range l.Owned {
+				held[p]++
+			}
+		}
+		if len(held) != partitions {
+			return false, nil
+		}
+		for _, n := range held {
+			if n != 1 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}

@@ -86,6 +86,9 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	if err := waitMembers(ctx, js, "six", sixMembers); err != nil {
 		return err
 	}
+	if err := waitSettled(ctx, js, "six", sixPartitions); err != nil {
+		return err
+	}
 
 	// Traffic over 30 links for the whole run.
 	pjs, err := e.Connect("producer")
