@@ -3,8 +3,12 @@ package jsread_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/jsread"
 	"github.com/snipdev/snip/pkg/events"
@@ -57,4 +61,94 @@ func TestNextReadsEverythingStoredWhileCaughtUp(t *testing.T) {
 	if read != n {
 		t.Errorf("read %d, want %d", read, n)
 	}
+}
+
+// A reader whose consumer's server is killed must go on reading: on a
+// cluster the oracle's reader is a one-replica consumer on one node, and a
+// reader left waiting on a pull request that server lost reports the run's
+// clicks as lost. The client here is connected to another node, so nothing
+// but the missing heartbeats tells it.
+func TestNextGoesOnWhenTheConsumersServerIsKilled(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := testenv.StartNATSCluster(t)
+	opts := topology.Defaults()
+	opts.Replicas = 3
+	if err := topology.Apply(ctx, c.JetStream(t), opts); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(js jetstream.JetStream, from, n int) {
+		t.Helper()
+		for i := from; i < from+n; i++ {
+			// Retried under one ID: the stream may be electing a leader.
+			testenv.WaitFor(t, 30*time.Second, "a click stored", func() bool {
+				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				defer cancel()
+				_, err := js.Publish(pctx, events.ClickSubject("acme", fmt.Sprintf("c%d", i%7)), []byte(`{}`), jetstream.WithMsgID(strconv.Itoa(i)))
+				return err == nil
+			})
+		}
+	}
+	readUpTo := func(r *jsread.Clicks, read *int, want int, within time.Duration) {
+		t.Helper()
+		testenv.WaitFor(t, within, fmt.Sprintf("%d clicks read", want), func() bool {
+			got, _, err := r.Next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			*read += len(got)
+			if *read > want {
+				t.Fatalf("read %d, want %d", *read, want)
+			}
+			return *read == want
+		})
+	}
+	since := time.Now().Add(-time.Minute)
+	publish(c.JetStream(t), 0, 50)
+
+	// A reader on one node whose consumer is on another (the server places
+	// it at random).
+	var (
+		r     *jsread.Clicks
+		js    jetstream.JetStream
+		read  int
+		where *testenv.NATSNode
+	)
+	for i := range 12 {
+		via := c.Nodes[i%len(c.Nodes)]
+		nc, err := nats.Connect(via.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ = jetstream.New(nc)
+		r, read = jsread.NewClicks(js, "acme", since), 0
+		readUpTo(r, &read, 50, 30*time.Second)
+		name, err := jsread.ConsumerNode(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name != via.Name {
+			where = c.Node(name)
+			break
+		}
+		r.Close()
+	}
+	if where == nil {
+		t.Fatal("12 readers' consumers were on the node their client was connected to")
+	}
+	defer r.Close()
+
+	// Killed and started again at once: the restarted server makes the
+	// consumer again from its assignment, without the reader's pull
+	// request, and tells the reader nothing.
+	where.Kill()
+	if err := where.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitHealthy(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publish(js, 50, 50)
+	readUpTo(r, &read, 100, 30*time.Second)
 }
