@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
 
@@ -48,14 +51,18 @@ func TestOldestUnprocessedOfANarrowedConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.Consumer(ctx, topology.GroupConsumerName("g", 0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	info := c.CachedInfo()
-	if info.NumPending != 2 {
-		t.Fatalf("pending %d, want bob's and acme's 2", info.NumPending)
-	}
+	// The server counts a consumer's pending messages after it acks the
+	// publish, not before: read its info until the count is there (a
+	// count of 3 would include other's click, and never pass).
+	var info *jetstream.ConsumerInfo
+	testenv.WaitFor(t, 10*time.Second, "the consumer to count bob's and acme's clicks pending", func() bool {
+		c, err := s.Consumer(ctx, topology.GroupConsumerName("g", 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info = c.CachedInfo()
+		return info.NumPending == 2
+	})
 	got, err := reader.OldestUnprocessed(ctx, s, info)
 	if err != nil {
 		t.Fatal(err)
