@@ -76,16 +76,28 @@ func (c *Click) Validate() error {
 // unknown version from a malformed one.
 func DecodeClick(data []byte) (Click, error) {
 	var c Click
-	if err := json.Unmarshal(data, &c); err != nil || c.V != ClickVersion {
-		if verr := checkVersion(data, ClickVersion); verr != nil {
-			return Click{}, fmt.Errorf("decode click: %w", verr)
-		}
-		return Click{}, fmt.Errorf("decode click: %w: %v", ErrMalformed, err)
-	}
-	if err := c.Validate(); err != nil {
-		return Click{}, fmt.Errorf("decode click: %w", err)
+	if err := decodeClick(&c, data, 0); err != nil {
+		return Click{}, err
 	}
 	return c, nil
+}
+
+// decodeClick is DecodeClick into c, with the JSON parser's flags.
+func decodeClick(c *Click, data []byte, flags json.ParseFlags) error {
+	rest, err := json.Parse(data, c, flags)
+	if err == nil && len(rest) != 0 {
+		err = fmt.Errorf("%d bytes after the click", len(rest))
+	}
+	if err != nil || c.V != ClickVersion {
+		if verr := checkVersion(data, ClickVersion); verr != nil {
+			return fmt.Errorf("decode click: %w", verr)
+		}
+		return fmt.Errorf("decode click: %w: %v", ErrMalformed, err)
+	}
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("decode click: %w", err)
+	}
+	return nil
 }
 
 // decodeVersioned checks the "v" field before decoding the rest, so an event

@@ -46,3 +46,22 @@ func BenchmarkReadClick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReadClickShared is ReadClick as the reader runtime calls it:
+// into an event it already has, the strings sharing the payload.
+func BenchmarkReadClickShared(b *testing.B) {
+	data := benchClickJSON(b)
+	subject := "3.clicks.acme.abc123"
+	if p := Partition("abc123", 8); p != 3 {
+		subject = string(rune('0'+p)) + ".clicks.acme.abc123"
+	}
+	stored := time.Now()
+	evs := make([]Click, 1)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if err := ReadClickShared(&evs[0], data, subject, 8, stored); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

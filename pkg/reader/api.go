@@ -15,7 +15,11 @@ import (
 
 // Event is one click read from CLICKS, with where it was stored.
 type Event struct {
-	// Click is the decoded, validated payload.
+	// Click is the decoded, validated payload. Its strings share the
+	// message's payload memory (events.ReadClickShared: no allocation per
+	// string): a handler that keeps one beyond the batch, as a map key or in
+	// a cache, keeps the whole payload alive and should keep
+	// strings.Clone of it instead.
 	Click events.Click
 	// Partition is the CLICKS partition the event is in.
 	Partition int

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -421,7 +422,7 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 // the link flooded is left out of it, so a flood never becomes the norm.
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
-	ls := p.links.get(c.Code)
+	ls := p.links.getOwned(c.Code, strings.Clone)
 	ls.lastAt = self.at
 	b := self.at / int64(r.FloodWindow)
 	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {

@@ -40,6 +40,20 @@ func (t *table[K, V]) get(k K) *V {
 	return v
 }
 
+// getOwned is get for a key that may share memory it must not keep (a
+// string of a click decoded in place shares the whole message payload):
+// a new entry is stored under own(k), so only a miss pays for a copy.
+func (t *table[K, V]) getOwned(k K, own func(K) K) *V {
+	if v, ok := t.lru.Get(k); ok {
+		return v
+	}
+	v := new(V)
+	if t.lru.Add(own(k), v) {
+		t.evicted++
+	}
+	return v
+}
+
 // peek returns the state of k without marking it active.
 func (t *table[K, V]) peek(k K) (*V, bool) { return t.lru.Peek(k) }
 
