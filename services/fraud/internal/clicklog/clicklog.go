@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -27,6 +28,36 @@ type Log struct {
 	partitions int
 	// fetch is how many events a rebuild asks for at a time.
 	fetch int
+
+	// mu guards clicks: the handle of CLICKS, looked up once (each lookup
+	// is a stream info request; one per read-back was 10% of fraud
+	// detection's CPU while it labelled a flood's earlier clicks) and again
+	// after a read fails.
+	mu     sync.Mutex
+	clicks jetstream.Stream
+}
+
+// stream returns the handle of CLICKS.
+func (l *Log) stream(ctx context.Context) (jetstream.Stream, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clicks != nil {
+		return l.clicks, nil
+	}
+	s, err := l.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("look up %s: %w", events.ClicksStream, err)
+	}
+	l.clicks = s
+	return s, nil
+}
+
+// forget drops the handle after a failed read, so the next one looks the
+// stream up again.
+func (l *Log) forget() {
+	l.mu.Lock()
+	l.clicks = nil
+	l.mu.Unlock()
 }
 
 // New returns a Log on js, whose CLICKS stream has the given number of
@@ -52,15 +83,16 @@ func consumerInfo(ctx context.Context, cons jetstream.Consumer) (*jetstream.Cons
 }
 
 func (l *Log) get(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
-	s, err := l.js.Stream(ctx, events.ClicksStream)
+	s, err := l.stream(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("look up %s: %w", events.ClicksStream, err)
+		return nil, err
 	}
 	m, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("get %s sequence %d: %w", events.ClicksStream, seq, fraud.ErrNotInLog)
 	}
 	if err != nil {
+		l.forget()
 		return nil, fmt.Errorf("get %s sequence %d: %w", events.ClicksStream, seq, err)
 	}
 	return m, nil
