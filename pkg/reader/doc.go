@@ -36,8 +36,9 @@
 // event (Poison) parks that event on DEAD_LETTER and moves on. That is the
 // failure contract every Snip consumer shares (package failure); the work
 // queue beside this log runtime (package workqueue) reads its handlers'
-// answers the same way. Events that fail the one rule of validity
-// (events.ReadClick: malformed, unknown schema version, subject and payload
+// answers the same way. Each click is decoded in place, its strings sharing
+// the message's payload (events.ReadClickShared). Events that fail the one
+// rule of validity (events.ReadClick: malformed, unknown schema version, subject and payload
 // disagreeing on owner, code or partition, implausible time) are parked by
 // the runtime before the handler sees them, so every reader parks the same
 // events.
