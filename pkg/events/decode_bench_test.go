@@ -33,10 +33,7 @@ func BenchmarkDecodeClick(b *testing.B) {
 // partition and time checks: the cost each reader and the relay pay per click.
 func BenchmarkReadClick(b *testing.B) {
 	data := benchClickJSON(b)
-	subject := "3.clicks.acme.abc123"
-	if p := Partition("abc123", 8); p != 3 {
-		subject = string(rune('0'+p)) + ".clicks.acme.abc123"
-	}
+	subject := benchSubject()
 	stored := time.Now()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(data)))
@@ -51,10 +48,7 @@ func BenchmarkReadClick(b *testing.B) {
 // into an event it already has, the strings sharing the payload.
 func BenchmarkReadClickShared(b *testing.B) {
 	data := benchClickJSON(b)
-	subject := "3.clicks.acme.abc123"
-	if p := Partition("abc123", 8); p != 3 {
-		subject = string(rune('0'+p)) + ".clicks.acme.abc123"
-	}
+	subject := benchSubject()
 	stored := time.Now()
 	evs := make([]Click, 1)
 	b.ReportAllocs()
@@ -64,4 +58,10 @@ func BenchmarkReadClickShared(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchSubject is the stored subject of benchClickJSON's click with 8
+// partitions.
+func benchSubject() string {
+	return string(rune('0'+Partition("abc123", 8))) + ".clicks.acme.abc123"
 }
