@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +40,37 @@ func Groups(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	}
 	slices.Sort(groups)
 	return groups, nil
+}
+
+// Members returns the leases of group's live members, by member name: who
+// is in the group and the partitions each holds. A lease that lapses while
+// they are read is left out.
+func Members(ctx context.Context, js jetstream.JetStream, group string) ([]Lease, error) {
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return nil, fmt.Errorf("members of %s: %w", group, err)
+	}
+	keys, err := kv.ListKeysFiltered(ctx, memberPrefix(group)+">")
+	if err != nil {
+		return nil, fmt.Errorf("members of %s: %w", group, err)
+	}
+	var out []Lease
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // lapsed since the listing
+		}
+		if err != nil {
+			return nil, fmt.Errorf("members of %s: %w", group, err)
+		}
+		var l Lease
+		if err := json.Unmarshal(e.Value(), &l); err != nil {
+			return nil, fmt.Errorf("members of %s: lease %s: %w", group, k, err)
+		}
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b Lease) int { return strings.Compare(a.Member, b.Member) })
+	return out, nil
 }
 
 // RewindStatus is the latest replay requested of a group, and how far it got.

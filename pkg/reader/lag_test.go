@@ -71,3 +71,31 @@ func TestOldestUnprocessedOfANarrowedConsumer(t *testing.T) {
 		t.Errorf("oldest unprocessed %v, want bob's click's %v (not other's %v)", got, stored["bob"], stored["other"])
 	}
 }
+
+// Members reads the group's leases: who is in it and what each holds. Two
+// members of "g" on 4 partitions hold two each once settled; the member of
+// another group is not listed; a member that leaves is gone from the list.
+func TestMembersListsLeasesWithTheirPartitions(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 4)
+	ctx := t.Context()
+	rec := newRecorder()
+	a := startMember(t, n, reader.Config{Group: "g", Member: "a"}, rec.handler("a"))
+	startMember(t, n, reader.Config{Group: "g", Member: "b"}, rec.handler("b"))
+	startMember(t, n, reader.Config{Group: "other", Member: "c"}, rec.handler("c"))
+	testenv.WaitFor(t, 30*time.Second, "a and b holding two partitions each", func() bool {
+		ms, err := reader.Members(ctx, js, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ms) == 2 && ms[0].Member == "a" && ms[1].Member == "b" && len(ms[0].Owned) == 2 && len(ms[1].Owned) == 2
+	})
+	a.stop(t)
+	testenv.WaitFor(t, 30*time.Second, "only b listed after a left", func() bool {
+		ms, err := reader.Members(ctx, js, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ms) == 1 && ms[0].Member == "b"
+	})
+}

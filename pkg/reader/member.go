@@ -196,8 +196,9 @@ func (m *member) ensureConsumer(ctx context.Context, s jetstream.Stream, p int) 
 	return nil
 }
 
-// lease is a member's heartbeat value.
-type lease struct {
+// Lease is a member's heartbeat value, in the members bucket under
+// "<group>.members.<member>" while the member lives.
+type Lease struct {
 	Member string    `json:"member"`
 	Host   string    `json:"host"`
 	PID    int       `json:"pid"`
@@ -214,7 +215,7 @@ type lease struct {
 // members see a delete marker.
 func (m *member) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
-	l := lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: time.Now().UTC()}
+	l := Lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: time.Now().UTC()}
 	subj := memberSubject(m.cfg.Group, m.cfg.Member)
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)
 	defer t.Stop()
@@ -319,7 +320,7 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		id := strings.TrimPrefix(key, memberPrefix(m.cfg.Group))
 		if e.Operation() == jetstream.KeyValuePut {
 			m.live[id] = true
-			var l lease
+			var l Lease
 			if err := json.Unmarshal(e.Value(), &l); err == nil {
 				m.claims[id] = l.Owned
 			} else {

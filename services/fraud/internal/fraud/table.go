@@ -29,26 +29,21 @@ func newTable[K comparable, V any](capacity int, lastAt func(*V) int64) *table[K
 
 // get returns the state of k, creating it if absent, and marks it the most
 // recently active.
-func (t *table[K, V]) get(k K) *V {
-	if v, ok := t.lru.Get(k); ok {
-		return v
-	}
-	v := new(V)
-	if t.lru.Add(k, v) {
-		t.evicted++
-	}
-	return v
-}
+func (t *table[K, V]) get(k K) *V { return t.getOwned(k, nil) }
 
 // getOwned is get for a key that may share memory it must not keep (a
 // string of a click decoded in place shares the whole message payload):
-// a new entry is stored under own(k), so only a miss pays for a copy.
+// a new entry is stored under own(k) (k itself when own is nil), so only a
+// miss pays for a copy.
 func (t *table[K, V]) getOwned(k K, own func(K) K) *V {
 	if v, ok := t.lru.Get(k); ok {
 		return v
 	}
+	if own != nil {
+		k = own(k)
+	}
 	v := new(V)
-	if t.lru.Add(own(k), v) {
+	if t.lru.Add(k, v) {
 		t.evicted++
 	}
 	return v

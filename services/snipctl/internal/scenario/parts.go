@@ -13,7 +13,6 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
-	"github.com/snipdev/snip/pkg/topology"
 )
 
 // The parts the scenarios are built from: real clicks, published the way the
@@ -164,20 +163,9 @@ func (t *tally) counts() (handled, dups, disorder int) {
 // waitMembers waits until group has n live members: n heartbeat leases in
 // the members bucket, the view every member computes its partitions from.
 func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n int) error {
-	kv, err := js.KeyValue(ctx, topology.MembersBucket)
-	if err != nil {
-		return fmt.Errorf("members bucket: %w", err)
-	}
 	return waitFor(ctx, 60*time.Second, fmt.Sprintf("%d members in group %s", n, group), func() (bool, error) {
-		keys, err := kv.ListKeysFiltered(ctx, group+".members.>")
-		if err != nil {
-			return false, err
-		}
-		have := 0
-		for range keys.Keys() {
-			have++
-		}
-		return have == n, nil
+		ms, err := reader.Members(ctx, js, group)
+		return len(ms) == n, err
 	})
 }
 
@@ -187,31 +175,17 @@ func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n in
 // started before that is handled partly by members that hand their
 // partition on a moment later.
 func waitSettled(ctx context.Context, js jetstream.JetStream, group string, partitions int) error {
-	kv, err := js.KeyValue(ctx, topology.MembersBucket)
-	if err != nil {
-		return fmt.Errorf("members bucket: %w", err)
-	}
 	return waitFor(ctx, 60*time.Second, fmt.Sprintf("each of group %s's %d partitions held by one member", group, partitions), func() (bool, error) {
-		keys, err := kv.ListKeysFiltered(ctx, group+".members.>")
+		ms, err := reader.Members(ctx, js, group)
 		if err != nil {
 			return false, err
 		}
 		held := map[int]int{}
-		for k := range keys.Keys() {
-			e, err := kv.Get(ctx, k)
-			if err != nil {
-				return false, nil // a lease that lapsed meanwhile: look again
-			}
-			var l struct {
-				Owned []int `json:"owned"`
-			}
-			if err := json.Unmarshal(e.Value(), &l); err != nil {
-				return false, fmt.Errorf("lease %s: %w", k, err)
-			}
-			if len(l.Owned) > 1 {
+		for _, m := range ms {
+			if len(m.Owned) > 1 {
 				return false, nil
 			}
-			for _, p := range l.Owned {
+			for _, p := range m.Owned {
 				held[p]++
 			}
 		}
