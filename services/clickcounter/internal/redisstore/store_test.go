@@ -114,7 +114,7 @@ func benchCorrect(b *testing.B, flood bool) {
 	mix := benchmix.New()
 	now := time.Now().UTC()
 	var seq uint64
-	var spent time.Duration
+	var spent, cpu time.Duration
 	_ = rdb.ConfigResetStat(b.Context()).Err()
 	for b.Loop() {
 		w := &counter.Write{Partition: 0, Expect: counter.State{Read: 1, Write: 1, WM: seq}, Delta: counter.NewDelta(), DedupTTL: time.Minute}
@@ -139,14 +139,16 @@ func benchCorrect(b *testing.B, flood bool) {
 		if res, err := s.Apply(b.Context(), w); err != nil || res.Status != counter.Applied {
 			b.Fatalf("apply: %+v, %v", res, err)
 		}
-		start := time.Now()
+		start, cpu0 := time.Now(), redisCPU(b)
 		res := s.Correct(b.Context(), []*counter.Corrections{batch})
 		spent += time.Since(start)
+		cpu += redisCPU(b) - cpu0
 		if res[0].Err != nil || res[0].Conflict || len(res[0].Items) != 500 || res[0].Items[0].Status != counter.Relabelled {
 			b.Fatalf("correct: %+v", res[0])
 		}
 	}
 	b.ReportMetric(float64(b.N*500)/spent.Seconds(), "verdicts/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N*500), "redis_cpu_us/verdict")
 	if os.Getenv("CLICKCOUNTER_BENCH_STATS") != "" {
 		info, _ := rdb.Info(b.Context(), "commandstats").Result()
 		b.Log(info)
