@@ -26,7 +26,7 @@ type Config struct {
 	// Member names this instance in the group (default: hostname-pid-random).
 	Member string `env:"FRAUD_MEMBER"`
 	// BatchSize is the most events judged per batch.
-	BatchSize int `env:"FRAUD_BATCH_SIZE" envDefault:"500"`
+	BatchSize int `env:"FRAUD_BATCH_SIZE" envDefault:"2000"`
 	// Start is where a new group begins: "oldest" (all CLICKS retains),
 	// "new", or a duration such as "72h" (that far back).
 	Start string `env:"FRAUD_START" envDefault:"oldest"`
