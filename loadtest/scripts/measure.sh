@@ -17,6 +17,7 @@
 #   loadtest/scripts/measure.sh                  # all of it
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
 #   STEPS=events loadtest/scripts/measure.sh     # only (2)
+#   STEPS=ramp loadtest/scripts/measure.sh       # only the first two ramps of (1): a bare 302, the redirect alone
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
@@ -55,7 +56,7 @@ log "make build"
 make build >/dev/null || exit 1
 git log --oneline -1
 
-if [[ ${STEPS:-all} == all ]]; then
+if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 	$LT bare302 --addr 127.0.0.1:8090 >"$OUT/bare302.log" 2>&1 &
 	pids+=($!)
 	waitport 8090 || exit 1
@@ -71,7 +72,7 @@ pids+=($!)
 waitport 4333 && waitport 6391 || exit 1
 NATS_URL=nats://127.0.0.1:4333 $B/snipctl topology apply >/dev/null || exit 1
 
-if [[ ${STEPS:-all} == all ]]; then
+if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 	HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
 		SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
 		$B/redirect >"$OUT/redirect.log" 2>&1 &
@@ -80,6 +81,10 @@ if [[ ${STEPS:-all} == all ]]; then
 	log "ramp: the redirect service alone"
 	$LT ramp --target http://127.0.0.1:8180 --from 500 --to 8000 --step 500 --step-duration 5s \
 		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
+fi
+if [[ ${STEPS:-all} == ramp ]]; then
+	log "done: reports in $OUT"
+	exit 0
 fi
 
 if [[ ${STEPS:-all} == goals ]]; then
