@@ -273,6 +273,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	stopBG()
 	wg.Wait()
 	rep.Summary = m.Summarise(loadEnd.Sub(start))
+	rep.KeepUp = report.KeepUpOf(rep)
 	return finish(env, dir, rep)
 }
 

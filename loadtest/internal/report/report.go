@@ -44,6 +44,8 @@ type Report struct {
 	Spec    workload.Spec     `json:"spec"`
 	Answers map[string]uint64 `json:"answers"`
 	Summary series.Summary    `json:"summary"`
+	// KeepUp is the keep-up verdict (KeepUpOf); nil when no reader was watched.
+	KeepUp *KeepUp `json:"keep_up,omitempty"`
 	// Verify is the oracle's report; nil when the run was not verified.
 	Verify *oracle.Report `json:"verify,omitempty"`
 	// Notes are things the reader of the report should know.
@@ -91,6 +93,21 @@ func Text(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "  catch-up time        %s (end of load to every event of the run processed by every reader)\n", r.CatchUp.Round(time.Millisecond))
 	} else {
 		fmt.Fprintln(w, "  catch-up time        not reached (a reader had not processed every event of the run)")
+	}
+	if k := r.KeepUp; k != nil {
+		verdict := "no"
+		if k.KeptUp {
+			verdict = "yes"
+		}
+		fmt.Fprintf(w, "  kept up              %s (every reader's lag in the second half of the load at most %d s of load, %d events, and caught up within %s)\n",
+			verdict, MaxLagSeconds, k.MaxLag, MaxCatchUp)
+		for _, l := range k.Readers {
+			bounded := "bounded"
+			if !l.Bounded {
+				bounded = "NOT bounded"
+			}
+			fmt.Fprintf(w, "    %-38s peak lag %d in the first half, %d in the second: %s\n", l.Reader, l.FirstHalf, l.SecondHalf, bounded)
+		}
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "  note: %s\n", n)

@@ -115,3 +115,65 @@ func TestWriteIsSelfContained(t *testing.T) {
 		}
 	}
 }
+
+// The keep-up rule judges each reader by its peak lag in the load's second
+// half against 10 s of the offered rate, and the run by its catch-up.
+func TestKeepUpJudgesTheSecondHalfAndTheCatchUp(t *testing.T) {
+	t.Parallel()
+	r := sample(t) // rate 100: at most 1,000 behind; lags rise 10..50 and 100..500 over 5 s
+	k := report.KeepUpOf(r)
+	want := &report.KeepUp{KeptUp: true, MaxLag: 1000, Readers: []report.ReaderLag{
+		{Reader: "click-counter", FirstHalf: 20, SecondHalf: 50, Bounded: true},
+		{Reader: "warehouse-loader", FirstHalf: 200, SecondHalf: 500, Bounded: true},
+	}}
+	if diff := cmp.Diff(want, k); diff != "" {
+		t.Fatalf("KeepUpOf (-want +got):\n%s", diff)
+	}
+
+	for name, c := range map[string]struct {
+		lagAt4  uint64
+		catchUp time.Duration
+		kept    bool
+	}{
+		"a reader 1,001 behind in the second half": {1001, time.Second, false},
+		"exactly at the bound":                     {1000, time.Second, true},
+		"never caught up":                          {0, -1, false},
+		"caught up after 11 s":                     {0, 11 * time.Second, false},
+	} {
+		r := sample(t)
+		r.Summary.Seconds[3].Lag["warehouse-loader"] = c.lagAt4
+		r.CatchUp = c.catchUp
+		if k := report.KeepUpOf(r); k.KeptUp != c.kept {
+			t.Errorf("%s: kept up = %v, want %v (%+v)", name, k.KeptUp, c.kept, k)
+		}
+	}
+
+	// A peak in the first half is reported, not judged.
+	r = sample(t)
+	r.Summary.Seconds[0].Lag["click-counter"] = 5000
+	if k := report.KeepUpOf(r); !k.KeptUp || k.Readers[0].FirstHalf != 5000 {
+		t.Errorf("a first-half peak: %+v, want kept up with first half 5000", k)
+	}
+
+	// No reader watched: no verdict, and the text says nothing about it.
+	r = sample(t)
+	for i := range r.Summary.Seconds {
+		r.Summary.Seconds[i].Lag = nil
+	}
+	if k := report.KeepUpOf(r); k != nil {
+		t.Errorf("no lag recorded: %+v, want nil", k)
+	}
+
+	r = sample(t)
+	r.KeepUp = report.KeepUpOf(r)
+	var out bytes.Buffer
+	report.Text(&out, r)
+	for _, line := range []string{
+		"kept up              yes (every reader's lag in the second half of the load at most 10 s of load, 1000 events, and caught up within 10s)",
+		"warehouse-loader                       peak lag 200 in the first half, 500 in the second: bounded",
+	} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("text lacks %q:\n%s", line, out.String())
+		}
+	}
+}
