@@ -102,7 +102,7 @@ for r in 15000 20000 25000 30000 40000; do
 	log "loadtest events at $r/s, no readers"
 	NATS_URL=nats://127.0.0.1:4333 $LT events --rate "$r" --duration 20s --links 1000 --viral 0.5 \
 		--counter-url off --clickhouse off --fraud off --out "$OUT/events-noreaders-$r" 2>&1 |
-		grep -v ' load \| drain '
+		grep -vE '^ *[0-9]+s (load|drain) '
 done
 fi
 stop
@@ -147,7 +147,7 @@ if [[ ${STEPS:-all} == all ]]; then
 		--pause 2s --links 1000 --out "$OUT/ramp-demo"
 	log "HTTP through every reader, with the oracle"
 	$LT http --target http://127.0.0.1:8080 --rate 400 --duration 15s --links 50 --viral 0.3 \
-		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" 2>&1 | grep -v ' load \| drain '
+		--require counter,warehouse,fraud --verify --out "$OUT/http-verify" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) '
 fi
 
 warmup() {
@@ -158,7 +158,7 @@ warmup() {
 	# clicks labelled). 20 s was not enough: the flood went unlabelled.
 	log "warm-up run, 1000 events/s for 70s"
 	$LT events --owner "$LOAD_OWNER" --rate 1000 --duration 70s --links 100 --viral 0.5 --require counter,warehouse,fraud \
-		--out "$OUT/warmup" 2>&1 | grep -v ' load \| drain '
+		--out "$OUT/warmup" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) '
 }
 
 # cputicks prints "<name> <utime+stime in ticks>" for the demo process
@@ -194,7 +194,7 @@ if [[ ${STEPS:-all} == cpu ]]; then
 		--require counter,warehouse,fraud --out $OUT/cpu-$rate; times" >"$OUT/cpu-run.txt" 2>&1
 	cputicks >"$TMP/load1"
 	t3=$(date +%s.%N)
-	grep -v ' load \| drain ' "$OUT/cpu-run.txt"
+	grep -vE '^ *[0-9]+s (load|drain) ' "$OUT/cpu-run.txt"
 	clicks=$(sed -n 's/^ *achieved throughput *[0-9]*\/s (\([0-9]*\) ok.*/\1/p' "$OUT/cpu-run.txt" | head -1)
 	gen=$(tail -1 "$OUT/cpu-run.txt" | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); print (u[1] * 60 + u[2]) + (s[1] * 60 + s[2]) }')
 	tck=$(getconf CLK_TCK)
@@ -222,7 +222,7 @@ if [[ ${STEPS:-all} == hot ]]; then
 	for r in ${HOT_RATES:-2000 4000 6000}; do
 		log "loadtest events at $r/s, every click on the viral link (one partition), every reader"
 		$LT events --owner "$LOAD_OWNER" --rate "$r" --duration 60s --links 1000 --viral 1.0 --require counter,warehouse,fraud \
-			--verify --deadline 300s --out "$OUT/hot-$r" 2>&1 | grep -v ' load \| drain '
+			--verify --deadline 300s --out "$OUT/hot-$r" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) '
 	done
 fi
 
@@ -242,7 +242,7 @@ if [[ ${STEPS:-all} == goals ]]; then
 		log "goal run $name: every reader at $rate events/s for 60s"
 		cputicks >"$TMP/goal0"
 		$LT events --owner "$LOAD_OWNER" --rate "$rate" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
-			--verify --deadline 300s --out "$OUT/goal-$name" 2>&1 | grep -v ' load \| drain ' | tee "$OUT/goal-$name.txt"
+			--verify --deadline 300s --out "$OUT/goal-$name" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) ' | tee "$OUT/goal-$name.txt"
 		cputicks >"$TMP/goal1"
 		[[ -f $rep ]] || { echo "no report for goal run $name" >&2; return 1; }
 		echo "--- goal run $name: labels, the ceiling, kept up? (loadtest's keep-up rule, in its summary above)"
@@ -275,7 +275,7 @@ if [[ ${STEPS:-all} == flood ]]; then
 	) >"$OUT/flood-rss.txt" &
 	pids+=($!)
 	$LT events --owner "$LOAD_OWNER" --rate "$rate" --duration "${FLOOD_DURATION:-300s}" --links 1000 --viral 0.5 \
-		--require counter,warehouse,fraud --verify --deadline 600s --out "$OUT/flood-$rate" 2>&1 | grep -v ' load \| drain '
+		--require counter,warehouse,fraud --verify --deadline 600s --out "$OUT/flood-$rate" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) '
 	log "RSS of the demo process (kB), every 10 s:"
 	cat "$OUT/flood-rss.txt"
 fi
@@ -284,7 +284,7 @@ for r in ${RATES:-1000 2000 4000 6000 8000}; do
 	[[ $r == none ]] && break
 	log "loadtest events at $r/s, every reader"
 	$LT events --owner "$LOAD_OWNER" --rate "$r" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
-		--verify --deadline 300s --out "$OUT/events-$r" 2>&1 | grep -v ' load \| drain ' | tee "$OUT/events-$r.txt"
+		--verify --deadline 300s --out "$OUT/events-$r" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) ' | tee "$OUT/events-$r.txt"
 	if [[ -n ${CEILING:-} ]]; then
 		# "kept up?" is the report's verdict above; this is the rate the
 		# generator achieved (not the one offered) against the ceiling.
