@@ -38,12 +38,26 @@ const drain = 10 * time.Millisecond
 // gone, would otherwise leave the reader waiting for ever.
 const heartbeat = time.Second
 
+// verdictPullBytes bounds what a reader of FRAUD_VERDICTS asks for at once.
+// Its messages hold up to 500 labels (up to 768 KiB): a pull of batch of
+// them is hundreds of MB queued for one connection, over the server's limit
+// of a client's pending data (64 MB by default), and the server closes the
+// connection as a slow consumer.
+const verdictPullBytes = 16 << 20
+
+// verdictBuffer is how many verdict messages pump holds for next.
+const verdictBuffer = 64
+
 // stream reads one filtered slice of a stream from a start time on.
 type stream struct {
 	js     jetstream.JetStream
 	name   string
 	filter string
 	since  time.Time
+	// pull limits what the consumer asks the server for (default:
+	// PullMaxMessages(batch)); buffer is msgs' capacity (default batch).
+	pull   jetstream.PullMessagesOpt
+	buffer int
 
 	cons  jetstream.Consumer
 	it    jetstream.MessagesContext
@@ -67,10 +81,17 @@ func (s *stream) start(ctx context.Context) error {
 	s.cons = c
 	// Messages keeps pull requests in flight, so reading is not a round
 	// trip per batch.
-	if s.it, err = c.Messages(jetstream.PullMaxMessages(batch), jetstream.PullHeartbeat(heartbeat)); err != nil {
+	pull, buffer := s.pull, s.buffer
+	if pull == nil {
+		pull = jetstream.PullMaxMessages(batch)
+	}
+	if buffer == 0 {
+		buffer = batch
+	}
+	if s.it, err = c.Messages(pull, jetstream.PullHeartbeat(heartbeat)); err != nil {
 		return fmt.Errorf("read %s %s: %w", s.name, s.filter, err)
 	}
-	s.msgs = make(chan jetstream.Msg, batch)
+	s.msgs = make(chan jetstream.Msg, buffer)
 	go s.pump()
 	return nil
 }
@@ -208,7 +229,8 @@ type Verdicts struct {
 // CLICKS partition's batch): every message is read, and the labels of
 // owner's clicks kept.
 func NewVerdicts(js jetstream.JetStream, owner string, since time.Time) *Verdicts {
-	return &Verdicts{s: stream{js: js, name: events.FraudVerdictsStream, filter: events.FraudVerdictSubjects, since: since}, owner: owner}
+	return &Verdicts{s: stream{js: js, name: events.FraudVerdictsStream, filter: events.FraudVerdictSubjects, since: since,
+		pull: jetstream.PullMaxBytes(verdictPullBytes), buffer: verdictBuffer}, owner: owner}
 }
 
 // Next implements oracle.VerdictReader: one Verdict per label, each with

@@ -2,8 +2,10 @@ package jsread_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +153,65 @@ func TestNextGoesOnWhenTheConsumersServerIsKilled(t *testing.T) {
 	}
 	publish(js, 50, 50)
 	readUpTo(r, &read, 100, 30*time.Second)
+}
+
+// A reader of FRAUD_VERDICTS, whose messages hold up to 500 labels (up to
+// 768 KiB each), must not ask for more than the server will send one client
+// at once: a pull of thousands of such messages is hundreds of MB queued for
+// one connection, over the server's limit for a client's pending data, and
+// the server closes the connection as a slow consumer. The oracle then
+// reconnected about twenty times while reading a five-minute flood's
+// verdicts back. Every verdict must be read with no reconnect.
+func TestVerdictsReadLargeMessagesWithoutReconnecting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	n := testenv.StartNATS(t)
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	// 700 messages of 500 labels and about 180 KB: over 120 MB in all.
+	const msgs = 700
+	referrer := "https://example.com/" + strings.Repeat("r", 130)
+	now := time.Now()
+	pub := n.JetStream(t)
+	for m := range msgs {
+		labels := make([]events.FraudVerdictLabel, events.MaxVerdictLabels)
+		for i := range labels {
+			labels[i] = events.FraudVerdictLabel{ClickID: events.NewID(), ClickSeq: uint64(m*events.MaxVerdictLabels + i + 1),
+				Code: "viral", Owner: "acme", Rule: "link_flood", Bot: true, ClickTime: now, Country: "DE", Referrer: referrer}
+		}
+		parts := events.SplitVerdicts(0, uint64(m*events.MaxVerdictLabels+1), uint64((m+1)*events.MaxVerdictLabels), labels)
+		if len(parts) != 1 {
+			t.Fatalf("message %d split into %d parts; want 1", m, len(parts))
+		}
+		data, err := json.Marshal(parts[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(ctx, events.FraudVerdictBatchSubject(0), data, jetstream.WithMsgID(parts[0].ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := jsread.NewVerdicts(js, "acme", now.Add(-time.Minute))
+	defer r.Close()
+	read := 0
+	for deadline := time.Now().Add(60 * time.Second); read < msgs*events.MaxVerdictLabels; {
+		if time.Now().After(deadline) {
+			t.Fatalf("read %d of %d verdicts in 60 s (reconnects %d)", read, msgs*events.MaxVerdictLabels, nc.Stats().Reconnects)
+		}
+		got, _, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		read += len(got)
+	}
+	if rc := nc.Stats().Reconnects; rc != 0 || read != msgs*events.MaxVerdictLabels {
+		t.Errorf("read %d verdicts with %d reconnects; want %d with none", read, rc, msgs*events.MaxVerdictLabels)
+	}
 }
