@@ -3,9 +3,10 @@ package events
 import (
 	"errors"
 	"fmt"
-	"github.com/segmentio/encoding/json"
 	"strings"
 	"time"
+
+	"github.com/segmentio/encoding/json"
 )
 
 // MaxClockSkew bounds how far a click's time (and the time inside its event
