@@ -83,6 +83,8 @@ type demo struct {
 	siteURL        string
 	httpBase       int
 	natsHTTP       int
+	// natsProf is the embedded NATS server's profiling port (0: off).
+	natsProf int
 	// readyWait is how long the demo waits for every service's /readyz
 	// before it prints the banner (20 s).
 	readyWait time.Duration
@@ -162,7 +164,8 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
 	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
-	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port and --redis-port are not used")
+	natsProf := fs.Int("nats-prof-port", 0, "serve the demo process's Go profiles (/debug/pprof/: its embedded NATS server's heap and CPU) on this loopback port, as nats-server's prof_port does (0: off; not with --cluster)")
+	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port, --nats-prof-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil // -h: the demo's usage, printed once by fs.Usage
@@ -172,13 +175,16 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, readyWait: 20 * time.Second}
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
 	ports := []demoPort{{"clickhouse", *chPort}, {"demo site", *sitePort}}
 	if !*cluster {
 		ports = append(ports, demoPort{"nats", *natsPort}, demoPort{"nats monitoring", *natsHTTP}, demoPort{"redis", *redisPort})
+		if *natsProf > 0 {
+			ports = append(ports, demoPort{"nats profiling", *natsProf})
+		}
 	}
 	for _, s := range demoServices {
 		ports = append(ports, demoPort{s.name, *httpBase + s.port})
@@ -303,12 +309,16 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 	// Durability is a stated choice (docs/durability.md): fsync every
 	// second rather than the server's default two minutes.
 	o.SyncInterval = time.Second
+	o.ProfPort = d.natsProf
 	ns, err := testenv.RunNATSServer(o)
 	if err != nil {
 		return nil, fmt.Errorf("demo: %w (is port %d taken?)", err, port)
 	}
 	d.natsURL = ns.ClientURL()
 	d.logf("nats         %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)
+	if d.natsProf > 0 {
+		d.logf("profiles     http://127.0.0.1:%d/debug/pprof/ (this process: the NATS server)", d.natsProf)
+	}
 	return ns, nil
 }
 

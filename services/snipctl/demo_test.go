@@ -164,6 +164,11 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 	bin := demoBinaries(t)
 	dir := t.TempDir()
 	args, base, chPort, sitePort := demoArgs(t, bin, dir)
+	profPort, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args = append(args, "--nats-prof-port", strconv.Itoa(profPort))
 	var out syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -222,6 +227,21 @@ func TestDemoRunsAndCountsAClick(t *testing.T) {
 	}
 	if strings.Contains(banner, "example.com") {
 		t.Errorf("the banner points at example.com:\n%s", banner)
+	}
+	// --nats-prof-port: the demo process's heap (its embedded NATS server)
+	// for measuring the server's memory under load.
+	prof := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/", profPort)
+	if !strings.Contains(banner, "profiles     "+prof) {
+		t.Errorf("the banner does not name the profiles at %s:\n%s", prof, banner)
+	}
+	if resp, err := client.Get(prof + "heap?debug=1"); err != nil {
+		t.Errorf("heap profile: %v", err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "# HeapAlloc = ") {
+			t.Errorf("heap profile: %s, %.200q", resp.Status, b)
+		}
 	}
 
 	// The counter dies; the demo restarts it and says so, on the terminal
