@@ -9,10 +9,11 @@
 #   (3) a sustained flood (FLOOD_RATE, default 12,000/s, for FLOOD_DURATION,
 #       default 300s, half on the viral link) through every reader, with the
 #       memory of the demo's process (which runs the NATS server) sampled
-#       every 10 s, then the oracle.
+#       every 10 s (RSS, and the Go heap from its profiles on port 8225),
+#       a heap profile saved at the end of the load, then the oracle.
 # Needs: make build, nats-server and nats (the CLI) on PATH, redis-server and
 # clickhouse-server (for the demo), jq (for STEPS=goals), free ports 4222, 4333, 6390, 6391,
-# 8080-8085, 8089, 8090, 8180, 8222, 19000. About 25 minutes.
+# 8080-8085, 8089, 8090, 8180, 8222, 8225, 19000. About 25 minutes.
 #
 #   loadtest/scripts/measure.sh                  # all of it
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
@@ -109,7 +110,13 @@ stop
 
 # DEMO_CLUSTER=1: the demo on a 3-node NATS cluster (streams R3) and a
 # Redis Cluster of 3 masters and 3 replicas (`snipctl demo --cluster`).
-$B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 ${DEMO_CLUSTER:+--cluster} >"$OUT/demo.log" 2>&1 &
+PROF_PORT=8225 # the demo process's profiles (its embedded NATS server); not with DEMO_CLUSTER
+if [[ -n ${DEMO_CLUSTER:-} ]]; then
+	demo_flags=(--cluster)
+else
+	demo_flags=(--nats-prof-port "$PROF_PORT")
+fi
+$B/snipctl demo --dir "$TMP/demo" --bin "$B" --rate 0 "${demo_flags[@]}" >"$OUT/demo.log" 2>&1 &
 pids+=($!)
 DEMO_PID=$!
 for p in 8080 8081 8082 8083 19000; do waitport $p || { tail -30 "$OUT/demo.log"; exit 1; }; done
@@ -266,18 +273,35 @@ if [[ ${STEPS:-all} == flood ]]; then
 	warmup
 	# The demo process runs the NATS server embedded; with DEMO_CLUSTER the
 	# NATS nodes are processes of their own and this samples only the demo.
-	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; RSS of the demo process every 10 s"
+	log "flood: $rate events/s for ${FLOOD_DURATION:-300s}, every reader; memory of the demo process every 10 s"
+	# RSS, the Go heap allocated (HeapAlloc: live data and garbage not yet
+	# collected, so it swings with every GC cycle), what the last GC found
+	# live (half the next GC's target, NextGC, at the default GOGC=100),
+	# and what the runtime has asked the OS for (Sys).
+	heap() { curl -fsS "http://127.0.0.1:$PROF_PORT/debug/pprof/heap?debug=1" 2>/dev/null | awk '/^# HeapAlloc = / {h = $4} /^# NextGC = / {g = $4} /^# Sys = / {s = $4} END {if (h) printf "heap %d MB, live %d MB, sys %d MB", h / 1048576, g / 2 / 1048576, s / 1048576}'; }
 	(
 		while kill -0 "$DEMO_PID" 2>/dev/null; do
-			echo "$(date +%T) $(awk '/^VmRSS/ {print $2}' /proc/"$DEMO_PID"/status) kB"
+			echo "$(date +%T) rss $(awk '/^VmRSS/ {printf "%d", $2 / 1024}' /proc/"$DEMO_PID"/status) MB, $(heap)"
 			sleep 10
 		done
 	) >"$OUT/flood-rss.txt" &
 	pids+=($!)
-	$LT events --owner "$LOAD_OWNER" --rate "$rate" --duration "${FLOOD_DURATION:-300s}" --links 1000 --viral 0.5 \
+	dur=${FLOOD_DURATION:-300s}
+	[[ $dur =~ ^[0-9]+s$ ]] || { echo "FLOOD_DURATION=$dur: want seconds, as 300s" >&2; exit 2; }
+	(
+		# The heap profile near the end of the load: what the server holds.
+		sleep $((${dur%s} - 5))
+		curl -fsS -o "$OUT/flood-heap.pb.gz" "http://127.0.0.1:$PROF_PORT/debug/pprof/heap"
+	) &
+	pids+=($!)
+	$LT events --owner "$LOAD_OWNER" --rate "$rate" --duration "$dur" --links 1000 --viral 0.5 \
 		--require counter,warehouse,fraud --verify --deadline 600s --out "$OUT/flood-$rate" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) '
-	log "RSS of the demo process (kB), every 10 s:"
+	log "memory of the demo process, every 10 s:"
 	cat "$OUT/flood-rss.txt"
+	if [[ -s $OUT/flood-heap.pb.gz ]] && command -v go >/dev/null; then
+		log "the demo process's heap 5 s before the load's end ($OUT/flood-heap.pb.gz):"
+		go tool pprof -sample_index=inuse_space -top -nodecount=12 "$B/snipctl" "$OUT/flood-heap.pb.gz" 2>/dev/null | sed -n '/flat%/,$p'
+	fi
 fi
 
 for r in ${RATES:-1000 2000 4000 6000 8000}; do
