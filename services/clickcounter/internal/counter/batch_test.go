@@ -300,6 +300,54 @@ func TestCombosPerLinkAreCapped(t *testing.T) {
 	}
 }
 
+// A field at 0 (its clicks moved to the other label by verdicts) is not
+// new when a click comes back to it: a link one field under its cap with
+// two such fields takes them and one new referrer in one batch without
+// folding any into "(other)". (A script that counted a hash's fields from
+// one read instead of reading them for each new-looking field would count
+// the two as new and fold the third.)
+func TestFieldsAtZeroDoNotFillTheCap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 0, 8)
+	key := "cc:{p0}:g1:l:acme:" + code
+	var fill []any
+	for i := range counter.MaxCombosPerLink - 1 {
+		n := "1"
+		if i < 2 {
+			n = "0"
+		}
+		fill = append(fill, "h|DE|site"+itoa(i)+".example", n)
+	}
+	if err := e.rdb.HSet(t.Context(), key, fill...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var s seqs
+	var cs []events.Click
+	for _, i := range []int{0, 1, counter.MaxCombosPerLink} { // the two at 0, and one new
+		c := click("acme", code, now)
+		c.Referrer = "https://site" + itoa(i) + ".example/"
+		cs = append(cs, c)
+	}
+	mustHandle(t, e.c, 0, s.events(0, cs...))
+	got, err := e.rdb.HGetAll(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != counter.MaxCombosPerLink {
+		t.Errorf("link hash has %d fields, want %d (at the cap, none folded)", len(got), counter.MaxCombosPerLink)
+	}
+	for _, i := range []int{0, 1, counter.MaxCombosPerLink} {
+		if f := "h|DE|site" + itoa(i) + ".example"; got[f] != "1" {
+			t.Errorf("%s = %q, want 1", f, got[f])
+		}
+	}
+	if v, ok := got["h|DE|"+counter.OtherReferrer]; ok {
+		t.Errorf("%q = %s, want no field: nothing was over the cap", counter.OtherReferrer, v)
+	}
+}
+
 // A batch far larger than Lua's unpack limit (about 8,000 values) on one
 // link and day is written whole: its visitors and verdict-label lookups are
 // split into several commands.
