@@ -49,19 +49,24 @@ func runKitchen(ctx context.Context, e *Env) error {
 	perWorker := map[string]int{}
 	seen := map[string]int{}
 	cook := e.Real(20 * time.Millisecond) // each order takes 20 ms of lesson time
-	qctx, stopQueue := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	// Both cooks connect first and start together: a cook that began while
+	// the other was still connecting (a slow moment on a loaded machine)
+	// would have the queue to itself and take more than its turn.
+	cooks := map[string]jetstream.Consumer{}
 	for _, w := range []string{"cook-1", "cook-2"} {
 		wjs, err := e.Connect(w)
 		if err != nil {
-			stopQueue()
 			return err
 		}
 		cons, err := wjs.Consumer(ctx, events.PreviewJobsStream, topology.PreviewConsumer)
 		if err != nil {
-			stopQueue()
 			return fmt.Errorf("preview consumer: %w", err)
 		}
+		cooks[w] = cons
+	}
+	qctx, stopQueue := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for w, cons := range cooks {
 		wg.Go(func() {
 			for qctx.Err() == nil {
 				b, err := cons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond))

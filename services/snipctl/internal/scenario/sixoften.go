@@ -131,8 +131,13 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	}
 	// Owners as the members report them (OnAssign/OnRevoke); the handover
 	// of the last moves of the join can still be under way.
-	_ = waitFor(ctx, 30*time.Second, "6 owners", func() (bool, error) { return len(active()) == sixPartitions, nil })
-	act := active()
+	// The check reads the set the wait last saw, not a second sample that
+	// a member's next batch, a moment late, could leave short.
+	var act map[string]bool
+	_ = waitFor(ctx, 30*time.Second, "6 owners", func() (bool, error) {
+		act = active()
+		return len(act) == sixPartitions, nil
+	})
 	t.mu.Lock()
 	working := len(t.byMember)
 	t.mu.Unlock()
