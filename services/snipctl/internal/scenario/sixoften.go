@@ -175,8 +175,11 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	e.note("partition %d moved from %s to %s; first event handled %s after the stop (real time: the lease is 1 s at every speed)", moved, victim, newOwner, took.Round(time.Millisecond))
 	e.atMost("move: stop to first event on the new owner (real s)", "s", 10, took.Seconds(), "a graceful stop deletes the lease and unpins at once (about 0.1 s on an idle machine); the bound allows for a loaded one")
 	// A move can cascade (rendezvous with bounded load): wait for it to settle.
-	_ = waitFor(ctx, 60*time.Second, "6 owners again", func() (bool, error) { return len(active()) == sixPartitions, nil })
-	e.exact("active members after the stop", "members", sixPartitions, float64(len(active())), "a standby took the partition")
+	_ = waitFor(ctx, 60*time.Second, "6 owners again", func() (bool, error) {
+		act = active()
+		return len(act) == sixPartitions, nil
+	})
+	e.exact("active members after the stop", "members", sixPartitions, float64(len(act)), "a standby took the partition")
 
 	// Let the new owner work, stop traffic, and drain.
 	time.Sleep(e.Real(2 * time.Second))
