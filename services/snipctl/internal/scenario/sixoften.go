@@ -82,6 +82,18 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		}
 		return a
 	}
+	// settled waits up to d for one member at work per partition and
+	// returns the set the wait last saw: the checks read that, not a
+	// second sample that a member's next batch, a moment late, could leave
+	// short. On a timeout the checks report what it was.
+	settled := func(d time.Duration, what string) map[string]bool {
+		var act map[string]bool
+		_ = waitFor(ctx, d, what, func() (bool, error) {
+			act = active()
+			return len(act) == sixPartitions, nil
+		})
+		return act
+	}
 	e.say("10 members join a group on %d partitions", sixPartitions)
 	if err := waitMembers(ctx, js, "six", sixMembers); err != nil {
 		return err
@@ -131,13 +143,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	}
 	// Owners as the members report them (OnAssign/OnRevoke); the handover
 	// of the last moves of the join can still be under way.
-	// The check reads the set the wait last saw, not a second sample that
-	// a member's next batch, a moment late, could leave short.
-	var act map[string]bool
-	_ = waitFor(ctx, 30*time.Second, "6 owners", func() (bool, error) {
-		act = active()
-		return len(act) == sixPartitions, nil
-	})
+	act := settled(30*time.Second, "6 owners")
 	t.mu.Lock()
 	working := len(t.byMember)
 	t.mu.Unlock()
@@ -175,10 +181,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	e.note("partition %d moved from %s to %s; first event handled %s after the stop (real time: the lease is 1 s at every speed)", moved, victim, newOwner, took.Round(time.Millisecond))
 	e.atMost("move: stop to first event on the new owner (real s)", "s", 10, took.Seconds(), "a graceful stop deletes the lease and unpins at once (about 0.1 s on an idle machine); the bound allows for a loaded one")
 	// A move can cascade (rendezvous with bounded load): wait for it to settle.
-	_ = waitFor(ctx, 60*time.Second, "6 owners again", func() (bool, error) {
-		act = active()
-		return len(act) == sixPartitions, nil
-	})
+	act = settled(60*time.Second, "6 owners again")
 	e.exact("active members after the stop", "members", sixPartitions, float64(len(act)), "a standby took the partition")
 
 	// Let the new owner work, stop traffic, and drain.
