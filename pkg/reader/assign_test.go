@@ -166,3 +166,32 @@ func TestAssignStickyBoundsAndIgnoresTheDead(t *testing.T) {
 		t.Errorf("a dead member's claims changed the assignment (-want +got):\n%s", d)
 	}
 }
+
+// Settled is true only for a layout the group keeps: one holder per
+// partition, within the bound, as AssignSticky computes from the leases.
+func TestSettled(t *testing.T) {
+	held := func(owned ...[]int) []reader.Lease {
+		var ls []reader.Lease
+		for i, o := range owned {
+			ls = append(ls, reader.Lease{Member: fmt.Sprintf("m%d", i), Owned: o})
+		}
+		return ls
+	}
+	for _, c := range []struct {
+		name   string
+		leases []reader.Lease
+		want   bool
+	}{
+		{"one each, an idle member", held([]int{0}, []int{1}, []int{2}, []int{3}, nil), true},
+		{"two each", held([]int{0, 1}, []int{2, 3}), true},
+		{"a partition unheld", held([]int{0}, []int{1}, []int{2}, nil), false},
+		{"a partition held twice", held([]int{0, 1}, []int{1, 2}, []int{3}), false},
+		{"a member over the bound, another idle", held([]int{0, 1, 2}, []int{3}, nil), false},
+		{"a partition out of range", held([]int{0, 1}, []int{2, 3, 4}), false},
+		{"no members", nil, false},
+	} {
+		if got := reader.Settled("g", 4, c.leases); got != c.want {
+			t.Errorf("%s: Settled = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -56,21 +56,7 @@ func TestGroupSixPartitionsTenMembers(t *testing.T) {
 			return false
 		}
 		leases, err := reader.Members(t.Context(), js, "g")
-		if err != nil || len(leases) != 10 {
-			return false
-		}
-		held := map[int]int{}
-		for _, l := range leases {
-			for _, p := range l.Owned {
-				held[p]++
-			}
-		}
-		for p := range 6 {
-			if held[p] != 1 {
-				return false
-			}
-		}
-		return len(held) == 6
+		return err == nil && len(leases) == 10 && reader.Settled("g", 6, leases)
 	})
 	const links, perLink = 60, 50
 	ids := publish(t, js, links, perLink, 0)

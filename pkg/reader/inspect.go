@@ -42,6 +42,31 @@ func Groups(ctx context.Context, js jetstream.JetStream) ([]string, error) {
 	return groups, nil
 }
 
+// Settled reports whether leases (Members) show group at rest: every one
+// of its partitions held by exactly one member, and the assignment the
+// members compute from these leases (AssignSticky, each lease's Owned as
+// its claims) giving each partition to the member that holds it. It is
+// what the leases say; a member whose view of them is a heartbeat behind
+// (a join, a partition just taken) can still move one, so a caller that
+// needs the group at rest sees it settled, unchanged, over a few
+// heartbeats.
+func Settled(group string, partitions int, leases []Lease) bool {
+	holder := make([]string, partitions)
+	members := make([]string, 0, len(leases))
+	claims := make(map[string][]int, len(leases))
+	for _, l := range leases {
+		members = append(members, l.Member)
+		claims[l.Member] = l.Owned
+		for _, p := range l.Owned {
+			if p < 0 || p >= partitions || holder[p] != "" {
+				return false
+			}
+			holder[p] = l.Member
+		}
+	}
+	return slices.Equal(AssignSticky(group, partitions, members, claims), holder)
+}
+
 // Members returns the leases of group's live members, by member name: who
 // is in the group and the partitions each holds. A lease that lapses while
 // they are read is left out.

@@ -169,34 +169,25 @@ func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n in
 	})
 }
 
-// waitSettled waits until the group's partitions are each held by one
-// member, no member holding more than one: the joins' handovers are done
-// (members publish the partitions they hold in their leases). Traffic
-// started before that is handled partly by members that hand their
-// partition on a moment later.
+// waitSettled waits until the group is at rest: settled by its leases
+// (reader.Settled: each partition held by one member, and the assignment
+// the members compute keeps it so), with the same holders for a full
+// second, three heartbeats of the scenarios' 1 s lease, so that every
+// member's view of the leases has caught up. Traffic started before that
+// can be handled partly by a member that hands its partition on a moment
+// later.
 func waitSettled(ctx context.Context, js jetstream.JetStream, group string, partitions int) error {
-	return waitFor(ctx, 60*time.Second, fmt.Sprintf("each of group %s's %d partitions held by one member", group, partitions), func() (bool, error) {
+	var layout string
+	var since time.Time
+	return waitFor(ctx, 60*time.Second, fmt.Sprintf("group %s at rest on its %d partitions", group, partitions), func() (bool, error) {
 		ms, err := reader.Members(ctx, js, group)
-		if err != nil {
+		if err != nil || !reader.Settled(group, partitions, ms) {
+			layout = ""
 			return false, err
 		}
-		held := map[int]int{}
-		for _, m := range ms {
-			if len(m.Owned) > 1 {
-				return false, nil
-			}
-			for _, p := range m.Owned {
-				held[p]++
-			}
+		if l := fmt.Sprint(ms); l != layout {
+			layout, since = l, time.Now()
 		}
-		if len(held) != partitions {
-			return false, nil
-		}
-		for _, n := range held {
-			if n != 1 {
-				return false, nil
-			}
-		}
-		return true, nil
+		return time.Since(since) >= time.Second, nil
 	})
 }
