@@ -50,13 +50,21 @@ func TestGroupSixPartitionsTenMembers(t *testing.T) {
 	// follow an assignment by a heartbeat, so a member joining (or a lease
 	// not yet showing a partition just taken) could still move one
 	// partition, once, after the handlers alone looked settled (CI saw a
-	// seventh member handle events so).
-	testenv.WaitFor(t, 30*time.Second, "the group to settle: ten members, six owners, one partition each", func() bool {
-		if !rec.settled(6, 1) {
+	// seventh member handle events so). So the layout must also hold,
+	// unchanged, for three heartbeats (LeaseTTL/3 each), by which time
+	// every member has read every lease.
+	var layout string
+	var since time.Time
+	testenv.WaitFor(t, 30*time.Second, "the group to settle: ten members, six owners, one partition each, for three heartbeats", func() bool {
+		leases, err := reader.Members(t.Context(), js, "g")
+		if err != nil || len(leases) != 10 || !reader.Settled("g", 6, leases) || !rec.settled(6, 1) {
+			layout = ""
 			return false
 		}
-		leases, err := reader.Members(t.Context(), js, "g")
-		return err == nil && len(leases) == 10 && reader.Settled("g", 6, leases)
+		if l := fmt.Sprint(leases); l != layout {
+			layout, since = l, time.Now()
+		}
+		return time.Since(since) >= 3*time.Second
 	})
 	const links, perLink = 60, 50
 	ids := publish(t, js, links, perLink, 0)
