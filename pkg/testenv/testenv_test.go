@@ -27,6 +27,41 @@ func TestRedisDatabasesAreIsolated(t *testing.T) {
 	}
 }
 
+// A restored snapshot is the database as it was: keys written since are
+// gone, keys changed since are back, and a key's time to live is kept.
+func TestRedisSnapshotRestoresTheDatabase(t *testing.T) {
+	t.Parallel()
+	c, _ := servers.Redis.NewDB(t)
+	ctx := t.Context()
+	if err := c.Set(ctx, "plain", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, "hash", "f", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "expiring", "1", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	snap := testenv.SnapshotRedis(t, c)
+	c.Set(ctx, "plain", "2", 0)
+	c.HSet(ctx, "hash", "f", "2")
+	c.Set(ctx, "new", "x", 0)
+	c.Persist(ctx, "expiring")
+	snap.Restore(t, c)
+	if got := c.Get(ctx, "plain").Val(); got != "1" {
+		t.Errorf("plain = %q, want 1", got)
+	}
+	if got := c.HGet(ctx, "hash", "f").Val(); got != "1" {
+		t.Errorf("hash f = %q, want 1", got)
+	}
+	if n := c.Exists(ctx, "new").Val(); n != 0 {
+		t.Errorf("a key written after the snapshot survived the restore")
+	}
+	if ttl := c.TTL(ctx, "expiring").Val(); ttl <= 50*time.Minute || ttl > time.Hour {
+		t.Errorf("expiring's TTL = %s, want about an hour", ttl)
+	}
+}
+
 func TestRedisRestartKeepsData(t *testing.T) {
 	t.Parallel()
 	r := testenv.StartRedis(t)

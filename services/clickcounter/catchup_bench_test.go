@@ -21,6 +21,7 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/clickcounter/internal/benchmix"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
+	"github.com/snipdev/snip/services/clickcounter/internal/jsfeed"
 	"github.com/snipdev/snip/services/clickcounter/internal/redisstore"
 )
 
@@ -85,7 +86,7 @@ func BenchmarkCatchUp(b *testing.B) {
 		noop := drainGroup(b, js, "bench-noop", batch, n, func(_ context.Context, _ int, evs []reader.Event) error { return nil }, nil)
 		cpu2 := cpuTimes(b, procs)
 		rdb, _ := servers.Redis.NewDB(b)
-		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: noClicksLog{}, Partitions: o.Partitions,
+		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: jsfeed.Clicks{JS: js}, Partitions: o.Partitions,
 			DedupWindow: 10 * time.Minute, ClicksMaxAge: o.ClicksMaxAge, Metrics: prometheus.NewRegistry()})
 		if err != nil {
 			b.Fatal(err)
@@ -164,10 +165,6 @@ func cpuTimes(b *testing.B, procs []benchProc) []time.Duration {
 	}
 	return out
 }
-
-type noClicksLog struct{}
-
-func (noClicksLog) FirstSeq(context.Context, int) (uint64, error) { return 1, nil }
 
 // publishBacklog stores n clicks, async, with their IDs as Nats-Msg-Id.
 func publishBacklog(b *testing.B, js jetstream.JetStream, mix *benchmix.Mix, n int) {

@@ -290,6 +290,27 @@ func TestKilledBetweenWriteAndAckCountsExactly(t *testing.T) {
 	waitTotals(t, heir.addr, totals(cs, 1))
 }
 
+// Redis loses writes the counter acked: a master died before its replica
+// had them, and the replica took over (played by restoring a snapshot taken
+// before them). The counter's next write finds the store behind it, reads
+// the lost events again from CLICKS and counts them before the new ones.
+func TestARedisThatLostAckedWritesIsCaughtUpFromClicks(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	before := s.publishClicks(t, codes(6), 5, nil)
+	waitTotals(t, svc.addr, totals(before, 1))
+	snap := testenv.SnapshotRedis(t, s.rdb)
+	lost := s.publishClicks(t, codes(6), 4, nil)
+	waitTotals(t, svc.addr, totals(append(before, lost...), 1))
+	snap.Restore(t, s.rdb)
+	after := s.publishClicks(t, codes(6), 3, nil)
+	waitTotals(t, svc.addr, totals(append(append(before, lost...), after...), 1))
+	if got := metricValue(t, svc.addr, `snip_clickcounter_missed_events_total{result="read"}`); got != float64(len(lost)) {
+		t.Errorf("missed_events_total{result=read} = %v, want %d (the lost writes' events)", got, len(lost))
+	}
+}
+
 // The handler fails after writing (the runtime retries the same batch), and
 // a click is stored twice under two sequences: each is counted once.
 func TestRedeliveryAndDuplicatePublishCountOnce(t *testing.T) {

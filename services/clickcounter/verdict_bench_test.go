@@ -81,7 +81,7 @@ func benchVerdictFeed(b *testing.B, n int, flood, bulk bool) {
 	for b.Loop() {
 		rdb, _ := servers.Redis.NewDB(b)
 		reg := prometheus.NewRegistry()
-		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: noClicksLog{}, Partitions: o.Partitions,
+		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: jsfeed.Clicks{JS: js}, Partitions: o.Partitions,
 			DedupWindow: 10 * time.Minute, ClicksMaxAge: o.ClicksMaxAge, Metrics: reg})
 		if err != nil {
 			b.Fatal(err)

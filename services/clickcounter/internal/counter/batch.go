@@ -2,6 +2,7 @@ package counter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,8 +50,29 @@ func (c *Counter) screen(p int, batch []reader.Event) (int, error) {
 	return len(batch), nil
 }
 
-// count applies events (all countable) to the partition's write generation.
+// count applies events (all countable) to the partition's write
+// generation, after any events before them that the store lost (catchUp).
 func (c *Counter) count(ctx context.Context, p int, evs []reader.Event) error {
+	for range maxWriteAttempts {
+		err := c.catchUp(ctx, p, evs[0].Seq)
+		if err == nil {
+			err = c.write(ctx, p, evs)
+		}
+		if !errors.Is(err, errConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("write partition %d batch: %w", p, ErrContention)
+}
+
+// errConflict: the partition's state changed under a write and was read
+// again; count starts over from it.
+var errConflict = errors.New("partition state changed")
+
+// write applies consecutive events of the partition in one atomic write,
+// retrying while the store asks for a recheck. A conflict reloads the
+// state and returns errConflict.
+func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	st, err := c.cached(ctx, p)
 	if err != nil {
 		return err
@@ -73,10 +95,10 @@ func (c *Counter) count(ctx context.Context, p int, evs []reader.Event) error {
 		switch res.Status {
 		case Conflict:
 			c.m.retries.WithLabelValues("conflict").Inc()
-			if st, err = c.reload(ctx, p); err != nil {
+			if _, err := c.reload(ctx, p); err != nil {
 				return err
 			}
-			continue
+			return errConflict
 		case Recheck:
 			c.m.retries.WithLabelValues("recheck").Inc()
 			for _, i := range res.Duplicates {

@@ -18,6 +18,18 @@ type Clicks interface {
 	// FirstSeq returns the sequence of the oldest event CLICKS retains in a
 	// partition, or 0 when the partition is empty.
 	FirstSeq(ctx context.Context, partition int) (uint64, error)
+	// Stored returns the partition's events stored at sequences from
+	// through before-1, in order, at most max of them: fewer than max means
+	// there are no more below before.
+	Stored(ctx context.Context, partition int, from, before uint64, max int) ([]StoredClick, error)
+}
+
+// StoredClick is one message of CLICKS as the stream holds it.
+type StoredClick struct {
+	Seq     uint64
+	Subject string
+	Data    []byte
+	Stored  time.Time
 }
 
 // Hooks inject faults for tests; production leaves them nil.
@@ -67,6 +79,10 @@ type Counter struct {
 
 	mu    sync.Mutex
 	parts map[int]*State
+	// unchecked are the partitions whose state was read from the store
+	// since the counter last checked CLICKS for events the store has not
+	// counted below the next batch (see catchUp).
+	unchecked map[int]bool
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
@@ -99,9 +115,10 @@ func New(o Options) (*Counter, error) {
 	return &Counter{
 		store: o.Store, clicks: o.Clicks, n: o.Partitions, window: o.DedupWindow, maxAge: o.ClicksMaxAge,
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
-		parts:   map[int]*State{},
-		vstate:  map[int]State{},
-		janitor: make(chan int, 4*o.Partitions),
+		parts:     map[int]*State{},
+		unchecked: map[int]bool{},
+		vstate:    map[int]State{},
+		janitor:   make(chan int, 4*o.Partitions),
 	}, nil
 }
 
@@ -127,6 +144,7 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 	}
 	c.mu.Lock()
 	c.parts[p] = &st
+	c.unchecked[p] = true
 	c.mu.Unlock()
 	c.m.observeState(p, st)
 	return &st, nil
@@ -135,6 +153,23 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
+	delete(c.unchecked, p)
+	c.mu.Unlock()
+}
+
+// takeUnchecked reports whether the partition's state came from the store
+// since it was last checked, and marks it checked.
+func (c *Counter) takeUnchecked(p int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	u := c.unchecked[p]
+	delete(c.unchecked, p)
+	return u
+}
+
+func (c *Counter) markUnchecked(p int) {
+	c.mu.Lock()
+	c.unchecked[p] = true
 	c.mu.Unlock()
 }
 
@@ -145,6 +180,7 @@ type metrics struct {
 	retries     *prometheus.CounterVec
 	corrections *prometheus.CounterVec
 	recounts    *prometheus.CounterVec
+	missed      *prometheus.CounterVec
 	linkEvents  *prometheus.CounterVec
 	writeTime   prometheus.Histogram
 	generation  *prometheus.GaugeVec
@@ -172,6 +208,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "snip_clickcounter_recounts_total",
 			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event).",
 		}, []string{"result"}),
+		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_missed_events_total",
+			Help: "Events read again from CLICKS because the store's watermark was behind the batch being counted (Redis lost its last writes, e.g. a failover to a replica that had not received them): result=read (counted now, or found counted by event ID) or invalid (the rule of validity parks it; skipped).",
+		}, []string{"result"}),
 		linkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_link_events_total",
 			Help: "LINKS events handled: result=applied or stale.",
@@ -187,7 +227,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"partition", "role"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.linkEvents, m.writeTime, m.generation} {
+		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.missed, m.linkEvents, m.writeTime, m.generation} {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register metrics: %w", err)
 			}

@@ -2,7 +2,9 @@ package counter_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,10 +26,44 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedi
 // partitions is the partition count of every test counter.
 const partitions = 4
 
-// clicksFunc is a hand-written fake of counter.Clicks.
-type clicksFunc func(ctx context.Context, p int) (uint64, error)
+// fakeClicks is a hand-written fake of counter.Clicks: every partition's
+// oldest sequence is first, and the stream holds what a test put in log.
+type fakeClicks struct {
+	first *atomic.Uint64
+	mu    sync.Mutex
+	log   []counter.StoredClick
+	// reads counts Stored calls.
+	reads atomic.Int64
+}
 
-func (f clicksFunc) FirstSeq(ctx context.Context, p int) (uint64, error) { return f(ctx, p) }
+func (f *fakeClicks) FirstSeq(context.Context, int) (uint64, error) { return f.first.Load(), nil }
+
+func (f *fakeClicks) Stored(_ context.Context, p int, from, before uint64, max int) ([]counter.StoredClick, error) {
+	f.reads.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []counter.StoredClick
+	for _, m := range f.log {
+		if m.Seq >= from && m.Seq < before && events.PartitionOf(m.Subject) == p && len(out) < max {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// store puts events in the fake stream, as CLICKS stored them.
+func (f *fakeClicks) store(tb testing.TB, evs ...reader.Event) {
+	tb.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range evs {
+		data, err := json.Marshal(e.Click)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		f.log = append(f.log, counter.StoredClick{Seq: e.Seq, Subject: events.PartitionedClickSubject(partitions, e.Click.Owner, e.Click.Code), Data: data, Stored: e.Stored})
+	}
+}
 
 // env is one test's counter on its own Redis database.
 type env struct {
@@ -37,6 +73,8 @@ type env struct {
 	reg   *prometheus.Registry
 	// first is what the fake CLICKS reports as every partition's oldest sequence.
 	first atomic.Uint64
+	// clicks is the fake CLICKS every counter of the env reads.
+	clicks *fakeClicks
 }
 
 type option func(*counter.Options)
@@ -52,6 +90,7 @@ func newEnv(tb testing.TB, opts ...option) *env {
 	rdb, _ := servers.Redis.NewDB(tb)
 	e := &env{rdb: rdb, store: redisstore.New(rdb), reg: prometheus.NewRegistry()}
 	e.first.Store(1)
+	e.clicks = &fakeClicks{first: &e.first}
 	e.c = e.newCounter(tb, e.reg, opts...)
 	return e
 }
@@ -61,7 +100,7 @@ func (e *env) newCounter(tb testing.TB, reg prometheus.Registerer, opts ...optio
 	tb.Helper()
 	o := counter.Options{
 		Store:        e.store,
-		Clicks:       clicksFunc(func(context.Context, int) (uint64, error) { return e.first.Load(), nil }),
+		Clicks:       e.clicks,
 		Partitions:   partitions,
 		DedupWindow:  time.Minute,
 		ClicksMaxAge: 7 * 24 * time.Hour,
@@ -173,4 +212,13 @@ func metric(tb testing.TB, reg *prometheus.Registry, name string, labels map[str
 		}
 	}
 	return 0
+}
+
+func mustJSON(tb testing.TB, v any) []byte {
+	tb.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
 }

@@ -32,6 +32,10 @@ type noClicks struct{}
 
 func (noClicks) FirstSeq(context.Context, int) (uint64, error) { return 0, nil }
 
+func (noClicks) Stored(context.Context, int, uint64, uint64, int) ([]counter.StoredClick, error) {
+	return nil, nil
+}
+
 func newCounter(tb testing.TB, rdb redis.UniversalClient) *counter.Counter {
 	tb.Helper()
 	c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: noClicks{}, Partitions: 4,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -200,6 +201,72 @@ func TestClicksFirstSeq(t *testing.T) {
 		if err != nil || got != seq {
 			t.Errorf("partition %d: FirstSeq = %d, %v; want %d", p, got, err, seq)
 		}
+	}
+}
+
+// Stored reads one partition's events in a sequence range, in order, as
+// stored (subject with its partition, payload, store time), at most max.
+func TestClicksStored(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	clicks := jsfeed.Clicks{JS: js}
+	if got, err := clicks.Stored(t.Context(), 0, 1, 100, 10); err != nil || len(got) != 0 {
+		t.Fatalf("empty stream: Stored = %v, %v; want nothing", got, err)
+	}
+	const p = 2
+	var inP []uint64 // sequences of partition p's events
+	var firstCode string
+	for i := range 40 {
+		code := "s" + strconv.Itoa(i)
+		body := []byte(`{"n":` + strconv.Itoa(i) + `}`)
+		ack, err := js.Publish(t.Context(), events.ClickSubject("acme", code), body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if events.Partition(code, 4) == p {
+			if inP = append(inP, ack.Sequence); len(inP) == 1 {
+				firstCode = code
+			}
+		}
+	}
+	if len(inP) < 6 {
+		t.Fatalf("only %d of 40 codes in partition %d", len(inP), p)
+	}
+	seqsOf := func(cs []counter.StoredClick) []uint64 {
+		var out []uint64
+		for _, c := range cs {
+			out = append(out, c.Seq)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name         string
+		from, before uint64
+		max          int
+		want         []uint64
+	}{
+		{"all", 1, 1000, 100, inP},
+		{"from the second, before the fifth", inP[1], inP[4], 100, inP[1:4]},
+		{"from between two, up to the last", inP[1] + 1, inP[len(inP)-1] + 1, 100, inP[2:]},
+		{"at most three", 1, 1000, 3, inP[:3]},
+		{"before the first", 1, inP[0], 100, nil},
+		{"past the end", inP[len(inP)-1] + 1, 1000, 100, nil},
+	} {
+		got, err := clicks.Stored(t.Context(), p, tc.from, tc.before, tc.max)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if d := cmp.Diff(tc.want, seqsOf(got)); d != "" {
+			t.Errorf("%s: Stored(%d, %d, %d) sequences (-want +got):\n%s", tc.name, tc.from, tc.before, tc.max, d)
+		}
+	}
+	got, err := clicks.Stored(t.Context(), p, inP[0], inP[0]+1, 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Stored(first) = %v, %v", got, err)
+	}
+	if want := events.PartitionedClickSubject(4, "acme", firstCode); got[0].Subject != want ||
+		!strings.HasPrefix(string(got[0].Data), `{"n":`) || time.Since(got[0].Stored) > time.Minute {
+		t.Errorf("Stored(first) = %+v: want the stored subject, payload and time", got[0])
 	}
 }
 
