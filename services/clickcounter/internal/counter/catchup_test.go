@@ -11,6 +11,16 @@ import (
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
+// handleAndLose has c count the batch (so the runtime would ack it), then
+// makes the store lose the write: Redis as a replica promoted before the
+// write reached it.
+func (e *env) handleAndLose(tb testing.TB, c *counter.Counter, p int, batch []reader.Event) {
+	tb.Helper()
+	before := testenv.SnapshotRedis(tb, e.rdb)
+	mustHandle(tb, c, p, batch)
+	before.Restore(tb, e.rdb)
+}
+
 // The store loses the last batch the counter wrote and acked (a Redis
 // master died before its replica had it). The next batch is counted only
 // after the lost one, read again from CLICKS, whether the counter finds out
@@ -38,9 +48,7 @@ func TestEventsTheStoreLostAreReadAgainFromClicks(t *testing.T) {
 			e.clicks.store(t, b3...)
 
 			mustHandle(t, e.c, p, b1)
-			before := testenv.SnapshotRedis(t, e.rdb)
-			mustHandle(t, e.c, p, b2) // written and acked...
-			before.Restore(t, e.rdb)  // ...and lost
+			e.handleAndLose(t, e.c, p, b2)
 			c := e.c
 			if by == "assignment" {
 				c = e.newCounter(t, nil)
@@ -124,9 +132,7 @@ func TestInvalidEventsTheStoreLostAreSkipped(t *testing.T) {
 		counter.StoredClick{Seq: b2[1].Seq + 1, Subject: "3.clicks.acme." + code, Data: []byte(`{"v":1,"id":`), Stored: now},
 	)
 	mustHandle(t, e.c, p, b1)
-	before := testenv.SnapshotRedis(t, e.rdb)
-	mustHandle(t, e.c, p, b2)
-	before.Restore(t, e.rdb)
+	e.handleAndLose(t, e.c, p, b2)
 	mustHandle(t, e.c, p, b3)
 	if got := stats(t, e.c, "acme", code).Totals.Human; got != 4 {
 		t.Errorf("human total = %d, want 4", got)
