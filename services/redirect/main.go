@@ -103,6 +103,12 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 
 		perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
 		store := linkstore.New(rdb, layout, perShard)
+		if cfg.OutboxWaitReplicas > 0 {
+			store.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, func(op string, got int64, err error) {
+				rm.LinkReplicaShort.WithLabelValues(op).Inc()
+				log.Warn("link write not acknowledged by Redis replicas in time; it is on the master only", "op", op, "replicas", got, "want", cfg.OutboxWaitReplicas, "err", err)
+			})
+		}
 		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
 		g.Close("link cache", func() error { resolver.Close(); return nil })
 		committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{

@@ -55,7 +55,7 @@ func (l *ledger) lostClicks(tb testing.TB, clicks []clickMsg) int {
 
 // TestGuarantee_ReplicaWaitShortPublishesTheClickOnceAndStillAnswers302 runs
 // the redirect with SNIP_OUTBOX_WAIT_REPLICAS=1 on a Redis without replicas,
-// so every group commit's WAIT falls short. Each click is then published
+// so every group commit's WAIT falls short (and every link creation's). Each click is then published
 // straight to CLICKS as well as stored in the outbox, and the relay's later
 // publish of the same entry (same Nats-Msg-Id) is dropped by the stream:
 // every click is in CLICKS exactly once. With NATS stopped too, the click
@@ -72,6 +72,10 @@ func TestGuarantee_ReplicaWaitShortPublishesTheClickOnceAndStillAnswers302(t *te
 	var codes []string
 	for i := range 4 {
 		codes = append(codes, createLink(t, in.URL, fmt.Sprintf("https://example.com/w%d", i), ""))
+	}
+	// Link creations wait too, fall short the same way, and are answered 201.
+	if got := metric(t, in.URL, "snip_redirect_link_writes_replica_wait_short_total", `op="create"`); got != 4 {
+		t.Fatalf("link_writes_replica_wait_short_total{op=create} = %v, want the 4 links created", got)
 	}
 	stop := make(chan struct{})
 	close(stop)

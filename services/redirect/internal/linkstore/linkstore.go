@@ -33,6 +33,35 @@ type Store struct {
 	// beforeExec, if set (tests), runs inside WATCH, after the checks and
 	// before MULTI/EXEC, with the transaction's connection.
 	beforeExec func(ctx context.Context, tx *redis.Tx) error
+
+	// The replica wait (WaitForReplicas): off when waitN is 0.
+	waitN       int
+	waitTimeout time.Duration
+	short       func(op string, got int64, err error)
+}
+
+// WaitForReplicas makes Create and Delete wait, after their transaction,
+// until n replicas of the link's Redis master have it (WAIT on the
+// transaction's connection, which counts the replicas that have every write
+// of that connection), for at most timeout. Redis replicates
+// asynchronously: without the wait, a link answered 201 is lost if its
+// master dies before its replica has it. A wait that counts fewer replicas,
+// or fails, fails nothing: the write is on the master, as with the wait
+// off, and short (if not nil) is told the operation ("create", "delete"),
+// the replicas counted and the error. Call it before the store is used.
+func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op string, got int64, err error)) {
+	s.waitN, s.waitTimeout, s.short = n, timeout, short
+}
+
+// waitReplicas is the replica wait after a transaction of op on tx.
+func (s *Store) waitReplicas(ctx context.Context, tx *redis.Tx, op string) {
+	if s.waitN <= 0 {
+		return
+	}
+	got, err := tx.Wait(ctx, s.waitN, s.waitTimeout).Result()
+	if (err != nil || got < int64(s.waitN)) && s.short != nil {
+		s.short(op, got, err)
+	}
 }
 
 // New returns a store.
@@ -127,6 +156,9 @@ func (s *Store) create(ctx context.Context, l link.Link) error {
 			outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneJobs), job.ID, events.PreviewJobSubject, jobData)
 			return nil
 		})
+		if err == nil {
+			s.waitReplicas(ctx, tx, "create")
+		}
 		return err
 	}, key)
 	switch {
@@ -262,6 +294,9 @@ func (s *Store) Delete(ctx context.Context, owner, code string) error {
 			outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneLinks), ev.ID, events.LinkSubject(events.LinkDeleted, code), data)
 			return nil
 		})
+		if err == nil {
+			s.waitReplicas(ctx, tx, "delete")
+		}
 		return err
 	}, key)
 	switch {

@@ -3,9 +3,13 @@ package linkstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
@@ -31,6 +35,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestGeneratedCodeCollisionIsRetriedNeverOverwritten,
 		TestDeleteLeavesATombstone,
 		TestCreateRefusesWhenOutboxFull,
+		TestWritesWaitForReplicas,
 	)
 }
 
@@ -262,4 +267,78 @@ func TestCreateRefusesWhenOutboxFull(t *testing.T) {
 	if n := rdb.Exists(t.Context(), s.layout.LinkKey("three")).Val(); n != 0 {
 		t.Fatal("link stored although the outbox was full")
 	}
+}
+
+// TestWritesWaitForReplicas: with the replica wait on, Create and Delete
+// return once the link's master's replica has the write. On Redis Cluster
+// (a replica per master) the replica holds it the moment the call returns,
+// and no wait falls short; on a single Redis (no replica) every write's wait
+// falls short, is reported, and the write stands on the master.
+func TestWritesWaitForReplicas(t *testing.T) {
+	testenv.Parallel(t)
+	s, rdb := newStore(t)
+	_, cluster := rdb.(*redis.ClusterClient)
+	timeout := 20 * time.Millisecond // no replica to wait for
+	if cluster {
+		timeout = 5 * time.Second // a healthy replica answers at once
+	}
+	var mu sync.Mutex
+	var shorts []string
+	s.WaitForReplicas(1, timeout, func(op string, got int64, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		shorts = append(shorts, fmt.Sprintf("%s:%d:%v", op, got, err))
+	})
+	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "waited"); err != nil {
+		t.Fatal(err)
+	}
+	key := s.layout.LinkKey("waited")
+	var replica *redis.Client
+	if cluster {
+		replica = replicaOf(t, key)
+		if n := replica.Exists(t.Context(), key).Val(); n != 1 {
+			t.Fatalf("the replica does not have the link when Create returns")
+		}
+	}
+	if err := s.Delete(t.Context(), "acme", "waited"); err != nil {
+		t.Fatal(err)
+	}
+	if cluster && replica.HExists(t.Context(), key, "deleted").Val() != true {
+		t.Fatalf("the replica does not have the tombstone when Delete returns")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{"create:0:<nil>", "delete:0:<nil>"}
+	if cluster {
+		want = nil
+	}
+	if d := cmp.Diff(want, shorts); d != "" {
+		t.Errorf("short waits reported (-want +got):\n%s", d)
+	}
+}
+
+// replicaOf returns a read-only client on the replica of key's master.
+func replicaOf(tb testing.TB, key string) *redis.Client {
+	tb.Helper()
+	ctx := tb.Context()
+	master, err := servers.RedisCluster.MasterOf(ctx, key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr})
+	defer mc.Close()
+	info, err := mc.Info(ctx, "replication").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(info, "slave0:ip=")
+	ip, rest, ok2 := strings.Cut(rest, ",port=")
+	port, _, ok3 := strings.Cut(rest, ",")
+	if !ok || !ok2 || !ok3 {
+		tb.Fatalf("master %s has no replica: %s", master.Addr, info)
+	}
+	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort(ip, port),
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
 }
