@@ -14,6 +14,8 @@
 //
 // Rotate and Revoke delete key entries, and no service caches them: every
 // check is a GET, so a revoked key fails at its next use everywhere.
+// On a replicated Redis, Store.WaitForReplicas makes those writes wait for
+// the replicas, so a failover cannot bring a revoked key back.
 package owners
 
 import (
@@ -58,6 +60,11 @@ type Owner struct {
 // Store reads and writes owners. It is safe for concurrent use.
 type Store struct {
 	rdb redis.UniversalClient
+
+	// The replica wait (WaitForReplicas): off when waitN is 0.
+	waitN       int
+	waitTimeout time.Duration
+	short       func(op string, got int64, err error)
 }
 
 // NewStore returns a store on rdb.
@@ -104,7 +111,9 @@ func (s *Store) create(ctx context.Context, id, name, key string) error {
 	if !ok {
 		return fmt.Errorf("create owner %q: %w", id, ErrExists)
 	}
-	if err := s.rdb.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339)).Err(); err != nil {
+	if err := s.write(ctx, "create_owner", ownerKey(id), func(p redis.Pipeliner) {
+		p.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339))
+	}); err != nil {
 		return fmt.Errorf("create owner %q: %w", id, err)
 	}
 	if err := s.storeKey(ctx, id, key); err != nil {
@@ -123,7 +132,7 @@ func (s *Store) storeKey(ctx context.Context, id, key string) error {
 	if err := s.rdb.SAdd(ctx, ownerKeysKey(id), keyHash(key)).Err(); err != nil {
 		return err
 	}
-	return s.rdb.Set(ctx, apiKeyKey(key), id, 0).Err()
+	return s.write(ctx, "store_key", apiKeyKey(key), func(p redis.Pipeliner) { p.Set(ctx, apiKeyKey(key), id, 0) })
 }
 
 // Ensure creates the owner with the given API key if it does not exist, and

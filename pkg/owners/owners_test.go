@@ -2,9 +2,15 @@ package owners_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -19,7 +25,7 @@ func TestMain(m *testing.M) {
 // TestOnRedisCluster runs the store's tests on a Redis Cluster.
 func TestOnRedisCluster(t *testing.T) {
 	servers.RunOnRedisCluster(t, TestCreateAndAuthenticate, TestAuthenticateRejects,
-		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit)
+		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit, TestWritesWaitForReplicas)
 }
 
 func TestCreateAndAuthenticate(t *testing.T) {
@@ -88,5 +94,69 @@ func TestBearerKey(t *testing.T) {
 		if got := owners.BearerKey(in); got != want {
 			t.Errorf("BearerKey(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestWritesWaitForReplicas: with the replica wait on, an owner created, a
+// key stored and a key revoked are on the replica of their master when the
+// call returns. On Redis Cluster no wait falls short and the replica agrees
+// at once (a revoked key is gone there too); on a single Redis (no replica)
+// every wait falls short, is reported, and the writes stand on the master.
+func TestWritesWaitForReplicas(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	_, cluster := rdb.(*redis.ClusterClient)
+	timeout := 20 * time.Millisecond // no replica to wait for
+	if cluster {
+		timeout = 5 * time.Second // a healthy replica answers at once
+	}
+	s := owners.NewStore(rdb)
+	var mu sync.Mutex
+	var shorts []string
+	s.WaitForReplicas(1, timeout, func(op string, got int64, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		shorts = append(shorts, fmt.Sprintf("%s:%d:%v", op, got, err))
+	})
+	first, err := s.Create(ctx, "waiter", "Waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := s.Rotate(ctx, "waiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Revoke(ctx, "waiter"); err != nil || n != 1 {
+		t.Fatalf("Revoke = %d, %v; want 1", n, err)
+	}
+	for _, key := range []string{first, second} {
+		if _, err := s.Authenticate(ctx, key); !errors.Is(err, owners.ErrUnauthorized) {
+			t.Fatalf("a revoked key authenticates: %v", err)
+		}
+	}
+	if cluster {
+		for _, key := range []string{first, second} {
+			entry := "snip:apikey:" + sha256hex(key)
+			if n := servers.RedisCluster.ReplicaClient(t, entry).Exists(ctx, entry).Val(); n != 0 {
+				t.Errorf("the replica still has a revoked key's entry when Revoke returned")
+			}
+		}
+		if n := servers.RedisCluster.ReplicaClient(t, "snip:owner:waiter").Exists(ctx, "snip:owner:waiter").Val(); n != 1 {
+			t.Errorf("the replica does not have the owner")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{
+		"create_owner:0:<nil>", "store_key:0:<nil>", // Create
+		"store_key:0:<nil>", "revoke_key:0:<nil>", // Rotate: the new key, the first revoked
+		"revoke_key:0:<nil>", // Revoke: the second
+	}
+	if cluster {
+		want = nil
+	}
+	if d := cmp.Diff(want, shorts); d != "" {
+		t.Errorf("short waits reported (-want +got):\n%s", d)
 	}
 }

@@ -64,7 +64,8 @@ func (s *Store) exists(ctx context.Context, id string) error {
 func (s *Store) revoke(ctx context.Context, id string, hashes []string) error {
 	for _, h := range hashes {
 		// Only an entry that still names this owner.
-		if err := delIfEquals.Run(ctx, s.rdb, []string{apiKeyPrefix + h}, id).Err(); err != nil {
+		k := apiKeyPrefix + h
+		if err := s.write(ctx, "revoke_key", k, func(p redis.Pipeliner) { delIfEquals.Eval(ctx, p, []string{k}, id) }); err != nil {
 			return err
 		}
 		if err := s.rdb.SRem(ctx, ownerKeysKey(id), h).Err(); err != nil {

@@ -337,6 +337,36 @@ func (c *RedisCluster) MasterOf(ctx context.Context, key string) (*RedisServer, 
 	return nil, fmt.Errorf("no node serves the slot of %q", key)
 }
 
+// ReplicaClient returns a read-only client (READONLY on every connection)
+// on a replica of the master that serves key's slot, closed when the test
+// ends: what a promoted replica would have.
+func (c *RedisCluster) ReplicaClient(tb testing.TB, key string) *redis.Client {
+	tb.Helper()
+	ctx := tb.Context()
+	for _, s := range c.all() {
+		if s.proc.exited() {
+			continue
+		}
+		cl := node(s.Addr)
+		slots, err := cl.ClusterSlots(ctx).Result()
+		slot, err2 := cl.ClusterKeySlot(ctx, key).Result()
+		cl.Close()
+		if err != nil || err2 != nil {
+			continue
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 1 {
+				rc := redis.NewClient(&redis.Options{Addr: r.Nodes[1].Addr,
+					OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+				tb.Cleanup(func() { _ = rc.Close() })
+				return rc
+			}
+		}
+	}
+	tb.Fatalf("testenv: no replica serves the slot of %q", key)
+	return nil
+}
+
 func (c *RedisCluster) server(addr string) (*RedisServer, error) {
 	for _, s := range c.all() {
 		if s.Addr == addr {

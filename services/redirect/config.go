@@ -68,9 +68,9 @@ type Config struct {
 	// (replication stays asynchronous). 1 is the setting for Redis Cluster
 	// or a replicated Redis; on a Redis without replicas every click would
 	// wait the timeout and take the direct path too. Link creations and
-	// deletions wait the same way (a short wait is counted in
-	// snip_redirect_link_writes_replica_wait_short_total and answered as
-	// usual).
+	// deletions and API key rotations wait the same way (a short wait is
+	// counted in snip_redirect_writes_replica_wait_short_total and answered
+	// as usual).
 	OutboxWaitReplicas int `env:"SNIP_OUTBOX_WAIT_REPLICAS" envDefault:"0"`
 	// OutboxWaitReplicasTimeout bounds that wait. It must be below
 	// SNIP_OUTBOX_WAIT, which bounds the whole outbox write.

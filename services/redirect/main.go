@@ -103,11 +103,14 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 
 		perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
 		store := linkstore.New(rdb, layout, perShard)
+		keys := owners.NewStore(rdb)
 		if cfg.OutboxWaitReplicas > 0 {
-			store.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, func(op string, got int64, err error) {
-				rm.LinkReplicaShort.WithLabelValues(op).Inc()
-				log.Warn("link write not acknowledged by Redis replicas in time; it is on the master only", "op", op, "replicas", got, "want", cfg.OutboxWaitReplicas, "err", err)
-			})
+			short := func(op string, got int64, err error) {
+				rm.WritesReplicaShort.WithLabelValues(op).Inc()
+				log.Warn("write not acknowledged by Redis replicas in time; it is on the master only", "op", op, "replicas", got, "want", cfg.OutboxWaitReplicas, "err", err)
+			}
+			store.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, short)
+			keys.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, short)
 		}
 		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
 		g.Close("link cache", func() error { resolver.Close(); return nil })
@@ -144,7 +147,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			Owners: owners.NewStore(rdb), Links: store, Follow: svc, Cache: resolver, Log: log,
 			PublicURL: cfg.PublicURL, RedirectLatency: rm.Latency, Misses: rm.Misses,
 			CreateLimit: owners.NewLimit(rdb, "links.create", cfg.LinkCreateLimit, cfg.LinkCreateWindow),
-			Keys:        owners.NewStore(rdb),
+			Keys:        keys,
 		}
 		api.Register(web.Echo, reg)
 

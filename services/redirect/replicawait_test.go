@@ -74,8 +74,18 @@ func TestGuarantee_ReplicaWaitShortPublishesTheClickOnceAndStillAnswers302(t *te
 		codes = append(codes, createLink(t, in.URL, fmt.Sprintf("https://example.com/w%d", i), ""))
 	}
 	// Link creations wait too, fall short the same way, and are answered 201.
-	if got := metric(t, in.URL, "snip_redirect_link_writes_replica_wait_short_total", `op="create"`); got != 4 {
-		t.Fatalf("link_writes_replica_wait_short_total{op=create} = %v, want the 4 links created", got)
+	if got := metric(t, in.URL, "snip_redirect_writes_replica_wait_short_total", `op="create_link"`); got != 4 {
+		t.Fatalf("writes_replica_wait_short_total{op=create_link} = %v, want the 4 links created", got)
+	}
+	// So do an API key's rotation's writes: the new key stored, the old one
+	// revoked; the key is rotated all the same.
+	if r := do(t, "POST", in.URL+"/api/key/rotate", "", "Authorization", "Bearer "+acmeKey); r.Status != http.StatusCreated {
+		t.Fatalf("rotate key: %d %s", r.Status, r.Body)
+	}
+	for _, op := range []string{"store_key", "revoke_key"} {
+		if got := metric(t, in.URL, "snip_redirect_writes_replica_wait_short_total", `op="`+op+`"`); got != 1 {
+			t.Fatalf("writes_replica_wait_short_total{op=%s} = %v, want 1", op, got)
+		}
 	}
 	stop := make(chan struct{})
 	close(stop)

@@ -5,36 +5,42 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
+	"time"
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/redisconn"
 )
 
-const ownersUsage = "owners create ID [-name NAME] | owners rotate ID | owners revoke ID"
+const ownersUsage = "owners create ID [-name NAME] [-wait-replicas N] | owners rotate ID [-wait-replicas N] | owners revoke ID [-wait-replicas N]"
+
+// ownersWaitTimeout bounds each write's wait for Redis replicas.
+const ownersWaitTimeout = time.Second
 
 // cmdOwners creates owners and rotates or revokes their API keys. Keys are
 // printed once: Redis keeps only their hashes. A rotated or revoked key
-// fails at its next use in every service (none caches keys).
+// fails at its next use in every service (none caches keys). With
+// -wait-replicas N each write waits for N replicas of its Redis master, so
+// a failover cannot bring a revoked key back; a write they did not confirm
+// within a second is reported.
 func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	if len(args) < 2 {
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
 	verb, id := args[0], args[1]
-	name := id
 	switch verb {
-	case "create":
-		fs := flag.NewFlagSet("owners create", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		n := fs.String("name", id, "display name")
-		if err := fs.Parse(args[2:]); err != nil {
-			return fmt.Errorf("owners create: %v: %w", err, errUsage)
-		}
-		name = *n
-	case "rotate", "revoke":
-		if len(args) > 2 {
-			return fmt.Errorf("%s: %w", ownersUsage, errUsage)
-		}
+	case "create", "rotate", "revoke":
 	default:
+		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
+	}
+	fs := flag.NewFlagSet("owners "+verb, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var name *string
+	if verb == "create" {
+		name = fs.String("name", id, "display name")
+	}
+	replicas := fs.Int("wait-replicas", 0, "replicas of each Redis master every write waits for (0: none)")
+	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 || *replicas < 0 {
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
@@ -45,9 +51,21 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	}
 	defer rdb.Close()
 	store := owners.NewStore(rdb)
+	var short []string
+	if *replicas > 0 {
+		store.WaitForReplicas(*replicas, ownersWaitTimeout, func(op string, got int64, err error) {
+			short = append(short, fmt.Sprintf("%s (%d of %d replicas, err %v)", op, got, *replicas, err))
+		})
+	}
+	defer func() {
+		if len(short) > 0 {
+			fmt.Fprintf(env.Stdout, "warning: %d write(s) not confirmed by the Redis replicas within %s: %s; they are on the master only until its replicas catch up\n",
+				len(short), ownersWaitTimeout, strings.Join(short, ", "))
+		}
+	}()
 	switch verb {
 	case "create":
-		key, err := store.Create(ctx, id, name)
+		key, err := store.Create(ctx, id, *name)
 		if err != nil {
 			return err
 		}

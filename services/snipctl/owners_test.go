@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/snipdev/snip/pkg/owners"
@@ -50,5 +51,35 @@ func TestOwnersRotateAndRevoke(t *testing.T) {
 		if _, err := snipctl(t, environ, args...); !errors.Is(err, errUsage) {
 			t.Errorf("snipctl %v: %v, want a usage error", args, err)
 		}
+	}
+}
+
+// With -wait-replicas each write waits for the Redis replicas; on a Redis
+// without any, every write is reported as on the master only, and still
+// done. Without the flag nothing waits or warns.
+func TestOwnersWaitForReplicas(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	environ := []string{"REDIS_URL=" + servers.Redis.URL(db)}
+	out, err := snipctl(t, environ, "owners", "create", "bob", "-name", "Bob", "-wait-replicas", "1")
+	if err != nil {
+		t.Fatalf("owners create: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "warning: 2 write(s) not confirmed") || !strings.Contains(out, "create_owner (0 of 1 replicas") || !strings.Contains(out, "store_key (0 of 1") {
+		t.Errorf("owners create -wait-replicas 1 on a Redis without replicas; output:\n%s", out)
+	}
+	key := regexp.MustCompile(`api key: (\S+)`).FindStringSubmatch(out)[1]
+	if o, err := owners.NewStore(rdb).Authenticate(t.Context(), key); err != nil || o.Name != "Bob" {
+		t.Fatalf("the key of an owner created with a short wait: %+v, %v", o, err)
+	}
+	out, err = snipctl(t, environ, "owners", "revoke", "bob", "-wait-replicas", "1")
+	if err != nil || !strings.Contains(out, "warning: 1 write(s) not confirmed") || !strings.Contains(out, "revoke_key") {
+		t.Errorf("owners revoke -wait-replicas 1: %v; output:\n%s", err, out)
+	}
+	if out, err = snipctl(t, environ, "owners", "rotate", "bob"); err != nil || strings.Contains(out, "warning") {
+		t.Errorf("owners rotate without the flag: %v; output:\n%s", err, out)
+	}
+	if _, err := snipctl(t, environ, "owners", "revoke", "bob", "-wait-replicas", "-1"); !errors.Is(err, errUsage) {
+		t.Errorf("-wait-replicas -1: %v, want a usage error", err)
 	}
 }

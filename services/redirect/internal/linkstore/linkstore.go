@@ -47,7 +47,8 @@ type Store struct {
 // asynchronously: without the wait, a link answered 201 is lost if its
 // master dies before its replica has it. A wait that counts fewer replicas,
 // or fails, fails nothing: the write is on the master, as with the wait
-// off, and short (if not nil) is told the operation ("create", "delete"),
+// off, and short (if not nil) is told the operation (create_link,
+// delete_link),
 // the replicas counted and the error. Call it before the store is used.
 func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op string, got int64, err error)) {
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
@@ -157,7 +158,7 @@ func (s *Store) create(ctx context.Context, l link.Link) error {
 			return nil
 		})
 		if err == nil {
-			s.waitReplicas(ctx, tx, "create")
+			s.waitReplicas(ctx, tx, "create_link")
 		}
 		return err
 	}, key)
@@ -295,7 +296,7 @@ func (s *Store) Delete(ctx context.Context, owner, code string) error {
 			return nil
 		})
 		if err == nil {
-			s.waitReplicas(ctx, tx, "delete")
+			s.waitReplicas(ctx, tx, "delete_link")
 		}
 		return err
 	}, key)

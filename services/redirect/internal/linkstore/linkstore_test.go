@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -295,7 +293,7 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	key := s.layout.LinkKey("waited")
 	var replica *redis.Client
 	if cluster {
-		replica = replicaOf(t, key)
+		replica = servers.RedisCluster.ReplicaClient(t, key)
 		if n := replica.Exists(t.Context(), key).Val(); n != 1 {
 			t.Fatalf("the replica does not have the link when Create returns")
 		}
@@ -308,37 +306,11 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	want := []string{"create:0:<nil>", "delete:0:<nil>"}
+	want := []string{"create_link:0:<nil>", "delete_link:0:<nil>"}
 	if cluster {
 		want = nil
 	}
 	if d := cmp.Diff(want, shorts); d != "" {
 		t.Errorf("short waits reported (-want +got):\n%s", d)
 	}
-}
-
-// replicaOf returns a read-only client on the replica of key's master.
-func replicaOf(tb testing.TB, key string) *redis.Client {
-	tb.Helper()
-	ctx := tb.Context()
-	master, err := servers.RedisCluster.MasterOf(ctx, key)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	mc := redis.NewClient(&redis.Options{Addr: master.Addr})
-	defer mc.Close()
-	info, err := mc.Info(ctx, "replication").Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(info, "slave0:ip=")
-	ip, rest, ok2 := strings.Cut(rest, ",port=")
-	port, _, ok3 := strings.Cut(rest, ",")
-	if !ok || !ok2 || !ok3 {
-		tb.Fatalf("master %s has no replica: %s", master.Addr, info)
-	}
-	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort(ip, port),
-		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
-	tb.Cleanup(func() { _ = c.Close() })
-	return c
 }

@@ -18,12 +18,13 @@ type Metrics struct {
 	// CLICKS as well, or (NATS failing too) left on the master alone.
 	ReplicaShortPublished  prometheus.Counter
 	ReplicaShortMasterOnly prometheus.Counter
-	// Link writes (op: create, delete) whose replica wait fell short: stored
-	// on the master alone.
-	LinkReplicaShort *prometheus.CounterVec
-	Heads            prometheus.Counter
-	Latency          prometheus.Histogram
-	Following        prometheus.Gauge
+	// Writes of the API (op: create_link, delete_link, create_owner,
+	// store_key, revoke_key) whose replica wait fell short: stored on the
+	// master alone.
+	WritesReplicaShort *prometheus.CounterVec
+	Heads              prometheus.Counter
+	Latency            prometheus.Histogram
+	Following          prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg.
@@ -53,8 +54,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"reason"}),
 		ReplicaShortPublished:  short.WithLabelValues("published"),
 		ReplicaShortMasterOnly: short.WithLabelValues("master_only"),
-		LinkReplicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "link_writes_replica_wait_short_total",
-			Help: "Link writes (op: create, delete) whose Redis master's replicas did not acknowledge them within SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT: answered as usual, on the master alone until its replica catches up."},
+		WritesReplicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "writes_replica_wait_short_total",
+			Help: "Link and API-key writes (op: create_link, delete_link, store_key, revoke_key, create_owner) whose Redis master's replicas did not acknowledge them within SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT: answered as usual, on the master alone until its replica catches up."},
 			[]string{"op"}),
 		Heads: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "head_requests_total",
 			Help: "HEAD requests answered with a 302 and not counted as clicks."}),
@@ -64,6 +65,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
 			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, recorded, short, m.LinkReplicaShort, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	reg.MustRegister(lookups, recorded, short, m.WritesReplicaShort, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }
