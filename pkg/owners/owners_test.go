@@ -2,15 +2,11 @@ package owners_test
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -106,19 +102,10 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
 	ctx := t.Context()
-	_, cluster := rdb.(*redis.ClusterClient)
-	timeout := 20 * time.Millisecond // no replica to wait for
-	if cluster {
-		timeout = 5 * time.Second // a healthy replica answers at once
-	}
+	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
 	s := owners.NewStore(rdb)
-	var mu sync.Mutex
-	var shorts []string
-	s.WaitForReplicas(1, timeout, func(op string, got int64, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		shorts = append(shorts, fmt.Sprintf("%s:%d:%v", op, got, err))
-	})
+	var shorts testenv.ShortWaits
+	s.WaitForReplicas(1, timeout, shorts.Record)
 	first, err := s.Create(ctx, "waiter", "Waiter")
 	if err != nil {
 		t.Fatal(err)
@@ -146,8 +133,6 @@ func TestWritesWaitForReplicas(t *testing.T) {
 			t.Errorf("the replica does not have the owner")
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := []string{
 		"create_owner:0:<nil>", "store_key:0:<nil>", // Create
 		"store_key:0:<nil>", "revoke_key:0:<nil>", // Rotate: the new key, the first revoked
@@ -156,7 +141,7 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	if cluster {
 		want = nil
 	}
-	if d := cmp.Diff(want, shorts); d != "" {
+	if d := cmp.Diff(want, shorts.Got()); d != "" {
 		t.Errorf("short waits reported (-want +got):\n%s", d)
 	}
 }

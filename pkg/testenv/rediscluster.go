@@ -315,8 +315,9 @@ func (c *RedisCluster) Client(tb testing.TB) *redis.ClusterClient {
 	return cl
 }
 
-// MasterOf returns the server that currently serves key's slot as master.
-func (c *RedisCluster) MasterOf(ctx context.Context, key string) (*RedisServer, error) {
+// slotNodes returns the nodes that serve key's slot now, master first,
+// as a live node of the cluster sees them.
+func (c *RedisCluster) slotNodes(ctx context.Context, key string) ([]redis.ClusterNode, error) {
 	for _, s := range c.all() {
 		if s.proc.exited() {
 			continue
@@ -330,11 +331,20 @@ func (c *RedisCluster) MasterOf(ctx context.Context, key string) (*RedisServer, 
 		}
 		for _, r := range slots {
 			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-				return c.server(r.Nodes[0].Addr)
+				return r.Nodes, nil
 			}
 		}
 	}
 	return nil, fmt.Errorf("no node serves the slot of %q", key)
+}
+
+// MasterOf returns the server that currently serves key's slot as master.
+func (c *RedisCluster) MasterOf(ctx context.Context, key string) (*RedisServer, error) {
+	nodes, err := c.slotNodes(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return c.server(nodes[0].Addr)
 }
 
 // ReplicaClient returns a read-only client (READONLY on every connection)
@@ -342,29 +352,14 @@ func (c *RedisCluster) MasterOf(ctx context.Context, key string) (*RedisServer, 
 // ends: what a promoted replica would have.
 func (c *RedisCluster) ReplicaClient(tb testing.TB, key string) *redis.Client {
 	tb.Helper()
-	ctx := tb.Context()
-	for _, s := range c.all() {
-		if s.proc.exited() {
-			continue
-		}
-		cl := node(s.Addr)
-		slots, err := cl.ClusterSlots(ctx).Result()
-		slot, err2 := cl.ClusterKeySlot(ctx, key).Result()
-		cl.Close()
-		if err != nil || err2 != nil {
-			continue
-		}
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 1 {
-				rc := redis.NewClient(&redis.Options{Addr: r.Nodes[1].Addr,
-					OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
-				tb.Cleanup(func() { _ = rc.Close() })
-				return rc
-			}
-		}
+	nodes, err := c.slotNodes(tb.Context(), key)
+	if err != nil || len(nodes) < 2 {
+		tb.Fatalf("testenv: no replica serves the slot of %q (%v)", key, err)
 	}
-	tb.Fatalf("testenv: no replica serves the slot of %q", key)
-	return nil
+	rc := redis.NewClient(&redis.Options{Addr: nodes[1].Addr,
+		OnConnect: func(ctx context.Context, cn *redis.Conn) error { return cn.ReadOnly(ctx).Err() }})
+	tb.Cleanup(func() { _ = rc.Close() })
+	return rc
 }
 
 func (c *RedisCluster) server(addr string) (*RedisServer, error) {

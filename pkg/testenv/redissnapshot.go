@@ -1,6 +1,9 @@
 package testenv
 
 import (
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,4 +61,36 @@ func (s RedisSnapshot) Restore(tb testing.TB, rdb *redis.Client) {
 			tb.Fatalf("testenv: restore redis: %s: %v", k, err)
 		}
 	}
+}
+
+// ShortWaits records the replica waits a store reports short (the short
+// callback of WaitForReplicas in linkstore and owners), as "op:got:err".
+type ShortWaits struct {
+	mu  sync.Mutex
+	got []string
+}
+
+// Record is the short callback.
+func (w *ShortWaits) Record(op string, got int64, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got = append(w.got, fmt.Sprintf("%s:%d:%v", op, got, err))
+}
+
+// Got returns what was recorded, in order.
+func (w *ShortWaits) Got() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.got)
+}
+
+// ReplicaWaitTimeout is the wait a test gives a store on rdb: short on a
+// single Redis (no replica will ever answer), long on a cluster (a healthy
+// replica answers at once, so the wait never runs out there). cluster
+// reports which rdb is.
+func ReplicaWaitTimeout(rdb redis.UniversalClient) (timeout time.Duration, cluster bool) {
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		return 5 * time.Second, true
+	}
+	return 20 * time.Millisecond, false
 }

@@ -275,18 +275,9 @@ func TestCreateRefusesWhenOutboxFull(t *testing.T) {
 func TestWritesWaitForReplicas(t *testing.T) {
 	testenv.Parallel(t)
 	s, rdb := newStore(t)
-	_, cluster := rdb.(*redis.ClusterClient)
-	timeout := 20 * time.Millisecond // no replica to wait for
-	if cluster {
-		timeout = 5 * time.Second // a healthy replica answers at once
-	}
-	var mu sync.Mutex
-	var shorts []string
-	s.WaitForReplicas(1, timeout, func(op string, got int64, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		shorts = append(shorts, fmt.Sprintf("%s:%d:%v", op, got, err))
-	})
+	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
+	var shorts testenv.ShortWaits
+	s.WaitForReplicas(1, timeout, shorts.Record)
 	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "waited"); err != nil {
 		t.Fatal(err)
 	}
@@ -304,13 +295,11 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	if cluster && replica.HExists(t.Context(), key, "deleted").Val() != true {
 		t.Fatalf("the replica does not have the tombstone when Delete returns")
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	want := []string{"create_link:0:<nil>", "delete_link:0:<nil>"}
 	if cluster {
 		want = nil
 	}
-	if d := cmp.Diff(want, shorts); d != "" {
+	if d := cmp.Diff(want, shorts.Got()); d != "" {
 		t.Errorf("short waits reported (-want +got):\n%s", d)
 	}
 }
