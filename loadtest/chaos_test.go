@@ -180,7 +180,8 @@ func TestChaosOnClustersLoseNothing(t *testing.T) {
 			t.FailNow()
 		}
 		return chaosServers{natsURL: nc.URL, js: nc.JetStream(t),
-			env: []string{"REDIS_URL=" + rc.URL(), "SNIP_REPLICAS=3"},
+			// The counter's feeds wait for the Redis replicas too.
+			env: []string{"REDIS_URL=" + rc.URL(), "SNIP_REPLICAS=3", "CLICKCOUNTER_WAIT_REPLICAS=1"},
 			// The replica wait, with a bound generous on a loaded machine
 			// (less than the outbox wait, as the redirect requires). The
 			// direct publish keeps its default bound: a PubAck later than it

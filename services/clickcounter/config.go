@@ -41,6 +41,20 @@ type Config struct {
 	// 10-20 bytes per event counted within the window (README).
 	DedupWindow time.Duration `env:"CLICKCOUNTER_DEDUP_WINDOW" envDefault:"10m"`
 
+	// WaitReplicas, when above 0, makes the LINKS and verdict feeds wait
+	// (Redis WAIT, after a barrier write on each master they wrote to)
+	// until that many replicas have a batch's writes before they ack it,
+	// for at most WaitReplicasTimeout: a Redis master that dies right after
+	// the ack then loses none of them. A wait that falls short is counted
+	// (snip_clickcounter_replica_wait_short_total) and the batch acked all
+	// the same. 0: off. 1 for Redis Cluster or a replicated Redis; never on
+	// a Redis without replicas (every batch would wait the timeout). The
+	// click counts do not need it: the counter reads back from CLICKS what
+	// Redis lost.
+	WaitReplicas int `env:"CLICKCOUNTER_WAIT_REPLICAS" envDefault:"0"`
+	// WaitReplicasTimeout bounds that wait.
+	WaitReplicasTimeout time.Duration `env:"CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT" envDefault:"100ms"`
+
 	// Hooks inject faults in tests.
 	Hooks counter.Hooks `env:"-"`
 }
@@ -59,6 +73,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("CLICKCOUNTER_LINGER %s: want > 0", c.Linger)
 	case c.DedupWindow < time.Second:
 		return fmt.Errorf("CLICKCOUNTER_DEDUP_WINDOW %s: want >= 1s", c.DedupWindow)
+	case c.WaitReplicas < 0:
+		return fmt.Errorf("CLICKCOUNTER_WAIT_REPLICAS %d: want 0 (off) or more", c.WaitReplicas)
+	case c.WaitReplicas > 0 && (c.WaitReplicasTimeout < time.Millisecond || c.WaitReplicasTimeout > 10*time.Second):
+		return fmt.Errorf("CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT %s: want 1ms..10s", c.WaitReplicasTimeout)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("SHUTDOWN_TIMEOUT %s: want > 0", c.ShutdownTimeout)
 	}

@@ -61,8 +61,10 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		}
 
 		reg := prometheus.NewRegistry()
+		store := redisstore.New(rdb)
+		store.WaitForReplicas(cfg.WaitReplicas, cfg.WaitReplicasTimeout)
 		c, err := counter.New(counter.Options{
-			Store: redisstore.New(rdb), Clicks: jsfeed.Clicks{JS: js}, Partitions: partitions,
+			Store: store, Clicks: jsfeed.Clicks{JS: js}, Partitions: partitions,
 			DedupWindow: cfg.DedupWindow, ClicksMaxAge: maxAge, Logger: log, Metrics: reg, Hooks: cfg.Hooks,
 		})
 		if err != nil {

@@ -78,13 +78,19 @@ func TestLoadConfig(t *testing.T) {
 		check   func(Config) string
 	}{
 		{name: "defaults", check: func(c Config) string {
-			return cmp.Diff([]any{":8081", 2000, 100 * time.Millisecond, 10 * time.Minute, 8, 168 * time.Hour},
-				[]any{c.HTTPAddr, c.BatchSize, c.Linger, c.DedupWindow, c.Partitions, c.ClicksMaxAge})
+			return cmp.Diff([]any{":8081", 2000, 100 * time.Millisecond, 10 * time.Minute, 8, 168 * time.Hour, 0},
+				[]any{c.HTTPAddr, c.BatchSize, c.Linger, c.DedupWindow, c.Partitions, c.ClicksMaxAge, c.WaitReplicas})
 		}},
 		{name: "overrides", env: []string{"CLICKCOUNTER_BATCH_SIZE=50", "CLICKCOUNTER_DEDUP_WINDOW=30m", "LOG_LEVEL=debug"},
 			check: func(c Config) string {
 				return cmp.Diff([]any{50, 30 * time.Minute, "DEBUG"}, []any{c.BatchSize, c.DedupWindow, c.LogLevel.String()})
 			}},
+		{name: "replica_wait", env: []string{"CLICKCOUNTER_WAIT_REPLICAS=1", "CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT=250ms"},
+			check: func(c Config) string {
+				return cmp.Diff([]any{1, 250 * time.Millisecond}, []any{c.WaitReplicas, c.WaitReplicasTimeout})
+			}},
+		{name: "replica_wait_negative", env: []string{"CLICKCOUNTER_WAIT_REPLICAS=-1"}, wantErr: "CLICKCOUNTER_WAIT_REPLICAS"},
+		{name: "replica_wait_timeout_zero", env: []string{"CLICKCOUNTER_WAIT_REPLICAS=1", "CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT=0s"}, wantErr: "CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT"},
 		{name: "batch_size_zero", env: []string{"CLICKCOUNTER_BATCH_SIZE=0"}, wantErr: "CLICKCOUNTER_BATCH_SIZE"},
 		{name: "dedup_window_too_short", env: []string{"CLICKCOUNTER_DEDUP_WINDOW=10ms"}, wantErr: "CLICKCOUNTER_DEDUP_WINDOW"},
 		{name: "bad_duration", env: []string{"CLICKCOUNTER_LINGER=soon"}, wantErr: "CLICKCOUNTER_LINGER"},

@@ -54,13 +54,24 @@ var demoServices = []demoService{
 	{name: "redirect", port: 0, env: func(d *demo) []string {
 		// The demo's traffic and `make loadtest` come from this machine and
 		// carry each visitor's address in X-Forwarded-For: trust it from here.
-		return []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey, "SNIP_TRUSTED_PROXIES=127.0.0.1/32"}
+		env := []string{"SNIP_BOOTSTRAP_OWNERS=" + demoOwner + ":" + demoAPIKey, "SNIP_TRUSTED_PROXIES=127.0.0.1/32"}
+		if d.redisReplicas {
+			// Acknowledged clicks, links and keys wait for the replica.
+			env = append(env, "SNIP_OUTBOX_WAIT_REPLICAS=1")
+		}
+		return env
 	}},
 	{name: "preview", port: 4, env: func(d *demo) []string {
 		// The demo's links point at the local demo site; let the fetcher in.
 		return []string{"PREVIEW_ALLOW_CIDRS=127.0.0.1/32"}
 	}},
-	{name: "clickcounter", port: 1},
+	{name: "clickcounter", port: 1, env: func(d *demo) []string {
+		if d.redisReplicas {
+			// Verdicts and LINKS records wait for the replica before the ack.
+			return []string{"CLICKCOUNTER_WAIT_REPLICAS=1"}
+		}
+		return nil
+	}},
 	{name: "fraud", port: 2},
 	{name: "warehouse", port: 3, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
@@ -85,6 +96,9 @@ type demo struct {
 	natsHTTP       int
 	// natsProf is the embedded NATS server's profiling port (0: off).
 	natsProf int
+	// redisReplicas: Redis runs with a replica per master (--cluster), so
+	// the services wait for it before they acknowledge.
+	redisReplicas bool
 	// readyWait is how long the demo waits for every service's /readyz
 	// before it prints the banner (20 s).
 	readyWait time.Duration
@@ -209,6 +223,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 		if cl, err = d.startCluster(); err != nil {
 			return err
 		}
+		d.redisReplicas = true
 		// The services stop first, while the clusters still answer.
 		defer func() {
 			d.stopAll()

@@ -175,15 +175,16 @@ func (c *Counter) markUnchecked(p int) {
 
 // metrics are the counter's Prometheus collectors.
 type metrics struct {
-	counted     *prometheus.CounterVec
-	duplicates  *prometheus.CounterVec
-	retries     *prometheus.CounterVec
-	corrections *prometheus.CounterVec
-	recounts    *prometheus.CounterVec
-	missed      *prometheus.CounterVec
-	linkEvents  *prometheus.CounterVec
-	writeTime   prometheus.Histogram
-	generation  *prometheus.GaugeVec
+	counted      *prometheus.CounterVec
+	duplicates   *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	corrections  *prometheus.CounterVec
+	recounts     *prometheus.CounterVec
+	missed       *prometheus.CounterVec
+	replicaShort *prometheus.CounterVec
+	linkEvents   *prometheus.CounterVec
+	writeTime    prometheus.Histogram
+	generation   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -212,6 +213,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "snip_clickcounter_missed_events_total",
 			Help: "Events read again from CLICKS because the store's watermark was behind the batch being counted (Redis lost its last writes, e.g. a failover to a replica that had not received them): result=read (counted now, or found counted by event ID) or invalid (the rule of validity parks it; skipped).",
 		}, []string{"result"}),
+		replicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_replica_wait_short_total",
+			Help: "Feed batches (feed: verdicts, links) whose writes the Redis replicas did not confirm within CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT before the ack: acked all the same, on the master alone until its replicas catch up.",
+		}, []string{"feed"}),
 		linkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_link_events_total",
 			Help: "LINKS events handled: result=applied or stale.",
@@ -227,7 +232,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"partition", "role"}),
 	}
 	if reg != nil {
-		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.missed, m.linkEvents, m.writeTime, m.generation} {
+		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.missed, m.replicaShort, m.linkEvents, m.writeTime, m.generation} {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register metrics: %w", err)
 			}

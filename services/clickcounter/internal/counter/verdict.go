@@ -112,6 +112,7 @@ func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResu
 		}
 	}
 	pending := slices.Sorted(maps.Keys(groups))
+	var written []int
 	for attempt := 0; attempt < maxWriteAttempts && len(pending) > 0; attempt++ {
 		batch := make([]*Corrections, 0, len(pending))
 		for _, p := range pending {
@@ -133,6 +134,7 @@ func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResu
 				c.m.retries.WithLabelValues("verdict_conflict").Inc()
 				pending = append(pending, p)
 			default:
+				written = append(written, p)
 				for j, r := range res.Items {
 					out[at[p][j]].Status = r.Status
 					c.m.corrections.WithLabelValues(r.Status.String()).Inc()
@@ -143,7 +145,24 @@ func (c *Counter) ApplyVerdicts(ctx context.Context, vs []Verdict) []VerdictResu
 	for _, p := range pending {
 		fail(p, ErrContention)
 	}
+	c.replicated(ctx, "verdicts", written, nil)
 	return out
+}
+
+// replicated waits, if the store is configured to, until its replicas have
+// what a feed just wrote, before the feed acks it: then a Redis master that
+// dies right after the ack does not take the feed's writes with it (the
+// click counts have their own cover, catchUp). When the replicas do not
+// confirm in time the feed goes on, as without the wait: the writes are on
+// the master, and the shortfall is counted and logged.
+func (c *Counter) replicated(ctx context.Context, feed string, partitions []int, codes []string) {
+	if len(partitions)+len(codes) == 0 {
+		return
+	}
+	if err := c.store.Replicated(ctx, partitions, codes); err != nil {
+		c.m.replicaShort.WithLabelValues(feed).Inc()
+		c.log.Warn("the Redis replicas did not confirm a feed's writes in time; they are on the master only", "feed", feed, "err", err)
+	}
 }
 
 // correction resolves a verdict into its partition and the counts it would
@@ -231,6 +250,11 @@ func (c *Counter) ApplyLinkEvents(ctx context.Context, es []LinkEvent) error {
 	if err != nil {
 		return fmt.Errorf("apply %d link events: %w", len(es), err)
 	}
+	codes := make([]string, len(es))
+	for i, e := range es {
+		codes[i] = e.E.Code
+	}
+	c.replicated(ctx, "links", nil, codes)
 	for _, ok := range applied {
 		if ok {
 			c.m.linkEvents.WithLabelValues("applied").Inc()

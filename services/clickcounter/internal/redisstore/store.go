@@ -42,6 +42,10 @@ type Store struct {
 	// forget the partition's entries.
 	mu       sync.Mutex
 	expiring map[int]map[string]int64
+
+	// The replica wait of Replicated (WaitForReplicas): off when waitN is 0.
+	waitN       int
+	waitTimeout time.Duration
 }
 
 // maxExpiring bounds the keys remembered per partition; beyond it the

@@ -30,6 +30,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestPipelinedScriptsSurviveAScriptFlush,
 		TestApplyReportsLabelsAnywhereInALargeBatch,
 		TestKeysGetTheirExpiryAgainAfterRedisLostThem,
+		TestReplicatedWaitsForTheReplicas,
 	)
 }
 
