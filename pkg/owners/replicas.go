@@ -2,10 +2,11 @@ package owners
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/redisconn"
 )
 
 // WaitForReplicas makes the store's writes that decide who is let in (an
@@ -22,40 +23,22 @@ func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op stri
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
 }
 
-// write sends the commands queue adds, all on key's slot, on one
-// connection to key's master, then (with the replica wait on) WAIT on the
-// same connection: a replica that has the last write on a master has every
-// earlier one, so one wait covers what this call wrote there before too.
-// It returns the first command's error, never the wait's.
+// write sends the commands queue adds, all in key's slot, and with the
+// replica wait on, WAIT after them on the same connection to key's master
+// (redisconn.WriteAndWait: one wait covers what this call wrote on that
+// master before, too). It returns the first command's error, never the
+// wait's.
 func (s *Store) write(ctx context.Context, op, key string, queue func(p redis.Pipeliner)) error {
 	if s.waitN <= 0 {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { queue(p); return nil })
 		return err
 	}
-	var pipe redis.Pipeliner
-	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return err
-		}
-		pipe = node.Pipeline()
-	} else {
-		pipe = s.rdb.Pipeline()
+	got, werr, err := redisconn.WriteAndWait(ctx, s.rdb, key, s.waitN, s.waitTimeout, queue)
+	if err != nil {
+		return err
 	}
-	queue(pipe)
-	wait := redis.NewIntCmd(ctx, "wait", s.waitN, s.waitTimeout.Milliseconds())
-	_ = pipe.Process(ctx, wait)
-	cmds, _ := pipe.Exec(ctx)
-	for _, c := range cmds {
-		if c == wait {
-			continue
-		}
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return err
-		}
-	}
-	if got, err := wait.Result(); (err != nil || got < int64(s.waitN)) && s.short != nil {
-		s.short(op, got, err)
+	if (werr != nil || got < int64(s.waitN)) && s.short != nil {
+		s.short(op, got, werr)
 	}
 	return nil
 }

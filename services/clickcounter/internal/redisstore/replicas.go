@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -44,12 +45,11 @@ func (s *Store) Replicated(ctx context.Context, partitions []int, codes []string
 		// The tag is the record's whole name: the barrier shares its slot.
 		keys = append(keys, "{"+registryKey(code)+"}:replicated")
 	}
-	type master struct {
-		node *redis.Client // nil: s.rdb itself (one server)
-		key  string
-	}
-	var masters []master
+	// One barrier per master: a write confirmed on a master confirms every
+	// earlier write there.
+	barriers := keys[:1]
 	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		barriers = nil
 		seen := map[*redis.Client]bool{}
 		for _, k := range keys {
 			node, err := cc.MasterForKey(ctx, k)
@@ -58,32 +58,22 @@ func (s *Store) Replicated(ctx context.Context, partitions []int, codes []string
 			}
 			if !seen[node] {
 				seen[node] = true
-				masters = append(masters, master{node, k})
+				barriers = append(barriers, k)
 			}
 		}
-	} else {
-		masters = []master{{nil, keys[0]}}
 	}
 	var errs []error
-	for _, m := range masters {
-		var pipe redis.Pipeliner
-		if m.node != nil {
-			pipe = m.node.Pipeline()
-		} else {
-			pipe = s.rdb.Pipeline()
-		}
-		set := pipe.Set(ctx, m.key, "1", barrierTTL)
-		wait := redis.NewIntCmd(ctx, "wait", s.waitN, s.waitTimeout.Milliseconds())
-		_ = pipe.Process(ctx, wait)
-		_, _ = pipe.Exec(ctx)
-		got, err := wait.Result()
+	for _, k := range barriers {
+		got, werr, err := redisconn.WriteAndWait(ctx, s.rdb, k, s.waitN, s.waitTimeout, func(p redis.Pipeliner) {
+			p.Set(ctx, k, "1", barrierTTL)
+		})
 		switch {
-		case set.Err() != nil:
-			errs = append(errs, fmt.Errorf("barrier %s: %w", m.key, set.Err()))
 		case err != nil:
-			errs = append(errs, fmt.Errorf("wait after %s: %w", m.key, err))
+			errs = append(errs, fmt.Errorf("barrier %s: %w", k, err))
+		case werr != nil:
+			errs = append(errs, fmt.Errorf("wait after %s: %w", k, werr))
 		case got < int64(s.waitN):
-			errs = append(errs, fmt.Errorf("after %s: %d of %d replicas within %s", m.key, got, s.waitN, s.waitTimeout))
+			errs = append(errs, fmt.Errorf("after %s: %d of %d replicas within %s", k, got, s.waitN, s.waitTimeout))
 		}
 	}
 	if len(errs) > 0 {

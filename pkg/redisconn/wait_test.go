@@ -1,0 +1,59 @@
+package redisconn_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/redisconn"
+	"github.com/snipdev/snip/pkg/testenv"
+)
+
+var servers *testenv.Servers
+
+func TestMain(m *testing.M) {
+	os.Exit(testenv.Main(m, &servers, testenv.WithRedis(), testenv.WithRedisCluster()))
+}
+
+func TestWriteAndWaitOnRedisCluster(t *testing.T) {
+	servers.RunOnRedisCluster(t, TestWriteAndWait)
+}
+
+// WriteAndWait writes and then waits on the same connection to the key's
+// master: on Redis Cluster the replica acknowledges, and has the write when
+// it returns; on a single Redis none does, and the write stands. A command
+// that fails is the error, whatever the wait said.
+func TestWriteAndWait(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
+	const key = "wait:{a}:k"
+	acked, werr, err := redisconn.WriteAndWait(ctx, rdb, key, 1, timeout, func(p redis.Pipeliner) {
+		p.Set(ctx, key, "v", 0)
+		p.HSet(ctx, "wait:{a}:h", "f", "v") // same slot
+	})
+	if err != nil || werr != nil {
+		t.Fatalf("WriteAndWait = %d, %v, %v", acked, werr, err)
+	}
+	want := int64(0)
+	if cluster {
+		want = 1
+		if n := servers.RedisCluster.ReplicaClient(t, key).Exists(ctx, key, "wait:{a}:h").Val(); n != 2 {
+			t.Errorf("the replica has %d of the 2 keys when WriteAndWait returns", n)
+		}
+	}
+	if acked != want {
+		t.Errorf("replicas acknowledged = %d, want %d", acked, want)
+	}
+	if got := rdb.Get(ctx, key).Val(); got != "v" {
+		t.Errorf("GET %s = %q, want v", key, got)
+	}
+	_, _, err = redisconn.WriteAndWait(ctx, rdb, key, 1, timeout, func(p redis.Pipeliner) {
+		p.HSet(ctx, key, "f", "v") // a string, not a hash
+	})
+	if err == nil {
+		t.Error("a failing command: WriteAndWait returned no error")
+	}
+}
