@@ -60,6 +60,17 @@ type Config struct {
 	// acknowledgement at once; PublishTimeout bounds each wait.
 	PublishWindow  int           `env:"FRAUD_PUBLISH_WINDOW" envDefault:"4096"`
 	PublishTimeout time.Duration `env:"FRAUD_PUBLISH_TIMEOUT" envDefault:"10s"`
+
+	// WaitReplicas, when above 0, makes each batch's statistics and alert
+	// list wait (a barrier write in the partition's Redis slot, then WAIT)
+	// until that many replicas have them before the batch is acked, for at
+	// most WaitReplicasTimeout: a Redis master that dies right after the
+	// ack then loses none of them. A wait that falls short is counted
+	// (fraud_replica_wait_short_total) and the batch acked all the same.
+	// 0: off; 1 for Redis Cluster or a replicated Redis (never on a Redis
+	// without replicas: every batch would wait the timeout).
+	WaitReplicas        int           `env:"FRAUD_WAIT_REPLICAS" envDefault:"0"`
+	WaitReplicasTimeout time.Duration `env:"FRAUD_WAIT_REPLICAS_TIMEOUT" envDefault:"100ms"`
 }
 
 // loadConfig reads the environment (fraud detection takes no arguments).
@@ -68,6 +79,12 @@ func loadConfig(environ, _ []string) (Config, error) {
 	return service.LoadConfig(environ, cfg, func(c *Config) error {
 		if _, err := c.start(time.Now()); err != nil {
 			return err
+		}
+		if c.WaitReplicas < 0 {
+			return fmt.Errorf("FRAUD_WAIT_REPLICAS %d: want 0 (off) or more", c.WaitReplicas)
+		}
+		if c.WaitReplicas > 0 && (c.WaitReplicasTimeout < time.Millisecond || c.WaitReplicasTimeout > 10*time.Second) {
+			return fmt.Errorf("FRAUD_WAIT_REPLICAS_TIMEOUT %s: want 1ms..10s", c.WaitReplicasTimeout)
 		}
 		_, err := c.rules()
 		return err

@@ -429,6 +429,9 @@ func TestConfig(t *testing.T) {
 		{name: "narrow_listed_network", environ: []string{"FRAUD_LISTED_NETWORKS=203.0.113.0/28"}, wantErr: true},
 		{name: "missing_networks_file", environ: []string{"FRAUD_LISTED_NETWORKS_FILE=/nonexistent"}, wantErr: true},
 		{name: "zero_publish_window", environ: []string{"FRAUD_PUBLISH_WINDOW=0"}, wantErr: true},
+		{name: "replica_wait", environ: []string{"FRAUD_WAIT_REPLICAS=1", "FRAUD_WAIT_REPLICAS_TIMEOUT=250ms"}},
+		{name: "negative_replica_wait", environ: []string{"FRAUD_WAIT_REPLICAS=-1"}, wantErr: true},
+		{name: "zero_replica_wait_timeout", environ: []string{"FRAUD_WAIT_REPLICAS=1", "FRAUD_WAIT_REPLICAS_TIMEOUT=0s"}, wantErr: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

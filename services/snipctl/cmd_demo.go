@@ -72,7 +72,13 @@ var demoServices = []demoService{
 		}
 		return nil
 	}},
-	{name: "fraud", port: 2},
+	{name: "fraud", port: 2, env: func(d *demo) []string {
+		if d.redisReplicas {
+			// Statistics and alerts wait for the replica before the ack.
+			return []string{"FRAUD_WAIT_REPLICAS=1"}
+		}
+		return nil
+	}},
 	{name: "warehouse", port: 3, env: func(d *demo) []string {
 		return []string{"CLICKHOUSE_ADDR=" + d.clickhouseAddr, "CLICKHOUSE_DATABASE=snip"}
 	}},

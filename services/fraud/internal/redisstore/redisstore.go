@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -48,6 +49,11 @@ type Store struct {
 	rdb        redis.UniversalClient
 	partitions int
 	alertsCap  int
+
+	// The replica wait (WaitForReplicas): off when waitN is 0.
+	waitN       int
+	waitTimeout time.Duration
+	short       func(partition int, got int64, err error)
 }
 
 // New returns a store for a CLICKS stream of the given number of partitions
@@ -68,6 +74,14 @@ const rulePrefix = "rule:"
 // Apply adds judgements of partition's events to the counts and alert lists,
 // skipping any event at or before the partition's high-water mark.
 func (s *Store) Apply(ctx context.Context, partition int, js []fraud.Judgement) error {
+	if err := s.apply(ctx, partition, js); err != nil {
+		return err
+	}
+	s.replicated(ctx, partition)
+	return nil
+}
+
+func (s *Store) apply(ctx context.Context, partition int, js []fraud.Judgement) error {
 	for len(js) > 0 {
 		keys, args, err := s.build(partition, js)
 		if err != nil {

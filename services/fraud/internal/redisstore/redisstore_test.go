@@ -28,6 +28,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestUnknownLink,
 		TestAlertsAreKeptOncePerIDNewestFirstAndCapped,
 		TestAlertCapDropsTheOldest,
+		TestApplyWaitsForReplicas,
 	)
 }
 
