@@ -3,6 +3,7 @@ package redisconn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -44,4 +45,60 @@ func WriteAndWait(ctx context.Context, rdb redis.UniversalClient, key string, re
 	}
 	acked, waitErr = wait.Result()
 	return acked, waitErr, nil
+}
+
+// ErrNotReplicated means the replicas did not confirm a write in time: it
+// is on its master alone until they catch up.
+var ErrNotReplicated = errors.New("not confirmed by the replicas")
+
+// BarrierTTL is how long a barrier key lives: long enough to outlive its
+// WAIT, short enough that barrier keys never pile up.
+const BarrierTTL = time.Minute
+
+// Barrier waits until replicas replicas have every write made so far on
+// the masters that serve keys, each a barrier key named in the slot of the
+// data it stands for (the same hash tag). Per master it writes one of them
+// (value 1, BarrierTTL) and sends WAIT on that connection (WriteAndWait): a
+// replica that has the barrier has everything its master wrote before it,
+// whichever connection wrote it. A WAIT without a write of its own would
+// not do: it speaks only for its connection's writes, and for none when a
+// retried script wrote nothing. The error wraps ErrNotReplicated when a
+// master's replicas fell short or did not answer.
+func Barrier(ctx context.Context, rdb redis.UniversalClient, keys []string, replicas int, timeout time.Duration) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	barriers := keys[:1]
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		barriers = nil
+		seen := map[*redis.Client]bool{}
+		for _, k := range keys {
+			node, err := cc.MasterForKey(ctx, k)
+			if err != nil {
+				return fmt.Errorf("replica barrier: master of %s: %w: %w", k, err, ErrNotReplicated)
+			}
+			if !seen[node] {
+				seen[node] = true
+				barriers = append(barriers, k)
+			}
+		}
+	}
+	var errs []error
+	for _, k := range barriers {
+		got, werr, err := WriteAndWait(ctx, rdb, k, replicas, timeout, func(p redis.Pipeliner) {
+			p.Set(ctx, k, "1", BarrierTTL)
+		})
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("barrier %s: %w", k, err))
+		case werr != nil:
+			errs = append(errs, fmt.Errorf("wait after %s: %w", k, werr))
+		case got < int64(replicas):
+			errs = append(errs, fmt.Errorf("after %s: %d of %d replicas within %s", k, got, replicas, timeout))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("replica barrier: %w: %w", errors.Join(errs...), ErrNotReplicated)
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package redisconn_test
 
 import (
+	"errors"
 	"os"
 	"testing"
 
@@ -17,7 +18,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestWriteAndWaitOnRedisCluster(t *testing.T) {
-	servers.RunOnRedisCluster(t, TestWriteAndWait)
+	servers.RunOnRedisCluster(t, TestWriteAndWait, TestBarrier)
 }
 
 // WriteAndWait writes and then waits on the same connection to the key's
@@ -55,5 +56,43 @@ func TestWriteAndWait(t *testing.T) {
 	})
 	if err == nil {
 		t.Error("a failing command: WriteAndWait returned no error")
+	}
+}
+
+// Barrier confirms what other connections wrote on every master it is
+// asked about: on Redis Cluster the replicas hold the data of six slots
+// (spread over the three masters) when it returns; on a single Redis it
+// says the replicas fell short. Its keys expire.
+func TestBarrier(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
+	var data, barriers []string
+	for _, tag := range []string{"a", "b", "c", "d", "e", "f"} {
+		k := "barrier:{" + tag + "}:data"
+		if err := rdb.Set(ctx, k, "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		data = append(data, k)
+		barriers = append(barriers, "barrier:{"+tag+"}:replicated")
+	}
+	err := redisconn.Barrier(ctx, rdb, barriers, 1, timeout)
+	if !cluster {
+		if !errors.Is(err, redisconn.ErrNotReplicated) {
+			t.Fatalf("one Redis: Barrier = %v, want ErrNotReplicated", err)
+		}
+		if ttl := rdb.TTL(ctx, barriers[0]).Val(); ttl <= 0 || ttl > redisconn.BarrierTTL {
+			t.Errorf("barrier key TTL = %s, want at most %s", ttl, redisconn.BarrierTTL)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("cluster: Barrier = %v, want nil", err)
+	}
+	for _, k := range data {
+		if n := servers.RedisCluster.ReplicaClient(t, k).Exists(ctx, k).Val(); n != 1 {
+			t.Errorf("the replica does not have %s when Barrier returns", k)
+		}
 	}
 }

@@ -76,9 +76,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			short := prometheus.NewCounter(prometheus.CounterOpts{Name: "fraud_replica_wait_short_total",
 				Help: "Batches whose statistics and alerts the Redis replicas did not confirm within FRAUD_WAIT_REPLICAS_TIMEOUT before the ack: acked all the same, on the master alone until its replicas catch up."})
 			reg.MustRegister(short)
-			store.WaitForReplicas(cfg.WaitReplicas, cfg.WaitReplicasTimeout, func(p int, got int64, err error) {
+			store.WaitForReplicas(cfg.WaitReplicas, cfg.WaitReplicasTimeout, func(p int, err error) {
 				short.Inc()
-				log.Warn("the Redis replicas did not confirm a batch's statistics in time; they are on the master only", "partition", p, "replicas", got, "err", err)
+				log.Warn("the Redis replicas did not confirm a batch's statistics in time; they are on the master only", "partition", p, "err", err)
 			})
 		}
 		rd := fraud.NewReader(det, clicklog.New(js, partitions), pub, store, log, fraud.NewMetrics(reg))

@@ -87,7 +87,11 @@ var demoServices = []demoService{
 	}},
 	{name: "webhooks", port: 7, env: func(d *demo) []string {
 		// The demo's receiver listens on this machine over plain http.
-		return []string{"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32"}
+		env := []string{"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32"}
+		if d.redisReplicas {
+			env = append(env, "WEBHOOKS_WAIT_REPLICAS=1")
+		}
+		return env
 	}},
 }
 

@@ -74,6 +74,18 @@ type Config struct {
 	HTTPHosts []string `env:"WEBHOOKS_HTTP_HOSTS" envSeparator:","`
 	UserAgent string   `env:"WEBHOOKS_USER_AGENT" envDefault:"Snip-Webhooks/1.0 (+https://github.com/snipdev/snip)"`
 
+	// WaitReplicas, when above 0, makes the queued events of a CLICKS batch
+	// and an endpoint's configuration wait (a barrier write in each Redis
+	// slot written, then WAIT) until that many replicas have them, for at
+	// most WaitReplicasTimeout, before the batch is acked or the API
+	// answers: a Redis master that dies right after loses none of them. A
+	// wait that falls short is counted
+	// (snip_webhooks_replica_wait_short_total) and the call goes on. 0: off;
+	// 1 for Redis Cluster or a replicated Redis (never on a Redis without
+	// replicas: every write would wait the timeout).
+	WaitReplicas        int           `env:"WEBHOOKS_WAIT_REPLICAS" envDefault:"0"`
+	WaitReplicasTimeout time.Duration `env:"WEBHOOKS_WAIT_REPLICAS_TIMEOUT" envDefault:"100ms"`
+
 	// Resolver resolves endpoint hosts (tests map names to addresses).
 	Resolver netguard.Resolver `env:"-"`
 }
@@ -94,6 +106,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("WEBHOOKS_DISABLE_AFTER %s: want > 0 and < SNIP_CLICKS_MAX_AGE (%s), so missed events stay replayable", c.DisableAfter, c.ClicksMaxAge)
 	case c.MaxEndpointsPerOwner < 1:
 		return fmt.Errorf("WEBHOOKS_MAX_ENDPOINTS_PER_OWNER %d: want >= 1", c.MaxEndpointsPerOwner)
+	case c.WaitReplicas < 0:
+		return fmt.Errorf("WEBHOOKS_WAIT_REPLICAS %d: want 0 (off) or more", c.WaitReplicas)
+	case c.WaitReplicas > 0 && (c.WaitReplicasTimeout < time.Millisecond || c.WaitReplicasTimeout > 10*time.Second):
+		return fmt.Errorf("WEBHOOKS_WAIT_REPLICAS_TIMEOUT %s: want 1ms..10s", c.WaitReplicasTimeout)
 	case c.MaxBacklog < 1:
 		return fmt.Errorf("WEBHOOKS_MAX_BACKLOG %d: want >= 1", c.MaxBacklog)
 	case c.BatchMax < 1 || c.BatchMax > 1000:

@@ -62,6 +62,16 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			return err
 		}
 		store := redisstore.New(rdb, cfg.MaxBacklog)
+		if cfg.WaitReplicas > 0 {
+			short := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "replica_wait_short_total",
+				Help: "Writes (op: enqueue, put) whose Redis replicas did not confirm them within WEBHOOKS_WAIT_REPLICAS_TIMEOUT: acked or answered all the same, on the master alone until its replicas catch up."},
+				[]string{"op"})
+			reg.MustRegister(short)
+			store.WaitForReplicas(cfg.WaitReplicas, cfg.WaitReplicasTimeout, func(op string, err error) {
+				short.WithLabelValues(op).Inc()
+				log.Warn("the Redis replicas did not confirm a write in time; it is on the master only", "op", op, "err", err)
+			})
+		}
 		dialer := netguard.NewDialer(netguard.NewPolicy(cfg.AllowCIDRs), cfg.Resolver, cfg.ConnectTimeout)
 		client := delivery.NewClient(delivery.ClientConfig{
 			Timeout: cfg.Timeout, ConnectTimeout: cfg.ConnectTimeout, MaxResponseBytes: cfg.MaxResponseBytes,

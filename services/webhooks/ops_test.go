@@ -609,3 +609,21 @@ func getMetrics(t *testing.T, addr string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// The replica wait is off by default; on, its timeout is bounded.
+func TestConfigReplicaWait(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig(nil, nil)
+	if err != nil || cfg.WaitReplicas != 0 {
+		t.Fatalf("defaults: WaitReplicas %d, %v; want 0 (off)", cfg.WaitReplicas, err)
+	}
+	cfg, err = loadConfig([]string{"WEBHOOKS_WAIT_REPLICAS=1", "WEBHOOKS_WAIT_REPLICAS_TIMEOUT=250ms"}, nil)
+	if err != nil || cfg.WaitReplicas != 1 || cfg.WaitReplicasTimeout != 250*time.Millisecond {
+		t.Fatalf("on: %d, %s, %v", cfg.WaitReplicas, cfg.WaitReplicasTimeout, err)
+	}
+	for _, env := range [][]string{{"WEBHOOKS_WAIT_REPLICAS=-1"}, {"WEBHOOKS_WAIT_REPLICAS=1", "WEBHOOKS_WAIT_REPLICAS_TIMEOUT=0s"}} {
+		if _, err := loadConfig(env, nil); err == nil || !strings.Contains(err.Error(), "WEBHOOKS_WAIT_REPLICAS") {
+			t.Errorf("loadConfig(%v) = %v, want an error naming WEBHOOKS_WAIT_REPLICAS", env, err)
+		}
+	}
+}

@@ -53,7 +53,7 @@ type Store struct {
 	// The replica wait (WaitForReplicas): off when waitN is 0.
 	waitN       int
 	waitTimeout time.Duration
-	short       func(partition int, got int64, err error)
+	short       func(partition int, err error)
 }
 
 // New returns a store for a CLICKS stream of the given number of partitions

@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/snipdev/snip/pkg/redisconn"
 )
 
@@ -17,28 +15,19 @@ import (
 // replicates a master's writes in order, so a replica that has the barrier
 // has the script's writes too, and a retried batch whose script wrote
 // nothing still waits for the first attempt's). A wait that falls short
-// fails nothing; short (if not nil) is told the partition, the replicas
-// counted and the error. 0 turns it off. Call it before the store is used.
-func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(partition int, got int64, err error)) {
+// fails nothing; short (if not nil) is told the partition and why
+// (redisconn.Barrier's error). 0 turns it off. Call it before the store is used.
+func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(partition int, err error)) {
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
 }
-
-// barrierTTL is how long a partition's barrier key lives.
-const barrierTTL = time.Minute
 
 // replicated is the replica wait after Apply wrote partition p.
 func (s *Store) replicated(ctx context.Context, p int) {
 	if s.waitN <= 0 {
 		return
 	}
-	key := tag(p) + "replicated"
-	got, werr, err := redisconn.WriteAndWait(ctx, s.rdb, key, s.waitN, s.waitTimeout, func(pipe redis.Pipeliner) {
-		pipe.Set(ctx, key, "1", barrierTTL)
-	})
-	if err == nil {
-		err = werr
-	}
-	if (err != nil || got < int64(s.waitN)) && s.short != nil {
-		s.short(p, got, err)
+	err := redisconn.Barrier(ctx, s.rdb, []string{tag(p) + "replicated"}, s.waitN, s.waitTimeout)
+	if err != nil && s.short != nil {
+		s.short(p, err)
 	}
 }

@@ -42,6 +42,11 @@ type Store struct {
 	KeepDeliveries int64
 	// BodyTTL is how long a delivery's body is kept for redelivery.
 	BodyTTL time.Duration
+
+	// The replica wait (WaitForReplicas): off when waitN is 0.
+	waitN       int
+	waitTimeout time.Duration
+	short       func(op string, err error)
 }
 
 // New returns a Store on rdb.
@@ -66,22 +71,31 @@ type State struct {
 	Attempts     int       `json:"attempts"`
 }
 
-// Put creates or replaces an endpoint's configuration.
+// Put creates or replaces an endpoint's configuration. The configuration
+// and the sets that list the endpoint live in different Redis Cluster
+// slots, so they cannot share a MULTI (it was one, and failed with
+// CROSSSLOT on a cluster): they are written first, then the version that
+// tells every instance to reload, so no instance reloads before the
+// endpoint is complete. Each write is idempotent: a Put that failed half
+// way is completed by calling it again.
 func (s *Store) Put(ctx context.Context, e endpoint.Endpoint) error {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("put endpoint: %w", err)
 	}
-	_, err = s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, k(e.ID, "ep"), "cfg", b)
 		p.SAdd(ctx, ownerKey(e.Owner), e.ID)
 		p.SAdd(ctx, allKey, e.ID)
-		p.Incr(ctx, versionKey)
 		return nil
 	})
+	if err == nil {
+		err = s.rdb.Incr(ctx, versionKey).Err()
+	}
 	if err != nil {
 		return fmt.Errorf("put endpoint %s: %w", e.ID, err)
 	}
+	s.replicated(ctx, "put", []string{k(e.ID, "ep"), ownerKey(e.Owner), allKey, versionKey})
 	return nil
 }
 
@@ -249,6 +263,13 @@ func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 			return nil, nil, fmt.Errorf("enqueue: load script: %w", lerr)
 		}
 		added, dropped, err = s.enqueue(ctx, mode, partition, byEndpoint)
+	}
+	if err == nil {
+		keys := make([]string, 0, len(byEndpoint))
+		for id := range byEndpoint {
+			keys = append(keys, k(id, "q"))
+		}
+		s.replicated(ctx, "enqueue", keys)
 	}
 	return added, dropped, err
 }

@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
 	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
 )
 
@@ -24,6 +26,8 @@ func TestOnRedisCluster(t *testing.T) {
 		TestBacklogIsBoundedDroppingTheOldest,
 		TestBatchesAreCutBySizeAndInflightIsReadBack,
 		TestLeaseIsExclusiveUntilReleased,
+		TestWritesWaitForReplicas,
+		TestEndpointsArePutListedAndDeleted,
 	)
 }
 
@@ -166,5 +170,48 @@ func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
 	}
 	if ok, _ := s.Lease(ctx, "ep", "b", time.Minute); !ok {
 		t.Error("b could not take the lease a released")
+	}
+}
+
+// TestEndpointsArePutListedAndDeleted: an endpoint's configuration, its
+// owner's list and the list of all live in different slots; Put, Get, List,
+// All and Delete work across them, on Redis Cluster too (Put was one MULTI,
+// refused there with CROSSSLOT), and each changes the version.
+func TestEndpointsArePutListedAndDeleted(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	v0, err := s.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := endpoint.Endpoint{ID: "epA", Owner: "acme", URL: "https://example.com/a"}
+	b := endpoint.Endpoint{ID: "epB", Owner: "other", URL: "https://example.com/b"}
+	for _, e := range []endpoint.Endpoint{a, b} {
+		if err := s.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _, err := s.Get(ctx, "epA"); err != nil || got.URL != a.URL {
+		t.Fatalf("Get(epA) = %+v, %v", got, err)
+	}
+	if got, err := s.List(ctx, "acme"); err != nil || len(got) != 1 || got[0].ID != "epA" {
+		t.Fatalf("List(acme) = %+v, %v; want epA alone", got, err)
+	}
+	if got, err := s.All(ctx); err != nil || len(got) != 2 {
+		t.Fatalf("All = %+v, %v; want 2", got, err)
+	}
+	if err := s.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "epA"); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Fatalf("Get after Delete: %v, want ErrNotFound", err)
+	}
+	if got, err := s.All(ctx); err != nil || len(got) != 1 || got[0].ID != "epB" {
+		t.Fatalf("All after Delete = %+v, %v; want epB alone", got, err)
+	}
+	if v, _ := s.Version(ctx); v != v0+3 {
+		t.Errorf("version %d after two puts and a delete from %d, want %d", v, v0, v0+3)
 	}
 }

@@ -1,0 +1,48 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/snipdev/snip/pkg/redisconn"
+)
+
+// WaitForReplicas makes Enqueue and Put, after their writes, wait until n
+// replicas of each Redis master they wrote to have them, for at most
+// timeout (redisconn.Barrier: a short-lived key written in the slot of
+// each, then WAIT): the intake then acks a CLICKS batch only once its
+// queued events are on a replica, and an endpoint created or its secret
+// rotated is not undone by a failover. A wait that falls short fails
+// nothing; short (if not nil) is told the operation (enqueue, put) and why.
+// 0 turns it off. Call it before the store is used.
+func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op string, err error)) {
+	s.waitN, s.waitTimeout, s.short = n, timeout, short
+}
+
+// replicated is the replica wait after op wrote to the slots of keys.
+func (s *Store) replicated(ctx context.Context, op string, keys []string) {
+	if s.waitN <= 0 || len(keys) == 0 {
+		return
+	}
+	barriers := make([]string, len(keys))
+	for i, key := range keys {
+		// A tag of the key's whole name (keys here carry at most one {...}:
+		// a key with a tag keeps it) puts the barrier in the key's slot.
+		barriers[i] = barrierKey(key)
+	}
+	if err := redisconn.Barrier(ctx, s.rdb, barriers, s.waitN, s.waitTimeout); err != nil && s.short != nil {
+		s.short(op, err)
+	}
+}
+
+// barrierKey names a barrier in key's slot: key's own hash tag if it has
+// one, else the whole key as the tag.
+func barrierKey(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+1+j+1] + ":replicated"
+		}
+	}
+	return "{" + key + "}:replicated"
+}
