@@ -389,7 +389,15 @@ func TestFailingPageIsDeadLetteredAndRedrivenOnceFixed(t *testing.T) {
 	if n := w.pages.hitCount("/broken"); n != topology.PreviewMaxDeliver {
 		t.Fatalf("page hit %d times, want %d", n, topology.PreviewMaxDeliver)
 	}
-	if h := previewHash(t, w.rdb, "broken"); h["status"] != "failed" || h["reason"] != "http_5xx" || h["job_id"] != id {
+	// The worker publishes the dead letter, then records the failure on the
+	// link's preview (workqueue's park, then its dead hook): a reader can
+	// see the letter a moment before the marker.
+	var h map[string]string
+	testenv.WaitFor(t, 10*time.Second, "the failed marker on the preview", func() bool {
+		h = previewHash(t, w.rdb, "broken")
+		return h["status"] == "failed"
+	})
+	if h["reason"] != "http_5xx" || h["job_id"] != id {
 		t.Fatalf("preview hash = %v, want the failed marker", h)
 	}
 	testenv.WaitFor(t, 10*time.Second, "dead-letter metric", func() bool {
