@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -192,6 +193,33 @@ func TestSettled(t *testing.T) {
 	} {
 		if got := reader.Settled("g", 4, c.leases); got != c.want {
 			t.Errorf("%s: Settled = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// RestWatch counts how long the group has been settled on the same
+// holders: a change of holders, or a moment unsettled, starts it over.
+func TestRestWatch(t *testing.T) {
+	a := []reader.Lease{{Member: "m0", Owned: []int{0, 1}}, {Member: "m1", Owned: []int{2, 3}}}
+	b := []reader.Lease{{Member: "m0", Owned: []int{2, 3}}, {Member: "m1", Owned: []int{0, 1}}}
+	unsettled := []reader.Lease{{Member: "m0", Owned: []int{0, 1}}}
+	t0 := time.Unix(1000, 0)
+	var w reader.RestWatch
+	for i, step := range []struct {
+		leases []reader.Lease
+		at     time.Duration
+		want   time.Duration
+	}{
+		{a, 0, 0},
+		{a, time.Second, time.Second},
+		{b, 2 * time.Second, 0}, // other holders
+		{b, 3 * time.Second, time.Second},
+		{unsettled, 4 * time.Second, 0},
+		{b, 5 * time.Second, 0}, // settled again: from now
+		{b, 7 * time.Second, 2 * time.Second},
+	} {
+		if got := w.Observe("g", 4, step.leases, t0.Add(step.at)); got != step.want {
+			t.Errorf("step %d: Observe = %s, want %s", i, got, step.want)
 		}
 	}
 }

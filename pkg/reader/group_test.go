@@ -53,18 +53,13 @@ func TestGroupSixPartitionsTenMembers(t *testing.T) {
 	// seventh member handle events so). So the layout must also hold,
 	// unchanged, for three heartbeats (LeaseTTL/3 each), by which time
 	// every member has read every lease.
-	var layout string
-	var since time.Time
+	var rest reader.RestWatch
 	testenv.WaitFor(t, 30*time.Second, "the group to settle: ten members, six owners, one partition each, for three heartbeats", func() bool {
 		leases, err := reader.Members(t.Context(), js, "g")
-		if err != nil || len(leases) != 10 || !reader.Settled("g", 6, leases) || !rec.settled(6, 1) {
-			layout = ""
-			return false
+		if err != nil || len(leases) != 10 || !rec.settled(6, 1) {
+			leases = nil // not at rest: the watch starts over
 		}
-		if l := fmt.Sprint(leases); l != layout {
-			layout, since = l, time.Now()
-		}
-		return time.Since(since) >= 3*time.Second
+		return rest.Observe("g", 6, leases, time.Now()) >= 3*time.Second
 	})
 	const links, perLink = 60, 50
 	ids := publish(t, js, links, perLink, 0)

@@ -67,6 +67,35 @@ func Settled(group string, partitions int, leases []Lease) bool {
 	return slices.Equal(AssignSticky(group, partitions, members, claims), holder)
 }
 
+// RestWatch watches a group come to rest, from leases read again and
+// again: Observe says how long the group has been Settled with the same
+// holders. A member whose view of the leases is a heartbeat behind can
+// still move a partition just after the leases look settled, so a caller
+// that needs the group at rest waits for a few heartbeats of it. The zero
+// value is ready to use.
+type RestWatch struct {
+	layout string
+	since  time.Time
+}
+
+// Observe takes the leases just read, at now, and returns how long the
+// group has been settled on the same holders (0: not settled, or the
+// holders just changed).
+func (w *RestWatch) Observe(group string, partitions int, leases []Lease, now time.Time) time.Duration {
+	if !Settled(group, partitions, leases) {
+		w.layout = ""
+		return 0
+	}
+	var b strings.Builder
+	for _, l := range leases {
+		fmt.Fprintf(&b, "%s%v;", l.Member, l.Owned)
+	}
+	if l := b.String(); l != w.layout {
+		w.layout, w.since = l, now
+	}
+	return now.Sub(w.since)
+}
+
 // Members returns the leases of group's live members, by member name: who
 // is in the group and the partitions each holds. A lease that lapses while
 // they are read is left out.

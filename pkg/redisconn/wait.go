@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -55,20 +56,33 @@ var ErrNotReplicated = errors.New("not confirmed by the replicas")
 // WAIT, short enough that barrier keys never pile up.
 const BarrierTTL = time.Minute
 
+// BarrierKey names the barrier key of key: in key's slot, beside it. A key
+// with a hash tag keeps its tag ("cc:{p1}:meta" -> "cc:{p1}:replicated");
+// one without becomes the tag ("cc:link:abc" -> "{cc:link:abc}:replicated").
+// Keys with an empty tag or a '}' before any '{' are not supported.
+func BarrierKey(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[:i+j+2] + ":replicated"
+		}
+	}
+	return "{" + key + "}:replicated"
+}
+
 // Barrier waits until replicas replicas have every write made so far on
-// the masters that serve keys, each a barrier key named in the slot of the
-// data it stands for (the same hash tag). Per master it writes one of them
-// (value 1, BarrierTTL) and sends WAIT on that connection (WriteAndWait): a
-// replica that has the barrier has everything its master wrote before it,
-// whichever connection wrote it. A WAIT without a write of its own would
-// not do: it speaks only for its connection's writes, and for none when a
-// retried script wrote nothing. The error wraps ErrNotReplicated when a
-// master's replicas fell short or did not answer.
+// the masters that serve keys (the data written, whose slots the barriers
+// share). Per master it writes one barrier key (BarrierKey of one of its
+// keys, value 1, BarrierTTL) and sends WAIT on that connection
+// (WriteAndWait): a replica that has the barrier has everything its master
+// wrote before it, whichever connection wrote it. A WAIT without a write of
+// its own would not do: it speaks only for its connection's writes, and for
+// none when a retried script wrote nothing. The error wraps
+// ErrNotReplicated when a master's replicas fell short or did not answer.
 func Barrier(ctx context.Context, rdb redis.UniversalClient, keys []string, replicas int, timeout time.Duration) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	barriers := keys[:1]
+	barriers := []string{BarrierKey(keys[0])}
 	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		barriers = nil
 		seen := map[*redis.Client]bool{}
@@ -79,7 +93,7 @@ func Barrier(ctx context.Context, rdb redis.UniversalClient, keys []string, repl
 			}
 			if !seen[node] {
 				seen[node] = true
-				barriers = append(barriers, k)
+				barriers = append(barriers, BarrierKey(k))
 			}
 		}
 	}

@@ -68,21 +68,20 @@ func TestBarrier(t *testing.T) {
 	rdb := servers.RedisClient(t)
 	ctx := t.Context()
 	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
-	var data, barriers []string
+	var data []string
 	for _, tag := range []string{"a", "b", "c", "d", "e", "f"} {
 		k := "barrier:{" + tag + "}:data"
 		if err := rdb.Set(ctx, k, "v", 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		data = append(data, k)
-		barriers = append(barriers, "barrier:{"+tag+"}:replicated")
 	}
-	err := redisconn.Barrier(ctx, rdb, barriers, 1, timeout)
+	err := redisconn.Barrier(ctx, rdb, data, 1, timeout)
 	if !cluster {
 		if !errors.Is(err, redisconn.ErrNotReplicated) {
 			t.Fatalf("one Redis: Barrier = %v, want ErrNotReplicated", err)
 		}
-		if ttl := rdb.TTL(ctx, barriers[0]).Val(); ttl <= 0 || ttl > redisconn.BarrierTTL {
+		if ttl := rdb.TTL(ctx, redisconn.BarrierKey(data[0])).Val(); ttl <= 0 || ttl > redisconn.BarrierTTL {
 			t.Errorf("barrier key TTL = %s, want at most %s", ttl, redisconn.BarrierTTL)
 		}
 		return
@@ -93,6 +92,29 @@ func TestBarrier(t *testing.T) {
 	for _, k := range data {
 		if n := servers.RedisCluster.ReplicaClient(t, k).Exists(ctx, k).Val(); n != 1 {
 			t.Errorf("the replica does not have %s when Barrier returns", k)
+		}
+	}
+}
+
+// A barrier key shares its data key's slot: the key's own tag, or the whole
+// key as the tag.
+func TestBarrierKey(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]string{
+		"cc:{p1}:meta":   "cc:{p1}:replicated",
+		"fraud:{p3}:hwm": "fraud:{p3}:replicated",
+		"cc:link:abc":    "{cc:link:abc}:replicated",
+		"snip:wh:{ep}:q": "snip:wh:{ep}:replicated",
+	} {
+		if got := redisconn.BarrierKey(key); got != want {
+			t.Errorf("BarrierKey(%q) = %q, want %q", key, got, want)
+		}
+		node := redis.NewClient(&redis.Options{Addr: servers.RedisCluster.Addrs()[0]})
+		a, err1 := node.ClusterKeySlot(t.Context(), key).Result()
+		b, err2 := node.ClusterKeySlot(t.Context(), want).Result()
+		node.Close()
+		if err1 != nil || err2 != nil || a != b {
+			t.Errorf("slots of %q and %q: %d, %d (%v, %v); want one", key, want, a, b, err1, err2)
 		}
 	}
 }

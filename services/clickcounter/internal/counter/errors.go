@@ -16,7 +16,4 @@ var (
 	// ErrContention means a batch or verdict lost its compare-and-set to
 	// concurrent writers too many times in a row; it is transient.
 	ErrContention = errors.New("partition state kept changing")
-	// ErrNotReplicated means the store's replicas did not confirm a write
-	// in time: it is on the master alone until they catch up.
-	ErrNotReplicated = errors.New("not confirmed by the replicas")
 )

@@ -37,9 +37,9 @@ type Store interface {
 	// Link returns what LINKS said about a code, and whether it said anything.
 	Link(ctx context.Context, code string) (LinkInfo, bool, error)
 	// Replicated waits until the store's replicas have every write made so
-	// far to the given partitions and LINKS records of codes; an error
-	// wrapping ErrNotReplicated says they did not confirm in time. It is a
-	// no-op when the store does not wait for replicas.
+	// far to the given partitions and LINKS records of codes; an error says
+	// they did not confirm in time. It is a no-op when the store does not
+	// wait for replicas.
 	Replicated(ctx context.Context, partitions []int, codes []string) error
 	// ReadStats reads a link's counts from the read generation, in one
 	// atomic snapshot.

@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/testenv"
-	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 	"github.com/snipdev/snip/services/clickcounter/internal/redisstore"
 )
 
@@ -38,7 +38,7 @@ func TestReplicatedWaitsForTheReplicas(t *testing.T) {
 	}
 	err := s.Replicated(ctx, []int{2}, []string{"abc"})
 	if !cluster {
-		if !errors.Is(err, counter.ErrNotReplicated) {
+		if !errors.Is(err, redisconn.ErrNotReplicated) {
 			t.Fatalf("one Redis, no replica: Replicated = %v, want ErrNotReplicated", err)
 		}
 		return
@@ -87,7 +87,7 @@ func TestReplicatedSaysWhenAReplicaIsCutOff(t *testing.T) {
 	if err := rdb.HSet(ctx, key, "f", "v").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Replicated(ctx, []int{2}, nil); !errors.Is(err, counter.ErrNotReplicated) {
+	if err := s.Replicated(ctx, []int{2}, nil); !errors.Is(err, redisconn.ErrNotReplicated) {
 		t.Fatalf("replica cut off: Replicated = %v, want ErrNotReplicated", err)
 	}
 	replica.Resume()

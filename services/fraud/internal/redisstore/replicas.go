@@ -26,7 +26,7 @@ func (s *Store) replicated(ctx context.Context, p int) {
 	if s.waitN <= 0 {
 		return
 	}
-	err := redisconn.Barrier(ctx, s.rdb, []string{tag(p) + "replicated"}, s.waitN, s.waitTimeout)
+	err := redisconn.Barrier(ctx, s.rdb, []string{hwmKey(p)}, s.waitN, s.waitTimeout)
 	if err != nil && s.short != nil {
 		s.short(p, err)
 	}

@@ -48,8 +48,8 @@ type Store struct {
 // master dies before its replica has it. A wait that counts fewer replicas,
 // or fails, fails nothing: the write is on the master, as with the wait
 // off, and short (if not nil) is told the operation (create_link,
-// delete_link),
-// the replicas counted and the error. Call it before the store is used.
+// delete_link), the replicas counted and the error. Call it before the
+// store is used.
 func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op string, got int64, err error)) {
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
 }

@@ -177,17 +177,12 @@ func waitMembers(ctx context.Context, js jetstream.JetStream, group string, n in
 // can be handled partly by a member that hands its partition on a moment
 // later.
 func waitSettled(ctx context.Context, js jetstream.JetStream, group string, partitions int) error {
-	var layout string
-	var since time.Time
+	var rest reader.RestWatch
 	return waitFor(ctx, 60*time.Second, fmt.Sprintf("group %s at rest on its %d partitions", group, partitions), func() (bool, error) {
 		ms, err := reader.Members(ctx, js, group)
-		if err != nil || !reader.Settled(group, partitions, ms) {
-			layout = ""
+		if err != nil {
 			return false, err
 		}
-		if l := fmt.Sprint(ms); l != layout {
-			layout, since = l, time.Now()
-		}
-		return time.Since(since) >= time.Second, nil
+		return rest.Observe(group, partitions, ms, time.Now()) >= time.Second, nil
 	})
 }

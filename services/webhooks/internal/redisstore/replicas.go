@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/snipdev/snip/pkg/redisconn"
@@ -20,29 +19,12 @@ func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op stri
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
 }
 
-// replicated is the replica wait after op wrote to the slots of keys.
+// replicated is the replica wait after op wrote to keys.
 func (s *Store) replicated(ctx context.Context, op string, keys []string) {
 	if s.waitN <= 0 || len(keys) == 0 {
 		return
 	}
-	barriers := make([]string, len(keys))
-	for i, key := range keys {
-		// A tag of the key's whole name (keys here carry at most one {...}:
-		// a key with a tag keeps it) puts the barrier in the key's slot.
-		barriers[i] = barrierKey(key)
-	}
-	if err := redisconn.Barrier(ctx, s.rdb, barriers, s.waitN, s.waitTimeout); err != nil && s.short != nil {
+	if err := redisconn.Barrier(ctx, s.rdb, keys, s.waitN, s.waitTimeout); err != nil && s.short != nil {
 		s.short(op, err)
 	}
-}
-
-// barrierKey names a barrier in key's slot: key's own hash tag if it has
-// one, else the whole key as the tag.
-func barrierKey(key string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[:i+1+j+1] + ":replicated"
-		}
-	}
-	return "{" + key + "}:replicated"
 }
