@@ -9,13 +9,22 @@ import (
 // IDBucketWidth is the span of event-ID time that one dedup record key
 // covers. The record of a partition is split into keys by the time inside
 // the UUIDv7 event ID, so the copy of an event is always looked up in the
-// key its first copy was recorded in, and a lookup scans one small key
-// (at 100k events/s over 8 partitions, 1,250 IDs, 10 KB) instead of
-// everything recent.
-const IDBucketWidth = 100 * time.Millisecond
+// key its first copy was recorded in. The batch script reads each key its
+// batch touches whole, so a batch pays for what the partition received in
+// those keys' spans, not only for its own events: a reader that keeps up
+// reads small batches, and with 100 ms keys a viral link's partition at
+// 50,000 events/s scanned up to 5,000 fingerprints for every batch of a few
+// hundred. At 20 ms a key holds at most 1,000 there (250 at 100,000/s over
+// 8 partitions); with the script's scan turned round (it indexes the batch
+// and runs through the key) Redis's CPU per click on that partition fell
+// from 4.7-5.2 to about 2 µs (BenchmarkApplyLive, decision 0173). A key
+// costs about 150 bytes of Redis memory of its own: at most
+// window/IDBucketWidth keys per partition and generation, 30,000 (4.5 MB)
+// for the default 10-minute window, whatever the rate.
+const IDBucketWidth = 20 * time.Millisecond
 
 // FingerprintLen is the size of an event's dedup fingerprint: the last 8
-// bytes of its UUIDv7, 62 of them random. Two different events in one 100 ms
+// bytes of its UUIDv7, 62 of them random. Two different events in one 20 ms
 // bucket share a fingerprint with probability about n/2^62 (n = events in
 // the bucket): at 100k events/s, once in millions of years.
 const FingerprintLen = 8

@@ -130,8 +130,8 @@ func TestParseIDReadsTheUUIDv7(t *testing.T) {
 	if !m.Time.Equal(want) || m.Time.Before(before) {
 		t.Fatalf("ParseID(%s).Time = %s, want %s", id, m.Time, want)
 	}
-	if m.Bucket != want.UnixMilli()/100 {
-		t.Fatalf("bucket = %d, want %d", m.Bucket, want.UnixMilli()/100)
+	if m.Bucket != want.UnixMilli()/20 {
+		t.Fatalf("bucket = %d, want %d", m.Bucket, want.UnixMilli()/20)
 	}
 	for _, bad := range []string{"", "x", "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2", "0190a1b2xc3d4-7e5f-8a6b-7c8d9e0f1a2b", "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2g"} {
 		if _, err := counter.ParseID(bad); err == nil {

@@ -44,12 +44,15 @@ local dups, labs, appends = {}, {}, {}
 for _ = 1, nid do
   local key, start, blob = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), ARGV[i+2]
   i = i + 3
+  -- The key holds every fingerprint counted in its span of ID time, the
+  -- batch a few of them: index the batch's and run through the key once.
   local data = redis.call('GET', key)
   if data then
-    local seen = {}
-    for o = 1, #data - 7, 8 do seen[string.sub(data, o, o + 7)] = true end
-    for j = 0, #blob / 8 - 1 do
-      if seen[string.sub(blob, j*8 + 1, j*8 + 8)] then dups[#dups + 1] = start + j end
+    local mine, sub = {}, string.sub
+    for j = 0, #blob / 8 - 1 do mine[sub(blob, j*8 + 1, j*8 + 8)] = start + j end
+    for o = 1, #data - 7, 8 do
+      local j = mine[sub(data, o, o + 7)]
+      if j then dups[#dups + 1] = j end
     end
   end
   appends[#appends + 1] = key

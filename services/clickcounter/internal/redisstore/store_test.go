@@ -81,6 +81,64 @@ func benchApply(b *testing.B, hot bool) {
 	}
 }
 
+// BenchmarkApplyLive measures counting as a reader that keeps up does it:
+// small batches of a partition receiving a steady rate, so the events' ID
+// times advance with the rate rather than with the benchmark's own speed
+// (BenchmarkApply's batches are as fast as Redis takes them). The
+// recent-ID record's bucket a batch appends to then holds what the
+// partition received in that bucket's span of ID time, which the batch's
+// duplicate check reads: one partition of a viral link at 50,000 events/s
+// (half of 100,000/s) read 250 at a time, and a spread partition at 12,500/s
+// (100,000/s over 8) read 100 at a time.
+func BenchmarkApplyLive(b *testing.B) {
+	for _, c := range []struct {
+		mix          string
+		rate, events int
+	}{{"hot", 50_000, 250}, {"spread", 12_500, 100}} {
+		b.Run(fmt.Sprintf("%s/%d-per-s/batch-%d", c.mix, c.rate, c.events), func(b *testing.B) {
+			benchApplyLive(b, c.mix == "hot", c.rate, c.events)
+		})
+	}
+}
+
+func benchApplyLive(b *testing.B, hot bool, rate, batch int) {
+	rdb := servers.RedisClient(b)
+	s := redisstore.New(rdb)
+	mix := benchmix.New()
+	if hot {
+		mix = benchmix.NewHot()
+	}
+	start := time.Now().UTC()
+	var wm uint64
+	b.ReportAllocs()
+	cpu0 := redisCPU(b)
+	for b.Loop() {
+		w := &counter.Write{Partition: 0, Expect: counter.State{Read: 1, Write: 1, WM: wm}, Delta: counter.NewDelta(), DedupTTL: time.Minute}
+		for i := range batch {
+			at := start.Add(time.Duration(wm+uint64(i)) * time.Second / time.Duration(rate))
+			c := mix.Click("acme", at)
+			c.ID = idAt(c.ID, at)
+			w.Delta.Add(&c, counter.LabelOf(c.Bot), 1)
+			m, _ := counter.ParseID(c.ID)
+			w.Marks = append(w.Marks, counter.Mark{ID: c.ID, IDMark: m})
+			w.Counted++
+		}
+		w.LastSeq, w.LastStored = wm+uint64(batch), start
+		res, err := s.Apply(b.Context(), w)
+		if err != nil || res.Status != counter.Applied {
+			b.Fatalf("apply: %+v, %v", res, err)
+		}
+		wm += uint64(batch)
+	}
+	b.ReportMetric(float64((redisCPU(b)-cpu0).Microseconds())/float64(b.N*batch), "redis_cpu_us/click")
+}
+
+// idAt returns the UUIDv7 id with its millisecond timestamp set to t.
+func idAt(id string, t time.Time) string {
+	ts := fmt.Sprintf("%012x", t.UnixMilli())
+	return ts[:8] + "-" + ts[8:] + id[13:]
+}
+
 // redisCPU reads the package redis-server's user+system CPU time from
 // /proc/<pid>/stat (fields 14 and 15, in ticks of 1/100 s).
 func redisCPU(b *testing.B) time.Duration {
