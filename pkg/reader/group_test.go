@@ -240,6 +240,80 @@ func TestTransientErrorsRetryTheBatch(t *testing.T) {
 	}
 }
 
+// A handler that kept part of a batch's work answers ErrPartial and is
+// called again with the same batch at once: no backoff (forty retries with
+// the runtime's backoff, capped at 10 s, would take minutes), no failure
+// counted; the batch is acked when the handler finally answers nil.
+func TestPartialWorkIsCalledAgainAtOnce(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ids := publish(t, js, 1, 10, 0)
+	const slices = 40
+	var mu sync.Mutex
+	var calls []string // the first event ID and length of each call's batch
+	done := make(chan struct{})
+	h := func(_ context.Context, _ int, batch []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, fmt.Sprintf("%s/%d", batch[0].Click.ID, len(batch)))
+		if len(calls) <= slices {
+			return fmt.Errorf("slice %d of the work: %w", len(calls), reader.ErrPartial)
+		}
+		if len(calls) == slices+1 {
+			close(done)
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 10, Linger: time.Second, Metrics: reg}, h)
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("%d handler calls in 20 s, want %d", len(calls), slices+1)
+	}
+	mu.Lock()
+	for i, c := range calls {
+		if c != ids[0]+"/10" {
+			t.Errorf("call %d had batch %s, want the same batch of 10 from %s", i, c, ids[0])
+		}
+	}
+	mu.Unlock()
+	if v := gathered(t, reg, "snip_reader_handler_partial_total"); v != slices {
+		t.Errorf("handler_partial_total = %v, want %d", v, slices)
+	}
+	if v := gathered(t, reg, "snip_reader_handler_errors_total"); v != 0 {
+		t.Errorf("handler_errors_total = %v, want 0", v)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the batch acked", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", 0))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == 10
+	})
+}
+
+// gathered sums every series of a counter in reg (0 if it has none).
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
 // A new group can start at a time: the events before it are not handed out.
 func TestStartAtTimeAndNew(t *testing.T) {
 	t.Parallel()
