@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -483,4 +484,48 @@ func TestASlowBatchIsKeptInProgressNotRedelivered(t *testing.T) {
 			t.Errorf("link event %d handled %d times, want once (held batches: %d)", seq, n, holders)
 		}
 	}
+}
+
+// BenchmarkStored measures reading back a long stretch of one partition, as
+// the counter does when Redis lost its counts: 500 events a call, as the
+// counter asks, until the stretch is read. CLICKCOUNTER_BENCH_EVENTS sets
+// the stretch (default 20,000).
+func BenchmarkStored(b *testing.B) {
+	js := setup(b)
+	n := 20_000
+	if v, err := strconv.Atoi(os.Getenv("CLICKCOUNTER_BENCH_EVENTS")); err == nil && v > 0 {
+		n = v
+	}
+	code := "s0"
+	p := events.Partition(code, 4)
+	body := []byte(`{"n":1}`)
+	for range n {
+		if _, err := js.PublishAsync(events.ClickSubject("acme", code), body); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("publish acks did not arrive")
+	}
+	clicks := jsfeed.Clicks{JS: js}
+	for b.Loop() {
+		read := 0
+		for from := uint64(1); ; {
+			got, err := clicks.Stored(b.Context(), p, from, uint64(n)+1, 500)
+			if err != nil {
+				b.Fatal(err)
+			}
+			read += len(got)
+			if len(got) < 500 {
+				break
+			}
+			from = got[len(got)-1].Seq + 1
+		}
+		if read != n {
+			b.Fatalf("read %d events back, want %d", read, n)
+		}
+	}
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
 }
