@@ -108,7 +108,7 @@ func TestHotLinkIsOneIncrementPerBatch(t *testing.T) {
 	}
 	ld := d.Links[counter.LinkRef{Owner: "acme", Code: code}]
 	combo := counter.Combo{Country: "DE", Referrer: "news.example.org"}
-	if len(d.Links) != 1 || len(ld.Combos) != 1 || ld.Combos[combo] == nil || ld.Combos[combo].Human != 500 || len(ld.Days) != 1 {
+	if len(d.Links) != 1 || len(ld.Combos) != 1 || ld.Combos[combo].Human != 500 || len(ld.Days) != 1 {
 		t.Fatalf("delta of one hot link = %d links, %+v; want one link, one combo of 500, one day", len(d.Links), ld)
 	}
 }

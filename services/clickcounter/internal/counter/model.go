@@ -147,7 +147,7 @@ type Delta struct {
 
 // LinkDelta is what a batch adds to one link.
 type LinkDelta struct {
-	Combos map[Combo]*Pair
+	Combos map[Combo]Pair
 	Days   map[Day]*DayDelta
 }
 
@@ -174,7 +174,7 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 	ref := LinkRef{Owner: c.Owner, Code: c.Code}
 	ld := d.Links[ref]
 	if ld == nil {
-		ld = &LinkDelta{Combos: map[Combo]*Pair{}, Days: map[Day]*DayDelta{}}
+		ld = &LinkDelta{Combos: map[Combo]Pair{}, Days: map[Day]*DayDelta{}}
 		d.Links[ref] = ld
 	}
 	host, ok := d.hosts[c.Referrer]
@@ -189,11 +189,8 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 	}
 	combo := Combo{Country: CountryOf(c.Country), Referrer: host}
 	p := ld.Combos[combo]
-	if p == nil {
-		p = &Pair{}
-		ld.Combos[combo] = p
-	}
 	p.Add(l, n)
+	ld.Combos[combo] = p
 	t := c.Time.UTC()
 	day := DayOf(t)
 	dd := ld.Days[day]

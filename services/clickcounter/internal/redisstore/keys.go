@@ -25,19 +25,32 @@ func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 // linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's
 // all-time counts by label, country and referrer (at most MaxCombosPerLink
 // fields, plus one "(other)" referrer per label and country).
-func linkKey(p int, g int64, r counter.LinkRef) string {
-	return genPrefix(p, g) + "l:" + r.Owner + ":" + r.Code
-}
+func linkKey(p int, g int64, r counter.LinkRef) string { return genKeys(genPrefix(p, g)).link(r) }
 
 // dayKey: hash {hHH, bHH}, a link's hours on one day (the day's total is
 // their sum).
 func dayKey(p int, g int64, r counter.LinkRef, d counter.Day) string {
-	return genPrefix(p, g) + "d:" + r.Owner + ":" + r.Code + ":" + d.Key()
+	return genKeys(genPrefix(p, g)).day(r, d.Key())
 }
 
 // uvKey: HyperLogLog of the day's visitors.
 func uvKey(p int, g int64, r counter.LinkRef, d counter.Day) string {
-	return genPrefix(p, g) + "u:" + r.Owner + ":" + r.Code + ":" + d.Key()
+	return genKeys(genPrefix(p, g)).uv(r, d.Key())
+}
+
+// genKeys is one generation's key prefix (genPrefix), for building many of
+// its keys with one allocation each: a batch names hundreds.
+type genKeys string
+
+func (k genKeys) link(r counter.LinkRef) string { return string(k) + "l:" + r.Owner + ":" + r.Code }
+
+// day and uv take the day as Day.Key formats it.
+func (k genKeys) day(r counter.LinkRef, day string) string {
+	return string(k) + "d:" + r.Owner + ":" + r.Code + ":" + day
+}
+
+func (k genKeys) uv(r counter.LinkRef, day string) string {
+	return string(k) + "u:" + r.Owner + ":" + r.Code + ":" + day
 }
 
 // idKey: string of 8-byte fingerprints, the recent-ID record of one

@@ -13,7 +13,8 @@ import "github.com/redis/go-redis/v9"
 //
 // KEYS[1] meta, KEYS[2] the write generation's pos, KEYS[3..] the rest.
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
-// number of ID groups, number of label groups, referrer cap; then the ID
+// number of ID groups, number of label groups, referrer cap, the referrer
+// a link's fields beyond the cap go to ("(other)"); then the ID
 // groups (key, first position, fingerprints), the label groups (key, first
 // position, count, the click IDs packed in one value of 36 bytes each, and
 // the assumed labels in one value of a byte each, '-' for none: a label
@@ -21,7 +22,8 @@ import "github.com/redis/go-redis/v9"
 // string per click), then the ops:
 //
 //	h key field n          HINCRBY
-//	r key field other n    HINCRBY; a new field that overfills the hash goes to other
+//	r key field n          HINCRBY; a new field that overfills the hash goes to
+//	                       its label and country's "(other)" referrer field
 //	                       (one call when the field exists, the common case)
 //	p key count v...       PFADD
 //	x key unix             EXPIREAT, if an op above created a field or changed
@@ -38,8 +40,8 @@ local wm = tonumber(redis.call('HGET', pos, 'seq') or '0')
 if write ~= tonumber(ARGV[1]) or wm ~= tonumber(ARGV[2]) then
   return {'conflict'}
 end
-local nid, nlab, cap = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local i = 10
+local nid, nlab, cap, other = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
+local i = 11
 local dups, labs, appends = {}, {}, {}
 for _ = 1, nid do
   local key, start, blob = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), ARGV[i+2]
@@ -98,12 +100,13 @@ while i <= n do
     if redis.call('HINCRBY', KEYS[k], ARGV[i+2], d) == tonumber(d) then fresh[k] = true end
     i = i + 4
   elseif op == 'r' then
-    local key, f, n = KEYS[tonumber(ARGV[i+1])], ARGV[i+2], ARGV[i+4]
+    local key, f, n = KEYS[tonumber(ARGV[i+1])], ARGV[i+2], ARGV[i+3]
     if redis.call('HINCRBY', key, f, n) == tonumber(n) and redis.call('HLEN', key) > cap then
+      -- f is "<label>|<country>|<referrer>": keep "<label>|<country>|"
       redis.call('HDEL', key, f)
-      redis.call('HINCRBY', key, ARGV[i+3], n)
+      redis.call('HINCRBY', key, string.sub(f, 1, string.find(f, '|', 3, true)) .. other, n)
     end
-    i = i + 5
+    i = i + 4
   elseif op == 'p' then
     local k, c = tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
     if redis.call('PFADD', KEYS[k], unpack(ARGV, i+3, i+2+c)) == 1 then fresh[k] = true end

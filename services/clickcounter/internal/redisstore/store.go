@@ -220,7 +220,7 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 	}
 
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
-		nID, nLabel, counter.MaxCombosPerLink)
+		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries := s.addOps(a, p, g, w.Delta, time.Now().Unix())
@@ -261,39 +261,47 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 // given an "x" op, with their expiry. A key an applied batch has already
 // given that expiry gets no "x" op (see Store.expiring).
 func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map[string]int64 {
+	// A batch names hundreds of keys and fields: the arguments are built
+	// with as few allocations as they take (boxed once where they repeat).
 	expiries := map[string]int64{}
-	expire := func(k int, key string, at int64) {
+	expire := func(k any, key string, at int64) {
 		if !s.hasExpiry(p, key, at, now) {
 			a.add("x", k, at)
 			expiries[key] = at
 		}
 	}
-	incr := func(k int, field string, n int64) {
-		if n != 0 {
-			a.add("h", k, field, n)
-		}
-	}
+	gk := genKeys(genPrefix(p, g))
+	var lastDay counter.Day
+	var lastDayKey string
 	for ref, ld := range d.Links {
-		lk := a.key(linkKey(p, g, ref))
+		lk := boxInt(a.key(gk.link(ref)))
 		for c, n := range ld.Combos {
-			for _, l := range []counter.Label{counter.Human, counter.Bot} {
-				if v := n.Get(l); v != 0 {
-					a.add("r", lk, comboField(l, c.Country, c.Referrer), comboField(l, c.Country, counter.OtherReferrer), v)
-				}
+			if n.Human != 0 {
+				a.add("r", lk, comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
+			}
+			if n.Bot != 0 {
+				a.add("r", lk, comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
 			}
 		}
 		for day, dd := range ld.Days {
 			at := day.End().Add(counter.DayKeep).Unix()
-			dkey := dayKey(p, g, ref, day)
-			dk := a.key(dkey)
+			if lastDayKey == "" || day != lastDay {
+				lastDay, lastDayKey = day, day.Key()
+			}
+			dkey := gk.day(ref, lastDayKey)
+			dk := boxInt(a.key(dkey))
 			for h, n := range dd.Hours { // the day's total is the sum of its hours
-				incr(dk, hourFields[counter.Human][h], n.Human)
-				incr(dk, hourFields[counter.Bot][h], n.Bot)
+				if n.Human != 0 {
+					a.add("h", dk, hourFieldArgs[0][h], boxInt64(n.Human))
+				}
+				if n.Bot != 0 {
+					a.add("h", dk, hourFieldArgs[1][h], boxInt64(n.Bot))
+				}
 			}
 			expire(dk, dkey, at)
 			if len(dd.Visitors) > 0 {
-				ukey := uvKey(p, g, ref, day)
-				uk := a.key(ukey)
+				ukey := gk.uv(ref, lastDayKey)
+				uk := boxInt(a.key(ukey))
 				vs := make([]any, 0, len(dd.Visitors))
 				for v := range dd.Visitors {
 					vs = append(vs, v)
@@ -307,6 +315,35 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 		}
 	}
 	return expiries
+}
+
+// hourFieldArgs are hourFields boxed once as script arguments, [0] for
+// Human and [1] for Bot.
+var hourFieldArgs = func() (out [2][24]any) {
+	for h := range 24 {
+		out[0][h] = hourFields[counter.Human][h]
+		out[1][h] = hourFields[counter.Bot][h]
+	}
+	return out
+}()
+
+// boxedInts are the small integers a batch's arguments repeat (key indexes,
+// counts), boxed once: converting an int above 255 to any allocates.
+var boxedInts = func() []any {
+	out := make([]any, 4096)
+	for i := range out {
+		out[i] = int64(i)
+	}
+	return out
+}()
+
+func boxInt(i int) any { return boxInt64(int64(i)) }
+
+func boxInt64(i int64) any {
+	if i >= 0 && i < int64(len(boxedInts)) {
+		return boxedInts[i]
+	}
+	return i
 }
 
 // hourFields are the day hash's field names: hourFields[label][hour] = "h07".
