@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/benchmix"
@@ -45,36 +47,10 @@ func BenchmarkApply(b *testing.B) {
 }
 
 func benchApply(b *testing.B, hot bool) {
-	const batch = 2000
 	rdb := servers.RedisClient(b)
-	s := redisstore.New(rdb)
-	mix := benchmix.New()
-	if hot {
-		mix = benchmix.NewHot()
-	}
-	now := time.Now().UTC()
-	var wm uint64
 	_ = rdb.ConfigResetStat(b.Context()).Err()
-	b.ReportAllocs()
-	cpu0 := redisCPU(b)
-	for b.Loop() {
-		w := &counter.Write{Partition: 0, Expect: counter.State{Read: 1, Write: 1, WM: wm}, Delta: counter.NewDelta(), DedupTTL: time.Minute}
-		for range batch {
-			c := mix.Click("acme", now)
-			w.Delta.Add(&c, counter.LabelOf(c.Bot), 1)
-			m, _ := counter.ParseID(c.ID)
-			w.Marks = append(w.Marks, counter.Mark{ID: c.ID, IDMark: m})
-			w.Counted++
-		}
-		w.LastSeq, w.LastStored = wm+batch, now
-		res, err := s.Apply(b.Context(), w)
-		if err != nil || res.Status != counter.Applied {
-			b.Fatalf("apply: %+v, %v", res, err)
-		}
-		wm += batch
-	}
-	b.ReportMetric(float64((redisCPU(b)-cpu0).Microseconds())/float64(b.N*batch), "redis_cpu_us/click")
-	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "events/s")
+	n := applyBatches(b, rdb, hot, 2000, 0)
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "events/s")
 	if os.Getenv("CLICKCOUNTER_BENCH_STATS") != "" {
 		info, _ := rdb.Info(b.Context(), "commandstats").Result()
 		b.Log(info)
@@ -102,7 +78,14 @@ func BenchmarkApplyLive(b *testing.B) {
 }
 
 func benchApplyLive(b *testing.B, hot bool, rate, batch int) {
-	rdb := servers.RedisClient(b)
+	applyBatches(b, servers.RedisClient(b), hot, batch, rate)
+}
+
+// applyBatches applies b.N batches of the benchmix mix (hot: one link) and
+// reports Redis's CPU per click; it returns the clicks applied. With rate
+// 0 the events' IDs carry the time they are made at; with a rate, ID times
+// advance at that many events a second from the start.
+func applyBatches(b *testing.B, rdb redis.UniversalClient, hot bool, batch, rate int) int {
 	s := redisstore.New(rdb)
 	mix := benchmix.New()
 	if hot {
@@ -115,9 +98,14 @@ func benchApplyLive(b *testing.B, hot bool, rate, batch int) {
 	for b.Loop() {
 		w := &counter.Write{Partition: 0, Expect: counter.State{Read: 1, Write: 1, WM: wm}, Delta: counter.NewDelta(), DedupTTL: time.Minute}
 		for i := range batch {
-			at := start.Add(time.Duration(wm+uint64(i)) * time.Second / time.Duration(rate))
+			at := start
+			if rate > 0 {
+				at = start.Add(time.Duration(wm+uint64(i)) * time.Second / time.Duration(rate))
+			}
 			c := mix.Click("acme", at)
-			c.ID = idAt(c.ID, at)
+			if rate > 0 {
+				c.ID = idAt(c.ID, at)
+			}
 			w.Delta.Add(&c, counter.LabelOf(c.Bot), 1)
 			m, _ := counter.ParseID(c.ID)
 			w.Marks = append(w.Marks, counter.Mark{ID: c.ID, IDMark: m})
@@ -131,6 +119,7 @@ func benchApplyLive(b *testing.B, hot bool, rate, batch int) {
 		wm += uint64(batch)
 	}
 	b.ReportMetric(float64((redisCPU(b)-cpu0).Microseconds())/float64(b.N*batch), "redis_cpu_us/click")
+	return b.N * batch
 }
 
 // idAt returns the UUIDv7 id with its millisecond timestamp set to t.
