@@ -44,12 +44,6 @@ type Event struct {
 //     without an index (failure.Permanent) parks the event of a one-event
 //     batch; in a longer batch the runtime cannot tell which event it is
 //     about, so it logs that and retries the batch.
-//   - ErrPartial (wrapped or not): not a failure. The handler did and kept
-//     part of the work the batch needs and asks to be called again with the
-//     same batch at once: the runtime refreshes the batch's ack timers and,
-//     if the partition is still this member's, calls again without backing
-//     off. For work that outgrows one call's ack wait, which a handler cuts
-//     into slices so that the runtime checks ownership between them.
 //   - any other error is retryable: the partition waits (exponential backoff
 //     with jitter, capped at Config.MaxRetryDelay, never shorter than the
 //     error's failure.RetryableAfter) and the same batch is handed again.
@@ -293,8 +287,4 @@ var (
 	ErrNoGroup = errors.New("consumer group not found")
 	// ErrBadConfig means a Config field is out of range.
 	ErrBadConfig = errors.New("invalid reader config")
-	// ErrPartial, returned by a handler, means it kept part of the batch's
-	// work and must be called again with the same batch at once (see
-	// Handler).
-	ErrPartial = errors.New("batch partly handled; call again")
 )

@@ -139,19 +139,6 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			batch = batch[pe.Index+1:]
 			continue
 		}
-		if errors.Is(err, ErrPartial) {
-			// Progress, not a failure: no backoff, and the next failure
-			// starts its backoff afresh.
-			bo.Reset()
-			m.met.partial.WithLabelValues(m.cfg.Group).Inc()
-			if !w.stillOurs() {
-				return errReleased
-			}
-			for _, msg := range msgs {
-				_ = msg.InProgress()
-			}
-			continue
-		}
 		verdict := failure.Classify(err)
 		if verdict.Kind == failure.Park && len(batch) == 1 {
 			m.met.errors.WithLabelValues(m.cfg.Group, "poison").Inc()

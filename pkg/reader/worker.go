@@ -91,19 +91,6 @@ func (w *worker) sleep(d time.Duration) bool {
 	}
 }
 
-// stillOurs reports, without waiting, whether the worker may go on: the
-// partition is not being taken away and the member is not stopping.
-func (w *worker) stillOurs() bool {
-	select {
-	case <-w.stop:
-		return false
-	case <-w.ctx.Done():
-		return false
-	default:
-		return true
-	}
-}
-
 func (w *worker) run() {
 	defer w.cancel()
 	m := w.m

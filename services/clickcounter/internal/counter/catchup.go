@@ -2,6 +2,7 @@ package counter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -26,18 +27,15 @@ const (
 	// gapChunk is how many missed events are read and written at a time.
 	gapChunk = 500
 	// maxGapPerCall bounds the missed events one handler call reads, so
-	// the call ends well within the ack wait of the batch it holds and the
-	// runtime checks between calls that the partition is still this
-	// member's; it calls again at once (reader.ErrPartial) and the catch-up
-	// goes on from the watermark it reached.
+	// the call ends well within the ack wait of the batch it holds; the
+	// runtime calls again (with backoff) and the catch-up goes on from the
+	// watermark it reached.
 	maxGapPerCall = 20 * gapChunk
 )
 
 // ErrCatchingUp means the handler stopped part-way through counting events
-// the store had lost, kept what it counted, and must be handed the batch
-// again: reader.ErrPartial, progress rather than a failure, so the runtime
-// does not back off between slices.
-var ErrCatchingUp = fmt.Errorf("counting events the store lost: %w", reader.ErrPartial)
+// the store had lost and the batch must be handed again; it is transient.
+var ErrCatchingUp = errors.New("counting events the store lost")
 
 // catchUp counts the partition's events stored before seq before that the
 // store has not counted, if its state came from the store since the last
