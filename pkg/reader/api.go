@@ -44,6 +44,14 @@ type Event struct {
 //     without an index (failure.Permanent) parks the event of a one-event
 //     batch; in a longer batch the runtime cannot tell which event it is
 //     about, so it logs that and retries the batch.
+//   - Replay(from, err): nothing of the batch is done, and the handler needs
+//     the partition's events again from stream sequence from (at or before
+//     the batch's first event), acked or not. The runtime drops the batch
+//     unacked, moves the partition's consumer back to from and hands
+//     everything from there again, in order, in new batches. For a handler
+//     whose store lost events it had acknowledged (the click counter after
+//     a Redis failover). Events parked before are parked again (their dead
+//     letters carry the same Nats-Msg-Id).
 //   - any other error is retryable: the partition waits (exponential backoff
 //     with jitter, capped at Config.MaxRetryDelay, never shorter than the
 //     error's failure.RetryableAfter) and the same batch is handed again.
@@ -52,6 +60,28 @@ type Event struct {
 // The context is cancelled only when the member must stop at once (the drain
 // timeout passed); a graceful stop lets the batch in hand finish.
 type Handler func(ctx context.Context, partition int, batch []Event) error
+
+// ReplayError is a handler's request to be handed its partition's events
+// again from a stream sequence (see Replay).
+type ReplayError struct {
+	// From is the stream sequence the events are handed again from.
+	From uint64
+	// Err says why.
+	Err error
+}
+
+func (e *ReplayError) Error() string {
+	return fmt.Sprintf("replay the partition from sequence %d: %v", e.From, e.Err)
+}
+
+func (e *ReplayError) Unwrap() error { return e.Err }
+
+// Replay is a handler's answer when it needs the partition's events again
+// from stream sequence from, which is at or before the batch's first event
+// (see Handler). A from of 0, or past the batch's first event, is a
+// mistake: the runtime logs it and retries the batch as after a transient
+// error.
+func Replay(from uint64, err error) error { return &ReplayError{From: from, Err: err} }
 
 // PoisonError marks one event of a batch as one that can never be
 // processed: failure.Permanent with the event's index in the batch.

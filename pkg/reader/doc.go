@@ -32,7 +32,8 @@
 // The runtime hands the Handler a batch of one partition's events in stream
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
 // batch when the handler returns nil. A retryable error makes the partition
-// wait and retry the same batch with backoff; a permanent one naming its
+// wait and retry the same batch with backoff; Replay(from) has the
+// consumer moved back and the events handed again from there; a permanent one naming its
 // event (Poison) parks that event on DEAD_LETTER and moves on. That is the
 // failure contract every Snip consumer shares (package failure); the work
 // queue beside this log runtime (package workqueue) reads its handlers'

@@ -240,6 +240,87 @@ func TestTransientErrorsRetryTheBatch(t *testing.T) {
 	}
 }
 
+// A handler that needs its partition's events again from an earlier
+// sequence answers Replay: the batch is not acked, the consumer moves back
+// and everything from there is handed again, in order, acked events
+// included. A Replay that would move forward is a mistake, retried as a
+// transient failure.
+func TestReplayHandsTheEventsAgainFromASequence(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ids := publish(t, js, 1, 30, 0) // sequences 1..30, in one partition
+	var mu sync.Mutex
+	var handled []uint64 // stream sequences of the events handled, in order
+	refused, forward := uint64(0), false
+	h := func(_ context.Context, _ int, batch []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !forward {
+			forward = true
+			return reader.Replay(batch[0].Seq+1, errors.New("a mistaken replay: forward"))
+		}
+		if refused == 0 && batch[len(batch)-1].Seq >= 21 {
+			refused = batch[0].Seq
+			return reader.Replay(5, errors.New("the store lost what it had acked"))
+		}
+		for _, e := range batch {
+			handled = append(handled, e.Seq)
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 10, MaxRetryDelay: 50 * time.Millisecond, Metrics: reg}, h)
+	testenv.WaitFor(t, 30*time.Second, "the last event handled after the replay", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused != 0 && len(handled) > 0 && handled[len(handled)-1] == uint64(len(ids))
+	})
+	mu.Lock()
+	var want []uint64
+	for s := uint64(1); s < refused; s++ {
+		want = append(want, s)
+	}
+	for s := uint64(5); s <= uint64(len(ids)); s++ {
+		want = append(want, s)
+	}
+	if fmt.Sprint(handled) != fmt.Sprint(want) {
+		t.Errorf("handled %v\nwant %v (up to the refused batch at %d, then again from 5)", handled, want, refused)
+	}
+	mu.Unlock()
+	if v := gathered(t, reg, "snip_reader_handler_replays_total"); v != 1 {
+		t.Errorf("handler_replays_total = %v, want 1", v)
+	}
+	if v := gathered(t, reg, "snip_reader_handler_errors_total"); v != 1 {
+		t.Errorf("handler_errors_total = %v, want 1 (the forward replay, retried)", v)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the partition acked to its last event", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", 0))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == uint64(len(ids)) && info.NumAckPending == 0
+	})
+}
+
+// gathered sums every series of a counter in reg (0 if it has none).
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
 // A new group can start at a time: the events before it are not handed out.
 func TestStartAtTimeAndNew(t *testing.T) {
 	t.Parallel()

@@ -16,6 +16,7 @@ type metrics struct {
 	parked      *prometheus.CounterVec
 	redelivered *prometheus.CounterVec
 	errors      *prometheus.CounterVec
+	replays     *prometheus.CounterVec
 	batchSecs   *prometheus.HistogramVec
 	batchSize   *prometheus.HistogramVec
 	lag         *prometheus.GaugeVec
@@ -45,6 +46,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "snip", Subsystem: "reader", Name: "handler_errors_total",
 			Help: "Handler failures: transient (batch retried), poison (one event parked), panic.",
 		}, []string{"group", "kind"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "handler_replays_total",
+			Help: "Times a handler asked for its partition's events again from an earlier sequence (reader.Replay) and the consumer was moved back.",
+		}, []string{"group"}),
 		batchSecs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "batch_seconds",
 			Help:    "Time the handler took per batch, retries included.",
@@ -85,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition reset to its ack floor.",
 	}, []string{"group"})
 	if reg != nil {
-		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.batchSecs, m.batchSize,
+		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.replays, m.batchSecs, m.batchSize,
 			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps)
 	}
 	return m

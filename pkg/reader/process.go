@@ -104,6 +104,21 @@ func (w *worker) resetToAckFloor() error {
 	return nil
 }
 
+// replayFrom makes the server deliver again everything from stream sequence
+// seq, in order, forgetting what it had delivered and acked after it.
+func (w *worker) replayFrom(seq uint64) error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, seq)
+	if err != nil {
+		return fmt.Errorf("reset %s to %d: %w", w.name, seq, err)
+	}
+	w.baselineAfterReset(resp)
+	w.idle = true
+	w.m.met.replays.WithLabelValues(w.m.cfg.Group).Inc()
+	return nil
+}
+
 // baselineAfterReset takes the consumer sequence a reset left (the server
 // counts deliveries again from there).
 func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
@@ -138,6 +153,13 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			}
 			batch = batch[pe.Index+1:]
 			continue
+		}
+		var re *ReplayError
+		if errors.As(err, &re) {
+			if re.From >= 1 && re.From <= batch[0].Seq {
+				return err // process leaves the batch unacked; run moves the consumer back
+			}
+			w.log.Error("handler asked for a replay from a sequence not at or before its batch; retrying the batch", "err", err, "from", re.From, "first_seq", batch[0].Seq)
 		}
 		verdict := failure.Classify(err)
 		if verdict.Kind == failure.Park && len(batch) == 1 {

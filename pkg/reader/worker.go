@@ -153,14 +153,23 @@ func (w *worker) run() {
 			}
 			continue
 		}
-		if err := w.process(b.msgs); errors.Is(err, errGap) {
-			f.stop() // what it holds is past the gap too: drop it unacked
+		err := w.process(b.msgs)
+		var re *ReplayError
+		if errors.Is(err, errGap) || errors.As(err, &re) {
+			// What the fetcher holds is past the gap, or past where the
+			// handler wants to go on from: drop it unacked, move back.
+			f.stop()
+			reset, what := w.resetToAckFloor, "recover from a delivery gap"
+			if re != nil {
+				w.log.Warn("the handler asked for the partition's events again", "from", re.From, "err", re.Err)
+				reset, what = func() error { return w.replayFrom(re.From) }, "replay for the handler"
+			}
 			for {
-				err := w.resetToAckFloor()
+				err := reset()
 				if err == nil {
 					break
 				}
-				w.log.Warn("recover from a delivery gap", "err", err)
+				w.log.Warn(what, "err", err)
 				if !w.sleep(m.cfg.newBackoff().NextBackOff()) {
 					return
 				}
