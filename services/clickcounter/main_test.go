@@ -292,8 +292,9 @@ func TestKilledBetweenWriteAndAckCountsExactly(t *testing.T) {
 
 // Redis loses writes the counter acked: a master died before its replica
 // had them, and the replica took over (played by restoring a snapshot taken
-// before them). The counter's next write finds the store behind it, reads
-// the lost events again from CLICKS and counts them before the new ones.
+// before them). The counter's next write finds the store behind it, asks
+// the runtime for the partition's events again from the first it lost
+// (reader.Replay) and counts them before the new ones.
 func TestARedisThatLostAckedWritesIsCaughtUpFromClicks(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
@@ -308,6 +309,31 @@ func TestARedisThatLostAckedWritesIsCaughtUpFromClicks(t *testing.T) {
 	waitTotals(t, svc.addr, totals(append(append(before, lost...), after...), 1))
 	if got := metricValue(t, svc.addr, `snip_clickcounter_missed_events_total{result="read"}`); got != float64(len(lost)) {
 		t.Errorf("missed_events_total{result=read} = %v, want %d (the lost writes' events)", got, len(lost))
+	}
+}
+
+// Redis loses everything the counter wrote (a Redis without persistence
+// restarted, a new one): every partition is counted again from the oldest
+// event CLICKS holds, exactly once, and counting goes on.
+func TestARedisThatLostEverythingIsRecountedFromClicks(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	before := s.publishClicks(t, codes(6), 300, nil)
+	waitTotals(t, svc.addr, totals(before, 1))
+	// Every key of the counter's (the owners' API keys stay: they are
+	// another service's, and the test reads the counts with one).
+	keys, err := s.rdb.Keys(t.Context(), "cc:*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Fatalf("the counter's keys: %v, %v", keys, err)
+	}
+	if err := s.rdb.Del(t.Context(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	after := s.publishClicks(t, codes(6), 2, nil)
+	waitTotals(t, svc.addr, totals(append(before, after...), 1))
+	if got := metricValue(t, svc.addr, `snip_clickcounter_missed_events_total{result="read"}`); got != float64(len(before)) {
+		t.Errorf("missed_events_total{result=read} = %v, want %d (every event before the loss)", got, len(before))
 	}
 }
 

@@ -58,6 +58,9 @@ func (c *Counter) count(ctx context.Context, p int, evs []reader.Event) error {
 		if err == nil {
 			err = c.write(ctx, p, evs)
 		}
+		if err == nil {
+			c.countMissed(p, evs)
+		}
 		if !errors.Is(err, errConflict) {
 			return err
 		}

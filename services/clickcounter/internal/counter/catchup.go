@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -14,33 +13,29 @@ import (
 // if the master dies before its replica has it, and the promoted replica's
 // watermark is older than the batches the counter has been handed since.
 // Counting the next batch from that watermark would skip the lost events
-// for ever (JetStream will not deliver acked events again), so whenever the
-// counter takes a partition's state from the store (on assignment, on a
-// cache miss, after a conflict) it first asks CLICKS for the partition's
-// events between the store's watermark and the batch, and counts them. The
-// watermark and the recent-ID record the store kept are the state as of
-// the lost write, so each of those events is counted exactly once. In the
+// for ever (JetStream will not deliver acked events again, unless asked),
+// so whenever the counter takes a partition's state from the store (on
+// assignment, on a cache miss, after a conflict) it first asks CLICKS
+// whether the partition holds events between the store's watermark and the
+// batch. If it does, the handler answers reader.Replay from the first of
+// them: the runtime moves the partition's consumer back there and hands
+// everything from there again, and the counter counts it as any batch,
+// from the watermark the store kept. The watermark and the recent-ID record
+// the store kept are the state as of the lost write, so each of those
+// events is counted exactly once; they come at the speed of any catch-up,
+// however many there are (a Redis that lost everything included). In the
 // steady state this costs one stream lookup per reload, which finds
 // nothing.
 
-const (
-	// gapChunk is how many missed events are read and written at a time.
-	gapChunk = 500
-	// maxGapPerCall bounds the missed events one handler call reads, so
-	// the call ends well within the ack wait of the batch it holds; the
-	// runtime calls again (with backoff) and the catch-up goes on from the
-	// watermark it reached.
-	maxGapPerCall = 20 * gapChunk
-)
+// ErrStoreBehind is the reason of the counter's replay: the store's
+// watermark is behind events CLICKS holds before the batch.
+var ErrStoreBehind = errors.New("the store has not counted events before the batch")
 
-// ErrCatchingUp means the handler stopped part-way through counting events
-// the store had lost and the batch must be handed again; it is transient.
-var ErrCatchingUp = errors.New("counting events the store lost")
-
-// catchUp counts the partition's events stored before seq before that the
-// store has not counted, if its state came from the store since the last
-// check.
-func (c *Counter) catchUp(ctx context.Context, p int, before uint64) (err error) {
+// catchUp checks, if the partition's state came from the store since the
+// last check, whether CLICKS holds partition events the store has not
+// counted before seq before; if so it returns a reader.Replay from the
+// first of them.
+func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	st, err := c.cached(ctx, p)
 	if err != nil {
 		return err
@@ -48,61 +43,35 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) (err error)
 	if !c.takeUnchecked(p) || before <= st.WM+1 {
 		return nil
 	}
-	defer func() {
-		if err != nil {
-			c.markUnchecked(p) // check again next time
-		}
-	}()
-	from, read := st.WM+1, 0
-	for from < before {
-		if read >= maxGapPerCall {
-			return fmt.Errorf("partition %d: %d events up to sequence %d read again, more before %d: %w",
-				p, read, from-1, before, ErrCatchingUp)
-		}
-		msgs, err := c.clicks.Stored(ctx, p, from, before, gapChunk)
-		if err != nil {
-			return fmt.Errorf("read partition %d's events from %d to %d again: %w", p, from, before-1, err)
-		}
-		if len(msgs) == 0 {
-			break
-		}
-		if read == 0 {
-			c.log.Warn("the store's watermark is behind the batch: counting the events between from CLICKS (a Redis failover lost acked writes?)",
-				"partition", p, "watermark", st.WM, "batch_first", before, "first_missed", msgs[0].Seq)
-		}
-		read += len(msgs)
-		if evs := c.readMissed(p, msgs); len(evs) > 0 {
-			if err := c.write(ctx, p, evs); err != nil {
-				return err
-			}
-		}
-		if len(msgs) < gapChunk {
-			break
-		}
-		from = msgs[len(msgs)-1].Seq + 1
+	from, err := c.clicks.NextSeq(ctx, p, st.WM+1)
+	if err != nil {
+		c.markUnchecked(p) // check again next time
+		return fmt.Errorf("look for partition %d's events from %d to %d: %w", p, st.WM+1, before-1, err)
 	}
-	return nil
+	if from == 0 || from >= before {
+		return nil
+	}
+	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes?)",
+		"partition", p, "watermark", st.WM, "batch_first", before, "replay_from", from)
+	c.setReplay(p, before)
+	return reader.Replay(from, fmt.Errorf("partition %d: watermark %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.WM, before, from, ErrStoreBehind))
 }
 
-// readMissed reads stored clicks as the reader runtime and the handler's
-// screen do, and drops what they would have parked (so never counted).
-func (c *Counter) readMissed(p int, msgs []StoredClick) []reader.Event {
-	evs := make([]reader.Event, 0, len(msgs))
-	for _, m := range msgs {
-		cl, err := events.ReadClick(m.Data, m.Subject, c.n, m.Stored)
-		if err == nil && events.Partition(cl.Code, c.n) != p {
-			err = ErrWrongPartition
-		}
-		if err == nil {
-			_, err = ParseID(cl.ID)
-		}
-		if err != nil {
-			c.m.missed.WithLabelValues("invalid").Inc()
-			c.log.Debug("missed event is invalid; skipped as when it was parked", "partition", p, "seq", m.Seq, "err", err)
-			continue
-		}
-		evs = append(evs, reader.Event{Click: cl, Partition: p, Seq: m.Seq, Stored: m.Stored, Deliveries: 1})
+// countMissed counts, in the metric, the events of a batch that the store
+// had lost: those before where the batch that asked for the replay began.
+func (c *Counter) countMissed(p int, evs []reader.Event) {
+	until := c.replayUntil(p)
+	if until == 0 {
+		return
 	}
-	c.m.missed.WithLabelValues("read").Add(float64(len(evs)))
-	return evs
+	n := 0
+	for _, e := range evs {
+		if e.Seq < until {
+			n++
+		}
+	}
+	c.m.missed.WithLabelValues("read").Add(float64(n))
+	if evs[len(evs)-1].Seq+1 >= until {
+		c.setReplay(p, 0)
+	}
 }

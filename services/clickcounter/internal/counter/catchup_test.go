@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
@@ -21,15 +20,33 @@ func (e *env) handleAndLose(tb testing.TB, c *counter.Counter, p int, batch []re
 	before.Restore(tb, e.rdb)
 }
 
-// The store loses the last batch the counter wrote and acked (a Redis
-// master died before its replica had it). The next batch is counted only
-// after the lost one, read again from CLICKS, whether the counter finds out
-// by a conflict on its next write or a new owner loads the partition: every
-// click is counted exactly once.
-func TestEventsTheStoreLostAreReadAgainFromClicks(t *testing.T) {
+// handleReplaying hands c the batch as the reader runtime does, and when c
+// answers reader.Replay, checks it asks from want and hands the
+// partition's events again from there through the batch, as the runtime
+// does once it has moved the consumer back.
+func (e *env) handleReplaying(tb testing.TB, c *counter.Counter, p int, batch []reader.Event, want uint64) {
+	tb.Helper()
+	err := c.HandleBatch(tb.Context(), p, batch)
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || !errors.Is(err, counter.ErrStoreBehind) {
+		tb.Fatalf("HandleBatch = %v, want a reader.Replay (ErrStoreBehind)", err)
+	}
+	if re.From != want {
+		tb.Fatalf("replay from %d, want %d", re.From, want)
+	}
+	mustHandle(tb, c, p, e.clicks.from(p, re.From, batch[len(batch)-1].Seq))
+}
+
+// The store loses batches the counter wrote and acked (a Redis master died
+// before its replica had them; or Redis lost everything). The next batch
+// is not counted: the counter asks the runtime for the partition's events
+// again from the first it lost, whether it finds out by a conflict on its
+// next write or a new owner loads the partition, and counts them from
+// there: every click exactly once.
+func TestEventsTheStoreLostAreHandedAgain(t *testing.T) {
 	t.Parallel()
-	for _, by := range []string{"conflict", "assignment"} {
-		t.Run(by, func(t *testing.T) {
+	for _, lost := range []string{"last batch, found by a conflict", "last batch, found on assignment", "everything, found by a conflict"} {
+		t.Run(lost, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
 			const p = 1
@@ -42,23 +59,28 @@ func TestEventsTheStoreLostAreReadAgainFromClicks(t *testing.T) {
 			b2[1].Click.Bot = true
 			noise := s.events(2, click("acme", elsewhere, now)) // another partition's event in between
 			b3 := s.events(p, click("acme", code, now))
-			e.clicks.store(t, b1...)
-			e.clicks.store(t, b2...)
-			e.clicks.store(t, noise...)
-			e.clicks.store(t, b3...)
+			e.clicks.store(b1...)
+			e.clicks.store(b2...)
+			e.clicks.store(noise...)
+			e.clicks.store(b3...)
 
+			empty := testenv.SnapshotRedis(t, e.rdb)
 			mustHandle(t, e.c, p, b1)
 			e.handleAndLose(t, e.c, p, b2)
-			c := e.c
-			if by == "assignment" {
+			c, from, missed := e.c, b2[0].Seq, 3.0
+			switch lost {
+			case "last batch, found on assignment":
 				c = e.newCounter(t, nil)
 				if err := c.OnAssign(t.Context(), p, b3[0].Seq); err != nil {
 					t.Fatal(err)
 				}
+			case "everything, found by a conflict":
+				empty.Restore(t, e.rdb)
+				from, missed = b1[0].Seq, 5
 			}
-			mustHandle(t, c, p, b3)
+			e.handleReplaying(t, c, p, b3, from)
 			if got := stats(t, c, "acme", code).Totals; got != (counter.Pair{Human: 3, Bot: 1}) {
-				t.Errorf("%s: totals %+v, want 3 human and 1 bot (b2's two clicks read again)", code, got)
+				t.Errorf("%s: totals %+v, want 3 human and 1 bot (the lost clicks handed again)", code, got)
 			}
 			if got := stats(t, c, "acme", other).Totals; got != (counter.Pair{Human: 2}) {
 				t.Errorf("%s: totals %+v, want 2 human", other, got)
@@ -70,9 +92,9 @@ func TestEventsTheStoreLostAreReadAgainFromClicks(t *testing.T) {
 			if got := stats(t, c, "acme", code).Totals; got != (counter.Pair{Human: 3, Bot: 1}) {
 				t.Errorf("%s after redeliveries: totals %+v, want 3 human and 1 bot", code, got)
 			}
-			if by == "conflict" {
-				if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != 3 {
-					t.Errorf("missed_events_total{result=read} = %v, want 3", got)
+			if c == e.c {
+				if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != missed {
+					t.Errorf("missed_events_total{result=read} = %v, want %v", got, missed)
 				}
 			}
 		})
@@ -90,7 +112,7 @@ func TestTheStreamIsAskedOncePerLoad(t *testing.T) {
 	var s seqs
 	for range 10 {
 		b := s.events(p, click("acme", code, now), click("acme", code, now))
-		e.clicks.store(t, b...)
+		e.clicks.store(b...)
 		mustHandle(t, e.c, p, b)
 	}
 	if got := e.clicks.reads.Load(); got != 1 {
@@ -100,85 +122,12 @@ func TestTheStreamIsAskedOncePerLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := s.events(p, click("acme", code, now))
-	e.clicks.store(t, b...)
+	e.clicks.store(b...)
 	mustHandle(t, e.c, p, b)
 	if got := e.clicks.reads.Load(); got != 2 {
 		t.Errorf("CLICKS read %d times after a reassignment, want 2", got)
 	}
 	if got := stats(t, e.c, "acme", code).Totals.Human; got != 21 {
 		t.Errorf("human total = %d, want 21", got)
-	}
-}
-
-// Events in the lost stretch that every reader parks (a code stored in a
-// partition it does not hash to, a payload that is not a click) are skipped
-// there too, and do not stop the catch-up.
-func TestInvalidEventsTheStoreLostAreSkipped(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	const p = 3
-	code := codeIn(t, p, 24)
-	now := time.Now().UTC()
-	var s seqs
-	b1 := s.events(p, click("acme", code, now))
-	b2 := s.events(p, click("acme", code, now), click("acme", code, now))
-	b3 := s.events(p, click("acme", code, now))
-	e.clicks.store(t, b1...)
-	e.clicks.store(t, b2...)
-	e.clicks.store(t, b3...)
-	wrong := click("acme", codeIn(t, 0, 25), now)
-	e.clicks.log = append(e.clicks.log,
-		counter.StoredClick{Seq: b2[0].Seq + 1, Subject: "3.clicks.acme." + wrong.Code, Data: mustJSON(t, wrong), Stored: now},
-		counter.StoredClick{Seq: b2[1].Seq + 1, Subject: "3.clicks.acme." + code, Data: []byte(`{"v":1,"id":`), Stored: now},
-	)
-	mustHandle(t, e.c, p, b1)
-	e.handleAndLose(t, e.c, p, b2)
-	mustHandle(t, e.c, p, b3)
-	if got := stats(t, e.c, "acme", code).Totals.Human; got != 4 {
-		t.Errorf("human total = %d, want 4", got)
-	}
-	for result, want := range map[string]float64{"read": 2, "invalid": 2} {
-		if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": result}); got != want {
-			t.Errorf("missed_events_total{result=%s} = %v, want %v", result, got, want)
-		}
-	}
-}
-
-// A long lost stretch (a store that lost everything, say) is counted a
-// bounded slice per handler call, so the call ends within its ack wait; the
-// runtime calls again and the next slice goes on from where the last ended.
-func TestALongLostStretchIsCountedInSlices(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	const p = 2
-	code := codeIn(t, p, 26)
-	now := time.Now().UTC()
-	var s seqs
-	first := s.events(p, click("acme", code, now))
-	e.clicks.store(t, first...)
-	mustHandle(t, e.c, p, first)
-	afterFirst := testenv.SnapshotRedis(t, e.rdb)
-	lost := make([]events.Click, counter.MaxGapPerCall+counter.GapChunk/2)
-	for i := range lost {
-		lost[i] = click("acme", code, now)
-	}
-	stretch := s.events(p, lost...)
-	e.clicks.store(t, stretch...)
-	for i := 0; i < len(stretch); i += 1000 {
-		mustHandle(t, e.c, p, stretch[i:min(i+1000, len(stretch))])
-	}
-	afterFirst.Restore(t, e.rdb)
-	next := s.events(p, click("acme", code, now))
-	e.clicks.store(t, next...)
-	err := e.c.HandleBatch(t.Context(), p, next)
-	if !errors.Is(err, counter.ErrCatchingUp) {
-		t.Fatalf("first call: %v, want ErrCatchingUp", err)
-	}
-	if got := stats(t, e.c, "acme", code).Totals.Human; got != int64(1+counter.MaxGapPerCall) {
-		t.Fatalf("after the first call: human total = %d, want %d", got, 1+counter.MaxGapPerCall)
-	}
-	mustHandle(t, e.c, p, next)
-	if got, want := stats(t, e.c, "acme", code).Totals.Human, int64(1+len(stretch)+1); got != want {
-		t.Fatalf("after the second call: human total = %d, want %d", got, want)
 	}
 }

@@ -18,18 +18,9 @@ type Clicks interface {
 	// FirstSeq returns the sequence of the oldest event CLICKS retains in a
 	// partition, or 0 when the partition is empty.
 	FirstSeq(ctx context.Context, partition int) (uint64, error)
-	// Stored returns the partition's events stored at sequences from
-	// through before-1, in order, at most max of them: fewer than max means
-	// there are no more below before.
-	Stored(ctx context.Context, partition int, from, before uint64, max int) ([]StoredClick, error)
-}
-
-// StoredClick is one message of CLICKS as the stream holds it.
-type StoredClick struct {
-	Seq     uint64
-	Subject string
-	Data    []byte
-	Stored  time.Time
+	// NextSeq returns the sequence of the partition's first event stored
+	// at or after from, or 0 when there is none.
+	NextSeq(ctx context.Context, partition int, from uint64) (uint64, error)
 }
 
 // Hooks inject faults for tests; production leaves them nil.
@@ -83,6 +74,10 @@ type Counter struct {
 	// since the counter last checked CLICKS for events the store has not
 	// counted below the next batch (see catchUp).
 	unchecked map[int]bool
+	// replays are, per partition that asked for its events again (see
+	// catchUp), the sequence of the batch that asked: what comes before it
+	// is what the store had lost.
+	replays map[int]uint64
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
@@ -117,6 +112,7 @@ func New(o Options) (*Counter, error) {
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:     map[int]*State{},
 		unchecked: map[int]bool{},
+		replays:   map[int]uint64{},
 		vstate:    map[int]State{},
 		janitor:   make(chan int, 4*o.Partitions),
 	}, nil
@@ -154,6 +150,7 @@ func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
 	delete(c.unchecked, p)
+	delete(c.replays, p)
 	c.mu.Unlock()
 }
 
@@ -165,6 +162,24 @@ func (c *Counter) takeUnchecked(p int) bool {
 	u := c.unchecked[p]
 	delete(c.unchecked, p)
 	return u
+}
+
+// setReplay records that partition p asked for its events again from
+// before the batch at until (0: the replayed events have all come).
+func (c *Counter) setReplay(p int, until uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if until == 0 {
+		delete(c.replays, p)
+	} else {
+		c.replays[p] = until
+	}
+}
+
+func (c *Counter) replayUntil(p int) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.replays[p]
 }
 
 func (c *Counter) markUnchecked(p int) {
@@ -211,7 +226,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",
-			Help: "Events read again from CLICKS because the store's watermark was behind the batch being counted (Redis lost its last writes, e.g. a failover to a replica that had not received them): result=read (counted now, or found counted by event ID) or invalid (the rule of validity parks it; skipped).",
+			Help: "Events handed again from CLICKS because the store's watermark was behind the batch being counted (Redis lost its last writes, e.g. a failover to a replica that had not received them): result=read.",
 		}, []string{"result"}),
 		replicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_replica_wait_short_total",

@@ -2,7 +2,6 @@ package counter_test
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -31,38 +30,43 @@ const partitions = 4
 type fakeClicks struct {
 	first *atomic.Uint64
 	mu    sync.Mutex
-	log   []counter.StoredClick
-	// reads counts Stored calls.
+	log   []reader.Event
+	// reads counts NextSeq calls.
 	reads atomic.Int64
 }
 
 func (f *fakeClicks) FirstSeq(context.Context, int) (uint64, error) { return f.first.Load(), nil }
 
-func (f *fakeClicks) Stored(_ context.Context, p int, from, before uint64, max int) ([]counter.StoredClick, error) {
+func (f *fakeClicks) NextSeq(_ context.Context, p int, from uint64) (uint64, error) {
 	f.reads.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []counter.StoredClick
-	for _, m := range f.log {
-		if m.Seq >= from && m.Seq < before && events.PartitionOf(m.Subject) == p && len(out) < max {
-			out = append(out, m)
+	for _, e := range f.log {
+		if e.Seq >= from && e.Partition == p {
+			return e.Seq, nil
 		}
 	}
-	return out, nil
+	return 0, nil
 }
 
 // store puts events in the fake stream, as CLICKS stored them.
-func (f *fakeClicks) store(tb testing.TB, evs ...reader.Event) {
-	tb.Helper()
+func (f *fakeClicks) store(evs ...reader.Event) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, e := range evs {
-		data, err := json.Marshal(e.Click)
-		if err != nil {
-			tb.Fatal(err)
+	f.log = append(f.log, evs...)
+}
+
+// from returns partition p's events stored from sequence seq through until.
+func (f *fakeClicks) from(p int, seq, until uint64) []reader.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []reader.Event
+	for _, e := range f.log {
+		if e.Partition == p && e.Seq >= seq && e.Seq <= until {
+			out = append(out, e)
 		}
-		f.log = append(f.log, counter.StoredClick{Seq: e.Seq, Subject: events.PartitionedClickSubject(partitions, e.Click.Owner, e.Click.Code), Data: data, Stored: e.Stored})
 	}
+	return out
 }
 
 // env is one test's counter on its own Redis database.
@@ -214,11 +218,3 @@ func metric(tb testing.TB, reg *prometheus.Registry, name string, labels map[str
 	return 0
 }
 
-func mustJSON(tb testing.TB, v any) []byte {
-	tb.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return b
-}

@@ -32,9 +32,7 @@ type noClicks struct{}
 
 func (noClicks) FirstSeq(context.Context, int) (uint64, error) { return 0, nil }
 
-func (noClicks) Stored(context.Context, int, uint64, uint64, int) ([]counter.StoredClick, error) {
-	return nil, nil
-}
+func (noClicks) NextSeq(context.Context, int, uint64) (uint64, error) { return 0, nil }
 
 func newCounter(tb testing.TB, rdb redis.UniversalClient) *counter.Counter {
 	tb.Helper()

@@ -5,10 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -205,69 +203,42 @@ func TestClicksFirstSeq(t *testing.T) {
 	}
 }
 
-// Stored reads one partition's events in a sequence range, in order, as
-// stored (subject with its partition, payload, store time), at most max.
-func TestClicksStored(t *testing.T) {
+// NextSeq finds a partition's first event at or after a sequence, past the
+// other partitions' events in between.
+func TestClicksNextSeq(t *testing.T) {
 	t.Parallel()
 	js := setup(t)
 	clicks := jsfeed.Clicks{JS: js}
-	if got, err := clicks.Stored(t.Context(), 0, 1, 100, 10); err != nil || len(got) != 0 {
-		t.Fatalf("empty stream: Stored = %v, %v; want nothing", got, err)
+	if got, err := clicks.NextSeq(t.Context(), 0, 1); err != nil || got != 0 {
+		t.Fatalf("empty stream: NextSeq = %d, %v; want 0", got, err)
 	}
 	const p = 2
 	var inP []uint64 // sequences of partition p's events
-	var firstCode string
 	for i := range 40 {
 		code := "s" + strconv.Itoa(i)
-		body := []byte(`{"n":` + strconv.Itoa(i) + `}`)
-		ack, err := js.Publish(t.Context(), events.ClickSubject("acme", code), body)
+		ack, err := js.Publish(t.Context(), events.ClickSubject("acme", code), []byte(`{}`))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if events.Partition(code, 4) == p {
-			if inP = append(inP, ack.Sequence); len(inP) == 1 {
-				firstCode = code
-			}
+			inP = append(inP, ack.Sequence)
 		}
 	}
-	if len(inP) < 6 {
-		t.Fatalf("only %d of 40 codes in partition %d", len(inP), p)
-	}
-	seqsOf := func(cs []counter.StoredClick) []uint64 {
-		var out []uint64
-		for _, c := range cs {
-			out = append(out, c.Seq)
-		}
-		return out
+	if len(inP) < 3 || inP[1] == inP[0]+1 {
+		t.Fatalf("partition %d's sequences %v: want three or more, the first two apart", p, inP)
 	}
 	for _, tc := range []struct {
-		name         string
-		from, before uint64
-		max          int
-		want         []uint64
+		from, want uint64
 	}{
-		{"all", 1, 1000, 100, inP},
-		{"from the second, before the fifth", inP[1], inP[4], 100, inP[1:4]},
-		{"from between two, up to the last", inP[1] + 1, inP[len(inP)-1] + 1, 100, inP[2:]},
-		{"at most three", 1, 1000, 3, inP[:3]},
-		{"before the first", 1, inP[0], 100, nil},
-		{"past the end", inP[len(inP)-1] + 1, 1000, 100, nil},
+		{1, inP[0]},
+		{inP[0], inP[0]},
+		{inP[0] + 1, inP[1]},
+		{inP[len(inP)-1], inP[len(inP)-1]},
+		{inP[len(inP)-1] + 1, 0},
 	} {
-		got, err := clicks.Stored(t.Context(), p, tc.from, tc.before, tc.max)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
+		if got, err := clicks.NextSeq(t.Context(), p, tc.from); err != nil || got != tc.want {
+			t.Errorf("NextSeq(%d, %d) = %d, %v; want %d", p, tc.from, got, err, tc.want)
 		}
-		if d := cmp.Diff(tc.want, seqsOf(got)); d != "" {
-			t.Errorf("%s: Stored(%d, %d, %d) sequences (-want +got):\n%s", tc.name, tc.from, tc.before, tc.max, d)
-		}
-	}
-	got, err := clicks.Stored(t.Context(), p, inP[0], inP[0]+1, 1)
-	if err != nil || len(got) != 1 {
-		t.Fatalf("Stored(first) = %v, %v", got, err)
-	}
-	if want := events.PartitionedClickSubject(4, "acme", firstCode); got[0].Subject != want ||
-		!strings.HasPrefix(string(got[0].Data), `{"n":`) || time.Since(got[0].Stored) > time.Minute {
-		t.Errorf("Stored(first) = %+v: want the stored subject, payload and time", got[0])
 	}
 }
 
@@ -484,48 +455,4 @@ func TestASlowBatchIsKeptInProgressNotRedelivered(t *testing.T) {
 			t.Errorf("link event %d handled %d times, want once (held batches: %d)", seq, n, holders)
 		}
 	}
-}
-
-// BenchmarkStored measures reading back a long stretch of one partition, as
-// the counter does when Redis lost its counts: 500 events a call, as the
-// counter asks, until the stretch is read. CLICKCOUNTER_BENCH_EVENTS sets
-// the stretch (default 20,000).
-func BenchmarkStored(b *testing.B) {
-	js := setup(b)
-	n := 20_000
-	if v, err := strconv.Atoi(os.Getenv("CLICKCOUNTER_BENCH_EVENTS")); err == nil && v > 0 {
-		n = v
-	}
-	code := "s0"
-	p := events.Partition(code, 4)
-	body := []byte(`{"n":1}`)
-	for range n {
-		if _, err := js.PublishAsync(events.ClickSubject("acme", code), body); err != nil {
-			b.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(time.Minute):
-		b.Fatal("publish acks did not arrive")
-	}
-	clicks := jsfeed.Clicks{JS: js}
-	for b.Loop() {
-		read := 0
-		for from := uint64(1); ; {
-			got, err := clicks.Stored(b.Context(), p, from, uint64(n)+1, 500)
-			if err != nil {
-				b.Fatal(err)
-			}
-			read += len(got)
-			if len(got) < 500 {
-				break
-			}
-			from = got[len(got)-1].Seq + 1
-		}
-		if read != n {
-			b.Fatalf("read %d events back, want %d", read, n)
-		}
-	}
-	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "events/s")
 }

@@ -1,7 +1,0 @@
-package counter
-
-// Limits of the catch-up, for tests.
-const (
-	GapChunk      = gapChunk
-	MaxGapPerCall = maxGapPerCall
-)
