@@ -217,4 +217,3 @@ func metric(tb testing.TB, reg *prometheus.Registry, name string, labels map[str
 	}
 	return 0
 }
-
