@@ -50,6 +50,17 @@ func newSystem(tb testing.TB) *system {
 	return &system{nats: n, js: n.JetStream(tb), rdb: rdb, redisURL: servers.Redis.URL(db)}
 }
 
+// countedSystem starts a system with one member, publishes perLink clicks
+// on each of links links and waits until the member has counted them.
+func countedSystem(t *testing.T, links, perLink int) (*system, *instance, []events.Click) {
+	t.Helper()
+	s := newSystem(t)
+	svc := s.start(t, "m1", nil)
+	cs := s.publishClicks(t, codes(links), perLink, nil)
+	waitTotals(t, svc.addr, totals(cs, 1))
+	return s, svc, cs
+}
+
 // instance is one clickcounter running in-process.
 type instance struct {
 	*servicetest.Running
@@ -297,10 +308,7 @@ func TestKilledBetweenWriteAndAckCountsExactly(t *testing.T) {
 // (reader.Replay) and counts them before the new ones.
 func TestARedisThatLostAckedWritesIsCaughtUpFromClicks(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
-	svc := s.start(t, "m1", nil)
-	before := s.publishClicks(t, codes(6), 5, nil)
-	waitTotals(t, svc.addr, totals(before, 1))
+	s, svc, before := countedSystem(t, 6, 5)
 	snap := testenv.SnapshotRedis(t, s.rdb)
 	lost := s.publishClicks(t, codes(6), 4, nil)
 	waitTotals(t, svc.addr, totals(append(before, lost...), 1))
@@ -317,10 +325,7 @@ func TestARedisThatLostAckedWritesIsCaughtUpFromClicks(t *testing.T) {
 // event CLICKS holds, exactly once, and counting goes on.
 func TestARedisThatLostEverythingIsRecountedFromClicks(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
-	svc := s.start(t, "m1", nil)
-	before := s.publishClicks(t, codes(6), 300, nil)
-	waitTotals(t, svc.addr, totals(before, 1))
+	s, svc, before := countedSystem(t, 6, 300)
 	// Every key of the counter's (the owners' API keys stay: they are
 	// another service's, and the test reads the counts with one).
 	keys, err := s.rdb.Keys(t.Context(), "cc:*").Result()

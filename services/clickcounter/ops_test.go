@@ -19,10 +19,7 @@ import (
 // has events in flight and every ack floor is at the partition's last event.
 func TestGracefulStopAcksEverything(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t)
-	svc := s.start(t, "m1", nil)
-	cs := s.publishClicks(t, codes(8), 25, nil)
-	waitTotals(t, svc.addr, totals(cs, 1))
+	s, svc, _ := countedSystem(t, 8, 25)
 	svc.stop(t)
 	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
 	if err != nil {
