@@ -51,7 +51,7 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	if from == 0 || from >= before {
 		return nil
 	}
-	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes?)",
+	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes? or the last events before this load were parked)",
 		"partition", p, "watermark", st.WM, "batch_first", before, "replay_from", from)
 	c.setReplay(p, before)
 	return reader.Replay(from, fmt.Errorf("partition %d: watermark %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.WM, before, from, ErrStoreBehind))

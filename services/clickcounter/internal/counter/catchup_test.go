@@ -131,3 +131,35 @@ func TestTheStreamIsAskedOncePerLoad(t *testing.T) {
 		t.Errorf("human total = %d, want 21", got)
 	}
 }
+
+// An event the runtime parked (it never reaches the handler, so the store's
+// watermark stops short of it) looks, after a reload, like one the store
+// lost: the counter asks for it again once, the runtime parks it again, and
+// the batch after it is counted with no second replay.
+func TestAParkedEventBeforeAReloadCostsOneReplay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 3
+	code := codeIn(t, p, 24)
+	now := time.Now().UTC()
+	var s seqs
+	b1 := s.events(p, click("acme", code, now))
+	parked := s.events(p, click("acme", code, now))
+	b2 := s.events(p, click("acme", code, now))
+	e.clicks.store(b1...)
+	e.clicks.store(parked...)
+	e.clicks.store(b2...)
+	mustHandle(t, e.c, p, b1)
+	if err := e.c.OnAssign(t.Context(), p, b2[0].Seq); err != nil {
+		t.Fatal(err)
+	}
+	err := e.c.HandleBatch(t.Context(), p, b2)
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || re.From != parked[0].Seq {
+		t.Fatalf("HandleBatch = %v, want a replay from the parked event's sequence %d", err, parked[0].Seq)
+	}
+	mustHandle(t, e.c, p, b2) // what the runtime hands after parking it again
+	if got := stats(t, e.c, "acme", code).Totals.Human; got != 2 {
+		t.Errorf("human total = %d, want 2", got)
+	}
+}
