@@ -1,6 +1,9 @@
 package visitor
 
 import (
+	"strings"
+
+	"github.com/maypok86/otter/v2"
 	useragent "github.com/medama-io/go-useragent"
 )
 
@@ -15,7 +18,34 @@ var parser = useragent.NewParser()
 // Facebook) and libraries (curl, python-requests, Go-http-client); a short
 // list of substrings catches the self-declared rest ("Discordbot/2.0").
 // An empty user agent is a script, so it is a bot too.
+//
+// The answer depends on the string alone, and real traffic repeats a few
+// thousand strings, so it is remembered for the user agents seen most
+// (otter's W-TinyLFU keeps the frequent ones): a lookup costs a fraction
+// of a parse. Bounded: memoSize strings of at most memoMaxLen bytes.
 func IsBot(ua string) bool {
+	if len(ua) > memoMaxLen {
+		return parseIsBot(ua)
+	}
+	if bot, ok := memo.GetIfPresent(ua); ok {
+		return bot
+	}
+	bot := parseIsBot(ua)
+	memo.Set(strings.Clone(ua), bot) // not a view into a request's buffers
+	return bot
+}
+
+const (
+	memoSize   = 10_000
+	memoMaxLen = 512
+)
+
+// memo is IsBot's memory of its answers (no expiry: an answer never
+// changes, and without one otter runs no goroutine).
+var memo = otter.Must(&otter.Options[string, bool]{MaximumSize: memoSize})
+
+// parseIsBot is IsBot without the memo.
+func parseIsBot(ua string) bool {
 	if ua == "" {
 		return true
 	}

@@ -3,6 +3,7 @@ package visitor_test
 import (
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,9 +80,21 @@ func TestIsBot(t *testing.T) {
 		{"Mozilla/5.0 (X11; Linux x86_64) HeadlessChrome/120.0.0.0", true},
 		{"", true},
 	}
-	for _, tc := range tests {
-		if got := visitor.IsBot(tc.ua); got != tc.bot {
-			t.Errorf("IsBot(%q) = %v, want %v", tc.ua, got, tc.bot)
+	long := "Mozilla/5.0 (compatible; Examplebot/1.0; " + strings.Repeat("x", 600) + ")" // past the memo's length bound
+	tests = append(tests, struct {
+		ua  string
+		bot bool
+	}{long, true})
+	// Twice each: the second answer comes from the memo (for all but the
+	// long one), and must be the parse's.
+	for range 2 {
+		for _, tc := range tests {
+			if got := visitor.IsBot(tc.ua); got != tc.bot {
+				t.Errorf("IsBot(%q) = %v, want %v", tc.ua, got, tc.bot)
+			}
+			if got := visitor.ParseIsBot(tc.ua); got != tc.bot {
+				t.Errorf("ParseIsBot(%q) = %v, want %v", tc.ua, got, tc.bot)
+			}
 		}
 	}
 }
@@ -126,10 +139,20 @@ func TestVisitorIdentityRotatesDailyAndIsShared(t *testing.T) {
 	}
 }
 
+// BenchmarkIsBot compares the answer from the memo (a user agent seen
+// before, as most are) with the parse it saves.
 func BenchmarkIsBot(b *testing.B) {
 	ua := "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0.0.0 Safari/537.36"
-	b.ReportAllocs()
-	for b.Loop() {
-		visitor.IsBot(ua)
-	}
+	b.Run("memo", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			visitor.IsBot(ua)
+		}
+	})
+	b.Run("parse", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			visitor.ParseIsBot(ua)
+		}
+	})
 }
