@@ -90,32 +90,18 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 // errGap asks the worker loop to reset the partition to its ack floor.
 var errGap = errors.New("gap in deliveries")
 
-// resetToAckFloor makes the server deliver again everything after the ack
-// floor, in order, forgetting what it had delivered.
-func (w *worker) resetToAckFloor() error {
-	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-	defer cancel()
-	resp, err := w.m.js.ResetConsumer(ctx, events.ClicksStream, w.name)
-	if err != nil {
-		return fmt.Errorf("reset %s to its ack floor: %w", w.name, err)
-	}
-	w.baselineAfterReset(resp)
-	w.idle = true
-	return nil
-}
-
-// replayFrom makes the server deliver again everything from stream sequence
-// seq, in order, forgetting what it had delivered and acked after it.
-func (w *worker) replayFrom(seq uint64) error {
+// resetTo makes the server deliver again everything from stream sequence
+// seq (0: everything after the ack floor), in order, forgetting what it had
+// delivered (and, from seq, acked).
+func (w *worker) resetTo(seq uint64) error {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	resp, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, seq)
 	if err != nil {
-		return fmt.Errorf("reset %s to %d: %w", w.name, seq, err)
+		return fmt.Errorf("reset %s to %d (0: its ack floor): %w", w.name, seq, err)
 	}
 	w.baselineAfterReset(resp)
 	w.idle = true
-	w.m.met.replays.WithLabelValues(w.m.cfg.Group).Inc()
 	return nil
 }
 

@@ -232,11 +232,9 @@ func (w *worker) rewindTo(ri RewindInfo) error {
 		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until, "ack_floor", info.AckFloor.Stream)
 		return nil
 	}
-	resp, err := w.m.js.ResetConsumerToSequence(ctx, events.ClicksStream, w.name, ri.From)
-	if err != nil {
-		return fmt.Errorf("reset %s to %d: %w", w.name, ri.From, err)
+	if err := w.resetTo(ri.From); err != nil {
+		return err
 	}
-	w.baselineAfterReset(resp)
 	w.log.Info("partition rewound", "rewind", ri.ID, "from", ri.From, "until", ri.Until)
 	return nil
 }

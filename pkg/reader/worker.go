@@ -159,13 +159,13 @@ func (w *worker) run() {
 			// What the fetcher holds is past the gap, or past where the
 			// handler wants to go on from: drop it unacked, move back.
 			f.stop()
-			reset, what := w.resetToAckFloor, "recover from a delivery gap"
+			from, what := uint64(0), "recover from a delivery gap" // 0: the ack floor
 			if re != nil {
 				w.log.Warn("the handler asked for the partition's events again", "from", re.From, "err", re.Err)
-				reset, what = func() error { return w.replayFrom(re.From) }, "replay for the handler"
+				from, what = re.From, "replay for the handler"
 			}
 			for {
-				err := reset()
+				err := w.resetTo(from)
 				if err == nil {
 					break
 				}
@@ -173,6 +173,9 @@ func (w *worker) run() {
 				if !w.sleep(m.cfg.newBackoff().NextBackOff()) {
 					return
 				}
+			}
+			if re != nil {
+				m.met.replays.WithLabelValues(m.cfg.Group).Inc()
 			}
 			f = w.startFetcher()
 			continue

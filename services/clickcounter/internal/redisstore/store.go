@@ -317,12 +317,13 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 	return expiries
 }
 
-// hourFieldArgs are hourFields boxed once as script arguments, [0] for
-// Human and [1] for Bot.
+// hourFieldArgs are the day hash's field names, boxed once as script
+// arguments: hourFieldArgs[0][7] = "h07" (Human), [1][7] = "b07" (Bot).
 var hourFieldArgs = func() (out [2][24]any) {
-	for h := range 24 {
-		out[0][h] = hourFields[counter.Human][h]
-		out[1][h] = hourFields[counter.Bot][h]
+	for i, l := range []counter.Label{counter.Human, counter.Bot} {
+		for h := range 24 {
+			out[i][h] = string(rune(l)) + twoDigits(h)
+		}
 	}
 	return out
 }()
@@ -345,19 +346,6 @@ func boxInt64(i int64) any {
 	}
 	return i
 }
-
-// hourFields are the day hash's field names: hourFields[label][hour] = "h07".
-var hourFields = func() map[counter.Label][24]string {
-	m := map[counter.Label][24]string{}
-	for _, l := range []counter.Label{counter.Human, counter.Bot} {
-		var f [24]string
-		for h := range f {
-			f[h] = string(rune(l)) + twoDigits(h)
-		}
-		m[l] = f
-	}
-	return m
-}()
 
 func twoDigits(n int) string {
 	if n < 10 {
