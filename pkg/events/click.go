@@ -82,8 +82,19 @@ func DecodeClick(data []byte) (Click, error) {
 	return c, nil
 }
 
-// decodeClick is DecodeClick into c, with the JSON parser's flags.
+// decodeClick is DecodeClick into c, with the JSON parser's flags: a click
+// in the shape Snip writes is read directly (parseCanonicalClick), any other
+// payload by the general decoder.
 func decodeClick(c *Click, data []byte, flags json.ParseFlags) error {
+	if parseCanonicalClick(c, data, flags) {
+		return checkDecoded(c)
+	}
+	*c = Click{}
+	return decodeClickGeneral(c, data, flags)
+}
+
+// decodeClickGeneral is decodeClick with the general decoder only.
+func decodeClickGeneral(c *Click, data []byte, flags json.ParseFlags) error {
 	rest, err := json.Parse(data, c, flags)
 	if err == nil && len(rest) != 0 {
 		err = fmt.Errorf("%d bytes after the click", len(rest))
@@ -94,6 +105,11 @@ func decodeClick(c *Click, data []byte, flags json.ParseFlags) error {
 		}
 		return fmt.Errorf("decode click: %w: %v", ErrMalformed, err)
 	}
+	return checkDecoded(c)
+}
+
+// checkDecoded is the check every decoded click passes: Validate.
+func checkDecoded(c *Click) error {
 	if err := c.Validate(); err != nil {
 		return fmt.Errorf("decode click: %w", err)
 	}

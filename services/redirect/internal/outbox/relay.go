@@ -401,6 +401,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		late   bool  // stored after its validity: delete without publishing (Late)
 	}
 	batch := make([]sent, 0, len(msgs))
+	var click events.Click // the validity check's scratch; nothing of it is kept
 	for _, m := range msgs {
 		e, err := parseEntry(m)
 		if err != nil {
@@ -411,15 +412,16 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 			batch = append(batch, sent{e: e, late: true})
 			continue
 		}
+		data := []byte(e.Data) // the message's own copy, never written again
 		if lane.Stream == events.ClicksStream {
 			// The rule of validity every reader applies: a click they
 			// would all park is parked here instead, never published.
-			if _, err := events.ReadClick([]byte(e.Data), e.Subject, 0, time.Now()); err != nil {
+			if err := events.ReadClickShared(&click, data, e.Subject, 0, time.Now()); err != nil {
 				batch = append(batch, sent{e: e, err: fmt.Errorf("%w: %w", errInvalidClick, err), parked: true})
 				continue
 			}
 		}
-		msg := &nats.Msg{Subject: e.Subject, Data: []byte(e.Data), Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
+		msg := &nats.Msg{Subject: e.Subject, Data: data, Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
 		// No retries inside the client: it would resend a refused message
 		// after later ones of the window were stored. The relay retries.
 		f, err := r.js.PublishMsgAsync(msg, jetstream.WithExpectStream(lane.Stream), jetstream.WithRetryAttempts(0))
