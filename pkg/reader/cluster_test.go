@@ -28,9 +28,7 @@ func clusterSetup(t *testing.T, partitions int) (*testenv.NATSCluster, jetstream
 	js := c.JetStream(t)
 	o := topology.Defaults()
 	o.Partitions, o.Replicas = partitions, 3
-	if err := topology.Apply(t.Context(), js, o); err != nil {
-		t.Fatal(err)
-	}
+	c.ApplyTopology(t, js, o)
 	return c, js
 }
 

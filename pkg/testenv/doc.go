@@ -13,7 +13,10 @@
 // server start their own (StartRedis, StartClickHouse).
 //
 // Clusters: StartNATSCluster starts three nats-server processes with routes
-// and JetStream (built once from the module with `go build`), and
+// and JetStream (built once from the module with `go build`), returned once
+// every node is healthy and the cluster places a stream on all three (a
+// fresh meta leader cannot until it has heard each peer: topology.NoPeersYet;
+// NATSCluster.ApplyTopology retries that answer), and
 // StartRedisCluster six redis-servers forming a Redis Cluster of three
 // masters with a replica each, both on free loopback ports, so tests can
 // SIGKILL or SIGSTOP one node. WithRedisCluster and RunOnRedisCluster run a

@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // NATSCluster is a JetStream cluster of three nats-server child processes on
@@ -182,7 +184,11 @@ func newNATSNodes(dir string, n int) (*NATSCluster, error) {
 			return nil, err
 		}
 	}
-	if err := c.WaitHealthy(60 * time.Second); err != nil {
+	err = c.WaitHealthy(60 * time.Second)
+	if err == nil && n > 1 {
+		err = c.waitPlaceable(60 * time.Second)
+	}
+	if err != nil {
 		var logs strings.Builder
 		for _, node := range c.Nodes {
 			fmt.Fprintf(&logs, "\n--- %s (exited: %v):\n%s", node.Name, node.proc.exited(), node.proc.tailLog())
@@ -244,6 +250,62 @@ func (n *NATSNode) healthy() error {
 	}
 	_, err = js.AccountInfo(ctx)
 	return err
+}
+
+// waitPlaceable waits until the cluster can place a stream with a replica
+// on every node. /healthz says each node is up and current with the meta
+// group, but the meta leader places only on peers whose statistics it has
+// heard, which can come a few seconds later (topology.NoPeersYet); a test
+// that creates an R3 stream at once would fail on a slow machine.
+func (c *NATSCluster) waitPlaceable(timeout time.Duration) error {
+	nc, err := nats.Connect(c.URL, nats.Timeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	const probe = "TESTENV_PLACEMENT"
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name: probe, Subjects: []string{"testenv.placement"}, Storage: jetstream.MemoryStorage, Replicas: len(c.Nodes),
+		})
+		if err == nil {
+			err = js.DeleteStream(ctx, probe)
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nats cluster: a stream with %d replicas: %w", len(c.Nodes), err)
+		}
+		time.Sleep(100 * time.Millisecond) // between polls; the deadline above bounds them
+	}
+}
+
+// ApplyTopology applies o on the cluster (topology.Apply), again while
+// JetStream answers that it has no peers to place a replicated asset on
+// (topology.NoPeersYet: a fresh cluster's meta leader that has not heard a
+// peer's statistics yet), for up to a minute; any other error fails tb.
+func (c *NATSCluster) ApplyTopology(tb testing.TB, js jetstream.JetStream, o topology.Options) {
+	tb.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := topology.Apply(tb.Context(), js, o)
+		if err == nil {
+			return
+		}
+		if !topology.NoPeersYet(err) || time.Now().After(deadline) {
+			tb.Fatal(err)
+		}
+		tb.Logf("topology: %v; again", err)
+		time.Sleep(100 * time.Millisecond) // between polls; the deadline above bounds them
+	}
 }
 
 // Close stops every node for good.

@@ -23,10 +23,9 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 	ctx := t.Context()
 	o := topology.Defaults()
 	o.Replicas = 3
-	for i := range 2 {
-		if err := topology.Apply(ctx, js, o); err != nil {
-			t.Fatalf("apply %d: %v", i+1, err)
-		}
+	c.ApplyTopology(t, js, o)
+	if err := topology.Apply(ctx, js, o); err != nil { // again: nothing to change
+		t.Fatalf("apply again: %v", err)
 	}
 	// A new asset's Raft group reports its leader and replicas a moment
 	// after it is created, so each is polled.
@@ -70,5 +69,21 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 			cons, err := js.Consumer(ctx, stream, name)
 			return err == nil && threeNodes(cons.CachedInfo().Cluster) == nil
 		})
+	}
+}
+
+// TestNoPeersYetIsThePlacementAnswer: the cluster's "no suitable peers for
+// placement" is told apart, wrapped or not, from every other API error.
+func TestNoPeersYetIsThePlacementAnswer(t *testing.T) {
+	t.Parallel()
+	noPeers := &jetstream.APIError{Code: 500, ErrorCode: 10005, Description: "no suitable peers for placement, peer offline"}
+	if !topology.NoPeersYet(noPeers) || !topology.NoPeersYet(fmt.Errorf("apply topology: bucket x: %w", noPeers)) {
+		t.Error("the placement error is not recognised")
+	}
+	other := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamNameInUse, Description: "stream name already in use"}
+	for _, err := range []error{nil, other, jetstream.ErrStreamNotFound, fmt.Errorf("x: %w", other)} {
+		if topology.NoPeersYet(err) {
+			t.Errorf("NoPeersYet(%v) = true", err)
+		}
 	}
 }

@@ -309,6 +309,23 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	return nil
 }
 
+// errCodeNoPeers is JetStream's error code for "insufficient resources" when
+// no peer set can be chosen (JSClusterNoPeersErrF): "no suitable peers for
+// placement".
+const errCodeNoPeers = 10005
+
+// NoPeersYet reports whether err is JetStream's answer that it cannot place a
+// replicated stream or consumer: "no suitable peers for placement". A
+// cluster's meta leader places an asset only on peers whose statistics it
+// has heard, and for some seconds after the cluster starts (and whenever a
+// peer's report goes missing) it can answer so although every node is up.
+// Worth retrying; a service's start does (pkg/service, Prepare), and so do
+// the demo and the tests that start a cluster.
+func NoPeersYet(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoPeers
+}
+
 // retiredConsumers are durable consumers earlier versions of Snip declared
 // and this one does not read: Apply deletes them, since a durable consumer
 // nobody reads still costs the server its state (and, on a limits stream,

@@ -30,6 +30,7 @@ import (
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/redisconn"
+	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -427,7 +428,16 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	tctx, cancel := context.WithTimeout(ctx, d.env.Cfg.Timeout)
 	defer cancel()
-	if err := topology.Apply(tctx, js, d.env.Cfg.Topology.Options()); err != nil {
+	// A cluster just started may not place replicated assets for a moment
+	// (topology.NoPeersYet); anything else is the demo's error at once.
+	err = service.Backoff{Attempt: d.env.Cfg.Timeout}.Retry(tctx, d.env.Log, "apply topology", func(ctx context.Context) error {
+		err := topology.Apply(ctx, js, d.env.Cfg.Topology.Options())
+		if err != nil && !topology.NoPeersYet(err) {
+			return service.Permanent(err)
+		}
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	rdb, err := redisconn.Open(d.redisURL)

@@ -76,9 +76,7 @@ func TestNextGoesOnWhenTheConsumersServerIsKilled(t *testing.T) {
 	c := testenv.StartNATSCluster(t)
 	opts := topology.Defaults()
 	opts.Replicas = 3
-	if err := topology.Apply(ctx, c.JetStream(t), opts); err != nil {
-		t.Fatal(err)
-	}
+	c.ApplyTopology(t, c.JetStream(t), opts)
 	publish := func(js jetstream.JetStream, from, n int) {
 		t.Helper()
 		for i := from; i < from+n; i++ {

@@ -23,9 +23,7 @@ func TestScansOnAThreeNodeCluster(t *testing.T) {
 	ctx := t.Context()
 	o := topology.Defaults()
 	o.Partitions, o.Replicas = 4, 3
-	if err := topology.Apply(ctx, js, o); err != nil {
-		t.Fatal(err)
-	}
+	c.ApplyTopology(t, js, o)
 	clicks := traffic.Generate(traffic.Spec{Seed: 1, Start: time.Now().Add(-time.Minute), Duration: 20 * time.Second, HumanRate: 20, Links: 20, Owners: 2})
 	if err := traffic.Publish(ctx, js, clicks, 256); err != nil {
 		t.Fatal(err)
