@@ -27,11 +27,13 @@ import (
 
 // BenchmarkCatchUp measures replay speed: CLICKS holds a backlog of N
 // clicks (CLICKCOUNTER_BENCH_EVENTS, default 200,000) of the benchmix mix
-// (10,000 links, Zipf), and three readers drain it one after the other on the same
+// (10,000 links, Zipf), and four readers drain it one after the other on the same
 // server, each with batches of 2,000 (CLICKCOUNTER_BENCH_BATCH) over the 8 partitions in parallel:
 //
 //   - bare: one pull consumer per partition that fetches and acks (AckAll,
 //     the last message of each batch), nothing else;
+//   - bare pinned: the same with the groups' priority policy (pinned_client),
+//     so what the server's fence costs per event is seen apart from the runtime;
 //   - noop: the reader runtime with a handler that does nothing;
 //   - counter: the reader runtime with the click counter writing to Redis.
 //
@@ -81,7 +83,9 @@ func BenchmarkCatchUp(b *testing.B) {
 
 	for b.Loop() {
 		cpu0 := cpuTimes(b, procs)
-		bare := drainBare(b, js, o.Partitions, batch, n)
+		bare := drainBare(b, js, o.Partitions, batch, n, false)
+		cpuP0 := cpuTimes(b, procs)
+		pinned := drainBare(b, js, o.Partitions, batch, n, true)
 		cpu1 := cpuTimes(b, procs)
 		noop := drainGroup(b, js, "bench-noop", batch, n, func(_ context.Context, _ int, evs []reader.Event) error { return nil }, nil)
 		cpu2 := cpuTimes(b, procs)
@@ -112,16 +116,17 @@ func BenchmarkCatchUp(b *testing.B) {
 		}
 		rate := func(d time.Duration) float64 { return float64(n) / d.Seconds() }
 		b.ReportMetric(rate(bare), "bare_events/s")
+		b.ReportMetric(rate(pinned), "bare_pinned_events/s")
 		b.ReportMetric(rate(noop), "runtime_noop_events/s")
 		b.ReportMetric(rate(cnt), "counter_events/s")
 		b.ReportMetric(bare.Seconds()/cnt.Seconds(), "counter/bare")
-		b.Logf("%d events: bare %s (%.0f/s), runtime no-op %s (%.0f/s), counter %s (%.0f/s); counter/bare = %.2f",
-			n, bare.Round(time.Millisecond), rate(bare), noop.Round(time.Millisecond), rate(noop),
+		b.Logf("%d events: bare %s (%.0f/s), bare pinned %s (%.0f/s), runtime no-op %s (%.0f/s), counter %s (%.0f/s); counter/bare = %.2f",
+			n, bare.Round(time.Millisecond), rate(bare), pinned.Round(time.Millisecond), rate(pinned), noop.Round(time.Millisecond), rate(noop),
 			cnt.Round(time.Millisecond), rate(cnt), bare.Seconds()/cnt.Seconds())
 		for _, ph := range []struct {
 			name       string
 			before, at []time.Duration
-		}{{"bare", cpu0, cpu1}, {"runtime no-op", cpu1, cpu2}, {"counter", cpu3, cpu4}} {
+		}{{"bare", cpu0, cpuP0}, {"bare pinned", cpuP0, cpu1}, {"runtime no-op", cpu1, cpu2}, {"counter", cpu3, cpu4}} {
 			var parts []string
 			total := 0.0
 			for i, pr := range procs {
@@ -187,7 +192,9 @@ func publishBacklog(b *testing.B, js jetstream.JetStream, mix *benchmix.Mix, n i
 // drainBare reads CLICKS with one plain pull consumer per partition
 // (AckAll, the group consumers' settings) and acks each batch's last
 // message; it returns the time from the first message to the last ack.
-func drainBare(b *testing.B, js jetstream.JetStream, partitions, batch, n int) time.Duration {
+// pinned gives the consumers the groups' priority policy (pinned_client),
+// for which the server adds the pin ID to every message it delivers.
+func drainBare(b *testing.B, js jetstream.JetStream, partitions, batch, n int, pinned bool) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	var done atomic.Int64
@@ -199,13 +206,19 @@ func drainBare(b *testing.B, js jetstream.JetStream, partitions, batch, n int) t
 			Durable: "bench-bare-p" + strconv.Itoa(p), FilterSubject: events.PartitionFilter(p),
 			AckPolicy: jetstream.AckAllPolicy, AckWait: time.Minute, MaxAckPending: 2 * batch, MaxDeliver: -1,
 		}
+		var opts []jetstream.FetchOpt
+		if pinned {
+			cfg.Durable = "bench-pinned-p" + strconv.Itoa(p)
+			cfg.PriorityGroups, cfg.PriorityPolicy = []string{topology.PriorityGroup}, jetstream.PriorityPolicyPinned
+			opts = append(opts, jetstream.FetchPriorityGroup(topology.PriorityGroup))
+		}
 		cons, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
 		wg.Go(func() {
 			for done.Load() < int64(n) {
-				mb, err := cons.Fetch(batch, jetstream.FetchMaxWait(100*time.Millisecond))
+				mb, err := cons.Fetch(batch, append(opts, jetstream.FetchMaxWait(100*time.Millisecond))...)
 				if err != nil {
 					continue
 				}
