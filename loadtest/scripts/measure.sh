@@ -11,7 +11,7 @@
 #       memory of the demo's process (which runs the NATS server) sampled
 #       every 10 s (RSS, and the Go heap from its profiles on port 8225),
 #       a heap profile saved at the end of the load, then the oracle.
-# Needs: make build, nats-server and nats (the CLI) on PATH, redis-server and
+# Needs: make build, nats-server (the version pkg/go.mod requires) and nats (the CLI) on PATH, redis-server and
 # clickhouse-server (for the demo), jq (for STEPS=goals), free ports 4222, 4333, 6390, 6391,
 # 8080-8085, 8089, 8090, 8180, 8222, 8225, 19000. About 25 minutes.
 #
@@ -56,6 +56,14 @@ trap 'stop; rm -rf "$TMP"' EXIT
 log "make build"
 make build >/dev/null || exit 1
 git log --oneline -1
+# The standalone server (the ceiling, nats bench) must be the one the demo
+# embeds, or the ratios compare two servers.
+want=$(awk '$1 == "github.com/nats-io/nats-server/v2" {print $2}' pkg/go.mod)
+have=$(nats-server --version 2>/dev/null | awk '{print $2}')
+if [[ $have != "$want" ]]; then
+	echo "nats-server on PATH is ${have:-missing}; the demo embeds $want: go install github.com/nats-io/nats-server/v2@$want" >&2
+	exit 1
+fi
 
 if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 	$LT bare302 --addr 127.0.0.1:8090 >"$OUT/bare302.log" 2>&1 &
