@@ -37,17 +37,15 @@ type canonicalClick struct {
 // kept keeps the whole copy. On false, c holds a partial decode the caller
 // must discard.
 func parseCanonicalClick(c *Click, data []byte, flags json.ParseFlags) bool {
-	if len(data) < 2 || data[len(data)-1] != '}' {
-		return false
+	const head = `{"v":1,"id":`
+	if len(data) <= len(head) || string(data[:len(head)]) != head || data[len(data)-1] != '}' {
+		return false // not the shape, or another version: no copy made
 	}
-	p := canonicalClick{data: data, flags: flags}
+	p := canonicalClick{data: data, flags: flags, i: len(head)}
 	if flags&json.ZeroCopy != 0 {
 		p.s = unsafe.String(&data[0], len(data))
 	} else {
 		p.s = string(data)
-	}
-	if !p.literal(`{"v":1,"id":`) {
-		return false
 	}
 	c.V = ClickVersion
 	ok := p.str(&c.ID) && p.literal(`,"ts":`) && p.time(c) &&
