@@ -25,6 +25,7 @@
 #   STEPS=goals loadtest/scripts/measure.sh      # (6) the ceiling, then in one fresh demo every reader at
 #                                                #     PLAIN_RATE (default 16,000/s) with the flood not yet
 #                                                #     labelled, then at FLOOD_RATE (default 12,000/s) with it
+#                                                #     (PROFILE=1: a CPU profile of the demo's NATS server in each run)
 #   DEMO_CLUSTER=1 STEPS=cpu loadtest/scripts/measure.sh   # the same on the clusters
 #   LOAD_OWNER=demo STEPS=events loadtest/scripts/measure.sh   # the load also to the demo's webhook receiver
 set -u
@@ -256,6 +257,11 @@ if [[ ${STEPS:-all} == goals ]]; then
 		local name=$1 rate=$2 rep="$OUT/goal-$1/report.json"
 		log "goal run $name: every reader at $rate events/s for 60s"
 		cputicks >"$TMP/goal0"
+		if [[ -n ${PROFILE:-} && -z ${DEMO_CLUSTER:-} ]]; then
+			# PROFILE=1: 25 s of the demo process's CPU (its embedded NATS
+			# server) from 20 s into the load.
+			(sleep 20 && curl -fsS -o "$OUT/goal-$name-nats-cpu.pb.gz" "http://127.0.0.1:$PROF_PORT/debug/pprof/profile?seconds=25") &
+		fi
 		$LT events --owner "$LOAD_OWNER" --rate "$rate" --duration 60s --links 1000 --viral 0.5 --require counter,warehouse,fraud \
 			--verify --deadline 300s --out "$OUT/goal-$name" 2>&1 | grep -vE '^ *[0-9]+s (load|drain) ' | tee "$OUT/goal-$name.txt"
 		cputicks >"$TMP/goal1"
@@ -270,6 +276,10 @@ if [[ ${STEPS:-all} == goals ]]; then
 		echo "CPU seconds over the run:"
 		awk -v tck="$(getconf CLK_TCK)" 'FILENAME ~ /goal0$/ { a[$1] -= $2 } FILENAME ~ /goal1$/ { a[$1] += $2 }
 			END { for (n in a) printf "  %-28s %8.2f\n", n, a[n] / tck }' "$TMP/goal0" "$TMP/goal1" | sort
+		if [[ -s $OUT/goal-$name-nats-cpu.pb.gz ]] && command -v go >/dev/null; then
+			echo "the demo process's CPU, 25 s of the load ($OUT/goal-$name-nats-cpu.pb.gz), inclusive:"
+			go tool pprof -top -cum -nodecount=25 "$B/snipctl" "$OUT/goal-$name-nats-cpu.pb.gz" 2>/dev/null | sed -n '/flat%/,$p'
+		fi
 	}
 	goal plain "${PLAIN_RATE:-16000}"
 	goal flood "${FLOOD_RATE:-12000}"
