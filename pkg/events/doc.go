@@ -18,4 +18,7 @@
 // subject and the payload agree on owner, code and partition, and the time is
 // plausible). Every reader and the outbox relay apply it, so an event invalid
 // for one of them is parked by all, under the same Reason, and counted by none.
+// A click in the one shape Snip writes is read by a direct parser
+// (canonical.go) and any other payload by the general JSON decoder; both
+// read every input the same (FuzzCanonicalClickMatchesDecoder).
 package events
