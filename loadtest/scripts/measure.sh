@@ -89,7 +89,7 @@ if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 	pids+=($!)
 	waitport 8180 || exit 1
 	log "ramp: the redirect service alone"
-	$LT ramp --target http://127.0.0.1:8180 --from 500 --to 8000 --step 500 --step-duration 5s \
+	$LT ramp --target http://127.0.0.1:8180 --from 500 --to 12000 --step 500 --step-duration 5s \
 		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
 fi
 if [[ ${STEPS:-all} == ramp ]]; then
