@@ -239,17 +239,27 @@ func (n *NATSNode) healthy() error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s /healthz: %s", n.Name, resp.Status)
 	}
-	nc, err := nats.Connect(n.URL, nats.Timeout(time.Second))
+	nc, js, err := connectJetStream(n.URL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	_, err = js.AccountInfo(ctx)
 	return err
+}
+
+// connectJetStream connects to url for one check; the caller closes nc.
+func connectJetStream(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // waitPlaceable waits until the cluster can place a stream with a replica
@@ -258,15 +268,11 @@ func (n *NATSNode) healthy() error {
 // heard, which can come a few seconds later (topology.NoPeersYet); a test
 // that creates an R3 stream at once would fail on a slow machine.
 func (c *NATSCluster) waitPlaceable(timeout time.Duration) error {
-	nc, err := nats.Connect(c.URL, nats.Timeout(time.Second))
+	nc, js, err := connectJetStream(c.URL)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	const probe = "TESTENV_PLACEMENT"
 	deadline := time.Now().Add(timeout)
 	for {
