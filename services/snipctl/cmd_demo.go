@@ -125,18 +125,31 @@ type demoPort struct {
 	port int
 }
 
-// portsFree says which of the demo's ports is taken, if one is.
+// portsFree says which of the demo's ports is taken, if one is
+// (*portInUseError).
 func portsFree(ports []demoPort) error {
 	for _, p := range ports {
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
 		if err != nil {
-			return fmt.Errorf("demo: port %d (%s) is in use: is another demo running, or still stopping? "+
-				"Stop it, or choose other ports (snipctl demo -h): %w", p.port, p.what, err)
+			return &portInUseError{port: p, err: err}
 		}
 		l.Close()
 	}
 	return nil
 }
+
+// portInUseError is the demo refusing to start on a port that is taken.
+type portInUseError struct {
+	port demoPort
+	err  error
+}
+
+func (e *portInUseError) Error() string {
+	return fmt.Sprintf("demo: port %d (%s) is in use: is another demo running, or still stopping? "+
+		"Stop it, or choose other ports (snipctl demo -h): %v", e.port.port, e.port.what, e.err)
+}
+
+func (e *portInUseError) Unwrap() error { return e.err }
 
 // demoProc is one child process. A service is supervised: when it exits
 // while the demo runs, it is started again after a backoff (1 s, doubling

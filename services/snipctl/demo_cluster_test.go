@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -34,19 +32,19 @@ import (
 // SIGUSR1, which the cluster demo handles.
 func TestDemoClusterGoesOnWhenANodeDies(t *testing.T) {
 	bin := allDemoBinaries(t)
-	dir := t.TempDir()
-	args, base, _, _ := demoArgs(t, bin, dir)
-	args = append(args, "--cluster")
-	var out syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler))
-	}()
+	var dir string
+	var base int
+	d := startDemo(t, []string{"SNIP_PARTITIONS=2"}, func() []string {
+		dir = t.TempDir()
+		var args []string
+		args, base, _, _ = demoArgs(t, bin, dir)
+		return append(args, "--cluster")
+	})
+	out := d.out
 	t.Cleanup(func() {
-		cancel()
+		d.cancel()
 		select {
-		case err := <-done:
+		case err := <-d.done:
 			if err != nil {
 				t.Errorf("demo returned %v\n%s", err, out.String())
 			}

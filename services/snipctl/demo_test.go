@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -155,6 +156,49 @@ func demoArgs(t *testing.T, bin, dir string) (args []string, base, chPort, siteP
 	return args, base, chPort, sitePort
 }
 
+// demoRun is a demo started in this process by startDemo.
+type demoRun struct {
+	out    *syncBuffer
+	done   chan error // what run returned
+	cancel context.CancelFunc
+}
+
+// startDemo runs the demo with the flags newArgs makes, each call on fresh
+// free ports, and returns once the demo is past its check that its ports
+// are free. A port testenv.FreePort handed out can be taken by another
+// test's server before the demo checks it; the demo then refuses at once
+// (*portInUseError), and is started again on new ports, three times at most.
+func startDemo(t *testing.T, env []string, newArgs func() []string) *demoRun {
+	t.Helper()
+	for try := 1; ; try++ {
+		d := &demoRun{out: &syncBuffer{}, done: make(chan error, 1)}
+		var ctx context.Context
+		ctx, d.cancel = context.WithCancel(context.Background())
+		args := newArgs()
+		go func() { d.done <- run(ctx, args, env, d.out, d.out, slog.New(slog.DiscardHandler)) }()
+		var err error
+		returned := false
+		testenv.WaitFor(t, time.Minute, "the demo past its port check", func() bool {
+			select {
+			case err = <-d.done:
+				returned = true
+				return true
+			default:
+				return strings.Contains(d.out.String(), "starting the demo")
+			}
+		})
+		if !returned {
+			return d
+		}
+		d.cancel()
+		var inUse *portInUseError
+		if !errors.As(err, &inUse) || try == 3 {
+			t.Fatalf("demo returned at its start (try %d): %v\n%s", try, err, d.out.String())
+		}
+		t.Logf("try %d: %v; again on other ports", try, err)
+	}
+}
+
 // `make demo` is how most people meet Snip: run it with the real redirect
 // and counter binaries and follow one click from the demo's link to the
 // counter's stats; kill the counter and see the demo restart it, as a
@@ -162,28 +206,28 @@ func demoArgs(t *testing.T, bin, dir string) (args []string, base, chPort, siteP
 func TestDemoRunsAndCountsAClick(t *testing.T) {
 	t.Parallel()
 	bin := demoBinaries(t)
-	dir := t.TempDir()
-	args, base, chPort, sitePort := demoArgs(t, bin, dir)
-	profPort, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	args = append(args, "--nats-prof-port", strconv.Itoa(profPort))
-	var out syncBuffer
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, args, []string{"SNIP_PARTITIONS=2"}, &out, &out, slog.New(slog.DiscardHandler))
-	}()
+	var dir string
+	var base, chPort, sitePort, profPort int
+	d := startDemo(t, []string{"SNIP_PARTITIONS=2"}, func() []string {
+		dir = t.TempDir()
+		var args []string
+		args, base, chPort, sitePort = demoArgs(t, bin, dir)
+		var err error
+		if profPort, err = testenv.FreePort(); err != nil {
+			t.Fatal(err)
+		}
+		return append(args, "--nats-prof-port", strconv.Itoa(profPort))
+	})
+	out := d.out
 	stopped := false
 	stop := func() {
 		if stopped {
 			return
 		}
 		stopped = true
-		cancel()
+		d.cancel()
 		select {
-		case err := <-done:
+		case err := <-d.done:
 			if err != nil {
 				t.Errorf("demo returned %v\n%s", err, out.String())
 			}
@@ -343,29 +387,48 @@ func TestDemoHelpPrintsUsageOnce(t *testing.T) {
 func TestDemoStopsWhenItsParentIsKilled(t *testing.T) {
 	t.Parallel()
 	bin := demoBinaries(t)
-	dir := t.TempDir()
-	args, base, _, _ := demoArgs(t, bin, dir)
-	outPath := filepath.Join(t.TempDir(), "nohup.out")
-	// bash stands in for make: it ignores SIGINT (as a background job
-	// does), runs the demo as its child, and dies on SIGTERM.
-	script := `trap "" INT HUP; "$@" > "` + outPath + `" 2>&1; true`
-	parent := exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(bin, "snipctl")}, args...)...)
-	parent.Env = append(os.Environ(), "SNIP_PARTITIONS=2")
-	if err := parent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- parent.Wait() }()
+	var (
+		args    []string
+		base    int
+		parent  *exec.Cmd
+		outPath string
+	)
 	read := func() string { b, _ := os.ReadFile(outPath); return string(b) }
-	t.Cleanup(func() {
-		_ = parent.Process.Kill()
-		<-waited
-		// If the demo outlived the test, it must not hold its ports.
-		testenv.WaitFor(t, time.Minute, "the demo to let go of its ports", func() bool {
-			return portsFree([]demoPort{{"redirect", base}}) == nil
+	// As startDemo: a free port taken by another test before the demo's
+	// check makes it refuse at once; it is started again on other ports.
+	for try := 1; ; try++ {
+		args, base, _, _ = demoArgs(t, bin, t.TempDir())
+		outPath = filepath.Join(t.TempDir(), "nohup.out")
+		// bash stands in for make: it ignores SIGINT (as a background job
+		// does), runs the demo as its child, and dies on SIGTERM.
+		script := `trap "" INT HUP; "$@" > "` + outPath + `" 2>&1; true`
+		parent = exec.Command("bash", append([]string{"-c", script, "bash", filepath.Join(bin, "snipctl")}, args...)...)
+		parent.Env = append(os.Environ(), "SNIP_PARTITIONS=2")
+		if err := parent.Start(); err != nil {
+			t.Fatal(err)
+		}
+		w := make(chan error, 1)
+		go func() { w <- parent.Wait() }()
+		p, b := parent, base
+		t.Cleanup(func() {
+			_ = p.Process.Kill()
+			<-w
+			// If the demo outlived the test, it must not hold its ports.
+			testenv.WaitFor(t, time.Minute, "the demo to let go of its ports", func() bool {
+				return portsFree([]demoPort{{"redirect", b}}) == nil
+			})
 		})
-	})
-	testenv.WaitFor(t, 2*time.Minute, "the demo's banner", func() bool { return strings.Contains(read(), "Snip is running") })
+		testenv.WaitFor(t, 2*time.Minute, "the demo's banner", func() bool {
+			return strings.Contains(read(), "Snip is running") || strings.Contains(read(), ") is in use:")
+		})
+		if !strings.Contains(read(), ") is in use:") {
+			break
+		}
+		if try == 3 {
+			t.Fatalf("the demo refused its ports three times:\n%s", read())
+		}
+		t.Logf("try %d: %s; again on other ports", try, strings.TrimSpace(read()))
+	}
 	if err := parent.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
