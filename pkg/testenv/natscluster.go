@@ -274,24 +274,17 @@ func (c *NATSCluster) waitPlaceable(timeout time.Duration) error {
 	}
 	defer nc.Close()
 	const probe = "TESTENV_PLACEMENT"
-	deadline := time.Now().Add(timeout)
-	for {
+	return c.Nodes[0].proc.waitReady(timeout, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
 			Name: probe, Subjects: []string{"testenv.placement"}, Storage: jetstream.MemoryStorage, Replicas: len(c.Nodes),
 		})
-		if err == nil {
-			err = js.DeleteStream(ctx, probe)
+		if err != nil {
+			return fmt.Errorf("a stream with %d replicas: %w", len(c.Nodes), err)
 		}
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("nats cluster: a stream with %d replicas: %w", len(c.Nodes), err)
-		}
-		time.Sleep(100 * time.Millisecond) // between polls; the deadline above bounds them
-	}
+		return js.DeleteStream(ctx, probe)
+	})
 }
 
 // ApplyTopology applies o on the cluster (topology.Apply), again while
@@ -300,18 +293,18 @@ func (c *NATSCluster) waitPlaceable(timeout time.Duration) error {
 // peer's statistics yet), for up to a minute; any other error fails tb.
 func (c *NATSCluster) ApplyTopology(tb testing.TB, js jetstream.JetStream, o topology.Options) {
 	tb.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	logged := false
+	WaitFor(tb, time.Minute, "the topology applied on the cluster", func() bool {
 		err := topology.Apply(tb.Context(), js, o)
-		if err == nil {
-			return
-		}
-		if !topology.NoPeersYet(err) || time.Now().After(deadline) {
+		if err != nil && !topology.NoPeersYet(err) {
 			tb.Fatal(err)
 		}
-		tb.Logf("topology: %v; again", err)
-		time.Sleep(100 * time.Millisecond) // between polls; the deadline above bounds them
-	}
+		if err != nil && !logged {
+			tb.Logf("topology: %v; again until the cluster places it", err)
+			logged = true
+		}
+		return err == nil
+	})
 }
 
 // Close stops every node for good.
