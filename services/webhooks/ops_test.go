@@ -316,15 +316,18 @@ func TestOwnerAPI(t *testing.T) {
 	}
 	api(t, svc.addr, acmeKey, http.MethodPost, base+"/test", nil, &test)
 	testenv.WaitFor(t, 30*time.Second, "the test event", func() bool { return rc.eventIDs()[test.EventID] == 1 })
+	// The receiver counts the request when it arrives; the service records
+	// the delivery after the response, so the record may come a moment later.
 	var testDelivery redisstore.Delivery
-	for _, d := range deliveries(t, svc.addr, ep.ID) {
-		if d.WebhookID == test.EventID && d.Status == "delivered" {
-			testDelivery = d
+	testenv.WaitFor(t, 30*time.Second, "a delivered record of the test event", func() bool {
+		for _, d := range deliveries(t, svc.addr, ep.ID) {
+			if d.WebhookID == test.EventID && d.Status == "delivered" {
+				testDelivery = d
+				return true
+			}
 		}
-	}
-	if testDelivery.ID == "" {
-		t.Fatalf("no delivered record of the test event in %+v", deliveries(t, svc.addr, ep.ID))
-	}
+		return false
+	})
 	var again redisstore.Delivery
 	if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/deliveries/"+testDelivery.ID+"/redeliver", nil, &again); code != http.StatusOK || again.Status != "delivered" {
 		t.Fatalf("redeliver: %d %+v", code, again)
