@@ -479,9 +479,13 @@ func TestLagLoopRecordsEachBacklogRead(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); lagLoop(ctx, sys, m, &last) }()
 	verdicts := events.FraudVerdictsStream + "/" + topology.ClickCounterVerdictsConsumer
-	testenv.WaitFor(t, 30*time.Second, "a backlog read", func() bool {
-		_, at, _ := last.get()
-		return !at.IsZero()
+	// The server counts the consumer's pending verdicts after it acks
+	// their publishes, so the first reads may see fewer than 3: wait for a
+	// read of all 3, in the last backlog and in the peak.
+	testenv.WaitFor(t, 30*time.Second, "a backlog read of "+verdicts+" at 3, in the last read and the peak", func() bool {
+		lag, at, err := last.get()
+		return !at.IsZero() && err == nil && lag[verdicts] == 3 &&
+			m.Summarise(time.Second).PeakLag[verdicts] == 3
 	})
 	cancel()
 	<-done

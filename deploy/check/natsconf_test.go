@@ -105,6 +105,10 @@ type client struct {
 	js         jetstream.JetStream
 	mu         sync.Mutex
 	violations []string
+	// accounted is how many of violations noViolations and violated have
+	// reported or expected; violated reports any after them that came
+	// before the one it waits for.
+	accounted int
 }
 
 func connectAs(t *testing.T, url, user string) *client {
@@ -128,32 +132,49 @@ func connectAs(t *testing.T, url, user string) *client {
 	return c
 }
 
+// noViolations reports the violations recorded so far. Flush makes the
+// server's -ERR for anything sent so far arrive, but nats.go hands it to the
+// error handler on a goroutine of its own, so it may not be recorded yet:
+// the violated call that follows catches such a one (see there).
 func (c *client) noViolations(t *testing.T, user string) {
 	t.Helper()
-	// Flush so the server's -ERR for anything sent so far has arrived.
 	_ = c.nc.Flush()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, v := range c.violations {
+	for _, v := range c.violations[c.accounted:] {
 		t.Errorf("%s: %s", user, v)
 	}
+	c.accounted = len(c.violations)
 }
 
+// violated waits for the server to refuse subject, and reports every
+// violation recorded before that refusal that was not yet reported or
+// expected. nats.go runs the error handler for the server's -ERRs one at a
+// time (one callback goroutine, first in first out), in the order the
+// server sent them, which is the order of what was sent on the connection:
+// once this refusal is recorded, so is the -ERR of anything sent before it.
 func (c *client) violated(t *testing.T, user, subject string) bool {
 	t.Helper()
 	_ = c.nc.Flush()
-	var found bool
+	at := -1
 	testenv.WaitFor(t, 5*time.Second, user+" denied "+subject, func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		for _, v := range c.violations {
-			if strings.Contains(v, subject) {
-				found = true
+		for i := c.accounted; i < len(c.violations); i++ {
+			if strings.Contains(c.violations[i], subject) {
+				at = i
+				return true
 			}
 		}
-		return found
+		return false
 	})
-	return found
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range c.violations[c.accounted:at] {
+		t.Errorf("%s: %s (before the denied %s)", user, v, subject)
+	}
+	c.accounted = at + 1
+	return true
 }
 
 func publishClick(t *testing.T, js jetstream.JetStream, owner, code string) events.Click {

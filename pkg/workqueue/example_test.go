@@ -64,10 +64,13 @@ func Example() {
 	for _, j := range []struct{ code, target string }{{"abc", "https://example.com/"}, {"slow", "https://slow.example/"}, {"bad", "ftp://example.com/"}} {
 		publishJob(ctx, js, j.code, j.target)
 	}
+	// A parked job is terminated without waiting for the server, which
+	// removes it from the queue a moment later.
 	waitUntil(func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(done) == 2 && msgs(ctx, js, events.DeadLetterStream) == 1
+		return len(done) == 2 && msgs(ctx, js, events.DeadLetterStream) == 1 &&
+			msgs(ctx, js, events.PreviewJobsStream) == 0
 	})
 	shutdown()
 	if err := <-stopped; err != nil {

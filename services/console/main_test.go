@@ -258,7 +258,7 @@ func TestPanelsShowTheSeededSystem(t *testing.T) {
 	s := start(t, withToken)
 	parked := seed(t, s)
 
-	var readersPanel struct {
+	type readers struct {
 		Groups []struct {
 			Group     string  `json:"group"`
 			Pending   uint64  `json:"pending"`
@@ -271,7 +271,16 @@ func TestPanelsShowTheSeededSystem(t *testing.T) {
 		} `json:"consumers"`
 		Warn float64 `json:"warn_after_s"`
 	}
-	getJSON(t, s, "/api/readers", &readersPanel)
+	// The server counts the group's pending clicks after it acks their
+	// publishes: read the panel until it shows the 6 seeded ones, then
+	// check that read.
+	var readersPanel readers
+	testenv.WaitFor(t, 30*time.Second, "the readers panel to show down-reader's 6 clicks pending", func() bool {
+		var p readers
+		getJSON(t, s, "/api/readers", &p)
+		readersPanel = p
+		return len(p.Groups) == 1 && p.Groups[0].Pending == 6
+	})
 	if len(readersPanel.Groups) != 1 || readersPanel.Groups[0].Group != "down-reader" || readersPanel.Groups[0].Pending != 6 ||
 		readersPanel.Groups[0].OldestAge <= 0 || readersPanel.Groups[0].Unowned == 0 || readersPanel.Warn != 60 {
 		t.Errorf("readers panel: %+v", readersPanel)

@@ -25,8 +25,26 @@ func TestAPIRefusesBadInput(t *testing.T) {
 	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL))
 	js := n.JetStream(t)
 	createLink(t, in.URL, "https://example.com/taken", "taken")
-	testenv.WaitFor(t, 30*time.Second, "link.created and its job relayed", func() bool {
-		return streamCount(js, events.LinksStream) == 1 && streamCount(js, events.PreviewJobsStream) == 1
+	outboxLanes := []string{"*:outbox:links", "*:outbox:jobs", "*:outbox:clicks"}
+	// The relay deletes an entry from its lane after JetStream has acked its
+	// publish, so the lanes empty a moment after the streams hold it: wait
+	// for both, so that the cleanup's lanes are what the bad requests left.
+	testenv.WaitFor(t, 30*time.Second, "link.created and its job relayed, and the outbox lanes empty", func() bool {
+		if streamCount(js, events.LinksStream) != 1 || streamCount(js, events.PreviewJobsStream) != 1 {
+			return false
+		}
+		for _, k := range outboxLanes {
+			lanes, err := rdb.Keys(t.Context(), k).Result()
+			if err != nil {
+				return false
+			}
+			for _, l := range lanes {
+				if n, err := rdb.XLen(t.Context(), l).Result(); err != nil || n != 0 {
+					return false
+				}
+			}
+		}
+		return true
 	})
 
 	const json = "application/json"
@@ -106,7 +124,7 @@ func TestAPIRefusesBadInput(t *testing.T) {
 		if len(keys) != 1 {
 			t.Errorf("link keys after bad requests: %v, want only the one created", keys)
 		}
-		for _, k := range []string{"*:outbox:links", "*:outbox:jobs", "*:outbox:clicks"} {
+		for _, k := range outboxLanes {
 			lanes, _ := rdb.Keys(ctx, k).Result()
 			for _, l := range lanes {
 				if n := rdb.XLen(ctx, l).Val(); n != 0 {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/snipdev/snip/pkg/testenv"
 )
 
 func TestParse(t *testing.T) {
@@ -66,19 +68,23 @@ func TestFreezeAndKillARealProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped := make(chan string, 1)
+	// A process left stopped by a failure below is killed with the test.
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	inject := f.Inject
 	f.Inject = func(ctx context.Context) error {
-		err := inject(ctx)
-		stopped <- procState(t, pid)
-		return err
+		if err := inject(ctx); err != nil {
+			return err
+		}
+		// kill(2) returns before the process has stopped: it stops when it
+		// next runs. Wait for that here, before Run's hold begins.
+		testenv.WaitFor(t, 30*time.Second, "the state after SIGSTOP to be T (stopped)", func() bool {
+			return procState(t, pid) == "T"
+		})
+		return nil
 	}
 	start := time.Now()
 	if _, err := Run(t.Context(), f); err != nil {
 		t.Fatal(err)
-	}
-	if s := <-stopped; s != "T" {
-		t.Fatalf("state after SIGSTOP = %q, want T (stopped)", s)
 	}
 	if time.Since(start) < 200*time.Millisecond {
 		t.Fatal("recovered before the hold ended")

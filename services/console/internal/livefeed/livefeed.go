@@ -173,7 +173,9 @@ func (h *Hub) Unsubscribe(s *Subscription) {
 type Stats struct {
 	// Rate is the clicks a second stored in CLICKS, measured each second.
 	Rate float64 `json:"rate"`
-	// LastSeq is the newest CLICKS sequence the hub saw.
+	// LastSeq is the newest CLICKS sequence the hub saw. It is stored once
+	// the click has been forwarded or counted as skipped or dropped, so the
+	// figures read with it include that click.
 	LastSeq uint64 `json:"last_seq"`
 	// Skipped counts the clicks not forwarded because of MaxRate.
 	Skipped uint64 `json:"skipped"`
@@ -320,7 +322,10 @@ func (h *Hub) handle(msg jetstream.Msg) {
 	if err != nil {
 		return
 	}
-	h.lastSeq.Store(md.Sequence.Stream)
+	// LastSeq is published last, after the message's skipped, dropped and
+	// forwarded counts: whoever sees LastSeq reach a sequence (Stats, a
+	// test waiting for a click) sees that message's counts too.
+	defer h.lastSeq.Store(md.Sequence.Stream)
 	h.received.Add(1)
 	h.m.received.Inc()
 	if !h.limiter.Allow() {
