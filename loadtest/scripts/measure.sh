@@ -19,6 +19,10 @@
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
 #   STEPS=events loadtest/scripts/measure.sh     # only (2)
 #   STEPS=ramp loadtest/scripts/measure.sh       # only the first two ramps of (1): a bare 302, the redirect alone
+#   STEPS=redirect-cpu loadtest/scripts/measure.sh   # (7) CPU per click of each process, the bare 302 handler and
+#                                                #     the redirect alone at CPU_RATE (default 6,000/s), ROUNDS times;
+#                                                #     REDIRECT_SETTINGS="SNIP_COMMIT_LINGER=0,SNIP_RELAY_LINGER=5ms|defaults"
+#                                                #     compares settings
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
@@ -93,6 +97,79 @@ if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 		--pause 2s --links 1000 --out "$OUT/ramp-redirect"
 fi
 if [[ ${STEPS:-all} == ramp ]]; then
+	log "done: reports in $OUT"
+	exit 0
+fi
+
+# (7) CPU per click of each process at one HTTP rate: the bare 302 handler,
+# then the redirect alone (this step's nats-server and redis-server) once
+# per setting in REDIRECT_SETTINGS ("|" between settings, "," between the
+# variables of one; "defaults": none set), ROUNDS times in turn.
+# Each is sampled for 10 s of a 25 s step; the redirect's from its first
+# recorded click, after its links are created.
+ticks() { awk '{ print $14 + $15 }' /proc/"$1"/stat; }
+if [[ ${STEPS:-all} == redirect-cpu ]]; then
+	rate=${CPU_RATE:-6000}
+	hz=$(getconf CLK_TCK)
+	nats_pid=${pids[0]} redis_pid=${pids[1]}
+	# perclick <name> <ticks before> <ticks after> <seconds>
+	perclick() { awk -v n="$1" -v a="$2" -v b="$3" -v s="$4" -v r="$rate" -v hz="$hz" 'BEGIN { printf " %s %.0f", n, (b - a) / hz * 1e6 / (s * r) }'; }
+	sample() { # sample <label> <service pid> <generator pid>
+		local n0 r0 s0 g0 n1 r1 s1 g1 t0 t1
+		redis-cli -p 6391 config resetstat >/dev/null
+		n0=$(ticks "$nats_pid") r0=$(ticks "$redis_pid") s0=$(ticks "$2") g0=$(ticks "$3") t0=$(date +%s.%N)
+		sleep 10
+		n1=$(ticks "$nats_pid") r1=$(ticks "$redis_pid") s1=$(ticks "$2") g1=$(ticks "$3") t1=$(date +%s.%N)
+		local secs
+		secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+		{
+			printf '%s at %d/s, CPU µs per click:' "$1" "$rate"
+			perclick service "$s0" "$s1" "$secs"
+			perclick nats-server "$n0" "$n1" "$secs"
+			perclick redis-server "$r0" "$r1" "$secs"
+			perclick generator "$g0" "$g1" "$secs"
+			echo
+			redis-cli -p 6391 info commandstats | awk -F'[:,=]' -v s="$secs" \
+				'/^cmdstat_(xadd|xread|evalsha)/ { printf "  redis %s: %.0f calls/s, %s µs a call\n", substr($1, 9), $3 / s, $7 }'
+		} | tee -a "$OUT/redirect-cpu.txt"
+	}
+	$LT bare302 --addr 127.0.0.1:8090 >"$OUT/bare302.log" 2>&1 &
+	bare_pid=$!
+	waitport 8090 || exit 1
+	IFS='|' read -r -a settings <<<"${REDIRECT_SETTINGS:-defaults}"
+	for round in $(seq 1 "${ROUNDS:-2}"); do
+		$LT ramp --target http://127.0.0.1:8090 --create-links=false --from "$rate" --to "$rate" --step 1000 \
+			--step-duration 25s --retries 0 --out "$OUT/cpu-bare-$round" >/dev/null 2>&1 &
+		gen=$!
+		sleep 5 # the step starts at once; 5 s of warm-up
+		sample "round $round: bare 302" "$bare_pid" "$gen"
+		wait "$gen"
+		for setting in "${settings[@]}"; do
+			vars=${setting//,/ }
+			[[ $setting == defaults ]] && vars=
+			env $vars HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
+				SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
+				$B/redirect >"$OUT/redirect-cpu.log" 2>&1 &
+			svc=$!
+			waitport 8180 || exit 1
+			$LT ramp --target http://127.0.0.1:8180 --from "$rate" --to "$rate" --step 1000 --step-duration 25s \
+				--retries 0 --links 1000 --out "$OUT/cpu-redirect-$round" >/dev/null 2>&1 &
+			gen=$!
+			for _ in $(seq 1 300); do # until the links are made and the clicks begin
+				curl -fsS http://127.0.0.1:8180/metrics 2>/dev/null | grep -q '^snip_redirect_clicks_recorded_total' && break
+				sleep 0.1
+			done
+			sleep 3 # warm-up
+			sample "round $round: redirect ($setting)" "$svc" "$gen"
+			batch=$(curl -fsS http://127.0.0.1:8180/metrics | awk '/^snip_redirect_commit_batch_size_sum/ { s = $2 } /^snip_redirect_commit_batch_size_count/ { c = $2 } END { if (c) printf "%.1f", s / c }')
+			echo "  clicks per group commit (whole run): $batch" | tee -a "$OUT/redirect-cpu.txt"
+			wait "$gen"
+			kill "$svc"
+			wait "$svc" 2>/dev/null
+			redis-cli -p 6391 flushall >/dev/null
+		done
+	done
+	kill "$bare_pid"
 	log "done: reports in $OUT"
 	exit 0
 fi

@@ -83,6 +83,10 @@ type Config struct {
 	// CommitMaxBatch and CommitWorkers shape the group commit.
 	CommitMaxBatch int `env:"SNIP_COMMIT_MAX_BATCH" envDefault:"256"`
 	CommitWorkers  int `env:"SNIP_COMMIT_WORKERS" envDefault:"2"`
+	// CommitLinger is how long a group commit waits for more clicks after
+	// its first, when clicks arrive that densely (outbox.CommitterConfig);
+	// it adds at most that to a redirect. 0: never waits.
+	CommitLinger time.Duration `env:"SNIP_COMMIT_LINGER" envDefault:"500us"`
 	// CommitTimeout bounds one group commit's Redis round trip.
 	CommitTimeout time.Duration `env:"SNIP_COMMIT_TIMEOUT" envDefault:"1s"`
 	// RelayWindow is the most entries per lane in flight to JetStream.
@@ -90,7 +94,7 @@ type Config struct {
 	// RelayLinger is how long a shard's relay waits after a small batch so
 	// the next one is larger (fewer Redis and JetStream round trips); it
 	// delays publishing, never a redirect.
-	RelayLinger time.Duration `env:"SNIP_RELAY_LINGER" envDefault:"5ms"`
+	RelayLinger time.Duration `env:"SNIP_RELAY_LINGER" envDefault:"20ms"`
 	// RelayLeaseTTL is how long a dead instance's shards wait to be taken over.
 	RelayLeaseTTL time.Duration `env:"SNIP_RELAY_LEASE_TTL" envDefault:"5s"`
 	// PublishTimeout bounds the wait for one JetStream ack.
@@ -128,6 +132,9 @@ func (c *Config) validate() error {
 	case c.OutboxWaitReplicas > 0 && (c.OutboxWaitReplicasTimeout < time.Millisecond || c.OutboxWaitReplicasTimeout >= c.OutboxWait):
 		return fmt.Errorf("SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT %s: want at least 1ms and less than SNIP_OUTBOX_WAIT (%s)",
 			c.OutboxWaitReplicasTimeout, c.OutboxWait)
+	case c.CommitLinger < 0 || c.CommitLinger+c.replicaWait() >= c.OutboxWait:
+		return fmt.Errorf("SNIP_COMMIT_LINGER %s: want 0 or more, and with the replica wait (%s) less than SNIP_OUTBOX_WAIT (%s)",
+			c.CommitLinger, c.replicaWait(), c.OutboxWait)
 	case c.DirectTimeout <= 0:
 		return fmt.Errorf("SNIP_DIRECT_TIMEOUT %s: want more than 0", c.DirectTimeout)
 	case c.LookupTimeout <= 0:
@@ -148,6 +155,14 @@ func (c *Config) validate() error {
 		c.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	return nil
+}
+
+// replicaWait is the longest a group commit waits for replicas (0: off).
+func (c *Config) replicaWait() time.Duration {
+	if c.OutboxWaitReplicas > 0 {
+		return c.OutboxWaitReplicasTimeout
+	}
+	return 0
 }
 
 func (c *Config) trustedProxies() ([]netip.Prefix, error) {

@@ -46,8 +46,8 @@ func testConfig(redisURL, natsURL string) Config {
 		// The production outbox wait; a generous ack bound, because a loaded
 		// test machine can take longer than 500 ms to answer a publish.
 		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,
-		CommitMaxBatch: 64, CommitWorkers: 2, CommitTimeout: time.Second,
-		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 5 * time.Millisecond, PublishTimeout: 2 * time.Second,
+		CommitMaxBatch: 64, CommitWorkers: 2, CommitLinger: 500 * time.Microsecond, CommitTimeout: time.Second, // the production linger
+		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 20 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
 	}
 }

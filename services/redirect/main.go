@@ -115,7 +115,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
 		g.Close("link cache", func() error { resolver.Close(); return nil })
 		committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
-			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, MaxEntries: perShard,
+			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, Linger: cfg.CommitLinger, MaxEntries: perShard,
 			Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
 			WaitReplicas: cfg.OutboxWaitReplicas, WaitTimeout: cfg.OutboxWaitReplicasTimeout,
 		}, om)

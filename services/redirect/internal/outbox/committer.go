@@ -25,6 +25,14 @@ type CommitterConfig struct {
 	// measured (XLEN in the commit's pipeline) on every commit once the
 	// estimate reaches half of it, and at least every second below that.
 	MaxEntries int64
+	// Linger is how long a worker waits for more clicks, after the first of
+	// a batch, before it writes them (Postgres's commit_delay, Kafka's
+	// linger.ms), so that the clicks of a busy moment share fewer Redis
+	// round trips. It waits only when that first click came less than
+	// Linger after the click before it: while clicks arrive that densely
+	// the wait fills the batch; a lone click is written at once, as with
+	// 0, which never waits. A redirect waits at most Linger longer.
+	Linger time.Duration
 	// Timeout bounds one batch's Redis round trip.
 	Timeout time.Duration
 	// Cooldown is how long Append fails fast with ErrUnavailable after a
@@ -65,6 +73,7 @@ type Committer struct {
 	measured  []atomic.Int64 // per shard: unix nanos of the last measured depth
 	alwaysLen bool           // XLEN every shard on every commit (benchmarks compare)
 	downUntil atomic.Int64   // unix nanos until which Append fails fast
+	lastAt    atomic.Int64   // unix nanos of the latest Submit (Linger)
 	pool      sync.Pool
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -77,6 +86,7 @@ type pending struct {
 	subject  rawArg
 	data     rawArg
 	until    rawArg   // the entry's validity (Unix ms), as decimal text
+	dense    bool     // submitted less than Linger after the click before it
 	untilBuf [20]byte // backs until
 	args     []any    // the XADD command, rebuilt in place for every use
 	stored   int64    // Unix ms of the stream ID Redis assigned
@@ -174,12 +184,14 @@ func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []b
 		c.m.Rejected.WithLabelValues("full").Inc()
 		return Ticket{}, ErrFull
 	}
-	if time.Now().UnixNano() < c.downUntil.Load() {
+	now := time.Now().UnixNano()
+	if now < c.downUntil.Load() {
 		c.m.Rejected.WithLabelValues("unavailable").Inc()
 		return Ticket{}, fmt.Errorf("append click: redis failed recently: %w", ErrUnavailable)
 	}
 	p := c.pool.Get().(*pending)
 	p.shard, p.id.b, p.subject.b, p.data.b, p.err, p.short, p.stored = shard, id, subject, data, nil, nil, 0
+	p.dense = c.cfg.Linger > 0 && now-c.lastAt.Swap(now) < int64(c.cfg.Linger)
 	p.until.b = nil
 	if until > 0 {
 		p.until.b = strconv.AppendInt(p.untilBuf[:0], until, 10)
@@ -237,6 +249,11 @@ func (c *Committer) work() {
 	batch := make([]*pending, 0, c.cfg.MaxBatch)
 	cmds := make([]*redis.StringCmd, 0, c.cfg.MaxBatch)
 	shards := make(map[int]*redis.IntCmd)
+	var linger *time.Timer
+	if c.cfg.Linger > 0 {
+		linger = time.NewTimer(time.Hour)
+		linger.Stop()
+	}
 	for {
 		var first *pending
 		select {
@@ -249,20 +266,43 @@ func (c *Committer) work() {
 				return
 			}
 		}
-		batch = append(batch[:0], first)
-	collect:
-		for len(batch) < c.cfg.MaxBatch {
-			select {
-			case p := <-c.reqs:
-				batch = append(batch, p)
-			default:
-				break collect
-			}
-		}
+		batch = c.gather(append(batch[:0], first), linger)
 		cmds = cmds[:0]
 		clear(shards)
 		c.commit(batch, cmds, shards)
 	}
+}
+
+// gather adds the queued clicks to batch, up to MaxBatch, and returns it.
+// When batch's first click came densely (Linger), it waits up to Linger
+// for more.
+func (c *Committer) gather(batch []*pending, linger *time.Timer) []*pending {
+	var timeout <-chan time.Time
+	if linger != nil && batch[0].dense {
+		linger.Reset(c.cfg.Linger)
+		defer linger.Stop()
+		timeout = linger.C
+	}
+	for len(batch) < c.cfg.MaxBatch {
+		select {
+		case p := <-c.reqs:
+			batch = append(batch, p)
+			continue
+		default:
+		}
+		if timeout == nil {
+			return batch
+		}
+		select {
+		case p := <-c.reqs:
+			batch = append(batch, p)
+		case <-timeout:
+			return batch
+		case <-c.stop:
+			return batch
+		}
+	}
+	return batch
 }
 
 func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map[int]*redis.IntCmd) {

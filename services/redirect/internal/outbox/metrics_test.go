@@ -22,3 +22,9 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+func histogramCounts(h prometheus.Histogram) (n uint64, sum float64) {
+	var m dto.Metric
+	_ = h.Write(&m)
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+}
