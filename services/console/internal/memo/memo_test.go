@@ -35,7 +35,9 @@ func TestErrorsAreRememberedUntilTheTTLPasses(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int32
 	down := errors.New("down")
-	v := memo.New(50*time.Millisecond, func(context.Context) (int, error) { calls.Add(1); return 0, down })
+	// Long enough that three calls in a row fit in it on a loaded machine
+	// (50 ms did not always), short enough to wait out below.
+	v := memo.New(2*time.Second, func(context.Context) (int, error) { calls.Add(1); return 0, down })
 	for range 3 {
 		if _, err := v.Get(t.Context()); !errors.Is(err, down) {
 			t.Fatalf("err = %v", err)
