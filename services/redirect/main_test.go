@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,26 +26,28 @@ func TestAPIRefusesBadInput(t *testing.T) {
 	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL))
 	js := n.JetStream(t)
 	createLink(t, in.URL, "https://example.com/taken", "taken")
-	outboxLanes := []string{"*:outbox:links", "*:outbox:jobs", "*:outbox:clicks"}
+	// filledLanes lists the outbox lanes that hold entries (or could not be
+	// read), as "<lane> holds <n> entries".
+	filledLanes := func(ctx context.Context) (filled []string) {
+		for _, k := range []string{"*:outbox:links", "*:outbox:jobs", "*:outbox:clicks"} {
+			lanes, err := rdb.Keys(ctx, k).Result()
+			if err != nil {
+				return append(filled, fmt.Sprintf("%s: %v", k, err))
+			}
+			for _, l := range lanes {
+				if n, err := rdb.XLen(ctx, l).Result(); err != nil || n != 0 {
+					filled = append(filled, fmt.Sprintf("%s holds %d entries (%v)", l, n, err))
+				}
+			}
+		}
+		return filled
+	}
 	// The relay deletes an entry from its lane after JetStream has acked its
 	// publish, so the lanes empty a moment after the streams hold it: wait
 	// for both, so that the cleanup's lanes are what the bad requests left.
 	testenv.WaitFor(t, 30*time.Second, "link.created and its job relayed, and the outbox lanes empty", func() bool {
-		if streamCount(js, events.LinksStream) != 1 || streamCount(js, events.PreviewJobsStream) != 1 {
-			return false
-		}
-		for _, k := range outboxLanes {
-			lanes, err := rdb.Keys(t.Context(), k).Result()
-			if err != nil {
-				return false
-			}
-			for _, l := range lanes {
-				if n, err := rdb.XLen(t.Context(), l).Result(); err != nil || n != 0 {
-					return false
-				}
-			}
-		}
-		return true
+		return streamCount(js, events.LinksStream) == 1 && streamCount(js, events.PreviewJobsStream) == 1 &&
+			len(filledLanes(t.Context())) == 0
 	})
 
 	const json = "application/json"
@@ -124,13 +127,8 @@ func TestAPIRefusesBadInput(t *testing.T) {
 		if len(keys) != 1 {
 			t.Errorf("link keys after bad requests: %v, want only the one created", keys)
 		}
-		for _, k := range outboxLanes {
-			lanes, _ := rdb.Keys(ctx, k).Result()
-			for _, l := range lanes {
-				if n := rdb.XLen(ctx, l).Val(); n != 0 {
-					t.Errorf("%s holds %d entries after bad requests", l, n)
-				}
-			}
+		for _, f := range filledLanes(ctx) {
+			t.Errorf("after bad requests: %s", f)
 		}
 		if l, j, c := streamCount(js, events.LinksStream), streamCount(js, events.PreviewJobsStream), streamCount(js, events.ClicksStream); l != 1 || j != 1 || c != 0 {
 			t.Errorf("after bad requests LINKS=%d PREVIEW_JOBS=%d CLICKS=%d, want 1, 1, 0", l, j, c)
