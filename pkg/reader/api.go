@@ -250,7 +250,12 @@ type Config struct {
 	// OnAssign, if set, is called when this member becomes the owner of a
 	// partition, before the first batch; resumeSeq is the first sequence that
 	// may be handed out (the consumer's ack floor + 1). An error makes the
-	// member give the partition up and try again later.
+	// member give the partition up and try again later. If another member
+	// acked the partition after this one took it over (a member that had not
+	// yet heard the partition moved), the first batch finds the ack floor
+	// moved: OnRevoke is called, then OnAssign again with resumeSeq the
+	// first batch's first sequence, so state rebuilt from the log up to
+	// resumeSeq always meets the first event handed out.
 	OnAssign func(ctx context.Context, partition int, resumeSeq uint64) error
 	// OnRevoke, if set, is called after the member stopped processing a
 	// partition and acked what it handled.

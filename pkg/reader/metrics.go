@@ -26,6 +26,7 @@ type metrics struct {
 	members     *prometheus.GaugeVec
 	rebalances  *prometheus.CounterVec
 	gaps        *prometheus.CounterVec
+	resumeMoved *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -89,9 +90,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Namespace: "snip", Subsystem: "reader", Name: "delivery_gaps_total",
 		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition reset to its ack floor.",
 	}, []string{"group"})
+	m.resumeMoved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "snip", Subsystem: "reader", Name: "takeover_reassigns_total",
+		Help: "Takeovers where another member acked the partition after this one took it over and before its first batch; the reader's state was rebuilt (OnRevoke, OnAssign) to resume at its first event.",
+	}, []string{"group"})
 	if reg != nil {
 		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.replays, m.batchSecs, m.batchSize,
-			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps)
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved)
 	}
 	return m
 }

@@ -129,19 +129,63 @@ func (w *worker) recreate() error {
 	return nil
 }
 
-// assigned calls OnAssign, retrying with backoff while the partition is ours.
-func (w *worker) assigned() error {
+// assigned calls OnAssign with resume, retrying with backoff while the
+// partition is ours.
+func (w *worker) assigned(resume uint64) error {
 	if w.m.cfg.OnAssign == nil {
 		return nil
 	}
+	w.resume = resume
 	bo := w.m.cfg.newBackoff()
 	for {
-		resume := w.cons.CachedInfo().AckFloor.Stream + 1
 		err := w.m.cfg.OnAssign(w.ctx, w.p, resume)
 		if err == nil {
 			return nil
 		}
 		w.log.Warn("on assign", "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return errReleased
+		}
+	}
+}
+
+// confirmResume checks, at the first batch this owner receives, that no one
+// acked the partition since OnAssign was told where to resume; if someone
+// did, the reader's state is rebuilt (OnRevoke, then OnAssign) to resume at
+// first, the sequence of the batch's first event. (After a reset of our own
+// before the first batch, a rewind, the floor it left is the one to match.)
+//
+// acquire waits for the previous owner's pin and pulls to go, but a member
+// still inside its own OnAssign has neither. If it has not yet heard that
+// the partition moved, it pulls once its OnAssign returns, is pinned before
+// us (we were in OnAssign too), handles and acks a batch, and only then lets
+// go. Our OnAssign was told to resume after the ack floor of our acquire: a
+// reader that rebuilds state from the log up to there (fraud detection's
+// windows) would never see that batch. The first batch is the point to
+// check: we are pinned from then on, so no other member acks after it.
+func (w *worker) confirmResume(first uint64) error {
+	if w.m.cfg.OnAssign == nil || w.resume == 0 {
+		return nil
+	}
+	bo := w.m.cfg.newBackoff()
+	for {
+		ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+		c, err := w.m.stream.Consumer(ctx, w.name)
+		cancel()
+		if err == nil {
+			floor := c.CachedInfo().AckFloor.Stream
+			if floor+1 == w.resume {
+				return nil
+			}
+			w.log.Warn("the partition was acked by another member after this one took it over; rebuilding the reader's state from its first event",
+				"told_resume", w.resume, "ack_floor", floor, "first_seq", first)
+			w.m.met.resumeMoved.WithLabelValues(w.m.cfg.Group).Inc()
+			if w.m.cfg.OnRevoke != nil {
+				w.m.cfg.OnRevoke(w.p)
+			}
+			return w.assigned(first)
+		}
+		w.log.Warn("read the ack floor at the first batch", "err", err)
 		if !w.sleep(bo.NextBackOff()) {
 			return errReleased
 		}

@@ -101,6 +101,13 @@ func (w *worker) resetTo(seq uint64) error {
 		return fmt.Errorf("reset %s to %d (0: its ack floor): %w", w.name, seq, err)
 	}
 	w.baselineAfterReset(resp)
+	// The ack floor moved by our own hand (a rewind, a replay): OnRewind or
+	// the handler's Replay prepared the reader for it, so that is where it
+	// resumes now (0: unknown, confirmResume then checks nothing).
+	w.resume = 0
+	if resp != nil && resp.ConsumerInfo != nil {
+		w.resume = resp.ConsumerInfo.AckFloor.Stream + 1
+	}
 	w.idle = true
 	return nil
 }

@@ -45,6 +45,8 @@ type worker struct {
 	cseqKnown   bool
 	idle        bool
 	lastLagRead time.Time
+	// resume is the sequence OnAssign was last told to resume at.
+	resume uint64
 }
 
 func newWorker(m *member, p int) *worker {
@@ -103,9 +105,15 @@ func (w *worker) run() {
 	w.log.Info("partition acquired")
 	defer w.giveBack()
 
-	if err := w.assigned(); err != nil {
+	if err := w.assigned(w.cons.CachedInfo().AckFloor.Stream + 1); err != nil {
 		return
 	}
+	if w.stopping() {
+		// The partition moved while OnAssign ran: fetching now would take
+		// (and ack) a batch from under its next owner.
+		return
+	}
+	confirmed := false
 	// A fetcher goroutine reads the next batch while this one is handled,
 	// so the round trip to the server overlaps the handler's work. Order is
 	// unchanged: batches are handled one after the other, as fetched.
@@ -152,6 +160,19 @@ func (w *worker) run() {
 				f = w.startFetcher()
 			}
 			continue
+		}
+		if !confirmed {
+			md, err := b.msgs[0].Metadata()
+			if err != nil {
+				f.stop()
+				w.log.Warn("read the first message's metadata", "err", err)
+				return
+			}
+			if err := w.confirmResume(md.Sequence.Stream); err != nil {
+				f.stop()
+				return
+			}
+			confirmed = true
 		}
 		err := w.process(b.msgs)
 		var re *ReplayError
