@@ -166,6 +166,43 @@ func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
 	rc.waitAll(t, "clicks after the replay", after, 30*time.Second)
 }
 
+// A replay drops only what it refills: a click live intake queued after the
+// replay's cut (here put in the queue directly, with a CLICKS sequence past
+// the stream's end, while the endpoint is paused) is still delivered, along
+// with the replayed ones.
+func TestReplayKeepsWhatIntakeQueuedAfterItsCut(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+
+	from := time.Now().UTC()
+	since := s.publishClicks(t, []string{"a1", "b2"}, 20)
+	rc.waitAll(t, "the clicks before the replay", since, 30*time.Second)
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/pause", nil, nil)
+	late := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+		Owner: "acme", Target: "https://example.com/", Visitor: "visitor-late", Country: "NL"}
+	data, _ := json.Marshal(late)
+	store := redisstore.New(s.rdb, 100_000)
+	if _, _, err := store.Enqueue(t.Context(), redisstore.DedupNone, 0, map[string][]redisstore.Event{ep.ID: {{
+		Seq: 1 << 40, ID: late.ID, Type: "click", Time: late.Time, Data: data,
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the replay to queue the clicks again", func() bool {
+		return getEndpoint(t, svc.addr, ep.ID).Backlog >= int64(len(since))
+	})
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/resume", nil, nil)
+	rc.waitAll(t, "the replayed clicks and the one queued after the cut", append(since, late), 30*time.Second)
+}
+
 // hosts resolves names from a table the test changes (DNS that answers
 // differently at creation and at delivery).
 type hosts struct {

@@ -99,7 +99,7 @@ func (in *Intake) HandleAlert(ctx context.Context, seq uint64, a events.FraudAle
 	q := map[string][]redisstore.Event{}
 	for _, e := range eps[a.Owner] {
 		if e.Wants(endpoint.TypeFraudAlert, a.Code) && seq > e.ReplayAlertsUpto {
-			q[e.ID] = append(q[e.ID], redisstore.Event{ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: raw})
+			q[e.ID] = append(q[e.ID], redisstore.Event{Seq: seq, ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: raw})
 		}
 	}
 	return in.enqueue(ctx, redisstore.DedupID, 0, q)

@@ -74,8 +74,9 @@ func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64
 }
 
 // replay marks the endpoint (live intake skips events up to the streams'
-// current last sequences from now on), clears its queue, and copies the
-// owner's events stored since j.from up to those sequences into it.
+// current last sequences from now on), drops its queued events up to those
+// sequences, and copies the owner's events stored since j.from up to them
+// into the queue.
 func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 	clicksUpto, err := lastSeq(ctx, r.js, events.ClicksStream)
 	if err != nil {
@@ -94,7 +95,10 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 	if err := r.store.Put(ctx, e); err != nil {
 		return err
 	}
-	if err := r.store.ClearQueue(ctx, e.ID); err != nil {
+	// Only what the replay refills goes: intake may have queued clicks
+	// after the cut already (it hears of the new cut when it reloads the
+	// endpoint), and nothing else would bring those back.
+	if _, err := r.store.ClearUpTo(ctx, e.ID, clicksUpto, alertsUpto); err != nil {
 		return err
 	}
 	n := 0
@@ -184,6 +188,7 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 				continue
 			}
 			if ev, ok := convert(m.Data()); ok {
+				ev.Seq = md.Sequence.Stream
 				batch = append(batch, ev)
 			}
 			if md.Sequence.Stream == upto || md.NumPending == 0 {

@@ -6,7 +6,7 @@
 // Keys (the {id} hash tag keeps one endpoint's keys in one cluster slot):
 //
 //	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), failing_since, last_error, attempts
-//	snip:wh:{<id>}:q         stream: undelivered events, MAXLEN bounded, oldest dropped
+//	snip:wh:{<id>}:q         stream: undelivered events (with their stream sequence), MAXLEN bounded, oldest dropped
 //	snip:wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
 //	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
 //	snip:wh:{<id>}:inflight  the first and last queue entries of the batch being sent
@@ -224,7 +224,9 @@ func (s *Store) Version(ctx context.Context) (int64, error) {
 
 // Event is one event queued for an endpoint.
 type Event struct {
-	// Seq is the event's stream sequence (for DedupSeq).
+	// Seq is the event's stream sequence: CLICKS' for a click (DedupSeq
+	// uses it), FRAUD's for a fraud alert, 0 for a test event. It is kept
+	// with the queued event, for a replay's ClearUpTo.
 	Seq uint64
 	// Entry is the queue entry's ID (set when read).
 	Entry string
@@ -336,7 +338,7 @@ for i = 5, #ARGV, 5 do
   end
   if ok then
     if redis.call('XLEN', KEYS[1]) >= maxlen then dropped = dropped + 1 end
-    redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'id', ARGV[i+1], 't', ARGV[i+2], 'ts', ARGV[i+3], 'd', ARGV[i+4])
+    redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'id', ARGV[i+1], 't', ARGV[i+2], 'ts', ARGV[i+3], 'd', ARGV[i+4], 's', ARGV[i])
     added = added + 1
   end
 end
@@ -400,7 +402,8 @@ func (s *Store) ReadRange(ctx context.Context, id, first, last string) ([]Event,
 func decodeEntry(m redis.XMessage) Event {
 	str := func(k string) string { s, _ := m.Values[k].(string); return s }
 	ns, _ := strconv.ParseInt(str("ts"), 10, 64)
-	return Event{Entry: m.ID, ID: str("id"), Type: str("t"), Time: time.Unix(0, ns).UTC(), Data: json.RawMessage(str("d"))}
+	seq, _ := strconv.ParseUint(str("s"), 10, 64)
+	return Event{Seq: seq, Entry: m.ID, ID: str("id"), Type: str("t"), Time: time.Unix(0, ns).UTC(), Data: json.RawMessage(str("d"))}
 }
 
 // Delivered removes delivered events from the queue and clears the
@@ -470,12 +473,48 @@ func (s *Store) Backlog(ctx context.Context, id string) (int64, time.Time, error
 	return n.Val(), oldest, nil
 }
 
-// ClearQueue drops everything queued for endpoint id (a replay refills it).
-func (s *Store) ClearQueue(ctx context.Context, id string) error {
-	if err := s.rdb.Del(ctx, k(id, "q"), k(id, "inflight")).Err(); err != nil {
-		return fmt.Errorf("clear queue of %s: %w", id, err)
+// ClearUpTo drops what a replay of endpoint id refills: the in-flight mark
+// and every queued event stored at or before the replay's cut (a click at
+// or below CLICKS sequence clicks, a fraud alert at or below FRAUD sequence
+// alerts, anything without a sequence: a test event). Events stored after
+// the cut stay: live intake queued them, possibly before it heard of the
+// replay, and the replay does not copy them. It reads the queue a chunk at a
+// time (it holds up to MaxBacklog events) and needs no atomicity: what it
+// deletes is never wanted again, and intake adds nothing at or below the
+// cut once it has the endpoint's new cut. It returns how many it dropped.
+func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64) (int, error) {
+	if err := s.rdb.Del(ctx, k(id, "inflight")).Err(); err != nil {
+		return 0, fmt.Errorf("clear queue of %s: %w", id, err)
 	}
-	return nil
+	const chunk = 1000
+	start, dropped := "-", 0
+	for {
+		msgs, err := s.rdb.XRangeN(ctx, k(id, "q"), start, "+", chunk).Result()
+		if err != nil {
+			return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
+		}
+		var del []string
+		for _, m := range msgs {
+			e := decodeEntry(m)
+			upto := clicks
+			if e.Type == endpoint.TypeFraudAlert {
+				upto = alerts
+			}
+			if e.Seq == 0 || e.Seq <= upto {
+				del = append(del, m.ID)
+			}
+		}
+		if len(del) > 0 {
+			if err := s.rdb.XDel(ctx, k(id, "q"), del...).Err(); err != nil {
+				return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
+			}
+			dropped += len(del)
+		}
+		if len(msgs) < chunk {
+			return dropped, nil
+		}
+		start = "(" + msgs[len(msgs)-1].ID
+	}
 }
 
 // Delivery is one attempt to deliver a batch, as the owner sees it.

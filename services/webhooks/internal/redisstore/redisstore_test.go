@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -213,5 +214,55 @@ func TestEndpointsArePutListedAndDeleted(t *testing.T) {
 	}
 	if v, _ := s.Version(ctx); v != v0+3 {
 		t.Errorf("version %d after two puts and a delete from %d, want %d", v, v0, v0+3)
+	}
+}
+
+// TestClearUpToKeepsWhatCameAfterTheCut: a replay drops the queued events it
+// refills (clicks at or below its CLICKS cut, alerts at or below its FRAUD
+// cut, test events) and the in-flight mark, and keeps what live intake
+// queued after the cut, which nothing else would bring back.
+func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 10_000)
+	ctx := t.Context()
+	alert := func(seq uint64, id string) redisstore.Event {
+		e := ev(seq, id)
+		e.Type = endpoint.TypeFraudAlert
+		return e
+	}
+	var evs []redisstore.Event
+	// 2,500 clicks (more than one chunk of the scan), 1..2500, and alerts
+	// with FRAUD sequences 3 and 8, and a test event (no sequence).
+	for i := range 2500 {
+		evs = append(evs, ev(uint64(i+1), fmt.Sprintf("c%d", i+1)))
+	}
+	evs = append(evs, alert(3, "a3"), alert(8, "a8"), redisstore.Event{ID: "test", Type: "click", Time: time.Now(), Data: []byte(`{}`)})
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": evs}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := s.ClearUpTo(ctx, "ep", 2490, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"c2491", "c2492", "c2493", "c2494", "c2495", "c2496", "c2497", "c2498", "c2499", "c2500", "a8"}
+	if diff := cmp.Diff(want, ids(got)); diff != "" {
+		t.Errorf("queue after the clear (-want +got):\n%s", diff)
+	}
+	if dropped != 2490+1+1 {
+		t.Errorf("dropped %d, want %d", dropped, 2490+2)
+	}
+	if got[0].Seq != 2491 || got[len(got)-1].Seq != 8 {
+		t.Errorf("sequences read back: first %d, last %d; want 2491 and 8", got[0].Seq, got[len(got)-1].Seq)
+	}
+	if _, _, ok, err := s.Inflight(ctx, "ep"); err != nil || ok {
+		t.Errorf("in-flight mark after the clear: ok=%v err=%v, want none", ok, err)
 	}
 }
