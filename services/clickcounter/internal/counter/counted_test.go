@@ -109,3 +109,53 @@ func TestVerdictAfterTheRecordExpiredUsesTheOwnPartitionsWatermark(t *testing.T)
 		t.Errorf("counts (-want +got):\n%s", d)
 	}
 }
+
+// A recent-ID bucket that expired can come back: a click with an ID in the
+// same span of ID time, stored late (an outbox backlog, a skewed clock) and
+// counted after the expiry, makes it again, holding only that click's
+// fingerprint. It then says nothing about the clicks counted in the span
+// before: a verdict about one of them is decided by the watermark, as if
+// the bucket were gone. (Read as authoritative, the new bucket said "not
+// counted": the verdict moved nothing, and a later verdict back, decided by
+// the watermark once the bucket expired again, drove the count negative.)
+func TestVerdictAboutAClickCountedBeforeItsBucketCameBackUsesTheWatermark(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 0, 11)
+	now := time.Now().UTC()
+	var s seqs
+	early := click("acme", code, now)
+	evs := s.events(0, early)
+	mustHandle(t, e.c, 0, evs)
+	keys, err := e.rdb.Keys(t.Context(), "cc:{p0}:g*:id:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("recent-ID keys = %v (%v), want one", keys, err)
+	}
+	if err := e.rdb.Del(t.Context(), keys...).Err(); err != nil { // the window passed
+		t.Fatal(err)
+	}
+	late := early
+	late.ID = sibling(early.ID, "0000000000c3")
+	mustHandle(t, e.c, 0, s.events(0, late)) // the same bucket, made again
+	if n, err := e.rdb.Exists(t.Context(), keys[0]).Result(); err != nil || n != 1 {
+		t.Fatalf("the bucket %s after the late click: exists=%d (%v), want it made again", keys[0], n, err)
+	}
+
+	if _, err := e.c.ApplyVerdict(t.Context(), verdict(evs[0], true), 1); err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1, Bot: 1}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts after a verdict on the early click (-want +got):\n%s", d)
+	}
+	// Back to human once the bucket expired again: the click moves back,
+	// nothing goes negative.
+	if err := e.rdb.Del(t.Context(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.ApplyVerdict(t.Context(), verdict(evs[0], false), 2); err != nil {
+		t.Fatalf("ApplyVerdict: %v", err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 2}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts after the verdict back (-want +got):\n%s", d)
+	}
+}

@@ -2,6 +2,21 @@ package redisstore
 
 import "github.com/redis/go-redis/v9"
 
+// idsFromLua reads a recent-ID bucket: 8-byte fingerprints, after a 20-byte
+// header ("#" and the 19-digit first sequence the bucket vouches for) in a
+// bucket made since the header exists. A bucket without one (its length a
+// multiple of 8) vouches for everything, as every bucket did before.
+const idsFromLua = `
+local function idsFrom(data)
+  if #data % 8 == 4 then return 21 end
+  return 1
+end
+local function idsVouchFrom(data)
+  if #data % 8 == 4 then return tonumber(string.sub(data, 2, 20)) end
+  return 0
+end
+`
+
 // applyScript writes one batch atomically. It checks that the partition's
 // write generation and watermark are still those the batch was filtered
 // against; looks the batch's event fingerprints up in the recent-ID record
@@ -31,7 +46,7 @@ import "github.com/redis/go-redis/v9"
 //	                       every key gets its expiry; most batches skip it).
 //	                       The store leaves the op out for a key an applied
 //	                       batch has already given its expiry (Store.expiring).
-var applyScript = redis.NewScript(`
+var applyScript = redis.NewScript(idsFromLua + `
 local meta, pos = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'read', 'write', 'until')
 local write = tonumber(m[2]) or 1
@@ -52,10 +67,17 @@ for _ = 1, nid do
   if data then
     local mine, sub = {}, string.sub
     for j = 0, #blob / 8 - 1 do mine[sub(blob, j*8 + 1, j*8 + 8)] = start + j end
-    for o = 1, #data - 7, 8 do
+    for o = idsFrom(data), #data - 7, 8 do
       local j = mine[sub(data, o, o + 7)]
       if j then dups[#dups + 1] = j end
     end
+  else
+    -- A new bucket (or one made again after it expired) can vouch only for
+    -- the events counted from this batch on: it starts with the first
+    -- sequence past the watermark ("#" and 19 digits, 20 bytes, so its
+    -- length is 4 more than a multiple of 8, unlike a bucket of
+    -- fingerprints alone).
+    blob = string.format('#%019d', tonumber(ARGV[2]) + 1) .. blob
   end
   appends[#appends + 1] = key
   appends[#appends + 1] = blob
@@ -180,7 +202,7 @@ return {'started', read, g, untl}
 //
 // Returns {'conflict'}, or {'ok', s} with one character of s per verdict:
 // 's' stale, 'u' unchanged, or the number of generations the click moved in.
-var correctScript = redis.NewScript(`
+var correctScript = redis.NewScript(idsFromLua + `
 local m = redis.call('HMGET', KEYS[1], 'read', 'write')
 if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumber(ARGV[2]) then
   return {'conflict'}
@@ -196,18 +218,21 @@ for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0')
 local buckets = {}
 local function counted(i, g)
   local key = KEYS[tonumber(ARGV[i+10+3*g])]
-  local seen = buckets[key]
-  if seen == nil then
+  local b = buckets[key]
+  if b == nil then
     local data = redis.call('GET', key)
-    seen = false
+    b = false
     if data then
-      seen = {}
-      for o = 1, #data - 7, 8 do seen[string.sub(data, o, o + 7)] = true end
+      b = {set = {}, from = idsVouchFrom(data)}
+      for o = idsFrom(data), #data - 7, 8 do b.set[string.sub(data, o, o + 7)] = true end
     end
-    buckets[key] = seen
+    buckets[key] = b
   end
-  if not seen then return wm[g] >= tonumber(ARGV[i+5]) end
-  return seen[ARGV[i+10]] == true
+  local seq = tonumber(ARGV[i+5])
+  -- A bucket made again after it expired says nothing about the clicks
+  -- counted before it: the watermark decides for those, as when it is gone.
+  if not b or seq < b.from then return wm[g] >= seq end
+  return b.set[ARGV[i+10]] == true
 end
 
 -- hmget reads fields of key into into[field] (absent fields stay nil), in
