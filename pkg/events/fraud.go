@@ -96,6 +96,8 @@ func DecodeFraudVerdict(data []byte) (FraudVerdict, error) {
 		return FraudVerdict{}, fmt.Errorf("decode fraud verdict %s: click id %q: %w", v.ID, v.ClickID, ErrMalformed)
 	case v.Rule == "" || !ValidToken(v.Code) || !ValidToken(v.Owner):
 		return FraudVerdict{}, fmt.Errorf("decode fraud verdict %s: rule %q code %q owner %q: %w", v.ID, v.Rule, v.Code, v.Owner, ErrMalformed)
+	case v.ClickSeq == 0 || v.ClickTime.IsZero():
+		return FraudVerdict{}, fmt.Errorf("decode fraud verdict %s: click seq %d, click time %s: %w", v.ID, v.ClickSeq, v.ClickTime, ErrMalformed)
 	}
 	return v, nil
 }

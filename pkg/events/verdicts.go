@@ -173,6 +173,11 @@ func (b *FraudVerdictBatch) Validate() error {
 			return fmt.Errorf("fraud verdicts %s: label %d: click id %q: %w", b.ID, i, l.ClickID, ErrMalformed)
 		case l.Rule == "" || !ValidToken(l.Code) || !ValidToken(l.Owner):
 			return fmt.Errorf("fraud verdicts %s: label %d: rule %q code %q owner %q: %w", b.ID, i, l.Rule, l.Code, l.Owner, ErrMalformed)
+		case l.ClickSeq == 0 || l.ClickTime.IsZero():
+			// The counter decides by them whether it counted the click and
+			// which day and hour it moves: without them a verdict could
+			// move a click never counted.
+			return fmt.Errorf("fraud verdicts %s: label %d: click seq %d, click time %s: %w", b.ID, i, l.ClickSeq, l.ClickTime, ErrMalformed)
 		}
 		if _, dup := seen[l.ClickID]; dup {
 			return fmt.Errorf("fraud verdicts %s: click %s labelled twice: %w", b.ID, l.ClickID, ErrMalformed)

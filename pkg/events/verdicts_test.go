@@ -107,6 +107,8 @@ func TestDecodeFraudVerdictBatchRefuses(t *testing.T) {
 		"part beyond parts":  {func(b *events.FraudVerdictBatch) { b.Part = 1 }, events.ErrMalformed},
 		"seqs backwards":     {func(b *events.FraudVerdictBatch) { b.FirstSeq = 30 }, events.ErrMalformed},
 		"negative partition": {func(b *events.FraudVerdictBatch) { b.Partition = -1 }, events.ErrMalformed},
+		"no click seq":       {func(b *events.FraudVerdictBatch) { b.Labels[1].ClickSeq = 0 }, events.ErrMalformed},
+		"no click time":      {func(b *events.FraudVerdictBatch) { b.Labels[2].ClickTime = time.Time{} }, events.ErrMalformed},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
