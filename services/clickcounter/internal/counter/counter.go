@@ -222,7 +222,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",
-			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event).",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept).",
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",

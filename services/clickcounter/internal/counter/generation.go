@@ -28,7 +28,8 @@ func (c *Counter) OnRevoke(partition int) { c.forget(partition) }
 // r.Until. A replay that starts later cannot rebuild all-time totals (the
 // events before it would be missing), so it recounts nothing: the
 // watermark skips the events replayed, and the counts stay as they were.
-// See docs/decisions/0021-click-counter-recount.md.
+// Nor does a replay of a partition CLICKS retains nothing of, once it has
+// counted something. See docs/decisions/0021-click-counter-recount.md.
 func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindInfo) error {
 	first, err := c.clicks.FirstSeq(ctx, partition)
 	if err != nil {
@@ -39,6 +40,22 @@ func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindIn
 			"partition", partition, "replay", r.ID, "from", r.From, "oldest", first)
 		c.m.recounts.WithLabelValues("partial_ignored").Inc()
 		return nil
+	}
+	if first == 0 {
+		// CLICKS retains nothing of the partition, whatever the replay
+		// asked (a --since finds nothing, as does --from-seq 1): a recount
+		// would replace the all-time counts with nothing. Only a partition
+		// that never counted anything starts one (it switches at once).
+		st, err := c.store.State(ctx, partition)
+		if err != nil {
+			return fmt.Errorf("rewind partition %d: %w", partition, err)
+		}
+		if st.WM > 0 {
+			c.log.Warn("replay of a partition CLICKS retains nothing of: no recount, the counts stay as they are",
+				"partition", partition, "replay", r.ID, "watermark", st.WM)
+			c.m.recounts.WithLabelValues("nothing_retained").Inc()
+			return nil
+		}
 	}
 	st, started, err := c.store.StartGeneration(ctx, partition, r.ID, r.Until)
 	if err != nil {

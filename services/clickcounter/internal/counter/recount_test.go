@@ -99,6 +99,36 @@ func TestReplayOfAnEmptyPartitionSwitchesAtOnce(t *testing.T) {
 	}
 }
 
+// A partition that counted clicks, all of them since gone from CLICKS
+// (retention): a replay finds nothing there (From past Until, whether it
+// asked for a time or for sequence 1), and must not start a recount, which
+// would switch at once to an empty generation and lose every count.
+func TestReplayOfAPartitionCLICKSRetainsNothingOfKeepsItsCounts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 2
+	code := codeIn(t, p, 13)
+	var s seqs
+	mustHandle(t, e.c, p, s.events(p, click("acme", code, time.Now()), click("acme", code, time.Now())))
+	e.first.Store(0) // aged out
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: 1, Until: 0}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.store.State(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Read != 1 || st.Recounting() {
+		t.Errorf("state = %+v, want generation 1 and no recount", st)
+	}
+	if got := stats(t, e.c, "acme", code).Totals.Human; got != 2 {
+		t.Errorf("human total = %d, want 2", got)
+	}
+	if got := metric(t, e.reg, "snip_clickcounter_recounts_total", map[string]string{"result": "nothing_retained"}); got != 1 {
+		t.Errorf("recounts_total{result=nothing_retained} = %v, want 1", got)
+	}
+}
+
 func TestReplayFromLaterThanTheOldestEventRecountsNothing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
