@@ -11,7 +11,7 @@
 //	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
 //	snip:wh:{<id>}:inflight  the first and last queue entries of the batch being sent
 //	snip:wh:{<id>}:dl        list: the most recent delivery records (JSON)
-//	snip:wh:{<id>}:body:<d>  a recent delivery's body, for redelivery (expires)
+//	snip:wh:{<id>}:body:<d>  the body of delivery record <d> while it is in dl, for redelivery (expires)
 //	snip:wh:{<id>}:lease     the instance sending for this endpoint (expires)
 //	snip:wh:owner:<owner>    set of the owner's endpoint IDs
 //	snip:wh:endpoints        set of every endpoint ID
@@ -533,23 +533,44 @@ type Delivery struct {
 	Redelivery bool   `json:"redelivery,omitempty"`
 }
 
-// AddDelivery records an attempt and keeps its body for redelivery.
+// AddDelivery records an attempt and keeps its body for redelivery. Only
+// the newest KeepDeliveries records are kept, and only a kept record can be
+// redelivered, so one script pushes the record, trims the list and deletes
+// the bodies of the records the trim evicted: an endpoint holds at most
+// KeepDeliveries bodies, each for at most BodyTTL. Every record has its own
+// ID (a retry or a redelivery is a new record with a new ID and its own
+// body), so an evicted record's body is no other record's.
 func (s *Store) AddDelivery(ctx context.Context, id string, d Delivery, body []byte) error {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("record delivery: %w", err)
 	}
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.LPush(ctx, k(id, "dl"), b)
-		p.LTrim(ctx, k(id, "dl"), 0, s.KeepDeliveries-1)
-		p.Set(ctx, k(id, "body:"+d.ID), body, s.BodyTTL)
-		return nil
-	})
+	err = addDeliveryScript.Run(ctx, s.rdb, []string{k(id, "dl"), k(id, "body:")},
+		b, d.ID, body, s.KeepDeliveries, s.BodyTTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("record delivery for %s: %w", id, err)
 	}
 	return nil
 }
+
+// addDeliveryScript: KEYS = the delivery list, the body keys' prefix; ARGV =
+// the record (JSON), its ID, its body, how many records to keep, the body's
+// TTL in ms. An evicted record's body key is found from its "id".
+var addDeliveryScript = redis.NewScript(`
+redis.call('SET', KEYS[2] .. ARGV[2], ARGV[3], 'PX', ARGV[5])
+redis.call('LPUSH', KEYS[1], ARGV[1])
+local keep = tonumber(ARGV[4])
+local gone = redis.call('LRANGE', KEYS[1], keep, -1)
+if #gone > 0 then
+  if keep > 0 then redis.call('LTRIM', KEYS[1], 0, keep - 1) else redis.call('DEL', KEYS[1]) end
+  for _, r in ipairs(gone) do
+    local ok, d = pcall(cjson.decode, r)
+    if ok and type(d) == 'table' and type(d.id) == 'string' then
+      redis.call('DEL', KEYS[2] .. d.id)
+    end
+  end
+end
+return 1`)
 
 // Deliveries returns endpoint id's most recent delivery records, newest first.
 func (s *Store) Deliveries(ctx context.Context, id string) ([]Delivery, error) {

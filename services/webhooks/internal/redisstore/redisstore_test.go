@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
@@ -29,6 +31,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestLeaseIsExclusiveUntilReleased,
 		TestWritesWaitForReplicas,
 		TestEndpointsArePutListedAndDeleted,
+		TestOnlyKeptDeliveriesKeepTheirBodies,
 	)
 }
 
@@ -264,5 +267,63 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	}
 	if _, _, ok, err := s.Inflight(ctx, "ep"); err != nil || ok {
 		t.Errorf("in-flight mark after the clear: ok=%v err=%v, want none", ok, err)
+	}
+}
+
+// bodyKeys returns endpoint id's delivery body keys, sorted.
+func bodyKeys(t *testing.T, rdb redis.UniversalClient, id string) []string {
+	t.Helper()
+	keys := testenv.Keys(t, rdb, "snip:wh:{"+id+"}:body:*")
+	slices.Sort(keys)
+	return keys
+}
+
+// TestOnlyKeptDeliveriesKeepTheirBodies: only a delivery still in the
+// endpoint's list can be redelivered, so a body lives as long as its record:
+// after more deliveries than KeepDeliveries, the body keys are exactly those
+// of the kept records (they were all kept for BodyTTL, Redis memory growing
+// with the delivery rate), and each kept body still reads back.
+func TestOnlyKeptDeliveriesKeepTheirBodies(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	if err := s.Put(ctx, endpoint.Endpoint{ID: "ep", Owner: "acme", URL: "https://example.com/a"}); err != nil {
+		t.Fatal(err)
+	}
+	n := int(s.KeepDeliveries)*2 + 50
+	for i := range n {
+		d := redisstore.Delivery{ID: fmt.Sprintf("d%04d", i), WebhookID: fmt.Sprintf("e%d", i/3), Attempt: i%3 + 1, Status: "failed"}
+		if err := s.AddDelivery(ctx, "ep", d, []byte("body of "+d.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds, err := s.Deliveries(ctx, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(ds)) != s.KeepDeliveries || ds[0].ID != fmt.Sprintf("d%04d", n-1) {
+		t.Fatalf("%d records, newest %+v; want %d, newest d%04d", len(ds), ds[0], s.KeepDeliveries, n-1)
+	}
+	var want []string
+	for _, d := range ds {
+		want = append(want, "snip:wh:{ep}:body:"+d.ID)
+	}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, bodyKeys(t, rdb, "ep")); diff != "" {
+		t.Errorf("body keys after %d deliveries (-kept records +stored):\n%s", n, diff)
+	}
+	for _, d := range []redisstore.Delivery{ds[0], ds[len(ds)-1]} {
+		b, err := s.Body(ctx, "ep", d.ID)
+		if err != nil || string(b) != "body of "+d.ID {
+			t.Errorf("Body(%s) = %q, %v; want the body it was sent with", d.ID, b, err)
+		}
+		if ttl := rdb.PTTL(ctx, "snip:wh:{ep}:body:"+d.ID).Val(); ttl <= 0 || ttl > s.BodyTTL {
+			t.Errorf("body of %s expires in %s, want within %s", d.ID, ttl, s.BodyTTL)
+		}
+	}
+	evicted := fmt.Sprintf("d%04d", n-int(s.KeepDeliveries)-1)
+	if _, err := s.Body(ctx, "ep", evicted); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("Body(%s), an evicted record: %v, want ErrNotFound", evicted, err)
 	}
 }
