@@ -195,20 +195,39 @@ func (s *Store) load(ctx context.Context, ids []string) ([]endpoint.Endpoint, er
 	return out, nil
 }
 
-// Delete removes an endpoint and everything queued for it.
+// Delete removes an endpoint, everything queued for it and its delivery
+// records with their bodies. One script removes the endpoint's own keys
+// (one slot), finding the bodies from the delivery list, not by scanning
+// the keyspace; the sets that list the endpoint and the version are other
+// slots and follow.
 func (s *Store) Delete(ctx context.Context, e endpoint.Endpoint) error {
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Del(ctx, k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "dl"), k(e.ID, "hw"))
-		p.SRem(ctx, ownerKey(e.Owner), e.ID)
-		p.SRem(ctx, allKey, e.ID)
-		p.Incr(ctx, versionKey)
-		return nil
-	})
+	keys := []string{k(e.ID, "dl"), k(e.ID, "body:"), k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "hw")}
+	err := deleteScript.Run(ctx, s.rdb, keys).Err()
+	if err == nil {
+		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.SRem(ctx, ownerKey(e.Owner), e.ID)
+			p.SRem(ctx, allKey, e.ID)
+			p.Incr(ctx, versionKey)
+			return nil
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("delete endpoint %s: %w", e.ID, err)
 	}
 	return nil
 }
+
+// deleteScript: KEYS = the delivery list, the body keys' prefix, then the
+// endpoint's other keys.
+var deleteScript = redis.NewScript(`
+for _, r in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  local ok, d = pcall(cjson.decode, r)
+  if ok and type(d) == 'table' and type(d.id) == 'string' then
+    redis.call('DEL', KEYS[2] .. d.id)
+  end
+end
+redis.call('DEL', KEYS[1], unpack(KEYS, 3))
+return 1`)
 
 // Version changes whenever an endpoint is created, changed or deleted.
 func (s *Store) Version(ctx context.Context) (int64, error) {

@@ -32,6 +32,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestWritesWaitForReplicas,
 		TestEndpointsArePutListedAndDeleted,
 		TestOnlyKeptDeliveriesKeepTheirBodies,
+		TestDeleteLeavesNoDeliveryBodies,
 	)
 }
 
@@ -325,5 +326,47 @@ func TestOnlyKeptDeliveriesKeepTheirBodies(t *testing.T) {
 	evicted := fmt.Sprintf("d%04d", n-int(s.KeepDeliveries)-1)
 	if _, err := s.Body(ctx, "ep", evicted); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("Body(%s), an evicted record: %v, want ErrNotFound", evicted, err)
+	}
+}
+
+// TestDeleteLeavesNoDeliveryBodies: deleting an endpoint removes its
+// delivery records and their bodies (found from the records), not only its
+// configuration and queue; another endpoint's are untouched.
+func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	s.KeepDeliveries = 5
+	ctx := t.Context()
+	a := endpoint.Endpoint{ID: "epA", Owner: "acme", URL: "https://example.com/a"}
+	b := endpoint.Endpoint{ID: "epB", Owner: "acme", URL: "https://example.com/b"}
+	for _, e := range []endpoint.Endpoint{a, b} {
+		if err := s.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 8 {
+			d := redisstore.Delivery{ID: fmt.Sprintf("%s-d%d", e.ID, i), Status: "delivered"}
+			if err := s.AddDelivery(ctx, e.ID, d, []byte("body")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"epA": {ev(1, "a")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
+		t.Errorf("keys of the deleted endpoint left: %q", left)
+	}
+	if n := len(bodyKeys(t, rdb, "epB")); n != 5 {
+		t.Errorf("the other endpoint has %d bodies, want its 5", n)
+	}
+	if _, err := s.Body(ctx, "epB", "epB-d7"); err != nil {
+		t.Errorf("the other endpoint's newest body: %v", err)
 	}
 }
