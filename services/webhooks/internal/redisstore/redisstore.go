@@ -558,13 +558,15 @@ type Delivery struct {
 // the bodies of the records the trim evicted: an endpoint holds at most
 // KeepDeliveries bodies, each for at most BodyTTL. Every record has its own
 // ID (a retry or a redelivery is a new record with a new ID and its own
-// body), so an evicted record's body is no other record's.
+// body), so an evicted record's body is no other record's. An endpoint
+// deleted meanwhile (its sender was mid-attempt) gets nothing recorded:
+// the list and body would outlive it.
 func (s *Store) AddDelivery(ctx context.Context, id string, d Delivery, body []byte) error {
 	b, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("record delivery: %w", err)
 	}
-	err = addDeliveryScript.Run(ctx, s.rdb, []string{k(id, "dl"), k(id, "body:")},
+	err = addDeliveryScript.Run(ctx, s.rdb, []string{k(id, "dl"), k(id, "body:"), k(id, "ep")},
 		b, d.ID, body, s.KeepDeliveries, s.BodyTTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("record delivery for %s: %w", id, err)
@@ -572,10 +574,12 @@ func (s *Store) AddDelivery(ctx context.Context, id string, d Delivery, body []b
 	return nil
 }
 
-// addDeliveryScript: KEYS = the delivery list, the body keys' prefix; ARGV =
+// addDeliveryScript: KEYS = the delivery list, the body keys' prefix, the
+// endpoint (nothing is recorded once its configuration is gone); ARGV =
 // the record (JSON), its ID, its body, how many records to keep, the body's
 // TTL in ms. An evicted record's body key is found from its "id".
 var addDeliveryScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 0 then return 0 end
 redis.call('SET', KEYS[2] .. ARGV[2], ARGV[3], 'PX', ARGV[5])
 redis.call('LPUSH', KEYS[1], ARGV[1])
 local keep = tonumber(ARGV[4])

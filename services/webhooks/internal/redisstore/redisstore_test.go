@@ -331,7 +331,8 @@ func TestOnlyKeptDeliveriesKeepTheirBodies(t *testing.T) {
 
 // TestDeleteLeavesNoDeliveryBodies: deleting an endpoint removes its
 // delivery records and their bodies (found from the records), not only its
-// configuration and queue; another endpoint's are untouched.
+// configuration and queue, and a delivery its sender records after the
+// delete stores nothing; another endpoint's are untouched.
 func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -358,6 +359,11 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	// A sender that was mid-attempt records its delivery after the delete.
+	late := redisstore.Delivery{ID: "epA-late", Status: "delivered"}
+	if err := s.AddDelivery(ctx, "epA", late, []byte("body")); err != nil {
 		t.Fatal(err)
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
