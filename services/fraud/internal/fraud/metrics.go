@@ -14,6 +14,7 @@ type Metrics struct {
 	verdicts    *prometheus.CounterVec
 	duplicates  prometheus.Counter
 	lookups     prometheus.Counter
+	notInLog    prometheus.Counter
 	rebuilds    prometheus.Histogram
 	rebuildRead prometheus.Histogram
 	identities  *prometheus.GaugeVec
@@ -42,6 +43,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		lookups: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_click_lookups_total", Help: "Earlier clicks read back from CLICKS to label them.",
 		}),
+		notInLog: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_labels_not_in_log_total", Help: "Labels of earlier clicks no longer in CLICKS (retention) when their batch's verdicts were built: no verdict is published for them.",
+		}),
 		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 3, 10),
@@ -61,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
 	}
 	return m
 }

@@ -226,7 +226,7 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 // statistics never show an alert that FRAUD does not have.
 func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch []reader.Event) error {
 	if !ps.resolved {
-		alerts, labels, err := r.decisions(ctx, ps.pending, batch)
+		alerts, labels, err := r.decisions(ctx, partition, ps.pending, batch)
 		if err != nil {
 			return err
 		}
@@ -262,14 +262,25 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 // decisions turns judgements into the alerts and labels to publish. A label
 // of an earlier click needs that click's fields: it is in the batch, or read
 // back from CLICKS by its sequence.
-func (r *Reader) decisions(ctx context.Context, js []Judgement, batch []reader.Event) ([]events.FraudAlert, []events.FraudVerdictLabel, error) {
+//
+// An earlier click no longer in CLICKS (retention took it: a reader lagging
+// near MaxAge or MaxBytes) gets no verdict. The state keeps only its
+// sequence, and the click counter cannot apply a label without the click's
+// ID and time; returning the error instead would retry the batch forever and
+// stop the partition. The skipped labels are counted.
+func (r *Reader) decisions(ctx context.Context, partition int, js []Judgement, batch []reader.Event) ([]events.FraudAlert, []events.FraudVerdictLabel, error) {
 	var alerts []events.FraudAlert
 	var labels []events.FraudVerdictLabel
 	first := batch[0].Seq
+	gone := 0
 	for _, j := range js {
 		alerts = append(alerts, j.Alerts...)
 		for _, l := range j.Labels {
 			ev, err := r.find(ctx, l.Seq, first, batch)
+			if errors.Is(err, ErrNotInLog) {
+				gone++
+				continue
+			}
 			if err != nil {
 				return nil, nil, fmt.Errorf("label click %d: %w", l.Seq, err)
 			}
@@ -280,6 +291,11 @@ func (r *Reader) decisions(ctx context.Context, js []Judgement, batch []reader.E
 				ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: j.At.UTC(),
 			})
 		}
+	}
+	if gone > 0 {
+		r.metrics.notInLog.Add(float64(gone))
+		r.log.Warn("labelled clicks no longer in CLICKS; no verdict published for them",
+			"partition", partition, "labels", gone, "first_seq", first)
 	}
 	return alerts, labels, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -198,5 +199,91 @@ func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
 	}
 	if a := w.fraudMsgs(t, "fraud.alerts.>"); len(a) != 1 {
 		t.Fatalf("alerts = %v, want one", a)
+	}
+}
+
+// counter returns the value of the counter called name in reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition: a reader judged
+// the first 15 clicks of a burst, then retention (here CLICKS cut to its
+// newest 10 events) discarded them before the next batch made the burst
+// fire. Their labels cannot be built (the state keeps only sequences), so
+// they are skipped and counted, and the batch still succeeds: the partition
+// goes on, and the clicks still in the log get their verdicts.
+func TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(ctx, w.js, clicks[:15], 64); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Handle(ctx, p, w.events(t, p, 1)); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := w.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = 10
+	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := traffic.Publish(ctx, w.js, clicks[15:25], 64); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "clicks 1-15 discarded", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.FirstSeq == 16
+	})
+	if err := r.Handle(ctx, p, w.events(t, p, 16)); err != nil {
+		t.Fatalf("batch labelling clicks gone from the log: %v", err)
+	}
+	if got := counter(t, reg, "fraud_labels_not_in_log_total"); got != 15 {
+		t.Fatalf("fraud_labels_not_in_log_total = %v, want 15", got)
+	}
+
+	// The partition goes on: the next batch is judged and labelled.
+	if err := traffic.Publish(ctx, w.js, clicks[25:], 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Handle(ctx, p, w.events(t, p, 26)); err != nil {
+		t.Fatal(err)
+	}
+	v, _ := w.verdictLabels(t)
+	for i, c := range clicks {
+		if want := min(1, i/15); v[c.ID] != want {
+			t.Fatalf("click %d: %d verdicts, want %d", i+1, v[c.ID], want)
+		}
+	}
+	if got := counter(t, reg, "fraud_events_judged_total"); got != 30 {
+		t.Fatalf("fraud_events_judged_total = %v, want 30", got)
+	}
+	// The statistics count what the detector decided, verdict or not.
+	st, err := w.store.LinkStats(ctx, "hot")
+	if err != nil || st.Total != 30 || st.Flagged != 30 {
+		t.Fatalf("stats = %+v, %v; want 30 of 30 flagged", st, err)
 	}
 }
