@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
 		}),
 		behind: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0).",
+			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0); a retry of a batch this member judged and has not finished is not counted.",
 		}),
 		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",

@@ -1,10 +1,12 @@
 package fraud
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -88,6 +90,13 @@ type partState struct {
 	labels   int  // labels in verdicts
 	resolved bool // verdicts built for pending
 	sent     bool // alerts and verdicts acknowledged by FRAUD
+}
+
+// isPending reports whether the event at seq was judged and its decisions
+// are not yet published and stored (pending is in sequence order).
+func (ps *partState) isPending(seq uint64) bool {
+	_, ok := slices.BinarySearchFunc(ps.pending, seq, func(j Judgement, s uint64) int { return cmp.Compare(j.Seq, s) })
+	return ok
 }
 
 // NewReader wires a detector to its log, publisher and store.
@@ -199,7 +208,10 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 	for _, ev := range batch {
 		j, ok := ps.p.Judge(ev)
 		if !ok {
-			if ev.Deliveries <= 1 {
+			// The runtime retries a batch that failed after it was judged
+			// with the same events, still first deliveries: those are
+			// pending here, judged and waiting to be published and stored.
+			if ev.Deliveries <= 1 && !ps.isPending(ev.Seq) {
 				// A first delivery behind the state's position was never
 				// judged and now never will be: say so loudly.
 				r.metrics.behind.Inc()

@@ -3,6 +3,7 @@ package fraud_test
 import (
 	"log/slog"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -285,5 +286,61 @@ func TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition(t *testing.T) {
 	st, err := w.store.LinkStats(ctx, "hot")
 	if err != nil || st.Total != 30 || st.Flagged != 30 {
 		t.Fatalf("stats = %+v, %v; want 30 of 30 flagged", st, err)
+	}
+}
+
+// TestRetryOfAJudgedBatchIsNotCountedBehind: a batch fails after it was
+// judged (NATS stopped), and the runtime retries the same events, still
+// first deliveries. They are the member's own pending judgements, not events
+// behind its position: fraud_events_behind_total stays 0, as it does for a
+// redelivery. A first delivery genuinely behind the position still counts.
+func TestRetryOfAJudgedBatchIsNotCountedBehind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
+		t.Fatal(err)
+	}
+	batch := w.events(t, p, 1)
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	w.n.Stop()
+	if err := r.Handle(ctx, p, batch); err == nil {
+		t.Fatal("Handle succeeded with NATS down")
+	}
+	w.n.Start()
+	testenv.WaitFor(t, 20*time.Second, "reconnect", func() bool { return w.nc.IsConnected() })
+	if err := r.Handle(ctx, p, batch); err != nil { // the runtime's retry
+		t.Fatal(err)
+	}
+	if got := counter(t, reg, "fraud_events_behind_total"); got != 0 {
+		t.Fatalf("after the retry, fraud_events_behind_total = %v, want 0", got)
+	}
+	if got := counter(t, reg, "fraud_events_judged_total"); got != 30 {
+		t.Fatalf("fraud_events_judged_total = %v, want 30", got)
+	}
+
+	again := slices.Clone(batch)
+	for i := range again {
+		again[i].Deliveries = 2
+	}
+	if err := r.Handle(ctx, p, again); err != nil { // a redelivery
+		t.Fatal(err)
+	}
+	if got := counter(t, reg, "fraud_events_behind_total"); got != 0 {
+		t.Fatalf("after a redelivery, fraud_events_behind_total = %v, want 0", got)
+	}
+	// First deliveries of events this member judged, published and stored
+	// before: behind its position, never to be judged.
+	if err := r.Handle(ctx, p, batch[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, reg, "fraud_events_behind_total"); got != 5 {
+		t.Fatalf("after 5 first deliveries behind, fraud_events_behind_total = %v, want 5", got)
 	}
 }
