@@ -35,7 +35,7 @@ func TestPublishWaitsForAcksAndRepeatsAreDuplicates(t *testing.T) {
 	alerts := []events.FraudAlert{{V: 1, ID: "visitor_burst:abc:x:1", Rule: "visitor_burst", Code: "abc", Owner: "acme", Time: now}}
 	var labels []events.FraudVerdictLabel
 	for i := range 1200 {
-		labels = append(labels, events.FraudVerdictLabel{ClickID: events.NewID(), ClickSeq: uint64(i + 1), Code: "abc", Owner: "acme", Rule: "visitor_burst", Bot: true, Time: now})
+		labels = append(labels, events.FraudVerdictLabel{ClickID: events.NewID(), ClickSeq: uint64(i + 1), Code: "abc", Owner: "acme", Rule: "visitor_burst", Bot: true, ClickTime: now, Time: now})
 	}
 	// 1200 labels of partition 2: three messages of at most 500 labels.
 	verdicts := events.SplitVerdicts(2, 1, 1200, labels)
@@ -96,7 +96,7 @@ func TestPublishFailsWhenNATSIsDown(t *testing.T) {
 	n, nc, _ := newServer(t)
 	p, _ := fraudpub.New(nc, 64, 500*time.Millisecond)
 	n.Stop()
-	_, err := p.Publish(t.Context(), nil, events.SplitVerdicts(0, 1, 1, []events.FraudVerdictLabel{{ClickID: events.NewID(), ClickSeq: 1, Code: "abc", Owner: "acme", Rule: "x", Bot: true}}))
+	_, err := p.Publish(t.Context(), nil, events.SplitVerdicts(0, 1, 1, []events.FraudVerdictLabel{{ClickID: events.NewID(), ClickSeq: 1, Code: "abc", Owner: "acme", Rule: "x", Bot: true, ClickTime: time.Now().UTC()}}))
 	if err == nil {
 		t.Fatal("Publish succeeded with NATS down")
 	}
