@@ -152,6 +152,11 @@ func (c *Counter) forget(p int) {
 	delete(c.unchecked, p)
 	delete(c.replays, p)
 	c.mu.Unlock()
+	// The partition's owner reports its generations from now on; a value
+	// kept here would go stale (a recount that never seems to end).
+	ps := strconv.Itoa(p)
+	c.m.generation.DeleteLabelValues(ps, "read")
+	c.m.generation.DeleteLabelValues(ps, "write")
 }
 
 // takeUnchecked reports whether the partition's state came from the store
@@ -243,7 +248,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		generation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "snip_clickcounter_generation",
-			Help: "Count generation per partition: role=read (served by the stats API) and role=write (being counted into; higher than read during a recount).",
+			Help: "Count generation per partition this member owns: role=read (served by the stats API) and role=write (being counted into; higher than read during a recount).",
 		}, []string{"partition", "role"}),
 	}
 	if reg != nil {

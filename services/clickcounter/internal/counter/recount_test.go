@@ -191,3 +191,23 @@ func TestReplayDuringARecountStartsOver(t *testing.T) {
 		t.Fatalf("after: %+v as of %+v, want 3 human from generation 3", got.Totals, got.AsOf)
 	}
 }
+
+// snip_clickcounter_generation is reported by the partition's owner only: a
+// member that gave the partition up drops its series, which would otherwise
+// stay at whatever it last saw (a recount that never seems to end).
+func TestGenerationGaugeLeavesWithThePartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 5
+	if err := e.c.OnAssign(t.Context(), p, 1); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"partition": "5", "role": "read"}
+	if got := metric(t, e.reg, "snip_clickcounter_generation", labels); got != 1 {
+		t.Fatalf("generation{partition=5,role=read} while owned = %v, want 1", got)
+	}
+	e.c.OnRevoke(p)
+	if got := metric(t, e.reg, "snip_clickcounter_generation", labels); got != 0 {
+		t.Errorf("generation{partition=5,role=read} after OnRevoke = %v, want no series (0)", got)
+	}
+}
