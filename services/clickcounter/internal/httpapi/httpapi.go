@@ -41,7 +41,7 @@ const ownerKey = "owner"
 // Register mounts the API on e and installs the error handler.
 func Register(e *echo.Echo, auth Authenticator, stats StatsReader, log *slog.Logger) {
 	e.HTTPErrorHandler = ErrorHandler(log)
-	api := e.Group("/api", requireOwner(auth))
+	api := e.Group("/api", noStore, requireOwner(auth))
 	api.GET("/links/:code/stats", func(c echo.Context) error {
 		r, err := parseRange(c.QueryParams())
 		if err != nil {
@@ -52,9 +52,17 @@ func Register(e *echo.Echo, auth Authenticator, stats StatsReader, log *slog.Log
 		if err != nil {
 			return err
 		}
-		c.Response().Header().Set(echo.HeaderCacheControl, "private, no-store")
 		return c.JSON(http.StatusOK, s)
 	})
+}
+
+// noStore marks every answer of the API, errors included, as one owner's
+// and not to be stored: an owner's stats, or whether a link is theirs.
+func noStore(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		c.Response().Header().Set(echo.HeaderCacheControl, "private, no-store")
+		return next(c)
+	}
 }
 
 // requireOwner authenticates the request's Bearer key.

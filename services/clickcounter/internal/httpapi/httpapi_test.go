@@ -123,6 +123,9 @@ func TestStatsAPI(t *testing.T) {
 			if rec.Code != tc.wantCode {
 				t.Fatalf("status = %d, want %d; body %s", rec.Code, tc.wantCode, rec.Body)
 			}
+			if rec.Header().Get("Cache-Control") != "private, no-store" {
+				t.Errorf("Cache-Control = %q, want private, no-store on every answer", rec.Header().Get("Cache-Control"))
+			}
 			if tc.wantCode == 401 && rec.Header().Get("WWW-Authenticate") == "" {
 				t.Errorf("401 without WWW-Authenticate")
 			}
@@ -139,9 +142,6 @@ func TestStatsAPI(t *testing.T) {
 			}
 			if d := cmp.Diff(counter.Pair{Human: tc.wantHuman}, s.Totals); d != "" {
 				t.Errorf("totals (-want +got):\n%s", d)
-			}
-			if rec.Header().Get("Cache-Control") != "private, no-store" {
-				t.Errorf("Cache-Control = %q", rec.Header().Get("Cache-Control"))
 			}
 		})
 	}
