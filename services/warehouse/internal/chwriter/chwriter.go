@@ -14,11 +14,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/column"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,6 +91,22 @@ func (c Config) options(database string) *clickhouse.Options {
 // insertSQL names every column: 18.16 needs the list, and it keeps the
 // insert correct if columns are added to the table later.
 const insertSQL = `INSERT INTO clicks (event_id, ts, owner, code, target, ip_prefix, visitor, user_agent, referrer, country, request_id, bot, stream_partition, stream_seq, ingested_at)`
+
+// columnTypes are the types the schema gives the columns of insertSQL, the
+// ones Insert's Go values are made for. They only name what changed when a
+// well-formed row is refused (see Insert); a table whose types differ but
+// still accept the rows (a wider FixedString, LowCardinality(String)) is
+// fine.
+var columnTypes = map[string]string{
+	"event_id": "UUID", "ts": "DateTime('UTC')", "owner": "String", "code": "String", "target": "String",
+	"ip_prefix": "String", "visitor": "String", "user_agent": "String", "referrer": "String",
+	"country": "FixedString(2)", "request_id": "String", "bot": "UInt8", "stream_partition": "UInt16",
+	"stream_seq": "UInt64", "ingested_at": "DateTime('UTC')",
+}
+
+// errTableChanged marks a well-formed row the client refused: the table's
+// columns no longer fit the rows. Classify calls it ClassSchema.
+var errTableChanged = errors.New("a well-formed row was refused: the clicks table's columns no longer fit the rows")
 
 // Writer inserts rows into the clicks table. Its methods are safe for
 // concurrent use; the loader calls Insert from one goroutine.
@@ -165,9 +183,10 @@ func (w *Writer) Ready(ctx context.Context) error {
 }
 
 // Insert writes rows as one INSERT (applying the schema first if it has not
-// been). It returns a *loader.RowError when the client refuses a row, an
-// error wrapping loader.ErrPermanent for the classes an operator must fix,
-// and otherwise the cause wrapped with its class ("unavailable: ...").
+// been). It returns a *loader.RowError when the client refuses a row that
+// is not well-formed, an error wrapping loader.ErrPermanent for the classes
+// an operator must fix (a well-formed row refused among them), and otherwise
+// the cause wrapped with its class ("unavailable: ...").
 func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 	start := time.Now()
 	if err := w.EnsureSchema(ctx); err != nil {
@@ -187,9 +206,25 @@ func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 		// (an int into UInt64 wraps), so every value has the column's type.
 		if err := batch.Append(r.EventID, r.Time, r.Owner, r.Code, r.Target, r.IPPrefix, r.Visitor,
 			r.UserAgent, r.Referrer, r.Country, r.RequestID, bot, r.Partition, r.Seq, r.IngestedAt); err != nil {
+			// The client checks values against the column types the server
+			// sent for this insert, so a column whose type changed (an
+			// operator's ALTER … MODIFY COLUMN) is refused here too, blamed
+			// on the first row it meets, and every row after it would be
+			// refused the same: parking it would drain the stream into the
+			// dead letters. So the row decides. One that breaks Snip's rule
+			// of validity is parked; the schema as created accepts every
+			// row that keeps it, so one that keeps it was refused because
+			// the table changed, which is the schema class (nothing parked,
+			// retried slowly, an error logged). This does not compare the
+			// types up front: a changed type the client still accepts
+			// (LowCardinality, a wider FixedString) is no reason to stop.
+			changed := typeChanges(batch.Columns())
 			_ = batch.Abort()
-			w.m.errors.WithLabelValues(ClassBadRow).Inc()
-			return &loader.RowError{Index: i, Err: err}
+			if r.Validate() != nil {
+				w.m.errors.WithLabelValues(ClassBadRow).Inc()
+				return &loader.RowError{Index: i, Err: err}
+			}
+			return w.fail(fmt.Errorf("append row %d: %w (%s): %w", i, errTableChanged, changed, err))
 		}
 	}
 	if err := batch.Send(); err != nil {
@@ -214,4 +249,19 @@ func (w *Writer) fail(err error) error {
 		return fmt.Errorf("%s: %w: %w", class, loader.ErrPermanent, err)
 	}
 	return fmt.Errorf("%s: %w", class, err)
+}
+
+// typeChanges says which columns of a prepared insert have another type than
+// the schema gives them, as the server described them for this insert.
+func typeChanges(cols []column.Interface) string {
+	var out []string
+	for _, c := range cols {
+		if want, ok := columnTypes[c.Name()]; ok && string(c.Type()) != want {
+			out = append(out, fmt.Sprintf("%s is %s, the loader writes %s", c.Name(), c.Type(), want))
+		}
+	}
+	if len(out) == 0 {
+		return "every column has the schema's type"
+	}
+	return strings.Join(out, "; ")
 }

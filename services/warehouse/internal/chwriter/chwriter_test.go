@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -192,6 +193,52 @@ func TestSchemaMismatchIsPermanent(t *testing.T) {
 	err := w.Insert(t.Context(), rows(t, 5))
 	if got := chwriter.Classify(err); got != chwriter.ClassSchema || !errors.Is(err, loader.ErrPermanent) {
 		t.Fatalf("insert with a dropped column = %v (class %q), want class %q and ErrPermanent", err, got, chwriter.ClassSchema)
+	}
+}
+
+// TestChangedColumnTypeIsSchemaNotABadRow: after an operator changed a
+// column's type to one the client refuses the rows' values for, Insert
+// blames the table (schema class, ErrPermanent, naming the column), never a
+// row: blaming one would park every click in turn. With the type changed
+// back the same rows go in.
+func TestChangedColumnTypeIsSchemaNotABadRow(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ column, to, back string }{
+		{"request_id", "UUID", "String"},
+		{"target", "UInt64", "String"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.column+"_"+tc.to, func(t *testing.T) {
+			t.Parallel()
+			conn, db := servers.ClickHouse.NewDB(t)
+			w := newWriter(t, servers.ClickHouse.Addr, db)
+			if err := w.EnsureSchema(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Exec(t.Context(), fmt.Sprintf("ALTER TABLE clicks MODIFY COLUMN %s %s", tc.column, tc.to)); err != nil {
+				t.Fatal(err)
+			}
+			rs := rows(t, 5)
+			err := w.Insert(t.Context(), rs)
+			var re *loader.RowError
+			if errors.As(err, &re) {
+				t.Fatalf("insert after %s became %s blames row %d: %v; want the table blamed", tc.column, tc.to, re.Index, err)
+			}
+			if got := chwriter.Classify(err); got != chwriter.ClassSchema || !errors.Is(err, loader.ErrPermanent) {
+				t.Fatalf("insert after %s became %s = %v (class %q), want class %q and ErrPermanent", tc.column, tc.to, err, got, chwriter.ClassSchema)
+			}
+			// The message names the changed column and only it: the other
+			// columns have the types the writer expects.
+			if want := fmt.Sprintf("(%s is %s, the loader writes %s)", tc.column, tc.to, tc.back); !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+			if err := conn.Exec(t.Context(), fmt.Sprintf("ALTER TABLE clicks MODIFY COLUMN %s %s", tc.column, tc.back)); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Insert(t.Context(), rs); err != nil {
+				t.Fatalf("insert with the type changed back: %v", err)
+			}
+		})
 	}
 }
 

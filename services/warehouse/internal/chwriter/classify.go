@@ -28,13 +28,15 @@ const (
 	// schema again before the next insert.
 	ClassMissing = "missing"
 	// ClassSchema: the tables do not fit the rows (unknown column, type
-	// mismatch, syntax the server does not know). Permanent.
+	// mismatch, a column type the client refuses a well-formed row for,
+	// syntax the server does not know). Permanent.
 	ClassSchema = "schema"
 	// ClassAuth: the credentials or grants do not allow the insert. Permanent.
 	ClassAuth = "auth"
 	// ClassServer: any other server exception; retried.
 	ClassServer = "server"
-	// ClassBadRow: the client refused one row's values; its event is parked.
+	// ClassBadRow: the client refused the values of one row that is not
+	// well-formed (loader.Row.Validate); its event is parked.
 	ClassBadRow = "bad_row"
 	// ClassCanceled: the loader was stopped during the insert.
 	ClassCanceled = "canceled"
@@ -59,6 +61,8 @@ func Classify(err error) string {
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, errTableChanged):
+		return ClassSchema
 	case errors.As(err, &ex):
 		switch {
 		case missingCodes[ex.Code]:

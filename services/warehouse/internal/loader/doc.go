@@ -33,10 +33,12 @@
 // runtime retries each batch with backoff and the stream holds everything
 // behind it, so a ClickHouse outage stops the loader without losing a click,
 // and the runtime's lag metrics say how far behind it is. A row the client
-// refuses (RowError) is parked with reader.Poison and the others are
-// inserted again at once. Errors only an operator can fix (ErrPermanent: a
-// table that no longer fits, missing grants) are not the events' fault: they
-// are logged as errors and retried every PermanentRetryDelay, never parked.
+// refuses that is not well-formed (RowError; see Row.Validate) is parked
+// with reader.Poison and the others are inserted again at once. Errors only
+// an operator can fix (ErrPermanent: a table that no longer fits, such as a
+// column whose changed type the client refuses well-formed rows for, missing
+// grants) are not the events' fault: they are logged as errors and retried
+// every PermanentRetryDelay, never parked.
 //
 // Delivery into ClickHouse is at least once: a crash after an insert and
 // before the ack, or an insert that failed halfway, loads rows again. The

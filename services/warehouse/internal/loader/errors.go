@@ -22,8 +22,11 @@ const (
 	ReasonImplausibleTime = events.ReasonImplausibleTime
 )
 
-// RowError is returned by an Inserter for a row it cannot encode. Only that
-// row is at fault: the loader parks its event and inserts the rest again.
+// RowError is returned by an Inserter for a row it cannot encode and that
+// is not well-formed (Row.Validate fails). Only that row is at fault: the
+// loader parks its event and inserts the rest again. A well-formed row the
+// client refuses is the table's fault (a column's type changed), which is an
+// ErrPermanent error, never a RowError.
 type RowError struct {
 	// Index is the row's position in the slice given to Insert.
 	Index int

@@ -15,11 +15,12 @@ import (
 
 // Inserter writes rows to the warehouse as one INSERT. It returns nil only
 // when ClickHouse accepted every row. An error wrapping *RowError blames one
-// row, which the loader parks before trying the others again; an error
-// wrapping ErrPermanent means an operator must act (the tables do not fit
-// the rows, or the loader may not write); any other error is transient. A failed insert may have been
-// partly applied: the loader always retries the whole batch, and the schema
-// absorbs the rows that arrive twice.
+// row that is not well-formed (Row.Validate), which the loader parks before
+// trying the others again; an error wrapping ErrPermanent means an operator
+// must act (the tables do not fit the rows, a well-formed row refused
+// included, or the loader may not write); any other error is transient. A
+// failed insert may have been partly applied: the loader always retries the
+// whole batch, and the schema absorbs the rows that arrive twice.
 type Inserter interface {
 	Insert(ctx context.Context, rows []Row) error
 }

@@ -369,6 +369,56 @@ func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	}
 }
 
+// TestChangedColumnTypeParksNothing: an operator changed a column's type
+// (ALTER TABLE clicks MODIFY COLUMN request_id UUID) so the client refuses
+// every row. No partition's batch is poisoned (the runtime would park each
+// event in turn, draining the stream into the dead letters): every handler
+// gets ErrPermanent, the schema error is counted, and once the type is
+// changed back the same batches load.
+func TestChangedColumnTypeParksNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: time.Second})
+	if err := e.w.EnsureSchema(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks MODIFY COLUMN request_id UUID"); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(40, now, time.Second), now)
+	byPart := warehousetest.ByPartition(evs)
+	for p, err := range handleAll(t.Context(), e.l, byPart) {
+		var pe *reader.PoisonError
+		if errors.As(err, &pe) || !errors.Is(err, loader.ErrPermanent) {
+			t.Errorf("partition %d with request_id a UUID column: %v, want ErrPermanent and no event poisoned", p, err)
+		}
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_rows_parked_total"); got != 0 {
+		t.Errorf("parked = %v, want 0", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassSchema); got < 1 {
+		t.Errorf("schema errors = %v, want at least 1", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassBadRow); got != 0 {
+		t.Errorf("bad_row errors = %v, want 0", got)
+	}
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks MODIFY COLUMN request_id String"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the batches to load once the type is changed back", func() bool {
+		for p, err := range handleAll(t.Context(), e.l, byPart) {
+			if err != nil {
+				return false
+			}
+			delete(byPart, p)
+		}
+		return true
+	})
+	if got := len(warehousetest.RowsPerEvent(t, e.conn)); got != len(evs) {
+		t.Errorf("distinct events = %d, want %d", got, len(evs))
+	}
+}
+
 func TestBackfillSkipsOnlyOldBacklog(t *testing.T) {
 	t.Parallel()
 	created := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)

@@ -40,11 +40,45 @@ type Row struct {
 // checks again because a row outside it would break ClickHouse's partitions.
 const MaxClockSkew = events.MaxClockSkew
 
+// Validate reports whether r is well-formed by Snip's rule of validity: the
+// checks events.Click.Validate makes of the fields a row keeps (a UUIDv7
+// event ID, a time, owner and code tokens, a country of zero or two bytes),
+// and the bounds RowFromEvent applies (the click's time within MaxClockSkew
+// of when it was stored, both times in the range of ClickHouse's DateTime).
+// Every row RowFromEvent makes from an event the runtime hands out passes,
+// and the clicks table as the schema creates it accepts every row that
+// passes. So a row that passes and is refused by the ClickHouse client
+// says the table changed, not that the row is bad.
+func (r *Row) Validate() error {
+	c := events.Click{V: events.ClickVersion, ID: r.EventID, Time: r.Time, Code: r.Code, Owner: r.Owner, Country: r.Country}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if skew := r.Time.Sub(r.IngestedAt); skew > MaxClockSkew || skew < -MaxClockSkew {
+		return fmt.Errorf("click %s at %s was stored at %s, more than %s apart",
+			r.EventID, r.Time.UTC().Format(time.RFC3339), r.IngestedAt.UTC().Format(time.RFC3339), MaxClockSkew)
+	}
+	for _, t := range []time.Time{r.Time, r.IngestedAt} {
+		if t.Before(minDateTime) || !t.Before(maxDateTime) {
+			return fmt.Errorf("click %s: time %s outside ClickHouse's DateTime range", r.EventID, t.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+// The range of ClickHouse's DateTime as the client accepts it.
+var (
+	minDateTime = time.Unix(0, 0)
+	maxDateTime = time.Date(2106, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // RowFromEvent maps a click read from CLICKS to its row. It refuses only what
 // would be wrong in the table: a time ClickHouse cannot hold or that is
 // implausibly far from when the event was stored. Values of the wrong shape
-// (an event ID that is not a UUID, a three-letter country) are left for the
-// ClickHouse client to refuse, which the loader turns into a RowError.
+// (an event ID that is not a UUID, a three-letter country) cannot come from
+// the runtime, which parks such events first; should one come, the
+// ClickHouse client refuses it and the writer returns a RowError (see
+// Validate).
 func RowFromEvent(e reader.Event) (Row, error) {
 	c := e.Click
 	if skew := c.Time.Sub(e.Stored); skew > MaxClockSkew || skew < -MaxClockSkew {
