@@ -240,6 +240,68 @@ func TestTransientErrorsRetryTheBatch(t *testing.T) {
 	}
 }
 
+// A handler may take longer than the AckWait (the warehouse loader waits
+// its turn behind other partitions' inserts): the runtime marks the batch in
+// progress while the handler runs, so JetStream redelivers nothing meanwhile
+// and every event is delivered once.
+func TestAHandlerSlowerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	// Published before the member starts, so they make one batch and the
+	// fetcher keeps pulling while the handler waits: a redelivery would
+	// reach it at once.
+	ids := publish(t, js, 1, 10, 0)
+	const ackWait = 2 * time.Second
+	var (
+		mu          sync.Mutex
+		deliveries  = map[string]uint64{} // the most deliveries seen per event
+		redelivered = -1                  // the consumer's redelivered messages as the slow call ends
+		slow        atomic.Bool
+	)
+	h := func(ctx context.Context, p int, batch []reader.Event) error {
+		if slow.CompareAndSwap(false, true) {
+			select {
+			case <-time.After(3 * ackWait):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", p))
+			if err != nil {
+				return err
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			redelivered = info.NumRedelivered
+			mu.Unlock()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range batch {
+			deliveries[e.Click.ID] = max(deliveries[e.Click.ID], e.Deliveries)
+		}
+		return nil
+	}
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 100, AckWait: ackWait}, h)
+	testenv.WaitFor(t, 60*time.Second, "every event handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(deliveries) == len(ids)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if redelivered != 0 {
+		t.Errorf("after a handler call of %s (AckWait %s) the consumer had redelivered %d messages, want 0", 3*ackWait, ackWait, redelivered)
+	}
+	for _, id := range ids {
+		if d := deliveries[id]; d != 1 {
+			t.Errorf("event %s delivered %d times, want once", id, d)
+		}
+	}
+}
+
 // A handler that needs its partition's events again from an earlier
 // sequence answers Replay: the batch is not acked, the consumer moves back
 // and everything from there is handed again, in order, acked events

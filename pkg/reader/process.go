@@ -123,15 +123,16 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 }
 
 // handle calls the handler until the batch is done, parking poison events
-// and backing off on transient errors. While it waits it tells JetStream the
-// batch is in progress, so the events are not redelivered meanwhile. It gives
-// up (returning errReleased) if the partition is taken away.
+// and backing off on transient errors. While the handler runs and while it
+// waits to retry, it tells JetStream the batch is in progress, so the events
+// are not redelivered meanwhile. It gives up (returning errReleased) if the
+// partition is taken away.
 func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 	m := w.m
 	bo := m.cfg.newBackoff()
 	failures := 0
 	for len(batch) > 0 {
-		err := w.call(batch)
+		err := w.call(batch, msgs)
 		if err == nil {
 			return nil
 		}
@@ -184,8 +185,13 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 }
 
 // call runs the handler, turning a panic into a transient error so one bad
-// batch cannot take the process down.
-func (w *worker) call(batch []Event) (err error) {
+// batch cannot take the process down. While the handler runs, the batch's
+// messages are marked in progress every AckWait/3: a handler may take longer
+// than AckWait (the warehouse loader's waits behind other partitions'
+// inserts), and its events must not be redelivered meanwhile. So AckWait
+// bounds only how long a process that died or froze holds events.
+func (w *worker) call(batch []Event, msgs []jetstream.Msg) (err error) {
+	defer w.keepInProgress(msgs)()
 	defer func() {
 		if r := recover(); r != nil {
 			w.m.met.errors.WithLabelValues(w.m.cfg.Group, "panic").Inc()
@@ -208,6 +214,31 @@ func (w *worker) waitInProgress(d time.Duration, msgs []jetstream.Msg) bool {
 	}
 	w.updateLag()
 	return true
+}
+
+// keepInProgress marks msgs in progress every AckWait/3 until the returned
+// stop is called; stop returns once no more marks will be sent.
+func (w *worker) keepInProgress(msgs []jetstream.Msg) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(w.m.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				for _, msg := range msgs {
+					_ = msg.InProgress()
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {
