@@ -152,10 +152,16 @@ func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Regi
 		// A partition's batch may fill an insert alone; the runtime caps it.
 		BatchSize: min(c.BatchRows, 100_000),
 		LeaseTTL:  c.LeaseTTL,
-		// A handler waits for at most two inserts (the one running and its
-		// own) plus the linger, and the runtime's prefetched batch waits for
-		// that handler before its own turn: AckWait must outlast both.
-		AckWait:       max(60*time.Second, 5*c.InsertTimeout, 3*c.MaxRetryDelay),
+		// A handler may wait far longer than one insert: in a catch-up
+		// every partition's batch can fill a group of its own, so a batch
+		// may queue behind a full group per partition at the single flusher,
+		// each insert taking up to InsertTimeout when ClickHouse is slow
+		// (8 x 20s at the defaults), and the runtime's prefetched batch
+		// waits for that handler. The runtime marks both in progress every
+		// AckWait/3 while they wait, so AckWait need not outlast that: it
+		// only bounds how long a member that died or froze holds its events.
+		// It must be at least 3 x MaxRetryDelay (the runtime's rule).
+		AckWait:       max(60*time.Second, 3*c.MaxRetryDelay),
 		MaxRetryDelay: c.MaxRetryDelay,
 		DrainTimeout:  c.ShutdownTimeout,
 		Start:         start,

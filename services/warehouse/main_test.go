@@ -23,6 +23,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/dashboard"
 	"github.com/snipdev/snip/pkg/events"
@@ -30,6 +31,7 @@ import (
 	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
 	"github.com/snipdev/snip/services/warehouse/internal/warehousetest"
 )
@@ -587,6 +589,78 @@ func TestWaitsForClickHouseAndStopsWhenItFreezes(t *testing.T) {
 	startService(t, testConfig(n.URL, ch.Addr, "snip"))
 	all := append(first, second...)
 	waitLoaded(t, conn, len(all), len(all), 2*time.Minute)
+}
+
+// TestSlowInsertsGetNoRedelivery: ClickHouse freezes, so every handler
+// waits for an insert that hangs until WAREHOUSE_INSERT_TIMEOUT (5 s here),
+// longer than the group's AckWait (2 s here; 60 s or more in the service,
+// where a catch-up can queue a handler behind a full insert per partition).
+// The runtime marks the batches in progress while the handlers wait, so
+// JetStream redelivers nothing; once ClickHouse is back every click is
+// loaded, each delivered once.
+func TestSlowInsertsGetNoRedelivery(t *testing.T) {
+	t.Parallel()
+	n, js := startNATS(t)
+	ch := testenv.StartClickHouse(t)
+	cfg := testConfig(n.URL, ch.Addr, "snip")
+	log := slog.New(slog.NewJSONHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	reg := prometheus.NewRegistry()
+	w, err := chwriter.Open(cfg.clickhouse(), log, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	testenv.WaitFor(t, time.Minute, "the schema applied", func() bool { return w.EnsureSchema(t.Context()) == nil })
+	// A backlog of one batch per partition, so each partition's fetcher
+	// keeps pulling while its handler waits: a redelivery would reach it.
+	clicks := warehousetest.Clicks(400, time.Now().Add(-time.Hour), time.Second)
+	publish(t, js, clicks, eventID)
+
+	ch.Pause()
+	lcfg := cfg.loader()
+	lcfg.Logger, lcfg.Metrics = log, reg
+	l, err := loader.New(w, lcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The service's reader configuration, with a short AckWait.
+	rcfg := cfg.reader(reader.StartAtOldest(), log, reg)
+	rcfg.AckWait, rcfg.MaxRetryDelay = 2*time.Second, 500*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reader.Run(ctx, js, rcfg, l.Handle) }()
+	t.Cleanup(func() {
+		ch.Resume()
+		cancel()
+		<-done
+		l.Close()
+	})
+
+	// The first insert fails at its deadline: its handlers waited 5 s,
+	// past the AckWait twice over.
+	testenv.WaitFor(t, time.Minute, "an insert to fail at its deadline", func() bool {
+		return warehousetest.Metric(t, reg, "warehouse_insert_errors_total", "class", chwriter.ClassTimeout) >= 1
+	})
+	for p := range warehousetest.Partitions {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupWarehouseLoader, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumRedelivered != 0 {
+			t.Errorf("partition %d: %d events redelivered while their handler waited for ClickHouse, want 0", p, info.NumRedelivered)
+		}
+	}
+	ch.Resume()
+	conn := chConn(t, ch.Addr, "snip")
+	waitLoaded(t, conn, len(clicks), len(clicks), 2*time.Minute)
+	testenv.WaitFor(t, time.Minute, "lag back to 0", func() bool { return lag(t, js) == 0 })
+	if got := warehousetest.Metric(t, reg, "snip_reader_redeliveries_total"); got != 0 {
+		t.Errorf("snip_reader_redeliveries_total = %v, want 0", got)
+	}
 }
 
 // TestShutdownInsertsAndAcksWhatItHolds: rows waiting for a long linger when
