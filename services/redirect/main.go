@@ -74,16 +74,19 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		}
 
 		// NATS: connects in the background and reconnects forever; redirects
-		// never wait for it.
-		nc, _, err := g.NATS(cfg.NATS, "redirect "+cfg.Instance)
+		// never wait for it. This connection applies the topology and
+		// follows LINKS.
+		_, js, err := g.NATS(cfg.NATS, "redirect "+cfg.Instance)
 		if err != nil {
 			return err
 		}
-		js, err := jetstream.New(nc,
-			jetstream.WithPublishAsyncMaxPending(cfg.OutboxShards*len(outbox.Lanes)*cfg.RelayWindow),
-			jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+		// The relay's own connection (relayNATSOptions: it buffers nothing
+		// while it reconnects), so that a connection break in the middle of
+		// a batch cannot store the batch's later entries before its lost
+		// ones.
+		relayNC, relayJS, err := relayNATS(g, cfg)
 		if err != nil {
-			return fmt.Errorf("jetstream: %w", err)
+			return err
 		}
 		// A second connection for clicks recorded straight in JetStream when
 		// the outbox does not answer in time. It buffers nothing while it
@@ -124,10 +127,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			redirect.Options{Policy: cfg.UnrecordedPolicy, OutboxWait: cfg.OutboxWait, Validity: cfg.OutboxValidity}, rm)
 
 		var topologyApplied atomic.Bool
-		relayReady := func() bool { return nc.IsConnected() && topologyApplied.Load() }
-		relay := outbox.NewRelay(relayRDB, js, relayReady, layout, outbox.RelayConfig{
-			Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
-		}, log, om)
+		relayReady := func() bool { return relayNC.IsConnected() && topologyApplied.Load() }
+		relay := outbox.NewRelay(relayRDB, relayJS, relayReady, layout, relayConfig(cfg, relayNC), log, om)
 		monitor := outbox.NewMonitor(rdb, layout, committer, om, log)
 
 		web := webserver.New(log, reg)
@@ -158,7 +159,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		// next start or another instance).
 		g.OnStop(service.Work, "committer", committer.Close)
 		g.OnStop(service.Work, "outbox", func() {
-			drainOutbox(monitor, nc.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
+			drainOutbox(monitor, relayNC.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
 		})
 		// Background loops live until the HTTP server and the committer are done.
 		g.Go(service.Work, "topology", func(ctx context.Context) error {
@@ -173,6 +174,48 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		g.Go(service.Work, "monitor", func(ctx context.Context) error { monitor.Run(ctx, cfg.MonitorInterval); return nil })
 		return nil
 	})
+}
+
+// relayNATSOptions are the options of the relay's NATS connection beyond
+// the service's. ReconnectBufSize(-1): while the connection reconnects a
+// publish fails at once instead of waiting in the client's buffer. With a
+// buffer, a break in the middle of a batch loses what was on the wire,
+// stores the rest of the batch at the reconnect, and the relay's retry then
+// stores the lost entries after them: a client-side resend, out of order.
+// Without one, the rest of the batch fails and the relay retries the lane
+// from its head.
+var relayNATSOptions = []nats.Option{nats.ReconnectBufSize(-1)}
+
+// relayNATS opens the relay's own NATS connection (drained at shutdown
+// after the relay has stopped) and its JetStream context: a window of
+// RelayWindow entries per lane in flight, each ack awaited at most
+// PublishTimeout.
+func relayNATS(g *service.Group, cfg Config) (*nats.Conn, jetstream.JetStream, error) {
+	nc, _, err := g.NATS(cfg.NATS, "redirect relay "+cfg.Instance, relayNATSOptions...)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := relayJetStream(nc, cfg)
+	return nc, js, err
+}
+
+func relayJetStream(nc *nats.Conn, cfg Config) (jetstream.JetStream, error) {
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(cfg.OutboxShards*len(outbox.Lanes)*cfg.RelayWindow),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return js, nil
+}
+
+// relayConfig is the relay's configuration; nc is its connection, whose
+// reconnects stop a batch (outbox.RelayConfig.Reconnects).
+func relayConfig(cfg Config, nc *nats.Conn) outbox.RelayConfig {
+	return outbox.RelayConfig{
+		Instance: cfg.Instance, Window: cfg.RelayWindow, LeaseTTL: cfg.RelayLeaseTTL, Block: time.Second, Linger: cfg.RelayLinger,
+		Reconnects: func() uint64 { return nc.Stats().Reconnects },
+	}
 }
 
 // withPoolSize sets pool_size on a redis URL (both forms redisconn takes).

@@ -43,6 +43,15 @@ type RelayConfig struct {
 	// batches (Kafka's linger.ms): it adds at most Linger to the time a
 	// click takes to reach JetStream, and nothing to a redirect.
 	Linger time.Duration
+	// Reconnects, if set, reports how often the relay's NATS connection has
+	// reconnected (nats.Conn.Stats().Reconnects). A batch sends nothing more
+	// once it changed: what the batch wrote on the old connection may be
+	// lost, and a later entry stored on the new one would then be stored
+	// before the lost one's retry. The connection must buffer nothing while
+	// it reconnects (nats.ReconnectBufSize(-1)), so a publish between the
+	// break and the reconnect fails at once instead of being stored at the
+	// reconnect, after the entries lost before it.
+	Reconnects func() uint64
 }
 
 // JetStream is what the relay needs of a JetStream context.
@@ -125,6 +134,10 @@ end
 return redis.call('XDEL', KEYS[2], unpack(ARGV, 2))`)
 
 var errLeaseLost = errors.New("shard lease lost")
+
+// errReconnected stops a batch whose NATS connection reconnected while it
+// was being sent (RelayConfig.Reconnects).
+var errReconnected = errors.New("nats connection reconnected during the batch")
 
 // errInvalidClick marks a click entry that fails events.ReadClick: the relay
 // parks it on dead.outbox.<reason> (the reason every reader would park it
@@ -402,6 +415,10 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 	}
 	batch := make([]sent, 0, len(msgs))
 	var click events.Click // the validity check's scratch; nothing of it is kept
+	var conn uint64        // the connection the batch is sent on (Reconnects)
+	if r.cfg.Reconnects != nil {
+		conn = r.cfg.Reconnects()
+	}
 	for _, m := range msgs {
 		e, err := parseEntry(m)
 		if err != nil {
@@ -420,6 +437,12 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 				batch = append(batch, sent{e: e, err: fmt.Errorf("%w: %w", errInvalidClick, err), parked: true})
 				continue
 			}
+		}
+		if r.cfg.Reconnects != nil && r.cfg.Reconnects() != conn {
+			// What went out before may be lost with the old connection:
+			// nothing after it goes out before it is retried.
+			batch = append(batch, sent{e: e, err: errReconnected})
+			break
 		}
 		msg := &nats.Msg{Subject: e.Subject, Data: data, Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
 		// No retries inside the client: it would resend a refused message
