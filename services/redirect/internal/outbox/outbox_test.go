@@ -256,6 +256,13 @@ func TestRelayParksPermanentRejections(t *testing.T) {
 	if _, err := s.GetLastMsgForSubject(t.Context(), events.DeadLetterSubject("outbox", "malformed")); err != nil {
 		t.Fatalf("dead.outbox.malformed: %v", err)
 	}
+	// The metrics tell the two apart: the parked entries were deleted, not
+	// published.
+	published := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name))
+	parkedN := counterValue(r.m.Parked.WithLabelValues(LaneClicks.Name, "too_large")) + counterValue(r.m.Parked.WithLabelValues(LaneClicks.Name, "malformed"))
+	if published != 6 || parkedN != 2 {
+		t.Fatalf("relay_published_total = %v, relay_parked_total = %v; want 6 and 2", published, parkedN)
+	}
 }
 
 // TestRelayParksClicksEveryReaderWouldPark: the relay applies the readers'

@@ -454,7 +454,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		}
 	}
 	ids := make([]string, 0, len(batch))
-	late := 0
+	published, late := 0, 0 // of ids; the rest were parked
 	var stop error
 	for _, b := range batch {
 		err := b.err
@@ -474,6 +474,8 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 			ids = append(ids, b.e.StreamID)
 			if b.late {
 				late++
+			} else {
+				published++
 			}
 		case b.parked || permanent(err):
 			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
@@ -511,7 +513,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 	if n < 0 {
 		return 0, errLeaseLost
 	}
-	r.m.Published.WithLabelValues(lane.Name).Add(float64(len(ids) - late))
+	r.m.Published.WithLabelValues(lane.Name).Add(float64(published))
 	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
 	return len(ids), stop
 }
