@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/service"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/redirect/internal/redirect"
 )
 
@@ -95,11 +96,15 @@ type Config struct {
 	// the next one is larger (fewer Redis and JetStream round trips); it
 	// delays publishing, never a redirect.
 	RelayLinger time.Duration `env:"SNIP_RELAY_LINGER" envDefault:"20ms"`
-	// RelayLeaseTTL is how long a dead instance's shards wait to be taken over.
+	// RelayLeaseTTL is how long a dead instance's shards wait to be taken
+	// over; at most maxRelayWait.
 	RelayLeaseTTL time.Duration `env:"SNIP_RELAY_LEASE_TTL" envDefault:"5s"`
-	// PublishTimeout bounds the wait for one JetStream ack.
+	// PublishTimeout bounds the wait for one JetStream ack; more than 0 (0
+	// would wait for an ack that never comes forever, the shard stuck while
+	// its lease is renewed) and at most maxRelayWait.
 	PublishTimeout time.Duration `env:"SNIP_PUBLISH_TIMEOUT" envDefault:"5s"`
-	// MonitorInterval is how often outbox depth and age are sampled.
+	// MonitorInterval is how often outbox depth and age are sampled; more
+	// than 0.
 	MonitorInterval time.Duration `env:"SNIP_OUTBOX_SAMPLE_INTERVAL" envDefault:"1s"`
 
 	// CacheSize and CacheTTL bound the in-process link cache.
@@ -139,8 +144,12 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_DIRECT_TIMEOUT %s: want more than 0", c.DirectTimeout)
 	case c.LookupTimeout <= 0:
 		return fmt.Errorf("SNIP_LOOKUP_TIMEOUT %s: want more than 0", c.LookupTimeout)
-	case c.RelayLeaseTTL < 300*time.Millisecond:
-		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms", c.RelayLeaseTTL)
+	case c.RelayLeaseTTL < 300*time.Millisecond || c.RelayLeaseTTL > maxRelayWait:
+		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms, at most %s", c.RelayLeaseTTL, maxRelayWait)
+	case c.PublishTimeout <= 0 || c.PublishTimeout > maxRelayWait:
+		return fmt.Errorf("SNIP_PUBLISH_TIMEOUT %s: want more than 0, at most %s", c.PublishTimeout, maxRelayWait)
+	case c.MonitorInterval <= 0:
+		return fmt.Errorf("SNIP_OUTBOX_SAMPLE_INTERVAL %s: want more than 0", c.MonitorInterval)
 	case c.CacheSize < 1:
 		return fmt.Errorf("SNIP_CACHE_SIZE %d: want at least 1", c.CacheSize)
 	case c.LinkCreateLimit < 0 || (c.LinkCreateLimit > 0 && c.LinkCreateWindow < time.Second):
@@ -156,6 +165,13 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// maxRelayWait bounds SNIP_PUBLISH_TIMEOUT and SNIP_RELAY_LEASE_TTL: the
+// relay sends an entry again after an ack did not come in time, or after a
+// takeover, and the streams drop the second copy only within their
+// duplicate window (topology.DefaultClicksDuplicates, 2 minutes). A quarter
+// of it each leaves room for both in one retry, and the relay's backoff.
+const maxRelayWait = topology.DefaultClicksDuplicates / 4
 
 // replicaWait is the longest a group commit waits for replicas (0: off).
 func (c *Config) replicaWait() time.Duration {

@@ -31,3 +31,29 @@ func TestConfigCommitLinger(t *testing.T) {
 		}
 	}
 }
+
+// Timings that would break the service are refused at start: a sample
+// interval of 0 (the monitor's ticker panics), a publish timeout of 0 (an
+// ack that never comes blocks the shard for good) or longer than a quarter
+// of the streams' duplicate window (a retry after it is stored twice).
+func TestConfigRefusesTimingsThatBreakTheService(t *testing.T) {
+	t.Parallel()
+	for _, env := range [][]string{
+		{"SNIP_PUBLISH_TIMEOUT=30s", "SNIP_RELAY_LEASE_TTL=30s"},
+	} {
+		if _, err := loadConfig(env, nil); err != nil {
+			t.Errorf("%v refused: %v", env, err)
+		}
+	}
+	for _, env := range [][]string{
+		{"SNIP_OUTBOX_SAMPLE_INTERVAL=0"},
+		{"SNIP_OUTBOX_SAMPLE_INTERVAL=-1s"},
+		{"SNIP_PUBLISH_TIMEOUT=0"},
+		{"SNIP_PUBLISH_TIMEOUT=31s"},
+		{"SNIP_RELAY_LEASE_TTL=31s"},
+	} {
+		if _, err := loadConfig(env, nil); err == nil {
+			t.Errorf("%v accepted", env)
+		}
+	}
+}
