@@ -185,9 +185,11 @@ func TestChaosOnClustersLoseNothing(t *testing.T) {
 			// The replica wait, with a bound generous on a loaded machine
 			// (less than the outbox wait, as the redirect requires). The
 			// direct publish keeps its default bound: a PubAck later than it
-			// is asked for again with the same Nats-Msg-Id.
+			// is asked for again with the same Nats-Msg-Id. The commit
+			// timeout exceeds the validity plus the wait, as the redirect
+			// requires.
 			redirectEnv: []string{"SNIP_OUTBOX_WAIT_REPLICAS=1", "SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT=500ms",
-				"SNIP_OUTBOX_WAIT=1s", "SNIP_OUTBOX_VALIDITY=2s"}}
+				"SNIP_OUTBOX_WAIT=1s", "SNIP_OUTBOX_VALIDITY=2s", "SNIP_COMMIT_TIMEOUT=4s"}}
 	})
 	js := nc.JetStream(t)
 	leader := func(ctx context.Context) (*testenv.NATSNode, error) {

@@ -29,13 +29,33 @@ const ClusterStateReloadInterval = time.Second
 
 // Open parses url and returns a client. It does not connect; call Ping to
 // check the server.
-func Open(url string) (redis.UniversalClient, error) {
+func Open(url string) (redis.UniversalClient, error) { return open(url, 0) }
+
+// OpenWithTimeout is Open with every socket read and write of the client
+// bounded by timeout, whatever the URL's read_timeout and write_timeout
+// say: for a caller whose own bound on a command must hold exactly, neither
+// cut short by a shorter read timeout nor stretched by a longer one. A
+// command that times out is not retried once its context's deadline has
+// passed, so a caller that gives each command a context of the same timeout
+// learns of a failure no sooner than timeout after its command was sent,
+// and not much later.
+func OpenWithTimeout(url string, timeout time.Duration) (redis.UniversalClient, error) {
+	if timeout <= 0 {
+		return nil, fmt.Errorf("redis timeout %s: want more than 0", timeout)
+	}
+	return open(url, timeout)
+}
+
+func open(url string, timeout time.Duration) (redis.UniversalClient, error) {
 	if rest, ok := strings.CutPrefix(url, "redis+cluster://"); ok {
 		opts, err := redis.ParseClusterURL(clusterURL(rest))
 		if err != nil {
 			return nil, fmt.Errorf("parse redis cluster url: %w", err)
 		}
 		tune(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
+		if timeout > 0 {
+			opts.ReadTimeout, opts.WriteTimeout = timeout, timeout
+		}
 		if opts.ClusterStateReloadInterval == 0 {
 			opts.ClusterStateReloadInterval = ClusterStateReloadInterval
 		}
@@ -46,6 +66,9 @@ func Open(url string) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("parse redis url: %w", err)
 	}
 	tune(&opts.DialTimeout, &opts.ReadTimeout, &opts.WriteTimeout)
+	if timeout > 0 {
+		opts.ReadTimeout, opts.WriteTimeout = timeout, timeout
+	}
 	return redis.NewClient(opts), nil
 }
 

@@ -47,3 +47,37 @@ func TestOpenClusterURLListsEveryNode(t *testing.T) {
 		t.Fatalf("Open(redis://) = %T, want a single-server client", c)
 	}
 }
+
+// OpenWithTimeout bounds every socket read and write by its timeout, not by
+// the URL's read_timeout and write_timeout, on one server and on a cluster;
+// 3 s, which Open takes for go-redis's default and tunes to 2 s, included.
+func TestOpenWithTimeoutOverridesTheURLsTimeouts(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{"redis://h1:6379/0?read_timeout=200ms&write_timeout=100ms", "redis+cluster://h1:7000,h2:7001?read_timeout=200ms"} {
+		for _, timeout := range []time.Duration{3 * time.Second, 1500 * time.Millisecond} {
+			c, err := redisconn.OpenWithTimeout(url, timeout)
+			if err != nil {
+				t.Fatalf("OpenWithTimeout(%q): %v", url, err)
+			}
+			var read, write time.Duration
+			switch c := c.(type) {
+			case *redis.Client:
+				read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+			case *redis.ClusterClient:
+				read, write = c.Options().ReadTimeout, c.Options().WriteTimeout
+			}
+			if read != timeout || write != timeout {
+				t.Errorf("OpenWithTimeout(%q, %s): read timeout %s, write timeout %s", url, timeout, read, write)
+			}
+			_ = c.Close()
+		}
+	}
+	if c, err := redisconn.Open("redis://h1:6379/0?read_timeout=200ms"); err != nil {
+		t.Fatal(err)
+	} else if got := c.(*redis.Client).Options().ReadTimeout; got != 200*time.Millisecond {
+		t.Errorf("Open: read timeout %s, want the URL's 200ms", got)
+	}
+	if _, err := redisconn.OpenWithTimeout("redis://h1:6379/0", 0); err == nil {
+		t.Error("OpenWithTimeout with no timeout accepted")
+	}
+}

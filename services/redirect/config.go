@@ -88,8 +88,13 @@ type Config struct {
 	// its first, when clicks arrive that densely (outbox.CommitterConfig);
 	// it adds at most that to a redirect. 0: never waits.
 	CommitLinger time.Duration `env:"SNIP_COMMIT_LINGER" envDefault:"500us"`
-	// CommitTimeout bounds one group commit's Redis round trip.
-	CommitTimeout time.Duration `env:"SNIP_COMMIT_TIMEOUT" envDefault:"1s"`
+	// CommitTimeout bounds one group commit's Redis round trip: the
+	// committer's own Redis client waits this long for each read and write
+	// (REDIS_URL's read_timeout and write_timeout do not apply to it), and a
+	// commit is not retried past it. It must exceed OutboxValidity +
+	// OutboxWait, so that a commit fails only once its clicks' validity has
+	// passed (committerRedis says why).
+	CommitTimeout time.Duration `env:"SNIP_COMMIT_TIMEOUT" envDefault:"2s"`
 	// RelayWindow is the most entries per lane in flight to JetStream.
 	RelayWindow int `env:"SNIP_RELAY_WINDOW" envDefault:"512"`
 	// RelayLinger is how long a shard's relay waits after a small batch so
@@ -144,6 +149,9 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_DIRECT_TIMEOUT %s: want more than 0", c.DirectTimeout)
 	case c.LookupTimeout <= 0:
 		return fmt.Errorf("SNIP_LOOKUP_TIMEOUT %s: want more than 0", c.LookupTimeout)
+	case c.CommitTimeout <= c.OutboxValidity+c.OutboxWait:
+		return fmt.Errorf("SNIP_COMMIT_TIMEOUT %s: want more than SNIP_OUTBOX_VALIDITY + SNIP_OUTBOX_WAIT (%s), so that a commit fails only once its clicks' validity has passed",
+			c.CommitTimeout, c.OutboxValidity+c.OutboxWait)
 	case c.RelayLeaseTTL < 300*time.Millisecond || c.RelayLeaseTTL > maxRelayWait:
 		return fmt.Errorf("SNIP_RELAY_LEASE_TTL %s: want at least 300ms, at most %s", c.RelayLeaseTTL, maxRelayWait)
 	case c.PublishTimeout <= 0 || c.PublishTimeout > maxRelayWait:

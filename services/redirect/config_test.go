@@ -35,11 +35,17 @@ func TestConfigCommitLinger(t *testing.T) {
 // Timings that would break the service are refused at start: a sample
 // interval of 0 (the monitor's ticker panics), a publish timeout of 0 (an
 // ack that never comes blocks the shard for good) or longer than a quarter
-// of the streams' duplicate window (a retry after it is stored twice).
+// of the streams' duplicate window (a retry after it is stored twice), and a
+// commit timeout that lets a commit fail before its clicks' validity has
+// passed (the late XADD would be relayed after its request got 503).
 func TestConfigRefusesTimingsThatBreakTheService(t *testing.T) {
 	t.Parallel()
 	for _, env := range [][]string{
+		nil, // the defaults keep the rules
+		{"SNIP_OUTBOX_VALIDITY=10s", "SNIP_COMMIT_TIMEOUT=11s"},
 		{"SNIP_PUBLISH_TIMEOUT=30s", "SNIP_RELAY_LEASE_TTL=30s"},
+		// The committer's client waits SNIP_COMMIT_TIMEOUT, not this.
+		{"REDIS_URL=redis://127.0.0.1:6379/0?read_timeout=200ms"},
 	} {
 		if _, err := loadConfig(env, nil); err != nil {
 			t.Errorf("%v refused: %v", env, err)
@@ -51,6 +57,10 @@ func TestConfigRefusesTimingsThatBreakTheService(t *testing.T) {
 		{"SNIP_PUBLISH_TIMEOUT=0"},
 		{"SNIP_PUBLISH_TIMEOUT=31s"},
 		{"SNIP_RELAY_LEASE_TTL=31s"},
+		{"SNIP_COMMIT_TIMEOUT=0"},
+		{"SNIP_COMMIT_TIMEOUT=1100ms"}, // = the validity (1s) plus the wait (100ms)
+		{"SNIP_OUTBOX_VALIDITY=10s"},
+		{"SNIP_OUTBOX_WAIT=1s", "SNIP_OUTBOX_VALIDITY=2s", "SNIP_COMMIT_TIMEOUT=3s"},
 	} {
 		if _, err := loadConfig(env, nil); err == nil {
 			t.Errorf("%v accepted", env)

@@ -55,7 +55,7 @@ func TestGuarantee_NATSDownRedirectsGoOnAndEveryClickArrivesOnceInOrder(t *testi
 	// wait: a click that takes the direct path can overtake its link's
 	// backlog in the outbox (decisions/0014). A loaded test machine can
 	// stall Redis past 100 ms, so this test waits longer.
-	cfg.OutboxWait, cfg.OutboxValidity = 3*time.Second, 4*time.Second
+	cfg.OutboxWait, cfg.OutboxValidity, cfg.CommitTimeout = 3*time.Second, 4*time.Second, 8*time.Second
 	in := startInstance(t, cfg)
 	var codes []string
 	for i := range 6 {
@@ -168,7 +168,7 @@ func TestGuarantee_Kill9LosesNoClickThatGot302(t *testing.T) {
 		"SNIP_BOOTSTRAP_OWNERS=acme:" + acmeKey, "SNIP_PARTITIONS=3", "SNIP_OUTBOX_SHARDS=4",
 		"SNIP_RELAY_LEASE_TTL=1s", "SNIP_RELAY_WINDOW=64", "LOG_LEVEL=warn",
 		// Order is checked: see the NATS-down test on why the wait is long.
-		"SNIP_OUTBOX_WAIT=3s", "SNIP_OUTBOX_VALIDITY=4s",
+		"SNIP_OUTBOX_WAIT=3s", "SNIP_OUTBOX_VALIDITY=4s", "SNIP_COMMIT_TIMEOUT=8s",
 	}
 	first := startProc(t, bin, append(env, "SNIP_INSTANCE=first"), url)
 	var codes []string

@@ -46,7 +46,7 @@ func testConfig(redisURL, natsURL string) Config {
 		// The production outbox wait; a generous ack bound, because a loaded
 		// test machine can take longer than 500 ms to answer a publish.
 		OutboxWait: 100 * time.Millisecond, OutboxValidity: time.Second, DirectTimeout: 2 * time.Second, LookupTimeout: 250 * time.Millisecond,
-		CommitMaxBatch: 64, CommitWorkers: 2, CommitLinger: 500 * time.Microsecond, CommitTimeout: time.Second, // the production linger
+		CommitMaxBatch: 64, CommitWorkers: 2, CommitLinger: 500 * time.Microsecond, CommitTimeout: 2 * time.Second, // the production linger and timeout
 		RelayWindow: 128, RelayLeaseTTL: time.Second, RelayLinger: 20 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		MonitorInterval: 100 * time.Millisecond, CacheSize: 1000, CacheTTL: time.Minute,
 	}

@@ -51,7 +51,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		redis.SetLogger(redisLogger{log})
 		trusted, _ := cfg.trustedProxies()
 		// Redis: one client for requests, one for the relay, whose blocking
-		// XREADs hold a connection per shard.
+		// XREADs hold a connection per shard, and one for the group commit
+		// (committerRedis: its timeout is SNIP_COMMIT_TIMEOUT).
 		rdb, err := g.Redis(cfg.Redis)
 		if err != nil {
 			return err
@@ -60,6 +61,11 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		if err != nil {
 			return err
 		}
+		commitRDB, err := committerRedis(cfg)
+		if err != nil {
+			return err
+		}
+		g.Close("redis committer", commitRDB.Close)
 		wctx, cancel := context.WithTimeout(ctx, startupTimeout)
 		defer cancel()
 		if err := service.Retry(wctx, log, "wait for redis", func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) }); err != nil {
@@ -117,7 +123,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		}
 		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
 		g.Close("link cache", func() error { resolver.Close(); return nil })
-		committer := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{
+		committer := outbox.NewCommitter(commitRDB, layout, outbox.CommitterConfig{
 			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, Linger: cfg.CommitLinger, MaxEntries: perShard,
 			Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
 			WaitReplicas: cfg.OutboxWaitReplicas, WaitTimeout: cfg.OutboxWaitReplicasTimeout,
@@ -174,6 +180,22 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		g.Go(service.Work, "monitor", func(ctx context.Context) error { monitor.Run(ctx, cfg.MonitorInterval); return nil })
 		return nil
 	})
+}
+
+// committerRedis opens the group commit's own Redis client, whose socket
+// reads and writes wait SNIP_COMMIT_TIMEOUT, whatever REDIS_URL's
+// read_timeout says: a group commit then fails no sooner than that after it
+// was sent (the commit's context has the same deadline, so it is not
+// retried past it), and not much later. The config keeps SNIP_COMMIT_TIMEOUT
+// above SNIP_OUTBOX_VALIDITY + SNIP_OUTBOX_WAIT: by the time a click's
+// commit has failed, its entry's validity has passed, so an XADD that Redis
+// runs after the failure (it was frozen with the write in its socket) is
+// late and never relayed, and the request the failure answered with 503
+// click_not_recorded is not counted (decisions/0014). A shorter read
+// timeout would fail the commit while the entry could still be stored in
+// time.
+func committerRedis(cfg Config) (redis.UniversalClient, error) {
+	return redisconn.OpenWithTimeout(cfg.Redis.URL, cfg.CommitTimeout)
 }
 
 // relayNATSOptions are the options of the relay's NATS connection beyond
