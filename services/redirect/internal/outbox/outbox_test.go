@@ -38,6 +38,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestGuarantee_RelayStoppedBetweenPublishAndDeleteThenRestarted,
 		TestRelayParksPermanentRejections,
 		TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced,
+		TestGuarantee_RelayPausedPastItsLeasePublishesNothing,
 		// Not TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL:
 		// it fakes kill -9 by closing the doomed relay's client, and a closed
 		// cluster client still removes the relay from the heartbeat set on
@@ -353,6 +354,54 @@ func TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced(t *testing.T) {
 	rb.stop()
 	testenv.WaitFor(t, 10*time.Second, "a to relay new entries", func() bool { return count(e.js, events.ClicksStream) >= 55 })
 	sameSequence(t, "CLICKS", append(ids, more...), storedIDs(t, e.js, events.ClicksStream))
+}
+
+// TestGuarantee_RelayPausedPastItsLeasePublishesNothing: relay A reads a
+// batch and "pauses" (a GC pause, a frozen VM) before publishing it, past
+// its lease: its renewals fail from then on (the lease is deleted here, as
+// expiry would), and relay B takes the shard over and relays everything.
+// When A wakes up it publishes nothing of the batch it read: the lease's
+// deadline on A's own monotonic clock (the start of its last successful
+// renewal plus the lease's life) has passed. What it would publish, the
+// streams drop as duplicates only within their duplicate window.
+func TestGuarantee_RelayPausedPastItsLeasePublishesNothing(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 50)
+
+	a := e.relay("a")
+	js := &countingJS{JetStream: a.js}
+	a.js = js
+	paused := make(chan struct{})
+	resume := make(chan struct{})
+	var once sync.Once
+	a.beforeBatch = func(int, Lane) { once.Do(func() { close(paused); <-resume }) }
+	ra := start(a)
+	defer ra.stop()
+	<-paused
+	lapsed := time.Now()
+	e.rdb.Del(t.Context(), e.layout.LeaseKey(0))
+	rb := start(e.relay("b"))
+	defer rb.stop()
+	testenv.WaitFor(t, 10*time.Second, "b to relay everything", func() bool { return count(e.js, events.ClicksStream) >= 50 && e.outboxLen(t) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "a's lease deadline to pass", func() bool { return time.Since(lapsed) > leaseLife(a.cfg.LeaseTTL) })
+	close(resume)
+	testenv.WaitFor(t, 10*time.Second, "a to lose the lease", func() bool { return testutilLeasesLost(a) >= 1 })
+	if n := js.published.Load(); n != 0 {
+		t.Fatalf("a published %d entries of the batch it read before its pause, want none", n)
+	}
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+}
+
+// countingJS counts a relay's publishes.
+type countingJS struct {
+	JetStream
+	published atomic.Int64
+}
+
+func (c *countingJS) PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	c.published.Add(1)
+	return c.JetStream.PublishMsgAsync(msg, opts...)
 }
 
 // TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL: an instance that

@@ -10,6 +10,7 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -71,7 +72,9 @@ type JetStream interface {
 // (Nats-Msg-Id = event ID, Nats-Expected-Stream = the lane's stream), waits
 // for the acks in order, and deletes the acknowledged prefix with an XDEL
 // fenced by the lease token (a Lua script deletes only while the token is
-// still ours). On a transient error it keeps the failed entry and everything
+// still ours). It publishes only before the lease's local deadline
+// (heldShard.until), so a relay paused past its lease publishes nothing
+// more when it wakes. On a transient error it keeps the failed entry and everything
 // after it and retries from there after a backoff; entries after it that
 // were stored already are dropped by the stream's duplicate window. An entry
 // JetStream refuses for good (too large, wrong stream), and a click that
@@ -88,9 +91,15 @@ type Relay struct {
 	log    *slog.Logger
 	m      *Metrics
 
+	// epoch is the origin of the monotonic clock of lease deadlines (since).
+	epoch time.Time
+
 	// afterAcks, if set (tests), runs after a batch's acks and before its
 	// XDEL; returning an error abandons the batch as a crash would.
 	afterAcks func(shard int, lane Lane, ids []string) error
+	// beforeBatch, if set (tests), runs when a batch has been read, before
+	// anything of it is published.
+	beforeBatch func(shard int, lane Lane)
 }
 
 // NewRelay returns a relay. ready reports whether NATS is connected and the
@@ -107,8 +116,12 @@ func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 5 * time.Second
 	}
-	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now()}
 }
+
+// since is the time since r.epoch on the monotonic clock, which a wall
+// clock step does not move.
+func (r *Relay) since() time.Duration { return time.Since(r.epoch) }
 
 // renewScript extends a lease if the caller still holds it.
 var renewScript = redis.NewScript(`
@@ -135,6 +148,11 @@ return redis.call('XDEL', KEYS[2], unpack(ARGV, 2))`)
 
 var errLeaseLost = errors.New("shard lease lost")
 
+// errLeaseLapsed stops a batch once the shard's lease may have expired in
+// Redis: its last renewal (or its acquisition) began more than the lease's
+// life ago (heldShard.until). Another instance may hold the shard by now.
+var errLeaseLapsed = errors.New("shard lease not renewed within its life")
+
 // errReconnected stops a batch whose NATS connection reconnected while it
 // was being sent (RelayConfig.Reconnects).
 var errReconnected = errors.New("nats connection reconnected during the batch")
@@ -148,7 +166,15 @@ type heldShard struct {
 	token  string
 	cancel context.CancelFunc
 	done   chan struct{}
+	// until is when the lease may expire in Redis, as Relay.since counts:
+	// the start of its last successful renewal (or of its acquisition) plus
+	// the lease's life. Redis set the expiry after that start, so the lease
+	// lives at least until then. The shard publishes only before it.
+	until atomic.Int64
 }
+
+// valid reports whether the lease is surely still the shard's.
+func (h *heldShard) valid(r *Relay) bool { return int64(r.since()) < h.until.Load() }
 
 // Run relays until ctx ends, then stops its shards and releases their leases
 // so other instances take over at once.
@@ -216,6 +242,7 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 
 	// Renew every held lease in one round trip.
 	renewals := map[int]*redis.Cmd{}
+	renewStart := r.since()
 	if len(held) > 0 {
 		rp := r.rdb.Pipeline()
 		for s, h := range held {
@@ -232,11 +259,16 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 		if cmd, ok := renewals[s]; ok {
 			n, err := cmd.Int()
 			if err != nil {
-				// Unknown: keep relaying; the fenced XDEL protects the outbox
-				// and the lease may still be ours.
+				// Unknown: keep the shard, the lease may still be ours. It
+				// publishes only until the lease's deadline (heldShard.until)
+				// unless a renewal succeeds, and the fenced XDEL protects
+				// the outbox.
 				continue
 			}
 			lost = n == 0
+			if !lost {
+				h.until.Store(int64(renewStart + leaseLife(r.cfg.LeaseTTL)))
+			}
 		} else {
 			lost = true // the shard loop found the lease gone (fenced XDEL)
 		}
@@ -265,17 +297,19 @@ func (r *Relay) balance(ctx context.Context, held map[int]*heldShard) {
 				continue
 			}
 			token := r.cfg.Instance + "/" + randomToken()
+			start := r.since()
 			ok, err := r.rdb.SetNX(ctx, r.layout.LeaseKey(s), token, leaseLife(r.cfg.LeaseTTL)).Result()
 			if err != nil || !ok {
 				continue
 			}
 			sctx, cancel := context.WithCancel(ctx)
 			h := &heldShard{token: token, cancel: cancel, done: make(chan struct{})}
+			h.until.Store(int64(start + leaseLife(r.cfg.LeaseTTL)))
 			held[s] = h
 			r.log.Info("relay lease acquired", "shard", s)
 			go func() {
 				defer close(h.done)
-				r.runShard(sctx, s, token)
+				r.runShard(sctx, s, h)
 			}()
 		}
 	}
@@ -307,7 +341,7 @@ type laneState struct {
 }
 
 // runShard relays one shard while ctx lasts and the lease is ours.
-func (r *Relay) runShard(ctx context.Context, shard int, token string) {
+func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 	lanes := make([]laneState, len(Lanes))
 	for i := range lanes {
 		lanes[i].last = "0-0"
@@ -377,11 +411,21 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 				continue
 			}
 			ls := &lanes[li]
-			n, err := r.relayBatch(ctx, shard, token, Lanes[li], st.Messages)
+			n, err := r.relayBatch(ctx, shard, lease, Lanes[li], st.Messages)
 			switch {
 			case errors.Is(err, errLeaseLost):
 				r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
 				return
+			case errors.Is(err, errLeaseLapsed):
+				// Not a publish error: wait for the next renewal, or for
+				// balance to find the lease lost and stop the shard.
+				r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
+				if ctx.Err() != nil {
+					return
+				}
+				ls.last = "0-0"
+				ls.retryAt = time.Now().Add(balanceEvery(r.cfg.LeaseTTL))
+				r.log.Warn("relay batch stopped: lease not renewed in time", "shard", shard, "lane", Lanes[li].Name, "published", n)
 			case err != nil:
 				if ctx.Err() != nil {
 					return
@@ -405,7 +449,15 @@ func (r *Relay) runShard(ctx context.Context, shard int, token string) {
 
 // relayBatch publishes msgs in order and deletes the acknowledged prefix. It
 // returns how many entries it deleted, and the error that stopped it early.
-func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane Lane, msgs []redis.XMessage) (int, error) {
+// It publishes (and parks) only while the lease is surely its own
+// (heldShard.valid): a relay paused between its read and its publishes, past
+// its lease, would otherwise publish a window per lane after another
+// instance took the shard over, which the streams drop as duplicates only
+// within their duplicate window. (The XDEL is fenced in Redis itself.)
+func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lane Lane, msgs []redis.XMessage) (int, error) {
+	if r.beforeBatch != nil {
+		r.beforeBatch(shard, lane)
+	}
 	type sent struct {
 		e      Entry
 		f      jetstream.PubAckFuture
@@ -437,6 +489,10 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 				batch = append(batch, sent{e: e, err: fmt.Errorf("%w: %w", errInvalidClick, err), parked: true})
 				continue
 			}
+		}
+		if !lease.valid(r) {
+			batch = append(batch, sent{e: e, err: errLeaseLapsed})
+			break
 		}
 		if r.cfg.Reconnects != nil && r.cfg.Reconnects() != conn {
 			// What went out before may be lost with the old connection:
@@ -477,7 +533,13 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 			} else {
 				published++
 			}
+		case errors.Is(err, errLeaseLapsed):
+			stop = err
 		case b.parked || permanent(err):
+			if !lease.valid(r) {
+				stop = errLeaseLapsed
+				continue
+			}
 			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
 				stop = perr
 				continue
@@ -497,7 +559,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, token string, lane La
 		}
 	}
 	args := make([]any, 0, len(ids)+1)
-	args = append(args, token)
+	args = append(args, lease.token)
 	for _, id := range ids {
 		args = append(args, id)
 	}
