@@ -91,6 +91,9 @@ type Partition struct {
 	labelled  map[uint64]struct{}
 	labelledQ window
 	agents    agentCache
+	// touched holds the label counters judged since the store last took
+	// them (CountsStored), with their alert period index + 1.
+	touched map[stateKey]int64
 	// startAt is the event time of the first event this state saw: links
 	// first seen within a flood window of it have a history it did not see.
 	startAt int64
@@ -155,6 +158,7 @@ func (d *Detector) NewPartition() *Partition {
 		pairs:    newTable[stateKey](r.MaxPairs, func(v *pairState) int64 { return v.lastAt }),
 		counts:   newTable[stateKey](r.MaxLinks, func(v *labelCount) int64 { return v.lastAt }),
 		labelled: make(map[uint64]struct{}),
+		touched:  make(map[stateKey]int64),
 		agents:   agentCache{max: 4096},
 		fresh:    true,
 	}
@@ -328,13 +332,17 @@ func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, a
 // LabelAlertThreshold. It returns the alert's ID once raised, else "".
 func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key, what string) string {
 	r := &p.d.rules
-	lc := p.counts.get(keyOf(rule+"\x00"+c.Code, key))
+	k := keyOf(rule+"\x00"+c.Code, key)
+	lc := p.counts.get(k)
 	lc.lastAt = t
 	period := t / int64(r.AlertPeriod)
 	if lc.period != period+1 {
 		lc.period, lc.count = period+1, 0
 	}
 	lc.count++
+	if j != nil {
+		p.touched[k] = lc.period
+	}
 	if lc.count <= r.LabelAlertThreshold {
 		return ""
 	}

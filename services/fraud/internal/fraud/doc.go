@@ -24,7 +24,8 @@
 //
 // Reader's methods are the runtime's Handler and its OnAssign, OnRevoke and
 // OnRewind hooks. OnAssign rebuilds a partition taken over from the last
-// Memory of the log before judging anything; Handle publishes alerts and
+// Memory of the log before judging anything, and the label counters of the
+// alert period from the store (Count); Handle publishes alerts and
 // verdicts (deterministic IDs: AlertID, VerdictID) and writes statistics
 // before the batch is acked, and returns an error on any failure so the batch
 // is retried (docs/decisions/0032). It reaches CLICKS, FRAUD and Redis

@@ -1,12 +1,15 @@
 package fraud_test
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
@@ -72,20 +75,72 @@ func TestGeneratedMix(t *testing.T) {
 	}
 }
 
+// slowScanner is curl on one link every 4 minutes for an hour: 15 clicks,
+// the 11th (40 minutes in) raises bot_agent, counting clicks far older than
+// Memory.
+func slowScanner() []traffic.Click {
+	var out []traffic.Click
+	for i := range 15 {
+		out = append(out, traffic.Click{Pattern: traffic.PatternScanner, Click: events.Click{
+			V: events.ClickVersion, ID: fmt.Sprintf("slow%d", i), Time: t0.Add(time.Minute + time.Duration(i)*4*time.Minute),
+			Code: traffic.Code(11), Owner: "owner2", Target: "https://example.com/x", IPPrefix: fmt.Sprintf("192.0.2.%d/32", i),
+			Visitor: fmt.Sprintf("slow%d", i), UserAgent: "curl/8.5.0",
+		}})
+	}
+	return out
+}
+
 // TestRebuildJudgesLikeAnUninterruptedMember takes each partition over in
-// the middle of the run: the new owner feeds the last Memory of the log,
-// then judges the rest. Every label it gives after the takeover is one the
-// uninterrupted member gave, and every alert ID it raises is one the
-// uninterrupted member raised: a takeover creates no new alert.
+// the middle of the run (and, where the partition has events then, 30
+// minutes in, long after Memory): the new owner feeds the last Memory of the
+// log, takes the label counters the uninterrupted member had stored as of
+// the takeover (as the store hands them back), then judges the rest. Every
+// label it gives after the takeover is one the uninterrupted member gave;
+// every alert ID it raises is one the uninterrupted member raised (a
+// takeover creates no new alert), and every alert the uninterrupted member
+// raised after the takeover it raises too (a takeover loses none, also
+// those that count clicks older than Memory).
 func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 	t.Parallel()
-	clicks := traffic.Generate(mixSpec())
+	clicks := append(traffic.Generate(mixSpec()), slowScanner()...)
+	slices.SortStableFunc(clicks, func(a, b traffic.Click) int { return a.Time.Compare(b.Time) })
 	byPart, _ := traffic.Events(clicks, 8)
 	d, _ := fraud.NewDetector(fraud.Defaults())
 	want, wantAlerts := judgeAll(t, d, byPart)
 
+	late := 0
 	for part, evs := range byPart {
-		for _, cut := range []int{len(evs) / 3, len(evs) / 2, 2 * len(evs) / 3} {
+		cuts := []int{len(evs) / 3, len(evs) / 2, 2 * len(evs) / 3}
+		if i := slices.IndexFunc(evs, func(ev reader.Event) bool { return !ev.Click.Time.Before(t0.Add(30 * time.Minute)) }); i > 0 {
+			cuts = append(cuts, i)
+			late++
+		}
+		// The uninterrupted member, its counters stored after every event
+		// (the store keeps the latest value per period and counter), and
+		// the alerts it raises from each cut on.
+		stored := map[string]fraud.Count{}
+		snapshots := map[int][]fraud.Count{}
+		alertsFrom := map[int]map[string]bool{}
+		u := d.NewPartition()
+		for i, ev := range evs {
+			if slices.Contains(cuts, i) {
+				snapshots[i] = slices.Collect(maps.Values(stored))
+				alertsFrom[i] = map[string]bool{}
+			}
+			j, _ := u.Judge(ev)
+			for _, a := range j.Alerts {
+				for _, m := range alertsFrom {
+					m[a.ID] = true
+				}
+			}
+			for _, c := range u.Counts(nil) {
+				c.Mark = ev.Seq
+				stored[c.Period.String()+c.Key] = c
+			}
+			u.CountsStored()
+		}
+
+		for _, cut := range cuts {
 			resume := evs[cut].Seq
 			from := evs[cut-1].Stored.Add(-d.Memory()).Truncate(d.Rules().FloodWindow)
 			p := d.NewPartition()
@@ -94,16 +149,31 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 					p.Feed(ev)
 				}
 			}
+			periods := p.CountPeriods(evs[cut])
+			var counts []fraud.Count
+			for _, c := range snapshots[cut] {
+				if slices.ContainsFunc(periods, c.Period.Equal) {
+					counts = append(counts, c)
+				}
+			}
+			p.RestoreCounts(counts)
 			got := map[uint64]string{}
+			gotAlerts := map[string]bool{}
 			for _, ev := range evs[cut:] {
 				j, _ := p.Judge(ev)
 				for _, l := range j.Labels {
 					got[l.Seq] = l.Rule
 				}
 				for _, a := range j.Alerts {
+					gotAlerts[a.ID] = true
 					if _, ok := slices.BinarySearch(wantAlerts, a.ID); !ok {
 						t.Errorf("partition %d cut at %d: new alert %s", part, resume, a.ID)
 					}
+				}
+			}
+			for id := range alertsFrom[cut] {
+				if !gotAlerts[id] {
+					t.Errorf("partition %d cut at %d: alert %s, raised after the cut by the uninterrupted member, is missing", part, resume, id)
 				}
 			}
 			wantAfter := map[uint64]string{}
@@ -116,6 +186,9 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 				t.Errorf("partition %d taken over at %d: labels after the takeover (-uninterrupted +rebuilt):\n%s", part, resume, d)
 			}
 		}
+	}
+	if late == 0 {
+		t.Fatal("no partition taken over after 30 minutes")
 	}
 }
 

@@ -37,10 +37,32 @@ type Publisher interface {
 }
 
 // Store keeps what the API serves: per-link totals and flagged counts, and
-// each owner's recent alerts. Apply must be idempotent: applying judgements
-// of events it has applied before changes nothing.
+// each owner's recent alerts, and what a rebuilt state needs beyond the log:
+// the label counters of the alert period. Apply must be idempotent: applying
+// judgements of events it has applied before changes nothing.
 type Store interface {
-	Apply(ctx context.Context, partition int, js []Judgement) error
+	// Apply writes a batch of one partition and moves the partition's
+	// high-water mark to its last judgement, all at once; of a batch whose
+	// events are all at or before the mark it writes nothing.
+	Apply(ctx context.Context, partition int, b Batch) error
+	// HighWater returns the partition's high-water mark: the last sequence
+	// applied (0: none).
+	HighWater(ctx context.Context, partition int) (uint64, error)
+	// LabelCounts returns the partition's label counters stored for the
+	// alert periods of length period starting at starts, and the high-water
+	// mark they are as of, read together.
+	LabelCounts(ctx context.Context, partition int, period time.Duration, starts []time.Time) (mark uint64, counts []Count, err error)
+}
+
+// Batch is what one Apply writes.
+type Batch struct {
+	// Judgements are in sequence order.
+	Judgements []Judgement
+	// Counts are the label counters the judgements changed, as of the last
+	// of them (Partition.Counts).
+	Counts []Count
+	// Period is the alert period, which keys the counters.
+	Period time.Duration
 }
 
 // LinkStats is the flagged share of one link.
@@ -90,6 +112,18 @@ type partState struct {
 	labels   int  // labels in verdicts
 	resolved bool // verdicts built for pending
 	sent     bool // alerts and verdicts acknowledged by FRAUD
+
+	// mark is the partition's high-water mark in the store as far as this
+	// state knows: what the rebuild read, then the last batch applied.
+	mark uint64
+	// restore: the label counters are to be set from the store's before
+	// the first event after mark is judged (the stored ones are as of mark).
+	restore bool
+	// done is the store's mark when it was ahead of the runtime's resume
+	// point at the takeover (the previous owner stored a batch and stopped
+	// before acking it): the state was fed up to it, and those events,
+	// handed again, are skipped without a word.
+	done uint64
 }
 
 // isPending reports whether the event at seq was judged and its decisions
@@ -110,16 +144,21 @@ func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, log *sl
 // OnAssign rebuilds the partition's state from the log before it judges
 // anything: the events stored in the Memory before resumeSeq are fed
 // without decisions (their owner published those), so the windows are
-// what an uninterrupted member would have at resumeSeq.
+// what an uninterrupted member would have at resumeSeq. If the store has
+// applied events from resumeSeq on (the previous owner stopped between
+// storing a batch and acking it), the state is fed up to the store's mark
+// instead: those events were published and stored, and are skipped when
+// they are handed again. The label counters of the alert period come from
+// the store before the first event is judged.
 func (r *Reader) OnAssign(ctx context.Context, partition int, resumeSeq uint64) error {
-	p, err := r.rebuild(ctx, partition, resumeSeq)
+	ps, err := r.rebuild(ctx, partition, resumeSeq, true)
 	if err != nil {
 		return fmt.Errorf("assign partition %d: %w", partition, err)
 	}
 	r.mu.Lock()
-	r.parts[partition] = &partState{p: p}
+	r.parts[partition] = ps
 	r.mu.Unlock()
-	r.metrics.observe(partition, p.Stats())
+	r.metrics.observe(partition, ps.p.Stats())
 	return nil
 }
 
@@ -132,9 +171,11 @@ func (r *Reader) OnRevoke(partition int) {
 }
 
 // OnRewind starts the partition's state again at the replay's first event,
-// rebuilt from the log before it, so the replay judges every event exactly
-// as the first pass did and raises the same alert IDs (which FRAUD then
-// drops as duplicates).
+// rebuilt from the log before it, so the replay judges every event as the
+// first pass did and raises the same alert IDs (which FRAUD then drops as
+// duplicates). The label counters count from the Memory before the replay's
+// start until the replay passes the store's mark, where they are set from
+// the store's: from there on they are exact.
 func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.RewindInfo) error {
 	r.mu.Lock()
 	cur := r.parts[partition]
@@ -145,37 +186,66 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 		// what was judged and From would be skipped.
 		return nil
 	}
-	p, err := r.rebuild(ctx, partition, info.From)
+	ps, err := r.rebuild(ctx, partition, info.From, false)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
 	}
 	r.mu.Lock()
-	r.parts[partition] = &partState{p: p}
+	r.parts[partition] = ps
 	r.mu.Unlock()
 	r.log.Info("partition rewound", "partition", partition, "from", info.From, "replay", info.ID)
 	return nil
 }
 
-// rebuild returns state for a partition whose next event is resume.
-func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64) (*Partition, error) {
-	p := r.d.NewPartition()
-	if resume <= 1 {
-		return p, nil
-	}
+// rebuild returns state for a partition whose next event is resume. On a
+// takeover (not a rewind) it goes up to the store's mark where that is
+// ahead of resume.
+func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover bool) (*partState, error) {
 	started := time.Now()
-	anchor, err := r.clicks.StoredAt(ctx, resume-1)
+	mark, err := r.store.HighWater(ctx, partition)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: %w", err)
+	}
+	until := resume
+	if takeover && mark >= resume {
+		// The previous owner published and stored the events up to the mark
+		// and stopped before acking them: the runtime hands them again. Feed
+		// them, as the events before resume: judging them again would
+		// publish their decisions again (under other verdict IDs where the
+		// batch is cut differently), taken with label counters short of the
+		// store's, which are as of the mark.
+		ev, err := r.clicks.Click(ctx, mark)
+		switch {
+		case err == nil && ev.Partition == partition:
+			until = mark + 1
+		case err == nil || errors.Is(err, ErrNotInLog):
+			r.log.Warn("the store's mark is ahead of the resume point but not an event of the partition in the log; ignoring it",
+				"partition", partition, "resume_seq", resume, "mark", mark)
+		default:
+			return nil, fmt.Errorf("rebuild: the event at the store's mark: %w", err)
+		}
+	}
+	ps := &partState{p: r.d.NewPartition(), mark: mark, restore: mark > 0}
+	if until > resume {
+		ps.done = until - 1
+	}
+	if until <= 1 {
+		return ps, nil
+	}
+	p := ps.p
+	anchor, err := r.clicks.StoredAt(ctx, until-1)
 	if errors.Is(err, ErrNotInLog) {
-		// The event before resume is gone (retention): so is everything a
+		// The event before until is gone (retention): so is everything a
 		// window could need. Start empty.
 		r.log.Warn("nothing to rebuild from", "partition", partition, "resume_seq", resume)
-		return p, nil
+		return ps, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
 	// Read from a bucket boundary: the rebuilt state watches whole buckets.
 	from := anchor.Add(-r.d.Memory()).Truncate(r.d.rules.FloodWindow)
-	n, err := r.clicks.Scan(ctx, partition, from, resume, func(ev reader.Event) { p.Feed(ev) })
+	n, err := r.clicks.Scan(ctx, partition, from, until, func(ev reader.Event) { p.Feed(ev) })
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
@@ -184,8 +254,33 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64) (*Pa
 	r.metrics.rebuildRead.Observe(float64(n))
 	r.metrics.observe(partition, p.Stats())
 	r.log.Info("partition rebuilt from the log", "partition", partition, "resume_seq", resume,
-		"from", from, "events", n, "took", took.Round(time.Millisecond))
-	return p, nil
+		"from", from, "until", until, "events", n, "mark", mark, "took", took.Round(time.Millisecond))
+	return ps, nil
+}
+
+// restoreCounts sets the state's label counters from the store's before
+// next is judged. They are as of the store's mark, which must still be the
+// one the rebuild read.
+func (r *Reader) restoreCounts(ctx context.Context, partition int, ps *partState, next reader.Event) error {
+	mark, cs, err := r.store.LabelCounts(ctx, partition, r.d.rules.AlertPeriod, ps.p.CountPeriods(next))
+	if err != nil {
+		return fmt.Errorf("restore label counters: %w", err)
+	}
+	if mark != ps.mark {
+		// Someone applied a batch of the partition since the rebuild (a
+		// member that had not yet heard it moved): the state is not as of
+		// the store's counters. Rebuild it on the next call.
+		r.mu.Lock()
+		if r.parts[partition] == ps {
+			delete(r.parts, partition)
+		}
+		r.mu.Unlock()
+		return fmt.Errorf("restore label counters: the partition's mark moved from %d to %d since the rebuild; rebuilding", ps.mark, mark)
+	}
+	ps.p.RestoreCounts(cs)
+	ps.restore = false
+	r.log.Info("label counters restored from the store", "partition", partition, "mark", mark, "counters", len(cs))
+	return nil
 }
 
 // Handle is the reader.Handler.
@@ -206,12 +301,18 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		r.mu.Unlock()
 	}
 	for _, ev := range batch {
+		if ps.restore && ev.Seq > ps.mark && ev.Seq > ps.p.Last() {
+			if err := r.restoreCounts(ctx, partition, ps, ev); err != nil {
+				return fmt.Errorf("handle partition %d: %w", partition, err)
+			}
+		}
 		j, ok := ps.p.Judge(ev)
 		if !ok {
 			// The runtime retries a batch that failed after it was judged
 			// with the same events, still first deliveries: those are
 			// pending here, judged and waiting to be published and stored.
-			if ev.Deliveries <= 1 && !ps.isPending(ev.Seq) {
+			// Those up to done were stored by the previous owner.
+			if ev.Deliveries <= 1 && ev.Seq > ps.done && !ps.isPending(ev.Seq) {
 				// A first delivery behind the state's position was never
 				// judged and now never will be: say so loudly.
 				r.metrics.behind.Inc()
@@ -264,9 +365,12 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 			}
 		}
 	}
-	if err := r.store.Apply(ctx, partition, ps.pending); err != nil {
+	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod}
+	if err := r.store.Apply(ctx, partition, b); err != nil {
 		return fmt.Errorf("store statistics: %w", err)
 	}
+	ps.p.CountsStored()
+	ps.mark = max(ps.mark, ps.pending[len(ps.pending)-1].Seq)
 	ps.pending, ps.alerts, ps.verdicts = ps.pending[:0], nil, nil
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -31,6 +32,7 @@ type world struct {
 	n     *testenv.NATS
 	nc    *nats.Conn
 	js    jetstream.JetStream
+	rdb   *redis.Client
 	store *redisstore.Store
 }
 
@@ -47,7 +49,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	rdb, _ := servers.Redis.NewDB(t)
-	return &world{n: n, nc: nc, js: js, store: redisstore.New(rdb, parts, 100)}
+	return &world{n: n, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
 }
 
 func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Reader {

@@ -47,10 +47,10 @@ func TestAPI(t *testing.T) {
 		{Seq: 3, Code: "abc", Owner: "acme", Labels: []fraud.Label{{Seq: 3, Rule: fraud.RuleVisitorBurst}}, Alerts: []events.FraudAlert{alert}},
 		{Seq: 4, Code: "abc", Owner: "acme"},
 	}
-	if err := store.Apply(ctx, events.Partition("abc", 4), js); err != nil {
+	if err := store.Apply(ctx, events.Partition("abc", 4), fraud.Batch{Judgements: js}); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Apply(ctx, events.Partition("xyz", 4), []fraud.Judgement{{Seq: 5, Code: "xyz", Owner: "globex"}}); err != nil {
+	if err := store.Apply(ctx, events.Partition("xyz", 4), fraud.Batch{Judgements: []fraud.Judgement{{Seq: 5, Code: "xyz", Owner: "globex"}}}); err != nil {
 		t.Fatal(err)
 	}
 	e := echo.New()

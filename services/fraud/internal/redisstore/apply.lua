@@ -1,9 +1,12 @@
 -- Applies one partition's judgements atomically, once.
 -- KEYS[1]    fraud:{p<N>}:hwm
--- KEYS[2..]  the link hashes, then each owner's alert set and alert bodies
+-- KEYS[2..]  the link hashes, then each owner's alert set and alert bodies,
+--            then the label counter hashes
 -- ARGV       from, to, alerts cap,
 --            nlinks, then per link: owner, nfields, field, delta, ...
 --            nalerts, then per alert: set key index, bodies key index, id, score, json
+--            counters' ttl (ms), nhashes, then per hash: key index, nfields, field, value, ...
+-- The counters' values are set, not added: they are the state's as of to.
 -- Returns {1, to} when applied, {0, hwm} when everything was applied before,
 -- {-1, hwm} when part was (the caller resends what is after hwm).
 local hwm = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -36,6 +39,17 @@ for _ = 1, nalerts do
       redis.call('HDEL', bodies, unpack(old))
     end
   end
+end
+
+local ttl = ARGV[i]
+local nhashes = tonumber(ARGV[i + 1]); i = i + 2
+for _ = 1, nhashes do
+  local key = KEYS[tonumber(ARGV[i])]
+  local nf = tonumber(ARGV[i + 1]); i = i + 2
+  for _ = 1, nf do
+    redis.call('HSET', key, ARGV[i], ARGV[i + 1]); i = i + 2
+  end
+  redis.call('PEXPIRE', key, ttl)
 end
 
 redis.call('SET', KEYS[1], ARGV[2])

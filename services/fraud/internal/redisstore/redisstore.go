@@ -9,6 +9,10 @@
 //	fraud:{p<N>}:link:<code>         hash: owner, total, flagged, rule:<rule> (flagged by rule)
 //	fraud:{p<N>}:alerts:<owner>      sorted set: alert ID, scored by its event time (ms)
 //	fraud:{p<N>}:alertbody:<owner>   hash: alert ID -> alert JSON
+//	fraud:{p<N>}:labels:<len>:<start> hash: label counter -> "count:last click (unix ns):mark",
+//	                                 of the alert period of length len (a Go duration)
+//	                                 starting at start (unix s); expires two periods
+//	                                 after its last write
 //
 // Writes are idempotent twice over. The per-partition high-water mark makes
 // a batch's counts apply once: the runtime hands a partition's events in
@@ -16,7 +20,9 @@
 // often a batch is retried or redelivered or a partition changes hands
 // (the verdict labels on FRAUD_VERDICTS carry the click ID for consumers that key
 // by it). Alerts are added by ID (ZADD NX), so an alert raised again by a
-// replay or a takeover is stored once.
+// replay or a takeover is stored once. The label counters of a batch are
+// written by the same script, so they are always exactly as of the mark
+// (fraud.Partition.RestoreCounts relies on it).
 package redisstore
 
 import (
@@ -44,6 +50,15 @@ var applyLua string
 
 var applyScript = redis.NewScript(applyLua)
 
+// countsScript reads the mark and label counter hashes of one partition
+// together. KEYS: the mark, then the hashes; returns {mark, {field, value,
+// ...} per hash}.
+var countsScript = redis.NewScript(`
+local out = {tonumber(redis.call('GET', KEYS[1]) or '0')}
+for i = 2, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+`)
+
 // Store is the fraud service's Redis state.
 type Store struct {
 	rdb        redis.UniversalClient
@@ -67,23 +82,28 @@ func hwmKey(p int) string                  { return tag(p) + "hwm" }
 func linkKey(p int, code string) string    { return tag(p) + "link:" + code }
 func alertsKey(p int, owner string) string { return tag(p) + "alerts:" + owner }
 func bodiesKey(p int, owner string) string { return tag(p) + "alertbody:" + owner }
+func labelsKey(p int, period time.Duration, start time.Time) string {
+	return tag(p) + "labels:" + period.String() + ":" + strconv.FormatInt(start.Unix(), 10)
+}
 
 // rulePrefix starts the flagged-by-rule fields of a link hash.
 const rulePrefix = "rule:"
 
 // Apply adds judgements of partition's events to the counts and alert lists,
-// skipping any event at or before the partition's high-water mark.
-func (s *Store) Apply(ctx context.Context, partition int, js []fraud.Judgement) error {
-	if err := s.apply(ctx, partition, js); err != nil {
+// skipping any event at or before the partition's high-water mark, and
+// stores the batch's label counters.
+func (s *Store) Apply(ctx context.Context, partition int, b fraud.Batch) error {
+	if err := s.apply(ctx, partition, b); err != nil {
 		return err
 	}
 	s.replicated(ctx, partition)
 	return nil
 }
 
-func (s *Store) apply(ctx context.Context, partition int, js []fraud.Judgement) error {
+func (s *Store) apply(ctx context.Context, partition int, b fraud.Batch) error {
+	js := b.Judgements
 	for len(js) > 0 {
-		keys, args, err := s.build(partition, js)
+		keys, args, err := s.build(partition, js, b)
 		if err != nil {
 			return err
 		}
@@ -110,8 +130,9 @@ type linkDelta struct {
 	byRule  map[string]int64
 }
 
-// build encodes judgements as the script's keys and arguments (see apply.lua).
-func (s *Store) build(p int, js []fraud.Judgement) ([]string, []any, error) {
+// build encodes judgements, and the batch's label counters, as the script's
+// keys and arguments (see apply.lua).
+func (s *Store) build(p int, js []fraud.Judgement, b fraud.Batch) ([]string, []any, error) {
 	links := map[string]*linkDelta{}
 	var codes []string
 	type alertRef struct {
@@ -175,7 +196,79 @@ func (s *Store) build(p int, js []fraud.Judgement) ([]string, []any, error) {
 	for _, a := range alerts {
 		args = append(args, a.z, a.h, a.id, a.ms, a.body)
 	}
+	// The counters, a hash per alert period (in order of first appearance),
+	// each value tagged with the mark it is as of.
+	if len(b.Counts) > 0 && b.Period <= 0 {
+		return nil, nil, fmt.Errorf("label counters without an alert period")
+	}
+	to := strconv.FormatUint(js[len(js)-1].Seq, 10)
+	byPeriod := map[int64][]fraud.Count{}
+	var periods []int64
+	for _, c := range b.Counts {
+		k := c.Period.Unix()
+		if _, ok := byPeriod[k]; !ok {
+			periods = append(periods, k)
+		}
+		byPeriod[k] = append(byPeriod[k], c)
+	}
+	args = append(args, (2 * b.Period).Milliseconds(), len(periods))
+	for _, k := range periods {
+		cs := byPeriod[k]
+		keys = append(keys, labelsKey(p, b.Period, cs[0].Period))
+		args = append(args, len(keys), len(cs))
+		for _, c := range cs {
+			args = append(args, c.Key, strconv.Itoa(c.N)+":"+strconv.FormatInt(c.LastAt.UnixNano(), 10)+":"+to)
+		}
+	}
 	return keys, args, nil
+}
+
+// LabelCounts returns the label counters stored for partition in the alert
+// periods of length period starting at starts, and the partition's mark,
+// read at once: the counters are as of the mark.
+func (s *Store) LabelCounts(ctx context.Context, partition int, period time.Duration, starts []time.Time) (uint64, []fraud.Count, error) {
+	keys := []string{hwmKey(partition)}
+	for _, st := range starts {
+		keys = append(keys, labelsKey(partition, period, st))
+	}
+	res, err := countsScript.Run(ctx, s.rdb, keys).Slice()
+	if err != nil {
+		return 0, nil, fmt.Errorf("label counters of partition %d: %w", partition, err)
+	}
+	mark, ok := res[0].(int64)
+	if !ok || mark < 0 || len(res) != len(keys) {
+		return 0, nil, fmt.Errorf("label counters of partition %d: unexpected answer %v", partition, res)
+	}
+	var out []fraud.Count
+	for i, st := range starts {
+		kv, _ := res[i+1].([]any)
+		for f := 0; f+1 < len(kv); f += 2 {
+			key, _ := kv[f].(string)
+			v, _ := kv[f+1].(string)
+			c, err := parseCount(key, v)
+			if err != nil {
+				return 0, nil, fmt.Errorf("label counters of partition %d: %s: %w", partition, keys[i+1], err)
+			}
+			c.Period = st
+			out = append(out, c)
+		}
+	}
+	return uint64(mark), out, nil
+}
+
+// parseCount decodes a counter written by build: "count:last click:mark".
+func parseCount(key, v string) (fraud.Count, error) {
+	parts := strings.Split(v, ":")
+	if len(parts) != 3 {
+		return fraud.Count{}, fmt.Errorf("counter %s: malformed value %q", key, v)
+	}
+	n, err1 := strconv.Atoi(parts[0])
+	at, err2 := strconv.ParseInt(parts[1], 10, 64)
+	mark, err3 := strconv.ParseUint(parts[2], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return fraud.Count{}, fmt.Errorf("counter %s: malformed value %q: %w", key, v, err)
+	}
+	return fraud.Count{Key: key, N: n, LastAt: time.Unix(0, at), Mark: mark}, nil
 }
 
 // RecentAlerts returns the owner's newest alerts, newest first, at most limit.

@@ -29,6 +29,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestAlertsAreKeptOncePerIDNewestFirstAndCapped,
 		TestAlertCapDropsTheOldest,
 		TestApplyWaitsForReplicas,
+		TestLabelCountersAreStoredAsOfTheMark,
 	)
 }
 
@@ -76,7 +77,7 @@ func TestApplyIsIdempotentByHighWaterMark(t *testing.T) {
 		{"replay_of_everything_changes_nothing", all},
 	}
 	for _, st := range steps {
-		if err := s.Apply(ctx, p, st.js); err != nil {
+		if err := s.Apply(ctx, p, fraud.Batch{Judgements: st.js}); err != nil {
 			t.Fatalf("%s: %v", st.name, err)
 		}
 	}
@@ -91,6 +92,54 @@ func TestApplyIsIdempotentByHighWaterMark(t *testing.T) {
 	}
 	if hwm, _ := s.HighWater(ctx, p); hwm != 30 {
 		t.Fatalf("high-water mark = %d, want 30", hwm)
+	}
+}
+
+// TestLabelCountersAreStoredAsOfTheMark: a batch's label counters are
+// written with its statistics, a hash per alert period that expires two
+// periods after its last write, set (not added) and tagged with the mark
+// they are as of; a redelivered batch changes none of them; LabelCounts
+// reads them back with the mark.
+func TestLabelCountersAreStoredAsOfTheMark(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 4, 100)
+	ctx := t.Context()
+	p := events.Partition("abc", 4)
+	prev, cur := t0.Add(-time.Hour), t0
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	apply := func(js []fraud.Judgement, cs ...fraud.Count) {
+		t.Helper()
+		if err := s.Apply(ctx, p, fraud.Batch{Judgements: js, Counts: cs, Period: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(judgements("abc", "acme", 1, 10),
+		fraud.Count{Period: prev, Key: "aa", N: 12, LastAt: at(-1)},
+		fraud.Count{Period: cur, Key: "bb", N: 3, LastAt: at(1)})
+	apply(judgements("abc", "acme", 1, 10), fraud.Count{Period: cur, Key: "bb", N: 99, LastAt: at(9)}) // redelivered
+	apply(judgements("abc", "acme", 11, 20), fraud.Count{Period: cur, Key: "bb", N: 5, LastAt: at(2)})
+
+	mark, got, err := s.LabelCounts(ctx, p, time.Hour, []time.Time{prev, cur, t0.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []fraud.Count{
+		{Period: prev, Key: "aa", N: 12, LastAt: at(-1), Mark: 10},
+		{Period: cur, Key: "bb", N: 5, LastAt: at(2), Mark: 20},
+	}
+	if d := cmp.Diff(want, got); mark != 20 || d != "" {
+		t.Fatalf("mark %d (want 20), counters (-want +got):\n%s", mark, d)
+	}
+	keys := testenv.Keys(t, rdb, "fraud:*:labels:*")
+	if len(keys) != 2 {
+		t.Fatalf("counter hashes %v, want one per period", keys)
+	}
+	for _, k := range keys {
+		ttl, err := rdb.PTTL(ctx, k).Result()
+		if err != nil || ttl <= time.Hour || ttl > 2*time.Hour {
+			t.Fatalf("%s expires in %v (%v), want about two periods", k, ttl, err)
+		}
 	}
 }
 
@@ -110,7 +159,7 @@ func TestAlertsAreKeptOncePerIDNewestFirstAndCapped(t *testing.T) {
 	apply := func(code string, alerts ...events.FraudAlert) {
 		t.Helper()
 		seq++
-		if err := s.Apply(ctx, events.Partition(code, 4), []fraud.Judgement{{Seq: seq, Code: code, Owner: "acme", Alerts: alerts}}); err != nil {
+		if err := s.Apply(ctx, events.Partition(code, 4), fraud.Batch{Judgements: []fraud.Judgement{{Seq: seq, Code: code, Owner: "acme", Alerts: alerts}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -154,7 +203,7 @@ func TestAlertCapDropsTheOldest(t *testing.T) {
 	p := events.Partition("abc", 4)
 	for i := range 5 {
 		a := alert(fmt.Sprintf("id%d", i), "acme", t0.Add(time.Duration(i)*time.Hour))
-		if err := s.Apply(ctx, p, []fraud.Judgement{{Seq: uint64(i + 1), Code: "abc", Owner: "acme", Alerts: []events.FraudAlert{a}}}); err != nil {
+		if err := s.Apply(ctx, p, fraud.Batch{Judgements: []fraud.Judgement{{Seq: uint64(i + 1), Code: "abc", Owner: "acme", Alerts: []events.FraudAlert{a}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/redisconn"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/redisstore"
 )
 
@@ -32,10 +33,10 @@ func TestApplyWaitsForReplicas(t *testing.T) {
 		shorts = append(shorts, p)
 	})
 	p := events.Partition("abc", 4)
-	if err := s.Apply(ctx, p, judgements("abc", "acme", 1, 10)); err != nil {
+	if err := s.Apply(ctx, p, fraud.Batch{Judgements: judgements("abc", "acme", 1, 10)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Apply(ctx, p, judgements("abc", "acme", 1, 10)); err != nil { // redelivered: writes nothing, still waits
+	if err := s.Apply(ctx, p, fraud.Batch{Judgements: judgements("abc", "acme", 1, 10)}); err != nil { // redelivered: writes nothing, still waits
 		t.Fatal(err)
 	}
 	if got, err := s.LinkStats(ctx, "abc"); err != nil || got.Total != 10 {
