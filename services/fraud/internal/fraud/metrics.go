@@ -8,18 +8,19 @@ import (
 
 // Metrics are the detector's Prometheus collectors.
 type Metrics struct {
-	judged      prometheus.Counter
-	behind      prometheus.Counter
-	alerts      *prometheus.CounterVec
-	verdicts    *prometheus.CounterVec
-	duplicates  prometheus.Counter
-	lookups     prometheus.Counter
-	notInLog    prometheus.Counter
-	rebuilds    prometheus.Histogram
-	rebuildRead prometheus.Histogram
-	identities  *prometheus.GaugeVec
-	links       *prometheus.GaugeVec
-	evicted     *prometheus.GaugeVec
+	judged       prometheus.Counter
+	behind       prometheus.Counter
+	alerts       *prometheus.CounterVec
+	verdicts     *prometheus.CounterVec
+	duplicates   prometheus.Counter
+	lookups      prometheus.Counter
+	notInLog     prometheus.Counter
+	storeReplays prometheus.Counter
+	rebuilds     prometheus.Histogram
+	rebuildRead  prometheus.Histogram
+	identities   *prometheus.GaugeVec
+	links        *prometheus.GaugeVec
+	evicted      *prometheus.GaugeVec
 }
 
 // NewMetrics registers the collectors on reg (nil: not registered, for tests).
@@ -46,6 +47,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		notInLog: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_labels_not_in_log_total", Help: "Labels of earlier clicks no longer in CLICKS (retention) when their batch's verdicts were built: no verdict is published for them.",
 		}),
+		storeReplays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_store_replays_total", Help: "Times a partition's statistics in Redis were found behind what had been applied (Redis lost acknowledged writes: a failover to a replica without them, a crash that lost its last second) and the runtime was asked to hand the partition's events again from the first missing one (should stay 0).",
+		}),
 		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 3, 10),
@@ -65,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
 	}
 	return m
 }

@@ -63,6 +63,11 @@ type Batch struct {
 	Counts []Count
 	// Period is the alert period, which keys the counters.
 	Period time.Duration
+	// After is the partition's mark as far as the caller knows (0: not
+	// known): what it applied or read before. A store whose mark is behind
+	// it lost writes; Apply then writes nothing and returns a
+	// *StoreBehindError.
+	After uint64
 }
 
 // LinkStats is the flagged share of one link.
@@ -124,6 +129,21 @@ type partState struct {
 	// before acking it): the state was fed up to it, and those events,
 	// handed again, are skipped without a word.
 	done uint64
+
+	// published is the last sequence whose decisions are on FRAUD: this
+	// member's last batch published, or the event before the rebuild's
+	// resume point (whoever handled the events before it published their
+	// decisions before acking them).
+	published uint64
+	// quiet: the decisions of events up to it are not published again. Set
+	// when the store lost writes and the partition's events are handed
+	// again from the first it lacks: they are judged again for the store,
+	// but their decisions are on FRAUD already.
+	quiet uint64
+	// replayFrom, when not 0, is where the next Handle asks the runtime to
+	// hand the partition's events again from (the rebuild found the store
+	// behind events the log holds and that were acked, so applied).
+	replayFrom uint64
 }
 
 // isPending reports whether the event at seq was judged and its decisions
@@ -225,7 +245,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 			return nil, fmt.Errorf("rebuild: the event at the store's mark: %w", err)
 		}
 	}
-	ps := &partState{p: r.d.NewPartition(), mark: mark, restore: mark > 0}
+	ps := &partState{p: r.d.NewPartition(), mark: mark, restore: mark > 0, published: until - 1}
 	if until > resume {
 		ps.done = until - 1
 	}
@@ -249,6 +269,27 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
+	if mark > 0 && mark < p.Last() {
+		// The log holds events of the partition after the store's mark and
+		// before the resume point, which were acked, so applied: the store
+		// lost them (a Redis failover, a crash, while the partition changed
+		// hands). Start the state at the first it lacks, and have the
+		// runtime hand the events again from there; their decisions are on
+		// FRAUD already. A mark of 0 is a store that never had the
+		// partition, as far as can be told: not a loss.
+		r.log.Warn("the store's mark is behind events the log holds before the resume point: the store lost applied writes",
+			"partition", partition, "mark", mark, "last_in_log", p.Last(), "resume_seq", resume)
+		lost, err := r.rebuild(ctx, partition, mark+1, true)
+		if err != nil {
+			return nil, err
+		}
+		lost.quiet = max(lost.quiet, until-1)
+		lost.published = max(lost.published, lost.quiet)
+		if lost.replayFrom == 0 {
+			lost.replayFrom = mark + 1
+		}
+		return lost, nil
+	}
 	took := time.Since(started)
 	r.metrics.rebuilds.Observe(took.Seconds())
 	r.metrics.rebuildRead.Observe(float64(n))
@@ -261,10 +302,13 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 // restoreCounts sets the state's label counters from the store's before
 // next is judged. They are as of the store's mark, which must still be the
 // one the rebuild read.
-func (r *Reader) restoreCounts(ctx context.Context, partition int, ps *partState, next reader.Event) error {
+func (r *Reader) restoreCounts(ctx context.Context, partition int, ps *partState, next reader.Event, first uint64) error {
 	mark, cs, err := r.store.LabelCounts(ctx, partition, r.d.rules.AlertPeriod, ps.p.CountPeriods(next))
 	if err != nil {
 		return fmt.Errorf("restore label counters: %w", err)
+	}
+	if mark < ps.mark {
+		return r.storeLost(ctx, partition, ps, mark, first)
 	}
 	if mark != ps.mark {
 		// Someone applied a batch of the partition since the rebuild (a
@@ -300,9 +344,15 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		ps = r.parts[partition]
 		r.mu.Unlock()
 	}
+	if from := ps.replayFrom; from > 0 {
+		ps.replayFrom = 0
+		if from < batch[0].Seq {
+			return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
+		}
+	}
 	for _, ev := range batch {
 		if ps.restore && ev.Seq > ps.mark && ev.Seq > ps.p.Last() {
-			if err := r.restoreCounts(ctx, partition, ps, ev); err != nil {
+			if err := r.restoreCounts(ctx, partition, ps, ev, batch[0].Seq); err != nil {
 				return fmt.Errorf("handle partition %d: %w", partition, err)
 			}
 		}
@@ -339,22 +389,38 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 // statistics never show an alert that FRAUD does not have.
 func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch []reader.Event) error {
 	if !ps.resolved {
-		alerts, labels, err := r.decisions(ctx, partition, ps.pending, batch)
-		if err != nil {
-			return err
+		// Decisions about events up to quiet were published before the
+		// store lost them: they are judged again for the store only.
+		live := ps.pending
+		if ps.quiet > 0 {
+			i, _ := slices.BinarySearchFunc(live, ps.quiet+1, func(j Judgement, s uint64) int { return cmp.Compare(j.Seq, s) })
+			live = live[i:]
 		}
-		// The messages' IDs come from the sequences judged: a retry of this
-		// flush re-sends these very messages, from memory.
-		first, last := ps.pending[0].Seq, ps.pending[len(ps.pending)-1].Seq
-		ps.alerts, ps.labels, ps.resolved = alerts, len(labels), true
-		ps.verdicts = events.SplitVerdicts(partition, first, last, labels)
+		ps.alerts, ps.labels, ps.verdicts = nil, 0, nil
+		if len(live) > 0 {
+			alerts, labels, err := r.decisions(ctx, partition, live, batch)
+			if err != nil {
+				return err
+			}
+			// The messages' IDs come from the sequences judged: a retry of
+			// this flush re-sends these very messages, from memory.
+			first, last := live[0].Seq, live[len(live)-1].Seq
+			ps.alerts, ps.labels = alerts, len(labels)
+			ps.verdicts = events.SplitVerdicts(partition, first, last, labels)
+		}
+		ps.resolved = true
 	}
 	if !ps.sent {
-		dups, err := r.pub.Publish(ctx, ps.alerts, ps.verdicts)
-		if err != nil {
-			return fmt.Errorf("publish %d alerts and %d verdict messages (%d labels): %w", len(ps.alerts), len(ps.verdicts), ps.labels, err)
+		dups := 0
+		if len(ps.alerts)+len(ps.verdicts) > 0 {
+			var err error
+			dups, err = r.pub.Publish(ctx, ps.alerts, ps.verdicts)
+			if err != nil {
+				return fmt.Errorf("publish %d alerts and %d verdict messages (%d labels): %w", len(ps.alerts), len(ps.verdicts), ps.labels, err)
+			}
 		}
 		ps.sent = true
+		ps.published = max(ps.published, ps.pending[len(ps.pending)-1].Seq)
 		r.metrics.duplicates.Add(float64(dups))
 		for _, a := range ps.alerts {
 			r.metrics.alerts.WithLabelValues(a.Rule).Inc()
@@ -365,14 +431,53 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 			}
 		}
 	}
-	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod}
+	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
 	if err := r.store.Apply(ctx, partition, b); err != nil {
+		var behind *StoreBehindError
+		if errors.As(err, &behind) {
+			return r.storeLost(ctx, partition, ps, behind.Mark, batch[0].Seq)
+		}
 		return fmt.Errorf("store statistics: %w", err)
 	}
 	ps.p.CountsStored()
 	ps.mark = max(ps.mark, ps.pending[len(ps.pending)-1].Seq)
 	ps.pending, ps.alerts, ps.verdicts = ps.pending[:0], nil, nil
 	return nil
+}
+
+// storeLost handles a store whose mark of the partition went back to stored,
+// behind what this state applied (Redis lost acknowledged writes): the
+// events after it were acked, so JetStream will not hand them again unless
+// asked. The state is rebuilt at the first event the store lacks and the
+// runtime asked to hand the partition's events again from there
+// (reader.Replay); they are judged again and applied, and the decisions
+// this member or an earlier owner published (up to ps.published) are not
+// published again. first is the batch's first sequence.
+func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, stored, first uint64) error {
+	from := min(stored+1, first)
+	next, err := r.rebuild(ctx, partition, from, true)
+	if err != nil {
+		return fmt.Errorf("the store's mark went back from %d to %d; rebuild at %d: %w", ps.mark, stored, from, err)
+	}
+	next.quiet = max(next.quiet, ps.quiet, ps.published)
+	next.published = max(next.published, next.quiet)
+	if next.replayFrom > 0 {
+		// The store lost more meanwhile.
+		from, next.replayFrom = min(from, next.replayFrom), 0
+	}
+	r.mu.Lock()
+	r.parts[partition] = next
+	r.mu.Unlock()
+	return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, this member applied up to %d: %w", partition, stored, ps.mark, ErrStoreBehind))
+}
+
+// replay asks the runtime to hand the partition's events again from from,
+// for a store that lost applied writes.
+func (r *Reader) replay(partition int, from uint64, why error) error {
+	r.metrics.storeReplays.Inc()
+	r.log.Warn("the store lost applied writes (a Redis failover to a replica without them, or a crash that lost its last second): asking for the partition's events again from the first it lacks",
+		"partition", partition, "from", from, "err", why)
+	return reader.Replay(from, why)
 }
 
 // decisions turns judgements into the alerts and labels to publish. A label

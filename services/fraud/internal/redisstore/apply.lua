@@ -2,20 +2,24 @@
 -- KEYS[1]    fraud:{p<N>}:hwm
 -- KEYS[2..]  the link hashes, then each owner's alert set and alert bodies,
 --            then the label counter hashes
--- ARGV       from, to, alerts cap,
+-- ARGV       from, to, alerts cap, after,
 --            nlinks, then per link: owner, nfields, field, delta, ...
 --            nalerts, then per alert: set key index, bodies key index, id, score, json
 --            counters' ttl (ms), nhashes, then per hash: key index, nfields, field, value, ...
 -- The counters' values are set, not added: they are the state's as of to.
 -- Returns {1, to} when applied, {0, hwm} when everything was applied before,
--- {-1, hwm} when part was (the caller resends what is after hwm).
+-- {-1, hwm} when part was (the caller resends what is after hwm), {-2, hwm}
+-- when hwm is behind after, what the caller applied before: Redis lost
+-- acknowledged writes, and nothing is written (applying the batch would
+-- move the mark past the lost events for good).
 local hwm = tonumber(redis.call('GET', KEYS[1]) or '0')
 local from, to = tonumber(ARGV[1]), tonumber(ARGV[2])
+if hwm < tonumber(ARGV[4]) then return {-2, hwm} end
 if to <= hwm then return {0, hwm} end
 if from <= hwm then return {-1, hwm} end
 
 local cap = tonumber(ARGV[3])
-local i = 4
+local i = 5
 local nlinks = tonumber(ARGV[i]); i = i + 1
 for l = 1, nlinks do
   local key = KEYS[1 + l]

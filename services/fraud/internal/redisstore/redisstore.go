@@ -20,7 +20,10 @@
 // often a batch is retried or redelivered or a partition changes hands
 // (the verdict labels on FRAUD_VERDICTS carry the click ID for consumers that key
 // by it). Alerts are added by ID (ZADD NX), so an alert raised again by a
-// replay or a takeover is stored once. The label counters of a batch are
+// replay or a takeover is stored once. A mark that went back (Redis lost
+// acknowledged writes) is told apart from one that did not: the caller
+// says what it applied before (Batch.After), and the script refuses the
+// batch when the mark is behind that. The label counters of a batch are
 // written by the same script, so they are always exactly as of the mark
 // (fraud.Partition.RestoreCounts relies on it).
 package redisstore
@@ -91,7 +94,8 @@ const rulePrefix = "rule:"
 
 // Apply adds judgements of partition's events to the counts and alert lists,
 // skipping any event at or before the partition's high-water mark, and
-// stores the batch's label counters.
+// stores the batch's label counters. If the mark is behind b.After, it
+// writes nothing and returns a *fraud.StoreBehindError.
 func (s *Store) Apply(ctx context.Context, partition int, b fraud.Batch) error {
 	if err := s.apply(ctx, partition, b); err != nil {
 		return err
@@ -110,6 +114,9 @@ func (s *Store) apply(ctx context.Context, partition int, b fraud.Batch) error {
 		res, err := applyScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 		if err != nil {
 			return fmt.Errorf("apply partition %d sequences %d-%d: %w", partition, js[0].Seq, js[len(js)-1].Seq, err)
+		}
+		if res[0] == -2 {
+			return &fraud.StoreBehindError{Mark: uint64(res[1]), After: b.After}
 		}
 		if res[0] != -1 {
 			return nil // applied now (1) or before (0)
@@ -179,7 +186,7 @@ func (s *Store) build(p int, js []fraud.Judgement, b fraud.Batch) ([]string, []a
 			alerts = append(alerts, alertRef{z: ks[0], h: ks[1], id: a.ID, ms: a.Time.UnixMilli(), body: body})
 		}
 	}
-	args := []any{js[0].Seq, js[len(js)-1].Seq, s.alertsCap, len(codes)}
+	args := []any{js[0].Seq, js[len(js)-1].Seq, s.alertsCap, b.After, len(codes)}
 	for _, code := range codes {
 		d := links[code]
 		args = append(args, d.owner, 2+len(d.byRule), "total", d.total, "flagged", d.flagged)

@@ -30,6 +30,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestAlertCapDropsTheOldest,
 		TestApplyWaitsForReplicas,
 		TestLabelCountersAreStoredAsOfTheMark,
+		TestApplyRefusesABatchWhenTheMarkWentBack,
 	)
 }
 
@@ -140,6 +141,56 @@ func TestLabelCountersAreStoredAsOfTheMark(t *testing.T) {
 		if err != nil || ttl <= time.Hour || ttl > 2*time.Hour {
 			t.Fatalf("%s expires in %v (%v), want about two periods", k, ttl, err)
 		}
+	}
+}
+
+// TestApplyRefusesABatchWhenTheMarkWentBack: Redis lost the last batch (its
+// database put back to a snapshot from before it, as a promoted replica
+// leaves it); the next batch, which says the caller applied up to 20,
+// writes nothing and reports the mark it found, so the caller can have the
+// lost events handed again. Once they are, everything counts once.
+func TestApplyRefusesABatchWhenTheMarkWentBack(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 4, 100)
+	ctx := t.Context()
+	p := events.Partition("abc", 4)
+	all := judgements("abc", "acme", 1, 30)
+	apply := func(js []fraud.Judgement, after uint64) error {
+		return s.Apply(ctx, p, fraud.Batch{Judgements: js, After: after})
+	}
+	if err := apply(all[:10], 0); err != nil {
+		t.Fatal(err)
+	}
+	// What the lost batch wrote, undone: the mark and the link's counts.
+	before, err := rdb.HGetAll(ctx, "fraud:{p"+fmt.Sprint(p)+"}:link:abc").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(all[10:20], 10); err != nil {
+		t.Fatal(err)
+	}
+	lose := rdb.TxPipeline()
+	lose.Set(ctx, "fraud:{p"+fmt.Sprint(p)+"}:hwm", 10, 0)
+	lose.HSet(ctx, "fraud:{p"+fmt.Sprint(p)+"}:link:abc", before)
+	if _, err := lose.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	err = apply(all[20:30], 20)
+	var behind *fraud.StoreBehindError
+	if !errors.As(err, &behind) || behind.Mark != 10 || behind.After != 20 || !errors.Is(err, fraud.ErrStoreBehind) {
+		t.Fatalf("apply after the loss: %v, want the store behind at 10", err)
+	}
+	if hwm, _ := s.HighWater(ctx, p); hwm != 10 {
+		t.Fatalf("mark = %d after a refused batch, want 10", hwm)
+	}
+	if err := apply(all[10:30], 10); err != nil { // handed again from 11
+		t.Fatal(err)
+	}
+	got, err := s.LinkStats(ctx, "abc")
+	if err != nil || got.Total != 30 || got.Flagged != 16 {
+		t.Fatalf("stats = %+v, %v; want 16 of 30", got, err)
 	}
 }
 
