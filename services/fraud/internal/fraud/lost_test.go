@@ -7,11 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
-	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
 // TestEventsRedisLostAreHandedAgain: Redis loses acknowledged writes (the
@@ -31,14 +29,9 @@ func TestEventsRedisLostAreHandedAgain(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t)
 			ctx := t.Context()
-			p := events.Partition("hot", parts)
 			// A burst: it fires at the 21st click (an alert, 21 labels) in
 			// the batch Redis loses, and labels every click after.
-			clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
-			if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
-				t.Fatal(err)
-			}
-			evs := w.events(t, p, 1)
+			p, evs := w.hotBurst(t)
 			reg := prometheus.NewRegistry()
 			r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
 			if err := r.OnAssign(ctx, p, 1); err != nil {
@@ -71,7 +64,7 @@ func TestEventsRedisLostAreHandedAgain(t *testing.T) {
 			if err != nil || st.Total != 30 || st.Flagged != 30 || st.ByRule[fraud.RuleVisitorBurst] != 30 {
 				t.Fatalf("stats = %+v, %v; want 30 of 30 flagged by visitor_burst", st, err)
 			}
-			want := fraud.AlertID(fraud.RuleVisitorBurst, "hot", "bot", clicks[20].Time.Truncate(time.Hour))
+			want := fraud.AlertID(fraud.RuleVisitorBurst, "hot", "bot", evs[20].Click.Time.Truncate(time.Hour))
 			stored, err := w.store.RecentAlerts(ctx, "acme", 10)
 			if err != nil || len(stored) != 1 || stored[0].ID != want {
 				t.Fatalf("alerts in Redis = %+v, %v; want %s", stored, err, want)
@@ -80,9 +73,9 @@ func TestEventsRedisLostAreHandedAgain(t *testing.T) {
 				t.Fatalf("alerts on FRAUD = %v, want one %s", got, want)
 			}
 			v, _ := w.verdictLabels(t)
-			for i, c := range clicks {
-				if v[c.ID] != 1 {
-					t.Fatalf("click %d: %d labels, want 1", i+1, v[c.ID])
+			for i, e := range evs {
+				if v[e.Click.ID] != 1 {
+					t.Fatalf("click %d: %d labels, want 1", i+1, v[e.Click.ID])
 				}
 			}
 			if got := counter(t, reg, "fraud_publish_duplicates_total"); got != 0 {

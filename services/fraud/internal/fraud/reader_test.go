@@ -67,6 +67,19 @@ func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Rea
 
 // events returns partition p's events with sequence >= from, as the runtime
 // would hand them.
+// hotBurst publishes 30 clicks of one visitor on the link "hot", half a
+// second apart (visitor_burst fires at the 21st and labels every click
+// after), and returns the link's partition and its events.
+func (w *world) hotBurst(t *testing.T) (int, []reader.Event) {
+	t.Helper()
+	p := events.Partition("hot", parts)
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(t.Context(), w.js, clicks, 64); err != nil {
+		t.Fatal(err)
+	}
+	return p, w.events(t, p, 1)
+}
+
 func (w *world) events(t *testing.T, p int, from uint64) []reader.Event {
 	t.Helper()
 	var out []reader.Event
@@ -161,12 +174,7 @@ func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := t.Context()
-	p := events.Partition("hot", parts)
-	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
-	if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
-		t.Fatal(err)
-	}
-	batch := w.events(t, p, 1)
+	p, batch := w.hotBurst(t)
 	r := w.reader(t, fraud.Defaults(), nil)
 	if err := r.OnAssign(ctx, p, 1); err != nil {
 		t.Fatal(err)
@@ -186,9 +194,9 @@ func TestFailedPublishIsRetriedWithoutDoubleCounting(t *testing.T) {
 	if len(v) != 30 {
 		t.Fatalf("%d verdicts, want 30", len(v))
 	}
-	for _, c := range clicks {
-		if v[c.ID] != 1 {
-			t.Fatalf("click %s: %d labels, want 1", c.ID, v[c.ID])
+	for _, e := range batch {
+		if v[e.Click.ID] != 1 {
+			t.Fatalf("click %s: %d labels, want 1", e.Click.ID, v[e.Click.ID])
 		}
 	}
 	// The batch's labels went out in one message, and its re-sends (same
@@ -300,12 +308,7 @@ func TestRetryOfAJudgedBatchIsNotCountedBehind(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := t.Context()
-	p := events.Partition("hot", parts)
-	clicks := traffic.Burst(time.Now().Add(-time.Minute), 30, 500*time.Millisecond, "hot", "acme", "bot")
-	if err := traffic.Publish(ctx, w.js, clicks, 64); err != nil {
-		t.Fatal(err)
-	}
-	batch := w.events(t, p, 1)
+	p, batch := w.hotBurst(t)
 	reg := prometheus.NewRegistry()
 	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
 	if err := r.OnAssign(ctx, p, 1); err != nil {
