@@ -235,10 +235,11 @@ type Config struct {
 	// time after a crash (default 3s). Members heartbeat every LeaseTTL/3.
 	LeaseTTL time.Duration
 	// AckWait is how long JetStream waits for an ack before redelivering
-	// (default 60s). The runtime signals progress every AckWait/3 while a
-	// handler runs, while it waits to retry and while a fetched batch waits
-	// its turn, so a handler may take longer than AckWait: it bounds only how
-	// long a process that died or froze holds events.
+	// (default 60s). The runtime signals progress every AckWait/3 from a
+	// batch's decoding to its ack (the handler running, a retry's wait, an
+	// event's parking) and while a fetched batch waits its turn, so a
+	// handler may take longer than AckWait: it bounds only how long a
+	// process that died or froze holds events.
 	AckWait time.Duration
 	// MaxRetryDelay caps the backoff between retries of a failing batch
 	// (default the smaller of 10s and AckWait/3, so the batch's ack timers

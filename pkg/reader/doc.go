@@ -32,9 +32,9 @@
 // The runtime hands the Handler a batch of one partition's events in stream
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
 // batch when the handler returns nil. While the handler runs, while it waits
-// to retry and while the next batch waits its turn, the runtime marks the
-// events in progress every AckWait/3, so a slow handler gets no
-// redelivery. A retryable error makes the partition
+// to retry, while an event is being parked and while the next batch waits
+// its turn, the runtime marks the events in progress every AckWait/3, so a
+// slow handler (or a DEAD_LETTER that is away) causes no redelivery. A retryable error makes the partition
 // wait and retry the same batch with backoff; Replay(from) has the
 // consumer moved back and the events handed again from there; a permanent one naming its
 // event (Poison) parks that event on DEAD_LETTER and moves on. That is the

@@ -240,6 +240,58 @@ func TestTransientErrorsRetryTheBatch(t *testing.T) {
 	}
 }
 
+// Parking retries while DEAD_LETTER is away (here: deleted, then made again
+// by the topology) for longer than AckWait; the batch it belongs to stays
+// marked in progress meanwhile, so nothing of it is redelivered, and the
+// partition goes on once the event is parked.
+func TestParkingLongerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ctx := t.Context()
+	if err := js.DeleteStream(ctx, events.DeadLetterStream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, events.ClickSubject("acme", "x"), []byte(`{not json`)); err != nil {
+		t.Fatal(err)
+	}
+	ids := publish(t, js, 1, 5, 0)
+	const ackWait = 2 * time.Second
+	rec := newRecorder()
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait}, rec.handler("m"))
+	c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
+	testenv.WaitFor(t, 30*time.Second, "the batch delivered to the member", func() bool {
+		if err != nil {
+			c, err = js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
+			return false
+		}
+		info, ierr := c.Info(ctx)
+		return ierr == nil && info.NumAckPending == len(ids)+1
+	})
+	// DEAD_LETTER stays away for three AckWaits: the fault this test is
+	// about, not a wait for something to happen.
+	time.Sleep(3 * ackWait)
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || rec.distinct() != 0 {
+		t.Errorf("while parking waited: %d redelivered, %d handled; want 0 and 0 (the batch waits for its first event's parking)", info.NumRedelivered, rec.distinct())
+	}
+	o := topology.Defaults()
+	o.Partitions = 1
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the rest handled once the event is parked", func() bool { return rec.distinct() == len(ids) })
+	if v := gathered(t, reg, "snip_reader_redeliveries_total"); v != 0 {
+		t.Errorf("redeliveries_total = %v, want 0", v)
+	}
+	if v := gathered(t, reg, "snip_reader_parked_total"); v != 1 {
+		t.Errorf("parked_total = %v, want 1", v)
+	}
+}
+
 // A handler may take longer than the AckWait (the warehouse loader waits
 // its turn behind other partitions' inserts): the runtime marks the batch in
 // progress while the handler runs, so JetStream redelivers nothing meanwhile

@@ -48,6 +48,13 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	if len(msgs) == 0 {
 		return errGap
 	}
+	// From here until the ack, the batch is marked in progress every
+	// AckWait/3: the handler may take longer than AckWait (the warehouse
+	// loader's waits behind other partitions' inserts), and so may parking
+	// while DEAD_LETTER is away; its events must not be redelivered
+	// meanwhile. AckWait bounds only how long a process that died or froze
+	// holds events.
+	defer w.keepInProgress(msgs)()
 	evs := make([]Event, 0, len(msgs))
 	for i, msg := range msgs {
 		md := mds[i]
@@ -123,16 +130,15 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 }
 
 // handle calls the handler until the batch is done, parking poison events
-// and backing off on transient errors. While the handler runs and while it
-// waits to retry, it tells JetStream the batch is in progress, so the events
-// are not redelivered meanwhile. It gives up (returning errReleased) if the
-// partition is taken away.
+// and backing off on transient errors (process keeps the batch marked in
+// progress meanwhile). It gives up (returning errReleased) if the partition
+// is taken away.
 func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 	m := w.m
 	bo := m.cfg.newBackoff()
 	failures := 0
 	for len(batch) > 0 {
-		err := w.call(batch, msgs)
+		err := w.call(batch)
 		if err == nil {
 			return nil
 		}
@@ -185,13 +191,8 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 }
 
 // call runs the handler, turning a panic into a transient error so one bad
-// batch cannot take the process down. While the handler runs, the batch's
-// messages are marked in progress every AckWait/3: a handler may take longer
-// than AckWait (the warehouse loader's waits behind other partitions'
-// inserts), and its events must not be redelivered meanwhile. So AckWait
-// bounds only how long a process that died or froze holds events.
-func (w *worker) call(batch []Event, msgs []jetstream.Msg) (err error) {
-	defer w.keepInProgress(msgs)()
+// batch cannot take the process down.
+func (w *worker) call(batch []Event) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.m.met.errors.WithLabelValues(w.m.cfg.Group, "panic").Inc()
