@@ -350,6 +350,7 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 			return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
 		}
 	}
+	var behind, firstBehind uint64 // first deliveries behind the position (logged once)
 	for _, ev := range batch {
 		if ps.restore && ev.Seq > ps.mark && ev.Seq > ps.p.Last() {
 			if err := r.restoreCounts(ctx, partition, ps, ev, batch[0].Seq); err != nil {
@@ -364,16 +365,22 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 			// Those up to done were stored by the previous owner.
 			if ev.Deliveries <= 1 && ev.Seq > ps.done && !ps.isPending(ev.Seq) {
 				// A first delivery behind the state's position was never
-				// judged and now never will be: say so loudly.
+				// judged and now never will be: say so loudly, once a batch.
 				r.metrics.behind.Inc()
-				r.log.Warn("event delivered behind the partition's position; not judged",
-					"partition", partition, "seq", ev.Seq, "last_judged", ps.p.Last())
+				if behind == 0 {
+					firstBehind = ev.Seq
+				}
+				behind++
 			}
 			continue
 		}
 		ps.pending = append(ps.pending, j)
 		ps.resolved, ps.sent = false, false
 		r.metrics.judged.Inc()
+	}
+	if behind > 0 {
+		r.log.Warn("events delivered behind the partition's position; not judged",
+			"partition", partition, "events", behind, "first_seq", firstBehind, "last_judged", ps.p.Last())
 	}
 	if len(ps.pending) == 0 {
 		return nil // a redelivery of what was handled
