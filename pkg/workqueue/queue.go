@@ -19,7 +19,9 @@
 // (package deadletter: reason, attempts and last error) and then terminated. Deliveries that never reached a decision (a worker
 // that crashed on the last try) are parked by a rescuer that listens to the
 // server's MAX_DELIVERIES advisory. Both paths park a job under the same
-// Nats-Msg-Id, so the job is parked once.
+// Nats-Msg-Id, so the job is parked once. Neither gives up on a park that
+// DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
+// retries, and the rescuer retries an advisory's park until it succeeds.
 //
 // Run stops gracefully: it stops pulling, lets the jobs in hand finish
 // within the shutdown timeout, and hands back (NAK, no delay) those that
@@ -275,7 +277,7 @@ func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) 
 	stop()
 	q.m.duration.Observe(time.Since(start).Seconds())
 	d := decide(err, err != nil && jobs.Err() != nil, meta.NumDelivered, pol, q.cfg.Backoff, rand.Float64())
-	q.settle(m, meta, pol, d, err)
+	q.settle(jobs, m, meta, pol, d, err)
 }
 
 // keepAlive tells the server every interval that m is still being worked
@@ -298,7 +300,7 @@ func keepAlive(m jetstream.Msg, every time.Duration) (stop func()) {
 	return func() { close(done); <-stopped }
 }
 
-func (q *Queue) settle(m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, d decision, err error) {
+func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, d decision, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), q.cfg.OpTimeout)
 	defer cancel()
 	log := q.log.With("seq", meta.Sequence.Stream, "delivery", meta.NumDelivered)
@@ -324,10 +326,20 @@ func (q *Queue) settle(m jetstream.Msg, meta *jetstream.MsgMetadata, pol consume
 			Source: q.cfg.Source, Reason: d.reason, Stream: meta.Stream, Subject: m.Subject(), Seq: meta.Sequence.Stream,
 			Attempts: int(meta.NumDelivered), Error: err.Error(), Consumer: meta.Consumer, Data: m.Data(),
 		}
-		if perr := q.park(ctx, p); perr != nil {
+		var perr error
+		if pol.lastTry(meta.NumDelivered) {
+			// A NAK now would make the server give up on the job and
+			// announce it once; a rescuer that meets the same outage could
+			// only keep retrying in memory. Keep the job in hand instead and
+			// retry the park until it succeeds or the worker must stop.
+			perr = q.parkHolding(jobs, m, meta, pol, p, log)
+		} else {
+			perr = q.park(ctx, p)
+		}
+		if perr != nil {
 			// Not parked: keep the job and try again later. On the last
-			// delivery this NAK makes the server give up on it, and the
-			// rescuer parks it.
+			// delivery (the worker is stopping) this NAK makes the server
+			// give up on it, and the rescuer parks it.
 			log.Error("job failed and could not be dead-lettered; retrying", "reason", d.reason, "err", err, "park_err", perr)
 			_ = m.NakWithDelay(pol.nakDelay(q.cfg.Backoff.Delay(meta.NumDelivered, 0, rand.Float64()), meta.NumDelivered))
 			q.m.deliveries.WithLabelValues("retried").Inc()
@@ -337,6 +349,29 @@ func (q *Queue) settle(m jetstream.Msg, meta *jetstream.MsgMetadata, pol consume
 		log.Warn("job dead-lettered", "reason", d.reason, "attempts", meta.NumDelivered, "err", err)
 		q.m.deliveries.WithLabelValues("dead_lettered").Inc()
 		q.m.dead.WithLabelValues(d.reason, "worker").Inc()
+	}
+}
+
+// parkHolding parks p, retrying with the retry backoff while telling the
+// server that m is still being worked on, until the park succeeds (nil) or
+// jobs ends (the last error).
+func (q *Queue) parkHolding(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, p deadletter.Parcel, log *slog.Logger) error {
+	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
+	defer stop()
+	for try := uint64(1); ; try++ {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs), q.cfg.OpTimeout)
+		err := q.park(ctx, p)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		wait := q.cfg.Backoff.Delay(try, 0, rand.Float64())
+		log.Warn("last try: could not dead-letter the job; keeping it and retrying", "in", wait, "err", err)
+		select {
+		case <-jobs.Done():
+			return err
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -436,37 +471,83 @@ func (q *Queue) startRescue(ctx context.Context) (wait func()) {
 		t := time.NewTicker(q.cfg.BacklogInterval)
 		defer t.Stop()
 		q.measureBacklog(ctx)
+		// Advisories whose park failed wait here for their next try: the
+		// server announces a job once, so dropping one would leave the job
+		// in the queue, never delivered again. Only the advisories not yet
+		// handled are held.
+		var failed []rescue
+		var retry <-chan time.Time
 		for {
 			select {
 			case <-ctx.Done():
+				if len(failed) > 0 {
+					q.log.Error("rescuer stopped with jobs not parked; they stay in the queue", "jobs", len(failed))
+				}
 				return
 			case a := <-advisories:
-				q.rescueSeq(ctx, a.StreamSeq, a.Deliveries)
+				if err := q.rescueSeq(ctx, a.StreamSeq, a.Deliveries); err != nil {
+					r := rescue{a: a, tries: 1}
+					r.next = time.Now().Add(q.cfg.Backoff.Delay(r.tries, 0, rand.Float64()))
+					failed = append(failed, r)
+				}
+			case <-retry:
+				now, kept := time.Now(), failed[:0]
+				for _, r := range failed {
+					if now.Before(r.next) || ctx.Err() != nil {
+						kept = append(kept, r)
+						continue
+					}
+					if err := q.rescueSeq(ctx, r.a.StreamSeq, r.a.Deliveries); err != nil {
+						r.tries++
+						r.next = now.Add(q.cfg.Backoff.Delay(r.tries, 0, rand.Float64()))
+						kept = append(kept, r)
+					}
+				}
+				clear(failed[len(kept):])
+				failed = kept
 			case <-t.C:
 				q.measureBacklog(ctx)
+			}
+			retry = nil
+			if len(failed) > 0 {
+				next := failed[0].next
+				for _, r := range failed[1:] {
+					if r.next.Before(next) {
+						next = r.next
+					}
+				}
+				retry = time.After(time.Until(next))
 			}
 		}
 	}()
 	return func() { <-done }
 }
 
+// rescue is an advisory whose job could not be parked yet.
+type rescue struct {
+	a     advisory
+	tries uint64
+	next  time.Time
+}
+
 // rescueSeq copies the job at seq to DEAD_LETTER and deletes it from the
-// queue. A job already gone was handled by another path or process.
-func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) {
+// queue. A job already gone was handled by another path or process. An
+// error means the job is still in the queue and the rescue must be retried.
+func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*q.cfg.OpTimeout)
 	defer cancel()
 	s, err := q.js.Stream(ctx, q.cfg.Stream)
 	if err != nil {
-		q.log.Warn("rescue job", "seq", seq, "err", err)
-		return
+		q.log.Warn("rescue job; will retry", "seq", seq, "err", err)
+		return err
 	}
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return
+		return nil
 	}
 	if err != nil {
-		q.log.Warn("rescue job", "seq", seq, "err", err)
-		return
+		q.log.Warn("rescue job; will retry", "seq", seq, "err", err)
+		return err
 	}
 	p := deadletter.Parcel{
 		Source: q.cfg.Source, Reason: ReasonMaxDeliveries, Stream: q.cfg.Stream, Subject: raw.Subject, Seq: seq,
@@ -474,15 +555,18 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) {
 		Error: "delivery limit reached without a worker's decision (a worker crashed, hung or lost its connection on the last try)",
 	}
 	if err := q.park(ctx, p); err != nil {
-		q.log.Error("rescue job: park", "seq", seq, "err", err)
-		return
+		q.log.Error("rescue job: park; will retry", "seq", seq, "err", err)
+		return err
 	}
 	if err := deadletter.DeleteIfPresent(ctx, s, seq); err != nil {
-		q.log.Error("rescue job: parked, not deleted from the queue", "seq", seq, "err", err)
-		return
+		// A retry parks it again under the same Nats-Msg-Id, which
+		// DEAD_LETTER's duplicate window stores once.
+		q.log.Error("rescue job: parked, not deleted from the queue; will retry", "seq", seq, "err", err)
+		return err
 	}
 	q.log.Warn("job dead-lettered", "reason", ReasonMaxDeliveries, "seq", seq, "attempts", deliveries, "via", "advisory")
 	q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory").Inc()
+	return nil
 }
 
 // measureBacklog sets the dead-letter backlog gauge from DEAD_LETTER's

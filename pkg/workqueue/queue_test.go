@@ -489,3 +489,85 @@ func TestRidesOutANATSRestart(t *testing.T) {
 		t.Fatalf("the job before the restart ran %d times, want 1", count(before))
 	}
 }
+
+// deadLetterOutage deletes DEAD_LETTER; the returned restore creates it
+// again as the topology defines it.
+func deadLetterOutage(t *testing.T, js jetstream.JetStream) (restore func()) {
+	t.Helper()
+	if err := js.DeleteStream(context.Background(), events.DeadLetterStream); err != nil {
+		t.Error(err)
+	}
+	return func() {
+		o := topology.Defaults()
+		o.Storage = jetstream.MemoryStorage
+		for _, sc := range topology.Streams(o) {
+			if sc.Name == events.DeadLetterStream {
+				if _, err := js.CreateOrUpdateStream(context.Background(), sc); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+}
+
+// A DEAD_LETTER outage on the last try: the worker keeps the job and
+// retries the park, rather than NAK it and leave it to one advisory.
+func TestLastTryRidesOutADeadLetterOutage(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var calls, hooks atomic.Int64
+	restored := make(chan func(), 1)
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		if calls.Add(1) == topology.PreviewMaxDeliver {
+			restored <- deadLetterOutage(t, js)
+		}
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
+	}, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	start(t, q)
+	seq := publishJob(t, js, events.NewID())
+	restore := <-restored
+	testenv.WaitFor(t, 10*time.Second, "a park failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
+	time.Sleep(2 * time.Second) // the outage lasts 2s
+	restore()
+	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
+		return streamMsgs(t, js, events.DeadLetterStream) == 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != "http_5xx" || l.Attempts != 5 {
+		t.Fatalf("letter = %+v", l)
+	}
+	testenv.WaitFor(t, 10*time.Second, "dead hook ran", func() bool { return hooks.Load() == 1 })
+	if n := calls.Load(); n != 5 {
+		t.Errorf("handler ran %d times, want 5", n)
+	}
+}
+
+// A DEAD_LETTER outage when the advisory arrives: the rescuer retries the
+// park until DEAD_LETTER is back.
+func TestAdvisoryRescueRidesOutADeadLetterOutage(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var hooks atomic.Int64
+	q := New(js, testConfig(t), nil, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopRescue := q.startRescue(ctx)
+	defer func() { cancel(); stopRescue() }()
+	if err := q.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seq := publishJob(t, js, events.NewID())
+	restore := deadLetterOutage(t, js)
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "a park failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
+	time.Sleep(2 * time.Second) // the outage lasts 2s more
+	restore()
+	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries {
+		t.Fatalf("letter = %+v", l)
+	}
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 || hooks.Load() != 1 {
+		t.Fatalf("queue holds %d, dead hook ran %d times; want 0 and 1", n, hooks.Load())
+	}
+}
