@@ -88,11 +88,7 @@ func ApplyClickCounter(ctx context.Context, js jetstream.JetStream) error {
 func applyConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig) error {
 	c, err := js.Consumer(ctx, stream, want.Durable)
 	if err == nil {
-		have := c.CachedInfo().Config
-		if have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
-			have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
-			have.MaxAckPending == want.MaxAckPending && have.Description == want.Description &&
-			slices.Equal(have.BackOff, want.BackOff) {
+		if consumerUpToDate(c.CachedInfo().Config, want) {
 			return nil
 		}
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -102,4 +98,13 @@ func applyConsumer(ctx context.Context, js jetstream.JetStream, stream string, w
 		return fmt.Errorf("consumer %s: %w", want.Durable, err)
 	}
 	return nil
+}
+
+// consumerUpToDate reports whether the consumer have is configured as want
+// in what Apply sets.
+func consumerUpToDate(have, want jetstream.ConsumerConfig) bool {
+	return have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
+		have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
+		have.MaxAckPending == want.MaxAckPending && have.Description == want.Description &&
+		slices.Equal(have.BackOff, want.BackOff)
 }

@@ -2,3 +2,6 @@ package topology
 
 // StreamUpToDate exposes streamUpToDate to the tests.
 var StreamUpToDate = streamUpToDate
+
+// ConsumerUpToDate exposes consumerUpToDate to the tests.
+var ConsumerUpToDate = consumerUpToDate

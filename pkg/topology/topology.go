@@ -254,7 +254,14 @@ func PreviewConsumerConfig() jetstream.ConsumerConfig {
 		AckWait:       PreviewBackOff[0],
 		BackOff:       PreviewBackOff,
 		MaxDeliver:    PreviewMaxDeliver,
-		MaxAckPending: 1000,
+		// Unlimited: a job NAKed with a delay (a retry, up to a 5-minute
+		// Retry-After) stays ack-pending while it waits, so a finite limit
+		// fills up with waiting retries and then the server delivers
+		// nothing else: one rate-limited site would stall every owner's
+		// previews. The workers' pull slots (PREVIEW_CONCURRENCY per
+		// instance) already bound the jobs in hand; this limit would add no
+		// back-pressure, only that stall.
+		MaxAckPending: -1,
 		FilterSubject: events.PreviewJobSubject,
 	}
 }

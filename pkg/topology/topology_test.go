@@ -239,3 +239,34 @@ func TestApplyMovesVerdictsOffAnExistingFraudStream(t *testing.T) {
 		t.Fatalf("apply again: %v", err)
 	}
 }
+
+// A preview consumer created with an older configuration (MaxAckPending
+// 1000, which waiting retries fill up) is updated by Apply, and a second
+// Apply finds it up to date.
+func TestApplyUpdatesAnExistingPreviewConsumer(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	old := topology.PreviewConsumerConfig()
+	old.MaxAckPending = 1000
+	if _, err := js.UpdateConsumer(ctx, events.PreviewJobsStream, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(ctx, events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := topology.PreviewConsumerConfig().MaxAckPending
+	if got := c.CachedInfo().Config.MaxAckPending; got != want {
+		t.Fatalf("MaxAckPending = %d after Apply, want %d", got, want)
+	}
+	if !topology.ConsumerUpToDate(c.CachedInfo().Config, topology.PreviewConsumerConfig()) {
+		t.Fatal("the preview consumer is reported out of date right after Apply: Apply would update it every time")
+	}
+}

@@ -571,3 +571,35 @@ func TestAdvisoryRescueRidesOutADeadLetterOutage(t *testing.T) {
 		t.Fatalf("queue holds %d, dead hook ran %d times; want 0 and 1", n, hooks.Load())
 	}
 }
+
+// Jobs waiting out a long retry delay do not stop a fresh job. The consumer
+// is the topology's (setup), with its MaxAckPending: the waiting retries
+// are more than the 1000 a bounded limit allowed before.
+func TestWaitingRetriesDoNotStopFreshJobs(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	const waiting = 1001
+	fresh := events.NewID()
+	var done atomic.Bool
+	cfg := testConfig(t)
+	cfg.Concurrency = 16
+	cfg.Backoff.RetryAfterMax = time.Hour
+	q := New(js, cfg, func(_ context.Context, data []byte) error {
+		if jobID(data) == fresh {
+			done.Store(true)
+			return nil
+		}
+		return failure.RetryableAfter("http_429", time.Hour, errors.New("429 Too Many Requests"))
+	}, nil)
+	start(t, q)
+	for range waiting {
+		publishJob(t, js, events.NewID())
+	}
+	testenv.WaitFor(t, 30*time.Second, "1000 jobs waiting for their retry", func() bool {
+		return testutil.ToFloat64(q.m.retries.WithLabelValues("http_429")) >= 1000
+	})
+	publishJob(t, js, fresh)
+	testenv.WaitFor(t, 10*time.Second, "fresh job done and every other job waiting", func() bool {
+		return done.Load() && testutil.ToFloat64(q.m.retries.WithLabelValues("http_429")) == waiting
+	})
+}
