@@ -23,9 +23,11 @@
 // DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
 // retries, and the rescuer retries an advisory's park until it succeeds.
 //
-// Run stops gracefully: it stops pulling, lets the jobs in hand finish
-// within the shutdown timeout, and hands back (NAK, no delay) those that
-// could not, so another worker takes them at once.
+// Run stops gracefully: it stops pulling, lets the jobs in hand (and any the
+// last pull still brings) finish within the shutdown timeout, and hands back
+// (NAK, no delay) those that could not, so another worker takes them at
+// once. A job aborted on its last delivery, which a NAK would exhaust, is
+// handed back as a fresh copy and the original terminated.
 package workqueue
 
 import (
@@ -215,13 +217,9 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 		}
 		for m := range batch.Messages() {
 			n--
-			if ctx.Err() != nil {
-				// Arrived after the stop: another worker takes it at once.
-				_ = m.Nak()
-				q.m.deliveries.WithLabelValues("handed_back").Inc()
-				q.release()
-				continue
-			}
+			// A job that arrives after the stop began has its slot and runs
+			// like the others, within the shutdown timeout: a NAK would cost
+			// it one of its tries.
 			go func() {
 				defer q.release()
 				q.work(jobs, pol, m)
@@ -313,6 +311,20 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 		}
 		q.m.deliveries.WithLabelValues("done").Inc()
 	case requeue:
+		if pol.lastTry(meta.NumDelivered) {
+			// A NAK would end the job's last delivery: the server would give
+			// up on it and it would be parked without a real try. Queue a
+			// fresh copy (a deterministic Msg-Id, so a repeated hand-back is
+			// stored once) and terminate this one.
+			perr := q.requeueCopy(ctx, m, meta)
+			if perr == nil {
+				_ = m.TermWithReason("handed_back")
+				log.Info("job handed back at shutdown as a fresh copy (last try)", "err", err)
+				q.m.deliveries.WithLabelValues("handed_back").Inc()
+				return
+			}
+			log.Error("last try handed back at shutdown: fresh copy not queued; NAKing it", "err", perr)
+		}
 		_ = m.Nak()
 		log.Info("job handed back at shutdown", "err", err)
 		q.m.deliveries.WithLabelValues("handed_back").Inc()
@@ -350,6 +362,20 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 		q.m.deliveries.WithLabelValues("dead_lettered").Inc()
 		q.m.dead.WithLabelValues(d.reason, "worker").Inc()
 	}
+}
+
+// requeueCopy publishes m's payload again to its subject, as a new job with
+// all its tries, under Nats-Msg-Id "<job id>:handback:<stream seq>".
+func (q *Queue) requeueCopy(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata) error {
+	id := deadletter.PayloadID(m.Data())
+	if id == "" {
+		id = meta.Stream
+	}
+	c := nats.NewMsg(m.Subject())
+	c.Data = m.Data()
+	c.Header.Set(events.HeaderMsgID, fmt.Sprintf("%s:handback:%d", id, meta.Sequence.Stream))
+	_, err := q.js.PublishMsg(ctx, c, jetstream.WithExpectStream(meta.Stream))
+	return err
 }
 
 // parkHolding parks p, retrying with the retry backoff while telling the

@@ -603,3 +603,48 @@ func TestWaitingRetriesDoNotStopFreshJobs(t *testing.T) {
 		return done.Load() && testutil.ToFloat64(q.m.retries.WithLabelValues("http_429")) == waiting
 	})
 }
+
+// A job aborted at shutdown on its last delivery is run by the next
+// instance, not parked for running out of tries it never used.
+func TestLastTryHandedBackAtShutdownIsRunAgain(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	id := events.NewID()
+	publishJob(t, js, id)
+	// Deliveries 1 to 4 went to workers that crashed.
+	cons, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range topology.PreviewMaxDeliver - 1 {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := <-batch.Messages(); !ok {
+			t.Fatalf("no redelivery: %v", batch.Error())
+		}
+	}
+	started := make(chan uint64, 1)
+	cfg := testConfig(t)
+	cfg.ShutdownTimeout = 200 * time.Millisecond
+	a := New(js, cfg, func(ctx context.Context, _ []byte) error {
+		started <- 1
+		<-ctx.Done() // a fetch that hangs until aborted
+		return ctx.Err()
+	}, nil)
+	stopA := start(t, a)
+	<-started
+	stopA()
+	var doneBy atomic.Value
+	b := New(js, testConfig(t), func(_ context.Context, data []byte) error {
+		doneBy.Store(jobID(data))
+		return nil
+	}, nil)
+	start(t, b)
+	testenv.WaitFor(t, 10*time.Second, "job done by the next instance", func() bool { return doneBy.Load() == id })
+	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+}
