@@ -338,15 +338,18 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			Source: q.cfg.Source, Reason: d.reason, Stream: meta.Stream, Subject: m.Subject(), Seq: meta.Sequence.Stream,
 			Attempts: int(meta.NumDelivered), Error: err.Error(), Consumer: meta.Consumer, Data: m.Data(),
 		}
-		var perr error
+		var (
+			dup  bool
+			perr error
+		)
 		if pol.lastTry(meta.NumDelivered) {
 			// A NAK now would make the server give up on the job and
 			// announce it once; a rescuer that meets the same outage could
 			// only keep retrying in memory. Keep the job in hand instead and
 			// retry the park until it succeeds or the worker must stop.
-			perr = q.parkHolding(jobs, m, meta, pol, p, log)
+			dup, perr = q.parkHolding(jobs, m, meta, pol, p, log)
 		} else {
-			perr = q.park(ctx, p)
+			dup, perr = q.park(ctx, p)
 		}
 		if perr != nil {
 			// Not parked: keep the job and try again later. On the last
@@ -358,8 +361,13 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			return
 		}
 		_ = m.TermWithReason(d.reason)
-		log.Warn("job dead-lettered", "reason", d.reason, "attempts", meta.NumDelivered, "err", err)
 		q.m.deliveries.WithLabelValues("dead_lettered").Inc()
+		if dup {
+			// Parked before (a worker whose TERM was lost): counted then.
+			log.Info("job was already dead-lettered; terminated", "reason", d.reason)
+			return
+		}
+		log.Warn("job dead-lettered", "reason", d.reason, "attempts", meta.NumDelivered, "err", err)
 		q.m.dead.WithLabelValues(d.reason, "worker").Inc()
 	}
 }
@@ -381,34 +389,40 @@ func (q *Queue) requeueCopy(ctx context.Context, m jetstream.Msg, meta *jetstrea
 // parkHolding parks p, retrying with the retry backoff while telling the
 // server that m is still being worked on, until the park succeeds (nil) or
 // jobs ends (the last error).
-func (q *Queue) parkHolding(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, p deadletter.Parcel, log *slog.Logger) error {
+func (q *Queue) parkHolding(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, p deadletter.Parcel, log *slog.Logger) (duplicate bool, err error) {
 	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
 	defer stop()
 	for try := uint64(1); ; try++ {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs), q.cfg.OpTimeout)
-		err := q.park(ctx, p)
+		dup, err := q.park(ctx, p)
 		cancel()
 		if err == nil {
-			return nil
+			return dup, nil
 		}
 		wait := q.cfg.Backoff.Delay(try, 0, rand.Float64())
 		log.Warn("last try: could not dead-letter the job; keeping it and retrying", "in", wait, "err", err)
 		select {
 		case <-jobs.Done():
-			return err
+			return false, err
 		case <-time.After(wait):
 		}
 	}
 }
 
-// park publishes p to DEAD_LETTER and runs the dead hook.
-func (q *Queue) park(ctx context.Context, p deadletter.Parcel) error {
-	if _, err := deadletter.Publish(ctx, q.js, p); err != nil {
+// park publishes p to DEAD_LETTER and runs the dead hook, unless
+// DEAD_LETTER already held the job (duplicate: the other path or an
+// earlier try parked it, and ran the hook then).
+func (q *Queue) park(ctx context.Context, p deadletter.Parcel) (duplicate bool, err error) {
+	ack, err := deadletter.Publish(ctx, q.js, p)
+	if err != nil {
 		q.m.parkErrors.Inc()
-		return err
+		return false, err
+	}
+	if ack.Duplicate {
+		return true, nil
 	}
 	q.onDead(ctx, p.Data, p.Reason, p.Error)
-	return nil
+	return false, nil
 }
 
 // shutdown runs after pulling stopped: it waits for the jobs in hand, and
@@ -580,7 +594,8 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 		Attempts: int(deliveries), Consumer: q.cfg.Consumer, Data: raw.Data,
 		Error: "delivery limit reached without a worker's decision (a worker crashed, hung or lost its connection on the last try)",
 	}
-	if err := q.park(ctx, p); err != nil {
+	dup, err := q.park(ctx, p)
+	if err != nil {
 		q.log.Error("rescue job: park; will retry", "seq", seq, "err", err)
 		return err
 	}
@@ -589,6 +604,11 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 		// DEAD_LETTER's duplicate window stores once.
 		q.log.Error("rescue job: parked, not deleted from the queue; will retry", "seq", seq, "err", err)
 		return err
+	}
+	if dup {
+		// The worker parked it and its TERM was lost: parked and counted once.
+		q.log.Info("job was already dead-lettered; deleted from the queue", "seq", seq, "via", "advisory")
+		return nil
 	}
 	q.log.Warn("job dead-lettered", "reason", ReasonMaxDeliveries, "seq", seq, "attempts", deliveries, "via", "advisory")
 	q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory").Inc()

@@ -396,7 +396,8 @@ func TestAdvisoryParksJobsThatRanOutOfDeliveries(t *testing.T) {
 func TestJobParkedByWorkerAndAdvisoryIsParkedOnce(t *testing.T) {
 	t.Parallel()
 	js := setup(t, testBackOff)
-	q := New(js, testConfig(t), nil, nil)
+	var hooks atomic.Int64
+	q := New(js, testConfig(t), nil, func(context.Context, []byte, string, string) { hooks.Add(1) })
 	ctx, cancel := context.WithCancel(context.Background())
 	stopRescue := q.startRescue(ctx)
 	defer func() { cancel(); stopRescue() }()
@@ -417,14 +418,16 @@ func TestJobParkedByWorkerAndAdvisoryIsParkedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitGiveUp(t, js)
-	testenv.WaitFor(t, 10*time.Second, "advisory handled", func() bool {
-		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	testenv.WaitFor(t, 10*time.Second, "advisory handled: job deleted from the queue", func() bool {
+		return streamMsgs(t, js, events.PreviewJobsStream) == 0
 	})
 	if l := onlyLetter(t, js); l.Reason != "http_5xx" {
 		t.Fatalf("letter = %+v, want the worker's", l)
 	}
-	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 0 {
-		t.Fatalf("queue holds %d, want 0", n)
+	// Counted and hooked once, by the worker that parked it, not again here
+	// (which would rewrite the failed marker's reason to max_deliveries).
+	if n := testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")); n != 0 || hooks.Load() != 0 {
+		t.Fatalf("advisory counted %v, dead hook ran %d times; want 0 and 0 for a job parked already", n, hooks.Load())
 	}
 }
 
