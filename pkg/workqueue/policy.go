@@ -15,7 +15,7 @@ const (
 	ReasonUnclassified = failure.ReasonUnclassified
 	// ReasonMaxDeliveries: the delivery limit was reached without a worker's
 	// decision (a worker crashed or hung on the last try); found by the
-	// MAX_DELIVERIES advisory or the sweep.
+	// MAX_DELIVERIES advisory.
 	ReasonMaxDeliveries = "max_deliveries"
 )
 
@@ -89,7 +89,8 @@ func (p consumerPolicy) lastTry(delivered uint64) bool {
 // a BackOff list that deadline is BackOff[delivered-1], not AckWait, so a
 // plain NakWithDelay(d) on delivery n waits d + BackOff[n-1] - AckWait. The
 // difference is subtracted here, so the job comes back after want (or after
-// BackOff[n-1] - AckWait, if that is longer). The retry test measures it.
+// BackOff[n-1] - AckWait, if that is longer). TestNakDelayCompensatesForTheServersBackOff
+// checks the arithmetic.
 func (p consumerPolicy) nakDelay(want time.Duration, delivered uint64) time.Duration {
 	extra := p.deadline(delivered) - p.ackWait
 	// At least 1ms: NakWithDelay(0) is a plain NAK, which redelivers at once.
