@@ -146,3 +146,86 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 		t.Errorf("the console met permission violations:\n%s", l)
 	}
 }
+
+// The console's NATS user may publish clicks and preview jobs only: a letter
+// from another stream (the click counter's LINKS feed here) is not offered
+// for redrive, a redrive of it is refused with 409 before anything is
+// published, and a group redrive leaves it in place and redrives the click
+// letters behind it. No permission violation either (testenv checks).
+func TestConsoleRefusesRedrivesItsUserMayNotPublish(t *testing.T) {
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	admin, _ := jetstream.New(nc)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	if err := topology.Apply(ctx, admin, o); err != nil {
+		t.Fatal(err)
+	}
+	const source, reason = topology.GroupClickCounter, "malformed"
+	park := func(p deadletter.Parcel) uint64 {
+		t.Helper()
+		p.Source, p.Reason, p.Attempts = source, reason, 1
+		ack, err := deadletter.Publish(ctx, admin, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	// The LINKS letter first, so that a group redrive meets it before the clicks.
+	linkSeq := park(deadletter.Parcel{Stream: events.LinksStream, Subject: "links.created.abc", Seq: 1, Data: []byte(`{"code":"abc"}`)})
+	clicks := consoletest.Clicks("acme", "abc", 2)
+	seqs := consoletest.Publish(t, admin, clicks...)
+	for i, c := range clicks {
+		data, _ := json.Marshal(c)
+		park(deadletter.Parcel{Stream: events.ClicksStream,
+			Subject: events.PartitionedClickSubject(consoletest.Partitions, c.Owner, c.Code), Seq: seqs[i], Data: data})
+	}
+
+	var logs syncBuffer
+	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		withToken(c)
+		c.NATS.User, c.NATS.Password = "console", "pw-console"
+	})
+	letterPath := "/api/dlq/letters/" + strconv.FormatUint(linkSeq, 10)
+	var letter struct {
+		RedriveTo      string `json:"redrive_to"`
+		RedriveRefused string `json:"redrive_refused"`
+	}
+	getJSON(t, s, letterPath, &letter)
+	if letter.RedriveTo != "" || !strings.Contains(letter.RedriveRefused, events.LinksStream) {
+		t.Errorf("the LINKS letter: redrive_to %q, redrive_refused %q; want none, and why", letter.RedriveTo, letter.RedriveRefused)
+	}
+	start := time.Now()
+	if code, b := do(t, nil, http.MethodPost, s.url+letterPath+"/redrive", nil, bearer); code != http.StatusConflict {
+		t.Errorf("redrive of the LINKS letter: %d %s, want 409", code, b)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("the refusal took %v", d)
+	}
+	code, b := do(t, nil, http.MethodPost, s.url+"/api/dlq/redrive", map[string]string{"source": source, "reason": reason}, bearer)
+	var g struct {
+		Redriven   int
+		Refused    []struct{ Seq uint64 }
+		Incomplete bool
+		Error      string
+	}
+	if err := json.Unmarshal(b, &g); err != nil || code != http.StatusOK {
+		t.Fatalf("group redrive: %d %s (%v)", code, b, err)
+	}
+	if g.Redriven != 2 || len(g.Refused) != 1 || g.Refused[0].Seq != linkSeq || g.Incomplete {
+		t.Errorf("group redrive: %s; want the 2 clicks redriven and the LINKS letter refused", b)
+	}
+	var left struct{ Letters []struct{ Seq uint64 } }
+	getJSON(t, s, "/api/dlq/letters?source="+source+"&reason="+reason, &left)
+	if len(left.Letters) != 1 || left.Letters[0].Seq != linkSeq {
+		t.Errorf("letters left: %+v, want only the LINKS letter %d", left.Letters, linkSeq)
+	}
+	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") {
+		t.Errorf("the console met permission violations:\n%s", l)
+	}
+}

@@ -53,7 +53,7 @@ func view(l deadletter.Letter, full bool) Letter {
 		OrigSubject: l.OrigSubject, OrigSeq: l.OrigSeq, Attempts: l.Attempts, Error: l.Error, Consumer: l.Consumer,
 		ID: l.ID, PayloadBytes: len(l.Data),
 	}
-	if subj, err := l.RedriveSubject(); err == nil {
+	if subj, err := redriveSubject(l); err == nil {
 		v.RedriveTo = subj
 	} else {
 		v.RedriveRefused = err.Error()
@@ -72,6 +72,32 @@ func view(l deadletter.Letter, full bool) Letter {
 		v.PayloadBase64 = base64.StdEncoding.EncodeToString(l.Data)
 	}
 	return v
+}
+
+// consoleRedrives are the streams whose letters the console may send home:
+// the only ones its NATS user may publish to. That user is "console" in
+// deploy/nats/accounts.conf, generated from deploy/check/natsconf.go, which
+// grants it clicks.> (CLICKS) and jobs.preview (PREVIEW_JOBS) "for redrive";
+// change the two together. Letters of any other stream (LINKS, FRAUD,
+// FRAUD_VERDICTS) are redriven with snipctl, as admin.
+var consoleRedrives = map[string]bool{events.ClicksStream: true, events.PreviewJobsStream: true}
+
+// redriveSubject is l.RedriveSubject for the console: a letter whose stream
+// the console may not publish to cannot be redriven here.
+func redriveSubject(l deadletter.Letter) (string, error) {
+	if l.Stream != "" && !consoleRedrives[l.Stream] {
+		return "", fmt.Errorf("dead letter %d comes from %s, which the console may not publish to (snipctl dlq redrive can): %w",
+			l.Seq, l.Stream, deadletter.ErrNotRedrivable)
+	}
+	return l.RedriveSubject()
+}
+
+// redrive sends l home if the console may.
+func (d *DLQ) redrive(ctx context.Context, l deadletter.Letter) (deadletter.Redriven, error) {
+	if _, err := redriveSubject(l); err != nil {
+		return deadletter.Redriven{}, fmt.Errorf("redrive: %w", err)
+	}
+	return deadletter.RedriveLetter(ctx, d.js, l)
 }
 
 // Group is the letters of one source and reason.
@@ -157,7 +183,11 @@ func redriven(r deadletter.Redriven) Redriven {
 
 // Redrive sends one letter home.
 func (d *DLQ) Redrive(ctx context.Context, seq uint64) (Redriven, error) {
-	r, err := deadletter.Redrive(ctx, d.js, seq)
+	l, err := deadletter.Get(ctx, d.js, seq)
+	if err != nil {
+		return Redriven{}, fmt.Errorf("redrive: %w", err)
+	}
+	r, err := d.redrive(ctx, l)
 	if err != nil {
 		return Redriven{}, err
 	}
@@ -182,7 +212,9 @@ type Refusal struct {
 }
 
 // RedriveGroup sends every letter of source and reason (both required)
-// stored when it started home, oldest first, until ctx ends.
+// stored when it started home, oldest first, until ctx ends. A letter that
+// cannot be redriven, or whose redrive fails while ctx lasts, is reported in
+// Refused and left in place; the letters behind it are still tried.
 func (d *DLQ) RedriveGroup(ctx context.Context, source, reason string) (GroupRedrive, error) {
 	if source == "" || reason == "" {
 		return GroupRedrive{}, fmt.Errorf("redrive: give a source and a reason: %w", ErrBadFilter)
@@ -193,13 +225,13 @@ func (d *DLQ) RedriveGroup(ctx context.Context, source, reason string) (GroupRed
 	}
 	out := GroupRedrive{Refused: []Refusal{}}
 	err = deadletter.Each(ctx, d.js, f, func(l deadletter.Letter) error {
-		_, err := deadletter.RedriveLetter(ctx, d.js, l)
-		if errors.Is(err, deadletter.ErrNotRedrivable) {
-			out.Refused = append(out.Refused, Refusal{Seq: l.Seq, Error: err.Error()})
-			return nil
+		_, err := d.redrive(ctx, l)
+		if err != nil && ctx.Err() != nil {
+			return err // time is up: the rest are still there
 		}
 		if err != nil {
-			return err
+			out.Refused = append(out.Refused, Refusal{Seq: l.Seq, Error: err.Error()})
+			return nil
 		}
 		out.Redriven++
 		return nil
