@@ -17,9 +17,8 @@ import (
 const initialWait = 1500 * time.Millisecond
 
 // initialCompute bounds each computation the page starts: it goes on after
-// the page stopped waiting (so the next poll finds it done) and must not be
-// cancelled with the request, or the panel would remember a cancellation
-// as its value.
+// the page stopped waiting (so the next poll finds it done), as memo's
+// computations do whoever asked for them.
 const initialCompute = 20 * time.Second
 
 // initial returns the panels' figures available within initialWait, as the
