@@ -42,6 +42,11 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return fmt.Errorf("replay: %v: %w", err, errUsage)
 	}
+	if fs.NArg() > 0 {
+		// Go's flags stop at the first word that is not one: the flags
+		// after it would be dropped silently.
+		return fmt.Errorf("replay %s: unexpected arguments %q (replay one group at a time, flags after it): %w", group, fs.Args(), errUsage)
+	}
 	var pos reader.Position
 	var start replayStart
 	set := 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -155,5 +156,21 @@ func TestReplayOfTheClickCounterMustBeARecount(t *testing.T) {
 	// Other groups replay from anywhere, as before.
 	if out, err := snipctl(t, environ, "replay", "nosuchgroup", "--since", "1h"); errors.Is(err, errNotARecount) {
 		t.Fatalf("another group's replay was refused as a click-counter one:\n%s", out)
+	}
+}
+
+// Words after the group are refused, naming them, rather than ignored (with
+// the flags after them): "replay alpha --from-seq 1 beta" does not replay
+// alpha alone and succeed.
+func TestReplayRefusesExtraArguments(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"replay", "alpha", "--from-seq", "1", "beta"},
+		{"replay", "alpha", "beta", "--from-seq", "1"},
+	} {
+		_, err := snipctl(t, nil, args...)
+		if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), `"beta"`) {
+			t.Errorf("snipctl %v: err = %v, want a usage error naming beta", args, err)
+		}
 	}
 }
