@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -30,10 +31,12 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\tpartition\tpending\tin flight\toldest unhandled\tack floor\towner pinned\t")
 	now := time.Now()
+	var unknown []string
 	for _, g := range groups {
 		lag, err := reader.Lag(ctx, js, g)
 		if errors.Is(err, reader.ErrNoGroup) {
 			fmt.Fprintf(tw, "%s\t-\tno such group\t\t\t\t\t\n", g)
+			unknown = append(unknown, g)
 			continue
 		}
 		if err != nil {
@@ -51,5 +54,13 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%d\t%s\t\n", g, pl.Partition, pl.Pending, pl.AckPending, age, pl.AckFloor, pinned)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(unknown) > 0 {
+		// The table shows the groups that exist; the exit status says that
+		// some asked for do not.
+		return fmt.Errorf("lag: no such group: %s", strings.Join(unknown, ", "))
+	}
+	return nil
 }

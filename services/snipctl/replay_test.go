@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -172,5 +173,32 @@ func TestReplayRefusesExtraArguments(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), `"beta"`) {
 			t.Errorf("snipctl %v: err = %v, want a usage error naming beta", args, err)
 		}
+	}
+}
+
+// lag of a group that does not exist prints the table (the groups that do
+// exist, and "no such group") and fails naming it, so scripts see it.
+func TestLagOfAnUnknownGroupFails(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
+	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	js := n.JetStream(t)
+	for p := range 2 {
+		cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := snipctl(t, environ, "lag", "demo", "nope")
+	if err == nil || errors.Is(err, errUsage) || !strings.HasSuffix(err.Error(), "no such group: nope") {
+		t.Errorf("lag of an unknown group: err = %v, want an error naming it", err)
+	}
+	if !strings.Contains(out, "nope") || !strings.Contains(out, "no such group") || !regexp.MustCompile(`demo +1 +0 `).MatchString(out) {
+		t.Errorf("lag printed no table of the groups:\n%s", out)
 	}
 }
