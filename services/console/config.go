@@ -159,8 +159,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("CONSOLE_LAG_WARN %s, CONSOLE_LAG_ALARM %s: want 0 < warn < alarm", c.LagWarn, c.LagAlarm)
 	case c.Refresh < 500*time.Millisecond:
 		return fmt.Errorf("CONSOLE_REFRESH %s: want >= 500ms", c.Refresh)
-	case c.LiveRecent < 0 || c.LiveBuffer < 1 || c.LiveMaxBrowsers < 1 || c.LiveMaxRate <= 0:
-		return errors.New("CONSOLE_LIVE_*: want recent >= 0 and buffer, max browsers, max rate > 0")
+	case c.LiveRecent < 1 || c.LiveBuffer < 1 || c.LiveMaxBrowsers < 1 || c.LiveMaxRate <= 0:
+		// A new page always gets some recent clicks (livefeed takes 0 for
+		// its default): 0 would not mean none, so it is refused.
+		return errors.New("CONSOLE_LIVE_*: want recent, buffer, max browsers, max rate > 0")
 	case c.AlertsKeep < 1 || c.AlertsSince <= 0:
 		return errors.New("CONSOLE_ALERTS_KEEP and CONSOLE_ALERTS_SINCE: want > 0")
 	case c.OwnerKeyRecheck < 100*time.Millisecond:

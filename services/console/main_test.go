@@ -758,3 +758,15 @@ func TestShutdownEndsOpenStreams(t *testing.T) {
 		}
 	}
 }
+
+// CONSOLE_LIVE_RECENT=0 would not mean "no recent clicks" (the live feed
+// takes 0 for its default, 50): it is refused, as a negative is.
+func TestLiveRecentMustBeOneOrMore(t *testing.T) {
+	t.Parallel()
+	for v, wantErr := range map[string]bool{"-1": true, "0": true, "1": false, "50": false} {
+		_, err := loadConfig([]string{"HTTP_ADDR=127.0.0.1:8085", "CONSOLE_LIVE_RECENT=" + v}, nil)
+		if (err != nil) != wantErr {
+			t.Errorf("CONSOLE_LIVE_RECENT=%s: err = %v, want error: %v", v, err, wantErr)
+		}
+	}
+}
