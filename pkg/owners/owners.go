@@ -139,8 +139,8 @@ func (s *Store) storeKey(ctx context.Context, id, key string) error {
 // makes sure the key maps to it. It is for demos and tests, which need a
 // known key (SNIP_BOOTSTRAP_OWNERS).
 func (s *Store) Ensure(ctx context.Context, id, key string) error {
-	if !strings.HasPrefix(key, KeyPrefix) || len(key) < len(KeyPrefix)+16 {
-		return fmt.Errorf("ensure owner %q: key must start with %q and have 16+ more characters", id, KeyPrefix)
+	if err := checkKey(key); err != nil {
+		return fmt.Errorf("ensure owner %q: %w", id, err)
 	}
 	err := s.create(ctx, id, id, key)
 	if err == nil || !errors.Is(err, ErrExists) {
@@ -152,19 +152,59 @@ func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	return nil
 }
 
-// EnsureFromSpec calls Ensure for each "id:key" pair of a comma-separated
-// spec, the format of SNIP_BOOTSTRAP_OWNERS. An empty spec does nothing.
-func (s *Store) EnsureFromSpec(ctx context.Context, spec string) error {
-	for _, pair := range strings.Split(spec, ",") {
+// MaxKeyLen is the longest API key Authenticate accepts.
+const MaxKeyLen = 128
+
+// checkKey refuses a key Ensure must not store: one without KeyPrefix, too
+// short to be a secret, or too long for Authenticate to accept.
+func checkKey(key string) error {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) < len(KeyPrefix)+16 || len(key) > MaxKeyLen {
+		return fmt.Errorf("key must start with %q and have 16 to %d more characters", KeyPrefix, MaxKeyLen-len(KeyPrefix))
+	}
+	return nil
+}
+
+// CheckSpec reports whether spec, a comma-separated list of "id:key" pairs
+// (the format of SNIP_BOOTSTRAP_OWNERS), is one EnsureFromSpec can apply:
+// every ID valid, every key one Ensure stores. Its errors name an entry by
+// its place ("entry 2"), never by its text, which holds a key.
+func CheckSpec(spec string) error {
+	_, err := parseSpec(spec)
+	return err
+}
+
+func parseSpec(spec string) ([][2]string, error) {
+	var pairs [][2]string
+	for i, pair := range strings.Split(spec, ",") {
 		pair = strings.TrimSpace(pair)
 		if pair == "" {
 			continue
 		}
 		id, key, ok := strings.Cut(pair, ":")
-		if !ok {
-			return fmt.Errorf("bootstrap owners: %q is not id:key", pair)
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("entry %d is not id:key", i+1)
+		case !events.ValidToken(id):
+			return nil, fmt.Errorf("entry %d: %w", i+1, ErrInvalidID)
 		}
-		if err := s.Ensure(ctx, id, key); err != nil {
+		if err := checkKey(key); err != nil {
+			return nil, fmt.Errorf("entry %d: %w", i+1, err)
+		}
+		pairs = append(pairs, [2]string{id, key})
+	}
+	return pairs, nil
+}
+
+// EnsureFromSpec calls Ensure for each "id:key" pair of a comma-separated
+// spec, the format of SNIP_BOOTSTRAP_OWNERS, once every pair has passed
+// CheckSpec: a bad entry changes nothing. An empty spec does nothing.
+func (s *Store) EnsureFromSpec(ctx context.Context, spec string) error {
+	pairs, err := parseSpec(spec)
+	if err != nil {
+		return fmt.Errorf("bootstrap owners: %w", err)
+	}
+	for _, p := range pairs {
+		if err := s.Ensure(ctx, p[0], p[1]); err != nil {
 			return fmt.Errorf("bootstrap owners: %w", err)
 		}
 	}
@@ -173,7 +213,7 @@ func (s *Store) EnsureFromSpec(ctx context.Context, spec string) error {
 
 // Authenticate returns the owner an API key belongs to, or ErrUnauthorized.
 func (s *Store) Authenticate(ctx context.Context, key string) (Owner, error) {
-	if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) > MaxKeyLen {
 		return Owner{}, ErrUnauthorized
 	}
 	id, err := s.rdb.Get(ctx, apiKeyKey(key)).Result()

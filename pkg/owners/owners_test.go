@@ -145,3 +145,40 @@ func TestWritesWaitForReplicas(t *testing.T) {
 		t.Errorf("short waits reported (-want +got):\n%s", d)
 	}
 }
+
+// Ensure refuses a key that Authenticate would never accept (over 128
+// characters), rather than storing a key that cannot log in.
+func TestEnsureRefusesAKeyAuthenticateRejects(t *testing.T) {
+	testenv.Parallel(t)
+	s := owners.NewStore(servers.RedisClient(t))
+	long := owners.KeyPrefix + strings.Repeat("a", 124) // 129 characters
+	if err := s.Ensure(t.Context(), "longkey", long); err == nil {
+		_, aerr := s.Authenticate(t.Context(), long)
+		t.Fatalf("Ensure accepted a %d-character key; Authenticate then says %v", len(long), aerr)
+	}
+}
+
+// A bad entry in a bootstrap spec is refused before anything is written,
+// and the error names the entry by its place, never by its text (a key).
+func TestEnsureFromSpecChecksEveryEntryFirstAndHidesKeys(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	const secret = "snip_secret_key_0123456789abcdef"
+	for _, spec := range []string{
+		"first:snip_first_key_0123456789abcdef, " + secret,        // no id
+		"first:snip_first_key_0123456789abcdef, bad.id:" + secret, // id not a token
+		"first:snip_first_key_0123456789abcdef, x:" + secret[:10], // key too short
+	} {
+		err := s.EnsureFromSpec(t.Context(), spec)
+		if err == nil || !strings.Contains(err.Error(), "entry 2") {
+			t.Errorf("EnsureFromSpec(%q) = %v, want an error naming entry 2", spec, err)
+		}
+		if err != nil && strings.Contains(err.Error(), secret[:10]) {
+			t.Errorf("EnsureFromSpec error shows the key: %v", err)
+		}
+	}
+	if keys := testenv.Keys(t, rdb, "snip:owner:first*"); len(keys) != 0 {
+		t.Fatalf("a refused spec wrote %v", keys)
+	}
+}

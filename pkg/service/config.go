@@ -266,13 +266,13 @@ type Owners struct {
 }
 
 // Bootstrap ensures that the owners of BootstrapOwners exist with their
-// keys, retrying while Redis is away (Retry). A spec that is not
-// "id:key,..." is returned at once.
+// keys, retrying while Redis is away (Retry). A spec that no retry can
+// make valid (an entry that is not "id:key", an invalid owner ID, a key
+// Ensure refuses: owners.CheckSpec) is returned at once, naming the entry
+// by its place, not its key.
 func (o Owners) Bootstrap(ctx context.Context, log *slog.Logger, store *owners.Store) error {
-	for pair := range strings.SplitSeq(o.BootstrapOwners, ",") {
-		if pair = strings.TrimSpace(pair); pair != "" && !strings.Contains(pair, ":") {
-			return fmt.Errorf("SNIP_BOOTSTRAP_OWNERS: %q is not id:key", pair)
-		}
+	if err := owners.CheckSpec(o.BootstrapOwners); err != nil {
+		return fmt.Errorf("SNIP_BOOTSTRAP_OWNERS: %w", err)
 	}
 	return Retry(ctx, log, "bootstrap owners", func(ctx context.Context) error {
 		return store.EnsureFromSpec(ctx, o.BootstrapOwners)

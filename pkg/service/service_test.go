@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/webserver"
 )
@@ -267,5 +268,27 @@ func TestBootstrapRefusesAMalformedSpec(t *testing.T) {
 	err := Owners{BootstrapOwners: "acme:key1, acme"}.Bootstrap(t.Context(), discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "SNIP_BOOTSTRAP_OWNERS") {
 		t.Fatalf("Bootstrap = %v, want an error naming SNIP_BOOTSTRAP_OWNERS", err)
+	}
+}
+
+// A bootstrap key or owner ID that no retry can make valid is refused at
+// once, not retried until the service is stopped; the error does not show
+// the key.
+func TestBootstrapRefusesABadKeyAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.StartRedis(t).NewDB(t)
+	store := owners.NewStore(rdb)
+	const short = "snip_tooshort"
+	for _, spec := range []string{"acme:" + short, "bad.id:snip_long_enough_key_0123456789"} {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		start := time.Now()
+		err := Owners{BootstrapOwners: spec}.Bootstrap(ctx, discard, store)
+		cancel()
+		if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "SNIP_BOOTSTRAP_OWNERS") {
+			t.Errorf("Bootstrap(%q) = %v after %s, want an error naming SNIP_BOOTSTRAP_OWNERS at once", spec, err, time.Since(start).Round(time.Millisecond))
+		}
+		if err != nil && strings.Contains(err.Error(), short) {
+			t.Errorf("Bootstrap error shows the key: %v", err)
+		}
 	}
 }
