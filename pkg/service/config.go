@@ -239,11 +239,11 @@ func Mask(value string, secret bool) string {
 			continue
 		}
 		rest := p[scheme+3:]
-		end := strings.IndexAny(rest, "/?#")
-		if end < 0 {
-			end = len(rest)
-		}
-		at := strings.LastIndexByte(rest[:end], '@')
+		// The last '@' of the whole URL, not of its host part alone: a
+		// password written with an unescaped '/', '?' or '#' would end the
+		// host part early and be shown. An '@' in a path or query masks
+		// more than the credentials, never less.
+		at := strings.LastIndexByte(rest, '@')
 		if at < 0 {
 			continue
 		}

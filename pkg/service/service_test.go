@@ -292,3 +292,27 @@ func TestBootstrapRefusesABadKeyAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A password with a character that ends a URL's host part ('/', '?', '#')
+// when unescaped is still masked: the log never shows it.
+func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, secret string }{
+		{"redis://:pa#ss@h:6379/0", "pa#ss"},
+		{"redis://u:pa/ss@h:6379/0", "pa/ss"},
+		{"nats://app:s?cret@n1:4222,nats://app:s?cret@n2:4222", "s?cret"},
+		{"nats://t/ok#en@n1:4222", "t/ok#en"},
+	} {
+		if got := Mask(tc.in, false); strings.Contains(got, tc.secret) || !strings.Contains(got, "***") {
+			t.Errorf("Mask(%q) = %q, shows %q", tc.in, got, tc.secret)
+		}
+	}
+	for in, want := range map[string]string{
+		"redis://u:pw@h:6379/0":    "redis://u:***@h:6379/0",
+		"redis://127.0.0.1:6379/0": "redis://127.0.0.1:6379/0",
+	} {
+		if got := Mask(in, false); got != want {
+			t.Errorf("Mask(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
