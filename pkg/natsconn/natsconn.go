@@ -9,6 +9,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -98,9 +100,32 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 	}
 	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", cfg.URL, err)
+		return nil, fmt.Errorf("connect to nats %s: %w", redacted(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// redacted is urls (comma-separated) with each URL's password, or its
+// token (nats://token@host), shown as "xxxxx", for errors, which services
+// log; a URL that does not parse is not shown.
+func redacted(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(unparsable URL)"
+			continue
+		}
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			} else {
+				u.User = url.User("xxxxx")
+			}
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }
 
 // Drain drains nc and waits until it is closed: subscriptions finish what they

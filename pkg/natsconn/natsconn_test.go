@@ -127,3 +127,22 @@ func TestLeavesAFrozenNodeForAnother(t *testing.T) {
 		t.Fatalf("flush on the new node: %v", err)
 	}
 }
+
+// A connection that fails at once (here: a credentials file that is not
+// there) is reported without the URL's password or token, which services
+// log.
+func TestConnectErrorHidesTheURLPassword(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	for _, userinfo := range []string{"app:s3cret@", "s3cret@"} {
+		url := strings.Replace(ns.URL, "nats://", "nats://"+userinfo, 1) + "," + ns.URL
+		nc, err := natsconn.Connect(natsconn.Config{URL: url, CredsFile: t.TempDir() + "/missing.creds"}, slog.New(slog.DiscardHandler))
+		if err == nil {
+			nc.Close()
+			t.Fatal("Connect with a missing credentials file succeeded")
+		}
+		if strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
+			t.Errorf("Connect error shows the secret, or no URL: %v", err)
+		}
+	}
+}
