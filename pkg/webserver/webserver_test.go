@@ -2,6 +2,7 @@ package webserver_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -132,5 +133,28 @@ func TestRequestIDAndPanicRecovery(t *testing.T) {
 	}
 	if _, got := get("/id", ""); got == "" {
 		t.Fatal("server stopped answering after a panic")
+	}
+}
+
+// A slow check does not take the others down with it: each check has its
+// own 2 s. Here "a-slow" waits out its deadline; "b-fast" answers at once,
+// reporting its context's state, which run one after another under one
+// deadline was already expired.
+func TestReadyzChecksDoNotShareOneDeadline(t *testing.T) {
+	t.Parallel()
+	s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s.AddReadiness("a-slow", func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	s.AddReadiness("b-fast", func(ctx context.Context) error { return ctx.Err() })
+	rec := httptest.NewRecorder()
+	s.Echo.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	var got map[string]string
+	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+		t.Fatalf("/readyz body %q: %v", rec.Body, err)
+	}
+	if rec.Code != http.StatusServiceUnavailable || got["b-fast"] != "ok" || !strings.Contains(got["a-slow"], "deadline") {
+		t.Errorf("/readyz = %d %v, want 503 with a-slow timed out and b-fast ok", rec.Code, got)
 	}
 }
