@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -255,22 +256,47 @@ func TestParkingLongerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := publish(t, js, 1, 5, 0)
+	// The member's in-progress marks, seen on the acks' subjects: while
+	// DEAD_LETTER is away, the batch must be marked every AckWait/3.
+	nc, err := nats.Connect(n.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var mu sync.Mutex
+	marks := map[string]int{} // per delivery (reply subject)
+	if _, err := nc.Subscribe("$JS.ACK.>", func(m *nats.Msg) {
+		if string(m.Data) == "+WPI" {
+			mu.Lock()
+			marks[m.Subject]++
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	const ackWait = 2 * time.Second
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
 	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait}, rec.handler("m"))
-	c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
-	testenv.WaitFor(t, 30*time.Second, "the batch delivered to the member", func() bool {
-		if err != nil {
-			c, err = js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
-			return false
+	// DEAD_LETTER stays away until the batch has been marked in progress
+	// seven times, more than two AckWaits of parking.
+	testenv.WaitFor(t, 30*time.Second, "the batch marked in progress seven times while parking waits", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range marks {
+			if k >= 7 {
+				return true
+			}
 		}
-		info, ierr := c.Info(ctx)
-		return ierr == nil && info.NumAckPending == len(ids)+1
+		return false
 	})
-	// DEAD_LETTER stays away for three AckWaits: the fault this test is
-	// about, not a wait for something to happen.
-	time.Sleep(3 * ackWait)
+	c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
 	info, err := c.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -241,17 +241,26 @@ func kernelFreePort() (int, error) {
 // then fails the test with what. Use it instead of sleeping.
 func WaitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	if !Poll(timeout, cond) {
+		tb.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+	}
+}
+
+// Poll is WaitFor for a goroutine other than the test's (where t.Fatal may
+// not be called): it polls cond every 10ms and reports whether it returned
+// true before the timeout passed.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
 		if cond() {
-			return
+			return true
 		}
 		select {
 		case <-ctx.Done():
-			tb.Fatalf("testenv: timed out after %s waiting for %s", timeout, what)
+			return false
 		case <-t.C:
 		}
 	}

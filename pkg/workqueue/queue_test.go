@@ -529,8 +529,9 @@ func TestLastTryRidesOutADeadLetterOutage(t *testing.T) {
 	start(t, q)
 	seq := publishJob(t, js, events.NewID())
 	restore := <-restored
-	testenv.WaitFor(t, 10*time.Second, "a park failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
-	time.Sleep(2 * time.Second) // the outage lasts 2s
+	// The outage lasts until the park has failed three times: retried, not
+	// given up after one.
+	testenv.WaitFor(t, 20*time.Second, "three parks failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 3 })
 	restore()
 	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
 		return streamMsgs(t, js, events.DeadLetterStream) == 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
@@ -561,8 +562,9 @@ func TestAdvisoryRescueRidesOutADeadLetterOutage(t *testing.T) {
 	restore := deadLetterOutage(t, js)
 	exhaust(t, js)
 	awaitGiveUp(t, js)
-	testenv.WaitFor(t, 10*time.Second, "a park failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
-	time.Sleep(2 * time.Second) // the outage lasts 2s more
+	// The outage lasts until the park has failed three times: retried, not
+	// given up after one.
+	testenv.WaitFor(t, 20*time.Second, "three parks failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 3 })
 	restore()
 	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
 		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1

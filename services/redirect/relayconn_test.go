@@ -208,13 +208,8 @@ func (f *breakMidBatch) breakConn() {
 // until polls cond for at most 10 s (on the relay's goroutine: it reports
 // with Errorf, not Fatal).
 func (f *breakMidBatch) until(what string, cond func() bool) {
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Errorf("timed out waiting for %s", what)
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if !testenv.Poll(10*time.Second, cond) {
+		f.t.Errorf("timed out waiting for %s", what)
 	}
 }
 
