@@ -49,18 +49,9 @@ func (w *syncBuffer) String() string {
 // so it does not run in parallel.
 func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
-	connect := func(user string) jetstream.JetStream {
-		nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user))
-		if err != nil {
-			t.Fatalf("connect as %s: %v", user, err)
-		}
-		t.Cleanup(nc.Close)
-		js, _ := jetstream.New(nc)
-		return js
-	}
 
 	// What other services and snipctl would have done, as admin.
-	admin := connect("admin")
+	admin := connectAs(t, url, "admin")
 	ctx := t.Context()
 	o := topology.Defaults()
 	o.Partitions = consoletest.Partitions
@@ -154,12 +145,7 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 // letters behind it. No permission violation either (testenv checks).
 func TestConsoleRefusesRedrivesItsUserMayNotPublish(t *testing.T) {
 	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
-	nc, err := nats.Connect(url, nats.UserInfo("admin", "pw-admin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	admin, _ := jetstream.New(nc)
+	admin := connectAs(t, url, "admin")
 	ctx := t.Context()
 	o := topology.Defaults()
 	o.Partitions = consoletest.Partitions
@@ -228,4 +214,18 @@ func TestConsoleRefusesRedrivesItsUserMayNotPublish(t *testing.T) {
 	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") {
 		t.Errorf("the console met permission violations:\n%s", l)
 	}
+}
+
+// connectAs connects to url as a user of deploy/nats (the test's passwords,
+// "pw-<user>") and returns a JetStream context; the connection closes with
+// the test.
+func connectAs(t *testing.T, url, user string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo(user, "pw-"+user))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	return js
 }

@@ -32,12 +32,7 @@ func publishClicks(t *testing.T, js jetstream.JetStream, n int) {
 
 func TestReplayAndLag(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
-	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	js := n.JetStream(t)
+	environ, js := appliedNATS(t)
 	publishClicks(t, js, 20)
 
 	var handled atomic.Int64
@@ -79,12 +74,7 @@ func TestReplayAndLag(t *testing.T) {
 // --force.
 func TestReplayOfTheClickCounterMustBeARecount(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
-	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	js := n.JetStream(t)
+	environ, js := appliedNATS(t)
 	publishClicks(t, js, 10)
 	var handled atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
@@ -180,12 +170,7 @@ func TestReplayRefusesExtraArguments(t *testing.T) {
 // exist, and "no such group") and fails naming it, so scripts see it.
 func TestLagOfAnUnknownGroupFails(t *testing.T) {
 	t.Parallel()
-	n := testenv.StartNATS(t)
-	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
-	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	js := n.JetStream(t)
+	environ, js := appliedNATS(t)
 	for p := range 2 {
 		cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
 			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -201,4 +186,17 @@ func TestLagOfAnUnknownGroupFails(t *testing.T) {
 	if !strings.Contains(out, "nope") || !strings.Contains(out, "no such group") || !regexp.MustCompile(`demo +1 +0 `).MatchString(out) {
 		t.Errorf("lag printed no table of the groups:\n%s", out)
 	}
+}
+
+// appliedNATS starts NATS, applies the topology (two partitions) with
+// snipctl, and returns the environment snipctl runs with and a JetStream
+// context on the server.
+func appliedNATS(t *testing.T) ([]string, jetstream.JetStream) {
+	t.Helper()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=2"}
+	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return environ, n.JetStream(t)
 }
