@@ -183,7 +183,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 		if failures == 1 || failures%10 == 0 {
 			w.log.Warn("handler failed; retrying the batch", "err", err, "failures", failures, "in", d, "first_seq", batch[0].Seq)
 		}
-		if !w.waitInProgress(d, msgs) {
+		if !w.waitRetry(d) {
 			return errReleased
 		}
 	}
@@ -203,15 +203,11 @@ func (w *worker) call(batch []Event) (err error) {
 	return w.m.h(w.ctx, w.p, batch)
 }
 
-// waitInProgress sleeps d, then tells JetStream the batch is still in
-// progress (resetting its events' ack timers, so they are not redelivered
-// while the handler retries) and refreshes the lag gauges.
-func (w *worker) waitInProgress(d time.Duration, msgs []jetstream.Msg) bool {
+// waitRetry sleeps d before a retry (process keeps the batch marked in
+// progress meanwhile) and refreshes the lag gauges.
+func (w *worker) waitRetry(d time.Duration) bool {
 	if !w.sleep(d) {
 		return false
-	}
-	for _, msg := range msgs {
-		_ = msg.InProgress()
 	}
 	w.updateLag()
 	return true
