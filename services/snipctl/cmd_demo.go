@@ -128,14 +128,33 @@ type demoPort struct {
 // portsFree says which of the demo's ports is taken, if one is
 // (*portInUseError).
 func portsFree(ports []demoPort) error {
+	release, err := holdPorts(ports)
+	if err == nil {
+		release()
+	}
+	return err
+}
+
+// holdPorts listens on each of the demo's ports, or says which is taken
+// (*portInUseError), and keeps them until release: the clusters started
+// meanwhile draw free ports of their own, and must not draw one of these
+// (a NATS node on a service's port made the service fail to bind).
+func holdPorts(ports []demoPort) (release func(), err error) {
+	var held []net.Listener
+	release = func() {
+		for _, l := range held {
+			l.Close()
+		}
+	}
 	for _, p := range ports {
 		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)))
 		if err != nil {
-			return &portInUseError{port: p, err: err}
+			release()
+			return nil, &portInUseError{port: p, err: err}
 		}
-		l.Close()
+		held = append(held, l)
 	}
-	return nil
+	return release, nil
 }
 
 // portInUseError is the demo refusing to start on a port that is taken.
@@ -227,8 +246,13 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	for _, s := range demoServices {
 		ports = append(ports, demoPort{s.name, *httpBase + s.port})
 	}
-	if err := portsFree(ports); err != nil {
+	release, err := holdPorts(ports)
+	if err != nil {
 		return err
+	}
+	defer release() // on an early return; closing twice is harmless
+	if !*cluster {
+		release()
 	}
 	stopWithParent()
 	d.logf("starting the demo: data and logs in %s (Ctrl-C, or SIGTERM to pid %d, stops it)", d.dir, os.Getpid())
@@ -243,8 +267,9 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 
 	var cl *demoCluster
 	if *cluster {
-		var err error
-		if cl, err = d.startCluster(); err != nil {
+		cl, err = d.startCluster()
+		release() // the clusters have their ports; the services bind theirs next
+		if err != nil {
 			return err
 		}
 		d.redisReplicas = true
