@@ -1,6 +1,6 @@
 // Package owners stores Snip's owners and their API keys in Redis. Every
 // service that answers an owner's API call (redirect, click counter, fraud,
-// console) authenticates with it, and snipctl creates owners with it.
+// webhooks, console) authenticates with it, and snipctl creates owners with it.
 //
 // API keys are stored hashed: Redis holds SHA-256(key), never the key. The
 // keys are 160 random bits, so a fast hash is enough (no bcrypt needed: there
