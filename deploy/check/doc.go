@@ -5,5 +5,8 @@
 // service image is built from deploy/docker/Dockerfile with a SERVICE that
 // exists); the NATS configurations are parsed by nats-server, started, and
 // each service's user is checked to be able to do its job and nothing more;
+// the docs are read against the code (the tests they cite exist, the metrics
+// they name are registered, each service README names every variable its
+// config.go reads, docs/dependencies.md explains exactly the modules in use);
 // and the cost of JetStream's fsync settings is measured (BenchmarkSyncInterval).
 package check
