@@ -96,7 +96,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "snip_clickcounter_feed_messages_total",
-		Help: "Messages of the LINKS and FRAUD feeds, by feed and result (ok, retried, parked).",
+		Help: "Messages of the LINKS and FRAUD_VERDICTS feeds, by feed and result (ok, retried, parked).",
 	}, []string{"feed", "result"})}
 	if reg != nil {
 		if err := reg.Register(m.messages); err != nil {
