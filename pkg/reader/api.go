@@ -269,6 +269,25 @@ type Config struct {
 	// r.From. A reader that deduplicates by sequence uses it to start a new
 	// generation of its state.
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
+	// OnPassed, if set, is called when the runtime passes stream positions
+	// of a partition that the handler never completed: a batch whose last
+	// events were parked, by the runtime before the handler saw them (the
+	// rule of validity) or as poison on the handler's answer. The handler
+	// learns of every other position from a later batch, but not of these
+	// until the partition's next valid event, which may never come: a reader
+	// that waits for a position (a recount that ends at RewindInfo.Until)
+	// uses OnPassed to learn it has been passed. It is called after those
+	// events are on DEAD_LETTER and before the batch is acked, on the
+	// partition's worker (never concurrently with the handler for the
+	// partition), and not for a batch whose last event the handler completed.
+	// Its answer follows the handler's contract: nil acks the batch;
+	// Replay(from) with from at or before PassedInfo.First drops the batch
+	// unacked and hands the partition's events again from there; any other
+	// error (a permanent one included: the events are parked already) is
+	// retried with the handler's backoff, and nothing after the batch is
+	// processed meanwhile. A batch handed again (a crash before the ack)
+	// calls it again with the same positions: it must be idempotent.
+	OnPassed func(ctx context.Context, partition int, p PassedInfo) error
 	// Logger receives the runtime's logs (default: discard).
 	Logger *slog.Logger
 	// Metrics, if set, receives the runtime's Prometheus collectors.
@@ -286,6 +305,19 @@ type RewindInfo struct {
 	Until uint64
 	// Requested is when the replay was asked for.
 	Requested time.Time
+}
+
+// PassedInfo describes the positions OnPassed is told about: the events of
+// the partition from First through Last, the batch's last, were parked and
+// none was completed by the handler.
+type PassedInfo struct {
+	// First is the stream sequence of the first of those events.
+	First uint64
+	// Last is the stream sequence of the last: the batch's last event,
+	// which the partition's ack now covers.
+	Last uint64
+	// Stored is when JetStream stored the event at Last.
+	Stored time.Time
 }
 
 // Position is where a replay starts.

@@ -47,6 +47,15 @@
 // the runtime before the handler sees them, so every reader parks the same
 // events.
 //
+// A handler learns where its partition stands from the events it is
+// handed: a parked event between two valid ones is passed when the next is
+// handed. A batch that ends in parked events (or holds nothing else) is
+// acked without the handler learning of those positions; a reader that
+// waits for a position (the click counter's recount switches once it has
+// passed the last event stored when the replay was asked) sets
+// Config.OnPassed, called with the positions passed after the events are
+// parked and before the ack. Readers that leave it unset see no change.
+//
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent
 // (each reader's README says how); Event.Seq increases within a partition,

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"group"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "handler_errors_total",
-			Help: "Handler failures: transient (batch retried), poison (one event parked), panic.",
+			Help: "Handler and OnPassed failures: transient (batch or call retried), poison (one event parked), panic.",
 		}, []string{"group", "kind"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "handler_replays_total",

@@ -1,6 +1,7 @@
 // Processing: decode a batch, park what fails the rule of validity, hand
 // the rest to the handler, turn its answer into ack, retry or park (the
-// failure contract of package failure), and ack.
+// failure contract of package failure), tell OnPassed of a parked end of
+// the batch, and ack.
 
 package reader
 
@@ -76,8 +77,24 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		}
 	}
 	m.met.batchSize.WithLabelValues(m.cfg.Group).Observe(float64(len(evs)))
-	if err := w.handle(evs, msgs); err != nil {
+	done, err := w.handle(evs, msgs)
+	if err != nil {
 		return err
+	}
+	// The batch ends in events the handler never completed (parked above,
+	// or as poison on its answer): tell the reader, if it asks, that their
+	// positions are passed, before the ack covers them.
+	if last := mds[len(mds)-1]; m.cfg.OnPassed != nil && last.Sequence.Stream > done {
+		first := last.Sequence.Stream
+		for _, md := range mds {
+			if md.Sequence.Stream > done {
+				first = md.Sequence.Stream
+				break
+			}
+		}
+		if err := w.passed(PassedInfo{First: first, Last: last.Sequence.Stream, Stored: last.Timestamp}); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 10*time.Second)
 	defer cancel()
@@ -131,16 +148,17 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 
 // handle calls the handler until the batch is done, parking poison events
 // and backing off on transient errors (process keeps the batch marked in
-// progress meanwhile). It gives up (returning errReleased) if the partition
-// is taken away.
-func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
+// progress meanwhile). It returns the stream sequence of the last event the
+// handler completed (0 if none), and gives up (returning errReleased) if
+// the partition is taken away.
+func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err error) {
 	m := w.m
 	bo := m.cfg.newBackoff()
 	failures := 0
 	for len(batch) > 0 {
 		err := w.call(batch)
 		if err == nil {
-			return nil
+			return batch[len(batch)-1].Seq, nil
 		}
 		var pe *PoisonError
 		if errors.As(err, &pe) && pe.Index >= 0 && pe.Index < len(batch) {
@@ -149,7 +167,10 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			msg := msgBySeq(msgs, ev.Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, pe.Reason, pe.Err); err != nil {
-				return err
+				return done, err
+			}
+			if pe.Index > 0 {
+				done = batch[pe.Index-1].Seq
 			}
 			batch = batch[pe.Index+1:]
 			continue
@@ -157,7 +178,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 		var re *ReplayError
 		if errors.As(err, &re) {
 			if re.From >= 1 && re.From <= batch[0].Seq {
-				return err // process leaves the batch unacked; run moves the consumer back
+				return done, err // process leaves the batch unacked; run moves the consumer back
 			}
 			w.log.Error("handler asked for a replay from a sequence not at or before its batch; retrying the batch", "err", err, "from", re.From, "first_seq", batch[0].Seq)
 		}
@@ -167,15 +188,15 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			msg := msgBySeq(msgs, batch[0].Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, verdict.Reason, err); err != nil {
-				return err
+				return done, err
 			}
-			return nil
+			return done, nil
 		}
 		if verdict.Kind == failure.Park {
 			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
 		}
 		if w.ctx.Err() != nil {
-			return w.ctx.Err()
+			return done, w.ctx.Err()
 		}
 		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
 		failures++
@@ -184,23 +205,63 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) error {
 			w.log.Warn("handler failed; retrying the batch", "err", err, "failures", failures, "in", d, "first_seq", batch[0].Seq)
 		}
 		if !w.waitRetry(d) {
+			return done, errReleased
+		}
+	}
+	return done, nil
+}
+
+// passed calls OnPassed until it succeeds, as handle calls the handler: a
+// Replay at or before p.First is returned (process leaves the batch
+// unacked; run moves the consumer back), anything else is retried with
+// backoff (the events are parked already: there is nothing to park).
+func (w *worker) passed(p PassedInfo) error {
+	m := w.m
+	bo := m.cfg.newBackoff()
+	failures := 0
+	for {
+		err := w.protect("OnPassed", func() error { return m.cfg.OnPassed(w.ctx, w.p, p) })
+		if err == nil {
+			return nil
+		}
+		var re *ReplayError
+		if errors.As(err, &re) {
+			if re.From >= 1 && re.From <= p.First {
+				return err
+			}
+			w.log.Error("OnPassed asked for a replay from a sequence not at or before the positions passed; retrying it", "err", err, "from", re.From, "first_seq", p.First)
+		}
+		if w.ctx.Err() != nil {
+			return w.ctx.Err()
+		}
+		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
+		failures++
+		d := max(bo.NextBackOff(), failure.Classify(err).RetryAfter)
+		if failures == 1 || failures%10 == 0 {
+			w.log.Warn("OnPassed failed; retrying it", "err", err, "failures", failures, "in", d, "first_seq", p.First, "last_seq", p.Last)
+		}
+		if !w.waitRetry(d) {
 			return errReleased
 		}
 	}
-	return nil
 }
 
 // call runs the handler, turning a panic into a transient error so one bad
 // batch cannot take the process down.
-func (w *worker) call(batch []Event) (err error) {
+func (w *worker) call(batch []Event) error {
+	return w.protect("handler", func() error { return w.m.h(w.ctx, w.p, batch) })
+}
+
+// protect runs f, turning a panic into a transient error.
+func (w *worker) protect(what string, f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.m.met.errors.WithLabelValues(w.m.cfg.Group, "panic").Inc()
-			w.log.Error("handler panicked", "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("handler panicked: %v", r)
+			w.log.Error(what+" panicked", "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%s panicked: %v", what, r)
 		}
 	}()
-	return w.m.h(w.ctx, w.p, batch)
+	return f()
 }
 
 // waitRetry sleeps d before a retry (process keeps the batch marked in
