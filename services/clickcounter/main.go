@@ -85,7 +85,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 				Group: topology.GroupClickCounter, Member: cfg.Member, Partitions: partitions,
 				BatchSize: cfg.BatchSize, Linger: cfg.Linger, LeaseTTL: cfg.LeaseTTL, DrainTimeout: cfg.ShutdownTimeout,
 				Start:    reader.StartAtOldest(),
-				OnAssign: c.OnAssign, OnRevoke: c.OnRevoke, OnRewind: c.OnRewind,
+				OnAssign: c.OnAssign, OnRevoke: c.OnRevoke, OnRewind: c.OnRewind, OnPassed: c.OnPassed,
 				Logger: log, Metrics: reg,
 			}, c.HandleBatch)
 		})

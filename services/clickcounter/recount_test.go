@@ -127,6 +127,62 @@ func TestFixAndRecount(t *testing.T) {
 	})
 }
 
+// A recount whose last events are parked by the runtime (malformed: the
+// counter never sees them), with no valid click after them in the
+// partition: the replay's Until is one of them. The partition switches to
+// the new generation all the same, with the right counts, once the runtime
+// has passed them; it does not wait for a click that may never come.
+func TestRecountWhoseLastEventsAreParkedSwitchesWithoutAnotherClick(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	buggy := s.start(t, "buggy", func(c *Config) {
+		c.Hooks.Weight = func(*events.Click) int64 { return 2 }
+	})
+	const code = "quiet"
+	cs := s.publishClicks(t, []string{code}, 5, nil)
+	// The partition's last events: malformed, on the link's subject, so in
+	// its partition; the second is the replay's Until.
+	for _, data := range []string{`{not json`, `{"v":1}`} {
+		if _, err := s.js.Publish(t.Context(), events.ClickSubject("acme", code), []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, want := totals(cs, 2), totals(cs, 1)
+	waitTotals(t, buggy.addr, old)
+	buggy.stop(t)
+
+	// The fixed release recounts in batches of 5: the five clicks, then the
+	// two parked events alone.
+	fixed := s.start(t, "fixed", func(c *Config) { c.BatchSize = 5 })
+	waitTotals(t, fixed.addr, old)
+	id, err := reader.Rewind(t.Context(), s.js, topology.GroupClickCounter, reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last counter.Stats
+	defer func() {
+		if t.Failed() {
+			t.Logf("last stats of %s: totals %+v as of %+v", code, last.Totals, last.AsOf)
+		}
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the partition to switch to generation 2 with the recounted totals", func() bool {
+		last, _ = statsOf(t, fixed.addr, code)
+		return last.AsOf.Generation == 2 && last.AsOf.Recount == nil && last.Totals == want[code]
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(ctx, s.js, topology.GroupClickCounter, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := metricValue(t, fixed.addr, `snip_clickcounter_recounts_total{result="finished"}`); got != 1 {
+		t.Errorf("recounts_total{result=finished} = %v, want 1 (the partition with clicks)", got)
+	}
+	testenv.WaitFor(t, 30*time.Second, "generation 1 to be dropped", func() bool {
+		keys, err := s.rdb.Keys(t.Context(), "cc:{p*}:g1:*").Result()
+		return err == nil && len(keys) == 0
+	})
+}
+
 // Verdicts travel FRAUD to the counter: a verdict before its click, the
 // same verdict stored twice, and a reclassification back to human.
 func TestVerdictsFromFraud(t *testing.T) {

@@ -117,21 +117,85 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 		c.m.duplicates.WithLabelValues("event_id").Add(float64(b.dupID))
 		c.m.counted.WithLabelValues(Human.String()).Add(float64(b.human))
 		c.m.counted.WithLabelValues(Bot.String()).Add(float64(b.bot))
-		st.WM = last.Seq
-		if res.Switched {
-			c.log.Info("recount caught up; the new generation now serves reads",
-				"partition", p, "generation", st.Write, "previous", st.Read, "seq", last.Seq)
-			st.Read, st.Until = st.Write, 0
-			c.m.recounts.WithLabelValues("finished").Inc()
-			c.m.observeState(p, *st)
-			c.requestCleanup(p)
-		}
-		if c.hooks.AfterWrite != nil {
-			return c.hooks.AfterWrite(ctx, p, last.Seq)
-		}
-		return nil
+		return c.written(ctx, p, st, last.Seq, res.Switched)
 	}
 	return fmt.Errorf("write partition %d batch: %w", p, ErrContention)
+}
+
+// written records in the cached state that the write generation's
+// watermark moved to seq, and the switch if the write made it.
+func (c *Counter) written(ctx context.Context, p int, st *State, seq uint64, switched bool) error {
+	st.WM = seq
+	if switched {
+		c.log.Info("recount caught up; the new generation now serves reads",
+			"partition", p, "generation", st.Write, "previous", st.Read, "seq", seq)
+		st.Read, st.Until = st.Write, 0
+		c.m.recounts.WithLabelValues("finished").Inc()
+		c.m.observeState(p, *st)
+		c.requestCleanup(p)
+	}
+	if c.hooks.AfterWrite != nil {
+		return c.hooks.AfterWrite(ctx, p, seq)
+	}
+	return nil
+}
+
+// OnPassed is the reader's OnPassed hook: the runtime parked the
+// partition's events from info.First to info.Last, the end of a batch,
+// without handing them to HandleBatch. The counter moves the write
+// generation's watermark past them at once, as a batch that counted nothing
+// (the batch script, with its compare-and-set, and no counts): so a recount
+// whose Until is among them switches now, in the same atomic step as any
+// switch, instead of waiting for the partition's next valid click, which a
+// quiet partition may never get. Called again for the same positions (the
+// batch handed again after a crash), it finds the watermark there and
+// writes nothing. See docs/decisions/0021-click-counter-recount.md.
+func (c *Counter) OnPassed(ctx context.Context, partition int, info reader.PassedInfo) error {
+	for range maxWriteAttempts {
+		// The events before First must be counted before the watermark
+		// moves past them (a store that lost writes: see catchUp).
+		err := c.catchUp(ctx, partition, info.First)
+		if err == nil {
+			err = c.pass(ctx, partition, info)
+		}
+		if !errors.Is(err, errConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("pass partition %d's parked events to %d: %w", partition, info.Last, ErrContention)
+}
+
+// pass moves the write generation's watermark to info.Last, counting
+// nothing. A conflict reloads the state and returns errConflict.
+func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error {
+	st, err := c.cached(ctx, p)
+	if err != nil {
+		return err
+	}
+	if info.Last <= st.WM {
+		return nil // passed before: the same positions again, or a replay overlap
+	}
+	res, err := c.store.Apply(ctx, &Write{
+		Partition: p, Expect: *st, LastSeq: info.Last, LastStored: info.Stored,
+		Delta: NewDelta(), DedupTTL: c.window,
+	})
+	if err != nil {
+		return fmt.Errorf("pass partition %d's parked events to %d: %w", p, info.Last, err)
+	}
+	switch res.Status {
+	case Conflict:
+		c.m.retries.WithLabelValues("conflict").Inc()
+		if _, err := c.reload(ctx, p); err != nil {
+			return err
+		}
+		return errConflict
+	case Recheck: // a write without events has nothing to recheck
+		return fmt.Errorf("pass partition %d's parked events to %d: the store asked to recheck a write without events", p, info.Last)
+	}
+	if until := c.replayUntil(p); until != 0 && info.Last+1 >= until {
+		c.setReplay(p, 0) // the replay the counter asked for has come
+	}
+	return c.written(ctx, p, st, info.Last, res.Switched)
 }
 
 // built is one attempt at a batch's write.

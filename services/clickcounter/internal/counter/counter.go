@@ -25,9 +25,10 @@ type Clicks interface {
 
 // Hooks inject faults for tests; production leaves them nil.
 type Hooks struct {
-	// AfterWrite runs after a batch is written to the store and before the
-	// handler returns, that is before the runtime acks it. A test makes it
-	// block or fail to play a member that dies between the two.
+	// AfterWrite runs after a batch is written to the store (or the
+	// watermark moved past parked events, OnPassed) and before the handler
+	// (or OnPassed) returns, that is before the runtime acks it. A test
+	// makes it block or fail to play a member that dies between the two.
 	AfterWrite func(ctx context.Context, partition int, lastSeq uint64) error
 	// Weight, if set, is how many times a click is counted: a test sets it
 	// to 2 to play a buggy release, then recounts with it unset.

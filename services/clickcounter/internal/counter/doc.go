@@ -35,7 +35,10 @@
 // write generation; the old one keeps serving reads, frozen, until the new
 // one has caught up with the position the replay was asked at, and then one
 // write in the batch script makes the new generation the read generation.
-// The stats never show a half-rebuilt number.
+// The stats never show a half-rebuilt number. Events the reader runtime
+// parks at the end of a batch are passed the same way (OnPassed: the batch
+// script with no counts), so a recount whose last events were parked
+// switches without waiting for another click.
 //
 // # Fraud verdicts
 //

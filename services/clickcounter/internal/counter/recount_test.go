@@ -1,10 +1,12 @@
 package counter_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -209,5 +211,116 @@ func TestGenerationGaugeLeavesWithThePartition(t *testing.T) {
 	e.c.OnRevoke(p)
 	if got := metric(t, e.reg, "snip_clickcounter_generation", labels); got != 0 {
 		t.Errorf("generation{partition=5,role=read} after OnRevoke = %v, want no series (0)", got)
+	}
+}
+
+// parked returns the event the reader runtime would park at the next
+// sequence of partition p (its payload does not matter: the counter never
+// sees it).
+func (s *seqs) parked(p int) reader.Event {
+	s.n += 3
+	return reader.Event{Partition: p, Seq: s.n, Stored: time.Now().UTC()}
+}
+
+// A recount whose last events (through Until) were parked by the runtime
+// (malformed, say), with no valid click after them: the runtime tells the
+// counter it passed them (OnPassed), and the recount switches then, once,
+// with the right counts. Told again (the batch handed again after a crash,
+// to this member or the next), it changes nothing.
+func TestRecountWhoseLastEventsWereParkedSwitchesWhenTheyArePassed(t *testing.T) {
+	t.Parallel()
+	double := func(*events.Click) int64 { return 2 }
+	e := newEnv(t, withHooks(counter.Hooks{Weight: double}))
+	reg := prometheus.NewRegistry()
+	fixed := e.newCounter(t, reg)
+	const p = 2
+	code := codeIn(t, p, 30)
+	now := time.Now().UTC()
+	var s seqs
+	counted := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	mid, last := s.parked(p), s.parked(p)
+	mustHandle(t, e.c, p, counted)
+	e.first.Store(counted[0].Seq)
+	info := reader.RewindInfo{ID: events.NewID(), From: counted[0].Seq, Until: last.Seq, Requested: now}
+	if err := fixed.OnRewind(t.Context(), p, info); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, fixed, p, counted)
+	old, want := counter.Pair{Human: 6}, counter.Pair{Human: 3}
+	// Passing the first parked event moves the new generation's
+	// watermark, short of Until: still recounting.
+	if err := fixed.OnPassed(t.Context(), p, reader.PassedInfo{First: mid.Seq, Last: mid.Seq, Stored: mid.Stored}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stats(t, fixed, "acme", code); got.Totals != old || got.AsOf.Recount == nil || got.AsOf.Recount.Seq != mid.Seq {
+		t.Fatalf("past the first parked event: totals %+v as of %+v, want the old %+v and a recount at %d", got.Totals, got.AsOf, old, mid.Seq)
+	}
+	// Passing Until switches.
+	if err := fixed.OnPassed(t.Context(), p, reader.PassedInfo{First: last.Seq, Last: last.Seq, Stored: last.Stored}); err != nil {
+		t.Fatal(err)
+	}
+	got := stats(t, fixed, "acme", code)
+	if got.Totals != want || got.AsOf.Generation != 2 || got.AsOf.Recount != nil || got.AsOf.Seq != last.Seq {
+		t.Fatalf("past Until: totals %+v as of %+v, want %+v in generation 2 at %d, no recount", got.Totals, got.AsOf, want, last.Seq)
+	}
+	// Again, on this member and on another that loads the state afresh.
+	again := e.newCounter(t, nil)
+	if err := again.OnAssign(t.Context(), p, mid.Seq); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*counter.Counter{fixed, again} {
+		if err := c.OnPassed(t.Context(), p, reader.PassedInfo{First: mid.Seq, Last: last.Seq, Stored: last.Stored}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := e.store.State(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(counter.State{Read: 2, Write: 2, Replay: info.ID, WM: last.Seq}, st); d != "" {
+		t.Errorf("state after passing Until again (-want +got):\n%s", d)
+	}
+	if got := stats(t, again, "acme", code).Totals; got != want {
+		t.Errorf("totals after passing Until again: %+v, want %+v", got, want)
+	}
+	if n := metric(t, reg, "snip_clickcounter_recounts_total", map[string]string{"result": "finished"}); n != 1 {
+		t.Errorf("recounts_total{result=finished} = %v, want 1", n)
+	}
+}
+
+// The store lost writes the counter had acked, and the next thing the
+// counter hears of is parked events: moving the watermark past them would
+// skip the lost events for ever, so OnPassed asks for them again first.
+func TestPassingParkedEventsAfterTheStoreLostWritesAsksForTheLostEvents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 1
+	code := codeIn(t, p, 31)
+	now := time.Now().UTC()
+	var s seqs
+	b1 := s.events(p, click("acme", code, now))
+	b2 := s.events(p, click("acme", code, now), click("acme", code, now))
+	bad := s.parked(p)
+	e.clicks.store(b1...)
+	e.clicks.store(b2...)
+	e.clicks.store(bad)
+	mustHandle(t, e.c, p, b1)
+	e.handleAndLose(t, e.c, p, b2)
+	c := e.newCounter(t, nil) // the next owner
+	if err := c.OnAssign(t.Context(), p, bad.Seq); err != nil {
+		t.Fatal(err)
+	}
+	err := c.OnPassed(t.Context(), p, reader.PassedInfo{First: bad.Seq, Last: bad.Seq, Stored: bad.Stored})
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || re.From != b2[0].Seq {
+		t.Fatalf("OnPassed = %v, want a reader.Replay from %d", err, b2[0].Seq)
+	}
+	// The runtime hands the events again; the parked one ends the batch.
+	mustHandle(t, c, p, b2)
+	if err := c.OnPassed(t.Context(), p, reader.PassedInfo{First: bad.Seq, Last: bad.Seq, Stored: bad.Stored}); err != nil {
+		t.Fatal(err)
+	}
+	if got := stats(t, c, "acme", code); got.Totals != (counter.Pair{Human: 3}) || got.AsOf.Seq != bad.Seq {
+		t.Errorf("totals %+v as of %+v, want 3 human as of %d", got.Totals, got.AsOf, bad.Seq)
 	}
 }

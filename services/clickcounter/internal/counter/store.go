@@ -71,7 +71,8 @@ type Write struct {
 	// Expect is the state the batch was filtered against; Apply writes only
 	// if the write generation and its watermark are still these.
 	Expect State
-	// LastSeq and LastStored are the batch's last event: the new watermark.
+	// LastSeq and LastStored are the batch's last event: the new watermark
+	// (for OnPassed, a write of no events, the last event parked).
 	LastSeq    uint64
 	LastStored time.Time
 	// Counted is how many events the delta counts.
