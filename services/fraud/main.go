@@ -22,6 +22,7 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
 	"github.com/snipdev/snip/services/fraud/internal/httpapi"
+	"github.com/snipdev/snip/services/fraud/internal/kvorigin"
 	"github.com/snipdev/snip/services/fraud/internal/redisstore"
 )
 
@@ -81,7 +82,8 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 				log.Warn("the Redis replicas did not confirm a batch's statistics in time; they are on the master only", "partition", p, "err", err)
 			})
 		}
-		rd := fraud.NewReader(det, clicklog.New(js, partitions), pub, store, log, fraud.NewMetrics(reg))
+		origins := kvorigin.New(js, topology.GroupFraudDetection)
+		rd := fraud.NewReader(det, clicklog.New(js, partitions), pub, store, origins, log, fraud.NewMetrics(reg))
 		web := webserver.New(log, reg)
 		web.AddReadiness("nats", service.NATSReady(nc))
 		web.AddReadiness("redis", service.RedisReady(rdb))

@@ -120,6 +120,27 @@ func (l *Log) StoredAt(ctx context.Context, seq uint64) (time.Time, error) {
 	return m.Time, nil
 }
 
+// Next returns the sequence of partition's first event stored at or after
+// from, or 0 when CLICKS holds none: one lookup of the next message on the
+// partition's subjects. Events that fail the rule of validity count too
+// (only a lookup of each would tell): it says where the partition's events
+// begin, for a replay, which parks those again.
+func (l *Log) Next(ctx context.Context, partition int, from uint64) (uint64, error) {
+	s, err := l.stream(ctx)
+	if err != nil {
+		return 0, err
+	}
+	m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(events.PartitionFilter(partition)))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		l.forget()
+		return 0, fmt.Errorf("partition %d's next event from %d: %w", partition, from, err)
+	}
+	return m.Sequence, nil
+}
+
 // Scan reads partition's events stored at or after from, up to but not
 // including sequence until, with an ordered consumer (ephemeral, flow
 // controlled, no acks: the cheapest way to read a stretch of a stream).

@@ -76,4 +76,14 @@ func TestReadsClicksBySequenceAndScansAPartition(t *testing.T) {
 	if count, err := l.Scan(ctx, 1, time.Now().Add(time.Hour), 1<<62, func(reader.Event) {}); err != nil || count != 0 {
 		t.Fatalf("Scan of the future = %d, %v; want 0", count, err)
 	}
+
+	// Next: the partition's first event at or after a sequence, past the
+	// other partitions' events; 0 past its last.
+	for _, tc := range []struct{ from, want uint64 }{
+		{1, want[0]}, {want[0], want[0]}, {want[0] + 1, want[1]}, {want[len(want)-1] + 1, 0},
+	} {
+		if got, err := l.Next(ctx, 1, tc.from); err != nil || got != tc.want {
+			t.Fatalf("Next(1, %d) = %d, %v; want %d", tc.from, got, err, tc.want)
+		}
+	}
 }

@@ -2,14 +2,19 @@ package fraud_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/kvorigin"
+	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
 // TestEventsRedisLostAreHandedAgain: Redis loses acknowledged writes (the
@@ -85,5 +90,228 @@ func TestEventsRedisLostAreHandedAgain(t *testing.T) {
 				t.Fatalf("fraud_store_replays_total = %v, want 1", got)
 			}
 		})
+	}
+}
+
+// handleReplaying hands r partition p's events from from, in batches of
+// size, as the runtime does, and hands them again from where the handler
+// asks (reader.Replay). It returns the sequences the replays started at.
+func (w *world) handleReplaying(t *testing.T, r *fraud.Reader, p int, from uint64, size int) []uint64 {
+	t.Helper()
+	var replays []uint64
+	evs := w.events(t, p, from)
+	for len(evs) > 0 {
+		n := min(size, len(evs))
+		err := r.Handle(t.Context(), p, evs[:n])
+		var re *reader.ReplayError
+		if errors.As(err, &re) {
+			if re.From > evs[0].Seq || len(replays) == 3 {
+				t.Fatalf("replay from %d asked for a batch from %d (replays before: %v)", re.From, evs[0].Seq, replays)
+			}
+			replays = append(replays, re.From)
+			evs = w.events(t, p, re.From)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = evs[n:]
+	}
+	return replays
+}
+
+// TestStatisticsRedisLostAltogetherAreCountedAgain: Redis loses every fraud
+// key of a partition (a failover to an empty replica, a FLUSHALL, a restore
+// from an empty snapshot), so the partition's mark reads 0, as for a
+// partition never processed. curl clicked a link 8 times from 10:00 to
+// 10:07 (judged, their label counter stored), people clicked it until
+// 10:29, and after the loss curl clicks 5 more times from 10:31: 13 labels
+// in the hour, which an uninterrupted member raises bot_agent for. A
+// member taking the partition over after the loss (or restarted: a new
+// process takes it over the same way) rebuilds only the ten minutes before
+// its resume point, which hold none of curl's first 8; the same member,
+// running through the loss, finds the mark gone back. Either way the
+// record of where the partition's statistics began (kept in NATS) tells
+// the loss from a partition never processed: the events are handed again
+// from there and judged again quietly, the statistics, the alert list and
+// the counter are counted again, bot_agent is raised with the uninterrupted
+// member's ID, and nothing is published twice.
+func TestStatisticsRedisLostAltogetherAreCountedAgain(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"after_a_takeover", "same_member"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			ctx := t.Context()
+			rules := shortMemory()
+			d, _ := fraud.NewDetector(rules)
+			code := "curled"
+			p := events.Partition(code, parts)
+			ten := time.Now().Add(-3 * time.Hour).Truncate(time.Hour)
+			curl := agentClicks(ten, 8, time.Minute, code, "curl/8.5.0")
+			w.publishAged(t, d.Memory(), curl)
+			people := traffic.Burst(ten.Add(8*time.Minute), 22, time.Minute, code, "acme", "")
+			for i := range people {
+				people[i].Visitor = fmt.Sprintf("person%d", i)
+			}
+			if err := traffic.Publish(ctx, w.js, people, 64); err != nil {
+				t.Fatal(err)
+			}
+			reg := prometheus.NewRegistry()
+			r := w.reader(t, rules, fraud.NewMetrics(reg))
+			if err := r.OnAssign(ctx, p, 1); err != nil {
+				t.Fatal(err)
+			}
+			all := w.events(t, p, 1)
+			handle(t, r, p, all[:8])
+			handle(t, r, p, all[8:19])
+			handle(t, r, p, all[19:])
+			resume := all[len(all)-1].Seq + 1
+			more := agentClicks(ten.Add(31*time.Minute), 5, time.Minute, code, "curl/8.5.0")
+			if err := traffic.Publish(ctx, w.js, more, 64); err != nil {
+				t.Fatal(err)
+			}
+
+			if err := w.rdb.FlushDB(ctx).Err(); err != nil { // acked, and all lost
+				t.Fatal(err)
+			}
+			if how == "after_a_takeover" {
+				r.OnRevoke(p)
+				reg = prometheus.NewRegistry()
+				r = w.reader(t, rules, fraud.NewMetrics(reg))
+				if err := r.OnAssign(ctx, p, resume); err != nil {
+					t.Fatal(err)
+				}
+			}
+			replays := w.handleReplaying(t, r, p, resume, 100)
+
+			want := uninterrupted(t, rules, w.events(t, p, 1))
+			if len(want) != 1 || want[0] != fraud.AlertID(fraud.RuleBotAgent, code, "curl", ten) {
+				t.Fatalf("the uninterrupted member raises %v, want one bot_agent alert", want)
+			}
+			if got := w.fraudMsgs(t, "fraud.alerts.>"); len(got) != 1 || got[want[0]] != 1 {
+				t.Fatalf("alerts on FRAUD = %v, want %v", got, want)
+			}
+			if stored, err := w.store.RecentAlerts(ctx, "acme", 10); err != nil || len(stored) != 1 || stored[0].ID != want[0] {
+				t.Fatalf("alerts in Redis = %+v, %v; want %v", stored, err, want)
+			}
+			st, err := w.store.LinkStats(ctx, code)
+			if err != nil || st.Total != 35 || st.Flagged != 13 || st.ByRule[fraud.RuleBotAgent] != 13 {
+				t.Fatalf("stats = %+v, %v; want 13 of 35 flagged by bot_agent", st, err)
+			}
+			v, _ := w.verdictLabels(t)
+			for i, c := range append(curl, more...) {
+				if v[c.ID] != 1 {
+					t.Fatalf("curl click %d: %d labels, want 1", i+1, v[c.ID])
+				}
+			}
+			if len(v) != 13 {
+				t.Fatalf("%d clicks labelled, want 13", len(v))
+			}
+			if len(replays) != 1 || replays[0] != all[0].Seq {
+				t.Fatalf("replays from %v, want one from %d (where the statistics began)", replays, all[0].Seq)
+			}
+			for name, want := range map[string]float64{
+				"fraud_store_wiped_total": 1, "fraud_store_replays_total": 1,
+				"fraud_store_unrecoverable_total": 0, "fraud_publish_duplicates_total": 0,
+			} {
+				if got := counter(t, reg, name); got != want {
+					t.Fatalf("%s = %v, want %v", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestAPartitionNeverProcessedIsNotTakenForALoss: a group that started at
+// `new` finds events of the partition in the log before its resume point
+// and no mark in Redis, as after a loss; with no record of statistics
+// applied, it is no loss. Nothing is handed again, only what follows is
+// counted, and the first batch records where the statistics begin.
+func TestAPartitionNeverProcessedIsNotTakenForALoss(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p, evs := w.hotBurst(t)
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, evs[20].Seq); err != nil {
+		t.Fatal(err)
+	}
+	if replays := w.handleReplaying(t, r, p, evs[20].Seq, 100); len(replays) != 0 {
+		t.Fatalf("replays from %v, want none", replays)
+	}
+	if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 10 {
+		t.Fatalf("stats = %+v, %v; want 10 clicks counted", st, err)
+	}
+	if got, err := kvorigin.New(w.js, topology.GroupFraudDetection).Origin(ctx, p); err != nil || got != evs[20].Seq {
+		t.Fatalf("recorded origin = %d, %v; want %d", got, err, evs[20].Seq)
+	}
+	for _, name := range []string{"fraud_store_wiped_total", "fraud_store_replays_total", "fraud_store_unrecoverable_total"} {
+		if got := counter(t, reg, name); got != 0 {
+			t.Fatalf("%s = %v, want 0", name, got)
+		}
+	}
+}
+
+// TestStatisticsLostBeyondRetentionAreReported: Redis loses every fraud key
+// of a partition after retention discarded the first events its statistics
+// held (CLICKS cut to its newest 15 events). Those cannot be counted again:
+// the member taking the partition over says so (the log line and
+// fraud_store_unrecoverable_total) and counts again what the log still
+// holds, from its first event of the partition.
+func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 35, 500*time.Millisecond, "hot", "acme", "bot")
+	if err := traffic.Publish(ctx, w.js, clicks[:30], 64); err != nil {
+		t.Fatal(err)
+	}
+	first := w.reader(t, fraud.Defaults(), nil)
+	if err := first.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	handle(t, first, p, w.events(t, p, 1))
+	first.OnRevoke(p)
+	if err := w.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := w.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = 15
+	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := traffic.Publish(ctx, w.js, clicks[30:], 64); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "clicks 1-20 discarded", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.FirstSeq == 21
+	})
+
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, 31); err != nil {
+		t.Fatal(err)
+	}
+	if replays := w.handleReplaying(t, r, p, 31, 100); len(replays) != 1 || replays[0] != 21 {
+		t.Fatalf("replays from %v, want one from 21 (the first event the log holds)", replays)
+	}
+	if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 15 {
+		t.Fatalf("stats = %+v, %v; want the 15 clicks the log holds counted", st, err)
+	}
+	for name, want := range map[string]float64{
+		"fraud_store_wiped_total": 1, "fraud_store_unrecoverable_total": 1, "fraud_store_replays_total": 1,
+	} {
+		if got := counter(t, reg, name); got != want {
+			t.Fatalf("%s = %v, want %v", name, got, want)
+		}
 	}
 }

@@ -8,19 +8,21 @@ import (
 
 // Metrics are the detector's Prometheus collectors.
 type Metrics struct {
-	judged       prometheus.Counter
-	behind       prometheus.Counter
-	alerts       *prometheus.CounterVec
-	verdicts     *prometheus.CounterVec
-	duplicates   prometheus.Counter
-	lookups      prometheus.Counter
-	notInLog     prometheus.Counter
-	storeReplays prometheus.Counter
-	rebuilds     prometheus.Histogram
-	rebuildRead  prometheus.Histogram
-	identities   *prometheus.GaugeVec
-	links        *prometheus.GaugeVec
-	evicted      *prometheus.GaugeVec
+	judged        prometheus.Counter
+	behind        prometheus.Counter
+	alerts        *prometheus.CounterVec
+	verdicts      *prometheus.CounterVec
+	duplicates    prometheus.Counter
+	lookups       prometheus.Counter
+	notInLog      prometheus.Counter
+	storeReplays  prometheus.Counter
+	wiped         prometheus.Counter
+	unrecoverable prometheus.Counter
+	rebuilds      prometheus.Histogram
+	rebuildRead   prometheus.Histogram
+	identities    *prometheus.GaugeVec
+	links         *prometheus.GaugeVec
+	evicted       *prometheus.GaugeVec
 }
 
 // NewMetrics registers the collectors on reg (nil: not registered, for tests).
@@ -50,6 +52,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		storeReplays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_store_replays_total", Help: "Times a partition's statistics in Redis were found behind what had been applied (Redis lost acknowledged writes: a failover to a replica without them, a crash that lost its last second) and the runtime was asked to hand the partition's events again from the first missing one (should stay 0).",
 		}),
+		wiped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_store_wiped_total", Help: "Times a partition's statistics were found gone from Redis altogether: no high-water mark, though the partition's statistics began at an earlier sequence, recorded in NATS (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot). The partition's events are handed again from there, as far as CLICKS holds them (should stay 0).",
+		}),
+		unrecoverable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_store_unrecoverable_total", Help: "Times statistics Redis lost altogether included events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good (should stay 0).",
+		}),
 		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 3, 10),
@@ -69,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
 	}
 	return m
 }

@@ -25,6 +25,25 @@ type ClickLog interface {
 	// Scan calls fn, in order, for each valid event of partition stored at
 	// or after from with a sequence before until, and returns how many.
 	Scan(ctx context.Context, partition int, from time.Time, until uint64, fn func(reader.Event)) (int, error)
+	// Next returns the sequence of partition's first event at or after
+	// from, or 0 when the log holds none.
+	Next(ctx context.Context, partition int, from uint64) (uint64, error)
+}
+
+// Origins records, outside the store, where each partition's statistics
+// begin: the first sequence whose judgement was applied to the store. A
+// store that loses everything of a partition (a Redis failover to an empty
+// replica, a FLUSHALL, a restore from an empty or old snapshot) holds no
+// mark, as one that never had the partition does (a group started at
+// `new`); the record, kept in NATS, tells them apart. It is written when a
+// batch is applied to a store holding nothing of the partition (about once
+// in the partition's life), never per click.
+type Origins interface {
+	// Origin returns the partition's recorded origin (0: none).
+	Origin(ctx context.Context, partition int) (uint64, error)
+	// Lower records seq as the partition's origin unless one at or before
+	// it is recorded.
+	Lower(ctx context.Context, partition int, seq uint64) error
 }
 
 // Publisher publishes alerts on FRAUD and verdict messages on
@@ -100,6 +119,7 @@ type Reader struct {
 	clicks  ClickLog
 	pub     Publisher
 	store   Store
+	origins Origins
 	log     *slog.Logger
 	metrics *Metrics
 
@@ -121,6 +141,9 @@ type partState struct {
 	// mark is the partition's high-water mark in the store as far as this
 	// state knows: what the rebuild read, then the last batch applied.
 	mark uint64
+	// origin is the partition's recorded origin (Origins) as far as this
+	// state knows: what the rebuild read, or what it recorded since.
+	origin uint64
 	// restore: the label counters are to be set from the store's before
 	// the first event after mark is judged (the stored ones are as of mark).
 	restore bool
@@ -153,12 +176,13 @@ func (ps *partState) isPending(seq uint64) bool {
 	return ok
 }
 
-// NewReader wires a detector to its log, publisher and store.
-func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, log *slog.Logger, m *Metrics) *Reader {
+// NewReader wires a detector to its log, publisher, store and the record of
+// where the store's statistics begin.
+func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, origins Origins, log *slog.Logger, m *Metrics) *Reader {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Reader{d: d, clicks: clicks, pub: pub, store: store, log: log, metrics: m, parts: map[int]*partState{}}
+	return &Reader{d: d, clicks: clicks, pub: pub, store: store, origins: origins, log: log, metrics: m, parts: map[int]*partState{}}
 }
 
 // OnAssign rebuilds the partition's state from the log before it judges
@@ -169,9 +193,12 @@ func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, log *sl
 // storing a batch and acking it), the state is fed up to the store's mark
 // instead: those events were published and stored, and are skipped when
 // they are handed again. The label counters of the alert period come from
-// the store before the first event is judged.
+// the store before the first event is judged. If the store holds nothing of
+// a partition whose statistics began before resumeSeq (Origins), it lost
+// them all: the state starts where they began, as far as the log still
+// holds them, and the events are handed again from there (see wiped).
 func (r *Reader) OnAssign(ctx context.Context, partition int, resumeSeq uint64) error {
-	ps, err := r.rebuild(ctx, partition, resumeSeq, true)
+	ps, err := r.rebuild(ctx, partition, resumeSeq, true, true)
 	if err != nil {
 		return fmt.Errorf("assign partition %d: %w", partition, err)
 	}
@@ -206,7 +233,7 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 		// what was judged and From would be skipped.
 		return nil
 	}
-	ps, err := r.rebuild(ctx, partition, info.From, false)
+	ps, err := r.rebuild(ctx, partition, info.From, false, true)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
 	}
@@ -219,12 +246,28 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 
 // rebuild returns state for a partition whose next event is resume. On a
 // takeover (not a rewind) it goes up to the store's mark where that is
-// ahead of resume.
-func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover bool) (*partState, error) {
+// ahead of resume. With checkWiped, a store that holds nothing of a
+// partition whose statistics began before resume is found (wiped).
+func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover, checkWiped bool) (*partState, error) {
 	started := time.Now()
 	mark, err := r.store.HighWater(ctx, partition)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
+	}
+	origin, err := r.origins.Origin(ctx, partition)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: %w", err)
+	}
+	if origin == 0 && mark > 0 {
+		// Statistics written before origins were recorded (an upgrade):
+		// the mark is the earliest event known to be applied.
+		if err := r.origins.Lower(ctx, partition, mark); err != nil {
+			return nil, fmt.Errorf("rebuild: %w", err)
+		}
+		origin = mark
+	}
+	if checkWiped && mark == 0 && origin > 0 && origin < resume {
+		return r.wiped(ctx, partition, origin, resume)
 	}
 	until := resume
 	if takeover && mark >= resume {
@@ -245,7 +288,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 			return nil, fmt.Errorf("rebuild: the event at the store's mark: %w", err)
 		}
 	}
-	ps := &partState{p: r.d.NewPartition(), mark: mark, restore: mark > 0, published: until - 1}
+	ps := &partState{p: r.d.NewPartition(), mark: mark, origin: origin, restore: mark > 0, published: until - 1}
 	if until > resume {
 		ps.done = until - 1
 	}
@@ -279,7 +322,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		// partition, as far as can be told: not a loss.
 		r.log.Warn("the store's mark is behind events the log holds before the resume point: the store lost applied writes",
 			"partition", partition, "mark", mark, "last_in_log", p.Last(), "resume_seq", resume)
-		lost, err := r.rebuild(ctx, partition, mark+1, true)
+		lost, err := r.rebuild(ctx, partition, mark+1, true, false)
 		if err != nil {
 			return nil, err
 		}
@@ -296,6 +339,49 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 	r.metrics.observe(partition, p.Stats())
 	r.log.Info("partition rebuilt from the log", "partition", partition, "resume_seq", resume,
 		"from", from, "until", until, "events", n, "mark", mark, "took", took.Round(time.Millisecond))
+	return ps, nil
+}
+
+// wiped returns state for a partition whose store holds nothing (no mark)
+// although its statistics began at origin, before resume: Redis lost them
+// all, and with them the alert list and the label counters of the alert
+// period, which the Memory before resume cannot rebuild. The events from
+// origin to resume were acked, so JetStream will not hand them again unless
+// asked: the state starts at the first of them the log still holds, and the
+// next Handle asks the runtime to hand the partition's events again from
+// there (reader.Replay). They are judged again and applied, so the
+// statistics, the alert list and the counters are what they were; their
+// decisions, published before, are not published again. What retention
+// took before the loss is lost for good: said, counted, and the state
+// starts at resume as on any takeover.
+func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64) (*partState, error) {
+	r.metrics.wiped.Inc()
+	from, err := r.clicks.Next(ctx, partition, origin)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: the partition's first event from %d: %w", origin, err)
+	}
+	if from >= resume {
+		from = 0 // nothing of it left in the log
+	}
+	if from != origin {
+		r.metrics.unrecoverable.Inc()
+		r.log.Error("the store lost statistics of events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good",
+			"partition", partition, "lost_from", origin, "lost_before", cmp.Or(from, resume), "resume_seq", resume)
+	}
+	if from == 0 {
+		return r.rebuild(ctx, partition, resume, true, false)
+	}
+	r.log.Warn("the store holds nothing of the partition, whose statistics began before the resume point: Redis lost them all (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot); asking for the partition's events again from the first the log holds",
+		"partition", partition, "origin", origin, "resume_seq", resume, "replay_from", from)
+	ps, err := r.rebuild(ctx, partition, from, true, false)
+	if err != nil {
+		return nil, err
+	}
+	ps.quiet = max(ps.quiet, resume-1)
+	ps.published = max(ps.published, ps.quiet)
+	if ps.replayFrom == 0 {
+		ps.replayFrom = from
+	}
 	return ps, nil
 }
 
@@ -438,6 +524,15 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 			}
 		}
 	}
+	if first := ps.pending[0].Seq; ps.mark == 0 && (ps.origin == 0 || first < ps.origin) {
+		// The store holds nothing of the partition: its statistics begin
+		// with this batch. Recorded before they are written, so a store
+		// that loses them is found (wiped).
+		if err := r.origins.Lower(ctx, partition, first); err != nil {
+			return fmt.Errorf("record where the partition's statistics begin: %w", err)
+		}
+		ps.origin = first
+	}
 	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
 	if err := r.store.Apply(ctx, partition, b); err != nil {
 		var behind *StoreBehindError
@@ -460,9 +555,16 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 // (reader.Replay); they are judged again and applied, and the decisions
 // this member or an earlier owner published (up to ps.published) are not
 // published again. first is the batch's first sequence.
+//
+// A store that lost everything of the partition (stored is 0) lost the
+// events from where its statistics began (Origins): the rebuild at the
+// batch finds them (wiped), and where the log still holds them from.
 func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, stored, first uint64) error {
 	from := min(stored+1, first)
-	next, err := r.rebuild(ctx, partition, from, true)
+	if stored == 0 && ps.origin > 0 {
+		from = first
+	}
+	next, err := r.rebuild(ctx, partition, from, true, true)
 	if err != nil {
 		return fmt.Errorf("the store's mark went back from %d to %d; rebuild at %d: %w", ps.mark, stored, from, err)
 	}

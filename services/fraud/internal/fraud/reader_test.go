@@ -19,6 +19,7 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/clicklog"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
+	"github.com/snipdev/snip/services/fraud/internal/kvorigin"
 	"github.com/snipdev/snip/services/fraud/internal/redisstore"
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
@@ -62,7 +63,7 @@ func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Rea
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fraud.NewReader(d, clicklog.New(w.js, parts), pub, w.store, slog.New(slog.DiscardHandler), m)
+	return fraud.NewReader(d, clicklog.New(w.js, parts), pub, w.store, kvorigin.New(w.js, topology.GroupFraudDetection), slog.New(slog.DiscardHandler), m)
 }
 
 // events returns partition p's events with sequence >= from, as the runtime

@@ -1,0 +1,132 @@
+// Package kvorigin records in NATS where each partition's fraud statistics
+// begin: the first CLICKS sequence whose judgement was applied to Redis. It
+// is the NATS side of fraud.Origins.
+//
+// The record is one key per partition, "<group>.origin.<partition>", in the
+// consumer groups' bucket (topology.MembersBucket), next to the group's
+// replay requests: a key the group's NATS user may already write, that no
+// Redis failure can take with it. It is written about once per partition in
+// the group's life (the first batch applied), so it costs nothing per click.
+package kvorigin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+)
+
+var _ fraud.Origins = (*Origins)(nil)
+
+// Origins reads and writes the records of one consumer group.
+type Origins struct {
+	js    jetstream.JetStream
+	group string
+
+	mu sync.Mutex
+	kv jetstream.KeyValue // looked up once, again after a failure
+}
+
+// New returns the records of group's partitions.
+func New(js jetstream.JetStream, group string) *Origins {
+	return &Origins{js: js, group: group}
+}
+
+// Key is the key of partition's record in topology.MembersBucket.
+func Key(group string, partition int) string {
+	return group + ".origin." + strconv.Itoa(partition)
+}
+
+func (o *Origins) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.kv != nil {
+		return o.kv, nil
+	}
+	kv, err := o.js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", topology.MembersBucket, err)
+	}
+	o.kv = kv
+	return kv, nil
+}
+
+func (o *Origins) forget() {
+	o.mu.Lock()
+	o.kv = nil
+	o.mu.Unlock()
+}
+
+// get returns the partition's record and its revision (0, 0: none).
+func (o *Origins) get(ctx context.Context, kv jetstream.KeyValue, partition int) (uint64, uint64, error) {
+	key := Key(o.group, partition)
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		o.forget()
+		return 0, 0, fmt.Errorf("get %s: %w", key, err)
+	}
+	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
+	if err != nil || seq == 0 {
+		return 0, 0, fmt.Errorf("get %s: malformed value %q", key, e.Value())
+	}
+	return seq, e.Revision(), nil
+}
+
+// Origin returns the first sequence of partition whose statistics were
+// applied, as recorded (0: none recorded).
+func (o *Origins) Origin(ctx context.Context, partition int) (uint64, error) {
+	kv, err := o.bucket(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("origin of partition %d: %w", partition, err)
+	}
+	seq, _, err := o.get(ctx, kv, partition)
+	if err != nil {
+		return 0, fmt.Errorf("origin of partition %d: %w", partition, err)
+	}
+	return seq, nil
+}
+
+// Lower records seq as partition's origin unless one at or before it is
+// recorded. Writers racing each other leave the lowest: each write is
+// conditional on the revision it read.
+func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
+	if seq == 0 {
+		return fmt.Errorf("origin of partition %d: sequence 0", partition)
+	}
+	kv, err := o.bucket(ctx)
+	if err != nil {
+		return fmt.Errorf("origin of partition %d: %w", partition, err)
+	}
+	key, val := Key(o.group, partition), []byte(strconv.FormatUint(seq, 10))
+	for {
+		cur, rev, err := o.get(ctx, kv, partition)
+		if err != nil {
+			return fmt.Errorf("origin of partition %d: %w", partition, err)
+		}
+		if cur != 0 && cur <= seq {
+			return nil
+		}
+		if cur == 0 {
+			_, err = kv.Create(ctx, key, val)
+		} else {
+			_, err = kv.Update(ctx, key, val, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // another writer was first: read again
+		}
+		if err != nil {
+			o.forget()
+			return fmt.Errorf("origin of partition %d: put %s: %w", partition, key, err)
+		}
+		return nil
+	}
+}
