@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -405,6 +406,102 @@ func TestReplayRaisesNoNewAlert(t *testing.T) {
 	svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsAfter)
 	if fmt.Sprint(statsAfter) != fmt.Sprint(statsBefore) {
 		t.Fatalf("flood link stats changed by the replay: %+v -> %+v", statsBefore, statsAfter)
+	}
+}
+
+// TestARedisThatLostEverythingIsCountedAgainAfterARestart: the service
+// judged the generated mix and stops; Redis loses everything (FLUSHDB) and
+// the service starts again. Every partition's mark reads 0, as for a group
+// never started; the origins recorded in NATS say the statistics began at
+// each partition's first event. At each partition's next click the runtime
+// hands the partition's events again from there: every link's statistics
+// and every owner's alert list are what they were before the loss, and
+// nothing is published again.
+func TestARedisThatLostEverythingIsCountedAgainAfterARestart(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	rdb, db := servers.Redis.NewDB(t)
+	svc := start(t, n, db, "m1")
+	clicks := traffic.Generate(traffic.Spec{Seed: 11, Start: time.Now().Add(-10 * time.Minute), Duration: 6 * time.Minute, HumanRate: 5, Links: 40, Owners: 3, Inject: true})
+	if err := traffic.Publish(t.Context(), js, clicks, 512); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 3*time.Minute, "the group to catch up", func() bool { return caughtUp(t, js) })
+	owner := map[string]string{}
+	for _, c := range clicks {
+		owner[c.Code] = c.Owner
+	}
+	// What the owners see: every link's statistics, every owner's alerts.
+	seen := func(svc *instance) (map[string]fraud.LinkStats, map[string][]string) {
+		stats := map[string]fraud.LinkStats{}
+		for code, o := range owner {
+			var st fraud.LinkStats
+			if c := svc.get(t, "/api/links/"+code+"/fraud", ownerKeys[o], &st); c != http.StatusOK {
+				t.Fatalf("GET stats of %s: %d", code, c)
+			}
+			stats[code] = st
+		}
+		alerts := map[string][]string{}
+		for o, key := range ownerKeys {
+			var resp struct{ Alerts []events.FraudAlert }
+			if c := svc.get(t, "/api/alerts?limit=1000", key, &resp); c != http.StatusOK {
+				t.Fatalf("GET /api/alerts as %s: %d", o, c)
+			}
+			for _, a := range resp.Alerts {
+				alerts[o] = append(alerts[o], a.ID)
+			}
+		}
+		return stats, alerts
+	}
+	statsBefore, alertsBefore := seen(svc)
+	fraudBefore := fraudIDs(t, js, "fraud.alerts.>")
+	if len(fraudBefore) == 0 {
+		t.Fatal("no alerts raised")
+	}
+	svc.stop(t)
+
+	if err := rdb.FlushDB(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	svc = start(t, n, db, "m2")
+	// A click on a link of each partition: each partition's next batch.
+	wake := map[int]string{}
+	for i := 0; len(wake) < partitions; i++ {
+		code := "wake" + strconv.Itoa(i)
+		if _, ok := wake[events.Partition(code, partitions)]; !ok {
+			wake[events.Partition(code, partitions)] = code
+		}
+	}
+	for _, code := range wake {
+		if err := traffic.Publish(t.Context(), js, traffic.Burst(time.Now(), 1, 0, code, "acme", "late"), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 3*time.Minute, "each partition's next click judged and stored", func() bool {
+		for _, code := range wake {
+			if svc.get(t, "/api/links/"+code+"/fraud", ownerKeys["acme"], nil) != http.StatusOK {
+				return false
+			}
+		}
+		return caughtUp(t, js)
+	})
+	statsAfter, alertsAfter := seen(svc)
+	if d := cmp.Diff(statsBefore, statsAfter); d != "" {
+		t.Errorf("links' statistics after the loss (-before +after):\n%s", d)
+	}
+	if d := cmp.Diff(alertsBefore, alertsAfter); d != "" {
+		t.Errorf("owners' alerts after the loss (-before +after):\n%s", d)
+	}
+	if d := cmp.Diff(fraudBefore, fraudIDs(t, js, "fraud.alerts.>")); d != "" {
+		t.Errorf("alerts on FRAUD after the loss (-before +after):\n%s", d)
+	}
+	for series, want := range map[string]float64{
+		"fraud_store_wiped_total": partitions, "fraud_store_unrecoverable_total": 0, "fraud_publish_duplicates_total": 0,
+	} {
+		if got := svc.metric(t, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
 	}
 }
 
