@@ -38,8 +38,8 @@ func New(js jetstream.JetStream, group string) *Origins {
 	return &Origins{js: js, group: group}
 }
 
-// Key is the key of partition's record in topology.MembersBucket.
-func Key(group string, partition int) string {
+// recordKey is the key of partition's record in topology.MembersBucket.
+func recordKey(group string, partition int) string {
 	return group + ".origin." + strconv.Itoa(partition)
 }
 
@@ -65,7 +65,7 @@ func (o *Origins) forget() {
 
 // get returns the partition's record and its revision (0, 0: none).
 func (o *Origins) get(ctx context.Context, kv jetstream.KeyValue, partition int) (uint64, uint64, error) {
-	key := Key(o.group, partition)
+	key := recordKey(o.group, partition)
 	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, 0, nil
@@ -106,7 +106,7 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 	if err != nil {
 		return fmt.Errorf("origin of partition %d: %w", partition, err)
 	}
-	key, val := Key(o.group, partition), []byte(strconv.FormatUint(seq, 10))
+	key, val := recordKey(o.group, partition), []byte(strconv.FormatUint(seq, 10))
 	for {
 		cur, rev, err := o.get(ctx, kv, partition)
 		if err != nil {
