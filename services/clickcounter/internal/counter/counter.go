@@ -252,6 +252,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Count generation per partition this member owns: role=read (served by the stats API) and role=write (being counted into; higher than read during a recount).",
 		}, []string{"partition", "role"}),
 	}
+	// Exported at 0 from the start, so that the first loss is an increase
+	// an alert sees (a series that appears already at N has none).
+	m.missed.WithLabelValues("read")
 	if reg != nil {
 		for _, col := range []prometheus.Collector{m.counted, m.duplicates, m.retries, m.corrections, m.recounts, m.missed, m.replicaShort, m.linkEvents, m.writeTime, m.generation} {
 			if err := reg.Register(col); err != nil {
