@@ -16,6 +16,10 @@ const (
 	LinksStream = "LINKS"
 	// PreviewJobsStream is the work queue of preview fetches.
 	PreviewJobsStream = "PREVIEW_JOBS"
+	// PreviewAdvisoriesStream keeps the server's MAX_DELIVERIES advisories
+	// about PREVIEW_JOBS until a preview instance has parked the job each
+	// one names: the server announces such a job once, on core NATS.
+	PreviewAdvisoriesStream = "PREVIEW_ADVISORIES"
 	// DeadLetterStream holds what could not be processed: preview jobs that
 	// ran out of tries and log events a reader parked.
 	DeadLetterStream = "DEAD_LETTER"
@@ -35,6 +39,10 @@ const (
 	LinksSubjects = "links.*.*"
 	// PreviewJobSubject is the one subject of the preview work queue.
 	PreviewJobSubject = "jobs.preview"
+	// PreviewAdvisorySubjects is what PREVIEW_ADVISORIES captures: the
+	// MAX_DELIVERIES advisories of every consumer of PREVIEW_JOBS
+	// (MaxDeliveriesAdvisorySubject).
+	PreviewAdvisorySubjects = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + PreviewJobsStream + ".>"
 	// DeadLetterSubjects is what DEAD_LETTER listens on: dead.<source>.<reason>.
 	DeadLetterSubjects = "dead.*.*"
 	// FraudAlertSubjects is where alerts go: fraud.alerts.<code>.
@@ -128,6 +136,13 @@ func LinkSubject(kind LinkEventKind, code string) string {
 // for example dead.preview.max_deliveries or dead.click-counter.malformed.
 func DeadLetterSubject(source, reason string) string {
 	return "dead." + source + "." + reason
+}
+
+// MaxDeliveriesAdvisorySubject is where the server announces, in the
+// account of the stream, that a message of stream's consumer ran out of
+// deliveries (io.nats.jetstream.advisory.v1.max_deliver).
+func MaxDeliveriesAdvisorySubject(stream, consumer string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
 }
 
 // FraudAlertSubject is the subject of an alert about one link.

@@ -60,6 +60,7 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 	}
 	consumers := map[string]string{
 		topology.PreviewConsumer:              events.PreviewJobsStream,
+		topology.PreviewRescueConsumer:        events.PreviewAdvisoriesStream,
 		topology.ClickCounterLinksConsumer:    events.LinksStream,
 		topology.ClickCounterVerdictsConsumer: events.FraudVerdictsStream,
 		topology.WebhooksAlertsConsumer:       events.FraudStream,

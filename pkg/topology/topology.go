@@ -64,6 +64,10 @@ const (
 const (
 	// PreviewConsumer is the one durable consumer all preview workers share.
 	PreviewConsumer = "preview-workers"
+	// PreviewRescueConsumer is the one durable consumer on
+	// PREVIEW_ADVISORIES all preview instances share: each advisory goes to
+	// one of them, which parks the job it names.
+	PreviewRescueConsumer = "preview-rescuers"
 	// MembersBucket is the KV bucket where consumer-group members keep their
 	// heartbeat leases.
 	MembersBucket = "snip_members"
@@ -83,6 +87,28 @@ var PreviewBackOff = []time.Duration{1 * time.Second, 2 * time.Second, 4 * time.
 
 // PreviewMaxDeliver is the number of tries a preview job gets.
 const PreviewMaxDeliver = 5
+
+// PreviewJobsMaxAge is how long PREVIEW_JOBS keeps a job nobody acked.
+const PreviewJobsMaxAge = 7 * 24 * time.Hour
+
+// PREVIEW_ADVISORIES limits. An advisory is a few hundred bytes of JSON and
+// is deleted once its job is parked; one waits only while no preview
+// instance runs, or while its rescue fails (DEAD_LETTER away). It is kept as long as the job it names can be in PREVIEW_JOBS
+// (PreviewJobsMaxAge): a week with every instance down is ridden out. The
+// count and byte caps bound the stream whatever happens (100,000 jobs that
+// crashed their worker on the last try are a fault to fix, not a load):
+// the oldest advisories go first, and their jobs stay in PREVIEW_JOBS until
+// MaxAge, as every job did before the advisories were kept.
+const (
+	PreviewAdvisoriesMaxMsgs  = 100_000
+	PreviewAdvisoriesMaxBytes = 64 << 20
+)
+
+// PreviewRescueAckWait is how long a preview instance may hold an advisory
+// without a word before the server hands it to another. The rescuer says
+// "in progress" three times per AckWait while it parks the job (bounded by
+// twice the queue's operation timeout, 5s by default).
+const PreviewRescueAckWait = 30 * time.Second
 
 // ErrPartitionsChanged is returned by Apply when CLICKS exists with a different
 // number of partitions than asked for.
@@ -186,11 +212,31 @@ func Streams(o Options) []jetstream.StreamConfig {
 			Discard:    jetstream.DiscardNew,
 			MaxMsgs:    1_000_000,
 			MaxBytes:   -1,
-			MaxAge:     7 * 24 * time.Hour,
+			MaxAge:     PreviewJobsMaxAge,
 			Duplicates: DefaultClicksDuplicates,
 			Storage:    o.Storage,
 			Replicas:   o.Replicas,
 			MaxMsgSize: 16 << 10,
+		},
+		{
+			// The server announces a job that ran out of deliveries without
+			// a worker's decision once, on core NATS, in the account of
+			// PREVIEW_JOBS. This stream, in the same account, keeps each
+			// announcement until a preview instance has parked the job
+			// (decision 0052): none is lost to an instance that stopped, or
+			// to no instance listening.
+			Name:        events.PreviewAdvisoriesStream,
+			Description: "MAX_DELIVERIES advisories of PREVIEW_JOBS; one is removed when a preview instance has parked its job",
+			Subjects:    []string{events.PreviewAdvisorySubjects},
+			Retention:   jetstream.WorkQueuePolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      PreviewJobsMaxAge,
+			MaxMsgs:     PreviewAdvisoriesMaxMsgs,
+			MaxBytes:    PreviewAdvisoriesMaxBytes,
+			Duplicates:  DefaultClicksDuplicates,
+			Storage:     o.Storage,
+			Replicas:    o.Replicas,
+			MaxMsgSize:  16 << 10,
 		},
 		{
 			Name:        events.DeadLetterStream,
@@ -266,6 +312,29 @@ func PreviewConsumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
+// PreviewRescueConsumerConfig is the durable consumer the preview instances
+// share on PREVIEW_ADVISORIES: competing rescuers, as the workers compete
+// for jobs. It reads only the advisories of the workers' consumer. An
+// advisory is acked once its job is parked and deleted from PREVIEW_JOBS
+// (or found gone); a failed rescue is NAKed with the queue's backoff and
+// tried again, without limit: MaxDeliver unlimited, since giving up would
+// strand the job, and a rescue that can never succeed ends when its job
+// leaves PREVIEW_JOBS at MaxAge (then the rescue finds it gone) or the
+// advisory does. MaxAckPending unlimited, as on the workers' consumer: the
+// advisories waiting out a retry delay must not stop the others.
+func PreviewRescueConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       PreviewRescueConsumer,
+		Description:   "Preview instances park the jobs these advisories name on DEAD_LETTER",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       PreviewRescueAckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: -1,
+		FilterSubject: events.MaxDeliveriesAdvisorySubject(events.PreviewJobsStream, PreviewConsumer),
+	}
+}
+
 // MembersBucketConfig is the KV bucket of consumer-group member leases. Each
 // member writes its key with a per-key TTL and refreshes it; when a member
 // dies its key expires and the server leaves a delete marker that the other
@@ -281,8 +350,9 @@ func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
-// Apply creates or updates every stream, the preview consumer and the members
-// bucket. It is safe to call from many processes at once and at every start.
+// Apply creates or updates every stream, the preview consumers (the
+// workers' and the rescuers') and the members bucket. It is safe to call
+// from many processes at once and at every start.
 func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := o.validate(); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
@@ -293,6 +363,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		}
 	}
 	if err := applyConsumer(ctx, js, events.PreviewJobsStream, PreviewConsumerConfig()); err != nil {
+		return fmt.Errorf("apply topology: %w", err)
+	}
+	if err := applyConsumer(ctx, js, events.PreviewAdvisoriesStream, PreviewRescueConsumerConfig()); err != nil {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	if err := ApplyClickCounter(ctx, js); err != nil {

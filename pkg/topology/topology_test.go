@@ -128,6 +128,43 @@ func TestPreviewConsumerRetryPolicy(t *testing.T) {
 	}
 }
 
+// The MAX_DELIVERIES advisories of the workers' consumer are kept on
+// PREVIEW_ADVISORIES, a bounded work queue, for one shared rescuers'
+// consumer that retries without a limit.
+func TestPreviewAdvisoriesAreKeptForTheRescuers(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, events.PreviewAdvisoriesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	if sc.Retention != jetstream.WorkQueuePolicy || sc.MaxAge != topology.PreviewJobsMaxAge || sc.MaxMsgs <= 0 || sc.MaxBytes <= 0 ||
+		len(sc.Subjects) != 1 || sc.Subjects[0] != events.PreviewAdvisorySubjects {
+		t.Fatalf("%s = %+v; want a work queue on %s kept as long as a job, with a count and a byte cap", events.PreviewAdvisoriesStream, sc, events.PreviewAdvisorySubjects)
+	}
+	c, err := js.Consumer(ctx, events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.CachedInfo().Config
+	if want := events.MaxDeliveriesAdvisorySubject(events.PreviewJobsStream, topology.PreviewConsumer); cc.FilterSubject != want ||
+		cc.AckPolicy != jetstream.AckExplicitPolicy || cc.MaxDeliver != -1 || cc.MaxAckPending != -1 {
+		t.Fatalf("rescuers' consumer = %+v; want explicit acks, unlimited deliveries and ack pending, filtered to %s", cc, want)
+	}
+	// An advisory published in the account lands there for the rescuers.
+	if _, err := js.Conn().Request(events.MaxDeliveriesAdvisorySubject(events.PreviewJobsStream, topology.PreviewConsumer), []byte(`{"stream_seq":1}`), 5*time.Second); err != nil {
+		t.Fatalf("advisory not stored: %v", err)
+	}
+	if !topology.ConsumerUpToDate(cc, topology.PreviewRescueConsumerConfig()) {
+		t.Fatal("the rescuers' consumer is reported out of date right after Apply: Apply would update it every time")
+	}
+}
+
 // A second Apply with nothing to change must not update any stream: services
 // whose NATS user may only read stream info rely on it.
 func TestApplyTwiceUpdatesNothing(t *testing.T) {

@@ -26,9 +26,10 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	for _, s := range topology.Streams(o) {
-		fmt.Fprintf(env.Stdout, "stream %-13s ok\n", s.Name)
+		fmt.Fprintf(env.Stdout, "stream %-18s ok\n", s.Name)
 	}
-	fmt.Fprintf(env.Stdout, "consumer %s ok\nbucket %s ok\n", topology.PreviewConsumer, topology.MembersBucket)
+	fmt.Fprintf(env.Stdout, "consumer %s ok\nconsumer %s ok\nbucket %s ok\n",
+		topology.PreviewConsumer, topology.PreviewRescueConsumer, topology.MembersBucket)
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -39,8 +40,10 @@ func TestTopologyApply(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
 	environ := []string{"NATS_URL=" + n.URL, "SNIP_PARTITIONS=6"}
+	var out string
 	for range 2 { // idempotent
-		if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		var err error
+		if out, err = snipctl(t, environ, "topology", "apply"); err != nil {
 			t.Fatalf("topology apply: %v\n%s", err, out)
 		}
 	}
@@ -51,6 +54,14 @@ func TestTopologyApply(t *testing.T) {
 	}
 	if _, err := js.Stream(t.Context(), events.DeadLetterStream); err != nil {
 		t.Fatalf("DEAD_LETTER: %v", err)
+	}
+	if _, err := js.Consumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer); err != nil {
+		t.Fatalf("%s > %s: %v", events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer, err)
+	}
+	for _, want := range []string{"stream " + events.PreviewAdvisoriesStream + " ok", "consumer " + topology.PreviewRescueConsumer + " ok"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("topology apply says\n%s\nwithout %q", out, want)
+		}
 	}
 }
 

@@ -117,7 +117,7 @@ func New(js jetstream.JetStream, th Thresholds) *View { return &View{js: js, th:
 
 // otherStreams are the streams whose durable consumers the panel lists
 // besides the groups (CLICKS durables outside a group are listed too).
-var otherStreams = []string{events.ClicksStream, events.PreviewJobsStream, events.LinksStream, events.FraudStream, events.FraudVerdictsStream, events.DeadLetterStream}
+var otherStreams = []string{events.ClicksStream, events.PreviewJobsStream, events.PreviewAdvisoriesStream, events.LinksStream, events.FraudStream, events.FraudVerdictsStream, events.DeadLetterStream}
 
 // Snapshot reads every group and consumer now.
 func (v *View) Snapshot(ctx context.Context) (Snapshot, error) {

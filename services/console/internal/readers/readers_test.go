@@ -98,6 +98,7 @@ func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
 	}
 	want := map[string]uint64{
 		events.PreviewJobsStream + "/" + topology.PreviewConsumer:                1,
+		events.PreviewAdvisoriesStream + "/" + topology.PreviewRescueConsumer:    0,
 		events.LinksStream + "/" + topology.ClickCounterLinksConsumer:            0,
 		events.FraudVerdictsStream + "/" + topology.ClickCounterVerdictsConsumer: 0,
 		events.FraudStream + "/" + topology.WebhooksAlertsConsumer:               0,
