@@ -280,11 +280,11 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "preview", PasswordVar: "SNIP_NATS_PREVIEW_PASSWORD",
-			Why: "competing workers on PREVIEW_JOBS; park dead jobs (copy by sequence, then delete); requeue a last try handed back at shutdown",
+			Why: "competing workers on PREVIEW_JOBS; park dead jobs (copy by sequence, then delete), those that ran out of deliveries from their advisories on PREVIEW_ADVISORIES; requeue a last try handed back at shutdown",
 			Grants: grants(jsBasics, reads(events.PreviewJobsStream, topology.PreviewConsumer),
+				reads(events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer),
 				Grant{
 					Pub: []string{"$JS.API.STREAM.MSG.GET.PREVIEW_JOBS", "$JS.API.STREAM.MSG.DELETE.PREVIEW_JOBS", "dead.preview.>", events.PreviewJobSubject},
-					Sub: []string{"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PREVIEW_JOBS." + topology.PreviewConsumer},
 				}),
 		},
 		{

@@ -324,9 +324,6 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 
 	t.Run("preview", func(t *testing.T) {
 		c := connectAs(t, url, "preview")
-		if _, err := c.nc.Subscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.PREVIEW_JOBS."+topology.PreviewConsumer, func(*nats.Msg) {}); err != nil {
-			t.Fatal(err)
-		}
 		cons, err := c.js.Consumer(ctx, events.PreviewJobsStream, topology.PreviewConsumer)
 		if err != nil {
 			t.Fatal(err)
@@ -346,6 +343,27 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 		}
 		if err := s.DeleteMsg(ctx, md.Sequence.Stream); err != nil {
 			t.Fatalf("delete the parked job: %v", err)
+		}
+		// The rescuers take the MAX_DELIVERIES advisories PREVIEW_ADVISORIES
+		// keeps (one published by admin stands in for the server's), put
+		// one off or ack it.
+		adv := events.MaxDeliveriesAdvisorySubject(events.PreviewJobsStream, topology.PreviewConsumer)
+		if _, err := admin.js.Publish(ctx, adv, []byte(`{"stream":"PREVIEW_JOBS","stream_seq":1,"deliveries":5}`)); err != nil {
+			t.Fatalf("admin: publish an advisory: %v", err)
+		}
+		rc, err := c.js.Consumer(ctx, events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := fetchAll(t, rc, 1)[0]
+		if err := m.InProgress(); err != nil {
+			t.Fatalf("advisory in progress: %v", err)
+		}
+		if err := m.NakWithDelay(10 * time.Millisecond); err != nil {
+			t.Fatalf("put an advisory off: %v", err)
+		}
+		if err := fetchAll(t, rc, 1)[0].DoubleAck(ctx); err != nil {
+			t.Fatalf("ack an advisory: %v", err)
 		}
 		c.noViolations(t, "preview")
 		_ = c.nc.Publish("clicks.acme.forged", nil)

@@ -53,6 +53,8 @@ func Example() {
 	}
 	q := workqueue.New(js, workqueue.Config{
 		Stream: events.PreviewJobsStream, Consumer: topology.PreviewConsumer, Source: "preview",
+		// Jobs whose worker crashed on the last try: their advisories, kept.
+		Advisories: events.PreviewAdvisoriesStream, Rescuer: topology.PreviewRescueConsumer,
 		Concurrency: 2,
 		Backoff:     workqueue.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
 		PullWait:    100 * time.Millisecond, ShutdownTimeout: 5 * time.Second,

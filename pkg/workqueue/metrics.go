@@ -10,6 +10,8 @@ type metrics struct {
 	inFlight   prometheus.Gauge
 	duration   prometheus.Histogram
 	parkErrors prometheus.Counter
+	// rescueRetries counts advisories whose rescue failed and was put off.
+	rescueRetries prometheus.Counter
 }
 
 func newMetrics(source string, reg prometheus.Registerer) *metrics {
@@ -44,9 +46,13 @@ func newMetrics(source string, reg prometheus.Registerer) *metrics {
 			Namespace: ns, Name: "dead_letter_errors_total",
 			Help: "Failed publishes to DEAD_LETTER (the job is kept and retried).",
 		}),
+		rescueRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "rescue_retries_total",
+			Help: "Rescues of a job that ran out of deliveries that failed and were put off (its advisory is kept and retried with backoff).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors)
+		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors, m.rescueRetries)
 	}
 	return m
 }

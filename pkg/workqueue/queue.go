@@ -16,12 +16,16 @@
 // one decision (decide): nil acks; a retryable failure is retried with
 // exponential backoff and jitter through NakWithDelay; a permanent failure,
 // or a retryable one on the last allowed delivery, is parked on DEAD_LETTER
-// (package deadletter: reason, attempts and last error) and then terminated. Deliveries that never reached a decision (a worker
-// that crashed on the last try) are parked by a rescuer that listens to the
-// server's MAX_DELIVERIES advisory. Both paths park a job under the same
+// (package deadletter: reason, attempts and last error) and then
+// terminated. Deliveries that never reached a decision (a worker that
+// crashed on the last try) are parked by a rescuer: the server's
+// MAX_DELIVERIES advisory, captured by a stream (Config.Advisories), names
+// the job, and the processes share a durable consumer on that stream, so an
+// advisory waits there until one of them has parked its job, whichever ran
+// or stopped when it was published. Both paths park a job under the same
 // Nats-Msg-Id, so the job is parked once. Neither gives up on a park that
 // DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
-// retries, and the rescuer retries an advisory's park until it succeeds.
+// retries, and the rescuer NAKs the advisory with backoff and gets it again.
 //
 // Run stops gracefully: it stops pulling, lets the jobs in hand (and any the
 // last pull still brings) finish within the shutdown timeout, and hands back
@@ -37,6 +41,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,6 +71,13 @@ type Config struct {
 	// consumer, which must exist (the topology creates them).
 	Stream   string
 	Consumer string
+	// Advisories and Rescuer name the stream that captures the server's
+	// MAX_DELIVERIES advisories of Consumer and the durable consumer on it
+	// that the processes share to park the jobs they name (the topology
+	// creates them). Empty Advisories runs no rescuer: a job whose worker
+	// crashed on its last try then stays in the queue until its MaxAge.
+	Advisories string
+	Rescuer    string
 	// Source is the dead letters' source token (dead.<source>.<reason>) and
 	// the metrics' prefix (snip_<source>_...).
 	Source string
@@ -101,6 +113,9 @@ type Queue struct {
 	log    *slog.Logger
 	m      *metrics
 
+	rescuing  atomic.Bool
+	rescueErr atomic.Pointer[error] // the rescuer's last error, for logs and /readyz
+
 	// slots holds a token per job in hand (or asked for); Run's shutdown
 	// fills it to know that every job has been settled.
 	slots     chan struct{}
@@ -133,13 +148,21 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 	}
 }
 
-// Ready reports whether the queue is pulling jobs (for /readyz).
+// Ready reports whether the queue is pulling jobs and, with Advisories
+// set, reading the advisories of jobs that ran out of deliveries (for
+// /readyz).
 func (q *Queue) Ready(context.Context) error {
 	if !q.consuming.Load() {
 		if err := q.lastErr.Load(); err != nil {
 			return fmt.Errorf("not pulling jobs: %w", *err)
 		}
 		return errors.New("not pulling jobs yet")
+	}
+	if q.cfg.Advisories != "" && !q.rescuing.Load() {
+		if err := q.rescueErr.Load(); err != nil {
+			return fmt.Errorf("not reading max-deliveries advisories: %w", *err)
+		}
+		return errors.New("not reading max-deliveries advisories yet")
 	}
 	return nil
 }
@@ -343,10 +366,11 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			perr error
 		)
 		if pol.lastTry(meta.NumDelivered) {
-			// A NAK now would make the server give up on the job and
-			// announce it once; a rescuer that meets the same outage could
-			// only keep retrying in memory. Keep the job in hand instead and
-			// retry the park until it succeeds or the worker must stop.
+			// A NAK now would make the server give up on the job, and the
+			// rescuer would park it only once a pull made the server notice
+			// (and with the worker's reason and error lost). Keep the job in
+			// hand instead and retry the park until it succeeds or the
+			// worker must stop.
 			dup, perr = q.parkHolding(jobs, m, meta, pol, p, log)
 		} else {
 			dup, perr = q.park(ctx, p)
@@ -462,6 +486,7 @@ func (q *Queue) waitIdle(deadline <-chan time.Time) bool {
 // advisory is the part of the server's MAX_DELIVERIES advisory
 // (io.nats.jetstream.advisory.v1.max_deliver) the rescuer needs.
 type advisory struct {
+	Stream     string `json:"stream"`
 	StreamSeq  uint64 `json:"stream_seq"`
 	Deliveries uint64 `json:"deliveries"`
 }
@@ -469,105 +494,141 @@ type advisory struct {
 // AdvisorySubject is where the server announces that a message of
 // stream's consumer ran out of deliveries.
 func AdvisorySubject(stream, consumer string) string {
-	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
+	return events.MaxDeliveriesAdvisorySubject(stream, consumer)
 }
 
 // startRescue starts the rescuer, which parks jobs that ran out of
-// deliveries without a worker's decision, until ctx ends.
+// deliveries without a worker's decision, and the dead-letter backlog
+// gauge (refreshed every BacklogInterval), until ctx ends. The returned
+// wait blocks until both stopped, after ctx ended.
 //
 // The server notices that a job ran out of deliveries when it would deliver
 // it again, which it does only to a waiting pull, and then announces it on
-// the MAX_DELIVERIES advisory subject (core NATS: at most once, to whoever
-// listens then). Every process subscribes before it pulls, on one
-// connection, so the process whose pull made the server notice is
-// listening. The subscription is a queue group: one process parks the job.
-//
-// It subscribes before it returns; the returned wait blocks until the
-// rescuer stopped, after ctx ended. It also refreshes the dead-letter
-// backlog gauge every BacklogInterval.
+// the MAX_DELIVERIES advisory subject: core NATS, once. The Advisories
+// stream captures the announcement (the topology declares it in the account
+// of the queue's stream, where the server publishes it), so it waits there
+// for a rescuer however many processes run then, or none. Every process
+// pulls from the one durable consumer Rescuer on it: each advisory goes to
+// one process, which acks it once the job is parked and deleted from the
+// queue, or found gone, and NAKs it with the retry backoff otherwise. A
+// process that stops holding one leaves it to the server, which hands it to
+// another after the consumer's AckWait.
 func (q *Queue) startRescue(ctx context.Context) (wait func()) {
-	advisories := make(chan advisory, 256)
-	sub, err := q.nc.QueueSubscribe(AdvisorySubject(q.cfg.Stream, q.cfg.Consumer), "snip-"+q.cfg.Consumer+"-rescue", func(msg *nats.Msg) {
-		var a advisory
-		if err := json.Unmarshal(msg.Data, &a); err != nil || a.StreamSeq == 0 {
-			q.log.Warn("unreadable max-deliveries advisory", "data", string(msg.Data))
-			return
-		}
-		select {
-		case advisories <- a:
-		default:
-			q.log.Error("max-deliveries advisory dropped: rescuer backlog full", "seq", a.StreamSeq)
-		}
-	})
-	if err != nil {
-		q.log.Error("subscribe to max-deliveries advisories: jobs whose worker crashed on the last try stay in the queue", "err", err)
-	}
-	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
 	go func() {
-		defer close(done)
-		if sub != nil {
-			defer func() { _ = sub.Unsubscribe() }()
-		}
+		defer wg.Done()
 		t := time.NewTicker(q.cfg.BacklogInterval)
 		defer t.Stop()
-		q.measureBacklog(ctx)
-		// Advisories whose park failed wait here for their next try: the
-		// server announces a job once, so dropping one would leave the job
-		// in the queue, never delivered again. Only the advisories not yet
-		// handled are held.
-		var failed []rescue
-		var retry <-chan time.Time
 		for {
+			q.measureBacklog(ctx)
 			select {
 			case <-ctx.Done():
-				if len(failed) > 0 {
-					q.log.Error("rescuer stopped with jobs not parked; they stay in the queue", "jobs", len(failed))
-				}
 				return
-			case a := <-advisories:
-				if err := q.rescueSeq(ctx, a.StreamSeq, a.Deliveries); err != nil {
-					r := rescue{a: a, tries: 1}
-					r.next = time.Now().Add(q.cfg.Backoff.Delay(r.tries, 0, rand.Float64()))
-					failed = append(failed, r)
-				}
-			case <-retry:
-				now, kept := time.Now(), failed[:0]
-				for _, r := range failed {
-					if now.Before(r.next) || ctx.Err() != nil {
-						kept = append(kept, r)
-						continue
-					}
-					if err := q.rescueSeq(ctx, r.a.StreamSeq, r.a.Deliveries); err != nil {
-						r.tries++
-						r.next = now.Add(q.cfg.Backoff.Delay(r.tries, 0, rand.Float64()))
-						kept = append(kept, r)
-					}
-				}
-				clear(failed[len(kept):])
-				failed = kept
 			case <-t.C:
-				q.measureBacklog(ctx)
-			}
-			retry = nil
-			if len(failed) > 0 {
-				next := failed[0].next
-				for _, r := range failed[1:] {
-					if r.next.Before(next) {
-						next = r.next
-					}
-				}
-				retry = time.After(time.Until(next))
 			}
 		}
 	}()
-	return func() { <-done }
+	go func() {
+		defer wg.Done()
+		if q.cfg.Advisories == "" {
+			q.log.Warn("no advisory stream configured: jobs whose worker crashed on the last try stay in the queue")
+			return
+		}
+		wait := 250 * time.Millisecond
+		for {
+			err := q.rescue(ctx)
+			q.rescuing.Store(false)
+			if ctx.Err() != nil {
+				return
+			}
+			q.rescueErr.Store(&err)
+			q.log.Warn("not reading max-deliveries advisories; retrying", "err", err, "in", wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+				wait = min(wait*2, 10*time.Second)
+			}
+		}
+	}()
+	return wg.Wait
 }
 
-// rescue is an advisory whose job could not be parked yet.
-type rescue struct {
-	a     advisory
-	tries uint64
-	next  time.Time
+// rescue pulls advisories one at a time and rescues each one's job, until
+// ctx ends (nil) or the consumer cannot be used (the error). One at a
+// time: an advisory waits in no client buffer while its AckWait runs, and
+// each process takes only what it works on, so the others share the rest.
+func (q *Queue) rescue(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
+	cons, err := q.js.Consumer(lctx, q.cfg.Advisories, q.cfg.Rescuer)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Advisories, q.cfg.Rescuer, err)
+	}
+	every := cons.CachedInfo().Config.AckWait / 3
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	if !q.rescuing.Swap(true) {
+		q.log.Info("rescuing jobs that ran out of deliveries", "stream", q.cfg.Advisories, "consumer", q.cfg.Rescuer)
+	}
+	for ctx.Err() == nil {
+		if !q.nc.IsConnected() {
+			// As in pull: a request sent now would reach the server after
+			// this fetch gave up on it.
+			select {
+			case <-ctx.Done():
+			case <-time.After(q.cfg.PullWait):
+			}
+			continue
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(q.cfg.PullWait))
+		if err != nil {
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Advisories, q.cfg.Rescuer, err)
+		}
+		for m := range batch.Messages() {
+			// The rescue in hand finishes (at most 2 OpTimeouts) even if the
+			// stop began: its ack saves another process the work.
+			q.rescueAdvisory(context.WithoutCancel(ctx), m, every)
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("pull %s > %s: %w", q.cfg.Advisories, q.cfg.Rescuer, err)
+		}
+	}
+	return nil
+}
+
+// rescueAdvisory parks the job advisory m names and acks m, or NAKs m with
+// the retry backoff if the job is still in the queue.
+func (q *Queue) rescueAdvisory(ctx context.Context, m jetstream.Msg, every time.Duration) {
+	var a advisory
+	if err := json.Unmarshal(m.Data(), &a); err != nil || a.StreamSeq == 0 || (a.Stream != "" && a.Stream != q.cfg.Stream) {
+		q.log.Error("unreadable max-deliveries advisory; dropped", "subject", m.Subject(), "data", deadletter.HeaderSafe(string(m.Data())))
+		_ = m.TermWithReason("unreadable")
+		return
+	}
+	stop := keepAlive(m, every)
+	err := q.rescueSeq(ctx, a.StreamSeq, a.Deliveries)
+	stop()
+	actx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
+	defer cancel()
+	if err == nil {
+		if aerr := m.DoubleAck(actx); aerr != nil {
+			// The job is parked and gone: an advisory that comes back finds
+			// it gone and is acked then.
+			q.log.Warn("max-deliveries advisory handled; ack not confirmed", "seq", a.StreamSeq, "err", aerr)
+		}
+		return
+	}
+	tries := uint64(1)
+	if meta, merr := m.Metadata(); merr == nil {
+		tries = meta.NumDelivered
+	}
+	wait := q.cfg.Backoff.Delay(tries, 0, rand.Float64())
+	q.m.rescueRetries.Inc()
+	q.log.Warn("rescue job: not done; the advisory is kept and retried", "seq", a.StreamSeq, "try", tries, "in", wait, "err", err)
+	_ = m.NakWithDelay(wait)
 }
 
 // rescueSeq copies the job at seq to DEAD_LETTER and deletes it from the
@@ -578,16 +639,14 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 	defer cancel()
 	s, err := q.js.Stream(ctx, q.cfg.Stream)
 	if err != nil {
-		q.log.Warn("rescue job; will retry", "seq", seq, "err", err)
-		return err
+		return fmt.Errorf("look up stream %s: %w", q.cfg.Stream, err)
 	}
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}
 	if err != nil {
-		q.log.Warn("rescue job; will retry", "seq", seq, "err", err)
-		return err
+		return fmt.Errorf("read job %d: %w", seq, err)
 	}
 	p := deadletter.Parcel{
 		Source: q.cfg.Source, Reason: ReasonMaxDeliveries, Stream: q.cfg.Stream, Subject: raw.Subject, Seq: seq,
@@ -596,22 +655,21 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 	}
 	dup, err := q.park(ctx, p)
 	if err != nil {
-		q.log.Error("rescue job: park; will retry", "seq", seq, "err", err)
 		return err
+	}
+	if dup {
+		// The worker parked it and its TERM was lost, or an earlier try of
+		// this rescue parked it and did not delete it: counted then.
+		q.log.Info("job was already dead-lettered", "seq", seq, "via", "advisory")
+	} else {
+		q.log.Warn("job dead-lettered", "reason", ReasonMaxDeliveries, "seq", seq, "attempts", deliveries, "via", "advisory")
+		q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory").Inc()
 	}
 	if err := deadletter.DeleteIfPresent(ctx, s, seq); err != nil {
 		// A retry parks it again under the same Nats-Msg-Id, which
 		// DEAD_LETTER's duplicate window stores once.
-		q.log.Error("rescue job: parked, not deleted from the queue; will retry", "seq", seq, "err", err)
-		return err
+		return fmt.Errorf("parked, not deleted from %s: %w", q.cfg.Stream, err)
 	}
-	if dup {
-		// The worker parked it and its TERM was lost: parked and counted once.
-		q.log.Info("job was already dead-lettered; deleted from the queue", "seq", seq, "via", "advisory")
-		return nil
-	}
-	q.log.Warn("job dead-lettered", "reason", ReasonMaxDeliveries, "seq", seq, "attempts", deliveries, "via", "advisory")
-	q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory").Inc()
 	return nil
 }
 

@@ -25,8 +25,8 @@ import (
 // testBackOff keeps the tests quick; the keep-alive tests use longer steps.
 var testBackOff = []time.Duration{300 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 600 * time.Millisecond}
 
-// setup starts NATS with PREVIEW_JOBS, DEAD_LETTER and the preview consumer,
-// with backOff as the consumer's BackOff.
+// setup starts NATS with PREVIEW_JOBS, DEAD_LETTER, PREVIEW_ADVISORIES and
+// the preview consumers, with backOff as the workers' consumer's BackOff.
 func setup(t *testing.T, backOff []time.Duration) jetstream.JetStream {
 	t.Helper()
 	return setupOn(t, testenv.StartNATS(t), backOff, jetstream.MemoryStorage)
@@ -38,7 +38,8 @@ func setupOn(t *testing.T, n *testenv.NATS, backOff []time.Duration, storage jet
 	o := topology.Defaults()
 	o.Storage = storage
 	for _, sc := range topology.Streams(o) {
-		if sc.Name == events.PreviewJobsStream || sc.Name == events.DeadLetterStream {
+		switch sc.Name {
+		case events.PreviewJobsStream, events.DeadLetterStream, events.PreviewAdvisoriesStream:
 			if _, err := js.CreateStream(t.Context(), sc); err != nil {
 				t.Fatal(err)
 			}
@@ -49,12 +50,16 @@ func setupOn(t *testing.T, n *testenv.NATS, backOff []time.Duration, storage jet
 	if _, err := js.CreateConsumer(t.Context(), events.PreviewJobsStream, cc); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := js.CreateConsumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumerConfig()); err != nil {
+		t.Fatal(err)
+	}
 	return js
 }
 
 func testConfig(t *testing.T) Config {
 	return Config{
 		Stream: events.PreviewJobsStream, Consumer: topology.PreviewConsumer, Source: "preview",
+		Advisories: events.PreviewAdvisoriesStream, Rescuer: topology.PreviewRescueConsumer,
 		Concurrency:     4,
 		Backoff:         Backoff{Base: 20 * time.Millisecond, Max: time.Second, Jitter: 0.5, RetryAfterMax: time.Second},
 		BacklogInterval: 100 * time.Millisecond,
@@ -456,6 +461,121 @@ func TestJobWhoseWorkerCrashedIsParkedWhenAWorkerComesBack(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "backlog gauge", func() bool {
 		return testutil.ToFloat64(q.m.backlog.WithLabelValues(ReasonMaxDeliveries)) == 1
 	})
+}
+
+// The server announces a job that ran out of deliveries while no preview
+// instance runs (the instance whose pull made it notice died at once): the
+// advisory waits on PREVIEW_ADVISORIES and the next instance parks the job.
+func TestAdvisoryPublishedWhileNoInstanceRunsIsRescuedByTheNext(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	seq := publishJob(t, js, events.NewID())
+	exhaust(t, js)
+	awaitGiveUp(t, js) // the announcement: nobody else listens
+	testenv.WaitFor(t, 10*time.Second, "advisory kept", func() bool {
+		return streamMsgs(t, js, events.PreviewAdvisoriesStream) == 1
+	})
+	var calls, hooks atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return nil
+	}, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	start(t, q)
+	testenv.WaitFor(t, 10*time.Second, "job parked and deleted from the queue", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1 &&
+			streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries || l.Attempts != topology.PreviewMaxDeliver {
+		t.Fatalf("letter = %+v", l)
+	}
+	testenv.WaitFor(t, 10*time.Second, "advisory acked", func() bool {
+		return streamMsgs(t, js, events.PreviewAdvisoriesStream) == 0
+	})
+	if calls.Load() != 0 || hooks.Load() != 1 {
+		t.Fatalf("handler ran %d times, dead hook %d; want 0 (a sixth delivery) and 1", calls.Load(), hooks.Load())
+	}
+}
+
+// An instance holding an advisory whose rescue keeps failing (DEAD_LETTER
+// away) stops: the advisory is not lost with it, and the next instance
+// parks the job once DEAD_LETTER is back.
+func TestAdvisoryHeldByAStoppedInstanceIsRescuedByTheNext(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var hooks atomic.Int64
+	onDead := func(context.Context, []byte, string, string) { hooks.Add(1) }
+	first := New(js, testConfig(t), nil, onDead)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopFirst := first.startRescue(ctx)
+	seq := publishJob(t, js, events.NewID())
+	restore := deadLetterOutage(t, js)
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 20*time.Second, "the first instance failed to park twice", func() bool {
+		return testutil.ToFloat64(first.m.parkErrors) >= 2
+	})
+	cancel()
+	stopFirst()
+	restore()
+	if n := streamMsgs(t, js, events.PreviewJobsStream); n != 1 {
+		t.Fatalf("queue holds %d jobs after the first instance stopped, want 1", n)
+	}
+	next := New(js, testConfig(t), nil, onDead)
+	start(t, next)
+	testenv.WaitFor(t, 20*time.Second, "job parked by the next instance", func() bool {
+		return testutil.ToFloat64(next.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1 &&
+			streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries {
+		t.Fatalf("letter = %+v", l)
+	}
+	testenv.WaitFor(t, 10*time.Second, "advisory acked", func() bool {
+		return streamMsgs(t, js, events.PreviewAdvisoriesStream) == 0
+	})
+	if hooks.Load() != 1 {
+		t.Fatalf("dead hook ran %d times, want 1", hooks.Load())
+	}
+}
+
+// A rescue that cannot succeed (DEAD_LETTER refuses the job: too large)
+// is retried with backoff and kept, and holds up no other advisory: a job
+// that ran out of deliveries after it is parked.
+func TestARescueThatCannotSucceedHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	s, err := js.Stream(t.Context(), events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlc := s.CachedInfo().Config
+	dlc.MaxMsgSize = 1 << 10
+	if _, err := js.UpdateStream(t.Context(), dlc); err != nil {
+		t.Fatal(err)
+	}
+	big, _ := json.Marshal(map[string]any{"v": 1, "id": events.NewID(), "pad": strings.Repeat("x", 2<<10)})
+	if _, err := js.Publish(t.Context(), events.PreviewJobSubject, big); err != nil {
+		t.Fatal(err)
+	}
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	small := publishJob(t, js, events.NewID())
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "both advisories kept", func() bool {
+		return streamMsgs(t, js, events.PreviewAdvisoriesStream) == 2
+	})
+	q := New(js, testConfig(t), nil, nil)
+	start(t, q)
+	testenv.WaitFor(t, 20*time.Second, "the later job parked while the first is retried", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1 &&
+			testutil.ToFloat64(q.m.rescueRetries) >= 3
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != small {
+		t.Fatalf("letter = %+v, want job %d's", l, small)
+	}
+	if n, a := streamMsgs(t, js, events.PreviewJobsStream), streamMsgs(t, js, events.PreviewAdvisoriesStream); n != 1 || a != 1 {
+		t.Fatalf("queue holds %d jobs and %d advisories; want the refused job and its advisory, kept", n, a)
+	}
 }
 
 func TestRidesOutANATSRestart(t *testing.T) {

@@ -105,6 +105,7 @@ func (c Config) fetch() fetch.Config {
 func (c Config) queue(log *slog.Logger, reg prometheus.Registerer) workqueue.Config {
 	return workqueue.Config{
 		Stream: events.PreviewJobsStream, Consumer: topology.PreviewConsumer, Source: "preview",
+		Advisories: events.PreviewAdvisoriesStream, Rescuer: topology.PreviewRescueConsumer,
 		Concurrency: c.Concurrency,
 		Backoff: workqueue.Backoff{
 			Base: c.RetryBase, Max: c.RetryMax, Jitter: c.RetryJitter, RetryAfterMax: c.RetryAfterMax,

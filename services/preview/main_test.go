@@ -43,7 +43,7 @@ type world struct {
 	pages    *pageServer
 }
 
-// newWorld creates the queue's streams and consumer. backOff nil keeps the
+// newWorld creates the queue's streams and consumers. backOff nil keeps the
 // production consumer (BackOff 1s,2s,4s,8s); tests that wait for five
 // failed tries pass shorter steps.
 func newWorld(t testing.TB, backOff []time.Duration) *world {
@@ -53,7 +53,8 @@ func newWorld(t testing.TB, backOff []time.Duration) *world {
 	o := topology.Defaults()
 	o.Storage = jetstream.MemoryStorage
 	for _, sc := range topology.Streams(o) {
-		if sc.Name == events.PreviewJobsStream || sc.Name == events.DeadLetterStream {
+		switch sc.Name {
+		case events.PreviewJobsStream, events.DeadLetterStream, events.PreviewAdvisoriesStream:
 			if _, err := js.CreateStream(t.Context(), sc); err != nil {
 				t.Fatal(err)
 			}
@@ -64,6 +65,9 @@ func newWorld(t testing.TB, backOff []time.Duration) *world {
 		cc.BackOff, cc.AckWait = backOff, backOff[0]
 	}
 	if _, err := js.CreateConsumer(t.Context(), events.PreviewJobsStream, cc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumerConfig()); err != nil {
 		t.Fatal(err)
 	}
 	rdb, db := servers.Redis.NewDB(t)
@@ -661,6 +665,9 @@ func TestAppliesItsTopology(t *testing.T) {
 		t.Fatalf("consumer config = %+v", got)
 	}
 	if _, err := w.js.Stream(t.Context(), events.DeadLetterStream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.js.Consumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer); err != nil {
 		t.Fatal(err)
 	}
 	// A second instance configured for another partition count must refuse
