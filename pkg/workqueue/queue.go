@@ -511,8 +511,9 @@ func AdvisorySubject(stream, consumer string) string {
 // pulls from the one durable consumer Rescuer on it: each advisory goes to
 // one process, which acks it once the job is parked and deleted from the
 // queue, or found gone, and NAKs it with the retry backoff otherwise. A
-// process that stops holding one leaves it to the server, which hands it to
-// another after the consumer's AckWait.
+// process that stops finishes the rescue in hand first; one that dies
+// holding an advisory leaves it to the server, which hands it to another
+// after the consumer's AckWait.
 func (q *Queue) startRescue(ctx context.Context) (wait func()) {
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -604,7 +605,7 @@ func (q *Queue) rescue(ctx context.Context) error {
 func (q *Queue) rescueAdvisory(ctx context.Context, m jetstream.Msg, every time.Duration) {
 	var a advisory
 	if err := json.Unmarshal(m.Data(), &a); err != nil || a.StreamSeq == 0 || (a.Stream != "" && a.Stream != q.cfg.Stream) {
-		q.log.Error("unreadable max-deliveries advisory; dropped", "subject", m.Subject(), "data", deadletter.HeaderSafe(string(m.Data())))
+		q.log.Error("max-deliveries advisory unreadable or not about this queue; dropped", "subject", m.Subject(), "data", deadletter.HeaderSafe(string(m.Data())))
 		_ = m.TermWithReason("unreadable")
 		return
 	}
