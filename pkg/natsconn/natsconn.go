@@ -7,9 +7,11 @@ package natsconn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -60,6 +62,11 @@ func InboxPrefix(user string) string {
 // Connect connects as cfg says. With RetryOnFailedConnect the returned
 // connection may not be connected yet; publishes and requests fail until it is.
 func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	servers, err := parseURLs(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats: %w", err)
+	}
+	secrets := secretsOf(servers, cfg.Password)
 	opts := []nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -71,7 +78,7 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: the connection was closed on purpose
-				log.Warn("nats disconnected", "err", err)
+				log.Warn("nats disconnected", "err", hide(err, secrets))
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
@@ -82,7 +89,7 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 			if sub != nil {
 				subj = sub.Subject
 			}
-			log.Warn("nats async error", "subject", subj, "err", err)
+			log.Warn("nats async error", "subject", subj, "err", hide(err, secrets))
 		}),
 	}
 	switch {
@@ -100,32 +107,126 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 	}
 	nc, err := nats.Connect(cfg.URL, append(opts, extra...)...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", redacted(cfg.URL), err)
+		return nil, fmt.Errorf("connect to nats %s: %w", redacted(servers), hide(err, secrets))
 	}
 	return nc, nil
 }
 
-// redacted is urls (comma-separated) with each URL's password, or its
-// token (nats://token@host), shown as "xxxxx", for errors, which services
-// log; a URL that does not parse is not shown.
-func redacted(urls string) string {
+// parseURLs parses urls as nats.go does: split at commas, blanks trimmed,
+// empty entries skipped, nats:// in front of an entry without a scheme. An
+// entry that does not parse is refused by its place ("entry 2 of 3") and a
+// reason in our own words, never by its text or url.Parse's error: both
+// quote the entry, or a piece of it that may be a piece of its password (in
+// "nats://app:pa/ss@host" an unescaped '/' makes "pa" the port). nats.go's
+// own error quotes the whole entry, password included.
+func parseURLs(urls string) ([]*url.URL, error) {
 	parts := strings.Split(urls, ",")
+	var out []*url.URL
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			parts[i] = "(unparsable URL)"
+		p = strings.TrimSpace(p)
+		if p == "" {
 			continue
 		}
+		if !strings.Contains(p, "://") {
+			p = "nats://" + p
+		}
+		u, err := url.Parse(p)
+		if err != nil {
+			return nil, fmt.Errorf("NATS URL entry %d of %d is not a valid URL: %s", i+1, len(parts), whyUnparsable(p, err))
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// whyUnparsable says what is wrong with an entry url.Parse refused, in
+// words that quote nothing of it.
+func whyUnparsable(entry string, err error) string {
+	var escape url.EscapeError
+	var host url.InvalidHostError
+	switch {
+	case strings.ContainsFunc(entry, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		return "it holds a control character"
+	case errors.As(err, &escape):
+		return "it holds a '%' that is not a %XX escape (write '%' in a password as %25)"
+	case errors.As(err, &host):
+		return "its host holds a character a host name may not (a space?)"
+	}
+	return "check the port, and write '/', '?', '#' or '%' in a password %-escaped"
+}
+
+// redacted is the URLs with each one's password, or its token
+// (nats://token@host), shown as "xxxxx", for errors, which services log.
+// Only the scheme, the user and the host are shown: a path, query or
+// fragment is "/...", for a password written with an unescaped '/', '?'
+// or '#' where its ':' should be ("nats://app#pass@host") leaves it there.
+func redacted(urls []*url.URL) string {
+	parts := make([]string, len(urls))
+	for i, u := range urls {
+		r := url.URL{Scheme: u.Scheme, Host: u.Host}
 		if u.User != nil {
 			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), "xxxxx")
+				r.User = url.UserPassword(u.User.Username(), "xxxxx")
 			} else {
-				u.User = url.User("xxxxx")
+				r.User = url.User("xxxxx")
 			}
 		}
-		parts[i] = u.String()
+		parts[i] = r.String()
+		if u.Path != "" || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery {
+			parts[i] += "/..."
+		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// secretsOf lists what an error must not show: each URL's password or
+// token, as written (escaped) and as sent (unescaped), and the configured
+// password.
+func secretsOf(urls []*url.URL, password string) []string {
+	var s []string
+	add := func(v string) {
+		if v != "" && !slices.Contains(s, v) {
+			s = append(s, v)
+		}
+	}
+	for _, u := range urls {
+		if u.User == nil {
+			continue
+		}
+		secret, ok := u.User.Password()
+		if !ok {
+			secret = u.User.Username()
+		}
+		add(secret)
+		add(url.PathEscape(secret))
+		add(url.QueryEscape(secret))
+		if _, after, ok := strings.Cut(u.User.String(), ":"); ok {
+			add(after)
+		} else {
+			add(u.User.String())
+		}
+	}
+	add(password)
+	// The longest first: a secret that holds another is replaced whole.
+	slices.SortFunc(s, func(a, b string) int { return len(b) - len(a) })
+	return s
+}
+
+// hide returns err, or, when its text shows one of secrets, an error with
+// that text and every secret in it replaced by "xxxxx". The replacement
+// does not wrap err, whose text still shows them. nats.go's errors are not
+// known to hold a URL's secret once parseURLs has accepted the URLs; this
+// keeps it so if one ever does.
+func hide(err error, secrets []string) error {
+	msg := err.Error()
+	clean := msg
+	for _, s := range secrets {
+		clean = strings.ReplaceAll(clean, s, "xxxxx")
+	}
+	if clean == msg {
+		return err
+	}
+	return errors.New(clean)
 }
 
 // Drain drains nc and waits until it is closed: subscriptions finish what they

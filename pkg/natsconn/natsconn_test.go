@@ -134,8 +134,14 @@ func TestLeavesAFrozenNodeForAnother(t *testing.T) {
 func TestConnectErrorHidesTheURLPassword(t *testing.T) {
 	t.Parallel()
 	ns := testenv.StartNATS(t)
-	for _, userinfo := range []string{"app:s3cret@", "s3cret@"} {
-		url := strings.Replace(ns.URL, "nats://", "nats://"+userinfo, 1) + "," + ns.URL
+	for _, url := range []string{
+		strings.Replace(ns.URL, "nats://", "nats://app:s3cret@", 1) + "," + ns.URL,
+		strings.Replace(ns.URL, "nats://", "nats://s3cret@", 1) + "," + ns.URL,
+		// No scheme: nats.go reads nats://; url.Parse alone reads "app:" as
+		// the scheme and the rest, password included, as opaque.
+		strings.Replace(ns.URL, "nats://", "app:s3cret@", 1),
+		strings.Replace(ns.URL, "nats://", "nats://app:s3%2Fcret@", 1),
+	} {
 		nc, err := natsconn.Connect(natsconn.Config{URL: url, CredsFile: t.TempDir() + "/missing.creds"}, slog.New(slog.DiscardHandler))
 		if err == nil {
 			nc.Close()
@@ -144,5 +150,46 @@ func TestConnectErrorHidesTheURLPassword(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "xxxxx") {
 			t.Errorf("Connect error shows the secret, or no URL: %v", err)
 		}
+	}
+}
+
+// A NATS_URL that does not parse is refused naming the bad entry by its
+// place, and no piece of its password or token is shown: nats.go's own
+// error quotes the whole entry, and url.Parse's may quote a piece of the
+// password as the port.
+func TestMalformedURLErrorNamesTheEntryAndHidesThePassword(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, url, entry string
+		pieces           []string // what must not be shown
+	}{
+		{"port_not_a_number", "nats://app:hunter2@localhost:bad", "entry 1 of 1", []string{"hunter2"}},
+		{"space_in_the_second_host", "nats://app:hunter2@localhost:4222,nats://app:hunter2@local host:4222", "entry 2 of 2", []string{"hunter2"}},
+		{"unescaped_slash_in_password", "nats://app:hun/ter2@localhost:4222", "entry 1 of 1", []string{"hun", "ter2"}},
+		{"unescaped_hash_in_password", "nats://localhost:4222,nats://app:hun#ter2@localhost:4222", "entry 2 of 2", []string{"hun", "ter2"}},
+		{"no_scheme_bad_port", "app:hunter2@localhost:42x22", "entry 1 of 1", []string{"hunter2"}},
+		{"token_unclosed_bracket", "nats://hunter2@[::1:4222", "entry 1 of 1", []string{"hunter2"}},
+		{"bad_escape_in_password", "nats://app:hunter2%zz@localhost:4222", "entry 1 of 1", []string{"hunter2"}},
+		{"control_character", "nats://app:hunter2@local\x7fhost:4222", "entry 1 of 1", []string{"hunter2"}},
+		{"stray_character_between_urls", "nats://localhost:4222, ,nats://app:hunter2@localhost:4222|nats://localhost:4223", "entry 3 of 3", []string{"hunter2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logged strings.Builder
+			nc, err := natsconn.Connect(natsconn.Config{URL: tc.url, Name: "bad-url"}, slog.New(slog.NewJSONHandler(&logged, nil)))
+			if err == nil {
+				nc.Close()
+				t.Fatalf("Connect(%q) succeeded", tc.url)
+			}
+			if !strings.Contains(err.Error(), tc.entry) {
+				t.Errorf("Connect error does not name %q: %v", tc.entry, err)
+			}
+			for _, p := range tc.pieces {
+				if strings.Contains(err.Error(), p) || strings.Contains(logged.String(), p) {
+					t.Errorf("Connect error or log shows %q: %v\n%s", p, err, logged.String())
+				}
+			}
+		})
 	}
 }
