@@ -44,6 +44,10 @@ var (
 	ErrInvalidID = errors.New("owner id must be 1-64 letters, digits, '-' or '_'")
 	// ErrUnknownOwner means no owner has that ID.
 	ErrUnknownOwner = errors.New("no such owner")
+	// ErrKeyTaken means the API key already belongs to another owner. A
+	// key is never moved from one owner to another: the first owner's
+	// integrations would then act as the second.
+	ErrKeyTaken = errors.New("api key belongs to another owner")
 )
 
 // KeyPrefix starts every API key, so a leaked key is recognisable (secret
@@ -128,18 +132,60 @@ func (s *Store) create(ctx context.Context, id, name, key string) error {
 // this order, a failure between them leaves a set member without an entry
 // (nothing authenticates with it, and Revoke removes it), never a working key
 // that Revoke cannot find. Repeating the call completes it.
+//
+// The entry is written only while it is absent or already names id (a
+// script, so no other writer comes between the check and the write): a key
+// of another owner is ErrKeyTaken, and the set member is taken back.
 func (s *Store) storeKey(ctx context.Context, id, key string) error {
 	if err := s.rdb.SAdd(ctx, ownerKeysKey(id), keyHash(key)).Err(); err != nil {
 		return err
 	}
-	return s.write(ctx, "store_key", apiKeyKey(key), func(p redis.Pipeliner) { p.Set(ctx, apiKeyKey(key), id, 0) })
+	var set *redis.Cmd
+	if err := s.write(ctx, "store_key", apiKeyKey(key), func(p redis.Pipeliner) {
+		set = setUnlessOther.Eval(ctx, p, []string{apiKeyKey(key)}, id)
+	}); err != nil {
+		return err
+	}
+	if owner, _ := set.Text(); owner != "" {
+		if err := s.rdb.SRem(ctx, ownerKeysKey(id), keyHash(key)).Err(); err != nil {
+			return fmt.Errorf("%w: %s (taking it back from %s's set: %v)", ErrKeyTaken, owner, id, err)
+		}
+		return fmt.Errorf("%w: %s", ErrKeyTaken, owner)
+	}
+	return nil
+}
+
+// setUnlessOther sets KEYS[1] to ARGV[1] unless it holds another value,
+// which it returns ("" when it set it).
+var setUnlessOther = redis.NewScript(`
+local cur = redis.call("GET", KEYS[1])
+if cur and cur ~= ARGV[1] then return cur end
+redis.call("SET", KEYS[1], ARGV[1])
+return ""`)
+
+// keyFree returns ErrKeyTaken if key already belongs to an owner other than
+// id; absent, or id's, it is free for id.
+func (s *Store) keyFree(ctx context.Context, id, key string) error {
+	owner, err := s.rdb.Get(ctx, apiKeyKey(key)).Result()
+	switch {
+	case errors.Is(err, redis.Nil), err == nil && owner == id:
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up the key's owner: %w", err)
+	}
+	return fmt.Errorf("%w: %s", ErrKeyTaken, owner)
 }
 
 // Ensure creates the owner with the given API key if it does not exist, and
 // makes sure the key maps to it. It is for demos and tests, which need a
-// known key (SNIP_BOOTSTRAP_OWNERS).
+// known key (SNIP_BOOTSTRAP_OWNERS). Ensuring an owner's own key again
+// changes nothing; a key that belongs to another owner is refused
+// (ErrKeyTaken) before anything is written, never moved.
 func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	if err := checkKey(key); err != nil {
+		return fmt.Errorf("ensure owner %q: %w", id, err)
+	}
+	if err := s.keyFree(ctx, id, key); err != nil {
 		return fmt.Errorf("ensure owner %q: %w", id, err)
 	}
 	err := s.create(ctx, id, id, key)
@@ -166,15 +212,23 @@ func checkKey(key string) error {
 
 // CheckSpec reports whether spec, a comma-separated list of "id:key" pairs
 // (the format of SNIP_BOOTSTRAP_OWNERS), is one EnsureFromSpec can apply:
-// every ID valid, every key one Ensure stores. Its errors name an entry by
-// its place ("entry 2"), never by its text, which holds a key.
+// every ID valid, every key one Ensure stores, no key given to two owners.
+// Its errors name an entry by its place ("entry 2"), never by its text,
+// which holds a key. Whether a key belongs to another owner already is for
+// EnsureFromSpec to find, in Redis.
 func CheckSpec(spec string) error {
 	_, err := parseSpec(spec)
 	return err
 }
 
-func parseSpec(spec string) ([][2]string, error) {
-	var pairs [][2]string
+// specEntry is one "id:key" pair of a spec and its place in it (1-based).
+type specEntry struct {
+	place   int
+	id, key string
+}
+
+func parseSpec(spec string) ([]specEntry, error) {
+	var pairs []specEntry
 	for i, pair := range strings.Split(spec, ",") {
 		pair = strings.TrimSpace(pair)
 		if pair == "" {
@@ -190,22 +244,34 @@ func parseSpec(spec string) ([][2]string, error) {
 		if err := checkKey(key); err != nil {
 			return nil, fmt.Errorf("entry %d: %w", i+1, err)
 		}
-		pairs = append(pairs, [2]string{id, key})
+		for _, p := range pairs {
+			if p.key == key && p.id != id {
+				return nil, fmt.Errorf("entry %d: %w: %s, in entry %d", i+1, ErrKeyTaken, p.id, p.place)
+			}
+		}
+		pairs = append(pairs, specEntry{place: i + 1, id: id, key: key})
 	}
 	return pairs, nil
 }
 
 // EnsureFromSpec calls Ensure for each "id:key" pair of a comma-separated
 // spec, the format of SNIP_BOOTSTRAP_OWNERS, once every pair has passed
-// CheckSpec: a bad entry changes nothing. An empty spec does nothing.
+// CheckSpec and no key of it belongs to another owner in Redis
+// (ErrKeyTaken, naming the entry by its place): a bad entry changes
+// nothing. An empty spec does nothing.
 func (s *Store) EnsureFromSpec(ctx context.Context, spec string) error {
 	pairs, err := parseSpec(spec)
 	if err != nil {
 		return fmt.Errorf("bootstrap owners: %w", err)
 	}
 	for _, p := range pairs {
-		if err := s.Ensure(ctx, p[0], p[1]); err != nil {
-			return fmt.Errorf("bootstrap owners: %w", err)
+		if err := s.keyFree(ctx, p.id, p.key); err != nil {
+			return fmt.Errorf("bootstrap owners: entry %d: %w", p.place, err)
+		}
+	}
+	for _, p := range pairs {
+		if err := s.Ensure(ctx, p.id, p.key); err != nil {
+			return fmt.Errorf("bootstrap owners: entry %d: %w", p.place, err)
 		}
 	}
 	return nil

@@ -21,7 +21,9 @@ func TestMain(m *testing.M) {
 // TestOnRedisCluster runs the store's tests on a Redis Cluster.
 func TestOnRedisCluster(t *testing.T) {
 	servers.RunOnRedisCluster(t, TestCreateAndAuthenticate, TestAuthenticateRejects,
-		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit, TestWritesWaitForReplicas)
+		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit, TestWritesWaitForReplicas,
+		TestEnsureNeverMovesAKeyToAnotherOwner, TestEnsureFromSpecRefusesAKeyOfAnotherOwnerAndWritesNothing,
+		TestStoreKeyRefusesAKeyTakenMeanwhile)
 }
 
 func TestCreateAndAuthenticate(t *testing.T) {
@@ -180,5 +182,97 @@ func TestEnsureFromSpecChecksEveryEntryFirstAndHidesKeys(t *testing.T) {
 	}
 	if keys := testenv.Keys(t, rdb, "snip:owner:first*"); len(keys) != 0 {
 		t.Fatalf("a refused spec wrote %v", keys)
+	}
+}
+
+// Ensure never moves a key from the owner it belongs to: an operator's
+// typo or a copied line would have another owner's integrations act as
+// this one. The same owner and key again is fine.
+func TestEnsureNeverMovesAKeyToAnotherOwner(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	const key = "snip_taken_key_0123456789abcdef"
+	for range 2 {
+		if err := s.Ensure(t.Context(), "keeper", key); err != nil {
+			t.Fatalf("Ensure of the owner's own key: %v", err)
+		}
+	}
+	err := s.Ensure(t.Context(), "taker", key)
+	if !errors.Is(err, owners.ErrKeyTaken) {
+		t.Fatalf("Ensure of another owner's key = %v, want ErrKeyTaken", err)
+	}
+	if strings.Contains(err.Error(), key[5:15]) {
+		t.Errorf("Ensure error shows the key: %v", err)
+	}
+	if o, err := s.Authenticate(t.Context(), key); err != nil || o.ID != "keeper" {
+		t.Errorf("the key authenticates as %+v, %v; want keeper", o, err)
+	}
+	if keys := testenv.Keys(t, rdb, "snip:owner:taker*"); len(keys) != 0 {
+		t.Errorf("a refused Ensure wrote %v", keys)
+	}
+}
+
+// A bootstrap spec with a key that belongs to another owner, in Redis or
+// earlier in the spec, is refused naming the entry by its place, never the
+// key, and nothing of it is written.
+func TestEnsureFromSpecRefusesAKeyOfAnotherOwnerAndWritesNothing(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	const taken, fresh = "snip_taken_key_0123456789abcdef", "snip_fresh_key_0123456789abcdef"
+	if err := s.Ensure(t.Context(), "holder", taken); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ name, spec, entry string }{
+		{"key_of_an_owner_in_redis", "newcomer:" + fresh + ", typo:" + taken, "entry 2"},
+		{"one_key_for_two_owners_in_the_spec", "newcomer:" + fresh + ", holder:" + taken + ", copied:" + fresh, "entry 3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := s.EnsureFromSpec(t.Context(), tc.spec)
+			if !errors.Is(err, owners.ErrKeyTaken) || !strings.Contains(err.Error(), tc.entry) {
+				t.Fatalf("EnsureFromSpec = %v, want ErrKeyTaken naming %s", err, tc.entry)
+			}
+			if strings.Contains(err.Error(), "_key_0123") {
+				t.Errorf("EnsureFromSpec error shows a key: %v", err)
+			}
+			for _, id := range []string{"newcomer", "typo", "copied"} {
+				if keys := testenv.Keys(t, rdb, "snip:owner:"+id+"*"); len(keys) != 0 {
+					t.Errorf("a refused spec wrote %v", keys)
+				}
+			}
+			if _, err := s.Authenticate(t.Context(), fresh); !errors.Is(err, owners.ErrUnauthorized) {
+				t.Errorf("a refused spec's new key authenticates: %v", err)
+			}
+			if o, err := s.Authenticate(t.Context(), taken); err != nil || o.ID != "holder" {
+				t.Errorf("the taken key authenticates as %+v, %v; want holder", o, err)
+			}
+		})
+	}
+	if err := s.EnsureFromSpec(t.Context(), "holder:"+taken+", holder:"+taken); err != nil {
+		t.Errorf("a spec that repeats an owner's own key: %v", err)
+	}
+}
+
+// The write itself refuses another owner's key, for a writer that comes
+// between Ensure's check and its write (two services bootstrapping at once
+// with different specs), and takes its set member back.
+func TestStoreKeyRefusesAKeyTakenMeanwhile(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	const key = "snip_raced_key_0123456789abcdef"
+	if err := s.Ensure(t.Context(), "first", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := owners.StoreKey(s, t.Context(), "second", key); !errors.Is(err, owners.ErrKeyTaken) {
+		t.Fatalf("storeKey of another owner's key = %v, want ErrKeyTaken", err)
+	}
+	if o, err := s.Authenticate(t.Context(), key); err != nil || o.ID != "first" {
+		t.Errorf("the key authenticates as %+v, %v; want first", o, err)
+	}
+	if n := rdb.SCard(t.Context(), "snip:owner:second:keys").Val(); n != 0 {
+		t.Errorf("second's key set has %d members after the refused write", n)
 	}
 }

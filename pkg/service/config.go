@@ -268,13 +268,18 @@ type Owners struct {
 // Bootstrap ensures that the owners of BootstrapOwners exist with their
 // keys, retrying while Redis is away (Retry). A spec that no retry can
 // make valid (an entry that is not "id:key", an invalid owner ID, a key
-// Ensure refuses: owners.CheckSpec) is returned at once, naming the entry
-// by its place, not its key.
+// Ensure refuses: owners.CheckSpec; a key that belongs to another owner:
+// owners.ErrKeyTaken) is returned at once, naming the entry by its place,
+// not its key.
 func (o Owners) Bootstrap(ctx context.Context, log *slog.Logger, store *owners.Store) error {
 	if err := owners.CheckSpec(o.BootstrapOwners); err != nil {
 		return fmt.Errorf("SNIP_BOOTSTRAP_OWNERS: %w", err)
 	}
 	return Retry(ctx, log, "bootstrap owners", func(ctx context.Context) error {
-		return store.EnsureFromSpec(ctx, o.BootstrapOwners)
+		err := store.EnsureFromSpec(ctx, o.BootstrapOwners)
+		if errors.Is(err, owners.ErrKeyTaken) {
+			return Permanent(fmt.Errorf("SNIP_BOOTSTRAP_OWNERS: %w", err))
+		}
+		return err
 	})
 }

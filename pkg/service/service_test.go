@@ -293,6 +293,31 @@ func TestBootstrapRefusesABadKeyAtOnce(t *testing.T) {
 	}
 }
 
+// A bootstrap key that belongs to another owner is refused at once, not
+// retried until the service is stopped, and the key stays its owner's.
+func TestBootstrapRefusesAKeyOfAnotherOwnerAtOnce(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testenv.StartRedis(t).NewDB(t)
+	store := owners.NewStore(rdb)
+	const key = "snip_owned_key_0123456789abcdef"
+	if err := store.Ensure(t.Context(), "acme", key); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := Owners{BootstrapOwners: "globex:" + key}.Bootstrap(ctx, discard, store)
+	if !errors.Is(err, owners.ErrKeyTaken) || !strings.Contains(err.Error(), "SNIP_BOOTSTRAP_OWNERS") || !strings.Contains(err.Error(), "entry 1") {
+		t.Fatalf("Bootstrap = %v after %s, want ErrKeyTaken naming SNIP_BOOTSTRAP_OWNERS and entry 1 at once", err, time.Since(start).Round(time.Millisecond))
+	}
+	if strings.Contains(err.Error(), key[5:15]) {
+		t.Errorf("Bootstrap error shows the key: %v", err)
+	}
+	if o, err := store.Authenticate(t.Context(), key); err != nil || o.ID != "acme" {
+		t.Errorf("the key authenticates as %+v, %v; want acme", o, err)
+	}
+}
+
 // A password with a character that ends a URL's host part ('/', '?', '#')
 // when unescaped is still masked: the log never shows it.
 func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
