@@ -33,7 +33,8 @@
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
 // batch when the handler returns nil. While the handler runs, while it waits
 // to retry, while an event is being parked and while the next batch waits
-// its turn, the runtime marks the events in progress every AckWait/3, so a
+// its turn, the runtime marks the events in progress every AckWait/3
+// (package inprogress, which the work queue's jobs use too), so a
 // slow handler (or a DEAD_LETTER that is away) causes no redelivery. A retryable error makes the partition
 // wait and retry the same batch with backoff; Replay(from) has the
 // consumer moved back and the events handed again from there; a permanent one naming its

@@ -16,6 +16,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/failure"
+	"github.com/snipdev/snip/pkg/inprogress"
 )
 
 // process decodes a batch, parks what cannot be decoded, hands the rest to
@@ -55,7 +56,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	// while DEAD_LETTER is away; its events must not be redelivered
 	// meanwhile. AckWait bounds only how long a process that died or froze
 	// holds events.
-	defer w.keepInProgress(msgs)()
+	defer inprogress.Keep(w.m.cfg.AckWait/3, msgs...)()
 	evs := make([]Event, 0, len(msgs))
 	for i, msg := range msgs {
 		md := mds[i]
@@ -272,31 +273,6 @@ func (w *worker) waitRetry(d time.Duration) bool {
 	}
 	w.updateLag()
 	return true
-}
-
-// keepInProgress marks msgs in progress every AckWait/3 until the returned
-// stop is called; stop returns once no more marks will be sent.
-func (w *worker) keepInProgress(msgs []jetstream.Msg) (stop func()) {
-	done, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(w.m.cfg.AckWait / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				for _, msg := range msgs {
-					_ = msg.InProgress()
-				}
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-exited
-	}
 }
 
 func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {

@@ -9,8 +9,9 @@
 // exactly as many jobs as it has free slots, so no job waits in a client
 // buffer while its ack deadline runs, and a slow job holds up one slot, not
 // the queue. A job in hand tells the server it is still being worked on
-// (InProgress) three times per ack deadline, so a fetch longer than the
-// consumer's current BackOff step is not redelivered to a second worker.
+// (InProgress, through package inprogress, as the log readers' batches do)
+// three times per ack deadline, so a fetch longer than the consumer's
+// current BackOff step is not redelivered to a second worker.
 //
 // A handler answers in the terms of package failure, and its answer becomes
 // one decision (decide): nil acks; a retryable failure is retried with
@@ -51,6 +52,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/inprogress"
 )
 
 // Handler processes one job's payload and answers nil (done), a retryable
@@ -292,33 +294,13 @@ func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) 
 	}
 	q.m.inFlight.Inc()
 	defer q.m.inFlight.Dec()
-	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
+	stop := inprogress.Keep(pol.keepAliveEvery(meta.NumDelivered), m)
 	start := time.Now()
 	err = q.handle(jobs, m.Data())
 	stop()
 	q.m.duration.Observe(time.Since(start).Seconds())
 	d := decide(err, err != nil && jobs.Err() != nil, meta.NumDelivered, pol, q.cfg.Backoff, rand.Float64())
 	q.settle(jobs, m, meta, pol, d, err)
-}
-
-// keepAlive tells the server every interval that m is still being worked
-// on, until the returned stop is called; stop returns once it has stopped.
-func keepAlive(m jetstream.Msg, every time.Duration) (stop func()) {
-	done, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				_ = m.InProgress()
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }
 
 func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, d decision, err error) {
@@ -414,7 +396,7 @@ func (q *Queue) requeueCopy(ctx context.Context, m jetstream.Msg, meta *jetstrea
 // server that m is still being worked on, until the park succeeds (nil) or
 // jobs ends (the last error).
 func (q *Queue) parkHolding(jobs context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, pol consumerPolicy, p deadletter.Parcel, log *slog.Logger) (duplicate bool, err error) {
-	stop := keepAlive(m, pol.keepAliveEvery(meta.NumDelivered))
+	stop := inprogress.Keep(pol.keepAliveEvery(meta.NumDelivered), m)
 	defer stop()
 	for try := uint64(1); ; try++ {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(jobs), q.cfg.OpTimeout)
