@@ -591,7 +591,7 @@ func (q *Queue) rescueAdvisory(ctx context.Context, m jetstream.Msg, every time.
 		_ = m.TermWithReason("unreadable")
 		return
 	}
-	stop := keepAlive(m, every)
+	stop := inprogress.Keep(every, m)
 	err := q.rescueSeq(ctx, a.StreamSeq, a.Deliveries)
 	stop()
 	actx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
