@@ -234,11 +234,13 @@ func Mask(value string, secret bool) string {
 	}
 	parts := strings.Split(value, ",")
 	for i, p := range parts {
-		scheme := strings.Index(p, "://")
-		if scheme < 0 {
-			continue
+		// After the scheme if there is one: nats.go also takes a URL
+		// without one ("app:pass@host:4222").
+		start := 0
+		if scheme := strings.Index(p, "://"); scheme >= 0 {
+			start = scheme + 3
 		}
-		rest := p[scheme+3:]
+		rest := p[start:]
 		// The last '@' of the whole URL, not of its host part alone: a
 		// password written with an unescaped '/', '?' or '#' would end the
 		// host part early and be shown. An '@' in a path or query masks
@@ -253,7 +255,7 @@ func Mask(value string, secret bool) string {
 		} else {
 			user = "***"
 		}
-		parts[i] = p[:scheme+3] + user + rest[at:]
+		parts[i] = p[:start] + user + rest[at:]
 	}
 	return strings.Join(parts, ",")
 }

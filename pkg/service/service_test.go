@@ -327,6 +327,8 @@ func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
 		{"redis://u:pa/ss@h:6379/0", "pa/ss"},
 		{"nats://app:s?cret@n1:4222,nats://app:s?cret@n2:4222", "s?cret"},
 		{"nats://t/ok#en@n1:4222", "t/ok#en"},
+		{"app:s3cret@n1:4222", "s3cret"},
+		{"nats://n1:4222,app:s3cret@n2:4222", "s3cret"},
 	} {
 		if got := Mask(tc.in, false); strings.Contains(got, tc.secret) || !strings.Contains(got, "***") {
 			t.Errorf("Mask(%q) = %q, shows %q", tc.in, got, tc.secret)
@@ -335,6 +337,8 @@ func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
 	for in, want := range map[string]string{
 		"redis://u:pw@h:6379/0":    "redis://u:***@h:6379/0",
 		"redis://127.0.0.1:6379/0": "redis://127.0.0.1:6379/0",
+		"app:pw@n1:4222":           "app:***@n1:4222",
+		"127.0.0.1:4222":           "127.0.0.1:4222",
 	} {
 		if got := Mask(in, false); got != want {
 			t.Errorf("Mask(%q) = %q, want %q", in, got, want)
