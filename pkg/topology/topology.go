@@ -338,11 +338,13 @@ func PreviewRescueConsumerConfig() jetstream.ConsumerConfig {
 // MembersBucketConfig is the KV bucket of consumer-group member leases. Each
 // member writes its key with a per-key TTL and refreshes it; when a member
 // dies its key expires and the server leaves a delete marker that the other
-// members' watchers see.
+// members' watchers see. Fraud detection also keeps here, with no TTL, where
+// each partition's statistics began (<group>.origin.<partition>): a record
+// that must outlive Redis.
 func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
 		Bucket:         MembersBucket,
-		Description:    "Consumer-group member leases <group>.members.<member>; replay requests <group>.rewind and <group>.rewound.<partition>",
+		Description:    "Consumer-group member leases <group>.members.<member>; replay requests <group>.rewind and <group>.rewound.<partition>; fraud detection's <group>.origin.<partition>",
 		History:        1,
 		Storage:        o.Storage,
 		Replicas:       o.Replicas,
