@@ -3,7 +3,8 @@
 // in progress, which restarts their AckWait. The log readers (package
 // reader) keep a batch so while its handler runs, waits to retry or parks
 // an event; the work queue (package workqueue) keeps a job so while its
-// handler runs or its park waits for DEAD_LETTER. AckWait then bounds only
+// handler runs or its park waits for DEAD_LETTER; the click counter's LINKS
+// and verdict feeds keep a fetched batch so until it is settled. AckWait then bounds only
 // how long a process that died or froze holds its messages.
 package inprogress
 

@@ -24,6 +24,7 @@ import (
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/failure"
+	"github.com/snipdev/snip/pkg/inprogress"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -214,38 +215,26 @@ func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<-
 		}
 		failures = 0
 		idle = len(batch) < f.BatchSize/2
-		b := inHand{msgs: batch, done: make(chan struct{})}
-		go r.keepInProgress(b)
+		b := inHand{msgs: batch, settled: r.keepInProgress(batch)}
 		batches <- b // also after ctx ended: every fetched message is handled
 	}
 }
 
-// inHand is a fetched batch; done is closed once every message is settled.
+// inHand is a fetched batch; settled is called once every message is.
 type inHand struct {
-	msgs []jetstream.Msg
-	done chan struct{}
+	msgs    []jetstream.Msg
+	settled func()
 }
 
 // keepInProgress marks the batch's messages in progress every AckWait/3
-// until they are settled, so JetStream redelivers them only if this
-// instance dies (then within AckWait), not while it waits for a worker or
-// for a slow Redis.
-func (r *run) keepInProgress(b inHand) {
+// until the returned func is called (they are settled), so JetStream
+// redelivers them only if this instance dies (then within AckWait), not
+// while it waits for a worker or for a slow Redis.
+func (r *run) keepInProgress(msgs []jetstream.Msg) (settled func()) {
 	if r.f.AckWait <= 0 {
-		return
+		return func() {}
 	}
-	t := time.NewTicker(max(r.f.AckWait/3, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-b.done:
-			return
-		case <-t.C:
-			for _, msg := range b.msgs {
-				_ = msg.InProgress()
-			}
-		}
-	}
+	return inprogress.Keep(max(r.f.AckWait/3, 10*time.Millisecond), msgs...)
 }
 
 // collect drains a fetch; it returns what arrived and the fetch's error.
@@ -275,7 +264,7 @@ func (r *run) work(ctx context.Context, batches <-chan inHand) {
 			hctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), r.drainBy())
 		}
 		failed := r.handle(hctx, batch)
-		close(b.done)
+		b.settled()
 		cancel()
 		if !failed {
 			failures = 0
