@@ -6,9 +6,11 @@ package consoletest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,4 +146,63 @@ func OwnerClicks(tb testing.TB, r *sse.Reader, owner string, n int) []uint64 {
 		seqs = append(seqs, c.Seq)
 	}
 	return seqs
+}
+
+// Breakable is a JetStream client whose ordered consumers' message iterators
+// a test can end, as nats.go ends them when the connection closes for good:
+// Next fails under whoever reads, who has to open another consumer. (A
+// deleted consumer, a NATS restart or a reconnect do not show: nats.go's
+// ordered consumer recreates itself after its last message.)
+type Breakable struct {
+	jetstream.JetStream
+
+	mu     sync.Mutex
+	open   []jetstream.MessagesContext
+	opened int
+}
+
+// NewBreakable wraps js.
+func NewBreakable(js jetstream.JetStream) *Breakable { return &Breakable{JetStream: js} }
+
+// OrderedConsumer creates the consumer on the server, as js does.
+func (b *Breakable) OrderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	c, err := b.JetStream.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &breakableConsumer{Consumer: c, b: b}, nil
+}
+
+// Break ends every iterator opened so far.
+func (b *Breakable) Break() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, it := range b.open {
+		it.Stop()
+	}
+	b.open = nil
+}
+
+// Opened counts the iterators opened.
+func (b *Breakable) Opened() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.opened
+}
+
+type breakableConsumer struct {
+	jetstream.Consumer
+	b *Breakable
+}
+
+func (c *breakableConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstream.MessagesContext, error) {
+	it, err := c.Consumer.Messages(opts...)
+	if err != nil {
+		return nil, err
+	}
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	c.b.open = append(c.b.open, it)
+	c.b.opened++
+	return it, nil
 }

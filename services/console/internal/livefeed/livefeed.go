@@ -4,7 +4,10 @@
 //
 // The consumer runs only while someone watches (it starts with the first
 // browser and stops a while after the last one left), and starts a few
-// clicks back so a new page is not empty. What a browser gets is bounded
+// clicks back so a new page is not empty. When it stops while browsers still
+// watch (it failed, or the last browser left just as another came), the next
+// consumer starts after the last click they were given, so no browser gets
+// a click twice. What a browser gets is bounded
 // three ways: at most MaxRate clicks a second are decoded and forwarded (a
 // page cannot show 100,000 clicks a second; the rest are counted as skipped),
 // each browser has a queue of Buffer clicks (a browser that falls behind
@@ -100,6 +103,10 @@ type Hub struct {
 	subs   map[*Subscription]struct{}
 	recent []sse.Event // ring of the last Recent forwarded clicks, oldest first
 	left   time.Time   // when the last browser left
+	// resumeAfter is the last CLICKS sequence the browsers watching when
+	// the consumer stopped had been given (sent, or in their Recent); 0 when
+	// nobody watched then, and the next consumer starts Recent back.
+	resumeAfter uint64
 
 	lastSeq  atomic.Uint64 // newest CLICKS sequence seen
 	rate     atomic.Uint64 // clicks a second on CLICKS (float64 bits)
@@ -245,6 +252,8 @@ func (h *Hub) idle() bool {
 // follow runs one ordered consumer until no browser has watched for
 // cfg.Idle, ctx ends, or the consumer fails.
 func (h *Hub) follow(ctx context.Context) error {
+	started := false
+	defer func() { h.stopped(started) }()
 	s, err := h.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return fmt.Errorf("follow clicks: %w", err)
@@ -253,8 +262,7 @@ func (h *Hub) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("follow clicks: %w", err)
 	}
-	last := info.State.LastSeq
-	start := max(info.State.FirstSeq, last+1-min(last, uint64(h.cfg.Recent)), 1)
+	start, resumed := h.startAt(info.State.FirstSeq, info.State.LastSeq)
 	it, err := ordered.Open(ctx, h.js, events.ClicksStream, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:   start,
@@ -264,12 +272,16 @@ func (h *Hub) follow(ctx context.Context) error {
 	}
 	defer it.Close()
 	h.mu.Lock()
-	h.recent = h.recent[:0] // the consumer starts Recent back: no repeats
+	if !resumed {
+		// The consumer starts Recent back, or after a gap: the ring would
+		// repeat its clicks or skip the gap for a new browser.
+		h.recent = h.recent[:0]
+	}
 	h.mu.Unlock()
 	h.lastSeq.Store(start - 1)
-	h.running.Store(true)
-	defer h.running.Store(false)
-	h.cfg.Logger.Info("live clicks: following CLICKS", "from_seq", start)
+	started = true
+	h.running.Store(true) // until stopped
+	h.cfg.Logger.Info("live clicks: following CLICKS", "from_seq", start, "resumed", resumed)
 
 	// The watcher measures the rate and stops the iterator when ctx ends or
 	// nobody has watched for cfg.Idle; Next then returns.
@@ -313,6 +325,42 @@ func (h *Hub) follow(ctx context.Context) error {
 			return fmt.Errorf("follow clicks: %w", err)
 		}
 		h.handle(msg)
+	}
+}
+
+// startAt is where the next consumer starts on a stream that holds first to
+// last: Recent back, so a new browser is not empty, but never at or before
+// a click the watching browsers were given (they would get it twice). It
+// resumes right after that click when the stream still holds what followed
+// it and no more than Recent clicks came since; after a longer outage it
+// starts Recent back, past what the browsers have. A stream whose last
+// sequence is below it was created again: its sequences are new clicks.
+func (h *Hub) startAt(first, last uint64) (start uint64, resumed bool) {
+	start = max(first, last+1-min(last, uint64(h.cfg.Recent)), 1)
+	h.mu.Lock()
+	after := h.resumeAfter
+	h.mu.Unlock()
+	if after == 0 || after > last {
+		return start, false
+	}
+	start = max(start, after+1)
+	return start, start == after+1
+}
+
+// stopped records where a consumer stopped. Browsers still watching were
+// given every click up to lastSeq (sent, or in their Recent), so the next
+// consumer resumes after it. With nobody watching it forgets the position
+// and the ring: the next browser gets fresh recent clicks, once (the ring
+// would give it stale ones, or the same ones twice).
+func (h *Hub) stopped(started bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.running.Store(false) // after the consumer's deletion, with the position recorded
+	switch {
+	case len(h.subs) == 0:
+		h.recent, h.resumeAfter = h.recent[:0], 0
+	case started:
+		h.resumeAfter = h.lastSeq.Load()
 	}
 }
 

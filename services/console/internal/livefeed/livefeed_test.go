@@ -197,3 +197,38 @@ func TestHubStopsFollowingWhenNobodyWatches(t *testing.T) {
 	h.Unsubscribe(s)
 	testenv.WaitFor(t, 30*time.Second, "the consumer gone", func() bool { return consumers() == 0 && !h.Stats().Following })
 }
+
+// A browser that comes after the consumer stopped (nobody watched for Idle)
+// gets the recent clicks once each: not the ones the stopped consumer had
+// forwarded, which the new consumer forwards again.
+func TestABrowserAfterTheConsumerStoppedGetsTheRecentClicksOnce(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	h := startHub(t, js, livefeed.Config{Recent: 3, Idle: 100 * time.Millisecond})
+	first := consoletest.Publish(t, js, consoletest.Clicks("acme", "first", 5)...)
+	s, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	receive(t, s, 3)
+	h.Unsubscribe(s)
+	testenv.WaitFor(t, 30*time.Second, "the consumer stopped", func() bool { return !h.Stats().Following })
+
+	later := consoletest.Publish(t, js, consoletest.Clicks("acme", "later", 2)...)
+	s2, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(s2)
+	var got []uint64
+	for _, e := range s2.Recent() {
+		seq, _ := strconv.ParseUint(e.ID, 10, 64)
+		got = append(got, seq)
+	}
+	for len(got) == 0 || got[len(got)-1] != later[1] {
+		got = append(got, receive(t, s2, 1)[0].Seq)
+	}
+	if d := cmp.Diff([]uint64{first[4], later[0], later[1]}, got); d != "" {
+		t.Errorf("the second browser's clicks, recent then live (-want +got):\n%s", d)
+	}
+}
