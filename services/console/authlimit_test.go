@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/owners"
+	"github.com/snipdev/snip/pkg/testenv"
 )
 
 // from is an HTTP client whose connections come from the loopback address
@@ -103,7 +104,8 @@ func TestGuessingIsLimitedPerClientAndCorrectLoginsPass(t *testing.T) {
 }
 
 // A stream opened with a key that is then revoked (or rotated) ends within
-// the recheck interval, and reconnecting with that key is refused.
+// the recheck interval, counted as revoked (not as the client leaving), and
+// reconnecting with that key is refused.
 func TestRevokedKeyEndsAnOpenOwnerStream(t *testing.T) {
 	t.Parallel()
 	s := start(t, func(c *Config) { withToken(c); c.OwnerKeyRecheck = 200 * time.Millisecond })
@@ -134,6 +136,13 @@ func TestRevokedKeyEndsAnOpenOwnerStream(t *testing.T) {
 		t.Logf("stream ended %s after the revocation", time.Since(revoked).Round(time.Millisecond))
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream went on 10 s after its key was revoked")
+	}
+	const endedTotal = "snip_console_owner_streams_ended_total"
+	testenv.WaitFor(t, 10*time.Second, "the stream counted as ended", func() bool {
+		return metric(t, s, endedTotal+`{reason="revoked"}`)+metric(t, s, endedTotal+`{reason="client"}`) > 0
+	})
+	if r, c := metric(t, s, endedTotal+`{reason="revoked"}`), metric(t, s, endedTotal+`{reason="client"}`); r != 1 || c != 0 {
+		t.Errorf(`the stream ended by its key's revocation counted as reason="revoked" %v times and reason="client" %v times, want 1 and 0`, r, c)
 	}
 	if again, _ := ownerClient(t, s, key, "", ""); again.StatusCode != http.StatusUnauthorized {
 		t.Errorf("reconnect with the revoked key: %d, want 401", again.StatusCode)

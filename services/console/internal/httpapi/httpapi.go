@@ -450,18 +450,19 @@ func (a *api) ownerStream(c echo.Context) error {
 		return err
 	}
 	// The key was good at the start; a stream may last hours. When the key
-	// is rotated or revoked the stream ends (the client's reconnect is then
-	// refused).
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
+	// is rotated or revoked the stream ends, counted as revoked (the
+	// client's reconnect is then refused).
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
 	go a.watchKey(ctx, cancel, key, o.ID)
 	return a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
 }
 
-// watchKey checks key every KeyRecheck until ctx ends, and calls revoked
-// when the key no longer opens owner's account. A Redis error is not a
-// revocation: the stream goes on and the next check tries again.
-func (a *api) watchKey(ctx context.Context, revoked context.CancelFunc, key, owner string) {
+// watchKey checks key every KeyRecheck until ctx ends, and cancels ctx with
+// ownerstream.ErrKeyRevoked when the key no longer opens owner's account. A
+// Redis error is not a revocation: the stream goes on and the next check
+// tries again.
+func (a *api) watchKey(ctx context.Context, revoked context.CancelCauseFunc, key, owner string) {
 	every := a.d.KeyRecheck
 	if every <= 0 {
 		every = 2 * time.Second
@@ -477,7 +478,7 @@ func (a *api) watchKey(ctx context.Context, revoked context.CancelFunc, key, own
 		o, err := a.d.Owners.Authenticate(ctx, key)
 		if errors.Is(err, owners.ErrUnauthorized) || (err == nil && o.ID != owner) {
 			a.d.Log.Info("owner stream: API key revoked or rotated; ending the stream", "owner", owner)
-			revoked()
+			revoked(ownerstream.ErrKeyRevoked)
 			return
 		}
 	}

@@ -22,7 +22,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_refused_total",
 			Help: "Streams refused: owner_limit, instance_limit."}, []string{"reason"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_ended_total",
-			Help: "Streams ended: client (left), write_error (not reading), shutdown, consumer (failed)."}, []string{"reason"}),
+			Help: "Streams ended: client (left), revoked (its API key revoked or rotated), write_error (not reading), shutdown, consumer (failed)."}, []string{"reason"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.open, m.clicks, m.skipped, m.refused, m.ended)

@@ -224,7 +224,8 @@ func (s *Streams) release(owner string) {
 }
 
 // Serve streams owner's clicks from start to w until the client leaves (ctx
-// ends), the client stops reading, or Close. owner must be the
+// ends; with ErrKeyRevoked as its cause, the key was revoked), the client
+// stops reading, or Close. owner must be the
 // authenticated owner's ID. Errors before the stream opens (limits, NATS)
 // are returned with nothing written, for the caller to answer; once the
 // stream is open Serve returns nil.
@@ -293,6 +294,8 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 		s.end("shutdown")
 	case err == nil:
 		s.end("consumer")
+	case errors.Is(context.Cause(ctx), ErrKeyRevoked):
+		s.end("revoked")
 	case ctx.Err() != nil:
 		s.end("client")
 	default:
