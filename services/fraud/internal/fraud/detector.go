@@ -14,9 +14,10 @@ import (
 // Detector holds what every partition's state shares: the rules and the
 // listed networks. It is immutable and safe for concurrent use.
 type Detector struct {
-	rules Rules
-	nets  networks
-	alpha float64
+	rules  Rules
+	nets   networks
+	alpha  float64
+	memory int64 // Memory, in ns
 }
 
 // NewDetector validates the rules and returns a detector.
@@ -24,7 +25,9 @@ func NewDetector(r Rules) (*Detector, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	return &Detector{rules: r, nets: newNetworks(r.ListedNetworks), alpha: r.floodAlpha()}, nil
+	d := &Detector{rules: r, nets: newNetworks(r.ListedNetworks), alpha: r.floodAlpha()}
+	d.memory = int64(d.Memory())
+	return d, nil
 }
 
 // Rules returns the rules the detector runs.
@@ -67,6 +70,10 @@ type Judgement struct {
 	// Alerts are the alerts raised, each at most once per rule, link, key and
 	// alert period.
 	Alerts []events.FraudAlert
+	// Copy: the event is a copy of one the state judged or fed before (the
+	// same event ID under another sequence, see copies.go). Nothing was
+	// decided, and the statistics must not count it.
+	Copy bool
 }
 
 // Partition is the detector's state for one CLICKS partition. Events must be
@@ -90,7 +97,9 @@ type Partition struct {
 	// labelled twice; labelledQ expires them in the order they were added.
 	labelled  map[uint64]struct{}
 	labelledQ window
-	agents    agentCache
+	// ids records the event IDs seen within Memory, to find copies.
+	ids    idRecord
+	agents agentCache
 	// touched holds the label counters judged since the store last took
 	// them (CountsStored), with their alert period index + 1.
 	touched map[stateKey]int64
@@ -158,6 +167,7 @@ func (d *Detector) NewPartition() *Partition {
 		pairs:    newTable[stateKey](r.MaxPairs, func(v *pairState) int64 { return v.lastAt }),
 		counts:   newTable[stateKey](r.MaxLinks, func(v *labelCount) int64 { return v.lastAt }),
 		labelled: make(map[uint64]struct{}),
+		ids:      newIDRecord(),
 		touched:  make(map[stateKey]int64),
 		agents:   agentCache{max: 4096},
 		fresh:    true,
@@ -169,7 +179,9 @@ func (d *Detector) NewPartition() *Partition {
 func (p *Partition) Last() uint64 { return p.last }
 
 // Judge judges one event and returns what it decided; ok is false when the
-// event was already judged (its sequence is not after Last).
+// event was already judged (its sequence is not after Last). A copy of an
+// event judged or fed within Memory (the same event ID under another
+// sequence) decides nothing: its Judgement has Copy set.
 func (p *Partition) Judge(ev reader.Event) (j Judgement, ok bool) {
 	if ev.Seq <= p.last {
 		return Judgement{}, false
@@ -193,6 +205,8 @@ func (p *Partition) Feed(ev reader.Event) bool {
 // Stats is the size of a partition's state.
 type Stats struct {
 	Identities, Links, Pairs, Labelled int
+	// IDs counts the event IDs recorded to find copies.
+	IDs int
 	// Evicted counts states pushed out by a cap (not expired by time).
 	Evicted uint64
 }
@@ -200,7 +214,7 @@ type Stats struct {
 // Stats returns the current size of the state.
 func (p *Partition) Stats() Stats {
 	return Stats{
-		Identities: p.visitors.len(), Links: p.links.len(), Pairs: p.pairs.len(), Labelled: len(p.labelled),
+		Identities: p.visitors.len(), Links: p.links.len(), Pairs: p.pairs.len(), Labelled: len(p.labelled), IDs: p.ids.n,
 		Evicted: p.visitors.evicted + p.links.evicted + p.pairs.evicted + p.counts.evicted,
 	}
 }
@@ -226,6 +240,14 @@ func (p *Partition) judge(ev reader.Event, j *Judgement) {
 		j.At = tt
 	}
 	p.last = ev.Seq
+	if p.copyOf(ev, t) {
+		// The same event under another sequence: it was judged (or fed)
+		// as itself already, so it changes nothing here.
+		if j != nil {
+			j.Copy = true
+		}
+		return
+	}
 	if p.fresh {
 		p.fresh, p.startAt = false, t
 	}
@@ -281,6 +303,7 @@ func (p *Partition) expire() {
 	p.pairs.expire(now - int64(r.PairWindow))
 	p.links.expire(now - int64(p.d.Memory()))
 	p.counts.expire(now - int64(r.AlertPeriod))
+	p.ids.expire(now - p.d.memory)
 	// A label can only be given to a click inside some window, so labels
 	// older than twice the reach (slack for slightly unordered clocks) are
 	// never looked up again.

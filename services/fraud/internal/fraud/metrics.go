@@ -9,6 +9,7 @@ import (
 // Metrics are the detector's Prometheus collectors.
 type Metrics struct {
 	judged        prometheus.Counter
+	copies        prometheus.Counter
 	behind        prometheus.Counter
 	alerts        *prometheus.CounterVec
 	verdicts      *prometheus.CounterVec
@@ -30,6 +31,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		judged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
+		}),
+		copies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fraud_copies_skipped_total", Help: "Events skipped as copies of an event judged within the state's memory (ten minutes of event time by default): the same event ID stored in CLICKS again under another sequence (a relay retry after the duplicate window, a redrive). Not judged, not counted in the statistics.",
 		}),
 		behind: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0); a retry of a batch this member judged and has not finished is not counted.",
@@ -77,7 +81,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.copies, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
 	}
 	return m
 }

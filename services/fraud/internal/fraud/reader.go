@@ -462,6 +462,10 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		}
 		ps.pending = append(ps.pending, j)
 		ps.resolved, ps.sent = false, false
+		if j.Copy {
+			r.metrics.copies.Inc()
+			continue
+		}
 		r.metrics.judged.Inc()
 	}
 	if behind > 0 {

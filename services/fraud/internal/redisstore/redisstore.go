@@ -152,6 +152,9 @@ func (s *Store) build(p int, js []fraud.Judgement, b fraud.Batch) ([]string, []a
 	keys := []string{hwmKey(p)}
 	ownerKeys := map[string][2]int{}
 	for _, j := range js {
+		if j.Copy {
+			continue // the event was counted as itself: the mark moves past it, nothing else
+		}
 		d := links[j.Code]
 		if d == nil {
 			d = &linkDelta{owner: j.Owner, byRule: map[string]int64{}}

@@ -1,0 +1,167 @@
+package fraud_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/traffic"
+)
+
+// storeCopy stores c in CLICKS again under another Nats-Msg-Id, as a
+// redrive does (and as the relay's retry later than the duplicate window
+// does, with the same one): the same event at a new sequence.
+func (w *world) storeCopy(t *testing.T, c traffic.Click) {
+	t.Helper()
+	data, err := json.Marshal(c.Click)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.js.Publish(t.Context(), events.ClickSubject(c.Owner, c.Code), data, jetstream.WithMsgID(c.ID+":redrive")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// publish stores clicks in CLICKS, each with its event ID as Nats-Msg-Id.
+func (w *world) publish(t *testing.T, clicks ...traffic.Click) {
+	t.Helper()
+	if err := traffic.Publish(t.Context(), w.js, clicks, 64); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLate waits until c's click time is more than fraud.CopyLateness
+// past, so that a copy stored from now on is stored late, as every copy is.
+func waitLate(t *testing.T, c traffic.Click) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, "the click to be late", func() bool {
+		return time.Since(c.Time) > fraud.CopyLateness+100*time.Millisecond
+	})
+}
+
+// nothingRaised fails unless FRAUD, FRAUD_VERDICTS and Redis hold no alert
+// and no label.
+func (w *world) nothingRaised(t *testing.T) {
+	t.Helper()
+	if got := w.fraudMsgs(t, "fraud.alerts.>"); len(got) != 0 {
+		t.Fatalf("alerts on FRAUD = %v, want none", got)
+	}
+	if got, err := w.store.RecentAlerts(t.Context(), "acme", 10); err != nil || len(got) != 0 {
+		t.Fatalf("alerts in Redis = %+v, %v; want none", got, err)
+	}
+}
+
+// TestACopyOfAClickIsCountedOnce: a click stored in CLICKS a second time
+// under a new sequence (a redrive, or the relay's retry later than the
+// duplicate window) is the same event, and fraud detection counts it once.
+// A visitor clicks a link 20 times in 20 seconds (the burst threshold:
+// one more click within the minute fires it) and curl clicks it 10 times
+// (bot_agent labels each; an eleventh in the hour raises its alert); one
+// of the visitor's clicks and one of curl's, stored on time, are stored
+// again a second later. Also on the link: a distinct click with the same
+// click time as one of the visitor's (another event ID), and a click
+// stored five minutes after its click time with no copy (a late original,
+// as an outbox backlog relayed after an outage gives). Both are counted.
+// Taken as clicks, the copies made the burst fire (21 labels and an
+// alert), raised bot_agent, labelled curl's click twice and counted 34
+// clicks.
+func TestACopyOfAClickIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("cp", parts)
+	person := traffic.Burst(time.Now().Add(-25*time.Second), 20, time.Second, "cp", "acme", "v")
+	late := traffic.Burst(time.Now().Add(-5*time.Minute), 1, 0, "cp", "acme", "late")[0]
+	sameTime := traffic.Burst(person[7].Time, 1, 0, "cp", "acme", "w")[0]
+	curl := agentClicks(time.Now(), 10, 10*time.Millisecond, "cp", "curl/8.5.0")
+	w.publish(t, person...)
+	w.publish(t, late, sameTime)
+	w.publish(t, curl...) // on time
+	waitLate(t, curl[3])
+	w.storeCopy(t, person[4])
+	w.storeCopy(t, curl[3])
+
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	evs := w.events(t, p, 1)
+	if len(evs) != 34 {
+		t.Fatalf("%d events in CLICKS, want 34", len(evs))
+	}
+	handle(t, r, p, evs)
+
+	st, err := w.store.LinkStats(ctx, "cp")
+	if err != nil || st.Total != 32 || st.Flagged != 10 || st.ByRule[fraud.RuleBotAgent] != 10 || len(st.ByRule) != 1 {
+		t.Fatalf("stats = %+v, %v; want 32 clicks, 10 flagged by bot_agent", st, err)
+	}
+	w.nothingRaised(t)
+	labels, _ := w.verdictLabels(t)
+	for i, c := range curl {
+		if labels[c.ID] != 1 {
+			t.Fatalf("curl's click %d: %d labels, want 1", i, labels[c.ID])
+		}
+	}
+	if len(labels) != len(curl) {
+		t.Fatalf("%d clicks labelled, want curl's %d", len(labels), len(curl))
+	}
+	if got := counter(t, reg, "fraud_copies_skipped_total"); got != 2 {
+		t.Fatalf("fraud_copies_skipped_total = %v, want 2", got)
+	}
+	if got := counter(t, reg, "fraud_events_judged_total"); got != 32 {
+		t.Fatalf("fraud_events_judged_total = %v, want 32", got)
+	}
+}
+
+// TestACopyInTheRebuiltRangeIsSkippedAfterATakeover: the member that owned
+// the partition judged 19 of a visitor's clicks and a copy of the third;
+// the member taking it over rebuilds its state from the log, where both
+// the original and the copy are, then gets a copy of the sixth and the
+// visitor's 20th click. Twenty clicks within a minute is the threshold,
+// not a burst: the copies fed or judged as clicks made the new owner see
+// 22 and fire.
+func TestACopyInTheRebuiltRangeIsSkippedAfterATakeover(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("cp", parts)
+	person := traffic.Burst(time.Now().Add(-25*time.Second), 20, time.Second, "cp", "acme", "v")
+	w.publish(t, person[:19]...)
+	w.storeCopy(t, person[2])
+	old := w.reader(t, fraud.Defaults(), nil)
+	if err := old.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	handle(t, old, p, w.events(t, p, 1))
+	old.OnRevoke(p)
+
+	resume := w.events(t, p, 1)
+	next := resume[len(resume)-1].Seq + 1
+	w.storeCopy(t, person[5])
+	w.publish(t, person[19])
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, next); err != nil {
+		t.Fatal(err)
+	}
+	handle(t, r, p, w.events(t, p, next))
+
+	st, err := w.store.LinkStats(ctx, "cp")
+	if err != nil || st.Total != 20 || st.Flagged != 0 {
+		t.Fatalf("stats = %+v, %v; want 20 clicks, none flagged", st, err)
+	}
+	w.nothingRaised(t)
+	if labels, _ := w.verdictLabels(t); len(labels) != 0 {
+		t.Fatalf("labels = %v, want none", labels)
+	}
+	if got := counter(t, reg, "fraud_copies_skipped_total"); got != 1 {
+		t.Fatalf("the new owner's fraud_copies_skipped_total = %v, want 1 (the copy it judged; the one it fed is not counted)", got)
+	}
+}
