@@ -66,7 +66,7 @@ type Config struct {
 	// until that many replicas have them before the batch is acked, for at
 	// most WaitReplicasTimeout: a Redis master that dies right after the
 	// ack then loses none of them. A wait that falls short is counted
-	// (fraud_replica_wait_short_total) and the batch acked all the same.
+	// (snip_fraud_replica_wait_short_total) and the batch acked all the same.
 	// 0: off; 1 for Redis Cluster or a replicated Redis (never on a Redis
 	// without replicas: every batch would wait the timeout).
 	WaitReplicas        int           `env:"FRAUD_WAIT_REPLICAS" envDefault:"0"`

@@ -74,7 +74,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		store := redisstore.New(rdb, partitions, cfg.AlertsPerOwner)
 		reg := prometheus.NewRegistry()
 		if cfg.WaitReplicas > 0 {
-			short := prometheus.NewCounter(prometheus.CounterOpts{Name: "fraud_replica_wait_short_total",
+			short := prometheus.NewCounter(prometheus.CounterOpts{Name: "snip_fraud_replica_wait_short_total",
 				Help: "Batches whose statistics and alerts the Redis replicas did not confirm within FRAUD_WAIT_REPLICAS_TIMEOUT before the ack: acked all the same, on the master alone until its replicas catch up."})
 			reg.MustRegister(short)
 			store.WaitForReplicas(cfg.WaitReplicas, cfg.WaitReplicasTimeout, func(p int, err error) {

@@ -260,9 +260,9 @@ func TestGeneratedMixEndToEnd(t *testing.T) {
 	if st.Total != int64(want) || st.ByRule[fraud.RuleLinkFlood] < int64(total[traffic.PatternFlood]) {
 		t.Errorf("flood link stats = %+v; want total %d and at least %d flood labels", st, want, total[traffic.PatternFlood])
 	}
-	if got := svc.metric(t, "fraud_events_judged_total"); got != float64(len(clicks)) {
-		t.Errorf("fraud_events_judged_total = %v, want %d (behind %v, rebuilds %v, runtime: events %v, redeliveries %v, transient errors %v, rebalances %v)",
-			got, len(clicks), svc.metric(t, "fraud_events_behind_total"), svc.metric(t, "fraud_rebuild_events_count"),
+	if got := svc.metric(t, "snip_fraud_events_judged_total"); got != float64(len(clicks)) {
+		t.Errorf("snip_fraud_events_judged_total = %v, want %d (behind %v, rebuilds %v, runtime: events %v, redeliveries %v, transient errors %v, rebalances %v)",
+			got, len(clicks), svc.metric(t, "snip_fraud_events_behind_total"), svc.metric(t, "snip_fraud_rebuild_events_count"),
 			svc.runtimeEvents(t), svc.metric(t, `snip_reader_redeliveries_total{group="fraud-detection"}`),
 			svc.metric(t, `snip_reader_handler_errors_total{group="fraud-detection",kind="transient"}`),
 			svc.metric(t, `snip_reader_rebalances_total{group="fraud-detection"}`))
@@ -294,7 +294,7 @@ func TestCrashMidBurst(t *testing.T) {
 		"m2": start(t, n, db, "m2", "SNIP_APPLY_TOPOLOGY=false"),
 	}
 	p := events.Partition("hot", partitions)
-	owned := fmt.Sprintf(`fraud_tracked_links{partition="%d"}`, p)
+	owned := fmt.Sprintf(`snip_fraud_tracked_links{partition="%d"}`, p)
 	var owner, survivor string
 	// Two partitions each (bounded load: ceil(4/2)) is the final assignment.
 	const ownedPartitions = `snip_reader_owned_partitions{group="fraud-detection"}`
@@ -361,7 +361,7 @@ func TestCrashMidBurst(t *testing.T) {
 	if code := members[survivor].get(t, "/api/links/hot/fraud", ownerKeys["acme"], &st); code != http.StatusOK || st.Total != 60 || st.Flagged != 60 {
 		t.Fatalf("link stats = %d %+v, want 60 of 60 flagged", code, st)
 	}
-	if got := members[survivor].metric(t, "fraud_rebuild_events_count"); got < 1 {
+	if got := members[survivor].metric(t, "snip_fraud_rebuild_events_count"); got < 1 {
 		t.Fatalf("survivor rebuilt %v times, want at least once", got)
 	}
 }
@@ -393,14 +393,14 @@ func TestReplayRaisesNoNewAlert(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 3*time.Minute, "the replay to be judged", func() bool {
-		return svc.metric(t, "fraud_events_judged_total") >= float64(2*len(clicks)) && caughtUp(t, js)
+		return svc.metric(t, "snip_fraud_events_judged_total") >= float64(2*len(clicks)) && caughtUp(t, js)
 	})
 	after := fraudIDs(t, js, "fraud.alerts.>")
 	if fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Fatalf("alerts after the replay = %v\nbefore = %v", after, before)
 	}
-	if got := svc.metric(t, "fraud_publish_duplicates_total"); got < float64(len(before)) {
-		t.Fatalf("fraud_publish_duplicates_total = %v, want at least the %d alerts raised again", got, len(before))
+	if got := svc.metric(t, "snip_fraud_publish_duplicates_total"); got < float64(len(before)) {
+		t.Fatalf("snip_fraud_publish_duplicates_total = %v, want at least the %d alerts raised again", got, len(before))
 	}
 	var statsAfter fraud.LinkStats
 	svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsAfter)
@@ -497,7 +497,7 @@ func TestARedisThatLostEverythingIsCountedAgainAfterARestart(t *testing.T) {
 		t.Errorf("alerts on FRAUD after the loss (-before +after):\n%s", d)
 	}
 	for series, want := range map[string]float64{
-		"fraud_store_wiped_total": partitions, "fraud_store_unrecoverable_total": 0, "fraud_publish_duplicates_total": 0,
+		"snip_fraud_store_wiped_total": partitions, "snip_fraud_store_unrecoverable_total": 0, "snip_fraud_publish_duplicates_total": 0,
 	} {
 		if got := svc.metric(t, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
@@ -588,8 +588,8 @@ func TestInvalidClicksAreParkedAndNotJudged(t *testing.T) {
 	pub(events.ClickSubject("mallory", "link2"), owner)
 
 	testenv.WaitFor(t, time.Minute, "the group to catch up", func() bool { return caughtUp(t, js) })
-	if got := svc.metric(t, "fraud_events_judged_total"); got != float64(len(good)) {
-		t.Errorf("fraud_events_judged_total = %v, want %d (the valid clicks only)", got, len(good))
+	if got := svc.metric(t, "snip_fraud_events_judged_total"); got != float64(len(good)) {
+		t.Errorf("snip_fraud_events_judged_total = %v, want %d (the valid clicks only)", got, len(good))
 	}
 	if got := svc.metric(t, `snip_reader_parked_total{group="fraud-detection",reason="subject_mismatch"}`); got != 2 {
 		t.Errorf("parked subject_mismatch = %v, want 2", got)

@@ -73,10 +73,10 @@ func catchUp(b *testing.B, natsURL string, rows int) (rowsPerSec, rowsPerInsert 
 	go func() { done <- run(ctx, benchLog(), cfg) }()
 	a := <-addr
 	testenv.WaitFor(b, 30*time.Minute, "the loader to insert the backlog", func() bool {
-		return metricValue(a, "warehouse_rows_inserted_total") >= catchUpEvents
+		return metricValue(a, "snip_warehouse_rows_inserted_total") >= catchUpEvents
 	})
 	rowsPerSec = catchUpEvents / time.Since(start).Seconds()
-	rowsPerInsert = metricValue(a, "warehouse_rows_inserted_total") / metricValue(a, "warehouse_insert_rows_count")
+	rowsPerInsert = metricValue(a, "snip_warehouse_rows_inserted_total") / metricValue(a, "snip_warehouse_insert_rows_count")
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)

@@ -312,8 +312,8 @@ func TestEveryClickOnceThroughReplayAndRepublish(t *testing.T) {
 	}
 	// The writer counts rows after ClickHouse has taken the insert, so the
 	// metric may come a moment after the rows are visible.
-	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("warehouse_rows_inserted_total >= %d", 3*len(clicks)), func() bool {
-		return metric(t, s.addr, "warehouse_rows_inserted_total") >= float64(3*len(clicks))
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("snip_warehouse_rows_inserted_total >= %d", 3*len(clicks)), func() bool {
+		return metric(t, s.addr, "snip_warehouse_rows_inserted_total") >= float64(3*len(clicks))
 	})
 
 	// The distroless healthcheck: the binary probes its own /healthz.
@@ -421,7 +421,7 @@ func TestClickHouseStoppedUnderTraffic(t *testing.T) {
 	if err != nil || tot.Events != uint64(len(sent)) {
 		t.Errorf("totals = %+v, %v; want %d events", tot, err, len(sent))
 	}
-	if got := metric(t, s.addr, "warehouse_insert_errors_total"); got == 0 {
+	if got := metric(t, s.addr, "snip_warehouse_insert_errors_total"); got == 0 {
 		t.Error("no insert errors counted while ClickHouse was down")
 	}
 	testenv.WaitFor(t, 30*time.Second, "ready again", func() bool { return readyz(t, s.addr) == http.StatusOK })
@@ -461,7 +461,7 @@ func TestLoaderKilledMidInsert(t *testing.T) {
 	second := warehousetest.Clicks(1000, time.Now().Add(-time.Hour), time.Second)
 	publish(t, js, second, eventID)
 	testenv.WaitFor(t, time.Minute, "the child to hold rows in a hanging insert", func() bool {
-		return metric(t, childAddr, "warehouse_rows_waiting") > 0
+		return metric(t, childAddr, "snip_warehouse_rows_waiting") > 0
 	})
 	if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -521,8 +521,8 @@ func TestBackfillLoadsTheWindowThenLive(t *testing.T) {
 	if diff := cmp.Diff(wantIDs, got); diff != "" {
 		t.Errorf("events loaded from the backlog (-last 72h +loaded):\n%s", diff)
 	}
-	if got, want := metric(t, s.addr, "warehouse_backfill_skipped_total"), float64(len(seed)-len(want)); got != want {
-		t.Errorf("warehouse_backfill_skipped_total = %v, want %v", got, want)
+	if got, want := metric(t, s.addr, "snip_warehouse_backfill_skipped_total"), float64(len(seed)-len(want)); got != want {
+		t.Errorf("snip_warehouse_backfill_skipped_total = %v, want %v", got, want)
 	}
 	// The consumers started by stored time at the window (less the slack).
 	c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupWarehouseLoader, 0))
@@ -571,7 +571,7 @@ func TestWaitsForClickHouseAndStopsWhenItFreezes(t *testing.T) {
 	second := warehousetest.Clicks(100, time.Now().Add(-time.Hour), time.Second)
 	publish(t, js, second, eventID)
 	testenv.WaitFor(t, time.Minute, "rows held in a hanging insert", func() bool {
-		return metric(t, s.addr, "warehouse_rows_waiting") > 0
+		return metric(t, s.addr, "snip_warehouse_rows_waiting") > 0
 	})
 	start := time.Now()
 	if err := s.stop(t); err != nil {
@@ -639,7 +639,7 @@ func TestSlowInsertsGetNoRedelivery(t *testing.T) {
 	// The first insert fails at its deadline: its handlers waited 5 s,
 	// past the AckWait twice over.
 	testenv.WaitFor(t, time.Minute, "an insert to fail at its deadline", func() bool {
-		return warehousetest.Metric(t, reg, "warehouse_insert_errors_total", "class", chwriter.ClassTimeout) >= 1
+		return warehousetest.Metric(t, reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassTimeout) >= 1
 	})
 	for p := range warehousetest.Partitions {
 		c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupWarehouseLoader, p))
@@ -676,7 +676,7 @@ func TestShutdownInsertsAndAcksWhatItHolds(t *testing.T) {
 	clicks := warehousetest.Clicks(100, time.Now().Add(-time.Hour), time.Second)
 	publish(t, js, clicks, eventID)
 	testenv.WaitFor(t, time.Minute, "rows waiting for the linger", func() bool {
-		return metric(t, s.addr, "warehouse_rows_waiting") == float64(len(clicks))
+		return metric(t, s.addr, "snip_warehouse_rows_waiting") == float64(len(clicks))
 	})
 	start := time.Now()
 	if err := s.stop(t); err != nil {

@@ -23,7 +23,7 @@ import (
 // time can be a copy: the record is looked up for those only, in the bucket
 // of its event time, where both copies of an event fall (same click time).
 // An event found there is a copy: it changes nothing in the state and is
-// counted in fraud_copies_skipped_total. An on-time click costs a hash and
+// counted in snip_fraud_copies_skipped_total. An on-time click costs a hash and
 // an append.
 
 const (

@@ -112,11 +112,11 @@ func TestACopyOfAClickIsCountedOnce(t *testing.T) {
 	if len(labels) != len(curl) {
 		t.Fatalf("%d clicks labelled, want curl's %d", len(labels), len(curl))
 	}
-	if got := counter(t, reg, "fraud_copies_skipped_total"); got != 2 {
-		t.Fatalf("fraud_copies_skipped_total = %v, want 2", got)
+	if got := counter(t, reg, "snip_fraud_copies_skipped_total"); got != 2 {
+		t.Fatalf("snip_fraud_copies_skipped_total = %v, want 2", got)
 	}
-	if got := counter(t, reg, "fraud_events_judged_total"); got != 32 {
-		t.Fatalf("fraud_events_judged_total = %v, want 32", got)
+	if got := counter(t, reg, "snip_fraud_events_judged_total"); got != 32 {
+		t.Fatalf("snip_fraud_events_judged_total = %v, want 32", got)
 	}
 }
 
@@ -161,7 +161,7 @@ func TestACopyInTheRebuiltRangeIsSkippedAfterATakeover(t *testing.T) {
 	if labels, _ := w.verdictLabels(t); len(labels) != 0 {
 		t.Fatalf("labels = %v, want none", labels)
 	}
-	if got := counter(t, reg, "fraud_copies_skipped_total"); got != 1 {
-		t.Fatalf("the new owner's fraud_copies_skipped_total = %v, want 1 (the copy it judged; the one it fed is not counted)", got)
+	if got := counter(t, reg, "snip_fraud_copies_skipped_total"); got != 1 {
+		t.Fatalf("the new owner's snip_fraud_copies_skipped_total = %v, want 1 (the copy it judged; the one it fed is not counted)", got)
 	}
 }

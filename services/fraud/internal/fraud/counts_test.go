@@ -213,14 +213,14 @@ func TestTakeoverAfterAStoredButUnackedBatch(t *testing.T) {
 	if got := w.fraudMsgs(t, "fraud.alerts.>"); len(got) != 0 {
 		t.Fatalf("alerts on FRAUD = %v, want none", got)
 	}
-	if got := counter(t, reg, "fraud_events_judged_total"); got != 1 {
+	if got := counter(t, reg, "snip_fraud_events_judged_total"); got != 1 {
 		t.Fatalf("the next owner judged %v events, want 1 (the one after the stored batch)", got)
 	}
-	if got := counter(t, reg, "fraud_publish_duplicates_total"); got != 0 {
+	if got := counter(t, reg, "snip_fraud_publish_duplicates_total"); got != 0 {
 		t.Fatalf("%v duplicates published, want 0", got)
 	}
-	if got := counter(t, reg, "fraud_events_behind_total"); got != 0 {
-		t.Fatalf("fraud_events_behind_total = %v, want 0", got)
+	if got := counter(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Fatalf("snip_fraud_events_behind_total = %v, want 0", got)
 	}
 	v, _ := w.verdictLabels(t)
 	if len(v) != 10 {

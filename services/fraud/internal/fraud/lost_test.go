@@ -83,11 +83,11 @@ func TestEventsRedisLostAreHandedAgain(t *testing.T) {
 					t.Fatalf("click %d: %d labels, want 1", i+1, v[e.Click.ID])
 				}
 			}
-			if got := counter(t, reg, "fraud_publish_duplicates_total"); got != 0 {
+			if got := counter(t, reg, "snip_fraud_publish_duplicates_total"); got != 0 {
 				t.Fatalf("%v alerts or verdicts published again, want 0", got)
 			}
-			if got := counter(t, reg, "fraud_store_replays_total"); got != 1 {
-				t.Fatalf("fraud_store_replays_total = %v, want 1", got)
+			if got := counter(t, reg, "snip_fraud_store_replays_total"); got != 1 {
+				t.Fatalf("snip_fraud_store_replays_total = %v, want 1", got)
 			}
 		})
 	}
@@ -212,8 +212,8 @@ func TestStatisticsRedisLostAltogetherAreCountedAgain(t *testing.T) {
 				t.Fatalf("replays from %v, want one from %d (where the statistics began)", replays, all[0].Seq)
 			}
 			for name, want := range map[string]float64{
-				"fraud_store_wiped_total": 1, "fraud_store_replays_total": 1,
-				"fraud_store_unrecoverable_total": 0, "fraud_publish_duplicates_total": 0,
+				"snip_fraud_store_wiped_total": 1, "snip_fraud_store_replays_total": 1,
+				"snip_fraud_store_unrecoverable_total": 0, "snip_fraud_publish_duplicates_total": 0,
 			} {
 				if got := counter(t, reg, name); got != want {
 					t.Fatalf("%s = %v, want %v", name, got, want)
@@ -247,7 +247,7 @@ func TestAPartitionNeverProcessedIsNotTakenForALoss(t *testing.T) {
 	if got, err := kvorigin.New(w.js, topology.GroupFraudDetection).Origin(ctx, p); err != nil || got != evs[20].Seq {
 		t.Fatalf("recorded origin = %d, %v; want %d", got, err, evs[20].Seq)
 	}
-	for _, name := range []string{"fraud_store_wiped_total", "fraud_store_replays_total", "fraud_store_unrecoverable_total"} {
+	for _, name := range []string{"snip_fraud_store_wiped_total", "snip_fraud_store_replays_total", "snip_fraud_store_unrecoverable_total"} {
 		if got := counter(t, reg, name); got != 0 {
 			t.Fatalf("%s = %v, want 0", name, got)
 		}
@@ -258,7 +258,7 @@ func TestAPartitionNeverProcessedIsNotTakenForALoss(t *testing.T) {
 // of a partition after retention discarded the first events its statistics
 // held (CLICKS cut to its newest 15 events). Those cannot be counted again:
 // the member taking the partition over says so (the log line and
-// fraud_store_unrecoverable_total) and counts again what the log still
+// snip_fraud_store_unrecoverable_total) and counts again what the log still
 // holds, from its first event of the partition.
 func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 	t.Parallel()
@@ -308,7 +308,7 @@ func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 		t.Fatalf("stats = %+v, %v; want the 15 clicks the log holds counted", st, err)
 	}
 	for name, want := range map[string]float64{
-		"fraud_store_wiped_total": 1, "fraud_store_unrecoverable_total": 1, "fraud_store_replays_total": 1,
+		"snip_fraud_store_wiped_total": 1, "snip_fraud_store_unrecoverable_total": 1, "snip_fraud_store_replays_total": 1,
 	} {
 		if got := counter(t, reg, name); got != want {
 			t.Fatalf("%s = %v, want %v", name, got, want)

@@ -30,54 +30,54 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		judged: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
+			Name: "snip_fraud_events_judged_total", Help: "Click events judged (not counting rebuilds).",
 		}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_copies_skipped_total", Help: "Events skipped as copies of an event judged within the state's memory (ten minutes of event time by default): the same event ID stored in CLICKS again under another sequence (a relay retry after the duplicate window, a redrive). Not judged, not counted in the statistics.",
+			Name: "snip_fraud_copies_skipped_total", Help: "Events skipped as copies of an event judged within the state's memory (ten minutes of event time by default): the same event ID stored in CLICKS again under another sequence (a relay retry after the duplicate window, a redrive). Not judged, not counted in the statistics.",
 		}),
 		behind: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0); a retry of a batch this member judged and has not finished is not counted.",
+			Name: "snip_fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0); a retry of a batch this member judged and has not finished is not counted.",
 		}),
 		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",
+			Name: "snip_fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",
 		}, []string{"rule"}),
 		verdicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fraud_verdicts_total", Help: "Per-click verdicts published, by rule.",
+			Name: "snip_fraud_verdicts_total", Help: "Per-click verdicts published, by rule.",
 		}, []string{"rule"}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_publish_duplicates_total", Help: "Alerts and verdicts the FRAUD stream acknowledged as duplicates of ones it had (replay, redelivery, takeover).",
+			Name: "snip_fraud_publish_duplicates_total", Help: "Alerts and verdicts the FRAUD stream acknowledged as duplicates of ones it had (replay, redelivery, takeover).",
 		}),
 		lookups: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_click_lookups_total", Help: "Earlier clicks read back from CLICKS to label them.",
+			Name: "snip_fraud_click_lookups_total", Help: "Earlier clicks read back from CLICKS to label them.",
 		}),
 		notInLog: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_labels_not_in_log_total", Help: "Labels of earlier clicks no longer in CLICKS (retention) when their batch's verdicts were built: no verdict is published for them.",
+			Name: "snip_fraud_labels_not_in_log_total", Help: "Labels of earlier clicks no longer in CLICKS (retention) when their batch's verdicts were built: no verdict is published for them.",
 		}),
 		storeReplays: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_store_replays_total", Help: "Times a partition's statistics in Redis were found behind what had been applied (Redis lost acknowledged writes: a failover to a replica without them, a crash that lost its last second) and the runtime was asked to hand the partition's events again from the first missing one (should stay 0).",
+			Name: "snip_fraud_store_replays_total", Help: "Times a partition's statistics in Redis were found behind what had been applied (Redis lost acknowledged writes: a failover to a replica without them, a crash that lost its last second) and the runtime was asked to hand the partition's events again from the first missing one (should stay 0).",
 		}),
 		wiped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_store_wiped_total", Help: "Times a partition's statistics were found gone from Redis altogether: no high-water mark, though the partition's statistics began at an earlier sequence, recorded in NATS (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot). The partition's events are handed again from there, as far as CLICKS holds them (should stay 0).",
+			Name: "snip_fraud_store_wiped_total", Help: "Times a partition's statistics were found gone from Redis altogether: no high-water mark, though the partition's statistics began at an earlier sequence, recorded in NATS (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot). The partition's events are handed again from there, as far as CLICKS holds them (should stay 0).",
 		}),
 		unrecoverable: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "fraud_store_unrecoverable_total", Help: "Times statistics Redis lost altogether included events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good (should stay 0).",
+			Name: "snip_fraud_store_unrecoverable_total", Help: "Times statistics Redis lost altogether included events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good (should stay 0).",
 		}),
 		rebuilds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
+			Name: "snip_fraud_rebuild_duration_seconds", Help: "Time to rebuild a partition's windows from the log on takeover or rewind.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 3, 10),
 		}),
 		rebuildRead: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "fraud_rebuild_events", Help: "Events read from the log per rebuild.",
+			Name: "snip_fraud_rebuild_events", Help: "Events read from the log per rebuild.",
 			Buckets: prometheus.ExponentialBuckets(10, 4, 10),
 		}),
 		identities: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "fraud_tracked_identities", Help: "(link, visitor) identities tracked, by partition.",
+			Name: "snip_fraud_tracked_identities", Help: "(link, visitor) identities tracked, by partition.",
 		}, []string{"partition"}),
 		links: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "fraud_tracked_links", Help: "Links tracked, by partition.",
+			Name: "snip_fraud_tracked_links", Help: "Links tracked, by partition.",
 		}, []string{"partition"}),
 		evicted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "fraud_state_evicted", Help: "States evicted by a cap since the partition was assigned, by partition; growth means a cap is too low for the traffic.",
+			Name: "snip_fraud_state_evicted", Help: "States evicted by a cap since the partition was assigned, by partition; growth means a cap is too low for the traffic.",
 		}, []string{"partition"}),
 	}
 	if reg != nil {

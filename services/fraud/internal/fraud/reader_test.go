@@ -273,8 +273,8 @@ func TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition(t *testing.T) {
 	if err := r.Handle(ctx, p, w.events(t, p, 16)); err != nil {
 		t.Fatalf("batch labelling clicks gone from the log: %v", err)
 	}
-	if got := counter(t, reg, "fraud_labels_not_in_log_total"); got != 15 {
-		t.Fatalf("fraud_labels_not_in_log_total = %v, want 15", got)
+	if got := counter(t, reg, "snip_fraud_labels_not_in_log_total"); got != 15 {
+		t.Fatalf("snip_fraud_labels_not_in_log_total = %v, want 15", got)
 	}
 
 	// The partition goes on: the next batch is judged and labelled.
@@ -290,8 +290,8 @@ func TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition(t *testing.T) {
 			t.Fatalf("click %d: %d verdicts, want %d", i+1, v[c.ID], want)
 		}
 	}
-	if got := counter(t, reg, "fraud_events_judged_total"); got != 30 {
-		t.Fatalf("fraud_events_judged_total = %v, want 30", got)
+	if got := counter(t, reg, "snip_fraud_events_judged_total"); got != 30 {
+		t.Fatalf("snip_fraud_events_judged_total = %v, want 30", got)
 	}
 	// The statistics count what the detector decided, verdict or not.
 	st, err := w.store.LinkStats(ctx, "hot")
@@ -303,7 +303,7 @@ func TestLabelOfAClickGoneFromTheLogDoesNotStopThePartition(t *testing.T) {
 // TestRetryOfAJudgedBatchIsNotCountedBehind: a batch fails after it was
 // judged (NATS stopped), and the runtime retries the same events, still
 // first deliveries. They are the member's own pending judgements, not events
-// behind its position: fraud_events_behind_total stays 0, as it does for a
+// behind its position: snip_fraud_events_behind_total stays 0, as it does for a
 // redelivery. A first delivery genuinely behind the position still counts.
 func TestRetryOfAJudgedBatchIsNotCountedBehind(t *testing.T) {
 	t.Parallel()
@@ -324,11 +324,11 @@ func TestRetryOfAJudgedBatchIsNotCountedBehind(t *testing.T) {
 	if err := r.Handle(ctx, p, batch); err != nil { // the runtime's retry
 		t.Fatal(err)
 	}
-	if got := counter(t, reg, "fraud_events_behind_total"); got != 0 {
-		t.Fatalf("after the retry, fraud_events_behind_total = %v, want 0", got)
+	if got := counter(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Fatalf("after the retry, snip_fraud_events_behind_total = %v, want 0", got)
 	}
-	if got := counter(t, reg, "fraud_events_judged_total"); got != 30 {
-		t.Fatalf("fraud_events_judged_total = %v, want 30", got)
+	if got := counter(t, reg, "snip_fraud_events_judged_total"); got != 30 {
+		t.Fatalf("snip_fraud_events_judged_total = %v, want 30", got)
 	}
 
 	again := slices.Clone(batch)
@@ -338,15 +338,15 @@ func TestRetryOfAJudgedBatchIsNotCountedBehind(t *testing.T) {
 	if err := r.Handle(ctx, p, again); err != nil { // a redelivery
 		t.Fatal(err)
 	}
-	if got := counter(t, reg, "fraud_events_behind_total"); got != 0 {
-		t.Fatalf("after a redelivery, fraud_events_behind_total = %v, want 0", got)
+	if got := counter(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Fatalf("after a redelivery, snip_fraud_events_behind_total = %v, want 0", got)
 	}
 	// First deliveries of events this member judged, published and stored
 	// before: behind its position, never to be judged.
 	if err := r.Handle(ctx, p, batch[:5]); err != nil {
 		t.Fatal(err)
 	}
-	if got := counter(t, reg, "fraud_events_behind_total"); got != 5 {
-		t.Fatalf("after 5 first deliveries behind, fraud_events_behind_total = %v, want 5", got)
+	if got := counter(t, reg, "snip_fraud_events_behind_total"); got != 5 {
+		t.Fatalf("after 5 first deliveries behind, snip_fraud_events_behind_total = %v, want 5", got)
 	}
 }

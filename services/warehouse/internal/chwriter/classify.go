@@ -10,7 +10,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
-// Error classes, the label of warehouse_insert_errors_total. Every class but
+// Error classes, the label of snip_warehouse_insert_errors_total. Every class but
 // bad_row is retried with the whole batch; schema and auth are permanent
 // (loader.ErrPermanent): retried slowly, with an error log, until an
 // operator acts.

@@ -14,25 +14,25 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		rows: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warehouse_rows_inserted_total",
+			Name: "snip_warehouse_rows_inserted_total",
 			Help: "Rows ClickHouse accepted (redelivered events count again; the schema absorbs them).",
 		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "warehouse_insert_duration_seconds",
+			Name:    "snip_warehouse_insert_duration_seconds",
 			Help:    "Duration of successful inserts, from prepare to the server's acknowledgement.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "warehouse_insert_rows",
+			Name:    "snip_warehouse_insert_rows",
 			Help:    "Rows per successful insert.",
 			Buckets: []float64{1, 10, 100, 1000, 2500, 5000, 10000, 20000, 50000, 100000},
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warehouse_insert_errors_total",
+			Name: "snip_warehouse_insert_errors_total",
 			Help: "Failed inserts by class; schema and auth need an operator (alert on any).",
 		}, []string{"class"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "warehouse_last_insert_timestamp_seconds",
+			Name: "snip_warehouse_last_insert_timestamp_seconds",
 			Help: "Unix time of the last successful insert.",
 		}),
 	}

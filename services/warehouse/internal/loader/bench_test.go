@@ -97,7 +97,7 @@ func measureLoader(b *testing.B, byPart map[int][]reader.Event, total, size int)
 	start := time.Now()
 	feedPartitions(b, l, byPart, size)
 	rowsPerSec = float64(total) / time.Since(start).Seconds()
-	return rowsPerSec, float64(total) / warehousetest.Metric(b, reg, "warehouse_insert_rows")
+	return rowsPerSec, float64(total) / warehousetest.Metric(b, reg, "snip_warehouse_insert_rows")
 }
 
 // bareInsert is the reference: no loader, no retries, no metrics.

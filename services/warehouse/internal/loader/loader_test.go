@@ -107,7 +107,7 @@ func TestPartitionBatchesShareOneInsert(t *testing.T) {
 	// long before the linger would start it.
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{MaxRows: len(evs), Linger: time.Minute})
 	mustHandleAll(t, e.l, byPart)
-	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_rows"); got != 1 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_rows"); got != 1 {
 		t.Errorf("%d partition batches took %v inserts, want 1", len(byPart), got)
 	}
 	got := warehousetest.RowsPerEvent(t, e.conn)
@@ -131,7 +131,7 @@ func TestFullGroupTakesNoMoreRows(t *testing.T) {
 	mustHandleAll(t, e.l, byPart)
 	// Each group closes at its second batch (120 rows): four inserts, none
 	// of them holding everything.
-	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "size"); got != 4 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total", "trigger", "size"); got != 4 {
 		t.Errorf("size flushes = %v, want 4", got)
 	}
 	if got := len(warehousetest.RowsPerEvent(t, e.conn)); got != 480 {
@@ -157,7 +157,7 @@ func TestHandleReturnsOnlyWhenRowsAreInClickHouse(t *testing.T) {
 			}
 		}
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_rows"); got != 5 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_rows"); got != 5 {
 		t.Errorf("inserts = %v, want 5 (one per round)", got)
 	}
 }
@@ -170,7 +170,7 @@ func TestDrainInsertsWithoutLingering(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.l.Handle(t.Context(), 0, evs) }()
 	testenv.WaitFor(t, 10*time.Second, "rows waiting", func() bool {
-		return warehousetest.Metric(t, e.reg, "warehouse_rows_waiting") == 10
+		return warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting") == 10
 	})
 	e.l.Drain()
 	select {
@@ -181,7 +181,7 @@ func TestDrainInsertsWithoutLingering(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Handle still waiting 30s after Drain; the linger is a minute")
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "drain"); got != 1 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total", "trigger", "drain"); got != 1 {
 		t.Errorf("drain flushes = %v, want 1", got)
 	}
 }
@@ -205,7 +205,7 @@ func TestBacklogDoesNotLinger(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("a backlog batch waited for the minute-long linger")
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_flushes_total", "trigger", "linger"); got != 0 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total", "trigger", "linger"); got != 0 {
 		t.Errorf("linger flushes = %v, want 0", got)
 	}
 	if got := len(warehousetest.RowsPerEvent(t, e.conn)); got != 50 {
@@ -282,7 +282,7 @@ func TestBadRowIsParkedAndTheRestInserted(t *testing.T) {
 			}
 		}
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_rows_parked_total", "reason", loader.ReasonBadRow); got != 1 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_rows_parked_total", "reason", loader.ReasonBadRow); got != 1 {
 		t.Errorf("parked = %v, want 1", got)
 	}
 }
@@ -320,7 +320,7 @@ func TestUnavailableClickHouseFailsTheBatchForRetry(t *testing.T) {
 	if err == nil || errors.As(err, &pe) || errors.Is(err, loader.ErrPermanent) {
 		t.Fatalf("Handle with ClickHouse down = %v, want a transient error (the runtime retries the batch)", err)
 	}
-	if got := warehousetest.Metric(t, down.reg, "warehouse_insert_errors_total", "class", chwriter.ClassUnavailable); got != 1 {
+	if got := warehousetest.Metric(t, down.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassUnavailable); got != 1 {
 		t.Errorf("unavailable errors = %v, want 1", got)
 	}
 	// The runtime hands the same batch again; this time ClickHouse is there.
@@ -355,7 +355,7 @@ func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	if err := e.l.Handle(t.Context(), 0, evs); !errors.Is(err, loader.ErrPermanent) {
 		t.Fatalf("second Handle = %v, want ErrPermanent", err)
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassSchema); got != 1 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassSchema); got != 1 {
 		t.Errorf("schema errors = %v, want 1 (one attempt per retry delay)", got)
 	}
 	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks ADD COLUMN referrer String AFTER user_agent"); err != nil {
@@ -393,13 +393,13 @@ func TestChangedColumnTypeParksNothing(t *testing.T) {
 			t.Errorf("partition %d with request_id a UUID column: %v, want ErrPermanent and no event poisoned", p, err)
 		}
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_rows_parked_total"); got != 0 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_rows_parked_total"); got != 0 {
 		t.Errorf("parked = %v, want 0", got)
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassSchema); got < 1 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassSchema); got < 1 {
 		t.Errorf("schema errors = %v, want at least 1", got)
 	}
-	if got := warehousetest.Metric(t, e.reg, "warehouse_insert_errors_total", "class", chwriter.ClassBadRow); got != 0 {
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassBadRow); got != 0 {
 		t.Errorf("bad_row errors = %v, want 0", got)
 	}
 	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks MODIFY COLUMN request_id String"); err != nil {

@@ -15,19 +15,19 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warehouse_rows_parked_total",
+			Name: "snip_warehouse_rows_parked_total",
 			Help: "Clicks the loader refused as rows and parked on DEAD_LETTER, by reason.",
 		}, []string{"reason"}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "warehouse_backfill_skipped_total",
+			Name: "snip_warehouse_backfill_skipped_total",
 			Help: "Backlog events skipped on a first start because their click is older than the backfill window.",
 		}),
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "warehouse_rows_waiting",
+			Name: "snip_warehouse_rows_waiting",
 			Help: "Rows handed to the loader and not yet inserted (their events are not acked).",
 		}),
 		flushes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "warehouse_flushes_total",
+			Name: "snip_warehouse_flushes_total",
 			Help: "Inserts started, by what started them: size (MaxRows reached), linger, backlog (catching up: no linger), or drain (shutdown).",
 		}, []string{"trigger"}),
 	}
