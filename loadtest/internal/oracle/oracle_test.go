@@ -155,9 +155,16 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 // recount sets the counter from the log and the verdicts.
 func (w *world) recount() {
 	w.counter = fakeCounter{}
+	// A verdict corrects the link it names, as the counter applies it.
 	label := map[uuid.UUID]bool{}
+	code := map[uuid.UUID]string{}
+	for _, c := range w.log {
+		code[c.ID] = c.Code
+	}
 	for _, v := range w.verdicts {
-		label[v.ClickID] = v.Bot
+		if code[v.ClickID] == v.Code {
+			label[v.ClickID] = v.Bot
+		}
 	}
 	seen := map[uuid.UUID]bool{}
 	for _, c := range w.log {
@@ -365,6 +372,20 @@ func TestVerify(t *testing.T) {
 				w.verdicts = append(w.verdicts, oracle.Verdict{ID: "x", ClickID: uuid.MustParse(tag.EventID(5, at)), Code: tag.LinkCode(0), Bot: true, FraudSeq: 999})
 			},
 			want: map[string]outcome{oracle.SinkFraud: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// The counter moves the click's count on the link the verdict
+			// names: a verdict about a click of one link that names another
+			// is extra, and leaves the click without its label.
+			name: "verdict_names_another_link_than_its_click", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				v := &w.verdicts[0]
+				seq, _ := tag.SeqOfUUID(v.ClickID)
+				v.Code = tag.LinkCode((w.gen.Visit(seq).Link + 1) % 5)
+				w.recount()
+			},
+			// the burst click is not labelled on its link: missing
+			want: map[string]outcome{oracle.SinkFraud: {Missing: 1, Extra: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "verdict_stored_twice", mode: truth.ModeEvents,

@@ -120,7 +120,7 @@ func (s *state) sourceLabelResult() Result {
 
 // fraudResult checks that every burst click the log holds is labelled bot.
 func (s *state) fraudResult() Result {
-	r := Result{Sink: SinkFraud, Dup: s.verdictDups, Extra: s.verdictUnknown}
+	r := Result{Sink: SinkFraud, Dup: s.verdictDups, Extra: s.verdictUnknown + s.verdictWrongLink}
 	bursts := map[int64]bool{}
 	s.forPresent(func(seq uint64, _ *slot) {
 		v := s.gen.Visit(seq)
@@ -138,6 +138,9 @@ func (s *state) fraudResult() Result {
 	notes := []string{fmt.Sprintf("%d bursts", len(bursts))}
 	if s.verdictUnknown > 0 {
 		notes = append(notes, fmt.Sprintf("%d verdicts name clicks not in the log", s.verdictUnknown))
+	}
+	if s.verdictWrongLink > 0 {
+		notes = append(notes, fmt.Sprintf("%d verdicts name another link than their click's", s.verdictWrongLink))
 	}
 	if len(s.verdictRules) > 0 {
 		rules := make([]string, 0, len(s.verdictRules))

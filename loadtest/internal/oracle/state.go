@@ -46,9 +46,12 @@ type state struct {
 	verdictIDs     map[string]struct{}
 	verdictDups    uint64
 	verdictUnknown uint64
-	verdictRules   map[string]uint64 // rule -> verdicts labelling a non-burst human click bot
-	label          []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
-	labelSeq       []uint64          // FRAUD_VERDICTS sequence of that verdict
+	// verdictWrongLink counts verdicts naming another link than their
+	// click's.
+	verdictWrongLink uint64
+	verdictRules     map[string]uint64 // rule -> verdicts labelling a non-burst human click bot
+	label            []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
+	labelSeq         []uint64          // FRAUD_VERDICTS sequence of that verdict
 
 	// lastClick is, per CLICKS partition, the highest stream sequence of a
 	// click on the run's links; lastVerdict the highest FRAUD sequence of a
@@ -209,6 +212,12 @@ func (s *state) addVerdict(v *Verdict) {
 	seq, ok := s.lookup(v.ClickID)
 	if !ok {
 		s.verdictUnknown++
+		return
+	}
+	if v.Code != s.tag.LinkCode(s.gen.Visit(seq).Link) {
+		// The counter corrects the link a verdict names: this one would
+		// move a count on a link the click is not on.
+		s.verdictWrongLink++
 		return
 	}
 	if s.label == nil {
