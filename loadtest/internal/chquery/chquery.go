@@ -90,9 +90,9 @@ func (c *Client) LinkCounts(ctx context.Context, owner, prefix string) (map[stri
 }
 
 // EventIDs implements oracle.WarehouseReader.
-func (c *Client) EventIDs(ctx context.Context, owner, prefix string, fn func(string, uuid.UUID)) error {
+func (c *Client) EventIDs(ctx context.Context, owner, prefix string, fn func(string, uuid.UUID, bool)) error {
 	rows, err := c.conn.Query(ctx, `
-		SELECT DISTINCT code, event_id FROM `+Table+` WHERE owner = ? AND code LIKE ?`, owner, like(prefix))
+		SELECT DISTINCT code, event_id, bot FROM `+Table+` WHERE owner = ? AND code LIKE ?`, owner, like(prefix))
 	if err != nil {
 		return fmt.Errorf("warehouse event ids: %w", err)
 	}
@@ -100,10 +100,11 @@ func (c *Client) EventIDs(ctx context.Context, owner, prefix string, fn func(str
 	for rows.Next() {
 		var code string
 		var id uuid.UUID
-		if err := rows.Scan(&code, &id); err != nil {
+		var bot uint8
+		if err := rows.Scan(&code, &id, &bot); err != nil {
 			return fmt.Errorf("warehouse event ids: %w", err)
 		}
-		fn(code, id)
+		fn(code, id, bot != 0)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("warehouse event ids: %w", err)

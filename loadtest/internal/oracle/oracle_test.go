@@ -71,12 +71,12 @@ func (f *fakeWarehouse) LinkCounts(_ context.Context, _, prefix string) (map[str
 	return out, nil
 }
 
-func (f *fakeWarehouse) EventIDs(_ context.Context, _, prefix string, fn func(string, uuid.UUID)) error {
-	seen := map[uuid.UUID]bool{}
+func (f *fakeWarehouse) EventIDs(_ context.Context, _, prefix string, fn func(string, uuid.UUID, bool)) error {
+	seen := map[whRow]bool{}
 	for _, r := range f.rows {
-		if strings.HasPrefix(r.code, prefix) && !seen[r.id] {
-			seen[r.id] = true
-			fn(r.code, r.id)
+		if strings.HasPrefix(r.code, prefix) && !seen[r] {
+			seen[r] = true
+			fn(r.code, r.id, r.bot)
 		}
 	}
 	return nil
@@ -455,6 +455,42 @@ func TestVerify(t *testing.T) {
 				w.warehouse[i].id = uuid.Must(uuid.NewV7()) // counts agree, the set does not
 			},
 			want: map[string]outcome{oracle.SinkWarehouse: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// One bot and one human click of a link with their flags
+			// swapped: the link's counts are right, the events are not.
+			name: "warehouse_swapped_two_bot_flags", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				bot := -1
+				for i, r := range w.warehouse {
+					if r.bot {
+						bot = i
+						break
+					}
+				}
+				if bot < 0 {
+					t.Fatal("no bot in the warehouse")
+				}
+				for i, r := range w.warehouse {
+					if !r.bot && r.code == w.warehouse[bot].code {
+						w.warehouse[i].bot, w.warehouse[bot].bot = true, false
+						return
+					}
+				}
+				t.Fatal("no human click on the bot's link")
+			},
+			want: map[string]outcome{oracle.SinkWarehouseBot: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// A copy of an event with the other bot flag: the distinct
+			// counts by ID cannot see it.
+			name: "warehouse_copy_with_another_bot_flag", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				r := w.warehouse[0]
+				r.bot = !r.bot
+				w.warehouse = append(w.warehouse, r)
+			},
+			want: map[string]outcome{oracle.SinkWarehouse: {Dup: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "unconfigured_sinks_are_skipped", mode: truth.ModeEvents,

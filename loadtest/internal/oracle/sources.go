@@ -78,8 +78,10 @@ type WarehouseReader interface {
 	// LinkCounts returns the counts of every link of owner whose code starts
 	// with prefix, by code.
 	LinkCounts(ctx context.Context, owner, prefix string) (map[string]WarehouseCount, error)
-	// EventIDs calls fn with every distinct event ID of those links.
-	EventIDs(ctx context.Context, owner, prefix string, fn func(code string, id uuid.UUID)) error
+	// EventIDs calls fn with every distinct (code, event ID, bot flag) of
+	// those links: an event stored under two codes or with two flags comes
+	// twice.
+	EventIDs(ctx context.Context, owner, prefix string, fn func(code string, id uuid.UUID, bot bool)) error
 }
 
 // Position is how far one reader has processed one stream (or one

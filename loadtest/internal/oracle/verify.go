@@ -372,22 +372,25 @@ func (c *checker) warehouseRows(ctx context.Context, want map[string]linkTotals,
 	}
 	ids.Note = fmt.Sprintf("by count; %d rows for %d distinct IDs (copies not yet merged are expected)", rows, distinct)
 	ids.judge()
-	if ids.Status == Pass && caught && s.present <= c.opts.SetLimit {
-		ids = c.warehouseSet(ctx, rows, distinct)
-	}
-	bots.Note = "bot flag as the redirect set it"
+	bots.Note = "by count; bot flag as the redirect set it"
 	bots.judge()
+	if ids.Status == Pass && caught && s.present <= c.opts.SetLimit {
+		return c.warehouseSet(ctx, rows, distinct)
+	}
 	return []Result{ids, bots}
 }
 
-// warehouseSet compares the warehouse's event IDs with the log's, one by one.
-func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) Result {
+// warehouseSet compares the warehouse's event IDs with the log's, one by
+// one, and each one's bot flag with the click's: flags swapped between two
+// clicks of a link leave the per-link counts right.
+func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) []Result {
 	s := c.s
 	r := Result{Sink: SinkWarehouse, Expected: s.present}
+	bots := Result{Sink: SinkWarehouseBot}
 	seen := make([]bool, len(s.slots))
 	qctx, cancel := context.WithTimeout(ctx, 5*queryTimeout)
 	defer cancel()
-	err := c.sinks.Warehouse.EventIDs(qctx, s.tr.Owner, s.codePrefix(), func(code string, id uuid.UUID) {
+	err := c.sinks.Warehouse.EventIDs(qctx, s.tr.Owner, s.codePrefix(), func(code string, id uuid.UUID, bot bool) {
 		r.Got++
 		seq, ok := s.lookup(id)
 		if !ok || code != s.tag.LinkCode(s.gen.Visit(seq).Link) {
@@ -395,22 +398,36 @@ func (c *checker) warehouseSet(ctx context.Context, rows, distinct uint64) Resul
 			return
 		}
 		if seen[seq] {
-			r.Dup++
+			r.Dup++ // another code or bot flag for the same event
 			return
 		}
 		seen[seq] = true
+		if bot {
+			bots.Got++
+		}
+		switch want := s.slots[seq].bot; {
+		case want && !bot:
+			bots.Missing++
+		case !want && bot:
+			bots.Extra++
+		}
 	})
 	if err != nil {
-		return Result{Sink: SinkWarehouse, Status: Fail, Note: "query failed: " + err.Error()}
+		return []Result{{Sink: SinkWarehouse, Status: Fail, Note: "query failed: " + err.Error()}, {Sink: SinkWarehouseBot, Status: Fail, Note: "query failed"}}
 	}
-	s.forPresent(func(seq uint64, _ *slot) {
+	s.forPresent(func(seq uint64, sl *slot) {
+		if sl.bot {
+			bots.Expected++
+		}
 		if !seen[seq] {
 			r.Missing++
 		}
 	})
 	r.Note = fmt.Sprintf("exact set; %d rows for %d distinct IDs (copies not yet merged are expected)", rows, distinct)
 	r.judge()
-	return r
+	bots.Note = "by event ID; bot flag as the redirect set it"
+	bots.judge()
+	return []Result{r, bots}
 }
 
 func total(m map[string]uint64) uint64 {
