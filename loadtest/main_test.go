@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -45,7 +46,28 @@ type tally struct {
 	mu     sync.Mutex
 	seen   map[string]bool
 	totals map[string][2]int64
-	lose   func(events.Click) bool
+	// dims counts by code, then "country:NAME" or "referrer:NAME".
+	dims map[string]map[string][2]int64
+	lose func(events.Click) bool
+	// misfile, if set, makes it count the events it returns true for
+	// under the country "ZZ": right totals, a wrong dimension.
+	misfile func(events.Click) bool
+}
+
+// tallyDims are the counter's names for a click's country and referrer.
+func tallyDims(c events.Click) []string {
+	country := "unknown"
+	if len(c.Country) == 2 {
+		country = strings.ToUpper(c.Country)
+	}
+	referrer := "(direct)"
+	if c.Referrer != "" {
+		referrer = "(unknown)"
+		if u, err := url.Parse(c.Referrer); err == nil && u.Hostname() != "" {
+			referrer = strings.TrimPrefix(strings.ToLower(u.Hostname()), "www.")
+		}
+	}
+	return []string{"country:" + country, "referrer:" + referrer}
 }
 
 func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
@@ -57,13 +79,25 @@ func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
 			continue
 		}
 		t.seen[c.ID] = true
-		tot := t.totals[c.Code]
+		label := 0
 		if c.Bot {
-			tot[1]++
-		} else {
-			tot[0]++
+			label = 1
 		}
+		tot := t.totals[c.Code]
+		tot[label]++
 		t.totals[c.Code] = tot
+		if t.dims[c.Code] == nil {
+			t.dims[c.Code] = map[string][2]int64{}
+		}
+		dims := tallyDims(c)
+		if t.misfile != nil && t.misfile(c) {
+			dims[0] = "country:ZZ"
+		}
+		for _, d := range dims {
+			n := t.dims[c.Code][d]
+			n[label]++
+			t.dims[c.Code][d] = n
+		}
 	}
 	return nil
 }
@@ -74,14 +108,28 @@ func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	code := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/links/"), "/stats")
+	type dim struct {
+		Name  string `json:"name"`
+		Human int64  `json:"human"`
+		Bot   int64  `json:"bot"`
+	}
+	countries, referrers := []dim{}, []dim{}
 	t.mu.Lock()
 	tot, ok := t.totals[code]
+	for d, n := range t.dims[code] {
+		if name, ok := strings.CutPrefix(d, "country:"); ok {
+			countries = append(countries, dim{name, n[0], n[1]})
+		} else {
+			referrers = append(referrers, dim{strings.TrimPrefix(d, "referrer:"), n[0], n[1]})
+		}
+	}
 	t.mu.Unlock()
 	if !ok {
 		http.Error(w, `{"error":"link not found"}`, http.StatusNotFound)
 		return
 	}
-	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "totals": map[string]int64{"human": tot[0], "bot": tot[1]}})
+	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "totals": map[string]int64{"human": tot[0], "bot": tot[1]},
+		"top_countries": countries, "top_referrers": referrers})
 }
 
 // loader is a stand-in warehouse loader: a consumer group that inserts each
@@ -150,6 +198,9 @@ type systemOptions struct {
 	// loaderStuck makes the warehouse stand-in fail every batch holding a
 	// click on stuckCode: it never acknowledges them.
 	loaderStuck bool
+	// misfile makes the counter count the events it returns true for
+	// under another country.
+	misfile func(events.Click) bool
 }
 
 const stuckCode = "lt-"
@@ -168,7 +219,7 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
 		t.Fatalf("create clicks: %v", err)
 	}
-	ta := &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, lose: lose}
+	ta := &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, dims: map[string]map[string][2]int64{}, lose: lose, misfile: o.misfile}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for group, h := range map[string]reader.Handler{
@@ -252,9 +303,15 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("loadtest events: %v\n%s", err, out)
 	}
-	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "warehouse event IDs", "warehouse bot flags", "readers caught up"} {
+	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "counter countries", "counter referrers",
+		"warehouse event IDs", "warehouse bot flags", "readers caught up"} {
 		if r := row(t, out, sink); r[5] != "PASS" {
 			t.Errorf("%s: %v, want PASS", sink, r)
+		}
+	}
+	for _, sink := range []string{"counter countries", "counter referrers"} {
+		if r := row(t, out, sink); r[0] != "600" {
+			t.Errorf("%s: %v, want every click of the run checked by dimension", sink, r)
 		}
 	}
 	if r := row(t, out, "clicks log (CLICKS)"); r[0] != "600" || r[1] != "600" {
@@ -396,6 +453,32 @@ func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
 	for _, sink := range []string{"clicks log (CLICKS)", "warehouse event IDs"} {
 		if r := row(t, out, sink); r[5] != "PASS" {
 			t.Errorf("%s: %v, want PASS (only the counter lost a click)", sink, r)
+		}
+	}
+}
+
+// A counter that counts one click under another country than it was sent
+// with has every total right: only the counts by country show it.
+func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T) {
+	t.Parallel()
+	var once sync.Once
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, misfile: func(c events.Click) bool {
+		wrong := false
+		if strings.HasPrefix(c.Code, "lt-") {
+			once.Do(func() { wrong = true })
+		}
+		return wrong
+	}})
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with a counter that misfiles a click: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "counter countries"); r[2] != "1" || r[3] != "1" || r[5] != "FAIL" {
+		t.Errorf("countries row %v: want 1 missing, 1 extra and FAIL", r)
+	}
+	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "counter referrers", "warehouse event IDs"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS (only a country is wrong)", sink, r)
 		}
 	}
 }

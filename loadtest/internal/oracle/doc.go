@@ -9,13 +9,17 @@
 // log:
 //
 //   - fraud detection: every click of an injected burst is labelled a bot by
-//     a verdict on FRAUD_VERDICTS, and no verdict names a click the log does not hold;
+//     a verdict on FRAUD_VERDICTS, and no verdict names a click the log does
+//     not hold, or another link than its click's;
 //   - the click counter: per link, human + bot = the link's clicks in the
 //     log, and bot = the clicks whose final label is bot (the last verdict
-//     about the click, else the label the redirect gave it);
+//     about the click, else the label the redirect gave it); the same by
+//     country and by referrer host, with the dimensions each click was sent
+//     with; no count below zero;
 //   - the warehouse: per link, the distinct event IDs in `clicks` are the
 //     link's clicks in the log (the exact set when it is small enough, the
-//     counts otherwise), and the bot flags match.
+//     counts otherwise), and the bot flags match (event by event with the
+//     exact set).
 //
 // A sink that is not deployed or not configured is reported as skipped, not
 // failed, unless it is required; one that is configured is checked strictly.

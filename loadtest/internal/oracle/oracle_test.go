@@ -35,11 +35,10 @@ func (f *fakeVerdicts) Next(context.Context) ([]oracle.Verdict, bool, error) {
 	return v, true, nil
 }
 
-type fakeCounter map[string][2]int64
+type fakeCounter map[string]oracle.LinkStats
 
-func (f fakeCounter) Totals(_ context.Context, code string) (int64, int64, error) {
-	t := f[code]
-	return t[0], t[1], nil
+func (f fakeCounter) Stats(_ context.Context, code string) (oracle.LinkStats, error) {
+	return f[code], nil
 }
 
 type whRow struct {
@@ -117,12 +116,18 @@ type world struct {
 // warehouse consistent with both.
 func newWorld(t *testing.T, mode truth.Mode) *world {
 	t.Helper()
-	g, err := workload.New(spec())
+	return newWorldOf(t, mode, spec())
+}
+
+// newWorldOf is newWorld with another traffic model.
+func newWorldOf(t *testing.T, mode truth.Mode, spec workload.Spec) *world {
+	t.Helper()
+	g, err := workload.New(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := &world{
-		tr: &truth.Truth{Version: truth.Version, Mode: mode, Tag: tag.String(), Owner: "demo", Spec: spec(),
+		tr: &truth.Truth{Version: truth.Version, Mode: mode, Tag: tag.String(), Owner: "demo", Spec: spec,
 			Attempts: 200, Refused: []uint64{3}, Uncertain: []uint64{4, 5}},
 		gen:     g,
 		counter: fakeCounter{},
@@ -177,13 +182,38 @@ func (w *world) recount() {
 			bot = l
 		}
 		t := w.counter[c.Code]
-		if bot {
-			t[1]++
-		} else {
-			t[0]++
+		if t.Countries == nil {
+			t.Countries, t.Referrers = map[string]oracle.Pair{}, map[string]oracle.Pair{}
 		}
+		// The dimensions the click was sent with.
+		country, referrer := "unknown", "(direct)"
+		if seq, ok := w.seq(c); ok {
+			v := w.gen.Visit(seq)
+			if v.Country != "" {
+				country = v.Country
+			}
+			if v.Referrer != "" {
+				referrer = strings.TrimPrefix(strings.TrimSuffix(strings.SplitN(strings.TrimPrefix(v.Referrer, "https://"), "/", 2)[0], "/"), "www.")
+			}
+		}
+		inc(&t.Totals, bot)
+		t.Countries[country] = incd(t.Countries[country], bot)
+		t.Referrers[referrer] = incd(t.Referrers[referrer], bot)
 		w.counter[c.Code] = t
 	}
+}
+
+func inc(p *oracle.Pair, bot bool) {
+	if bot {
+		p.Bot++
+	} else {
+		p.Human++
+	}
+}
+
+func incd(p oracle.Pair, bot bool) oracle.Pair {
+	inc(&p, bot)
+	return p
 }
 
 // clickOf returns the index in the log of the first click of the given kind.
@@ -291,8 +321,10 @@ func TestVerify(t *testing.T) {
 			want: map[string]outcome{
 				oracle.SinkLog: {Missing: 1, Status: oracle.Fail},
 				// the readers have a click the log does not: extra
-				oracle.SinkCounter:   {Extra: 1, Status: oracle.Fail},
-				oracle.SinkWarehouse: {Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounter:          {Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounterCountries: {Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounterReferrers: {Extra: 1, Status: oracle.Fail},
+				oracle.SinkWarehouse:        {Extra: 1, Status: oracle.Fail},
 			},
 		},
 		{
@@ -406,7 +438,7 @@ func TestVerify(t *testing.T) {
 			name: "counter_counts_a_click_twice", mode: truth.ModeEvents,
 			mutate: func(t *testing.T, w *world) {
 				c := w.counter[tag.LinkCode(1)]
-				c[0]++
+				c.Totals.Human++
 				w.counter[tag.LinkCode(1)] = c
 			},
 			want: map[string]outcome{oracle.SinkCounter: {Extra: 1, Status: oracle.Fail}},
@@ -416,7 +448,7 @@ func TestVerify(t *testing.T) {
 			mutate: func(t *testing.T, w *world) {
 				v := w.verdicts[0]
 				c := w.counter[v.Code]
-				c[0], c[1] = c[0]+1, c[1]-1
+				c.Totals.Human, c.Totals.Bot = c.Totals.Human+1, c.Totals.Bot-1
 				w.counter[v.Code] = c
 			},
 			want: map[string]outcome{oracle.SinkCounterBots: {Missing: 1, Status: oracle.Fail}},
@@ -425,10 +457,61 @@ func TestVerify(t *testing.T) {
 			name: "counter_lost_a_click", mode: truth.ModeEvents,
 			mutate: func(t *testing.T, w *world) {
 				c := w.counter[tag.LinkCode(0)]
-				c[0]--
+				c.Totals.Human--
 				w.counter[tag.LinkCode(0)] = c
 			},
 			want: map[string]outcome{oracle.SinkCounter: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			// Totals right, the click under another country: a wrong
+			// dimension shows only by dimension.
+			name: "counter_counts_a_click_under_the_wrong_country", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				st := w.counter[c.Code]
+				for name, p := range st.Countries {
+					if p.Human > 0 {
+						p.Human--
+						st.Countries[name] = p
+						st.Countries["ZZ"] = oracle.Pair{Human: 1}
+						break
+					}
+				}
+			},
+			want: map[string]outcome{oracle.SinkCounterCountries: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "counter_counts_a_click_under_the_wrong_referrer", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				st := w.counter[c.Code]
+				p := st.Referrers["(direct)"]
+				p.Human--
+				st.Referrers["(direct)"] = p
+				q := st.Referrers["t.co"]
+				q.Human++
+				st.Referrers["t.co"] = q
+			},
+			want: map[string]outcome{oracle.SinkCounterReferrers: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// A verdict moves the click's country and referrer counts from
+			// human to bot too; a counter that moved only its totals is off
+			// by dimension.
+			name: "counter_applied_a_verdict_to_its_totals_only", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				v := w.verdicts[0]
+				seq, _ := tag.SeqOfUUID(v.ClickID)
+				country := w.gen.Visit(seq).Country
+				if country == "" {
+					country = "unknown"
+				}
+				st := w.counter[v.Code]
+				p := st.Countries[country]
+				p.Human, p.Bot = p.Human+1, p.Bot-1
+				st.Countries[country] = p
+			},
+			want: map[string]outcome{oracle.SinkCounterCountries: {Missing: 1, Extra: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "warehouse_lost_an_event", mode: truth.ModeEvents,
@@ -587,6 +670,48 @@ func TestVerify(t *testing.T) {
 	}
 }
 
+// A counter can only be off by a negative count where the totals agree: a
+// correction applied once too often. A link with no bot click that shows
+// one human more and -1 bots has the right total and, read as "at least 0",
+// the right bots; the oracle must fail it.
+func TestVerifyFailsANegativeCount(t *testing.T) {
+	t.Parallel()
+	s := spec()
+	s.BotShare, s.BurstShare = 0, 0 // every click human
+	tests := []struct {
+		name   string
+		mutate func(st *oracle.LinkStats)
+		sink   string
+	}{
+		{name: "bots_below_zero", sink: oracle.SinkCounterBots, mutate: func(st *oracle.LinkStats) {
+			st.Totals.Human, st.Totals.Bot = st.Totals.Human+1, -1
+		}},
+		{name: "country_bots_below_zero", sink: oracle.SinkCounterCountries, mutate: func(st *oracle.LinkStats) {
+			for name, p := range st.Countries {
+				st.Countries[name] = oracle.Pair{Human: p.Human + 1, Bot: -1}
+				return
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorldOf(t, truth.ModeEvents, s)
+			code := tag.LinkCode(0)
+			st := w.counter[code]
+			if st.Totals.Bot != 0 || st.Totals.Human == 0 {
+				t.Fatalf("link %s counts %+v; want humans only", code, st.Totals)
+			}
+			tc.mutate(&st)
+			w.counter[code] = st
+			got := verify(t, w, w.sinks())
+			if o := got[tc.sink]; o.Status != oracle.Fail || o.Extra == 0 {
+				t.Errorf("row %q: %+v; want FAIL with the negative count extra", tc.sink, o)
+			}
+		})
+	}
+}
+
 func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, truth.ModeEvents)
@@ -633,11 +758,11 @@ func (s *slowCounter) Positions(context.Context) ([]oracle.Position, error) {
 	return out, nil
 }
 
-func (s *slowCounter) Totals(ctx context.Context, code string) (int64, int64, error) {
+func (s *slowCounter) Stats(ctx context.Context, code string) (oracle.LinkStats, error) {
 	if s.polls < s.after {
-		return 0, 0, nil
+		return oracle.LinkStats{}, nil
 	}
-	return s.real.Totals(ctx, code)
+	return s.real.Stats(ctx, code)
 }
 
 func TestTruthRoundTrip(t *testing.T) {

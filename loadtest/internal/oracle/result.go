@@ -50,9 +50,13 @@ const (
 	SinkFraud        = "fraud verdicts (bursts)"
 	SinkCounter      = "counter totals"
 	SinkCounterBots  = "counter bot split"
-	SinkWarehouse    = "warehouse event IDs"
-	SinkWarehouseBot = "warehouse bot flags"
-	SinkReaders      = "readers caught up"
+	// SinkCounterCountries and SinkCounterReferrers are the counter's
+	// counts by country and by referrer host.
+	SinkCounterCountries = "counter countries"
+	SinkCounterReferrers = "counter referrers"
+	SinkWarehouse        = "warehouse event IDs"
+	SinkWarehouseBot     = "warehouse bot flags"
+	SinkReaders          = "readers caught up"
 )
 
 // logResult compares the log with the truth.

@@ -55,11 +55,29 @@ type VerdictReader interface {
 	Next(ctx context.Context) (verdicts []Verdict, atEnd bool, err error)
 }
 
+// Pair is a human and a bot count.
+type Pair struct{ Human, Bot int64 }
+
+// TopDimensions is the most countries and referrers a CounterReader asks
+// the counter to list per link (its stats API's limit). A link the run
+// sent more of than that is not checked by dimension.
+const TopDimensions = 100
+
+// LinkStats is what the counter shows about one link: its totals and its
+// counts by country and by referrer host, each human and bot apart.
+type LinkStats struct {
+	Totals Pair
+	// Countries is by ISO code, "unknown" for a click without one;
+	// Referrers by the Referer's host without "www.", "(direct)" for a
+	// click without one. Each lists up to TopDimensions names.
+	Countries, Referrers map[string]Pair
+}
+
 // CounterReader reads the click counter's public stats API.
 type CounterReader interface {
-	// Totals returns a link's human and bot totals; a link the counter has
-	// not counted any click of has 0 and 0.
-	Totals(ctx context.Context, code string) (human, bot int64, err error)
+	// Stats returns a link's stats; a link the counter has not counted any
+	// click of has zero totals and no dimensions.
+	Stats(ctx context.Context, code string) (LinkStats, error)
 }
 
 // WarehouseCount is one link's clicks in the warehouse.

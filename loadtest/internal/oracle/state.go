@@ -256,23 +256,47 @@ func (s *state) forPresent(fn func(seq uint64, sl *slot)) {
 // linkTotals are the expected totals of one link.
 type linkTotals struct {
 	total, bot, sourceBot uint64
+	// countries and referrers are the clicks by the dimensions the
+	// counter shows, with their final labels; nil when the run has too many
+	// links to hold them (dimLinkLimit).
+	countries, referrers map[string]Pair
 }
 
-// expectedLinks returns, per link code, what every reader must show.
+// dimLinkLimit is the most links whose counts by country and referrer the
+// oracle computes (about 25 names each in the workload's tables): the
+// counter is asked about every link one request at a time, so a run with
+// more is not one whose every link can be checked anyway.
+const dimLinkLimit = 100_000
+
+// expectedLinks returns, per link code, what every reader must show. A
+// click's country and referrer are the ones the generator sent (the
+// workload's, recomputed from its sequence): a click the redirect recorded
+// under another shows as the counter's error.
 func (s *state) expectedLinks() map[string]linkTotals {
+	dims := s.gen.NumLinks() <= dimLinkLimit
 	out := make(map[string]linkTotals, s.gen.NumLinks())
 	for i := range s.gen.NumLinks() {
-		out[s.tag.LinkCode(i)] = linkTotals{}
+		t := linkTotals{}
+		if dims {
+			t.countries, t.referrers = map[string]Pair{}, map[string]Pair{}
+		}
+		out[s.tag.LinkCode(i)] = t
 	}
 	s.forPresent(func(seq uint64, sl *slot) {
-		code := s.tag.LinkCode(s.gen.Visit(seq).Link)
+		v := s.gen.Visit(seq)
+		code := s.tag.LinkCode(v.Link)
 		t := out[code]
 		t.total++
-		if s.finalBot(seq) {
+		bot := s.finalBot(seq)
+		if bot {
 			t.bot++
 		}
 		if sl.bot {
 			t.sourceBot++
+		}
+		if dims {
+			add(t.countries, countryDim(v.Country), bot)
+			add(t.referrers, referrerDim(v.Referrer), bot)
 		}
 		out[code] = t
 	})

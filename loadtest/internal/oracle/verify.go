@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -235,8 +236,8 @@ type checker struct {
 	s     *state
 	sinks Sinks
 	opts  Options
-	// counter answers by code: human, bot
-	counter map[string][2]int64
+	// counter answers by code
+	counter map[string]LinkStats
 	// confirm asks every link again.
 	confirm bool
 }
@@ -281,12 +282,12 @@ func (c *checker) skip(key, sink string) Result {
 // match (every link on the first and the confirming pass).
 func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) []Result {
 	if c.counter == nil {
-		c.counter = make(map[string][2]int64, len(want))
+		c.counter = make(map[string]LinkStats, len(want))
 	}
 	var ask []string
 	for code, w := range want {
 		got, ok := c.counter[code]
-		if c.confirm || !ok || got[0]+got[1] != int64(w.total) || got[1] != int64(w.bot) {
+		if c.confirm || !ok || !w.matches(got) {
 			ask = append(ask, code)
 		}
 	}
@@ -298,7 +299,7 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 		g.Go(func() error {
 			qctx, cancel := context.WithTimeout(gctx, queryTimeout)
 			defer cancel()
-			h, b, err := c.sinks.Counter.Totals(qctx, code)
+			st, err := c.sinks.Counter.Stats(qctx, code)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -306,7 +307,7 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 				delete(c.counter, code)
 				return nil
 			}
-			c.counter[code] = [2]int64{h, b}
+			c.counter[code] = st
 			return nil
 		})
 	}
@@ -314,22 +315,44 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 
 	tot := Result{Sink: SinkCounter}
 	bots := Result{Sink: SinkCounterBots}
-	var wrong []string
+	countries := Result{Sink: SinkCounterCountries}
+	referrers := Result{Sink: SinkCounterReferrers}
+	var wrong, wrongDims []string
+	var tooMany, unchecked int
 	for code, w := range want {
 		got, ok := c.counter[code]
 		if !ok {
-			got = [2]int64{0, 0}
 			tot.Missing += w.total // unknown: counted as missing until read
 			tot.Expected += w.total
 			continue
 		}
-		okTotal := countDiff(&tot, w.total, uint64(max(0, got[0]+got[1])))
-		okBots := countDiff(&bots, w.bot, uint64(max(0, got[1])))
+		h, b := got.Totals.Human, got.Totals.Bot
+		okTotal := countDiff(&tot, w.total, uint64(max(0, h+b)))
+		// A negative count is a correction applied once too often; the
+		// total may still be right.
+		okBots := countDiff(&bots, w.bot, nonNegative(&bots, b))
+		if h < 0 {
+			bots.Extra += uint64(-h)
+			okBots = false
+		}
 		if !okTotal || !okBots {
-			wrong = append(wrong, fmt.Sprintf("%s want %d/%d got %d/%d", code, w.total-w.bot, w.bot, got[0], got[1]))
+			wrong = append(wrong, fmt.Sprintf("%s want %d/%d got %d/%d", code, w.total-w.bot, w.bot, h, b))
+		}
+		switch {
+		case w.countries == nil:
+			unchecked++
+		case len(w.countries) > TopDimensions || len(w.referrers) > TopDimensions:
+			tooMany++
+		default:
+			okC := dimDiff(&countries, w.countries, got.Countries)
+			okR := dimDiff(&referrers, w.referrers, got.Referrers)
+			if !okC || !okR {
+				wrongDims = append(wrongDims, code)
+			}
 		}
 	}
 	sort.Strings(wrong)
+	sort.Strings(wrongDims)
 	tot.Note = limitList("links off (human/bot)", wrong)
 	if len(errs) > 0 {
 		tot.Note = strings.TrimPrefix(tot.Note+"; ", "; ") + fmt.Sprintf("%d stats requests failed, e.g. %s", len(errs), errs[0])
@@ -338,10 +361,74 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 	tot.judge()
 	bots.Note = "bot = source label, corrected by the last fraud verdict"
 	bots.judge()
-	if len(errs) > 0 {
-		bots.Status = Fail
+	dimNote := "by name, human and bot apart, with the final labels"
+	if s := limitList("links off", wrongDims); s != "" {
+		dimNote += "; " + s
 	}
-	return []Result{tot, bots}
+	if tooMany > 0 {
+		dimNote += fmt.Sprintf("; %d links with more than %d names not checked", tooMany, TopDimensions)
+	}
+	if unchecked > 0 {
+		dimNote = fmt.Sprintf("not checked: %d links, more than %d", unchecked, dimLinkLimit)
+	}
+	countries.Note, referrers.Note = dimNote, dimNote
+	countries.judge()
+	referrers.judge()
+	if len(errs) > 0 {
+		bots.Status, countries.Status, referrers.Status = Fail, Fail, Fail
+	}
+	return []Result{tot, bots, countries, referrers}
+}
+
+// matches reports whether the counter's answer about a link is what the
+// link must show.
+func (w linkTotals) matches(got LinkStats) bool {
+	if got.Totals.Human < 0 || got.Totals.Bot < 0 ||
+		uint64(got.Totals.Human+got.Totals.Bot) != w.total || uint64(got.Totals.Bot) != w.bot {
+		return false
+	}
+	if w.countries == nil {
+		return true
+	}
+	return maps.Equal(w.countries, nonZero(got.Countries)) && maps.Equal(w.referrers, nonZero(got.Referrers))
+}
+
+// nonZero leaves out the names with no clicks.
+func nonZero(m map[string]Pair) map[string]Pair {
+	out := make(map[string]Pair, len(m))
+	for k, v := range m {
+		if v != (Pair{}) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// nonNegative returns n as a count; a negative count (a correction
+// applied once too often) is not a count of anything, and is extra.
+func nonNegative(r *Result, n int64) uint64 {
+	if n < 0 {
+		r.Extra += uint64(-n)
+		return 0
+	}
+	return uint64(n)
+}
+
+// dimDiff compares one link's counts by name, human and bot apart.
+func dimDiff(r *Result, want, got map[string]Pair) bool {
+	ok := true
+	for name, w := range want {
+		g := got[name]
+		ok = countDiff(r, uint64(w.Human), nonNegative(r, g.Human)) && ok
+		ok = countDiff(r, uint64(w.Bot), nonNegative(r, g.Bot)) && ok
+	}
+	for name, g := range got {
+		if _, listed := want[name]; !listed {
+			ok = countDiff(r, 0, nonNegative(r, g.Human)) && ok
+			ok = countDiff(r, 0, nonNegative(r, g.Bot)) && ok
+		}
+	}
+	return ok
 }
 
 // warehouseRows compares the warehouse's per-link distinct event IDs (and,
