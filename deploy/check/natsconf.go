@@ -269,7 +269,7 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "fraud", PasswordVar: "SNIP_NATS_FRAUD_PASSWORD",
-			Why: "the fraud-detection group on CLICKS; reads a partition's recent past on takeover; publishes alerts (FRAUD) and verdict messages (FRAUD_VERDICTS)",
+			Why: "the fraud-detection group on CLICKS and where each partition's statistics begin (its keys in the members bucket); reads a partition's recent past on takeover; publishes alerts (FRAUD) and verdict messages (FRAUD_VERDICTS)",
 			Grants: grants(jsBasics, groupReader(topology.GroupFraudDetection, partitions), ordered(events.ClicksStream),
 				Grant{Pub: []string{"fraud.alerts.>", "fraud.verdicts.>"}}),
 		},

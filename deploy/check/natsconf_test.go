@@ -315,10 +315,38 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 					t.Fatalf("ordered consumer on a partition: %v", err)
 				}
 				fetchAll(t, oc, 1)
+				// Where a partition's statistics begin, as kvorigin records
+				// it: "<group>.origin.<partition>" in the members bucket,
+				// created, read, and lowered by revision.
+				kv, err := c.js.KeyValue(ctx, topology.MembersBucket)
+				if err != nil {
+					t.Fatalf("members bucket: %v", err)
+				}
+				key := topology.GroupFraudDetection + ".origin.3"
+				rev, err := kv.Create(ctx, key, []byte("42"))
+				if err != nil {
+					t.Fatalf("create %s: %v", key, err)
+				}
+				if e, err := kv.Get(ctx, key); err != nil || string(e.Value()) != "42" {
+					t.Fatalf("get %s: %v, %v", key, e, err)
+				}
+				if _, err := kv.Update(ctx, key, []byte("7"), rev); err != nil {
+					t.Fatalf("update %s: %v", key, err)
+				}
+				if _, err := kv.Get(ctx, topology.GroupFraudDetection+".origin.4"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+					t.Fatalf("get a key not written: %v, want not found", err)
+				}
 			}
 			c.noViolations(t, g.user)
 			_ = c.nc.Publish("clicks.acme.forged", nil)
 			c.violated(t, g.user, "clicks.acme.forged")
+			// Another group's keys (its origins, its leases) are not its to write.
+			other := "$KV." + topology.MembersBucket + "." + topology.GroupWarehouseLoader + ".origin.0"
+			if g.group == topology.GroupWarehouseLoader {
+				other = "$KV." + topology.MembersBucket + "." + topology.GroupClickCounter + ".origin.0"
+			}
+			_ = c.nc.Publish(other, []byte("1"))
+			c.violated(t, g.user, other)
 		})
 	}
 
