@@ -205,8 +205,9 @@ func serviceBlock(t *testing.T, name string) string {
 
 // Every Snip service in docker-compose.yml is built from the one Dockerfile
 // with a SERVICE that exists, is given only environment variables its code
-// reads, connects to NATS as a user of deploy/nats with the password the
-// NATS server is given, and has a healthcheck if it is long-running.
+// reads and the servers' addresses it reads, connects to NATS as a user of
+// deploy/nats with the password the NATS server is given, and has a
+// healthcheck if it is long-running.
 func TestComposeMatchesTheCode(t *testing.T) {
 	eachCompose(t, matchesTheCode)
 }
@@ -273,6 +274,14 @@ func matchesTheCode(t *testing.T, file string) {
 			}
 		}
 		oneShot := svc.Restart == "no" || len(svc.Profiles) > 0
+		// The servers' addresses default to 127.0.0.1, which in a
+		// container is the service itself: a long-running service that
+		// reads one is given it.
+		for _, k := range []string{"NATS_URL", "REDIS_URL", "CLICKHOUSE_ADDR"} {
+			if !oneShot && slices.Contains(known, k) && svc.Environment[k] == nil {
+				t.Errorf("%s: %s reads %s, and compose does not set it", name, dir, k)
+			}
+		}
 		if !oneShot && (svc.HealthCheck == nil || len(svc.HealthCheck.Test) == 0) {
 			t.Errorf("%s: a long-running service without a healthcheck", name)
 		}
