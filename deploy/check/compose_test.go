@@ -348,3 +348,29 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("Dockerfile has %d stages; want a build stage and a small runtime stage", stages)
 	}
 }
+
+// deploy/env.example lists every variable the compose files take from the
+// environment (or .env): it is where an operator learns what to set.
+func TestEnvExampleListsEveryComposeVariable(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "deploy/env.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z][A-Z0-9_]*)=`).FindAllStringSubmatch(string(b), -1) {
+		listed[m[1]] = true
+	}
+	ref := regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*)`)
+	for _, file := range composeFiles {
+		c, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ref.FindAllStringSubmatch(string(c), -1) {
+			if !listed[m[1]] {
+				t.Errorf("%s reads %s from the environment; deploy/env.example does not list it", file, m[1])
+				listed[m[1]] = true // once
+			}
+		}
+	}
+}
