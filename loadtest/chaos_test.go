@@ -148,8 +148,8 @@ func TestChaosRedisFreezeAndKill9LoseNothing(t *testing.T) {
 		counter.start()
 		return nil
 	}
-	kill.Inject = func(ctx context.Context) error { // the pid at injection time
-		return chaos.Signal(counter.pid(), syscall.SIGKILL)
+	kill.Inject = func(ctx context.Context) error { // the pid at injection time, confirmed dead
+		return chaos.Kill(ctx, counter.pid())
 	}
 	rig.judge(t, freeze, kill)
 }
@@ -213,12 +213,12 @@ func TestChaosOnClustersLoseNothing(t *testing.T) {
 	}
 	// leaderFault breaks the nats-server leading CLICKS at injection time
 	// and mends it at the end; then every node must be healthy again.
-	leaderFault := func(name string, hold time.Duration, brk func(*testenv.NATSNode), mend func(*testenv.NATSNode) error) chaos.Fault {
+	leaderFault := func(name string, hold time.Duration, brk func(context.Context, *testenv.NATSNode) error, mend func(*testenv.NATSNode) error) chaos.Fault {
 		var node *testenv.NATSNode
 		return chaos.Fault{Name: name, Hold: hold,
 			Inject: func(ctx context.Context) (err error) {
 				if node, err = leader(ctx); err == nil {
-					brk(node)
+					err = brk(ctx, node)
 				}
 				return err
 			},
@@ -229,9 +229,13 @@ func TestChaosOnClustersLoseNothing(t *testing.T) {
 				return nc.WaitHealthy(60 * time.Second)
 			}}
 	}
-	killLeader := leaderFault("kill -9 nats CLICKS leader", 5*time.Second, (*testenv.NATSNode).Kill, (*testenv.NATSNode).Start)
-	freezeLeader := leaderFault("freeze nats CLICKS leader 10s", 10*time.Second, (*testenv.NATSNode).Pause,
-		func(n *testenv.NATSNode) error { n.Resume(); return nil })
+	// Each fault is confirmed: the node's process is gone, or stopped.
+	killLeader := leaderFault("kill -9 nats CLICKS leader", 5*time.Second, func(ctx context.Context, n *testenv.NATSNode) error {
+		return chaos.Kill(ctx, n.PID())
+	}, (*testenv.NATSNode).Start)
+	freezeLeader := leaderFault("freeze nats CLICKS leader 10s", 10*time.Second, func(ctx context.Context, n *testenv.NATSNode) error {
+		return chaos.Freeze(ctx, n.PID())
+	}, func(n *testenv.NATSNode) error { n.Resume(); return nil })
 	var master *testenv.RedisServer
 	killMaster := chaos.Fault{Name: "kill -9 redis master (outbox shard 0)", Hold: 5 * time.Second,
 		Inject: func(ctx context.Context) (err error) {

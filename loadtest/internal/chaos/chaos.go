@@ -2,10 +2,13 @@
 // a running system (kill -9 of a process, SIGSTOP and SIGCONT of a server),
 // each run while traffic flows and judged by the oracle. A Fault is a name,
 // what to do at its start (Inject), how long it lasts (Hold), and what to do
-// at its end (Recover); Parse builds one from a command-line spec.
+// at its end (Recover); Parse builds one from a command-line spec. Freeze
+// and Kill confirm through /proc that the process stopped or died, so a
+// run is never judged after a fault that did not happen.
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +59,7 @@ func Parse(spec string) (Fault, error) {
 			if err != nil {
 				return err
 			}
-			return Signal(pid, syscall.SIGKILL)
+			return Kill(ctx, pid)
 		}}
 		if arg != "" {
 			f.Recover = func(context.Context) error { return StartDetached(arg) }
@@ -77,7 +80,7 @@ func Parse(spec string) (Fault, error) {
 					return err
 				}
 				pid = p
-				return Signal(pid, syscall.SIGSTOP)
+				return Freeze(ctx, pid)
 			},
 			Recover: func(context.Context) error { return Signal(pid, syscall.SIGCONT) },
 		}, nil
@@ -119,6 +122,110 @@ func Signal(pid int, sig syscall.Signal) error {
 		return fmt.Errorf("send %s to %d: %w", sig, pid, err)
 	}
 	return nil
+}
+
+// ErrNotApplied means a fault's signal was sent but did not do what the
+// fault is named after: the process was not running (a zombie, a PID
+// reused by nothing), or it did not stop or die in time. A run judged after
+// such a fault would claim a fault it never had.
+var ErrNotApplied = errors.New("fault not applied")
+
+// confirmWithin bounds the wait for a signalled process to show the fault.
+const confirmWithin = 10 * time.Second
+
+// Freeze sends SIGSTOP to pid, which must be running, and waits until the
+// kernel shows it stopped: kill(2) returns before the process has stopped
+// (it stops when it next runs), and a zombie accepts the signal and
+// changes nothing. The checks need Linux's /proc; elsewhere Freeze only
+// signals.
+func Freeze(ctx context.Context, pid int) error {
+	if err := running(pid); err != nil {
+		return err
+	}
+	if err := Signal(pid, syscall.SIGSTOP); err != nil {
+		return err
+	}
+	return confirm(ctx, pid, "stopped", func(state byte, gone bool) bool { return !gone && (state == 'T' || state == 't') })
+}
+
+// Kill sends SIGKILL to pid, which must be running, and waits until it is
+// gone or a zombie (dead, waiting for its parent to reap it).
+func Kill(ctx context.Context, pid int) error {
+	if err := running(pid); err != nil {
+		return err
+	}
+	if err := Signal(pid, syscall.SIGKILL); err != nil {
+		return err
+	}
+	return confirm(ctx, pid, "dead", func(state byte, gone bool) bool { return gone || state == 'Z' || state == 'X' })
+}
+
+// running refuses a process that is not there or already dead. Without
+// /proc (not Linux) nothing can be confirmed, and the signal alone is the
+// fault, as before.
+func running(pid int) error {
+	if !hasProc() {
+		return nil
+	}
+	state, gone, err := stateOf(pid)
+	switch {
+	case err != nil:
+		return err
+	case gone:
+		return fmt.Errorf("process %d is not running: %w", pid, ErrNotApplied)
+	case state == 'Z' || state == 'X':
+		return fmt.Errorf("process %d is already dead (state %c): %w", pid, state, ErrNotApplied)
+	}
+	return nil
+}
+
+// confirm polls pid's state until done says the fault shows.
+func confirm(ctx context.Context, pid int, what string, done func(state byte, gone bool) bool) error {
+	if !hasProc() {
+		return nil
+	}
+	deadline := time.Now().Add(confirmWithin)
+	for {
+		state, gone, err := stateOf(pid)
+		if err != nil {
+			return err
+		}
+		if done(state, gone) {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("process %d not %s %s after the signal (state %c): %w", pid, what, confirmWithin, state, ErrNotApplied)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("process %d %s: %w", pid, what, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// hasProc reports whether this system has Linux's /proc.
+func hasProc() bool {
+	_, err := os.Stat("/proc/self/stat")
+	return err == nil
+}
+
+// stateOf reads a process's state letter from /proc/<pid>/stat (R, S, D,
+// T, t, Z, X...); gone when there is no such process.
+func stateOf(pid int) (state byte, gone bool, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return 0, true, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("state of process %d: %w", pid, err)
+	}
+	// "pid (comm) S ...": comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, false, fmt.Errorf("state of process %d: unexpected /proc stat %.60q", pid, b)
+	}
+	return b[i+2], false, nil
 }
 
 // StartDetached runs a shell command in the background in its own process

@@ -75,11 +75,12 @@ func TestFreezeAndKillARealProcess(t *testing.T) {
 		if err := inject(ctx); err != nil {
 			return err
 		}
-		// kill(2) returns before the process has stopped: it stops when it
-		// next runs. Wait for that here, before Run's hold begins.
-		testenv.WaitFor(t, 30*time.Second, "the state after SIGSTOP to be T (stopped)", func() bool {
-			return procState(t, pid) == "T"
-		})
+		// kill(2) returns before the process has stopped (it stops when it
+		// next runs): the fault returns only once it has, before Run's hold
+		// begins.
+		if s := procState(t, pid); s != "T" {
+			t.Errorf("state %q when the freeze began, want T (stopped)", s)
+		}
 		return nil
 	}
 	start := time.Now()
@@ -121,3 +122,29 @@ func procState(t *testing.T, pid int) string {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// A fault whose signal changes nothing is an error, not a fault that
+// happened: a PID that names a zombie (a crashed server its parent has not
+// reaped yet) takes SIGSTOP and SIGKILL without complaint, and a run judged
+// after it would report surviving a freeze or a kill it never had.
+func TestFaultsOnAProcessThatIsNotRunningAreNotApplied(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Wait() }) // reap it at the end
+	pid := cmd.Process.Pid
+	testenv.WaitFor(t, 30*time.Second, "the exited child to be a zombie (Z)", func() bool {
+		return procState(t, pid) == "Z"
+	})
+	for _, spec := range []string{"freeze:true:" + itoa(pid) + ":100ms", "kill:true:" + itoa(pid)} {
+		f, err := Parse(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(t.Context(), f); !errors.Is(err, ErrNotApplied) {
+			t.Errorf("%s on a zombie: %v, want ErrNotApplied", f.Name, err)
+		}
+	}
+}
