@@ -156,11 +156,20 @@ func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
 		out.Verdicts = v
 		closers = append(closers, v.Close)
 	}
+	// Each checked sink's readers must be seen caught up.
+	if s.fraud {
+		out.Expect = append(out.Expect, topology.GroupFraudDetection)
+	}
 	if s.counter != nil {
 		out.Counter = s.counter
+		out.Expect = append(out.Expect, topology.GroupClickCounter)
+		if s.fraud {
+			out.Expect = append(out.Expect, events.FraudVerdictsStream+"/"+topology.ClickCounterVerdictsConsumer)
+		}
 	}
 	if s.warehouse != nil {
 		out.Warehouse = s.warehouse
+		out.Expect = append(out.Expect, topology.GroupWarehouseLoader)
 	}
 	return out, func() {
 		for _, c := range closers {

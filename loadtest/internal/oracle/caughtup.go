@@ -18,6 +18,10 @@ type Targets struct {
 	// Fraud is the highest FRAUD_VERDICTS sequence of the verdicts about the run's
 	// clicks; 0 when there are none.
 	Fraud uint64
+	// Readers are the readers that must be among the positions (the
+	// consumer groups of the sinks being checked): one that is not is
+	// behind, not absent from the judgement.
+	Readers []string
 }
 
 // Behind is one reader's partition that has not processed the run yet.
@@ -50,7 +54,8 @@ func (b Behind) String() string {
 // past the run's last event there, or it has nothing left to process at all
 // (a consumer whose filter leaves the run's events out has a floor that
 // never reaches them, and a backlog of 0). It returns the readers deployed,
-// sorted, and every partition still behind.
+// sorted, and every partition still behind; a reader of t.Readers with no
+// position at all is behind.
 func CaughtUp(pos []Position, t Targets) (readers []string, behind []Behind) {
 	type key struct {
 		reader string
@@ -61,6 +66,14 @@ func CaughtUp(pos []Position, t Targets) (readers []string, behind []Behind) {
 	for _, p := range pos {
 		at[key{p.Reader, p.Partition}] = p
 		stream[p.Reader] = p.Stream
+	}
+	for _, r := range t.Readers {
+		if _, seen := stream[r]; !seen {
+			// A sink's reader that has no consumer at all: the sink may
+			// agree now and change later; it has not processed the run.
+			behind = append(behind, Behind{Reader: r, Partition: -1, NoConsumer: true})
+			readers = append(readers, r)
+		}
 	}
 	for r := range stream {
 		readers = append(readers, r)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -622,6 +623,19 @@ func TestVerify(t *testing.T) {
 				w.readers = func(pos []oracle.Position) []oracle.Position { return pos[1:] }
 			},
 			want: map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			// The counter's group has no consumer anywhere: its totals may
+			// agree now, but nothing says it has processed the run (it may
+			// still count a redelivery twice).
+			name: "checked_sinks_reader_without_a_position_fails", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.readers = func(pos []oracle.Position) []oracle.Position {
+					return slices.DeleteFunc(pos, func(p oracle.Position) bool { return p.Reader == "click-counter" })
+				}
+			},
+			sinks: func(_ *world, s *oracle.Sinks) { s.Expect = []string{"click-counter", "warehouse-loader"} },
+			want:  map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
 		},
 		{
 			// Behind the run's last event but with nothing left to do: a

@@ -35,6 +35,10 @@ type Sinks struct {
 	Warehouse WarehouseReader
 	// Skip gives, by sink key, why a nil sink is not checked.
 	Skip map[string]string
+	// Expect names the readers (as Positions names them) of the sinks
+	// being checked: each must have a position, or the run is not caught
+	// up (a consumer group not seen is not one that has processed the run).
+	Expect []string
 }
 
 // Options tune the waiting.
@@ -141,7 +145,9 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		var behind []Behind
 		if err == nil {
 			rep.Backlog = backlogs(pos)
-			readers, behind = CaughtUp(pos, s.targets())
+			t := s.targets()
+			t.Readers = sinks.Expect
+			readers, behind = CaughtUp(pos, t)
 		}
 		caught := err == nil && len(behind) == 0
 		if caught && rep.CatchUp < 0 {
