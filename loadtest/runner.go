@@ -153,8 +153,9 @@ func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
 	closers := []func(){log.Close}
 	if s.fraud {
 		v := jsread.NewVerdicts(s.js, owner, since)
-		out.Verdicts = v
-		closers = append(closers, v.Close)
+		a := jsread.NewAlerts(s.js, owner, since)
+		out.Verdicts, out.Alerts = v, a
+		closers = append(closers, v.Close, a.Close)
 	}
 	// Each checked sink's readers must be seen caught up.
 	if s.fraud {

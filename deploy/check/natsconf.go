@@ -310,10 +310,10 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "loadtest", PasswordVar: "SNIP_NATS_LOADTEST_PASSWORD",
-			Why: "loadtest events publishes clicks; the oracle reads CLICKS and FRAUD_VERDICTS back and the groups' lag",
+			Why: "loadtest events publishes clicks; the oracle reads CLICKS, FRAUD_VERDICTS and FRAUD back and the groups' lag",
 			Grants: grants(jsBasics,
 				Grant{Pub: []string{"clicks.>", "$JS.API.STREAM.MSG.GET.CLICKS", "$JS.API.CONSUMER.LIST.*"}},
-				ordered(events.ClicksStream, events.FraudVerdictsStream)),
+				ordered(events.ClicksStream, events.FraudVerdictsStream, events.FraudStream)),
 		},
 	}
 }

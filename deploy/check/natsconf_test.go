@@ -443,6 +443,12 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 			t.Fatalf("ordered consumer on %s: %v", events.FraudVerdictsStream, err)
 		}
 		fetchAll(t, vc, 1)
+		// And the alerts on FRAUD (the fraud user published one above).
+		ac, err := c.js.OrderedConsumer(ctx, events.FraudStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FraudAlertSubjects}})
+		if err != nil {
+			t.Fatalf("ordered consumer on %s: %v", events.FraudStream, err)
+		}
+		fetchAll(t, ac, 1)
 		c.noViolations(t, "loadtest")
 		_ = c.nc.Publish("links.created.forged", nil)
 		c.violated(t, "loadtest", "links.created.forged")

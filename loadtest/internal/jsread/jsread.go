@@ -1,5 +1,6 @@
 // Package jsread is the oracle's view of JetStream: it reads a run's clicks
-// back from CLICKS and the verdicts about them from FRAUD with ordered
+// back from CLICKS, the verdicts about them from FRAUD_VERDICTS and the
+// alerts on its links from FRAUD with ordered
 // (ephemeral, unacknowledged) consumers, so reading changes nothing for the
 // readers under test, and it reports every reader's backlog: each consumer
 // group on CLICKS (pkg/reader.Lag) and each durable consumer on FRAUD.
@@ -209,7 +210,7 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 			return
 		}
 		lc.ID, _ = uuid.Parse(click.ID)
-		lc.Code, lc.RequestID, lc.Bot, lc.IPPrefix = click.Code, click.RequestID, click.Bot, click.IPPrefix
+		lc.Code, lc.RequestID, lc.Bot, lc.IPPrefix, lc.Visitor = click.Code, click.RequestID, click.Bot, click.IPPrefix, click.Visitor
 		out = append(out, lc)
 	})
 	return out, atEnd, err
@@ -261,6 +262,35 @@ func (v *Verdicts) Next(ctx context.Context) ([]oracle.Verdict, bool, error) {
 
 // Close stops reading.
 func (v *Verdicts) Close() { v.s.Close() }
+
+// Alerts reads the alerts on one owner's links from FRAUD.
+type Alerts struct {
+	s     stream
+	owner string
+}
+
+// NewAlerts returns a reader of the alerts on owner's links stored at or
+// after since.
+func NewAlerts(js jetstream.JetStream, owner string, since time.Time) *Alerts {
+	return &Alerts{s: stream{js: js, name: events.FraudStream, filter: events.FraudAlertSubjects, since: since}, owner: owner}
+}
+
+// Next implements oracle.AlertReader. An alert that does not decode is not
+// one an owner could read either, and is left out.
+func (a *Alerts) Next(ctx context.Context) ([]oracle.Alert, bool, error) {
+	var out []oracle.Alert
+	atEnd, err := a.s.next(ctx, func(m jetstream.Msg) {
+		al, err := events.DecodeFraudAlert(m.Data())
+		if err != nil || al.Owner != a.owner {
+			return
+		}
+		out = append(out, oracle.Alert{ID: al.ID, Rule: al.Rule, Code: al.Code, Key: al.Key})
+	})
+	return out, atEnd, err
+}
+
+// Close stops reading.
+func (a *Alerts) Close() { a.s.Close() }
 
 // StoredClicks returns how many clicks CLICKS holds on owner's links whose
 // code starts with prefix: a cheap count (the stream's per-subject totals),

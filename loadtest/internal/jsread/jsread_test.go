@@ -213,3 +213,52 @@ func TestVerdictsReadLargeMessagesWithoutReconnecting(t *testing.T) {
 		t.Errorf("read %d verdicts with %d reconnects; want %d with none", read, rc, msgs*events.MaxVerdictLabels)
 	}
 }
+
+// The alerts reader gives the owner's alerts on FRAUD, as the oracle
+// compares them with the run's bursts, and leaves out other owners' and
+// payloads no owner could read either.
+func TestAlertsReadsTheOwnersAlerts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	js := testenv.StartNATS(t).JetStream(t)
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	alert := func(id, owner, code, key string) []byte {
+		b, err := json.Marshal(events.FraudAlert{V: events.FraudVersion, ID: id, Rule: "visitor_burst", Code: code, Owner: owner, Key: key, Time: time.Now().UTC()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, m := range []struct {
+		code string
+		data []byte
+	}{
+		{"abc", alert("visitor_burst:abc:v1", "acme", "abc", "v1")},
+		{"xyz", alert("visitor_burst:xyz:v2", "other", "xyz", "v2")},
+		{"abc", []byte(`{"v":1,"id":"broken"}`)},
+		{"abd", alert("visitor_burst:abd:v3", "acme", "abd", "v3")},
+	} {
+		if _, err := js.Publish(ctx, events.FraudAlertSubject(m.code), m.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := jsread.NewAlerts(js, "acme", time.Now().Add(-time.Minute))
+	defer r.Close()
+	var got []string
+	testenv.WaitFor(t, 10*time.Second, "both of acme's alerts", func() bool {
+		as, _, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range as {
+			got = append(got, a.ID+" "+a.Rule+" "+a.Code+" "+a.Key)
+		}
+		return len(got) >= 2
+	})
+	want := "visitor_burst:abc:v1 visitor_burst abc v1,visitor_burst:abd:v3 visitor_burst abd v3"
+	if strings.Join(got, ",") != want {
+		t.Errorf("alerts %q, want %q", strings.Join(got, ","), want)
+	}
+}

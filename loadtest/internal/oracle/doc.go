@@ -10,7 +10,8 @@
 //
 //   - fraud detection: every click of an injected burst is labelled a bot by
 //     a verdict on FRAUD_VERDICTS, and no verdict names a click the log does
-//     not hold, or another link than its click's;
+//     not hold, or another link than its click's; every burst is alerted on
+//     FRAUD (a visitor_burst alert naming its visitor), no alert twice;
 //   - the click counter: per link, human + bot = the link's clicks in the
 //     log, and bot = the clicks whose final label is bot (the last verdict
 //     about the click, else the label the redirect gave it); the same by

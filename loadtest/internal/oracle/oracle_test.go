@@ -36,6 +36,14 @@ func (f *fakeVerdicts) Next(context.Context) ([]oracle.Verdict, bool, error) {
 	return v, true, nil
 }
 
+type fakeAlerts struct{ alerts []oracle.Alert }
+
+func (f *fakeAlerts) Next(context.Context) ([]oracle.Alert, bool, error) {
+	a := f.alerts
+	f.alerts = nil
+	return a, true, nil
+}
+
 type fakeCounter map[string]oracle.LinkStats
 
 func (f fakeCounter) Stats(_ context.Context, code string) (oracle.LinkStats, error) {
@@ -105,6 +113,7 @@ type world struct {
 	gen       *workload.Generator
 	log       []oracle.LogClick
 	verdicts  []oracle.Verdict
+	alerts    []oracle.Alert
 	counter   fakeCounter
 	warehouse []whRow
 	// readers, if set, changes the readers' positions, which are otherwise
@@ -150,10 +159,15 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 		id = uuid.Must(uuid.NewV7()).String()
 	}
 	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP),
-		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1)}
+		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1), Visitor: fmt.Sprint("visitor-", v.Identity)}
 	w.log = append(w.log, c)
 	if v.Kind == workload.Burst {
 		w.verdicts = append(w.verdicts, oracle.Verdict{ID: "burst:" + id, ClickID: c.ID, Code: c.Code, Bot: true, Rule: "visitor_burst", FraudSeq: uint64(len(w.verdicts) + 1)})
+		// One alert per visitor and link (the rule alerts once an hour).
+		a := oracle.Alert{ID: "visitor_burst:" + c.Code + ":" + c.Visitor, Rule: "visitor_burst", Code: c.Code, Key: c.Visitor}
+		if !slices.Contains(w.alerts, a) {
+			w.alerts = append(w.alerts, a)
+		}
 	}
 	w.warehouse = append(w.warehouse, whRow{code: c.Code, id: c.ID, bot: c.Bot})
 }
@@ -266,6 +280,7 @@ func (w *world) sinks() oracle.Sinks {
 		Log:       &fakeLog{clicks: append([]oracle.LogClick(nil), w.log...)},
 		Readers:   fakeReaders(w.positions()),
 		Verdicts:  &fakeVerdicts{verdicts: append([]oracle.Verdict(nil), w.verdicts...)},
+		Alerts:    &fakeAlerts{alerts: append([]oracle.Alert(nil), w.alerts...)},
 		Counter:   w.counter,
 		Warehouse: &fakeWarehouse{rows: w.warehouse},
 	}
@@ -419,6 +434,23 @@ func TestVerify(t *testing.T) {
 			},
 			// the burst click is not labelled on its link: missing
 			want: map[string]outcome{oracle.SinkFraud: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// Every burst labelled, none alerted: the owner's alert list
+			// and webhooks never hear of it.
+			name: "burst_without_an_alert", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.alerts = w.alerts[1:] },
+			want:   map[string]outcome{oracle.SinkFraudAlerts: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "alert_about_another_visitor", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) { w.alerts[0].Key = "someone-else" },
+			want:   map[string]outcome{oracle.SinkFraudAlerts: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "alert_stored_twice", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) { w.alerts = append(w.alerts, w.alerts[0]) },
+			want:   map[string]outcome{oracle.SinkFraudAlerts: {Dup: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "verdict_stored_twice", mode: truth.ModeEvents,
@@ -578,11 +610,12 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "unconfigured_sinks_are_skipped", mode: truth.ModeEvents,
-			sinks: func(_ *world, s *oracle.Sinks) { s.Counter, s.Warehouse, s.Verdicts = nil, nil, nil },
+			sinks: func(_ *world, s *oracle.Sinks) { s.Counter, s.Warehouse, s.Verdicts, s.Alerts = nil, nil, nil, nil },
 			want: map[string]outcome{
-				oracle.SinkCounter:   {Status: oracle.Skipped},
-				oracle.SinkWarehouse: {Status: oracle.Skipped},
-				oracle.SinkFraud:     {Status: oracle.Skipped},
+				oracle.SinkCounter:     {Status: oracle.Skipped},
+				oracle.SinkWarehouse:   {Status: oracle.Skipped},
+				oracle.SinkFraud:       {Status: oracle.Skipped},
+				oracle.SinkFraudAlerts: {Status: oracle.Skipped},
 			},
 		},
 		{

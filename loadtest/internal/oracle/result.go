@@ -48,6 +48,7 @@ const (
 	SinkLog          = "clicks log (CLICKS)"
 	SinkSourceLabels = "bot labels at source"
 	SinkFraud        = "fraud verdicts (bursts)"
+	SinkFraudAlerts  = "fraud alerts (bursts)"
 	SinkCounter      = "counter totals"
 	SinkCounterBots  = "counter bot split"
 	// SinkCounterCountries and SinkCounterReferrers are the counter's
@@ -155,6 +156,35 @@ func (s *state) fraudResult() Result {
 		}
 		sort.Strings(rules)
 		notes = append(notes, fmt.Sprintf("also labelled bot: %d human-looking clicks (%s)", total, strings.Join(rules, ", ")))
+	}
+	r.Note = strings.Join(notes, "; ")
+	r.judge()
+	return r
+}
+
+// alertResult checks that every burst the log holds is alerted: an alert
+// of rule visitor_burst on the burst's link naming its visitor (one alert
+// may cover several bursts of a visitor on a link, the rule alerts once an
+// hour), and that no alert is stored twice.
+func (s *state) alertResult() Result {
+	r := Result{Sink: SinkFraudAlerts, Dup: s.alertDups}
+	var missing []string
+	for b, k := range s.bursts {
+		r.Expected++
+		if _, ok := s.alerted[k]; ok {
+			r.Got++
+			continue
+		}
+		r.Missing++
+		missing = append(missing, fmt.Sprintf("burst %d on %s", b, k.code))
+	}
+	sort.Strings(missing)
+	notes := []string{fmt.Sprintf("%d alerts on the run's links", s.alerts)}
+	if s.alertDups > 0 {
+		notes = append(notes, fmt.Sprintf("%d alert IDs stored twice", s.alertDups))
+	}
+	if m := limitList("bursts without an alert", missing); m != "" {
+		notes = append(notes, m)
 	}
 	r.Note = strings.Join(notes, "; ")
 	r.judge()

@@ -22,6 +22,9 @@ type LogClick struct {
 	// Invalid is set when the payload fails events.DecodeClick: readers
 	// park such a click instead of counting it.
 	Invalid bool
+	// Visitor is the click's anonymised visitor identity: what fraud
+	// detection's per-visitor alerts name.
+	Visitor string
 }
 
 // LogReader reads the run owner's clicks from CLICKS, from the start of the
@@ -71,6 +74,25 @@ type LinkStats struct {
 	// Referrers by the Referer's host without "www.", "(direct)" for a
 	// click without one. Each lists up to TopDimensions names.
 	Countries, Referrers map[string]Pair
+}
+
+// Alert is one alert from FRAUD, reduced to what the oracle checks.
+type Alert struct {
+	// ID is the alert's ID (its Nats-Msg-Id): stored twice, it shows as a
+	// duplicate.
+	ID   string
+	Rule string
+	Code string
+	// Key is what the rule counted on (a visitor, for visitor_burst).
+	Key string
+}
+
+// AlertReader reads the alerts on the run owner's links from FRAUD, in
+// stream order.
+type AlertReader interface {
+	// Next returns the alerts stored since the previous call and whether
+	// the reader has reached the end of FRAUD.
+	Next(ctx context.Context) (alerts []Alert, atEnd bool, err error)
 }
 
 // CounterReader reads the click counter's public stats API.

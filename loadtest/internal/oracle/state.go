@@ -53,12 +53,29 @@ type state struct {
 	label            []uint8           // 0 none, labelHuman, labelBot: the last verdict's label
 	labelSeq         []uint64          // FRAUD_VERDICTS sequence of that verdict
 
+	// bursts are the visitor and link of each burst the log holds clicks
+	// of (by burst number); alerted the visitor_burst alerts on the run's
+	// links; alertIDs the alert IDs seen, alerts their number, alertDups
+	// the copies.
+	bursts    map[int64]alertKey
+	alerted   map[alertKey]struct{}
+	alertIDs  map[string]struct{}
+	alerts    uint64
+	alertDups uint64
+
 	// lastClick is, per CLICKS partition, the highest stream sequence of a
 	// click on the run's links; lastVerdict the highest FRAUD sequence of a
 	// verdict about one. Every reader must have processed up to them.
 	lastClick   map[int]uint64
 	lastVerdict uint64
 }
+
+// alertKey is what a per-visitor alert is about.
+type alertKey struct{ code, visitor string }
+
+// ruleVisitorBurst is fraud detection's per-visitor rule, the one bursts
+// trip.
+const ruleVisitorBurst = "visitor_burst"
 
 type slot struct {
 	id  uuid.UUID
@@ -91,6 +108,9 @@ func newState(tr *truth.Truth) (*state, error) {
 		verdictIDs:   map[string]struct{}{},
 		verdictRules: map[string]uint64{},
 		lastClick:    map[int]uint64{},
+		bursts:       map[int64]alertKey{},
+		alerted:      map[alertKey]struct{}{},
+		alertIDs:     map[string]struct{}{},
 	}, nil
 }
 
@@ -156,6 +176,9 @@ func (s *state) addClick(c *LogClick) {
 	v := s.gen.Visit(seq)
 	if c.Code != s.tag.LinkCode(v.Link) {
 		s.wrongLink++
+	}
+	if _, seen := s.bursts[v.Burst]; v.Kind == workload.Burst && !seen {
+		s.bursts[v.Burst] = alertKey{code: s.tag.LinkCode(v.Link), visitor: c.Visitor}
 	}
 	if s.tr.ForwardedFor && c.IPPrefix == workload.IPPrefix(v.IP) {
 		s.xffHonoured++
@@ -233,6 +256,22 @@ func (s *state) addVerdict(v *Verdict) {
 	}
 	if k := s.gen.Visit(seq).Kind; v.Bot && (k == workload.Human || k == workload.Probe) {
 		s.verdictRules[v.Rule]++
+	}
+}
+
+// addAlert records one alert read from FRAUD.
+func (s *state) addAlert(a *Alert) {
+	if _, ours := s.linkOf(a.Code); !ours {
+		return
+	}
+	if _, seen := s.alertIDs[a.ID]; seen {
+		s.alertDups++
+		return
+	}
+	s.alertIDs[a.ID] = struct{}{}
+	s.alerts++
+	if a.Rule == ruleVisitorBurst {
+		s.alerted[alertKey{code: a.Code, visitor: a.Key}] = struct{}{}
 	}
 }
 

@@ -28,9 +28,12 @@ const (
 // are NATS); a nil reader is a sink that is not deployed or not configured,
 // and Skip says why.
 type Sinks struct {
-	Log       LogReader
-	Readers   Positions
-	Verdicts  VerdictReader
+	Log      LogReader
+	Readers  Positions
+	Verdicts VerdictReader
+	// Alerts is fraud detection's alerts, checked with the verdicts
+	// (under KeyFraud).
+	Alerts    AlertReader
 	Counter   CounterReader
 	Warehouse WarehouseReader
 	// Skip gives, by sink key, why a nil sink is not checked.
@@ -137,6 +140,11 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		}
 		if sinks.Verdicts != nil {
 			if err := readVerdicts(ctx, s, sinks.Verdicts); err != nil {
+				return nil, fmt.Errorf("verify: read FRAUD_VERDICTS: %w", err)
+			}
+		}
+		if sinks.Alerts != nil {
+			if err := readAlerts(ctx, s, sinks.Alerts); err != nil {
 				return nil, fmt.Errorf("verify: read FRAUD: %w", err)
 			}
 		}
@@ -236,6 +244,21 @@ func readVerdicts(ctx context.Context, s *state, vr VerdictReader) error {
 	}
 }
 
+func readAlerts(ctx context.Context, s *state, ar AlertReader) error {
+	for {
+		as, atEnd, err := ar.Next(ctx)
+		if err != nil {
+			return err
+		}
+		for i := range as {
+			s.addAlert(&as[i])
+		}
+		if atEnd {
+			return nil
+		}
+	}
+}
+
 // checker compares the sinks with the state, remembering the counter's
 // answers so a poll asks again only about links that did not match.
 type checker struct {
@@ -258,6 +281,11 @@ func (c *checker) rows(ctx context.Context, caught bool) []Result {
 		rows = append(rows, s.fraudResult())
 	} else {
 		rows = append(rows, c.skip(KeyFraud, SinkFraud))
+	}
+	if c.sinks.Alerts != nil {
+		rows = append(rows, s.alertResult())
+	} else {
+		rows = append(rows, c.skip(KeyFraud, SinkFraudAlerts))
 	}
 	want := s.expectedLinks()
 	if c.sinks.Counter != nil {
