@@ -35,7 +35,13 @@ type Behind struct {
 	Backlog uint64
 	// NoConsumer: the group has no consumer for the partition.
 	NoConsumer bool
+	// Queue: Reader is a webhook endpoint's queue, holding Backlog events
+	// not yet delivered.
+	Queue bool
 }
+
+// webhookQueue names a webhook endpoint's queue among the readers.
+func webhookQueue(endpoint string) string { return "webhooks endpoint " + endpoint }
 
 func (b Behind) String() string {
 	where := fmt.Sprintf("%s p%d", b.Reader, b.Partition)
@@ -44,6 +50,9 @@ func (b Behind) String() string {
 	}
 	if b.NoConsumer {
 		return where + " has no consumer"
+	}
+	if b.Queue {
+		return fmt.Sprintf("%s has %d events queued", b.Reader, b.Backlog)
 	}
 	return fmt.Sprintf("%s acked %d of %d (backlog %d)", where, b.AckFloor, b.Target, b.Backlog)
 }

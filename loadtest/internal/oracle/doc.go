@@ -21,6 +21,12 @@
 //     link's clicks in the log (the exact set when it is small enough, the
 //     counts otherwise), and the bot flags match (event by event with the
 //     exact set).
+//   - the webhooks service, through a receiver of the run's own registered
+//     as an endpoint of the run's owner: every click on a link its filter
+//     wants delivered at least once (by event id; a delivery again is
+//     counted, not failed: at-least-once is the contract), none other,
+//     every request signed, each link's clicks in CLICKS' order, and the
+//     endpoint's queue empty for the run to be caught up.
 //
 // A sink that is not deployed or not configured is reported as skipped, not
 // failed, unless it is required; one that is configured is checked strictly.

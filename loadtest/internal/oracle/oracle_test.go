@@ -90,6 +90,27 @@ func (f *fakeWarehouse) EventIDs(_ context.Context, _, prefix string, fn func(st
 	return nil
 }
 
+// fakeWebhooks is the run's webhook receiver: what its endpoint was
+// delivered, and the endpoint's queue.
+type fakeWebhooks struct {
+	wants  map[string]bool
+	d      oracle.WebhookDeliveries
+	queued uint64
+}
+
+func (f *fakeWebhooks) Endpoint() string                       { return "ep_test" }
+func (f *fakeWebhooks) Wants(code string) bool                 { return f.wants[code] }
+func (f *fakeWebhooks) Deliveries() oracle.WebhookDeliveries   { return f.d }
+func (f *fakeWebhooks) Queued(context.Context) (uint64, error) { return f.queued, nil }
+func (f *fakeWebhooks) event(code string) (int, *oracle.WebhookEvent) {
+	for i := range f.d.Events {
+		if f.d.Events[i].Code == code {
+			return i, &f.d.Events[i]
+		}
+	}
+	return -1, nil
+}
+
 // fakeReaders are readers at fixed positions.
 type fakeReaders []oracle.Position
 
@@ -119,6 +140,40 @@ type world struct {
 	// readers, if set, changes the readers' positions, which are otherwise
 	// exactly at the run's last events with other traffic waiting behind.
 	readers func([]oracle.Position) []oracle.Position
+	// webhooks, if set, changes what the webhook endpoint was delivered,
+	// which is otherwise every click of the log on its links (links 0, 2
+	// and 4), once, in the log's order, each request signed.
+	webhooks func(*fakeWebhooks)
+}
+
+// webhookLinks are the links the world's endpoint wants.
+var webhookLinks = []string{tag.LinkCode(0), tag.LinkCode(2), tag.LinkCode(4)}
+
+// deliveries are what a right webhooks service delivers for the log: the
+// first copy of each click of the run on a wanted link, in the log's order.
+func (w *world) deliveries() *fakeWebhooks {
+	f := &fakeWebhooks{wants: map[string]bool{}}
+	for _, c := range webhookLinks {
+		f.wants[c] = true
+	}
+	seen := map[uint64]bool{}
+	for _, c := range w.log {
+		seq, ok := w.seq(c)
+		if !ok || seq >= w.tr.Attempts || seen[seq] {
+			continue
+		}
+		seen[seq] = true
+		code := tag.LinkCode(w.gen.Visit(seq).Link)
+		if !f.wants[code] {
+			continue
+		}
+		f.d.Events = append(f.d.Events, oracle.WebhookEvent{ID: c.ID.String(), Type: "click", Code: code, Copies: 1, First: uint64(len(f.d.Events) + 1)})
+	}
+	f.d.Requests = uint64(len(f.d.Events)/10 + 1)
+	if w.webhooks != nil {
+		w.webhooks(f)
+	}
+	return f
 }
 
 // newWorld builds a perfect run of 200 clicks in the given mode: every
@@ -283,6 +338,7 @@ func (w *world) sinks() oracle.Sinks {
 		Alerts:    &fakeAlerts{alerts: append([]oracle.Alert(nil), w.alerts...)},
 		Counter:   w.counter,
 		Warehouse: &fakeWarehouse{rows: w.warehouse},
+		Webhooks:  w.deliveries(),
 	}
 }
 
@@ -610,13 +666,94 @@ func TestVerify(t *testing.T) {
 		},
 		{
 			name: "unconfigured_sinks_are_skipped", mode: truth.ModeEvents,
-			sinks: func(_ *world, s *oracle.Sinks) { s.Counter, s.Warehouse, s.Verdicts, s.Alerts = nil, nil, nil, nil },
+			sinks: func(_ *world, s *oracle.Sinks) {
+				s.Counter, s.Warehouse, s.Verdicts, s.Alerts, s.Webhooks = nil, nil, nil, nil, nil
+			},
 			want: map[string]outcome{
 				oracle.SinkCounter:     {Status: oracle.Skipped},
 				oracle.SinkWarehouse:   {Status: oracle.Skipped},
 				oracle.SinkFraud:       {Status: oracle.Skipped},
 				oracle.SinkFraudAlerts: {Status: oracle.Skipped},
+				oracle.SinkWebhooks:    {Status: oracle.Skipped},
 			},
+		},
+		{
+			name: "required_webhooks_missing_fails", mode: truth.ModeEvents, require: []string{oracle.KeyWebhooks},
+			sinks: func(_ *world, s *oracle.Sinks) { s.Webhooks = nil },
+			want:  map[string]outcome{oracle.SinkWebhooks: {Status: oracle.Fail}},
+		},
+		{
+			name: "webhook_endpoint_missed_a_wanted_click", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) { f.d.Events = f.d.Events[1:] }
+			},
+			want: map[string]outcome{oracle.SinkWebhooks: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "webhook_endpoint_got_a_click_its_filter_does_not_want", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) {
+					for _, c := range w.log {
+						if seq, _ := w.seq(c); w.gen.Visit(seq).Link == 1 {
+							f.d.Events = append(f.d.Events, oracle.WebhookEvent{ID: c.ID.String(), Type: "click", Code: c.Code, Copies: 1, First: 1000})
+							return
+						}
+					}
+					t.Fatal("no click on link 1")
+				}
+			},
+			want: map[string]outcome{oracle.SinkWebhooks: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "webhook_endpoint_got_a_click_never_sent", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) {
+					f.d.Events = append(f.d.Events, oracle.WebhookEvent{ID: tag.EventID(5000, at), Type: "click", Code: tag.LinkCode(0), Copies: 1, First: 1000})
+				}
+			},
+			want: map[string]outcome{oracle.SinkWebhooks: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "webhook_with_a_bad_signature", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) { f.d.Requests++; f.d.BadSignatures++ }
+			},
+			want: map[string]outcome{oracle.SinkWebhookSignatures: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// At-least-once: a click delivered again (a batch repeated, a
+			// click stored twice) is counted and passes.
+			name: "webhook_delivered_again_is_counted_not_failed", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) { f.d.Events[0].Copies = 3 }
+			},
+			want: map[string]outcome{oracle.SinkWebhooks: {Dup: 2, Status: oracle.Pass}},
+		},
+		{
+			name: "webhook_clicks_of_a_link_out_of_order", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) {
+					i, e := f.event(tag.LinkCode(2))
+					if e == nil {
+						t.Fatal("no delivery on link 2")
+					}
+					for j := i + 1; j < len(f.d.Events); j++ {
+						if f.d.Events[j].Code == e.Code {
+							f.d.Events[i].First, f.d.Events[j].First = f.d.Events[j].First, f.d.Events[i].First
+							return
+						}
+					}
+					t.Fatal("one delivery on link 2")
+				}
+			},
+			want: map[string]outcome{oracle.SinkWebhookOrder: {Missing: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "webhook_endpoint_with_events_queued_is_not_caught_up", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.webhooks = func(f *fakeWebhooks) { f.queued = 3 }
+			},
+			want: map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "required_sink_missing_fails", mode: truth.ModeEvents, require: []string{oracle.KeyWarehouse},

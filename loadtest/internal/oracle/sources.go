@@ -149,3 +149,47 @@ type Positions interface {
 	// consumer on FRAUD: one).
 	Positions(ctx context.Context) ([]Position, error)
 }
+
+// WebhookEvent is one event the load test's webhook receiver was sent.
+type WebhookEvent struct {
+	// ID is the event's `id` (for a click, its event ID): what receivers
+	// deduplicate by.
+	ID string
+	// Type is the event's type (click, fraud_alert, test).
+	Type string
+	// Code is the link its data names.
+	Code string
+	// Copies is how many times it was delivered: 1, or more when a batch
+	// or a click stored twice was sent again (at-least-once).
+	Copies uint64
+	// First orders the first deliveries: 1 for the first event the
+	// receiver recorded, then 2, and so on (a request's events in body
+	// order).
+	First uint64
+}
+
+// WebhookDeliveries is what the receiver has been sent so far.
+type WebhookDeliveries struct {
+	Events []WebhookEvent
+	// Requests counts the POSTs received; BadSignatures those whose
+	// signature did not verify (refused, their events not recorded);
+	// BadBodies those that verified but were not a body of events.
+	Requests, BadSignatures, BadBodies uint64
+	// Unrecorded counts events the receiver did not record because it
+	// held as many as its bound.
+	Unrecorded uint64
+}
+
+// WebhookReader is the load test's webhook receiver, registered as an
+// endpoint of the run's owner.
+type WebhookReader interface {
+	// Endpoint is the endpoint's ID in the webhooks service.
+	Endpoint() string
+	// Wants reports whether the endpoint's filter wants clicks on a link.
+	Wants(code string) bool
+	// Deliveries returns everything delivered so far.
+	Deliveries() WebhookDeliveries
+	// Queued returns the events the webhooks service holds in the
+	// endpoint's queue, not yet delivered (the one in flight included).
+	Queued(ctx context.Context) (uint64, error)
+}

@@ -16,7 +16,8 @@ import (
 
 // state is what the oracle has learned about a run: which clicks the log
 // holds, and the verdicts about them. It needs about 20 bytes per click,
-// plus 24 per click in HTTP mode for the event ID index.
+// plus 24 per click in HTTP mode for the event ID index, and 8 when
+// webhooks are checked.
 type state struct {
 	tr  *truth.Truth
 	tag workload.Tag
@@ -68,6 +69,11 @@ type state struct {
 	// verdict about one. Every reader must have processed up to them.
 	lastClick   map[int]uint64
 	lastVerdict uint64
+
+	// logSeq is, by click, the CLICKS sequence of its first copy: the
+	// order a webhook endpoint must get a link's clicks in. Kept only when
+	// webhooks are checked (8 bytes per click).
+	logSeq []uint64
 }
 
 // alertKey is what a per-visitor alert is about.
@@ -169,6 +175,9 @@ func (s *state) addClick(c *LogClick) {
 		return
 	}
 	sl.n, sl.id, sl.bot = 1, c.ID, c.Bot
+	if s.logSeq != nil {
+		s.logSeq[seq] = c.StreamSeq
+	}
 	s.present++
 	if s.tr.Outcome(seq) == truth.Sent {
 		s.sentFound++

@@ -22,6 +22,7 @@ const (
 	KeyCounter   = "counter"
 	KeyWarehouse = "warehouse"
 	KeyFraud     = "fraud"
+	KeyWebhooks  = "webhooks"
 )
 
 // Sinks are the readers to check. Log and Readers are always there (they
@@ -36,6 +37,11 @@ type Sinks struct {
 	Alerts    AlertReader
 	Counter   CounterReader
 	Warehouse WarehouseReader
+	// Webhooks is the load test's own webhook receiver, registered as an
+	// endpoint of the run's owner: what it was delivered is checked, and
+	// its queue in the webhooks service must be empty for the run to be
+	// caught up.
+	Webhooks WebhookReader
 	// Skip gives, by sink key, why a nil sink is not checked.
 	Skip map[string]string
 	// Expect names the readers (as Positions names them) of the sinks
@@ -112,6 +118,10 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
+	if sinks.Webhooks != nil {
+		// Order per link is judged against CLICKS' order.
+		s.logSeq = make([]uint64, len(s.slots))
+	}
 	start := time.Now()
 	dctx, cancel := context.WithDeadline(ctx, start.Add(opts.Deadline))
 	defer cancel()
@@ -134,6 +144,15 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		// before fraud detection's position was read.
 		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
 		pos, err := sinks.Readers.Positions(bctx)
+		// The endpoint's queue is read after the group's positions: a
+		// group that had queued every click of the run and an empty queue
+		// after it mean every click was delivered.
+		var queued uint64
+		if err == nil && sinks.Webhooks != nil {
+			if queued, err = sinks.Webhooks.Queued(bctx); err != nil {
+				err = fmt.Errorf("webhooks endpoint %s queue: %w", sinks.Webhooks.Endpoint(), err)
+			}
+		}
 		bcancel()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("verify: %w", ctx.Err())
@@ -156,6 +175,13 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 			t := s.targets()
 			t.Readers = sinks.Expect
 			readers, behind = CaughtUp(pos, t)
+			if sinks.Webhooks != nil {
+				q := webhookQueue(sinks.Webhooks.Endpoint())
+				readers = append(readers, q)
+				if queued > 0 {
+					behind = append(behind, Behind{Reader: q, Partition: -1, Backlog: queued, Queue: true})
+				}
+			}
 		}
 		caught := err == nil && len(behind) == 0
 		if caught && rep.CatchUp < 0 {
@@ -297,6 +323,11 @@ func (c *checker) rows(ctx context.Context, caught bool) []Result {
 		rows = append(rows, c.warehouseRows(ctx, want, caught)...)
 	} else {
 		rows = append(rows, c.skip(KeyWarehouse, SinkWarehouse))
+	}
+	if c.sinks.Webhooks != nil {
+		rows = append(rows, s.webhookRows(c.sinks.Webhooks)...)
+	} else {
+		rows = append(rows, c.skip(KeyWebhooks, SinkWebhooks))
 	}
 	return rows
 }
