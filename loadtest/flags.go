@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/loadtest/internal/oracle"
+	"github.com/snipdev/snip/loadtest/internal/whrecv"
 	"github.com/snipdev/snip/loadtest/internal/workload"
 )
 
@@ -97,6 +98,11 @@ type sinkFlags struct {
 	require    string
 	deadline   time.Duration
 	setLimit   uint64
+	// webhooks is the webhooks API ("auto", "off" or a base URL); "" is
+	// auto when webhooks are required, else off. webhooksListen is the
+	// receiver's address.
+	webhooks       string
+	webhooksListen string
 }
 
 const auto, off = "auto", "off"
@@ -105,15 +111,18 @@ const auto, off = "auto", "off"
 const (
 	demoCounterURL = "http://127.0.0.1:8081"
 	demoClickHouse = "clickhouse://127.0.0.1:19000/snip"
+	demoWebhooks   = "http://127.0.0.1:8087"
 )
 
 func (s *sinkFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.counter, "counter-url", auto, "click counter base URL (auto: "+demoCounterURL+" if it answers; off)")
 	fs.StringVar(&s.clickhouse, "clickhouse", auto, "warehouse ClickHouse DSN (auto: "+demoClickHouse+" if it answers; off)")
 	fs.StringVar(&s.fraud, "fraud", auto, "check fraud verdicts: auto (if the fraud-detection group exists), on, off")
-	fs.StringVar(&s.require, "require", "", "comma-separated sinks that must be checked, not skipped: counter,warehouse,fraud")
+	fs.StringVar(&s.require, "require", "", "comma-separated sinks that must be checked, not skipped: counter,warehouse,fraud,webhooks")
 	fs.DurationVar(&s.deadline, "deadline", 3*time.Minute, "how long verification waits for readers to catch up and agree")
 	fs.Uint64Var(&s.setLimit, "set-limit", 2_000_000, "compare the warehouse's event IDs one by one up to this many clicks (counts above)")
+	fs.StringVar(&s.webhooks, "webhooks", "", "webhooks API base URL: register a receiver of the run's own as an endpoint of the run's owner and check what it is delivered (auto: "+demoWebhooks+" if it answers; off; default: auto when --require names webhooks, else off)")
+	fs.StringVar(&s.webhooksListen, "webhooks-listen", "127.0.0.1:0", "address of the run's webhook receiver; its endpoint URL is http://<this address>"+whrecv.Path+", so the webhooks service must reach it and allow it (WEBHOOKS_HTTP_HOSTS, WEBHOOKS_ALLOW_CIDRS)")
 }
 
 func (s *sinkFlags) required() ([]string, error) {
@@ -124,10 +133,10 @@ func (s *sinkFlags) required() ([]string, error) {
 	for _, k := range strings.Split(s.require, ",") {
 		k = strings.TrimSpace(k)
 		switch k {
-		case oracle.KeyCounter, oracle.KeyWarehouse, oracle.KeyFraud:
+		case oracle.KeyCounter, oracle.KeyWarehouse, oracle.KeyFraud, oracle.KeyWebhooks:
 			out = append(out, k)
 		default:
-			return nil, fmt.Errorf("--require %q: want counter, warehouse or fraud: %w", k, errUsage)
+			return nil, fmt.Errorf("--require %q: want counter, warehouse, fraud or webhooks: %w", k, errUsage)
 		}
 	}
 	return out, nil

@@ -36,7 +36,8 @@ var servers *testenv.Servers
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
 
-const testKey = "snip_test_key"
+// testKey is the run owner's API key (one the services' owner bootstrap takes).
+const testKey = "snip_test_key_0123456789abcdef"
 
 // tally is a stand-in click counter: a real consumer group on CLICKS (pkg/
 // reader) that counts each event ID once, served through the stats API's
@@ -333,6 +334,51 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 	}
 	if r := row(t, out, "counter totals"); r[0] != "600" || r[5] != "PASS" {
 		t.Errorf("verify --truth: counter row %v", r)
+	}
+}
+
+// The real webhooks service delivers the run's clicks to the run's own
+// receiver, registered for the even-numbered links: every click on them
+// delivered (by event id), none on the others, every signature valid, each
+// link's clicks in CLICKS' order, the group and the endpoint's queue caught
+// up; the endpoint is deleted at the end.
+func TestEventsRunPassesTheOracleWithTheWebhooksService(t *testing.T) {
+	t.Parallel()
+	s := startSystem(t, nil)
+	r := testenv.StartRedis(t)
+	wh := startService(t, "webhooks", buildService(t, "webhooks"), "NATS_URL="+s.natsURL, "REDIS_URL="+r.URL(0),
+		"SNIP_PARTITIONS=4", "SNIP_BOOTSTRAP_OWNERS=demo:"+testKey,
+		"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32")
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--webhooks", wh.url, "--require", "counter,warehouse,webhooks")...)
+	if err != nil {
+		t.Fatalf("loadtest events with the webhooks service: %v\n%s", err, out)
+	}
+	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "warehouse event IDs",
+		"webhooks clicks", "webhooks signatures", "webhooks order per link", "readers caught up"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS\n%s", sink, r, out)
+		}
+	}
+	// The filter matters: some of the 600 clicks are wanted, not all.
+	if r := row(t, out, "webhooks clicks"); r[0] == "0" || r[0] == "600" || r[0] != r[1] {
+		t.Errorf("webhooks clicks %v: want some but not all of the 600 clicks expected, and got", r)
+	}
+	if r := row(t, out, "webhooks order per link"); r[0] != "11" {
+		t.Errorf("webhooks order per link %v: want the 11 even-numbered links of 21 (20 and the probe's) delivered to", r)
+	}
+	t.Logf("\n%s", out)
+	var list struct {
+		Endpoints []json.RawMessage `json:"endpoints"`
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, wh.url+"/api/webhooks/endpoints", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Endpoints) != 0 {
+		t.Errorf("endpoints left after the run: %d (%v), want none", len(list.Endpoints), err)
 	}
 }
 

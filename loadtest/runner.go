@@ -23,6 +23,7 @@ import (
 	"github.com/snipdev/snip/loadtest/internal/report"
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
+	"github.com/snipdev/snip/loadtest/internal/whrecv"
 	"github.com/snipdev/snip/loadtest/internal/workload"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
@@ -37,7 +38,10 @@ type system struct {
 	counter   *counterhttp.Client
 	warehouse *chquery.Client
 	fraud     bool
-	skip      map[string]string
+	// webhooksAPI is the webhooks API a run registers its receiver with;
+	// "" when webhooks are not checked.
+	webhooksAPI string
+	skip        map[string]string
 }
 
 func (s *system) close() {
@@ -112,6 +116,25 @@ func (s *system) findSinks(ctx context.Context, env *Env, sf *sinkFlags) error {
 			return fmt.Errorf("warehouse at %s: %w", dsn, err)
 		}
 	}
+	webhooks := sf.webhooks
+	if webhooks == "" {
+		webhooks = off
+		if req, _ := sf.required(); slices.Contains(req, oracle.KeyWebhooks) {
+			webhooks = auto
+		}
+	}
+	switch webhooks {
+	case off:
+		s.skip[oracle.KeyWebhooks] = "off (--webhooks off)"
+	case auto:
+		if err := answers(ctx, demoWebhooks+"/healthz"); err != nil {
+			s.skip[oracle.KeyWebhooks] = "not deployed: nothing answers at " + demoWebhooks
+		} else {
+			s.webhooksAPI = demoWebhooks
+		}
+	default:
+		s.webhooksAPI = strings.TrimSuffix(webhooks, "/")
+	}
 	groups, err := s.readers.Groups(ctx)
 	if err != nil {
 		return err
@@ -146,8 +169,9 @@ func answers(ctx context.Context, url string) error {
 	return nil
 }
 
-// sinks are the oracle's sources for one run.
-func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
+// sinks are the oracle's sources for one run; rcv is the run's webhook
+// receiver, nil when webhooks are not checked.
+func (s *system) sinks(owner string, since time.Time, rcv *whrecv.Receiver) (oracle.Sinks, func()) {
 	log := jsread.NewClicks(s.js, owner, since)
 	out := oracle.Sinks{Log: log, Readers: s.readers, Skip: s.skip}
 	closers := []func(){log.Close}
@@ -171,6 +195,10 @@ func (s *system) sinks(owner string, since time.Time) (oracle.Sinks, func()) {
 	if s.warehouse != nil {
 		out.Warehouse = s.warehouse
 		out.Expect = append(out.Expect, topology.GroupWarehouseLoader)
+	}
+	if rcv != nil {
+		out.Webhooks = rcv
+		out.Expect = append(out.Expect, topology.GroupWebhooks)
 	}
 	return out, func() {
 		for _, c := range closers {
@@ -204,6 +232,16 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	dir := reportDir(rf.out, start, l.tag)
 	m := series.NewMeter(start, float64(l.rate))
 	rec := truth.NewRecorder(int(float64(l.rate) * rf.duration.Seconds()))
+
+	// The endpoint gets the clicks stored after it exists: registered
+	// before the load.
+	var rcv *whrecv.Receiver
+	if sys.webhooksAPI != "" && rf.verify {
+		if rcv, err = startReceiver(ctx, env, sys, l, sf); err != nil {
+			return err
+		}
+		defer stopReceiver(env, rcv)
+	}
 
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -260,10 +298,10 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	// Catch-up is watched on its own, while the oracle reads at its pace.
 	caught := make(chan time.Duration, 1)
 	go func() {
-		caught <- waitCaughtUp(ctx, sys, l.owner, "lt-"+l.tag.String()+"-", tr.SentCount(), loadEnd, sf.deadline)
+		caught <- waitCaughtUp(ctx, sys, l.owner, "lt-"+l.tag.String()+"-", tr.SentCount(), loadEnd, sf.deadline, rcv)
 	}()
 	if rf.verify {
-		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second))
+		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second), rcv)
 		vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
 			Deadline: sf.deadline, SetLimit: sf.setLimit, Require: require,
 			Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
@@ -285,6 +323,41 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	rep.Summary = m.Summarise(loadEnd.Sub(start))
 	rep.KeepUp = report.KeepUpOf(rep)
 	return finish(env, dir, rep)
+}
+
+// webhookBatchWait is the most the run's endpoint waits to fill a batch.
+const webhookBatchWait = 200 * time.Millisecond
+
+// startReceiver starts the run's webhook receiver and registers it as an
+// endpoint of the run's owner, for clicks on the links whrecv.Filter picks.
+func startReceiver(ctx context.Context, env *Env, sys *system, l load, sf *sinkFlags) (*whrecv.Receiver, error) {
+	rcv, err := whrecv.Start(sf.webhooksListen)
+	if err != nil {
+		return nil, err
+	}
+	codes := make([]string, l.gen.NumLinks())
+	for i := range codes {
+		codes[i] = l.tag.LinkCode(i)
+	}
+	links := whrecv.Filter(codes, whrecv.MaxFilterLinks)
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := rcv.Register(rctx, sys.webhooksAPI, env.Cfg.APIKey, l.owner, links, webhookBatchWait); err != nil {
+		_ = rcv.Close()
+		return nil, err
+	}
+	fmt.Fprintf(env.Stderr, "webhooks: endpoint %s -> %s, clicks on %d of the run's %d links\n", rcv.Endpoint(), rcv.URL(), len(links), len(codes))
+	return rcv, nil
+}
+
+// stopReceiver deletes the run's endpoint and stops its receiver.
+func stopReceiver(env *Env, rcv *whrecv.Receiver) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := rcv.Unregister(ctx); err != nil {
+		fmt.Fprintf(env.Stderr, "webhooks: %v\n", err)
+	}
+	_ = rcv.Close()
 }
 
 // finish prints the summary and the oracle's table and writes the report.
@@ -316,8 +389,9 @@ func finish(env *Env, dir string, rep *report.Report) error {
 // readers of CLICKS got there. Other traffic flowing meanwhile (a demo's
 // trickle) neither hides a reader that is behind nor keeps the run from
 // being caught up. It returns the time from end to then (-1: not within
-// deadline).
-func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent uint64, end time.Time, deadline time.Duration) time.Duration {
+// deadline). With a webhook receiver, its endpoint's queue must be empty
+// too, once the group has processed the run.
+func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent uint64, end time.Time, deadline time.Duration, rcv *whrecv.Receiver) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	var targets *oracle.Targets
@@ -340,7 +414,7 @@ func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent u
 					fraudKnown = err == nil || errors.Is(err, jetstream.ErrStreamNotFound)
 				}
 				if fraudKnown {
-					if _, behind = oracle.CaughtUp(pos, *targets); len(behind) == 0 {
+					if _, behind = oracle.CaughtUp(pos, *targets); len(behind) == 0 && queueEmpty(ctx, rcv) {
 						return time.Since(end)
 					}
 				}
@@ -352,6 +426,16 @@ func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent u
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// queueEmpty reports whether the webhook endpoint's queue is empty (true
+// without a receiver).
+func queueEmpty(ctx context.Context, rcv *whrecv.Receiver) bool {
+	if rcv == nil {
+		return true
+	}
+	n, err := rcv.Queued(ctx)
+	return err == nil && n == 0
 }
 
 // clickTargets is, per partition, the last of owner's clicks stored now.
