@@ -228,7 +228,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 	}
 	sinks, closeSinks := sys.sinks(owner, start.Add(-time.Second), nil)
 	vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
-		Deadline: p.sf.deadline, SetLimit: p.sf.setLimit, Require: p.require,
+		Deadline: p.sf.deadline, SetLimit: p.sf.setLimit, BurstThreshold: p.sf.burstThreshold, Require: p.require,
 		Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
 	})
 	closeSinks()

@@ -45,7 +45,7 @@ func cmdVerify(ctx context.Context, env *Env, args []string) error {
 	sinks, closeSinks := sys.sinks(tr.Owner, tr.Started.Add(-time.Second), nil)
 	defer closeSinks()
 	rep, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
-		Deadline: sf.deadline, SetLimit: sf.setLimit, Require: require,
+		Deadline: sf.deadline, SetLimit: sf.setLimit, BurstThreshold: sf.burstThreshold, Require: require,
 		Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
 	})
 	if err != nil {

@@ -98,6 +98,9 @@ type sinkFlags struct {
 	require    string
 	deadline   time.Duration
 	setLimit   uint64
+	// burstThreshold is fraud detection's visitor_burst threshold: bursts
+	// cut to it or fewer clicks in the log are not judged.
+	burstThreshold int
 	// webhooks is the webhooks API ("auto", "off" or a base URL); "" is
 	// auto when webhooks are required, else off. webhooksListen is the
 	// receiver's address.
@@ -121,6 +124,7 @@ func (s *sinkFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.require, "require", "", "comma-separated sinks that must be checked, not skipped: counter,warehouse,fraud,webhooks")
 	fs.DurationVar(&s.deadline, "deadline", 3*time.Minute, "how long verification waits for readers to catch up and agree")
 	fs.Uint64Var(&s.setLimit, "set-limit", 2_000_000, "compare the warehouse's event IDs one by one up to this many clicks (counts above)")
+	fs.IntVar(&s.burstThreshold, "burst-threshold", 20, "fraud detection's FRAUD_VISITOR_THRESHOLD: a burst is expected labelled and alerted only if the log holds more of its clicks than this")
 	fs.StringVar(&s.webhooks, "webhooks", "", "webhooks API base URL: register a receiver of the run's own as an endpoint of the run's owner and check what it is delivered (auto: "+demoWebhooks+" if it answers; off; default: auto when --require names webhooks, else off)")
 	fs.StringVar(&s.webhooksListen, "webhooks-listen", "127.0.0.1:0", "address of the run's webhook receiver; its endpoint URL is http://<this address>"+whrecv.Path+", so the webhooks service must reach it and allow it (WEBHOOKS_HTTP_HOSTS, WEBHOOKS_ALLOW_CIDRS)")
 }

@@ -303,7 +303,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	if rf.verify {
 		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second), rcv)
 		vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
-			Deadline: sf.deadline, SetLimit: sf.setLimit, Require: require,
+			Deadline: sf.deadline, SetLimit: sf.setLimit, BurstThreshold: sf.burstThreshold, Require: require,
 			Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
 		})
 		closeSinks()

@@ -342,6 +342,55 @@ func (w *world) sinks() oracle.Sinks {
 	}
 }
 
+// testBurstThreshold is the visitor_burst threshold the cases verify with:
+// the worlds' bursts are 5 clicks, and the fullest burst the log lacks a
+// click of (burst 0: seq 3 refused) keeps 4, more than it.
+const testBurstThreshold = 3
+
+// A burst that refused or unanswered requests cut to the rule's threshold
+// or fewer clicks in the log (a redirect killed mid-burst) is a visitor who
+// clicked a few times as far as fraud detection can tell: neither labelled
+// nor alerted for being a burst. The oracle judges only bursts the rule can
+// find; with a lower threshold the same world fails.
+func TestVerifyJudgesOnlyBurstsTheRuleCanFind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, truth.ModeEvents)
+	// Burst 0 is seqs 0-4; the log holds 0, 1, 2 and 4. Fraud detection
+	// with a threshold of 4 finds no burst there: no verdicts, no alert.
+	cut := w.log[w.clickOf(t, workload.Burst)]
+	inBurst0 := map[uuid.UUID]bool{}
+	for _, c := range w.log {
+		if seq, ok := w.seq(c); ok && w.gen.Visit(seq).Kind == workload.Burst && w.gen.Visit(seq).Burst == 0 {
+			inBurst0[c.ID] = true
+		}
+	}
+	if len(inBurst0) != 4 {
+		t.Fatalf("burst 0 has %d clicks in the log, want 4", len(inBurst0))
+	}
+	w.verdicts = slices.DeleteFunc(w.verdicts, func(v oracle.Verdict) bool { return inBurst0[v.ClickID] })
+	w.alerts = slices.DeleteFunc(w.alerts, func(a oracle.Alert) bool { return a.Code == cut.Code && a.Key == cut.Visitor })
+	w.recount()
+	for threshold, want := range map[int]oracle.Status{4: oracle.Pass, 3: oracle.Fail} {
+		rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{
+			Deadline: 300 * time.Millisecond, Settle: time.Millisecond, Poll: 10 * time.Millisecond, BurstThreshold: threshold,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rep.Rows {
+			if r.Sink != oracle.SinkFraud && r.Sink != oracle.SinkFraudAlerts {
+				continue
+			}
+			if r.Status != want {
+				t.Errorf("threshold %d: row %q is %s (missing %d), want %s: %s", threshold, r.Sink, r.Status, r.Missing, want, r.Note)
+			}
+			if threshold == 4 && r.Sink == oracle.SinkFraud && !strings.Contains(r.Note, "1 bursts not judged") {
+				t.Errorf("threshold 4: the verdicts row does not say a burst was not judged: %s", r.Note)
+			}
+		}
+	}
+}
+
 // outcome is the part of a row a case asserts.
 type outcome struct {
 	Missing, Extra, Dup uint64
@@ -352,6 +401,7 @@ func verify(t *testing.T, w *world, sinks oracle.Sinks, require ...string) map[s
 	t.Helper()
 	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{
 		Deadline: 300 * time.Millisecond, Settle: time.Millisecond, Poll: 10 * time.Millisecond, Require: require,
+		BurstThreshold: testBurstThreshold,
 	})
 	if err != nil {
 		t.Fatalf("verify: %v", err)
@@ -905,7 +955,7 @@ func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	slow.pos = w.positions()
 	sinks.Counter = slow
 	sinks.Readers = slow
-	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond})
+	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond, BurstThreshold: testBurstThreshold})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1042,7 +1092,7 @@ func TestForwardedForNote(t *testing.T) {
 					w.log[i].IPPrefix = "127.0.0.0/24"
 				}
 			}
-			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond})
+			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold})
 			if err != nil {
 				t.Fatal(err)
 			}

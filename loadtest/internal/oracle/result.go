@@ -123,13 +123,14 @@ func (s *state) sourceLabelResult() Result {
 	return r
 }
 
-// fraudResult checks that every burst click the log holds is labelled bot.
+// fraudResult checks that every click the log holds of a burst the rule
+// can find (findable) is labelled bot.
 func (s *state) fraudResult() Result {
 	r := Result{Sink: SinkFraud, Dup: s.verdictDups, Extra: s.verdictUnknown + s.verdictWrongLink}
 	bursts := map[int64]bool{}
 	s.forPresent(func(seq uint64, _ *slot) {
 		v := s.gen.Visit(seq)
-		if v.Kind != workload.Burst {
+		if v.Kind != workload.Burst || !s.findable(v.Burst) {
 			return
 		}
 		r.Expected++
@@ -141,6 +142,9 @@ func (s *state) fraudResult() Result {
 		}
 	})
 	notes := []string{fmt.Sprintf("%d bursts", len(bursts))}
+	if n := s.cutBursts(); n > 0 {
+		notes = append(notes, fmt.Sprintf("%d bursts not judged: the log holds %d or fewer of their clicks (requests refused or unanswered), which the rule does not call a burst", n, s.burstThreshold))
+	}
 	if s.verdictUnknown > 0 {
 		notes = append(notes, fmt.Sprintf("%d verdicts name clicks not in the log", s.verdictUnknown))
 	}
@@ -162,14 +166,17 @@ func (s *state) fraudResult() Result {
 	return r
 }
 
-// alertResult checks that every burst the log holds is alerted: an alert
-// of rule visitor_burst on the burst's link naming its visitor (one alert
-// may cover several bursts of a visitor on a link, the rule alerts once an
-// hour), and that no alert is stored twice.
+// alertResult checks that every burst the rule can find (findable) is
+// alerted: an alert of rule visitor_burst on the burst's link naming its
+// visitor (one alert may cover several bursts of a visitor on a link, the
+// rule alerts once an hour), and that no alert is stored twice.
 func (s *state) alertResult() Result {
 	r := Result{Sink: SinkFraudAlerts, Dup: s.alertDups}
 	var missing []string
 	for b, k := range s.bursts {
+		if !s.findable(b) {
+			continue
+		}
 		r.Expected++
 		if _, ok := s.alerted[k]; ok {
 			r.Got++

@@ -55,14 +55,17 @@ type state struct {
 	labelSeq         []uint64          // FRAUD_VERDICTS sequence of that verdict
 
 	// bursts are the visitor and link of each burst the log holds clicks
-	// of (by burst number); alerted the visitor_burst alerts on the run's
-	// links; alertIDs the alert IDs seen, alerts their number, alertDups
-	// the copies.
-	bursts    map[int64]alertKey
-	alerted   map[alertKey]struct{}
-	alertIDs  map[string]struct{}
-	alerts    uint64
-	alertDups uint64
+	// of (by burst number), and burstClicks how many; burstThreshold is
+	// the visitor_burst rule's (Options.BurstThreshold); alerted the
+	// visitor_burst alerts on the run's links; alertIDs the alert IDs
+	// seen, alerts their number, alertDups the copies.
+	bursts         map[int64]alertKey
+	burstClicks    map[int64]int
+	burstThreshold int
+	alerted        map[alertKey]struct{}
+	alertIDs       map[string]struct{}
+	alerts         uint64
+	alertDups      uint64
 
 	// lastClick is, per CLICKS partition, the highest stream sequence of a
 	// click on the run's links; lastVerdict the highest FRAUD sequence of a
@@ -115,6 +118,7 @@ func newState(tr *truth.Truth) (*state, error) {
 		verdictRules: map[string]uint64{},
 		lastClick:    map[int]uint64{},
 		bursts:       map[int64]alertKey{},
+		burstClicks:  map[int64]int{},
 		alerted:      map[alertKey]struct{}{},
 		alertIDs:     map[string]struct{}{},
 	}, nil
@@ -186,8 +190,11 @@ func (s *state) addClick(c *LogClick) {
 	if c.Code != s.tag.LinkCode(v.Link) {
 		s.wrongLink++
 	}
-	if _, seen := s.bursts[v.Burst]; v.Kind == workload.Burst && !seen {
-		s.bursts[v.Burst] = alertKey{code: s.tag.LinkCode(v.Link), visitor: c.Visitor}
+	if v.Kind == workload.Burst {
+		if _, seen := s.bursts[v.Burst]; !seen {
+			s.bursts[v.Burst] = alertKey{code: s.tag.LinkCode(v.Link), visitor: c.Visitor}
+		}
+		s.burstClicks[v.Burst]++
 	}
 	if s.tr.ForwardedFor && c.IPPrefix == workload.IPPrefix(v.IP) {
 		s.xffHonoured++
@@ -353,4 +360,23 @@ func (s *state) expectedLinks() map[string]linkTotals {
 
 func (s *state) String() string {
 	return fmt.Sprintf("run %s: %d of %d attempts in the log", s.tag, s.present, s.tr.Attempts)
+}
+
+// findable reports whether burst b is one fraud detection's visitor_burst
+// rule can find: more than its threshold of the burst's clicks are in the
+// log. A burst that refused or unanswered requests (a redirect killed
+// mid-burst) cut to the threshold or fewer is, as far as the rule can
+// tell, a visitor clicking a few times: it is neither labelled nor alerted
+// for being a burst, and is not judged.
+func (s *state) findable(b int64) bool { return s.burstClicks[b] > s.burstThreshold }
+
+// cutBursts is how many bursts the log holds too few clicks of to be found.
+func (s *state) cutBursts() int {
+	n := 0
+	for b := range s.bursts {
+		if !s.findable(b) {
+			n++
+		}
+	}
+	return n
 }

@@ -63,6 +63,11 @@ type Options struct {
 	// SetLimit is the most clicks whose event ID sets are compared in the
 	// warehouse; above it only counts are (default 2,000,000).
 	SetLimit uint64
+	// BurstThreshold is fraud detection's visitor_burst threshold
+	// (FRAUD_VISITOR_THRESHOLD, default 20): a burst is expected labelled
+	// and alerted only when the log holds more than this many of its
+	// clicks.
+	BurstThreshold int
 	// Require lists sink keys that fail the run when they are not
 	// configured, instead of being skipped.
 	Require []string
@@ -82,6 +87,9 @@ func (o *Options) defaults() {
 	}
 	if o.SetLimit == 0 {
 		o.SetLimit = 2_000_000
+	}
+	if o.BurstThreshold <= 0 {
+		o.BurstThreshold = 20
 	}
 	if o.Progress == nil {
 		o.Progress = func(string) {}
@@ -118,6 +126,7 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
+	s.burstThreshold = opts.BurstThreshold
 	if sinks.Webhooks != nil {
 		// Order per link is judged against CLICKS' order.
 		s.logSeq = make([]uint64, len(s.slots))
