@@ -349,7 +349,10 @@ func TestEventsRunPassesTheOracleWithTheWebhooksService(t *testing.T) {
 	wh := startService(t, "webhooks", buildService(t, "webhooks"), "NATS_URL="+s.natsURL, "REDIS_URL="+r.URL(0),
 		"SNIP_PARTITIONS=4", "SNIP_BOOTSTRAP_OWNERS=demo:"+testKey,
 		"WEBHOOKS_HTTP_HOSTS=127.0.0.1", "WEBHOOKS_ALLOW_CIDRS=127.0.0.1/32")
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--webhooks", wh.url, "--require", "counter,warehouse,webhooks")...)
+	// A fixed seed: with a random one, about one run in 200 sends no click
+	// to one of the 11 wanted links in its 600 (a CI run met it). Seed 56
+	// sends each of them 8 or more.
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--seed", "56", "--webhooks", wh.url, "--require", "counter,warehouse,webhooks")...)
 	if err != nil {
 		t.Fatalf("loadtest events with the webhooks service: %v\n%s", err, out)
 	}
