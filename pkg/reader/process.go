@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -154,8 +155,7 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 // the partition is taken away.
 func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err error) {
 	m := w.m
-	bo := m.cfg.newBackoff()
-	failures := 0
+	r := w.newRetrier()
 	for len(batch) > 0 {
 		err := w.call(batch)
 		if err == nil {
@@ -196,17 +196,8 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 		if verdict.Kind == failure.Park {
 			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
 		}
-		if w.ctx.Err() != nil {
-			return done, w.ctx.Err()
-		}
-		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
-		failures++
-		d := max(bo.NextBackOff(), verdict.RetryAfter)
-		if failures == 1 || failures%10 == 0 {
-			w.log.Warn("handler failed; retrying the batch", "err", err, "failures", failures, "in", d, "first_seq", batch[0].Seq)
-		}
-		if !w.waitRetry(d) {
-			return done, errReleased
+		if err := r.again(err, verdict.RetryAfter, "handler failed; retrying the batch", "first_seq", batch[0].Seq); err != nil {
+			return done, err
 		}
 	}
 	return done, nil
@@ -218,8 +209,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 // backoff (the events are parked already: there is nothing to park).
 func (w *worker) passed(p PassedInfo) error {
 	m := w.m
-	bo := m.cfg.newBackoff()
-	failures := 0
+	r := w.newRetrier()
 	for {
 		err := w.protect("OnPassed", func() error { return m.cfg.OnPassed(w.ctx, w.p, p) })
 		if err == nil {
@@ -232,19 +222,41 @@ func (w *worker) passed(p PassedInfo) error {
 			}
 			w.log.Error("OnPassed asked for a replay from a sequence not at or before the positions passed; retrying it", "err", err, "from", re.From, "first_seq", p.First)
 		}
-		if w.ctx.Err() != nil {
-			return w.ctx.Err()
-		}
-		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
-		failures++
-		d := max(bo.NextBackOff(), failure.Classify(err).RetryAfter)
-		if failures == 1 || failures%10 == 0 {
-			w.log.Warn("OnPassed failed; retrying it", "err", err, "failures", failures, "in", d, "first_seq", p.First, "last_seq", p.Last)
-		}
-		if !w.waitRetry(d) {
-			return errReleased
+		if err := r.again(err, failure.Classify(err).RetryAfter, "OnPassed failed; retrying it", "first_seq", p.First, "last_seq", p.Last); err != nil {
+			return err
 		}
 	}
+}
+
+// retrier backs off between tries of one batch's handler or OnPassed call
+// after transient failures.
+type retrier struct {
+	w        *worker
+	bo       *backoff.ExponentialBackOff
+	failures int
+}
+
+func (w *worker) newRetrier() *retrier { return &retrier{w: w, bo: w.m.cfg.newBackoff()} }
+
+// again counts a transient failure, logs the first and every tenth, and
+// waits the next backoff, at least retryAfter, before the next try. It
+// returns nil to try again, or the member's context error or errReleased
+// to give up.
+func (r *retrier) again(err error, retryAfter time.Duration, msg string, attrs ...any) error {
+	w := r.w
+	if w.ctx.Err() != nil {
+		return w.ctx.Err()
+	}
+	w.m.met.errors.WithLabelValues(w.m.cfg.Group, "transient").Inc()
+	r.failures++
+	d := max(r.bo.NextBackOff(), retryAfter)
+	if r.failures == 1 || r.failures%10 == 0 {
+		w.log.Warn(msg, append([]any{"err", err, "failures", r.failures, "in", d}, attrs...)...)
+	}
+	if !w.waitRetry(d) {
+		return errReleased
+	}
+	return nil
 }
 
 // call runs the handler, turning a panic into a transient error so one bad

@@ -97,11 +97,7 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 		}
 		switch res.Status {
 		case Conflict:
-			c.m.retries.WithLabelValues("conflict").Inc()
-			if _, err := c.reload(ctx, p); err != nil {
-				return err
-			}
-			return errConflict
+			return c.conflict(ctx, p)
 		case Recheck:
 			c.m.retries.WithLabelValues("recheck").Inc()
 			for _, i := range res.Duplicates {
@@ -120,6 +116,17 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 		return c.written(ctx, p, st, last.Seq, res.Switched)
 	}
 	return fmt.Errorf("write partition %d batch: %w", p, ErrContention)
+}
+
+// conflict handles a write the store refused because the partition's state
+// changed under it: it reads the state again and returns errConflict, so
+// the caller starts over from it.
+func (c *Counter) conflict(ctx context.Context, p int) error {
+	c.m.retries.WithLabelValues("conflict").Inc()
+	if _, err := c.reload(ctx, p); err != nil {
+		return err
+	}
+	return errConflict
 }
 
 // written records in the cached state that the write generation's
@@ -184,11 +191,7 @@ func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error
 	}
 	switch res.Status {
 	case Conflict:
-		c.m.retries.WithLabelValues("conflict").Inc()
-		if _, err := c.reload(ctx, p); err != nil {
-			return err
-		}
-		return errConflict
+		return c.conflict(ctx, p)
 	case Recheck: // a write without events has nothing to recheck
 		return fmt.Errorf("pass partition %d's parked events to %d: the store asked to recheck a write without events", p, info.Last)
 	}
