@@ -211,6 +211,7 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 		}
 		lc.ID, _ = uuid.Parse(click.ID)
 		lc.Code, lc.RequestID, lc.Bot, lc.IPPrefix, lc.Visitor = click.Code, click.RequestID, click.Bot, click.IPPrefix, click.Visitor
+		lc.Time = click.Time
 		out = append(out, lc)
 	})
 	return out, atEnd, err

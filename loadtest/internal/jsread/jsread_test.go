@@ -9,10 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/jsread"
+	"github.com/snipdev/snip/loadtest/internal/oracle"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -62,6 +66,44 @@ func TestNextReadsEverythingStoredWhileCaughtUp(t *testing.T) {
 	}
 	if read != n {
 		t.Errorf("read %d, want %d", read, n)
+	}
+}
+
+// The clicks reader gives the oracle each click's fields as published,
+// its own time included (what the counter's series count it by), not the
+// time it was stored.
+func TestClicksReadsEachClicksOwnFields(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.StartNATS(t).JetStream(t)
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	r := jsread.NewClicks(js, "acme", time.Now().Add(-time.Minute))
+	defer r.Close()
+	// An hour and a half before it is stored: another hour.
+	clicked := time.Now().Add(-90 * time.Minute).UTC().Truncate(time.Millisecond)
+	c := events.Click{V: events.ClickVersion, ID: uuid.Must(uuid.NewV7()).String(), Time: clicked, Code: "c1", Owner: "acme",
+		Target: "https://example.com/", IPPrefix: "198.18.0.0/24", Visitor: "v-1", RequestID: "req-1", Bot: true}
+	data, err := json.Marshal(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, events.ClickSubject("acme", "c1"), data); err != nil {
+		t.Fatal(err)
+	}
+	var got []oracle.LogClick
+	testenv.WaitFor(t, 10*time.Second, "the click to be read", func() bool {
+		cs, _, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, cs...)
+		return len(got) > 0
+	})
+	want := []oracle.LogClick{{ID: uuid.MustParse(c.ID), RequestID: "req-1", Code: "c1", Bot: true, IPPrefix: "198.18.0.0/24", Visitor: "v-1", Time: clicked}}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(oracle.LogClick{}, "Partition", "StreamSeq", "Stored")); diff != "" {
+		t.Errorf("click read (-want +got):\n%s", diff)
 	}
 }
 

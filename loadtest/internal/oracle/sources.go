@@ -23,8 +23,13 @@ type LogClick struct {
 	// park such a click instead of counting it.
 	Invalid bool
 	// Visitor is the click's anonymised visitor identity: what fraud
-	// detection's per-visitor alerts name.
+	// detection's per-visitor alerts name, and what the counter's daily
+	// unique visitors count.
 	Visitor string
+	// Time is the click's own time (Click.Time: when the redirect served
+	// it, or the publisher sent it), not when CLICKS stored it: the hour
+	// and UTC day the counter counts it in.
+	Time time.Time
 }
 
 // LogReader reads the run owner's clicks from CLICKS, from the start of the
