@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,10 +50,35 @@ type tally struct {
 	totals map[string][2]int64
 	// dims counts by code, then "country:NAME" or "referrer:NAME".
 	dims map[string]map[string][2]int64
-	lose func(events.Click) bool
+	// hours and days count by code, then the hour or UTC day of the
+	// click's own time (from the Unix epoch); visitors are by code and
+	// day, of the clicks not labelled bots (its uniques, exact).
+	hours, days map[string]map[int64][2]int64
+	visitors    map[string]map[int64]map[string]bool
+	lose        func(events.Click) bool
 	// misfile, if set, makes it count the events it returns true for
 	// under the country "ZZ": right totals, a wrong dimension.
 	misfile func(events.Click) bool
+	// earlier, if set, makes it count the events it returns true for an
+	// hour before their time: right totals, a wrong hour.
+	earlier func(events.Click) bool
+}
+
+// newTally returns an empty tally.
+func newTally(o systemOptions) *tally {
+	return &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, dims: map[string]map[string][2]int64{},
+		hours: map[string]map[int64][2]int64{}, days: map[string]map[int64][2]int64{}, visitors: map[string]map[int64]map[string]bool{},
+		lose: o.lose, misfile: o.misfile, earlier: o.earlier}
+}
+
+// countAt adds one click of label to m[code][k].
+func countAt(m map[string]map[int64][2]int64, code string, k int64, label int) {
+	if m[code] == nil {
+		m[code] = map[int64][2]int64{}
+	}
+	n := m[code][k]
+	n[label]++
+	m[code][k] = n
 }
 
 // tallyDims are the counter's names for a click's country and referrer.
@@ -99,6 +125,22 @@ func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
 			n[label]++
 			t.dims[c.Code][d] = n
 		}
+		at := c.Time.UTC()
+		if t.earlier != nil && t.earlier(c) {
+			at = at.Add(-time.Hour)
+		}
+		day := at.Unix() / 86400
+		countAt(t.hours, c.Code, at.Unix()/3600, label)
+		countAt(t.days, c.Code, day, label)
+		if !c.Bot && c.Visitor != "" {
+			if t.visitors[c.Code] == nil {
+				t.visitors[c.Code] = map[int64]map[string]bool{}
+			}
+			if t.visitors[c.Code][day] == nil {
+				t.visitors[c.Code][day] = map[string]bool{}
+			}
+			t.visitors[c.Code][day][c.Visitor] = true
+		}
 	}
 	return nil
 }
@@ -114,8 +156,37 @@ func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Human int64  `json:"human"`
 		Bot   int64  `json:"bot"`
 	}
+	type hour struct {
+		Hour  time.Time `json:"hour"`
+		Human int64     `json:"human"`
+		Bot   int64     `json:"bot"`
+	}
+	type day struct {
+		Day     string `json:"day"`
+		Human   int64  `json:"human"`
+		Bot     int64  `json:"bot"`
+		Uniques int64  `json:"uniques"`
+	}
+	hours, err1 := strconv.Atoi(r.URL.Query().Get("hours"))
+	days, err2 := strconv.Atoi(r.URL.Query().Get("days"))
+	if err1 != nil || err2 != nil || hours < 1 || hours > 48 || days < 1 || days > 30 {
+		http.Error(w, `{"error":"bad range"}`, http.StatusBadRequest)
+		return
+	}
 	countries, referrers := []dim{}, []dim{}
+	hourly, daily := []hour{}, []day{}
+	now := time.Now().UTC()
 	t.mu.Lock()
+	for i := hours - 1; i >= 0; i-- {
+		h := now.Truncate(time.Hour).Add(-time.Duration(i) * time.Hour)
+		n := t.hours[code][h.Unix()/3600]
+		hourly = append(hourly, hour{h, n[0], n[1]})
+	}
+	for i := days - 1; i >= 0; i-- {
+		d := now.Truncate(24*time.Hour).AddDate(0, 0, -i)
+		n := t.days[code][d.Unix()/86400]
+		daily = append(daily, day{d.Format(time.DateOnly), n[0], n[1], int64(len(t.visitors[code][d.Unix()/86400]))})
+	}
 	tot, ok := t.totals[code]
 	for d, n := range t.dims[code] {
 		if name, ok := strings.CutPrefix(d, "country:"); ok {
@@ -130,7 +201,7 @@ func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"code": code, "totals": map[string]int64{"human": tot[0], "bot": tot[1]},
-		"top_countries": countries, "top_referrers": referrers})
+		"top_countries": countries, "top_referrers": referrers, "hourly": hourly, "daily": daily})
 }
 
 // loader is a stand-in warehouse loader: a consumer group that inserts each
@@ -202,13 +273,16 @@ type systemOptions struct {
 	// misfile makes the counter count the events it returns true for
 	// under another country.
 	misfile func(events.Click) bool
+	// earlier makes the counter count the events it returns true for in
+	// the hour before their own.
+	earlier func(events.Click) bool
 }
 
 const stuckCode = "lt-"
 
 func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	t.Helper()
-	lose, loaderLinger := o.lose, o.loaderLinger
+	loaderLinger := o.loaderLinger
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	opts := topology.Defaults()
@@ -220,7 +294,7 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
 		t.Fatalf("create clicks: %v", err)
 	}
-	ta := &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, dims: map[string]map[string][2]int64{}, lose: lose, misfile: o.misfile}
+	ta := newTally(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for group, h := range map[string]reader.Handler{
@@ -305,14 +379,14 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 		t.Fatalf("loadtest events: %v\n%s", err, out)
 	}
 	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "counter countries", "counter referrers",
-		"warehouse event IDs", "warehouse bot flags", "readers caught up"} {
+		"counter hourly", "counter daily", "counter uniques", "warehouse event IDs", "warehouse bot flags", "readers caught up"} {
 		if r := row(t, out, sink); r[5] != "PASS" {
 			t.Errorf("%s: %v, want PASS", sink, r)
 		}
 	}
-	for _, sink := range []string{"counter countries", "counter referrers"} {
+	for _, sink := range []string{"counter countries", "counter referrers", "counter hourly", "counter daily"} {
 		if r := row(t, out, sink); r[0] != "600" {
-			t.Errorf("%s: %v, want every click of the run checked by dimension", sink, r)
+			t.Errorf("%s: %v, want every click of the run checked by dimension and in the series", sink, r)
 		}
 	}
 	if r := row(t, out, "clicks log (CLICKS)"); r[0] != "600" || r[1] != "600" {
@@ -528,6 +602,34 @@ func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T)
 	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "counter referrers", "warehouse event IDs"} {
 		if r := row(t, out, sink); r[5] != "PASS" {
 			t.Errorf("%s: %v, want PASS (only a country is wrong)", sink, r)
+		}
+	}
+}
+
+// A counter that counts one click in the hour before its own has every
+// total and dimension right: only its hourly series shows it (the oracle
+// asks for the hour before the run too), and its daily series and uniques
+// when the hour before is the day before (a run just after midnight UTC).
+func TestOracleFailsWhenTheCounterCountsAClickInTheWrongHour(t *testing.T) {
+	t.Parallel()
+	var once sync.Once
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, earlier: func(c events.Click) bool {
+		wrong := false
+		if strings.HasPrefix(c.Code, "lt-") {
+			once.Do(func() { wrong = true })
+		}
+		return wrong
+	}})
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	if !errors.Is(err, errVerifyFailed) {
+		t.Fatalf("loadtest events with a counter that counts a click in the wrong hour: err %v, want %v\n%s", err, errVerifyFailed, out)
+	}
+	if r := row(t, out, "counter hourly"); r[2] != "1" || r[3] != "1" || r[5] != "FAIL" {
+		t.Errorf("hourly row %v: want 1 missing, 1 extra and FAIL", r)
+	}
+	for _, sink := range []string{"clicks log (CLICKS)", "counter totals", "counter bot split", "counter countries", "counter referrers", "warehouse event IDs"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS (only an hour is wrong)", sink, r)
 		}
 	}
 }

@@ -46,35 +46,50 @@ type dimension struct {
 	pair
 }
 
+// hour is one entry of the hourly series.
+type hour struct {
+	Hour *time.Time `json:"hour"`
+	pair
+}
+
+// day is one entry of the daily series.
+type day struct {
+	Day     string `json:"day"`
+	Uniques *int64 `json:"uniques"`
+	pair
+}
+
 // stats is the part of the stats answer the oracle reads.
 type stats struct {
 	Totals       pair        `json:"totals"`
 	TopCountries []dimension `json:"top_countries"`
 	TopReferrers []dimension `json:"top_referrers"`
+	Hourly       []hour      `json:"hourly"`
+	Daily        []day       `json:"daily"`
 }
 
 // Totals returns a link's human and bot totals (0 and 0 for a link the
 // counter has not counted a click of): the probe poller's question.
 func (c *Client) Totals(ctx context.Context, code string) (int64, int64, error) {
-	s, err := c.get(ctx, code, 1)
+	s, err := c.get(ctx, code, oracle.Span{Hours: 1, Days: 1}, 1)
 	if err != nil {
 		return 0, 0, err
 	}
 	return s.Totals.Human, s.Totals.Bot, nil
 }
 
-// Stats implements oracle.CounterReader: the totals and the counts by
-// country and referrer, up to oracle.TopDimensions of each. A 404 is a
-// link the counter has not counted a click of (or does not know).
-func (c *Client) Stats(ctx context.Context, code string) (oracle.LinkStats, error) {
-	return c.get(ctx, code, oracle.TopDimensions)
+// Stats implements oracle.CounterReader: the totals, the counts by country
+// and referrer, up to oracle.TopDimensions of each, and the hourly and
+// daily series of span. A 404 is a link the counter has not counted a
+// click of (or does not know).
+func (c *Client) Stats(ctx context.Context, code string, span oracle.Span) (oracle.LinkStats, error) {
+	return c.get(ctx, code, span, oracle.TopDimensions)
 }
 
-func (c *Client) get(ctx context.Context, code string, top int) (oracle.LinkStats, error) {
+func (c *Client) get(ctx context.Context, code string, span oracle.Span, top int) (oracle.LinkStats, error) {
 	var out oracle.LinkStats
-	// The smallest series: the totals and the dimensions are the same for
-	// any range.
-	u := c.base + "/api/links/" + url.PathEscape(code) + "/stats?hours=1&days=1&top=" + strconv.Itoa(top)
+	q := url.Values{"hours": {strconv.Itoa(span.Hours)}, "days": {strconv.Itoa(span.Days)}, "top": {strconv.Itoa(top)}}
+	u := c.base + "/api/links/" + url.PathEscape(code) + "/stats?" + q.Encode()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return out, fmt.Errorf("counter stats %s: %w", code, err)
@@ -108,6 +123,58 @@ func (c *Client) get(ctx context.Context, code string, top int) (oracle.LinkStat
 	}
 	if out.Referrers, err = dimensions(s.TopReferrers); err != nil {
 		return out, fmt.Errorf("counter stats %s: top_referrers: %w", code, err)
+	}
+	if out.Hourly, err = hourly(s.Hourly); err != nil {
+		return out, fmt.Errorf("counter stats %s: hourly: %w", code, err)
+	}
+	if out.Daily, err = daily(s.Daily); err != nil {
+		return out, fmt.Errorf("counter stats %s: daily: %w", code, err)
+	}
+	return out, nil
+}
+
+// hourly turns the hourly series into counts by hour; an hour that is not
+// one (minutes set) or comes again is an error.
+func hourly(list []hour) ([]oracle.HourCount, error) {
+	out := make([]oracle.HourCount, 0, len(list))
+	seen := make(map[time.Time]bool, len(list))
+	for i, h := range list {
+		if h.Hour == nil {
+			return nil, fmt.Errorf("entry %d: no hour", i)
+		}
+		t := h.Hour.UTC()
+		if !t.Truncate(time.Hour).Equal(t) || seen[t] {
+			return nil, fmt.Errorf("entry %d: hour %s not the start of an hour, or listed twice", i, t.Format(time.RFC3339))
+		}
+		seen[t] = true
+		p, err := h.value()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", t.Format(time.RFC3339), err)
+		}
+		out = append(out, oracle.HourCount{Hour: t, Pair: p})
+	}
+	return out, nil
+}
+
+// daily turns the daily series into counts by day; a day that is not a
+// date or comes again, or has no uniques, is an error.
+func daily(list []day) ([]oracle.DayCount, error) {
+	out := make([]oracle.DayCount, 0, len(list))
+	seen := make(map[time.Time]bool, len(list))
+	for i, d := range list {
+		t, err := time.Parse(time.DateOnly, d.Day)
+		if err != nil || seen[t] {
+			return nil, fmt.Errorf("entry %d: day %q not a date, or listed twice", i, d.Day)
+		}
+		seen[t] = true
+		p, err := d.value()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", d.Day, err)
+		}
+		if d.Uniques == nil {
+			return nil, fmt.Errorf("%s: no uniques", d.Day)
+		}
+		out = append(out, oracle.DayCount{Day: t, Pair: p, Uniques: *d.Uniques})
 	}
 	return out, nil
 }

@@ -51,3 +51,14 @@ func add(m map[string]Pair, name string, bot bool) {
 	}
 	m[name] = p
 }
+
+// addAt counts one click, bot or human, in hour or day k.
+func addAt(m map[int64]Pair, k int64, bot bool) {
+	p := m[k]
+	if bot {
+		p.Bot++
+	} else {
+		p.Human++
+	}
+	m[k] = p
+}

@@ -16,7 +16,13 @@
 //     log, and bot = the clicks whose final label is bot (the last verdict
 //     about the click, else the label the redirect gave it); the same by
 //     country and by referrer host, with the dimensions each click was sent
-//     with; no count below zero;
+//     with, and by the hour and the UTC day of each click's own time (its
+//     hourly and daily series, asked for from the hour and day before the
+//     run on, as far as the stats API answers: 48 hours, 30 days; clicks
+//     older than that are not checked, and the rows count them); per link
+//     and day, its unique visitors (a HyperLogLog estimate) within 2 + 5
+//     standard errors (0.81% each) of the distinct visitors of the clicks
+//     the redirect did not label bots; no count below zero;
 //   - the warehouse: per link, the distinct event IDs in `clicks` are the
 //     link's clicks in the log (the exact set when it is small enough, the
 //     counts otherwise), and the bot flags match (event by event with the

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,10 +46,16 @@ func (f *fakeAlerts) Next(context.Context) ([]oracle.Alert, bool, error) {
 	return a, true, nil
 }
 
+// fakeCounter is each link's stats, with series as long as the stats API
+// answers, ending at the world's clock; Stats cuts them to the span asked
+// for, as the API does.
 type fakeCounter map[string]oracle.LinkStats
 
-func (f fakeCounter) Stats(_ context.Context, code string) (oracle.LinkStats, error) {
-	return f[code], nil
+func (f fakeCounter) Stats(_ context.Context, code string, span oracle.Span) (oracle.LinkStats, error) {
+	st := f[code]
+	st.Hourly = st.Hourly[max(0, len(st.Hourly)-span.Hours):]
+	st.Daily = st.Daily[max(0, len(st.Daily)-span.Days):]
+	return st, nil
 }
 
 type whRow struct {
@@ -124,6 +132,20 @@ const tag = workload.Tag(0x123456789)
 
 var at = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 
+// The world's clicks are clickEvery apart from runStart on (by sequence),
+// each stored storeDelay after its own time, and verified at verifyAt: the
+// run spans two hours and two UTC days, and the click at 23:59:48 is
+// stored in the next hour and day.
+var (
+	runStart = time.Date(2025, 5, 31, 23, 40, 0, 0, time.UTC)
+	verifyAt = time.Date(2025, 6, 1, 0, 30, 0, 0, time.UTC)
+)
+
+const (
+	clickEvery = 12 * time.Second
+	storeDelay = 15 * time.Second
+)
+
 func spec() workload.Spec {
 	return workload.Spec{Seed: 7, Links: 5, ZipfS: 1, BotShare: 0.2, BurstShare: 0.2, BurstSize: 5, Visitors: 1000, CountryShare: 0.5}
 }
@@ -144,6 +166,15 @@ type world struct {
 	// which is otherwise every click of the log on its links (links 0, 2
 	// and 4), once, in the log's order, each request signed.
 	webhooks func(*fakeWebhooks)
+	// now is the clock of the verification and of the counter's series
+	// (verifyAt unless a case changes it before recount).
+	now time.Time
+	// hourOf, if set, is the time the counter counts a click at (its own
+	// time otherwise); uniques, if set, the counter's uniques of a link's
+	// day, from its clicks in the log (what the redirect did not label
+	// bots, by distinct visitor, otherwise).
+	hourOf  func(oracle.LogClick) time.Time
+	uniques func(clicks []oracle.LogClick) int64
 }
 
 // webhookLinks are the links the world's endpoint wants.
@@ -196,6 +227,7 @@ func newWorldOf(t *testing.T, mode truth.Mode, spec workload.Spec) *world {
 			Attempts: 200, Refused: []uint64{3}, Uncertain: []uint64{4, 5}},
 		gen:     g,
 		counter: fakeCounter{},
+		now:     verifyAt,
 	}
 	for seq := range uint64(200) {
 		if seq == 3 || seq == 5 { // refused; and one unanswered request that was not recorded
@@ -213,8 +245,10 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 	if w.tr.Mode == truth.ModeHTTP {
 		id = uuid.Must(uuid.NewV7()).String()
 	}
+	clicked := runStart.Add(time.Duration(seq) * clickEvery)
 	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP),
-		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1), Visitor: fmt.Sprint("visitor-", v.Identity)}
+		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1), Visitor: fmt.Sprint("visitor-", v.Identity),
+		Time: clicked, Stored: clicked.Add(storeDelay)}
 	w.log = append(w.log, c)
 	if v.Kind == workload.Burst {
 		w.verdicts = append(w.verdicts, oracle.Verdict{ID: "burst:" + id, ClickID: c.ID, Code: c.Code, Bot: true, Rule: "visitor_burst", FraudSeq: uint64(len(w.verdicts) + 1)})
@@ -242,6 +276,13 @@ func (w *world) recount() {
 		}
 	}
 	seen := map[uuid.UUID]bool{}
+	type linkHour struct {
+		code string
+		hour time.Time
+	}
+	hours := map[linkHour]oracle.Pair{}
+	days := map[linkHour]oracle.Pair{}
+	dayClicks := map[linkHour][]oracle.LogClick{}
 	for _, c := range w.log {
 		if seen[c.ID] {
 			continue
@@ -251,6 +292,14 @@ func (w *world) recount() {
 		if l, ok := label[c.ID]; ok {
 			bot = l
 		}
+		clicked := c.Time
+		if w.hourOf != nil {
+			clicked = w.hourOf(c)
+		}
+		h, d := linkHour{c.Code, clicked.Truncate(time.Hour)}, linkHour{c.Code, clicked.Truncate(24 * time.Hour)}
+		hours[h] = incd(hours[h], bot)
+		days[d] = incd(days[d], bot)
+		dayClicks[d] = append(dayClicks[d], c)
 		t := w.counter[c.Code]
 		if t.Countries == nil {
 			t.Countries, t.Referrers = map[string]oracle.Pair{}, map[string]oracle.Pair{}
@@ -271,6 +320,34 @@ func (w *world) recount() {
 		t.Referrers[referrer] = incd(t.Referrers[referrer], bot)
 		w.counter[c.Code] = t
 	}
+	// The series as long as the API answers, ending at the world's clock.
+	uniques := w.uniques
+	if uniques == nil {
+		uniques = distinctVisitors
+	}
+	for code, t := range w.counter {
+		for i := oracle.MaxSeriesHours - 1; i >= 0; i-- {
+			h := w.now.Truncate(time.Hour).Add(-time.Duration(i) * time.Hour)
+			t.Hourly = append(t.Hourly, oracle.HourCount{Hour: h, Pair: hours[linkHour{code, h}]})
+		}
+		for i := oracle.MaxSeriesDays - 1; i >= 0; i-- {
+			d := linkHour{code, w.now.Truncate(24*time.Hour).AddDate(0, 0, -i)}
+			t.Daily = append(t.Daily, oracle.DayCount{Day: d.hour, Pair: days[d], Uniques: uniques(dayClicks[d])})
+		}
+		w.counter[code] = t
+	}
+}
+
+// distinctVisitors is what a right counter's uniques estimate for a day's
+// clicks: the distinct visitors of those the redirect did not label bots.
+func distinctVisitors(clicks []oracle.LogClick) int64 {
+	seen := map[string]bool{}
+	for _, c := range clicks {
+		if !c.Bot && c.Visitor != "" {
+			seen[c.Visitor] = true
+		}
+	}
+	return int64(len(seen))
 }
 
 func inc(p *oracle.Pair, bot bool) {
@@ -284,6 +361,69 @@ func inc(p *oracle.Pair, bot bool) {
 func incd(p oracle.Pair, bot bool) oracle.Pair {
 	inc(&p, bot)
 	return p
+}
+
+// clickTime returns the time of the click with the given ID.
+func (w *world) clickTime(t *testing.T, id uuid.UUID) time.Time {
+	t.Helper()
+	for _, c := range w.log {
+		if c.ID == id {
+			return c.Time
+		}
+	}
+	t.Fatalf("no click %s in the log", id)
+	return time.Time{}
+}
+
+// shiftHour adds d to the counter's hour of link code that holds at.
+func (w *world) shiftHour(t *testing.T, code string, at time.Time, d oracle.Pair) {
+	t.Helper()
+	st := w.counter[code]
+	for i := range st.Hourly {
+		if st.Hourly[i].Hour.Equal(at.Truncate(time.Hour)) {
+			st.Hourly[i].Human += d.Human
+			st.Hourly[i].Bot += d.Bot
+			return
+		}
+	}
+	t.Fatalf("no hour %s in the series of %s", at, code)
+}
+
+// shiftDay adds d to the counter's day of link code that holds at.
+func (w *world) shiftDay(t *testing.T, code string, at time.Time, d oracle.Pair) {
+	t.Helper()
+	st := w.counter[code]
+	for i := range st.Daily {
+		if st.Daily[i].Day.Equal(at.Truncate(24 * time.Hour)) {
+			st.Daily[i].Human += d.Human
+			st.Daily[i].Bot += d.Bot
+			return
+		}
+	}
+	t.Fatalf("no day %s in the series of %s", at, code)
+}
+
+// busiestDay returns the counter's day with the most unique visitors.
+func (w *world) busiestDay(t *testing.T) *oracle.DayCount {
+	t.Helper()
+	var best *oracle.DayCount
+	for _, st := range w.counter {
+		for i := range st.Daily {
+			if best == nil || st.Daily[i].Uniques > best.Uniques {
+				best = &st.Daily[i]
+			}
+		}
+	}
+	if best == nil || best.Uniques == 0 {
+		t.Fatal("no day with unique visitors")
+	}
+	return best
+}
+
+// uniquesTolerance is the oracle's documented tolerance for the counter's
+// uniques: 2 visitors and 5 standard errors (0.81% each) of want.
+func uniquesTolerance(want int64) int64 {
+	return 2 + int64(math.Ceil(5*0.0081*float64(want)))
 }
 
 // clickOf returns the index in the log of the first click of the given kind.
@@ -373,6 +513,7 @@ func TestVerifyJudgesOnlyBurstsTheRuleCanFind(t *testing.T) {
 	for threshold, want := range map[int]oracle.Status{4: oracle.Pass, 3: oracle.Fail} {
 		rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{
 			Deadline: 300 * time.Millisecond, Settle: time.Millisecond, Poll: 10 * time.Millisecond, BurstThreshold: threshold,
+			Now: func() time.Time { return w.now },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -401,7 +542,7 @@ func verify(t *testing.T, w *world, sinks oracle.Sinks, require ...string) map[s
 	t.Helper()
 	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{
 		Deadline: 300 * time.Millisecond, Settle: time.Millisecond, Poll: 10 * time.Millisecond, Require: require,
-		BurstThreshold: testBurstThreshold,
+		BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now },
 	})
 	if err != nil {
 		t.Fatalf("verify: %v", err)
@@ -446,6 +587,8 @@ func TestVerify(t *testing.T) {
 				oracle.SinkCounter:          {Extra: 1, Status: oracle.Fail},
 				oracle.SinkCounterCountries: {Extra: 1, Status: oracle.Fail},
 				oracle.SinkCounterReferrers: {Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounterHours:     {Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounterDays:      {Extra: 1, Status: oracle.Fail},
 				oracle.SinkWarehouse:        {Extra: 1, Status: oracle.Fail},
 			},
 		},
@@ -651,6 +794,103 @@ func TestVerify(t *testing.T) {
 				st.Countries[country] = p
 			},
 			want: map[string]outcome{oracle.SinkCounterCountries: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// The click at 23:59:48 is stored at 00:00:03: a counter that
+			// counts clicks by when they were stored puts it in the next
+			// hour and the next day. Every total and dimension is right.
+			name: "counter_counts_a_click_in_the_hour_it_was_stored", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.hourOf = func(c oracle.LogClick) time.Time { return c.Stored }
+				w.recount()
+			},
+			want: map[string]outcome{
+				oracle.SinkCounterHours: {Missing: 1, Extra: 1, Status: oracle.Fail},
+				oracle.SinkCounterDays:  {Missing: 1, Extra: 1, Status: oracle.Fail},
+			},
+		},
+		{
+			// A verdict moves its click from human to bot in the click's
+			// hour too; a counter that moved it everywhere else is off
+			// in that hour only.
+			name: "counter_left_a_verdicts_move_out_of_its_hour", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				v := w.verdicts[0]
+				w.shiftHour(t, v.Code, w.clickTime(t, v.ClickID), oracle.Pair{Human: 1, Bot: -1})
+			},
+			want: map[string]outcome{oracle.SinkCounterHours: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			name: "counter_left_a_verdicts_move_out_of_its_day", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				v := w.verdicts[len(w.verdicts)-1]
+				w.shiftDay(t, v.Code, w.clickTime(t, v.ClickID), oracle.Pair{Human: 1, Bot: -1})
+			},
+			want: map[string]outcome{oracle.SinkCounterDays: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// The counter's series answer only the current hour: the
+			// run's first hour (98 clicks) is not in them.
+			name: "counter_series_shorter_than_asked", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				for code, st := range w.counter {
+					st.Hourly = st.Hourly[len(st.Hourly)-1:]
+					w.counter[code] = st
+				}
+			},
+			want: map[string]outcome{oracle.SinkCounterHours: {Missing: 98, Status: oracle.Fail}},
+		},
+		{
+			// Bots' visitors are not unique visitors: the run's bots (a
+			// fifth of its clicks) put some links' days beyond the
+			// HyperLogLog's error.
+			name: "counter_counts_bots_in_uniques", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				w.uniques = func(clicks []oracle.LogClick) int64 {
+					seen := map[string]bool{}
+					for _, c := range clicks {
+						seen[c.Visitor] = true
+					}
+					return int64(len(seen))
+				}
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkCounterUniques: {Status: oracle.Fail}},
+		},
+		{
+			// A burst is one visitor's five clicks: counted as five.
+			name: "counter_counts_clicks_not_visitors_in_uniques", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				w.uniques = func(clicks []oracle.LogClick) int64 {
+					var n int64
+					for _, c := range clicks {
+						if !c.Bot {
+							n++
+						}
+					}
+					return n
+				}
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkCounterUniques: {Status: oracle.Fail}},
+		},
+		{
+			name: "counter_uniques_at_the_edge_of_the_tolerance_pass", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				d := w.busiestDay(t)
+				d.Uniques += uniquesTolerance(d.Uniques)
+			},
+		},
+		{
+			name: "counter_uniques_beyond_the_tolerance_fail", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				d := w.busiestDay(t)
+				if d.Uniques != 36 {
+					t.Fatalf("the busiest day has %d uniques; the case wants 36", d.Uniques)
+				}
+				d.Uniques -= uniquesTolerance(d.Uniques) + 1
+			},
+			want: map[string]outcome{oracle.SinkCounterUniques: {Missing: 5, Status: oracle.Fail}},
 		},
 		{
 			name: "warehouse_lost_an_event", mode: truth.ModeEvents,
@@ -946,6 +1186,112 @@ func TestVerifyFailsANegativeCount(t *testing.T) {
 	}
 }
 
+// spanCounter is a fakeCounter that records the spans it is asked for.
+type spanCounter struct {
+	fakeCounter
+	mu    sync.Mutex
+	spans map[oracle.Span]bool
+}
+
+func (c *spanCounter) Stats(ctx context.Context, code string, span oracle.Span) (oracle.LinkStats, error) {
+	c.mu.Lock()
+	c.spans[span] = true
+	c.mu.Unlock()
+	return c.fakeCounter.Stats(ctx, code, span)
+}
+
+// The counter is asked for the series from the hour and day before the
+// run's first click on, as far as the stats API goes (48 hours, 30 days):
+// a run verified later than that is checked where the series reach, and
+// the row says how many clicks it did not check. The world's run is 98
+// clicks from 23:40 on May 31st, then 100 from midnight on.
+func TestVerifyChecksTheSeriesAsFarAsTheyGo(t *testing.T) {
+	t.Parallel()
+	type row struct {
+		expected uint64
+		status   oracle.Status
+		note     string // a part of the note
+	}
+	tests := []struct {
+		name   string
+		now    time.Time
+		mutate func(t *testing.T, w *world)
+		span   oracle.Span
+		want   map[string]row
+	}{
+		{
+			name: "right_after_the_run", now: verifyAt,
+			span: oracle.Span{Hours: 3, Days: 3},
+			want: map[string]row{
+				oracle.SinkCounterHours: {expected: 198, status: oracle.Pass},
+				oracle.SinkCounterDays:  {expected: 198, status: oracle.Pass},
+			},
+		},
+		{
+			name: "hourly_series_begins_after_the_runs_first_hour", now: time.Date(2025, 6, 2, 23, 30, 0, 0, time.UTC),
+			span: oracle.Span{Hours: 48, Days: 4},
+			want: map[string]row{
+				oracle.SinkCounterHours: {expected: 100, status: oracle.Pass, note: "98 clicks before the 48-hour series (the run is longer) not checked"},
+				oracle.SinkCounterDays:  {expected: 198, status: oracle.Pass},
+			},
+		},
+		{
+			name: "what_the_hourly_series_covers_is_still_checked", now: time.Date(2025, 6, 2, 23, 30, 0, 0, time.UTC),
+			mutate: func(t *testing.T, w *world) {
+				w.shiftHour(t, tag.LinkCode(0), time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), oracle.Pair{Human: 1})
+			},
+			span: oracle.Span{Hours: 48, Days: 4},
+			want: map[string]row{
+				oracle.SinkCounterHours: {expected: 100, status: oracle.Fail, note: "1 hours off (human/bot): lt-28tfc09-0 2025-06-01T00Z"},
+			},
+		},
+		{
+			name: "daily_series_begins_after_the_runs_first_day", now: time.Date(2025, 6, 30, 12, 0, 0, 0, time.UTC),
+			span: oracle.Span{Hours: 48, Days: 30},
+			want: map[string]row{
+				oracle.SinkCounterHours:   {expected: 0, status: oracle.Pass, note: "198 clicks before the 48-hour series"},
+				oracle.SinkCounterDays:    {expected: 100, status: oracle.Pass, note: "98 clicks before the 30-day series"},
+				oracle.SinkCounterUniques: {status: oracle.Pass, note: "days before the 30-day series not checked"},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, truth.ModeEvents)
+			w.now = tc.now
+			w.recount()
+			if tc.mutate != nil {
+				tc.mutate(t, w)
+			}
+			sinks := w.sinks()
+			counter := &spanCounter{fakeCounter: w.counter, spans: map[oracle.Span]bool{}}
+			sinks.Counter = counter
+			rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 300 * time.Millisecond, Settle: time.Millisecond,
+				Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(map[oracle.Span]bool{tc.span: true}, counter.spans); diff != "" {
+				t.Errorf("spans asked for (-want +got):\n%s", diff)
+			}
+			for _, r := range rep.Rows {
+				want, ok := tc.want[r.Sink]
+				if !ok {
+					continue
+				}
+				if r.Status != want.status || (want.expected != 0 || r.Sink != oracle.SinkCounterUniques) && r.Expected != want.expected || !strings.Contains(r.Note, want.note) {
+					t.Errorf("row %q: %d expected, %s, note %q; want %d expected, %s, a note with %q", r.Sink, r.Expected, r.Status, r.Note, want.expected, want.status, want.note)
+				}
+				delete(tc.want, r.Sink)
+			}
+			if len(tc.want) > 0 {
+				t.Errorf("no rows %v", tc.want)
+			}
+		})
+	}
+}
+
 func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, truth.ModeEvents)
@@ -955,7 +1301,7 @@ func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	slow.pos = w.positions()
 	sinks.Counter = slow
 	sinks.Readers = slow
-	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond, BurstThreshold: testBurstThreshold})
+	rep, err := oracle.Verify(t.Context(), w.tr, sinks, oracle.Options{Deadline: 10 * time.Second, Settle: time.Millisecond, Poll: 5 * time.Millisecond, BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -992,11 +1338,11 @@ func (s *slowCounter) Positions(context.Context) ([]oracle.Position, error) {
 	return out, nil
 }
 
-func (s *slowCounter) Stats(ctx context.Context, code string) (oracle.LinkStats, error) {
+func (s *slowCounter) Stats(ctx context.Context, code string, span oracle.Span) (oracle.LinkStats, error) {
 	if s.polls < s.after {
 		return oracle.LinkStats{}, nil
 	}
-	return s.real.Stats(ctx, code)
+	return s.real.Stats(ctx, code, span)
 }
 
 func TestTruthRoundTrip(t *testing.T) {
@@ -1092,7 +1438,7 @@ func TestForwardedForNote(t *testing.T) {
 					w.log[i].IPPrefix = "127.0.0.0/24"
 				}
 			}
-			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold})
+			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: time.Second, Settle: time.Millisecond, Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now }})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -55,9 +55,14 @@ const (
 	// counts by country and by referrer host.
 	SinkCounterCountries = "counter countries"
 	SinkCounterReferrers = "counter referrers"
-	SinkWarehouse        = "warehouse event IDs"
-	SinkWarehouseBot     = "warehouse bot flags"
-	SinkReaders          = "readers caught up"
+	// SinkCounterHours and SinkCounterDays are the counter's hourly and
+	// daily series, SinkCounterUniques its daily unique visitors.
+	SinkCounterHours   = "counter hourly"
+	SinkCounterDays    = "counter daily"
+	SinkCounterUniques = "counter uniques"
+	SinkWarehouse      = "warehouse event IDs"
+	SinkWarehouseBot   = "warehouse bot flags"
+	SinkReaders        = "readers caught up"
 )
 
 // logResult compares the log with the truth.

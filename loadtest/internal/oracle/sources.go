@@ -71,14 +71,48 @@ type Pair struct{ Human, Bot int64 }
 // sent more of than that is not checked by dimension.
 const TopDimensions = 100
 
-// LinkStats is what the counter shows about one link: its totals and its
-// counts by country and by referrer host, each human and bot apart.
+// The longest series the counter's stats API answers: the hourly series
+// ends with the current hour, the daily one with the current UTC day.
+const (
+	MaxSeriesHours = 48
+	MaxSeriesDays  = 30
+)
+
+// Span is how many hours and days of a link's series a CounterReader asks
+// for, each series ending now (by the counter's clock).
+type Span struct{ Hours, Days int }
+
+// LinkStats is what the counter shows about one link: its totals, its
+// counts by country and by referrer host, and its hourly and daily series,
+// each human and bot apart.
 type LinkStats struct {
 	Totals Pair
 	// Countries is by ISO code, "unknown" for a click without one;
 	// Referrers by the Referer's host without "www.", "(direct)" for a
 	// click without one. Each lists up to TopDimensions names.
 	Countries, Referrers map[string]Pair
+	// Hourly and Daily are the series asked for, oldest first.
+	Hourly []HourCount
+	Daily  []DayCount
+}
+
+// HourCount is one hour of a link's hourly series: the clicks whose own
+// time falls in it.
+type HourCount struct {
+	// Hour is the hour's start, UTC.
+	Hour time.Time
+	Pair
+}
+
+// DayCount is one UTC day of a link's daily series.
+type DayCount struct {
+	// Day is the day's midnight, UTC.
+	Day time.Time
+	Pair
+	// Uniques is the counter's estimate (a HyperLogLog) of the distinct
+	// visitors among the day's clicks the redirect did not label bots;
+	// a fraud verdict does not change it.
+	Uniques int64
 }
 
 // Alert is one alert from FRAUD, reduced to what the oracle checks.
@@ -102,9 +136,10 @@ type AlertReader interface {
 
 // CounterReader reads the click counter's public stats API.
 type CounterReader interface {
-	// Stats returns a link's stats; a link the counter has not counted any
-	// click of has zero totals and no dimensions.
-	Stats(ctx context.Context, code string) (LinkStats, error)
+	// Stats returns a link's stats, with the series span asks for; a link
+	// the counter has not counted any click of has zero totals, no
+	// dimensions and no series.
+	Stats(ctx context.Context, code string, span Span) (LinkStats, error)
 }
 
 // WarehouseCount is one link's clicks in the warehouse.

@@ -3,6 +3,7 @@ package oracle
 import (
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,7 +18,8 @@ import (
 // state is what the oracle has learned about a run: which clicks the log
 // holds, and the verdicts about them. It needs about 20 bytes per click,
 // plus 24 per click in HTTP mode for the event ID index, and 8 when
-// webhooks are checked.
+// webhooks are checked; and about 20 per distinct visitor of a link and
+// day (uniquesLimit).
 type state struct {
 	tr  *truth.Truth
 	tag workload.Tag
@@ -77,6 +79,23 @@ type state struct {
 	// order a webhook endpoint must get a link's clicks in. Kept only when
 	// webhooks are checked (8 bytes per click).
 	logSeq []uint64
+
+	// baseHour is the hour (from the Unix epoch) of the first click read:
+	// each slot's hour is an offset from it. minHour is the earliest
+	// offset of a click the log holds (minSet once there is one).
+	baseHour         int64
+	hoursSet, minSet bool
+	minHour          int16
+
+	// visitors holds a hash of each distinct (link, day, visitor) of the
+	// clicks the redirect did not label bots, and uniques their number by
+	// link and day: what the counter's daily uniques estimate. Both nil
+	// when not kept, and uniquesOff says why (too many links, or more
+	// than uniquesLimit entries).
+	visitorSeed maphash.Seed
+	visitors    map[uint64]struct{}
+	uniques     map[linkDay]int64
+	uniquesOff  string
 }
 
 // alertKey is what a per-visitor alert is about.
@@ -87,9 +106,10 @@ type alertKey struct{ code, visitor string }
 const ruleVisitorBurst = "visitor_burst"
 
 type slot struct {
-	id  uuid.UUID
-	n   uint8 // copies seen, saturating
-	bot bool  // Click.Bot as stored
+	id   uuid.UUID
+	n    uint8 // copies seen, saturating
+	bot  bool  // Click.Bot as stored
+	hour int16 // the click's own hour, from state.baseHour
 }
 
 type idSeq struct {
@@ -111,7 +131,7 @@ func newState(tr *truth.Truth) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &state{
+	s := &state{
 		tr: tr, tag: tag, gen: gen,
 		slots:        make([]slot, tr.Attempts),
 		verdictIDs:   map[string]struct{}{},
@@ -121,7 +141,13 @@ func newState(tr *truth.Truth) (*state, error) {
 		burstClicks:  map[int64]int{},
 		alerted:      map[alertKey]struct{}{},
 		alertIDs:     map[string]struct{}{},
-	}, nil
+	}
+	if n := gen.NumLinks(); n > dimLinkLimit {
+		s.uniquesOff = fmt.Sprintf("%d links, more than %d", n, dimLinkLimit)
+	} else {
+		s.visitorSeed, s.visitors, s.uniques = maphash.MakeSeed(), map[uint64]struct{}{}, map[linkDay]int64{}
+	}
+	return s, nil
 }
 
 // codePrefix starts every link code of the run.
@@ -178,7 +204,7 @@ func (s *state) addClick(c *LogClick) {
 		}
 		return
 	}
-	sl.n, sl.id, sl.bot = 1, c.ID, c.Bot
+	sl.n, sl.id, sl.bot, sl.hour = 1, c.ID, c.Bot, s.hourOffset(c.Time)
 	if s.logSeq != nil {
 		s.logSeq[seq] = c.StreamSeq
 	}
@@ -187,6 +213,9 @@ func (s *state) addClick(c *LogClick) {
 		s.sentFound++
 	}
 	v := s.gen.Visit(seq)
+	if !c.Bot {
+		s.addVisitor(v.Link, dayOfHour(s.clickHour(sl)), c.Visitor)
+	}
 	if c.Code != s.tag.LinkCode(v.Link) {
 		s.wrongLink++
 	}
@@ -312,9 +341,15 @@ func (s *state) forPresent(fn func(seq uint64, sl *slot)) {
 type linkTotals struct {
 	total, bot, sourceBot uint64
 	// countries and referrers are the clicks by the dimensions the
-	// counter shows, with their final labels; nil when the run has too many
-	// links to hold them (dimLinkLimit).
+	// counter shows, with their final labels; hours and days the clicks by
+	// the hour and UTC day of their own time (from the Unix epoch), with
+	// their final labels. All nil when the run has too many links to hold
+	// them (dimLinkLimit).
 	countries, referrers map[string]Pair
+	hours, days          map[int64]Pair
+	// uniques are the distinct visitors by day of the clicks the redirect
+	// did not label bots; nil when not kept (state.uniquesOff).
+	uniques map[int64]int64
 }
 
 // dimLinkLimit is the most links whose counts by country and referrer the
@@ -334,8 +369,15 @@ func (s *state) expectedLinks() map[string]linkTotals {
 		t := linkTotals{}
 		if dims {
 			t.countries, t.referrers = map[string]Pair{}, map[string]Pair{}
+			t.hours, t.days = map[int64]Pair{}, map[int64]Pair{}
+		}
+		if s.uniques != nil {
+			t.uniques = map[int64]int64{}
 		}
 		out[s.tag.LinkCode(i)] = t
+	}
+	for k, n := range s.uniques {
+		out[s.tag.LinkCode(k.link)].uniques[k.day] = n
 	}
 	s.forPresent(func(seq uint64, sl *slot) {
 		v := s.gen.Visit(seq)
@@ -352,6 +394,9 @@ func (s *state) expectedLinks() map[string]linkTotals {
 		if dims {
 			add(t.countries, countryDim(v.Country), bot)
 			add(t.referrers, referrerDim(v.Referrer), bot)
+			h := s.clickHour(sl)
+			addAt(t.hours, h, bot)
+			addAt(t.days, dayOfHour(h), bot)
 		}
 		out[code] = t
 	})

@@ -73,6 +73,10 @@ type Options struct {
 	Require []string
 	// Progress, if set, receives a line now and then while waiting.
 	Progress func(string)
+	// Now is the clock that decides how many hours and days of the
+	// counter's series to ask for (default time.Now); the counter answers
+	// by its own.
+	Now func() time.Time
 }
 
 func (o *Options) defaults() {
@@ -93,6 +97,9 @@ func (o *Options) defaults() {
 	}
 	if o.Progress == nil {
 		o.Progress = func(string) {}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 }
 
@@ -365,6 +372,7 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 			ask = append(ask, code)
 		}
 	}
+	span := c.s.span(c.opts.Now())
 	var mu sync.Mutex
 	var errs []string
 	g, gctx := errgroup.WithContext(ctx)
@@ -373,7 +381,7 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 		g.Go(func() error {
 			qctx, cancel := context.WithTimeout(gctx, queryTimeout)
 			defer cancel()
-			st, err := c.sinks.Counter.Stats(qctx, code)
+			st, err := c.sinks.Counter.Stats(qctx, code, span)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -393,6 +401,7 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 	referrers := Result{Sink: SinkCounterReferrers}
 	var wrong, wrongDims []string
 	var tooMany, unchecked int
+	var sc seriesCheck
 	for code, w := range want {
 		got, ok := c.counter[code]
 		if !ok {
@@ -424,6 +433,9 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 				wrongDims = append(wrongDims, code)
 			}
 		}
+		if w.hours != nil {
+			sc.link(code, w, got)
+		}
 	}
 	sort.Strings(wrong)
 	sort.Strings(wrongDims)
@@ -448,10 +460,12 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 	countries.Note, referrers.Note = dimNote, dimNote
 	countries.judge()
 	referrers.judge()
+	hours, days, uniques := sc.rows(unchecked, c.s.uniquesOff)
 	if len(errs) > 0 {
 		bots.Status, countries.Status, referrers.Status = Fail, Fail, Fail
+		hours.Status, days.Status, uniques.Status = Fail, Fail, Fail
 	}
-	return []Result{tot, bots, countries, referrers}
+	return []Result{tot, bots, countries, referrers, hours, days, uniques}
 }
 
 // matches reports whether the counter's answer about a link is what the
@@ -464,7 +478,8 @@ func (w linkTotals) matches(got LinkStats) bool {
 	if w.countries == nil {
 		return true
 	}
-	return maps.Equal(w.countries, nonZero(got.Countries)) && maps.Equal(w.referrers, nonZero(got.Referrers))
+	return maps.Equal(w.countries, nonZero(got.Countries)) && maps.Equal(w.referrers, nonZero(got.Referrers)) &&
+		new(seriesCheck).link("", w, got)
 }
 
 // nonZero leaves out the names with no clicks.
