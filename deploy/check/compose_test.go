@@ -2,6 +2,7 @@ package check
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -222,18 +223,25 @@ func matchesTheCode(t *testing.T, file string) {
 	if len(natsNodes) == 0 {
 		t.Fatalf("%s runs no nats", file)
 	}
-	var natsSvc types.ServiceConfig
-	for name, n := range natsNodes {
-		natsSvc = n
+	// Every node is compared with the first by name: the same passwords,
+	// and no variable one of them lacks.
+	names := slices.Sorted(maps.Keys(natsNodes))
+	first, natsSvc := names[0], natsNodes[names[0]]
+	for _, name := range names {
+		n := natsNodes[name]
 		for _, u := range users {
 			if v := n.Environment[u.PasswordVar]; v == nil || *v == "" {
 				t.Errorf("%s lacks %s, which deploy/nats/accounts.conf reads", name, u.PasswordVar)
 			}
 		}
-		// Every node is given the same passwords.
-		for k, v := range n.Environment {
-			if w := natsSvc.Environment[k]; w == nil || v == nil || *w != *v {
-				t.Errorf("%s: %s differs from another NATS node's", name, k)
+		for _, k := range slices.Sorted(maps.Keys(natsSvc.Environment)) {
+			if v, w := n.Environment[k], natsSvc.Environment[k]; v == nil || w == nil || *v != *w {
+				t.Errorf("%s: %s differs from %s's", name, k, first)
+			}
+		}
+		for k := range n.Environment {
+			if _, ok := natsSvc.Environment[k]; !ok {
+				t.Errorf("%s: %s, which %s is not given", name, k, first)
 			}
 		}
 	}
