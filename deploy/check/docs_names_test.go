@@ -108,28 +108,40 @@ func keys(m map[string][]string) []string {
 	return out
 }
 
-// Every variable a service's config.go reads is in the service's README.
+// Every variable a service's config.go reads is in the service's README:
+// its own, and those of the pkg/service blocks its Config embeds
+// (service.NATS, service.Topology, ...), which it reads as well.
 func TestServiceREADMEsNameEveryVariableTheirConfigReads(t *testing.T) {
 	tagRe := regexp.MustCompile("env:\"([A-Z][A-Z0-9_]*)\"")
+	embedded := regexp.MustCompile(`(?m)^\tservice\.([A-Z][A-Za-z]*)$`)
 	configs, err := filepath.Glob(filepath.Join(root, "services/*/config.go"))
 	if err != nil || len(configs) < 7 {
 		t.Fatalf("services' config.go files: %v, %v", configs, err)
 	}
+	blocks := 0
 	for _, c := range configs {
 		dir := filepath.Dir(c)
-		src, err := os.ReadFile(c)
+		b, err := os.ReadFile(c)
 		if err != nil {
 			t.Fatal(err)
+		}
+		src := string(b)
+		for _, m := range embedded.FindAllStringSubmatch(src, -1) {
+			src += serviceBlock(t, m[1])
+			blocks++
 		}
 		readme, err := os.ReadFile(filepath.Join(dir, "README.md"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range tagRe.FindAllStringSubmatch(string(src), -1) {
+		for _, m := range tagRe.FindAllStringSubmatch(src, -1) {
 			if !strings.Contains(string(readme), "`"+m[1]+"`") {
 				t.Errorf("services/%s/README.md does not name %s, which config.go reads", filepath.Base(dir), m[1])
 			}
 		}
+	}
+	if blocks < len(configs) {
+		t.Errorf("found %d embedded pkg/service blocks in %d config.go files; the embedded blocks were not read", blocks, len(configs))
 	}
 }
 
