@@ -117,11 +117,14 @@ func TestCanonicalClicksTakeTheDirectPath(t *testing.T) {
 			t.Errorf("seed %d, %s: not read by the direct path", i, b)
 		}
 	}
+	if !strings.HasPrefix(string(seeds[9]), `{"v":2,`) {
+		t.Fatalf("seed 9 is %s, want the version 2 variant", seeds[9])
+	}
 	for _, s := range []string{
 		strings.Replace(string(seeds[0]), `,"bot":true`, `,"bot":false`, 1),
 		strings.Replace(string(seeds[0]), `"v":1,`, `"v": 1,`, 1),
 		strings.Replace(string(seeds[0]), `}`, `,"country":"FR"}`, 1),
-		string(seeds[len(seeds)-4]), // a version 2
+		string(seeds[9]), // a version 2: the last of the encoded variants
 	} {
 		var c Click
 		if parseCanonicalClick(&c, []byte(s), json.ZeroCopy) {
