@@ -284,6 +284,12 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 			}
 			switch g.user {
 			case "clickcounter":
+				// It reads and acks a message of each of its consumers: the
+				// link event the redirect user published, and a verdict
+				// message (the fraud user's come later).
+				if _, err := admin.js.Publish(ctx, events.FraudVerdictBatchSubject(0), []byte(`{}`)); err != nil {
+					t.Fatalf("admin: publish a verdict message: %v", err)
+				}
 				for _, cons := range []struct{ stream, name string }{
 					{events.LinksStream, topology.ClickCounterLinksConsumer},
 					{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer},
@@ -292,12 +298,8 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 					if err != nil {
 						t.Fatalf("consumer %s: %v", cons.name, err)
 					}
-					b, err := cc.Fetch(1, jetstream.FetchMaxWait(500*time.Millisecond))
-					if err != nil {
-						t.Fatalf("fetch %s: %v", cons.name, err)
-					}
-					for m := range b.Messages() {
-						_ = m.DoubleAck(ctx)
+					if err := fetchAll(t, cc, 1)[0].DoubleAck(ctx); err != nil {
+						t.Fatalf("ack on %s: %v", cons.name, err)
 					}
 				}
 			case "fraud":
