@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -166,13 +168,45 @@ func TestPreviewAdvisoriesAreKeptForTheRescuers(t *testing.T) {
 }
 
 // A second Apply with nothing to change must not update any stream: services
-// whose NATS user may only read stream info rely on it.
+// whose NATS user may only read stream info rely on it. A second connection
+// sees every JetStream API request the second Apply makes: lookups only, no
+// create, update or delete of a stream, consumer or bucket.
 func TestApplyTwiceUpdatesNothing(t *testing.T) {
 	t.Parallel()
-	js := testenv.StartNATS(t).JetStream(t)
+	ns := testenv.StartNATS(t)
+	js := ns.JetStream(t)
 	ctx := t.Context()
 	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
 		t.Fatal(err)
+	}
+	sniffer := ns.Connect(t)
+	requests := make(chan *nats.Msg, 1000)
+	if _, err := sniffer.ChanSubscribe("$JS.API.>", requests); err != nil {
+		t.Fatal(err)
+	}
+	if err := sniffer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatalf("second apply: %v", err)
+	}
+	// Apply's requests were answered, so the server has routed them; the
+	// flush's answer comes after them on the sniffer's connection.
+	if err := sniffer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for len(requests) > 0 {
+		m := <-requests
+		seen++
+		for _, verb := range []string{".CREATE.", ".UPDATE.", ".DELETE.", ".PURGE."} {
+			if strings.Contains(m.Subject, verb) {
+				t.Errorf("the second Apply sent %s", m.Subject)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("saw no JetStream API request of the second Apply")
 	}
 	for _, cfg := range topology.Streams(topology.Defaults()) {
 		s, err := js.Stream(ctx, cfg.Name)
