@@ -118,22 +118,35 @@ func TestAlertRulesAndDashboard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dash struct {
-		Panels []struct {
-			Title   string
-			Targets []struct{ Expr string }
-		}
-	}
+	var dash struct{ Panels []dashPanel }
 	if err := json.Unmarshal(b, &dash); err != nil {
 		t.Fatalf("dashboard JSON: %v", err)
 	}
-	for _, p := range dash.Panels {
-		for _, tg := range p.Targets {
-			for _, m := range metricsIn(t, tg.Expr) {
-				if !metricInCode(words, m) {
-					t.Errorf("dashboard panel %q uses metric %s, which no service registers", p.Title, m)
+	exprs := 0
+	var check func(ps []dashPanel)
+	check = func(ps []dashPanel) {
+		for _, p := range ps {
+			check(p.Panels) // a collapsed row holds its panels
+			for _, tg := range p.Targets {
+				exprs++
+				for _, m := range metricsIn(t, tg.Expr) {
+					if !metricInCode(words, m) {
+						t.Errorf("dashboard panel %q uses metric %s, which no service registers", p.Title, m)
+					}
 				}
 			}
 		}
 	}
+	check(dash.Panels)
+	if exprs < 10 {
+		t.Errorf("only %d queries in the dashboard's panels; the panels were not read", exprs)
+	}
+}
+
+// dashPanel is what the check reads of a Grafana panel: its queries, and
+// the panels of a collapsed row.
+type dashPanel struct {
+	Title   string
+	Targets []struct{ Expr string }
+	Panels  []dashPanel
 }
