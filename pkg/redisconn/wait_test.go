@@ -2,8 +2,12 @@ package redisconn_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -94,6 +98,44 @@ func TestBarrier(t *testing.T) {
 			t.Errorf("the replica does not have %s when Barrier returns", k)
 		}
 	}
+	// A healthy replica has the data at once anyway, so the check above
+	// would pass without a barrier on every master. Freeze the replica of
+	// a master other than the first key's: the barrier must wait on it too,
+	// and say it fell short.
+	first, err := servers.RedisCluster.MasterOf(ctx, data[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other string
+	for _, k := range data[1:] {
+		if m, err := servers.RedisCluster.MasterOf(ctx, k); err == nil && m != first {
+			other = k
+			break
+		}
+	}
+	if other == "" {
+		t.Fatalf("the keys %v all live on %s; want them spread over the masters", data, first.Addr)
+	}
+	addr := servers.RedisCluster.ReplicaClient(t, other).Options().Addr
+	var replica *testenv.RedisServer
+	for _, s := range append(slices.Clone(servers.RedisCluster.Replicas), servers.RedisCluster.Masters...) {
+		if s.Addr == addr {
+			replica = s
+		}
+	}
+	if replica == nil {
+		t.Fatalf("the replica of %s's master, %s, is no node of the cluster", other, addr)
+	}
+	replica.Pause()
+	err = redisconn.Barrier(ctx, rdb, data, 1, 300*time.Millisecond)
+	replica.Resume()
+	if !errors.Is(err, redisconn.ErrNotReplicated) || !strings.Contains(fmt.Sprint(err), redisconn.BarrierKey(other)) {
+		t.Errorf("cluster, the replica of %s's master frozen: Barrier = %v, want ErrNotReplicated naming %s", other, err, redisconn.BarrierKey(other))
+	}
+	// The tests after this one want every replica answering again.
+	testenv.WaitFor(t, 30*time.Second, "the thawed replica to confirm a barrier", func() bool {
+		return redisconn.Barrier(ctx, rdb, data, 1, time.Second) == nil
+	})
 }
 
 // A barrier key shares its data key's slot: the key's own tag, or the whole
