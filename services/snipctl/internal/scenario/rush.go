@@ -140,7 +140,7 @@ func runRush(ctx context.Context, e *Env) error {
 	start := time.Now()
 	links := codes(50)
 	rushN := int(rushRate * rushSecs)
-	_, err = emit(ctx, e.Rate(rushRate), e.Real(time.Duration(rushSecs*float64(time.Second))), func(i int) error {
+	rushSent, err := emit(ctx, e.Rate(rushRate), e.Real(time.Duration(rushSecs*float64(time.Second))), func(i int) error {
 		naive.add(start)
 		c := newClick(links[i%len(links)], i)
 		if i == rushN-1 {
@@ -237,7 +237,10 @@ func runRush(ctx context.Context, e *Env) error {
 	}
 	_ = fill
 	backlog = (rushRate - logRead) * rushSecs
-	e.exact("surplus (arrival - reader)", "events/s", surplus, rushRate-rushRead, "arithmetic")
+	// The surplus the backlog grows by is the arrival rate less the
+	// reader's (measured above): the arrival rate as published, since a
+	// 5 ms ticker on a shared machine may fall behind.
+	e.within("arrival rate during the rush", "events/s", rushRate, float64(rushSent)/e.Lesson(rushEnd.Sub(start)), 0.1, 0, "published on a 5 ms ticker; the surplus over the reader's 250 is what fills the backlog")
 	e.within("log: backlog when the rush ends", "events", backlog, backlogAtEnd, 0.2, 0, pacing)
 	// After the rush the reader may run at another pace than during it on
 	// a loaded machine; the drain predictions use its measured rate then.
