@@ -43,10 +43,20 @@ func TestRedisSnapshotRestoresTheDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := testenv.SnapshotRedis(t, c)
-	c.Set(ctx, "plain", "2", 0)
-	c.HSet(ctx, "hash", "f", "2")
-	c.Set(ctx, "new", "x", 0)
-	c.Persist(ctx, "expiring")
+	// Every change after the snapshot must have happened, or the restore
+	// has nothing to undo and the checks below pass without it.
+	for _, err := range []error{
+		c.Set(ctx, "plain", "2", 0).Err(),
+		c.HSet(ctx, "hash", "f", "2").Err(),
+		c.Set(ctx, "new", "x", 0).Err(),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := c.Persist(ctx, "expiring").Result(); err != nil || !ok {
+		t.Fatalf("PERSIST expiring = %v, %v; want true", ok, err)
+	}
 	snap.Restore(t, c)
 	if got := c.Get(ctx, "plain").Val(); got != "1" {
 		t.Errorf("plain = %q, want 1", got)
