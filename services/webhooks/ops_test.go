@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -550,31 +552,70 @@ func TestFraudAlertsReachTheirOwnersEndpointsOnce(t *testing.T) {
 	}
 }
 
-// TestTwoInstancesShareEndpointsAndTakeOver: endpoints are spread over two
-// instances by lease; when one stops, the other delivers all of them.
+// TestTwoInstancesShareEndpointsAndTakeOver: two instances share the
+// endpoints by lease (whichever takes an endpoint's lease first sends to
+// it); when the one holding the most of them stops (so at least one:
+// stopping an instance that held none would take nothing over), the other
+// takes its leases and delivers to every endpoint.
 func TestTwoInstancesShareEndpointsAndTakeOver(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t)
-	a := s.start(t, s.testConfig("m1"))
-	s.start(t, s.testConfig("m2"))
+	members := map[string]*instance{"m1": s.start(t, s.testConfig("m1")), "m2": s.start(t, s.testConfig("m2"))}
 	var rcs []*receiver
+	var ids []string
 	for range 4 {
 		rc := newReceiver(t, nil)
-		rc.addSecret(createEndpoint(t, a.addr, rc.url(), nil).Secret)
+		ep := createEndpoint(t, members["m1"].addr, rc.url(), nil)
+		rc.addSecret(ep.Secret)
 		rcs = append(rcs, rc)
+		ids = append(ids, ep.ID)
 	}
 	first := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
 	for i, rc := range rcs {
 		rc.waitAll(t, fmt.Sprintf("endpoint %d, both instances up", i), first, 30*time.Second)
 	}
-	a.stop(t)
+	// Every endpoint was delivered to, so its sender holds its lease.
+	holders := s.leaseHolders(t, ids)
+	held := map[string]int{}
+	for _, m := range holders {
+		held[m]++
+	}
+	t.Logf("leases with both instances up: %v", holders)
+	stopped, survivor := "m1", "m2"
+	if held["m2"] > held["m1"] {
+		stopped, survivor = "m2", "m1"
+	}
+	if held[stopped] == 0 {
+		t.Fatalf("leases %v: neither instance holds one, nothing to take over", holders)
+	}
+	members[stopped].stop(t)
 	second := s.publishClicks(t, []string{"a1", "b2", "c3"}, 30)
 	for i, rc := range rcs {
-		rc.waitAll(t, fmt.Sprintf("endpoint %d after m1 stopped", i), second, 30*time.Second)
+		rc.waitAll(t, fmt.Sprintf("endpoint %d after %s stopped", i, stopped), second, 30*time.Second)
 		if _, bad := rc.counts(); bad != 0 {
 			t.Errorf("endpoint %d: %d requests did not verify", i, bad)
 		}
 	}
+	for id, m := range s.leaseHolders(t, ids) {
+		if m != survivor {
+			t.Errorf("endpoint %s: lease held by %q after %s stopped, want %s", id, m, stopped, survivor)
+		}
+	}
+}
+
+// leaseHolders returns the member holding each endpoint's lease ("" for
+// none), as redisstore keeps it.
+func (s *system) leaseHolders(tb testing.TB, ids []string) map[string]string {
+	tb.Helper()
+	out := map[string]string{}
+	for _, id := range ids {
+		m, err := s.rdb.Get(tb.Context(), "snip:wh:{"+id+"}:lease").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			tb.Fatal(err)
+		}
+		out[id] = m
+	}
+	return out
 }
 
 // TestRedirectsAreNotFollowedAndResponsesAreCapped: a 3xx is a failed
