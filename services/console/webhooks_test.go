@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
@@ -20,6 +22,9 @@ func TestWebhooksPanelShowsADisabledEndpoint(t *testing.T) {
 	s.rdb.HSet(ctx, "snip:wh:{ep_1}:ep",
 		"cfg", `{"id":"ep_1","owner":"acme","url":"https://hooks.acme.example/x","disabled_at":"2026-12-01T00:00:00Z","disabled_reason":"failing since 2026-11-28T00:00:00Z: HTTP 500"}`,
 		"failing_since", time.Now().Add(-72*time.Hour).UnixMilli(), "last_error", "HTTP 500")
+	for _, age := range []time.Duration{2 * time.Hour, time.Hour} { // its backlog: two events waiting
+		s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: "snip:wh:{ep_1}:q", Values: []any{"id", "e", "t", "click", "ts", time.Now().Add(-age).UnixNano(), "d", "{}"}})
+	}
 	var got struct {
 		Available bool                  `json:"available"`
 		Webhooks  webhookstate.Snapshot `json:"webhooks"`
@@ -29,7 +34,8 @@ func TestWebhooksPanelShowsADisabledEndpoint(t *testing.T) {
 		return code == http.StatusOK && json.Unmarshal(b, &got) == nil && got.Webhooks.Total == 1
 	})
 	e := got.Webhooks.Endpoints[0]
-	if !got.Available || got.Webhooks.Disabled != 1 || e.Status != "disabled" || e.Owner != "acme" || e.Host != "hooks.acme.example" || e.LastError != "HTTP 500" {
+	if !got.Available || got.Webhooks.Disabled != 1 || e.Status != "disabled" || e.Owner != "acme" || e.Host != "hooks.acme.example" || e.LastError != "HTTP 500" ||
+		e.DisabledReason != "failing since 2026-11-28T00:00:00Z: HTTP 500" || e.Backlog != 2 || got.Webhooks.Backlog != 2 || e.OldestAgeS < 7200 {
 		t.Errorf("webhooks panel %+v", got)
 	}
 	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/webhooks", nil, nil); code != http.StatusUnauthorized {
