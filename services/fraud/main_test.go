@@ -384,7 +384,9 @@ func TestReplayRaisesNoNewAlert(t *testing.T) {
 	var statsBefore fraud.LinkStats
 	flood := traffic.Code(traffic.FloodLink)
 	floodKey := ownerKeys["owner"+strconv.Itoa(traffic.FloodLink%3)]
-	svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsBefore)
+	if code := svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsBefore); code != http.StatusOK || statsBefore.Flagged == 0 {
+		t.Fatalf("flood link stats before the replay: %d %+v, want 200 with flagged clicks", code, statsBefore)
+	}
 	if len(before) == 0 {
 		t.Fatal("no alerts to replay")
 	}
@@ -403,7 +405,9 @@ func TestReplayRaisesNoNewAlert(t *testing.T) {
 		t.Fatalf("snip_fraud_publish_duplicates_total = %v, want at least the %d alerts raised again", got, len(before))
 	}
 	var statsAfter fraud.LinkStats
-	svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsAfter)
+	if code := svc.get(t, "/api/links/"+flood+"/fraud", floodKey, &statsAfter); code != http.StatusOK {
+		t.Fatalf("flood link stats after the replay: %d", code)
+	}
 	if fmt.Sprint(statsAfter) != fmt.Sprint(statsBefore) {
 		t.Fatalf("flood link stats changed by the replay: %+v -> %+v", statsBefore, statsAfter)
 	}
