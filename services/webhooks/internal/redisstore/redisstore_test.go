@@ -33,6 +33,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestEndpointsArePutListedAndDeleted,
 		TestOnlyKeptDeliveriesKeepTheirBodies,
 		TestDeleteLeavesNoDeliveryBodies,
+		TestClearUpToKeepsWhatCameAfterTheCut,
 	)
 }
 
