@@ -469,6 +469,19 @@ func TestEvictionBounds(t *testing.T) {
 	if s := p.Stats(); s.Identities != 1 || s.Pairs != 1 || s.Labelled != 0 {
 		t.Fatalf("after a quiet hour: %+v, want 1 identity, 1 pair, no labels held", s)
 	}
+	// The links' and the pairs' caps hold the same way: 1000 clicks on as
+	// many links, each from its own network, within one second.
+	r.MaxLinks, r.MaxPairs = 50, 70
+	if d, err = fraud.NewDetector(r); err != nil {
+		t.Fatal(err)
+	}
+	p, seq = d.NewPartition(), 0
+	for i := range 1000 {
+		judge(clk{at: time.Duration(i) * time.Millisecond, code: fmt.Sprintf("l%d", i)})
+	}
+	if s := p.Stats(); s.Identities != 100 || s.Links != 50 || s.Pairs != 70 {
+		t.Fatalf("after 1000 links: %+v, want 100 identities, 50 links, 70 pairs (the caps)", s)
+	}
 }
 
 func TestRedeliveryIsSkipped(t *testing.T) {
