@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/pkg/webserver"
+	"github.com/snipdev/snip/services/webhooks/internal/delivery"
 	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
 )
 
@@ -389,6 +391,11 @@ func TestOwnerAPI(t *testing.T) {
 	}
 	if n := rc.eventIDs()[test.EventID]; n != 2 {
 		t.Errorf("test event received %d times after redelivery, want 2", n)
+	}
+	for _, r := range rc.got() {
+		if slices.ContainsFunc(r.events, func(e delivery.BodyEvent) bool { return e.ID == test.EventID }) && r.webhookID != test.EventID {
+			t.Errorf("the test event was sent with webhook-id %q, want %q both times (a redelivery keeps it)", r.webhookID, test.EventID)
+		}
 	}
 	if _, bad := rc.counts(); bad != 0 {
 		t.Errorf("%d requests did not verify", bad)
