@@ -136,10 +136,11 @@ func TestRevokedKeyEndsAnOpenOwnerStream(t *testing.T) {
 		// The key is checked every 200 ms from the stream's start, a few
 		// milliseconds before the revocation; checked every 2 s (the
 		// default, as if the setting were not passed on), the stream would
-		// end about 2 s after it.
+		// end about 2 s after it. The bound leaves a loaded machine 1.6 s
+		// to schedule the check.
 		took := time.Since(revoked)
 		t.Logf("stream ended %s after the revocation", took.Round(time.Millisecond))
-		if took > 1500*time.Millisecond {
+		if took > 1800*time.Millisecond {
 			t.Errorf("the stream ended %s after its key was revoked, want about the recheck interval (200 ms)", took.Round(time.Millisecond))
 		}
 	case <-time.After(10 * time.Second):
