@@ -127,6 +127,13 @@ func (i *instance) get(t testing.TB, path string) int {
 // `snip_preview_jobs_total{result="stored"}`, 0 if absent.
 func (i *instance) metric(t testing.TB, sample string) float64 {
 	t.Helper()
+	v, _ := i.sample(t, sample)
+	return v
+}
+
+// sample is metric that also says whether /metrics has the sample at all.
+func (i *instance) sample(t testing.TB, sample string) (float64, bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + i.addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -135,10 +142,13 @@ func (i *instance) metric(t testing.TB, sample string) float64 {
 	b, _ := io.ReadAll(resp.Body)
 	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindSubmatch(b)
 	if m == nil {
-		return 0
+		return 0, false
 	}
-	v, _ := strconv.ParseFloat(string(m[1]), 64)
-	return v
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Fatalf("%s: %v", sample, err)
+	}
+	return v, true
 }
 
 type testLog struct{ t testing.TB }
@@ -645,8 +655,8 @@ func TestOperationalEndpoints(t *testing.T) {
 			t.Errorf("GET %s = %d, want %d", path, got, want)
 		}
 	}
-	if inst.metric(t, "snip_preview_jobs_in_flight") != 0 {
-		t.Error("jobs in flight gauge missing or not 0")
+	if v, ok := inst.sample(t, "snip_preview_jobs_in_flight"); !ok || v != 0 {
+		t.Errorf("jobs in flight gauge = %v (present %v), want present and 0", v, ok)
 	}
 }
 
