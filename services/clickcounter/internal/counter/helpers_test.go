@@ -185,8 +185,16 @@ func stats(tb testing.TB, c *counter.Counter, owner, code string) *counter.Stats
 	return s
 }
 
-// metric returns the value of a counter or gauge with the given labels.
+// metric returns the value of a counter or gauge with the given labels, 0
+// if there is no such series.
 func metric(tb testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	tb.Helper()
+	v, _ := series(tb, reg, name, labels)
+	return v
+}
+
+// series is metric that also says whether the series exists.
+func series(tb testing.TB, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
 	tb.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -210,10 +218,10 @@ func metric(tb testing.TB, reg *prometheus.Registry, name string, labels map[str
 				}
 			}
 			if m.Counter != nil {
-				return m.Counter.GetValue()
+				return m.Counter.GetValue(), true
 			}
-			return m.Gauge.GetValue()
+			return m.Gauge.GetValue(), true
 		}
 	}
-	return 0
+	return 0, false
 }

@@ -205,12 +205,12 @@ func TestGenerationGaugeLeavesWithThePartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	labels := map[string]string{"partition": "5", "role": "read"}
-	if got := metric(t, e.reg, "snip_clickcounter_generation", labels); got != 1 {
-		t.Fatalf("generation{partition=5,role=read} while owned = %v, want 1", got)
+	if got, ok := series(t, e.reg, "snip_clickcounter_generation", labels); !ok || got != 1 {
+		t.Fatalf("generation{partition=5,role=read} while owned = %v (series present %v), want 1", got, ok)
 	}
 	e.c.OnRevoke(p)
-	if got := metric(t, e.reg, "snip_clickcounter_generation", labels); got != 0 {
-		t.Errorf("generation{partition=5,role=read} after OnRevoke = %v, want no series (0)", got)
+	if got, ok := series(t, e.reg, "snip_clickcounter_generation", labels); ok {
+		t.Errorf("generation{partition=5,role=read} after OnRevoke = %v, want no series", got)
 	}
 }
 
