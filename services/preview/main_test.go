@@ -615,7 +615,10 @@ func TestShutdownMidJobLosesNothing(t *testing.T) {
 	})
 	t.Run("job_that_does_not_finish_is_handed_back", func(t *testing.T) {
 		t.Parallel()
-		w := newWorld(t, nil)
+		// Ack deadlines of a minute: a job the stopping worker left without
+		// handing it back would come again only after one, long past the
+		// next worker's wait below.
+		w := newWorld(t, []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute})
 		var mu sync.Mutex
 		hung := false
 		w.pages.handle("/hangs-once", func(rw http.ResponseWriter, r *http.Request) {
