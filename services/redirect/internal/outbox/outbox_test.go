@@ -405,21 +405,45 @@ func (c *countingJS) PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt
 }
 
 // TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL: an instance that
-// dies holding leases (no release) leaves its shards for LeaseTTL; then the
-// surviving instance takes them and publishes their backlog.
+// dies holding leases (no release) leaves its shards until the leases
+// expire: the surviving instance takes none of them while they live, then
+// takes them all and publishes their backlog.
 func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 4)
-	// The dead instance's leases, as a SIGKILLed process leaves them.
+	// The dead instance's leases, as a SIGKILLed process leaves them, with
+	// time left to outlive the survivor's first rounds of balancing.
 	for s := range 4 {
-		e.rdb.Set(t.Context(), e.layout.LeaseKey(s), "dead/instance", 600*time.Millisecond)
+		if err := e.rdb.Set(t.Context(), e.layout.LeaseKey(s), "dead/instance", 5*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var want []string
 	for _, code := range []string{"a1", "b2", "c3", "d4", "e5", "f6"} {
 		want = append(want, e.addClicks(t, code, 5)...)
 	}
-	rr := start(e.relay("survivor"))
+	survivor := e.relay("survivor")
+	rr := start(survivor)
 	defer rr.stop()
+	// A second heartbeat means the survivor's first balance, which looks
+	// for free shards, is done.
+	var beat float64
+	testenv.WaitFor(t, 10*time.Second, "two heartbeats of the survivor", func() bool {
+		score, err := e.rdb.ZScore(t.Context(), RelaysKey, "survivor").Result()
+		if err != nil || beat == 0 {
+			beat = score
+			return false
+		}
+		return score > beat
+	})
+	for s := range 4 {
+		if v, err := e.rdb.Get(t.Context(), e.layout.LeaseKey(s)).Result(); err != nil || v != "dead/instance" {
+			t.Fatalf("lease of shard %d = %q, %v; want the dead instance's, still live for seconds", s, v, err)
+		}
+	}
+	if held, n := gaugeValue(survivor.m.LeasesHeld), count(e.js, events.ClicksStream); held != 0 || n != 0 {
+		t.Fatalf("while the dead instance's leases live, the survivor holds %v shards and relayed %d clicks; want none", held, n)
+	}
 	testenv.WaitFor(t, 15*time.Second, "the survivor to relay the dead instance's shards", func() bool {
 		return count(e.js, events.ClicksStream) == len(want) && e.outboxLen(t) == 0
 	})
