@@ -649,6 +649,46 @@ func TestShutdownMidJobLosesNothing(t *testing.T) {
 	})
 }
 
+// TestJobsAlreadyDoneAreNotFetchedAgain: the queue delivers at least once,
+// so a job comes again after its preview is stored (here a copy stored
+// under another Nats-Msg-Id, as a hand-back or a redrive makes one), and an
+// older job of the link can arrive after a newer one was stored. Neither is
+// fetched again nor changes the preview: both count as duplicates.
+func TestJobsAlreadyDoneAreNotFetchedAgain(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, nil)
+	w.pages.handle("/old", html("old"))
+	w.pages.handle("/new", html("new"))
+	inst := start(t, w.config(t))
+	job := func(path string) events.PreviewJob {
+		return events.PreviewJob{V: events.PreviewJobVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "d", Owner: "acme", Target: w.pages.URL + path}
+	}
+	older, newer := job("/old"), job("/new")
+	for newer.ID <= older.ID { // job IDs are UUIDv7s: the later, the greater
+		newer = job("/new")
+	}
+	pub := func(j events.PreviewJob, msgID string) {
+		t.Helper()
+		data, _ := json.Marshal(j)
+		if _, err := w.js.Publish(t.Context(), events.PreviewJobSubject, data, jetstream.WithMsgID(msgID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pub(newer, newer.ID)
+	testenv.WaitFor(t, 20*time.Second, "the newer job's preview stored", func() bool { return previewHash(t, w.rdb, "d")["title"] == "new" })
+	pub(newer, newer.ID+"-again")
+	pub(older, older.ID)
+	testenv.WaitFor(t, 20*time.Second, "both late jobs counted as duplicates and the queue empty", func() bool {
+		return inst.metric(t, `snip_preview_jobs_total{result="duplicate"}`) == 2 && streamMsgs(t, w.js, events.PreviewJobsStream) == 0
+	})
+	if n, m := w.pages.hitCount("/new"), w.pages.hitCount("/old"); n != 1 || m != 0 {
+		t.Errorf("/new fetched %d times, /old %d; want once and never", n, m)
+	}
+	if h := previewHash(t, w.rdb, "d"); h["title"] != "new" || h["job_id"] != newer.ID {
+		t.Errorf("preview = %v, want the newer job's", h)
+	}
+}
+
 func TestOperationalEndpoints(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, nil)
