@@ -304,6 +304,32 @@ func TestUserAgentIsSent(t *testing.T) {
 	}
 }
 
+// TestProxyFromTheEnvironmentIsNotUsed: the package ignores HTTP_PROXY and
+// the like (a proxy would make the address checked the proxy's, not the
+// page's). Not parallel: it sets the environment.
+func TestProxyFromTheEnvironmentIsNotUsed(t *testing.T) {
+	proxy := startServer(t, "127.0.0.1:0", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusBadGateway) })
+	for _, k := range []string{"HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"} {
+		t.Setenv(k, proxy.URL)
+	}
+	for _, k := range []string{"NO_PROXY", "no_proxy"} {
+		t.Setenv(k, "")
+	}
+	site := startServer(t, "127.0.0.1:0", htmlPage)
+	cfg := testConfig()
+	cfg.Allow = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")} // the proxy's address too
+	// A name, not 127.0.0.1: the environment's proxy is never used for localhost.
+	cfg.Resolver = hostsResolver{"site.test": {netip.MustParseAddr("127.0.0.1")}}
+	resp, err := fetch.New(cfg).Get(t.Context(), "http://site.test:"+itoa(site.Listener.Addr().(*net.TCPAddr).Port)+"/")
+	if err != nil {
+		t.Fatalf("Get with HTTP_PROXY set: %v", err)
+	}
+	resp.Body.Close()
+	if p, s := proxy.hits.Load(), site.hits.Load(); p != 0 || s != 1 {
+		t.Fatalf("the proxy got %d requests and the site %d; want 0 and 1", p, s)
+	}
+}
+
 func TestCancelledContextIsNotATimeout(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, "127.0.0.1:0", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
