@@ -87,10 +87,11 @@ func TestStatsAPI(t *testing.T) {
 		api              *echo.Echo
 		wantCode         int
 		wantHuman        int64
+		hours, days      int // series lengths of a 200; 0: the defaults
 	}{
 		{name: "owner_gets_stats", path: "/api/links/hot/stats", auth: "Bearer " + acmeKey, wantCode: 200, wantHuman: 1},
 		{name: "link_without_clicks_is_zeros", path: "/api/links/quiet/stats", auth: "Bearer " + acmeKey, wantCode: 200},
-		{name: "ranges_within_bounds", path: "/api/links/hot/stats?hours=1&days=1&top=1", auth: "Bearer " + acmeKey, wantCode: 200, wantHuman: 1},
+		{name: "ranges_within_bounds", path: "/api/links/hot/stats?hours=3&days=2&top=1", auth: "Bearer " + acmeKey, wantCode: 200, wantHuman: 1, hours: 3, days: 2},
 		{name: "bearer_scheme_is_case_insensitive", path: "/api/links/hot/stats", auth: "bearer " + acmeKey, wantCode: 200, wantHuman: 1},
 		{name: "no_key_is_401", path: "/api/links/hot/stats", wantCode: 401},
 		{name: "basic_auth_is_401", path: "/api/links/hot/stats", auth: "Basic YWNtZTpwdw==", wantCode: 401},
@@ -142,6 +143,13 @@ func TestStatsAPI(t *testing.T) {
 			}
 			if d := cmp.Diff(counter.Pair{Human: tc.wantHuman}, s.Totals); d != "" {
 				t.Errorf("totals (-want +got):\n%s", d)
+			}
+			hours, days := counter.DefaultRange().Hours, counter.DefaultRange().Days
+			if tc.hours != 0 {
+				hours, days = tc.hours, tc.days
+			}
+			if len(s.Hourly) != hours || len(s.Daily) != days {
+				t.Errorf("%d hours and %d days, want %d and %d", len(s.Hourly), len(s.Daily), hours, days)
 			}
 		})
 	}
