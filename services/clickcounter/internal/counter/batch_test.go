@@ -58,6 +58,19 @@ func TestBatchIsAggregatedIntoEveryDimension(t *testing.T) {
 	if d := cmp.Diff(wantRefs, got.TopReferrers); d != "" {
 		t.Errorf("referrers (-want +got):\n%s", d)
 	}
+	// A smaller top keeps the largest, in the same order.
+	r := counter.DefaultRange()
+	r.Top = 2
+	top2, err := e.c.LinkStats(t.Context(), "acme", code, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(wantCountries[:2], top2.TopCountries); d != "" {
+		t.Errorf("top 2 countries (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(wantRefs[:2], top2.TopReferrers); d != "" {
+		t.Errorf("top 2 referrers (-want +got):\n%s", d)
+	}
 	today, yesterday := got.Daily[len(got.Daily)-1], got.Daily[len(got.Daily)-2]
 	if oldDay := counter.DayOf(old.Time).String(); oldDay != yesterday.Day {
 		yesterday = got.Daily[len(got.Daily)-3] // 26 hours ago can be two days back
