@@ -177,6 +177,17 @@ func TestParse(t *testing.T) {
 			want: unfurl.Preview{Title: strings.Repeat("я", unfurl.MaxTitle)},
 		},
 		{
+			name: "long_description_and_site_name_are_truncated",
+			page: `<head><meta name="description" content="` + strings.Repeat("д", 1500) + `"><meta property="og:site_name" content="` + strings.Repeat("s", 500) + `"></head>`,
+			want: unfurl.Preview{Description: strings.Repeat("д", unfurl.MaxDescription), SiteName: strings.Repeat("s", unfurl.MaxSiteName)},
+		},
+		{
+			name: "overlong_or_credentialed_images_are_dropped_for_the_next_candidate",
+			page: `<head><meta property="og:image" content="https://cdn.example.com/` + strings.Repeat("i", 2100) + `.png">
+				<meta property="og:image:url" content="https://user:pw@cdn.example.com/a.png"><meta name="twitter:image" content="/ok.png"></head>`,
+			want: unfurl.Preview{Image: "https://example.com/ok.png"},
+		},
+		{
 			name: "empty_document",
 			page: ``,
 			want: unfurl.Preview{},
