@@ -414,7 +414,7 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 	// The dead instance's leases, as a SIGKILLed process leaves them, with
 	// time left to outlive the survivor's first rounds of balancing.
 	for s := range 4 {
-		if err := e.rdb.Set(t.Context(), e.layout.LeaseKey(s), "dead/instance", 5*time.Second).Err(); err != nil {
+		if err := e.rdb.Set(t.Context(), e.layout.LeaseKey(s), "dead/instance", 8*time.Second).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -444,7 +444,7 @@ func TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL(t *testing.T) {
 	if held, n := gaugeValue(survivor.m.LeasesHeld), count(e.js, events.ClicksStream); held != 0 || n != 0 {
 		t.Fatalf("while the dead instance's leases live, the survivor holds %v shards and relayed %d clicks; want none", held, n)
 	}
-	testenv.WaitFor(t, 15*time.Second, "the survivor to relay the dead instance's shards", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the survivor to relay the dead instance's shards", func() bool {
 		return count(e.js, events.ClicksStream) == len(want) && e.outboxLen(t) == 0
 	})
 }
