@@ -4,11 +4,13 @@ import (
 	"context"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
@@ -19,6 +21,53 @@ import (
 var servers *testenv.Servers
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedis())) }
+
+// TestClickFieldsFromTheRequestAreBounded: a request's user agent, referrer
+// and request ID go into its click cut to MaxUserAgent, MaxReferrer and
+// MaxRequestID bytes (whole UTF-8 characters), so no request can make a
+// click larger than CLICKS takes.
+func TestClickFieldsFromTheRequestAreBounded(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	layout := outbox.NewLayout(1)
+	store := linkstore.New(rdb, layout, 1<<40)
+	l, err := store.Create(t.Context(), "acme", "https://example.com/", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := redirect.NewMetrics(prometheus.NewRegistry())
+	res := redirect.NewResolver(store, 10, time.Hour, time.Second, m)
+	defer res.Close()
+	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 8, Workers: 1, MaxEntries: 1 << 40, Timeout: 5 * time.Second, Cooldown: time.Second},
+		outbox.NewMetrics(prometheus.NewRegistry()))
+	c.Start()
+	defer c.Close()
+	svc := redirect.NewService(res, c, nil, visitor.NewIdentifier(rdb), layout,
+		redirect.Options{Policy: redirect.PolicyReject, OutboxWait: 5 * time.Second, Validity: time.Minute}, m)
+	v := redirect.Visit{Code: l.Code, Time: time.Now(), IP: netip.MustParseAddr("203.0.113.9"), Country: "DE",
+		UserAgent: strings.Repeat("ü", 4000), Referrer: "https://ref.example/" + strings.Repeat("r", 5000), RequestID: strings.Repeat("q", 1000)}
+	if _, err := svc.Follow(t.Context(), v); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := rdb.XRange(t.Context(), layout.OutboxKey(0, outbox.LaneClicks), "-", "+").Result()
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("outbox clicks: %d entries, %v; want 1", len(entries), err)
+	}
+	data, _ := entries[0].Values["data"].(string)
+	click, err := events.DecodeClick([]byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strings.Repeat("ü", redirect.MaxUserAgent/2); click.UserAgent != want {
+		t.Errorf("user agent of %d bytes, want the first %d", len(click.UserAgent), len(want))
+	}
+	if want := v.Referrer[:redirect.MaxReferrer]; click.Referrer != want {
+		t.Errorf("referrer of %d bytes, want the first %d", len(click.Referrer), len(want))
+	}
+	if want := v.RequestID[:redirect.MaxRequestID]; click.RequestID != want {
+		t.Errorf("request ID of %d bytes, want the first %d", len(click.RequestID), len(want))
+	}
+}
 
 // BenchmarkFollow is the hot path with a cached link against a real Redis:
 // resolve, build the click, group-commit it into the outbox. Run it with
