@@ -85,7 +85,7 @@ func TestGuarantee_NATSDownRedirectsGoOnAndEveryClickArrivesOnceInOrder(t *testi
 	js := n.JetStream(t)
 	l.expectInCLICKS(t, js)
 	testenv.WaitFor(t, 30*time.Second, "the outbox to empty", func() bool {
-		return metric(t, in.URL, "snip_redirect_outbox_depth_total_entries") == 0
+		return metricIs(t, in.URL, "snip_redirect_outbox_depth_total_entries", 0)
 	})
 }
 

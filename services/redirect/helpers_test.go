@@ -449,8 +449,25 @@ func (l *ledger) expectInCLICKS(tb testing.TB, js jetstream.JetStream) int {
 }
 
 // metric returns the sum of a metric's samples whose line contains all of
-// match, from /metrics.
+// match, from /metrics (0 when none does).
 func metric(tb testing.TB, base, name string, match ...string) float64 {
+	tb.Helper()
+	sum, _ := metricSamples(tb, base, name, match...)
+	return sum
+}
+
+// metricIs reports whether a metric has samples matching match and they sum
+// to want: a gauge waited down to 0 must be there, or a renamed or
+// unregistered one would pass the wait.
+func metricIs(tb testing.TB, base, name string, want float64, match ...string) bool {
+	tb.Helper()
+	sum, n := metricSamples(tb, base, name, match...)
+	return n > 0 && sum == want
+}
+
+// metricSamples returns the sum and the number of a metric's samples whose
+// line contains all of match, from /metrics.
+func metricSamples(tb testing.TB, base, name string, match ...string) (float64, int) {
 	tb.Helper()
 	// A scrape can time out on a machine loaded enough (the race detector,
 	// other test binaries); the service is not at fault, so try again, up
@@ -467,6 +484,7 @@ func metric(tb testing.TB, base, name string, match ...string) float64 {
 		}
 	}
 	var sum float64
+	var n int
 	for _, line := range bytes.Split(r.Body, []byte("\n")) {
 		s := string(line)
 		if !strings.HasPrefix(s, name) || (len(s) > len(name) && s[len(name)] != ' ' && s[len(name)] != '{') {
@@ -482,9 +500,10 @@ func metric(tb testing.TB, base, name string, match ...string) float64 {
 		var v float64
 		if _, err := fmt.Sscanf(s[strings.LastIndexByte(s, ' ')+1:], "%g", &v); err == nil {
 			sum += v
+			n++
 		}
 	}
-	return sum
+	return sum, n
 }
 
 // rawMsg adapts a stored message to the jetstream.Msg the tests read.

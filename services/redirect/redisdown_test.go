@@ -145,7 +145,7 @@ func TestGuarantee_RedisFrozenAndNATSDownRequestsAnsweredWithAnErrorAreNeverCoun
 
 	testenv.WaitFor(t, 60*time.Second, "the relay to drop the writes redis stored after the thaw", func() bool {
 		return metric(t, in.URL, "snip_redirect_relay_late_dropped_total") >= 1 &&
-			metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+			metricIs(t, in.URL, "snip_redirect_outbox_depth_total_entries", 0, `lane="clicks"`)
 	})
 	served, errored := l.expectInCLICKSAnyOrder(t, n.JetStream(t))
 	t.Logf("%d clicks served, %d requests answered with an error (none in CLICKS), %v late outbox entries dropped",
@@ -219,7 +219,7 @@ func TestGuarantee_BothStoresFrozenAnswersUnconfirmed(t *testing.T) {
 	// whose connection timed out is closed, and a commit not yet sent is
 	// never sent), so the count of late entries is reported, not required.
 	testenv.WaitFor(t, 60*time.Second, "the relay to drain the outbox after the thaw", func() bool {
-		return metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+		return metricIs(t, in.URL, "snip_redirect_outbox_depth_total_entries", 0, `lane="clicks"`)
 	})
 	late := metric(t, in.URL, "snip_redirect_relay_late_dropped_total")
 	js := nc.JetStream(t)

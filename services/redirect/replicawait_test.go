@@ -107,7 +107,7 @@ func TestGuarantee_ReplicaWaitShortPublishesTheClickOnceAndStillAnswers302(t *te
 	// duplicates, and the outbox empties.
 	testenv.WaitFor(t, 60*time.Second, "the relay to empty the outbox", func() bool {
 		return metric(t, in.URL, "snip_redirect_relay_published_total", `lane="clicks"`) >= float64(served) &&
-			metric(t, in.URL, "snip_redirect_outbox_depth_total_entries", `lane="clicks"`) == 0
+			metricIs(t, in.URL, "snip_redirect_outbox_depth_total_entries", 0, `lane="clicks"`)
 	})
 	js := n.JetStream(t)
 	if _, errored := l.expectInCLICKSAnyOrder(t, js); errored != 0 {
