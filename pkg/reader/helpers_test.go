@@ -172,6 +172,24 @@ func (r *recorder) ownersNow(partitions int) []string {
 	return out
 }
 
+// handledAll reports whether every one of ids was handled.
+func (r *recorder) handledAll(ids []string) bool {
+	return r.handledAny(ids) == len(ids)
+}
+
+// handledAny returns how many of ids were handled at least once.
+func (r *recorder) handledAny(ids []string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if r.seen[id] > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 func (r *recorder) distinct() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
