@@ -99,7 +99,8 @@ func slowScanner() []traffic.Click {
 // every alert ID it raises is one the uninterrupted member raised (a
 // takeover creates no new alert), and every alert the uninterrupted member
 // raised after the takeover it raises too (a takeover loses none, also
-// those that count clicks older than Memory).
+// those that count clicks older than Memory: the slow scanner's alert, after
+// the late takeover of its partition, whose presence the test checks).
 func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 	t.Parallel()
 	clicks := append(traffic.Generate(mixSpec()), slowScanner()...)
@@ -108,11 +109,13 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 	d, _ := fraud.NewDetector(fraud.Defaults())
 	want, wantAlerts := judgeAll(t, d, byPart)
 
-	late := 0
+	late, beyondMemory := 0, 0
 	for part, evs := range byPart {
 		cuts := []int{len(evs) / 3, len(evs) / 2, 2 * len(evs) / 3}
+		lateCut := -1
 		if i := slices.IndexFunc(evs, func(ev reader.Event) bool { return !ev.Click.Time.Before(t0.Add(30 * time.Minute)) }); i > 0 {
 			cuts = append(cuts, i)
+			lateCut = i
 			late++
 		}
 		// The uninterrupted member, its counters stored after every event
@@ -120,17 +123,17 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 		// the alerts it raises from each cut on.
 		stored := map[string]fraud.Count{}
 		snapshots := map[int][]fraud.Count{}
-		alertsFrom := map[int]map[string]bool{}
+		alertsFrom := map[int]map[string]events.FraudAlert{}
 		u := d.NewPartition()
 		for i, ev := range evs {
 			if slices.Contains(cuts, i) {
 				snapshots[i] = slices.Collect(maps.Values(stored))
-				alertsFrom[i] = map[string]bool{}
+				alertsFrom[i] = map[string]events.FraudAlert{}
 			}
 			j, _ := u.Judge(ev)
 			for _, a := range j.Alerts {
 				for _, m := range alertsFrom {
-					m[a.ID] = true
+					m[a.ID] = a
 				}
 			}
 			for _, c := range u.Counts(nil) {
@@ -171,9 +174,12 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 					}
 				}
 			}
-			for id := range alertsFrom[cut] {
+			for id, a := range alertsFrom[cut] {
 				if !gotAlerts[id] {
 					t.Errorf("partition %d cut at %d: alert %s, raised after the cut by the uninterrupted member, is missing", part, resume, id)
+				}
+				if cut == lateCut && a.WindowStart.Before(from) {
+					beyondMemory++
 				}
 			}
 			wantAfter := map[uint64]string{}
@@ -189,6 +195,9 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 	}
 	if late == 0 {
 		t.Fatal("no partition taken over after 30 minutes")
+	}
+	if beyondMemory == 0 {
+		t.Fatal("no alert raised after a takeover 30 minutes in counts clicks from before the rebuilt Memory: nothing checks that such alerts survive a takeover")
 	}
 }
 
