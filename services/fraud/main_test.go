@@ -546,7 +546,14 @@ func TestConfig(t *testing.T) {
 			}
 		})
 	}
-	cfg, _ := loadConfig([]string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:hunter2@r:6379/0", "NATS_URL=nats://u:hunter2@n:4222"}, nil)
+	environ := []string{"NATS_PASSWORD=hunter2", "REDIS_URL=redis://u:hunter2@r:6379/0", "NATS_URL=nats://u:hunter2@n:4222"}
+	cfg, err := loadConfig(environ, nil)
+	if err != nil {
+		t.Fatalf("loadConfig(%v) = %v, want the secrets loaded", environ, err)
+	}
+	if cfg.NATS.Password != "hunter2" || !strings.Contains(cfg.Redis.URL, "hunter2") || !strings.Contains(cfg.NATS.URL, "hunter2") {
+		t.Fatalf("loadConfig(%v) loaded NATS_PASSWORD %q, REDIS_URL %q, NATS_URL %q: want the secrets in, or the masking check below proves nothing", environ, cfg.NATS.Password, cfg.Redis.URL, cfg.NATS.URL)
+	}
 	var b strings.Builder
 	slog.New(slog.NewJSONHandler(&b, nil)).Info("config", "config", cfg)
 	if strings.Contains(b.String(), "hunter2") {
