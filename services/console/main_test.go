@@ -401,10 +401,19 @@ func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
 	parked := seed(t, s)
 	replay := map[string]any{"from_seq": 1, "confirm": "down-reader"}
 	path := s.url + "/api/readers/down-reader/replay"
+	letterPath := func(i int) string {
+		return s.url + "/api/dlq/letters/" + strconv.FormatUint(parked[i], 10) + "/redrive"
+	}
 
 	// No token, a wrong one: refused, nothing requested.
-	if code, _ := do(t, nil, http.MethodPost, path, replay, nil); code != http.StatusUnauthorized {
-		t.Errorf("replay without the token: %d, want 401", code)
+	wrong := map[string]string{"Authorization": "Bearer wrong-token-0123456789"}
+	for name, h := range map[string]map[string]string{"without the token": nil, "with a wrong token": wrong} {
+		if code, _ := do(t, nil, http.MethodPost, path, replay, h); code != http.StatusUnauthorized {
+			t.Errorf("replay %s: %d, want 401", name, code)
+		}
+		if code, _ := do(t, nil, http.MethodPost, letterPath(0), nil, h); code != http.StatusUnauthorized {
+			t.Errorf("redrive %s: %d, want 401", name, code)
+		}
 	}
 	var st struct{ ID string }
 	getJSON(t, s, "/api/readers/down-reader/replay", &st)
@@ -454,9 +463,6 @@ func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
 	}
 	sameOrigin := map[string]string{"Origin": s.url, "Sec-Fetch-Site": "same-origin"}
 	crossSite := map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
-	letterPath := func(i int) string {
-		return s.url + "/api/dlq/letters/" + strconv.FormatUint(parked[i], 10) + "/redrive"
-	}
 
 	if code, _ := do(t, browser, http.MethodPost, letterPath(0), nil, crossSite); code != http.StatusForbidden {
 		t.Errorf("cross-origin redrive with the session cookie: %d, want 403", code)
