@@ -106,7 +106,10 @@ func TestRebuildJudgesLikeAnUninterruptedMember(t *testing.T) {
 	clicks := append(traffic.Generate(mixSpec()), slowScanner()...)
 	slices.SortStableFunc(clicks, func(a, b traffic.Click) int { return a.Time.Compare(b.Time) })
 	byPart, _ := traffic.Events(clicks, 8)
-	d, _ := fraud.NewDetector(fraud.Defaults())
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
 	want, wantAlerts := judgeAll(t, d, byPart)
 
 	late, beyondMemory := 0, 0
