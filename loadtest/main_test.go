@@ -460,8 +460,9 @@ func TestEventsRunPassesTheOracleWithTheWebhooksService(t *testing.T) {
 }
 
 // trickle publishes clicks on another link of the run's owner, as `make
-// demo` does, until the test ends: the readers are never idle.
-func trickle(t *testing.T, natsURL string, every time.Duration) {
+// demo` does, until the test ends: the readers are never idle. It returns
+// the count of clicks stored so far, for the test to check that they flowed.
+func trickle(t *testing.T, natsURL string, every time.Duration) *trickled {
 	t.Helper()
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -473,6 +474,7 @@ func trickle(t *testing.T, natsURL string, every time.Duration) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	tr := &trickled{}
 	go func() {
 		defer close(done)
 		tick := time.NewTicker(every)
@@ -491,11 +493,48 @@ func trickle(t *testing.T, natsURL string, every time.Duration) {
 			msg.Data = data
 			msg.Header.Set(events.HeaderMsgID, c.ID)
 			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-			_, _ = js.PublishMsg(pctx, msg)
+			_, err := js.PublishMsg(pctx, msg)
 			pcancel()
+			tr.note(err)
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	return tr
+}
+
+// trickled counts the trickle's stored clicks and keeps its last publish
+// error.
+type trickled struct {
+	mu      sync.Mutex
+	stored  int
+	lastErr error
+}
+
+func (tr *trickled) note(err error) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if err != nil {
+		tr.lastErr = err
+		return
+	}
+	tr.stored++
+}
+
+// during runs fn and fails t unless at least `least` of the trickle's clicks
+// were stored meanwhile: a trickle whose publishes fail leaves the readers
+// idle, and a test of a run next to other traffic would pass without any.
+func (tr *trickled) during(t *testing.T, least int, fn func()) {
+	t.Helper()
+	tr.mu.Lock()
+	before := tr.stored
+	tr.mu.Unlock()
+	fn()
+	tr.mu.Lock()
+	n, err := tr.stored-before, tr.lastErr
+	tr.mu.Unlock()
+	if n < least {
+		t.Errorf("the other traffic stored %d clicks during the run, want at least %d (last publish error: %v)", n, least, err)
+	}
 }
 
 // Next to `make demo` other clicks keep flowing and the warehouse batches
@@ -505,8 +544,11 @@ func trickle(t *testing.T, natsURL string, every time.Duration) {
 func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
 	t.Parallel()
 	s := startSystemWith(t, systemOptions{loaderLinger: time.Second})
-	trickle(t, s.natsURL, 20*time.Millisecond)
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "60s")...)
+	other := trickle(t, s.natsURL, 20*time.Millisecond)
+	var out string
+	var err error
+	// 50/s for the 2 s of load and the verification: 20 is far below.
+	other.during(t, 20, func() { out, err = loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "60s")...) })
 	if err != nil {
 		t.Fatalf("loadtest events with other traffic flowing: %v\n%s", err, out)
 	}
@@ -524,8 +566,11 @@ func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
 func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
 	t.Parallel()
 	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, loaderStuck: true})
-	trickle(t, s.natsURL, 50*time.Millisecond)
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "8s")...)
+	other := trickle(t, s.natsURL, 50*time.Millisecond)
+	var out string
+	var err error
+	// 20/s for the 2 s of load and the 8 s deadline: 20 is far below.
+	other.during(t, 20, func() { out, err = loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "8s")...) })
 	if !errors.Is(err, errVerifyFailed) {
 		t.Fatalf("loadtest events with a stuck warehouse: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
