@@ -217,6 +217,22 @@ type loader struct {
 const clicksDDL = `CREATE TABLE clicks (event_id UUID, ts DateTime('UTC'), owner String, code String, bot UInt8)
 ENGINE = ReplacingMergeTree PARTITION BY toDate(ts) ORDER BY (owner, code, ts, event_id)`
 
+// createClicksUnmerged creates the stand-in's `clicks` table with its
+// merges stopped, for a short run: ReplacingMergeTree would merge most
+// copies away within seconds, and the oracle's distinct counts would meet
+// only those a merge had not reached yet. Every insert is a part, so the
+// part limits are raised past what a run of seconds makes (a long run
+// keeps its merges).
+func createClicksUnmerged(t *testing.T, conn driver.Conn) {
+	t.Helper()
+	if err := conn.Exec(t.Context(), clicksDDL+` SETTINGS parts_to_delay_insert = 100000, parts_to_throw_insert = 100000`); err != nil {
+		t.Fatalf("create clicks: %v", err)
+	}
+	if err := conn.Exec(t.Context(), "SYSTEM STOP MERGES clicks"); err != nil {
+		t.Fatalf("stop the merges of clicks: %v", err)
+	}
+}
+
 func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error {
 	if l.stuck {
 		for _, e := range batch {
@@ -292,9 +308,7 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 		t.Fatalf("topology: %v", err)
 	}
 	conn, db := servers.ClickHouse.NewDB(t)
-	if err := conn.Exec(t.Context(), clicksDDL); err != nil {
-		t.Fatalf("create clicks: %v", err)
-	}
+	createClicksUnmerged(t, conn)
 	ta := newTally(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -392,6 +406,11 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 	}
 	if r := row(t, out, "clicks log (CLICKS)"); r[0] != "600" || r[1] != "600" {
 		t.Errorf("log row %v: want 600 expected and got (300/s for 2s)", r)
+	}
+	// The stand-in loader wrote every click twice: the oracle counted
+	// events, not rows.
+	if !regexp.MustCompile(`(?m)^warehouse event IDs +600 +600 .*PASS .* 1200 rows for 600 distinct IDs`).MatchString(out) {
+		t.Errorf("want the warehouse row to pass 600 distinct IDs in 1200 rows:\n%s", out)
 	}
 	for _, f := range []string{"truth.json", "report.json", "report.html"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
