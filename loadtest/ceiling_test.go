@@ -39,8 +39,13 @@ func TestCeilingPublishesAndEveryConsumerReceivesEverything(t *testing.T) {
 		t.Errorf("no ceiling rate in the output:\n%s", out)
 	}
 	js := ns.JetStream(t)
-	for name := range js.StreamNames(t.Context()).Name() {
+	names := js.StreamNames(t.Context())
+	for name := range names.Name() {
 		t.Errorf("stream %s left after the run", name)
+	}
+	// A listing that failed lists nothing either.
+	if err := names.Err(); err != nil {
+		t.Errorf("list the streams left after the run: %v", err)
 	}
 }
 
