@@ -655,18 +655,24 @@ func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
 	}
 }
 
-// A counter that counts one click under another country than it was sent
-// with has every total right: only the counts by country show it.
-func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T) {
-	t.Parallel()
+// firstRunClick returns a selector that is true for the first click of the
+// run it is asked about (a code starting "lt-"), and false ever after.
+func firstRunClick() func(events.Click) bool {
 	var once sync.Once
-	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, misfile: func(c events.Click) bool {
+	return func(c events.Click) bool {
 		wrong := false
 		if strings.HasPrefix(c.Code, "lt-") {
 			once.Do(func() { wrong = true })
 		}
 		return wrong
-	}})
+	}
+}
+
+// A counter that counts one click under another country than it was sent
+// with has every total right: only the counts by country show it.
+func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T) {
+	t.Parallel()
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, misfile: firstRunClick()})
 	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
 	if !errors.Is(err, errVerifyFailed) {
 		t.Fatalf("loadtest events with a counter that misfiles a click: err %v, want %v\n%s", err, errVerifyFailed, out)
@@ -687,14 +693,7 @@ func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T)
 // when the hour before is the day before (a run just after midnight UTC).
 func TestOracleFailsWhenTheCounterCountsAClickInTheWrongHour(t *testing.T) {
 	t.Parallel()
-	var once sync.Once
-	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, earlier: func(c events.Click) bool {
-		wrong := false
-		if strings.HasPrefix(c.Code, "lt-") {
-			once.Do(func() { wrong = true })
-		}
-		return wrong
-	}})
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, earlier: firstRunClick()})
 	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
 	if !errors.Is(err, errVerifyFailed) {
 		t.Fatalf("loadtest events with a counter that counts a click in the wrong hour: err %v, want %v\n%s", err, errVerifyFailed, out)

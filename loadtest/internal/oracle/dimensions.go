@@ -41,19 +41,8 @@ func referrerDim(referrer string) string {
 	return h
 }
 
-// add counts one click, bot or human, under name.
-func add(m map[string]Pair, name string, bot bool) {
-	p := m[name]
-	if bot {
-		p.Bot++
-	} else {
-		p.Human++
-	}
-	m[name] = p
-}
-
-// addAt counts one click, bot or human, in hour or day k.
-func addAt(m map[int64]Pair, k int64, bot bool) {
+// add counts one click, bot or human, under k: a name, an hour or a day.
+func add[K comparable](m map[K]Pair, k K, bot bool) {
 	p := m[k]
 	if bot {
 		p.Bot++

@@ -395,8 +395,8 @@ func (s *state) expectedLinks() map[string]linkTotals {
 			add(t.countries, countryDim(v.Country), bot)
 			add(t.referrers, referrerDim(v.Referrer), bot)
 			h := s.clickHour(sl)
-			addAt(t.hours, h, bot)
-			addAt(t.days, dayOfHour(h), bot)
+			add(t.hours, h, bot)
+			add(t.days, dayOfHour(h), bot)
 		}
 		out[code] = t
 	})
