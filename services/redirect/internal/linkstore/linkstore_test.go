@@ -259,11 +259,22 @@ func TestCreateRefusesWhenOutboxFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	before := map[string]int{}
+	for _, lane := range outbox.Lanes {
+		before[lane.Name] = len(outboxEntries(t, s, rdb, lane))
+	}
 	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "three"); !errors.Is(err, outbox.ErrFull) {
 		t.Fatalf("Create on a full outbox: %v, want ErrFull", err)
 	}
 	if n := rdb.Exists(t.Context(), s.layout.LinkKey("three")).Val(); n != 0 {
 		t.Fatal("link stored although the outbox was full")
+	}
+	// Nothing of the refused link in any lane either: its event and its
+	// preview job go with it or not at all.
+	for _, lane := range outbox.Lanes {
+		if n := len(outboxEntries(t, s, rdb, lane)); n != before[lane.Name] {
+			t.Errorf("%s lane holds %d entries after the refused create, %d before", lane.Name, n, before[lane.Name])
+		}
 	}
 }
 
