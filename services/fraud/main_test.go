@@ -155,8 +155,24 @@ func caughtUp(t *testing.T, js jetstream.JetStream) bool {
 	if err != nil || len(lag) != partitions {
 		return false
 	}
+	stream, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		return false
+	}
 	for _, l := range lag {
 		if l.Pending != 0 || l.AckPending != 0 {
+			return false
+		}
+		// The server counts a message into a consumer's pending a moment
+		// after its PubAck: the ack floor must also have reached the
+		// partition's last message, or a poll just after a publish reads
+		// "caught up" before the group has seen it.
+		last, err := stream.GetLastMsgForSubject(t.Context(), events.PartitionFilter(l.Partition))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound): // nothing in this partition
+		case err != nil:
+			return false
+		case l.AckFloor < last.Sequence:
 			return false
 		}
 	}
