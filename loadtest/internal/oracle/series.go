@@ -44,9 +44,7 @@ func (s *state) hourOffset(t time.Time) int16 {
 	// it was stored, far inside the 3.7 years an int16 of hours spans; a
 	// time beyond is kept at the edge, where no series reaches.
 	off := int16(min(max(h-s.baseHour, math.MinInt16), math.MaxInt16))
-	if !s.minSet || off < s.minHour {
-		s.minHour, s.minSet = off, true
-	}
+	s.minHour = min(s.minHour, off) // 0 for the first click: its own offset
 	return off
 }
 
@@ -100,7 +98,7 @@ func (s *state) addVisitor(link int, day int64, visitor string) {
 // clock has just passed an hour the oracle's has not), as far as the stats
 // API goes.
 func (s *state) span(now time.Time) Span {
-	if !s.minSet {
+	if !s.hoursSet {
 		return Span{Hours: 1, Days: 1}
 	}
 	first := s.baseHour + int64(s.minHour)

@@ -80,12 +80,12 @@ type state struct {
 	// webhooks are checked (8 bytes per click).
 	logSeq []uint64
 
-	// baseHour is the hour (from the Unix epoch) of the first click read:
-	// each slot's hour is an offset from it. minHour is the earliest
-	// offset of a click the log holds (minSet once there is one).
-	baseHour         int64
-	hoursSet, minSet bool
-	minHour          int16
+	// baseHour is the hour (from the Unix epoch) of the first click read
+	// (hoursSet once there is one): each slot's hour is an offset from it.
+	// minHour is the earliest offset of a click the log holds.
+	baseHour int64
+	hoursSet bool
+	minHour  int16
 
 	// visitors holds a hash of each distinct (link, day, visitor) of the
 	// clicks the redirect did not label bots, and uniques their number by
