@@ -299,7 +299,6 @@ const stuckCode = "lt-"
 
 func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	t.Helper()
-	loaderLinger := o.loaderLinger
 	n := testenv.StartNATS(t)
 	js := n.JetStream(t)
 	opts := topology.Defaults()
@@ -318,7 +317,7 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	} {
 		linger := 20 * time.Millisecond
 		if group == topology.GroupWarehouseLoader {
-			linger = loaderLinger
+			linger = o.loaderLinger
 		}
 		wg.Go(func() {
 			cfg := reader.Config{Group: group, Linger: linger, Start: reader.StartAtOldest()}

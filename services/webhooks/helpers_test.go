@@ -282,9 +282,13 @@ func (rc *receiver) got() []receipt {
 }
 
 // eventIDs counts each event ID received.
-func (rc *receiver) eventIDs() map[string]int {
+func (rc *receiver) eventIDs() map[string]int { return rc.eventIDsFrom(0) }
+
+// eventIDsFrom counts the event IDs of the requests received from the
+// from-th on.
+func (rc *receiver) eventIDsFrom(from int) map[string]int {
 	out := map[string]int{}
-	for _, r := range rc.got() {
+	for _, r := range rc.got()[from:] {
 		for _, e := range r.events {
 			out[e.ID]++
 		}
@@ -301,8 +305,15 @@ func (rc *receiver) counts() (requests, unverified int) {
 // waitAll waits until every click's ID was received.
 func (rc *receiver) waitAll(tb testing.TB, what string, clicks []events.Click, timeout time.Duration) {
 	tb.Helper()
+	rc.waitAllFrom(tb, what, 0, clicks, timeout)
+}
+
+// waitAllFrom waits until every click's ID was received in the requests
+// from the from-th on.
+func (rc *receiver) waitAllFrom(tb testing.TB, what string, from int, clicks []events.Click, timeout time.Duration) {
+	tb.Helper()
 	testenv.WaitFor(tb, timeout, what, func() bool {
-		ids := rc.eventIDs()
+		ids := rc.eventIDsFrom(from)
 		for _, c := range clicks {
 			if ids[c.ID] == 0 {
 				return false

@@ -207,20 +207,7 @@ func TestReplayKeepsWhatIntakeQueuedAfterItsCut(t *testing.T) {
 	// what it receives after the resume counts.
 	n0 := len(rc.got())
 	api(t, svc.addr, acmeKey, http.MethodPost, base+"/resume", nil, nil)
-	testenv.WaitFor(t, 30*time.Second, "the replayed clicks and the one queued after the cut", func() bool {
-		got := map[string]bool{}
-		for _, r := range rc.got()[n0:] {
-			for _, e := range r.events {
-				got[e.ID] = true
-			}
-		}
-		for _, c := range append(since, late) {
-			if !got[c.ID] {
-				return false
-			}
-		}
-		return true
-	})
+	rc.waitAllFrom(t, "the replayed clicks and the one queued after the cut", n0, append(since, late), 30*time.Second)
 }
 
 // hosts resolves names from a table the test changes (DNS that answers
