@@ -144,17 +144,29 @@ func badRequest(code, format string, args ...any) error {
 // handleError is the service's one error handler: pkg/webserver's, which
 // writes the envelope every Snip API shares ({"error": {"code", "message"}})
 // from errorTable, plus the count of requests no route matched (no route
-// middleware counted them).
+// middleware counted them), under route "unmatched" and methodLabel.
 func (a *API) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
 	if c.Path() == "" {
 		defer func() {
-			a.requests.WithLabelValues("unmatched", c.Request().Method, statusText(c.Response().Status)).Inc()
+			a.requests.WithLabelValues("unmatched", methodLabel(c.Request().Method), statusText(c.Response().Status)).Inc()
 		}()
 	}
 	a.onError(err, c)
+}
+
+// methodLabel is a request's method as a metric label: one of the methods
+// HTTP defines, or "other". A client may send any token as its method, and
+// a label per token would grow the counter (and /metrics) without bound.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "other"
 }
 
 // errorTable is the service's table from its errors to statuses, codes and
