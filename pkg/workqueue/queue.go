@@ -258,12 +258,18 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 }
 
 // reserve waits for a free slot and takes every other free one; it returns
-// how many it took, 0 if ctx ended first.
+// how many it took, 0 if ctx ended first. A select whose cases are both
+// ready picks one at random, so a slot taken while ctx had ended is given
+// back: once the stop began, no pull is sent.
 func (q *Queue) reserve(ctx context.Context) int {
 	select {
 	case <-ctx.Done():
 		return 0
 	case q.slots <- struct{}{}:
+	}
+	if ctx.Err() != nil {
+		q.release()
+		return 0
 	}
 	n := 1
 	for n < cap(q.slots) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -771,5 +772,60 @@ func TestLastTryHandedBackAtShutdownIsRunAgain(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "queue empty", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
 	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
+	}
+}
+
+// A stop asks for no more jobs: once the pull outstanding when the stop
+// began has ended, no other is sent (README: "stop asking for jobs, let the
+// outstanding pull request end"). The pull loop waits for a free slot and
+// for the stop together; were both being ready a coin toss, about every
+// second stop would send one pull more (and take a job it brings). Each of
+// 16 stops, on servers of their own, counts the pull requests the server
+// got: one, the outstanding pull.
+func TestStopSendsNoPullAfterTheOutstandingOne(t *testing.T) {
+	t.Parallel()
+	for i := range 16 {
+		t.Run(fmt.Sprint("stop_", i), func(t *testing.T) {
+			t.Parallel()
+			n := testenv.StartNATS(t)
+			js := setupOn(t, n, testBackOff, jetstream.MemoryStorage)
+			// Every pull request of the workers' consumer, as the server
+			// receives it (a plain subscriber on the API subject gets a copy).
+			var pulls atomic.Int64
+			watcher := n.Connect(t)
+			sub, err := watcher.Subscribe("$JS.API.CONSUMER.MSG.NEXT."+events.PreviewJobsStream+"."+topology.PreviewConsumer,
+				func(*nats.Msg) { pulls.Add(1) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := watcher.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t)
+			cfg.Concurrency = 1
+			cfg.PullWait = time.Second // the stop comes well within the first pull
+			q := New(js, cfg, func(context.Context, []byte) error { return nil }, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- q.Run(ctx) }()
+			testenv.WaitFor(t, 10*time.Second, "the first pull request", func() bool { return pulls.Load() >= 1 })
+			cancel() // while that pull is outstanding (it waits a second)
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return 30s after cancel")
+			}
+			if err := watcher.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			_ = sub.Unsubscribe()
+			if got := pulls.Load(); got != 1 {
+				t.Fatalf("the server got %d pull requests; want 1, the one outstanding at the stop", got)
+			}
+		})
 	}
 }
