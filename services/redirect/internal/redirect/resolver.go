@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -26,6 +27,10 @@ type Resolver struct {
 	cache   *otter.Cache[string, link.Link]
 	timeout time.Duration
 	m       *Metrics
+	// invalidations counts Invalidate calls. A cache miss that saw it
+	// change while it read the store drops what it cached: the link it read
+	// may be one the invalidation was for (deleted after the read).
+	invalidations atomic.Uint64
 }
 
 // NewResolver returns a resolver whose cache holds at most size links, each
@@ -46,12 +51,20 @@ func (r *Resolver) Close() { r.cache.StopAllGoroutines() }
 // Resolve returns the live link with code, or ErrNotFound. Unknown codes are
 // not cached (a link created a moment later must work at once); Redis
 // answers a miss in one round trip.
+//
+// A link deleted while a miss read it (Invalidate called meanwhile) is not
+// left in the cache by that miss: it was read before the delete, and cached
+// after the invalidation it would redirect for the cache's TTL. The miss
+// caches the link, then drops it again if an invalidation came since it
+// began; Invalidate counts before it drops, so either the miss sees the
+// count change or the invalidation comes after the miss cached the link.
 func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) {
 	if l, ok := r.cache.GetIfPresent(code); ok {
 		r.m.CacheHits.Inc()
 		return l, nil
 	}
 	r.m.CacheMisses.Inc()
+	gen := r.invalidations.Load()
 	l, err := r.get(ctx, code)
 	if errors.Is(err, linkstore.ErrNotFound) {
 		return link.Link{}, fmt.Errorf("resolve %q: %w", code, ErrNotFound)
@@ -60,6 +73,9 @@ func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) 
 		return link.Link{}, fmt.Errorf("resolve %q: %w", code, err)
 	}
 	r.cache.Set(code, l)
+	if r.invalidations.Load() != gen {
+		r.cache.Invalidate(code)
+	}
 	return l, nil
 }
 
@@ -90,8 +106,10 @@ func (r *Resolver) get(ctx context.Context, code string) (link.Link, error) {
 	}
 }
 
-// Invalidate drops code from the cache.
+// Invalidate drops code from the cache, also when a cache miss reading it
+// from the store at the moment would cache it later (Resolve).
 func (r *Resolver) Invalidate(code string) {
+	r.invalidations.Add(1)
 	if _, ok := r.cache.Invalidate(code); ok {
 		r.m.CacheInvalidations.Inc()
 	}
