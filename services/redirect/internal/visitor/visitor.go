@@ -10,6 +10,16 @@
 // be linked to today's, and once a salt is gone no identity made with it can
 // be recomputed from an address, even by us. Nothing derives the salt from a
 // fixed secret.
+//
+// A click cannot be recorded without its day's salt, so the salt is never
+// fetched at the moment it is first needed if that can be helped: in the
+// last hour of a UTC day (SaltAhead) the first click starts fetching the
+// next day's salt in the background, and at midnight every instance already
+// holds it. Redis down or frozen across midnight then costs no click. Only an
+// instance that could not reach Redis during that whole hour (or started
+// after midnight with Redis away) needs Redis for its first click of a day;
+// one fetch at a time goes to Redis, and every click waiting for it waits at
+// most for that one fetch or its own context, not for a queue of them.
 package visitor
 
 import (
@@ -37,12 +47,40 @@ const SaltTTL = 48 * time.Hour
 // SaltKey is the Redis key of the salt of a UTC day.
 func SaltKey(day time.Time) string { return "snip:visitor:salt:" + day.UTC().Format(time.DateOnly) }
 
+// SaltAhead is how long before a UTC day begins its salt is fetched.
+const SaltAhead = time.Hour
+
 // Identifier computes visitor identities with the daily salt.
 type Identifier struct {
 	rdb redis.UniversalClient
 	cur atomic.Pointer[daySalt]
-	mu  sync.Mutex // serialises salt fetches
+	// next is the following day's salt once fetched ahead (SaltAhead).
+	next atomic.Pointer[daySalt]
+	// ahead is true while a fetch of the next day's salt runs; aheadDay is
+	// the last day whose ahead fetch began, nextTry when another may begin
+	// after one failed (Unix seconds of the clicks' clock).
+	ahead    atomic.Bool
+	nextTry  atomic.Int64
+	aheadDay atomic.Int64
+
+	mu       sync.Mutex // guards inflight
+	inflight *saltFetch // the fetch of the current day's salt under way, if any
 }
+
+// saltFetch is one fetch of a day's salt; done closes when ds or err is set.
+type saltFetch struct {
+	day  int64
+	done chan struct{}
+	ds   *daySalt
+	err  error
+}
+
+// saltTimeout bounds one salt fetch (SET NX and GET) when the caller's
+// context does not: clicks wait for at most one such fetch.
+const saltTimeout = 5 * time.Second
+
+// aheadRetry is how long after a failed ahead fetch the next may begin.
+const aheadRetry = time.Minute
 
 type daySalt struct {
 	day  int64     // Unix day number
@@ -63,13 +101,17 @@ func NewIdentifier(rdb redis.UniversalClient) *Identifier { return &Identifier{r
 // AppendID appends the 32 hex characters of the visitor identity of (ip, ua)
 // at time now to dst.
 func (id *Identifier) AppendID(ctx context.Context, dst []byte, now time.Time, ip netip.Addr, ua string) ([]byte, error) {
-	day := now.Unix() / 86400
+	sec := now.Unix()
+	day := sec / 86400
 	ds := id.cur.Load()
 	if ds == nil || ds.day != day {
 		var err error
 		if ds, err = id.salt(ctx, day); err != nil {
 			return dst, err
 		}
+	}
+	if sec%86400 >= 86400-int64(SaltAhead/time.Second) {
+		id.fetchAhead(day+1, sec)
 	}
 	hs := ds.pool.Get().(*hasher)
 	a := ip.As16()
@@ -82,12 +124,93 @@ func (id *Identifier) AppendID(ctx context.Context, dst []byte, now time.Time, i
 	return dst, nil
 }
 
+// salt returns the salt of day: the next day's fetched ahead, or one fetch
+// from Redis shared by every caller that needs it meanwhile. A caller waits
+// for that fetch or for its own ctx, whichever ends first.
 func (id *Identifier) salt(ctx context.Context, day int64) (*daySalt, error) {
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	if ds := id.cur.Load(); ds != nil && ds.day == day {
+	if ds := id.next.Load(); ds != nil && ds.day == day {
+		id.promote(ds)
 		return ds, nil
 	}
+	id.mu.Lock()
+	if ds := id.cur.Load(); ds != nil && ds.day == day {
+		id.mu.Unlock()
+		return ds, nil
+	}
+	f := id.inflight
+	if f == nil || f.day != day {
+		f = &saltFetch{day: day, done: make(chan struct{})}
+		id.inflight = f
+		go id.fetch(f)
+	}
+	id.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.ds, f.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("visitor salt: %w", ctx.Err())
+	}
+}
+
+// fetch runs f: the day's salt from Redis, made the current one on
+// success. A failed fetch is forgotten, so the next click tries again.
+func (id *Identifier) fetch(f *saltFetch) {
+	ctx, cancel := context.WithTimeout(context.Background(), saltTimeout)
+	defer cancel()
+	f.ds, f.err = id.load(ctx, f.day)
+	id.mu.Lock()
+	if f.err == nil {
+		id.promote(f.ds)
+	}
+	if id.inflight == f {
+		id.inflight = nil
+	}
+	id.mu.Unlock()
+	close(f.done)
+}
+
+// promote makes ds the current salt unless a later day's is. (A click
+// stamped just before midnight may come after one stamped just after: it
+// gets its own day's salt but does not make it current again.)
+func (id *Identifier) promote(ds *daySalt) {
+	for {
+		cur := id.cur.Load()
+		if cur != nil && cur.day >= ds.day {
+			return
+		}
+		if id.cur.CompareAndSwap(cur, ds) {
+			return
+		}
+	}
+}
+
+// fetchAhead starts fetching the salt of day (the next one) in the
+// background unless it is held or being fetched, or a fetch of it failed
+// less than aheadRetry ago (sec is the clicks' clock, Unix seconds).
+func (id *Identifier) fetchAhead(day, sec int64) {
+	if ds := id.next.Load(); ds != nil && ds.day == day {
+		return
+	}
+	if id.aheadDay.Load() == day && sec < id.nextTry.Load() {
+		return
+	}
+	if !id.ahead.CompareAndSwap(false, true) {
+		return
+	}
+	id.aheadDay.Store(day)
+	id.nextTry.Store(sec + int64(aheadRetry/time.Second))
+	go func() {
+		defer id.ahead.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), saltTimeout)
+		defer cancel()
+		if ds, err := id.load(ctx, day); err == nil {
+			id.next.Store(ds)
+		}
+	}()
+}
+
+// load reads the salt of day from Redis, creating it if no instance has.
+func (id *Identifier) load(ctx context.Context, day int64) (*daySalt, error) {
 	key := SaltKey(time.Unix(day*86400, 0))
 	var fresh [32]byte
 	_, _ = rand.Read(fresh[:])
@@ -106,7 +229,6 @@ func (id *Identifier) salt(ctx context.Context, day int64) (*daySalt, error) {
 	}
 	ds := &daySalt{day: day}
 	ds.pool.New = func() any { return &hasher{h: hmac.New(sha256.New, key2), buf: make([]byte, 0, 256)} }
-	id.cur.Store(ds)
 	return ds, nil
 }
 

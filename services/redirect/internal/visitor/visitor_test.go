@@ -1,11 +1,14 @@
 package visitor_test
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/redirect/internal/visitor"
@@ -139,6 +142,93 @@ func TestVisitorIdentityRotatesDailyAndIsShared(t *testing.T) {
 	if ttl <= 24*time.Hour || ttl > 48*time.Hour {
 		t.Fatalf("salt TTL %s, want (24h, 48h]", ttl)
 	}
+}
+
+// TestNextDaysSaltIsFetchedAheadSoMidnightNeedsNoRedis: a click in the last
+// hour of a UTC day makes the identifier fetch the next day's salt, so the
+// first click after midnight gets its identity with Redis stopped, and the
+// same identity another instance gets from the salt in Redis.
+func TestNextDaysSaltIsFetchedAheadSoMidnightNeedsNoRedis(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	a := visitor.NewIdentifier(rdb)
+	ip := netip.MustParseAddr("203.0.113.7")
+	evening := time.Date(2026, 11, 30, 23, 10, 0, 0, time.UTC)
+	midnight := evening.Truncate(24 * time.Hour).Add(24 * time.Hour)
+
+	if _, err := a.AppendID(t.Context(), nil, evening.Add(-visitor.SaltAhead), ip, "UA"); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.AheadDay(); !got.IsZero() {
+		t.Fatalf("a click before the last hour fetched the salt of %s ahead; want none yet", got)
+	}
+	if _, err := a.AppendID(t.Context(), nil, evening, ip, "UA"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the next day's salt fetched ahead", func() bool { return a.AheadDay().Equal(midnight) })
+	want, err := visitor.NewIdentifier(rdb).AppendID(t.Context(), nil, midnight.Add(time.Second), ip, "UA")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	got, err := a.AppendID(ctx, nil, midnight.Add(time.Second), ip, "UA")
+	if err != nil {
+		t.Fatalf("first click after midnight with Redis stopped: %v; want the identity from the salt fetched ahead", err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("identity after midnight %s; another instance got %s from the salt in Redis", got, want)
+	}
+}
+
+// TestClicksWaitForOneSaltFetchNotAQueueOfThem: with Redis frozen, clicks
+// that need a salt the identifier does not hold each wait for the one fetch
+// under way or their own context, whichever ends first. (They used to take
+// turns, each waiting for every earlier one's Redis timeout.)
+func TestClicksWaitForOneSaltFetchNotAQueueOfThem(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	// A long read timeout, so a fetch that waits for Redis outlasts the
+	// clicks' contexts by far.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 20 * time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	id := visitor.NewIdentifier(rdb)
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+
+	const clicks, wait = 8, 200 * time.Millisecond
+	took := make(chan time.Duration, clicks)
+	for range clicks {
+		go func() {
+			ctx, cancel := context.WithTimeout(t.Context(), wait)
+			defer cancel()
+			start := time.Now()
+			if _, err := id.AppendID(ctx, nil, time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), netip.MustParseAddr("203.0.113.7"), "UA"); err == nil {
+				t.Error("a click got an identity with Redis frozen and no salt held")
+			}
+			took <- time.Since(start)
+		}()
+	}
+	for range clicks {
+		// Far above the context's 200 ms for a loaded machine, far below
+		// the 20 s a click waiting for another's fetch to time out takes.
+		if d := <-took; d > 5*time.Second {
+			t.Fatalf("a click waited %s for the salt with a context of %s", d, wait)
+		}
+	}
+
+	srv.Resume()
+	testenv.WaitFor(t, 30*time.Second, "an identity once Redis is back", func() bool {
+		_, err := id.AppendID(t.Context(), nil, time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC), netip.MustParseAddr("203.0.113.7"), "UA")
+		return err == nil
+	})
 }
 
 // BenchmarkIsBot compares the answer from the memo (a user agent seen
