@@ -14,6 +14,7 @@ package series
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -64,6 +65,13 @@ type Meter struct {
 	seconds        []Second
 	lag            map[string]uint64
 	peakLag        map[string]uint64
+
+	// offered is the load the schedule offered so far, unrounded, and
+	// offeredTicked the sum of the seconds' Offered: each second gets
+	// what brings the sum to offered rounded, so the seconds add up to
+	// the run's offered load however their lengths round.
+	offered       float64
+	offeredTicked uint64
 
 	probeSent []time.Time
 	visible   map[string][]time.Time
@@ -119,8 +127,10 @@ func (m *Meter) SetLag(lag map[string]uint64) {
 	}
 }
 
-// Tick closes the second ending at now and returns it. offered says
-// whether the schedule offered load in it.
+// Tick closes the second ending at now and returns it. phase is PhaseLoad
+// while the schedule offers load (only then is Offered set: rate times the
+// time since the last tick, rounded so that the seconds' Offered sum to the
+// rate times the load's time) and PhaseDrain after.
 func (m *Meter) Tick(now time.Time, phase string) Second {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -135,7 +145,9 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 		Lag:  maps.Clone(m.lag),
 	}
 	if phase == PhaseLoad {
-		s.Offered = uint64(m.rate*now.Sub(m.last).Seconds() + 0.5)
+		m.offered += m.rate * max(0, now.Sub(m.last).Seconds())
+		s.Offered = uint64(m.offered+0.5) - m.offeredTicked
+		m.offeredTicked += s.Offered
 	}
 	m.last = now
 	m.sent, m.ok, m.errs = 0, 0, 0
@@ -232,7 +244,11 @@ func summarise(probes int, lat []float64) Latency {
 		return l
 	}
 	sort.Float64s(lat)
-	q := func(p float64) float64 { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	// Nearest rank, as HDR's percentiles: p of n is the ceil(p*n)-th
+	// smallest (the small margin keeps 0.99*100 from rounding up to 100).
+	q := func(p float64) float64 {
+		return lat[min(len(lat)-1, max(0, int(math.Ceil(p*float64(len(lat))-1e-9))-1))]
+	}
 	l.P50, l.P99, l.Max = q(0.5), q(0.99), lat[len(lat)-1]
 	return l
 }

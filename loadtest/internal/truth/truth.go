@@ -141,14 +141,45 @@ func (t *Truth) Validate() error {
 		return fmt.Errorf("mode %q: %w", t.Mode, ErrBadTruth)
 	case t.Owner == "":
 		return fmt.Errorf("no owner: %w", ErrBadTruth)
-	case !slices.IsSorted(t.Refused) || !slices.IsSorted(t.Uncertain):
-		return fmt.Errorf("exception lists are not sorted: %w", ErrBadTruth)
+	}
+	if err := t.validExceptions(); err != nil {
+		return err
 	}
 	if _, err := t.RunTag(); err != nil {
 		return err
 	}
 	if err := t.Spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadTruth, err)
+	}
+	return nil
+}
+
+// validExceptions checks that each exception list is sorted, names each
+// click once, only clicks below Attempts, and none in both lists: SentCount
+// subtracts their lengths from Attempts, so a click listed twice, or one
+// never attempted, would make the oracle wait for a click that is not
+// coming and report a missing count wrapped around below zero.
+func (t *Truth) validExceptions() error {
+	for _, l := range []struct {
+		name string
+		seqs []uint64
+	}{{"refused", t.Refused}, {"uncertain", t.Uncertain}} {
+		if !slices.IsSorted(l.seqs) {
+			return fmt.Errorf("%s list is not sorted: %w", l.name, ErrBadTruth)
+		}
+		for i, seq := range l.seqs {
+			if i > 0 && l.seqs[i-1] == seq {
+				return fmt.Errorf("%s click %d listed twice: %w", l.name, seq, ErrBadTruth)
+			}
+			if seq >= t.Attempts {
+				return fmt.Errorf("%s click %d beyond the %d attempts: %w", l.name, seq, t.Attempts, ErrBadTruth)
+			}
+		}
+	}
+	for _, seq := range t.Refused {
+		if contains(t.Uncertain, seq) {
+			return fmt.Errorf("click %d both refused and uncertain: %w", seq, ErrBadTruth)
+		}
 	}
 	return nil
 }
