@@ -1,7 +1,10 @@
 // Package visitor turns a request into the anonymised visitor fields of a
 // click: the network prefix of the client address, a visitor identity that
-// cannot be turned back into an address, the bot label, the country from a
-// trusted edge header, and bounded user agent and referrer.
+// cannot be turned back into an address, the bot label, the country from an
+// edge header, and bounded user agent and referrer. The country header, like
+// the user agent and the referrer, is taken as the request carries it: a
+// client that reaches the redirect directly can claim any country, so an
+// edge in front (Cloudflare sets CF-IPCountry) should overwrite it.
 //
 // The identity is HMAC-SHA256(salt of the day, IP || 0 || user agent),
 // truncated to 128 bits. The salt is 32 random bytes created by whichever
