@@ -40,8 +40,8 @@ func memberSubject(group, member string) string {
 
 // Rewind asks a group to replay CLICKS from pos. It records the request and
 // returns its ID at once; each partition's owner then stops, acks what it
-// handled, calls Config.OnRewind, moves its consumer back and goes on from
-// there. A partition with no live owner is rewound by whoever takes it next.
+// handled, calls Config.OnRewind, moves its consumer back, records that it
+// did (what WaitRewind waits for) and goes on from there. A partition with no live owner is rewound by whoever takes it next.
 // Rewinding never moves a partition forward: where pos is past what the
 // group has handled, that partition is left alone.
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
@@ -180,7 +180,9 @@ func (w *worker) loadRewound() error {
 }
 
 // maybeRewind carries out the group's latest rewind request if this
-// partition has not yet: OnRewind, then the consumer moves back.
+// partition has not yet: OnRewind, then the consumer moves back, then the
+// record that it did. Each step is retried until it succeeds or the
+// partition is taken away.
 func (w *worker) maybeRewind() error {
 	m := w.m
 	req := m.rewind.Load()
@@ -211,13 +213,32 @@ func (w *worker) maybeRewind() error {
 			return errReleased
 		}
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
-	defer cancel()
-	if _, err := m.kv.Put(ctx, rewoundKey(m.cfg.Group, w.p), []byte(req.ID)); err != nil {
+	// The record is what WaitRewind waits for, and what tells this
+	// partition's next owner that the rewind is done: left unwritten, the
+	// wait never ends and the next owner replays the partition again.
+	for {
+		err := w.recordRewound(req.ID)
+		if err == nil {
+			break
+		}
 		w.log.Warn("record rewind done", "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return errReleased
+		}
 	}
 	w.rewoundID = req.ID
 	w.idle = true
+	return nil
+}
+
+// recordRewound records "<group>.rewound.<p>" = id: the partition carried
+// the rewind out.
+func (w *worker) recordRewound(id string) error {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := w.m.kv.Put(ctx, rewoundKey(w.m.cfg.Group, w.p), []byte(id)); err != nil {
+		return fmt.Errorf("record rewind %s done: %w", id, err)
+	}
 	return nil
 }
 

@@ -19,17 +19,22 @@ import (
 // every earlier write there, from any connection: one WriteAndWait after a
 // series of writes on one master speaks for all of them. WAIT speaks only
 // for the writes of its own connection, which is why the writes and the
-// wait share one here.
+// wait share one here. The pipeline's replies are awaited for timeout
+// more than the client's read timeout, so a wait longer than that timeout
+// is waited out rather than cut short (and the pipeline sent again).
 func WriteAndWait(ctx context.Context, rdb redis.UniversalClient, key string, replicas int, timeout time.Duration,
 	queue func(p redis.Pipeliner)) (acked int64, waitErr, err error) {
 	var pipe redis.Pipeliner
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		node, err := c.MasterForKey(ctx, key)
 		if err != nil {
 			return 0, nil, err
 		}
-		pipe = node.Pipeline()
-	} else {
+		pipe = outlasting(node, timeout).Pipeline()
+	case *redis.Client:
+		pipe = outlasting(c, timeout).Pipeline()
+	default:
 		pipe = rdb.Pipeline()
 	}
 	queue(pipe)
@@ -46,6 +51,19 @@ func WriteAndWait(ctx context.Context, rdb redis.UniversalClient, key string, re
 	}
 	acked, waitErr = wait.Result()
 	return acked, waitErr, nil
+}
+
+// outlasting is c, or c on the same connections with its read (and write)
+// timeout longer by wait, so that a WAIT of wait is answered before the
+// client gives up on the reply. go-redis reads a pipeline's replies within
+// the client's read timeout whatever the commands (its own Wait raises the
+// bound only when sent alone).
+func outlasting(c *redis.Client, wait time.Duration) *redis.Client {
+	rt := c.Options().ReadTimeout
+	if rt <= 0 || wait <= 0 { // no read deadline: nothing cuts the wait short
+		return c
+	}
+	return c.WithTimeout(rt + wait)
 }
 
 // ErrNotReplicated means the replicas did not confirm a write in time: it

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestWriteAndWaitOnRedisCluster(t *testing.T) {
-	servers.RunOnRedisCluster(t, TestWriteAndWait, TestBarrier)
+	servers.RunOnRedisCluster(t, TestWriteAndWait, TestBarrier, TestWriteAndWaitOutlastsTheReadTimeout)
 }
 
 // WriteAndWait writes and then waits on the same connection to the key's
@@ -60,6 +60,54 @@ func TestWriteAndWait(t *testing.T) {
 	})
 	if err == nil {
 		t.Error("a failing command: WriteAndWait returned no error")
+	}
+}
+
+// A wait longer than the client's read timeout is waited out: WAIT answers
+// when its own timeout ends, with the replicas it has (more are asked for
+// here than there are), and the writes before it go out once. A client's
+// read timeout is 2s by default (a REDIS_URL may set less), and the
+// services take replica waits of up to 10s: cut at the read timeout, the
+// wait failed early and go-redis sent the pipeline again, writes and wait,
+// until its retries ran out.
+func TestWriteAndWaitOutlastsTheReadTimeout(t *testing.T) {
+	testenv.Parallel(t)
+	const readTimeout, wait = 100 * time.Millisecond, 600 * time.Millisecond
+	url, replicas, want := "", 1, int64(0) // one Redis: no replica
+	if testenv.OnRedisCluster() {
+		url, replicas, want = servers.RedisCluster.URL(), 2, 1 // one replica per master
+		servers.RedisCluster.Client(t)                         // flushes the masters
+	} else {
+		_, db := servers.Redis.NewDB(t)
+		url = servers.Redis.URL(db)
+	}
+	rdb, err := redisconn.OpenWithTimeout(url, readTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := t.Context()
+	const key = "outlast:{a}:n"
+	start := time.Now()
+	acked, werr, err := redisconn.WriteAndWait(ctx, rdb, key, replicas, wait, func(p redis.Pipeliner) {
+		p.Incr(ctx, key)
+	})
+	took := time.Since(start)
+	if err != nil || werr != nil || acked != want {
+		t.Fatalf("WriteAndWait (wait %s, read timeout %s) = %d, %v, %v after %s; want %d, nil, nil",
+			wait, readTimeout, acked, werr, err, took.Round(time.Millisecond), want)
+	}
+	if took < wait {
+		t.Errorf("WriteAndWait returned after %s, before WAIT's timeout of %s", took, wait)
+	}
+	if n := rdb.Get(ctx, key).Val(); n != "1" {
+		t.Errorf("the write before the wait ran %s times, want once", n)
+	}
+	// Barrier falls short as WAIT says (too few replicas within the wait),
+	// not with a client's read timing out.
+	err = redisconn.Barrier(ctx, rdb, []string{key}, replicas, wait)
+	if !errors.Is(err, redisconn.ErrNotReplicated) || !strings.Contains(fmt.Sprint(err), fmt.Sprintf("%d of %d replicas within %s", want, replicas, wait)) {
+		t.Errorf("Barrier (wait %s, read timeout %s) = %v; want %d of %d replicas within %s", wait, readTimeout, err, want, replicas, wait)
 	}
 }
 

@@ -57,9 +57,19 @@ func New(auth Authenticator, stats Stats, log *slog.Logger, maxLimit int) *API {
 // Mount adds the routes and the error handler to e.
 func (a *API) Mount(e *echo.Echo) {
 	e.HTTPErrorHandler = a.ErrorHandler
-	g := e.Group("/api", a.authenticate)
+	g := e.Group("/api", noStore, a.authenticate)
 	g.GET("/alerts", a.alerts)
 	g.GET("/links/:code/fraud", a.linkFraud)
+}
+
+// noStore marks every answer of the API, errors included, as one owner's
+// and not to be stored by any cache: an owner's alerts and links, or
+// whether a link is theirs.
+func noStore(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		c.Response().Header().Set(echo.HeaderCacheControl, "private, no-store")
+		return next(c)
+	}
 }
 
 func (a *API) authenticate(next echo.HandlerFunc) echo.HandlerFunc {

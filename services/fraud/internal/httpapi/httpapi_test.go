@@ -94,6 +94,11 @@ func TestAPI(t *testing.T) {
 			if resp.StatusCode == 401 && resp.Header.Get("WWW-Authenticate") == "" {
 				t.Error("401 without WWW-Authenticate")
 			}
+			// One owner's alerts and links, or whether a link is theirs:
+			// no cache may keep an answer, errors included.
+			if got := resp.Header.Get("Cache-Control"); got != "private, no-store" {
+				t.Errorf("Cache-Control = %q, want private, no-store on every answer", got)
+			}
 			if tc.body != "" {
 				if d := cmp.Diff(tc.body+"\n", string(b)); d != "" {
 					t.Fatalf("body (-want +got):\n%s", d)
