@@ -627,8 +627,11 @@ func TestOracleFailsWhenAnEventIsDropped(t *testing.T) {
 		t.Errorf("log row %v: want 12 missing (600/50) and FAIL", r)
 	}
 	tr, err := truth.Load(filepath.Join(dir, "truth.json"))
-	if err != nil || tr.SentCount() != 600 {
-		t.Errorf("truth: %v sent, %v; want the lost events counted as sent", tr.SentCount(), err)
+	if err != nil {
+		t.Fatalf("load the run's truth: %v", err)
+	}
+	if n := tr.SentCount(); n != 600 {
+		t.Errorf("truth: %d sent, want 600: the lost events counted as sent", n)
 	}
 }
 
