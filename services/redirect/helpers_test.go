@@ -65,11 +65,57 @@ func startInstance(tb testing.TB, cfg Config) *instance {
 	if os.Getenv("SNIP_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
+	return startInstanceLog(tb, cfg, log)
+}
+
+// startInstanceLog is startInstance with the service logging to log.
+func startInstanceLog(tb testing.TB, cfg Config, log *slog.Logger) *instance {
+	tb.Helper()
 	r := servicetest.Start(tb, func(ctx context.Context, ready func(string)) error {
 		cfg.Ready = ready
 		return run(ctx, log, cfg)
 	})
 	return &instance{Running: r, URL: r.URL()}
+}
+
+// logBuffer holds what a service logs as JSON, one record a line, for the
+// test to read while the service writes.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// newLogBuffer returns an empty buffer and a logger, at Info and above,
+// that writes to it.
+func newLogBuffer() (*logBuffer, *slog.Logger) {
+	l := &logBuffer{}
+	return l, slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// records returns the records logged so far. slog's handler writes each
+// record in one Write, so every line is whole.
+func (l *logBuffer) records(tb testing.TB) []map[string]any {
+	tb.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal(line, &rec); err != nil {
+			tb.Fatalf("log line %s: %v", line, err)
+		}
+		out = append(out, rec)
+	}
+	return out
 }
 
 // client never follows redirects, so tests see the 302 itself.

@@ -318,9 +318,10 @@ func TestClientAddressFromForwardedForOnlyBehindTrustedProxy(t *testing.T) {
 }
 
 // TestRelaysIntoExistingStreamsWhenTopologyDiffers: CLICKS exists with
-// another partition count than this instance is configured with (or the
-// instance's NATS user may not change streams): the service says so in its
-// log and relays into the streams as they are.
+// another partition count than this instance is configured with: the
+// service logs, as an error, that it did not apply the topology and why,
+// and relays into the streams as they are. (A NATS user that may not
+// change streams takes the same path.)
 func TestRelaysIntoExistingStreamsWhenTopologyDiffers(t *testing.T) {
 	t.Parallel()
 	_, db := servers.Redis.NewDB(t)
@@ -331,7 +332,8 @@ func TestRelaysIntoExistingStreamsWhenTopologyDiffers(t *testing.T) {
 	if err := topology.Apply(t.Context(), js, o); err != nil {
 		t.Fatal(err)
 	}
-	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL)) // SNIP_PARTITIONS=3
+	logged, log := newLogBuffer()
+	in := startInstanceLog(t, testConfig(servers.Redis.URL(db), n.URL), log) // SNIP_PARTITIONS=3
 	code := createLink(t, in.URL, "https://example.com/", "")
 	if r := do(t, "GET", in.URL+"/"+code, ""); r.Status != http.StatusFound {
 		t.Fatalf("GET = %d", r.Status)
@@ -339,5 +341,26 @@ func TestRelaysIntoExistingStreamsWhenTopologyDiffers(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, "the click in CLICKS", func() bool { return streamCount(js, events.ClicksStream) == 1 })
 	if got, err := topology.Partitions(t.Context(), js); err != nil || got != 5 {
 		t.Fatalf("CLICKS partitions = %d, %v; want the existing 5", got, err)
+	}
+	// The click may have gone out directly, before the topology loop
+	// logged: wait for the record.
+	const notApplied = "topology not applied; the streams exist, relaying into them as they are"
+	var said map[string]any
+	testenv.WaitFor(t, 30*time.Second, "the log to say the topology was not applied", func() bool {
+		for _, rec := range logged.records(t) {
+			if rec["msg"] == notApplied {
+				said = rec
+				return true
+			}
+		}
+		return false
+	})
+	if err, _ := said["err"].(string); said["level"] != "ERROR" || !strings.Contains(err, topology.ErrPartitionsChanged.Error()) {
+		t.Errorf("logged %v; want an ERROR whose err says %q", said, topology.ErrPartitionsChanged)
+	}
+	for _, rec := range logged.records(t) {
+		if rec["msg"] == "topology applied" {
+			t.Errorf("logged %v next to streams it did not change", rec)
+		}
 	}
 }

@@ -67,22 +67,99 @@ func TestStatementsAreOnePerFileInOrder(t *testing.T) {
 		// One statement per file keeps `clickhouse-client < file` and Exec
 		// equivalent: a second statement would be silently different. A
 		// trailing semicolon ends the one statement, so it is allowed.
-		var code []string
-		for _, line := range strings.Split(s.SQL, "\n") {
-			if !strings.HasPrefix(strings.TrimSpace(line), "--") {
-				code = append(code, line)
-			}
-		}
-		body := strings.TrimRight(strings.Join(code, "\n"), "\n\t ;")
-		if strings.TrimSpace(body) == "" {
+		switch got := splitStatements(s.SQL); len(got) {
+		case 0:
 			t.Errorf("%s holds no statement; want one per file", s.Name)
-		}
-		if n := strings.Count(body, ";"); n != 0 {
-			t.Errorf("%s holds %d statements separated by semicolons; want one per file (a trailing semicolon is fine)", s.Name, n+1)
+		case 1:
+		default:
+			t.Errorf("%s holds %d statements; want one per file (a trailing semicolon is fine):\n%s", s.Name, len(got), strings.Join(got, "\n;\n"))
 		}
 	}
 	if !sort.StringsAreSorted(names) || len(names) < 3 {
 		t.Errorf("statements %v: want at least 3, sorted", names)
+	}
+}
+
+// splitStatements splits sql into statements at the semicolons that end
+// one, as clickhouse-client --multiquery does: a semicolon inside a quoted
+// string or identifier ('…', "…", `…`, with backslash escapes; a doubled
+// quote ends the string and opens it again, which splits the same) or
+// inside a comment (-- to the end of the line, /* … */) ends
+// nothing. It returns each statement without its comments, trimmed, and
+// leaves out empty ones: a trailing semicolon, or a file of comments only,
+// makes no statement.
+func splitStatements(sql string) []string {
+	var out []string
+	var cur strings.Builder
+	end := func() {
+		if s := strings.TrimSpace(cur.String()); s != "" {
+			out = append(out, s)
+		}
+		cur.Reset()
+	}
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c == '\'' || c == '"' || c == '`':
+			j := i + 1
+			for ; j < len(sql); j++ {
+				if sql[j] == '\\' {
+					j++ // the escaped character, whatever it is
+				} else if sql[j] == c {
+					break // or a doubled quote: it opens the string again
+				}
+			}
+			j = min(j, len(sql)-1) // an unterminated quote runs to the end
+			cur.WriteString(sql[i : j+1])
+			i = j
+		case strings.HasPrefix(sql[i:], "--"):
+			n := strings.IndexByte(sql[i:], '\n')
+			if n < 0 {
+				n = len(sql) - i
+			}
+			i += n - 1 // the newline itself is kept
+		case strings.HasPrefix(sql[i:], "/*"):
+			n := strings.Index(sql[i+2:], "*/")
+			if n < 0 {
+				n = len(sql) - i - 2
+			}
+			cur.WriteByte(' ') // a comment separates what it sits between
+			i += 2 + n + 1
+		case c == ';':
+			end()
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	end()
+	return out
+}
+
+// The statement check counts only the semicolons that end a statement.
+func TestSplitStatements(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		sql  string
+		want []string
+	}{
+		{"one_statement", "CREATE TABLE t (a String)", []string{"CREATE TABLE t (a String)"}},
+		{"trailing_semicolon_ends_it", "SELECT 1;\n", []string{"SELECT 1"}},
+		{"two_statements", "SELECT 1; SELECT 2", []string{"SELECT 1", "SELECT 2"}},
+		{"semicolon_in_a_string", "SELECT 'a;b' AS x", []string{"SELECT 'a;b' AS x"}},
+		{"escaped_quotes_in_strings", `SELECT 'it\'s;', 'x'';y', 'z\\'; SELECT 2`, []string{`SELECT 'it\'s;', 'x'';y', 'z\\'`, "SELECT 2"}},
+		{"semicolon_in_quoted_identifiers", "SELECT 1 AS `a;b`, 2 AS \"c;d\"", []string{"SELECT 1 AS `a;b`, 2 AS \"c;d\""}},
+		{"semicolon_in_comments", "-- a; b\nSELECT 1 -- c; d\n/* e; f */ + 2", []string{"SELECT 1 \n  + 2"}},
+		{"statement_after_a_string", "SELECT ';'; SELECT 2;", []string{"SELECT ';'", "SELECT 2"}},
+		{"comments_only", "-- nothing here;\n/* nor; here */\n", nil},
+		{"unterminated_string", "SELECT 'a;", []string{"SELECT 'a;"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if diff := cmp.Diff(tc.want, splitStatements(tc.sql)); diff != "" {
+				t.Errorf("splitStatements(%q) (-want +got):\n%s", tc.sql, diff)
+			}
+		})
 	}
 }
 
