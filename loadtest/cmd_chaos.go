@@ -125,8 +125,9 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 
 // runChaos is one run: load for warmup, the fault, load for tail, then the
 // oracle. Time to recover is from the fault's end to the end of the first
-// second in which every request got its 302 and the readers' total backlog
-// was back to normal (at most twice the largest seen before the fault, or
+// second in which no request failed, the 302s received came within a
+// twentieth of the requests offered (the rest still in flight), and the
+// readers' total backlog was back to normal (at most twice the largest seen before the fault, or
 // one second of traffic, whichever is more: readers batch, so it is never
 // 0 under load); when that did not happen during the tail, to the time
 // every click was in CLICKS and every backlog 0 after the load.

@@ -136,7 +136,7 @@ func (c Config) validate() error {
 // LogValue is the configuration as logged: secrets masked.
 func (c Config) LogValue() slog.Value { return service.LogValue(c) }
 
-// member is the instance name: WEBHOOKS_MEMBER or host-pid.
+// member is the instance name: WEBHOOKS_MEMBER or host-pid-random.
 func (c Config) member() string {
 	if c.Member != "" {
 		return c.Member

@@ -10,7 +10,7 @@
 // nothing: what is in the outbox is published at least once, and the stream's
 // duplicate window (plus readers' dedup by event ID) makes that once.
 //
-// Layout (docs/decisions/0010-outbox.md has the reasoning):
+// Layout (docs/decisions/0010-redirect-outbox.md has the reasoning):
 //
 //	snip:{sN}:link:<code>       hash: a link (package linkstore)
 //	snip:{sN}:outbox:clicks     stream: clicks for CLICKS
@@ -28,5 +28,6 @@
 // order per link and hands a dead instance's shards to the others.
 //
 // An outbox entry has three fields: id (the event ID, sent as Nats-Msg-Id),
-// subject and data (the JSON payload).
+// subject and data (the JSON payload); a click's entry has a fourth, until,
+// its validity (see Late).
 package outbox
