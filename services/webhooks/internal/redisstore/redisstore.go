@@ -272,6 +272,10 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 //   - DedupID: each event ID is remembered for DedupTTL (fraud alerts,
 //     which are few).
 //   - DedupNone: replays and test events.
+//
+// An endpoint deleted meanwhile gets nothing (an intake batch routed with
+// the endpoints loaded before the delete, a replay still copying): its
+// queue and marks would outlive it, and nothing would delete them.
 func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
 	if len(byEndpoint) == 0 {
 		return nil, nil, nil
@@ -303,7 +307,7 @@ func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 			for _, e := range evs {
 				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
 			}
-			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:")}, args...)
+			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep")}, args...)
 		}
 		return nil
 	})
@@ -339,9 +343,12 @@ const (
 // DedupTTL is how long DedupID remembers an event ID.
 const DedupTTL = 24 * time.Hour
 
-// enqueueScript: ARGV = mode, partition, maxlen, ttl, then (seq, id, type,
-// ts, data) per event. Returns {added, dropped}.
+// enqueueScript: KEYS = the queue, the partition marks, the seen keys'
+// prefix, the endpoint (nothing is queued once its configuration is gone);
+// ARGV = mode, partition, maxlen, ttl, then (seq, id, type, ts, data) per
+// event. Returns {added, dropped}.
 var enqueueScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[4], 'cfg') == 0 then return {0, 0} end
 local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local hw = 0
 if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
@@ -441,13 +448,19 @@ func (s *Store) Delivered(ctx context.Context, id string, entries []string) erro
 
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent
-// again, not a differently cut one.
+// again, not a differently cut one. Nothing is recorded for an endpoint
+// deleted meanwhile (the mark has no TTL and would outlive it).
 func (s *Store) SetInflight(ctx context.Context, id, first, last string) error {
-	if err := s.rdb.Set(ctx, k(id, "inflight"), first+" "+last, 0).Err(); err != nil {
+	err := setInflightScript.Run(ctx, s.rdb, []string{k(id, "inflight"), k(id, "ep")}, first+" "+last).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("set in-flight batch of %s: %w", id, err)
 	}
 	return nil
 }
+
+var setInflightScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[2], 'cfg') == 1 then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1`)
 
 // Inflight returns the batch recorded by SetInflight, if any.
 func (s *Store) Inflight(ctx context.Context, id string) (first, last string, ok bool, err error) {
