@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -692,6 +693,63 @@ func TestRedirectsAreNotFollowedAndResponsesAreCapped(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestDeletedEndpointsLeaveNoMetricSeries: the per-endpoint series
+// (queued, delivered, the latency histogram, the gauges) go when the
+// endpoint is deleted, on every instance, the one sending for it or not:
+// an owner who creates, uses and deletes endpoints in a loop (each a new
+// ID) would otherwise grow every instance's registry, and its scrape,
+// without bound.
+func TestDeletedEndpointsLeaveNoMetricSeries(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	members := []*instance{s.start(t, s.testConfig("m1")), s.start(t, s.testConfig("m2"))}
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, members[0].addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+	series := `{endpoint="` + ep.ID + `"}`
+	for i, m := range members {
+		var test struct {
+			EventID string `json:"event_id"`
+		}
+		if code := api(t, m.addr, acmeKey, http.MethodPost, base+"/test", nil, &test); code != http.StatusAccepted {
+			t.Fatalf("test event through m%d: status %d", i+1, code)
+		}
+		testenv.WaitFor(t, 30*time.Second, "the test event queued through m"+strconv.Itoa(i+1), func() bool { return rc.eventIDs()[test.EventID] == 1 })
+	}
+	// Each instance counted the event it queued; the one sending counted
+	// the deliveries too.
+	testenv.WaitFor(t, 30*time.Second, "every instance's series of the endpoint", func() bool {
+		delivered := false
+		for _, m := range members {
+			_, b := getMetrics(t, m.addr)
+			if !strings.Contains(b, "snip_webhooks_queued_events_total"+series) {
+				return false
+			}
+			delivered = delivered || strings.Contains(b, "snip_webhooks_delivered_events_total"+series)
+		}
+		return delivered
+	})
+	if code := api(t, members[0].addr, acmeKey, http.MethodDelete, base, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: status %d", code)
+	}
+	var left []string
+	if !testenv.Poll(10*time.Second, func() bool {
+		left = nil
+		for i, m := range members {
+			_, b := getMetrics(t, m.addr)
+			for _, line := range strings.Split(b, "\n") {
+				if strings.Contains(line, `endpoint="`+ep.ID+`"`) {
+					left = append(left, fmt.Sprintf("m%d: %s", i+1, line))
+				}
+			}
+		}
+		return len(left) == 0
+	}) {
+		t.Errorf("series of the deleted endpoint still exported 10s after the delete:\n%s", strings.Join(left, "\n"))
+	}
 }
 
 func getMetrics(t *testing.T, addr string) (int, string) {
