@@ -752,6 +752,58 @@ func TestDeletedEndpointsLeaveNoMetricSeries(t *testing.T) {
 	}
 }
 
+// TestConcurrentCreatesKeepTheOwnersLimit: an owner's endpoints are
+// bounded (each has a queue and a sender) however the creates arrive; many
+// at once, through two instances, may not each see room and all be stored.
+func TestConcurrentCreatesKeepTheOwnersLimit(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	members := []*instance{s.start(t, cfg), s.start(t, s.testConfig("m2"))}
+	rc := newReceiver(t, nil)
+	const tries = 40
+	codes := make([]int, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Go(func() {
+			body := `{"url":"` + rc.url() + `","event_types":["click"]}`
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+members[i%2].addr+"/api/webhooks/endpoints", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+acmeKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = resp.Body.Close()
+			codes[i] = resp.StatusCode
+		})
+	}
+	wg.Wait()
+	created := 0
+	for _, c := range codes {
+		switch c {
+		case http.StatusCreated:
+			created++
+		case http.StatusBadRequest:
+		default:
+			t.Errorf("create: status %d, want 201 or 400 (at the limit)", c)
+		}
+	}
+	var list struct {
+		Endpoints []endpointStatus `json:"endpoints"`
+	}
+	api(t, members[0].addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints", nil, &list)
+	if created != cfg.MaxEndpointsPerOwner || len(list.Endpoints) != cfg.MaxEndpointsPerOwner {
+		t.Errorf("%d concurrent creates: %d answered 201, %d stored; want %d (WEBHOOKS_MAX_ENDPOINTS_PER_OWNER)",
+			tries, created, len(list.Endpoints), cfg.MaxEndpointsPerOwner)
+	}
+}
+
 func getMetrics(t *testing.T, addr string) (int, string) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")

@@ -16,6 +16,17 @@ import (
 // ErrBusy: too many replays are waiting; try again later.
 var ErrBusy = errors.New("too many replays in progress")
 
+// ErrCreating: the owner's other endpoint creations held the owner's
+// create lock longer than a create waits for it; try again later.
+var ErrCreating = errors.New("other endpoints of this owner are being created")
+
+// ownerLockTTL bounds how long a create holds its owner's lock when its
+// instance dies holding it; createWait is how long a create waits for it.
+const (
+	ownerLockTTL = 15 * time.Second
+	createWait   = 10 * time.Second
+)
+
 // Admin is what the owner API does with endpoints.
 type Admin struct {
 	Store    *redisstore.Store
@@ -99,17 +110,7 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 	if err := a.checkHost(ctx, e.URL); err != nil {
 		return Status{}, err
 	}
-	have, err := a.Store.List(ctx, owner)
-	if err != nil {
-		return Status{}, err
-	}
-	if len(have) >= a.MaxPerOwner {
-		return Status{}, fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
-	}
-	if err := a.startLive(ctx, &e); err != nil {
-		return Status{}, err
-	}
-	if err := a.Store.Put(ctx, e); err != nil {
+	if err := a.put(ctx, e); err != nil {
 		return Status{}, err
 	}
 	if err := a.narrow(ctx); err != nil {
@@ -120,6 +121,60 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 		return Status{}, err
 	}
 	return a.status(ctx, e, redisstore.State{}, true)
+}
+
+// put stores the owner's new endpoint e if the owner has room for it.
+// The owner's creates take turns (a lock in Redis, across instances), so
+// each counts what the ones before it stored: counted side by side, many
+// creates at once all saw room, and the limit bounded nothing.
+func (a *Admin) put(ctx context.Context, e endpoint.Endpoint) error {
+	unlock, err := a.lockOwner(ctx, e.Owner)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	have, err := a.Store.List(ctx, e.Owner)
+	if err != nil {
+		return err
+	}
+	if len(have) >= a.MaxPerOwner {
+		return fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
+	}
+	if err := a.startLive(ctx, &e); err != nil {
+		return err
+	}
+	return a.Store.Put(ctx, e)
+}
+
+// lockOwner takes the owner's create lock, waiting for it at most
+// createWait, and returns what gives it back.
+func (a *Admin) lockOwner(ctx context.Context, owner string) (unlock func(), err error) {
+	holder := events.NewID()
+	wctx, cancel := context.WithTimeout(ctx, createWait)
+	defer cancel()
+	for {
+		ok, err := a.Store.LockOwner(wctx, owner, holder, ownerLockTTL)
+		if err != nil && wctx.Err() == nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-wctx.Done():
+		case <-time.After(10 * time.Millisecond):
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		return nil, fmt.Errorf("create: waited %s: %w", createWait, ErrCreating)
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = a.Store.UnlockOwner(uctx, owner, holder)
+	}, nil
 }
 
 func (a *Admin) checkHost(ctx context.Context, raw string) error {

@@ -17,6 +17,7 @@
 //	snip:wh:endpoints        set of every endpoint ID
 //	snip:wh:version          bumped on every endpoint change; readers reload on change
 //	snip:wh:{interest}:lease the instance narrowing the group's consumers now (expires)
+//	snip:wh:{owner:<owner>}:lease the create of one of the owner's endpoints in progress (expires)
 package redisstore
 
 import (
@@ -669,6 +670,18 @@ func (s *Store) LockInterest(ctx context.Context, instance string, ttl time.Dura
 // UnlockInterest gives the narrowing lock up, if instance holds it.
 func (s *Store) UnlockInterest(ctx context.Context, instance string) error {
 	return s.Release(ctx, interestLease, instance)
+}
+
+// LockOwner takes the lock that serialises owner's endpoint creations for
+// holder (one create), for at most ttl; false while another create holds
+// it. Under it, a create counts the owner's endpoints and stores its own.
+func (s *Store) LockOwner(ctx context.Context, owner, holder string, ttl time.Duration) (bool, error) {
+	return s.Lease(ctx, "owner:"+owner, holder, ttl)
+}
+
+// UnlockOwner gives the owner's create lock up, if holder holds it.
+func (s *Store) UnlockOwner(ctx context.Context, owner, holder string) error {
+	return s.Release(ctx, "owner:"+owner, holder)
 }
 
 // Release gives up instance's lease on endpoint id.
