@@ -171,6 +171,40 @@ func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
 	rc.waitAll(t, "clicks after the replay", after, 30*time.Second)
 }
 
+// TestReplayFromATimeNoStreamPositionHoldsIsRefused: a replay drops the
+// queued events up to its cut and refills them from the streams from its
+// start time on. A time the streams cannot hold as a position (before
+// 1678: nanoseconds since 1970 overflow an int64, and the server reads the
+// wrapped value as a time long after the last event) found nothing to
+// refill: the answer was 202 and the queued events were gone. Such a time
+// is refused, and the queue stays as it was.
+func TestReplayFromATimeNoStreamPositionHoldsIsRefused(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/pause", nil, nil)
+	queued := s.publishClicks(t, []string{"a1", "b2"}, 20)
+	testenv.WaitFor(t, 30*time.Second, "the clicks queued for the paused endpoint", func() bool {
+		return getEndpoint(t, svc.addr, ep.ID).Backlog == int64(len(queued))
+	})
+	for _, from := range []string{"1600-01-01T00:00:00Z", "0001-01-01T00:00:00Z"} {
+		var e webserver.ErrorBody
+		if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/replay", map[string]string{"from": from}, &e); code != http.StatusBadRequest {
+			t.Errorf("replay from %s: status %d (%+v), want 400", from, code, e)
+		}
+	}
+	// (A replay accepted from 1600 ran in the background, dropped the
+	// queued clicks and refilled none: they never arrived.)
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: status %d", code)
+	}
+	rc.waitAll(t, "the clicks queued before the refused replays", queued, 30*time.Second)
+}
+
 // A replay drops only what it refills: a click live intake queued after the
 // replay's cut (here put in the queue directly, with a CLICKS sequence past
 // the stream's end, while the endpoint is paused) is still delivered, along

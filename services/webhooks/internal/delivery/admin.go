@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -334,8 +335,15 @@ func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (re
 	return d, a.Store.AddDelivery(ctx, id, d, body)
 }
 
+// earliestReplay is the earliest time a replay may start from. The server
+// holds a start time as nanoseconds since 1970 in an int64; an earlier time
+// wraps around, and a replay from it (which drops the queued events up to
+// its cut first) found nothing to refill from 1600, say, and lost them.
+var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
+
 // Replay empties the endpoint's queue and refills it, in the background,
-// with the owner's events stored since from.
+// with the owner's events stored since from (not in the future, nor before
+// earliestReplay).
 func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) error {
 	e, _, err := a.Store.GetOwned(ctx, owner, id)
 	if err != nil {
@@ -343,6 +351,10 @@ func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) er
 	}
 	if from.After(time.Now()) {
 		return fmt.Errorf("replay from %s: in the future: %w", from.Format(time.RFC3339), endpoint.ErrInvalid)
+	}
+	if from.Before(earliestReplay) {
+		return fmt.Errorf("replay from %s: before %s, the earliest time a stream position can hold: %w",
+			from.Format(time.RFC3339), earliestReplay.Format(time.RFC3339), endpoint.ErrInvalid)
 	}
 	return a.Replayer.Start(ctx, e, from)
 }
