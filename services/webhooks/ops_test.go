@@ -205,6 +205,56 @@ func TestReplayFromATimeNoStreamPositionHoldsIsRefused(t *testing.T) {
 	rc.waitAll(t, "the clicks queued before the refused replays", queued, 30*time.Second)
 }
 
+// TestReplaySendsOnlyTheClicksLiveIntakeWouldSend: a replay judges a click
+// by the readers' one rule of validity, as live intake does. A click whose
+// payload disagrees with the subject it was stored under (another owner's
+// click under acme's subject, or another link's) is parked by every reader;
+// replayed, it reached acme's endpoint, with the other owner's visitor,
+// target and referrer in it, or reached an endpoint that lists only links
+// other than the one it was stored under.
+func TestReplaySendsOnlyTheClicksLiveIntakeWouldSend(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"links": []string{"a1"}})
+	rc.addSecret(ep.Secret)
+
+	from := time.Now().UTC()
+	good := s.publishClicks(t, []string{"a1"}, 10)
+	var bad []string
+	for _, tc := range []struct {
+		c       events.Click
+		subject string
+	}{
+		{events.Click{Owner: "other", Code: "a1"}, events.ClickSubject("acme", "a1")}, // another owner's click under acme's subject
+		{events.Click{Owner: "acme", Code: "a1"}, events.ClickSubject("acme", "b2")},  // under a link the endpoint leaves out
+	} {
+		c := tc.c
+		c.V, c.ID, c.Time, c.Target, c.Visitor = events.ClickVersion, events.NewID(), time.Now().UTC(), "https://example.com/", "visitor-x"
+		b, _ := json.Marshal(c)
+		if _, err := s.js.Publish(t.Context(), tc.subject, b, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+		bad = append(bad, c.ID)
+	}
+	good = append(good, s.publishClicks(t, []string{"a1"}, 10)...)
+	rc.waitAll(t, "the valid clicks, live", good, 30*time.Second)
+	n0 := len(rc.got())
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	rc.waitAllFrom(t, "the valid clicks, replayed", n0, good, 30*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	got := rc.eventIDs()
+	for _, id := range bad {
+		if got[id] > 0 {
+			t.Errorf("invalid click %s (parked by every reader) was sent %d times", id, got[id])
+		}
+	}
+}
+
 // A replay drops only what it refills: a click live intake queued after the
 // replay's cut (here put in the queue directly, with a CLICKS sequence past
 // the stream's end, while the endpoint is paused) is still delivered, along
