@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -168,6 +169,90 @@ func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
 	// Live delivery goes on after the replay.
 	after := s.publishClicks(t, []string{"a1"}, 5)
 	rc.waitAll(t, "clicks after the replay", after, 30*time.Second)
+}
+
+// TestReplayFromATimeNoStreamPositionHoldsIsRefused: a replay drops the
+// queued events up to its cut and refills them from the streams from its
+// start time on. A time the streams cannot hold as a position (before
+// 1678: nanoseconds since 1970 overflow an int64, and the server reads the
+// wrapped value as a time long after the last event) found nothing to
+// refill: the answer was 202 and the queued events were gone. Such a time
+// is refused, and the queue stays as it was.
+func TestReplayFromATimeNoStreamPositionHoldsIsRefused(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+	api(t, svc.addr, acmeKey, http.MethodPost, base+"/pause", nil, nil)
+	queued := s.publishClicks(t, []string{"a1", "b2"}, 20)
+	testenv.WaitFor(t, 30*time.Second, "the clicks queued for the paused endpoint", func() bool {
+		return getEndpoint(t, svc.addr, ep.ID).Backlog == int64(len(queued))
+	})
+	for _, from := range []string{"1600-01-01T00:00:00Z", "0001-01-01T00:00:00Z"} {
+		var e webserver.ErrorBody
+		if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/replay", map[string]string{"from": from}, &e); code != http.StatusBadRequest {
+			t.Errorf("replay from %s: status %d (%+v), want 400", from, code, e)
+		}
+	}
+	// (A replay accepted from 1600 ran in the background, dropped the
+	// queued clicks and refilled none: they never arrived.)
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, base+"/resume", nil, nil); code != http.StatusOK {
+		t.Fatalf("resume: status %d", code)
+	}
+	rc.waitAll(t, "the clicks queued before the refused replays", queued, 30*time.Second)
+}
+
+// TestReplaySendsOnlyTheClicksLiveIntakeWouldSend: a replay judges a click
+// by the readers' one rule of validity, as live intake does. A click whose
+// payload disagrees with the subject it was stored under (another owner's
+// click under acme's subject, or another link's) is parked by every reader;
+// replayed, it reached acme's endpoint, with the other owner's visitor,
+// target and referrer in it, or reached an endpoint that lists only links
+// other than the one it was stored under.
+func TestReplaySendsOnlyTheClicksLiveIntakeWouldSend(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"links": []string{"a1"}})
+	rc.addSecret(ep.Secret)
+
+	from := time.Now().UTC()
+	good := s.publishClicks(t, []string{"a1"}, 10)
+	var bad []string
+	for _, tc := range []struct {
+		c       events.Click
+		subject string
+	}{
+		{events.Click{Owner: "other", Code: "a1"}, events.ClickSubject("acme", "a1")}, // another owner's click under acme's subject
+		{events.Click{Owner: "acme", Code: "a1"}, events.ClickSubject("acme", "b2")},  // under a link the endpoint leaves out
+	} {
+		c := tc.c
+		c.V, c.ID, c.Time, c.Target, c.Visitor = events.ClickVersion, events.NewID(), time.Now().UTC(), "https://example.com/", "visitor-x"
+		b, _ := json.Marshal(c)
+		if _, err := s.js.Publish(t.Context(), tc.subject, b, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+		bad = append(bad, c.ID)
+	}
+	good = append(good, s.publishClicks(t, []string{"a1"}, 10)...)
+	rc.waitAll(t, "the valid clicks, live", good, 30*time.Second)
+	n0 := len(rc.got())
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	rc.waitAllFrom(t, "the valid clicks, replayed", n0, good, 30*time.Second)
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+	got := rc.eventIDs()
+	for _, id := range bad {
+		if got[id] > 0 {
+			t.Errorf("invalid click %s (parked by every reader) was sent %d times", id, got[id])
+		}
+	}
 }
 
 // A replay drops only what it refills: a click live intake queued after the
@@ -692,6 +777,115 @@ func TestRedirectsAreNotFollowedAndResponsesAreCapped(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestDeletedEndpointsLeaveNoMetricSeries: the per-endpoint series
+// (queued, delivered, the latency histogram, the gauges) go when the
+// endpoint is deleted, on every instance, the one sending for it or not:
+// an owner who creates, uses and deletes endpoints in a loop (each a new
+// ID) would otherwise grow every instance's registry, and its scrape,
+// without bound.
+func TestDeletedEndpointsLeaveNoMetricSeries(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	members := []*instance{s.start(t, s.testConfig("m1")), s.start(t, s.testConfig("m2"))}
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, members[0].addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	base := "/api/webhooks/endpoints/" + ep.ID
+	series := `{endpoint="` + ep.ID + `"}`
+	for i, m := range members {
+		var test struct {
+			EventID string `json:"event_id"`
+		}
+		if code := api(t, m.addr, acmeKey, http.MethodPost, base+"/test", nil, &test); code != http.StatusAccepted {
+			t.Fatalf("test event through m%d: status %d", i+1, code)
+		}
+		testenv.WaitFor(t, 30*time.Second, "the test event queued through m"+strconv.Itoa(i+1), func() bool { return rc.eventIDs()[test.EventID] == 1 })
+	}
+	// Each instance counted the event it queued; the one sending counted
+	// the deliveries too.
+	testenv.WaitFor(t, 30*time.Second, "every instance's series of the endpoint", func() bool {
+		delivered := false
+		for _, m := range members {
+			_, b := getMetrics(t, m.addr)
+			if !strings.Contains(b, "snip_webhooks_queued_events_total"+series) {
+				return false
+			}
+			delivered = delivered || strings.Contains(b, "snip_webhooks_delivered_events_total"+series)
+		}
+		return delivered
+	})
+	if code := api(t, members[0].addr, acmeKey, http.MethodDelete, base, nil, nil); code != http.StatusNoContent {
+		t.Fatalf("delete: status %d", code)
+	}
+	var left []string
+	if !testenv.Poll(10*time.Second, func() bool {
+		left = nil
+		for i, m := range members {
+			_, b := getMetrics(t, m.addr)
+			for _, line := range strings.Split(b, "\n") {
+				if strings.Contains(line, `endpoint="`+ep.ID+`"`) {
+					left = append(left, fmt.Sprintf("m%d: %s", i+1, line))
+				}
+			}
+		}
+		return len(left) == 0
+	}) {
+		t.Errorf("series of the deleted endpoint still exported 10s after the delete:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// TestConcurrentCreatesKeepTheOwnersLimit: an owner's endpoints are
+// bounded (each has a queue and a sender) however the creates arrive; many
+// at once, through two instances, may not each see room and all be stored.
+func TestConcurrentCreatesKeepTheOwnersLimit(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	members := []*instance{s.start(t, cfg), s.start(t, s.testConfig("m2"))}
+	rc := newReceiver(t, nil)
+	const tries = 40
+	codes := make([]int, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Go(func() {
+			body := `{"url":"` + rc.url() + `","event_types":["click"]}`
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+members[i%2].addr+"/api/webhooks/endpoints", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+acmeKey)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_ = resp.Body.Close()
+			codes[i] = resp.StatusCode
+		})
+	}
+	wg.Wait()
+	created := 0
+	for _, c := range codes {
+		switch c {
+		case http.StatusCreated:
+			created++
+		case http.StatusBadRequest:
+		default:
+			t.Errorf("create: status %d, want 201 or 400 (at the limit)", c)
+		}
+	}
+	var list struct {
+		Endpoints []endpointStatus `json:"endpoints"`
+	}
+	api(t, members[0].addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints", nil, &list)
+	if created != cfg.MaxEndpointsPerOwner || len(list.Endpoints) != cfg.MaxEndpointsPerOwner {
+		t.Errorf("%d concurrent creates: %d answered 201, %d stored; want %d (WEBHOOKS_MAX_ENDPOINTS_PER_OWNER)",
+			tries, created, len(list.Endpoints), cfg.MaxEndpointsPerOwner)
+	}
 }
 
 func getMetrics(t *testing.T, addr string) (int, string) {

@@ -151,6 +151,13 @@ func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
 		{"two_positions", readers.ReplayRequest{FromSeq: 1, Since: "1h", Confirm: "live-reader"}, readers.ErrBadReplay},
 		{"negative_since", readers.ReplayRequest{Since: "-1h", Confirm: "live-reader"}, readers.ErrBadReplay},
 		{"bad_time", readers.ReplayRequest{From: "yesterday", Confirm: "live-reader"}, readers.ErrBadReplay},
+		// A time the streams cannot hold as a position wraps around: 9999
+		// read as the distant past and replayed every partition from
+		// sequence 1 (the click counter's full recount), 1600 as the far
+		// future and replayed nothing, with a 202 for both.
+		{"from_the_future", readers.ReplayRequest{From: time.Now().Add(time.Hour).UTC().Format(time.RFC3339), Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"from_past_what_a_position_holds", readers.ReplayRequest{From: "9999-12-31T00:00:00Z", Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"from_before_what_a_position_holds", readers.ReplayRequest{From: "1600-01-01T00:00:00Z", Confirm: "live-reader"}, readers.ErrBadReplay},
 	}
 	for _, tc := range refused {
 		if _, _, err := v.Replay(ctx, "live-reader", tc.req); !errors.Is(err, tc.want) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -15,7 +16,8 @@ import (
 type ReplayRequest struct {
 	// Since replays the events of the last Since (a Go duration, "24h").
 	Since string `json:"since,omitempty"`
-	// From replays from a time (RFC 3339).
+	// From replays from a time (RFC 3339), not in the future, nor before
+	// what a stream position can hold (earliestFrom, in 1677).
 	From string `json:"from,omitempty"`
 	// FromSeq replays from a CLICKS sequence (1 is the oldest retained).
 	FromSeq uint64 `json:"from_seq,omitempty"`
@@ -24,7 +26,15 @@ type ReplayRequest struct {
 	Confirm string `json:"confirm"`
 }
 
-// Position checks the request and returns where the replay starts.
+// earliestFrom is the earliest time a replay may start from. The server
+// holds a start time as nanoseconds since 1970 in an int64; outside that
+// range the value wraps around: 9999 read as the distant past and replayed
+// every partition from sequence 1, 1600 as the far future and replayed
+// nothing. A time in the future is refused as well: it replays nothing.
+var earliestFrom = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
+
+// Position checks the request and returns where the replay starts: From
+// must lie between earliestFrom and now.
 func (r ReplayRequest) Position(group string, now time.Time) (reader.Position, string, error) {
 	if r.Confirm != group {
 		return reader.Position{}, "", fmt.Errorf("replay %s: confirm with the group's name: %w", group, ErrNotConfirmed)
@@ -43,6 +53,10 @@ func (r ReplayRequest) Position(group string, now time.Time) (reader.Position, s
 		t, err := time.Parse(time.RFC3339, r.From)
 		if err != nil {
 			return reader.Position{}, "", fmt.Errorf("replay %s: from %q is not an RFC 3339 time: %w", group, r.From, ErrBadReplay)
+		}
+		if t.After(now) || t.Before(earliestFrom) {
+			return reader.Position{}, "", fmt.Errorf("replay %s: from %q is not between %s and now: %w",
+				group, r.From, earliestFrom.Format(time.RFC3339), ErrBadReplay)
 		}
 		pos, desc, set = reader.FromTime(t), "from "+t.UTC().Format(time.RFC3339), set+1
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -15,6 +16,17 @@ import (
 
 // ErrBusy: too many replays are waiting; try again later.
 var ErrBusy = errors.New("too many replays in progress")
+
+// ErrCreating: the owner's other endpoint creations held the owner's
+// create lock longer than a create waits for it; try again later.
+var ErrCreating = errors.New("other endpoints of this owner are being created")
+
+// ownerLockTTL bounds how long a create holds its owner's lock when its
+// instance dies holding it; createWait is how long a create waits for it.
+const (
+	ownerLockTTL = 15 * time.Second
+	createWait   = 10 * time.Second
+)
 
 // Admin is what the owner API does with endpoints.
 type Admin struct {
@@ -99,17 +111,7 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 	if err := a.checkHost(ctx, e.URL); err != nil {
 		return Status{}, err
 	}
-	have, err := a.Store.List(ctx, owner)
-	if err != nil {
-		return Status{}, err
-	}
-	if len(have) >= a.MaxPerOwner {
-		return Status{}, fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
-	}
-	if err := a.startLive(ctx, &e); err != nil {
-		return Status{}, err
-	}
-	if err := a.Store.Put(ctx, e); err != nil {
+	if err := a.put(ctx, e); err != nil {
 		return Status{}, err
 	}
 	if err := a.narrow(ctx); err != nil {
@@ -120,6 +122,60 @@ func (a *Admin) Create(ctx context.Context, owner string, r endpoint.Request) (S
 		return Status{}, err
 	}
 	return a.status(ctx, e, redisstore.State{}, true)
+}
+
+// put stores the owner's new endpoint e if the owner has room for it.
+// The owner's creates take turns (a lock in Redis, across instances), so
+// each counts what the ones before it stored: counted side by side, many
+// creates at once all saw room, and the limit bounded nothing.
+func (a *Admin) put(ctx context.Context, e endpoint.Endpoint) error {
+	unlock, err := a.lockOwner(ctx, e.Owner)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	have, err := a.Store.List(ctx, e.Owner)
+	if err != nil {
+		return err
+	}
+	if len(have) >= a.MaxPerOwner {
+		return fmt.Errorf("at most %d endpoints per owner: %w", a.MaxPerOwner, endpoint.ErrInvalid)
+	}
+	if err := a.startLive(ctx, &e); err != nil {
+		return err
+	}
+	return a.Store.Put(ctx, e)
+}
+
+// lockOwner takes the owner's create lock, waiting for it at most
+// createWait, and returns what gives it back.
+func (a *Admin) lockOwner(ctx context.Context, owner string) (unlock func(), err error) {
+	holder := events.NewID()
+	wctx, cancel := context.WithTimeout(ctx, createWait)
+	defer cancel()
+	for {
+		ok, err := a.Store.LockOwner(wctx, owner, holder, ownerLockTTL)
+		if err != nil && wctx.Err() == nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		if ok {
+			break
+		}
+		select {
+		case <-wctx.Done():
+		case <-time.After(10 * time.Millisecond):
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("create: %w", err)
+		}
+		return nil, fmt.Errorf("create: waited %s: %w", createWait, ErrCreating)
+	}
+	return func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		_ = a.Store.UnlockOwner(uctx, owner, holder)
+	}, nil
 }
 
 func (a *Admin) checkHost(ctx context.Context, raw string) error {
@@ -279,8 +335,15 @@ func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (re
 	return d, a.Store.AddDelivery(ctx, id, d, body)
 }
 
+// earliestReplay is the earliest time a replay may start from. The server
+// holds a start time as nanoseconds since 1970 in an int64; an earlier time
+// wraps around, and a replay from it (which drops the queued events up to
+// its cut first) found nothing to refill from 1600, say, and lost them.
+var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
+
 // Replay empties the endpoint's queue and refills it, in the background,
-// with the owner's events stored since from.
+// with the owner's events stored since from (not in the future, nor before
+// earliestReplay).
 func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) error {
 	e, _, err := a.Store.GetOwned(ctx, owner, id)
 	if err != nil {
@@ -288,6 +351,10 @@ func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) er
 	}
 	if from.After(time.Now()) {
 		return fmt.Errorf("replay from %s: in the future: %w", from.Format(time.RFC3339), endpoint.ErrInvalid)
+	}
+	if from.Before(earliestReplay) {
+		return fmt.Errorf("replay from %s: before %s, the earliest time a stream position can hold: %w",
+			from.Format(time.RFC3339), earliestReplay.Format(time.RFC3339), endpoint.ErrInvalid)
 	}
 	return a.Replayer.Start(ctx, e, from)
 }

@@ -11,7 +11,8 @@ import (
 
 // Manager runs one sender goroutine per endpoint whose lease this instance
 // holds. Leases spread endpoints over instances and hand an endpoint over
-// when its instance dies (after LeaseTTL).
+// when its instance dies (after LeaseTTL). Its scan, which sees every
+// endpoint, also drops a deleted endpoint's metric series in this instance.
 type Manager struct {
 	store    *redisstore.Store
 	sender   *Sender
@@ -21,6 +22,9 @@ type Manager struct {
 
 	mu      sync.Mutex
 	running map[string]*run
+	// known are the endpoints the last scan listed: one missing from the
+	// next was deleted, and its metric series go.
+	known map[string]bool
 }
 
 type run struct {
@@ -96,12 +100,25 @@ func (m *Manager) scan(ctx context.Context) {
 		m.mu.Unlock()
 	}
 	m.mu.Lock()
+	stopped := map[string]bool{}
 	for id, r := range m.running {
 		if !seen[id] {
 			r.cancel()
 			delete(m.running, id)
+			stopped[id] = true
+			// Once its sender has returned: it records nothing more.
+			go func() {
+				<-r.done
+				m.sender.metrics.forgetAll(id)
+			}()
 		}
 	}
+	for id := range m.known {
+		if !seen[id] && !stopped[id] {
+			m.sender.metrics.forgetAll(id)
+		}
+	}
+	m.known = seen
 	m.mu.Unlock()
 }
 

@@ -3,7 +3,9 @@ package delivery
 import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the per-endpoint collectors. The endpoint label is the
-// endpoint ID: one series per endpoint, removed when its sender stops here.
+// endpoint ID: one series per endpoint. The gauges go when its sender stops
+// here; every series goes, on every instance, once the endpoint is deleted
+// (an owner's create and delete would otherwise add series without bound).
 type Metrics struct {
 	queued    *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
@@ -44,8 +46,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// forget removes the endpoint's gauges: its sender stopped here, and
+// another instance may send for it now.
 func (m *Metrics) forget(id string) {
 	m.backlog.DeleteLabelValues(id)
 	m.oldest.DeleteLabelValues(id)
 	m.disabled.DeleteLabelValues(id)
+}
+
+// forgetAll removes every series of a deleted endpoint.
+func (m *Metrics) forgetAll(id string) {
+	m.forget(id)
+	m.queued.DeleteLabelValues(id)
+	m.dropped.DeleteLabelValues(id)
+	m.delivered.DeleteLabelValues(id)
+	m.failed.DeleteLabelValues(id)
+	m.latency.DeleteLabelValues(id)
 }

@@ -25,6 +25,9 @@ type Replayer struct {
 	intake *Intake
 	log    *slog.Logger
 	jobs   chan replayJob
+	// partitions is CLICKS' partition count, for the readers' rule of
+	// validity (events.ReadClick).
+	partitions int
 }
 
 type replayJob struct {
@@ -32,9 +35,10 @@ type replayJob struct {
 	from time.Time
 }
 
-// NewReplayer returns a Replayer that queues at most pending requests.
-func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake, log *slog.Logger, pending int) *Replayer {
-	return &Replayer{js: js, store: store, intake: intake, log: log, jobs: make(chan replayJob, pending)}
+// NewReplayer returns a Replayer that queues at most pending requests, of
+// a CLICKS stream of partitions partitions.
+func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake, log *slog.Logger, pending, partitions int) *Replayer {
+	return &Replayer{js: js, store: store, intake: intake, log: log, jobs: make(chan replayJob, pending), partitions: partitions}
 }
 
 // Start queues a replay of endpoint e from time from, or returns ErrBusy.
@@ -103,8 +107,12 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 	}
 	n := 0
 	if containsType(e.Types, endpoint.TypeClick) {
-		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", j.from, clicksUpto, func(data []byte) (redisstore.Event, bool) {
-			c, err := events.DecodeClick(data)
+		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", j.from, clicksUpto, func(data []byte, subject string, stored time.Time) (redisstore.Event, bool) {
+			// The readers' rule, as live intake (the reader runtime) applies
+			// it: a click whose payload disagrees with its subject (another
+			// owner's, another link's) or partition is parked there, never
+			// sent, and is not sent by a replay either.
+			c, err := events.ReadClick(data, subject, r.partitions, stored)
 			if err != nil || !e.Wants(endpoint.TypeClick, c.Code) {
 				return redisstore.Event{}, false
 			}
@@ -120,7 +128,7 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 		// An alert stored twice (republished after FRAUD's duplicate
 		// window) is sent once, as live intake does. Alerts are few.
 		seen := map[string]bool{}
-		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, j.from, alertsUpto, func(data []byte) (redisstore.Event, bool) {
+		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, j.from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
 			a, err := events.DecodeFraudAlert(data)
 			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
 				return redisstore.Event{}, false
@@ -147,9 +155,10 @@ func containsType(ts []string, t string) bool {
 }
 
 // copy reads stream (filtered) from a start time up to sequence upto with
-// an ordered consumer and queues what convert accepts, 500 at a time.
+// an ordered consumer and queues what convert accepts (given each message's
+// payload, subject and time stored), 500 at a time.
 func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter string, from time.Time, upto uint64,
-	convert func([]byte) (redisstore.Event, bool)) (int, error) {
+	convert func(data []byte, subject string, stored time.Time) (redisstore.Event, bool)) (int, error) {
 	if upto == 0 {
 		return 0, nil
 	}
@@ -187,7 +196,7 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 				done = true
 				continue
 			}
-			if ev, ok := convert(m.Data()); ok {
+			if ev, ok := convert(m.Data(), m.Subject(), md.Timestamp); ok {
 				ev.Seq = md.Sequence.Stream
 				batch = append(batch, ev)
 			}

@@ -183,7 +183,7 @@ func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 		return webserver.Problem{Status: http.StatusNotFound, Code: "not_found", Message: "not found"}, true
 	case errors.Is(err, endpoint.ErrInvalid), errors.Is(err, errBadRequest):
 		return webserver.Problem{Status: http.StatusBadRequest, Code: "bad_request"}, true
-	case errors.Is(err, delivery.ErrBusy):
+	case errors.Is(err, delivery.ErrBusy), errors.Is(err, delivery.ErrCreating):
 		return webserver.Problem{Status: http.StatusTooManyRequests, Code: "busy"}, true
 	case errors.Is(err, delivery.ErrNotReading):
 		h.Set("Retry-After", "5")

@@ -17,6 +17,7 @@
 //	snip:wh:endpoints        set of every endpoint ID
 //	snip:wh:version          bumped on every endpoint change; readers reload on change
 //	snip:wh:{interest}:lease the instance narrowing the group's consumers now (expires)
+//	snip:wh:{owner:<owner>}:lease the create of one of the owner's endpoints in progress (expires)
 package redisstore
 
 import (
@@ -272,6 +273,10 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 //   - DedupID: each event ID is remembered for DedupTTL (fraud alerts,
 //     which are few).
 //   - DedupNone: replays and test events.
+//
+// An endpoint deleted meanwhile gets nothing (an intake batch routed with
+// the endpoints loaded before the delete, a replay still copying): its
+// queue and marks would outlive it, and nothing would delete them.
 func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
 	if len(byEndpoint) == 0 {
 		return nil, nil, nil
@@ -303,7 +308,7 @@ func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 			for _, e := range evs {
 				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
 			}
-			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:")}, args...)
+			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep")}, args...)
 		}
 		return nil
 	})
@@ -339,9 +344,12 @@ const (
 // DedupTTL is how long DedupID remembers an event ID.
 const DedupTTL = 24 * time.Hour
 
-// enqueueScript: ARGV = mode, partition, maxlen, ttl, then (seq, id, type,
-// ts, data) per event. Returns {added, dropped}.
+// enqueueScript: KEYS = the queue, the partition marks, the seen keys'
+// prefix, the endpoint (nothing is queued once its configuration is gone);
+// ARGV = mode, partition, maxlen, ttl, then (seq, id, type, ts, data) per
+// event. Returns {added, dropped}.
 var enqueueScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[4], 'cfg') == 0 then return {0, 0} end
 local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local hw = 0
 if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
@@ -441,13 +449,19 @@ func (s *Store) Delivered(ctx context.Context, id string, entries []string) erro
 
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent
-// again, not a differently cut one.
+// again, not a differently cut one. Nothing is recorded for an endpoint
+// deleted meanwhile (the mark has no TTL and would outlive it).
 func (s *Store) SetInflight(ctx context.Context, id, first, last string) error {
-	if err := s.rdb.Set(ctx, k(id, "inflight"), first+" "+last, 0).Err(); err != nil {
+	err := setInflightScript.Run(ctx, s.rdb, []string{k(id, "inflight"), k(id, "ep")}, first+" "+last).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("set in-flight batch of %s: %w", id, err)
 	}
 	return nil
 }
+
+var setInflightScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[2], 'cfg') == 1 then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1`)
 
 // Inflight returns the batch recorded by SetInflight, if any.
 func (s *Store) Inflight(ctx context.Context, id string) (first, last string, ok bool, err error) {
@@ -656,6 +670,18 @@ func (s *Store) LockInterest(ctx context.Context, instance string, ttl time.Dura
 // UnlockInterest gives the narrowing lock up, if instance holds it.
 func (s *Store) UnlockInterest(ctx context.Context, instance string) error {
 	return s.Release(ctx, interestLease, instance)
+}
+
+// LockOwner takes the lock that serialises owner's endpoint creations for
+// holder (one create), for at most ttl; false while another create holds
+// it. Under it, a create counts the owner's endpoints and stores its own.
+func (s *Store) LockOwner(ctx context.Context, owner, holder string, ttl time.Duration) (bool, error) {
+	return s.Lease(ctx, "owner:"+owner, holder, ttl)
+}
+
+// UnlockOwner gives the owner's create lock up, if holder holds it.
+func (s *Store) UnlockOwner(ctx context.Context, owner, holder string) error {
+	return s.Release(ctx, "owner:"+owner, holder)
 }
 
 // Release gives up instance's lease on endpoint id.

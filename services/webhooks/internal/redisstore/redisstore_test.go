@@ -34,6 +34,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestOnlyKeptDeliveriesKeepTheirBodies,
 		TestDeleteLeavesNoDeliveryBodies,
 		TestClearUpToKeepsWhatCameAfterTheCut,
+		TestNothingIsQueuedForADeletedEndpoint,
 	)
 }
 
@@ -49,12 +50,24 @@ func ids(evs []redisstore.Event) []string {
 	return out
 }
 
+// put stores endpoint id (of owner acme): Enqueue and SetInflight write only
+// for an endpoint that exists.
+func put(t *testing.T, s *redisstore.Store, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if err := s.Put(t.Context(), endpoint.Endpoint{ID: id, Owner: "acme", URL: "https://example.com/" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestEnqueueSkipsWhatAPartitionAlreadyQueued: a batch handed again (a
 // crash before the ack, a new owner) queues nothing twice.
 func TestEnqueueSkipsWhatAPartitionAlreadyQueued(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 1000)
+	put(t, s, "ep")
 	ctx := t.Context()
 	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"ep": {ev(1, "a"), ev(2, "b")}}); err != nil {
 		t.Fatal(err)
@@ -91,6 +104,7 @@ func TestBacklogIsBoundedDroppingTheOldest(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 3)
+	put(t, s, "ep")
 	ctx := t.Context()
 	var dropped int64
 	for i := range 5 {
@@ -117,6 +131,7 @@ func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 1000)
+	put(t, s, "ep")
 	ctx := t.Context()
 	var evs []redisstore.Event
 	for i := range 10 {
@@ -230,6 +245,7 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
 	s := redisstore.New(rdb, 10_000)
+	put(t, s, "ep")
 	ctx := t.Context()
 	alert := func(seq uint64, id string) redisstore.Event {
 		e := ev(seq, id)
@@ -375,5 +391,40 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	}
 	if _, err := s.Body(ctx, "epB", "epB-d7"); err != nil {
 		t.Errorf("the other endpoint's newest body: %v", err)
+	}
+}
+
+// TestNothingIsQueuedForADeletedEndpoint: whatever still writes for an
+// endpoint after its owner deleted it (an intake batch routed with the
+// endpoints it loaded before the delete, a replay still copying, a test
+// event, its sender marking a batch in flight) stores nothing: the queue,
+// the partition marks and the in-flight mark would outlive the endpoint,
+// with no TTL, and nothing would ever delete them.
+func TestNothingIsQueuedForADeletedEndpoint(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	put(t, s, "epA", "epB")
+	if err := s.Delete(ctx, endpoint.Endpoint{ID: "epA", Owner: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []redisstore.Dedup{redisstore.DedupSeq, redisstore.DedupID, redisstore.DedupNone} {
+		added, _, err := s.Enqueue(ctx, mode, 0, map[string][]redisstore.Event{"epA": {ev(1, "a")}, "epB": {ev(1, "b")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(map[string]int64{"epB": 1}, added); diff != "" {
+			t.Errorf("mode %d: added (-want +got):\n%s", mode, diff)
+		}
+	}
+	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
+		t.Fatal(err)
+	}
+	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
+		t.Errorf("keys written for the deleted endpoint: %q", left)
+	}
+	if n, _, _ := s.Backlog(ctx, "epB"); n != 3 {
+		t.Errorf("the other endpoint's backlog is %d, want its 3 events", n)
 	}
 }

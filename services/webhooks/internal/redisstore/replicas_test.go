@@ -22,6 +22,12 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	ctx := t.Context()
 	timeout, cluster := testenv.ReplicaWaitTimeout(rdb)
 	s := redisstore.New(rdb, 1000)
+	// Events are queued only for endpoints that exist.
+	for _, id := range []string{"ep1", "ep2", "ep3"} {
+		if err := s.Put(ctx, endpoint.Endpoint{ID: id, Owner: "acme", URL: "https://example.com/" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var mu sync.Mutex
 	var shorts []string
 	s.WaitForReplicas(1, timeout, func(op string, err error) {
