@@ -90,7 +90,7 @@ CHAOS_FAULTS ?= \
 	--fault 'kill:warehouse:pgrep -nx warehouse'
 
 .PHONY: chaos
-chaos: build ## the fault suite against a running `make demo`: freeze Redis, NATS, ClickHouse; kill -9 each reader and the redirect
+chaos: build ## the fault suite against a running `make demo`: freeze Redis, NATS, ClickHouse; kill -9 the redirect, the counter, fraud detection and the warehouse loader
 	$(BIN)/loadtest chaos $(CHAOS_ARGS) $(CHAOS_FAULTS)
 
 .PHONY: up

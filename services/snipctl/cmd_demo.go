@@ -216,7 +216,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	bin := fs.String("bin", ".demo/bin", "folder with the service binaries (make build)")
 	natsPort := fs.Int("nats-port", 4222, "NATS client port")
 	natsHTTP := fs.Int("nats-monitor-port", 8222, "NATS monitoring port")
-	httpBase := fs.Int("http-base", 8080, "HTTP port of the redirect service; the others follow (counter +1, fraud +2, warehouse +3, preview +4, console +5)")
+	httpBase := fs.Int("http-base", 8080, "HTTP port of the redirect service; the others follow (counter +1, fraud +2, warehouse +3, preview +4, console +5, webhooks +7)")
 	redisPort := fs.Int("redis-port", 6390, "Redis port")
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
