@@ -780,11 +780,11 @@ func TestLastTryHandedBackAtShutdownIsRunAgain(t *testing.T) {
 // outstanding pull request end"). The pull loop waits for a free slot and
 // for the stop together; were both being ready a coin toss, about every
 // second stop would send one pull more (and take a job it brings). Each of
-// 16 stops, on servers of their own, counts the pull requests the server
+// 8 stops, on servers of their own, counts the pull requests the server
 // got: one, the outstanding pull.
 func TestStopSendsNoPullAfterTheOutstandingOne(t *testing.T) {
 	t.Parallel()
-	for i := range 16 {
+	for i := range 8 {
 		t.Run(fmt.Sprint("stop_", i), func(t *testing.T) {
 			t.Parallel()
 			n := testenv.StartNATS(t)
@@ -803,7 +803,7 @@ func TestStopSendsNoPullAfterTheOutstandingOne(t *testing.T) {
 			}
 			cfg := testConfig(t)
 			cfg.Concurrency = 1
-			cfg.PullWait = time.Second // the stop comes well within the first pull
+			cfg.PullWait = 2 * time.Second // the stop comes well within the first pull
 			q := New(js, cfg, func(context.Context, []byte) error { return nil }, nil)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
