@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -94,6 +96,28 @@ func TestUsageErrors(t *testing.T) {
 			t.Parallel()
 			if _, err := snipctl(t, nil, args...); !errors.Is(err, errUsage) {
 				t.Fatalf("snipctl %v: err = %v, want a usage error", args, err)
+			}
+		})
+	}
+}
+
+// With NATS unreachable each command that uses it fails at once with
+// the connection's own error ("no servers available"), not after
+// SNIPCTL_TIMEOUT with "context deadline exceeded": an operator learns
+// that NATS is not there, not that something was slow.
+func TestNATSCommandsFailAtOnceWithoutNATS(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"NATS_URL=nats://127.0.0.1:" + strconv.Itoa(port), "SNIPCTL_TIMEOUT=3s"}
+	for _, args := range [][]string{{"topology", "apply"}, {"lag"}, {"dlq", "list"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		t.Run(strings.Join(args, "_"), func(t *testing.T) {
+			t.Parallel()
+			out, err := snipctl(t, environ, args...)
+			if !errors.Is(err, nats.ErrNoServers) || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("snipctl %v without NATS: err = %v, want nats.ErrNoServers at once\n%s", args, err, out)
 			}
 		})
 	}
