@@ -201,6 +201,10 @@ const (
 	restartReset = time.Minute
 )
 
+// maxDemoRate bounds --rate: the trickle sends one click at a time, and a
+// rate whose interval rounds to nothing would make its ticker panic.
+const maxDemoRate = 10_000
+
 // errStopped: the demo is stopping, nothing more starts.
 var errStopped = errors.New("the demo is stopping")
 
@@ -220,7 +224,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	redisPort := fs.Int("redis-port", 6390, "Redis port")
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
-	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
+	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none; at most 10000)")
 	natsProf := fs.Int("nats-prof-port", 0, "serve the demo process's Go profiles (/debug/pprof/: its embedded NATS server's heap and CPU) on this loopback port, as nats-server's prof_port does (0: off; not with --cluster)")
 	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port, --nats-prof-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
@@ -231,6 +235,9 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
+	}
+	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
+		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}
 	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
