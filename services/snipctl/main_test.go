@@ -122,3 +122,21 @@ func TestNATSCommandsFailAtOnceWithoutNATS(t *testing.T) {
 		})
 	}
 }
+
+// A SNIPCTL_TIMEOUT of zero or less would end every call at once ("context
+// deadline exceeded", after the command had begun): it is refused up
+// front, naming the variable, and nothing is written.
+func TestConfigRefusesATimeoutOfNothing(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	for _, timeout := range []string{"0s", "-1s"} {
+		environ := []string{"REDIS_URL=" + servers.Redis.URL(db), "SNIPCTL_TIMEOUT=" + timeout}
+		out, err := snipctl(t, environ, "owners", "create", "acme")
+		if err == nil || !strings.Contains(err.Error(), "SNIPCTL_TIMEOUT") {
+			t.Errorf("SNIPCTL_TIMEOUT=%s: err = %v, want one naming SNIPCTL_TIMEOUT\n%s", timeout, err, out)
+		}
+	}
+	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (err %v), want none", n, err)
+	}
+}
