@@ -408,10 +408,13 @@ func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstr
 	return err
 }
 
-// bucketUpToDate compares the fields of a KV bucket that Snip sets.
+// bucketUpToDate compares the fields of a KV bucket that decide how it
+// works. The description is left out: a bucket made by an earlier version
+// keeps its wording rather than have every service whose user may not
+// update it wait for an operator's apply.
 func bucketUpToDate(have, want jetstream.KeyValueConfig) bool {
 	return have.Replicas == want.Replicas && have.History == want.History &&
-		have.LimitMarkerTTL == want.LimitMarkerTTL && have.Description == want.Description
+		have.LimitMarkerTTL == want.LimitMarkerTTL
 }
 
 // errCodeNoPeers is JetStream's error code for "insufficient resources" when
