@@ -529,3 +529,33 @@ func TestDemoRefusesABadRate(t *testing.T) {
 		}
 	}
 }
+
+// The demo's start-up waits end with the demo: stopped (Ctrl-C) while it
+// waits for the redirect to create its links, it does not go on trying for
+// the wait's 30 s before it stops what it started.
+func TestDemoStartupWaitEndsWithTheStop(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort() // no redirect listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &demo{env: &Env{Stdout: io.Discard}, httpBase: port, dir: t.TempDir(), siteURL: "http://127.0.0.1:2"}
+	ctx, stop := context.WithCancel(t.Context())
+	stop()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.createLinks(ctx)
+		done <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the link wait to end with the stopped demo", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("createLinks of a stopped demo: err = %v, want context.Canceled", err)
+	}
+}
