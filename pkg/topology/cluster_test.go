@@ -88,3 +88,36 @@ func TestNoPeersYetIsThePlacementAnswer(t *testing.T) {
 		}
 	}
 }
+
+// A deployment that grew from one server to a three-node cluster applies
+// the topology again with Replicas 3 (deploy/README.md): every stream and
+// the members bucket, which holds the groups' leases, their replay
+// requests and fraud detection's origin records, then have three
+// replicas. Applying once more changes nothing.
+func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	js := c.JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions = 2
+	c.ApplyTopology(t, js, o) // one replica: as on the single server
+	o.Replicas = 3
+	c.ApplyTopology(t, js, o)
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatalf("apply again: %v", err)
+	}
+	names := []string{"KV_" + topology.MembersBucket}
+	for _, cfg := range topology.Streams(o) {
+		names = append(names, cfg.Name)
+	}
+	for _, name := range names {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		if r := s.CachedInfo().Config.Replicas; r != 3 {
+			t.Errorf("stream %s: %d replicas after applying Replicas 3, want 3", name, r)
+		}
+	}
+}

@@ -381,14 +381,40 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if _, err := js.KeyValue(ctx, MembersBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-		if _, err := js.CreateOrUpdateKeyValue(ctx, MembersBucketConfig(o)); err != nil {
-			return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
-		}
-	} else if err != nil {
+	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o)); err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
 	}
 	return nil
+}
+
+// applyMembersBucket creates the members bucket, or updates it when it is
+// not as wanted (a deployment grown to a cluster asks for more replicas),
+// and does nothing when it is, so a service whose NATS user may only read
+// stream info passes without admin rights.
+func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) error {
+	kv, err := js.KeyValue(ctx, want.Bucket)
+	if err == nil {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if bucketUpToDate(st.Config(), want) {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return err
+	}
+	_, err = js.CreateOrUpdateKeyValue(ctx, want)
+	return err
+}
+
+// bucketUpToDate compares the fields of a KV bucket that decide how it
+// works. The description is left out: a bucket made by an earlier version
+// keeps its wording rather than have every service whose user may not
+// update it wait for an operator's apply.
+func bucketUpToDate(have, want jetstream.KeyValueConfig) bool {
+	return have.Replicas == want.Replicas && have.History == want.History &&
+		have.LimitMarkerTTL == want.LimitMarkerTTL
 }
 
 // errCodeNoPeers is JetStream's error code for "insufficient resources" when

@@ -201,6 +201,10 @@ const (
 	restartReset = time.Minute
 )
 
+// maxDemoRate bounds --rate: the trickle sends one click at a time, and a
+// rate whose interval rounds to nothing would make its ticker panic.
+const maxDemoRate = 10_000
+
 // errStopped: the demo is stopping, nothing more starts.
 var errStopped = errors.New("the demo is stopping")
 
@@ -220,7 +224,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	redisPort := fs.Int("redis-port", 6390, "Redis port")
 	chPort := fs.Int("clickhouse-port", 19000, "ClickHouse native port")
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
-	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none)")
+	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none; at most 10000)")
 	natsProf := fs.Int("nats-prof-port", 0, "serve the demo process's Go profiles (/debug/pprof/: its embedded NATS server's heap and CPU) on this loopback port, as nats-server's prof_port does (0: off; not with --cluster)")
 	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port, --nats-prof-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
@@ -231,6 +235,9 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
+	}
+	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
+		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}
 	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
@@ -289,7 +296,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 			d.stopAll()
 			ns.Shutdown()
 		}()
-		if err := d.startRedis(*redisPort); err != nil {
+		if err := d.startRedis(ctx, *redisPort); err != nil {
 			return err
 		}
 	}
@@ -303,7 +310,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if err := d.prepare(ctx); err != nil {
 		return err
 	}
-	started := d.startServices()
+	started := d.startServices(ctx)
 	links, err := d.createLinks(ctx)
 	if err != nil {
 		return err
@@ -386,7 +393,7 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 	return ns, nil
 }
 
-func (d *demo) startRedis(port int) error {
+func (d *demo) startRedis(ctx context.Context, port int) error {
 	bin, err := testenv.FindBinary("redis-server", "redis-server")
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -398,7 +405,7 @@ func (d *demo) startRedis(port int) error {
 	d.redisURL = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
 	defer rdb.Close()
-	if err := waitUntil(15*time.Second, func() error { return rdb.Ping(context.Background()).Err() }); err != nil {
+	if err := waitUntil(ctx, 15*time.Second, func() error { return rdb.Ping(ctx).Err() }); err != nil {
 		return fmt.Errorf("demo: redis did not start on port %d: %w (see %s)", port, err, d.logPath("redis"))
 	}
 	d.logf("redis        %s (data in %s)", d.redisURL, dir)
@@ -491,7 +498,7 @@ func (d *demo) prepare(ctx context.Context) error {
 
 // startServices starts every service whose binary is in --bin and returns
 // the names of those started.
-func (d *demo) startServices() []string {
+func (d *demo) startServices(ctx context.Context) []string {
 	var started []string
 	common := []string{
 		"NATS_URL=" + d.natsURL,
@@ -522,7 +529,7 @@ func (d *demo) startServices() []string {
 		}
 		url := "http://" + d.addr(s.port) + "/healthz"
 		p := d.proc(s.name)
-		if err := waitUntil(30*time.Second, func() error {
+		if err := waitUntil(ctx, 30*time.Second, func() error {
 			select {
 			case <-p.firstExit:
 				return stopWaiting{fmt.Errorf("exited; it is restarted with backoff")}
@@ -550,7 +557,7 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 		body, _ := json.Marshal(map[string]string{"url": d.siteURL + "/articles/" + slug, "code": slug})
 		var code int
 		var resp []byte
-		err := waitUntil(30*time.Second, func() error {
+		err := waitUntil(ctx, 30*time.Second, func() error {
 			var err error
 			code, resp, err = httpPost(ctx, "http://"+d.addr(0)+"/api/links", demoAPIKey, body)
 			return err
@@ -575,7 +582,7 @@ func (d *demo) readiness(ctx context.Context, started []string) map[string]strin
 	deadline := time.Now().Add(d.readyWait)
 	for _, name := range started {
 		var why string
-		_ = waitUntil(time.Until(deadline), func() error {
+		_ = waitUntil(ctx, time.Until(deadline), func() error {
 			if ctx.Err() != nil {
 				return stopWaiting{ctx.Err()}
 			}
@@ -919,8 +926,13 @@ func (d *demo) stopAll() {
 // waiting longer cannot help.
 type stopWaiting struct{ error }
 
-func waitUntil(timeout time.Duration, f func() error) error {
+// waitUntil calls f every 200 ms until it returns nil or a stopWaiting, or
+// timeout has passed (f's last error), or ctx ends (ctx's error): a demo
+// stopped while it starts does not go on waiting.
+func waitUntil(ctx context.Context, timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
 	for {
 		err := f()
 		var stop stopWaiting
@@ -930,7 +942,11 @@ func waitUntil(timeout time.Duration, f func() error) error {
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
 	}
 }
 

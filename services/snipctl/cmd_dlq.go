@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
 )
 
 const dlqUsage = "dlq list | show SEQ | redrive SEQ... | redrive --source S [--reason R] | redrive --all"
@@ -162,6 +163,14 @@ func parseRedrive(args []string) (redriveArgs, error) {
 		a.seqs = append(a.seqs, seq)
 	}
 	filtered := a.source != "" || a.reason != ""
+	for _, f := range []struct{ flag, v string }{{"--source", a.source}, {"--reason", a.reason}} {
+		// One subject token, as Publish requires of both: anything else
+		// (a dot, a blank, a wildcard) would match nothing, or more than
+		// it names.
+		if f.v != "" && !events.ValidToken(f.v) {
+			return a, fmt.Errorf("dlq redrive %s %q: want one name of letters, digits, '-' and '_' (dlq list shows them): %w", f.flag, f.v, errUsage)
+		}
+	}
 	switch {
 	case len(a.seqs) > 0 && (filtered || a.all):
 		return a, fmt.Errorf("dlq redrive takes sequences or a filter, not both: %w", errUsage)

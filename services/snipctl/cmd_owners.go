@@ -33,6 +33,11 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	default:
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
+	if strings.HasPrefix(id, "-") {
+		// A flag where the ID goes ("owners create -name Acme" without
+		// the ID): "-name" is a valid owner ID, and would be created.
+		return fmt.Errorf("owners %s: the owner ID comes first, before the flags (got %q): %s: %w", verb, id, ownersUsage, errUsage)
+	}
 	fs := flag.NewFlagSet("owners "+verb, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var name *string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/natsconn"
@@ -33,10 +34,13 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// connectJetStream connects without retrying forever: an operator wants a
-// quick, clear failure when NATS is not there.
+// connectJetStream connects once, without natsconn's retry of a failed
+// first connect: an operator wants a quick, clear failure ("no servers
+// available") when NATS is not there, not every call waiting out
+// SNIPCTL_TIMEOUT for a connection that is still being tried. Once
+// connected, a lost connection is reconnected as in the services.
 func connectJetStream(env *Env) (jetstream.JetStream, func(), error) {
-	nc, err := natsconn.Connect(env.Cfg.NATS.Conn("snipctl"), env.Log)
+	nc, err := natsconn.Connect(env.Cfg.NATS.Conn("snipctl"), env.Log, nats.RetryOnFailedConnect(false))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/snipdev/snip/pkg/service"
@@ -18,5 +19,11 @@ type Config struct {
 }
 
 func loadConfig(environ []string) (Config, error) {
-	return service.LoadConfig(environ, Config{}, nil)
+	return service.LoadConfig(environ, Config{}, func(c *Config) error {
+		if c.Timeout <= 0 {
+			// Every call would end at once, as "context deadline exceeded".
+			return fmt.Errorf("SNIPCTL_TIMEOUT %s: want more than 0", c.Timeout)
+		}
+		return nil
+	})
 }

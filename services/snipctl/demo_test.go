@@ -504,3 +504,58 @@ func TestDemoSaysWhatIsReadyAndWhatWaits(t *testing.T) {
 		return regexp.MustCompile(`warehouse +ready now`).MatchString(out.String()) && strings.Contains(out.String(), "every service is ready")
 	})
 }
+
+// A --rate the trickle cannot keep (a negative one, one whose interval
+// rounds to nothing, which made time.NewTicker panic once everything had
+// started, NaN, infinity) is a usage error before anything starts. The
+// Redis port is taken, so a demo that took the rate would stop at its
+// port check instead, having started nothing either.
+func TestDemoRefusesABadRate(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := strconv.Itoa(taken.Addr().(*net.TCPAddr).Port)
+	for _, rate := range []string{"-1", "2e9", "NaN", "+Inf"} {
+		dir := t.TempDir()
+		out, err := snipctl(t, nil, "demo", "--dir", dir, "--bin", t.TempDir(), "--rate", rate, "--redis-port", port)
+		if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), "--rate") {
+			t.Errorf("demo --rate %s: err = %v, want a usage error naming --rate\n%s", rate, err, out)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("demo --rate %s started something: %s holds %v", rate, dir, entries)
+		}
+	}
+}
+
+// The demo's start-up waits end with the demo: stopped (Ctrl-C) while it
+// waits for the redirect to create its links, it does not go on trying for
+// the wait's 30 s before it stops what it started.
+func TestDemoStartupWaitEndsWithTheStop(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort() // no redirect listens there
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &demo{env: &Env{Stdout: io.Discard}, httpBase: port, dir: t.TempDir(), siteURL: "http://127.0.0.1:2"}
+	ctx, stop := context.WithCancel(t.Context())
+	stop()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.createLinks(ctx)
+		done <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, "the link wait to end with the stopped demo", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("createLinks of a stopped demo: err = %v, want context.Canceled", err)
+	}
+}

@@ -205,3 +205,26 @@ func TestDLQRedriveClickTheRelayParked(t *testing.T) {
 		t.Errorf("dead letter after the redrive: %v, want ErrNotFound", err)
 	}
 }
+
+// A --source or --reason that is not one subject token ("click-counter.x",
+// "a b", a wildcard) could only match nothing, or more than named: it is a
+// usage error, and nothing is redriven.
+func TestDLQRedriveRefusesAFilterThatIsNotAToken(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	for _, args := range [][]string{
+		{"--source", "click-counter.x"},
+		{"--source", "a b"},
+		{"--source", ">"},
+		{"--source", "*"},
+		{"--reason", "http_5xx.>"},
+	} {
+		out, err := snipctl(t, w.environ, append([]string{"dlq", "redrive"}, args...)...)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("dlq redrive %v: err = %v, want a usage error\n%s", args, err, out)
+		}
+	}
+	if got := w.msgs(t, events.DeadLetterStream); got != 2 {
+		t.Errorf("%d dead letters left, want the 2 parked", got)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -96,5 +98,45 @@ func TestUsageErrors(t *testing.T) {
 				t.Fatalf("snipctl %v: err = %v, want a usage error", args, err)
 			}
 		})
+	}
+}
+
+// With NATS unreachable each command that uses it fails at once with
+// the connection's own error ("no servers available"), not after
+// SNIPCTL_TIMEOUT with "context deadline exceeded": an operator learns
+// that NATS is not there, not that something was slow.
+func TestNATSCommandsFailAtOnceWithoutNATS(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"NATS_URL=nats://127.0.0.1:" + strconv.Itoa(port), "SNIPCTL_TIMEOUT=3s"}
+	for _, args := range [][]string{{"topology", "apply"}, {"lag"}, {"dlq", "list"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		t.Run(strings.Join(args, "_"), func(t *testing.T) {
+			t.Parallel()
+			out, err := snipctl(t, environ, args...)
+			if !errors.Is(err, nats.ErrNoServers) || errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("snipctl %v without NATS: err = %v, want nats.ErrNoServers at once\n%s", args, err, out)
+			}
+		})
+	}
+}
+
+// A SNIPCTL_TIMEOUT of zero or less would end every call at once ("context
+// deadline exceeded", after the command had begun): it is refused up
+// front, naming the variable, and nothing is written.
+func TestConfigRefusesATimeoutOfNothing(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	for _, timeout := range []string{"0s", "-1s"} {
+		environ := []string{"REDIS_URL=" + servers.Redis.URL(db), "SNIPCTL_TIMEOUT=" + timeout}
+		out, err := snipctl(t, environ, "owners", "create", "acme")
+		if err == nil || !strings.Contains(err.Error(), "SNIPCTL_TIMEOUT") {
+			t.Errorf("SNIPCTL_TIMEOUT=%s: err = %v, want one naming SNIPCTL_TIMEOUT\n%s", timeout, err, out)
+		}
+	}
+	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (err %v), want none", n, err)
 	}
 }

@@ -83,3 +83,26 @@ func TestOwnersWaitForReplicas(t *testing.T) {
 		t.Errorf("-wait-replicas -1: %v, want a usage error", err)
 	}
 }
+
+// A flag where the owner ID goes ("owners create -name Acme" without the
+// ID, "owners revoke --help") is a usage error that writes nothing: it is
+// not taken for an owner named "-name" or "--help" (valid tokens).
+func TestOwnersRefusesAFlagForTheID(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	environ := []string{"REDIS_URL=" + servers.Redis.URL(db)}
+	for _, args := range [][]string{
+		{"owners", "create", "-name"},
+		{"owners", "create", "--help"},
+		{"owners", "rotate", "-wait-replicas"},
+		{"owners", "revoke", "-h"},
+	} {
+		out, err := snipctl(t, environ, args...)
+		if !errors.Is(err, errUsage) {
+			t.Errorf("snipctl %v: err = %v, want a usage error\n%s", args, err, out)
+		}
+	}
+	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys after the refused commands (err %v), want none", n, err)
+	}
+}
