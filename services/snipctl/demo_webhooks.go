@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
@@ -52,11 +53,12 @@ func (d *demo) joinWebhooks(ctx context.Context, started []string) func() {
 		d.logf("%-11s endpoint answer: %v", "webhooks", err)
 		return stop
 	}
-	rcv.wh, err = standardwebhooks.NewWebhook(ep.Secret)
+	wh, err := standardwebhooks.NewWebhook(ep.Secret)
 	if err != nil {
 		d.logf("%-11s secret: %v", "webhooks", err)
 		return stop
 	}
+	rcv.wh.Store(wh)
 	d.logf("%-11s endpoint %s -> %s (verified and printed here, every 5 s)", "webhooks", ep.ID, url)
 	return stop
 }
@@ -107,17 +109,20 @@ func containsName(names []string, n string) bool {
 
 // demoReceiver verifies and prints deliveries.
 type demoReceiver struct {
-	d  *demo
-	wh *standardwebhooks.Webhook
+	d *demo
+	// wh verifies signatures once the endpoint is registered; the server
+	// is already answering (503 before), so it is set while it may be read.
+	wh atomic.Pointer[standardwebhooks.Webhook]
 }
 
 func (r *demoReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
-	if err != nil || r.wh == nil {
+	wh := r.wh.Load()
+	if err != nil || wh == nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
-	if err := r.wh.Verify(body, req.Header); err != nil {
+	if err := wh.Verify(body, req.Header); err != nil {
 		r.d.logf("webhook    %s REJECTED: %v", req.Header.Get("webhook-id"), err)
 		w.WriteHeader(http.StatusUnauthorized)
 		return
