@@ -11,6 +11,10 @@ import (
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 )
 
+// labelledBytesBound is the most bytes one remembered labelled click may
+// cost, the figure the README's Bounds section multiplies out.
+const labelledBytesBound = 64
+
 // floodEvents is one partition's traffic: a quiet link for 61 s (so the
 // state is older than a flood window and the flooded link is judged against
 // the floor from its first click), then rate clicks a second for secs
@@ -67,6 +71,45 @@ func heldAfter(t *testing.T, r fraud.Rules, evs []reader.Event) (int64, fraud.St
 func unflooded(r fraud.Rules) fraud.Rules {
 	r.FloodFloor = 1 << 30
 	return r
+}
+
+// The record of labelled clicks (so that no click is labelled twice, by two
+// rules) is bounded by event time only: every click labelled in the last
+// twice the longest window. A sustained flood of one link, every click
+// labelled, must leave that many clicks remembered, no more, and each must
+// cost at most labelledBytesBound bytes of heap: the bound per click/s of
+// flood the README gives. The cost is the live heap of the flooded state
+// less that of the same traffic with nothing labelled.
+//
+// Not parallel: it measures the heap, and parallel tests wait until it is
+// done.
+func TestLabelledClicksMemoryPerFloodClick(t *testing.T) {
+	const rate = 1000 // labelled clicks a second
+	r := fraud.Defaults()
+	keep := 2 * r.Reach()
+	secs := int(keep/time.Second) + 10
+	evs := floodEvents(rate, secs, 0)
+	flooded, fst := heldAfter(t, r, evs)
+	plain, pst := heldAfter(t, unflooded(r), evs)
+	runtime.KeepAlive(evs)
+
+	if pst.Labelled != 0 {
+		t.Fatalf("%d clicks labelled without a flood; the comparison is void", pst.Labelled)
+	}
+	// Every flood click of the last 2 x reach is remembered (the clock is
+	// the last click's time: the first click kept is at most one second
+	// of flood, rate clicks, off).
+	want := int(keep/time.Second) * rate
+	if fst.Labelled < want || fst.Labelled > want+rate {
+		t.Fatalf("%d labelled clicks remembered after %d s of a %d/s flood; want the %s kept, %d..%d",
+			fst.Labelled, secs, rate, keep, want, want+rate)
+	}
+	per := float64(flooded-plain) / float64(fst.Labelled)
+	t.Logf("%d labelled clicks remembered: %.1f bytes each (state %d bytes flooded, %d not); %.1f kB per labelled click/s of a sustained flood",
+		fst.Labelled, per, flooded, plain, per*keep.Seconds()/1000)
+	if per > labelledBytesBound {
+		t.Errorf("%.1f bytes per remembered labelled click, over the %d the README's bound assumes", per, labelledBytesBound)
+	}
 }
 
 // Once a flood is over and its labels are past 2 x reach, the record of
