@@ -207,7 +207,8 @@ type run struct {
 	drainOnce sync.Once
 	drainEnd  time.Time
 
-	// Failure reporting, by the fetch loop only.
+	// Failure reporting, by Run's goroutine only (its wait for the
+	// consumer, then the fetch loop).
 	down     bool      // failing since the last fetch that worked
 	lastWarn time.Time // the last Warn of this failure
 	quiet    uint64    // failures logged at Debug since lastWarn
