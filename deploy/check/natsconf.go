@@ -37,6 +37,10 @@ type Consumer struct {
 	// Manage: the user creates and updates the consumer itself and moves its
 	// pin (consumer groups); otherwise it only reads it (created by topology).
 	Manage bool
+	// Create: the user may also create the consumer (topology declares it;
+	// the user makes it again, as declared, when it was deleted), without
+	// moving its pin or its position as Manage may.
+	Create bool
 }
 
 // Grant is one piece of what a user needs.
@@ -85,12 +89,16 @@ func ownedSubjects(c Consumer) []string {
 		"$JS.API.CONSUMER.MSG.NEXT." + c.Stream + "." + c.Name,
 		"$JS.ACK." + c.Stream + "." + c.Name + ".>",
 	}
-	if c.Manage {
-		a := "$JS.API.CONSUMER."
+	a := "$JS.API.CONSUMER."
+	if c.Manage || c.Create {
 		out = append(out,
 			a+"CREATE."+c.Stream+"."+c.Name,
 			a+"CREATE."+c.Stream+"."+c.Name+".>",
 			a+"DURABLE.CREATE."+c.Stream+"."+c.Name,
+		)
+	}
+	if c.Manage {
+		out = append(out,
 			a+"UNPIN."+c.Stream+"."+c.Name,
 			a+"RESET."+c.Stream+"."+c.Name,
 		)
@@ -228,6 +236,17 @@ func reads(stream string, consumers ...string) Grant {
 	return g
 }
 
+// recreates is reading durable consumers that topology declares, and
+// creating them again, as declared, when they are gone (the click counter's
+// feeds).
+func recreates(stream string, consumers ...string) Grant {
+	var g Grant
+	for _, c := range consumers {
+		g.Owns = append(g.Owns, Consumer{Stream: stream, Name: c, Create: true})
+	}
+	return g
+}
+
 // ordered is creating ordered consumers of one's own on streams.
 func ordered(streams ...string) Grant { return Grant{Ephemeral: streams} }
 
@@ -262,10 +281,10 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "clickcounter", PasswordVar: "SNIP_NATS_CLICKCOUNTER_PASSWORD",
-			Why: "the click-counter group on CLICKS, its LINKS and FRAUD_VERDICTS feeds",
+			Why: "the click-counter group on CLICKS, its LINKS and FRAUD_VERDICTS feeds (created again as declared when deleted)",
 			Grants: grants(jsBasics, groupReader(topology.GroupClickCounter, partitions),
-				reads(events.LinksStream, topology.ClickCounterLinksConsumer),
-				reads(events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)),
+				recreates(events.LinksStream, topology.ClickCounterLinksConsumer),
+				recreates(events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)),
 		},
 		{
 			Name: "fraud", PasswordVar: "SNIP_NATS_FRAUD_PASSWORD",

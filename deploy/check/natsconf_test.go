@@ -302,6 +302,22 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 						t.Fatalf("ack on %s: %v", cons.name, err)
 					}
 				}
+				// An operator deletes a feed's consumer: the counter creates
+				// it again as the topology declares it.
+				for _, cons := range []struct {
+					stream string
+					cfg    jetstream.ConsumerConfig
+				}{
+					{events.LinksStream, topology.ClickCounterLinksConsumerConfig()},
+					{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumerConfig()},
+				} {
+					if err := admin.js.DeleteConsumer(ctx, cons.stream, cons.cfg.Durable); err != nil {
+						t.Fatalf("admin: delete %s: %v", cons.cfg.Durable, err)
+					}
+					if _, err := c.js.CreateConsumer(ctx, cons.stream, cons.cfg); err != nil {
+						t.Fatalf("create %s again: %v", cons.cfg.Durable, err)
+					}
+				}
 			case "fraud":
 				if _, err := c.js.Publish(ctx, events.FraudAlertSubject("kfraud"), []byte(`{}`)); err != nil {
 					t.Fatalf("publish alert: %v", err)

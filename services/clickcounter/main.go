@@ -98,13 +98,15 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 }
 
 // feeds are the counter's LINKS and FRAUD_VERDICTS feeds (the benchmarks run
-// them as run does).
+// them as run does). Each creates its consumer again, as the topology
+// declares it, if an operator deletes it: a replay from the stream's start
+// applies nothing twice (link events and labels are applied by sequence).
 func feeds(c *counter.Counter, log *slog.Logger, drain time.Duration) []jsfeed.Feed {
 	fs := []jsfeed.Feed{
 		{Name: "links", Stream: events.LinksStream, Consumer: topology.ClickCounterLinksConsumer,
-			Handle: jsfeed.Links(c.ApplyLinkEvents)},
+			Declared: topology.ClickCounterLinksConsumerConfig(), Handle: jsfeed.Links(c.ApplyLinkEvents)},
 		{Name: "verdicts", Stream: events.FraudVerdictsStream, Consumer: topology.ClickCounterVerdictsConsumer,
-			Handle: jsfeed.Verdicts(c.ApplyVerdicts)},
+			Declared: topology.ClickCounterVerdictsConsumerConfig(), Handle: jsfeed.Verdicts(c.ApplyVerdicts)},
 	}
 	for i := range fs {
 		fs[i].Source, fs[i].Log, fs[i].DrainTimeout = topology.GroupClickCounter, log, drain

@@ -380,6 +380,12 @@ func TestCrashMidBurst(t *testing.T) {
 	if got := members[survivor].metric(t, "snip_fraud_rebuild_events_count"); got < 1 {
 		t.Fatalf("survivor rebuilt %v times, want at least once", got)
 	}
+	// The survivor remembers every click labelled, those of the rebuild
+	// included (its clock is the last click's, 30 s ago: none expired).
+	remembered := fmt.Sprintf(`snip_fraud_remembered_labels{partition="%d"}`, p)
+	if got := members[survivor].metric(t, remembered); got != 60 {
+		t.Fatalf("%s = %v on the survivor, want 60", remembered, got)
+	}
 }
 
 // TestReplayRaisesNoNewAlert rewinds the group to the start: every event

@@ -6,6 +6,16 @@
 // parked on DEAD_LETTER (through package deadletter) when it can never be
 // handled (malformed, of an unknown schema version, or any failure.Permanent):
 // the failure contract every Snip consumer shares, read by failure.Classify.
+//
+// A feed whose consumer is gone (an operator deleted it) creates it again
+// with the configuration the topology declares (Feed.Declared), as the
+// reader runtime does with its partition consumers: from the stream's
+// start, which is safe because the counter applies link events and verdicts
+// by their sequence (a replayed one is stale and changes nothing). While a
+// feed cannot fetch (NATS away, the consumer gone and not allowed to be made
+// again) it says so: a Warn log at the first failure and then at most once
+// a minute, snip_clickcounter_feed_up at 0, and
+// snip_clickcounter_feed_fetch_errors_total growing.
 package jsfeed
 
 import (
@@ -85,23 +95,48 @@ type Feed struct {
 	// held, never what a live one is still working on. Default: the
 	// consumer's configured AckWait.
 	AckWait time.Duration
-	Log     *slog.Logger
+	// Declared is the consumer's configuration as the topology declares it
+	// (topology.ClickCounterLinksConsumerConfig): when the consumer is not
+	// found, at start or after a fetch failed, the feed creates it with this
+	// configuration (never updating one that exists). Its Durable must be
+	// Consumer. Zero: the feed only waits for someone else to create it.
+	Declared jetstream.ConsumerConfig
+	Log      *slog.Logger
 }
 
 // Metrics are the feeds' Prometheus collectors.
 type Metrics struct {
-	messages *prometheus.CounterVec
+	messages    *prometheus.CounterVec
+	up          *prometheus.GaugeVec
+	fetchErrors *prometheus.CounterVec
+	recreated   *prometheus.CounterVec
 }
 
 // NewMetrics registers the feeds' collectors on reg (nil: none).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	m := &Metrics{messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "snip_clickcounter_feed_messages_total",
-		Help: "Messages of the LINKS and FRAUD_VERDICTS feeds, by feed and result (ok, retried, parked).",
-	}, []string{"feed", "result"})}
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_feed_messages_total",
+			Help: "Messages of the LINKS and FRAUD_VERDICTS feeds, by feed and result (ok, retried, parked).",
+		}, []string{"feed", "result"}),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "snip_clickcounter_feed_up",
+			Help: "1 while the feed fetches from its consumer (messages or an idle wait), 0 while it cannot: the consumer not found, NATS away, a fetch refused.",
+		}, []string{"feed"}),
+		fetchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_feed_fetch_errors_total",
+			Help: "Fetches (and consumer look-ups) of the LINKS and FRAUD_VERDICTS feeds that failed, by feed.",
+		}, []string{"feed"}),
+		recreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "snip_clickcounter_feed_consumer_created_total",
+			Help: "Times this instance created a feed's consumer again, with its declared configuration, after finding it gone (its stream is then handed again from the start).",
+		}, []string{"feed"}),
+	}
 	if reg != nil {
-		if err := reg.Register(m.messages); err != nil {
-			return nil, fmt.Errorf("register feed metrics: %w", err)
+		for _, c := range []prometheus.Collector{m.messages, m.up, m.fetchErrors, m.recreated} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register feed metrics: %w", err)
+			}
 		}
 	}
 	return m, nil
@@ -109,10 +144,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 
 // Run consumes the feed until ctx ends, then handles and acks (within
 // DrainTimeout) the batches it has fetched. It waits for the consumer to
-// exist and for NATS to be reachable rather than fail.
+// exist (creating it again from Declared when it is gone) and for NATS to be
+// reachable rather than fail.
 func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error {
 	if f.Log == nil {
 		f.Log = slog.New(slog.DiscardHandler)
+	}
+	if f.Declared.Durable != "" && f.Declared.Durable != f.Consumer {
+		return fmt.Errorf("feed %s: declared consumer %q is not the feed's consumer %q", f.Name, f.Declared.Durable, f.Consumer)
 	}
 	if f.BatchSize <= 0 {
 		f.BatchSize = DefaultBatchSize
@@ -124,24 +163,29 @@ func (f Feed) Run(ctx context.Context, js jetstream.JetStream, m *Metrics) error
 	f.HandleTimeout = orDefault(f.HandleTimeout, 10*time.Second)
 	f.MaxRetryDelay = orDefault(f.MaxRetryDelay, 10*time.Second)
 	f.DrainTimeout = orDefault(f.DrainTimeout, 10*time.Second)
+	r := &run{f: f, js: js, m: m}
+	m.up.WithLabelValues(f.Name).Set(0)
+	m.fetchErrors.WithLabelValues(f.Name) // exported from the start, at 0, for increase() in alerts
+	m.recreated.WithLabelValues(f.Name)
 	var cons jetstream.Consumer
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	for failures := uint64(1); ; failures++ {
 		var err error
-		if cons, err = js.Consumer(ctx, f.Stream, f.Consumer); err == nil {
+		if cons, err = r.consumer(ctx); err == nil {
 			break
 		}
-		f.Log.Warn("feed consumer not available; retrying", "feed", f.Name, "consumer", f.Consumer, "err", err)
+		r.failed(err, failures)
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(wait):
+		case <-time.After(f.delay(failures)):
 		}
 	}
-	if f.AckWait <= 0 {
-		f.AckWait = cons.CachedInfo().Config.AckWait
+	r.fetching()
+	if r.f.AckWait <= 0 {
+		r.f.AckWait = cons.CachedInfo().Config.AckWait
 	}
+	f = r.f
 	f.Log.Info("feed started", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer, "ack_wait", f.AckWait)
-	r := &run{f: f, js: js, m: m}
 	defer context.AfterFunc(ctx, func() { r.drainBy() })() // the drain's clock starts when ctx ends
 	batches := make(chan inHand)
 	var wg sync.WaitGroup
@@ -162,6 +206,72 @@ type run struct {
 
 	drainOnce sync.Once
 	drainEnd  time.Time
+
+	// Failure reporting, by Run's goroutine only (its wait for the
+	// consumer, then the fetch loop).
+	down     bool      // failing since the last fetch that worked
+	lastWarn time.Time // the last Warn of this failure
+	quiet    uint64    // failures logged at Debug since lastWarn
+}
+
+// warnEvery is how often a feed that keeps failing logs at Warn: the first
+// failure, then one line a minute (with the failures in between), the rest
+// at Debug. A fetch retries within seconds, so a Warn for each would flood
+// the logs of an outage; a Debug for each hid a deleted consumer.
+const warnEvery = time.Minute
+
+// consumer looks the feed's consumer up and, when it is not found and the
+// feed has its Declared configuration, creates it with that configuration
+// (CreateConsumer: one that exists, made meanwhile by another instance or
+// snipctl, is taken as it is, never updated).
+func (r *run) consumer(ctx context.Context) (jetstream.Consumer, error) {
+	f := r.f
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := r.js.Consumer(ctx, f.Stream, f.Consumer)
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) || f.Declared.Durable == "" {
+		if err != nil {
+			return nil, fmt.Errorf("look up consumer %s > %s: %w", f.Stream, f.Consumer, err)
+		}
+		return c, nil
+	}
+	c, err = r.js.CreateConsumer(ctx, f.Stream, f.Declared)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		c, err = r.js.Consumer(ctx, f.Stream, f.Consumer)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s > %s not found; create it again: %w", f.Stream, f.Consumer, err)
+	}
+	r.m.recreated.WithLabelValues(f.Name).Inc()
+	f.Log.Warn("feed consumer was gone; created it again with its declared configuration: the stream is handed again from its start (what was applied is stale and changes nothing)",
+		"feed", f.Name, "stream", f.Stream, "consumer", f.Consumer)
+	return c, nil
+}
+
+// failed records a failure to fetch or to find the consumer: the gauge goes
+// to 0, the error is counted, and logged at Warn at most every warnEvery.
+func (r *run) failed(err error, failures uint64) {
+	f := r.f
+	r.m.up.WithLabelValues(f.Name).Set(0)
+	r.m.fetchErrors.WithLabelValues(f.Name).Inc()
+	now := time.Now()
+	if r.down && now.Sub(r.lastWarn) < warnEvery {
+		r.quiet++
+		f.Log.Debug("feed fetch", "feed", f.Name, "err", err)
+		return
+	}
+	f.Log.Warn("feed cannot fetch; retrying", "feed", f.Name, "stream", f.Stream, "consumer", f.Consumer,
+		"failures", failures, "not_logged", r.quiet, "err", err)
+	r.down, r.lastWarn, r.quiet = true, now, 0
+}
+
+// fetching records a fetch that worked (messages, or none within the wait).
+func (r *run) fetching() {
+	r.m.up.WithLabelValues(r.f.Name).Set(1)
+	if r.down {
+		r.f.Log.Info("feed fetching again", "feed", r.f.Name, "consumer", r.f.Consumer)
+		r.down = false
+	}
 }
 
 // drainBy is when a graceful stop gives up on the batches in hand:
@@ -201,19 +311,30 @@ func (r *run) fetch(ctx context.Context, cons jetstream.Consumer, batches chan<-
 			batch = append(batch, more...)
 		}
 		if len(batch) == 0 {
-			if err != nil && !errors.Is(err, nats.ErrTimeout) {
-				// NATS down, the consumer deleted: wait, and try again.
+			switch {
+			case ctx.Err() != nil: // stopping: a fetch cut short is no failure
+			case err != nil && !errors.Is(err, nats.ErrTimeout):
+				// NATS down, the consumer deleted: say so, look the consumer
+				// up (creating it again if it is gone), wait, try again.
 				failures++
-				f.Log.Debug("feed fetch", "feed", f.Name, "err", err)
+				if c, lerr := r.consumer(ctx); lerr == nil {
+					cons = c
+				} else {
+					err = fmt.Errorf("%w (%w)", err, lerr)
+				}
+				r.failed(err, failures)
 				select {
 				case <-ctx.Done():
 				case <-time.After(f.delay(failures)):
 				}
+			default: // an idle wait that ended without messages
+				r.fetching()
 			}
 			idle = true
 			continue
 		}
 		failures = 0
+		r.fetching()
 		idle = len(batch) < f.BatchSize/2
 		b := inHand{msgs: batch, settled: r.keepInProgress(batch)}
 		batches <- b // also after ctx ended: every fetched message is handled

@@ -1,12 +1,15 @@
 package jsfeed_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,7 +46,15 @@ func setup(tb testing.TB) jetstream.JetStream {
 // and waits for Run to return.
 func run(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc, opts ...func(*jsfeed.Feed)) (stop func()) {
 	tb.Helper()
-	m, err := jsfeed.NewMetrics(prometheus.NewRegistry())
+	stop, _ = runMetered(tb, js, h, opts...)
+	return stop
+}
+
+// runMetered is run, and returns the registry of the feed's metrics.
+func runMetered(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc, opts ...func(*jsfeed.Feed)) (stop func(), reg *prometheus.Registry) {
+	tb.Helper()
+	reg = prometheus.NewRegistry()
+	m, err := jsfeed.NewMetrics(reg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -62,7 +73,63 @@ func run(tb testing.TB, js jetstream.JetStream, h jsfeed.HandleFunc, opts ...fun
 	var once sync.Once
 	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
 	tb.Cleanup(stop)
-	return stop
+	return stop, reg
+}
+
+// feedMetric returns the value of the feed metric name for the LINKS feed
+// (-1 when it has no such series).
+func feedMetric(tb testing.TB, reg *prometheus.Registry, name string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "feed" && l.GetValue() == "links" {
+					if m.GetGauge() != nil {
+						return m.GetGauge().GetValue()
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// logLines is a slog destination a test reads back.
+type logLines struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// count returns how many lines were logged at level with message msg.
+func (l *logLines) count(tb testing.TB, level slog.Level, msg string) int {
+	tb.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for line := range strings.Lines(l.buf.String()) {
+		var rec struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			tb.Fatalf("log line %q: %v", line, err)
+		}
+		if rec.Level == level.String() && rec.Msg == msg {
+			n++
+		}
+	}
+	return n
 }
 
 // consumerState returns the LINKS consumer's delivered-but-unacked count
@@ -459,5 +526,96 @@ func TestASlowBatchIsKeptInProgressNotRedelivered(t *testing.T) {
 		if n != 1 {
 			t.Errorf("link event %d handled %d times, want once (held batches: %d)", seq, n, holders)
 		}
+	}
+}
+
+// An operator deleted the feed's consumer: the feed creates it again with
+// its declared configuration, from the stream's start, and goes on: the
+// event published after the deletion is handled, the one before it handed
+// again (the counter finds it stale).
+func TestADeletedConsumerIsCreatedAgainFromTheStart(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	publishLink(t, js, "before", nil)
+	g := newGate()
+	g.release()
+	_, reg := runMetered(t, js, g.handle, func(f *jsfeed.Feed) { f.Declared = topology.ClickCounterLinksConsumerConfig() })
+	testenv.WaitFor(t, 20*time.Second, "the first event handled and acked", func() bool {
+		_, floor := consumerState(t, js)
+		return floor == 1
+	})
+	if err := js.DeleteConsumer(t.Context(), events.LinksStream, topology.ClickCounterLinksConsumer); err != nil {
+		t.Fatal(err)
+	}
+	publishLink(t, js, "after", nil)
+	testenv.WaitFor(t, 20*time.Second, "the event published after the deletion handled", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.seqs[2] == 1
+	})
+	g.mu.Lock()
+	if d := cmp.Diff(map[uint64]int{1: 2, 2: 1}, g.seqs); d != "" {
+		t.Errorf("times each LINKS sequence was handled (-want +got):\n%s", d)
+	}
+	g.mu.Unlock()
+	c, err := js.Consumer(t.Context(), events.LinksStream, topology.ClickCounterLinksConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, have := topology.ClickCounterLinksConsumerConfig(), c.CachedInfo().Config
+	if have.DeliverPolicy != want.DeliverPolicy || have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy ||
+		have.AckWait != want.AckWait || have.MaxDeliver != want.MaxDeliver || have.MaxAckPending != want.MaxAckPending || have.Description != want.Description {
+		t.Errorf("created consumer %+v; want the declared %+v", have, want)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the feed up again", func() bool {
+		return feedMetric(t, reg, "snip_clickcounter_feed_up") == 1
+	})
+	if n := feedMetric(t, reg, "snip_clickcounter_feed_consumer_created_total"); n != 1 {
+		t.Errorf("snip_clickcounter_feed_consumer_created_total = %v, want 1", n)
+	}
+}
+
+// A feed that cannot fetch (its consumer gone, and no declared
+// configuration to create it again with, as under a NATS user that may not)
+// says so: the up gauge at 0, every failure counted, one Warn line rather
+// than one per retry; and it recovers, saying so, once the consumer is back.
+func TestAFeedThatCannotFetchSaysSo(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	logs := &logLines{}
+	g := newGate()
+	g.release()
+	_, reg := runMetered(t, js, g.handle, func(f *jsfeed.Feed) {
+		f.Log = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	testenv.WaitFor(t, 20*time.Second, "the feed up", func() bool {
+		return feedMetric(t, reg, "snip_clickcounter_feed_up") == 1
+	})
+	if err := js.DeleteConsumer(t.Context(), events.LinksStream, topology.ClickCounterLinksConsumer); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, "five failed fetches counted", func() bool {
+		return feedMetric(t, reg, "snip_clickcounter_feed_fetch_errors_total") >= 5
+	})
+	if up := feedMetric(t, reg, "snip_clickcounter_feed_up"); up != 0 {
+		t.Errorf("snip_clickcounter_feed_up = %v while the consumer is gone, want 0", up)
+	}
+	if n := logs.count(t, slog.LevelWarn, "feed cannot fetch; retrying"); n != 1 {
+		t.Errorf("%d Warn lines for five failures within a minute, want 1", n)
+	}
+	if err := topology.ApplyClickCounter(t.Context(), js); err != nil {
+		t.Fatal(err)
+	}
+	publishLink(t, js, "back", nil)
+	testenv.WaitFor(t, 20*time.Second, "the event published once the consumer was back handled", func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.seqs[1] == 1
+	})
+	testenv.WaitFor(t, 10*time.Second, "the feed up again, and saying so", func() bool {
+		return feedMetric(t, reg, "snip_clickcounter_feed_up") == 1 && logs.count(t, slog.LevelInfo, "feed fetching again") == 1
+	})
+	if n := feedMetric(t, reg, "snip_clickcounter_feed_consumer_created_total"); n != 0 {
+		t.Errorf("snip_clickcounter_feed_consumer_created_total = %v without a declared configuration, want 0", n)
 	}
 }

@@ -94,9 +94,12 @@ type Partition struct {
 	pairs    *table[stateKey, pairState]
 	counts   *table[stateKey, labelCount]
 	// labelled holds the clicks labelled within reach, so no click is
-	// labelled twice; labelledQ expires them in the order they were added.
-	labelled  map[uint64]struct{}
-	labelledQ window
+	// labelled twice; labelledQ expires them in the order they were added
+	// (it holds exactly the clicks of labelled). labelledPeak is the most
+	// labelled held since it was last made (see expire).
+	labelled     map[uint64]struct{}
+	labelledQ    window
+	labelledPeak int
 	// ids records the event IDs seen within Memory, to find copies.
 	ids    idRecord
 	agents agentCache
@@ -314,7 +317,25 @@ func (p *Partition) expire() {
 		n++
 	}
 	p.labelledQ.dropFront(n)
+	// A Go map keeps the room it grew to after its entries are deleted: a
+	// flood of 10,000 labelled clicks a second would hold its 1.2 million
+	// entries' room (about 40 bytes each) until the partition is rebuilt.
+	// Once it is down to a quarter of its peak, it is made again from the
+	// queue, so the memory follows the clicks of the last 2 x reach. Each
+	// rebuild copies at most a third of the deletions since the last, so
+	// the cost per label stays constant.
+	if l := len(p.labelled); p.labelledPeak >= minLabelledRebuild && l <= p.labelledPeak/4 {
+		m := make(map[uint64]struct{}, l)
+		for _, c := range p.labelledQ.c {
+			m[c.seq] = struct{}{}
+		}
+		p.labelled, p.labelledPeak = m, l
+	}
 }
+
+// minLabelledRebuild is the peak below which the map of labelled clicks is
+// not made again: its room is then a few hundred kilobytes at most.
+const minLabelledRebuild = 4096
 
 // label labels a click once; the first rule to label it names the reason.
 func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
@@ -323,6 +344,7 @@ func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
 	}
 	p.labelled[c.seq] = struct{}{}
 	p.labelledQ.push(c, 0)
+	p.labelledPeak = max(p.labelledPeak, len(p.labelled))
 	if j != nil {
 		j.Labels = append(j.Labels, Label{Seq: c.seq, Rule: rule, AlertID: alertID})
 	}

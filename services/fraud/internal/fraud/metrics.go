@@ -23,6 +23,7 @@ type Metrics struct {
 	rebuildRead   prometheus.Histogram
 	identities    *prometheus.GaugeVec
 	links         *prometheus.GaugeVec
+	labelled      *prometheus.GaugeVec
 	evicted       *prometheus.GaugeVec
 }
 
@@ -76,12 +77,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		links: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "snip_fraud_tracked_links", Help: "Links tracked, by partition.",
 		}, []string{"partition"}),
+		labelled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "snip_fraud_remembered_labels", Help: "Labelled clicks remembered so that no click is labelled twice (those of the last twice the longest window of event time, at most 64 bytes each), by partition.",
+		}, []string{"partition"}),
 		evicted: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "snip_fraud_state_evicted", Help: "States evicted by a cap since the partition was assigned, by partition; growth means a cap is too low for the traffic.",
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.copies, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.evicted)
+		reg.MustRegister(m.judged, m.copies, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.labelled, m.evicted)
 	}
 	return m
 }
@@ -90,6 +94,7 @@ func (m *Metrics) observe(partition int, s Stats) {
 	p := strconv.Itoa(partition)
 	m.identities.WithLabelValues(p).Set(float64(s.Identities))
 	m.links.WithLabelValues(p).Set(float64(s.Links))
+	m.labelled.WithLabelValues(p).Set(float64(s.Labelled))
 	m.evicted.WithLabelValues(p).Set(float64(s.Evicted))
 }
 
@@ -97,5 +102,6 @@ func (m *Metrics) forget(partition int) {
 	p := strconv.Itoa(partition)
 	m.identities.DeleteLabelValues(p)
 	m.links.DeleteLabelValues(p)
+	m.labelled.DeleteLabelValues(p)
 	m.evicted.DeleteLabelValues(p)
 }
