@@ -123,6 +123,10 @@ func exposesOnlyTheProductAndRedisNeedsAPassword(t *testing.T, file string) {
 		if redis.Command[i+1] != password {
 			t.Errorf("%s has another password than the other Redis nodes", name)
 		}
+		// Keys Snip relies on must never be evicted (docs/durability.md).
+		if k := slices.Index(redis.Command, "--maxmemory-policy"); k < 0 || k+1 >= len(redis.Command) || redis.Command[k+1] != "noeviction" {
+			t.Errorf("%s: not --maxmemory-policy noeviction: %v", name, redis.Command)
+		}
 		if j := slices.Index(redis.Command, "--cluster-enabled"); j >= 0 {
 			// A replica authenticates to its master with masterauth.
 			if k := slices.Index(redis.Command, "--masterauth"); k < 0 || k+1 >= len(redis.Command) || redis.Command[k+1] != password {

@@ -110,14 +110,52 @@ func (g *Group) NATS(cfg NATS, name string, opts ...nats.Option) (*nats.Conn, je
 }
 
 // Redis opens a client as cfg says (redisconn.Open: it does not connect)
-// and closes it in the last stage.
+// and closes it in the last stage. Once Redis answers, a component checks
+// that it never evicts keys (checkEviction).
 func (g *Group) Redis(cfg Redis) (redis.UniversalClient, error) {
 	rdb, err := redisconn.Open(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
 	g.Close("redis", rdb.Close)
+	g.Go(Intake, "redis eviction check", func(ctx context.Context) error {
+		checkEviction(ctx, g.log, rdb, 30*time.Second)
+		return nil
+	})
 	return rdb, nil
+}
+
+// checkEviction reads every Redis server's maxmemory-policy, retrying
+// every few seconds (up to every) until one read succeeds or ctx ends, and
+// logs an error for each server that may evict keys (redisconn.NoEviction
+// says what that breaks). A Redis that refuses CONFIG GET (managed
+// services often do) is logged once as unchecked.
+func checkEviction(ctx context.Context, log *slog.Logger, rdb redis.UniversalClient, every time.Duration) {
+	for wait := 500 * time.Millisecond; ; wait = min(2*wait, every) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		evicting, err := redisconn.EvictingServers(cctx, rdb)
+		cancel()
+		var rerr redis.Error
+		switch {
+		case err == nil:
+			for addr, policy := range evicting {
+				log.Error("redis may evict keys: set maxmemory-policy to noeviction, or outbox entries, records of event IDs and leases can vanish when it is full (clicks lost or counted twice)",
+					"server", addr, "maxmemory_policy", policy)
+			}
+			if len(evicting) == 0 {
+				log.Info("redis evicts no keys", "maxmemory_policy", redisconn.NoEviction)
+			}
+			return
+		case errors.As(err, &rerr):
+			log.Warn("redis maxmemory-policy not checked (CONFIG GET refused): it must be noeviction", "err", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }
 
 // HTTP is the component that serves web at HTTPAddr, calls Ready once it
