@@ -282,27 +282,40 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, st redisstore
 		s.log.Warn("webhooks: record state", "endpoint", e.ID, "err", err)
 	}
 	if now.Sub(st.FailingSince) >= s.cfg.DisableAfter {
-		s.disable(ctx, e, st)
+		s.disable(ctx, e.ID)
 	}
 	return false, res.RetryAfter
 }
 
 // disable stops deliveries to an endpoint that failed for too long; what is
-// queued stays (bounded) and the owner can resume or replay it.
-func (s *Sender) disable(ctx context.Context, e endpoint.Endpoint, st redisstore.State) {
-	cur, _, err := s.store.Get(ctx, e.ID)
+// queued stays (bounded) and the owner can resume or replay it. It is a
+// version-checked Update that looks at the failing run again as it writes:
+// the owner's changes made meanwhile (a rotated secret) are kept, a resume
+// that cleared the run wins, and a deleted endpoint stays deleted.
+func (s *Sender) disable(ctx context.Context, id string) {
+	var disabled bool
+	e, _, err := s.store.Update(ctx, id, func(e *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+		now := time.Now()
+		disabled = e.DisabledAt.IsZero() && !st.FailingSince.IsZero() && now.Sub(st.FailingSince) >= s.cfg.DisableAfter
+		if !disabled {
+			return redisstore.WriteNothing, nil
+		}
+		e.DisabledAt = now.UTC()
+		e.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
+		return redisstore.WriteConfig, nil
+	})
 	if err != nil {
+		if !errors.Is(err, endpoint.ErrNotFound) {
+			s.log.Warn("webhooks: disable endpoint", "endpoint", id, "err", err)
+		}
 		return
 	}
-	cur.DisabledAt = time.Now().UTC()
-	cur.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
-	if err := s.store.Put(ctx, cur); err != nil {
-		s.log.Warn("webhooks: disable endpoint", "endpoint", e.ID, "err", err)
+	if !disabled {
 		return
 	}
-	s.log.Warn("webhooks: endpoint disabled", "endpoint", e.ID, "owner", e.Owner, "reason", cur.DisabledReason)
+	s.log.Warn("webhooks: endpoint disabled", "endpoint", id, "owner", e.Owner, "reason", e.DisabledReason)
 	if s.OnDisabled != nil {
-		s.OnDisabled(ctx, cur)
+		s.OnDisabled(ctx, e)
 	}
 }
 

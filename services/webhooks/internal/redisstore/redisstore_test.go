@@ -35,6 +35,8 @@ func TestOnRedisCluster(t *testing.T) {
 		TestDeleteLeavesNoDeliveryBodies,
 		TestClearUpToKeepsWhatCameAfterTheCut,
 		TestNothingIsQueuedForADeletedEndpoint,
+		TestInterleavedUpdatesKeepEachOthersChanges,
+		TestNoWriteBringsBackADeletedEndpoint,
 	)
 }
 
