@@ -244,25 +244,42 @@ if ARGV[3] == '1' then
 end
 return 1`)
 
-// SetState records the sender's view of an endpoint.
-func (s *Store) SetState(ctx context.Context, id string, st State) error {
-	fs := int64(0)
-	if !st.FailingSince.IsZero() {
-		fs = st.FailingSince.UnixMilli()
+// RecordFailure records a failed attempt to deliver to endpoint id, made at
+// now, and returns the delivery state as stored: the failing run's start
+// and its attempts. The run's start is the one stored, not the sender's
+// copy: the owner may have resumed the endpoint (clearing it) while the
+// attempt was on the wire, and the copy would bring back a start the
+// resume cleared, old enough to disable the endpoint at once. A stored
+// start at or before okAfter (the last time the receiver accepted a batch,
+// zero if the sender saw none) is stale too: that success's reset was not
+// stored (Delivered failed), and the run starts again at now. Nothing is
+// written for an endpoint deleted meanwhile (endpoint.ErrNotFound).
+func (s *Store) RecordFailure(ctx context.Context, id string, now, okAfter time.Time, lastError string) (State, error) {
+	ok := int64(0)
+	if !okAfter.IsZero() {
+		ok = okAfter.UnixMilli()
 	}
-	// HSET only if the endpoint still exists, so a deleted one stays deleted.
-	err := setStateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, fs, st.LastError, st.Attempts).Err()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("set state of %s: %w", id, err)
+	r, err := recordFailureScript.Run(ctx, s.rdb, []string{k(id, "ep")}, now.UnixMilli(), ok, lastError).Int64Slice()
+	if err != nil {
+		return State{}, fmt.Errorf("record failure of %s: %w", id, err)
 	}
-	return nil
+	if len(r) != 2 || r[0] < 0 {
+		return State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+	}
+	return State{FailingSince: time.UnixMilli(r[0]), LastError: lastError, Attempts: int(r[1])}, nil
 }
 
-var setStateScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[1], 'cfg') == 1 then
-  redis.call('HSET', KEYS[1], 'failing_since', ARGV[1], 'last_error', ARGV[2], 'attempts', ARGV[3])
-end
-return 1`)
+// recordFailureScript: KEYS = the endpoint; ARGV = the attempt's time and
+// the last success's (Unix ms, 0: none), the error. Returns {failing
+// since, attempts}, or {-1, 0} for a deleted endpoint.
+var recordFailureScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return {-1, 0} end
+local st = redis.call('HMGET', KEYS[1], 'failing_since', 'attempts')
+local since, n = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+if since == 0 or since <= tonumber(ARGV[2]) then since, n = tonumber(ARGV[1]), 0 end
+n = n + 1
+redis.call('HSET', KEYS[1], 'failing_since', since, 'last_error', ARGV[3], 'attempts', n)
+return {since, n}`)
 
 // List returns the owner's endpoints.
 func (s *Store) List(ctx context.Context, owner string) ([]endpoint.Endpoint, error) {
@@ -545,19 +562,34 @@ func decodeEntry(m redis.XMessage) Event {
 	return Event{Seq: seq, Entry: m.ID, ID: str("id"), Type: str("t"), Time: time.Unix(0, ns).UTC(), Data: json.RawMessage(str("d"))}
 }
 
-// Delivered removes delivered events from the queue and clears the
-// in-flight mark.
+// Delivered removes delivered events from the queue, clears the in-flight
+// mark and clears the endpoint's delivery state (failing since, last error,
+// attempts), in one script: the receiver took the batch, so a run of
+// failures before it is over. Were the state cleared by a second call that
+// could fail alone, a stale failing-since would stay, and the endpoint's
+// next failure, however soon, would count from it and could disable it at
+// once. The state is not written for an endpoint deleted meanwhile.
 func (s *Store) Delivered(ctx context.Context, id string, entries []string) error {
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XDel(ctx, k(id, "q"), entries...)
-		p.Del(ctx, k(id, "inflight"))
-		return nil
-	})
+	args := make([]any, len(entries))
+	for i, e := range entries {
+		args[i] = e
+	}
+	err := deliveredScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep")}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("mark delivered for %s: %w", id, err)
 	}
 	return nil
 }
+
+// deliveredScript: KEYS = the queue, the in-flight mark, the endpoint;
+// ARGV = the delivered queue entries.
+var deliveredScript = redis.NewScript(`
+if #ARGV > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV)) end
+redis.call('DEL', KEYS[2])
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 1 then
+  redis.call('HSET', KEYS[3], 'failing_since', 0, 'last_error', '', 'attempts', 0)
+end
+return 1`)
 
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent

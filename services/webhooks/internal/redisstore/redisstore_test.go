@@ -37,6 +37,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestNothingIsQueuedForADeletedEndpoint,
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
+		TestAFailingRunEndsWithADeliveryOrAResume,
 	)
 }
 

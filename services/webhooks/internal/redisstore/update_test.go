@@ -132,7 +132,7 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	if err != nil || len(queued) != 1 {
 		t.Fatalf("read the queue: %d events, %v", len(queued), err)
 	}
-	if err := s.SetState(ctx, e.ID, redisstore.State{FailingSince: time.Now(), LastError: "HTTP 500", Attempts: 1}); err != nil {
+	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); err != nil {
 		t.Fatal(err)
 	}
 	for _, edit := range []redisstore.Edit{rotate, resume, markReplay, disable} {
@@ -154,8 +154,8 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	if err := s.Delete(ctx, e); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetState(ctx, e.ID, redisstore.State{FailingSince: time.Now(), LastError: "HTTP 500", Attempts: 2}); err != nil {
-		t.Fatal(err)
+	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("failure recorded after the delete: %v, want ErrNotFound", err)
 	}
 	if err := s.Delivered(ctx, e.ID, []string{queued[0].Entry}); err != nil {
 		t.Fatal(err)
@@ -165,5 +165,73 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	}
 	if _, _, err := s.Get(ctx, e.ID); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("Get after the delete: %v, want ErrNotFound", err)
+	}
+}
+
+// TestAFailingRunEndsWithADeliveryOrAResume: the failing run that
+// disables an endpoint (its start, FailingSince) is the one stored, and it
+// ends when a batch is delivered, when the owner resumes the endpoint, or
+// when the receiver took a batch whose delivery was not stored: the next
+// failure starts a new run, whatever the sender last read. A failing-since
+// left from before a success (the reset after a delivery was a second
+// write whose error was ignored), or written back by a sender that read it
+// before a resume cleared it, disabled the endpoint at its next failure.
+func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	t0 := time.UnixMilli(1_000_000_000_000)
+	t1, t2 := t0.Add(time.Hour), t0.Add(100*time.Hour)
+	tests := []struct {
+		name string
+		// between runs after a failure at t0, before one at t2.
+		between func(t *testing.T, id string)
+		// okAfter is the sender's last success, given with t2's failure.
+		okAfter time.Time
+		want    redisstore.State
+	}{
+		{"failures_continue_the_run", func(*testing.T, string) {}, time.Time{},
+			redisstore.State{FailingSince: t0, LastError: "at t2", Attempts: 2}},
+		{"a_delivery_ends_it", func(t *testing.T, id string) {
+			queued, err := s.Read(t.Context(), id, "0", 10, 1<<20, 0)
+			if err != nil || len(queued) != 1 {
+				t.Fatalf("read the queue: %d events, %v", len(queued), err)
+			}
+			if err := s.Delivered(t.Context(), id, []string{queued[0].Entry}); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+		{"a_resume_ends_it", func(t *testing.T, id string) {
+			if _, _, err := s.Update(t.Context(), id, resume); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+		{"a_success_not_stored_ends_it", func(*testing.T, string) {}, t1,
+			redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			ctx := t.Context()
+			id := "ep_" + tc.name
+			put(t, s, id)
+			if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{id: {ev(1, "a")}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.RecordFailure(ctx, id, t0, time.Time{}, "at t0"); err != nil {
+				t.Fatal(err)
+			}
+			tc.between(t, id)
+			got, err := s.RecordFailure(ctx, id, t2, tc.okAfter, "at t2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("failing run recorded (-want +got):\n%s", diff)
+			}
+			if _, stored, err := s.Get(ctx, id); err != nil || !cmp.Equal(tc.want, stored) {
+				t.Errorf("failing run stored: %+v, %v; want %+v", stored, err, tc.want)
+			}
+		})
 	}
 }
