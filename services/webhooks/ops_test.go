@@ -571,6 +571,58 @@ func TestResumeSendsAtOnceAfterALongRetryWait(t *testing.T) {
 	}
 }
 
+// TestAResumeDuringAFailingAttemptIsNotUndone: the owner resumes a failing
+// endpoint (which clears its failing run) while its sender's next attempt is
+// on the wire, and that attempt fails too. The failure starts a new run, so
+// the endpoint is not disabled, and its next try delivers. The sender wrote
+// back the run it had read before the resume, older than DisableAfter, and
+// disabled the endpoint its owner had just resumed.
+func TestAResumeDuringAFailingAttemptIsNotUndone(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.DisableAfter = 50 * time.Millisecond // a run's second failure, 100ms on, disables
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond}
+	cfg.RetryJitter = 0
+	cfg.Timeout = 30 * time.Second // the held attempt is not timed out
+	svc := s.start(t, cfg)
+	var requests atomic.Int32
+	onWire, release := make(chan struct{}), make(chan struct{})
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		switch requests.Add(1) {
+		case 1:
+		case 2: // held until the owner resumed the endpoint
+			close(onWire)
+			<-release
+		default:
+			return true
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		return false
+	})
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	clicks := s.publishClicks(t, []string{"a1"}, 1)
+	select {
+	case <-onWire:
+	case <-time.After(30 * time.Second):
+		close(release)
+		t.Fatal("no second attempt within 30s")
+	}
+	code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/resume", nil, nil)
+	close(release)
+	if code != http.StatusOK {
+		t.Fatalf("resume: status %d", code)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the click delivered, or the endpoint disabled", func() bool {
+		return len(rc.got()) > 0 || getEndpoint(t, svc.addr, ep.ID).Status == "disabled"
+	})
+	if st := getEndpoint(t, svc.addr, ep.ID); st.Status != "active" {
+		t.Errorf("endpoint %+v after a failure that followed its resume, want active", st)
+	}
+	rc.waitAll(t, "the click", clicks, 20*time.Second)
+}
+
 // TestFraudAlertsReachTheirOwnersEndpointsOnce: an alert goes to its owner's
 // fraud_alert endpoints only, unaltered, and an alert published again (as
 // a redelivery would hand it) is not sent twice.

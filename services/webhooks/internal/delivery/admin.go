@@ -231,27 +231,37 @@ func (a *Admin) Delete(ctx context.Context, owner, id string) error {
 	return a.Store.Delete(ctx, e)
 }
 
+// update changes one of the owner's endpoints with edit, version-checked
+// (redisstore.Store.Update: a change made by another writer meanwhile is
+// kept, and a deleted endpoint stays deleted); another owner's endpoint is
+// not found.
+func (a *Admin) update(ctx context.Context, owner, id string, edit redisstore.Edit) (endpoint.Endpoint, redisstore.State, error) {
+	return a.Store.Update(ctx, id, func(e *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+		if e.Owner != owner {
+			return redisstore.WriteNothing, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+		}
+		return edit(e, st)
+	})
+}
+
 // SetPaused pauses or resumes an endpoint. Resuming also re-enables a
-// disabled endpoint and starts its retries afresh.
+// disabled endpoint and starts its retries afresh (its delivery state is
+// cleared in the same write).
 func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (Status, error) {
-	e, st, err := a.Store.GetOwned(ctx, owner, id)
+	e, st, err := a.update(ctx, owner, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.Paused = paused
+		if paused {
+			return redisstore.WriteConfig, nil
+		}
+		if !e.DisabledAt.IsZero() {
+			if err := a.startLive(ctx, e); err != nil {
+				return redisstore.WriteNothing, err
+			}
+			e.DisabledAt, e.DisabledReason = time.Time{}, ""
+		}
+		return redisstore.WriteConfigAndResetState, nil
+	})
 	if err != nil {
-		return Status{}, err
-	}
-	e.Paused = paused
-	if !paused && !e.DisabledAt.IsZero() {
-		if err := a.startLive(ctx, &e); err != nil {
-			return Status{}, err
-		}
-	}
-	if !paused {
-		e.DisabledAt, e.DisabledReason = time.Time{}, ""
-		st = redisstore.State{}
-		if err := a.Store.SetState(ctx, id, st); err != nil {
-			return Status{}, err
-		}
-	}
-	if err := a.Store.Put(ctx, e); err != nil {
 		return Status{}, err
 	}
 	if !paused {
@@ -266,13 +276,15 @@ func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (S
 }
 
 // Rotate gives the endpoint a new secret; both sign for RotationOverlap.
+// The secret answered is the one stored: a disable or a pause at the same
+// moment does not write the old one back.
 func (a *Admin) Rotate(ctx context.Context, owner, id string) (Status, error) {
-	e, st, err := a.Store.GetOwned(ctx, owner, id)
+	now := time.Now()
+	e, st, err := a.update(ctx, owner, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.Rotate(now, a.RotationOverlap)
+		return redisstore.WriteConfig, nil
+	})
 	if err != nil {
-		return Status{}, err
-	}
-	e.Rotate(time.Now(), a.RotationOverlap)
-	if err := a.Store.Put(ctx, e); err != nil {
 		return Status{}, err
 	}
 	return a.status(ctx, e, st, true)

@@ -90,13 +90,14 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return err
 	}
-	e, _, err := r.store.Get(ctx, j.id)
+	// Version-checked: a rotation, pause or disable at the same moment keeps
+	// its change, and an endpoint deleted since the request stays deleted.
+	e, _, err := r.store.Update(ctx, j.id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
+		e.Generation++
+		return redisstore.WriteConfig, nil
+	})
 	if err != nil {
-		return err
-	}
-	e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
-	e.Generation++
-	if err := r.store.Put(ctx, e); err != nil {
 		return err
 	}
 	// Only what the replay refills goes: intake may have queued clicks

@@ -116,6 +116,9 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
 		gen     int
 		retryAt time.Time
 		attempt int
+		// accepted is when the receiver last took a batch from this
+		// sender (zero: not yet), for RecordFailure.
+		accepted time.Time
 	)
 	for ctx.Err() == nil {
 		e, st, err := s.store.Get(ctx, id)
@@ -155,16 +158,22 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
 			sleep(ctx, min(wait, s.cfg.Poll), nil) // and look at the endpoint again (paused, deleted, ...)
 			continue
 		}
-		ok, after := s.attempt(ctx, e, st, batch, attempt+1)
+		out := s.attempt(ctx, e, batch, attempt+1, accepted)
 		if ctx.Err() != nil {
 			return // stopping: the batch stays in flight and is sent again
 		}
-		if ok {
+		if !out.accepted.IsZero() {
+			accepted = out.accepted
+		}
+		if out.delivered {
 			batch, attempt = nil, 0
 			continue
 		}
 		attempt++
-		retryAt = time.Now().Add(s.nextDelay(attempt, after))
+		if out.attempts > 0 {
+			attempt = out.attempts // as stored: a resume meanwhile started the run afresh
+		}
+		retryAt = time.Now().Add(s.nextDelay(attempt, out.retryAfter))
 	}
 }
 
@@ -231,18 +240,31 @@ func entryTime(entry string) time.Time {
 	return time.UnixMilli(ms)
 }
 
-// attempt posts batch once and records the outcome; it reports success,
-// and the server's Retry-After.
-func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, st redisstore.State, batch []redisstore.Event, n int) (bool, time.Duration) {
+// outcome is what one attempt came to.
+type outcome struct {
+	// delivered: the receiver took the batch and it left the queue.
+	delivered bool
+	// accepted is when the attempt the receiver took (2xx) was made, even
+	// if recording it failed; zero when it did not take it.
+	accepted time.Time
+	// attempts is the failing run's attempts as stored, 0 when not stored.
+	attempts int
+	// retryAfter is the server's Retry-After.
+	retryAfter time.Duration
+}
+
+// attempt posts batch once (the n-th try) and records the outcome.
+// okAfter is when the receiver last took a batch from this sender.
+func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redisstore.Event, n int, okAfter time.Time) outcome {
 	body, webhookID, err := EncodeBody(batch)
 	if err != nil {
 		s.log.Error("webhooks: encode batch", "endpoint", e.ID, "err", err)
-		return false, 0
+		return outcome{}
 	}
 	now := time.Now()
 	res := s.client.Post(ctx, e.URL, e.Secrets(now), webhookID, body, now)
 	if ctx.Err() != nil {
-		return false, 0
+		return outcome{}
 	}
 	s.metrics.latency.WithLabelValues(e.ID).Observe(res.Duration.Seconds())
 	ids := make([]string, len(batch))
@@ -263,46 +285,60 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, st redisstore
 		s.log.Warn("webhooks: record delivery", "endpoint", e.ID, "err", err)
 	}
 	if res.OK() {
+		// Delivered also ends the failing run, in the same script. If it
+		// failed, the batch is sent again (a duplicate with the same
+		// webhook-id), and the failing run left stored is stale: the next
+		// failure's RecordFailure is given this time and starts afresh.
 		if err := s.store.Delivered(ctx, e.ID, entries); err != nil {
 			s.log.Warn("webhooks: mark delivered", "endpoint", e.ID, "err", err)
-			return false, 0 // sent again: a duplicate with the same webhook-id
+			return outcome{accepted: now}
 		}
 		s.metrics.delivered.WithLabelValues(e.ID).Add(float64(len(batch)))
-		if st.Attempts > 0 || !st.FailingSince.IsZero() {
-			_ = s.store.SetState(ctx, e.ID, redisstore.State{})
-		}
-		return true, 0
+		return outcome{delivered: true, accepted: now}
 	}
 	s.metrics.failed.WithLabelValues(e.ID).Inc()
-	if st.FailingSince.IsZero() {
-		st.FailingSince = now
-	}
-	st.Attempts, st.LastError = n, d.Error
-	if err := s.store.SetState(ctx, e.ID, st); err != nil {
-		s.log.Warn("webhooks: record state", "endpoint", e.ID, "err", err)
+	st, err := s.store.RecordFailure(ctx, e.ID, now, okAfter, d.Error)
+	if err != nil {
+		if !errors.Is(err, endpoint.ErrNotFound) {
+			s.log.Warn("webhooks: record state", "endpoint", e.ID, "err", err)
+		}
+		return outcome{retryAfter: res.RetryAfter}
 	}
 	if now.Sub(st.FailingSince) >= s.cfg.DisableAfter {
-		s.disable(ctx, e, st)
+		s.disable(ctx, e.ID)
 	}
-	return false, res.RetryAfter
+	return outcome{attempts: st.Attempts, retryAfter: res.RetryAfter}
 }
 
 // disable stops deliveries to an endpoint that failed for too long; what is
-// queued stays (bounded) and the owner can resume or replay it.
-func (s *Sender) disable(ctx context.Context, e endpoint.Endpoint, st redisstore.State) {
-	cur, _, err := s.store.Get(ctx, e.ID)
+// queued stays (bounded) and the owner can resume or replay it. It is a
+// version-checked Update that looks at the failing run again as it writes:
+// the owner's changes made meanwhile (a rotated secret) are kept, a resume
+// that cleared the run wins, and a deleted endpoint stays deleted.
+func (s *Sender) disable(ctx context.Context, id string) {
+	var disabled bool
+	e, _, err := s.store.Update(ctx, id, func(e *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+		now := time.Now()
+		disabled = e.DisabledAt.IsZero() && !st.FailingSince.IsZero() && now.Sub(st.FailingSince) >= s.cfg.DisableAfter
+		if !disabled {
+			return redisstore.WriteNothing, nil
+		}
+		e.DisabledAt = now.UTC()
+		e.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
+		return redisstore.WriteConfig, nil
+	})
 	if err != nil {
+		if !errors.Is(err, endpoint.ErrNotFound) {
+			s.log.Warn("webhooks: disable endpoint", "endpoint", id, "err", err)
+		}
 		return
 	}
-	cur.DisabledAt = time.Now().UTC()
-	cur.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
-	if err := s.store.Put(ctx, cur); err != nil {
-		s.log.Warn("webhooks: disable endpoint", "endpoint", e.ID, "err", err)
+	if !disabled {
 		return
 	}
-	s.log.Warn("webhooks: endpoint disabled", "endpoint", e.ID, "owner", e.Owner, "reason", cur.DisabledReason)
+	s.log.Warn("webhooks: endpoint disabled", "endpoint", id, "owner", e.Owner, "reason", e.DisabledReason)
 	if s.OnDisabled != nil {
-		s.OnDisabled(ctx, cur)
+		s.OnDisabled(ctx, e)
 	}
 }
 

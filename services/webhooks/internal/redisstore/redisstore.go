@@ -5,7 +5,7 @@
 //
 // Keys (the {id} hash tag keeps one endpoint's keys in one cluster slot):
 //
-//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), failing_since, last_error, attempts
+//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), rev (bumped by each Update), failing_since, last_error, attempts
 //	snip:wh:{<id>}:q         stream: undelivered events (with their stream sequence), MAXLEN bounded, oldest dropped
 //	snip:wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
 //	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
@@ -72,7 +72,8 @@ type State struct {
 	Attempts     int       `json:"attempts"`
 }
 
-// Put creates or replaces an endpoint's configuration. The configuration
+// Put stores a new endpoint (a fresh ID). It never replaces a stored
+// configuration: Update changes one, version-checked. The configuration
 // and the sets that list the endpoint live in different Redis Cluster
 // slots, so they cannot share a MULTI (it was one, and failed with
 // CROSSSLOT on a cluster): they are written first, then the version that
@@ -85,7 +86,7 @@ func (s *Store) Put(ctx context.Context, e endpoint.Endpoint) error {
 		return fmt.Errorf("put endpoint: %w", err)
 	}
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, k(e.ID, "ep"), "cfg", b)
+		p.HSetNX(ctx, k(e.ID, "ep"), "cfg", b)
 		p.SAdd(ctx, ownerKey(e.Owner), e.ID)
 		p.SAdd(ctx, allKey, e.ID)
 		return nil
@@ -102,25 +103,43 @@ func (s *Store) Put(ctx context.Context, e endpoint.Endpoint) error {
 
 // Get returns an endpoint and its state, or endpoint.ErrNotFound.
 func (s *Store) Get(ctx context.Context, id string) (endpoint.Endpoint, State, error) {
+	e, st, _, err := s.get(ctx, id)
+	return e, st, err
+}
+
+// get is Get with the configuration's revision (the hash's rev field,
+// absent until the first Update), which Update checks.
+func (s *Store) get(ctx context.Context, id string) (endpoint.Endpoint, State, string, error) {
 	var e endpoint.Endpoint
 	var st State
 	m, err := s.rdb.HGetAll(ctx, k(id, "ep")).Result()
 	if err != nil {
-		return e, st, fmt.Errorf("get endpoint %s: %w", id, err)
+		return e, st, "", fmt.Errorf("get endpoint %s: %w", id, err)
 	}
 	if m["cfg"] == "" {
-		return e, st, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+		return e, st, "", fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
 	}
 	if err := json.Unmarshal([]byte(m["cfg"]), &e); err != nil {
-		return e, st, fmt.Errorf("decode endpoint %s: %w", id, err)
+		return e, st, "", fmt.Errorf("decode endpoint %s: %w", id, err)
 	}
-	if v := m["failing_since"]; v != "" && v != "0" {
-		ms, _ := strconv.ParseInt(v, 10, 64)
-		st.FailingSince = time.UnixMilli(ms)
-	}
+	st.FailingSince = unixMilli(m["failing_since"])
 	st.LastError = m["last_error"]
 	st.Attempts, _ = strconv.Atoi(m["attempts"])
-	return e, st, nil
+	rev := m["rev"]
+	if rev == "" {
+		rev = "0"
+	}
+	return e, st, rev, nil
+}
+
+// unixMilli reads a failing_since field: Unix milliseconds, "0" or absent
+// for none.
+func unixMilli(v string) time.Time {
+	ms, _ := strconv.ParseInt(v, 10, 64)
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
 }
 
 // GetOwned is Get for an owner: another owner's endpoint is not found.
@@ -132,25 +151,135 @@ func (s *Store) GetOwned(ctx context.Context, owner, id string) (endpoint.Endpoi
 	return e, st, err
 }
 
-// SetState records the sender's view of an endpoint.
-func (s *Store) SetState(ctx context.Context, id string, st State) error {
-	fs := int64(0)
-	if !st.FailingSince.IsZero() {
-		fs = st.FailingSince.UnixMilli()
+// Write says what Update writes once an Edit has changed the endpoint.
+type Write int
+
+// What an Edit asks Update to write.
+const (
+	// WriteConfig writes the edited configuration.
+	WriteConfig Write = iota
+	// WriteConfigAndResetState also clears the delivery state (failing
+	// since, last error, attempts), in the same write: a resumed endpoint
+	// starts its retries afresh.
+	WriteConfigAndResetState
+	// WriteNothing leaves the endpoint as it is (the edit found that
+	// nothing is to change, such as a disable the owner's resume overtook).
+	WriteNothing
+)
+
+// An Edit changes an endpoint that Update read, given its delivery state
+// read with it. It runs once per read, so more than once when another
+// writer came first: it must start from what it is given each time. An
+// error ends the Update with that error, writing nothing.
+type Edit func(e *endpoint.Endpoint, st State) (Write, error)
+
+// maxUpdateTries bounds how often Update reads again because another
+// writer changed the endpoint between its read and its write.
+const maxUpdateTries = 100
+
+// Update changes endpoint id's configuration with edit and returns it as
+// written, with its delivery state. Every change of a stored endpoint (a
+// rotation, pause and resume, a replay's cut, the sender's disable) goes
+// through it: the configuration is one JSON value, so a change of one field
+// writes them all, and two read-modify-writes at once would each write
+// back the other's fields as they read them (a disable racing a rotation
+// would bring the old secret back). So the write is a compare-and-set: one
+// script writes only if the hash's revision is still the one read, and
+// bumps it; otherwise Update reads again and edits afresh. The script
+// writes nothing once the configuration is gone, so no Update brings a
+// deleted endpoint back: it returns endpoint.ErrNotFound. The hash is in
+// the endpoint's slot; the version that tells every instance to reload
+// follows.
+func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endpoint, State, error) {
+	for range maxUpdateTries {
+		e, st, rev, err := s.get(ctx, id)
+		if err != nil {
+			return e, st, err
+		}
+		w, err := edit(&e, st)
+		if err != nil {
+			return endpoint.Endpoint{}, State{}, err
+		}
+		if w == WriteNothing {
+			return e, st, nil
+		}
+		b, err := json.Marshal(e)
+		if err != nil {
+			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
+		}
+		reset := 0
+		if w == WriteConfigAndResetState {
+			reset, st = 1, State{}
+		}
+		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, rev, b, reset).Int()
+		if err != nil {
+			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
+		}
+		switch n {
+		case -1:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+		case 0:
+			continue // changed since the read
+		}
+		if err := s.rdb.Incr(ctx, versionKey).Err(); err != nil {
+			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
+		}
+		s.replicated(ctx, "update", []string{k(id, "ep"), versionKey})
+		return e, st, nil
 	}
-	// HSET only if the endpoint still exists, so a deleted one stays deleted.
-	err := setStateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, fs, st.LastError, st.Attempts).Err()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("set state of %s: %w", id, err)
-	}
-	return nil
+	return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: changed by others %d times in a row", id, maxUpdateTries)
 }
 
-var setStateScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[1], 'cfg') == 1 then
-  redis.call('HSET', KEYS[1], 'failing_since', ARGV[1], 'last_error', ARGV[2], 'attempts', ARGV[3])
+// updateScript: KEYS = the endpoint; ARGV = the revision read, the new
+// configuration, 1 to clear the delivery state. Returns -1 when the
+// endpoint is gone (nothing written), 0 when its revision changed since
+// the read (nothing written), 1 when written.
+var updateScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
+if (redis.call('HGET', KEYS[1], 'rev') or '0') ~= ARGV[1] then return 0 end
+redis.call('HINCRBY', KEYS[1], 'rev', 1)
+redis.call('HSET', KEYS[1], 'cfg', ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('HSET', KEYS[1], 'failing_since', 0, 'last_error', '', 'attempts', 0)
 end
 return 1`)
+
+// RecordFailure records a failed attempt to deliver to endpoint id, made at
+// now, and returns the delivery state as stored: the failing run's start
+// and its attempts. The run's start is the one stored, not the sender's
+// copy: the owner may have resumed the endpoint (clearing it) while the
+// attempt was on the wire, and the copy would bring back a start the
+// resume cleared, old enough to disable the endpoint at once. A stored
+// start at or before okAfter (the last time the receiver accepted a batch,
+// zero if the sender saw none) is stale too: that success's reset was not
+// stored (Delivered failed), and the run starts again at now. Nothing is
+// written for an endpoint deleted meanwhile (endpoint.ErrNotFound).
+func (s *Store) RecordFailure(ctx context.Context, id string, now, okAfter time.Time, lastError string) (State, error) {
+	ok := int64(0)
+	if !okAfter.IsZero() {
+		ok = okAfter.UnixMilli()
+	}
+	r, err := recordFailureScript.Run(ctx, s.rdb, []string{k(id, "ep")}, now.UnixMilli(), ok, lastError).Int64Slice()
+	if err != nil {
+		return State{}, fmt.Errorf("record failure of %s: %w", id, err)
+	}
+	if len(r) != 2 || r[0] < 0 {
+		return State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+	}
+	return State{FailingSince: time.UnixMilli(r[0]), LastError: lastError, Attempts: int(r[1])}, nil
+}
+
+// recordFailureScript: KEYS = the endpoint; ARGV = the attempt's time and
+// the last success's (Unix ms, 0: none), the error. Returns {failing
+// since, attempts}, or {-1, 0} for a deleted endpoint.
+var recordFailureScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return {-1, 0} end
+local st = redis.call('HMGET', KEYS[1], 'failing_since', 'attempts')
+local since, n = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+if since == 0 or since <= tonumber(ARGV[2]) then since, n = tonumber(ARGV[1]), 0 end
+n = n + 1
+redis.call('HSET', KEYS[1], 'failing_since', since, 'last_error', ARGV[3], 'attempts', n)
+return {since, n}`)
 
 // List returns the owner's endpoints.
 func (s *Store) List(ctx context.Context, owner string) ([]endpoint.Endpoint, error) {
@@ -433,19 +562,34 @@ func decodeEntry(m redis.XMessage) Event {
 	return Event{Seq: seq, Entry: m.ID, ID: str("id"), Type: str("t"), Time: time.Unix(0, ns).UTC(), Data: json.RawMessage(str("d"))}
 }
 
-// Delivered removes delivered events from the queue and clears the
-// in-flight mark.
+// Delivered removes delivered events from the queue, clears the in-flight
+// mark and clears the endpoint's delivery state (failing since, last error,
+// attempts), in one script: the receiver took the batch, so a run of
+// failures before it is over. Were the state cleared by a second call that
+// could fail alone, a stale failing-since would stay, and the endpoint's
+// next failure, however soon, would count from it and could disable it at
+// once. The state is not written for an endpoint deleted meanwhile.
 func (s *Store) Delivered(ctx context.Context, id string, entries []string) error {
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.XDel(ctx, k(id, "q"), entries...)
-		p.Del(ctx, k(id, "inflight"))
-		return nil
-	})
+	args := make([]any, len(entries))
+	for i, e := range entries {
+		args[i] = e
+	}
+	err := deliveredScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep")}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("mark delivered for %s: %w", id, err)
 	}
 	return nil
 }
+
+// deliveredScript: KEYS = the queue, the in-flight mark, the endpoint;
+// ARGV = the delivered queue entries.
+var deliveredScript = redis.NewScript(`
+if #ARGV > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV)) end
+redis.call('DEL', KEYS[2])
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 1 then
+  redis.call('HSET', KEYS[3], 'failing_since', 0, 'last_error', '', 'attempts', 0)
+end
+return 1`)
 
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent

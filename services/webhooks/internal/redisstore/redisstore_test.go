@@ -35,6 +35,9 @@ func TestOnRedisCluster(t *testing.T) {
 		TestDeleteLeavesNoDeliveryBodies,
 		TestClearUpToKeepsWhatCameAfterTheCut,
 		TestNothingIsQueuedForADeletedEndpoint,
+		TestInterleavedUpdatesKeepEachOthersChanges,
+		TestNoWriteBringsBackADeletedEndpoint,
+		TestAFailingRunEndsWithADeliveryOrAResume,
 	)
 }
 

@@ -7,14 +7,14 @@ import (
 	"github.com/snipdev/snip/pkg/redisconn"
 )
 
-// WaitForReplicas makes Enqueue and Put, after their writes, wait until n
-// replicas of each Redis master they wrote to have them, for at most
-// timeout (redisconn.Barrier: a short-lived key written in the slot of
+// WaitForReplicas makes Enqueue, Put and Update, after their writes, wait
+// until n replicas of each Redis master they wrote to have them, for at
+// most timeout (redisconn.Barrier: a short-lived key written in the slot of
 // each, then WAIT): the intake then acks a CLICKS batch only once its
 // queued events are on a replica, and an endpoint created or its secret
 // rotated is not undone by a failover. A wait that falls short fails
-// nothing; short (if not nil) is told the operation (enqueue, put) and why.
-// 0 turns it off. Call it before the store is used.
+// nothing; short (if not nil) is told the operation (enqueue, put, update)
+// and why. 0 turns it off. Call it before the store is used.
 func (s *Store) WaitForReplicas(n int, timeout time.Duration, short func(op string, err error)) {
 	s.waitN, s.waitTimeout, s.short = n, timeout, short
 }

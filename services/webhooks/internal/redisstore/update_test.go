@@ -1,0 +1,237 @@
+package redisstore_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// The changes the service makes to a stored endpoint, each an Edit.
+var (
+	disable = func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.DisabledAt, e.DisabledReason = time.Unix(1000, 0).UTC(), "failing"
+		return redisstore.WriteConfig, nil
+	}
+	rotate = func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.OldSecret, e.Secret = e.Secret, "whsec_new"
+		return redisstore.WriteConfig, nil
+	}
+	pause = func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.Paused = true
+		return redisstore.WriteConfig, nil
+	}
+	markReplay = func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.ReplayClicksUpto = 42
+		e.Generation++
+		return redisstore.WriteConfig, nil
+	}
+	resume = func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.Paused, e.DisabledAt, e.DisabledReason = false, time.Time{}, ""
+		return redisstore.WriteConfigAndResetState, nil
+	}
+)
+
+// TestInterleavedUpdatesKeepEachOthersChanges: two changes of one endpoint
+// at once, the second made whole between the first's read and its write
+// (the test runs it inside the first's edit), both stand: the first reads
+// again and edits what the second wrote. Written back as it was read, the
+// first would undo the second: a disable racing a rotation brought the old
+// secret back, the one the owner had just been told to replace.
+func TestInterleavedUpdatesKeepEachOthersChanges(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	base := endpoint.Endpoint{Owner: "acme", URL: "https://example.com/hook", Secret: "whsec_old"}
+	tests := []struct {
+		name          string
+		first, second redisstore.Edit
+		want          func(e *endpoint.Endpoint)
+	}{
+		{"rotation_during_a_disable", disable, rotate, func(e *endpoint.Endpoint) {
+			e.DisabledAt, e.DisabledReason = time.Unix(1000, 0).UTC(), "failing"
+			e.OldSecret, e.Secret = "whsec_old", "whsec_new"
+		}},
+		{"disable_during_a_rotation", rotate, disable, func(e *endpoint.Endpoint) {
+			e.DisabledAt, e.DisabledReason = time.Unix(1000, 0).UTC(), "failing"
+			e.OldSecret, e.Secret = "whsec_old", "whsec_new"
+		}},
+		{"pause_during_a_replay", markReplay, pause, func(e *endpoint.Endpoint) {
+			e.Paused, e.ReplayClicksUpto, e.Generation = true, 42, 1
+		}},
+		{"two_replays", markReplay, markReplay, func(e *endpoint.Endpoint) {
+			e.ReplayClicksUpto, e.Generation = 42, 2
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			ctx := t.Context()
+			e := base
+			e.ID = "ep_" + tc.name
+			if err := s.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			runs := 0
+			got, _, err := s.Update(ctx, e.ID, func(cur *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+				runs++
+				if runs == 1 {
+					if _, _, err := s.Update(ctx, e.ID, tc.second); err != nil {
+						t.Fatalf("the second update: %v", err)
+					}
+				}
+				return tc.first(cur, st)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := e
+			tc.want(&want)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("endpoint the first update answered (-want +got):\n%s", diff)
+			}
+			stored, _, err := s.Get(ctx, e.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, stored); diff != "" {
+				t.Errorf("endpoint stored (-want +got):\n%s", diff)
+			}
+			if runs != 2 {
+				t.Errorf("the first edit ran %d times, want 2 (once more after the second's write)", runs)
+			}
+		})
+	}
+}
+
+// TestNoWriteBringsBackADeletedEndpoint: a change of an endpoint its owner
+// deletes between the change's read and its write (a rotation, a resume,
+// a replay's mark, the sender's disable), and whatever the sender records
+// after the delete (a failure, a delivery), store nothing: the endpoint
+// stays deleted and none of its keys come back. Written back as it was
+// read, the change brought the endpoint back (its configuration, with no
+// owner's list naming it, and its queue's marks).
+func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	e := endpoint.Endpoint{ID: "ep_gone", Owner: "acme", URL: "https://example.com/hook", Secret: "whsec_old"}
+	if err := s.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{e.ID: {ev(1, "a")}}); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := s.Read(ctx, e.ID, "0", 10, 1<<20, 0)
+	if err != nil || len(queued) != 1 {
+		t.Fatalf("read the queue: %d events, %v", len(queued), err)
+	}
+	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); err != nil {
+		t.Fatal(err)
+	}
+	for _, edit := range []redisstore.Edit{rotate, resume, markReplay, disable} {
+		if _, _, err := s.Update(ctx, e.ID, func(cur *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+			if err := s.Delete(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			return edit(cur, st)
+		}); !errors.Is(err, endpoint.ErrNotFound) {
+			t.Errorf("update of an endpoint deleted during it: %v, want ErrNotFound", err)
+		}
+		if left := testenv.Keys(t, rdb, "snip:wh:{ep_gone}:*"); len(left) != 0 {
+			t.Fatalf("keys of the deleted endpoint after an update: %q", left)
+		}
+		if err := s.Put(ctx, e); err != nil { // for the next edit
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("failure recorded after the delete: %v, want ErrNotFound", err)
+	}
+	if err := s.Delivered(ctx, e.ID, []string{queued[0].Entry}); err != nil {
+		t.Fatal(err)
+	}
+	if left := testenv.Keys(t, rdb, "snip:wh:{ep_gone}:*"); len(left) != 0 {
+		t.Errorf("keys of the deleted endpoint after the sender's writes: %q", left)
+	}
+	if _, _, err := s.Get(ctx, e.ID); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("Get after the delete: %v, want ErrNotFound", err)
+	}
+}
+
+// TestAFailingRunEndsWithADeliveryOrAResume: the failing run that
+// disables an endpoint (its start, FailingSince) is the one stored, and it
+// ends when a batch is delivered, when the owner resumes the endpoint, or
+// when the receiver took a batch whose delivery was not stored: the next
+// failure starts a new run, whatever the sender last read. A failing-since
+// left from before a success (the reset after a delivery was a second
+// write whose error was ignored), or written back by a sender that read it
+// before a resume cleared it, disabled the endpoint at its next failure.
+func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	t0 := time.UnixMilli(1_000_000_000_000)
+	t1, t2 := t0.Add(time.Hour), t0.Add(100*time.Hour)
+	tests := []struct {
+		name string
+		// between runs after a failure at t0, before one at t2.
+		between func(t *testing.T, id string)
+		// okAfter is the sender's last success, given with t2's failure.
+		okAfter time.Time
+		want    redisstore.State
+	}{
+		{"failures_continue_the_run", func(*testing.T, string) {}, time.Time{},
+			redisstore.State{FailingSince: t0, LastError: "at t2", Attempts: 2}},
+		{"a_delivery_ends_it", func(t *testing.T, id string) {
+			queued, err := s.Read(t.Context(), id, "0", 10, 1<<20, 0)
+			if err != nil || len(queued) != 1 {
+				t.Fatalf("read the queue: %d events, %v", len(queued), err)
+			}
+			if err := s.Delivered(t.Context(), id, []string{queued[0].Entry}); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+		{"a_resume_ends_it", func(t *testing.T, id string) {
+			if _, _, err := s.Update(t.Context(), id, resume); err != nil {
+				t.Fatal(err)
+			}
+		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+		{"a_success_not_stored_ends_it", func(*testing.T, string) {}, t1,
+			redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			ctx := t.Context()
+			id := "ep_" + tc.name
+			put(t, s, id)
+			if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{id: {ev(1, "a")}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.RecordFailure(ctx, id, t0, time.Time{}, "at t0"); err != nil {
+				t.Fatal(err)
+			}
+			tc.between(t, id)
+			got, err := s.RecordFailure(ctx, id, t2, tc.okAfter, "at t2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("failing run recorded (-want +got):\n%s", diff)
+			}
+			if _, stored, err := s.Get(ctx, id); err != nil || !cmp.Equal(tc.want, stored) {
+				t.Errorf("failing run stored: %+v, %v; want %+v", stored, err, tc.want)
+			}
+		})
+	}
+}
