@@ -106,6 +106,9 @@ func (in *Intake) HandleAlert(ctx context.Context, seq uint64, a events.FraudAle
 }
 
 func (in *Intake) enqueue(ctx context.Context, mode redisstore.Dedup, partition int, q map[string][]redisstore.Event) error {
+	for id := range q {
+		in.metrics.note(id) // before any series of it is made (Manager.scan)
+	}
 	added, dropped, err := in.store.Enqueue(ctx, mode, partition, q)
 	if err != nil {
 		return err

@@ -22,9 +22,6 @@ type Manager struct {
 
 	mu      sync.Mutex
 	running map[string]*run
-	// known are the endpoints the last scan listed: one missing from the
-	// next was deleted, and its metric series go.
-	known map[string]bool
 }
 
 type run struct {
@@ -69,6 +66,10 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 func (m *Manager) scan(ctx context.Context) {
+	// Endpoints with series here before the listing: each existed before
+	// it, so one the listing lacks was deleted (an endpoint created since
+	// may have series already, and is not among these).
+	noted := m.sender.metrics.noted()
 	all, err := m.store.All(ctx)
 	if err != nil {
 		m.log.Warn("webhooks: list endpoints", "err", err)
@@ -113,12 +114,14 @@ func (m *Manager) scan(ctx context.Context) {
 			}()
 		}
 	}
-	for id := range m.known {
-		if !seen[id] && !stopped[id] {
+	// A deleted endpoint's series go, whether or not this instance sent
+	// for it: the intake counted what it queued. One made again by a
+	// batch queued just before the delete goes at the next scan.
+	for _, id := range noted {
+		if _, sending := m.running[id]; !seen[id] && !stopped[id] && !sending {
 			m.sender.metrics.forgetAll(id)
 		}
 	}
-	m.known = seen
 	m.mu.Unlock()
 }
 

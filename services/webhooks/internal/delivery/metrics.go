@@ -1,6 +1,10 @@
 package delivery
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the per-endpoint collectors. The endpoint label is the
 // endpoint ID: one series per endpoint. The gauges go when its sender stops
@@ -15,12 +19,18 @@ type Metrics struct {
 	oldest    *prometheus.GaugeVec
 	disabled  *prometheus.GaugeVec
 	latency   *prometheus.HistogramVec
+
+	mu sync.Mutex
+	// ids are the endpoints this instance may hold series of: each is
+	// noted before its first series is made, and dropped by forgetAll.
+	ids map[string]struct{}
 }
 
 // NewMetrics registers the collectors on reg.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	l := []string{"endpoint"}
 	m := &Metrics{
+		ids: map[string]struct{}{},
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "queued_events_total",
 			Help: "Events queued for an endpoint."}, l),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "dropped_events_total",
@@ -54,8 +64,29 @@ func (m *Metrics) forget(id string) {
 	m.disabled.DeleteLabelValues(id)
 }
 
+// note records that series of endpoint id may be made from now on.
+func (m *Metrics) note(id string) {
+	m.mu.Lock()
+	m.ids[id] = struct{}{}
+	m.mu.Unlock()
+}
+
+// noted returns the endpoints noted and not forgotten since.
+func (m *Metrics) noted() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.ids))
+	for id := range m.ids {
+		out = append(out, id)
+	}
+	return out
+}
+
 // forgetAll removes every series of a deleted endpoint.
 func (m *Metrics) forgetAll(id string) {
+	m.mu.Lock()
+	delete(m.ids, id)
+	m.mu.Unlock()
 	m.forget(id)
 	m.queued.DeleteLabelValues(id)
 	m.dropped.DeleteLabelValues(id)

@@ -110,6 +110,7 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 // Run delivers endpoint id's queue until ctx ends or the endpoint is
 // deleted. wake is signalled when events were queued for it.
 func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
+	s.metrics.note(id)
 	defer s.metrics.forget(id)
 	var (
 		batch   []redisstore.Event
