@@ -75,7 +75,7 @@ func (a *Admin) narrow(ctx context.Context) error {
 }
 
 // Status is an endpoint as its owner sees it: configuration (the secrets
-// only when asked), status and backlog.
+// only when asked), status, backlog and its latest replay.
 type Status struct {
 	endpoint.Endpoint
 	Status       string    `json:"status"`
@@ -83,6 +83,10 @@ type Status struct {
 	OldestQueued time.Time `json:"oldest_queued,omitzero"`
 	FailingSince time.Time `json:"failing_since,omitzero"`
 	LastError    string    `json:"last_error,omitempty"`
+	// Replay is the latest replay's state (absent if none was asked for):
+	// the replay runs after its request was answered, so a failure shows
+	// here, and the owner asks again.
+	Replay redisstore.Replay `json:"replay,omitzero"`
 }
 
 func (a *Admin) status(ctx context.Context, e endpoint.Endpoint, st redisstore.State, secrets bool) (Status, error) {
@@ -94,7 +98,7 @@ func (a *Admin) status(ctx context.Context, e endpoint.Endpoint, st redisstore.S
 		e.Secret, e.OldSecret = "", ""
 	}
 	return Status{Endpoint: e, Status: e.Status(), Backlog: n, OldestQueued: oldest,
-		FailingSince: st.FailingSince, LastError: st.LastError}, nil
+		FailingSince: st.FailingSince, LastError: st.LastError, Replay: st.Replay}, nil
 }
 
 // Create validates and stores a new endpoint. Its host must resolve to
@@ -355,7 +359,7 @@ var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add
 
 // Replay empties the endpoint's queue and refills it, in the background,
 // with the owner's events stored since from (not in the future, nor before
-// earliestReplay).
+// earliestReplay). The endpoint's Status shows how the replay goes.
 func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) error {
 	e, _, err := a.Store.GetOwned(ctx, owner, id)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,22 +18,33 @@ import (
 )
 
 // Replayer refills endpoints' queues from CLICKS and FRAUD, one replay at a
-// time, in the instance that accepted the request. A replay in progress
-// when the instance stops is not resumed: the owner asks again.
+// time, in the instance that accepted the request. The request is answered
+// before the replay runs, so each replay's state (queued, running, failed
+// with its error, done) is stored with the endpoint and shown in its GET:
+// a replay that failed (NATS unavailable after the queue was cleared up to
+// the cut, say) left the queue without some of the events up to its cut,
+// and the owner asks again. Asking again is safe: the new replay cuts
+// later, clears everything up to its cut (what the failed one refilled
+// too) and refills it. A replay in progress when the instance stops is
+// not resumed: a stop marks it failed (a crash leaves it running).
 type Replayer struct {
 	js     jetstream.JetStream
 	store  *redisstore.Store
 	intake *Intake
 	log    *slog.Logger
+	mu     sync.Mutex // held by Start, and by Run as it stops
 	jobs   chan replayJob
+	// stopped: Run returned; Start answers ErrBusy (another instance
+	// takes the request asked again).
+	stopped bool
 	// partitions is CLICKS' partition count, for the readers' rule of
 	// validity (events.ReadClick).
 	partitions int
 }
 
 type replayJob struct {
-	id   string
-	from time.Time
+	id    string
+	state redisstore.Replay
 }
 
 // NewReplayer returns a Replayer that queues at most pending requests, of
@@ -41,27 +53,89 @@ func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake
 	return &Replayer{js: js, store: store, intake: intake, log: log, jobs: make(chan replayJob, pending), partitions: partitions}
 }
 
-// Start queues a replay of endpoint e from time from, or returns ErrBusy.
-func (r *Replayer) Start(_ context.Context, e endpoint.Endpoint, from time.Time) error {
-	select {
-	case r.jobs <- replayJob{id: e.ID, from: from}:
-		return nil
-	default:
+// Start queues a replay of endpoint e from time from and stores it as the
+// endpoint's latest replay, queued; or returns ErrBusy, storing nothing.
+func (r *Replayer) Start(ctx context.Context, e endpoint.Endpoint, from time.Time) error {
+	// Only Start sends, under mu: a job it found room for has room when
+	// sent, after its state is stored (so the replay's own writes, running
+	// and done, come after this one).
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped || len(r.jobs) == cap(r.jobs) {
 		return ErrBusy
 	}
+	now := time.Now().UTC()
+	j := replayJob{id: e.ID, state: redisstore.Replay{ID: events.NewID(), State: redisstore.ReplayQueued,
+		From: from.UTC(), RequestedAt: now, UpdatedAt: now}}
+	if err := r.store.SetReplay(ctx, e.ID, j.state, true); err != nil {
+		return err
+	}
+	r.jobs <- j
+	return nil
 }
 
-// Run performs queued replays until ctx ends.
+// Run performs queued replays until ctx ends. Then it marks the replay it
+// was running, and those still queued, failed: they never finish here.
 func (r *Replayer) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case j := <-r.jobs:
-			if err := r.replay(ctx, j); err != nil && ctx.Err() == nil {
-				r.log.Error("webhooks: replay", "endpoint", j.id, "from", j.from, "err", err)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.stopped = true
+			for {
+				select {
+				case j := <-r.jobs:
+					r.finish(ctx, j, 0, errStopped)
+				default:
+					return nil
+				}
 			}
+		case j := <-r.jobs:
+			r.run(ctx, j)
 		}
+	}
+}
+
+// errStopped is a replay's error when its instance stopped before it
+// finished.
+var errStopped = errors.New("the instance running the replay stopped before it finished; ask again")
+
+// run performs one replay and stores how it ended.
+func (r *Replayer) run(ctx context.Context, j replayJob) {
+	j.state.State, j.state.UpdatedAt = redisstore.ReplayRunning, time.Now().UTC()
+	if err := r.store.SetReplay(ctx, j.id, j.state, false); err != nil {
+		// Superseded (a newer replay clears and refills all this one
+		// would), or deleted: nothing to do. Else Redis failed, and the
+		// replay would too.
+		if !errors.Is(err, redisstore.ErrReplaySuperseded) && !errors.Is(err, endpoint.ErrNotFound) {
+			r.finish(ctx, j, 0, err)
+		}
+		return
+	}
+	n, err := r.replay(ctx, j.id, j.state.From)
+	if err != nil && ctx.Err() != nil {
+		err = errStopped
+	}
+	r.finish(ctx, j, n, err)
+}
+
+// finish stores how replay j ended (done with n events, or failed with
+// err) while it is the endpoint's latest, and logs a failure.
+func (r *Replayer) finish(ctx context.Context, j replayJob, n int, err error) {
+	j.state.State, j.state.UpdatedAt, j.state.Events = redisstore.ReplayDone, time.Now().UTC(), n
+	if err != nil {
+		j.state.State, j.state.Error, j.state.Events = redisstore.ReplayFailed, err.Error(), 0
+		if !errors.Is(err, endpoint.ErrNotFound) {
+			r.log.Error("webhooks: replay", "endpoint", j.id, "from", j.state.From, "err", err)
+		}
+	}
+	// Written also while the instance stops (ctx ended), within a bound.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if werr := r.store.SetReplay(wctx, j.id, j.state, false); werr != nil &&
+		!errors.Is(werr, redisstore.ErrReplaySuperseded) && !errors.Is(werr, endpoint.ErrNotFound) {
+		r.log.Error("webhooks: store replay state", "endpoint", j.id, "state", j.state.State, "err", werr)
 	}
 }
 
@@ -77,38 +151,38 @@ func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64
 	return info.State.LastSeq, nil
 }
 
-// replay marks the endpoint (live intake skips events up to the streams'
+// replay marks endpoint id (live intake skips events up to the streams'
 // current last sequences from now on), drops its queued events up to those
-// sequences, and copies the owner's events stored since j.from up to them
-// into the queue.
-func (r *Replayer) replay(ctx context.Context, j replayJob) error {
+// sequences, and copies the owner's events stored since from up to them
+// into the queue. It returns how many it queued.
+func (r *Replayer) replay(ctx context.Context, id string, from time.Time) (int, error) {
 	clicksUpto, err := lastSeq(ctx, r.js, events.ClicksStream)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	alertsUpto, err := lastSeq(ctx, r.js, events.FraudStream)
 	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return err
+		return 0, err
 	}
 	// Version-checked: a rotation, pause or disable at the same moment keeps
 	// its change, and an endpoint deleted since the request stays deleted.
-	e, _, err := r.store.Update(ctx, j.id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+	e, _, err := r.store.Update(ctx, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
 		e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
 		e.Generation++
 		return redisstore.WriteConfig, nil
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// Only what the replay refills goes: intake may have queued clicks
 	// after the cut already (it hears of the new cut when it reloads the
 	// endpoint), and nothing else would bring those back.
 	if _, err := r.store.ClearUpTo(ctx, e.ID, clicksUpto, alertsUpto); err != nil {
-		return err
+		return 0, err
 	}
 	n := 0
 	if containsType(e.Types, endpoint.TypeClick) {
-		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", j.from, clicksUpto, func(data []byte, subject string, stored time.Time) (redisstore.Event, bool) {
+		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", from, clicksUpto, func(data []byte, subject string, stored time.Time) (redisstore.Event, bool) {
 			// The readers' rule, as live intake (the reader runtime) applies
 			// it: a click whose payload disagrees with its subject (another
 			// owner's, another link's) or partition is parked there, never
@@ -121,7 +195,7 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 			return redisstore.Event{ID: c.ID, Type: endpoint.TypeClick, Time: c.Time, Data: b}, true
 		})
 		if err != nil {
-			return err
+			return n, err
 		}
 		n += c
 	}
@@ -129,7 +203,7 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 		// An alert stored twice (republished after FRAUD's duplicate
 		// window) is sent once, as live intake does. Alerts are few.
 		seen := map[string]bool{}
-		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, j.from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
+		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
 			a, err := events.DecodeFraudAlert(data)
 			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
 				return redisstore.Event{}, false
@@ -138,12 +212,12 @@ func (r *Replayer) replay(ctx context.Context, j replayJob) error {
 			return redisstore.Event{ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: data}, true
 		})
 		if err != nil {
-			return err
+			return n, err
 		}
 		n += c
 	}
-	r.log.Info("webhooks: replay queued", "endpoint", e.ID, "from", j.from, "events", n)
-	return nil
+	r.log.Info("webhooks: replay queued", "endpoint", e.ID, "from", from, "events", n)
+	return n, nil
 }
 
 func containsType(ts []string, t string) bool {

@@ -5,7 +5,7 @@
 //
 //	POST   /api/webhooks/endpoints                      create (answers the secret)
 //	GET    /api/webhooks/endpoints                      list
-//	GET    /api/webhooks/endpoints/:id                  one, with status and backlog
+//	GET    /api/webhooks/endpoints/:id                  one, with status, backlog and its latest replay's state
 //	DELETE /api/webhooks/endpoints/:id                  delete (and its queue)
 //	POST   /api/webhooks/endpoints/:id/pause            stop sending (events keep queueing)
 //	POST   /api/webhooks/endpoints/:id/resume           send again (also re-enables a disabled one)
@@ -13,7 +13,7 @@
 //	POST   /api/webhooks/endpoints/:id/test             queue a test event
 //	GET    /api/webhooks/endpoints/:id/deliveries       recent attempts, newest first
 //	POST   /api/webhooks/endpoints/:id/deliveries/:d/redeliver   send one again, now
-//	POST   /api/webhooks/endpoints/:id/replay           {"from": "<RFC 3339>"}: queue the events since then again
+//	POST   /api/webhooks/endpoints/:id/replay           {"from": "<RFC 3339>"}: queue the events since then again (in the background; GET shows how it went)
 package httpapi
 
 import (

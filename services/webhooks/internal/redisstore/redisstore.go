@@ -5,7 +5,8 @@
 //
 // Keys (the {id} hash tag keeps one endpoint's keys in one cluster slot):
 //
-//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), rev (bumped by each Update), failing_since, last_error, attempts
+//	snip:wh:{<id>}:ep        hash: cfg (endpoint JSON), rev (bumped by each Update), failing_since, last_error, attempts,
+//	                         replay (the latest replay's state, JSON), replay_id (its ID)
 //	snip:wh:{<id>}:q         stream: undelivered events (with their stream sequence), MAXLEN bounded, oldest dropped
 //	snip:wh:{<id>}:hw        hash: highest CLICKS sequence queued, per partition (dedup)
 //	snip:wh:{<id>}:seen:<e>  a fraud alert ID queued recently (dedup, expires)
@@ -63,13 +64,42 @@ const (
 	versionKey = "snip:wh:version"
 )
 
-// State is an endpoint's delivery state, written by its sender.
+// State is an endpoint's delivery state, written by its sender, and the
+// state of its latest replay.
 type State struct {
 	// FailingSince is when the current run of failed attempts began (zero
 	// when the last attempt succeeded).
 	FailingSince time.Time `json:"failing_since,omitzero"`
 	LastError    string    `json:"last_error,omitempty"`
 	Attempts     int       `json:"attempts"`
+	// Replay is the state of the endpoint's latest replay (zero if it
+	// never had one), written by SetReplay.
+	Replay Replay `json:"replay,omitzero"`
+}
+
+// The states of a replay (Replay.State).
+const (
+	ReplayQueued  = "queued"  // accepted, waiting for the replays before it
+	ReplayRunning = "running" // cutting, clearing the queue up to the cut, copying
+	ReplayFailed  = "failed"  // stopped by Error: the queue may lack events up to the cut; ask again
+	ReplayDone    = "done"    // every event up to the cut is queued again
+)
+
+// Replay is the state of an endpoint's latest replay, as its owner sees
+// it: a replay runs in the background after its request was answered, so
+// this is where a failure shows.
+type Replay struct {
+	// ID tells one request's replay from the next one's: a replay writes
+	// its state only while it is the latest (SetReplay).
+	ID          string    `json:"id"`
+	State       string    `json:"state"`
+	From        time.Time `json:"from"`
+	RequestedAt time.Time `json:"requested_at"`
+	// UpdatedAt is when State was written.
+	UpdatedAt time.Time `json:"updated_at"`
+	// Events is how many events a done replay queued.
+	Events int    `json:"events,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // Put stores a new endpoint (a fresh ID). It never replaces a stored
@@ -125,6 +155,11 @@ func (s *Store) get(ctx context.Context, id string) (endpoint.Endpoint, State, s
 	st.FailingSince = unixMilli(m["failing_since"])
 	st.LastError = m["last_error"]
 	st.Attempts, _ = strconv.Atoi(m["attempts"])
+	if v := m["replay"]; v != "" && json.Unmarshal([]byte(v), &st.Replay) != nil {
+		// Only shown to the owner: an unreadable one must not stop the
+		// endpoint's sender or its changes.
+		st.Replay = Replay{}
+	}
 	rev := m["rev"]
 	if rev == "" {
 		rev = "0"
@@ -280,6 +315,49 @@ if since == 0 or since <= tonumber(ARGV[2]) then since, n = tonumber(ARGV[1]), 0
 n = n + 1
 redis.call('HSET', KEYS[1], 'failing_since', since, 'last_error', ARGV[3], 'attempts', n)
 return {since, n}`)
+
+// ErrReplaySuperseded: a newer replay of the endpoint was requested; the
+// older one's state is not written (and it need not run: the newer one
+// clears and refills everything it would).
+var ErrReplaySuperseded = errors.New("a newer replay was requested")
+
+// SetReplay writes the state of endpoint id's latest replay. With latest
+// false it writes only while r is still the endpoint's latest replay (the
+// stored ID is r.ID), else it returns ErrReplaySuperseded; with latest
+// true r becomes the latest (a new request). Nothing is written for an
+// endpoint deleted meanwhile (endpoint.ErrNotFound): the state would
+// outlive it.
+func (s *Store) SetReplay(ctx context.Context, id string, r Replay, latest bool) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("set replay state of %s: %w", id, err)
+	}
+	expect := r.ID
+	if latest {
+		expect = ""
+	}
+	n, err := setReplayScript.Run(ctx, s.rdb, []string{k(id, "ep")}, expect, r.ID, b).Int()
+	if err != nil {
+		return fmt.Errorf("set replay state of %s: %w", id, err)
+	}
+	switch n {
+	case -1:
+		return fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+	case 0:
+		return fmt.Errorf("replay %s of %s: %w", r.ID, id, ErrReplaySuperseded)
+	}
+	return nil
+}
+
+// setReplayScript: KEYS = the endpoint; ARGV = the replay ID that must be
+// the stored one (” for any), the replay's ID, its state (JSON). Returns
+// -1 when the endpoint is gone, 0 when another replay is the latest, 1
+// when written.
+var setReplayScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
+if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'replay_id', ARGV[2], 'replay', ARGV[3])
+return 1`)
 
 // List returns the owner's endpoints.
 func (s *Store) List(ctx context.Context, owner string) ([]endpoint.Endpoint, error) {

@@ -35,6 +35,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestDeleteLeavesNoDeliveryBodies,
 		TestClearUpToKeepsWhatCameAfterTheCut,
 		TestNothingIsQueuedForADeletedEndpoint,
+		TestOnlyTheLatestReplayWritesItsState,
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
 		TestAFailingRunEndsWithADeliveryOrAResume,
@@ -400,9 +401,10 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 // TestNothingIsQueuedForADeletedEndpoint: whatever still writes for an
 // endpoint after its owner deleted it (an intake batch routed with the
 // endpoints it loaded before the delete, a replay still copying, a test
-// event, its sender marking a batch in flight) stores nothing: the queue,
-// the partition marks and the in-flight mark would outlive the endpoint,
-// with no TTL, and nothing would ever delete them.
+// event, its sender marking a batch in flight, a replay writing its state)
+// stores nothing: the queue, the partition marks, the in-flight mark and
+// the replay state would outlive the endpoint, with no TTL, and nothing
+// would ever delete them.
 func TestNothingIsQueuedForADeletedEndpoint(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -424,10 +426,47 @@ func TestNothingIsQueuedForADeletedEndpoint(t *testing.T) {
 	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.SetReplay(ctx, "epA", redisstore.Replay{ID: "r1", State: redisstore.ReplayFailed}, true); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("replay state of the deleted endpoint: %v, want not found", err)
+	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
 		t.Errorf("keys written for the deleted endpoint: %q", left)
 	}
 	if n, _, _ := s.Backlog(ctx, "epB"); n != 3 {
 		t.Errorf("the other endpoint's backlog is %d, want its 3 events", n)
+	}
+}
+
+// TestOnlyTheLatestReplayWritesItsState: an owner who asks for a replay
+// again while the first still runs sees the second's state, not the first
+// ending "done" or "failed" over it; the first learns it was superseded.
+func TestOnlyTheLatestReplayWritesItsState(t *testing.T) {
+	testenv.Parallel(t)
+	s := redisstore.New(servers.RedisClient(t), 1000)
+	ctx := t.Context()
+	put(t, s, "ep")
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	first := redisstore.Replay{ID: "r1", State: redisstore.ReplayQueued, From: at, RequestedAt: at, UpdatedAt: at}
+	if err := s.SetReplay(ctx, "ep", first, true); err != nil {
+		t.Fatal(err)
+	}
+	first.State = redisstore.ReplayRunning
+	if err := s.SetReplay(ctx, "ep", first, false); err != nil {
+		t.Fatalf("the latest replay's own write: %v", err)
+	}
+	second := redisstore.Replay{ID: "r2", State: redisstore.ReplayQueued, From: at, RequestedAt: at.Add(time.Second), UpdatedAt: at.Add(time.Second)}
+	if err := s.SetReplay(ctx, "ep", second, true); err != nil {
+		t.Fatal(err)
+	}
+	first.State = redisstore.ReplayDone
+	if err := s.SetReplay(ctx, "ep", first, false); !errors.Is(err, redisstore.ErrReplaySuperseded) {
+		t.Errorf("the first replay's write after the second was asked for: %v, want superseded", err)
+	}
+	_, st, err := s.Get(ctx, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(second, st.Replay); diff != "" {
+		t.Errorf("stored replay (-want +got):\n%s", diff)
 	}
 }

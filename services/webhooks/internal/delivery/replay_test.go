@@ -1,0 +1,143 @@
+package delivery_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/webhooks/internal/delivery"
+	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
+	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
+)
+
+// TestAFailedReplayShowsAndAskingAgainRefillsTheQueue: a replay runs after
+// its 202, and one that NATS failed after it had cleared the endpoint's
+// queue up to its cut (here FRAUD refuses the alerts' copy: its subjects no
+// longer cover them) was only logged: the queue lacked the alerts, and the
+// owner, told nothing, did not know to ask again. The endpoint's status
+// shows the replay failed, with the error; asked again once NATS serves
+// the alerts, the replay is done and the queue holds every event up to the
+// cut once (the failed replay's clicks were cleared, not kept twice).
+func TestAFailedReplayShowsAndAskingAgainRefillsTheQueue(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	store := redisstore.New(rdb, 100_000)
+	ep := endpoint.Endpoint{ID: "ep_replay", Owner: "acme", URL: "https://example.com/hook",
+		Types: []string{endpoint.TypeClick, endpoint.TypeFraudAlert}}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler), 4, o.Partitions)
+	admin := &delivery.Admin{Store: store, Replayer: replayer}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	from := time.Now().UTC()
+	want := map[string]int{}
+	for i := range 5 {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		a := events.FraudAlert{V: events.FraudVersion, ID: events.NewID(), Rule: "visitor_burst", Code: "a1",
+			Owner: "acme", WindowStart: from, WindowEnd: from, Count: 10 + i, Threshold: 5, Time: from}
+		cb, _ := json.Marshal(c)
+		ab, _ := json.Marshal(a)
+		if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, events.FraudAlertSubject(a.Code), ab, jetstream.WithMsgID(a.ID)); err != nil {
+			t.Fatal(err)
+		}
+		want[c.ID], want[a.ID] = 1, 1
+	}
+	// FRAUD refuses another consumer while it has as many as it may.
+	fraudMaxConsumers := func(full bool) {
+		t.Helper()
+		s, err := js.Stream(ctx, events.FraudStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := info.Config
+		cfg.MaxConsumers = -1
+		if full {
+			if info.State.Consumers == 0 {
+				t.Fatal("FRAUD has no consumers: a max of 0 is no max")
+			}
+			cfg.MaxConsumers = info.State.Consumers
+		}
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("set FRAUD's max consumers to %d: %v", cfg.MaxConsumers, err)
+		}
+	}
+	replay := func(state string) redisstore.Replay {
+		t.Helper()
+		if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+		var got redisstore.Replay
+		if !testenv.Poll(30*time.Second, func() bool {
+			s, err := admin.Get(ctx, "acme", ep.ID)
+			got = s.Replay
+			return err == nil && (got.State == redisstore.ReplayFailed || got.State == redisstore.ReplayDone)
+		}) || got.State != state {
+			t.Fatalf("the endpoint's replay: %+v, want it %s", got, state)
+		}
+		return got
+	}
+	queued := func() map[string]int {
+		t.Helper()
+		evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int{}
+		for _, e := range evs {
+			out[e.ID]++
+		}
+		return out
+	}
+
+	fraudMaxConsumers(true)
+	failed := replay(redisstore.ReplayFailed)
+	t.Logf("the failed replay: %+v", failed)
+	if failed.Error == "" || !failed.From.Equal(from) {
+		t.Errorf("failed replay %+v: want its error and its from (%s)", failed, from)
+	}
+	if len(queued()) >= len(want) {
+		t.Fatalf("the replay failed with every event queued; the fault did not hit after the clear")
+	}
+
+	fraudMaxConsumers(false)
+	again := replay(redisstore.ReplayDone)
+	if again.Error != "" || again.Events != len(want) || again.ID == failed.ID {
+		t.Errorf("replay asked again: %+v, want done, a new ID, %d events and no error", again, len(want))
+	}
+	if d := cmp.Diff(want, queued()); d != "" {
+		t.Errorf("queue after the replay asked again, event IDs (-want +got):\n%s", d)
+	}
+}
