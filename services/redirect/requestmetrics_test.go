@@ -40,3 +40,49 @@ func TestRequestMetricsStayBoundedWhateverTheMethod(t *testing.T) {
 		t.Fatalf(`%s{route="unmatched",method="GET",status="404"}: %d series summing to %v; want 1 summing to 1`, name, n, sum)
 	}
 }
+
+// A request whose path a route matches but whose method it does not take is
+// answered 405 by echo's own handler: no route's handler runs, so the
+// routes' counting did not see it, and the unrouted count skipped it as
+// routed. It counts under the route it missed, its method through the same
+// fixed set as the unrouted ones.
+func TestMethodNotAllowedIsCounted(t *testing.T) {
+	t.Parallel()
+	_, db := servers.Redis.NewDB(t)
+	n := testenv.StartNATS(t)
+	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL))
+
+	const probes = 3
+	for i := range probes {
+		if r := do(t, fmt.Sprintf("PROBE%d", i), in.URL+"/api/links", ""); r.Status != http.StatusMethodNotAllowed {
+			t.Fatalf("PROBE%d /api/links: status %d, want 405", i, r.Status)
+		}
+	}
+	if r := do(t, http.MethodPut, in.URL+"/api/links", ""); r.Status != http.StatusMethodNotAllowed {
+		t.Fatalf("PUT /api/links: status %d, want 405", r.Status)
+	}
+	if r := do(t, http.MethodPost, in.URL+"/abc123", ""); r.Status != http.StatusMethodNotAllowed {
+		t.Fatalf("POST /abc123: status %d, want 405", r.Status)
+	}
+	const name = "snip_redirect_http_requests_total"
+	tests := []struct {
+		name  string
+		match []string
+		want  float64
+	}{
+		{"unknown_methods_count_as_other", []string{`route="/api/links"`, `method="other"`, `status="405"`}, probes},
+		{"a_standard_method_keeps_its_name", []string{`route="/api/links"`, `method="PUT"`, `status="405"`}, 1},
+		{"the_redirect_route", []string{`route="/:code"`, `method="POST"`, `status="405"`}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if sum, n := metricSamples(t, in.URL, name, tc.match...); n != 1 || sum != tc.want {
+				t.Errorf("%s%v: %d series summing to %v; want 1 summing to %v", name, tc.match, n, sum, tc.want)
+			}
+		})
+	}
+	if sum, n := metricSamples(t, in.URL, name, `method="PROBE`); n != 0 {
+		t.Errorf("%d series (%v requests) labelled with a client's own method; want none", n, sum)
+	}
+}

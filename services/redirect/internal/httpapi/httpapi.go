@@ -143,15 +143,24 @@ func badRequest(code, format string, args ...any) error {
 
 // handleError is the service's one error handler: pkg/webserver's, which
 // writes the envelope every Snip API shares ({"error": {"code", "message"}})
-// from errorTable, plus the count of requests no route matched (no route
-// middleware counted them), under route "unmatched" and methodLabel.
+// from errorTable, plus the count of the requests that reached no route's
+// handler (so no countRequests counted them), by methodLabel: those no
+// route matched, under route "unmatched", and those whose path a route
+// matched but not their method (echo's own handler answers them 405), under
+// that route's template.
 func (a *API) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	if c.Path() == "" {
+	route := c.Path()
+	if route == "" {
+		route = "unmatched"
+	} else if c.Get(echo.ContextKeyHeaderAllow) == nil {
+		route = "" // a route's handler failed: countRequests counts it
+	}
+	if route != "" {
 		defer func() {
-			a.requests.WithLabelValues("unmatched", methodLabel(c.Request().Method), statusText(c.Response().Status)).Inc()
+			a.requests.WithLabelValues(route, methodLabel(c.Request().Method), statusText(c.Response().Status)).Inc()
 		}()
 	}
 	a.onError(err, c)
@@ -222,7 +231,7 @@ func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 }
 
 // countRequests counts every routed request by route template, method and
-// status (handleError counts the unrouted ones).
+// status (handleError counts the unrouted ones and those answered 405).
 func (a *API) countRequests(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		err := next(c)
