@@ -103,11 +103,18 @@ var errStopped = errors.New("the instance running the replay stopped before it f
 
 // run performs one replay and stores how it ended.
 func (r *Replayer) run(ctx context.Context, j replayJob) {
+	if ctx.Err() != nil {
+		r.finish(ctx, j, 0, errStopped)
+		return
+	}
 	j.state.State, j.state.UpdatedAt = redisstore.ReplayRunning, time.Now().UTC()
 	if err := r.store.SetReplay(ctx, j.id, j.state, false); err != nil {
 		// Superseded (a newer replay clears and refills all this one
 		// would), or deleted: nothing to do. Else Redis failed, and the
 		// replay would too.
+		if ctx.Err() != nil {
+			err = errStopped
+		}
 		if !errors.Is(err, redisstore.ErrReplaySuperseded) && !errors.Is(err, endpoint.ErrNotFound) {
 			r.finish(ctx, j, 0, err)
 		}

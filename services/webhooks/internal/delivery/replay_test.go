@@ -3,6 +3,7 @@ package delivery_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -139,5 +140,48 @@ func TestAFailedReplayShowsAndAskingAgainRefillsTheQueue(t *testing.T) {
 	}
 	if d := cmp.Diff(want, queued()); d != "" {
 		t.Errorf("queue after the replay asked again, event IDs (-want +got):\n%s", d)
+	}
+}
+
+// TestAStopMarksTheReplaysItHoldsFailed: a replay is not resumed by another
+// instance, so one still waiting when its instance stops must not show
+// "queued" for ever: it shows failed, and the owner asks again (a request
+// the stopped replayer can no longer take is turned away, busy).
+func TestAStopMarksTheReplaysItHoldsFailed(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	store := redisstore.New(servers.RedisClient(t), 100_000)
+	ctx := t.Context()
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler), 4, 1)
+	admin := &delivery.Admin{Store: store, Replayer: replayer}
+	ids := []string{"ep_stop1", "ep_stop2"}
+	for _, id := range ids {
+		if err := store.Put(ctx, endpoint.Endpoint{ID: id, Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.Replay(ctx, "acme", id, time.Now().Add(-time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped, stop := context.WithCancel(ctx)
+	stop()
+	if err := replayer.Run(stopped); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		s, err := admin.Get(ctx, "acme", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Replay.State != redisstore.ReplayFailed || s.Replay.Error == "" {
+			t.Errorf("%s: replay %+v after the stop, want failed with the reason", id, s.Replay)
+		}
+	}
+	if err := admin.Replay(ctx, "acme", ids[0], time.Now().Add(-time.Hour)); !errors.Is(err, delivery.ErrBusy) {
+		t.Errorf("replay asked of the stopped replayer: %v, want busy", err)
 	}
 }
