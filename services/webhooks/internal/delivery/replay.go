@@ -132,7 +132,7 @@ func (r *Replayer) run(ctx context.Context, j replayJob) {
 func (r *Replayer) finish(ctx context.Context, j replayJob, n int, err error) {
 	j.state.State, j.state.UpdatedAt, j.state.Events = redisstore.ReplayDone, time.Now().UTC(), n
 	if err != nil {
-		j.state.State, j.state.Error, j.state.Events = redisstore.ReplayFailed, err.Error(), 0
+		j.state.State, j.state.Error, j.state.Events = redisstore.ReplayFailed, ownerReason(err), 0
 		if !errors.Is(err, endpoint.ErrNotFound) {
 			r.log.Error("webhooks: replay", "endpoint", j.id, "from", j.state.From, "err", err)
 		}
@@ -144,6 +144,19 @@ func (r *Replayer) finish(ctx context.Context, j replayJob, n int, err error) {
 		!errors.Is(werr, redisstore.ErrReplaySuperseded) && !errors.Is(werr, endpoint.ErrNotFound) {
 		r.log.Error("webhooks: store replay state", "endpoint", j.id, "state", j.state.State, "err", werr)
 	}
+}
+
+// ownerReason is what the owner is shown of a failed replay: what happened
+// and what to do, not the internal error (stream names, server codes),
+// which goes to the log.
+func ownerReason(err error) string {
+	switch {
+	case errors.Is(err, errStopped):
+		return "the instance running the replay stopped; ask again"
+	case errors.Is(err, endpoint.ErrNotFound):
+		return "the endpoint was deleted"
+	}
+	return "reading the event streams failed; ask again"
 }
 
 func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64, error) {

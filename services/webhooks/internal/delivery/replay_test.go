@@ -126,8 +126,8 @@ func TestAFailedReplayShowsAndAskingAgainRefillsTheQueue(t *testing.T) {
 	fraudMaxConsumers(true)
 	failed := replay(redisstore.ReplayFailed)
 	t.Logf("the failed replay: %+v", failed)
-	if failed.Error == "" || !failed.From.Equal(from) {
-		t.Errorf("failed replay %+v: want its error and its from (%s)", failed, from)
+	if failed.Error != "reading the event streams failed; ask again" || !failed.From.Equal(from) {
+		t.Errorf("failed replay %+v: want the owner's reason (no internal error) and its from (%s)", failed, from)
 	}
 	if len(queued()) >= len(want) {
 		t.Fatalf("the replay failed with every event queued; the fault did not hit after the clear")
@@ -177,7 +177,7 @@ func TestAStopMarksTheReplaysItHoldsFailed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Replay.State != redisstore.ReplayFailed || s.Replay.Error == "" {
+		if s.Replay.State != redisstore.ReplayFailed || s.Replay.Error != "the instance running the replay stopped; ask again" {
 			t.Errorf("%s: replay %+v after the stop, want failed with the reason", id, s.Replay)
 		}
 	}

@@ -1,7 +1,7 @@
 // Package httpapi is the webhooks owner API and the service's one echo
 // error handler. Every route needs a Bearer API key (pkg/owners, the same
 // keys as the links API); an endpoint of another owner answers 404, like
-// one that does not exist. Errors are {"error": "..."}.
+// one that does not exist. Errors are {"error": {"code": "...", "message": "..."}}.
 //
 //	POST   /api/webhooks/endpoints                      create (answers the secret)
 //	GET    /api/webhooks/endpoints                      list
