@@ -124,8 +124,9 @@ func prepare(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.Jet
 	switch {
 	case g.consumers > 0 && g.consumers < g.partitions:
 		// A first start that stopped before it had created every
-		// partition's consumer: the rest are made as it would have.
-		log.Warn("consumer group half-made: creating the missing partitions' consumers as its first start would have",
+		// partition's consumer (or partitions added to CLICKS since): the
+		// rest are made as the first start would have made them.
+		log.Warn("consumer group lacks some partitions' consumers: creating them as its first start would have",
 			"group", name, "consumers", g.consumers, "partitions", g.partitions, "start", start.String(), "backfill", bf != nil)
 	case g.consumers > 0:
 		log.Info("resuming the consumer group where it was", "group", name, "backfill", bf != nil)
