@@ -250,6 +250,13 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Start is where the group's consumers begin if they do not exist yet.
 	Start Start
+	// Metadata, if set, is added to the metadata of each consumer the member
+	// creates, and like Start it is fixed at creation: a note that lives and
+	// dies with the group's consumers, which the reader reads back on its
+	// next start (the warehouse loader records its backfill cut there, so a
+	// partition whose consumer a first start never created gets the same
+	// cut). The runtime's own keys ("snip.group", "snip.partition") win.
+	Metadata map[string]string
 	// OnAssign, if set, is called when this member becomes the owner of a
 	// partition, before the first batch; resumeSeq is the first sequence that
 	// may be handed out (the consumer's ack floor + 1). An error makes the

@@ -77,7 +77,13 @@ func (c Config) consumerConfig(p int) jetstream.ConsumerConfig {
 	default:
 		gc.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
-	return topology.GroupConsumerConfig(c.Group, p, gc)
+	cc := topology.GroupConsumerConfig(c.Group, p, gc)
+	for k, v := range c.Metadata {
+		if _, ok := cc.Metadata[k]; !ok {
+			cc.Metadata[k] = v
+		}
+	}
+	return cc
 }
 
 // idleWait is how long one pull waits when the partition is idle. It stays

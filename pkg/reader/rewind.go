@@ -131,7 +131,9 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 }
 
 // WaitRewind blocks until every partition of the group has carried out the
-// rewind with the given ID (its owner recorded it), or ctx ends.
+// rewind with the given ID (its owner recorded it), or ctx ends. Its error
+// then says how many partitions the last status it read counted done, or,
+// if no read ever succeeded, why the status could not be read.
 func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
@@ -139,21 +141,30 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
+	var last *RewindStatus // the last status read in full
 	for {
 		// A failed read is retried: the partitions' records do not go away.
+		// The read under way when ctx ends fails too, so the error reports
+		// the last one that succeeded.
 		st, err := rewindStatus(ctx, js, kv, group, rewindRequest{ID: id})
-		if err == nil && st.Done() {
-			return nil
+		if err == nil {
+			if st.Done() {
+				return nil
+			}
+			last = &st
 		}
 		select {
 		case <-ctx.Done():
+			if last == nil {
+				return fmt.Errorf("wait for rewind %s: status never read (%v): %w", id, err, ctx.Err())
+			}
 			done := 0
-			for _, p := range st.Partitions {
+			for _, p := range last.Partitions {
 				if p.Done {
 					done++
 				}
 			}
-			return fmt.Errorf("wait for rewind %s: %d of %d partitions done: %w", id, done, len(st.Partitions), ctx.Err())
+			return fmt.Errorf("wait for rewind %s: %d of %d partitions done: %w", id, done, len(last.Partitions), ctx.Err())
 		case <-t.C:
 		}
 	}

@@ -2,6 +2,7 @@ package reader_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -132,3 +133,89 @@ func (v *violations) Warnf(string, ...any)   {}
 func (v *violations) Fatalf(string, ...any)  {}
 func (v *violations) Debugf(string, ...any)  {}
 func (v *violations) Tracef(string, ...any)  {}
+
+// WaitRewind's timeout says how far the rewind got by the last status it
+// read. The read under way when the deadline passes is cut off by it; that
+// one must not be what the error reports ("0 of 0 partitions done", which
+// reads as a group with no partitions). Here nobody carries the rewind out:
+// the test records partition 0 done itself and leaves partition 1 undone.
+// The waiter's NATS user may be refused partition 1's record (its reads all
+// fail, as in a NATS outage), and then the error says the status was never
+// read.
+func TestWaitRewindTimesOutWithTheLastStatusRead(t *testing.T) {
+	t.Parallel()
+	const group, id = "g", "rewind-1"
+	tests := []struct {
+		name string
+		// deny is what the waiter may not publish (ask for).
+		deny []string
+		want string
+	}{
+		{
+			name: "reads_succeed_reports_the_partitions_done",
+			want: "wait for rewind rewind-1: 1 of 2 partitions done: context deadline exceeded",
+		},
+		{
+			name: "every_read_fails_says_the_status_was_never_read",
+			deny: []string{
+				"$JS.API.DIRECT.GET.KV_" + topology.MembersBucket + ".$KV." + topology.MembersBucket + "." + group + ".rewound.1",
+				"$JS.API.STREAM.MSG.GET.KV_" + topology.MembersBucket,
+			},
+			want: "wait for rewind rewind-1: status never read (",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opts := testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream"))
+			opts.Users = []*server.User{
+				{Username: "admin", Password: "admin"},
+				{Username: "waiter", Password: "waiter", Permissions: &server.Permissions{
+					Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: tc.deny},
+				}},
+			}
+			srv, err := testenv.RunNATSServer(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+			connect := func(user string) jetstream.JetStream {
+				// The refusals are expected: no need to log them.
+				quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+				nc, err := nats.Connect("nats://"+srv.Addr().String(), nats.UserInfo(user, user), quiet)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(nc.Close)
+				js, err := jetstream.New(nc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return js
+			}
+			admin := connect("admin")
+			o := topology.Defaults()
+			o.Partitions = 2
+			if err := topology.Apply(t.Context(), admin, o); err != nil {
+				t.Fatal(err)
+			}
+			kv, err := admin.KeyValue(t.Context(), topology.MembersBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := kv.Put(t.Context(), group+".rewound.0", []byte(id)); err != nil {
+				t.Fatal(err)
+			}
+
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			err = reader.WaitRewind(ctx, connect("waiter"), group, id)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("WaitRewind = %v, want the deadline exceeded", err)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("WaitRewind = %q, want it to begin %q", err, tc.want)
+			}
+		})
+	}
+}

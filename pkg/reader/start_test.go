@@ -1,13 +1,19 @@
 package reader_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // TestParseStart: one way to say where a new group starts, in code or in
@@ -62,5 +68,59 @@ func TestParseStartRefusesNonsense(t *testing.T) {
 		if _, err := reader.ParseStart(in); !errors.Is(err, reader.ErrBadConfig) {
 			t.Errorf("ParseStart(%q) = %v, want ErrBadConfig", in, err)
 		}
+	}
+}
+
+// A group's Metadata is recorded on each consumer a member creates, and like
+// Start it never changes one that exists: it is where a reader notes what
+// its next start must know about how the group was made. The runtime's own
+// keys are not overwritten.
+func TestMetadataIsRecordedOnTheConsumersAMemberCreates(t *testing.T) {
+	t.Parallel()
+	const group = "g"
+	n, js := setup(t, 2)
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Partition 0's consumer exists already, made without the note.
+	if _, err := s.CreateConsumer(t.Context(), topology.GroupConsumerConfig(group, 0, topology.GroupConsumer{
+		AckWait: time.Minute, PinnedTTL: time.Second, MaxAckPending: 1000, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})); err != nil {
+		t.Fatal(err)
+	}
+	startMember(t, n, reader.Config{Group: group, Member: "m",
+		Metadata: map[string]string{"note": "made-by-test", "snip.group": "other"}},
+		func(context.Context, int, []reader.Event) error { return nil })
+
+	metadata := func(p int) map[string]string {
+		c, err := s.Consumer(t.Context(), topology.GroupConsumerName(group, p))
+		if err != nil {
+			return nil
+		}
+		return c.CachedInfo().Config.Metadata
+	}
+	testenv.WaitFor(t, 30*time.Second, "partition 1's consumer", func() bool { return metadata(1) != nil })
+	tests := []struct {
+		name      string
+		partition int
+		want      map[string]string
+	}{
+		{"created_consumer_carries_the_note", 1, map[string]string{"note": "made-by-test", "snip.group": group, "snip.partition": "1"}},
+		{"existing_consumer_is_left_as_it_was", 0, map[string]string{"snip.group": group, "snip.partition": "0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got := map[string]string{}
+			for k, v := range metadata(tc.partition) {
+				if !strings.HasPrefix(k, "_nats.") { // the server's own
+					got[k] = v
+				}
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("metadata of partition %d's consumer (-want +got):\n%s", tc.partition, d)
+			}
+		})
 	}
 }

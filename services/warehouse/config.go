@@ -49,7 +49,9 @@ type Config struct {
 	MaxRetryDelay time.Duration `env:"WAREHOUSE_MAX_RETRY_DELAY" envDefault:"10s"`
 	// Since, for a group that does not exist yet, loads only the clicks of
 	// the last Since (e.g. 72h) from the retained log before following live;
-	// 0 loads everything CLICKS retains. Ignored once the group exists.
+	// 0 loads everything CLICKS retains. Ignored once the group exists: the
+	// cut a first start made is recorded on the group's consumers, and a
+	// start that finds only some of them creates the rest with that cut.
 	// The -since flag overrides it.
 	Since time.Duration `env:"WAREHOUSE_SINCE" envDefault:"0"`
 	// Member names this instance in the group (default hostname-pid-random).

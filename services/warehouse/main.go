@@ -11,7 +11,9 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,11 +80,13 @@ func load(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStr
 		return err
 	}
 	defer l.Close()
+	rcfg := cfg.reader(start, log, reg)
+	rcfg.Metadata = cutMetadata(backfill)
 	// Stop intake first: once ctx ends the runtime fetches no more, and the
 	// loader inserts what it holds at once instead of lingering.
 	stopDrain := context.AfterFunc(ctx, l.Drain)
 	defer stopDrain()
-	return reader.Run(ctx, js, cfg.reader(start, log, reg), l.Handle)
+	return reader.Run(ctx, js, rcfg, l.Handle)
 }
 
 // backfillSlack starts a backfill's consumers this much before the window,
@@ -90,59 +94,152 @@ func load(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStr
 // NATS server's is not cut; the loader then cuts by the click's own time.
 const backfillSlack = 10 * time.Minute
 
-// prepare applies the topology (unless told not to) and decides where a new
-// group starts. It waits for NATS and for CLICKS; only a configuration that
-// cannot work is returned.
+// The consumer metadata keys where a backfill's cut is recorded: on each
+// consumer of the group created with the cut (reader.Config.Metadata), in
+// the same write that creates it.
+const (
+	cutSinceKey   = "snip.backfill.since"
+	cutBacklogKey = "snip.backfill.backlog_until_seq"
+)
+
+// prepare applies the topology (unless told not to) and decides where the
+// group's consumers start when they are created, and what the loader cuts.
+// It waits for NATS and for CLICKS; only a configuration that cannot work
+// is returned.
 func prepare(ctx context.Context, log *slog.Logger, cfg Config, js jetstream.JetStream) (reader.Start, *loader.Backfill, error) {
 	if err := cfg.Topology.Prepare(ctx, log, js); err != nil {
 		return reader.Start{}, nil, err
 	}
-	var isNew bool
-	var lastSeq uint64
+	var g group
 	err := service.Retry(ctx, log, "look up consumer group", func(ctx context.Context) error {
-		s, err := js.Stream(ctx, events.ClicksStream)
-		if err != nil {
-			return err
-		}
-		info, err := s.Info(ctx)
-		if err != nil {
-			return err
-		}
-		_, err = reader.Lag(ctx, js, topology.GroupWarehouseLoader)
-		isNew, lastSeq = errors.Is(err, reader.ErrNoGroup), info.State.LastSeq
-		if isNew {
-			return nil
-		}
+		var err error
+		g, err = lookUpGroup(ctx, js)
 		return err
 	})
 	if err != nil {
 		return reader.Start{}, nil, err
 	}
-	start, bf := startFor(isNew, cfg.Since, time.Now(), lastSeq)
+	start, bf := startFor(g, cfg.Since, time.Now())
+	name := topology.GroupWarehouseLoader
 	switch {
-	case !isNew:
-		log.Info("resuming the consumer group where it was", "group", topology.GroupWarehouseLoader)
+	case g.consumers > 0 && g.consumers < g.partitions:
+		// A first start that stopped before it had created every
+		// partition's consumer (or partitions added to CLICKS since): the
+		// rest are made as the first start would have made them.
+		log.Warn("consumer group lacks some partitions' consumers: creating them as its first start would have",
+			"group", name, "consumers", g.consumers, "partitions", g.partitions, "start", start.String(), "backfill", bf != nil)
+	case g.consumers > 0:
+		log.Info("resuming the consumer group where it was", "group", name, "backfill", bf != nil)
 	case bf != nil:
 		log.Info("new consumer group: loading the clicks of the backfill window from the log, then live",
-			"group", topology.GroupWarehouseLoader, "since", bf.Since, "backlog_until_seq", bf.BacklogUntilSeq)
+			"group", name, "since", bf.Since, "backlog_until_seq", bf.BacklogUntilSeq)
 	default:
-		log.Info("new consumer group: loading everything the log retains, then live", "group", topology.GroupWarehouseLoader)
+		log.Info("new consumer group: loading everything the log retains, then live", "group", name)
 	}
 	return start, bf, nil
 }
 
-// startFor is where a group begins. A group that exists resumes where it
-// was, whatever the configuration says. A new one starts at the oldest event
-// CLICKS retains, or, with since, at the first event stored since now-since
-// (less backfillSlack), and the loader skips the backlog events (those up to
-// lastSeq, in the log when the group was created) whose click is older than
-// now-since.
-func startFor(isNew bool, since time.Duration, now time.Time, lastSeq uint64) (reader.Start, *loader.Backfill) {
-	if !isNew || since <= 0 {
+// group is what a starting loader finds of its consumer group.
+type group struct {
+	// partitions is CLICKS' partition count; consumers, how many of them
+	// have their consumer.
+	partitions, consumers int
+	// cut is the backfill cut recorded on the consumers (nil: made
+	// without one).
+	cut *loader.Backfill
+	// lastSeq is CLICKS' last sequence now.
+	lastSeq uint64
+}
+
+// lookUpGroup reads, partition by partition, which consumers of the group
+// exist and the cut recorded on them. Two first starts racing may record
+// cuts a moment apart; the lowest partition's is taken.
+func lookUpGroup(ctx context.Context, js jetstream.JetStream) (group, error) {
+	n, err := topology.Partitions(ctx, js)
+	if err != nil {
+		return group{}, err
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return group{}, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return group{}, err
+	}
+	g := group{partitions: n, lastSeq: info.State.LastSeq}
+	for p := range n {
+		name := topology.GroupConsumerName(topology.GroupWarehouseLoader, p)
+		c, err := s.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return group{}, fmt.Errorf("look up consumer %s: %w", name, err)
+		}
+		g.consumers++
+		if g.cut != nil {
+			continue
+		}
+		if g.cut, err = cutOf(c.CachedInfo().Config.Metadata); err != nil {
+			return group{}, service.Permanent(fmt.Errorf("consumer %s: %w", name, err))
+		}
+	}
+	return g, nil
+}
+
+// startFor is where the group's consumers begin when they are created, and
+// the cut the loader applies. A consumer that exists resumes where it was,
+// whatever this says.
+//
+//   - A group with no consumers is new. It starts at the oldest event CLICKS
+//     retains, or, with since, at the first event stored since now-since
+//     (less backfillSlack), and the loader skips the backlog events (those
+//     up to lastSeq, in the log when the group was created) whose click is
+//     older than now-since. That cut is recorded on each consumer.
+//   - A group with consumers keeps the cut recorded on them, if any, however
+//     many partitions they cover: a partition whose consumer is created now
+//     (its first start stopped half-way) starts where the others did, and
+//     the loader goes on skipping the same backlog. A group made without a
+//     cut goes on without one; since is ignored.
+func startFor(g group, since time.Duration, now time.Time) (reader.Start, *loader.Backfill) {
+	switch {
+	case g.consumers > 0 && g.cut != nil:
+		return reader.StartAtTime(g.cut.Since.Add(-backfillSlack)), g.cut
+	case g.consumers > 0 || since <= 0:
 		return reader.StartAtOldest(), nil
 	}
 	from := now.Add(-since)
-	return reader.StartAtTime(from.Add(-backfillSlack)), &loader.Backfill{Since: from, BacklogUntilSeq: lastSeq}
+	return reader.StartAtTime(from.Add(-backfillSlack)), &loader.Backfill{Since: from, BacklogUntilSeq: g.lastSeq}
+}
+
+// cutMetadata is bf as recorded on a consumer; nil for no cut.
+func cutMetadata(bf *loader.Backfill) map[string]string {
+	if bf == nil {
+		return nil
+	}
+	return map[string]string{
+		cutSinceKey:   bf.Since.UTC().Format(time.RFC3339Nano),
+		cutBacklogKey: strconv.FormatUint(bf.BacklogUntilSeq, 10),
+	}
+}
+
+// cutOf reads the cut recorded in a consumer's metadata; nil if none is.
+func cutOf(md map[string]string) (*loader.Backfill, error) {
+	since, okSince := md[cutSinceKey]
+	backlog, okBacklog := md[cutBacklogKey]
+	if !okSince && !okBacklog {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, since)
+	if err != nil {
+		return nil, fmt.Errorf("backfill cut: %s %q: %w", cutSinceKey, since, err)
+	}
+	seq, err := strconv.ParseUint(backlog, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("backfill cut: %s %q: %w", cutBacklogKey, backlog, err)
+	}
+	return &loader.Backfill{Since: t, BacklogUntilSeq: seq}, nil
 }
 
 func (c Config) reader(start reader.Start, log *slog.Logger, reg prometheus.Registerer) reader.Config {

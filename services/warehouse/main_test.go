@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -22,6 +23,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -542,6 +545,147 @@ func TestBackfillLoadsTheWindowThenLive(t *testing.T) {
 	waitLoaded(t, conn, len(want)+len(live), len(want)+len(live), time.Minute)
 }
 
+// TestHalfMadeBackfillKeepsItsCut: a first start with -since 72h that
+// stops after creating only some partitions' consumers (here its NATS user
+// may not create partitions 4 to 7's, so it waits there until stopped)
+// leaves a group that exists. The next start, without the flag, creates the
+// missing consumers with the first start's cut, recorded on the ones it
+// made, and the loader skips the same backlog: exactly the clicks of the
+// window are loaded, in every partition. Before the cut was recorded, the
+// missing partitions started at the oldest event and nothing was skipped.
+func TestHalfMadeBackfillKeepsItsCut(t *testing.T) {
+	t.Parallel()
+	const made = 4 // partitions whose consumer the first start may create
+	var deny []string
+	for p := made; p < warehousetest.Partitions; p++ {
+		name := topology.GroupConsumerName(topology.GroupWarehouseLoader, p)
+		deny = append(deny, "$JS.API.CONSUMER.CREATE.CLICKS."+name, "$JS.API.CONSUMER.CREATE.CLICKS."+name+".>",
+			"$JS.API.CONSUMER.DURABLE.CREATE.CLICKS."+name)
+	}
+	opts := testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream"))
+	opts.Users = []*server.User{
+		{Username: "admin", Password: "admin"},
+		{Username: "first", Password: "first", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny},
+		}},
+	}
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	url := "nats://" + srv.Addr().String()
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = warehousetest.Partitions
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	conn, db := servers.ClickHouse.NewDB(t)
+
+	now := time.Now().UTC()
+	var seed, want []events.Click
+	oldUnmade := 0 // clicks the cut must skip in the partitions made late
+	for _, c := range warehousetest.Clicks(960, now.Add(-96*time.Hour), 6*time.Minute) {
+		age := now.Sub(c.Time)
+		if age > 71*time.Hour && age < 73*time.Hour {
+			continue // keep clear of the cut: the test's now and the loader's differ
+		}
+		seed = append(seed, c)
+		switch {
+		case age < 72*time.Hour:
+			want = append(want, c)
+		case events.Partition(c.Code, warehousetest.Partitions) >= made:
+			oldUnmade++
+		}
+	}
+	publish(t, js, seed, eventID)
+	if oldUnmade == 0 || len(want) == 0 {
+		t.Fatalf("seed of %d clicks has %d in the window and %d older in partitions %d+; the test needs both", len(seed), len(want), oldUnmade, made)
+	}
+	env := func(user string) []string {
+		return []string{"NATS_URL=" + url, "NATS_USER=" + user, "NATS_PASSWORD=" + user, "SNIP_APPLY_TOPOLOGY=false",
+			"CLICKHOUSE_ADDR=" + servers.ClickHouse.Addr, "CLICKHOUSE_DATABASE=" + db,
+			"WAREHOUSE_LINGER=100ms", "WAREHOUSE_LEASE_TTL=1s", "HTTP_ADDR=127.0.0.1:0"}
+	}
+	consumer := func(p int) *jetstream.ConsumerConfig {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupWarehouseLoader, p))
+		if err != nil {
+			return nil
+		}
+		return &c.CachedInfo().Config
+	}
+
+	cfg, err := loadConfig(env("first"), []string{"-since", "72h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startService(t, cfg)
+	testenv.WaitFor(t, time.Minute, "the first start to create partitions 0-3's consumers", func() bool {
+		for p := range made {
+			if consumer(p) == nil {
+				return false
+			}
+		}
+		return true
+	})
+	if err := first.stop(t); err != nil {
+		t.Logf("first start stopped: %v", err)
+	}
+	if consumer(made) != nil {
+		t.Fatalf("partition %d's consumer exists: the first start was meant to stop half-way", made)
+	}
+
+	cfg, err = loadConfig(env("admin"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startService(t, cfg)
+	testenv.WaitFor(t, time.Minute, "the backlog to be handled", func() bool {
+		d, _ := counts(t, conn)
+		return d >= uint64(len(want)) && consumer(warehousetest.Partitions-1) != nil && lag(t, js) == 0
+	})
+	got := warehousetest.RowsPerEvent(t, conn)
+	wantIDs := map[string]int{}
+	for _, c := range want {
+		wantIDs[c.ID] = 1
+	}
+	if diff := cmp.Diff(wantIDs, got); diff != "" {
+		t.Errorf("events loaded from the backlog (-last 72h +loaded):\n%s", diff)
+	}
+	if got, want := metric(t, s.addr, "snip_warehouse_backfill_skipped_total"), float64(len(seed)-len(want)); got != want {
+		t.Errorf("snip_warehouse_backfill_skipped_total = %v, want %v", got, want)
+	}
+	// Every partition's consumer starts where the first start's did.
+	startOf := func(p int) string {
+		cc := consumer(p)
+		switch {
+		case cc == nil:
+			return "no consumer"
+		case cc.OptStartTime == nil:
+			return cc.DeliverPolicy.String()
+		}
+		return cc.DeliverPolicy.String() + " " + cc.OptStartTime.UTC().Format(time.RFC3339Nano)
+	}
+	want0 := startOf(0)
+	if !strings.HasPrefix(want0, jetstream.DeliverByStartTimePolicy.String()+" ") {
+		t.Fatalf("partition 0's consumer starts at %q, want by start time", want0)
+	}
+	for p := 1; p < warehousetest.Partitions; p++ {
+		if got := startOf(p); got != want0 {
+			t.Errorf("partition %d's consumer starts at %q, want %q as partition 0's", p, got, want0)
+		}
+	}
+}
+
 // TestWaitsForClickHouseAndStopsWhenItFreezes: started with no ClickHouse,
 // the loader is alive but not ready and holds nothing back from the stream;
 // when ClickHouse comes it loads everything. Then ClickHouse freezes
@@ -772,23 +916,33 @@ func TestInvalidClicksAreParkedAndTheRestLoaded(t *testing.T) {
 func TestStartFor(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
+	made := now.Add(-time.Hour) // when a first start recorded its cut
+	cut := &loader.Backfill{Since: made.Add(-72 * time.Hour), BacklogUntilSeq: 1000}
 	tests := []struct {
 		name      string
-		isNew     bool
+		g         group
 		since     time.Duration
 		wantStart reader.Start
 		wantBF    *loader.Backfill
 	}{
-		{"existing_group_resumes", false, 72 * time.Hour, reader.StartAtOldest(), nil},
-		{"new_group_loads_everything", true, 0, reader.StartAtOldest(), nil},
-		{"new_group_since_72h", true, 72 * time.Hour,
+		{"existing_group_resumes", group{partitions: 8, consumers: 8, lastSeq: 4242}, 72 * time.Hour, reader.StartAtOldest(), nil},
+		{"new_group_loads_everything", group{partitions: 8, lastSeq: 4242}, 0, reader.StartAtOldest(), nil},
+		{"new_group_since_72h", group{partitions: 8, lastSeq: 4242}, 72 * time.Hour,
 			reader.StartAtTime(now.Add(-72*time.Hour - backfillSlack)),
 			&loader.Backfill{Since: now.Add(-72 * time.Hour), BacklogUntilSeq: 4242}},
+		{"half_made_group_keeps_its_cut", group{partitions: 8, consumers: 3, cut: cut, lastSeq: 4242}, 72 * time.Hour,
+			reader.StartAtTime(cut.Since.Add(-backfillSlack)), cut},
+		{"half_made_group_keeps_its_cut_without_the_flag", group{partitions: 8, consumers: 3, cut: cut, lastSeq: 4242}, 0,
+			reader.StartAtTime(cut.Since.Add(-backfillSlack)), cut},
+		{"existing_group_keeps_its_cut", group{partitions: 8, consumers: 8, cut: cut, lastSeq: 4242}, 24 * time.Hour,
+			reader.StartAtTime(cut.Since.Add(-backfillSlack)), cut},
+		{"half_made_group_without_a_cut_gets_none", group{partitions: 8, consumers: 3, lastSeq: 4242}, 72 * time.Hour,
+			reader.StartAtOldest(), nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			start, bf := startFor(tc.isNew, tc.since, now, 4242)
+			start, bf := startFor(tc.g, tc.since, now)
 			if diff := cmp.Diff(tc.wantStart, start, cmp.AllowUnexported(reader.Start{})); diff != "" {
 				t.Errorf("start (-want +got):\n%s", diff)
 			}
@@ -796,6 +950,42 @@ func TestStartFor(t *testing.T) {
 				t.Errorf("backfill (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// The cut recorded on a consumer reads back as it was, to the nanosecond; a
+// consumer made without one has none; a record someone edited into nonsense
+// is an error, not a silent "no cut".
+func TestCutMetadataReadsBack(t *testing.T) {
+	t.Parallel()
+	bf := &loader.Backfill{Since: time.Date(2026, 3, 7, 11, 59, 58, 123456789, time.UTC), BacklogUntilSeq: 4242}
+	tests := []struct {
+		name    string
+		md      map[string]string
+		want    *loader.Backfill
+		wantErr bool
+	}{
+		{"recorded_cut_reads_back", cutMetadata(bf), bf, false},
+		{"no_cut_recorded", map[string]string{"snip.group": topology.GroupWarehouseLoader}, nil, false},
+		{"no_metadata", nil, nil, false},
+		{"bad_time_is_an_error", map[string]string{cutSinceKey: "yesterday", cutBacklogKey: "1"}, nil, true},
+		{"bad_sequence_is_an_error", map[string]string{cutSinceKey: "2026-03-07T00:00:00Z", cutBacklogKey: "-1"}, nil, true},
+		{"half_a_record_is_an_error", map[string]string{cutSinceKey: "2026-03-07T00:00:00Z"}, nil, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			got, err := cutOf(tc.md)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("cutOf(%v) error = %v, want error %v", tc.md, err, tc.wantErr)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("cut (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if cutMetadata(nil) != nil {
+		t.Errorf("cutMetadata(nil) = %v, want nil", cutMetadata(nil))
 	}
 }
 

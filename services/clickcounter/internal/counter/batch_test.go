@@ -105,6 +105,29 @@ func TestBatchIsAggregatedIntoEveryDimension(t *testing.T) {
 	}
 }
 
+// A click's country is one part of the "<label>|<country>|<referrer>" field
+// its link is counted under. A country that is not two ASCII letters ("a|"
+// passes a length check) is counted as unknown, so it can neither show up as
+// a country of its own nor shift the separator into the referrer when the
+// field is read back.
+func TestACountryWithASeparatorIsCountedAsUnknown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	code := codeIn(t, 1, 0)
+	var s seqs
+	c := click("acme", code, time.Now().UTC())
+	c.Country = "a|"
+	mustHandle(t, e.c, 1, s.events(1, c))
+
+	got := stats(t, e.c, "acme", code)
+	if d := cmp.Diff([]counter.Dimension{{Name: counter.UnknownCountry, Pair: counter.Pair{Human: 1}}}, got.TopCountries); d != "" {
+		t.Errorf("countries (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]counter.Dimension{{Name: "news.example.org", Pair: counter.Pair{Human: 1}}}, got.TopReferrers); d != "" {
+		t.Errorf("referrers (-want +got):\n%s", d)
+	}
+}
+
 // A batch of one hot link is folded before it is written: one link, one
 // (country, referrer) combo, one hour make a handful of increments in
 // Redis, not one per click. Counted with INFO commandstats, which is

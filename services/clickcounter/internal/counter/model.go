@@ -110,14 +110,20 @@ type Combo struct {
 	Referrer string
 }
 
-// CountryOf is the country dimension of a click: the ISO code, or
-// UnknownCountry.
+// CountryOf is the country dimension of a click: the ISO code, uppercased,
+// or UnknownCountry for anything that is not two ASCII letters. The redirect
+// sends only such codes, but the counter does not rely on it: the country is
+// a part of the (label, country, referrer) field a link's counts are kept
+// under, and a separator in it ("a|") would move the click to another
+// referrer when the field is read back.
 func CountryOf(country string) string {
-	if len(country) != 2 {
+	if len(country) != 2 || !asciiLetter(country[0]) || !asciiLetter(country[1]) {
 		return UnknownCountry
 	}
 	return strings.ToUpper(country)
 }
+
+func asciiLetter(b byte) bool { return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' }
 
 // ReferrerHost is the referrer dimension of a click: the host of the Referer
 // header, lowercased, without port or a leading "www.".

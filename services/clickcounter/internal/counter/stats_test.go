@@ -95,7 +95,7 @@ func TestRangeValidation(t *testing.T) {
 	}
 }
 
-func TestReferrerHostAndCountry(t *testing.T) {
+func TestReferrerHost(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ in, want string }{
 		{"", counter.DirectReferrer},
@@ -111,10 +111,34 @@ func TestReferrerHostAndCountry(t *testing.T) {
 			t.Errorf("ReferrerHost(%q) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
-	for in, want := range map[string]string{"de": "DE", "US": "US", "": counter.UnknownCountry, "XYZ": counter.UnknownCountry} {
-		if got := counter.CountryOf(in); got != want {
-			t.Errorf("CountryOf(%q) = %q, want %q", in, got, want)
-		}
+}
+
+// A country is two ASCII letters or it is unknown: it is a part of the field
+// a link's counts are kept under, so a separator or a multi-byte letter in
+// it must not reach the store, whatever the click's publisher checked.
+func TestCountryIsTwoASCIILettersOrUnknown(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ name, in, want string }{
+		{"lowercase_code_is_uppercased", "de", "DE"},
+		{"uppercase_code_is_kept", "US", "US"},
+		{"mixed_case_code_is_uppercased", "gB", "GB"},
+		{"empty_is_unknown", "", counter.UnknownCountry},
+		{"three_letters_are_unknown", "XYZ", counter.UnknownCountry},
+		{"one_letter_is_unknown", "D", counter.UnknownCountry},
+		{"field_separator_is_unknown", "a|", counter.UnknownCountry},
+		{"leading_separator_is_unknown", "|a", counter.UnknownCountry},
+		{"digit_is_unknown", "D1", counter.UnknownCountry},
+		{"space_is_unknown", "D ", counter.UnknownCountry},
+		{"two_byte_letter_is_unknown", "é", counter.UnknownCountry},
+		{"nul_bytes_are_unknown", "\x00\x00", counter.UnknownCountry},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if got := counter.CountryOf(tc.in); got != tc.want {
+				t.Errorf("CountryOf(%q) = %q, want %q", tc.in, got, tc.want)
+			}
+		})
 	}
 }
 

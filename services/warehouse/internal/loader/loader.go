@@ -54,8 +54,9 @@ type Config struct {
 	Metrics prometheus.Registerer
 }
 
-// Backfill describes a first start that loads only recent clicks: "load the
-// last three days first".
+// Backfill describes a group made to load only recent clicks: "load the
+// last three days first". The cut is fixed when the group's first consumer
+// is created, and every loader of the group applies the same one.
 //
 // The group's consumers start at the first event stored at Since (the
 // runtime's StartAtTime, by JetStream's stored time). Some of the events
