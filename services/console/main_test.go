@@ -736,6 +736,76 @@ func TestOwnersStreamTheirOwnClicksAndResume(t *testing.T) {
 	consoletest.OwnerClicks(t, g, "globex", 16)
 }
 
+// The owners' stream answers "unavailable" when Redis or NATS is away, and
+// no more: its clients are owners' systems, or anyone who sends a key-shaped
+// guess, not the console's operators, so the cause (a dependency's address
+// and error) goes to the console's log only.
+func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
+	t.Parallel()
+	const key = "snip_acme_test_key_0123456789"
+	tests := []struct {
+		name string
+		// start returns the console, writing its log to logs, and what its
+		// answer must not mention (the log must).
+		start func(t *testing.T, logs *syncBuffer) (*system, []string)
+	}{
+		{"redis_away", func(t *testing.T, logs *syncBuffer) (*system, []string) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			ln.Close() // nothing listens there now: every Redis call is refused
+			_, js := consoletest.NATS(t)
+			s := startOn(t, js, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) { c.Redis.URL = "redis://" + addr + "/0" })
+			return s, []string{addr, "dial", "refused"}
+		}},
+		{"clicks_stream_missing", func(t *testing.T, logs *syncBuffer) (*system, []string) {
+			js := testenv.StartNATS(t).JetStream(t) // no topology: CLICKS is not there
+			s := startOn(t, js, slog.New(slog.NewJSONHandler(logs, nil)), nil)
+			if err := owners.NewStore(s.rdb).Ensure(t.Context(), "acme", key); err != nil {
+				t.Fatal(err)
+			}
+			return s, []string{"API error", "nats", "CLICKS"}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs syncBuffer
+			s, inside := tc.start(t, &logs)
+			resp, _ := ownerClient(t, s, key, "", "")
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Error struct{ Code, Message string }
+			}
+			if err := json.Unmarshal(b, &body); err != nil {
+				t.Fatalf("%d %s: %v", resp.StatusCode, b, err)
+			}
+			if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "unavailable" || body.Error.Message == "" {
+				t.Errorf("answer %d %s, want 503 unavailable with a message", resp.StatusCode, b)
+			}
+			for _, w := range inside {
+				if strings.Contains(body.Error.Message, w) {
+					t.Errorf("the answer's message %q mentions %q, the dependency's error", body.Error.Message, w)
+				}
+			}
+			// The operators still learn the cause: the refusal is logged with it.
+			testenv.WaitFor(t, 10*time.Second, "the refusal logged with its cause", func() bool {
+				for _, line := range strings.Split(logs.String(), "\n") {
+					if strings.Contains(line, `"msg":"request refused"`) && strings.Contains(line, inside[0]) {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	}
+}
+
 // Shutdown ends the event streams instead of waiting for them, and returns.
 func TestShutdownEndsOpenStreams(t *testing.T) {
 	t.Parallel()

@@ -27,9 +27,25 @@ var (
 	errUnavailable   = errors.New("unavailable")
 )
 
+// ownerUnavailable is all the owners' stream says when Redis or NATS is
+// away. Its clients are owners' systems, or anyone who sends a key-shaped
+// guess, not the console's operators: the cause (a dependency's address and
+// error) goes to the log with the request, never into the answer.
+const ownerUnavailable = "the click stream is unavailable for a moment: reconnect shortly, with Last-Event-ID"
+
+// publicError answers with msg in place of err's text, which only the log
+// gets (errorTable logs every 5xx with its error).
+type publicError struct {
+	msg string
+	err error
+}
+
+func (e *publicError) Error() string { return e.err.Error() }
+func (e *publicError) Unwrap() error { return e.err }
+
 // errorTable maps an error to its status and code; the message is the
-// error's text (the console's errors are written for the operator). What it
-// does not know is a logged 500.
+// error's text (the console's errors are written for the operator), or a
+// publicError's own message. What it does not know is a logged 500.
 func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 	status, code := statusOf(err)
 	if code == "" {
@@ -38,7 +54,11 @@ func errorTable(err error, h http.Header) (webserver.Problem, bool) {
 	if status == http.StatusTooManyRequests {
 		setRetryAfter(h, err)
 	}
-	return webserver.Problem{Status: status, Code: code}, true
+	p := webserver.Problem{Status: status, Code: code}
+	if pe := (*publicError)(nil); errors.As(err, &pe) {
+		p.Message = pe.msg
+	}
+	return p, true
 }
 
 // statusOf maps an error to its status and code; "" for an unknown error.

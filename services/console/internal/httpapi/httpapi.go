@@ -438,7 +438,7 @@ func (a *api) ownerStream(c echo.Context) error {
 	o, err := a.d.Owners.Authenticate(r.Context(), key)
 	if err != nil && !errors.Is(err, owners.ErrUnauthorized) {
 		try.succeeded() // not a guess: Redis is away
-		return fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err)
+		return &publicError{msg: ownerUnavailable, err: fmt.Errorf("authenticate owner: %w: %w", errUnavailable, err)}
 	}
 	if err != nil {
 		return err
@@ -455,7 +455,11 @@ func (a *api) ownerStream(c echo.Context) error {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	go a.watchKey(ctx, cancel, key, o.ID)
-	return a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
+	err = a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
+	if errors.Is(err, ownerstream.ErrUnavailable) {
+		return &publicError{msg: ownerUnavailable, err: err}
+	}
+	return err
 }
 
 // watchKey checks key every KeyRecheck until ctx ends, and cancels ctx with
