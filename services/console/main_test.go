@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -803,6 +804,62 @@ func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
 				return false
 			})
 		})
+	}
+}
+
+// snip_console_owner_stream_clicks_total counts the clicks an owner's
+// stream sent, not those it queued for a client that then stopped reading:
+// a stream cut off for not reading had up to its whole queue counted as sent.
+func TestOwnerStreamCountsOnlyTheClicksItSent(t *testing.T) {
+	t.Parallel()
+	s := start(t, func(c *Config) { withToken(c); c.SSEWriteTimeout = 300 * time.Millisecond })
+	const key = "snip_acme_test_key_0123456789"
+	if err := owners.NewStore(s.rdb).Ensure(t.Context(), "acme", key); err != nil {
+		t.Fatal(err)
+	}
+	// A client with a small receive buffer that does not read until the
+	// console has given up on it.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	host := strings.TrimPrefix(s.url, "http://")
+	conn, err := d.DialContext(t.Context(), "tcp", host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req, _ := http.NewRequest(http.MethodGet, s.url+"/api/clicks/stream", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the stream open", func() bool { return metric(t, s, "snip_console_owner_streams") == 1 })
+	testenv.WaitFor(t, 120*time.Second, "the stream that is not read cut off", func() bool {
+		consoletest.Publish(t, s.js, consoletest.Clicks("acme", "flood", 500)...)
+		return metric(t, s, "snip_console_owner_streams") == 0
+	})
+	counted := metric(t, s, "snip_console_owner_stream_clicks_total")
+
+	// Now read what reached the client.
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := sse.NewReader(resp.Body)
+	received := 0
+	for {
+		e, err := r.Next()
+		if err != nil {
+			break // the stream's end, or cut off mid-event
+		}
+		if e.Name == "click" {
+			received++
+		}
+	}
+	t.Logf("counted %v sent, the client received %d", counted, received)
+	if counted == 0 || counted > float64(received) {
+		t.Errorf("snip_console_owner_stream_clicks_total = %v, the client received %d: want at least one, and no click counted that was not sent", counted, received)
 	}
 }
 

@@ -16,7 +16,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		open: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams",
 			Help: "Owners' click streams open now."}),
 		clicks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_clicks_total",
-			Help: "Clicks sent to owners' streams."}),
+			Help: "Clicks sent to owners' streams, counted once flushed to the connection (not when queued for it)."}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_skipped_total",
 			Help: "Messages an owner's stream did not send, by the readers' dead-letter reason (malformed, subject_mismatch, implausible_time, ...)."}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_refused_total",

@@ -276,6 +276,9 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 		}
 	}
 
+	// A click is counted once it is flushed to the connection, not when it
+	// is queued: a stream that ends drops what it still queues.
+	stream.OnSent(func(n int) { s.m.clicks.Add(float64(n)) })
 	ch := make(chan sse.Event, queue)
 	quit := make(chan struct{})
 	pumpDone := make(chan struct{})
@@ -338,7 +341,6 @@ func (s *Streams) pump(it *ordered.Iterator, owner string, ch chan<- sse.Event, 
 		})
 		select {
 		case ch <- sse.Event{ID: strconv.FormatUint(md.Sequence.Stream, 10), Name: "click", Data: data}:
-			s.m.clicks.Inc()
 		case <-quit:
 			return
 		}

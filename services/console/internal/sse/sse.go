@@ -46,6 +46,10 @@ type Stream struct {
 	rc           *http.ResponseController
 	writeTimeout time.Duration
 	buf          []byte
+	// unflushed counts the events written since the last successful Flush;
+	// onSent, if set, is told them when a Flush succeeds.
+	unflushed int
+	onSent    func(events int)
 }
 
 // Open answers the request with 200 and the event-stream headers, tells the
@@ -74,6 +78,11 @@ func Open(w http.ResponseWriter, retry, writeTimeout time.Duration) (*Stream, er
 	return s, s.Flush()
 }
 
+// OnSent has f told, after each successful Flush, how many events (not
+// comments) it sent: a count of what reached the connection, never of what
+// was only queued for it or lost with a flush that failed.
+func (s *Stream) OnSent(f func(events int)) { s.onSent = f }
+
 // Write adds one event to the stream; Flush sends it.
 func (s *Stream) Write(e Event) error {
 	s.buf = s.buf[:0]
@@ -97,7 +106,11 @@ func (s *Stream) Write(e Event) error {
 	}
 	s.buf = appendField(s.buf, "data", data)
 	s.buf = append(s.buf, '\n')
-	return s.write()
+	if err := s.write(); err != nil {
+		return err
+	}
+	s.unflushed++
+	return nil
 }
 
 // Comment writes a comment line, which clients ignore: a heartbeat that keeps
@@ -117,6 +130,10 @@ func (s *Stream) Flush() error {
 	if err := s.rc.Flush(); err != nil {
 		return fmt.Errorf("flush event stream: %w", err)
 	}
+	if s.onSent != nil && s.unflushed > 0 {
+		s.onSent(s.unflushed)
+	}
+	s.unflushed = 0
 	return nil
 }
 
@@ -160,9 +177,15 @@ func stripLineBreaks(s string) string {
 	}, s)
 }
 
+// flushEvery bounds the events Pump writes between flushes while ch stays
+// full (a client catching up): the response's buffers send every few
+// kilobytes anyway, and a flush tells OnSent what was sent.
+const flushEvery = 64
+
 // Pump writes the events from ch until ch is closed, stop is closed, ctx
 // ends (the client went away) or a write fails. Events are flushed when ch
-// has no more waiting, so a burst goes out in few writes. Every tick it
+// has no more waiting, or flushEvery were written, so a burst goes out in
+// few writes. Every tick it
 // writes what onTick returns, or a heartbeat comment
 // when onTick is nil or returns false. It returns nil when ch is closed or
 // stop is closed, the context's error when the client left, and the write
@@ -183,7 +206,7 @@ func (s *Stream) Pump(ctx context.Context, ch <-chan Event, stop <-chan struct{}
 			if err := s.Write(e); err != nil {
 				return err
 			}
-			if len(ch) == 0 {
+			if len(ch) == 0 || s.unflushed >= flushEvery {
 				if err := s.Flush(); err != nil {
 					return err
 				}
