@@ -209,22 +209,6 @@ function renderWebhooks(j) {
         el('td', {class: 'num'}, age(e.failing_for_s)), el('td', {class: 'error'}, e.last_error || '')))));
 }
 
-function renderWebhooks(j) {
-  if (!j.available) { show('webhooks', el('p', {class: 'muted'}, j.error)); return; }
-  const w = j.webhooks;
-  if (!w.total) { show('webhooks', el('p', {class: 'muted'}, 'No webhook endpoints.')); return; }
-  const level = (e) => e.status === 'disabled' ? 'alarm' : (e.failing_for_s > 0 ? 'warn' : 'ok');
-  show('webhooks',
-    el('p', {}, `${w.total} endpoint(s), ${num(w.backlog)} event(s) waiting`,
-      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${w.disabled} disabled`) : '',
-      w.failing ? el('span', {class: 'lvl-warn'}, `, ${w.failing} failing`) : ''),
-    table(['endpoint', 'owner', 'host', 'status', 'backlog', 'oldest', 'failing for', 'last error'],
-      w.endpoints.map((e) => el('tr', {class: 'lvl-' + level(e)},
-        el('td', {}, e.id), el('td', {}, e.owner), el('td', {}, e.host), el('td', {title: e.disabled_reason || ''}, e.status),
-        el('td', {class: 'num'}, num(e.backlog)), el('td', {class: 'num'}, age(e.oldest_age_s)),
-        el('td', {class: 'num'}, age(e.failing_for_s)), el('td', {class: 'error'}, e.last_error || '')))));
-}
-
 function renderAlerts(j) {
   const rows = j.alerts.map((a) => el('tr', {},
     el('td', {}, when(a.ts)), el('td', {}, a.rule), el('td', {}, a.owner + '/' + a.code),
