@@ -168,15 +168,15 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	// Part two, in real time at any speed: a big queue that drains fast and
 	// a small one that does not move.
 	e.say("a queue of 10,000 with a working reader, a queue of 100 with a stuck one")
-	healthyMax, healthyDrain, stuckAge, err := healthyVsStuck(ctx, e, js)
+	q, err := healthyVsStuck(ctx, e, js)
 	if err != nil {
 		return err
 	}
-	e.info("healthy queue of 10,000: drain time (real s)", "s", 2, healthyDrain.Seconds(), "how fast this machine's reader runs; the lesson's reader does 5,000/s")
-	e.note("a count alarm at 10,000 fires on the healthy queue (10,000 waiting) and never on the stuck one (100)")
-	e.info("healthy queue: oldest unread age at most (real s)", "s", 2, healthyMax.Seconds(), "about its drain time: under the 5 s age alarm wherever the reader drains 10,000 in under 5 s")
-	e.atLeast("stuck queue of 100: oldest unread age after 10 s (real s)", "s", bpAgeAlarm, stuckAge.Seconds(), "the age alarm fires; a count alarm at 10,000 never would")
-	e.exact("the stuck queue's age passes the healthy queue's worst", "bool", 1, b2f(stuckAge > healthyMax), "age tells them apart; the count (100 against 10,000) says the opposite")
+	e.info("healthy queue of 10,000: drain time (real s)", "s", 2, q.healthyDrain.Seconds(), "how fast this machine's reader runs; the lesson's reader does 5,000/s")
+	e.info("healthy queue: oldest unread age at most (real s)", "s", 2, q.healthyMaxAge.Seconds(), "about its drain time: under the 5 s age alarm wherever the reader drains 10,000 in under 5 s")
+	e.atLeast("stuck queue of 100: oldest unread age after 10 s (real s)", "s", bpAgeAlarm, q.stuckAge.Seconds(), "the age alarm fires; a count alarm at 10,000 never would")
+	e.exact("the stuck queue's age passes the healthy queue's worst", "bool", 1, b2f(q.stuckAge > q.healthyMaxAge), "age tells them apart")
+	e.note("most events seen waiting: %.0f on the healthy queue (its reader reads while the 10,000 arrive; sampled once they are all published), %.0f on the stuck one: the count points at the healthy queue, the age at the stuck one", q.healthyMaxCount, q.stuckCount)
 	return nil
 }
 
@@ -200,10 +200,18 @@ func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float6
 	return n, time.Since(oldest)
 }
 
+// queues is what healthyVsStuck saw, by reader.Lag: the most events
+// waiting and the oldest unread age of each queue (the healthy one polled
+// from when all 10,000 are published until it has drained).
+type queues struct {
+	healthyMaxAge, healthyDrain, stuckAge time.Duration
+	healthyMaxCount, stuckCount           float64
+}
+
 // healthyVsStuck fills two groups' view of CLICKS: 10,000 events for a
 // working reader and then 100 for one that never reads. Both groups start at
 // new events, so each sees only its own queue.
-func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (healthyMaxAge, healthyDrain, stuckAge time.Duration, err error) {
+func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queues, err error) {
 	var done atomic.Int64
 	var assigned atomic.Int64
 	cfg := groupConfig("healthy", "healthy-1")
@@ -214,35 +222,39 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (health
 		return nil
 	})
 	if err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	defer m.stop()
 	if err := waitFor(ctx, 30*time.Second, "the healthy reader", func() (bool, error) { return assigned.Load() == bpPartitions, nil }); err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	pjs, err := e.Connect("queues")
 	if err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	links := codes(40)
 	start := time.Now()
+	observe := func() {
+		n, age := groupLag(ctx, js, "healthy")
+		q.healthyMaxAge = max(q.healthyMaxAge, age)
+		q.healthyMaxCount = max(q.healthyMaxCount, n)
+	}
 	for i := range 10_000 {
 		if _, err := publishClick(pjs, newClick(links[i%len(links)], i)); err != nil {
-			return 0, 0, 0, err
+			return q, err
 		}
 	}
 	if err := waitPublished(ctx, pjs); err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	err = waitFor(ctx, 60*time.Second, "the healthy queue to drain", func() (bool, error) {
-		_, age := groupLag(ctx, js, "healthy")
-		healthyMaxAge = max(healthyMaxAge, age)
+		observe()
 		return done.Load() >= 10_000, nil
 	})
 	if err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
-	healthyDrain = time.Since(start)
+	q.healthyDrain = time.Since(start)
 	// The stuck reader: its group exists (created at new events), then 100
 	// events arrive and nobody reads them.
 	scfg := groupConfig("stuck", "stuck-1")
@@ -258,27 +270,27 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (health
 		return context.Canceled
 	})
 	if err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	defer func() { close(block); sm.stop() }()
 	if err := waitFor(ctx, 30*time.Second, "the stuck reader", func() (bool, error) { return sassigned.Load() == bpPartitions, nil }); err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	for i := range 100 {
 		if _, err := publishClick(pjs, newClick(links[i%len(links)], 10_000+i)); err != nil {
-			return 0, 0, 0, err
+			return q, err
 		}
 	}
 	if err := waitPublished(ctx, pjs); err != nil {
-		return 0, 0, 0, err
+		return q, err
 	}
 	t := time.NewTimer(10 * time.Second)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return 0, 0, 0, ctx.Err()
+		return q, ctx.Err()
 	case <-t.C:
 	}
-	_, stuckAge = groupLag(ctx, js, "stuck")
-	return healthyMaxAge, healthyDrain, stuckAge, nil
+	q.stuckCount, q.stuckAge = groupLag(ctx, js, "stuck")
+	return q, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -37,6 +38,13 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	busyParts := map[int]bool{}
 	lastSeen := map[string]time.Time{} // member -> when it last handled a batch
 	lastBy := map[int]string{}         // partition -> member that last handled it
+	var ownersChanged time.Time        // when lastBy last named a new member
+	type handling struct {
+		at time.Time
+		by string
+		n  int
+	}
+	batches := map[int][]handling{} // partition -> every batch handled
 	var victim string
 	members := map[string]*member{}
 	for i := range sixMembers {
@@ -49,7 +57,11 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 			mu.Lock()
 			busyParts[p] = true
 			lastSeen[name] = time.Now()
+			if lastBy[p] != name {
+				ownersChanged = time.Now()
+			}
 			lastBy[p] = name
+			batches[p] = append(batches[p], handling{at: time.Now(), by: name, n: len(batch)})
 			if p == moved && !stoppedAt.IsZero() && firstAfter[p].IsZero() && name != victim {
 				firstAfter[p] = time.Now()
 			}
@@ -82,15 +94,33 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		}
 		return a
 	}
-	// settled waits up to d for one member at work per partition and
-	// returns the set the wait last saw: the checks read that, not a
-	// second sample that a member's next batch, a moment late, could leave
-	// short. On a timeout the checks report what it was.
+	// settled waits up to d for one member at work per partition, each the
+	// one that last handled a partition, with no partition changing hands
+	// for a full second (the join's last moves can still be under way when
+	// traffic starts: a member that handled a partition's first events may
+	// hand it on a moment later). It returns the set the wait last saw: the
+	// checks read that, not a second sample that a member's next batch, a
+	// moment late, could leave short. On a timeout the checks report what
+	// it was.
 	settled := func(d time.Duration, what string) map[string]bool {
 		var act map[string]bool
 		_ = waitFor(ctx, d, what, func() (bool, error) {
 			act = active()
-			return len(act) == sixPartitions, nil
+			mu.Lock()
+			defer mu.Unlock()
+			owners := map[string]bool{}
+			for _, n := range lastBy {
+				owners[n] = true
+			}
+			if len(act) != sixPartitions || len(lastBy) != sixPartitions || len(owners) != sixPartitions {
+				return false, nil
+			}
+			for n := range owners {
+				if !act[n] {
+					return false, nil
+				}
+			}
+			return time.Since(ownersChanged) >= time.Second, nil
 		})
 		return act
 	}
@@ -162,7 +192,29 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	e.say("stopping %s, the owner of partition %d", victim, moved)
 	mu.Lock()
 	stoppedAt = time.Now()
+	// What the stopped member did in the lesson second before the stop:
+	// an owner at work handles all of its partition's traffic.
+	victimRecent, othersRecent := 0, 0
+	for _, h := range batches[moved] {
+		if stoppedAt.Sub(h.at) > e.Real(time.Second) {
+			continue
+		}
+		if h.by == victim {
+			victimRecent += h.n
+		} else {
+			othersRecent += h.n
+		}
+	}
+	partRate := 0.0 // the moved partition's share of the traffic, lesson clicks/s
+	for _, c := range links {
+		if events.Partition(c, sixPartitions) == moved {
+			partRate += sixRate / float64(len(links))
+		}
+	}
 	mu.Unlock()
+	e.atLeast("stopped member: its partition's clicks in the second before the stop", "clicks", partRate/2, float64(victimRecent),
+		"the member stopped is the partition's owner at work, not one that handed it on during the join (half its traffic: timers on a shared machine)")
+	e.exact("its partition's clicks others handled in that second", "clicks", 0, float64(othersRecent), "one owner at a time")
 	if err := members[victim].stop(); err != nil {
 		return err
 	}
@@ -180,7 +232,8 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	mu.Unlock()
 	e.note("partition %d moved from %s to %s; first event handled %s after the stop (real time: the lease is 1 s at every speed)", moved, victim, newOwner, took.Round(time.Millisecond))
 	e.atMost("move: stop to first event on the new owner (real s)", "s", 10, took.Seconds(), "a graceful stop deletes the lease and unpins at once (about 0.1 s on an idle machine); the bound allows for a loaded one")
-	// A move can cascade (rendezvous with bounded load): wait for it to settle.
+	// The new owner's first batch can come before the others' next ones:
+	// wait for six owners at work again.
 	act = settled(60*time.Second, "6 owners again")
 	e.exact("active members after the stop", "members", sixPartitions, float64(len(act)), "a standby took the partition")
 
