@@ -241,22 +241,7 @@ func TestVerdictFloodThroughFraud(t *testing.T) {
 	p := events.Partition(code, testPartitions)
 	cs := s.publishClicks(t, []string{code}, n, nil)
 	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: n}})
-	seqs := map[string]uint64{}
-	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for seq := uint64(1); len(seqs) < n; seq++ {
-		m, err := stream.GetMsg(t.Context(), seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := events.DecodeClick(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seqs[c.ID] = seq
-	}
+	seqs := clickSeqs(t, s.js, n)
 	verdict := func(c events.Click, bot bool) {
 		t.Helper()
 		v := events.FraudVerdict{V: events.FraudVersion, ID: "v-" + events.NewID(), Partition: p,
@@ -387,22 +372,7 @@ func TestBulkVerdictsCountEachClickOnce(t *testing.T) {
 	p := events.Partition(code, testPartitions)
 	cs := s.publishClicks(t, []string{code}, n, nil)
 	waitTotals(t, svc.addr, map[string]counter.Pair{code: {Human: n}})
-	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	seqs := map[string]uint64{}
-	for seq := uint64(1); len(seqs) < n; seq++ {
-		m, err := stream.GetMsg(t.Context(), seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := events.DecodeClick(m.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seqs[c.ID] = seq
-	}
+	seqs := clickSeqs(t, s.js, n)
 	labels := func(cs []events.Click) []events.FraudVerdictLabel {
 		out := make([]events.FraudVerdictLabel, len(cs))
 		for i, c := range cs {
