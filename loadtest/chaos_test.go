@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/chaos"
+	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -343,6 +344,38 @@ func (rig *chaosRig) judge(t *testing.T, faults ...chaos.Fault) {
 		in := strconv.FormatUint(res.InClicks, 10)
 		if res.Sent == 0 || res.InClicks < res.Sent || res.Counted != in || res.Loaded != in {
 			t.Errorf("%s: sent %d, in CLICKS %d, counted %s, loaded %s: want every sent click in CLICKS, and CLICKS counted and loaded", res.Fault, res.Sent, res.InClicks, res.Counted, res.Loaded)
+		}
+	}
+}
+
+// TestRecoveredByWantsAFreshBacklogRead: recovery is judged on a second
+// after the fault's end without failures or missing 302s, and on a backlog
+// read that began after the system had a second to settle: a read begun
+// during the fault (slow on a loaded machine, and still the latest) shows
+// the backlog before the fault's effect, and must not count.
+func TestRecoveredByWantsAFreshBacklogRead(t *testing.T) {
+	t.Parallel()
+	end := time.Date(2026, 12, 6, 1, 0, 0, 0, time.UTC)
+	good := series.Second{Offered: 1000, Sent: 1000, OK: 980}
+	tests := []struct {
+		name    string
+		s       series.Second
+		now     time.Time
+		began   time.Time
+		backlog uint64
+		want    bool
+	}{
+		{"recovered", good, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, true},
+		{"read began during the fault", good, end.Add(3 * time.Second), end.Add(-time.Second), 900, false},
+		{"read began before the second to settle", good, end.Add(3 * time.Second), end.Add(500 * time.Millisecond), 900, false},
+		{"the second right after the fault", good, end.Add(time.Second), end.Add(2 * time.Second), 900, false},
+		{"a request failed", series.Second{Offered: 1000, Sent: 1000, OK: 980, Errors: 1}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
+		{"302s missing", series.Second{Offered: 1000, Sent: 1000, OK: 900}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
+		{"backlog over normal", good, end.Add(3 * time.Second), end.Add(2 * time.Second), 1001, false},
+	}
+	for _, tc := range tests {
+		if got := recoveredBy(tc.s, tc.now, end, tc.began, tc.backlog, 1000); got != tc.want {
+			t.Errorf("%s: recoveredBy = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -531,12 +531,22 @@ type lastLag struct {
 	lag map[string]uint64
 	at  time.Time
 	err error
+	// began is when the read of lag began: it shows the backlog as it
+	// was at some moment after it.
+	began time.Time
 }
 
 func (l *lastLag) get() (map[string]uint64, time.Time, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.lag, l.at, l.err
+}
+
+// since returns the latest backlog read and when that read began.
+func (l *lastLag) since() (map[string]uint64, time.Time, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lag, l.began, l.err
 }
 
 // lagLoop reads every reader's backlog, one read at a time, at most once a
@@ -550,7 +560,7 @@ func lagLoop(ctx context.Context, sys *system, m *series.Meter, last *lastLag) {
 		last.mu.Lock()
 		if err == nil {
 			m.SetLag(lag)
-			last.lag, last.at, last.err = lag, time.Now(), nil
+			last.lag, last.at, last.err, last.began = lag, time.Now(), nil, began
 		} else if last.at.IsZero() && ctx.Err() == nil {
 			// Only while nothing was read yet: after that the line shows
 			// the last backlog read, with its age.
