@@ -111,6 +111,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		reg.MustRegister(topoReady)
 
 		perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
+		om.ShardCapacity.Set(float64(perShard))
 		store := linkstore.New(rdb, layout, perShard)
 		keys := owners.NewStore(rdb)
 		if cfg.OutboxWaitReplicas > 0 {

@@ -86,3 +86,19 @@ func TestMethodNotAllowedIsCounted(t *testing.T) {
 		t.Errorf("%d series (%v requests) labelled with a client's own method; want none", n, sum)
 	}
 }
+
+// The outbox's per-shard bound is exported, so that the filling alert can
+// compare each shard with it: a link's clicks all go to one shard, and a hot
+// link fills its shard (its clicks refused there) long before the total is
+// anywhere near SNIP_OUTBOX_MAX_ENTRIES.
+func TestOutboxShardCapacityIsExported(t *testing.T) {
+	t.Parallel()
+	_, db := servers.Redis.NewDB(t)
+	n := testenv.StartNATS(t)
+	cfg := testConfig(servers.Redis.URL(db), n.URL)
+	cfg.OutboxShards, cfg.OutboxMaxEntries = 4, 1000
+	in := startInstance(t, cfg)
+	if sum, n := metricSamples(t, in.URL, "snip_redirect_outbox_shard_capacity_entries"); n != 1 || sum != 250 {
+		t.Fatalf("snip_redirect_outbox_shard_capacity_entries: %d samples summing to %v; want one, 250 (1000 entries over 4 shards)", n, sum)
+	}
+}

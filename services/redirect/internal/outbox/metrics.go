@@ -22,6 +22,10 @@ type Metrics struct {
 	LeasesHeld     prometheus.Gauge
 	LeasesLost     prometheus.Counter
 	RelayInstances prometheus.Gauge
+	// ShardCapacity is the most entries one shard's lane holds: an alert
+	// compares each shard's depth with it, since a hot link fills its own
+	// shard long before the outbox as a whole is full.
+	ShardCapacity prometheus.Gauge
 }
 
 // NewMetrics registers the metrics on reg.
@@ -36,6 +40,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Entries waiting in the outbox, all shards together, per lane (sampled)."}, []string{"lane"}),
 		OldestAgeMax: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "outbox_oldest_age_max_seconds",
 			Help: "Age of the oldest outbox entry over all shards, per lane (sampled)."}, []string{"lane"}),
+		ShardCapacity: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "outbox_shard_capacity_entries",
+			Help: "The most entries one shard's lane holds (SNIP_OUTBOX_MAX_ENTRIES / SNIP_OUTBOX_SHARDS); a write to a full one is refused."}),
 		DeadEntries: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "outbox_dead_entries",
 			Help: "Entries parked in Redis because JetStream and DEAD_LETTER both refused them (sampled)."}),
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "outbox_rejected_total",
@@ -61,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RelayInstances: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "relay_instances",
 			Help: "Live relay instances seen in the last heartbeat."}),
 	}
-	reg.MustRegister(m.Depth, m.OldestAge, m.DepthSum, m.OldestAgeMax, m.DeadEntries, m.Rejected, m.BatchSize,
+	reg.MustRegister(m.Depth, m.OldestAge, m.DepthSum, m.OldestAgeMax, m.ShardCapacity, m.DeadEntries, m.Rejected, m.BatchSize,
 		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.Late, m.LeasesHeld, m.LeasesLost, m.RelayInstances)
 	return m
 }
