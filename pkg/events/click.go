@@ -38,8 +38,9 @@ type Click struct {
 	UserAgent string `json:"ua,omitempty"`
 	// Referrer is the request's Referer header (truncated).
 	Referrer string `json:"referrer,omitempty"`
-	// Country is an ISO 3166-1 alpha-2 code from a trusted edge header
-	// (CF-IPCountry, X-Country), empty when unknown.
+	// Country is an ISO 3166-1 alpha-2 code from the edge's header
+	// (CF-IPCountry, X-Country) as the redirect read it (two letters,
+	// uppercased), empty when unknown.
 	Country string `json:"country,omitempty"`
 	// RequestID ties the click to the redirect's access log.
 	RequestID string `json:"request_id,omitempty"`

@@ -59,12 +59,11 @@ type Identifier struct {
 	cur atomic.Pointer[daySalt]
 	// next is the following day's salt once fetched ahead (SaltAhead).
 	next atomic.Pointer[daySalt]
-	// ahead is true while a fetch of the next day's salt runs; aheadDay is
-	// the last day whose ahead fetch began, nextTry when another may begin
-	// after one failed (Unix seconds of the clicks' clock).
-	ahead    atomic.Bool
-	nextTry  atomic.Int64
-	aheadDay atomic.Int64
+	// aheadAt is the earliest click time (Unix seconds) at which another
+	// ahead fetch may begin: aheadRetry after the last one began, which
+	// bounds them to one at a time (a fetch ends within saltTimeout) and
+	// spaces the retries of one that failed.
+	aheadAt atomic.Int64
 
 	mu       sync.Mutex // guards inflight
 	inflight *saltFetch // the fetch of the current day's salt under way, if any
@@ -82,7 +81,8 @@ type saltFetch struct {
 // context does not: clicks wait for at most one such fetch.
 const saltTimeout = 5 * time.Second
 
-// aheadRetry is how long after a failed ahead fetch the next may begin.
+// aheadRetry is how long after an ahead fetch began the next may begin
+// (longer than saltTimeout, so two never run at once).
 const aheadRetry = time.Minute
 
 type daySalt struct {
@@ -188,22 +188,17 @@ func (id *Identifier) promote(ds *daySalt) {
 }
 
 // fetchAhead starts fetching the salt of day (the next one) in the
-// background unless it is held or being fetched, or a fetch of it failed
-// less than aheadRetry ago (sec is the clicks' clock, Unix seconds).
+// background unless it is held, or a fetch began less than aheadRetry ago
+// (sec is the clicks' clock, Unix seconds).
 func (id *Identifier) fetchAhead(day, sec int64) {
 	if ds := id.next.Load(); ds != nil && ds.day == day {
 		return
 	}
-	if id.aheadDay.Load() == day && sec < id.nextTry.Load() {
+	at := id.aheadAt.Load()
+	if sec < at || !id.aheadAt.CompareAndSwap(at, sec+int64(aheadRetry/time.Second)) {
 		return
 	}
-	if !id.ahead.CompareAndSwap(false, true) {
-		return
-	}
-	id.aheadDay.Store(day)
-	id.nextTry.Store(sec + int64(aheadRetry/time.Second))
 	go func() {
-		defer id.ahead.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), saltTimeout)
 		defer cancel()
 		if ds, err := id.load(ctx, day); err == nil {

@@ -646,7 +646,9 @@ func decodeEntry(m redis.XMessage) Event {
 // failures before it is over. Were the state cleared by a second call that
 // could fail alone, a stale failing-since would stay, and the endpoint's
 // next failure, however soon, would count from it and could disable it at
-// once. The state is not written for an endpoint deleted meanwhile.
+// once. The state is written only when a failing run is stored (most
+// deliveries follow a success and write nothing more), and not for an
+// endpoint deleted meanwhile.
 func (s *Store) Delivered(ctx context.Context, id string, entries []string) error {
 	args := make([]any, len(entries))
 	for i, e := range entries {
@@ -664,7 +666,7 @@ func (s *Store) Delivered(ctx context.Context, id string, entries []string) erro
 var deliveredScript = redis.NewScript(`
 if #ARGV > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV)) end
 redis.call('DEL', KEYS[2])
-if redis.call('HEXISTS', KEYS[3], 'cfg') == 1 then
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 1 and (redis.call('HGET', KEYS[3], 'failing_since') or '0') ~= '0' then
   redis.call('HSET', KEYS[3], 'failing_since', 0, 'last_error', '', 'attempts', 0)
 end
 return 1`)
