@@ -53,18 +53,7 @@ func TestARewindRecordRefusedOnceIsWrittenAgain(t *testing.T) {
 	refusals := &violations{}
 	srv.SetLoggerV2(refusals, false, false, false)
 	url := "nats://" + srv.Addr().String()
-	connect := func(user string) jetstream.JetStream {
-		nc, err := nats.Connect(url, nats.UserInfo(user, user), nats.MaxReconnects(-1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return js
-	}
+	connect := func(user string) jetstream.JetStream { return connectAs(t, url, user, nats.MaxReconnects(-1)) }
 	admin := connect("admin")
 	o := topology.Defaults()
 	o.Partitions = 1
@@ -179,19 +168,10 @@ func TestWaitRewindTimesOutWithTheLastStatusRead(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+			// The refusals are expected: no need to log them.
+			quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 			connect := func(user string) jetstream.JetStream {
-				// The refusals are expected: no need to log them.
-				quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
-				nc, err := nats.Connect("nats://"+srv.Addr().String(), nats.UserInfo(user, user), quiet)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(nc.Close)
-				js, err := jetstream.New(nc)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return js
+				return connectAs(t, "nats://"+srv.Addr().String(), user, quiet)
 			}
 			admin := connect("admin")
 			o := topology.Defaults()
@@ -218,4 +198,20 @@ func TestWaitRewindTimesOutWithTheLastStatusRead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// connectAs connects to url as user (whose password is its name, as the
+// tests' server configurations have it), closing at the test's end.
+func connectAs(t *testing.T, url, user string, opts ...nats.Option) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.UserInfo(user, user)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
