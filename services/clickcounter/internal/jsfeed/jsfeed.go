@@ -11,7 +11,10 @@
 // with the configuration the topology declares (Feed.Declared), as the
 // reader runtime does with its partition consumers: from the stream's
 // start, which is safe because the counter applies link events and verdicts
-// by their sequence (a replayed one is stale and changes nothing). While a
+// by their sequence (a replayed one is stale and changes nothing). It does
+// not start just past the last sequence applied: messages are handled out of
+// order (by every instance, several batches at once), so one below it may
+// still wait for a redelivery that was the deleted consumer's. While a
 // feed cannot fetch (NATS away, the consumer gone and not allowed to be made
 // again) it says so: a Warn log at the first failure and then at most once
 // a minute, snip_clickcounter_feed_up at 0, and

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -572,6 +573,63 @@ func TestADeletedConsumerIsCreatedAgainFromTheStart(t *testing.T) {
 	})
 	if n := feedMetric(t, reg, "snip_clickcounter_feed_consumer_created_total"); n != 1 {
 		t.Errorf("snip_clickcounter_feed_consumer_created_total = %v, want 1", n)
+	}
+}
+
+// The consumer a feed creates again starts from the stream's start, not
+// just past the last sequence the counter applied: the consumers are shared
+// and their messages handled out of order, so a message below that one may
+// still wait for its redelivery (it failed; or the instance holding it died)
+// when the consumer is deleted, and the redelivery dies with the consumer.
+// Here LINKS seq 2 fails and waits while seq 3 is applied; the consumer is
+// deleted then, and the one created again must hand seq 2 over.
+func TestAMessageAwaitingRedeliveryIsHandledByTheConsumerCreatedAgain(t *testing.T) {
+	t.Parallel()
+	js := setup(t)
+	for _, code := range []string{"a", "flaky", "c"} {
+		publishLink(t, js, code, []byte(code))
+	}
+	var mu sync.Mutex
+	handled := map[uint64]int{}
+	var deleted atomic.Bool
+	run(t, js, func(_ context.Context, msgs []jsfeed.Msg) []error {
+		mu.Lock()
+		defer mu.Unlock()
+		errs := make([]error, len(msgs))
+		for i, m := range msgs {
+			if string(m.Data) == "flaky" && !deleted.Load() {
+				// Redelivered by the deleted consumer only long after the test.
+				errs[i] = failure.RetryableAfter("redis_down", time.Hour, errors.New("redis: i/o timeout"))
+				continue
+			}
+			handled[m.Seq]++
+		}
+		return errs
+	}, func(f *jsfeed.Feed) { f.Declared = topology.ClickCounterLinksConsumerConfig() })
+	testenv.WaitFor(t, 20*time.Second, "seq 3 applied while seq 2 waits for its redelivery", func() bool {
+		mu.Lock()
+		applied := handled[3] == 1
+		mu.Unlock()
+		pending, floor := consumerState(t, js)
+		return applied && pending == 1 && floor == 1
+	})
+	if err := js.DeleteConsumer(t.Context(), events.LinksStream, topology.ClickCounterLinksConsumer); err != nil {
+		t.Fatal(err)
+	}
+	deleted.Store(true)
+	publishLink(t, js, "after", []byte("after"))
+	testenv.WaitFor(t, 20*time.Second, "the consumer created again has settled every LINKS event", func() bool {
+		c, err := js.Consumer(t.Context(), events.LinksStream, topology.ClickCounterLinksConsumer)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream == 4
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if d := cmp.Diff(map[uint64]int{1: 2, 2: 1, 3: 2, 4: 1}, handled); d != "" {
+		t.Errorf("times each LINKS sequence was handled (-want +got):\n%s", d)
 	}
 }
 
