@@ -307,7 +307,7 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 		}
 		noResponders = 0
 		if len(batch) > 0 {
-			if err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
+			if _, err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
 				return total, err
 			}
 			total += len(batch)
