@@ -873,6 +873,67 @@ func (s *Store) Lease(ctx context.Context, id, instance string, ttl time.Duratio
 	return ok == 1, nil
 }
 
+// Leases is Lease for many endpoints at once: one pipeline, so one round
+// trip on one Redis (one per master on a cluster) whatever the count. One
+// call per endpoint, one after the other, took a round trip each: an
+// instance holding thousands of endpoints renewed the last one that many
+// round trips after the first, late enough to lose it to another instance
+// within the TTL. Each endpoint's lease is taken or extended exactly as
+// Lease does. It returns the endpoints instance holds now; one whose
+// script failed is not among them, and the error says why.
+func (s *Store) Leases(ctx context.Context, ids []string, instance string, ttl time.Duration) (map[string]bool, error) {
+	calls := make([]scriptCall, len(ids))
+	for i, id := range ids {
+		calls[i] = scriptCall{keys: []string{k(id, "lease")}, args: []any{instance, ttl.Milliseconds()}}
+	}
+	cmds, err := s.evalEach(ctx, leaseScript, calls)
+	held := make(map[string]bool, len(ids))
+	for i, c := range cmds {
+		if n, cerr := c.Int(); cerr == nil && n == 1 {
+			held[ids[i]] = true
+		}
+	}
+	if err != nil {
+		return held, fmt.Errorf("lease %d endpoints: %w", len(ids), err)
+	}
+	return held, nil
+}
+
+// scriptCall is one run of a script in evalEach: its keys and arguments.
+type scriptCall struct {
+	keys []string
+	args []any
+}
+
+// evalEach runs script once per call in one pipeline and returns each
+// call's command, in order, with the first error of any (a call's error
+// is also its command's). A pipeline does not fall back from EVALSHA to
+// EVAL, so when the server lacks the script (a fresh or flushed server) it
+// loads it and runs the pipeline once more.
+func (s *Store) evalEach(ctx context.Context, script *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
+	if len(calls) == 0 {
+		return nil, nil
+	}
+	run := func() ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(calls))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range calls {
+				cmds[i] = script.EvalSha(ctx, p, c.keys, c.args...)
+			}
+			return nil
+		})
+		return cmds, err
+	}
+	cmds, err := run()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if lerr := script.Load(ctx, s.rdb).Err(); lerr != nil {
+			return cmds, fmt.Errorf("load script: %w", lerr)
+		}
+		cmds, err = run()
+	}
+	return cmds, err
+}
+
 var leaseScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v == false or v == ARGV[1] then

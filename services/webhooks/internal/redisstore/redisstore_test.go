@@ -29,6 +29,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestBacklogIsBoundedDroppingTheOldest,
 		TestBatchesAreCutBySizeAndInflightIsReadBack,
 		TestLeaseIsExclusiveUntilReleased,
+		TestLeasesTakeAndRenewManyAtOnce,
 		TestWritesWaitForReplicas,
 		TestEndpointsArePutListedAndDeleted,
 		TestOnlyKeptDeliveriesKeepTheirBodies,
@@ -195,6 +196,49 @@ func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
 	}
 	if ok, _ := s.Lease(ctx, "ep", "b", time.Minute); !ok {
 		t.Error("b could not take the lease a released")
+	}
+}
+
+// TestLeasesTakeAndRenewManyAtOnce: Leases, one pipeline for many
+// endpoints (in many slots on a cluster), keeps Lease's rules for each: a
+// free lease is taken, the instance's own is extended, another instance's
+// stays. The server lacking the script (flushed) does not fail it: a
+// pipeline does not fall back from EVALSHA, so Leases loads it.
+func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 10)
+	ctx := t.Context()
+	if ok, err := s.Lease(ctx, "mine", "a", time.Second); err != nil || !ok {
+		t.Fatalf("Lease(mine, a) = %v, %v", ok, err)
+	}
+	if ok, err := s.Lease(ctx, "theirs", "b", time.Minute); err != nil || !ok {
+		t.Fatalf("Lease(theirs, b) = %v, %v", ok, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"mine", "theirs"}
+	for i := range 50 {
+		ids = append(ids, fmt.Sprintf("free%d", i))
+	}
+	held, err := s.Leases(ctx, ids, "a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = id != "theirs"
+	}
+	delete(want, "theirs")
+	if diff := cmp.Diff(want, held); diff != "" {
+		t.Errorf("leases a holds (-want +got):\n%s", diff)
+	}
+	if left := rdb.PTTL(ctx, "snip:wh:{mine}:lease").Val(); left <= time.Minute {
+		t.Errorf("a's own lease has %s left after Leases for an hour; want it extended", left)
+	}
+	if ok, _ := s.Lease(ctx, "theirs", "b", time.Minute); !ok {
+		t.Error("b lost its lease to a's Leases")
 	}
 }
 
