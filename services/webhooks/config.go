@@ -31,7 +31,9 @@ type Config struct {
 	// leases; empty: host-pid-random.
 	Member string `env:"WEBHOOKS_MEMBER"`
 	// LeaseTTL is how long a dead instance keeps its partitions and its
-	// endpoints: the failover time.
+	// endpoints: the failover time. It is also how long a replay of a
+	// crashed instance still reads queued or running before it reads
+	// interrupted.
 	LeaseTTL time.Duration `env:"WEBHOOKS_LEASE_TTL" envDefault:"3s"`
 
 	// RetrySchedule are the waits before each retry of a failing batch; the

@@ -91,7 +91,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		manager := delivery.NewManager(store, sender, member, cfg.LeaseTTL, log)
 		intake := delivery.NewIntake(store, metrics)
 		intake.Notify = manager.Wake
-		replayer := delivery.NewReplayer(js, store, intake, log, 16, partitions)
+		replayer := delivery.NewReplayer(js, store, intake, log, delivery.ReplayerConfig{
+			Pending: 16, Partitions: partitions, Instance: member, LeaseTTL: cfg.LeaseTTL,
+		})
 		narrower := delivery.NewNarrower(store, js, topology.GroupWebhooks, partitions, member, log)
 		admin := &delivery.Admin{
 			Store: store, Client: client, Dialer: dialer, Replayer: replayer, Intake: intake, Narrower: narrower,

@@ -294,7 +294,10 @@ func (a *Admin) Rotate(ctx context.Context, owner, id string) (Status, error) {
 	return a.status(ctx, e, st, true)
 }
 
-// SendTest queues a test event for the endpoint and returns its ID.
+// SendTest queues a test event for the endpoint and returns its ID. An
+// endpoint deleted between the read and the queue write gets nothing queued
+// (the store writes no queue for it), and that is endpoint.ErrNotFound,
+// as for an endpoint that was never there: no ID of an event never queued.
 func (a *Admin) SendTest(ctx context.Context, owner, id string) (string, error) {
 	e, _, err := a.Store.GetOwned(ctx, owner, id)
 	if err != nil {
@@ -302,7 +305,14 @@ func (a *Admin) SendTest(ctx context.Context, owner, id string) (string, error) 
 	}
 	ev := redisstore.Event{ID: events.NewID(), Type: endpoint.TypeTest, Time: time.Now().UTC(),
 		Data: json.RawMessage(`{"message":"test event from Snip"}`)}
-	return ev.ID, a.Intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}})
+	added, err := a.Intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}})
+	if err != nil {
+		return "", err
+	}
+	if added[e.ID] == 0 {
+		return "", fmt.Errorf("endpoint %s: deleted before its test event was queued: %w", id, endpoint.ErrNotFound)
+	}
+	return ev.ID, nil
 }
 
 // Deliveries returns the endpoint's recent delivery attempts, newest first.

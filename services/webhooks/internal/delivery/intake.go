@@ -87,7 +87,8 @@ func (in *Intake) HandleClicks(ctx context.Context, partition int, batch []reade
 			q[e.ID] = append(q[e.ID], redisstore.Event{Seq: ev.Seq, ID: ev.Click.ID, Type: endpoint.TypeClick, Time: ev.Click.Time, Data: data})
 		}
 	}
-	return in.enqueue(ctx, redisstore.DedupSeq, partition, q)
+	_, err = in.enqueue(ctx, redisstore.DedupSeq, partition, q)
+	return err
 }
 
 // HandleAlert routes one fraud alert (FRAUD sequence seq).
@@ -102,16 +103,20 @@ func (in *Intake) HandleAlert(ctx context.Context, seq uint64, a events.FraudAle
 			q[e.ID] = append(q[e.ID], redisstore.Event{Seq: seq, ID: a.ID, Type: endpoint.TypeFraudAlert, Time: a.Time, Data: raw})
 		}
 	}
-	return in.enqueue(ctx, redisstore.DedupID, 0, q)
+	_, err = in.enqueue(ctx, redisstore.DedupID, 0, q)
+	return err
 }
 
-func (in *Intake) enqueue(ctx context.Context, mode redisstore.Dedup, partition int, q map[string][]redisstore.Event) error {
+// enqueue queues q's events (redisstore.Store.Enqueue), counts them and
+// wakes their senders. It returns how many each endpoint got: none for an
+// endpoint deleted meanwhile, whose queue the store does not write.
+func (in *Intake) enqueue(ctx context.Context, mode redisstore.Dedup, partition int, q map[string][]redisstore.Event) (map[string]int64, error) {
 	for id := range q {
 		in.metrics.note(id) // before any series of it is made (Manager.scan)
 	}
 	added, dropped, err := in.store.Enqueue(ctx, mode, partition, q)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for id, n := range dropped {
 		in.metrics.dropped.WithLabelValues(id).Add(float64(n))
@@ -122,5 +127,5 @@ func (in *Intake) enqueue(ctx context.Context, mode redisstore.Dedup, partition 
 			in.Notify(id)
 		}
 	}
-	return nil
+	return added, nil
 }

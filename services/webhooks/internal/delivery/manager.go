@@ -75,14 +75,22 @@ func (m *Manager) scan(ctx context.Context) {
 		m.log.Warn("webhooks: list endpoints", "err", err)
 		return
 	}
+	// Every lease in one round trip (Store.Leases): the last endpoint's is
+	// renewed as soon as the first's, however many this instance holds.
+	ids := make([]string, len(all))
+	for i, e := range all {
+		ids[i] = e.ID
+	}
+	held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+	if err != nil {
+		// Those whose lease failed count as not held, as another
+		// instance's would.
+		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", err)
+	}
 	seen := map[string]bool{}
 	for _, e := range all {
 		seen[e.ID] = true
-		ok, err := m.store.Lease(ctx, e.ID, m.instance, m.leaseTTL)
-		if err != nil {
-			m.log.Warn("webhooks: lease", "endpoint", e.ID, "err", err)
-			ok = false
-		}
+		ok := held[e.ID]
 		m.mu.Lock()
 		r := m.running[e.ID]
 		switch {

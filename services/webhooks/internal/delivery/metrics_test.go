@@ -59,7 +59,7 @@ func TestAnEndpointDeletedBetweenTwoScansLeavesNoSeries(t *testing.T) {
 	}
 	queue := func() {
 		t.Helper()
-		if err := intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{ep.ID: {{ID: "e1", Type: endpoint.TypeClick, Data: []byte(`{}`)}}}); err != nil {
+		if _, err := intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{ep.ID: {{ID: "e1", Type: endpoint.TypeClick, Data: []byte(`{}`)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

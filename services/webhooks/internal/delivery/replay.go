@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -26,20 +27,45 @@ import (
 // and the owner asks again. Asking again is safe: the new replay cuts
 // later, clears everything up to its cut (what the failed one refilled
 // too) and refills it. A replay in progress when the instance stops is
-// not resumed: a stop marks it failed (a crash leaves it running).
+// not resumed: a stop marks it failed. A crash cannot mark it, so each
+// replay queued or running here holds a lease in Redis that Run renews
+// every LeaseTTL/3: once its instance is gone the lease lapses and the
+// replay reads as interrupted (redisstore.ReplayInterrupted), and the
+// owner asks again.
 type Replayer struct {
-	js     jetstream.JetStream
-	store  *redisstore.Store
-	intake *Intake
-	log    *slog.Logger
-	mu     sync.Mutex // held by Start, and by Run as it stops
-	jobs   chan replayJob
+	js       jetstream.JetStream
+	store    *redisstore.Store
+	intake   *Intake
+	log      *slog.Logger
+	instance string
+	leaseTTL time.Duration
+	mu       sync.Mutex // held by Start, and by Run as it stops
+	jobs     chan replayJob
 	// stopped: Run returned; Start answers ErrBusy (another instance
 	// takes the request asked again).
 	stopped bool
 	// partitions is CLICKS' partition count, for the readers' rule of
 	// validity (events.ReadClick).
 	partitions int
+
+	heldMu sync.Mutex
+	// held are the replays queued or running here whose leases Run
+	// renews: endpoint ID to replay ID.
+	held map[string]string
+}
+
+// ReplayerConfig is how a Replayer queues replays and holds their leases.
+type ReplayerConfig struct {
+	// Pending is how many requests may wait for the replay before them.
+	Pending int
+	// Partitions is CLICKS' partition count.
+	Partitions int
+	// Instance names this instance in the replays' leases.
+	Instance string
+	// LeaseTTL is how long a replay of an instance that stopped renewing
+	// (crashed) reads as queued or running before it reads as
+	// interrupted; the leases are renewed every LeaseTTL/3.
+	LeaseTTL time.Duration
 }
 
 type replayJob struct {
@@ -47,10 +73,66 @@ type replayJob struct {
 	state redisstore.Replay
 }
 
-// NewReplayer returns a Replayer that queues at most pending requests, of
-// a CLICKS stream of partitions partitions.
-func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake, log *slog.Logger, pending, partitions int) *Replayer {
-	return &Replayer{js: js, store: store, intake: intake, log: log, jobs: make(chan replayJob, pending), partitions: partitions}
+// NewReplayer returns a Replayer configured by cfg.
+func NewReplayer(js jetstream.JetStream, store *redisstore.Store, intake *Intake, log *slog.Logger, cfg ReplayerConfig) *Replayer {
+	return &Replayer{js: js, store: store, intake: intake, log: log, instance: cfg.Instance, leaseTTL: cfg.LeaseTTL,
+		jobs: make(chan replayJob, cfg.Pending), partitions: cfg.Partitions, held: map[string]string{}}
+}
+
+// lease is the lease a replay queued or running here holds.
+func (r *Replayer) lease() redisstore.ReplayLease {
+	return redisstore.ReplayLease{Holder: r.instance, TTL: r.leaseTTL}
+}
+
+// hold adds replay j to those whose leases Run renews; release takes it
+// off once it ended here (or is no longer this instance's).
+func (r *Replayer) hold(j replayJob) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	r.held[j.id] = j.state.ID
+}
+
+func (r *Replayer) release(j replayJob) {
+	r.heldMu.Lock()
+	defer r.heldMu.Unlock()
+	if r.held[j.id] == j.state.ID {
+		delete(r.held, j.id)
+	}
+}
+
+// renew extends the leases of the replays held here every LeaseTTL/3, all
+// in one round trip, until ctx ends. A replay superseded by a newer request
+// or whose lease lapsed (Redis out of reach for longer than the lease: it
+// reads as interrupted, and the owner may have asked again) is no longer
+// renewed; one the renewal failed for is tried again next time.
+func (r *Replayer) renew(ctx context.Context) {
+	t := time.NewTicker(r.leaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.heldMu.Lock()
+		replays := maps.Clone(r.held)
+		r.heldMu.Unlock()
+		if len(replays) == 0 {
+			continue
+		}
+		held, err := r.store.RenewReplays(ctx, replays, r.instance, r.leaseTTL)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("webhooks: renew replay leases", "replays", len(replays), "renewed", len(held), "err", err)
+			}
+			continue
+		}
+		for id, replay := range replays {
+			if !held[id] {
+				r.release(replayJob{id: id, state: redisstore.Replay{ID: replay}})
+			}
+		}
+	}
 }
 
 // Start queues a replay of endpoint e from time from and stores it as the
@@ -67,16 +149,27 @@ func (r *Replayer) Start(ctx context.Context, e endpoint.Endpoint, from time.Tim
 	now := time.Now().UTC()
 	j := replayJob{id: e.ID, state: redisstore.Replay{ID: events.NewID(), State: redisstore.ReplayQueued,
 		From: from.UTC(), RequestedAt: now, UpdatedAt: now}}
-	if err := r.store.SetReplay(ctx, e.ID, j.state, true); err != nil {
+	if err := r.store.SetReplay(ctx, e.ID, j.state, true, r.lease()); err != nil {
 		return err
 	}
+	r.hold(j)
 	r.jobs <- j
 	return nil
 }
 
-// Run performs queued replays until ctx ends. Then it marks the replay it
-// was running, and those still queued, failed: they never finish here.
+// Run performs queued replays, and renews the leases of those queued and
+// running, until ctx ends. Then it marks the replay it was running, and
+// those still queued, failed: they never finish here.
 func (r *Replayer) Run(ctx context.Context) error {
+	if r.leaseTTL <= 0 || r.instance == "" {
+		return fmt.Errorf("replayer: lease TTL %s, instance %q: want a TTL > 0 and an instance", r.leaseTTL, r.instance)
+	}
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		r.renew(ctx)
+	}()
+	defer func() { <-renewed }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -108,16 +201,19 @@ func (r *Replayer) run(ctx context.Context, j replayJob) {
 		return
 	}
 	j.state.State, j.state.UpdatedAt = redisstore.ReplayRunning, time.Now().UTC()
-	if err := r.store.SetReplay(ctx, j.id, j.state, false); err != nil {
+	if err := r.store.SetReplay(ctx, j.id, j.state, false, r.lease()); err != nil {
 		// Superseded (a newer replay clears and refills all this one
-		// would), or deleted: nothing to do. Else Redis failed, and the
-		// replay would too.
+		// would), deleted, or its lease lapsed while it waited (it reads
+		// as interrupted, and the owner may have asked again): nothing to
+		// do. Else Redis failed, and the replay would too.
 		if ctx.Err() != nil {
 			err = errStopped
 		}
-		if !errors.Is(err, redisstore.ErrReplaySuperseded) && !errors.Is(err, endpoint.ErrNotFound) {
+		if !errors.Is(err, redisstore.ErrReplaySuperseded) && !errors.Is(err, endpoint.ErrNotFound) &&
+			!errors.Is(err, redisstore.ErrReplayLeaseLapsed) {
 			r.finish(ctx, j, 0, err)
 		}
+		r.release(j)
 		return
 	}
 	n, err := r.replay(ctx, j.id, j.state.From)
@@ -128,8 +224,10 @@ func (r *Replayer) run(ctx context.Context, j replayJob) {
 }
 
 // finish stores how replay j ended (done with n events, or failed with
-// err) while it is the endpoint's latest, and logs a failure.
+// err) while it is the endpoint's latest, dropping its lease, and logs a
+// failure.
 func (r *Replayer) finish(ctx context.Context, j replayJob, n int, err error) {
+	defer r.release(j)
 	j.state.State, j.state.UpdatedAt, j.state.Events = redisstore.ReplayDone, time.Now().UTC(), n
 	if err != nil {
 		j.state.State, j.state.Error, j.state.Events = redisstore.ReplayFailed, ownerReason(err), 0
@@ -140,7 +238,7 @@ func (r *Replayer) finish(ctx context.Context, j replayJob, n int, err error) {
 	// Written also while the instance stops (ctx ended), within a bound.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if werr := r.store.SetReplay(wctx, j.id, j.state, false); werr != nil &&
+	if werr := r.store.SetReplay(wctx, j.id, j.state, false, redisstore.ReplayLease{}); werr != nil &&
 		!errors.Is(werr, redisstore.ErrReplaySuperseded) && !errors.Is(werr, endpoint.ErrNotFound) {
 		r.log.Error("webhooks: store replay state", "endpoint", j.id, "state", j.state.State, "err", werr)
 	}
@@ -307,7 +405,7 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 		}
 		noResponders = 0
 		if len(batch) > 0 {
-			if err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
+			if _, err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
 				return total, err
 			}
 			total += len(batch)

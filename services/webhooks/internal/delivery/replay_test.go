@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -48,7 +52,8 @@ func TestAFailedReplayShowsAndAskingAgainRefillsTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler), 4, o.Partitions)
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "i1", LeaseTTL: 3 * time.Second})
 	admin := &delivery.Admin{Store: store, Replayer: replayer}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -156,7 +161,8 @@ func TestAStopMarksTheReplaysItHoldsFailed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler), 4, 1)
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: 1, Instance: "i1", LeaseTTL: 3 * time.Second})
 	admin := &delivery.Admin{Store: store, Replayer: replayer}
 	ids := []string{"ep_stop1", "ep_stop2"}
 	for _, id := range ids {
@@ -183,5 +189,173 @@ func TestAStopMarksTheReplaysItHoldsFailed(t *testing.T) {
 	}
 	if err := admin.Replay(ctx, "acme", ids[0], time.Now().Add(-time.Hour)); !errors.Is(err, delivery.ErrBusy) {
 		t.Errorf("replay asked of the stopped replayer: %v, want busy", err)
+	}
+}
+
+// crashable is a go-redis hook for an instance's Redis client: it holds the
+// first queue write of endpoint queue (a replay copying) until the instance
+// crashes, and from then on fails every command, as the connections of a
+// process killed with SIGKILL would: the instance writes nothing more.
+type crashable struct {
+	queue   string
+	blocked chan struct{} // closed when the queue write is held
+	crash   chan struct{} // closed to crash the instance
+	held    atomic.Bool
+}
+
+var errCrashed = errors.New("the instance crashed")
+
+func (h *crashable) dead() bool {
+	select {
+	case <-h.crash:
+		return true
+	default:
+		return false
+	}
+}
+
+func (h *crashable) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *crashable) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if h.dead() {
+			c.SetErr(errCrashed)
+			return errCrashed
+		}
+		return next(ctx, c)
+	}
+}
+
+func (h *crashable) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		writesQueue := slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(h.queue)) })
+		if writesQueue && h.held.CompareAndSwap(false, true) {
+			close(h.blocked)
+			select {
+			case <-h.crash:
+			case <-ctx.Done(): // the instance stops first (the test failed)
+			}
+		}
+		if h.dead() {
+			for _, c := range cmds {
+				c.SetErr(errCrashed)
+			}
+			return errCrashed
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestAReplayWhoseInstanceCrashedReadsInterruptedAndIsAskedAgain: an
+// instance that crashed (SIGKILL: no stop to mark its replay failed) while
+// a replay ran left the replay "running" in the endpoint's GET for ever.
+// The replay's lease, renewed by its instance while it runs (so a replay
+// longer than the lease stays running), lapses once the instance is gone:
+// the GET shows it interrupted, with a reason for the owner, and the owner
+// asks again through another instance, which replays every event once.
+// The crash is the instance's Redis client failing every command from a
+// moment on, while the replay is held mid-copy.
+func TestAReplayWhoseInstanceCrashedReadsInterruptedAndIsAskedAgain(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, db := servers.Redis.NewDB(t)
+	ep := endpoint.Endpoint{ID: "ep_crash", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+	crash := &crashable{queue: "snip:wh:{" + ep.ID + "}:q", blocked: make(chan struct{}), crash: make(chan struct{})}
+	var crashOnce sync.Once
+	crashNow := func() { crashOnce.Do(func() { close(crash.crash) }) }
+	t.Cleanup(crashNow)
+	crashingRDB := redis.NewClient(&redis.Options{Addr: servers.Redis.Addr, DB: db})
+	t.Cleanup(func() { _ = crashingRDB.Close() })
+	crashingRDB.AddHook(crash)
+
+	// Two instances on one Redis: b will crash, a lives.
+	const leaseTTL = 2 * time.Second
+	start := func(name string, rdb redis.UniversalClient) (*delivery.Admin, *redisstore.Store) {
+		store := redisstore.New(rdb, 100_000)
+		m, err := delivery.NewMetrics(prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+			delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: name, LeaseTTL: leaseTTL})
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- replayer.Run(rctx) }()
+		t.Cleanup(func() { stop(); <-done })
+		return &delivery.Admin{Store: store, Replayer: replayer}, store
+	}
+	a, store := start("a", rdb)
+	b, _ := start("b", crashingRDB)
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().UTC()
+	want := map[string]int{}
+	for range 3 {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		cb, _ := json.Marshal(c)
+		if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+		want[c.ID] = 1
+	}
+	replayState := func() redisstore.Replay {
+		t.Helper()
+		s, err := a.Get(ctx, "acme", ep.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Replay
+	}
+
+	if err := b.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-crash.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("b's replay never copied: %+v", replayState())
+	}
+	// Running longer than its lease, renewed by b.
+	copying := time.Now()
+	testenv.Poll(2*leaseTTL, func() bool { return time.Since(copying) > leaseTTL*3/2 })
+	running := replayState()
+	if running.State != redisstore.ReplayRunning {
+		t.Fatalf("b's replay, copying for %s (its lease: %s): %+v; want running, its lease renewed", time.Since(copying), leaseTTL, running)
+	}
+
+	crashNow()
+	var got redisstore.Replay
+	if !testenv.Poll(10*leaseTTL, func() bool { got = replayState(); return got.State != redisstore.ReplayRunning }) ||
+		got.State != redisstore.ReplayInterrupted || got.Error != redisstore.ReplayInterruptedReason || got.ID != running.ID {
+		t.Fatalf("b's replay after b crashed: %+v; want it interrupted with the reason %q", got, redisstore.ReplayInterruptedReason)
+	}
+
+	if err := a.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatalf("the replay asked again after the interrupted one: %v", err)
+	}
+	if !testenv.Poll(30*time.Second, func() bool {
+		got = replayState()
+		return got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed
+	}) || got.State != redisstore.ReplayDone || got.Events != len(want) {
+		t.Fatalf("the replay asked again: %+v; want done with %d events", got, len(want))
+	}
+	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := map[string]int{}
+	for _, e := range evs {
+		queued[e.ID]++
+	}
+	if d := cmp.Diff(want, queued); d != "" {
+		t.Errorf("queue after the replay asked again, event IDs (-want +got):\n%s", d)
 	}
 }

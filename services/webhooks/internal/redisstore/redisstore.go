@@ -14,6 +14,8 @@
 //	snip:wh:{<id>}:dl        list: the most recent delivery records (JSON)
 //	snip:wh:{<id>}:body:<d>  the body of delivery record <d> while it is in dl, for redelivery (expires)
 //	snip:wh:{<id>}:lease     the instance sending for this endpoint (expires)
+//	snip:wh:{<id>}:replay_lease the instance holding the latest replay while it is queued or running (expires
+//	                         unless that instance renews it: gone, the replay reads as interrupted)
 //	snip:wh:owner:<owner>    set of the owner's endpoint IDs
 //	snip:wh:endpoints        set of every endpoint ID
 //	snip:wh:version          bumped on every endpoint change; readers reload on change
@@ -83,7 +85,23 @@ const (
 	ReplayRunning = "running" // cutting, clearing the queue up to the cut, copying
 	ReplayFailed  = "failed"  // stopped by Error: the queue may lack events up to the cut; ask again
 	ReplayDone    = "done"    // every event up to the cut is queued again
+	// ReplayInterrupted is never stored: Get reads a queued or running
+	// replay whose instance stopped renewing its lease (it crashed) as
+	// interrupted, with ReplayInterruptedReason. The queue may lack events
+	// up to the cut, as after a failure; ask again.
+	ReplayInterrupted = "interrupted"
 )
+
+// ReplayInterruptedReason is an interrupted replay's Error, for the owner.
+const ReplayInterruptedReason = "the instance running the replay stopped before it finished; ask again"
+
+// ReplayLease is who holds a queued or running replay, and for how long
+// unless renewed (RenewReplays): a replay whose instance crashed is read
+// as interrupted once its lease lapses, instead of running for ever.
+type ReplayLease struct {
+	Holder string
+	TTL    time.Duration
+}
 
 // Replay is the state of an endpoint's latest replay, as its owner sees
 // it: a replay runs in the background after its request was answered, so
@@ -142,10 +160,20 @@ func (s *Store) Get(ctx context.Context, id string) (endpoint.Endpoint, State, e
 func (s *Store) get(ctx context.Context, id string) (endpoint.Endpoint, State, string, error) {
 	var e endpoint.Endpoint
 	var st State
-	m, err := s.rdb.HGetAll(ctx, k(id, "ep")).Result()
-	if err != nil {
+	// The replay's lease is read with the hash, in one transaction (one
+	// slot): a replay that ends deletes its lease as it writes its end, so
+	// separate reads could see it running without a lease.
+	var hash *redis.MapStringStringCmd
+	var lease *redis.StringCmd
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		hash = p.HGetAll(ctx, k(id, "ep"))
+		lease = p.Get(ctx, k(id, "replay_lease"))
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return e, st, "", fmt.Errorf("get endpoint %s: %w", id, err)
 	}
+	m := hash.Val()
 	if m["cfg"] == "" {
 		return e, st, "", fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
 	}
@@ -159,6 +187,11 @@ func (s *Store) get(ctx context.Context, id string) (endpoint.Endpoint, State, s
 		// Only shown to the owner: an unreadable one must not stop the
 		// endpoint's sender or its changes.
 		st.Replay = Replay{}
+	}
+	if r := &st.Replay; (r.State == ReplayQueued || r.State == ReplayRunning) && errors.Is(lease.Err(), redis.Nil) {
+		// Its instance stopped renewing the lease: it crashed, or lost
+		// Redis for longer than the lease. Nothing renews a lapsed lease.
+		r.State, r.Error = ReplayInterrupted, ReplayInterruptedReason
 	}
 	rev := m["rev"]
 	if rev == "" {
@@ -321,13 +354,22 @@ return {since, n}`)
 // clears and refills everything it would).
 var ErrReplaySuperseded = errors.New("a newer replay was requested")
 
+// ErrReplayLeaseLapsed: the replay's lease lapsed (its instance did not
+// renew it in time), so it reads as interrupted and the owner may have
+// asked again; it is not brought back to queued or running.
+var ErrReplayLeaseLapsed = errors.New("the replay's lease lapsed")
+
 // SetReplay writes the state of endpoint id's latest replay. With latest
 // false it writes only while r is still the endpoint's latest replay (the
 // stored ID is r.ID), else it returns ErrReplaySuperseded; with latest
-// true r becomes the latest (a new request). Nothing is written for an
-// endpoint deleted meanwhile (endpoint.ErrNotFound): the state would
-// outlive it.
-func (s *Store) SetReplay(ctx context.Context, id string, r Replay, latest bool) error {
+// true r becomes the latest (a new request). A queued or running state
+// comes with its lease (lease.Holder, for lease.TTL, then renewed with
+// RenewReplays), and one that is not a new request is written only while
+// lease.Holder still holds it (else ErrReplayLeaseLapsed); an ended one
+// (done, failed) is written with a zero lease and drops it. Nothing is
+// written for an endpoint deleted meanwhile (endpoint.ErrNotFound): the
+// state would outlive it.
+func (s *Store) SetReplay(ctx context.Context, id string, r Replay, latest bool, lease ReplayLease) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("set replay state of %s: %w", id, err)
@@ -336,7 +378,8 @@ func (s *Store) SetReplay(ctx context.Context, id string, r Replay, latest bool)
 	if latest {
 		expect = ""
 	}
-	n, err := setReplayScript.Run(ctx, s.rdb, []string{k(id, "ep")}, expect, r.ID, b).Int()
+	n, err := setReplayScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "replay_lease")},
+		expect, r.ID, b, lease.Holder, lease.TTL.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("set replay state of %s: %w", id, err)
 	}
@@ -345,18 +388,62 @@ func (s *Store) SetReplay(ctx context.Context, id string, r Replay, latest bool)
 		return fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
 	case 0:
 		return fmt.Errorf("replay %s of %s: %w", r.ID, id, ErrReplaySuperseded)
+	case -2:
+		return fmt.Errorf("replay %s of %s: %w", r.ID, id, ErrReplayLeaseLapsed)
 	}
 	return nil
 }
 
-// setReplayScript: KEYS = the endpoint; ARGV = the replay ID that must be
-// the stored one (” for any), the replay's ID, its state (JSON). Returns
-// -1 when the endpoint is gone, 0 when another replay is the latest, 1
+// setReplayScript: KEYS = the endpoint, the replay's lease; ARGV = the
+// replay ID that must be the stored one (empty for any), the replay's ID,
+// its state (JSON), the lease's holder (empty: the replay ended, drop the
+// lease) and TTL in ms. Returns -1 when the endpoint is gone, 0 when another
+// replay is the latest, -2 when the holder no longer holds the lease, 1
 // when written.
 var setReplayScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
 if ARGV[1] ~= '' and (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[1] then return 0 end
+if ARGV[1] ~= '' and ARGV[4] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[4] then return -2 end
 redis.call('HSET', KEYS[1], 'replay_id', ARGV[2], 'replay', ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[4], 'PX', ARGV[5])
+else
+  redis.call('DEL', KEYS[2])
+end
+return 1`)
+
+// RenewReplays extends the leases of the replays holder holds (endpoint ID
+// to replay ID) by ttl, every one in one pipeline, and returns those it
+// still holds. A replay superseded by a newer request, or whose lease
+// lapsed (it reads as interrupted), is not renewed and not returned; one
+// whose script failed is not returned either, and the error says why.
+func (s *Store) RenewReplays(ctx context.Context, replays map[string]string, holder string, ttl time.Duration) (map[string]bool, error) {
+	ids := make([]string, 0, len(replays))
+	calls := make([]scriptCall, 0, len(replays))
+	for id, replay := range replays {
+		ids = append(ids, id)
+		calls = append(calls, scriptCall{keys: []string{k(id, "ep"), k(id, "replay_lease")}, args: []any{replay, holder, ttl.Milliseconds()}})
+	}
+	cmds, err := s.evalEach(ctx, renewReplayScript, calls)
+	held := make(map[string]bool, len(ids))
+	for i, c := range cmds {
+		if n, cerr := c.Int(); cerr == nil && n == 1 {
+			held[ids[i]] = true
+		}
+	}
+	if err != nil {
+		return held, fmt.Errorf("renew %d replay leases: %w", len(ids), err)
+	}
+	return held, nil
+}
+
+// renewReplayScript: KEYS = the endpoint, the replay's lease; ARGV = the
+// replay ID, the holder, the TTL in ms. Returns 1 when renewed, 0 when the
+// replay is no longer the latest or the holder's.
+var renewReplayScript = redis.NewScript(`
+if (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1`)
 
 // List returns the owner's endpoints.
@@ -409,7 +496,7 @@ func (s *Store) load(ctx context.Context, ids []string) ([]endpoint.Endpoint, er
 // the keyspace; the sets that list the endpoint and the version are other
 // slots and follow.
 func (s *Store) Delete(ctx context.Context, e endpoint.Endpoint) error {
-	keys := []string{k(e.ID, "dl"), k(e.ID, "body:"), k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "hw")}
+	keys := []string{k(e.ID, "dl"), k(e.ID, "body:"), k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "hw"), k(e.ID, "replay_lease")}
 	err := deleteScript.Run(ctx, s.rdb, keys).Err()
 	if err == nil {
 		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -871,6 +958,67 @@ func (s *Store) Lease(ctx context.Context, id, instance string, ttl time.Duratio
 		return false, fmt.Errorf("lease %s: %w", id, err)
 	}
 	return ok == 1, nil
+}
+
+// Leases is Lease for many endpoints at once: one pipeline, so one round
+// trip on one Redis (one per master on a cluster) whatever the count. One
+// call per endpoint, one after the other, took a round trip each: an
+// instance holding thousands of endpoints renewed the last one that many
+// round trips after the first, late enough to lose it to another instance
+// within the TTL. Each endpoint's lease is taken or extended exactly as
+// Lease does. It returns the endpoints instance holds now; one whose
+// script failed is not among them, and the error says why.
+func (s *Store) Leases(ctx context.Context, ids []string, instance string, ttl time.Duration) (map[string]bool, error) {
+	calls := make([]scriptCall, len(ids))
+	for i, id := range ids {
+		calls[i] = scriptCall{keys: []string{k(id, "lease")}, args: []any{instance, ttl.Milliseconds()}}
+	}
+	cmds, err := s.evalEach(ctx, leaseScript, calls)
+	held := make(map[string]bool, len(ids))
+	for i, c := range cmds {
+		if n, cerr := c.Int(); cerr == nil && n == 1 {
+			held[ids[i]] = true
+		}
+	}
+	if err != nil {
+		return held, fmt.Errorf("lease %d endpoints: %w", len(ids), err)
+	}
+	return held, nil
+}
+
+// scriptCall is one run of a script in evalEach: its keys and arguments.
+type scriptCall struct {
+	keys []string
+	args []any
+}
+
+// evalEach runs script once per call in one pipeline and returns each
+// call's command, in order, with the first error of any (a call's error
+// is also its command's). A pipeline does not fall back from EVALSHA to
+// EVAL, so when the server lacks the script (a fresh or flushed server) it
+// loads it and runs the pipeline once more.
+func (s *Store) evalEach(ctx context.Context, script *redis.Script, calls []scriptCall) ([]*redis.Cmd, error) {
+	if len(calls) == 0 {
+		return nil, nil
+	}
+	run := func() ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(calls))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range calls {
+				cmds[i] = script.EvalSha(ctx, p, c.keys, c.args...)
+			}
+			return nil
+		})
+		return cmds, err
+	}
+	cmds, err := run()
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if lerr := script.Load(ctx, s.rdb).Err(); lerr != nil {
+			return cmds, fmt.Errorf("load script: %w", lerr)
+		}
+		cmds, err = run()
+	}
+	return cmds, err
 }
 
 var leaseScript = redis.NewScript(`

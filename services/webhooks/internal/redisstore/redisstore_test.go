@@ -29,6 +29,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestBacklogIsBoundedDroppingTheOldest,
 		TestBatchesAreCutBySizeAndInflightIsReadBack,
 		TestLeaseIsExclusiveUntilReleased,
+		TestLeasesTakeAndRenewManyAtOnce,
 		TestWritesWaitForReplicas,
 		TestEndpointsArePutListedAndDeleted,
 		TestOnlyKeptDeliveriesKeepTheirBodies,
@@ -36,6 +37,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestClearUpToKeepsWhatCameAfterTheCut,
 		TestNothingIsQueuedForADeletedEndpoint,
 		TestOnlyTheLatestReplayWritesItsState,
+		TestAReplayWhoseLeaseLapsedReadsInterrupted,
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
 		TestAFailingRunEndsWithADeliveryOrAResume,
@@ -195,6 +197,49 @@ func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
 	}
 	if ok, _ := s.Lease(ctx, "ep", "b", time.Minute); !ok {
 		t.Error("b could not take the lease a released")
+	}
+}
+
+// TestLeasesTakeAndRenewManyAtOnce: Leases, one pipeline for many
+// endpoints (in many slots on a cluster), keeps Lease's rules for each: a
+// free lease is taken, the instance's own is extended, another instance's
+// stays. The server lacking the script (flushed) does not fail it: a
+// pipeline does not fall back from EVALSHA, so Leases loads it.
+func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 10)
+	ctx := t.Context()
+	if ok, err := s.Lease(ctx, "mine", "a", time.Second); err != nil || !ok {
+		t.Fatalf("Lease(mine, a) = %v, %v", ok, err)
+	}
+	if ok, err := s.Lease(ctx, "theirs", "b", time.Minute); err != nil || !ok {
+		t.Fatalf("Lease(theirs, b) = %v, %v", ok, err)
+	}
+	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"mine", "theirs"}
+	for i := range 50 {
+		ids = append(ids, fmt.Sprintf("free%d", i))
+	}
+	held, err := s.Leases(ctx, ids, "a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = id != "theirs"
+	}
+	delete(want, "theirs")
+	if diff := cmp.Diff(want, held); diff != "" {
+		t.Errorf("leases a holds (-want +got):\n%s", diff)
+	}
+	if left := rdb.PTTL(ctx, "snip:wh:{mine}:lease").Val(); left <= time.Minute {
+		t.Errorf("a's own lease has %s left after Leases for an hour; want it extended", left)
+	}
+	if ok, _ := s.Lease(ctx, "theirs", "b", time.Minute); !ok {
+		t.Error("b lost its lease to a's Leases")
 	}
 }
 
@@ -426,7 +471,7 @@ func TestNothingIsQueuedForADeletedEndpoint(t *testing.T) {
 	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetReplay(ctx, "epA", redisstore.Replay{ID: "r1", State: redisstore.ReplayFailed}, true); !errors.Is(err, endpoint.ErrNotFound) {
+	if err := s.SetReplay(ctx, "epA", redisstore.Replay{ID: "r1", State: redisstore.ReplayFailed}, true, redisstore.ReplayLease{}); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("replay state of the deleted endpoint: %v, want not found", err)
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
@@ -446,20 +491,21 @@ func TestOnlyTheLatestReplayWritesItsState(t *testing.T) {
 	ctx := t.Context()
 	put(t, s, "ep")
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := redisstore.ReplayLease{Holder: "a", TTL: time.Minute}
 	first := redisstore.Replay{ID: "r1", State: redisstore.ReplayQueued, From: at, RequestedAt: at, UpdatedAt: at}
-	if err := s.SetReplay(ctx, "ep", first, true); err != nil {
+	if err := s.SetReplay(ctx, "ep", first, true, a); err != nil {
 		t.Fatal(err)
 	}
 	first.State = redisstore.ReplayRunning
-	if err := s.SetReplay(ctx, "ep", first, false); err != nil {
+	if err := s.SetReplay(ctx, "ep", first, false, a); err != nil {
 		t.Fatalf("the latest replay's own write: %v", err)
 	}
 	second := redisstore.Replay{ID: "r2", State: redisstore.ReplayQueued, From: at, RequestedAt: at.Add(time.Second), UpdatedAt: at.Add(time.Second)}
-	if err := s.SetReplay(ctx, "ep", second, true); err != nil {
+	if err := s.SetReplay(ctx, "ep", second, true, redisstore.ReplayLease{Holder: "b", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	first.State = redisstore.ReplayDone
-	if err := s.SetReplay(ctx, "ep", first, false); !errors.Is(err, redisstore.ErrReplaySuperseded) {
+	if err := s.SetReplay(ctx, "ep", first, false, redisstore.ReplayLease{}); !errors.Is(err, redisstore.ErrReplaySuperseded) {
 		t.Errorf("the first replay's write after the second was asked for: %v, want superseded", err)
 	}
 	_, st, err := s.Get(ctx, "ep")
@@ -468,5 +514,78 @@ func TestOnlyTheLatestReplayWritesItsState(t *testing.T) {
 	}
 	if diff := cmp.Diff(second, st.Replay); diff != "" {
 		t.Errorf("stored replay (-want +got):\n%s", diff)
+	}
+}
+
+// TestAReplayWhoseLeaseLapsedReadsInterrupted: a replay's instance that
+// crashed left it "running" for ever, in every reader's view. Its lease,
+// written with its state, lapses unless renewed, and then the replay reads
+// as interrupted, with a reason for the owner; nothing brings it back to
+// running (neither its renewal nor its own write). A replay whose holder
+// renews it stays as it is; one that ended drops its lease and reads as
+// it ended.
+func TestAReplayWhoseLeaseLapsedReadsInterrupted(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	put(t, s, "ep")
+	replay := func() redisstore.Replay {
+		t.Helper()
+		_, st, err := s.Get(ctx, "ep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Replay
+	}
+	at := time.Now().UTC()
+	crashed := redisstore.Replay{ID: "r1", State: redisstore.ReplayRunning, From: at, RequestedAt: at, UpdatedAt: at}
+	if err := s.SetReplay(ctx, "ep", crashed, true, redisstore.ReplayLease{Holder: "a", TTL: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	var got redisstore.Replay
+	if !testenv.Poll(10*time.Second, func() bool { got = replay(); return got.State != redisstore.ReplayRunning }) ||
+		got.State != redisstore.ReplayInterrupted || got.Error != redisstore.ReplayInterruptedReason {
+		t.Fatalf("replay of an instance that stopped renewing: %+v; want interrupted with the reason", got)
+	}
+	if held, err := s.RenewReplays(ctx, map[string]string{"ep": "r1"}, "a", time.Minute); err != nil || held["ep"] {
+		t.Errorf("renewing a lapsed lease: %v, %v; want not held", held, err)
+	}
+	if err := s.SetReplay(ctx, "ep", crashed, false, redisstore.ReplayLease{Holder: "a", TTL: time.Minute}); !errors.Is(err, redisstore.ErrReplayLeaseLapsed) {
+		t.Errorf("the lapsed replay's own running write: %v, want lease lapsed", err)
+	}
+	if got := replay(); got.State != redisstore.ReplayInterrupted {
+		t.Errorf("replay after its lapsed holder tried to renew and write: %+v, want still interrupted", got)
+	}
+
+	// Asked again: the new request is taken, and its holder's renewals keep it.
+	again := redisstore.Replay{ID: "r2", State: redisstore.ReplayQueued, From: at, RequestedAt: at, UpdatedAt: at}
+	if err := s.SetReplay(ctx, "ep", again, true, redisstore.ReplayLease{Holder: "b", TTL: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		replay, holder string
+		want           bool
+	}{{"r1", "a", false}, {"r2", "a", false}, {"r2", "b", true}} {
+		held, err := s.RenewReplays(ctx, map[string]string{"ep": tc.replay}, tc.holder, time.Hour)
+		if err != nil || held["ep"] != tc.want {
+			t.Errorf("renew replay %s as %s: %v, %v; want held %v", tc.replay, tc.holder, held, err, tc.want)
+		}
+	}
+	if left := rdb.PTTL(ctx, "snip:wh:{ep}:replay_lease").Val(); left <= time.Minute {
+		t.Errorf("the renewed replay's lease has %s left, want about an hour", left)
+	}
+	if diff := cmp.Diff(again, replay()); diff != "" {
+		t.Errorf("renewed replay (-want +got):\n%s", diff)
+	}
+	again.State, again.Events = redisstore.ReplayDone, 3
+	if err := s.SetReplay(ctx, "ep", again, false, redisstore.ReplayLease{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, "snip:wh:{ep}:replay_lease").Val(); n != 0 {
+		t.Error("the lease of a replay that ended is left")
+	}
+	if diff := cmp.Diff(again, replay()); diff != "" {
+		t.Errorf("ended replay (-want +got):\n%s", diff)
 	}
 }
