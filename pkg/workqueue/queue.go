@@ -33,6 +33,16 @@
 // (NAK, no delay) those that could not, so another worker takes them at
 // once. A job aborted on its last delivery, which a NAK would exhaust, is
 // handed back as a fresh copy and the original terminated.
+//
+// Acks wait for the server's confirmation (DoubleAck); the TERM after a park
+// or a hand-back does not, because nats.go's jetstream package has no
+// confirmed form of Term or TermWithReason (only DoubleAck waits for a
+// reply). A lost TERM after a park brings the job back once its ack deadline
+// passes: it runs again, and a failure parks it again as a duplicate (stored
+// once); on the last delivery the rescuer finds it parked and deletes it. One
+// lost after a last-try hand-back leaves the original to run out of
+// deliveries while its fresh copy runs, and the rescuer parks it as
+// max_deliveries.
 package workqueue
 
 import (

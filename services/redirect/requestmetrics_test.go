@@ -102,3 +102,40 @@ func TestOutboxShardCapacityIsExported(t *testing.T) {
 		t.Fatalf("snip_redirect_outbox_shard_capacity_entries: %d samples summing to %v; want one, 250 (1000 entries over 4 shards)", n, sum)
 	}
 }
+
+// An OPTIONS request to a route's path is answered 204 with Allow, naming
+// the route's methods. Echo answers it itself when no OPTIONS route exists,
+// without any route's handler or the error handler, so it went uncounted;
+// it counts under the route, as a 405 does.
+func TestOptionsIsCounted(t *testing.T) {
+	t.Parallel()
+	_, db := servers.Redis.NewDB(t)
+	n := testenv.StartNATS(t)
+	in := startInstance(t, testConfig(servers.Redis.URL(db), n.URL))
+
+	tests := []struct {
+		name      string
+		path      string
+		route     string
+		wantAllow string
+	}{
+		{"the_link_api", "/api/links", "/api/links", "OPTIONS, POST"},
+		{"a_link", "/api/links/abc123", "/api/links/:code", "OPTIONS, DELETE, GET"},
+		{"the_redirect_route", "/abc123", "/:code", "OPTIONS, GET, HEAD"},
+		{"a_probe", "/healthz", "/healthz", "OPTIONS, GET"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := do(t, http.MethodOptions, in.URL+tc.path, "")
+			if r.Status != http.StatusNoContent || r.Header.Get("Allow") != tc.wantAllow {
+				t.Fatalf("OPTIONS %s: status %d, Allow %q; want 204, %q", tc.path, r.Status, r.Header.Get("Allow"), tc.wantAllow)
+			}
+			const name = "snip_redirect_http_requests_total"
+			match := []string{`route="` + tc.route + `"`, `method="OPTIONS"`, `status="204"`}
+			if sum, n := metricSamples(t, in.URL, name, match...); n != 1 || sum != 1 {
+				t.Errorf("%s%v: %d series summing to %v; want 1 summing to 1", name, match, n, sum)
+			}
+		})
+	}
+}

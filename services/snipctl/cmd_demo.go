@@ -360,7 +360,7 @@ environment:
   SNIP_REPLICAS          stream replicas (default 1; 3 with --cluster)
   SNIP_CLICKS_MAX_AGE    CLICKS retention by age (default 168h)
   SNIP_CLICKS_MAX_BYTES  CLICKS retention by size (default: none)
-  SNIPCTL_TIMEOUT        timeout of each setup call (default 30s)
+  SNIPCTL_TIMEOUT        timeout of each setup call and HTTP call to a service (default 30s)
 The demo starts its own NATS and Redis: NATS_URL and REDIS_URL are not read.
 `)
 }
@@ -535,7 +535,7 @@ func (d *demo) startServices(ctx context.Context) []string {
 				return stopWaiting{fmt.Errorf("exited; it is restarted with backoff")}
 			default:
 			}
-			return httpOK(url)
+			return httpOK(d.httpClient(), url)
 		}); err != nil {
 			d.logf("%-12s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
@@ -559,7 +559,7 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 		var resp []byte
 		err := waitUntil(ctx, 30*time.Second, func() error {
 			var err error
-			code, resp, err = httpPost(ctx, "http://"+d.addr(0)+"/api/links", demoAPIKey, body)
+			code, resp, err = httpPost(ctx, d.httpClient(), "http://"+d.addr(0)+"/api/links", demoAPIKey, body)
 			return err
 		})
 		if err != nil {
@@ -950,8 +950,16 @@ func waitUntil(ctx context.Context, timeout time.Duration, f func() error) error
 	}
 }
 
-func httpOK(url string) error {
-	resp, err := http.Get(url)
+// httpClient is the demo's client for the services' HTTP APIs (health,
+// links, webhook endpoints): every call ends after SNIPCTL_TIMEOUT, as the
+// commands' NATS and Redis calls do, so a hung service fails the call and
+// is reported instead of hanging the demo.
+func (d *demo) httpClient() *http.Client {
+	return &http.Client{Timeout: d.env.Cfg.Timeout}
+}
+
+func httpOK(c *http.Client, url string) error {
+	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
@@ -962,14 +970,14 @@ func httpOK(url string) error {
 	return nil
 }
 
-func httpPost(ctx context.Context, url, key string, body []byte) (int, []byte, error) {
+func httpPost(ctx context.Context, c *http.Client, url, key string, body []byte) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

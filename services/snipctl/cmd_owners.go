@@ -12,7 +12,7 @@ import (
 	"github.com/snipdev/snip/pkg/redisconn"
 )
 
-const ownersUsage = "owners create ID [-name NAME] [-wait-replicas N] | owners rotate ID [-wait-replicas N] | owners revoke ID [-wait-replicas N]"
+const ownersUsage = "owners create [--] ID [-name NAME] [-wait-replicas N] | owners rotate [--] ID [-wait-replicas N] | owners revoke [--] ID [-wait-replicas N]"
 
 // ownersWaitTimeout bounds each write's wait for Redis replicas.
 const ownersWaitTimeout = time.Second
@@ -23,20 +23,32 @@ const ownersWaitTimeout = time.Second
 // -wait-replicas N each write waits for N replicas of its Redis master, so
 // a failover cannot bring a revoked key back; a write they did not confirm
 // within a second is reported.
+//
+// The ID comes before the flags. An ID that starts with "-" is refused as a
+// misplaced flag unless "--" stands before it ("owners rotate -- -abc"), so
+// an owner with such an ID can still be named.
 func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	if len(args) < 2 {
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
-	verb, id := args[0], args[1]
+	verb, id, rest := args[0], args[1], args[2:]
 	switch verb {
 	case "create", "rotate", "revoke":
 	default:
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
-	if strings.HasPrefix(id, "-") {
+	switch {
+	case id == "--":
+		// "--" ends the flags: the next word is the ID, whatever it
+		// starts with.
+		if len(rest) == 0 {
+			return fmt.Errorf("owners %s: no owner ID after --: %s: %w", verb, ownersUsage, errUsage)
+		}
+		id, rest = rest[0], rest[1:]
+	case strings.HasPrefix(id, "-"):
 		// A flag where the ID goes ("owners create -name Acme" without
 		// the ID): "-name" is a valid owner ID, and would be created.
-		return fmt.Errorf("owners %s: the owner ID comes first, before the flags (got %q): %s: %w", verb, id, ownersUsage, errUsage)
+		return fmt.Errorf("owners %s: the owner ID comes first, before the flags (got %q; for an ID that starts with -, put -- before it: owners %s -- %s): %s: %w", verb, id, verb, id, ownersUsage, errUsage)
 	}
 	fs := flag.NewFlagSet("owners "+verb, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -45,7 +57,7 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 		name = fs.String("name", id, "display name")
 	}
 	replicas := fs.Int("wait-replicas", 0, "replicas of each Redis master every write waits for (0: none)")
-	if err := fs.Parse(args[2:]); err != nil || fs.NArg() > 0 || *replicas < 0 {
+	if err := fs.Parse(rest); err != nil || fs.NArg() > 0 || *replicas < 0 {
 		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)

@@ -14,7 +14,9 @@ type Config struct {
 	service.NATS
 	service.Redis
 	service.Topology
-	// Timeout bounds each command's calls to NATS and Redis.
+	// Timeout bounds each command's calls to NATS and Redis, and each of
+	// the demo's HTTP calls to the services it runs (health, links,
+	// webhook endpoints).
 	Timeout time.Duration `env:"SNIPCTL_TIMEOUT" envDefault:"30s"`
 }
 

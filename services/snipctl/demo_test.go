@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -557,5 +558,58 @@ func TestDemoStartupWaitEndsWithTheStop(t *testing.T) {
 	})
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("createLinks of a stopped demo: err = %v, want context.Canceled", err)
+	}
+}
+
+// The demo's calls to the services' HTTP APIs end after SNIPCTL_TIMEOUT: a
+// service that accepts a request and never answers fails the call (health
+// check, link creation, webhook endpoint listing) instead of hanging the
+// demo.
+func TestDemoHTTPCallsEndAfterTheTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(release) }) // runs first: Close waits for the handlers
+	d := &demo{env: &Env{Stdout: io.Discard, Cfg: Config{Timeout: 200 * time.Millisecond}}}
+	errHung := errors.New("the call returned, saying nothing")
+	tests := []struct {
+		name string
+		call func() error
+	}{
+		{"health_check", func() error { return httpOK(d.httpClient(), hung.URL+"/healthz") }},
+		{"link_creation", func() error {
+			_, _, err := httpPost(t.Context(), d.httpClient(), hung.URL+"/api/links", demoAPIKey, []byte(`{}`))
+			return err
+		}},
+		{"old_webhook_endpoints", func() error {
+			// It reports nothing: returning is what is checked.
+			d.removeOldDemoEndpoints(t.Context(), hung.URL+"/api/webhooks/endpoints")
+			return errHung
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			done := make(chan error, 1)
+			go func() { done <- tc.call() }()
+			var err error
+			testenv.WaitFor(t, 10*time.Second, tc.name+" against a hung service to end", func() bool {
+				select {
+				case err = <-done:
+					return true
+				default:
+					return false
+				}
+			})
+			if err == nil {
+				t.Errorf("%s against a hung service: no error", tc.name)
+			}
+		})
 	}
 }

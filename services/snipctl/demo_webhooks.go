@@ -40,7 +40,7 @@ func (d *demo) joinWebhooks(ctx context.Context, started []string) func() {
 	d.removeOldDemoEndpoints(ctx, api)
 	url := "http://" + ln.Addr().String() + demoWebhooksPath
 	body, _ := json.Marshal(map[string]any{"url": url, "event_types": []string{"click", "fraud_alert"}, "batch_max": 50, "batch_wait_ms": 5000})
-	code, resp, err := httpPost(ctx, api, demoAPIKey, body)
+	code, resp, err := httpPost(ctx, d.httpClient(), api, demoAPIKey, body)
 	if err != nil || code != http.StatusCreated {
 		d.logf("%-11s could not register the demo receiver: %d %s %v", "webhooks", code, resp, err)
 		return stop
@@ -70,7 +70,8 @@ func (d *demo) removeOldDemoEndpoints(ctx context.Context, api string) {
 		return
 	}
 	req.Header.Set("Authorization", "Bearer "+demoAPIKey)
-	resp, err := http.DefaultClient.Do(req)
+	client := d.httpClient()
+	resp, err := client.Do(req)
 	if err != nil {
 		return
 	}
@@ -91,7 +92,7 @@ func (d *demo) removeOldDemoEndpoints(ctx context.Context, api string) {
 				continue
 			}
 			del.Header.Set("Authorization", "Bearer "+demoAPIKey)
-			if r, err := http.DefaultClient.Do(del); err == nil {
+			if r, err := client.Do(del); err == nil {
 				r.Body.Close()
 			}
 		}

@@ -86,7 +86,8 @@ func TestOwnersWaitForReplicas(t *testing.T) {
 
 // A flag where the owner ID goes ("owners create -name Acme" without the
 // ID, "owners revoke --help") is a usage error that writes nothing: it is
-// not taken for an owner named "-name" or "--help" (valid tokens).
+// not taken for an owner named "-name" or "--help" (valid tokens). The
+// error tells how to name such an owner: with -- before the ID.
 func TestOwnersRefusesAFlagForTheID(t *testing.T) {
 	t.Parallel()
 	rdb, db := servers.Redis.NewDB(t)
@@ -100,9 +101,56 @@ func TestOwnersRefusesAFlagForTheID(t *testing.T) {
 		out, err := snipctl(t, environ, args...)
 		if !errors.Is(err, errUsage) {
 			t.Errorf("snipctl %v: err = %v, want a usage error\n%s", args, err, out)
+			continue
+		}
+		if want := "owners " + args[1] + " -- " + args[2]; !strings.Contains(err.Error(), want) {
+			t.Errorf("snipctl %v: err = %v, want it to suggest %q", args, err, want)
+		}
+	}
+	for _, args := range [][]string{{"owners", "rotate", "--"}, {"owners", "create", "--", "-x", "extra"}} {
+		if out, err := snipctl(t, environ, args...); !errors.Is(err, errUsage) {
+			t.Errorf("snipctl %v: err = %v, want a usage error\n%s", args, err, out)
 		}
 	}
 	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != 0 {
 		t.Errorf("Redis holds %d keys after the refused commands (err %v), want none", n, err)
+	}
+}
+
+// An owner whose ID starts with "-" is named after "--": it can be
+// created, rotated and revoked, and flags still follow the ID.
+func TestOwnersIDAfterDoubleDash(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	environ := []string{"REDIS_URL=" + servers.Redis.URL(db)}
+	store := owners.NewStore(rdb)
+	keyIn := regexp.MustCompile(`api key: (\S+)`)
+	out, err := snipctl(t, environ, "owners", "create", "--", "-abc", "-name", "Dash")
+	if err != nil {
+		t.Fatalf("owners create -- -abc: %v\n%s", err, out)
+	}
+	old := keyIn.FindStringSubmatch(out)[1]
+	if o, err := store.Authenticate(t.Context(), old); err != nil || o.ID != "-abc" || o.Name != "Dash" {
+		t.Fatalf("the created owner: %+v, %v; want ID -abc, name Dash", o, err)
+	}
+	out, err = snipctl(t, environ, "owners", "rotate", "--", "-abc")
+	if err != nil {
+		t.Fatalf("owners rotate -- -abc: %v\n%s", err, out)
+	}
+	m := keyIn.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no new key in output:\n%s", out)
+	}
+	if _, err := store.Authenticate(t.Context(), old); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("old key after rotate: %v, want ErrUnauthorized", err)
+	}
+	if o, err := store.Authenticate(t.Context(), m[1]); err != nil || o.ID != "-abc" {
+		t.Errorf("new key: %+v, %v", o, err)
+	}
+	if out, err := snipctl(t, environ, "owners", "revoke", "--", "-abc", "-wait-replicas", "0"); err != nil {
+		t.Fatalf("owners revoke -- -abc: %v\n%s", err, out)
+	}
+	if _, err := store.Authenticate(t.Context(), m[1]); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("key after revoke: %v, want ErrUnauthorized", err)
 	}
 }

@@ -37,7 +37,8 @@ type Record struct {
 // Store keeps one preview per link code.
 type Store interface {
 	// Done reports whether the preview of code is stored by job jobID, or
-	// by a newer job (job IDs are UUIDv7s: they sort by creation time).
+	// by a newer job (job IDs are UUIDv7s: they sort by creation time,
+	// compared by value, so in one case).
 	Done(ctx context.Context, code, jobID string) (bool, error)
 	// Save stores r as code's preview unless a newer job's result is
 	// there; it reports whether it stored.

@@ -2,7 +2,7 @@
 //
 //	snip:preview:<code>
 //	  status       ok | failed
-//	  job_id       the preview job that wrote the hash (a UUIDv7)
+//	  job_id       the preview job that wrote the hash (a UUIDv7, lower case)
 //	  title, description, image, site_name, fetched_at (RFC 3339), url   when ok
 //	  reason, error, failed_at                                           when failed
 //
@@ -13,13 +13,17 @@
 // Idempotency lives in the same hash: job_id says which job wrote it, and
 // every write is a compare-and-set in one Lua script, so a redelivered job
 // and a stale job of the same link can never overwrite a newer result, and
-// the marker cannot disagree with the preview it describes.
+// the marker cannot disagree with the preview it describes. "Newer" is by
+// the UUIDv7's value: IDs are compared in lower case, the form NewID writes,
+// since the hex digits of either case are valid and "0193B..." sorts before
+// "0193a..." as a string although it is the greater ID.
 package redisstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,11 +50,14 @@ func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 // write replaces the hash with ARGV[3...] (field/value pairs, status
 // ARGV[2], job ARGV[1]) unless a newer job wrote it, or this job already
 // stored its preview, or (for a failure marker) a preview is stored.
-// UUIDv7 job IDs compare as strings in creation order.
+// UUIDv7 job IDs compare as strings in creation order once in one case:
+// ARGV[1] is lower case (run), and a stored ID is lowered here, in case a
+// writer stored another case.
 var write = redis.NewScript(`
 local cur = redis.call('HMGET', KEYS[1], 'job_id', 'status')
 local job, status = cur[1], cur[2]
 if job then
+  job = string.lower(job)
   if job > ARGV[1] then return 0 end
   if job == ARGV[1] and status == 'ok' then return 0 end
 end
@@ -68,6 +75,7 @@ func (s *Store) Done(ctx context.Context, code, jobID string) (bool, error) {
 	}
 	job, _ := v[0].(string)
 	status, _ := v[1].(string)
+	job, jobID = strings.ToLower(job), strings.ToLower(jobID)
 	return job > jobID || job == jobID && status == "ok", nil
 }
 
@@ -88,7 +96,7 @@ func (s *Store) run(ctx context.Context, code, jobID, status string, fields ...a
 	if jobID == "" {
 		return false, errors.New("write preview: no job id")
 	}
-	n, err := write.Run(ctx, s.rdb, []string{Key(code)}, append([]any{jobID, status}, fields...)...).Int()
+	n, err := write.Run(ctx, s.rdb, []string{Key(code)}, append([]any{strings.ToLower(jobID), status}, fields...)...).Int()
 	if err != nil {
 		return false, fmt.Errorf("write preview %s: %w", code, err)
 	}

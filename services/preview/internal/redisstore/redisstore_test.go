@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func rec(job, title string) preview.Record {
 
 // step is one call on the store; want is its result.
 type step struct {
-	op    string // save, fail, done
+	op    string // save, fail, done, stored
 	job   string
 	title string
 	want  bool
@@ -44,6 +45,10 @@ type step struct {
 func TestStore(t *testing.T) {
 	testenv.Parallel(t)
 	older, newer := events.NewID(), events.NewID()
+	// IDs whose upper case compares wrongly as strings: "0193BBBB" sorts
+	// before "0193aaaa" although it is the newer.
+	lowOlder, lowNewer := "0193aaaa-0000-7000-8000-000000000000", "0193bbbb-0000-7000-8000-000000000000"
+	upOlder, upNewer := strings.ToUpper(lowOlder), strings.ToUpper(lowNewer)
 	okHash := func(job, title string) map[string]string {
 		return map[string]string{"job_id": job, "status": "ok", "title": title, "description": "", "image": "https://example.com/i.png",
 			"site_name": "", "url": "https://example.com/", "fetched_at": "2026-11-30T12:00:00Z"}
@@ -64,6 +69,10 @@ func TestStore(t *testing.T) {
 		{"failure_marker", []step{{"fail", older, "", true}}, failedHash(older)},
 		{"failure_of_newer_job_keeps_the_older_preview", []step{{"save", older, "A", true}, {"fail", newer, "", false}}, okHash(older, "A")},
 		{"newer_failure_replaces_older_failure", []step{{"fail", older, "", true}, {"fail", newer, "", true}}, failedHash(newer)},
+		{"newer_job_in_upper_case_replaces_older", []step{{"save", lowOlder, "A", true}, {"done", upNewer, "", false}, {"save", upNewer, "B", true}}, okHash(lowNewer, "B")},
+		{"newer_failure_in_upper_case_replaces_older_failure", []step{{"fail", lowOlder, "", true}, {"fail", upNewer, "", true}}, failedHash(lowNewer)},
+		{"redelivered_job_in_another_case_does_not_write_again", []step{{"save", lowOlder, "A", true}, {"done", upOlder, "", true}, {"save", upOlder, "B", false}}, okHash(lowOlder, "A")},
+		{"older_job_is_superseded_by_newer_stored_in_upper_case", []step{{"stored", upNewer, "B", true}, {"done", lowOlder, "", true}, {"save", lowOlder, "A", false}}, okHash(upNewer, "B")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,7 +89,10 @@ func TestStore(t *testing.T) {
 					got, err = s.Done(t.Context(), "abc", st.job)
 				case "fail":
 					err = s.MarkFailed(t.Context(), "abc", st.job, "not_found", "404", at)
-					got = err == nil && rdb.HGet(t.Context(), redisstore.Key("abc"), "job_id").Val() == st.job
+					got = err == nil && strings.EqualFold(rdb.HGet(t.Context(), redisstore.Key("abc"), "job_id").Val(), st.job)
+				case "stored": // a hash as a writer that kept the job's case left it
+					err = rdb.HSet(t.Context(), redisstore.Key("abc"), okHash(st.job, st.title)).Err()
+					got = err == nil
 				}
 				if err != nil {
 					t.Fatalf("step %d %s: %v", i, st.op, err)

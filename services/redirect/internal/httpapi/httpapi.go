@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,6 +88,9 @@ type API struct {
 }
 
 // Register mounts the routes, the error handler and the request metrics on e.
+// Every path routed on e by then, the probes' included, answers OPTIONS (204
+// with Allow) through a counted route; a route added after Register gets
+// echo's own, uncounted answer.
 func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "redirect", Name: "http_requests_total",
@@ -110,6 +114,44 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	follow := a.countRequests(a.redirect)
 	e.GET("/:code", follow)
 	e.HEAD("/:code", follow)
+	a.registerOptions(e)
+}
+
+// allowOrder is the order of methods in an Allow header, echo's.
+var allowOrder = []string{http.MethodConnect, http.MethodDelete, http.MethodGet, http.MethodHead,
+	http.MethodPatch, http.MethodPost, http.MethodPut, http.MethodTrace}
+
+// registerOptions gives every path routed on e so far (the probes
+// included) an OPTIONS route that answers as echo would itself, 204 with
+// Allow naming the path's methods, and is counted. Echo's own answer runs
+// outside every handler and returns no error, so neither countRequests nor
+// handleError saw it.
+func (a *API) registerOptions(e *echo.Echo) {
+	methods := map[string]map[string]bool{}
+	for _, r := range e.Routes() {
+		if r.Method != http.MethodOptions && !slices.Contains(allowOrder, r.Method) {
+			continue // not a method (echo's route-not-found entries)
+		}
+		if methods[r.Path] == nil {
+			methods[r.Path] = map[string]bool{}
+		}
+		methods[r.Path][r.Method] = true
+	}
+	for path, m := range methods {
+		if m[http.MethodOptions] {
+			continue // the path answers OPTIONS itself
+		}
+		allow := http.MethodOptions
+		for _, method := range allowOrder {
+			if m[method] {
+				allow += ", " + method
+			}
+		}
+		e.OPTIONS(path, a.countRequests(func(c echo.Context) error {
+			c.Response().Header().Set(echo.HeaderAllow, allow)
+			return c.NoContent(http.StatusNoContent)
+		}))
+	}
 }
 
 // IPExtractor returns how the client address is found: the connection's
