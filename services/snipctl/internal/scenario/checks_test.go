@@ -2,8 +2,12 @@ package scenario
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
 )
 
 // A lesson's checks judge what was observed from outside the code it
@@ -12,6 +16,13 @@ import (
 // where it does not: the rows that claim what is false must FAIL.
 func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 	t.Parallel()
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	letter := deadletter.Letter{ID: "poison-id", Stream: events.ClicksStream, OrigSeq: 7, Attempts: 1, Time: first.Add(1300 * time.Millisecond)}
+	poisoned := func(change func(*poisonSeen)) func(*Env) {
+		s := poisonSeen{id: "poison-id", seq: 7, calls: poisonTries, firstTry: first, parked: 1, letter: letter}
+		change(&s)
+		return func(e *Env) { poisonChecks(e, s) }
+	}
 	outboxOK := outboxSeen{links: 43, once: 43, stored: 43, published: 53, twice: 10}
 	tests := []struct {
 		name   string
@@ -48,6 +59,38 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 				outboxChecks(e, s)
 			},
 			fail: []string{"outbox: links written (every 7th rolled back)", "outbox: links with exactly one event in LINKS"},
+		},
+		{
+			name:   "poison_claim_holds",
+			checks: poisoned(func(*poisonSeen) {}),
+		},
+		{
+			name:   "poison_server_redelivered_it",
+			checks: poisoned(func(s *poisonSeen) { s.letter.Attempts = poisonTries }),
+			fail:   []string{"dead letter: deliveries the server recorded"},
+		},
+		{
+			name:   "poison_parked_without_backoff",
+			checks: poisoned(func(s *poisonSeen) { s.letter.Time = first.Add(10 * time.Millisecond) }),
+			fail:   []string{"first try to the letter's stored time (real s)"},
+		},
+		{
+			name:   "poison_letter_names_another_event",
+			checks: poisoned(func(s *poisonSeen) { s.letter.ID = "other-id" }),
+			fail:   []string{"dead letter: the CLICKS sequence it names"},
+		},
+		{
+			name:   "poison_runtime_ignored_poison",
+			checks: poisoned(func(s *poisonSeen) { s.calls = poisonTries + 3 }),
+			fail:   []string{"snip: handler calls with the poison event"},
+		},
+		{
+			name:   "poison_nothing_parked",
+			checks: poisoned(func(s *poisonSeen) { s.parked, s.letter = 0, deadletter.Letter{} }),
+			fail: []string{
+				"dead letters (snip, bad_target)", "dead letter: the CLICKS sequence it names",
+				"dead letter: deliveries the server recorded", "first try to the letter's stored time (real s)",
+			},
 		},
 	}
 	for _, tc := range tests {
