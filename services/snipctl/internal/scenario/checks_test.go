@@ -92,6 +92,25 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 				"dead letter: deliveries the server recorded", "first try to the letter's stored time (real s)",
 			},
 		},
+		{
+			name:   "alarms_age_first",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 50) },
+		},
+		{
+			name:   "alarms_count_first",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 52, 50) },
+			fail:   []string{"count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "alarms_in_the_same_sample",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 50, 50) },
+			fail:   []string{"count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "alarms_count_never_fired",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 0) },
+			fail:   []string{"count alarm (10,000) fires", "count alarm's time minus the age alarm's"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
