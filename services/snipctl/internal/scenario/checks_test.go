@@ -24,6 +24,7 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		return func(e *Env) { poisonChecks(e, s) }
 	}
 	outboxOK := outboxSeen{links: 43, once: 43, stored: 43, published: 53, twice: 10}
+	hotOK := hotSeen{offered: 700, tp6: 297, hot6: 199, hotBusy6: 0.87, hotBacklog6: 3200, coldBacklog6: 20, tp12: 294, hot12: 196, working12: 6}
 	tests := []struct {
 		name   string
 		checks func(e *Env)
@@ -110,6 +111,31 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			name:   "alarms_count_never_fired",
 			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 0) },
 			fail:   []string{"count alarm (10,000) fires", "count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "hot_claim_holds",
+			checks: func(e *Env) { hotChecks(e, hotOK) },
+		},
+		{
+			name: "hot_twelve_share_the_hot_link",
+			checks: func(e *Env) {
+				s := hotOK
+				s.tp12, s.hot12, s.working12 = 690, 590, 12
+				hotChecks(e, s)
+			},
+			fail: []string{
+				"twelve: hot partition's rate", "twelve: members that handled events",
+				"twelve: group throughput", "group throughput, twelve / six (side by side)",
+			},
+		},
+		{
+			name: "hot_twelve_a_fifth_better",
+			checks: func(e *Env) {
+				s := hotOK
+				s.tp12 = s.tp6 * 1.2
+				hotChecks(e, s)
+			},
+			fail: []string{"twelve: group throughput", "group throughput, twelve / six (side by side)"},
 		},
 	}
 	for _, tc := range tests {
