@@ -3,6 +3,7 @@ module github.com/snipdev/snip/services/snipctl
 go 1.26.0
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/nats-io/nats-server/v2 v2.15.3
 	github.com/nats-io/nats.go v1.55.0
 	github.com/redis/go-redis/v9 v9.23.0

@@ -3,6 +3,8 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,7 +18,7 @@ var hotPartition = Scenario{
 	Name:   "hot-partition",
 	Claim:  "one link much busier than the rest saturates its partition's member while the others idle; the group's throughput is capped by one member's rate, whatever the member count",
 	Needs:  "nats",
-	Lesson: 16 * time.Second,
+	Lesson: 8 * time.Second,
 	run:    runHotPartition,
 }
 
@@ -25,8 +27,30 @@ const (
 	hotMemberCap  = 200.0 // events/s one member handles
 	hotRate       = 600.0 // events/s of the hot link
 	coldRate      = 20.0  // events/s of each of five other links
-	hotPhase      = 8.0   // lesson seconds per phase
+	hotPhase      = 8.0   // lesson seconds measured
 )
+
+// hotGroup is one consumer group of the lesson and what its members did.
+type hotGroup struct {
+	name     string
+	mu       sync.Mutex
+	byPart   []int           // events handled per partition
+	busy     []time.Duration // time inside the handler, per partition
+	byMember map[string]int  // events handled per member
+	members  []*member
+}
+
+// hotSeen is what one phase measured of the two groups side by side, in
+// lesson time: the rate offered, and per group its throughput, its hot
+// partition's rate and backlog, how busy its cold partitions' handlers
+// were, and how many members handled events.
+type hotSeen struct {
+	offered                        float64
+	tp6, hot6, hotBusy6, coldBusy6 float64
+	hotBacklog6, coldBacklog6      float64
+	tp12, hot12                    float64
+	working12                      int
+}
 
 func runHotPartition(ctx context.Context, e *Env) error {
 	js, err := e.NATS(ctx, hotPartitions)
@@ -45,60 +69,72 @@ func runHotPartition(ctx context.Context, e *Env) error {
 			cold = append(cold, c)
 		}
 	}
-	var mu sync.Mutex
-	byPartition := make([]int, hotPartitions)
-	busy := make([]time.Duration, hotPartitions) // time inside the handler, per partition
-	sentTo := make([]int, hotPartitions)
-	var lastChange atomic.Int64 // last partition move seen (Unix ns)
+	var lastChange atomic.Int64 // last partition move seen in either group (Unix ns)
 	settled := func(what string) error {
 		return waitFor(ctx, 60*time.Second, what, func() (bool, error) {
 			return time.Since(time.Unix(0, lastChange.Load())) > time.Second, nil
 		})
 	}
-	var handled atomic.Int64
-	startGroupMember := func(name string) (*member, error) {
+	// Two groups read the same traffic side by side, one of six members
+	// and one of twelve: the same machine, the same moments, the same
+	// events, so only the member count differs.
+	six := &hotGroup{name: "six", byPart: make([]int, hotPartitions), busy: make([]time.Duration, hotPartitions), byMember: map[string]int{}}
+	twelve := &hotGroup{name: "twelve", byPart: make([]int, hotPartitions), busy: make([]time.Duration, hotPartitions), byMember: map[string]int{}}
+	startMember := func(g *hotGroup, name string) error {
 		lim := e.limiter(hotMemberCap) // one member's capacity, shared by its partitions
-		cfg := groupConfig("hot", name)
+		cfg := groupConfig(g.name, name)
 		cfg.OnAssign = func(context.Context, int, uint64) error { lastChange.Store(time.Now().UnixNano()); return nil }
 		cfg.OnRevoke = func(int) { lastChange.Store(time.Now().UnixNano()) }
-		return e.startMember(ctx, cfg, func(ctx context.Context, p int, batch []reader.Event) error {
+		m, err := e.startMember(ctx, cfg, func(ctx context.Context, p int, batch []reader.Event) error {
 			began := time.Now()
 			defer func() {
-				mu.Lock()
-				busy[p] += time.Since(began)
-				mu.Unlock()
+				g.mu.Lock()
+				g.busy[p] += time.Since(began)
+				g.mu.Unlock()
 			}()
 			for len(batch) > 0 {
 				n := min(len(batch), lim.Burst())
 				if err := lim.WaitN(ctx, n); err != nil {
 					return err
 				}
-				mu.Lock()
-				byPartition[p] += n
-				mu.Unlock()
-				handled.Add(int64(n))
+				g.mu.Lock()
+				g.byPart[p] += n
+				g.byMember[name] += n
+				g.mu.Unlock()
 				batch = batch[n:]
 			}
 			return nil
 		})
-	}
-	var members []*member
-	defer func() {
-		for _, m := range members {
-			m.cancel()
-		}
-		for _, m := range members {
-			<-m.done
-		}
-	}()
-	for i := range hotPartitions {
-		m, err := startGroupMember(fmt.Sprintf("m%d", i))
 		if err != nil {
 			return err
 		}
-		members = append(members, m)
+		g.members = append(g.members, m)
+		return nil
 	}
-	if err := waitMembers(ctx, js, "hot", hotPartitions); err != nil {
+	defer func() {
+		for _, g := range []*hotGroup{six, twelve} {
+			for _, m := range g.members {
+				m.cancel()
+			}
+			for _, m := range g.members {
+				<-m.done
+			}
+		}
+	}()
+	for i := range hotPartitions {
+		if err := startMember(six, fmt.Sprintf("m%d", i)); err != nil {
+			return err
+		}
+	}
+	for i := range 2 * hotPartitions {
+		if err := startMember(twelve, fmt.Sprintf("n%d", i)); err != nil {
+			return err
+		}
+	}
+	if err := waitMembers(ctx, js, six.name, hotPartitions); err != nil {
+		return err
+	}
+	if err := waitMembers(ctx, js, twelve.name, 2*hotPartitions); err != nil {
 		return err
 	}
 
@@ -108,22 +144,28 @@ func runHotPartition(ctx context.Context, e *Env) error {
 	}
 	keys := append([]string{hot}, cold...)
 	// Warm up: one event per link, so every partition has a working owner
-	// before the clock starts.
+	// in both groups before the clock starts.
 	for i, k := range keys {
 		if _, err := publishClick(pjs, newClick(k, -1-i)); err != nil {
 			return err
 		}
 	}
 	if err := waitFor(ctx, 60*time.Second, "every partition's owner to handle an event", func() (bool, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, n := range byPartition {
-			if n == 0 {
+		for _, g := range []*hotGroup{six, twelve} {
+			g.mu.Lock()
+			idle := slices.Contains(g.byPart, 0)
+			g.mu.Unlock()
+			if idle {
 				return false, nil
 			}
 		}
 		return true, nil
 	}); err != nil {
+		return err
+	}
+	// Rendezvous hashing may hand a partition to a newcomer and then on:
+	// let the moves finish before measuring.
+	if err := settled("the assignments to settle"); err != nil {
 		return err
 	}
 	weights := []float64{hotRate}
@@ -144,106 +186,108 @@ func runHotPartition(ctx context.Context, e *Env) error {
 		return hot
 	}
 	smp := e.newSampler(500 * time.Millisecond)
-	prev := make([]int, hotPartitions)
+	prev := map[*hotGroup][]int{six: make([]int, hotPartitions), twelve: make([]int, hotPartitions)}
 	stopSampling := smp.start(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		coldSum := 0
-		for p := range hotPartitions {
-			if p != hp {
-				coldSum += byPartition[p] - prev[p]
+		for _, g := range []*hotGroup{six, twelve} {
+			g.mu.Lock()
+			coldSum := 0
+			for p := range hotPartitions {
+				if p != hp {
+					coldSum += g.byPart[p] - prev[g][p]
+				}
 			}
+			per := func(n int) float64 { return e.LessonRate(float64(n) / e.Real(500*time.Millisecond).Seconds()) }
+			smp.add(g.name+": hot partition handled/s", "events/s", per(g.byPart[hp]-prev[g][hp]))
+			smp.add(g.name+": 5 cold partitions handled/s", "events/s", per(coldSum))
+			copy(prev[g], g.byPart)
+			g.mu.Unlock()
 		}
-		smp.add("hot partition handled/s", "events/s", e.LessonRate(float64(byPartition[hp]-prev[hp])/e.Real(500*time.Millisecond).Seconds()))
-		smp.add("5 cold partitions handled/s", "events/s", e.LessonRate(float64(coldSum)/e.Real(500*time.Millisecond).Seconds()))
-		copy(prev, byPartition)
 	})
 	defer stopSampling()
-	// phase returns the group's throughput, the hot partition's rate, and
-	// the share of the phase the hot and the cold partitions' handlers were
-	// busy (handling or waiting for capacity).
-	// phase returns the rate offered too: what the producer published over
-	// the phase's lesson time.
-	phase := func(name string) (tp, hotTP, hotBusy, coldBusy, offered float64, err error) {
-		e.say("%s: hot link %g/s, five others %g/s each, member capacity %g/s", name, hotRate, coldRate, hotMemberCap)
-		h0 := handled.Load()
-		mu.Lock()
-		hot0 := byPartition[hp]
-		busy0 := slices.Clone(busy)
-		mu.Unlock()
-		start := time.Now()
-		sent, err := emit(ctx, e.Rate(total), e.Real(time.Duration(hotPhase*float64(time.Second))), func(i int) error {
-			k := pick(i)
-			mu.Lock()
-			sentTo[events.Partition(k, hotPartitions)]++
-			mu.Unlock()
-			_, err := publishClick(pjs, newClick(k, i))
-			return err
-		})
-		wall := time.Since(start)
-		secs := e.Lesson(wall)
-		mu.Lock()
-		hotN := byPartition[hp] - hot0
+
+	// Before the phase: what each group had handled (the warm-up).
+	type mark struct {
+		byPart   []int
+		busy     []time.Duration
+		byMember map[string]int
+	}
+	marks := map[*hotGroup]mark{}
+	for _, g := range []*hotGroup{six, twelve} {
+		g.mu.Lock()
+		marks[g] = mark{slices.Clone(g.byPart), slices.Clone(g.busy), maps.Clone(g.byMember)}
+		g.mu.Unlock()
+	}
+	sentTo := make([]int, hotPartitions)
+	e.say("six members and twelve, side by side: hot link %g/s, five others %g/s each, member capacity %g/s", hotRate, coldRate, hotMemberCap)
+	start := time.Now()
+	sent, err := emit(ctx, e.Rate(total), e.Real(time.Duration(hotPhase*float64(time.Second))), func(i int) error {
+		k := pick(i)
+		sentTo[events.Partition(k, hotPartitions)]++
+		_, err := publishClick(pjs, newClick(k, i))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	wall := time.Since(start)
+	secs := e.Lesson(wall)
+	var s hotSeen
+	s.offered = float64(sent) / secs
+	for _, g := range []*hotGroup{six, twelve} {
+		m := marks[g]
+		g.mu.Lock()
+		handled, hotN := 0, g.byPart[hp]-m.byPart[hp]
+		var hotBusy, coldBusy, hotBacklog, coldBacklog float64
 		for p := range hotPartitions {
-			share := float64(busy[p]-busy0[p]) / float64(wall)
+			handled += g.byPart[p] - m.byPart[p]
+			share := float64(g.busy[p]-m.busy[p]) / float64(wall)
+			backlog := float64(sentTo[p] - (g.byPart[p] - m.byPart[p]))
 			if p == hp {
-				hotBusy = share
+				hotBusy, hotBacklog = share, backlog
 			} else {
 				coldBusy += share / float64(hotPartitions-1)
+				coldBacklog += backlog
 			}
 		}
-		mu.Unlock()
-		return float64(handled.Load()-h0) / secs, float64(hotN) / secs, hotBusy, coldBusy, float64(sent) / secs, err
-	}
-	if err := settled("the assignment to settle"); err != nil {
-		return err
-	}
-	tp6, hot6, hotBusy, coldBusy, offered6, err := phase("six members")
-	if err != nil {
-		return err
-	}
-	mu.Lock()
-	hotBacklog := float64(sentTo[hp] + 1 - byPartition[hp]) // +1: the warm-up event
-	coldBacklog := 0.0
-	for p := range hotPartitions {
-		if p != hp {
-			coldBacklog += float64(sentTo[p] + 1 - byPartition[p])
+		working := 0
+		for name, n := range g.byMember {
+			if n > m.byMember[name] {
+				working++
+			}
 		}
-	}
-	mu.Unlock()
-	e.say("adding six more members")
-	for i := hotPartitions; i < 2*hotPartitions; i++ {
-		m, err := startGroupMember(fmt.Sprintf("m%d", i))
-		if err != nil {
-			return err
+		g.mu.Unlock()
+		if g == six {
+			s.tp6, s.hot6, s.hotBusy6, s.coldBusy6 = float64(handled)/secs, float64(hotN)/secs, hotBusy, coldBusy
+			s.hotBacklog6, s.coldBacklog6 = hotBacklog, coldBacklog
+		} else {
+			s.tp12, s.hot12, s.working12 = float64(handled)/secs, float64(hotN)/secs, working
 		}
-		members = append(members, m)
-	}
-	if err := waitMembers(ctx, js, "hot", 2*hotPartitions); err != nil {
-		return err
-	}
-	// Rendezvous hashing may hand a partition to a newcomer (the others
-	// then own none): let the moves finish before measuring.
-	if err := settled("the assignment to settle"); err != nil {
-		return err
-	}
-	tp12, hot12, _, _, offered12, err := phase("twelve members")
-	if err != nil {
-		return err
 	}
 	stopSampling()
 	smp.flush()
-	capped := hotMemberCap + coldRate*float64(len(cold))
-	e.within("offered load, 6 members", "events/s", total, offered6, 0.1, 0, "600 + 5 x 20, published on a 5 ms ticker over the phase")
-	e.within("offered load, 12 members", "events/s", total, offered12, 0.1, 0, "the same")
-	e.atMost("hot partition's rate, 6 members", "events/s", hotMemberCap*1.05, hot6, "one member's capacity is the ceiling: the hot link's events are all in one partition")
-	e.atLeast("hot partition's backlog after 8 s", "events", (hotRate-hotMemberCap*1.05)*hotPhase*0.95, hotBacklog, "grows by at least 600 - 210 a second: the member is saturated")
-	e.atMost("cold partitions' handlers busy, 6 members", "%", 25, 100*coldBusy, "their 20/s take a tenth of a 200/s capacity: idle most of the time")
-	e.note("share of the time in the handler: hot partition %.0f%%, cold partitions %.0f%% on average; backlog after 8 s: hot %.0f, cold %.0f", 100*hotBusy, 100*coldBusy, hotBacklog, coldBacklog)
-	e.atMost("hot partition's rate, 12 members", "events/s", hotMemberCap*1.15, hot12, "still one member's capacity: the extra six own no partition (+15%: a partition that moves starts on a fresh member with a full 50 ms burst)")
-	e.info("group throughput, 12 members / 6 members", "x", 1, tp12/tp6, "more members than partitions add nothing; on a loaded machine the two phases get different shares of the CPU")
-	e.atMost("group throughput, 12 members", "events/s", capped*1.15, tp12, "the hot member's capacity + the cold links' 100/s (+15%: a partition that moves starts on a fresh member with a full 50 ms burst)")
-	e.note("measured: 6 members %.0f/s (hot %.0f/s), 12 members %.0f/s (hot %.0f/s), of %g/s offered; the ceiling is %g/s", tp6, hot6, tp12, hot12, total, capped)
-	e.note("the hot partition's backlog grows by %g/s: spread the key (a finer partition key), not the members", hotRate-hotMemberCap)
+	hotChecks(e, s)
 	return nil
+}
+
+// hotChecks judges the phase: the hot partition's member is the ceiling in
+// both groups, and twelve members do no better than six beside them.
+func hotChecks(e *Env, s hotSeen) {
+	total := hotRate + coldRate*(hotPartitions-1)
+	capped := hotMemberCap + coldRate*(hotPartitions-1)
+	e.within("offered load", "events/s", total, s.offered, 0.1, 0, "600 + 5 x 20, published on a 5 ms ticker over the phase")
+	e.atMost("six: hot partition's rate", "events/s", hotMemberCap*1.05, s.hot6, "one member's capacity is the ceiling: the hot link's events are all in one partition")
+	e.atLeast("six: hot partition's backlog after 8 s", "events", (hotRate-hotMemberCap*1.05)*hotPhase*0.95, s.hotBacklog6, "grows by at least 600 - 210 a second: the member is saturated")
+	e.atMost("six: cold partitions' handlers busy", "%", 25, 100*s.coldBusy6, "their 20/s take a tenth of a 200/s capacity: idle most of the time")
+	e.atMost("twelve: hot partition's rate", "events/s", hotMemberCap*1.05, s.hot12, "still one member's capacity: a partition has one owner")
+	e.exact("twelve: members that handled events", "members", hotPartitions, float64(s.working12), "six own a partition each; the other six own none")
+	e.atMost("twelve: group throughput", "events/s", capped*1.05, s.tp12, "the hot member's capacity + the cold links' 100/s")
+	ratio := math.NaN()
+	if s.tp6 > 0 {
+		ratio = s.tp12 / s.tp6
+	}
+	e.within("group throughput, twelve / six (side by side)", "x", 1, ratio, 0.1, 0,
+		"the same events at the same moments on the same machine: both are capped at 300/s; were the hot link's events shared out, twelve would do up to 700/300 = 2.3x")
+	e.note("share of the time in the handler (six): hot partition %.0f%%, cold partitions %.0f%% on average; backlog after 8 s: hot %.0f, cold %.0f", 100*s.hotBusy6, 100*s.coldBusy6, s.hotBacklog6, s.coldBacklog6)
+	e.note("measured side by side: six members %.0f/s (hot %.0f/s), twelve members %.0f/s (hot %.0f/s), of %.0f/s offered; the ceiling is %g/s", s.tp6, s.hot6, s.tp12, s.hot12, s.offered, capped)
+	e.note("the hot partition's backlog grows by %g/s: spread the key (a finer partition key), not the members", hotRate-hotMemberCap)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -106,13 +107,40 @@ func runOutbox(ctx context.Context, e *Env) error {
 			return err
 		}
 	}
-	relayed, redone, err := relay(ctx, rdb, js)
+	// A tap on the wire, outside the relay: a plain subscriber on LINKS'
+	// subjects sees every publish, the ones the stream drops as duplicates
+	// too.
+	tap, err := e.Conn("wiretap")
 	if err != nil {
 		return err
 	}
+	wire := make(chan *nats.Msg, 4*outboxLinks)
+	sub, err := tap.ChanSubscribe(events.LinksSubjects, wire)
+	if err != nil {
+		return fmt.Errorf("tap links: %w", err)
+	}
+	defer sub.Unsubscribe()
+	if err := tap.Flush(); err != nil {
+		return fmt.Errorf("tap links: %w", err)
+	}
+	if err := relay(ctx, rdb, js); err != nil {
+		return err
+	}
+	// Every publish was acked, so the server had routed it to the tap
+	// before: the flush's answer comes after the last of them.
+	if err := tap.Flush(); err != nil {
+		return fmt.Errorf("tap links: %w", err)
+	}
+	onWire := map[string]int{} // outbox events by the ID in their payload: publishes seen
+	for len(wire) > 0 {
+		m := <-wire
+		if ev, err := events.DecodeLinkEvent(m.Data); err == nil && strings.HasPrefix(ev.Code, "ob") {
+			onWire[ev.ID]++
+		}
+	}
 
 	// Count: links in Redis, link events in LINKS.
-	inLinks, stored, err := linkEvents(ctx, js)
+	perCode, err := linkEvents(ctx, js)
 	if err != nil {
 		return err
 	}
@@ -124,9 +152,9 @@ func runOutbox(ctx context.Context, e *Env) error {
 				return 0, 0, err
 			}
 			switch {
-			case n == 1 && !inLinks[code]:
+			case n == 1 && perCode[code] == 0:
 				noEvent++
-			case n == 0 && inLinks[code]:
+			case n == 0 && perCode[code] > 0:
 				noLink++
 			}
 		}
@@ -140,37 +168,81 @@ func runOutbox(ctx context.Context, e *Env) error {
 	if err != nil {
 		return err
 	}
-	obNoEvent, obNoLink, err := count("ob")
-	if err != nil {
-		return err
-	}
 	crashes := float64(outboxLinks / outboxCrash)
 	aborts := float64(outboxLinks / outboxAbort)
 	e.exact("naive write→publish: links with no event", "links", crashes, float64(wpNoEvent), "one per crash between the write and the publish")
 	e.exact("naive write→publish: events with no link", "events", 0, float64(wpNoLink), "")
 	e.exact("naive publish→write: events with no link", "events", aborts, float64(pwNoLink), "one per write that failed after the publish")
 	e.exact("naive publish→write: links with no event", "links", 0, float64(pwNoEvent), "")
-	e.exact("outbox: links with no event", "links", 0, float64(obNoEvent), "the entry commits with the link; the relay publishes it sooner or later")
-	e.exact("outbox: events with no link (rolled back)", "events", 0, float64(obNoLink), "a rolled-back transaction wrote neither link nor entry")
-	e.exact("outbox: entries republished after a relay crash", "entries", crashes, float64(redone), "the relay crashed after the publish, before deleting the entry")
-	e.exact("outbox: link events stored in LINKS", "events", outboxLinks-aborts, float64(stored["ob"]), "the republished entries were dropped by the duplicate window (same Nats-Msg-Id)")
-	e.note("the relay published %d entries (%d twice); LINKS kept one copy of each", relayed, redone)
+
+	var s outboxSeen
+	for i := range outboxLinks {
+		code := fmt.Sprintf("ob%d", i)
+		n, err := rdb.Exists(ctx, linkKey("ob", code)).Result()
+		if err != nil {
+			return err
+		}
+		switch {
+		case n == 1 && perCode[code] == 0:
+			s.noEvent++
+		case n == 1 && perCode[code] == 1:
+			s.once++
+		case n == 0 && perCode[code] > 0:
+			s.noLink++
+		}
+		s.links += int(n)
+		s.stored += perCode[code]
+	}
+	for _, n := range onWire {
+		s.published += n
+		s.twice += n - 1
+	}
+	outboxChecks(e, s)
 	return nil
+}
+
+// outboxSeen is what the outbox design left, seen from outside the relay:
+// the links in Redis, the events LINKS stored for them, and the publishes
+// a subscriber on LINKS' subjects saw.
+type outboxSeen struct {
+	links     int // links Redis holds
+	noEvent   int // links with no event in LINKS
+	noLink    int // events in LINKS with no link
+	once      int // links with exactly one event in LINKS
+	stored    int // events LINKS stored for the outbox's codes
+	published int // publishes on the wire
+	twice     int // publishes on the wire of an event sent before
+}
+
+// outboxChecks judges the outbox design: every link written has exactly one
+// event in LINKS, though the relay sent some twice.
+func outboxChecks(e *Env, s outboxSeen) {
+	crashes := float64(outboxLinks / outboxCrash)
+	written := float64(outboxLinks - outboxLinks/outboxAbort)
+	e.exact("outbox: links with no event", "links", 0, float64(s.noEvent), "the entry commits with the link; the relay publishes it sooner or later")
+	e.exact("outbox: events with no link (rolled back)", "events", 0, float64(s.noLink), "a rolled-back transaction wrote neither link nor entry")
+	e.exact("outbox: links written (every 7th rolled back)", "links", written, float64(s.links), "counted in Redis")
+	e.exact("outbox: events sent twice (seen on the wire)", "events", crashes, float64(s.twice),
+		"a subscriber on LINKS' subjects: the relay crashed after the publish, before deleting the entry, and published it again")
+	e.exact("outbox: links with exactly one event in LINKS", "links", written, float64(s.once),
+		"the second publish of each carried the same Nats-Msg-Id: the duplicate window dropped it")
+	e.note("the wire carried %d publishes of %d outbox events (%d twice); LINKS stored %d", s.published, s.published-s.twice, s.twice, s.stored)
 }
 
 // relay drains the outbox like the redirect service's relay: read the oldest
 // entries, publish each with its event ID, delete it after the ack. It
 // "crashes" (starts over from the oldest entry) after publishing every
 // outboxCrash-th entry, before deleting it.
-func relay(ctx context.Context, rdb *redis.Client, js jetstream.JetStream) (published, republished int, err error) {
+func relay(ctx context.Context, rdb *redis.Client, js jetstream.JetStream) error {
 	crashedOn := map[string]bool{}
+	published := 0
 	for {
 		msgs, err := rdb.XRangeN(ctx, outboxKey, "-", "+", 10).Result()
 		if err != nil {
-			return published, republished, fmt.Errorf("read outbox: %w", err)
+			return fmt.Errorf("read outbox: %w", err)
 		}
 		if len(msgs) == 0 {
-			return published, republished, nil
+			return nil
 		}
 		for _, m := range msgs {
 			id, _ := m.Values["id"].(string)
@@ -180,58 +252,51 @@ func relay(ctx context.Context, rdb *redis.Client, js jetstream.JetStream) (publ
 			msg.Data = []byte(data)
 			msg.Header.Set(events.HeaderMsgID, id)
 			if _, err := js.PublishMsg(ctx, msg, jetstream.WithExpectStream(events.LinksStream)); err != nil {
-				return published, republished, fmt.Errorf("relay %s: %w", id, err)
+				return fmt.Errorf("relay %s: %w", id, err)
 			}
 			published++
-			if crashedOn[id] {
-				republished++
-			} else if published%outboxCrash == 0 {
+			if !crashedOn[id] && published%outboxCrash == 0 {
 				crashedOn[id] = true
 				break // crashed before XDEL: the next incarnation reads it again
 			}
 			if err := rdb.XDel(ctx, outboxKey, m.ID).Err(); err != nil {
-				return published, republished, fmt.Errorf("delete outbox entry: %w", err)
+				return fmt.Errorf("delete outbox entry: %w", err)
 			}
 		}
 	}
 }
 
-// linkEvents reads LINKS: which codes have a created event, and how many
-// events each design's codes have.
-func linkEvents(ctx context.Context, js jetstream.JetStream) (map[string]bool, map[string]int, error) {
+// linkEvents reads LINKS: how many events it stored for each code.
+func linkEvents(ctx context.Context, js jetstream.JetStream) (map[string]int, error) {
 	c, err := js.OrderedConsumer(ctx, events.LinksStream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("read links: %w", err)
+		return nil, fmt.Errorf("read links: %w", err)
 	}
 	s, err := js.Stream(ctx, events.LinksStream)
 	if err != nil {
-		return nil, nil, err
+		return nil, fmt.Errorf("read links: %w", err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, fmt.Errorf("read links: %w", err)
 	}
-	have := map[string]bool{}
 	per := map[string]int{}
 	for n := uint64(0); n < info.State.Msgs; {
 		b, err := c.Fetch(int(min(info.State.Msgs-n, 500)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return nil, nil, err
+			return nil, fmt.Errorf("read links: %w", err)
 		}
 		got := 0
 		for m := range b.Messages() {
 			got++
-			ev, err := events.DecodeLinkEvent(m.Data())
-			if err != nil {
-				continue
+			if ev, err := events.DecodeLinkEvent(m.Data()); err == nil {
+				per[ev.Code]++
 			}
-			have[ev.Code] = true
-			per[ev.Code[:2]]++
 		}
 		if got == 0 {
-			return nil, nil, fmt.Errorf("read links: stalled at %d of %d", n, info.State.Msgs)
+			return nil, fmt.Errorf("read links: stalled at %d of %d", n, info.State.Msgs)
 		}
 		n += uint64(got)
 	}
-	return have, per, nil
+	return per, nil
 }

@@ -96,8 +96,18 @@ func runPoison(ctx context.Context, e *Env) error {
 	perPartition := make([]int, poisonPartitions)
 	e.say("the poison event goes to partition %d; then %g clicks/s for %g s", poisoned, poisonRate, poisonSecs)
 	bad := newClick(poisonCode, 0)
-	if _, err := publishClick(pjs, bad); err != nil {
+	f, err := publishClick(pjs, bad)
+	if err != nil {
 		return err
+	}
+	var badSeq uint64
+	select {
+	case ack := <-f.Ok():
+		badSeq = ack.Sequence
+	case err := <-f.Err():
+		return fmt.Errorf("publish the poison event: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 	poisonedAt := time.Now()
 	var alarmAt time.Time
@@ -171,14 +181,15 @@ func runPoison(ctx context.Context, e *Env) error {
 	e.exact("naive: lag of the other partitions", "events", 0, naiveOthers, "only the poison event's partition stalls")
 	e.exact("snip: lag of the poisoned partition", "events", 0, snipStalled, "the poison event was parked and the partition moved on")
 	mu.Lock()
-	nTries := len(tries)
+	seen := poisonSeen{calls: len(tries), seq: badSeq}
 	var gaps []string
 	for i := 1; i < len(tries); i++ {
 		gaps = append(gaps, tries[i].Sub(tries[i-1]).Round(10*time.Millisecond).String())
 	}
+	if len(tries) > 0 {
+		seen.firstTry = tries[0]
+	}
 	mu.Unlock()
-	e.exact("snip: tries before parking", "tries", poisonTries, float64(nTries), "the handler's choice, with the runtime's exponential backoff between tries")
-	e.note("snip retried after %v (the reader runtime's backoff: 100 ms doubling, ±30%% jitter, capped; preview jobs use 1, 2, 4, 8 s). Real time: the runtime's backoff is not scaled by --speed", gaps)
 
 	// The alarm: DEAD_LETTER has a letter, with its reason.
 	groups, err := deadletter.List(ctx, js)
@@ -186,14 +197,16 @@ func runPoison(ctx context.Context, e *Env) error {
 		return err
 	}
 	var letter deadletter.Letter
-	parked := 0
 	for _, g := range groups {
-		parked += int(g.Count)
+		seen.parked += int(g.Count)
 		if g.Source == "snip" && g.Reason == "bad_target" {
 			letter = g.Newest
 		}
 	}
-	e.exact("dead letters (snip, bad_target)", "letters", 1, float64(parked), "one event parked, once")
+	seen.letter = letter
+	seen.id = bad.ID
+	poisonChecks(e, seen)
+	e.note("snip retried after %v (the reader runtime's backoff: 100 ms doubling, ±30%% jitter, capped; preview jobs use 1, 2, 4, 8 s). Real time: the runtime's backoff is not scaled by --speed", gaps)
 	if !alarmAt.IsZero() {
 		e.note("the alarm (DEAD_LETTER not empty) fired %s after the poison event was published; the letter, on %s, says: %q",
 			alarmAt.Sub(poisonedAt).Round(10*time.Millisecond), letter.Subject, letter.Error)
@@ -227,6 +240,53 @@ func runPoison(ctx context.Context, e *Env) error {
 	}
 	e.exact("dead letters after the redrive", "letters", 0, float64(len(left)), "the letter is deleted once CLICKS acked the redrive")
 	return nil
+}
+
+// poisonSeen is what Snip's group left of the poison event: the dead
+// letter as DEAD_LETTER stored it, set against the event as CLICKS stored it
+// and the handler's calls.
+type poisonSeen struct {
+	id       string    // the poison event's ID
+	seq      uint64    // its CLICKS sequence, from the publish ack
+	calls    int       // handler calls with it before the park
+	firstTry time.Time // the first of them
+	parked   int       // dead letters in DEAD_LETTER
+	letter   deadletter.Letter
+}
+
+// poisonMinRetry is the least time, in seconds, the reader runtime's
+// backoff takes over poisonTries-1 retries: 100 ms doubling, each at most
+// 30% shorter (pkg/reader's Config.newBackoff).
+func poisonMinRetry() float64 {
+	sum, d := 0.0, 0.1
+	for range poisonTries - 1 {
+		sum += 0.7 * d
+		d *= 2
+	}
+	return sum
+}
+
+// poisonChecks judges the park from the dead letter's metadata: the event it
+// names, the deliveries the server recorded, and when it was stored.
+func poisonChecks(e *Env, s poisonSeen) {
+	l := s.letter
+	e.exact("dead letters (snip, bad_target)", "letters", 1, float64(s.parked), "one event parked, once")
+	named := uint64(0)
+	if l.ID == s.id && l.Stream == events.ClicksStream {
+		named = l.OrigSeq
+	}
+	e.exact("dead letter: the CLICKS sequence it names", "seq", float64(s.seq), float64(named),
+		"its headers name the poison event's stream and sequence (from the publish ack), and it holds the event's ID")
+	e.exact("dead letter: deliveries the server recorded", "deliveries", 1, float64(l.Attempts),
+		"Snip-Dead-Attempts, the server's delivery count: the runtime retries in process, the batch kept in progress, so the server delivered it once")
+	waited := 0.0
+	if !l.Time.IsZero() && !s.firstTry.IsZero() {
+		waited = l.Time.Sub(s.firstTry).Seconds()
+	}
+	e.atLeast("first try to the letter's stored time (real s)", "s", poisonMinRetry(), waited,
+		fmt.Sprintf("%d retries with the runtime's backoff (100 ms doubling, at most 30%% shorter) before the park; a runtime that parked at the first failure would store it at once", poisonTries-1))
+	e.exact("snip: handler calls with the poison event", "calls", poisonTries, float64(s.calls),
+		fmt.Sprintf("it answers reader.Poison on call %d: fewer, the runtime parked a transient failure; more, it ignored the Poison", poisonTries))
 }
 
 func b2f(b bool) float64 {

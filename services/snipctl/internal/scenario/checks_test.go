@@ -1,0 +1,157 @@
+package scenario
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/snipdev/snip/pkg/deadletter"
+	"github.com/snipdev/snip/pkg/events"
+)
+
+// A lesson's checks judge what was observed from outside the code it
+// teaches about, not what that code says it did. Each check function is fed
+// here an observation where the lesson's claim holds, and fabricated ones
+// where it does not: the rows that claim what is false must FAIL.
+func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
+	t.Parallel()
+	first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	letter := deadletter.Letter{ID: "poison-id", Stream: events.ClicksStream, OrigSeq: 7, Attempts: 1, Time: first.Add(1300 * time.Millisecond)}
+	poisoned := func(change func(*poisonSeen)) func(*Env) {
+		s := poisonSeen{id: "poison-id", seq: 7, calls: poisonTries, firstTry: first, parked: 1, letter: letter}
+		change(&s)
+		return func(e *Env) { poisonChecks(e, s) }
+	}
+	outboxOK := outboxSeen{links: 43, once: 43, stored: 43, published: 53, twice: 10}
+	hotOK := hotSeen{offered: 700, tp6: 297, hot6: 199, hotBusy6: 0.87, hotBacklog6: 3200, coldBacklog6: 20, tp12: 294, hot12: 196, working12: 6}
+	tests := []struct {
+		name   string
+		checks func(e *Env)
+		fail   []string // the rows that must FAIL, in table order
+	}{
+		{
+			name:   "outbox_claim_holds",
+			checks: func(e *Env) { outboxChecks(e, outboxOK) },
+		},
+		{
+			name: "outbox_stream_kept_the_second_copies",
+			checks: func(e *Env) {
+				s := outboxOK
+				s.once, s.stored = 33, 53 // ten links with two events in LINKS
+				outboxChecks(e, s)
+			},
+			fail: []string{"outbox: links with exactly one event in LINKS"},
+		},
+		{
+			name: "outbox_relay_never_sent_twice",
+			checks: func(e *Env) {
+				s := outboxOK
+				s.published, s.twice = 43, 0
+				outboxChecks(e, s)
+			},
+			fail: []string{"outbox: events sent twice (seen on the wire)"},
+		},
+		{
+			name: "outbox_rolled_back_links_written",
+			checks: func(e *Env) {
+				s := outboxOK
+				s.links, s.once, s.stored = 50, 50, 50
+				outboxChecks(e, s)
+			},
+			fail: []string{"outbox: links written (every 7th rolled back)", "outbox: links with exactly one event in LINKS"},
+		},
+		{
+			name:   "poison_claim_holds",
+			checks: poisoned(func(*poisonSeen) {}),
+		},
+		{
+			name:   "poison_server_redelivered_it",
+			checks: poisoned(func(s *poisonSeen) { s.letter.Attempts = poisonTries }),
+			fail:   []string{"dead letter: deliveries the server recorded"},
+		},
+		{
+			name:   "poison_parked_without_backoff",
+			checks: poisoned(func(s *poisonSeen) { s.letter.Time = first.Add(10 * time.Millisecond) }),
+			fail:   []string{"first try to the letter's stored time (real s)"},
+		},
+		{
+			name:   "poison_letter_names_another_event",
+			checks: poisoned(func(s *poisonSeen) { s.letter.ID = "other-id" }),
+			fail:   []string{"dead letter: the CLICKS sequence it names"},
+		},
+		{
+			name:   "poison_runtime_ignored_poison",
+			checks: poisoned(func(s *poisonSeen) { s.calls = poisonTries + 3 }),
+			fail:   []string{"snip: handler calls with the poison event"},
+		},
+		{
+			name:   "poison_nothing_parked",
+			checks: poisoned(func(s *poisonSeen) { s.parked, s.letter = 0, deadletter.Letter{} }),
+			fail: []string{
+				"dead letters (snip, bad_target)", "dead letter: the CLICKS sequence it names",
+				"dead letter: deliveries the server recorded", "first try to the letter's stored time (real s)",
+			},
+		},
+		{
+			name:   "alarms_age_first",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 50) },
+		},
+		{
+			name:   "alarms_count_first",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 52, 50) },
+			fail:   []string{"count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "alarms_in_the_same_sample",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 50, 50) },
+			fail:   []string{"count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "alarms_count_never_fired",
+			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 0) },
+			fail:   []string{"count alarm (10,000) fires", "count alarm's time minus the age alarm's"},
+		},
+		{
+			name:   "hot_claim_holds",
+			checks: func(e *Env) { hotChecks(e, hotOK) },
+		},
+		{
+			name: "hot_twelve_share_the_hot_link",
+			checks: func(e *Env) {
+				s := hotOK
+				s.tp12, s.hot12, s.working12 = 690, 590, 12
+				hotChecks(e, s)
+			},
+			fail: []string{
+				"twelve: hot partition's rate", "twelve: members that handled events",
+				"twelve: group throughput", "group throughput, twelve / six (side by side)",
+			},
+		},
+		{
+			name: "hot_twelve_a_fifth_better",
+			checks: func(e *Env) {
+				s := hotOK
+				s.tp12 = s.tp6 * 1.2
+				hotChecks(e, s)
+			},
+			fail: []string{"twelve: group throughput", "group throughput, twelve / six (side by side)"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := &Env{speed: 1, res: &Result{}}
+			tc.checks(e)
+			var failed []string
+			for _, c := range e.res.Checks {
+				if !c.OK {
+					failed = append(failed, c.Name)
+				}
+			}
+			if diff := cmp.Diff(tc.fail, failed); diff != "" {
+				t.Errorf("rows that FAIL (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
