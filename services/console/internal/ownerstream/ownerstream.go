@@ -7,7 +7,10 @@
 // partition, that owner, every link). Each event's id is the click's CLICKS
 // stream sequence, so a client that reconnects with Last-Event-ID: N gets
 // the owner's clicks from sequence N+1: nothing lost and nothing repeated
-// across reconnects, as long as CLICKS still retains them (7 days). A
+// across reconnects, as long as CLICKS still retains them (7 days). A start
+// older than that gets a "gap" event first; a start beyond CLICKS' last
+// sequence (CLICKS re-created, or an ID it never gave) gets a "reset" event
+// and the stream goes on from CLICKS' end. A
 // payload whose owner is not the stream's owner is never sent, whatever the
 // subject says.
 //
@@ -250,9 +253,17 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	}
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	firstSeq, err := s.firstSeq(octx)
+	firstSeq, lastSeq, err := s.bounds(octx)
 	if err != nil {
 		return fmt.Errorf("stream clicks of %s: %w: %w", owner, ErrUnavailable, err)
+	}
+	// A start beyond the stream's end is not a position CLICKS ever held
+	// (CLICKS was re-created, or the ID was made up): waiting there would
+	// show nothing until the sequences pass it. The stream starts at the
+	// end instead, and says so.
+	ahead := start.Seq > lastSeq+1
+	if ahead {
+		cfg.OptStartSeq = lastSeq + 1
 	}
 	it, err := ordered.Open(octx, s.js, events.ClicksStream, cfg, pullBuffer)
 	if err != nil {
@@ -271,6 +282,14 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 		// it knows its copy may have a hole, then send what there is.
 		gap, _ := json.Marshal(map[string]uint64{"requested_seq": start.Seq, "first_seq": firstSeq})
 		if stream.Write(sse.Event{Name: "gap", Data: gap}) != nil || stream.Flush() != nil {
+			s.end("write_error")
+			return nil
+		}
+	}
+
+	if ahead {
+		reset, _ := json.Marshal(map[string]uint64{"requested_seq": start.Seq, "last_seq": lastSeq})
+		if stream.Write(sse.Event{Name: "reset", Data: reset}) != nil || stream.Flush() != nil {
 			s.end("write_error")
 			return nil
 		}
@@ -347,16 +366,17 @@ func (s *Streams) pump(it *ordered.Iterator, owner string, ch chan<- sse.Event, 
 	}
 }
 
-func (s *Streams) firstSeq(ctx context.Context) (uint64, error) {
+// bounds are the first and last sequences CLICKS holds now.
+func (s *Streams) bounds(ctx context.Context) (first, last uint64, err error) {
 	st, err := s.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return info.State.FirstSeq, nil
+	return info.State.FirstSeq, info.State.LastSeq, nil
 }
 
 func (s *Streams) end(reason string) { s.m.ended.WithLabelValues(reason).Inc() }
