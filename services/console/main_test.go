@@ -807,6 +807,46 @@ func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
 	}
 }
 
+// The instance's limit on streams answers 503 without the instance's stream
+// count: that is the operators' figure (log, metrics), not a caller's.
+func TestTooManyStreamsKeepsTheCountInside(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	_, js := consoletest.NATS(t)
+	s := startOn(t, js, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		c.OwnerStreamsPerOwner, c.OwnerStreamsMax = 1, 1
+	})
+	const acmeKey, globexKey = "snip_acme_test_key_0123456789", "snip_globex_test_key_012345678"
+	if err := owners.NewStore(s.rdb).EnsureFromSpec(t.Context(), "acme:"+acmeKey+",globex:"+globexKey); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := ownerClient(t, s, acmeKey, "", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("acme's stream: %d", resp.StatusCode)
+	}
+	resp, _ := ownerClient(t, s, globexKey, "", "")
+	b, _ := io.ReadAll(resp.Body)
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("%d %s: %v", resp.StatusCode, b, err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "too_many_streams" || body.Error.Message == "" {
+		t.Errorf("globex's stream beyond the instance's limit: %d %s, want 503 too_many_streams with a message", resp.StatusCode, b)
+	}
+	if strings.ContainsAny(body.Error.Message, "0123456789") || strings.Contains(body.Error.Message, "streams open") {
+		t.Errorf("the answer's message %q gives the instance's stream count", body.Error.Message)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the refusal logged with the count", func() bool {
+		for line := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(line, `"msg":"request refused"`) && strings.Contains(line, "1 streams open") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
 // snip_console_owner_stream_clicks_total counts the clicks an owner's
 // stream sent, not those it queued for a client that then stopped reading:
 // a stream cut off for not reading had up to its whole queue counted as sent.

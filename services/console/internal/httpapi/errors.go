@@ -33,6 +33,10 @@ var (
 // error) goes to the log with the request, never into the answer.
 const ownerUnavailable = "the click stream is unavailable for a moment: reconnect shortly, with Last-Event-ID"
 
+// ownerBusy is all the owners' stream says when the instance serves the most
+// streams it may: how many that is stays in the log and the metrics.
+const ownerBusy = "this instance serves the most click streams it may: reconnect shortly, with Last-Event-ID"
+
 // publicError answers with msg in place of err's text, which only the log
 // gets (errorTable logs every 5xx with its error).
 type publicError struct {

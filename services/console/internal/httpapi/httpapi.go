@@ -456,8 +456,13 @@ func (a *api) ownerStream(c echo.Context) error {
 	defer cancel(nil)
 	go a.watchKey(ctx, cancel, key, o.ID)
 	err = a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
-	if errors.Is(err, ownerstream.ErrUnavailable) {
+	switch {
+	case errors.Is(err, ownerstream.ErrUnavailable):
 		return &publicError{msg: ownerUnavailable, err: err}
+	case errors.Is(err, ownerstream.ErrTooManyStreams):
+		// How many streams the instance serves is the operators' figure
+		// (the log line and snip_console_owner_streams), not the caller's.
+		return &publicError{msg: ownerBusy, err: err}
 	}
 	return err
 }
