@@ -397,9 +397,9 @@ func (a *api) redriveGroup(c echo.Context) error {
 	defer cancel()
 	r, err := a.d.DeadLetters.RedriveGroup(ctx, req.Source, req.Reason)
 	if err == nil && r.Error != "" {
-		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", r.RefusedCount)
 	} else {
-		a.audit(c, "redrive_group", err, "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+		a.audit(c, "redrive_group", err, "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", r.RefusedCount)
 	}
 	if err != nil {
 		return err

@@ -274,7 +274,7 @@ async function redriveGroup(source, reason, count) {
   if (!confirm(`Redrive ${count === 1 ? 'the 1 dead letter' : 'all ' + plural(count, 'dead letter')} of dead.${source}.${reason}? Fix their cause first.`)) return;
   try {
     const r = await request('POST', '/api/dlq/redrive', {source, reason});
-    alert(`${num(r.redriven)} redriven` + (r.refused.length ? `, ${num(r.refused.length)} cannot be (left in place)` : '') +
+    alert(`${num(r.redriven)} redriven` + (r.refused_count ? `, ${num(r.refused_count)} cannot be (left in place)` : '') +
       (r.incomplete ? `; stopped early (${r.error}): press again for the rest` : '') + '.');
   } catch (err) { alert('Redrive refused: ' + err.message); }
   poll();
