@@ -85,6 +85,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "not_redrivable"
 	case errors.Is(err, ownerstream.ErrOwnerLimit):
 		return http.StatusTooManyRequests, "too_many_streams"
+	case errors.Is(err, ownerstream.ErrOpenRate):
+		return http.StatusTooManyRequests, "too_many_stream_opens"
 	case errors.Is(err, ownerstream.ErrTooManyStreams), errors.Is(err, livefeed.ErrTooManyBrowsers):
 		return http.StatusServiceUnavailable, "too_many_streams"
 	case errors.Is(err, ownerstream.ErrUnavailable), errors.Is(err, errUnavailable):
@@ -94,12 +96,16 @@ func statusOf(err error) (int, string) {
 }
 
 // setRetryAfter tells a refused client when to come back: the wait of an
-// errLimited, 5 seconds otherwise.
+// errLimited or an ownerstream.OpenRateError, 5 seconds otherwise.
 func setRetryAfter(h http.Header, err error) {
 	secs := 5
 	var lim errLimited
-	if errors.As(err, &lim) {
+	var opens *ownerstream.OpenRateError
+	switch {
+	case errors.As(err, &lim):
 		secs = max(1, int(math.Ceil(lim.wait.Seconds())))
+	case errors.As(err, &opens):
+		secs = max(1, int(math.Ceil(opens.Wait.Seconds())))
 	}
 	h.Set("Retry-After", strconv.Itoa(secs))
 }
