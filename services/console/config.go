@@ -53,7 +53,8 @@ type Config struct {
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
 	LagWarn  time.Duration `env:"CONSOLE_LAG_WARN" envDefault:"60s"`
 	LagAlarm time.Duration `env:"CONSOLE_LAG_ALARM" envDefault:"5m"`
-	// Refresh is how often the page polls the panels.
+	// Refresh is how often the page polls the panels: the wait after one
+	// poll answered before the next (polls never overlap).
 	Refresh time.Duration `env:"CONSOLE_REFRESH" envDefault:"2s"`
 
 	// The live clicks: clicks a new page gets at once, each page's queue,

@@ -132,7 +132,8 @@ type Deps struct {
 
 // PageConfig is shown on the page.
 type PageConfig struct {
-	// Refresh is how often the panels poll.
+	// Refresh is how often the panels poll: the wait after one poll
+	// answered before the next.
 	Refresh time.Duration
 	// Warn and Alarm are the oldest-unread-age thresholds.
 	Warn, Alarm time.Duration
