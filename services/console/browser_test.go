@@ -4,6 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
 )
@@ -340,5 +347,75 @@ func TestConsoleInABrowser(t *testing.T) {
 	defer mu.Unlock()
 	if len(problems) > 0 {
 		t.Errorf("the page logged %d JavaScript errors:\n%s", len(problems), strings.Join(problems, "\n"))
+	}
+}
+
+// The page polls one request at a time: with a server slower than the
+// refresh interval, each poll starts only after the previous one answered,
+// instead of piling overlapping requests on it. A real Chromium reads the
+// console through a proxy that holds every /api/readers request for three
+// refresh intervals and counts how many it holds at once.
+func TestPagePollsDoNotOverlapWhenTheServerIsSlow(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	const refresh, slow = 500 * time.Millisecond, 1500 * time.Millisecond
+	s := start(t, func(c *Config) { withToken(c); c.Refresh = refresh })
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}}
+	var held, most, answered atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/readers" {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		n := held.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		defer answered.Add(1)
+		defer held.Add(-1)
+		// The headers (no-store) go out at once and the body comes late:
+		// Chromium would otherwise hold a second request for the same URL
+		// until the first one's headers arrive (its cache's lock), and the
+		// overlap would not reach the server.
+		rec := httptest.NewRecorder()
+		rp.ServeHTTP(rec, r)
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-time.After(slow):
+		case <-r.Context().Done():
+		}
+		_, _ = w.Write(rec.Body.Bytes())
+	}))
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	// Four polls answered take at least 4 × (1.5 s + 0.5 s) one at a time;
+	// polls every 0.5 s regardless would hold three at once by then.
+	testenv.WaitFor(t, 60*time.Second, "four polls of the readers answered", func() bool { return answered.Load() >= 4 })
+	if m := most.Load(); m != 1 {
+		t.Errorf("the page had %d /api/readers requests in flight at once (refresh %s, each answered after %s), want 1", m, refresh, slow)
+	}
+	// The page still shows what the polls read.
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	got, err := chromedp.Run(ectx, chromedp.Evaluate[string](`document.getElementById("updated").innerText`))
+	if err != nil || !strings.HasPrefix(got, "Updated") {
+		t.Errorf("the page's update time reads %q (%v), want Updated …", got, err)
 	}
 }

@@ -53,7 +53,8 @@ type Config struct {
 	// outbox's oldest entry): the same 1 and 5 minutes the alert rules use.
 	LagWarn  time.Duration `env:"CONSOLE_LAG_WARN" envDefault:"60s"`
 	LagAlarm time.Duration `env:"CONSOLE_LAG_ALARM" envDefault:"5m"`
-	// Refresh is how often the page polls the panels.
+	// Refresh is how often the page polls the panels: the wait after one
+	// poll answered before the next (polls never overlap).
 	Refresh time.Duration `env:"CONSOLE_REFRESH" envDefault:"2s"`
 
 	// The live clicks: clicks a new page gets at once, each page's queue,
@@ -70,6 +71,11 @@ type Config struct {
 	// The owners' click streams: per owner and per instance.
 	OwnerStreamsPerOwner int `env:"CONSOLE_OWNER_STREAMS_PER_OWNER" envDefault:"4"`
 	OwnerStreamsMax      int `env:"CONSOLE_OWNER_STREAMS_MAX" envDefault:"1000"`
+	// OwnerStreamOpenBurst streams an owner may open at once, then one per
+	// OwnerStreamOpenInterval (429 beyond): each open creates a JetStream
+	// consumer. 10 lets every one of 4 streams reconnect twice at once.
+	OwnerStreamOpenBurst    int           `env:"CONSOLE_OWNER_STREAM_OPEN_BURST" envDefault:"10"`
+	OwnerStreamOpenInterval time.Duration `env:"CONSOLE_OWNER_STREAM_OPEN_INTERVAL" envDefault:"3s"`
 	// OwnerKeyRecheck is how often an open owner stream checks its API key
 	// again: a rotated or revoked key ends the stream within it.
 	OwnerKeyRecheck time.Duration `env:"CONSOLE_OWNER_KEY_RECHECK" envDefault:"2s"`
@@ -169,6 +175,8 @@ func (c Config) validate() error {
 		return errors.New("CONSOLE_OWNER_KEY_RECHECK: want 100ms or more")
 	case c.OwnerStreamsPerOwner < 1 || c.OwnerStreamsMax < c.OwnerStreamsPerOwner:
 		return errors.New("CONSOLE_OWNER_STREAMS_PER_OWNER >= 1 and CONSOLE_OWNER_STREAMS_MAX >= it")
+	case c.OwnerStreamOpenBurst < 1 || c.OwnerStreamOpenInterval <= 0:
+		return errors.New("CONSOLE_OWNER_STREAM_OPEN_BURST >= 1 and CONSOLE_OWNER_STREAM_OPEN_INTERVAL > 0")
 	case c.SSEHeartbeat <= 0 || c.SSEWriteTimeout <= 0 || c.ShutdownTimeout <= 0:
 		return errors.New("CONSOLE_SSE_HEARTBEAT, CONSOLE_SSE_WRITE_TIMEOUT and SHUTDOWN_TIMEOUT: want > 0")
 	}

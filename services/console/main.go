@@ -65,6 +65,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		fraudAlerts := alerts.New(js, alerts.Config{Keep: cfg.AlertsKeep, Since: cfg.AlertsSince, Logger: log})
 		streams := ownerstream.New(js, ownerstream.Config{
 			PerOwner: cfg.OwnerStreamsPerOwner, Max: cfg.OwnerStreamsMax, Heartbeat: cfg.SSEHeartbeat,
+			OpenBurst: cfg.OwnerStreamOpenBurst, OpenInterval: cfg.OwnerStreamOpenInterval,
 			WriteTimeout: cfg.SSEWriteTimeout, Logger: log, Metrics: reg,
 		})
 		stopStreams := make(chan struct{})

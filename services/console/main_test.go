@@ -807,6 +807,85 @@ func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
 	}
 }
 
+// The instance's limit on streams answers 503 without the instance's stream
+// count: that is the operators' figure (log, metrics), not a caller's.
+func TestTooManyStreamsKeepsTheCountInside(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	_, js := consoletest.NATS(t)
+	s := startOn(t, js, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		c.OwnerStreamsPerOwner, c.OwnerStreamsMax = 1, 1
+	})
+	const acmeKey, globexKey = "snip_acme_test_key_0123456789", "snip_globex_test_key_012345678"
+	if err := owners.NewStore(s.rdb).EnsureFromSpec(t.Context(), "acme:"+acmeKey+",globex:"+globexKey); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := ownerClient(t, s, acmeKey, "", ""); resp.StatusCode != http.StatusOK {
+		t.Fatalf("acme's stream: %d", resp.StatusCode)
+	}
+	resp, _ := ownerClient(t, s, globexKey, "", "")
+	b, _ := io.ReadAll(resp.Body)
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		t.Fatalf("%d %s: %v", resp.StatusCode, b, err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "too_many_streams" || body.Error.Message == "" {
+		t.Errorf("globex's stream beyond the instance's limit: %d %s, want 503 too_many_streams with a message", resp.StatusCode, b)
+	}
+	if strings.ContainsAny(body.Error.Message, "0123456789") || strings.Contains(body.Error.Message, "streams open") {
+		t.Errorf("the answer's message %q gives the instance's stream count", body.Error.Message)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the refusal logged with the count", func() bool {
+		for line := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(line, `"msg":"request refused"`) && strings.Contains(line, "1 streams open") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// An owner that opens and closes streams (each a JetStream consumer) faster
+// than its allowance is refused with 429 and told when to come back, within
+// its concurrent streams; closing a stream gives nothing back, and another
+// owner is not limited by it.
+func TestOwnerStreamOpensAreRateLimited(t *testing.T) {
+	t.Parallel()
+	s := start(t, func(c *Config) { c.OwnerStreamOpenBurst, c.OwnerStreamOpenInterval = 2, time.Hour })
+	const acmeKey, globexKey = "snip_acme_test_key_0123456789", "snip_globex_test_key_012345678"
+	if err := owners.NewStore(s.rdb).EnsureFromSpec(t.Context(), "acme:"+acmeKey+",globex:"+globexKey); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		resp, _ := ownerClient(t, s, acmeKey, "", "")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("acme's stream %d: %d", i+1, resp.StatusCode)
+		}
+		resp.Body.Close()
+		testenv.WaitFor(t, 30*time.Second, "the stream closed on the server", func() bool { return metric(t, s, "snip_console_owner_streams") == 0 })
+	}
+	resp, _ := ownerClient(t, s, acmeKey, "", "")
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("acme's third stream open within the hour opened: want 429")
+	}
+	b, _ := io.ReadAll(resp.Body)
+	retry, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), `"too_many_stream_opens"`) {
+		t.Errorf("acme's third stream open within the hour, none open: %d %s, want 429 too_many_stream_opens", resp.StatusCode, b)
+	}
+	if retry < 3000 || retry > 3600 {
+		t.Errorf("Retry-After %q, want the wait for the next open (about an hour)", resp.Header.Get("Retry-After"))
+	}
+	if n := metric(t, s, `snip_console_owner_streams_refused_total{reason="open_rate"}`); n != 1 {
+		t.Errorf(`snip_console_owner_streams_refused_total{reason="open_rate"} = %v, want 1`, n)
+	}
+	if g, _ := ownerClient(t, s, globexKey, "", ""); g.StatusCode != http.StatusOK {
+		t.Errorf("globex's stream after acme was limited: %d, want 200", g.StatusCode)
+	}
+}
+
 // snip_console_owner_stream_clicks_total counts the clicks an owner's
 // stream sent, not those it queued for a client that then stopped reading:
 // a stream cut off for not reading had up to its whole queue counted as sent.

@@ -194,11 +194,20 @@ func (d *DLQ) Redrive(ctx context.Context, seq uint64) (Redriven, error) {
 	return redriven(r), nil
 }
 
+// RefusalsListed bounds the refusals a group redrive lists: a group of
+// letters none of which may be redriven here (a million from LINKS) would
+// otherwise answer with an entry for each.
+const RefusalsListed = 100
+
 // GroupRedrive is the outcome of redriving a source and reason.
 type GroupRedrive struct {
 	Redriven int `json:"redriven"`
-	// Refused are the letters that cannot be redriven (left in place).
-	Refused []Refusal `json:"refused"`
+	// RefusedCount counts the letters that could not be redriven (left in
+	// place); Refused lists the oldest RefusalsListed of them, and
+	// RefusedListed says how many it may list.
+	RefusedCount  int       `json:"refused_count"`
+	Refused       []Refusal `json:"refused"`
+	RefusedListed int       `json:"refused_listed"`
 	// Incomplete is true when time ran out before every letter was tried;
 	// the rest are still there.
 	Incomplete bool   `json:"incomplete"`
@@ -214,7 +223,8 @@ type Refusal struct {
 // RedriveGroup sends every letter of source and reason (both required)
 // stored when it started home, oldest first, until ctx ends. A letter that
 // cannot be redriven, or whose redrive fails while ctx lasts, is reported in
-// Refused and left in place; the letters behind it are still tried.
+// Refused (the oldest RefusalsListed; RefusedCount counts them all) and left
+// in place; the letters behind it are still tried.
 func (d *DLQ) RedriveGroup(ctx context.Context, source, reason string) (GroupRedrive, error) {
 	if source == "" || reason == "" {
 		return GroupRedrive{}, fmt.Errorf("redrive: give a source and a reason: %w", ErrBadFilter)
@@ -223,14 +233,17 @@ func (d *DLQ) RedriveGroup(ctx context.Context, source, reason string) (GroupRed
 	if err != nil {
 		return GroupRedrive{}, err
 	}
-	out := GroupRedrive{Refused: []Refusal{}}
+	out := GroupRedrive{Refused: []Refusal{}, RefusedListed: RefusalsListed}
 	err = deadletter.Each(ctx, d.js, f, func(l deadletter.Letter) error {
 		_, err := d.redrive(ctx, l)
 		if err != nil && ctx.Err() != nil {
 			return err // time is up: the rest are still there
 		}
 		if err != nil {
-			out.Refused = append(out.Refused, Refusal{Seq: l.Seq, Error: err.Error()})
+			// Each goes oldest first: the ones listed are the oldest.
+			if out.RefusedCount++; len(out.Refused) < RefusalsListed {
+				out.Refused = append(out.Refused, Refusal{Seq: l.Seq, Error: err.Error()})
+			}
 			return nil
 		}
 		out.Redriven++

@@ -33,6 +33,10 @@ var (
 // error) goes to the log with the request, never into the answer.
 const ownerUnavailable = "the click stream is unavailable for a moment: reconnect shortly, with Last-Event-ID"
 
+// ownerBusy is all the owners' stream says when the instance serves the most
+// streams it may: how many that is stays in the log and the metrics.
+const ownerBusy = "this instance serves the most click streams it may: reconnect shortly, with Last-Event-ID"
+
 // publicError answers with msg in place of err's text, which only the log
 // gets (errorTable logs every 5xx with its error).
 type publicError struct {
@@ -81,6 +85,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "not_redrivable"
 	case errors.Is(err, ownerstream.ErrOwnerLimit):
 		return http.StatusTooManyRequests, "too_many_streams"
+	case errors.Is(err, ownerstream.ErrOpenRate):
+		return http.StatusTooManyRequests, "too_many_stream_opens"
 	case errors.Is(err, ownerstream.ErrTooManyStreams), errors.Is(err, livefeed.ErrTooManyBrowsers):
 		return http.StatusServiceUnavailable, "too_many_streams"
 	case errors.Is(err, ownerstream.ErrUnavailable), errors.Is(err, errUnavailable):
@@ -90,12 +96,16 @@ func statusOf(err error) (int, string) {
 }
 
 // setRetryAfter tells a refused client when to come back: the wait of an
-// errLimited, 5 seconds otherwise.
+// errLimited or an ownerstream.OpenRateError, 5 seconds otherwise.
 func setRetryAfter(h http.Header, err error) {
 	secs := 5
 	var lim errLimited
-	if errors.As(err, &lim) {
+	var opens *ownerstream.OpenRateError
+	switch {
+	case errors.As(err, &lim):
 		secs = max(1, int(math.Ceil(lim.wait.Seconds())))
+	case errors.As(err, &opens):
+		secs = max(1, int(math.Ceil(opens.Wait.Seconds())))
 	}
 	h.Set("Retry-After", strconv.Itoa(secs))
 }

@@ -132,7 +132,8 @@ type Deps struct {
 
 // PageConfig is shown on the page.
 type PageConfig struct {
-	// Refresh is how often the panels poll.
+	// Refresh is how often the panels poll: the wait after one poll
+	// answered before the next.
 	Refresh time.Duration
 	// Warn and Alarm are the oldest-unread-age thresholds.
 	Warn, Alarm time.Duration
@@ -397,9 +398,9 @@ func (a *api) redriveGroup(c echo.Context) error {
 	defer cancel()
 	r, err := a.d.DeadLetters.RedriveGroup(ctx, req.Source, req.Reason)
 	if err == nil && r.Error != "" {
-		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", r.RefusedCount)
 	} else {
-		a.audit(c, "redrive_group", err, "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", len(r.Refused))
+		a.audit(c, "redrive_group", err, "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", r.RefusedCount)
 	}
 	if err != nil {
 		return err
@@ -456,8 +457,13 @@ func (a *api) ownerStream(c echo.Context) error {
 	defer cancel(nil)
 	go a.watchKey(ctx, cancel, key, o.ID)
 	err = a.d.Streams.Serve(ctx, c.Response(), o.ID, start)
-	if errors.Is(err, ownerstream.ErrUnavailable) {
+	switch {
+	case errors.Is(err, ownerstream.ErrUnavailable):
 		return &publicError{msg: ownerUnavailable, err: err}
+	case errors.Is(err, ownerstream.ErrTooManyStreams):
+		// How many streams the instance serves is the operators' figure
+		// (the log line and snip_console_owner_streams), not the caller's.
+		return &publicError{msg: ownerBusy, err: err}
 	}
 	return err
 }

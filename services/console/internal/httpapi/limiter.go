@@ -23,7 +23,10 @@ import (
 // by its /64, what one host usually holds), or behind trusted proxies by the
 // address they forward. The table is bounded: when it is
 // full, clients whose allowance has refilled are forgotten; if it is still
-// full, clients not in it share one allowance until room is made.
+// full, clients not in it share one allowance until room is made. Looking
+// for refilled clients reads the whole table, so it is done at most once per
+// interval (an allowance refills no faster), not for every newcomer while
+// the table is full.
 type failures struct {
 	every time.Duration
 	burst int
@@ -34,6 +37,10 @@ type failures struct {
 	mu       sync.Mutex
 	clients  map[netip.Prefix]*rate.Limiter
 	overflow *rate.Limiter
+	// nextSweep is when the full table may next be read for refilled
+	// clients; sweeps counts those reads (tests).
+	nextSweep time.Time
+	sweeps    int
 }
 
 func newFailures(every time.Duration, burst, maxClients int) *failures {
@@ -81,15 +88,17 @@ func (f *failures) limiter(client netip.Prefix, now time.Time) *rate.Limiter {
 	if l, ok := f.clients[client]; ok {
 		return l
 	}
-	if len(f.clients) >= f.max {
+	if len(f.clients) >= f.max && !now.Before(f.nextSweep) {
+		f.sweeps++
+		f.nextSweep = now.Add(f.every)
 		for k, l := range f.clients {
 			if l.TokensAt(now) >= float64(f.burst) {
 				delete(f.clients, k)
 			}
 		}
-		if len(f.clients) >= f.max {
-			return f.overflow
-		}
+	}
+	if len(f.clients) >= f.max {
+		return f.overflow
 	}
 	l := rate.NewLimiter(rate.Every(f.every), f.burst)
 	f.clients[client] = l

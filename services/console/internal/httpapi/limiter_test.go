@@ -50,6 +50,41 @@ func TestFailuresTableIsBounded(t *testing.T) {
 	}
 }
 
+// While the table is full of clients that have not refilled, newcomers do
+// not each read the whole table under the lock: it is read at most once per
+// interval, the soonest an allowance can refill.
+func TestAFullTableIsSweptOncePerInterval(t *testing.T) {
+	t.Parallel()
+	const clients = 100
+	f := newFailures(time.Minute, 2, clients)
+	now := time.Now()
+	r := func(i int, at time.Time) error {
+		q := httptest.NewRequest("POST", "/login", nil)
+		q.RemoteAddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 1).String()
+		_, err := f.begin(q, at)
+		return err
+	}
+	for i := range clients {
+		if err := r(i, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 1000 { // a guesser spread over more addresses than the table holds
+		_ = r(clients+i, now.Add(time.Duration(i)*time.Millisecond))
+	}
+	if f.sweeps != 1 {
+		t.Errorf("the full table was read %d times for 1000 newcomers within a second, want once", f.sweeps)
+	}
+	// A minute on, the first clients have refilled: the next sweep makes
+	// room, and a newcomer gets its own allowance again.
+	if err := r(1<<20, now.Add(time.Minute+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if f.sweeps != 2 || f.tracked() != 1 {
+		t.Errorf("after a minute: %d sweeps, %d clients tracked; want 2 and the newcomer alone", f.sweeps, f.tracked())
+	}
+}
+
 // IPv6 clients are told apart by /64; IPv4-mapped addresses are IPv4.
 func TestClientOf(t *testing.T) {
 	t.Parallel()

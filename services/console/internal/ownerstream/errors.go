@@ -1,6 +1,10 @@
 package ownerstream
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
 // Errors Serve returns before a stream opens, which the HTTP layer answers,
 // and the cause that ends an open stream for its key.
@@ -11,6 +15,9 @@ var (
 	ErrBadOwner = errors.New("invalid owner id")
 	// ErrOwnerLimit means the owner has the most streams allowed open.
 	ErrOwnerLimit = errors.New("too many streams for this owner")
+	// ErrOpenRate means the owner opens streams faster than allowed (each is
+	// a JetStream consumer); the error is an *OpenRateError with the wait.
+	ErrOpenRate = errors.New("streams opened too often for this owner")
 	// ErrTooManyStreams means this instance serves the most streams it may.
 	ErrTooManyStreams = errors.New("too many streams on this instance")
 	// ErrUnavailable means CLICKS cannot be read now (NATS away).
@@ -20,3 +27,13 @@ var (
 	// the stream ends, counted as revoked rather than as the client leaving.
 	ErrKeyRevoked = errors.New("api key revoked or rotated")
 )
+
+// OpenRateError is ErrOpenRate with the time until the owner may open its
+// next stream.
+type OpenRateError struct{ Wait time.Duration }
+
+func (e *OpenRateError) Error() string {
+	return fmt.Sprintf("%s: wait %s", ErrOpenRate, e.Wait.Round(time.Second))
+}
+
+func (e *OpenRateError) Unwrap() error { return ErrOpenRate }

@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_stream_skipped_total",
 			Help: "Messages an owner's stream did not send, by the readers' dead-letter reason (malformed, subject_mismatch, implausible_time, ...)."}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_refused_total",
-			Help: "Streams refused: owner_limit, instance_limit."}, []string{"reason"}),
+			Help: "Streams refused: owner_limit, instance_limit, open_rate (the owner opens streams too often)."}, []string{"reason"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "owner_streams_ended_total",
 			Help: "Streams ended: client (left), revoked (its API key revoked or rotated), write_error (not reading), shutdown, consumer (failed)."}, []string{"reason"}),
 	}

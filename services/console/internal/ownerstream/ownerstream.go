@@ -7,15 +7,19 @@
 // partition, that owner, every link). Each event's id is the click's CLICKS
 // stream sequence, so a client that reconnects with Last-Event-ID: N gets
 // the owner's clicks from sequence N+1: nothing lost and nothing repeated
-// across reconnects, as long as CLICKS still retains them (7 days). A
+// across reconnects, as long as CLICKS still retains them (7 days). A start
+// older than that gets a "gap" event first; a start beyond CLICKS' last
+// sequence (CLICKS re-created, or an ID it never gave) gets a "reset" event
+// and the stream goes on from CLICKS' end. A
 // payload whose owner is not the stream's owner is never sent, whatever the
 // subject says.
 //
 // The consumer is pulled only as fast as the client reads: the server holds
 // at most a small buffer per stream, and a client that stops reading is
 // disconnected by the write timeout (it resumes with Last-Event-ID). Streams
-// are limited per owner and in total; Close ends them all (at shutdown), and
-// clients reconnect to another instance.
+// are limited per owner and in total, and so is how often an owner opens
+// them (each open creates a consumer); Close ends them all (at shutdown),
+// and clients reconnect to another instance.
 package ownerstream
 
 import (
@@ -32,6 +36,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/services/console/internal/ordered"
@@ -125,6 +130,12 @@ type Config struct {
 	PerOwner int
 	// Max bounds all streams of this instance (default 1000).
 	Max int
+	// OpenBurst streams an owner may open at once, then one per
+	// OpenInterval (defaults 10 and 3s): each open creates a JetStream
+	// consumer, and an owner within its PerOwner could otherwise open and
+	// close them as fast as it likes.
+	OpenBurst    int
+	OpenInterval time.Duration
 	// Heartbeat is the interval of keepalive comments (default 15s).
 	Heartbeat time.Duration
 	// WriteTimeout disconnects a client that does not read (default 10s).
@@ -143,6 +154,12 @@ func (c *Config) defaults() {
 	}
 	if c.Max <= 0 {
 		c.Max = 1000
+	}
+	if c.OpenBurst <= 0 {
+		c.OpenBurst = 10
+	}
+	if c.OpenInterval <= 0 {
+		c.OpenInterval = 3 * time.Second
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = 15 * time.Second
@@ -178,12 +195,18 @@ type Streams struct {
 	mu       sync.Mutex
 	perOwner map[string]int
 	total    int
+	// opens is each owner's allowance of stream opens; an owner's entry is
+	// forgotten, at most once per refill period, when it is full again and
+	// the owner has no stream open.
+	opens     map[string]*rate.Limiter
+	nextPrune time.Time
 }
 
 // New returns the streams; Close ends them.
 func New(js jetstream.JetStream, cfg Config) *Streams {
 	cfg.defaults()
-	return &Streams{js: js, cfg: cfg, m: newMetrics(cfg.Metrics), stop: make(chan struct{}), perOwner: map[string]int{}}
+	return &Streams{js: js, cfg: cfg, m: newMetrics(cfg.Metrics), stop: make(chan struct{}), perOwner: map[string]int{},
+		opens: map[string]*rate.Limiter{}}
 }
 
 // Close ends every stream, open or opening; their clients reconnect.
@@ -196,7 +219,7 @@ func (s *Streams) Open() int {
 	return s.total
 }
 
-func (s *Streams) acquire(owner string) error {
+func (s *Streams) acquire(owner string, now time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -207,10 +230,35 @@ func (s *Streams) acquire(owner string) error {
 		s.m.refused.WithLabelValues("owner_limit").Inc()
 		return fmt.Errorf("owner %s has %d streams open: %w", owner, s.perOwner[owner], ErrOwnerLimit)
 	}
+	// Only a stream that opens takes from the allowance.
+	res := s.opensOf(owner, now).ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		s.m.refused.WithLabelValues("open_rate").Inc()
+		return fmt.Errorf("owner %s: %w", owner, &OpenRateError{Wait: d})
+	}
 	s.perOwner[owner]++
 	s.total++
 	s.m.open.Set(float64(s.total))
 	return nil
+}
+
+// opensOf is owner's allowance of stream opens; s.mu is held.
+func (s *Streams) opensOf(owner string, now time.Time) *rate.Limiter {
+	if !now.Before(s.nextPrune) {
+		for o, l := range s.opens {
+			if s.perOwner[o] == 0 && l.TokensAt(now) >= float64(s.cfg.OpenBurst) {
+				delete(s.opens, o)
+			}
+		}
+		s.nextPrune = now.Add(time.Duration(s.cfg.OpenBurst) * s.cfg.OpenInterval)
+	}
+	l, ok := s.opens[owner]
+	if !ok {
+		l = rate.NewLimiter(rate.Every(s.cfg.OpenInterval), s.cfg.OpenBurst)
+		s.opens[owner] = l
+	}
+	return l
 }
 
 func (s *Streams) release(owner string) {
@@ -233,7 +281,7 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	if !events.ValidToken(owner) {
 		return fmt.Errorf("stream clicks of %q: %w", owner, ErrBadOwner)
 	}
-	if err := s.acquire(owner); err != nil {
+	if err := s.acquire(owner, time.Now()); err != nil {
 		return fmt.Errorf("stream clicks of %s: %w", owner, err)
 	}
 	defer s.release(owner)
@@ -250,9 +298,17 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	}
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	firstSeq, err := s.firstSeq(octx)
+	firstSeq, lastSeq, err := s.bounds(octx)
 	if err != nil {
 		return fmt.Errorf("stream clicks of %s: %w: %w", owner, ErrUnavailable, err)
+	}
+	// A start beyond the stream's end is not a position CLICKS ever held
+	// (CLICKS was re-created, or the ID was made up): waiting there would
+	// show nothing until the sequences pass it. The stream starts at the
+	// end instead, and says so.
+	ahead := start.Seq > lastSeq+1
+	if ahead {
+		cfg.OptStartSeq = lastSeq + 1
 	}
 	it, err := ordered.Open(octx, s.js, events.ClicksStream, cfg, pullBuffer)
 	if err != nil {
@@ -271,6 +327,14 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 		// it knows its copy may have a hole, then send what there is.
 		gap, _ := json.Marshal(map[string]uint64{"requested_seq": start.Seq, "first_seq": firstSeq})
 		if stream.Write(sse.Event{Name: "gap", Data: gap}) != nil || stream.Flush() != nil {
+			s.end("write_error")
+			return nil
+		}
+	}
+
+	if ahead {
+		reset, _ := json.Marshal(map[string]uint64{"requested_seq": start.Seq, "last_seq": lastSeq})
+		if stream.Write(sse.Event{Name: "reset", Data: reset}) != nil || stream.Flush() != nil {
 			s.end("write_error")
 			return nil
 		}
@@ -347,16 +411,17 @@ func (s *Streams) pump(it *ordered.Iterator, owner string, ch chan<- sse.Event, 
 	}
 }
 
-func (s *Streams) firstSeq(ctx context.Context) (uint64, error) {
+// bounds are the first and last sequences CLICKS holds now.
+func (s *Streams) bounds(ctx context.Context) (first, last uint64, err error) {
 	st, err := s.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return info.State.FirstSeq, nil
+	return info.State.FirstSeq, info.State.LastSeq, nil
 }
 
 func (s *Streams) end(reason string) { s.m.ended.WithLabelValues(reason).Inc() }

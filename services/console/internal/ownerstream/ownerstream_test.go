@@ -1,6 +1,7 @@
 package ownerstream_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -250,5 +251,47 @@ func TestStartBeforeRetentionSaysSo(t *testing.T) {
 	}
 	if d := cmp.Diff(acme[2:], c.clicks(t, "acme", 3)); d != "" {
 		t.Errorf("clicks after the gap (-want +got):\n%s", d)
+	}
+}
+
+// A start beyond CLICKS' last sequence (CLICKS re-created, or a made-up
+// Last-Event-ID) gets a "reset" event at once, and the stream goes on from
+// CLICKS' end: it does not wait, silent, until the sequences pass the ID.
+func TestStartBeyondTheEndSaysSoAndFollowsFromThere(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	s := ownerstream.New(js, ownerstream.Config{})
+	srv := server(t, s)
+	last := publishMix(t, js, 3)[2] + 1 // globex's, the last click CLICKS holds
+	ahead := last + 1000
+
+	// Without the reset the first read would wait for sequence ahead+1:
+	// the request's deadline makes that a failure, not a hang.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	req.Header.Set("X-Owner", "acme")
+	req.Header.Set("Last-Event-ID", strconv.FormatUint(ahead, 10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resume beyond the end: %d", resp.StatusCode)
+	}
+	r := sse.NewReader(resp.Body)
+	e, err := r.Next()
+	if err != nil {
+		t.Fatalf("the first event of a resume beyond the end: %v", err)
+	}
+	want := `{"last_seq":` + strconv.FormatUint(last, 10) + `,"requested_seq":` + strconv.FormatUint(ahead+1, 10) + `}`
+	if e.Name != "reset" || string(e.Data) != want {
+		t.Fatalf("first event = %s %s, want reset %s", e.Name, e.Data, want)
+	}
+	// The clicks stored from then on arrive, with nothing before them.
+	next := publishMix(t, js, 2)
+	if d := cmp.Diff(next, consoletest.OwnerClicks(t, r, "acme", 2)); d != "" {
+		t.Errorf("clicks after the reset (-published +received):\n%s", d)
 	}
 }

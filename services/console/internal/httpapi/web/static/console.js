@@ -6,6 +6,10 @@
 
 const REFRESH_MS = Number(document.body.dataset.refreshMs) || 2000;
 const WAREHOUSE_MS = 30000;
+// POLL_TIMEOUT_MS gives up on a poll's request that has not answered: the
+// next poll waits for this one, so a request that never ends would stop
+// them all.
+const POLL_TIMEOUT_MS = 30000;
 const LIVE_ROWS = 100;
 
 // el builds an element: el('td', {class: 'num'}, 'text', childNode).
@@ -93,8 +97,8 @@ function readable(text) {
 function num(n) { return (n || 0).toLocaleString(); }
 function level(l) { return el('span', {class: 'badge lvl-' + l}, l); }
 
-async function request(method, path, body) {
-  const opts = {method, credentials: 'same-origin', headers: {Accept: 'application/json'}};
+async function request(method, path, body, signal) {
+  const opts = {method, credentials: 'same-origin', headers: {Accept: 'application/json'}, signal};
   if (body !== undefined) {
     opts.headers['Content-Type'] = 'application/json';
     opts.body = JSON.stringify(body);
@@ -137,7 +141,9 @@ function renderReaders(s) {
 // ---- replay
 
 let replayGroup = null;
-let replayPoll = null;
+// replayWatch numbers the replay being watched: a new watch, or closing the
+// dialog, ends the one before.
+let replayWatch = 0;
 
 function openReplay(g) {
   replayGroup = g.group;
@@ -167,17 +173,24 @@ async function submitReplay(ev) {
   }
 }
 
+// watchReplay polls the replay's progress every second, each poll after
+// the previous one answered.
 function watchReplay(group, id, out) {
-  clearInterval(replayPoll);
-  replayPoll = setInterval(async () => {
+  const watch = ++replayWatch;
+  const tick = async () => {
+    if (watch !== replayWatch) return;
+    let done = false;
     try {
-      const s = await request('GET', '/api/readers/' + encodeURIComponent(group) + '/replay');
-      if (s.id !== id) { out.textContent = `Another replay (${s.id}) was requested since.`; clearInterval(replayPoll); return; }
+      const s = await request('GET', '/api/readers/' + encodeURIComponent(group) + '/replay', undefined, AbortSignal.timeout(POLL_TIMEOUT_MS));
+      if (watch !== replayWatch) return;
+      if (s.id !== id) { out.textContent = `Another replay (${s.id}) was requested since.`; return; }
       out.textContent = `Replay ${id}: ${s.partitions_done} of ${s.partitions} partitions moved back` +
         (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…');
-      if (s.done) clearInterval(replayPoll);
+      done = s.done;
     } catch (err) { out.textContent = 'Cannot read the progress: ' + err.message; }
-  }, 1000);
+    if (!done) setTimeout(tick, 1000);
+  };
+  setTimeout(tick, 1000);
 }
 
 // ---- outbox, alerts
@@ -274,7 +287,7 @@ async function redriveGroup(source, reason, count) {
   if (!confirm(`Redrive ${count === 1 ? 'the 1 dead letter' : 'all ' + plural(count, 'dead letter')} of dead.${source}.${reason}? Fix their cause first.`)) return;
   try {
     const r = await request('POST', '/api/dlq/redrive', {source, reason});
-    alert(`${num(r.redriven)} redriven` + (r.refused.length ? `, ${num(r.refused.length)} cannot be (left in place)` : '') +
+    alert(`${num(r.redriven)} redriven` + (r.refused_count ? `, ${num(r.refused_count)} cannot be (left in place)` : '') +
       (r.incomplete ? `; stopped early (${r.error}): press again for the rest` : '') + '.');
   } catch (err) { alert('Redrive refused: ' + err.message); }
   poll();
@@ -331,26 +344,48 @@ document.getElementById('live-toggle').addEventListener('click', (ev) => {
 });
 
 // ---- polling
+//
+// One poll at a time: the next starts REFRESH_MS after the previous one
+// finished, so a slow server is not sent a pile of overlapping requests.
 
-async function poll() {
+async function pollPanels() {
+  const get = (path) => request('GET', path, undefined, AbortSignal.timeout(POLL_TIMEOUT_MS));
   const jobs = [
-    request('GET', '/api/readers').then(renderReaders, (e) => { failed('readers', e); failed('consumers', e); }),
-    request('GET', '/api/outbox').then(renderOutbox, (e) => failed('outbox', e)),
-    request('GET', '/api/webhooks').then(renderWebhooks, (e) => failed('webhooks', e)),
-    request('GET', '/api/alerts').then(renderAlerts, (e) => failed('alerts', e)),
-    request('GET', '/api/dlq').then(renderDLQ, (e) => failed('dlq', e)),
+    get('/api/readers').then(renderReaders, (e) => { failed('readers', e); failed('consumers', e); }),
+    get('/api/outbox').then(renderOutbox, (e) => failed('outbox', e)),
+    get('/api/webhooks').then(renderWebhooks, (e) => failed('webhooks', e)),
+    get('/api/alerts').then(renderAlerts, (e) => failed('alerts', e)),
+    get('/api/dlq').then(renderDLQ, (e) => failed('dlq', e)),
   ];
   await Promise.allSettled(jobs);
   document.getElementById('updated').textContent = 'Updated ' + new Date().toLocaleTimeString();
 }
 
+// poll refreshes the panels now. While a poll is in flight it starts none
+// beside it: it asks for one more after it (an action's result shows).
+let polling = null;
+let pollAgain = false;
+function poll() {
+  if (polling) { pollAgain = true; return polling; }
+  polling = (async () => {
+    do { pollAgain = false; await pollPanels(); } while (pollAgain);
+  })().finally(() => { polling = null; });
+  return polling;
+}
+
 async function pollWarehouse() {
-  await request('GET', '/api/warehouse').then(renderWarehouse, (e) => failed('warehouse', e));
+  await request('GET', '/api/warehouse', undefined, AbortSignal.timeout(POLL_TIMEOUT_MS)).then(renderWarehouse, (e) => failed('warehouse', e));
+}
+
+// every runs fn now, and again ms after each run finished.
+async function every(ms, fn) {
+  try { await fn(); } catch (err) { /* fn shows its own failures */ }
+  setTimeout(() => every(ms, fn), ms);
 }
 
 document.getElementById('replay-form').addEventListener('submit', submitReplay);
 document.getElementById('replay-close').addEventListener('click', () => {
-  clearInterval(replayPoll);
+  replayWatch++;
   document.getElementById('replay-dialog').close();
 });
 
@@ -369,8 +404,6 @@ function renderInitial() {
 }
 
 renderInitial();
-poll();
-pollWarehouse();
-setInterval(poll, REFRESH_MS);
-setInterval(pollWarehouse, WAREHOUSE_MS);
+every(REFRESH_MS, poll);
+every(WAREHOUSE_MS, pollWarehouse);
 startLive();
