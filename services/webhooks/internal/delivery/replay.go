@@ -29,7 +29,7 @@ import (
 // too) and refills it. A replay in progress when the instance stops is
 // not resumed: a stop marks it failed. A crash cannot mark it, so each
 // replay queued or running here holds a lease in Redis that Run renews
-// every LeaseTTL/3: once its instance is gone the lease lapses and the
+// every LeaseTTL/10: once its instance is gone the lease lapses and the
 // replay reads as interrupted (redisstore.ReplayInterrupted), and the
 // owner asks again.
 type Replayer struct {
@@ -64,7 +64,7 @@ type ReplayerConfig struct {
 	Instance string
 	// LeaseTTL is how long a replay of an instance that stopped renewing
 	// (crashed) reads as queued or running before it reads as
-	// interrupted; the leases are renewed every LeaseTTL/3.
+	// interrupted; the leases are renewed every LeaseTTL/10.
 	LeaseTTL time.Duration
 }
 
@@ -100,13 +100,23 @@ func (r *Replayer) release(j replayJob) {
 	}
 }
 
-// renew extends the leases of the replays held here every LeaseTTL/3, all
+// renew extends the leases of the replays held here every LeaseTTL/10, all
 // in one round trip, until ctx ends. A replay superseded by a newer request
-// or whose lease lapsed (Redis out of reach for longer than the lease: it
-// reads as interrupted, and the owner may have asked again) is no longer
-// renewed; one the renewal failed for is tried again next time.
+// or whose lease lapsed (it reads as interrupted, and the owner may have
+// asked again) is no longer renewed; one the renewal failed for is tried
+// again next time.
+//
+// A lapse is for good, so the renewals leave most of the lease as slack:
+// coming a tenth of it apart, the first renewal after Redis was out of
+// reach for less than nine tenths of the lease (less a renewal's own time)
+// still finds it, and so does the retry of one stuck for the Redis
+// client's read timeout (2 s by default, of the default 3 s lease).
+// Renewed every third, two failed renewals in a row (Redis out of reach for
+// a little over a third of the lease) left the next one due as the lease
+// lapsed, and the retry of one stuck for the read timeout came as it
+// lapsed.
 func (r *Replayer) renew(ctx context.Context) {
-	t := time.NewTicker(r.leaseTTL / 3)
+	t := time.NewTicker(r.leaseTTL / 10)
 	defer t.Stop()
 	for {
 		select {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -357,5 +358,186 @@ func TestAReplayWhoseInstanceCrashedReadsInterruptedAndIsAskedAgain(t *testing.T
 	}
 	if d := cmp.Diff(want, queued); d != "" {
 		t.Errorf("queue after the replay asked again, event IDs (-want +got):\n%s", d)
+	}
+}
+
+// blipping is a go-redis hook for an instance's Redis client: it holds the
+// first queue write of endpoint queue (a replay copying) until released,
+// and, once armed, fails every command for length from after past the next
+// renewal of a replay lease that succeeded: a Redis that refuses the
+// instance's connections for a while (a restart, a failover, a proxy),
+// then serves it again.
+type blipping struct {
+	queue         string
+	blocked       chan struct{} // closed when the queue write is held
+	release       chan struct{} // closed to let it go on
+	held          atomic.Bool
+	armed         atomic.Bool
+	after, length time.Duration
+
+	mu       sync.Mutex
+	from, to time.Time // the blip, once armed and set
+}
+
+var errBlip = errors.New("redis out of reach")
+
+func (h *blipping) window() (from, to time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.from, h.to
+}
+
+func (h *blipping) down() bool {
+	from, to := h.window()
+	now := time.Now()
+	return !from.IsZero() && !now.Before(from) && now.Before(to)
+}
+
+// renews: cmds are a renewal of replay leases (RenewReplays' pipeline of
+// scripts; an endpoint's read has the lease's key too, in a GET).
+func renews(cmds []redis.Cmder) bool {
+	return slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+		return c.Name() == "evalsha" && slices.ContainsFunc(c.Args(), func(a any) bool {
+			s, ok := a.(string)
+			return ok && strings.HasSuffix(s, "}:replay_lease")
+		})
+	})
+}
+
+func (h *blipping) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *blipping) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if h.down() {
+			c.SetErr(errBlip)
+			return errBlip
+		}
+		return next(ctx, c)
+	}
+}
+
+func (h *blipping) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		writesQueue := slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(h.queue)) })
+		if writesQueue && h.held.CompareAndSwap(false, true) {
+			close(h.blocked)
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+			}
+		}
+		if h.down() {
+			for _, c := range cmds {
+				c.SetErr(errBlip)
+			}
+			return errBlip
+		}
+		err := next(ctx, cmds)
+		if err == nil && renews(cmds) && h.armed.CompareAndSwap(true, false) {
+			h.mu.Lock()
+			h.from = time.Now().Add(h.after)
+			h.to = h.from.Add(h.length)
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// TestARunningReplayOutlivesARedisBlipShorterThanItsLease: a replay's
+// lease lapses for good (the replay reads interrupted, and its instance
+// never renews it again), so a live instance must not let it lapse when
+// Redis is out of its reach for less than the lease. Renewed every third
+// of the lease, it lapsed under a blip of eight tenths of it (2.4 s of the
+// default 3 s) that began a little before a renewal was due: that renewal
+// and the next failed, and the one after came as the lease ran out. The
+// instance here loses Redis (every command fails) for 2.4 s, from 0.81 s
+// after a renewal succeeded, while its replay is held mid-copy; read
+// through another client, the replay stays running throughout and after,
+// and once let go it is done.
+func TestARunningReplayOutlivesARedisBlipShorterThanItsLease(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, db := servers.Redis.NewDB(t)
+	const leaseTTL = 3 * time.Second // WEBHOOKS_LEASE_TTL's default
+	ep := endpoint.Endpoint{ID: "ep_blip", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+	blip := &blipping{queue: "snip:wh:{" + ep.ID + "}:q", blocked: make(chan struct{}), release: make(chan struct{}),
+		after: leaseTTL * 27 / 100, length: leaseTTL * 8 / 10}
+	var releaseOnce sync.Once
+	releaseNow := func() { releaseOnce.Do(func() { close(blip.release) }) }
+	t.Cleanup(releaseNow)
+	blippingRDB := redis.NewClient(&redis.Options{Addr: servers.Redis.Addr, DB: db})
+	t.Cleanup(func() { _ = blippingRDB.Close() })
+	blippingRDB.AddHook(blip)
+
+	store := redisstore.New(rdb, 100_000)
+	bstore := redisstore.New(blippingRDB, 100_000)
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayer := delivery.NewReplayer(js, bstore, delivery.NewIntake(bstore, m), slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "b", LeaseTTL: leaseTTL})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	admin := &delivery.Admin{Store: bstore, Replayer: replayer}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().UTC()
+	const clicks = 3
+	for range clicks {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		cb, _ := json.Marshal(c)
+		if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replayState := func() redisstore.Replay {
+		t.Helper()
+		_, st, err := store.Get(ctx, ep.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Replay
+	}
+
+	if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-blip.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the replay never copied: %+v", replayState())
+	}
+	blip.armed.Store(true)
+	testenv.WaitFor(t, 10*time.Second, "a renewal of the replay's lease", func() bool { f, _ := blip.window(); return !f.IsZero() })
+	blipFrom, blipTo := blip.window()
+	// Through the blip, and a third of the lease past it: a lease that lapsed
+	// in it reads interrupted by then.
+	var got redisstore.Replay
+	testenv.Poll(blipTo.Sub(time.Now())+leaseTTL/3, func() bool {
+		got = replayState()
+		return got.State != redisstore.ReplayRunning
+	})
+	if got.State != redisstore.ReplayRunning {
+		t.Fatalf("the replay, its instance out of Redis' reach for %s (%s to %s after a renewal; its lease: %s), read at %s after the renewal: %+v; want running",
+			blip.length, blip.after, blip.after+blip.length, leaseTTL, time.Since(blipFrom.Add(-blip.after)).Round(time.Millisecond), got)
+	}
+
+	releaseNow()
+	if !testenv.Poll(30*time.Second, func() bool {
+		got = replayState()
+		return got.State != redisstore.ReplayRunning
+	}) || got.State != redisstore.ReplayDone || got.Events != clicks {
+		t.Fatalf("the replay let go after the blip: %+v; want done with %d events", got, clicks)
 	}
 }
