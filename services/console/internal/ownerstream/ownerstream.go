@@ -9,8 +9,8 @@
 // the owner's clicks from sequence N+1: nothing lost and nothing repeated
 // across reconnects, as long as CLICKS still retains them (7 days). A start
 // older than that gets a "gap" event first; a start beyond CLICKS' last
-// sequence (CLICKS re-created, or an ID it never gave) gets a "reset" event
-// and the stream goes on from CLICKS' end. A
+// sequence (CLICKS re-created, or an ID it never gave) gets a "reset" event,
+// whose id is CLICKS' last sequence, and the stream goes on from there. A
 // payload whose owner is not the stream's owner is never sent, whatever the
 // subject says.
 //
@@ -333,8 +333,13 @@ func (s *Streams) Serve(ctx context.Context, w http.ResponseWriter, owner string
 	}
 
 	if ahead {
+		// Its id is where the stream now stands: a client that reconnects
+		// before a click of its owner arrives resumes from there, not from
+		// its ID beyond the end, which would reset it to the end of then and
+		// skip the clicks stored in between.
 		reset, _ := json.Marshal(map[string]uint64{"requested_seq": start.Seq, "last_seq": lastSeq})
-		if stream.Write(sse.Event{Name: "reset", Data: reset}) != nil || stream.Flush() != nil {
+		ev := sse.Event{ID: strconv.FormatUint(lastSeq, 10), Name: "reset", Data: reset}
+		if stream.Write(ev) != nil || stream.Flush() != nil {
 			s.end("write_error")
 			return nil
 		}

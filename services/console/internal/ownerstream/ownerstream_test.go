@@ -295,3 +295,50 @@ func TestStartBeyondTheEndSaysSoAndFollowsFromThere(t *testing.T) {
 		t.Errorf("clicks after the reset (-published +received):\n%s", d)
 	}
 }
+
+// The reset carries CLICKS' last sequence as its id, so a client that
+// reconnects after it, before any click of its owner arrived, resumes where
+// the reset left it: the clicks stored while it was away arrive. Without the
+// id the client would come back with the same ID beyond the end, be reset
+// again to the end of then, and never see the clicks in between.
+func TestAReconnectAfterAResetLosesNothing(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	s := ownerstream.New(js, ownerstream.Config{})
+	srv := server(t, s)
+	last := publishMix(t, js, 3)[2] + 1
+	ahead := strconv.FormatUint(last+1000, 10)
+
+	first := connect(t, srv.URL, "acme", ahead)
+	e, err := first.r.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Name != "reset" {
+		t.Fatalf("first event = %s %s, want reset", e.Name, e.Data)
+	}
+	// What an EventSource sends on its reconnect: the last id it was given,
+	// else the one it resumed with.
+	held := ahead
+	if e.ID != "" {
+		held = e.ID
+	}
+	first.resp.Body.Close() // the client goes away before a click of its own
+
+	away := publishMix(t, js, 2) // acme's clicks while it is away
+	second := connect(t, srv.URL, "acme", held)
+	e, err = second.r.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Name != "click" {
+		t.Fatalf("reconnected with Last-Event-ID %s after the reset: first event %s %s, want acme's click %d", held, e.Name, e.Data, away[0])
+	}
+	var c ownerstream.Click
+	if err := json.Unmarshal(e.Data, &c); err != nil {
+		t.Fatal(err)
+	}
+	if got := append([]uint64{c.Seq}, second.clicks(t, "acme", 1)...); !cmp.Equal(away, got) {
+		t.Errorf("acme's clicks after the reconnect = %v, want those published while it was away, %v", got, away)
+	}
+}

@@ -89,8 +89,9 @@ type API struct {
 
 // Register mounts the routes, the error handler and the request metrics on e.
 // Every path routed on e by then, the probes' included, answers OPTIONS (204
-// with Allow) through a counted route; a route added after Register gets
-// echo's own, uncounted answer.
+// with Allow) through a counted route. Add every route before Register: an
+// OPTIONS to a path routed later is answered by /:code's OPTIONS route
+// (echo falls back to it, and it matches any path), with /:code's Allow.
 func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "redirect", Name: "http_requests_total",
