@@ -41,7 +41,8 @@ type Server struct {
 }
 
 // New builds the echo instance, registers Go runtime and process collectors
-// on reg, and mounts /healthz, /readyz and /metrics (served from reg).
+// on reg, and mounts /healthz, /readyz and /metrics (served from reg; GET
+// and HEAD).
 func New(log *slog.Logger, reg *prometheus.Registry) *Server {
 	e := echo.New()
 	e.HideBanner = true
@@ -52,11 +53,15 @@ func New(log *slog.Logger, reg *prometheus.Registry) *Server {
 	s := &Server{Echo: e, log: log, checks: map[string]Check{}}
 
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	e.GET("/healthz", func(c echo.Context) error {
+	// The probes answer HEAD as GET (status only): load balancers often
+	// probe with HEAD, and beside a catch-all route (the redirect's
+	// "/:code") echo would otherwise hand HEAD /healthz to it.
+	probe := []string{http.MethodGet, http.MethodHead}
+	e.Match(probe, "/healthz", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
-	e.GET("/readyz", s.readyz)
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
+	e.Match(probe, "/readyz", s.readyz)
+	e.Match(probe, "/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})))
 	return s
 }
 

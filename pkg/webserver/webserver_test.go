@@ -158,3 +158,26 @@ func TestReadyzChecksDoNotShareOneDeadline(t *testing.T) {
 		t.Errorf("/readyz = %d %v, want 503 with a-slow timed out and b-fast ok", rec.Code, got)
 	}
 }
+
+// Load balancers often probe with HEAD. A probe route answers it as GET
+// (status only), also beside a service's catch-all route (the redirect's
+// "/:code"), which would otherwise take HEAD /healthz as a link's code.
+func TestProbesAnswerHEAD(t *testing.T) {
+	t.Parallel()
+	for _, catchAll := range []bool{false, true} {
+		s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		s.AddReadiness("ok", func(context.Context) error { return nil })
+		if catchAll {
+			notFound := func(c echo.Context) error { return c.NoContent(http.StatusNotFound) }
+			s.Echo.GET("/:code", notFound)
+			s.Echo.HEAD("/:code", notFound)
+		}
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			rec := httptest.NewRecorder()
+			s.Echo.ServeHTTP(rec, httptest.NewRequest(http.MethodHead, path, nil))
+			if rec.Code != http.StatusOK {
+				t.Errorf("HEAD %s (beside a catch-all route: %v) = %d, want 200", path, catchAll, rec.Code)
+			}
+		}
+	}
+}

@@ -122,7 +122,7 @@ func TestOptionsIsCounted(t *testing.T) {
 		{"the_link_api", "/api/links", "/api/links", "OPTIONS, POST"},
 		{"a_link", "/api/links/abc123", "/api/links/:code", "OPTIONS, DELETE, GET"},
 		{"the_redirect_route", "/abc123", "/:code", "OPTIONS, GET, HEAD"},
-		{"a_probe", "/healthz", "/healthz", "OPTIONS, GET"},
+		{"a_probe", "/healthz", "/healthz", "OPTIONS, GET, HEAD"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
