@@ -566,7 +566,8 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 //     before the ack, a new owner) queues nothing twice, in O(1) memory.
 //   - DedupID: each event ID is remembered for DedupTTL (fraud alerts,
 //     which are few).
-//   - DedupNone: replays and test events.
+//   - DedupNone: test events (a replay's copies, queued as DedupNone,
+//     go through EnqueueReplay).
 //
 // An endpoint deleted meanwhile gets nothing (an intake batch routed with
 // the endpoints loaded before the delete, a replay still copying): its
@@ -595,26 +596,12 @@ func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 }
 
 func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
-	cmds := map[string]*redis.Cmd{}
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for id, evs := range byEndpoint {
-			args := []any{int(mode), partition, s.MaxBacklog, int64(DedupTTL / time.Second)}
-			for _, e := range evs {
-				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
-			}
-			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep")}, args...)
-		}
-		return nil
-	})
+	res, err := s.runEnqueue(ctx, mode, partition, byEndpoint, ReplayHold{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("enqueue: %w", err)
+		return nil, nil, err
 	}
 	added, dropped = map[string]int64{}, map[string]int64{}
-	for id, c := range cmds {
-		r, err := c.Int64Slice()
-		if err != nil || len(r) != 2 {
-			return nil, nil, fmt.Errorf("enqueue for %s: %v", id, err)
-		}
+	for id, r := range res {
 		if r[0] > 0 {
 			added[id] = r[0]
 		}
@@ -623,6 +610,85 @@ func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 		}
 	}
 	return added, dropped, nil
+}
+
+// runEnqueue runs enqueueScript once per endpoint, in one pipeline, for
+// replay hold (none when its ID is empty), and returns each endpoint's
+// {added, dropped} as the script answered.
+func (s *Store) runEnqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event, hold ReplayHold) (map[string][]int64, error) {
+	cmds := map[string]*redis.Cmd{}
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for id, evs := range byEndpoint {
+			args := []any{int(mode), partition, s.MaxBacklog, int64(DedupTTL / time.Second), hold.ID, hold.Holder}
+			for _, e := range evs {
+				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
+			}
+			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep"), k(id, "replay_lease")}, args...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	res := make(map[string][]int64, len(cmds))
+	for id, c := range cmds {
+		r, err := c.Int64Slice()
+		if err != nil || len(r) != 2 {
+			return nil, fmt.Errorf("enqueue for %s: %v", id, err)
+		}
+		res[id] = r
+	}
+	return res, nil
+}
+
+// ReplayHold names a replay and the instance holding its lease, for the
+// writes the replay makes to the endpoint's queue (EnqueueReplay).
+type ReplayHold struct {
+	// ID is the replay's (Replay.ID).
+	ID string
+	// Holder is the instance holding its lease (ReplayLease.Holder).
+	Holder string
+}
+
+// EnqueueReplay appends a replay's copied events to endpoint id's queue,
+// as Enqueue does with DedupNone, while hold's replay is the endpoint's
+// latest and hold.Holder holds its lease; otherwise it queues nothing and
+// returns ErrReplaySuperseded or ErrReplayLeaseLapsed (endpoint.ErrNotFound
+// is not returned: a deleted endpoint gets nothing, as from Enqueue). The
+// check is the queueing script's own, so it is atomic with the write: a
+// replay superseded by a newer request, or whose lease lapsed (it reads
+// interrupted, and the owner may have asked again), queues nothing after
+// the newer request was stored or the lease lapsed. A superseded replay's
+// copies that landed later would survive the newer replay's clear (it
+// drops what is queued when it runs) and reach the receiver twice, once
+// from each replay.
+func (s *Store) EnqueueReplay(ctx context.Context, id string, hold ReplayHold, evs []Event) (added, dropped int64, err error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return 0, 0, fmt.Errorf("enqueue replay for %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	if len(evs) == 0 {
+		return 0, 0, nil
+	}
+	byEndpoint := map[string][]Event{id: evs}
+	res, err := s.runEnqueue(ctx, DedupNone, 0, byEndpoint, hold)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if lerr := enqueueScript.Load(ctx, s.rdb).Err(); lerr != nil {
+			return 0, 0, fmt.Errorf("enqueue replay: load script: %w", lerr)
+		}
+		res, err = s.runEnqueue(ctx, DedupNone, 0, byEndpoint, hold)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("enqueue replay %s: %w", hold.ID, err)
+	}
+	switch r := res[id]; r[0] {
+	case -1:
+		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+	case -2:
+		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+	default:
+		s.replicated(ctx, "enqueue", []string{k(id, "q")})
+		return r[0], r[1], nil
+	}
 }
 
 // Dedup says how Enqueue skips duplicates.
@@ -639,16 +705,23 @@ const (
 const DedupTTL = 24 * time.Hour
 
 // enqueueScript: KEYS = the queue, the partition marks, the seen keys'
-// prefix, the endpoint (nothing is queued once its configuration is gone);
-// ARGV = mode, partition, maxlen, ttl, then (seq, id, type, ts, data) per
-// event. Returns {added, dropped}.
+// prefix, the endpoint (nothing is queued once its configuration is gone),
+// the replay's lease; ARGV = mode, partition, maxlen, ttl, the replay
+// queueing (empty: none) and its lease's holder, then (seq, id, type, ts,
+// data) per event. Returns {added, dropped}; for a replay, {-1, 0} when
+// another replay is the endpoint's latest, {-2, 0} when the holder no
+// longer holds its lease (nothing queued).
 var enqueueScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[4], 'cfg') == 0 then return {0, 0} end
+if ARGV[5] ~= '' then
+  if (redis.call('HGET', KEYS[4], 'replay_id') or '') ~= ARGV[5] then return {-1, 0} end
+  if redis.call('GET', KEYS[5]) ~= ARGV[6] then return {-2, 0} end
+end
 local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local hw = 0
 if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
 local top, added, dropped = hw, 0, 0
-for i = 5, #ARGV, 5 do
+for i = 7, #ARGV, 5 do
   local seq = tonumber(ARGV[i])
   local ok = true
   if mode == 1 then
