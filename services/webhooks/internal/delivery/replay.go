@@ -32,11 +32,14 @@ import (
 // every LeaseTTL/10: once its instance is gone the lease lapses and the
 // replay reads as interrupted (redisstore.ReplayInterrupted), and the
 // owner asks again. A replay superseded by a newer request (through any
-// instance) or whose lease lapsed stops copying at its next batch: each
-// batch is queued by a script that refuses it once the replay is no longer
-// the endpoint's latest or its lease is gone (redisstore.Store.EnqueueReplay),
-// so nothing it copies lands after the newer replay's clear, where it would
-// stay and reach the receiver a second time. It then writes no state.
+// instance) or whose lease lapsed stops at its next write: its cut, each
+// chunk of its clear and each batch it copies are written by scripts that
+// refuse them once the replay is no longer the endpoint's latest or its
+// lease is gone (redisstore.Store.UpdateAsReplay, ClearUpTo, EnqueueReplay).
+// So nothing it copies lands after the newer replay's clear, where it would
+// stay and reach the receiver a second time, and it neither lowers the
+// newer replay's cut nor deletes what that one copied. It then writes no
+// state.
 type Replayer struct {
 	js       jetstream.JetStream
 	store    *redisstore.Store
@@ -233,9 +236,9 @@ func (r *Replayer) run(ctx context.Context, j replayJob) {
 	}
 	n, err := r.replay(ctx, j.id, redisstore.ReplayHold{ID: j.state.ID, Holder: r.instance}, j.state.From)
 	if errors.Is(err, redisstore.ErrReplaySuperseded) || errors.Is(err, redisstore.ErrReplayLeaseLapsed) {
-		// It stopped copying as soon as a newer replay was asked for
-		// (which refills all this one would) or its lease lapsed (it
-		// reads as interrupted): its state is no longer its to write.
+		// It stopped as soon as a newer replay was asked for (which
+		// refills all this one would) or its lease lapsed (it reads as
+		// interrupted): its state is no longer its to write.
 		r.log.Info("webhooks: replay stopped", "endpoint", j.id, "replay", j.state.ID, "events", n, "reason", err)
 		r.release(j)
 		return
@@ -295,10 +298,11 @@ func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64
 // replay marks endpoint id (live intake skips events up to the streams'
 // current last sequences from now on), drops its queued events up to those
 // sequences, and copies the owner's events stored since from up to them
-// into the queue, as replay hold. It returns how many it queued. Each
-// batch it queues is refused, and the copy ends with
-// redisstore.ErrReplaySuperseded or redisstore.ErrReplayLeaseLapsed, once
-// hold is no longer the endpoint's latest replay or its lease lapsed.
+// into the queue, as replay hold. It returns how many it queued. The cut,
+// each chunk of the clear and each batch it queues are refused, and the
+// replay ends with redisstore.ErrReplaySuperseded or
+// redisstore.ErrReplayLeaseLapsed, once hold is no longer the endpoint's
+// latest replay or its lease lapsed.
 func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.ReplayHold, from time.Time) (int, error) {
 	clicksUpto, err := lastSeq(ctx, r.js, events.ClicksStream)
 	if err != nil {
@@ -310,7 +314,10 @@ func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.Replay
 	}
 	// Version-checked: a rotation, pause or disable at the same moment keeps
 	// its change, and an endpoint deleted since the request stays deleted.
-	e, _, err := r.store.Update(ctx, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+	// Written only while hold is the latest replay holding its lease, as
+	// the clear and every batch: a superseded one must not lower the newer
+	// one's cut, nor delete what it copied.
+	e, _, err := r.store.UpdateAsReplay(ctx, id, hold, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
 		e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
 		e.Generation++
 		return redisstore.WriteConfig, nil
@@ -321,7 +328,7 @@ func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.Replay
 	// Only what the replay refills goes: intake may have queued clicks
 	// after the cut already (it hears of the new cut when it reloads the
 	// endpoint), and nothing else would bring those back.
-	if _, err := r.store.ClearUpTo(ctx, e.ID, clicksUpto, alertsUpto); err != nil {
+	if _, err := r.store.ClearUpTo(ctx, e.ID, hold, clicksUpto, alertsUpto); err != nil {
 		return 0, err
 	}
 	n := 0

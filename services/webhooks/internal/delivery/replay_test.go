@@ -543,10 +543,10 @@ func TestARunningReplayOutlivesARedisBlipShorterThanItsLease(t *testing.T) {
 }
 
 // holding is a go-redis hook for an instance's Redis client: it holds the
-// first queue write of endpoint queue (a replay copying) until released.
+// first pipeline that match accepts until released.
 type holding struct {
-	queue   string
-	blocked chan struct{} // closed when the queue write is held
+	match   func(ctx context.Context, cmds []redis.Cmder) bool
+	blocked chan struct{} // closed when the pipeline is held
 	release chan struct{} // closed to let it go on
 	held    atomic.Bool
 }
@@ -556,8 +556,7 @@ func (h *holding) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return
 
 func (h *holding) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		writesQueue := slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(h.queue)) })
-		if writesQueue && h.held.CompareAndSwap(false, true) {
+		if !h.held.Load() && h.match(ctx, cmds) && h.held.CompareAndSwap(false, true) {
 			close(h.blocked)
 			select {
 			case <-h.release:
@@ -568,7 +567,7 @@ func (h *holding) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// TestAReplayStopsCopyingOnceSupersededOrItsLeaseLapsed: a replay went on
+// TestAReplayStopsOnceSupersededOrItsLeaseLapsed: a replay went on
 // copying events into the endpoint's queue until it ended, after a newer
 // replay of the endpoint was asked for (through another instance) or after
 // its lease lapsed (it read interrupted). The newer replay cut, cleared
@@ -579,50 +578,51 @@ func (h *holding) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // newer replay cut) while instance a's replay supersedes it and runs to
 // done, or while b's lease lapses; let go, b's batch is refused: each
 // event is queued once (none, after the lapse: b had cleared the queue),
-// and b's replay ends without writing its state.
-func TestAReplayStopsCopyingOnceSupersededOrItsLeaseLapsed(t *testing.T) {
+// and b's replay ends without writing its state. Held before its cut
+// instead (after its running write), b's replay must neither cut nor
+// clear once let go: its clear would delete a's copies, which b, stopped
+// from copying, would not bring back.
+func TestAReplayStopsOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 	t.Parallel()
+	supersede := func(t *testing.T, a *delivery.Admin, _ *redis.Client, ep string, held redisstore.Replay) redisstore.Replay {
+		if err := a.Replay(t.Context(), "acme", ep, held.From); err != nil {
+			t.Fatal(err)
+		}
+		var got redisstore.Replay
+		if !testenv.Poll(30*time.Second, func() bool {
+			s, err := a.Get(t.Context(), "acme", ep)
+			got = s.Replay
+			return err == nil && (got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed)
+		}) || got.State != redisstore.ReplayDone || got.ID == held.ID {
+			t.Fatalf("the newer replay: %+v; want done", got)
+		}
+		return got
+	}
+	lapse := func(t *testing.T, a *delivery.Admin, rdb *redis.Client, ep string, _ redisstore.Replay) redisstore.Replay {
+		// As it lapses: nothing renews a lease that is gone.
+		if err := rdb.Del(t.Context(), "snip:wh:{"+ep+"}:replay_lease").Err(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := a.Get(t.Context(), "acme", ep)
+		if err != nil || s.Replay.State != redisstore.ReplayInterrupted {
+			t.Fatalf("the replay after its lease lapsed: %+v, %v; want interrupted", s.Replay, err)
+		}
+		return s.Replay
+	}
 	tests := []struct {
 		name string
+		// cut: b's replay is held as it reads the endpoint for its cut;
+		// else at its first batch.
+		cut bool
 		// meanwhile supersedes or interrupts b's held replay, and returns
 		// the endpoint's replay as it should stay.
 		meanwhile func(t *testing.T, a *delivery.Admin, rdb *redis.Client, ep string, held redisstore.Replay) redisstore.Replay
 		// queued is whether each event is to be queued (once) or none.
 		queued bool
 	}{
-		{
-			name: "superseded_by_a_newer_replay_through_another_instance",
-			meanwhile: func(t *testing.T, a *delivery.Admin, _ *redis.Client, ep string, held redisstore.Replay) redisstore.Replay {
-				if err := a.Replay(t.Context(), "acme", ep, held.From); err != nil {
-					t.Fatal(err)
-				}
-				var got redisstore.Replay
-				if !testenv.Poll(30*time.Second, func() bool {
-					s, err := a.Get(t.Context(), "acme", ep)
-					got = s.Replay
-					return err == nil && (got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed)
-				}) || got.State != redisstore.ReplayDone || got.ID == held.ID {
-					t.Fatalf("the newer replay: %+v; want done", got)
-				}
-				return got
-			},
-			queued: true,
-		},
-		{
-			name: "its_lease_lapsed",
-			meanwhile: func(t *testing.T, a *delivery.Admin, rdb *redis.Client, ep string, held redisstore.Replay) redisstore.Replay {
-				// As it lapses: nothing renews a lease that is gone.
-				if err := rdb.Del(t.Context(), "snip:wh:{"+ep+"}:replay_lease").Err(); err != nil {
-					t.Fatal(err)
-				}
-				s, err := a.Get(t.Context(), "acme", ep)
-				if err != nil || s.Replay.State != redisstore.ReplayInterrupted {
-					t.Fatalf("the replay after its lease lapsed: %+v, %v; want interrupted", s.Replay, err)
-				}
-				return s.Replay
-			},
-			queued: false,
-		},
+		{name: "superseded_mid_copy_by_a_newer_replay_through_another_instance", meanwhile: supersede, queued: true},
+		{name: "its_lease_lapsed_mid_copy", meanwhile: lapse, queued: false},
+		{name: "superseded_before_its_cut", cut: true, meanwhile: supersede, queued: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -639,7 +639,25 @@ func TestAReplayStopsCopyingOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 			// b's replays run one at a time: once this one's is done, b's
 			// replay of ep has ended.
 			next := endpoint.Endpoint{ID: "ep_next", Owner: "acme", URL: "https://example.com/next", Types: []string{endpoint.TypeClick}}
-			hold := &holding{queue: "snip:wh:{" + ep.ID + "}:q", blocked: make(chan struct{}), release: make(chan struct{})}
+			epKey, queueKey := "snip:wh:{"+ep.ID+"}:ep", "snip:wh:{"+ep.ID+"}:q"
+			hold := &holding{blocked: make(chan struct{}), release: make(chan struct{}), match: func(_ context.Context, cmds []redis.Cmder) bool {
+				return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(queueKey)) })
+			}}
+			if tc.cut {
+				// The endpoint's read (HGETALL) while b's replay reads
+				// running: its cut's, not the request's.
+				hold.match = func(ctx context.Context, cmds []redis.Cmder) bool {
+					reads := slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+						return c.Name() == "hgetall" && slices.Contains(c.Args(), any(epKey))
+					})
+					if !reads {
+						return false
+					}
+					var r redisstore.Replay
+					b, err := rdb.HGet(ctx, epKey, "replay").Bytes()
+					return err == nil && json.Unmarshal(b, &r) == nil && r.State == redisstore.ReplayRunning
+				}
+			}
 			var releaseOnce sync.Once
 			releaseNow := func() { releaseOnce.Do(func() { close(hold.release) }) }
 			t.Cleanup(releaseNow)
@@ -696,13 +714,17 @@ func TestAReplayStopsCopyingOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 			select {
 			case <-hold.blocked:
 			case <-time.After(30 * time.Second):
-				t.Fatalf("b's replay never copied: %+v", replayOf(ep.ID))
+				t.Fatalf("b's replay never got to the held write: %+v", replayOf(ep.ID))
 			}
 			held := replayOf(ep.ID)
 			if held.State != redisstore.ReplayRunning {
-				t.Fatalf("b's replay held mid-copy: %+v; want running", held)
+				t.Fatalf("b's replay held: %+v; want running", held)
 			}
 			stays := tc.meanwhile(t, a, rdb, ep.ID, held)
+			cut, _, err := store.Get(ctx, ep.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
 
 			releaseNow()
 			if err := b.Replay(ctx, "acme", next.ID, from); err != nil {
@@ -718,6 +740,14 @@ func TestAReplayStopsCopyingOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 
 			if d := cmp.Diff(stays, replayOf(ep.ID)); d != "" {
 				t.Errorf("the endpoint's replay once b's held replay ended (-want +got):\n%s", d)
+			}
+			after, _, err := store.Get(ctx, ep.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.ReplayClicksUpto != cut.ReplayClicksUpto || after.Generation != cut.Generation {
+				t.Errorf("the endpoint's cut once b's held replay ended: %d (generation %d), want %d (generation %d) as before it was let go",
+					after.ReplayClicksUpto, after.Generation, cut.ReplayClicksUpto, cut.Generation)
 			}
 			evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
 			if err != nil {

@@ -247,18 +247,35 @@ const maxUpdateTries = 100
 
 // Update changes endpoint id's configuration with edit and returns it as
 // written, with its delivery state. Every change of a stored endpoint (a
-// rotation, pause and resume, a replay's cut, the sender's disable) goes
-// through it: the configuration is one JSON value, so a change of one field
+// rotation, pause and resume, the sender's disable; a replay's cut, through
+// UpdateAsReplay) goes through it: the configuration is one JSON value, so a change of one field
 // writes them all, and two read-modify-writes at once would each write
 // back the other's fields as they read them (a disable racing a rotation
 // would bring the old secret back). So the write is a compare-and-set: one
 // script writes only if the hash's revision is still the one read, and
 // bumps it; otherwise Update reads again and edits afresh. The script
 // writes nothing once the configuration is gone, so no Update brings a
-// deleted endpoint back: it returns endpoint.ErrNotFound. The hash is in
-// the endpoint's slot; the version that tells every instance to reload
-// follows.
+// deleted endpoint back: it returns endpoint.ErrNotFound. The hash (and
+// the replay's lease UpdateAsReplay checks) is in the endpoint's slot; the
+// version that tells every instance to reload follows.
 func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endpoint, State, error) {
+	return s.update(ctx, id, ReplayHold{}, edit)
+}
+
+// UpdateAsReplay is Update made by replay hold (its cut): the script writes
+// only while hold is the endpoint's latest replay and hold.Holder holds its
+// lease, and otherwise writes nothing and returns ErrReplaySuperseded or
+// ErrReplayLeaseLapsed. A replay superseded between its running write and
+// its cut would otherwise cut after the newer replay did, possibly lower
+// (it read the streams first), and clear after it.
+func (s *Store) UpdateAsReplay(ctx context.Context, id string, hold ReplayHold, edit Edit) (endpoint.Endpoint, State, error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	return s.update(ctx, id, hold, edit)
+}
+
+func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edit) (endpoint.Endpoint, State, error) {
 	for range maxUpdateTries {
 		e, st, rev, err := s.get(ctx, id)
 		if err != nil {
@@ -279,13 +296,17 @@ func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endp
 		if w == WriteConfigAndResetState {
 			reset, st = 1, State{}
 		}
-		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, rev, b, reset).Int()
+		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "replay_lease")}, rev, b, reset, hold.ID, hold.Holder).Int()
 		if err != nil {
 			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
 		}
 		switch n {
 		case -1:
 			return endpoint.Endpoint{}, State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+		case -2:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+		case -3:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
 		case 0:
 			continue // changed since the read
 		}
@@ -298,12 +319,18 @@ func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endp
 	return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: changed by others %d times in a row", id, maxUpdateTries)
 }
 
-// updateScript: KEYS = the endpoint; ARGV = the revision read, the new
-// configuration, 1 to clear the delivery state. Returns -1 when the
-// endpoint is gone (nothing written), 0 when its revision changed since
-// the read (nothing written), 1 when written.
+// updateScript: KEYS = the endpoint, its replay's lease; ARGV = the
+// revision read, the new configuration, 1 to clear the delivery state, the
+// replay writing (empty: none) and its lease's holder. Returns -1 when the
+// endpoint is gone, -2 when another replay is the latest, -3 when the
+// holder no longer holds the replay's lease, 0 when its revision changed
+// since the read (nothing written in each case), 1 when written.
 var updateScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
+if ARGV[4] ~= '' then
+  if (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[4] then return -2 end
+  if redis.call('GET', KEYS[2]) ~= ARGV[5] then return -3 end
+end
 if (redis.call('HGET', KEYS[1], 'rev') or '0') ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', KEYS[1], 'rev', 1)
 redis.call('HSET', KEYS[1], 'cfg', ARGV[2])
@@ -890,18 +917,45 @@ func (s *Store) Backlog(ctx context.Context, id string) (int64, time.Time, error
 	return n.Val(), oldest, nil
 }
 
-// ClearUpTo drops what a replay of endpoint id refills: the in-flight mark
-// and every queued event stored at or before the replay's cut (a click at
-// or below CLICKS sequence clicks, a fraud alert at or below FRAUD sequence
-// alerts, anything without a sequence: a test event). Events stored after
-// the cut stay: live intake queued them, possibly before it heard of the
-// replay, and the replay does not copy them. It reads the queue a chunk at a
-// time (it holds up to MaxBacklog events) and needs no atomicity: what it
-// deletes is never wanted again, and intake adds nothing at or below the
-// cut once it has the endpoint's new cut. It returns how many it dropped.
-func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64) (int, error) {
-	if err := s.rdb.Del(ctx, k(id, "inflight")).Err(); err != nil {
-		return 0, fmt.Errorf("clear queue of %s: %w", id, err)
+// ClearUpTo drops what replay hold of endpoint id refills: the in-flight
+// mark and every queued event stored at or before the replay's cut (a
+// click at or below CLICKS sequence clicks, a fraud alert at or below
+// FRAUD sequence alerts, anything without a sequence: a test event).
+// Events stored after the cut stay: live intake queued them, possibly
+// before it heard of the replay, and the replay does not copy them. It
+// reads the queue a chunk at a time (it holds up to MaxBacklog events) and
+// needs no atomicity across chunks: what it deletes is never wanted again,
+// and intake adds nothing at or below the cut once it has the endpoint's
+// new cut. Each chunk is deleted by a script that deletes only while hold
+// is the endpoint's latest replay and hold.Holder holds its lease, and
+// otherwise deletes nothing and returns ErrReplaySuperseded or
+// ErrReplayLeaseLapsed: a replay superseded while it clears would delete
+// what the newer replay has copied since (up to the older cut), and the
+// newer one would end done without those events. It returns how many it
+// dropped.
+func (s *Store) ClearUpTo(ctx context.Context, id string, hold ReplayHold, clicks, alerts uint64) (int, error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return 0, fmt.Errorf("clear queue of %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	del := func(entries []string) error {
+		args := []any{hold.ID, hold.Holder}
+		for _, e := range entries {
+			args = append(args, e)
+		}
+		n, err := clearScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep"), k(id, "replay_lease")}, args...).Int()
+		if err != nil {
+			return fmt.Errorf("clear queue of %s: %w", id, err)
+		}
+		switch n {
+		case -1:
+			return fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+		case -2:
+			return fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+		}
+		return nil
+	}
+	if err := del(nil); err != nil { // the in-flight mark
+		return 0, err
 	}
 	const chunk = 1000
 	start, dropped := "-", 0
@@ -910,7 +964,7 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 		if err != nil {
 			return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
 		}
-		var del []string
+		var drop []string
 		for _, m := range msgs {
 			e := decodeEntry(m)
 			upto := clicks
@@ -918,14 +972,14 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 				upto = alerts
 			}
 			if e.Seq == 0 || e.Seq <= upto {
-				del = append(del, m.ID)
+				drop = append(drop, m.ID)
 			}
 		}
-		if len(del) > 0 {
-			if err := s.rdb.XDel(ctx, k(id, "q"), del...).Err(); err != nil {
-				return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
+		if len(drop) > 0 {
+			if err := del(drop); err != nil {
+				return dropped, err
 			}
-			dropped += len(del)
+			dropped += len(drop)
 		}
 		if len(msgs) < chunk {
 			return dropped, nil
@@ -933,6 +987,21 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 		start = "(" + msgs[len(msgs)-1].ID
 	}
 }
+
+// clearScript: KEYS = the queue, the in-flight mark, the endpoint, the
+// replay's lease; ARGV = the replay clearing and its lease's holder, then
+// the queue entries to delete (none: delete the in-flight mark). Returns
+// -1 when another replay is the latest, -2 when the holder no longer holds
+// the replay's lease (nothing deleted in either case), 1 when deleted.
+var clearScript = redis.NewScript(`
+if (redis.call('HGET', KEYS[3], 'replay_id') or '') ~= ARGV[1] then return -1 end
+if redis.call('GET', KEYS[4]) ~= ARGV[2] then return -2 end
+if #ARGV == 2 then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 3))
+end
+return 1`)
 
 // Delivery is one attempt to deliver a batch, as the owner sees it.
 type Delivery struct {

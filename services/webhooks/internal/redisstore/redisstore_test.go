@@ -39,6 +39,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestOnlyTheLatestReplayWritesItsState,
 		TestAReplayWhoseLeaseLapsedReadsInterrupted,
 		TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease,
+		TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears,
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
 		TestAFailingRunEndsWithADeliveryOrAResume,
@@ -315,7 +316,11 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
 		t.Fatal(err)
 	}
-	dropped, err := s.ClearUpTo(ctx, "ep", 2490, 3)
+	replay := redisstore.Replay{ID: "r1", State: redisstore.ReplayRunning}
+	if err := s.SetReplay(ctx, "ep", replay, true, redisstore.ReplayLease{Holder: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := s.ClearUpTo(ctx, "ep", redisstore.ReplayHold{ID: "r1", Holder: "a"}, 2490, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
