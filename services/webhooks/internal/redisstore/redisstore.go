@@ -247,11 +247,12 @@ const maxUpdateTries = 100
 
 // Update changes endpoint id's configuration with edit and returns it as
 // written, with its delivery state. Every change of a stored endpoint (a
-// rotation, pause and resume, the sender's disable; a replay's cut, through
-// UpdateAsReplay) goes through it: the configuration is one JSON value, so a change of one field
-// writes them all, and two read-modify-writes at once would each write
-// back the other's fields as they read them (a disable racing a rotation
-// would bring the old secret back). So the write is a compare-and-set: one
+// rotation, pause and resume, the sender's disable; a replay's cut,
+// through UpdateAsReplay) goes through it: the configuration is one JSON
+// value, so a change of one field writes them all, and two
+// read-modify-writes at once would each write back the other's fields as
+// they read them (a disable racing a rotation would bring the old secret
+// back). So the write is a compare-and-set: one
 // script writes only if the hash's revision is still the one read, and
 // bumps it; otherwise Update reads again and edits afresh. The script
 // writes nothing once the configuration is gone, so no Update brings a
@@ -669,7 +670,9 @@ func (s *Store) runEnqueue(ctx context.Context, mode Dedup, partition int, byEnd
 }
 
 // ReplayHold names a replay and the instance holding its lease, for the
-// writes the replay makes to the endpoint's queue (EnqueueReplay).
+// writes the replay makes (UpdateAsReplay, ClearUpTo, EnqueueReplay): each
+// is made only while that replay is the endpoint's latest and the instance
+// still holds its lease.
 type ReplayHold struct {
 	// ID is the replay's (Replay.ID).
 	ID string
