@@ -122,10 +122,34 @@ func (in *Intake) enqueue(ctx context.Context, mode redisstore.Dedup, partition 
 		in.metrics.dropped.WithLabelValues(id).Add(float64(n))
 	}
 	for id, n := range added {
-		in.metrics.queued.WithLabelValues(id).Add(float64(n))
-		if in.Notify != nil {
-			in.Notify(id)
-		}
+		in.queued(id, n)
 	}
 	return added, nil
+}
+
+// enqueueReplay queues a replay's batch for endpoint id while the replay
+// is the endpoint's latest and its lease is held
+// (redisstore.Store.EnqueueReplay), counts it and wakes the sender, as
+// enqueue does. It returns how many were queued.
+func (in *Intake) enqueueReplay(ctx context.Context, id string, hold redisstore.ReplayHold, batch []redisstore.Event) (int64, error) {
+	in.metrics.note(id)
+	added, dropped, err := in.store.EnqueueReplay(ctx, id, hold, batch)
+	if err != nil {
+		return 0, err
+	}
+	if dropped > 0 {
+		in.metrics.dropped.WithLabelValues(id).Add(float64(dropped))
+	}
+	if added > 0 {
+		in.queued(id, added)
+	}
+	return added, nil
+}
+
+// queued counts n events queued for endpoint id and wakes its sender.
+func (in *Intake) queued(id string, n int64) {
+	in.metrics.queued.WithLabelValues(id).Add(float64(n))
+	if in.Notify != nil {
+		in.Notify(id)
+	}
 }

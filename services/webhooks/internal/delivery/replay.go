@@ -31,7 +31,15 @@ import (
 // replay queued or running here holds a lease in Redis that Run renews
 // every LeaseTTL/10: once its instance is gone the lease lapses and the
 // replay reads as interrupted (redisstore.ReplayInterrupted), and the
-// owner asks again.
+// owner asks again. A replay superseded by a newer request (through any
+// instance) or whose lease lapsed stops at its next write: its cut, each
+// chunk of its clear and each batch it copies are written by scripts that
+// refuse them once the replay is no longer the endpoint's latest or its
+// lease is gone (redisstore.Store.UpdateAsReplay, ClearUpTo, EnqueueReplay).
+// So nothing it copies lands after the newer replay's clear, where it would
+// stay and reach the receiver a second time, and it neither lowers the
+// newer replay's cut nor deletes what that one copied. It then writes no
+// state.
 type Replayer struct {
 	js       jetstream.JetStream
 	store    *redisstore.Store
@@ -226,7 +234,15 @@ func (r *Replayer) run(ctx context.Context, j replayJob) {
 		r.release(j)
 		return
 	}
-	n, err := r.replay(ctx, j.id, j.state.From)
+	n, err := r.replay(ctx, j.id, redisstore.ReplayHold{ID: j.state.ID, Holder: r.instance}, j.state.From)
+	if errors.Is(err, redisstore.ErrReplaySuperseded) || errors.Is(err, redisstore.ErrReplayLeaseLapsed) {
+		// It stopped as soon as a newer replay was asked for (which
+		// refills all this one would) or its lease lapsed (it reads as
+		// interrupted): its state is no longer its to write.
+		r.log.Info("webhooks: replay stopped", "endpoint", j.id, "replay", j.state.ID, "events", n, "reason", err)
+		r.release(j)
+		return
+	}
 	if err != nil && ctx.Err() != nil {
 		err = errStopped
 	}
@@ -282,8 +298,12 @@ func lastSeq(ctx context.Context, js jetstream.JetStream, stream string) (uint64
 // replay marks endpoint id (live intake skips events up to the streams'
 // current last sequences from now on), drops its queued events up to those
 // sequences, and copies the owner's events stored since from up to them
-// into the queue. It returns how many it queued.
-func (r *Replayer) replay(ctx context.Context, id string, from time.Time) (int, error) {
+// into the queue, as replay hold. It returns how many it queued. The cut,
+// each chunk of the clear and each batch it queues are refused, and the
+// replay ends with redisstore.ErrReplaySuperseded or
+// redisstore.ErrReplayLeaseLapsed, once hold is no longer the endpoint's
+// latest replay or its lease lapsed.
+func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.ReplayHold, from time.Time) (int, error) {
 	clicksUpto, err := lastSeq(ctx, r.js, events.ClicksStream)
 	if err != nil {
 		return 0, err
@@ -294,7 +314,10 @@ func (r *Replayer) replay(ctx context.Context, id string, from time.Time) (int, 
 	}
 	// Version-checked: a rotation, pause or disable at the same moment keeps
 	// its change, and an endpoint deleted since the request stays deleted.
-	e, _, err := r.store.Update(ctx, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+	// Written only while hold is the latest replay holding its lease, as
+	// the clear and every batch: a superseded one must not lower the newer
+	// one's cut, nor delete what it copied.
+	e, _, err := r.store.UpdateAsReplay(ctx, id, hold, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
 		e.ReplayClicksUpto, e.ReplayAlertsUpto = clicksUpto, alertsUpto
 		e.Generation++
 		return redisstore.WriteConfig, nil
@@ -305,12 +328,12 @@ func (r *Replayer) replay(ctx context.Context, id string, from time.Time) (int, 
 	// Only what the replay refills goes: intake may have queued clicks
 	// after the cut already (it hears of the new cut when it reloads the
 	// endpoint), and nothing else would bring those back.
-	if _, err := r.store.ClearUpTo(ctx, e.ID, clicksUpto, alertsUpto); err != nil {
+	if _, err := r.store.ClearUpTo(ctx, e.ID, hold, clicksUpto, alertsUpto); err != nil {
 		return 0, err
 	}
 	n := 0
 	if containsType(e.Types, endpoint.TypeClick) {
-		c, err := r.copy(ctx, e, events.ClicksStream, "*.clicks."+e.Owner+".*", from, clicksUpto, func(data []byte, subject string, stored time.Time) (redisstore.Event, bool) {
+		c, err := r.copy(ctx, e, hold, events.ClicksStream, "*.clicks."+e.Owner+".*", from, clicksUpto, func(data []byte, subject string, stored time.Time) (redisstore.Event, bool) {
 			// The readers' rule, as live intake (the reader runtime) applies
 			// it: a click whose payload disagrees with its subject (another
 			// owner's, another link's) or partition is parked there, never
@@ -331,7 +354,7 @@ func (r *Replayer) replay(ctx context.Context, id string, from time.Time) (int, 
 		// An alert stored twice (republished after FRAUD's duplicate
 		// window) is sent once, as live intake does. Alerts are few.
 		seen := map[string]bool{}
-		c, err := r.copy(ctx, e, events.FraudStream, events.FraudAlertSubjects, from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
+		c, err := r.copy(ctx, e, hold, events.FraudStream, events.FraudAlertSubjects, from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
 			a, err := events.DecodeFraudAlert(data)
 			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
 				return redisstore.Event{}, false
@@ -359,8 +382,10 @@ func containsType(ts []string, t string) bool {
 
 // copy reads stream (filtered) from a start time up to sequence upto with
 // an ordered consumer and queues what convert accepts (given each message's
-// payload, subject and time stored), 500 at a time.
-func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter string, from time.Time, upto uint64,
+// payload, subject and time stored), 500 at a time, as replay hold: the
+// script that queues a batch refuses it once hold is superseded or its
+// lease lapsed, and copy returns that error.
+func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstore.ReplayHold, stream, filter string, from time.Time, upto uint64,
 	convert func(data []byte, subject string, stored time.Time) (redisstore.Event, bool)) (int, error) {
 	if upto == 0 {
 		return 0, nil
@@ -415,7 +440,7 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, stream, filter
 		}
 		noResponders = 0
 		if len(batch) > 0 {
-			if _, err := r.intake.enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: batch}); err != nil {
+			if _, err := r.intake.enqueueReplay(ctx, e.ID, hold, batch); err != nil {
 				return total, err
 			}
 			total += len(batch)

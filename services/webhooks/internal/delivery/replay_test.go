@@ -541,3 +541,225 @@ func TestARunningReplayOutlivesARedisBlipShorterThanItsLease(t *testing.T) {
 		t.Fatalf("the replay let go after the blip: %+v; want done with %d events", got, clicks)
 	}
 }
+
+// holding is a go-redis hook for an instance's Redis client: it holds the
+// first pipeline that match accepts until released.
+type holding struct {
+	match   func(ctx context.Context, cmds []redis.Cmder) bool
+	blocked chan struct{} // closed when the pipeline is held
+	release chan struct{} // closed to let it go on
+	held    atomic.Bool
+}
+
+func (h *holding) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holding) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *holding) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !h.held.Load() && h.match(ctx, cmds) && h.held.CompareAndSwap(false, true) {
+			close(h.blocked)
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestAReplayStopsOnceSupersededOrItsLeaseLapsed: a replay went on
+// copying events into the endpoint's queue until it ended, after a newer
+// replay of the endpoint was asked for (through another instance) or after
+// its lease lapsed (it read interrupted). The newer replay cut, cleared
+// the queue and copied the same events, so the old replay's batches that
+// landed after the clear survived it and the receiver got those events
+// twice; one whose lease lapsed wrote done over interrupted. Here instance
+// b's replay is held at its first batch (every event, read before the
+// newer replay cut) while instance a's replay supersedes it and runs to
+// done, or while b's lease lapses; let go, b's batch is refused: each
+// event is queued once (none, after the lapse: b had cleared the queue),
+// and b's replay ends without writing its state. Held before its cut
+// instead (after its running write), b's replay must neither cut nor
+// clear once let go: its clear would delete a's copies, which b, stopped
+// from copying, would not bring back.
+func TestAReplayStopsOnceSupersededOrItsLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	supersede := func(t *testing.T, a *delivery.Admin, _ *redis.Client, ep string, held redisstore.Replay) redisstore.Replay {
+		if err := a.Replay(t.Context(), "acme", ep, held.From); err != nil {
+			t.Fatal(err)
+		}
+		var got redisstore.Replay
+		if !testenv.Poll(30*time.Second, func() bool {
+			s, err := a.Get(t.Context(), "acme", ep)
+			got = s.Replay
+			return err == nil && (got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed)
+		}) || got.State != redisstore.ReplayDone || got.ID == held.ID {
+			t.Fatalf("the newer replay: %+v; want done", got)
+		}
+		return got
+	}
+	lapse := func(t *testing.T, a *delivery.Admin, rdb *redis.Client, ep string, _ redisstore.Replay) redisstore.Replay {
+		// As it lapses: nothing renews a lease that is gone.
+		if err := rdb.Del(t.Context(), "snip:wh:{"+ep+"}:replay_lease").Err(); err != nil {
+			t.Fatal(err)
+		}
+		s, err := a.Get(t.Context(), "acme", ep)
+		if err != nil || s.Replay.State != redisstore.ReplayInterrupted {
+			t.Fatalf("the replay after its lease lapsed: %+v, %v; want interrupted", s.Replay, err)
+		}
+		return s.Replay
+	}
+	tests := []struct {
+		name string
+		// cut: b's replay is held as it reads the endpoint for its cut;
+		// else at its first batch.
+		cut bool
+		// meanwhile supersedes or interrupts b's held replay, and returns
+		// the endpoint's replay as it should stay.
+		meanwhile func(t *testing.T, a *delivery.Admin, rdb *redis.Client, ep string, held redisstore.Replay) redisstore.Replay
+		// queued is whether each event is to be queued (once) or none.
+		queued bool
+	}{
+		{name: "superseded_mid_copy_by_a_newer_replay_through_another_instance", meanwhile: supersede, queued: true},
+		{name: "its_lease_lapsed_mid_copy", meanwhile: lapse, queued: false},
+		{name: "superseded_before_its_cut", cut: true, meanwhile: supersede, queued: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			js := testenv.StartNATS(t).JetStream(t)
+			ctx := t.Context()
+			o := topology.Defaults()
+			o.Storage = jetstream.MemoryStorage
+			if err := topology.Apply(ctx, js, o); err != nil {
+				t.Fatal(err)
+			}
+			rdb, db := servers.Redis.NewDB(t)
+			ep := endpoint.Endpoint{ID: "ep_old", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+			// b's replays run one at a time: once this one's is done, b's
+			// replay of ep has ended.
+			next := endpoint.Endpoint{ID: "ep_next", Owner: "acme", URL: "https://example.com/next", Types: []string{endpoint.TypeClick}}
+			epKey, queueKey := "snip:wh:{"+ep.ID+"}:ep", "snip:wh:{"+ep.ID+"}:q"
+			hold := &holding{blocked: make(chan struct{}), release: make(chan struct{}), match: func(_ context.Context, cmds []redis.Cmder) bool {
+				return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(queueKey)) })
+			}}
+			if tc.cut {
+				// The endpoint's read (HGETALL) while b's replay reads
+				// running: its cut's, not the request's.
+				hold.match = func(ctx context.Context, cmds []redis.Cmder) bool {
+					reads := slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+						return c.Name() == "hgetall" && slices.Contains(c.Args(), any(epKey))
+					})
+					if !reads {
+						return false
+					}
+					var r redisstore.Replay
+					b, err := rdb.HGet(ctx, epKey, "replay").Bytes()
+					return err == nil && json.Unmarshal(b, &r) == nil && r.State == redisstore.ReplayRunning
+				}
+			}
+			var releaseOnce sync.Once
+			releaseNow := func() { releaseOnce.Do(func() { close(hold.release) }) }
+			t.Cleanup(releaseNow)
+			holdingRDB := redis.NewClient(&redis.Options{Addr: servers.Redis.Addr, DB: db})
+			t.Cleanup(func() { _ = holdingRDB.Close() })
+			holdingRDB.AddHook(hold)
+
+			start := func(name string, rdb redis.UniversalClient) (*delivery.Admin, *redisstore.Store) {
+				store := redisstore.New(rdb, 100_000)
+				m, err := delivery.NewMetrics(prometheus.NewRegistry())
+				if err != nil {
+					t.Fatal(err)
+				}
+				replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+					delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: name, LeaseTTL: 3 * time.Second})
+				rctx, stop := context.WithCancel(ctx)
+				done := make(chan error, 1)
+				go func() { done <- replayer.Run(rctx) }()
+				t.Cleanup(func() { stop(); <-done })
+				return &delivery.Admin{Store: store, Replayer: replayer}, store
+			}
+			a, store := start("a", rdb)
+			b, _ := start("b", holdingRDB)
+			for _, e := range []endpoint.Endpoint{ep, next} {
+				if err := store.Put(ctx, e); err != nil {
+					t.Fatal(err)
+				}
+			}
+			from := time.Now().UTC()
+			want := map[string]int{}
+			for range 3 {
+				c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+					Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+				cb, _ := json.Marshal(c)
+				if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+					t.Fatal(err)
+				}
+				if tc.queued {
+					want[c.ID] = 1
+				}
+			}
+			replayOf := func(id string) redisstore.Replay {
+				t.Helper()
+				s, err := a.Get(ctx, "acme", id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s.Replay
+			}
+
+			if err := b.Replay(ctx, "acme", ep.ID, from); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-hold.blocked:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("b's replay never got to the held write: %+v", replayOf(ep.ID))
+			}
+			held := replayOf(ep.ID)
+			if held.State != redisstore.ReplayRunning {
+				t.Fatalf("b's replay held: %+v; want running", held)
+			}
+			stays := tc.meanwhile(t, a, rdb, ep.ID, held)
+			cut, _, err := store.Get(ctx, ep.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			releaseNow()
+			if err := b.Replay(ctx, "acme", next.ID, from); err != nil {
+				t.Fatal(err)
+			}
+			var got redisstore.Replay
+			if !testenv.Poll(30*time.Second, func() bool {
+				got = replayOf(next.ID)
+				return got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed
+			}) || got.State != redisstore.ReplayDone {
+				t.Fatalf("b's next replay, after the held one: %+v; want done", got)
+			}
+
+			if d := cmp.Diff(stays, replayOf(ep.ID)); d != "" {
+				t.Errorf("the endpoint's replay once b's held replay ended (-want +got):\n%s", d)
+			}
+			after, _, err := store.Get(ctx, ep.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.ReplayClicksUpto != cut.ReplayClicksUpto || after.Generation != cut.Generation {
+				t.Errorf("the endpoint's cut once b's held replay ended: %d (generation %d), want %d (generation %d) as before it was let go",
+					after.ReplayClicksUpto, after.Generation, cut.ReplayClicksUpto, cut.Generation)
+			}
+			evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			queued := map[string]int{}
+			for _, e := range evs {
+				queued[e.ID]++
+			}
+			if d := cmp.Diff(want, queued); d != "" {
+				t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
+			}
+		})
+	}
+}

@@ -247,18 +247,36 @@ const maxUpdateTries = 100
 
 // Update changes endpoint id's configuration with edit and returns it as
 // written, with its delivery state. Every change of a stored endpoint (a
-// rotation, pause and resume, a replay's cut, the sender's disable) goes
-// through it: the configuration is one JSON value, so a change of one field
-// writes them all, and two read-modify-writes at once would each write
-// back the other's fields as they read them (a disable racing a rotation
-// would bring the old secret back). So the write is a compare-and-set: one
+// rotation, pause and resume, the sender's disable; a replay's cut,
+// through UpdateAsReplay) goes through it: the configuration is one JSON
+// value, so a change of one field writes them all, and two
+// read-modify-writes at once would each write back the other's fields as
+// they read them (a disable racing a rotation would bring the old secret
+// back). So the write is a compare-and-set: one
 // script writes only if the hash's revision is still the one read, and
 // bumps it; otherwise Update reads again and edits afresh. The script
 // writes nothing once the configuration is gone, so no Update brings a
-// deleted endpoint back: it returns endpoint.ErrNotFound. The hash is in
-// the endpoint's slot; the version that tells every instance to reload
-// follows.
+// deleted endpoint back: it returns endpoint.ErrNotFound. The hash (and
+// the replay's lease UpdateAsReplay checks) is in the endpoint's slot; the
+// version that tells every instance to reload follows.
 func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endpoint, State, error) {
+	return s.update(ctx, id, ReplayHold{}, edit)
+}
+
+// UpdateAsReplay is Update made by replay hold (its cut): the script writes
+// only while hold is the endpoint's latest replay and hold.Holder holds its
+// lease, and otherwise writes nothing and returns ErrReplaySuperseded or
+// ErrReplayLeaseLapsed. A replay superseded between its running write and
+// its cut would otherwise cut after the newer replay did, possibly lower
+// (it read the streams first), and clear after it.
+func (s *Store) UpdateAsReplay(ctx context.Context, id string, hold ReplayHold, edit Edit) (endpoint.Endpoint, State, error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	return s.update(ctx, id, hold, edit)
+}
+
+func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edit) (endpoint.Endpoint, State, error) {
 	for range maxUpdateTries {
 		e, st, rev, err := s.get(ctx, id)
 		if err != nil {
@@ -279,13 +297,17 @@ func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endp
 		if w == WriteConfigAndResetState {
 			reset, st = 1, State{}
 		}
-		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep")}, rev, b, reset).Int()
+		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "replay_lease")}, rev, b, reset, hold.ID, hold.Holder).Int()
 		if err != nil {
 			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
 		}
 		switch n {
 		case -1:
 			return endpoint.Endpoint{}, State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
+		case -2:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+		case -3:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
 		case 0:
 			continue // changed since the read
 		}
@@ -298,12 +320,18 @@ func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endp
 	return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: changed by others %d times in a row", id, maxUpdateTries)
 }
 
-// updateScript: KEYS = the endpoint; ARGV = the revision read, the new
-// configuration, 1 to clear the delivery state. Returns -1 when the
-// endpoint is gone (nothing written), 0 when its revision changed since
-// the read (nothing written), 1 when written.
+// updateScript: KEYS = the endpoint, its replay's lease; ARGV = the
+// revision read, the new configuration, 1 to clear the delivery state, the
+// replay writing (empty: none) and its lease's holder. Returns -1 when the
+// endpoint is gone, -2 when another replay is the latest, -3 when the
+// holder no longer holds the replay's lease, 0 when its revision changed
+// since the read (nothing written in each case), 1 when written.
 var updateScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
+if ARGV[4] ~= '' then
+  if (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[4] then return -2 end
+  if redis.call('GET', KEYS[2]) ~= ARGV[5] then return -3 end
+end
 if (redis.call('HGET', KEYS[1], 'rev') or '0') ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', KEYS[1], 'rev', 1)
 redis.call('HSET', KEYS[1], 'cfg', ARGV[2])
@@ -566,7 +594,8 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 //     before the ack, a new owner) queues nothing twice, in O(1) memory.
 //   - DedupID: each event ID is remembered for DedupTTL (fraud alerts,
 //     which are few).
-//   - DedupNone: replays and test events.
+//   - DedupNone: test events (a replay's copies, queued as DedupNone,
+//     go through EnqueueReplay).
 //
 // An endpoint deleted meanwhile gets nothing (an intake batch routed with
 // the endpoints loaded before the delete, a replay still copying): its
@@ -595,26 +624,12 @@ func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 }
 
 func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
-	cmds := map[string]*redis.Cmd{}
-	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for id, evs := range byEndpoint {
-			args := []any{int(mode), partition, s.MaxBacklog, int64(DedupTTL / time.Second)}
-			for _, e := range evs {
-				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
-			}
-			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep")}, args...)
-		}
-		return nil
-	})
+	res, err := s.runEnqueue(ctx, mode, partition, byEndpoint, ReplayHold{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("enqueue: %w", err)
+		return nil, nil, err
 	}
 	added, dropped = map[string]int64{}, map[string]int64{}
-	for id, c := range cmds {
-		r, err := c.Int64Slice()
-		if err != nil || len(r) != 2 {
-			return nil, nil, fmt.Errorf("enqueue for %s: %v", id, err)
-		}
+	for id, r := range res {
 		if r[0] > 0 {
 			added[id] = r[0]
 		}
@@ -623,6 +638,87 @@ func (s *Store) enqueue(ctx context.Context, mode Dedup, partition int, byEndpoi
 		}
 	}
 	return added, dropped, nil
+}
+
+// runEnqueue runs enqueueScript once per endpoint, in one pipeline, for
+// replay hold (none when its ID is empty), and returns each endpoint's
+// {added, dropped} as the script answered.
+func (s *Store) runEnqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event, hold ReplayHold) (map[string][]int64, error) {
+	cmds := map[string]*redis.Cmd{}
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for id, evs := range byEndpoint {
+			args := []any{int(mode), partition, s.MaxBacklog, int64(DedupTTL / time.Second), hold.ID, hold.Holder}
+			for _, e := range evs {
+				args = append(args, e.Seq, e.ID, e.Type, e.Time.UnixNano(), []byte(e.Data))
+			}
+			cmds[id] = enqueueScript.EvalSha(ctx, p, []string{k(id, "q"), k(id, "hw"), k(id, "seen:"), k(id, "ep"), k(id, "replay_lease")}, args...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: %w", err)
+	}
+	res := make(map[string][]int64, len(cmds))
+	for id, c := range cmds {
+		r, err := c.Int64Slice()
+		if err != nil || len(r) != 2 {
+			return nil, fmt.Errorf("enqueue for %s: %v", id, err)
+		}
+		res[id] = r
+	}
+	return res, nil
+}
+
+// ReplayHold names a replay and the instance holding its lease, for the
+// writes the replay makes (UpdateAsReplay, ClearUpTo, EnqueueReplay): each
+// is made only while that replay is the endpoint's latest and the instance
+// still holds its lease.
+type ReplayHold struct {
+	// ID is the replay's (Replay.ID).
+	ID string
+	// Holder is the instance holding its lease (ReplayLease.Holder).
+	Holder string
+}
+
+// EnqueueReplay appends a replay's copied events to endpoint id's queue,
+// as Enqueue does with DedupNone, while hold's replay is the endpoint's
+// latest and hold.Holder holds its lease; otherwise it queues nothing and
+// returns ErrReplaySuperseded or ErrReplayLeaseLapsed (endpoint.ErrNotFound
+// is not returned: a deleted endpoint gets nothing, as from Enqueue). The
+// check is the queueing script's own, so it is atomic with the write: a
+// replay superseded by a newer request, or whose lease lapsed (it reads
+// interrupted, and the owner may have asked again), queues nothing after
+// the newer request was stored or the lease lapsed. A superseded replay's
+// copies that landed later would survive the newer replay's clear (it
+// drops what is queued when it runs) and reach the receiver twice, once
+// from each replay.
+func (s *Store) EnqueueReplay(ctx context.Context, id string, hold ReplayHold, evs []Event) (added, dropped int64, err error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return 0, 0, fmt.Errorf("enqueue replay for %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	if len(evs) == 0 {
+		return 0, 0, nil
+	}
+	byEndpoint := map[string][]Event{id: evs}
+	res, err := s.runEnqueue(ctx, DedupNone, 0, byEndpoint, hold)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if lerr := enqueueScript.Load(ctx, s.rdb).Err(); lerr != nil {
+			return 0, 0, fmt.Errorf("enqueue replay: load script: %w", lerr)
+		}
+		res, err = s.runEnqueue(ctx, DedupNone, 0, byEndpoint, hold)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("enqueue replay %s: %w", hold.ID, err)
+	}
+	switch r := res[id]; r[0] {
+	case -1:
+		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+	case -2:
+		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+	default:
+		s.replicated(ctx, "enqueue", []string{k(id, "q")})
+		return r[0], r[1], nil
+	}
 }
 
 // Dedup says how Enqueue skips duplicates.
@@ -639,16 +735,23 @@ const (
 const DedupTTL = 24 * time.Hour
 
 // enqueueScript: KEYS = the queue, the partition marks, the seen keys'
-// prefix, the endpoint (nothing is queued once its configuration is gone);
-// ARGV = mode, partition, maxlen, ttl, then (seq, id, type, ts, data) per
-// event. Returns {added, dropped}.
+// prefix, the endpoint (nothing is queued once its configuration is gone),
+// the replay's lease; ARGV = mode, partition, maxlen, ttl, the replay
+// queueing (empty: none) and its lease's holder, then (seq, id, type, ts,
+// data) per event. Returns {added, dropped}; for a replay, {-1, 0} when
+// another replay is the endpoint's latest, {-2, 0} when the holder no
+// longer holds its lease (nothing queued).
 var enqueueScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[4], 'cfg') == 0 then return {0, 0} end
+if ARGV[5] ~= '' then
+  if (redis.call('HGET', KEYS[4], 'replay_id') or '') ~= ARGV[5] then return {-1, 0} end
+  if redis.call('GET', KEYS[5]) ~= ARGV[6] then return {-2, 0} end
+end
 local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local hw = 0
 if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
 local top, added, dropped = hw, 0, 0
-for i = 5, #ARGV, 5 do
+for i = 7, #ARGV, 5 do
   local seq = tonumber(ARGV[i])
   local ok = true
   if mode == 1 then
@@ -817,18 +920,45 @@ func (s *Store) Backlog(ctx context.Context, id string) (int64, time.Time, error
 	return n.Val(), oldest, nil
 }
 
-// ClearUpTo drops what a replay of endpoint id refills: the in-flight mark
-// and every queued event stored at or before the replay's cut (a click at
-// or below CLICKS sequence clicks, a fraud alert at or below FRAUD sequence
-// alerts, anything without a sequence: a test event). Events stored after
-// the cut stay: live intake queued them, possibly before it heard of the
-// replay, and the replay does not copy them. It reads the queue a chunk at a
-// time (it holds up to MaxBacklog events) and needs no atomicity: what it
-// deletes is never wanted again, and intake adds nothing at or below the
-// cut once it has the endpoint's new cut. It returns how many it dropped.
-func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64) (int, error) {
-	if err := s.rdb.Del(ctx, k(id, "inflight")).Err(); err != nil {
-		return 0, fmt.Errorf("clear queue of %s: %w", id, err)
+// ClearUpTo drops what replay hold of endpoint id refills: the in-flight
+// mark and every queued event stored at or before the replay's cut (a
+// click at or below CLICKS sequence clicks, a fraud alert at or below
+// FRAUD sequence alerts, anything without a sequence: a test event).
+// Events stored after the cut stay: live intake queued them, possibly
+// before it heard of the replay, and the replay does not copy them. It
+// reads the queue a chunk at a time (it holds up to MaxBacklog events) and
+// needs no atomicity across chunks: what it deletes is never wanted again,
+// and intake adds nothing at or below the cut once it has the endpoint's
+// new cut. Each chunk is deleted by a script that deletes only while hold
+// is the endpoint's latest replay and hold.Holder holds its lease, and
+// otherwise deletes nothing and returns ErrReplaySuperseded or
+// ErrReplayLeaseLapsed: a replay superseded while it clears would delete
+// what the newer replay has copied since (up to the older cut), and the
+// newer one would end done without those events. It returns how many it
+// dropped.
+func (s *Store) ClearUpTo(ctx context.Context, id string, hold ReplayHold, clicks, alerts uint64) (int, error) {
+	if hold.ID == "" || hold.Holder == "" {
+		return 0, fmt.Errorf("clear queue of %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
+	}
+	del := func(entries []string) error {
+		args := []any{hold.ID, hold.Holder}
+		for _, e := range entries {
+			args = append(args, e)
+		}
+		n, err := clearScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep"), k(id, "replay_lease")}, args...).Int()
+		if err != nil {
+			return fmt.Errorf("clear queue of %s: %w", id, err)
+		}
+		switch n {
+		case -1:
+			return fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
+		case -2:
+			return fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+		}
+		return nil
+	}
+	if err := del(nil); err != nil { // the in-flight mark
+		return 0, err
 	}
 	const chunk = 1000
 	start, dropped := "-", 0
@@ -837,7 +967,7 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 		if err != nil {
 			return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
 		}
-		var del []string
+		var drop []string
 		for _, m := range msgs {
 			e := decodeEntry(m)
 			upto := clicks
@@ -845,14 +975,14 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 				upto = alerts
 			}
 			if e.Seq == 0 || e.Seq <= upto {
-				del = append(del, m.ID)
+				drop = append(drop, m.ID)
 			}
 		}
-		if len(del) > 0 {
-			if err := s.rdb.XDel(ctx, k(id, "q"), del...).Err(); err != nil {
-				return dropped, fmt.Errorf("clear queue of %s: %w", id, err)
+		if len(drop) > 0 {
+			if err := del(drop); err != nil {
+				return dropped, err
 			}
-			dropped += len(del)
+			dropped += len(drop)
 		}
 		if len(msgs) < chunk {
 			return dropped, nil
@@ -860,6 +990,21 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, clicks, alerts uint64)
 		start = "(" + msgs[len(msgs)-1].ID
 	}
 }
+
+// clearScript: KEYS = the queue, the in-flight mark, the endpoint, the
+// replay's lease; ARGV = the replay clearing and its lease's holder, then
+// the queue entries to delete (none: delete the in-flight mark). Returns
+// -1 when another replay is the latest, -2 when the holder no longer holds
+// the replay's lease (nothing deleted in either case), 1 when deleted.
+var clearScript = redis.NewScript(`
+if (redis.call('HGET', KEYS[3], 'replay_id') or '') ~= ARGV[1] then return -1 end
+if redis.call('GET', KEYS[4]) ~= ARGV[2] then return -2 end
+if #ARGV == 2 then
+  redis.call('DEL', KEYS[2])
+else
+  redis.call('XDEL', KEYS[1], unpack(ARGV, 3))
+end
+return 1`)
 
 // Delivery is one attempt to deliver a batch, as the owner sees it.
 type Delivery struct {

@@ -38,6 +38,8 @@ func TestOnRedisCluster(t *testing.T) {
 		TestNothingIsQueuedForADeletedEndpoint,
 		TestOnlyTheLatestReplayWritesItsState,
 		TestAReplayWhoseLeaseLapsedReadsInterrupted,
+		TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease,
+		TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears,
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
 		TestAFailingRunEndsWithADeliveryOrAResume,
@@ -314,7 +316,11 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
 		t.Fatal(err)
 	}
-	dropped, err := s.ClearUpTo(ctx, "ep", 2490, 3)
+	replay := redisstore.Replay{ID: "r1", State: redisstore.ReplayRunning}
+	if err := s.SetReplay(ctx, "ep", replay, true, redisstore.ReplayLease{Holder: "a", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := s.ClearUpTo(ctx, "ep", redisstore.ReplayHold{ID: "r1", Holder: "a"}, 2490, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -587,5 +593,78 @@ func TestAReplayWhoseLeaseLapsedReadsInterrupted(t *testing.T) {
 	}
 	if diff := cmp.Diff(again, replay()); diff != "" {
 		t.Errorf("ended replay (-want +got):\n%s", diff)
+	}
+}
+
+// TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease: a replay kept
+// queueing its copies after a newer replay was asked for (whose clear had
+// run, so they survived it and were sent twice, once from each replay) or
+// after its lease lapsed (it read interrupted). The script that queues a
+// replay's batch refuses it, queueing nothing, once the replay is no
+// longer the endpoint's latest or its holder no longer holds its lease.
+func TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	put(t, s, "ep", "epGone")
+	at := time.Now().UTC()
+	r1 := redisstore.Replay{ID: "r1", State: redisstore.ReplayRunning, From: at, RequestedAt: at, UpdatedAt: at}
+	r2 := redisstore.Replay{ID: "r2", State: redisstore.ReplayRunning, From: at, RequestedAt: at, UpdatedAt: at}
+	steps := []struct {
+		name    string
+		before  func() error
+		id      string
+		hold    redisstore.ReplayHold
+		event   string
+		wantErr error
+	}{
+		{name: "the_latest_replay_holding_its_lease_queues", id: "ep",
+			before: func() error {
+				return s.SetReplay(ctx, "ep", r1, true, redisstore.ReplayLease{Holder: "a", TTL: time.Minute})
+			},
+			hold: redisstore.ReplayHold{ID: "r1", Holder: "a"}, event: "r1-a"},
+		{name: "another_holder_is_refused", id: "ep",
+			hold: redisstore.ReplayHold{ID: "r1", Holder: "b"}, event: "r1-b", wantErr: redisstore.ErrReplayLeaseLapsed},
+		{name: "a_superseded_replay_is_refused", id: "ep",
+			before: func() error {
+				return s.SetReplay(ctx, "ep", r2, true, redisstore.ReplayLease{Holder: "b", TTL: time.Minute})
+			},
+			hold: redisstore.ReplayHold{ID: "r1", Holder: "a"}, event: "r1-late", wantErr: redisstore.ErrReplaySuperseded},
+		{name: "the_newer_replay_queues", id: "ep",
+			hold: redisstore.ReplayHold{ID: "r2", Holder: "b"}, event: "r2-b"},
+		{name: "a_replay_whose_lease_lapsed_is_refused", id: "ep",
+			before: func() error { return rdb.Del(ctx, "snip:wh:{ep}:replay_lease").Err() },
+			hold:   redisstore.ReplayHold{ID: "r2", Holder: "b"}, event: "r2-lapsed", wantErr: redisstore.ErrReplayLeaseLapsed},
+		{name: "a_deleted_endpoint_gets_nothing", id: "epGone",
+			before: func() error {
+				if err := s.SetReplay(ctx, "epGone", r1, true, redisstore.ReplayLease{Holder: "a", TTL: time.Minute}); err != nil {
+					return err
+				}
+				return s.Delete(ctx, endpoint.Endpoint{ID: "epGone", Owner: "acme"})
+			},
+			hold: redisstore.ReplayHold{ID: "r1", Holder: "a"}, event: "gone"},
+	}
+	// The steps build on each other, in order.
+	for _, st := range steps {
+		if st.before != nil {
+			if err := st.before(); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+		}
+		_, _, err := s.EnqueueReplay(ctx, st.id, st.hold, []redisstore.Event{ev(1, st.event)})
+		if !errors.Is(err, st.wantErr) || (err != nil) != (st.wantErr != nil) {
+			t.Errorf("%s: %v, want %v", st.name, err, st.wantErr)
+		}
+	}
+	evs, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"r1-a", "r2-b"}, ids(evs)); diff != "" {
+		t.Errorf("queued event IDs (-want +got):\n%s", diff)
+	}
+	if left := testenv.Keys(t, rdb, "snip:wh:{epGone}:*"); len(left) != 0 {
+		t.Errorf("keys written for the deleted endpoint: %q", left)
 	}
 }

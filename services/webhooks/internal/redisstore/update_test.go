@@ -235,3 +235,102 @@ func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
 		})
 	}
 }
+
+// TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears: a replay superseded
+// after its running write (a newer request through another instance)
+// still cut and cleared: its cut, read from the streams before the newer
+// replay's, could land after it and lower it, and its clear deleted what
+// the newer replay had copied since, which then ended done without those
+// events. A replay's cut and each chunk of its clear are written only
+// while it is the endpoint's latest and its holder holds its lease;
+// otherwise nothing changes. The endpoint's other changes (Update) are
+// not bound to a replay.
+func TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	ctx := t.Context()
+	put(t, s, "ep")
+	old := redisstore.ReplayHold{ID: "r1", Holder: "a"}
+	latest := redisstore.ReplayHold{ID: "r2", Holder: "b"}
+	for _, h := range []redisstore.ReplayHold{old, latest} {
+		if err := s.SetReplay(ctx, "ep", redisstore.Replay{ID: h.ID, State: redisstore.ReplayRunning}, true,
+			redisstore.ReplayLease{Holder: h.Holder, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The latest replay's copies.
+	if _, _, err := s.EnqueueReplay(ctx, "ep", latest, []redisstore.Event{ev(1, "a"), ev(2, "b"), ev(3, "c")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
+		t.Fatal(err)
+	}
+	lower := func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.ReplayClicksUpto = 7
+		e.Generation++
+		return redisstore.WriteConfig, nil
+	}
+	steps := []struct {
+		name    string
+		before  func() error
+		write   func() error
+		wantErr error
+	}{
+		{name: "the_latest_replay_cuts", write: func() error {
+			_, _, err := s.UpdateAsReplay(ctx, "ep", latest, markReplay)
+			return err
+		}},
+		{name: "the_superseded_replay_does_not_cut", wantErr: redisstore.ErrReplaySuperseded, write: func() error {
+			_, _, err := s.UpdateAsReplay(ctx, "ep", old, lower)
+			return err
+		}},
+		{name: "the_superseded_replay_does_not_clear", wantErr: redisstore.ErrReplaySuperseded, write: func() error {
+			_, err := s.ClearUpTo(ctx, "ep", old, 100, 100)
+			return err
+		}},
+		{name: "another_change_is_not_bound_to_a_replay", write: func() error {
+			_, _, err := s.Update(ctx, "ep", pause)
+			return err
+		}},
+		{name: "a_replay_whose_lease_lapsed_does_not_cut", wantErr: redisstore.ErrReplayLeaseLapsed,
+			before: func() error { return rdb.Del(ctx, "snip:wh:{ep}:replay_lease").Err() },
+			write: func() error {
+				_, _, err := s.UpdateAsReplay(ctx, "ep", latest, lower)
+				return err
+			}},
+		{name: "a_replay_whose_lease_lapsed_does_not_clear", wantErr: redisstore.ErrReplayLeaseLapsed, write: func() error {
+			_, err := s.ClearUpTo(ctx, "ep", latest, 100, 100)
+			return err
+		}},
+	}
+	// The steps build on each other, in order.
+	for _, st := range steps {
+		if st.before != nil {
+			if err := st.before(); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+		}
+		if err := st.write(); !errors.Is(err, st.wantErr) || (err != nil) != (st.wantErr != nil) {
+			t.Errorf("%s: %v, want %v", st.name, err, st.wantErr)
+		}
+	}
+	e, _, err := s.Get(ctx, "ep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.ReplayClicksUpto != 42 || e.Generation != 1 || !e.Paused {
+		t.Errorf("endpoint: cut %d, generation %d, paused %v; want the latest replay's cut (42, generation 1) and the pause",
+			e.ReplayClicksUpto, e.Generation, e.Paused)
+	}
+	evs, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"a", "b", "c"}, ids(evs)); diff != "" {
+		t.Errorf("the latest replay's copies after the others' clears (-want +got):\n%s", diff)
+	}
+	if _, _, ok, err := s.Inflight(ctx, "ep"); err != nil || !ok {
+		t.Errorf("in-flight mark after the others' clears: ok=%v err=%v, want it kept", ok, err)
+	}
+}
