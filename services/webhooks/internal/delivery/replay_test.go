@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/webhooks/internal/delivery"
@@ -761,5 +762,111 @@ func TestAReplayStopsOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 				t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestClicksIntakeRoutedBeforeAReplayCutAreQueuedOnce: the intake routes a
+// batch with the endpoints as it last loaded them, then queues it. A
+// replay that cut and cleared the queue in between (here the intake's
+// queue write is held while the replay, through another instance, cuts,
+// clears, copies and is done) left the batch's clicks, all at or below
+// its cut, to be queued after its clear, beside its own copies of them:
+// the receiver got each click twice. Each is queued once.
+func TestClicksIntakeRoutedBeforeAReplayCutAreQueuedOnce(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, db := servers.Redis.NewDB(t)
+	ep := endpoint.Endpoint{ID: "ep_live", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+	queueKey := "snip:wh:{" + ep.ID + "}:q"
+	hold := &holding{blocked: make(chan struct{}), release: make(chan struct{}), match: func(_ context.Context, cmds []redis.Cmder) bool {
+		return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(queueKey)) })
+	}}
+	var releaseOnce sync.Once
+	releaseNow := func() { releaseOnce.Do(func() { close(hold.release) }) }
+	t.Cleanup(releaseNow)
+	holdingRDB := redis.NewClient(&redis.Options{Addr: servers.Redis.Addr, DB: db})
+	t.Cleanup(func() { _ = holdingRDB.Close() })
+	holdingRDB.AddHook(hold)
+
+	newIntake := func(rdb redis.UniversalClient) (*delivery.Intake, *redisstore.Store) {
+		store := redisstore.New(rdb, 100_000)
+		m, err := delivery.NewMetrics(prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return delivery.NewIntake(store, m), store
+	}
+	intake, _ := newIntake(holdingRDB)
+	replayIntake, store := newIntake(rdb)
+	replayer := delivery.NewReplayer(js, store, replayIntake, slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "a", LeaseTTL: 3 * time.Second})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	admin := &delivery.Admin{Store: store, Replayer: replayer}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+
+	from := time.Now().UTC()
+	var batch []reader.Event
+	want := map[string]int{}
+	for range 3 {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		cb, _ := json.Marshal(c)
+		ack, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch = append(batch, reader.Event{Click: c, Seq: ack.Sequence, Stored: c.Time, Deliveries: 1})
+		want[c.ID] = 1
+	}
+	handled := make(chan error, 1)
+	go func() { handled <- intake.HandleClicks(ctx, 0, batch) }()
+	select {
+	case <-hold.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the intake never got to its queue write")
+	}
+
+	if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatal(err)
+	}
+	var got redisstore.Replay
+	if !testenv.Poll(30*time.Second, func() bool {
+		s, err := admin.Get(ctx, "acme", ep.ID)
+		got = s.Replay
+		return err == nil && (got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed)
+	}) || got.State != redisstore.ReplayDone || got.Events != len(batch) {
+		t.Fatalf("the replay: %+v; want done with %d events", got, len(batch))
+	}
+	releaseNow()
+	select {
+	case err := <-handled:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the intake's batch was never handled")
+	}
+
+	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := map[string]int{}
+	for _, e := range evs {
+		queued[e.ID]++
+	}
+	if d := cmp.Diff(want, queued); d != "" {
+		t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
 	}
 }

@@ -597,6 +597,14 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 //   - DedupNone: test events (a replay's copies, queued as DedupNone,
 //     go through EnqueueReplay).
 //
+// With DedupSeq and DedupID (live intake) the script also skips an event
+// at or below the endpoint's cut for its type (ReplayClicksUpto,
+// ReplayAlertsUpto) as stored when it runs. The intake routes a batch by
+// the endpoints as it last loaded them, so by an older cut when a replay
+// cut since: queued after that replay's clear, the batch's events at or
+// below the new cut would sit beside the replay's copies of them, and the
+// receiver would get each twice.
+//
 // An endpoint deleted meanwhile gets nothing (an intake batch routed with
 // the endpoints loaded before the delete, a replay still copying): its
 // queue and marks would outlive it, and nothing would delete them.
@@ -738,23 +746,37 @@ const DedupTTL = 24 * time.Hour
 // prefix, the endpoint (nothing is queued once its configuration is gone),
 // the replay's lease; ARGV = mode, partition, maxlen, ttl, the replay
 // queueing (empty: none) and its lease's holder, then (seq, id, type, ts,
-// data) per event. Returns {added, dropped}; for a replay, {-1, 0} when
-// another replay is the endpoint's latest, {-2, 0} when the holder no
-// longer holds its lease (nothing queued).
+// data) per event. In modes 1 and 2 (live intake) an event at or below the
+// stored configuration's cut for its type (replay_clicks_upto,
+// replay_alerts_upto) is skipped. Returns {added, dropped}; for a replay,
+// {-1, 0} when another replay is the endpoint's latest, {-2, 0} when the
+// holder no longer holds its lease (nothing queued).
 var enqueueScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[4], 'cfg') == 0 then return {0, 0} end
+local cfg = redis.call('HGET', KEYS[4], 'cfg')
+if not cfg then return {0, 0} end
 if ARGV[5] ~= '' then
   if (redis.call('HGET', KEYS[4], 'replay_id') or '') ~= ARGV[5] then return {-1, 0} end
   if redis.call('GET', KEYS[5]) ~= ARGV[6] then return {-2, 0} end
 end
 local mode, part, maxlen, ttl = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local cuts = {}
+if mode ~= 0 then
+  local ok, e = pcall(cjson.decode, cfg)
+  if ok and type(e) == 'table' then
+    cuts['` + endpoint.TypeClick + `'] = tonumber(e.replay_clicks_upto) or 0
+    cuts['` + endpoint.TypeFraudAlert + `'] = tonumber(e.replay_alerts_upto) or 0
+  end
+end
 local hw = 0
 if mode == 1 then hw = tonumber(redis.call('HGET', KEYS[2], part) or '0') end
 local top, added, dropped = hw, 0, 0
 for i = 7, #ARGV, 5 do
   local seq = tonumber(ARGV[i])
+  local cut = cuts[ARGV[i+2]] or 0
   local ok = true
-  if mode == 1 then
+  if cut > 0 and seq <= cut then
+    ok = false
+  elseif mode == 1 then
     ok = seq > hw
     if seq > top then top = seq end
   elseif mode == 2 then

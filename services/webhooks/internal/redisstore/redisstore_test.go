@@ -36,6 +36,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestDeleteLeavesNoDeliveryBodies,
 		TestClearUpToKeepsWhatCameAfterTheCut,
 		TestNothingIsQueuedForADeletedEndpoint,
+		TestLiveIntakeQueuesNothingAtOrBelowTheStoredCut,
 		TestOnlyTheLatestReplayWritesItsState,
 		TestAReplayWhoseLeaseLapsedReadsInterrupted,
 		TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease,
@@ -666,5 +667,64 @@ func TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease(t *testing.T) {
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{epGone}:*"); len(left) != 0 {
 		t.Errorf("keys written for the deleted endpoint: %q", left)
+	}
+}
+
+// TestLiveIntakeQueuesNothingAtOrBelowTheStoredCut: the intake skips
+// events at or below the endpoint's cut (a replay's, a create's, a
+// resume's) as it last loaded the endpoint, which may be before a replay
+// cut: its batch, routed then, reached the queue after the replay's clear
+// and sat beside the replay's copies of the same events, so the receiver
+// got each twice. The queueing script skips, for live intake (DedupSeq
+// clicks, DedupID alerts), events at or below the cut stored with the
+// endpoint when it runs; test events and a replay's copies are not cut.
+func TestLiveIntakeQueuesNothingAtOrBelowTheStoredCut(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	alert := func(seq uint64, id string) redisstore.Event {
+		e := ev(seq, id)
+		e.Type = endpoint.TypeFraudAlert
+		return e
+	}
+	tests := []struct {
+		name string
+		mode redisstore.Dedup
+		evs  []redisstore.Event
+		want []string
+	}{
+		{"clicks_at_or_below_the_clicks_cut_are_skipped", redisstore.DedupSeq,
+			[]redisstore.Event{ev(9, "c9"), ev(10, "c10"), ev(11, "c11")}, []string{"c11"}},
+		{"alerts_at_or_below_the_alerts_cut_are_skipped", redisstore.DedupID,
+			[]redisstore.Event{alert(4, "a4"), alert(5, "a5"), alert(6, "a6")}, []string{"a6"}},
+		{"alerts_are_held_to_the_alerts_cut_not_the_clicks", redisstore.DedupID,
+			[]redisstore.Event{alert(7, "a7")}, []string{"a7"}},
+		{"test_events_are_not_cut", redisstore.DedupNone,
+			[]redisstore.Event{{ID: "t", Type: endpoint.TypeTest, Time: time.Unix(1, 0).UTC(), Data: []byte(`{}`)}}, []string{"t"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			ctx := t.Context()
+			id := "ep_" + tc.name
+			if err := s.Put(ctx, endpoint.Endpoint{ID: id, Owner: "acme", URL: "https://example.com/" + id,
+				ReplayClicksUpto: 10, ReplayAlertsUpto: 5}); err != nil {
+				t.Fatal(err)
+			}
+			added, _, err := s.Enqueue(ctx, tc.mode, 0, map[string][]redisstore.Event{id: tc.evs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Read(ctx, id, "0", 100, 1<<20, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, ids(got)); diff != "" {
+				t.Errorf("queue (-want +got):\n%s", diff)
+			}
+			if added[id] != int64(len(tc.want)) {
+				t.Errorf("added %d, want %d", added[id], len(tc.want))
+			}
+		})
 	}
 }
