@@ -383,8 +383,8 @@ func containsType(ts []string, t string) bool {
 // copy reads stream (filtered) from a start time up to sequence upto with
 // an ordered consumer and queues what convert accepts (given each message's
 // payload, subject and time stored), 500 at a time, as replay hold: the
-// script that queues a batch refuses it once hold is superseded or its
-// lease lapsed, and copy returns that error.
+// script that queues a batch refuses it once hold is superseded, its lease
+// lapsed or the endpoint is deleted, and copy returns that error.
 func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstore.ReplayHold, stream, filter string, from time.Time, upto uint64,
 	convert func(data []byte, subject string, stored time.Time) (redisstore.Event, bool)) (int, error) {
 	if upto == 0 {

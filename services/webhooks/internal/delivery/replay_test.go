@@ -870,3 +870,119 @@ func TestClicksIntakeRoutedBeforeAReplayCutAreQueuedOnce(t *testing.T) {
 		t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
 	}
 }
+
+// counting is a go-redis hook that counts the pipelines match accepts
+// that ran (one the server answered NOSCRIPT, sent again once the script
+// is loaded, counts once).
+type counting struct {
+	match func(cmds []redis.Cmder) bool
+	n     atomic.Int64
+}
+
+func (h *counting) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *counting) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *counting) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if h.match(cmds) && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			h.n.Add(1)
+		}
+		return err
+	}
+}
+
+// TestAReplayOfAnEndpointDeletedMidCopyStops: a replay whose endpoint was
+// deleted while it copied queued nothing more (the script writes nothing
+// for a deleted endpoint) but went on reading the stream to its cut and
+// sending every batch to Redis, one after the other, holding up the
+// instance's other replays (they run one at a time) for as long as the
+// owner's history took to read. Here instance b's replay is held at its
+// first batch of two while the endpoint is deleted; let go, it writes no
+// other batch, and none of the endpoint's keys come back.
+func TestAReplayOfAnEndpointDeletedMidCopyStops(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, db := servers.Redis.NewDB(t)
+	ep := endpoint.Endpoint{ID: "ep_deleted", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+	next := endpoint.Endpoint{ID: "ep_next", Owner: "acme", URL: "https://example.com/next", Types: []string{endpoint.TypeClick}}
+	queueKey := "snip:wh:{" + ep.ID + "}:q"
+	writesQueue := func(cmds []redis.Cmder) bool {
+		return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return slices.Contains(c.Args(), any(queueKey)) })
+	}
+	hold := &holding{blocked: make(chan struct{}), release: make(chan struct{}),
+		match: func(_ context.Context, cmds []redis.Cmder) bool { return writesQueue(cmds) }}
+	var releaseOnce sync.Once
+	releaseNow := func() { releaseOnce.Do(func() { close(hold.release) }) }
+	t.Cleanup(releaseNow)
+	writes := &counting{match: writesQueue}
+	holdingRDB := redis.NewClient(&redis.Options{Addr: servers.Redis.Addr, DB: db})
+	t.Cleanup(func() { _ = holdingRDB.Close() })
+	holdingRDB.AddHook(writes)
+	holdingRDB.AddHook(hold)
+
+	store := redisstore.New(holdingRDB, 100_000)
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "b", LeaseTTL: 3 * time.Second})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	b := &delivery.Admin{Store: store, Replayer: replayer}
+	plain := redisstore.New(rdb, 100_000)
+	for _, e := range []endpoint.Endpoint{ep, next} {
+		if err := plain.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	from := time.Now().UTC()
+	const clicks = 750 // two batches of at most 500
+	for range clicks {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		cb, _ := json.Marshal(c)
+		if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hold.blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b's replay never got to its first batch")
+	}
+	if err := plain.Delete(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	releaseNow()
+	if err := b.Replay(ctx, "acme", next.ID, from); err != nil {
+		t.Fatal(err)
+	}
+	var got redisstore.Replay
+	if !testenv.Poll(30*time.Second, func() bool {
+		s, err := b.Get(ctx, "acme", next.ID)
+		got = s.Replay
+		return err == nil && (got.State == redisstore.ReplayDone || got.State == redisstore.ReplayFailed)
+	}) || got.State != redisstore.ReplayDone || got.Events != clicks {
+		t.Fatalf("b's next replay, after the one of the deleted endpoint: %+v; want done with %d events", got, clicks)
+	}
+	if n := writes.n.Load(); n != 1 {
+		t.Errorf("queue writes of the deleted endpoint's replay: %d, want 1 (the held batch, refused)", n)
+	}
+	if left := testenv.Keys(t, rdb, "snip:wh:{"+ep.ID+"}:*"); len(left) != 0 {
+		t.Errorf("keys written for the deleted endpoint: %q", left)
+	}
+}

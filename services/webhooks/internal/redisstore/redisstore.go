@@ -691,8 +691,9 @@ type ReplayHold struct {
 // EnqueueReplay appends a replay's copied events to endpoint id's queue,
 // as Enqueue does with DedupNone, while hold's replay is the endpoint's
 // latest and hold.Holder holds its lease; otherwise it queues nothing and
-// returns ErrReplaySuperseded or ErrReplayLeaseLapsed (endpoint.ErrNotFound
-// is not returned: a deleted endpoint gets nothing, as from Enqueue). The
+// returns ErrReplaySuperseded or ErrReplayLeaseLapsed, or
+// endpoint.ErrNotFound once the endpoint is deleted (a deleted endpoint
+// gets nothing, as from Enqueue, and its replay need copy no further). The
 // check is the queueing script's own, so it is atomic with the write: a
 // replay superseded by a newer request, or whose lease lapsed (it reads
 // interrupted, and the owner may have asked again), queues nothing after
@@ -723,6 +724,8 @@ func (s *Store) EnqueueReplay(ctx context.Context, id string, hold ReplayHold, e
 		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
 	case -2:
 		return 0, 0, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+	case -3:
+		return 0, 0, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
 	default:
 		s.replicated(ctx, "enqueue", []string{k(id, "q")})
 		return r[0], r[1], nil
@@ -748,12 +751,16 @@ const DedupTTL = 24 * time.Hour
 // queueing (empty: none) and its lease's holder, then (seq, id, type, ts,
 // data) per event. In modes 1 and 2 (live intake) an event at or below the
 // stored configuration's cut for its type (replay_clicks_upto,
-// replay_alerts_upto) is skipped. Returns {added, dropped}; for a replay,
-// {-1, 0} when another replay is the endpoint's latest, {-2, 0} when the
-// holder no longer holds its lease (nothing queued).
+// replay_alerts_upto) is skipped. Returns {added, dropped} ({0, 0} once
+// the endpoint is gone); for a replay, {-1, 0} when another replay is the
+// endpoint's latest, {-2, 0} when the holder no longer holds its lease,
+// {-3, 0} when the endpoint is gone (nothing queued).
 var enqueueScript = redis.NewScript(`
 local cfg = redis.call('HGET', KEYS[4], 'cfg')
-if not cfg then return {0, 0} end
+if not cfg then
+  if ARGV[5] ~= '' then return {-3, 0} end
+  return {0, 0}
+end
 if ARGV[5] ~= '' then
   if (redis.call('HGET', KEYS[4], 'replay_id') or '') ~= ARGV[5] then return {-1, 0} end
   if redis.call('GET', KEYS[5]) ~= ARGV[6] then return {-2, 0} end

@@ -603,6 +603,8 @@ func TestAReplayWhoseLeaseLapsedReadsInterrupted(t *testing.T) {
 // after its lease lapsed (it read interrupted). The script that queues a
 // replay's batch refuses it, queueing nothing, once the replay is no
 // longer the endpoint's latest or its holder no longer holds its lease.
+// A replay of an endpoint deleted meanwhile is told so (it went on copying
+// the rest of the stream for nothing) and queues nothing.
 func TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -644,7 +646,7 @@ func TestAReplayQueuesOnlyWhileItIsTheLatestAndHoldsItsLease(t *testing.T) {
 				}
 				return s.Delete(ctx, endpoint.Endpoint{ID: "epGone", Owner: "acme"})
 			},
-			hold: redisstore.ReplayHold{ID: "r1", Holder: "a"}, event: "gone"},
+			hold: redisstore.ReplayHold{ID: "r1", Holder: "a"}, event: "gone", wantErr: endpoint.ErrNotFound},
 	}
 	// The steps build on each other, in order.
 	for _, st := range steps {
