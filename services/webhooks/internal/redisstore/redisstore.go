@@ -606,8 +606,9 @@ func (e Event) Size() int { return len(e.ID) + len(e.Type) + len(e.Data) + 64 }
 // receiver would get each twice.
 //
 // An endpoint deleted meanwhile gets nothing (an intake batch routed with
-// the endpoints loaded before the delete, a replay still copying): its
-// queue and marks would outlive it, and nothing would delete them.
+// the endpoints loaded before the delete, a test event): its queue and
+// marks would outlive it, and nothing would delete them. A replay still
+// copying is refused instead (EnqueueReplay).
 func (s *Store) Enqueue(ctx context.Context, mode Dedup, partition int, byEndpoint map[string][]Event) (added, dropped map[string]int64, err error) {
 	if len(byEndpoint) == 0 {
 		return nil, nil, nil
