@@ -421,6 +421,13 @@ func TestChaosTallyNamesEveryDoubleAndLoss(t *testing.T) {
 			rows: []oracle.Result{log, counter, with(warehouse, func(r *oracle.Result) { r.Got, r.Missing = 97, 3 })},
 			want: chaosResult{InClicks: 100, Counted: "100", Loaded: "97", Lost: 3},
 		},
+		{
+			// A sink not checked says so: 0 would read as a sink that
+			// counted and loaded nothing.
+			name: "skipped_sinks",
+			rows: []oracle.Result{log, {Sink: oracle.SinkCounter, Status: oracle.Skipped}, {Sink: oracle.SinkWarehouse, Status: oracle.Skipped}},
+			want: chaosResult{InClicks: 100, Counted: "skipped", Loaded: "skipped"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -290,6 +290,9 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 func (res *chaosResult) tally(rows []oracle.Result) {
 	res.Counted, res.Loaded = "skipped", "skipped"
 	for _, r := range rows {
+		if r.Status == oracle.Skipped {
+			continue
+		}
 		switch r.Sink {
 		case oracle.SinkLog:
 			res.InClicks = r.Got
@@ -297,9 +300,6 @@ func (res *chaosResult) tally(rows []oracle.Result) {
 			res.Counted = fmt.Sprint(r.Got)
 		case oracle.SinkWarehouse:
 			res.Loaded = fmt.Sprint(r.Got)
-		}
-		if r.Status == oracle.Skipped {
-			continue
 		}
 		switch r.Sink {
 		case oracle.SinkLog, oracle.SinkWarehouse:
