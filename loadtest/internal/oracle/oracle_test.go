@@ -719,6 +719,19 @@ func TestVerify(t *testing.T) {
 			want: map[string]outcome{oracle.SinkFraud: {Missing: 1, Extra: 1, Status: oracle.Fail}},
 		},
 		{
+			// The same when the link named is not one of the run's: the
+			// counter moves a count on another link of the owner, and the
+			// run's human click, left human, agrees everywhere else.
+			name: "verdict_names_a_link_outside_the_run", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				w.verdicts = append(w.verdicts, oracle.Verdict{ID: "flood:" + c.ID.String(), ClickID: c.ID, Code: "demo-link", Bot: true,
+					Rule: "link_flood", FraudSeq: uint64(len(w.verdicts) + 1)})
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkFraud: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
 			// Every burst labelled, none alerted: the owner's alert list
 			// and webhooks never hear of it.
 			name: "burst_without_an_alert", mode: truth.ModeEvents,
