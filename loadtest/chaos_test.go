@@ -16,9 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/chaos"
+	"github.com/snipdev/snip/loadtest/internal/oracle"
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -377,5 +379,64 @@ func TestRecoveredByWantsAFreshBacklogRead(t *testing.T) {
 		if got := recoveredBy(tc.s, tc.now, end, tc.began, tc.backlog, 1000); got != tc.want {
 			t.Errorf("%s: recoveredBy = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestChaosTallyNamesEveryDoubleAndLoss: a fault's row says how many
+// clicks were lost and doubled in the log, the counter and the warehouse.
+// The counter keeps no copies: a click it counted twice shows as a count
+// above the log's (its totals' extra), and is doubled all the same.
+func TestChaosTallyNamesEveryDoubleAndLoss(t *testing.T) {
+	t.Parallel()
+	log := oracle.Result{Sink: oracle.SinkLog, Expected: 100, Got: 100, Status: oracle.Pass}
+	counter := oracle.Result{Sink: oracle.SinkCounter, Expected: 100, Got: 100, Status: oracle.Pass}
+	warehouse := oracle.Result{Sink: oracle.SinkWarehouse, Expected: 100, Got: 100, Status: oracle.Pass}
+	with := func(r oracle.Result, f func(*oracle.Result)) oracle.Result {
+		f(&r)
+		r.Status = oracle.Fail
+		return r
+	}
+	tests := []struct {
+		name string
+		rows []oracle.Result
+		want chaosResult
+	}{
+		{
+			name: "nothing_lost_or_doubled",
+			rows: []oracle.Result{log, counter, warehouse},
+			want: chaosResult{InClicks: 100, Counted: "100", Loaded: "100"},
+		},
+		{
+			name: "counter_counted_a_click_twice",
+			rows: []oracle.Result{log, with(counter, func(r *oracle.Result) { r.Got, r.Extra = 101, 1 }), warehouse},
+			want: chaosResult{InClicks: 100, Counted: "101", Loaded: "100", Doubled: 1},
+		},
+		{
+			name: "click_stored_twice_in_the_log",
+			rows: []oracle.Result{with(log, func(r *oracle.Result) { r.Dup = 2 }), counter, warehouse},
+			want: chaosResult{InClicks: 100, Counted: "100", Loaded: "100", Doubled: 2},
+		},
+		{
+			name: "warehouse_lost_three",
+			rows: []oracle.Result{log, counter, with(warehouse, func(r *oracle.Result) { r.Got, r.Missing = 97, 3 })},
+			want: chaosResult{InClicks: 100, Counted: "100", Loaded: "97", Lost: 3},
+		},
+		{
+			// A sink not checked says so: 0 would read as a sink that
+			// counted and loaded nothing.
+			name: "skipped_sinks",
+			rows: []oracle.Result{log, {Sink: oracle.SinkCounter, Status: oracle.Skipped}, {Sink: oracle.SinkWarehouse, Status: oracle.Skipped}},
+			want: chaosResult{InClicks: 100, Counted: "skipped", Loaded: "skipped"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var got chaosResult
+			got.tally(tc.rows)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("tally (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -197,7 +197,9 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 		}
 		if err != nil {
 			// Not a valid click: readers park it. Keep what identifies it, so
-			// the oracle counts it against the run instead of ignoring it.
+			// the oracle counts it against the run instead of ignoring it:
+			// the link its payload names, or, when it names none (not JSON
+			// at all, no code), the one it was stored under.
 			var raw struct {
 				ID        string `json:"id"`
 				Code      string `json:"code"`
@@ -206,6 +208,9 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 			_ = json.Unmarshal(m.Data(), &raw)
 			lc.ID, _ = uuid.Parse(raw.ID)
 			lc.Code, lc.RequestID, lc.Invalid = raw.Code, raw.RequestID, true
+			if lc.Code == "" {
+				lc.Code = subjectCode(m.Subject())
+			}
 			out = append(out, lc)
 			return
 		}
@@ -219,6 +224,12 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 
 // Close stops reading.
 func (c *Clicks) Close() { c.s.Close() }
+
+// subjectCode is the link code of a click subject, its last token
+// (<partition>.clicks.<owner>.<code>).
+func subjectCode(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
 
 // Verdicts reads the verdicts about one owner's clicks from FRAUD_VERDICTS.
 type Verdicts struct {

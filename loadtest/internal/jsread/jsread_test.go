@@ -107,6 +107,40 @@ func TestClicksReadsEachClicksOwnFields(t *testing.T) {
 	}
 }
 
+// A message on a link's subject that is not a click at all (not JSON, no
+// code in it) is still a message the link's readers get and park: it is
+// read as an invalid click of the link it was stored under, so the oracle
+// counts it against a run of that link instead of passing over it (it
+// read such a message as a click of no link, which no run owns).
+func TestClicksReadsAnUnreadablePayloadAsAnInvalidClickOfItsLink(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.StartNATS(t).JetStream(t)
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	r := jsread.NewClicks(js, "acme", time.Now().Add(-time.Minute))
+	defer r.Close()
+	for _, payload := range []string{"not a click", `{"id":"x","request_id":"req-2"}`} {
+		if _, err := js.Publish(ctx, events.ClickSubject("acme", "c1"), []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []oracle.LogClick
+	testenv.WaitFor(t, 10*time.Second, "both messages to be read", func() bool {
+		cs, _, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, cs...)
+		return len(got) >= 2
+	})
+	want := []oracle.LogClick{{Code: "c1", Invalid: true}, {Code: "c1", RequestID: "req-2", Invalid: true}}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(oracle.LogClick{}, "Partition", "StreamSeq", "Stored")); diff != "" {
+		t.Errorf("messages read (-want +got):\n%s", diff)
+	}
+}
+
 // A reader whose consumer's server is killed must go on reading: on a
 // cluster the oracle's reader is a one-replica consumer on one node, and a
 // reader left waiting on a pull request that server lost reports the run's

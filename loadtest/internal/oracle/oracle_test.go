@@ -30,6 +30,24 @@ func (f *fakeLog) Next(context.Context) ([]oracle.LogClick, bool, error) {
 	return c, true, nil
 }
 
+// lateLog is a log whose late clicks are stored while the oracle reads it:
+// they are there from the at-th read on (the first read takes every sent
+// click, the second ends the settling).
+type lateLog struct {
+	clicks, late []oracle.LogClick
+	at, reads    int
+}
+
+func (f *lateLog) Next(context.Context) ([]oracle.LogClick, bool, error) {
+	f.reads++
+	c := f.clicks
+	f.clicks = nil
+	if f.reads == f.at {
+		c = append(c, f.late...)
+	}
+	return c, true, nil
+}
+
 type fakeVerdicts struct{ verdicts []oracle.Verdict }
 
 func (f *fakeVerdicts) Next(context.Context) ([]oracle.Verdict, bool, error) {
@@ -598,6 +616,22 @@ func TestVerify(t *testing.T) {
 			want:   map[string]outcome{oracle.SinkLog: {Dup: 1, Status: oracle.Fail}},
 		},
 		{
+			// A copy stored after the log was first read (a relay that
+			// publishes again once JetStream's duplicate window has passed)
+			// is a duplicate all the same; the readers, which deduplicate
+			// it, have processed it.
+			name: "click_stored_again_after_the_first_read_is_a_duplicate", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				c.StreamSeq = uint64(len(w.log) + 1)
+				w.log = append(w.log, c)
+			},
+			sinks: func(w *world, s *oracle.Sinks) {
+				s.Log = &lateLog{clicks: w.log[:len(w.log)-1], late: w.log[len(w.log)-1:], at: 3}
+			},
+			want: map[string]outcome{oracle.SinkLog: {Dup: 1, Status: oracle.Fail}},
+		},
+		{
 			name: "request_recorded_as_two_events_is_a_duplicate", mode: truth.ModeHTTP,
 			mutate: func(t *testing.T, w *world) {
 				c := w.log[w.clickOf(t, workload.Human)]
@@ -683,6 +717,19 @@ func TestVerify(t *testing.T) {
 			},
 			// the burst click is not labelled on its link: missing
 			want: map[string]outcome{oracle.SinkFraud: {Missing: 1, Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// The same when the link named is not one of the run's: the
+			// counter moves a count on another link of the owner, and the
+			// run's human click, left human, agrees everywhere else.
+			name: "verdict_names_a_link_outside_the_run", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				c := w.log[w.clickOf(t, workload.Human)]
+				w.verdicts = append(w.verdicts, oracle.Verdict{ID: "flood:" + c.ID.String(), ClickID: c.ID, Code: "demo-link", Bot: true,
+					Rule: "link_flood", FraudSeq: uint64(len(w.verdicts) + 1)})
+				w.recount()
+			},
+			want: map[string]outcome{oracle.SinkFraud: {Extra: 1, Status: oracle.Fail}},
 		},
 		{
 			// Every burst labelled, none alerted: the owner's alert list

@@ -20,7 +20,9 @@ type LogClick struct {
 	StreamSeq uint64
 	Stored    time.Time
 	// Invalid is set when the payload fails events.DecodeClick: readers
-	// park such a click instead of counting it.
+	// park such a click instead of counting it. Its Code is the one its
+	// payload names, or the one of the subject it was stored under when
+	// the payload names none.
 	Invalid bool
 	// Visitor is the click's anonymised visitor identity: what fraud
 	// detection's per-visitor alerts name, and what the counter's daily

@@ -267,9 +267,15 @@ func (s *state) lookup(id uuid.UUID) (uint64, bool) {
 
 // addVerdict records one verdict label read from FRAUD_VERDICTS. The latest
 // label about a click (by FRAUD_VERDICTS sequence) is its label.
+//
+// A verdict is the run's when it names one of the run's links or one of its
+// clicks: one about a click of the run that names a link outside it is
+// wrong, as one naming another of the run's links is.
 func (s *state) addVerdict(v *Verdict) {
-	if _, ours := s.linkOf(v.Code); !ours {
-		return
+	_, ours := s.linkOf(v.Code)
+	seq, known := s.lookup(v.ClickID)
+	if !ours && !known {
+		return // another link's click: not the run's business
 	}
 	s.lastVerdict = max(s.lastVerdict, v.FraudSeq)
 	if _, seen := s.verdictIDs[v.ID]; seen {
@@ -277,8 +283,7 @@ func (s *state) addVerdict(v *Verdict) {
 		return
 	}
 	s.verdictIDs[v.ID] = struct{}{}
-	seq, ok := s.lookup(v.ClickID)
-	if !ok {
+	if !known {
 		s.verdictUnknown++
 		return
 	}

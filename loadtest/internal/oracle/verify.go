@@ -55,8 +55,9 @@ type Options struct {
 	// Deadline bounds the whole verification: reading the log, readers
 	// catching up, and sinks converging (default 2m).
 	Deadline time.Duration
-	// Settle is how long the log is read on after every sent click is in
-	// it, for unanswered requests that were recorded late (default 2s).
+	// Settle is how long the first read of the log goes on after every
+	// sent click is in it, for unanswered requests that were recorded late
+	// (default 2s). After it the log is read on at every poll.
 	Settle time.Duration
 	// Poll is the interval between checks (default 500ms).
 	Poll time.Duration
@@ -155,9 +156,22 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	for {
 		// Each read and query has its own timeout; only the waiting
 		// between polls is bounded by the deadline, so the last pass still
-		// reads every sink. Positions are read before the verdicts: a
-		// reader of FRAUD is then judged against every verdict published
-		// before fraud detection's position was read.
+		// reads every sink. The log is read on first: a click stored since
+		// the last read (a copy stored again, an unanswered request
+		// recorded late) is judged like any other, and the readers, whose
+		// positions are read next, must have processed it too. Positions
+		// are read before the verdicts: a reader of FRAUD is then judged
+		// against every verdict published before fraud detection's
+		// position was read.
+		lctx, lcancel := context.WithTimeout(ctx, queryTimeout)
+		err := readToEnd(lctx, s, sinks.Log)
+		lcancel()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("verify: %w", ctx.Err())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("verify: read CLICKS: %w", err)
+		}
 		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
 		pos, err := sinks.Readers.Positions(bctx)
 		// The endpoint's queue is read after the group's positions: a
@@ -233,24 +247,10 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 }
 
 // readLog reads CLICKS until every sent click is found and the reader is at
-// the end, then for Settle longer.
+// the end, then for Settle longer. Verify reads on at every poll.
 func readLog(ctx context.Context, s *state, log LogReader, opts Options) error {
-	readToEnd := func() (bool, error) {
-		for {
-			clicks, atEnd, err := log.Next(ctx)
-			if err != nil {
-				return false, err
-			}
-			for i := range clicks {
-				s.addClick(&clicks[i])
-			}
-			if atEnd {
-				return true, nil
-			}
-		}
-	}
 	for {
-		if _, err := readToEnd(); err != nil {
+		if err := readToEnd(ctx, s, log); err != nil {
 			return err
 		}
 		if s.logComplete() {
@@ -267,8 +267,23 @@ func readLog(ctx context.Context, s *state, log LogReader, opts Options) error {
 		return ctx.Err()
 	case <-time.After(opts.Settle):
 	}
-	_, err := readToEnd()
-	return err
+	return readToEnd(ctx, s, log)
+}
+
+// readToEnd reads what CLICKS stored since the last read, up to its end.
+func readToEnd(ctx context.Context, s *state, log LogReader) error {
+	for {
+		clicks, atEnd, err := log.Next(ctx)
+		if err != nil {
+			return err
+		}
+		for i := range clicks {
+			s.addClick(&clicks[i])
+		}
+		if atEnd {
+			return nil
+		}
+	}
 }
 
 func readVerdicts(ctx context.Context, s *state, vr VerdictReader) error {
