@@ -13,9 +13,20 @@ import (
 // last event) within MaxCatchUp of the load's end. The first half is
 // reported but not judged: a reader starting cold (a new group, a GC) may
 // fall behind early and catch up, which is not falling behind.
+//
+// A reader is judged only on backlog reads: a second in which no read of
+// its backlog finished (series.Second.LagRead false, or the reader absent
+// from the read) is unknown, not within bounds. A reader whose lag is
+// unknown in more than a quarter of the second half's seconds (fresh in
+// fewer than MinFreshPercent of them) has an unknown verdict, and the run
+// is not kept up. The allowance is for a read that outlasts its second on
+// a loaded machine (reads run back to back, one a second at most, so one
+// such read leaves a second without one); a run whose reads fail for long
+// is not judged on the figures of before.
 const (
-	MaxLagSeconds = 10
-	MaxCatchUp    = 10 * time.Second
+	MaxLagSeconds   = 10
+	MaxCatchUp      = 10 * time.Second
+	MinFreshPercent = 75
 )
 
 // KeepUp is the keep-up verdict of a run whose readers were watched.
@@ -27,16 +38,25 @@ type KeepUp struct {
 	MaxLag uint64 `json:"max_lag"`
 }
 
-// ReaderLag is one reader's peak lag in each half of the load.
+// ReaderLag is one reader's peak lag in each half of the load, of the
+// seconds in which its backlog was read.
 type ReaderLag struct {
 	Reader     string `json:"reader"`
 	FirstHalf  uint64 `json:"first_half_peak"`
 	SecondHalf uint64 `json:"second_half_peak"`
-	Bounded    bool   `json:"bounded"`
+	// Read is in how many of the second half's Seconds a read of the
+	// reader's backlog finished.
+	Read    int `json:"second_half_seconds_read"`
+	Seconds int `json:"second_half_seconds"`
+	// Unknown: read in fewer than MinFreshPercent of the seconds; the
+	// reader is not Bounded, whatever its peak.
+	Unknown bool `json:"unknown,omitempty"`
+	Bounded bool `json:"bounded"`
 }
 
 // KeepUpOf judges a run by the keep-up rule, from the lag its seconds
-// recorded during the load; nil when no reader's lag was recorded.
+// recorded during the load, each second's only where a backlog read
+// finished in it; nil when no reader's lag was recorded.
 func KeepUpOf(r *Report) *KeepUp {
 	var load []series.Second
 	for _, s := range r.Summary.Seconds {
@@ -56,15 +76,21 @@ func KeepUpOf(r *Report) *KeepUp {
 	k := &KeepUp{MaxLag: uint64(r.Rate) * MaxLagSeconds, KeptUp: r.CatchUp >= 0 && r.CatchUp <= MaxCatchUp}
 	half := len(load) / 2
 	for name := range names {
-		l := ReaderLag{Reader: name}
+		l := ReaderLag{Reader: name, Seconds: len(load) - half}
 		for i, s := range load {
+			lag, ok := s.Lag[name]
+			if !ok || !s.LagRead {
+				continue // an earlier read's figure, or none: unknown
+			}
 			if i < half {
-				l.FirstHalf = max(l.FirstHalf, s.Lag[name])
+				l.FirstHalf = max(l.FirstHalf, lag)
 			} else {
-				l.SecondHalf = max(l.SecondHalf, s.Lag[name])
+				l.SecondHalf = max(l.SecondHalf, lag)
+				l.Read++
 			}
 		}
-		l.Bounded = l.SecondHalf <= k.MaxLag
+		l.Unknown = l.Read*100 < l.Seconds*MinFreshPercent
+		l.Bounded = !l.Unknown && l.SecondHalf <= k.MaxLag
 		k.KeptUp = k.KeptUp && l.Bounded
 		k.Readers = append(k.Readers, l)
 	}

@@ -103,7 +103,10 @@ func Text(w io.Writer, r *Report) {
 			verdict, MaxLagSeconds, k.MaxLag, MaxCatchUp)
 		for _, l := range k.Readers {
 			bounded := "bounded"
-			if !l.Bounded {
+			switch {
+			case l.Unknown:
+				bounded = fmt.Sprintf("unknown (backlog read in %d of the second half's %d seconds, fewer than %d%%)", l.Read, l.Seconds, MinFreshPercent)
+			case !l.Bounded:
 				bounded = "NOT bounded"
 			}
 			fmt.Fprintf(w, "    %-38s peak lag %d in the first half, %d in the second: %s\n", l.Reader, l.FirstHalf, l.SecondHalf, bounded)

@@ -123,8 +123,8 @@ func TestKeepUpJudgesTheSecondHalfAndTheCatchUp(t *testing.T) {
 	r := sample(t) // rate 100: at most 1,000 behind; lags rise 10..50 and 100..500 over 5 s
 	k := report.KeepUpOf(r)
 	want := &report.KeepUp{KeptUp: true, MaxLag: 1000, Readers: []report.ReaderLag{
-		{Reader: "click-counter", FirstHalf: 20, SecondHalf: 50, Bounded: true},
-		{Reader: "warehouse-loader", FirstHalf: 200, SecondHalf: 500, Bounded: true},
+		{Reader: "click-counter", FirstHalf: 20, SecondHalf: 50, Read: 3, Seconds: 3, Bounded: true},
+		{Reader: "warehouse-loader", FirstHalf: 200, SecondHalf: 500, Read: 3, Seconds: 3, Bounded: true},
 	}}
 	if diff := cmp.Diff(want, k); diff != "" {
 		t.Fatalf("KeepUpOf (-want +got):\n%s", diff)
@@ -171,6 +171,84 @@ func TestKeepUpJudgesTheSecondHalfAndTheCatchUp(t *testing.T) {
 	for _, line := range []string{
 		"kept up              yes (every reader's lag in the second half of the load at most 10 s of load, 1000 events, and caught up within 10s)",
 		"warehouse-loader                       peak lag 200 in the first half, 500 in the second: bounded",
+	} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("text lacks %q:\n%s", line, out.String())
+		}
+	}
+}
+
+// A second in which no backlog read finished repeats an earlier read's
+// figure: the rule takes it as unknown, not as within bounds, and a reader
+// read in fewer than 3 of 4 of the second half's seconds is not judged
+// bounded, whatever its last figures say.
+func TestKeepUpTakesASecondWithoutARead(t *testing.T) {
+	t.Parallel()
+	// 8 s of load at 100/s: at most 1,000 behind; the second half is the
+	// last 4 seconds. Each case reads the backlog in the seconds marked
+	// 'r' (the reader at lag[i]); in the others no read finished, and the
+	// meter repeats the last one read.
+	tests := []struct {
+		name  string
+		reads string
+		lag   [8]uint64
+		want  report.ReaderLag
+		kept  bool
+	}{
+		{
+			name: "every_second_read", reads: "rrrrrrrr", lag: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8},
+			want: report.ReaderLag{FirstHalf: 4, SecondHalf: 8, Read: 4, Seconds: 4, Bounded: true}, kept: true,
+		},
+		{
+			// 3 of 4: the allowance for a read that outlasts its second.
+			name: "one_second_of_four_unread_is_allowed", reads: "rrrrr.rr", lag: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8},
+			want: report.ReaderLag{FirstHalf: 4, SecondHalf: 8, Read: 3, Seconds: 4, Bounded: true}, kept: true,
+		},
+		{
+			// Reads failing from the second half on: the last figure
+			// read, low, repeated, must not pass for the reader's lag.
+			name: "reads_failing_in_the_second_half_is_unknown", reads: "rrrr....", lag: [8]uint64{1, 2, 3, 4, 5000, 6000, 7000, 8000},
+			want: report.ReaderLag{FirstHalf: 4, Read: 0, Seconds: 4, Unknown: true}, kept: false,
+		},
+		{
+			name: "half_the_second_half_unread_is_unknown", reads: "rrrrr.r.", lag: [8]uint64{1, 2, 3, 4, 5, 6, 7, 8},
+			want: report.ReaderLag{FirstHalf: 4, SecondHalf: 7, Read: 2, Seconds: 4, Unknown: true}, kept: false,
+		},
+		{
+			name: "a_read_peak_over_the_bound_is_not_bounded", reads: "rrrrrrr.", lag: [8]uint64{1, 2, 3, 4, 5, 1001, 7, 8},
+			want: report.ReaderLag{FirstHalf: 4, SecondHalf: 1001, Read: 3, Seconds: 4}, kept: false,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+			m := series.NewMeter(start, 100)
+			for i := range 8 {
+				if tc.reads[i] == 'r' {
+					m.SetLag(map[string]uint64{"click-counter": tc.lag[i]})
+				}
+				m.Tick(start.Add(time.Duration(i+1)*time.Second), series.PhaseLoad)
+			}
+			r := &report.Report{Rate: 100, LoadTime: 8 * time.Second, CatchUp: time.Second, Summary: m.Summarise(8 * time.Second)}
+			k := report.KeepUpOf(r)
+			want := &report.KeepUp{KeptUp: tc.kept, MaxLag: 1000, Readers: []report.ReaderLag{tc.want}}
+			want.Readers[0].Reader = "click-counter"
+			if diff := cmp.Diff(want, k); diff != "" {
+				t.Errorf("KeepUpOf (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	// The text names the unknown reader and why.
+	r := sample(t)
+	r.Summary.Seconds[3].LagRead = false
+	r.KeepUp = report.KeepUpOf(r)
+	var out bytes.Buffer
+	report.Text(&out, r)
+	for _, line := range []string{
+		"kept up              no (",
+		"warehouse-loader                       peak lag 200 in the first half, 500 in the second: unknown (backlog read in 2 of the second half's 3 seconds, fewer than 75%)",
 	} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("text lacks %q:\n%s", line, out.String())

@@ -45,8 +45,14 @@ type Second struct {
 	P99  float64 `json:"p99_ms"`
 	P999 float64 `json:"p999_ms"`
 	Max  float64 `json:"max_ms"`
-	// Lag is each reader's backlog at the end of the second.
+	// Lag is each reader's backlog at the end of the second: the last
+	// backlog read that had finished by then.
 	Lag map[string]uint64 `json:"lag,omitempty"`
+	// LagRead: a backlog read finished within the second, so Lag is the
+	// second's own. Without one (reads failing, or one outlasting the
+	// second) Lag is an earlier second's, repeated: it says nothing about
+	// this one.
+	LagRead bool `json:"lag_read,omitempty"`
 }
 
 // Meter collects a run's measurements. It is safe for concurrent use.
@@ -64,6 +70,7 @@ type Meter struct {
 	totalErrs      uint64
 	seconds        []Second
 	lag            map[string]uint64
+	lagRead        bool // SetLag was called since the last Tick
 	peakLag        map[string]uint64
 
 	// offered is the load the schedule offered so far, unrounded, and
@@ -122,6 +129,7 @@ func (m *Meter) SetLag(lag map[string]uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.lag = maps.Clone(lag)
+	m.lagRead = true
 	for k, v := range lag {
 		m.peakLag[k] = max(m.peakLag[k], v)
 	}
@@ -142,7 +150,7 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 		P99:  ms(m.sec.ValueAtQuantile(99)),
 		P999: ms(m.sec.ValueAtQuantile(99.9)),
 		Max:  ms(m.sec.Max()),
-		Lag:  maps.Clone(m.lag),
+		Lag:  maps.Clone(m.lag), LagRead: m.lagRead,
 	}
 	if phase == PhaseLoad {
 		m.offered += m.rate * max(0, now.Sub(m.last).Seconds())
@@ -151,6 +159,7 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 	}
 	m.last = now
 	m.sent, m.ok, m.errs = 0, 0, 0
+	m.lagRead = false
 	m.sec.Reset()
 	m.seconds = append(m.seconds, s)
 	return s

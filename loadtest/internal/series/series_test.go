@@ -310,6 +310,31 @@ func TestLagIsPerSecondAndItsPeakPerReader(t *testing.T) {
 	}
 }
 
+// A second with no backlog read of its own repeats the last read's lag and
+// says so: the keep-up rule must not take it for the second's.
+func TestASecondWithoutABacklogReadSaysSo(t *testing.T) {
+	t.Parallel()
+	m := series.NewMeter(t0, 1)
+	none := m.Tick(at(1), series.PhaseLoad)
+	m.SetLag(map[string]uint64{"click-counter": 5})
+	read := m.Tick(at(2), series.PhaseLoad)
+	stale := m.Tick(at(3), series.PhaseLoad)
+	m.SetLag(map[string]uint64{"click-counter": 1})
+	again := m.Tick(at(4), series.PhaseLoad)
+	type sec struct {
+		Lag  map[string]uint64
+		Read bool
+	}
+	want := []sec{{nil, false}, {map[string]uint64{"click-counter": 5}, true}, {map[string]uint64{"click-counter": 5}, false}, {map[string]uint64{"click-counter": 1}, true}}
+	var got []sec
+	for _, s := range []series.Second{none, read, stale, again} {
+		got = append(got, sec{s.Lag, s.LagRead})
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("lag and whether it was read in the second (-want +got):\n%s", diff)
+	}
+}
+
 func TestConcurrentUseKeepsEveryCount(t *testing.T) {
 	t.Parallel()
 	const workers, each = 8, 500
