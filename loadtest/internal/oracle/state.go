@@ -151,16 +151,22 @@ func newState(tr *truth.Truth) (*state, error) {
 }
 
 // codePrefix starts every link code of the run.
-func (s *state) codePrefix() string { return "lt-" + s.tag.String() + "-" }
+func (s *state) codePrefix() string { return codePrefix(s.tag) }
+
+func codePrefix(tag workload.Tag) string { return "lt-" + tag.String() + "-" }
 
 // linkOf returns the link index of one of the run's codes.
-func (s *state) linkOf(code string) (int, bool) {
-	rest, ok := strings.CutPrefix(code, s.codePrefix())
+func (s *state) linkOf(code string) (int, bool) { return linkOf(s.tag, s.gen.NumLinks(), code) }
+
+// linkOf returns the link index of code, if it is one of the links of the
+// run tagged tag.
+func linkOf(tag workload.Tag, links int, code string) (int, bool) {
+	rest, ok := strings.CutPrefix(code, codePrefix(tag))
 	if !ok {
 		return 0, false
 	}
 	n, err := strconv.ParseUint(rest, 36, 32)
-	if err != nil || int(n) >= s.gen.NumLinks() {
+	if err != nil || int(n) >= links {
 		return 0, false
 	}
 	return int(n), true
@@ -168,15 +174,17 @@ func (s *state) linkOf(code string) (int, bool) {
 
 // seqOf returns the sequence a stored click names, by its event ID (events
 // mode) or its request ID (HTTP mode).
-func (s *state) seqOf(c *LogClick) (uint64, bool) {
+func (s *state) seqOf(c *LogClick) (uint64, bool) { return seqOf(s.tr, s.tag, c) }
+
+func seqOf(tr *truth.Truth, tag workload.Tag, c *LogClick) (uint64, bool) {
 	var seq uint64
 	var ok bool
-	if s.tr.Mode == truth.ModeEvents {
-		seq, ok = s.tag.SeqOfUUID(c.ID)
+	if tr.Mode == truth.ModeEvents {
+		seq, ok = tag.SeqOfUUID(c.ID)
 	} else {
-		seq, ok = s.tag.ParseRequestID(c.RequestID)
+		seq, ok = tag.ParseRequestID(c.RequestID)
 	}
-	return seq, ok && seq < s.tr.Attempts
+	return seq, ok && seq < tr.Attempts
 }
 
 // addClick records one click read from the log.
