@@ -261,7 +261,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 		return res
 	}
 	if recovered.IsZero() {
-		if d := waitCaughtUp(ctx, sys, owner, "lt-"+tag.String()+"-", tr.SentCount(), loadEnd, p.sf.deadline, nil); d >= 0 {
+		if d := waitCaughtUp(ctx, sys, tr, loadEnd, p.sf.deadline, nil); d >= 0 {
 			recovered = loadEnd.Add(d)
 		}
 	}

@@ -298,7 +298,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	// Catch-up is watched on its own, while the oracle reads at its pace.
 	caught := make(chan time.Duration, 1)
 	go func() {
-		caught <- waitCaughtUp(ctx, sys, l.owner, "lt-"+l.tag.String()+"-", tr.SentCount(), loadEnd, sf.deadline, rcv)
+		caught <- waitCaughtUp(ctx, sys, tr, loadEnd, sf.deadline, rcv)
 	}()
 	if rf.verify {
 		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second), rcv)
@@ -381,51 +381,193 @@ func finish(env *Env, dir string, rep *report.Report) error {
 	return nil
 }
 
-// waitCaughtUp polls until CLICKS holds at least the sent clicks of the
-// run (the redirect's outbox has drained), then until every reader has
-// processed the run: on each partition, up to the owner's last click stored
-// once the run's were all in (the run's last click or later); then, on
-// FRAUD_VERDICTS, up to the last verdict message stored once the
-// readers of CLICKS got there. Other traffic flowing meanwhile (a demo's
-// trickle) neither hides a reader that is behind nor keeps the run from
-// being caught up. It returns the time from end to then (-1: not within
-// deadline). With a webhook receiver, its endpoint's queue must be empty
-// too, once the group has processed the run.
-func waitCaughtUp(ctx context.Context, sys *system, owner, prefix string, sent uint64, end time.Time, deadline time.Duration, rcv *whrecv.Receiver) time.Duration {
+// waitCaughtUp waits until every sent click of the run tr describes is in
+// CLICKS (the redirect's outbox has drained) and every reader has processed
+// the run: on each partition, up to the owner's last click stored once the
+// run's were all in (the run's last click or later); then, on
+// FRAUD_VERDICTS, up to the last verdict message stored once the readers of
+// CLICKS got there. Other traffic flowing meanwhile (a demo's trickle)
+// neither hides a reader that is behind nor keeps the run from being caught
+// up. It returns the time from end to then (-1: not within deadline). With
+// a webhook receiver, its endpoint's queue must be empty too, once the
+// group has processed the run.
+func waitCaughtUp(ctx context.Context, sys *system, tr *truth.Truth, end time.Time, deadline time.Duration, rcv *whrecv.Receiver) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
-	var targets *oracle.Targets
-	fraudKnown := false
+	c, err := startCatchUp(ctx, sys, tr, end, rcv)
+	if err != nil {
+		return -1
+	}
+	defer c.stop()
 	for {
-		if targets == nil {
-			if stored, err := jsread.StoredClicks(ctx, sys.js, owner, prefix); err == nil && stored >= sent {
-				targets, _ = clickTargets(ctx, sys.js, owner)
-			}
+		if d, ok := c.step(ctx); ok {
+			return d
 		}
-		if targets != nil {
-			if pos, err := sys.readers.Positions(ctx); err == nil {
-				_, behind := oracle.CaughtUp(pos, oracle.Targets{Clicks: targets.Clicks})
-				if len(behind) == 0 && !fraudKnown {
-					// Fraud detection has processed the run's clicks: the
-					// verdicts about them are stored.
-					// A verdict message labels many owners' clicks: the
-					// last one stored is the target.
-					targets.Fraud, err = jsread.LastStored(ctx, sys.js, events.FraudVerdictsStream, events.FraudVerdictSubjects)
-					fraudKnown = err == nil || errors.Is(err, jetstream.ErrStreamNotFound)
-				}
-				if fraudKnown {
-					if _, behind = oracle.CaughtUp(pos, *targets); len(behind) == 0 && queueEmpty(ctx, rcv) {
-						return time.Since(end)
-					}
-				}
+		if !c.again {
+			select {
+			case <-ctx.Done():
+				return -1
+			case <-time.After(100 * time.Millisecond):
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return -1
-		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// catchUp is waitCaughtUp's watch, one step at a time.
+//
+// Every sent click is known to be in CLICKS only by ID: the count of the
+// run's clicks stored reaches the sent count while a sent click still waits
+// in the redirect's outbox when a copy stored twice or a timed-out click
+// recorded late makes up the count. Reading the whole run back takes time,
+// though, so the targets are taken at once when the count is reached, and
+// the readers judged against them, while the run's clicks are read back by
+// ID (an oracle.SentLog) on the side. Once every sent click is read, the
+// targets are confirmed if every run's click read is at or below them;
+// otherwise they were taken too early: they are taken again (every sent
+// click being stored by then), and the readers judged afresh. The time
+// reported is when the readers passed confirmed targets: reading back
+// delays the answer, not the figure.
+type catchUp struct {
+	sys *system
+	tr  *truth.Truth
+	end time.Time
+	rcv *whrecv.Receiver
+
+	// covered gets, once every sent click has been read from CLICKS, the
+	// last stream sequence of the run's clicks per partition.
+	covered chan map[int]uint64
+	read    sync.WaitGroup
+	cancel  context.CancelFunc
+
+	// targets are taken once the count of the run's clicks stored reaches
+	// the sent count; confirmed once the run's clicks read by ID are all
+	// at or below them. Fraud is read once the readers of CLICKS passed
+	// them, and judged against positions read after.
+	targets    *oracle.Targets
+	confirmed  bool
+	fraudKnown bool
+	// passed is when (since end) the readers were first seen past
+	// targets; -1 not yet.
+	passed time.Duration
+	// again: the next step should come at once (positions are to be read
+	// after the fraud target just taken).
+	again bool
+}
+
+// startCatchUp starts reading the run's clicks back.
+func startCatchUp(ctx context.Context, sys *system, tr *truth.Truth, end time.Time, rcv *whrecv.Receiver) (*catchUp, error) {
+	if _, err := oracle.NewSentLog(tr); err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	c := &catchUp{sys: sys, tr: tr, end: end, rcv: rcv, covered: make(chan map[int]uint64, 1), cancel: cancel, passed: -1}
+	c.read.Go(func() { c.readBack(rctx) })
+	return c, nil
+}
+
+// stop ends the reading back.
+func (c *catchUp) stop() {
+	c.cancel()
+	c.read.Wait()
+}
+
+// readBack reads the run's clicks from CLICKS until every sent click is
+// read, then sends the run's last positions on covered. A reader that
+// fails starts over.
+func (c *catchUp) readBack(ctx context.Context) {
+	for ctx.Err() == nil {
+		sl, _ := oracle.NewSentLog(c.tr) // startCatchUp checked the truth
+		log := jsread.NewClicks(c.sys.js, c.tr.Owner, c.tr.Started.Add(-time.Second))
+		for ctx.Err() == nil && !sl.Complete() {
+			clicks, atEnd, err := log.Next(ctx)
+			if err != nil {
+				break
+			}
+			sl.Add(clicks)
+			if atEnd && !sl.Complete() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
+		log.Close()
+		if sl.Complete() {
+			c.covered <- sl.Last()
+			return
+		}
+	}
+}
+
+// step looks once; it returns the catch-up time and true once the run is
+// caught up.
+func (c *catchUp) step(ctx context.Context) (time.Duration, bool) {
+	c.again = false
+	if !c.confirmed {
+		select {
+		case last := <-c.covered:
+			c.confirm(ctx, last)
+		default:
+		}
+	}
+	if c.targets == nil {
+		if stored, err := jsread.StoredClicks(ctx, c.sys.js, c.tr.Owner, "lt-"+c.tr.Tag+"-"); err == nil && stored >= c.tr.SentCount() {
+			c.targets, _ = clickTargets(ctx, c.sys.js, c.tr.Owner)
+		}
+	}
+	if c.targets != nil && c.passed < 0 {
+		if pos, err := c.sys.readers.Positions(ctx); err == nil {
+			_, behind := oracle.CaughtUp(pos, oracle.Targets{Clicks: c.targets.Clicks})
+			switch {
+			case len(behind) > 0:
+			case !c.fraudKnown:
+				// Fraud detection has processed the run's clicks: the
+				// verdicts about them are stored. A verdict message labels
+				// many owners' clicks: the last one stored is the target,
+				// and the readers of verdicts are judged on positions read
+				// after it.
+				c.targets.Fraud, err = jsread.LastStored(ctx, c.sys.js, events.FraudVerdictsStream, events.FraudVerdictSubjects)
+				c.fraudKnown = err == nil || errors.Is(err, jetstream.ErrStreamNotFound)
+				c.again = c.fraudKnown
+			default:
+				if _, behind = oracle.CaughtUp(pos, *c.targets); len(behind) == 0 && queueEmpty(ctx, c.rcv) {
+					c.passed = time.Since(c.end)
+				}
+			}
+		}
+	}
+	if c.confirmed && c.passed >= 0 {
+		return c.passed, true
+	}
+	return 0, false
+}
+
+// confirm judges the targets against last, the run's last clicks once
+// every sent click was read: if one is above them, they were taken too
+// early and are taken again, and the readers judged afresh.
+func (c *catchUp) confirm(ctx context.Context, last map[int]uint64) {
+	c.confirmed = true
+	if c.targets != nil && covers(c.targets.Clicks, last) {
+		return
+	}
+	t, err := clickTargets(ctx, c.sys.js, c.tr.Owner)
+	if err != nil {
+		t = &oracle.Targets{Clicks: map[int]uint64{}}
+	}
+	for p, seq := range last {
+		t.Clicks[p] = max(t.Clicks[p], seq)
+	}
+	c.targets, c.fraudKnown, c.passed = t, false, -1
+}
+
+// covers reports whether targets are at or past last on every partition.
+func covers(targets, last map[int]uint64) bool {
+	for p, seq := range last {
+		if targets[p] < seq {
+			return false
+		}
+	}
+	return true
 }
 
 // queueEmpty reports whether the webhook endpoint's queue is empty (true
