@@ -12,6 +12,8 @@ type metrics struct {
 	parkErrors prometheus.Counter
 	// rescueRetries counts advisories whose rescue failed and was put off.
 	rescueRetries prometheus.Counter
+	// termsUnconfirmed counts TERMs the server never confirmed.
+	termsUnconfirmed prometheus.Counter
 }
 
 func newMetrics(source string, reg prometheus.Registerer) *metrics {
@@ -50,9 +52,13 @@ func newMetrics(source string, reg prometheus.Registerer) *metrics {
 			Namespace: ns, Name: "rescue_retries_total",
 			Help: "Rescues of a job that ran out of deliveries that failed and were put off (its advisory is kept and retried with backoff).",
 		}),
+		termsUnconfirmed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "terms_unconfirmed_total",
+			Help: "TERMs (after a park or a hand-back) the server did not confirm in three tries: the job may come back once.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors, m.rescueRetries)
+		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors, m.rescueRetries, m.termsUnconfirmed)
 	}
 	return m
 }

@@ -34,15 +34,16 @@
 // once. A job aborted on its last delivery, which a NAK would exhaust, is
 // handed back as a fresh copy and the original terminated.
 //
-// Acks wait for the server's confirmation (DoubleAck); the TERM after a park
-// or a hand-back does not, because nats.go's jetstream package has no
-// confirmed form of Term or TermWithReason (only DoubleAck waits for a
-// reply). A lost TERM after a park brings the job back once its ack deadline
-// passes: it runs again, and a failure parks it again as a duplicate (stored
-// once); on the last delivery the rescuer finds it parked and deletes it. One
-// lost after a last-try hand-back leaves the original to run out of
-// deliveries while its fresh copy runs, and the rescuer parks it as
-// max_deliveries.
+// Acks and TERMs wait for the server's confirmation: acks through
+// DoubleAck, TERMs as a request on the message's ack subject (Queue.term),
+// since nats.go's jetstream package sends Term and TermWithReason without
+// waiting. A TERM not confirmed is sent again, up to three times within the
+// operation timeout, and then logged. One lost for good after a park brings
+// the job back once its ack deadline passes: it runs again, and a failure
+// parks it again as a duplicate (stored once); on the last delivery the
+// rescuer finds it parked and deletes it. One lost for good after a last-try
+// hand-back leaves the original to run out of deliveries while its fresh
+// copy runs, and the rescuer parks it as max_deliveries.
 package workqueue
 
 import (
@@ -305,7 +306,7 @@ func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) 
 	meta, err := m.Metadata()
 	if err != nil {
 		q.log.Error("message without JetStream metadata; terminating it", "subject", m.Subject(), "err", err)
-		_ = m.Term()
+		q.term(m, "", q.log)
 		return
 	}
 	q.m.inFlight.Inc()
@@ -339,7 +340,7 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			// stored once) and terminate this one.
 			perr := q.requeueCopy(ctx, m, meta)
 			if perr == nil {
-				_ = m.TermWithReason("handed_back")
+				q.term(m, "handed_back", log)
 				log.Info("job handed back at shutdown as a fresh copy (last try)", "err", err)
 				q.m.deliveries.WithLabelValues("handed_back").Inc()
 				return
@@ -382,7 +383,7 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			q.m.deliveries.WithLabelValues("retried").Inc()
 			return
 		}
-		_ = m.TermWithReason(d.reason)
+		q.term(m, d.reason, log)
 		q.m.deliveries.WithLabelValues("dead_lettered").Inc()
 		if dup {
 			// Parked before (a worker whose TERM was lost): counted then.
@@ -598,13 +599,50 @@ func (q *Queue) rescue(ctx context.Context) error {
 	return nil
 }
 
+// term terminates m (a TERM with reason, if any) and waits for the
+// server's confirmation, as DoubleAck does for an ack: the server answers a
+// TERM sent as a request on the message's ack subject (its reply subject)
+// once it has recorded it, and answers again for one it already has, so a
+// TERM that timed out is sent again. A consumer that is gone has no one to
+// answer (nats.ErrNoResponders), and sending again cannot help.
+func (q *Queue) term(m jetstream.Msg, reason string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), q.cfg.OpTimeout)
+	defer cancel()
+	body := []byte("+TERM")
+	if reason != "" {
+		body = append(body, ' ')
+		body = append(body, reason...)
+	}
+	var err error
+	for range 3 {
+		if err = q.termOnce(ctx, m, body); err == nil || errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		log.Warn("TERM not confirmed", "reason", reason, "err", err)
+		q.m.termsUnconfirmed.Inc()
+	}
+}
+
+// termOnce sends one TERM request, waiting at most a third of ctx's time.
+func (q *Queue) termOnce(ctx context.Context, m jetstream.Msg, body []byte) error {
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Until(d)/3)
+		defer cancel()
+	}
+	_, err := q.nc.RequestWithContext(ctx, m.Reply(), body)
+	return err
+}
+
 // rescueAdvisory parks the job advisory m names and acks m, or NAKs m with
 // the retry backoff if the job is still in the queue.
 func (q *Queue) rescueAdvisory(ctx context.Context, m jetstream.Msg, every time.Duration) {
 	var a advisory
 	if err := json.Unmarshal(m.Data(), &a); err != nil || a.StreamSeq == 0 || (a.Stream != "" && a.Stream != q.cfg.Stream) {
 		q.log.Error("max-deliveries advisory unreadable or not about this queue; dropped", "subject", m.Subject(), "data", deadletter.HeaderSafe(string(m.Data())))
-		_ = m.TermWithReason("unreadable")
+		q.term(m, "unreadable", q.log)
 		return
 	}
 	stop := inprogress.Keep(every, m)

@@ -829,3 +829,56 @@ func TestStopSendsNoPullAfterTheOutstandingOne(t *testing.T) {
 		})
 	}
 }
+
+// A TERM waits for the server, as an ack does: once term returns the job is
+// gone from the consumer and the work queue, and a TERM nobody can confirm
+// (its consumer deleted meanwhile) is counted and logged, not taken on
+// trust.
+func TestTermWaitsForTheServersConfirmation(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	q := New(js, testConfig(t), func(context.Context, []byte) error { return nil }, nil)
+	fetch := func() jetstream.Msg {
+		t.Helper()
+		c, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			return m
+		}
+		t.Fatalf("no job fetched: %v", b.Error())
+		return nil
+	}
+
+	publishJob(t, js, "0193c0de-0000-7000-8000-000000000001")
+	q.term(fetch(), "not_found", q.log)
+	c, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || streamMsgs(t, js, events.PreviewJobsStream) != 0 {
+		t.Errorf("after term returned: %d jobs pending an ack, %d in the queue; want 0 and 0", info.NumAckPending, streamMsgs(t, js, events.PreviewJobsStream))
+	}
+	if n := testutil.ToFloat64(q.m.termsUnconfirmed); n != 0 {
+		t.Errorf("terms_unconfirmed_total = %v after a confirmed TERM, want 0", n)
+	}
+
+	publishJob(t, js, "0193c0de-0000-7000-8000-000000000002")
+	m := fetch()
+	if err := js.DeleteConsumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer); err != nil {
+		t.Fatal(err)
+	}
+	q.term(m, "not_found", q.log)
+	if n := testutil.ToFloat64(q.m.termsUnconfirmed); n != 1 {
+		t.Errorf("terms_unconfirmed_total = %v after a TERM whose consumer was gone, want 1", n)
+	}
+}
