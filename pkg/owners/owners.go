@@ -13,7 +13,9 @@
 //	snip:apikey:<sha256hex>  string <id>
 //
 // Rotate and Revoke delete key entries, and no service caches them: every
-// check is a GET, so a revoked key fails at its next use everywhere.
+// check is a GET, so a revoked key fails at its next use everywhere. A
+// request in flight with a key revoked meanwhile gets no new key from
+// RotateFrom, and Revoke also revokes keys rotations stored while it ran.
 // On a replicated Redis, Store.WaitForReplicas makes those writes wait for
 // the replicas, so a failover cannot bring a revoked key back.
 package owners
@@ -69,6 +71,9 @@ type Store struct {
 	waitN       int
 	waitTimeout time.Duration
 	short       func(op string, got int64, err error)
+
+	// beforeRevoke, set by tests, runs in Revoke before each pass.
+	beforeRevoke func()
 }
 
 // NewStore returns a store on rdb.

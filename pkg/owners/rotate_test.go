@@ -79,6 +79,47 @@ func TestRotateAndRevoke(t *testing.T) {
 	}
 }
 
+// A rotation that comes between Revoke's read of the owner's keys and its
+// deletes, with a key that still works then, leaves no key once Revoke has
+// returned: Revoke reads the set again and revokes what was stored
+// meanwhile. A rotation whose key Revoke deleted first gets
+// ErrUnauthorized and no key.
+func TestRevokeAlsoRevokesAKeyRotatedInMeanwhile(t *testing.T) {
+	testenv.Parallel(t)
+	s := owners.NewStore(servers.RedisClient(t))
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rotated string
+	var rotateErr error
+	owners.BeforeRevoke(s, func() {
+		if rotated == "" && rotateErr == nil {
+			rotated, rotateErr = s.RotateFrom(ctx, "acme", first)
+		}
+	})
+	n, err := s.Revoke(ctx, "acme")
+	if err != nil || rotateErr != nil {
+		t.Fatalf("Revoke = %d, %v; the rotation in its window: %v", n, err, rotateErr)
+	}
+	if n != 2 {
+		t.Errorf("Revoke = %d keys, want 2 (the first and the one rotated in meanwhile)", n)
+	}
+	for _, k := range []string{first, rotated} {
+		if _, err := s.Authenticate(ctx, k); !errors.Is(err, owners.ErrUnauthorized) {
+			t.Errorf("key after revoke: %v, want ErrUnauthorized", err)
+		}
+	}
+	owners.BeforeRevoke(s, nil)
+	if _, err := s.RotateFrom(ctx, "acme", first); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("rotation with the revoked key: %v, want ErrUnauthorized", err)
+	}
+	if n, err := s.Revoke(ctx, "acme"); err != nil || n != 0 {
+		t.Errorf("a second Revoke found %d keys (%v): the refused rotation left one behind", n, err)
+	}
+}
+
 // The limit allows Max calls per window per owner, says how long until the
 // next window, and counts each owner apart.
 func TestLimit(t *testing.T) {
