@@ -21,10 +21,11 @@ type Limiter interface {
 	Allow(ctx context.Context, owner string, now time.Time) (bool, time.Duration, error)
 }
 
-// KeyRotator gives an owner a new API key and revokes its others;
-// *owners.Store is one.
+// KeyRotator gives an owner a new API key and revokes its others, while
+// the key the caller authenticated with is still the owner's
+// (owners.ErrUnauthorized otherwise); *owners.Store is one.
 type KeyRotator interface {
-	Rotate(ctx context.Context, id string) (string, error)
+	RotateFrom(ctx context.Context, id, key string) (string, error)
 }
 
 // limitCreate refuses an owner's link creation over its limit: 429 with
@@ -48,7 +49,9 @@ func (a *API) limitCreate(c echo.Context, o owners.Owner) error {
 
 // rotateKey answers POST /api/key/rotate: the caller's owner gets a new API
 // key, shown once, and every older key (the one used for this call
-// included) stops working at once.
+// included) stops working at once. A call whose key is revoked after it
+// authenticated (by an operator, or by another rotation) gets 401 and no
+// key: a request in flight never outlives its key's revocation.
 func (a *API) rotateKey(c echo.Context) error {
 	o, err := a.owner(c)
 	if err != nil {
@@ -57,9 +60,10 @@ func (a *API) rotateKey(c echo.Context) error {
 	if a.Keys == nil {
 		return &apiError{status: http.StatusNotImplemented, code: "not_implemented", message: "key rotation is not configured"}
 	}
-	key, err := a.Keys.Rotate(c.Request().Context(), o.ID)
-	if errors.Is(err, owners.ErrUnknownOwner) {
-		return owners.ErrUnauthorized // revoked between the two calls
+	used := owners.BearerKey(c.Request().Header.Get(echo.HeaderAuthorization))
+	key, err := a.Keys.RotateFrom(c.Request().Context(), o.ID, used)
+	if errors.Is(err, owners.ErrUnknownOwner) || errors.Is(err, owners.ErrUnauthorized) {
+		return owners.ErrUnauthorized // revoked since it authenticated
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", linkstore.ErrUnavailable, err)
