@@ -72,8 +72,9 @@ type Store struct {
 	waitTimeout time.Duration
 	short       func(op string, got int64, err error)
 
-	// beforeRevoke, set by tests, runs in Revoke before each pass.
-	beforeRevoke func()
+	// Set by tests: beforeRevoke runs in Revoke before each pass,
+	// afterClaim in RotateFrom once the caller's key is revoked.
+	beforeRevoke, afterClaim func()
 }
 
 // NewStore returns a store on rdb.

@@ -25,7 +25,9 @@ func (s *Store) Rotate(ctx context.Context, id string) (string, error) {
 // authenticated), the new key is taken back and RotateFrom returns
 // ErrUnauthorized. So a request in flight when its key was revoked never
 // leaves with a working key, and of two rotations with the same key one
-// wins.
+// wins. Once the caller's key is revoked, the new key is returned even when
+// revoking the owner's other keys then fails (with that error): the caller
+// has no other key.
 func (s *Store) RotateFrom(ctx context.Context, id, key string) (string, error) {
 	return s.rotate(ctx, id, key)
 }
@@ -64,11 +66,21 @@ func (s *Store) rotate(ctx context.Context, id, used string) (string, error) {
 			}
 			return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w", id, err)
 		}
-		h := keyHash(used)
-		if err := s.rdb.SRem(ctx, ownerKeysKey(id), h).Err(); err != nil {
-			return "", fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+		// The caller has no key but the new one now: from here on it is
+		// returned even when revoking the others fails.
+		if s.afterClaim != nil {
+			s.afterClaim()
 		}
+		h := keyHash(used)
 		old = slices.DeleteFunc(old, func(o string) bool { return o == h })
+		err = s.revoke(ctx, id, old)
+		if err == nil {
+			err = s.rdb.SRem(ctx, ownerKeysKey(id), h).Err()
+		}
+		if err != nil {
+			return key, fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+		}
+		return key, nil
 	}
 	if err := s.revoke(ctx, id, old); err != nil {
 		return "", fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)

@@ -152,3 +152,37 @@ func sha256hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// Once a rotation has revoked its caller's key, the new key is the caller's
+// only one: a failure revoking the owner's other keys after that still
+// returns it (with the error), or the owner would be locked out. The
+// failure is forced by giving another key's entry the wrong type just then.
+func TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := sha256hex("another key of acme")
+	if err := rdb.SAdd(ctx, "snip:owner:acme:keys", other).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var hookErr error
+	owners.AfterClaim(s, func() { hookErr = rdb.HSet(ctx, "snip:apikey:"+other, "not", "a string").Err() })
+	key, err := s.RotateFrom(ctx, "acme", first)
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	if err == nil || key == "" {
+		t.Fatalf("RotateFrom = %q, %v; want the new key and the error revoking the other", key, err)
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "acme" {
+		t.Errorf("the new key: %+v %v", o, err)
+	}
+	if _, err := s.Authenticate(ctx, first); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("the caller's key: %v, want ErrUnauthorized", err)
+	}
+}

@@ -23,7 +23,9 @@ type Limiter interface {
 
 // KeyRotator gives an owner a new API key and revokes its others, while
 // the key the caller authenticated with is still the owner's
-// (owners.ErrUnauthorized otherwise); *owners.Store is one.
+// (owners.ErrUnauthorized otherwise). A key returned with an error is the
+// caller's only key: its own is revoked, some others may not be.
+// *owners.Store is one.
 type KeyRotator interface {
 	RotateFrom(ctx context.Context, id, key string) (string, error)
 }
@@ -65,13 +67,17 @@ func (a *API) rotateKey(c echo.Context) error {
 	if errors.Is(err, owners.ErrUnknownOwner) || errors.Is(err, owners.ErrUnauthorized) {
 		return owners.ErrUnauthorized // revoked since it authenticated
 	}
-	if err != nil {
+	note := "store it now: Snip keeps only its hash; the key used for this call no longer works"
+	switch {
+	case err != nil && key != "":
+		// The caller's key is revoked: the new key is all it has.
+		a.Log.Warn("api key rotated; other keys of the owner not revoked", "owner", o.ID, "remote", c.RealIP(), "err", err)
+		note += "; other keys of this owner may still work: rotate again with the new key to revoke them"
+	case err != nil:
 		return fmt.Errorf("%w: %w", linkstore.ErrUnavailable, err)
+	default:
+		a.Log.Info("api key rotated", "owner", o.ID, "remote", c.RealIP())
 	}
-	a.Log.Info("api key rotated", "owner", o.ID, "remote", c.RealIP())
 	c.Response().Header().Set("Cache-Control", "no-store")
-	return c.JSON(http.StatusCreated, map[string]string{
-		"owner": o.ID, "api_key": key,
-		"note": "store it now: Snip keeps only its hash; the key used for this call no longer works",
-	})
+	return c.JSON(http.StatusCreated, map[string]string{"owner": o.ID, "api_key": key, "note": note})
 }
