@@ -13,26 +13,36 @@ import (
 // at once: the old key fails at its next use in every service. The new key
 // is returned once; only its hash is stored. It is the operator's rotation
 // (snipctl owners rotate); an owner's own goes through RotateFrom.
+//
+// It revokes first (Revoke), then stores the new key, so the new key is the
+// owner's only one when Rotate returns: a rotation through the API with a
+// key that still worked when Rotate began keeps nothing, and cannot revoke
+// the new key either (it revokes only what it read before its own key was
+// found revoked). A failure storing the new key leaves the owner without a
+// key until Rotate is repeated.
 func (s *Store) Rotate(ctx context.Context, id string) (string, error) {
-	return s.rotate(ctx, id, "")
+	if _, err := s.Revoke(ctx, id); err != nil {
+		return "", fmt.Errorf("rotate key of %q: %w", id, err)
+	}
+	key := NewAPIKey()
+	if err := s.storeKey(ctx, id, key); err != nil {
+		return "", fmt.Errorf("rotate key of %q: store the new key (the old ones are revoked; repeat to get one): %w", id, err)
+	}
+	return key, nil
 }
 
 // RotateFrom is Rotate for a caller that authenticated with key, as
 // POST /api/key/rotate does: the new key is given only while key is still
-// the owner's. The caller's key is revoked first of the old ones, by a
-// compare-and-delete, after the new key is stored; when it is gone already
-// (revoked, or rotated out by another request, after the caller
-// authenticated), the new key is taken back and RotateFrom returns
+// the owner's. It stores the new key first, then revokes the caller's key by
+// a compare-and-delete, then the owner's other keys; when the caller's key
+// is gone already (revoked, or rotated out by another request, after the
+// caller authenticated), the new key is taken back and RotateFrom returns
 // ErrUnauthorized. So a request in flight when its key was revoked never
 // leaves with a working key, and of two rotations with the same key one
 // wins. Once the caller's key is revoked, the new key is returned even when
 // revoking the owner's other keys then fails (with that error): the caller
 // has no other key.
 func (s *Store) RotateFrom(ctx context.Context, id, key string) (string, error) {
-	return s.rotate(ctx, id, key)
-}
-
-func (s *Store) rotate(ctx context.Context, id, used string) (string, error) {
 	if err := s.exists(ctx, id); err != nil {
 		return "", fmt.Errorf("rotate key of %q: %w", id, err)
 	}
@@ -40,52 +50,43 @@ func (s *Store) rotate(ctx context.Context, id, used string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("rotate key of %q: %w", id, err)
 	}
-	key := NewAPIKey()
-	// The new key first: if the revocation below fails, the owner has both
-	// and the call can be repeated; never neither.
-	if err := s.storeKey(ctx, id, key); err != nil {
+	fresh := NewAPIKey()
+	if err := s.storeKey(ctx, id, fresh); err != nil {
 		return "", fmt.Errorf("rotate key of %q: store the new key: %w", id, err)
 	}
-	if used != "" {
-		// The caller's key, if it still names the owner. The new key was
-		// stored first, so a Revoke that deleted the caller's key has
-		// either seen the new one in the owner's set or left this
-		// delete nothing to find.
-		k := apiKeyKey(used)
-		var del *redis.Cmd
-		err := s.write(ctx, "revoke_key", k, func(p redis.Pipeliner) { del = delIfEquals.Eval(ctx, p, []string{k}, id) })
-		if err == nil {
-			var n int64
-			if n, err = del.Int64(); err == nil && n == 0 {
-				err = ErrUnauthorized
-			}
+	// The caller's key, if it still names the owner. The new key was stored
+	// first, so a Revoke that deleted the caller's key has either seen the
+	// new one in the owner's set or left this delete nothing to find.
+	k := apiKeyKey(key)
+	var del *redis.Cmd
+	err = s.write(ctx, "revoke_key", k, func(p redis.Pipeliner) { del = delIfEquals.Eval(ctx, p, []string{k}, id) })
+	if err == nil {
+		var n int64
+		if n, err = del.Int64(); err == nil && n == 0 {
+			err = ErrUnauthorized
 		}
-		if err != nil {
-			if terr := s.revoke(ctx, id, []string{keyHash(key)}); terr != nil {
-				return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w (taking the new key back: %v)", id, err, terr)
-			}
-			return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w", id, err)
-		}
-		// The caller has no key but the new one now: from here on it is
-		// returned even when revoking the others fails.
-		if s.afterClaim != nil {
-			s.afterClaim()
-		}
-		h := keyHash(used)
-		old = slices.DeleteFunc(old, func(o string) bool { return o == h })
-		err = s.revoke(ctx, id, old)
-		if err == nil {
-			err = s.rdb.SRem(ctx, ownerKeysKey(id), h).Err()
-		}
-		if err != nil {
-			return key, fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
-		}
-		return key, nil
 	}
-	if err := s.revoke(ctx, id, old); err != nil {
-		return "", fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+	if err != nil {
+		if terr := s.revoke(ctx, id, []string{keyHash(fresh)}); terr != nil {
+			return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w (taking the new key back: %v)", id, err, terr)
+		}
+		return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w", id, err)
 	}
-	return key, nil
+	// The caller has no key but the new one now: from here on it is
+	// returned even when revoking the others fails.
+	if s.afterClaim != nil {
+		s.afterClaim()
+	}
+	h := keyHash(key)
+	old = slices.DeleteFunc(old, func(o string) bool { return o == h })
+	err = s.revoke(ctx, id, old)
+	if err == nil {
+		err = s.rdb.SRem(ctx, ownerKeysKey(id), h).Err()
+	}
+	if err != nil {
+		return fresh, fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+	}
+	return fresh, nil
 }
 
 // maxRevokePasses bounds Revoke's passes over the owner's set: each pass

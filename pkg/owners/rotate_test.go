@@ -186,3 +186,36 @@ func TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail(t *testing.T) {
 		t.Errorf("the caller's key: %v, want ErrUnauthorized", err)
 	}
 }
+
+// An operator's rotation is the owner's only key once it returns: a
+// rotation through the API that comes between its read of the owner's keys
+// and its deletes, with a key that still works then, keeps nothing (the
+// operator rotating after a leak would otherwise leave the leaker a key).
+func TestRotateAlsoRevokesAKeyRotatedInMeanwhile(t *testing.T) {
+	testenv.Parallel(t)
+	s := owners.NewStore(servers.RedisClient(t))
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leaked string
+	var leakErr error
+	owners.BeforeRevoke(s, func() {
+		if leaked == "" && leakErr == nil {
+			leaked, leakErr = s.RotateFrom(ctx, "acme", first)
+		}
+	})
+	key, err := s.Rotate(ctx, "acme")
+	if err != nil || leakErr != nil {
+		t.Fatalf("Rotate: %v; the rotation in its window: %v", err, leakErr)
+	}
+	for _, k := range []string{first, leaked} {
+		if _, err := s.Authenticate(ctx, k); !errors.Is(err, owners.ErrUnauthorized) {
+			t.Errorf("a key other than the operator's after Rotate: %v, want ErrUnauthorized", err)
+		}
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "acme" {
+		t.Errorf("the operator's new key: %+v %v", o, err)
+	}
+}
