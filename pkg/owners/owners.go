@@ -15,7 +15,8 @@
 // Rotate and Revoke delete key entries, and no service caches them: every
 // check is a GET, so a revoked key fails at its next use everywhere. A
 // request in flight with a key revoked meanwhile gets no new key from
-// RotateFrom, and Revoke also revokes keys rotations stored while it ran.
+// RotateFrom, and Revoke (and so Rotate, which revokes first) also revokes
+// keys that rotations stored while it ran.
 // On a replicated Redis, Store.WaitForReplicas makes those writes wait for
 // the replicas, so a failover cannot bring a revoked key back.
 package owners
