@@ -13,7 +13,10 @@
 //	snip:apikey:<sha256hex>  string <id>
 //
 // Rotate and Revoke delete key entries, and no service caches them: every
-// check is a GET, so a revoked key fails at its next use everywhere.
+// check is a GET, so a revoked key fails at its next use everywhere. A
+// request in flight with a key revoked meanwhile gets no new key from
+// RotateFrom, and Revoke (and so Rotate, which revokes first) also revokes
+// keys that rotations stored while it ran.
 // On a replicated Redis, Store.WaitForReplicas makes those writes wait for
 // the replicas, so a failover cannot bring a revoked key back.
 package owners
@@ -69,6 +72,10 @@ type Store struct {
 	waitN       int
 	waitTimeout time.Duration
 	short       func(op string, got int64, err error)
+
+	// Set by tests: beforeRevoke runs in Revoke before each pass,
+	// afterClaim in RotateFrom once the caller's key is revoked.
+	beforeRevoke, afterClaim func()
 }
 
 // NewStore returns a store on rdb.

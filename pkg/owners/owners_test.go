@@ -137,7 +137,7 @@ func TestWritesWaitForReplicas(t *testing.T) {
 	}
 	want := []string{
 		"create_owner:0:<nil>", "store_key:0:<nil>", // Create
-		"store_key:0:<nil>", "revoke_key:0:<nil>", // Rotate: the new key, the first revoked
+		"revoke_key:0:<nil>", "store_key:0:<nil>", // Rotate: the first revoked, the new key
 		"revoke_key:0:<nil>", // Revoke: the second
 	}
 	if cluster {

@@ -11,8 +11,38 @@ import (
 
 // Rotate gives the owner a new API key and revokes every other key it has,
 // at once: the old key fails at its next use in every service. The new key
-// is returned once; only its hash is stored.
+// is returned once; only its hash is stored. It is the operator's rotation
+// (snipctl owners rotate); an owner's own goes through RotateFrom.
+//
+// It revokes first (Revoke), then stores the new key, so the new key is the
+// owner's only one when Rotate returns: a rotation through the API with a
+// key that still worked when Rotate began keeps nothing, and cannot revoke
+// the new key either (it revokes only what it read before its own key was
+// found revoked). A failure storing the new key leaves the owner without a
+// key until Rotate is repeated.
 func (s *Store) Rotate(ctx context.Context, id string) (string, error) {
+	if _, err := s.Revoke(ctx, id); err != nil {
+		return "", fmt.Errorf("rotate key of %q: %w", id, err)
+	}
+	key := NewAPIKey()
+	if err := s.storeKey(ctx, id, key); err != nil {
+		return "", fmt.Errorf("rotate key of %q: store the new key (the old ones are revoked; repeat to get one): %w", id, err)
+	}
+	return key, nil
+}
+
+// RotateFrom is Rotate for a caller that authenticated with key, as
+// POST /api/key/rotate does: the new key is given only while key is still
+// the owner's. It stores the new key first, then revokes the caller's key by
+// a compare-and-delete, then the owner's other keys; when the caller's key
+// is gone already (revoked, or rotated out by another request, after the
+// caller authenticated), the new key is taken back and RotateFrom returns
+// ErrUnauthorized. So a request in flight when its key was revoked never
+// leaves with a working key, and of two rotations with the same key one
+// wins. Once the caller's key is revoked, the new key is returned even when
+// revoking the owner's other keys then fails (with that error): the caller
+// has no other key.
+func (s *Store) RotateFrom(ctx context.Context, id, key string) (string, error) {
 	if err := s.exists(ctx, id); err != nil {
 		return "", fmt.Errorf("rotate key of %q: %w", id, err)
 	}
@@ -20,20 +50,56 @@ func (s *Store) Rotate(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("rotate key of %q: %w", id, err)
 	}
-	key := NewAPIKey()
-	// The new key first: if the revocation below fails, the owner has both
-	// and the call can be repeated; never neither.
-	if err := s.storeKey(ctx, id, key); err != nil {
+	fresh := NewAPIKey()
+	if err := s.storeKey(ctx, id, fresh); err != nil {
 		return "", fmt.Errorf("rotate key of %q: store the new key: %w", id, err)
 	}
-	if err := s.revoke(ctx, id, old); err != nil {
-		return "", fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+	// The caller's key, if it still names the owner. The new key was stored
+	// first, so a Revoke that deleted the caller's key has either seen the
+	// new one in the owner's set or left this delete nothing to find.
+	k := apiKeyKey(key)
+	var del *redis.Cmd
+	err = s.write(ctx, "revoke_key", k, func(p redis.Pipeliner) { del = delIfEquals.Eval(ctx, p, []string{k}, id) })
+	if err == nil {
+		var n int64
+		if n, err = del.Int64(); err == nil && n == 0 {
+			err = ErrUnauthorized
+		}
 	}
-	return key, nil
+	if err != nil {
+		if terr := s.revoke(ctx, id, []string{keyHash(fresh)}); terr != nil {
+			return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w (taking the new key back: %v)", id, err, terr)
+		}
+		return "", fmt.Errorf("rotate key of %q: revoke the caller's key: %w", id, err)
+	}
+	// The caller has no key but the new one now: from here on it is
+	// returned even when revoking the others fails.
+	if s.afterClaim != nil {
+		s.afterClaim()
+	}
+	h := keyHash(key)
+	old = slices.DeleteFunc(old, func(o string) bool { return o == h })
+	err = s.revoke(ctx, id, old)
+	if err == nil {
+		err = s.rdb.SRem(ctx, ownerKeysKey(id), h).Err()
+	}
+	if err != nil {
+		return fresh, fmt.Errorf("rotate key of %q: revoke the old keys (the new one works; repeat to revoke them): %w", id, err)
+	}
+	return fresh, nil
 }
+
+// maxRevokePasses bounds Revoke's passes over the owner's set: each pass
+// after the first finds only keys that rotations stored meanwhile.
+const maxRevokePasses = 10
 
 // Revoke revokes every API key of the owner at once and returns how many it
 // revoked. The owner and its links stay; Rotate gives it a key again.
+//
+// A key a rotation stored while Revoke ran is revoked too: Revoke reads the
+// owner's set again after each pass until it is empty. A RotateFrom that
+// stores its key after that last read finds its caller's key gone and
+// takes its own back (see RotateFrom), so no key outlives the call.
 func (s *Store) Revoke(ctx context.Context, id string) (int, error) {
 	if err := s.exists(ctx, id); err != nil {
 		return 0, fmt.Errorf("revoke keys of %q: %w", id, err)
@@ -42,10 +108,23 @@ func (s *Store) Revoke(ctx context.Context, id string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("revoke keys of %q: %w", id, err)
 	}
-	if err := s.revoke(ctx, id, hashes); err != nil {
-		return 0, fmt.Errorf("revoke keys of %q: %w", id, err)
+	revoked := 0
+	for pass := 0; len(hashes) > 0; pass++ {
+		if pass == maxRevokePasses {
+			return revoked, fmt.Errorf("revoke keys of %q: keys were still being added after %d passes; repeat", id, pass)
+		}
+		if s.beforeRevoke != nil {
+			s.beforeRevoke()
+		}
+		if err := s.revoke(ctx, id, hashes); err != nil {
+			return revoked, fmt.Errorf("revoke keys of %q: %w", id, err)
+		}
+		revoked += len(hashes)
+		if hashes, err = s.rdb.SMembers(ctx, ownerKeysKey(id)).Result(); err != nil {
+			return revoked, fmt.Errorf("revoke keys of %q: read the keys again: %w", id, err)
+		}
 	}
-	return len(hashes), nil
+	return revoked, nil
 }
 
 func (s *Store) exists(ctx context.Context, id string) error {

@@ -79,6 +79,47 @@ func TestRotateAndRevoke(t *testing.T) {
 	}
 }
 
+// A rotation that comes between Revoke's read of the owner's keys and its
+// deletes, with a key that still works then, leaves no key once Revoke has
+// returned: Revoke reads the set again and revokes what was stored
+// meanwhile. A rotation whose key Revoke deleted first gets
+// ErrUnauthorized and no key.
+func TestRevokeAlsoRevokesAKeyRotatedInMeanwhile(t *testing.T) {
+	testenv.Parallel(t)
+	s := owners.NewStore(servers.RedisClient(t))
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rotated string
+	var rotateErr error
+	owners.BeforeRevoke(s, func() {
+		if rotated == "" && rotateErr == nil {
+			rotated, rotateErr = s.RotateFrom(ctx, "acme", first)
+		}
+	})
+	n, err := s.Revoke(ctx, "acme")
+	if err != nil || rotateErr != nil {
+		t.Fatalf("Revoke = %d, %v; the rotation in its window: %v", n, err, rotateErr)
+	}
+	if n != 2 {
+		t.Errorf("Revoke = %d keys, want 2 (the first and the one rotated in meanwhile)", n)
+	}
+	for _, k := range []string{first, rotated} {
+		if _, err := s.Authenticate(ctx, k); !errors.Is(err, owners.ErrUnauthorized) {
+			t.Errorf("key after revoke: %v, want ErrUnauthorized", err)
+		}
+	}
+	owners.BeforeRevoke(s, nil)
+	if _, err := s.RotateFrom(ctx, "acme", first); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("rotation with the revoked key: %v, want ErrUnauthorized", err)
+	}
+	if n, err := s.Revoke(ctx, "acme"); err != nil || n != 0 {
+		t.Errorf("a second Revoke found %d keys (%v): the refused rotation left one behind", n, err)
+	}
+}
+
 // The limit allows Max calls per window per owner, says how long until the
 // next window, and counts each owner apart.
 func TestLimit(t *testing.T) {
@@ -110,4 +151,71 @@ func TestLimit(t *testing.T) {
 func sha256hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// Once a rotation has revoked its caller's key, the new key is the caller's
+// only one: a failure revoking the owner's other keys after that still
+// returns it (with the error), or the owner would be locked out. The
+// failure is forced by giving another key's entry the wrong type just then.
+func TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := owners.NewStore(rdb)
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := sha256hex("another key of acme")
+	if err := rdb.SAdd(ctx, "snip:owner:acme:keys", other).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var hookErr error
+	owners.AfterClaim(s, func() { hookErr = rdb.HSet(ctx, "snip:apikey:"+other, "not", "a string").Err() })
+	key, err := s.RotateFrom(ctx, "acme", first)
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	if err == nil || key == "" {
+		t.Fatalf("RotateFrom = %q, %v; want the new key and the error revoking the other", key, err)
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "acme" {
+		t.Errorf("the new key: %+v %v", o, err)
+	}
+	if _, err := s.Authenticate(ctx, first); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("the caller's key: %v, want ErrUnauthorized", err)
+	}
+}
+
+// An operator's rotation is the owner's only key once it returns: a
+// rotation through the API that comes between its read of the owner's keys
+// and its deletes, with a key that still works then, keeps nothing (the
+// operator rotating after a leak would otherwise leave the leaker a key).
+func TestRotateAlsoRevokesAKeyRotatedInMeanwhile(t *testing.T) {
+	testenv.Parallel(t)
+	s := owners.NewStore(servers.RedisClient(t))
+	ctx := t.Context()
+	first, err := s.Create(ctx, "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leaked string
+	var leakErr error
+	owners.BeforeRevoke(s, func() {
+		if leaked == "" && leakErr == nil {
+			leaked, leakErr = s.RotateFrom(ctx, "acme", first)
+		}
+	})
+	key, err := s.Rotate(ctx, "acme")
+	if err != nil || leakErr != nil {
+		t.Fatalf("Rotate: %v; the rotation in its window: %v", err, leakErr)
+	}
+	for _, k := range []string{first, leaked} {
+		if _, err := s.Authenticate(ctx, k); !errors.Is(err, owners.ErrUnauthorized) {
+			t.Errorf("a key other than the operator's after Rotate: %v, want ErrUnauthorized", err)
+		}
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "acme" {
+		t.Errorf("the operator's new key: %+v %v", o, err)
+	}
 }
