@@ -37,13 +37,14 @@
 // Acks and TERMs wait for the server's confirmation: acks through
 // DoubleAck, TERMs as a request on the message's ack subject (Queue.term),
 // since nats.go's jetstream package sends Term and TermWithReason without
-// waiting. A TERM not confirmed is sent again, up to three times within the
-// operation timeout, and then logged. One lost for good after a park brings
-// the job back once its ack deadline passes: it runs again, and a failure
-// parks it again as a duplicate (stored once); on the last delivery the
-// rescuer finds it parked and deletes it. One lost for good after a last-try
-// hand-back leaves the original to run out of deliveries while its fresh
-// copy runs, and the rescuer parks it as max_deliveries.
+// waiting. A TERM not confirmed is sent again, up to three times in all
+// within the operation timeout, and then logged and counted. One lost for
+// good after a park brings the job back once its ack deadline passes: it
+// runs again, and a failure parks it again as a duplicate (stored once); on
+// the last delivery the rescuer finds it parked and deletes it. One lost for
+// good after a last-try hand-back leaves the original to run out of
+// deliveries while its fresh copy runs, and the rescuer parks it as
+// max_deliveries.
 package workqueue
 
 import (

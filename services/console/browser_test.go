@@ -228,7 +228,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	// never carried them fails here.
 	placeholders := func() []string {
 		var bad []string
-		for _, id := range []string{"readers", "consumers", "outbox", "alerts", "dlq"} {
+		for _, id := range []string{"readers", "consumers", "outbox", "webhooks", "alerts", "dlq"} {
 			if got := text(id); strings.Contains(got, "Reading") || strings.Contains(got, "loading") {
 				bad = append(bad, fmt.Sprintf("panel #%s shows %q", id, got))
 			}

@@ -2,7 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"html"
 	"net/http"
+	"regexp"
 	"testing"
 	"time"
 
@@ -40,5 +43,29 @@ func TestWebhooksPanelShowsADisabledEndpoint(t *testing.T) {
 	}
 	if code, _ := do(t, nil, http.MethodGet, s.url+"/api/webhooks", nil, nil); code != http.StatusUnauthorized {
 		t.Errorf("GET /api/webhooks without the console token: %d, want 401", code)
+	}
+
+	// The page arrives with the panel's figures, as with the others, so its
+	// first paint shows the endpoint rather than "Reading the endpoints…".
+	initialJSON := regexp.MustCompile(`id="initial"[^>]*data-json="([^"]*)"`)
+	var page string
+	if !testenv.Poll(10*time.Second, func() bool {
+		code, b := do(t, nil, http.MethodGet, s.url+"/", nil, bearer)
+		m := initialJSON.FindSubmatch(b)
+		if code != http.StatusOK || m == nil {
+			page = fmt.Sprintf("GET /: %d", code)
+			return false
+		}
+		page = html.UnescapeString(string(m[1]))
+		var initial struct {
+			Webhooks *struct {
+				Available bool                  `json:"available"`
+				Webhooks  webhookstate.Snapshot `json:"webhooks"`
+			} `json:"webhooks"`
+		}
+		return json.Unmarshal([]byte(page), &initial) == nil && initial.Webhooks != nil &&
+			initial.Webhooks.Available && initial.Webhooks.Webhooks.Total == 1
+	}) {
+		t.Errorf("the page never arrived with the webhooks panel's figures; its first figures: %s", page)
 	}
 }

@@ -213,11 +213,7 @@ func Register(e *echo.Echo, d Deps) error {
 	op.POST("/api/dlq/redrive", a.redriveGroup)
 	op.GET("/api/outbox", a.getOutbox)
 	op.GET("/api/webhooks", func(c echo.Context) error {
-		s, err := a.webhooks.Get(c.Request().Context())
-		if err != nil {
-			return c.JSON(http.StatusOK, map[string]any{"available": false, "error": err.Error()})
-		}
-		return c.JSON(http.StatusOK, map[string]any{"available": true, "webhooks": s})
+		return c.JSON(http.StatusOK, a.webhooksPanel(c.Request().Context()))
 	})
 	op.GET("/api/warehouse", func(c echo.Context) error {
 		s, _ := a.warehouse.Get(c.Request().Context())
@@ -420,6 +416,15 @@ func (a *api) outboxPanel(ctx context.Context) map[string]any {
 		return map[string]any{"available": false, "error": err.Error()}
 	}
 	return map[string]any{"available": true, "outbox": s}
+}
+
+// webhooksPanel is the owners' webhooks panel, or why there is none.
+func (a *api) webhooksPanel(ctx context.Context) map[string]any {
+	s, err := a.webhooks.Get(ctx)
+	if err != nil {
+		return map[string]any{"available": false, "error": err.Error()}
+	}
+	return map[string]any{"available": true, "webhooks": s}
 }
 
 // ownerStream serves GET /api/clicks/stream to the owner of the API key.

@@ -22,8 +22,8 @@ const initialWait = 1500 * time.Millisecond
 const initialCompute = 20 * time.Second
 
 // initial returns the panels' figures available within initialWait, as the
-// JSON object the script's renderInitial reads: readers, outbox, alerts,
-// dlq, warehouse, each shaped as its /api endpoint answers.
+// JSON object the script's renderInitial reads: readers, outbox, webhooks,
+// alerts, dlq, warehouse, each shaped as its /api endpoint answers.
 func (a *api) initial(ctx context.Context) string {
 	var mu sync.Mutex
 	out := map[string]any{"alerts": a.d.Alerts.Snapshot()}
@@ -40,6 +40,7 @@ func (a *api) initial(ctx context.Context) string {
 		}
 	})
 	wg.Go(func() { put("outbox", a.outboxPanel(cctx)) })
+	wg.Go(func() { put("webhooks", a.webhooksPanel(cctx)) })
 	wg.Go(func() {
 		if p, err := a.dlqPanel(cctx); err == nil {
 			put("dlq", p)

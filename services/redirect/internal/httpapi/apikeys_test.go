@@ -2,10 +2,12 @@ package httpapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,6 +98,65 @@ func TestRotateWithAKeyRevokedInFlightGivesNoKey(t *testing.T) {
 			}
 			if _, err := store.Authenticate(t.Context(), key); !errors.Is(err, owners.ErrUnauthorized) {
 				t.Errorf("the revoked key: %v, want ErrUnauthorized", err)
+			}
+		})
+	}
+}
+
+// rotateFailing is a KeyRotator whose rotation returns key and err: the
+// store's answer when it revoked the caller's key and then failed (key
+// set), or failed before (key empty).
+type rotateFailing struct {
+	key string
+	err error
+}
+
+func (r rotateFailing) RotateFrom(context.Context, string, string) (string, error) {
+	return r.key, r.err
+}
+
+// A rotation that revoked the caller's key and then failed to revoke the
+// owner's other keys still answers 201 with the new key, the caller's only
+// one now, and says the others may still work; one that failed before
+// giving a key is a 503 with no key.
+func TestRotateThatCouldNotRevokeTheOtherKeysStillGivesTheNewKey(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	store := owners.NewStore(rdb)
+	key, err := store.Create(t.Context(), "acme", "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fresh = "snip_the_new_key_0123456789"
+	tests := []struct {
+		name     string
+		rotator  rotateFailing
+		wantCode int
+		wantKey  string
+	}{
+		{"the_others_not_revoked", rotateFailing{fresh, errors.New("revoke the old keys: WRONGTYPE")}, http.StatusCreated, fresh},
+		{"nothing_rotated", rotateFailing{"", errors.New("store the new key: connection refused")}, http.StatusServiceUnavailable, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			web := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+			api := &httpapi.API{Log: slog.New(slog.DiscardHandler), Keys: tc.rotator, Owners: store}
+			api.Register(web.Echo, prometheus.NewRegistry())
+			req := httptest.NewRequest("POST", "/api/key/rotate", nil)
+			req.Header.Set("Authorization", "Bearer "+key)
+			w := httptest.NewRecorder()
+			web.Echo.ServeHTTP(w, req)
+			var body struct {
+				Owner  string `json:"owner"`
+				APIKey string `json:"api_key"`
+				Note   string `json:"note"`
+			}
+			_ = json.Unmarshal(w.Body.Bytes(), &body)
+			if w.Code != tc.wantCode || body.APIKey != tc.wantKey {
+				t.Fatalf("rotate: %d %s; want %d with key %q", w.Code, w.Body, tc.wantCode, tc.wantKey)
+			}
+			if tc.wantKey != "" && (body.Owner != "acme" || !strings.Contains(body.Note, "other keys of this owner may still work")) {
+				t.Errorf("rotate answered %+v; want acme's new key and a note that other keys may still work", body)
 			}
 		})
 	}

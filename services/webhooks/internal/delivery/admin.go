@@ -367,9 +367,11 @@ func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (re
 // its cut first) found nothing to refill from 1600, say, and lost them.
 var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
 
-// Replay empties the endpoint's queue and refills it, in the background,
-// with the owner's events stored since from (not in the future, nor before
-// earliestReplay). The endpoint's Status shows how the replay goes.
+// Replay drops the endpoint's queued events up to a cut at the streams'
+// ends and refills the queue, in the background, with the owner's events
+// stored since from up to the cut (from not in the future, nor before
+// earliestReplay); ErrBusy when the instance has no room for another
+// replay. The endpoint's Status shows how the replay goes.
 func (a *Admin) Replay(ctx context.Context, owner, id string, from time.Time) error {
 	e, _, err := a.Store.GetOwned(ctx, owner, id)
 	if err != nil {

@@ -397,6 +397,7 @@ function renderInitial() {
   try { j = JSON.parse(holder.dataset.json || '{}'); } catch (err) { return; }
   if (j.readers) renderReaders(j.readers);
   if (j.outbox) renderOutbox(j.outbox);
+  if (j.webhooks) renderWebhooks(j.webhooks);
   if (j.alerts) renderAlerts(j.alerts);
   if (j.dlq) renderDLQ(j.dlq);
   if (j.warehouse) renderWarehouse(j.warehouse);
