@@ -42,8 +42,11 @@ type Event struct {
 // Stream is an open event stream. It is not safe for concurrent use: one
 // goroutine writes.
 type Stream struct {
-	w            http.ResponseWriter
-	rc           *http.ResponseController
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// flushErr, when w's own Flush cannot fail, is the writer under it
+	// whose flush reports the connection's error (see errorFlusher).
+	flushErr     interface{ FlushError() error }
 	writeTimeout time.Duration
 	buf          []byte
 	// unflushed counts the events written since the last successful Flush;
@@ -68,7 +71,7 @@ func Open(w http.ResponseWriter, retry, writeTimeout time.Duration) (*Stream, er
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	w.WriteHeader(http.StatusOK)
-	s := &Stream{w: w, rc: rc, writeTimeout: writeTimeout}
+	s := &Stream{w: w, rc: rc, writeTimeout: writeTimeout, flushErr: errorFlusher(w)}
 	s.buf = append(s.buf[:0], "retry: "...)
 	s.buf = strconv.AppendInt(s.buf, retry.Milliseconds(), 10)
 	s.buf = append(s.buf, "\n\n"...)
@@ -130,11 +133,40 @@ func (s *Stream) Flush() error {
 	if err := s.rc.Flush(); err != nil {
 		return fmt.Errorf("flush event stream: %w", err)
 	}
+	if s.flushErr != nil {
+		if err := s.flushErr.FlushError(); err != nil {
+			return fmt.Errorf("flush event stream: %w", err)
+		}
+	}
 	if s.onSent != nil && s.unflushed > 0 {
 		s.onSent(s.unflushed)
 	}
 	s.unflushed = 0
 	return nil
+}
+
+// errorFlusher returns the writer under w whose flush reports a failure,
+// or nil when w's own flush does (or none does). echo's Response is an
+// http.Flusher, whose Flush returns nothing: it drops the error of the
+// net/http writer under it, so a ResponseController over it reports a flush
+// that timed out as sent, and the clicks in it were counted though the
+// client never got them. The outer Flush still runs first, for any
+// wrapper that buffers; the second, with nothing left, returns the
+// connection's sticky write error.
+func errorFlusher(w http.ResponseWriter) interface{ FlushError() error } {
+	if _, ok := w.(interface{ FlushError() error }); ok {
+		return nil
+	}
+	for {
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return nil
+		}
+		w = u.Unwrap()
+		if f, ok := w.(interface{ FlushError() error }); ok {
+			return f
+		}
+	}
 }
 
 func (s *Stream) write() error {

@@ -1,18 +1,21 @@
 package sse_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/labstack/echo/v4"
 
 	"github.com/snipdev/snip/services/console/internal/sse"
 )
@@ -168,5 +171,90 @@ func TestClientThatDoesNotReadIsCutOff(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("Pump still writing to a client that reads nothing after 60 s")
+	}
+}
+
+// Behind echo, whose Response.Flush returns nothing, a flush that failed
+// reports the failure, and OnSent counts only what reached the client: a
+// client that reads after it was cut off gets every event counted. (echo
+// dropped the write error of the flush that timed out, so the events in it
+// were counted as sent and the next write failed instead.)
+func TestFlushBehindEchoReportsTheWriteError(t *testing.T) {
+	t.Parallel()
+	type result struct {
+		pumpErr, flushErr error
+		sent              int
+	}
+	done := make(chan result, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s, err := sse.Open(echo.NewResponse(w, echo.New()), time.Second, 300*time.Millisecond)
+		if err != nil {
+			done <- result{pumpErr: err}
+			return
+		}
+		var res result
+		s.OnSent(func(n int) { res.sent += n })
+		ch := make(chan sse.Event, 16)
+		stop := make(chan struct{})
+		go func() {
+			// Small events: the flushes, not the writes, reach the
+			// connection, so the write timeout strikes in a flush.
+			payload := []byte("x")
+			for i := 1; ; i++ {
+				select {
+				case ch <- sse.Event{ID: strconv.Itoa(i), Name: "n", Data: payload}:
+				case <-stop:
+					return
+				}
+			}
+		}()
+		res.pumpErr = s.Pump(context.Background(), ch, nil, time.Hour, nil)
+		close(stop)
+		res.flushErr = s.Flush()
+		done <- res
+	}))
+	defer srv.Close()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.DialContext(t.Context(), "tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err := req.Write(conn); err != nil {
+		t.Fatal(err)
+	}
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Pump still writing to a client that reads nothing after 60 s")
+	}
+	if res.pumpErr == nil {
+		t.Fatal("Pump returned nil for a client that stopped reading, want a write error")
+	}
+	if res.flushErr == nil {
+		t.Error("Flush after the connection's write failed returned nil, want the write error")
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := sse.NewReader(resp.Body)
+	received := 0
+	for {
+		e, err := r.Next()
+		if err != nil {
+			break
+		}
+		if e.Name == "n" {
+			received++
+		}
+	}
+	if res.sent == 0 || res.sent > received {
+		t.Errorf("OnSent counted %d events, the client received %d: want at least one, and none counted that did not reach it", res.sent, received)
 	}
 }
