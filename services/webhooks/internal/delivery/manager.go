@@ -143,11 +143,12 @@ func (m *Manager) scan(ctx context.Context) {
 	for i, e := range all {
 		ids[i] = e.ID
 	}
-	held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
-	if err != nil {
-		// Those whose lease failed count as not held, as another
-		// instance's would.
-		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", err)
+	held, lerr := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+	if lerr != nil {
+		// Those whose lease failed are not started; those already
+		// running here go on: their leases still run, and the renewals
+		// (renew) stop any that another instance holds.
+		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", lerr)
 	}
 	seen := map[string]bool{}
 	for _, e := range all {
@@ -164,7 +165,7 @@ func (m *Manager) scan(ctx context.Context) {
 				defer close(r.done)
 				m.sender.Run(rctx, id, r.wake)
 			}(e.ID)
-		case !ok && r != nil:
+		case !ok && r != nil && lerr == nil:
 			r.cancel() // another instance has it now
 			delete(m.running, e.ID)
 		}

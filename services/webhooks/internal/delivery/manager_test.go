@@ -279,3 +279,78 @@ func TestAnEndpointLeaseOutlivesARedisBlipShorterThanIt(t *testing.T) {
 		t.Errorf("the lease after the blip: held by %q (%v), want a", holder, err)
 	}
 }
+
+// failLeases is a go-redis hook that fails the next pipeline carrying
+// endpoint lease commands once armed.
+type failLeases struct{ armed atomic.Bool }
+
+func (h *failLeases) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *failLeases) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *failLeases) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, isLeaseCmd) && h.armed.CompareAndSwap(true, false) {
+			for _, c := range cmds {
+				c.SetErr(errLeaseBlip)
+			}
+			return errLeaseBlip
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestAScanWhoseLeasesFailStopsNoSender: a scan that listed the endpoints
+// and then failed to take or renew their leases (Redis refusing the
+// instance for a moment) counted every lease as another instance's and
+// stopped every sender, mid-delivery, though no lease had lapsed. Such a
+// scan now starts nothing and stops nothing; a scan that finds another
+// instance holding the lease still stops its sender.
+func TestAScanWhoseLeasesFailStopsNoSender(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	fail := &failLeases{}
+	rdb.AddHook(fail)
+	ctx := t.Context()
+	store := redisstore.New(rdb, 1000)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	mgr := NewManager(store, NewSender(store, NewClient(ClientConfig{}), SenderConfig{Poll: time.Hour}, m, log), "a", time.Hour, log)
+	t.Cleanup(mgr.stopAll)
+	e := endpoint.Endpoint{ID: "ep_fail", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}, Paused: true}
+	if err := store.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	sending := func() *run {
+		mgr.mu.Lock()
+		defer mgr.mu.Unlock()
+		return mgr.running[e.ID]
+	}
+	mgr.scan(ctx)
+	r := sending()
+	if r == nil {
+		t.Fatal("no sender after the first scan")
+	}
+	fail.armed.Store(true)
+	mgr.scan(ctx)
+	if fail.armed.Load() {
+		t.Fatal("the scan sent no lease commands")
+	}
+	if got := sending(); got == nil {
+		t.Error("a scan whose leases failed stopped the sender, though its lease had not lapsed")
+	} else if got != r {
+		t.Error("a scan whose leases failed replaced the sender")
+	}
+	// Another instance holds the lease now: the next scan stops the sender.
+	if err := rdb.Set(ctx, "snip:wh:{"+e.ID+"}:lease", "b", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mgr.scan(ctx)
+	if got := sending(); got != nil {
+		t.Errorf("a sender runs for an endpoint another instance holds")
+	}
+}
