@@ -982,3 +982,82 @@ func TestLiveRecentMustBeOneOrMore(t *testing.T) {
 		}
 	}
 }
+
+// The click counter keeps all-time totals and recounts only a replay from
+// the oldest event CLICKS retains (decision 0021): a replay from later
+// changes nothing. The console requested it all the same (202), while the
+// operator believed the counts were being rebuilt. It now refuses it, as
+// snipctl does, with a 409 that says why and what to do (from_seq 1, or
+// force), and requests nothing; forced, it is requested with that reason as
+// a warning. A recount, and any position for another group, is requested
+// as before.
+func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	for _, group := range []string{topology.GroupClickCounter, "down-reader"} {
+		for p := range consoletest.Partitions {
+			cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+				AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+			})
+			if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 6)...)
+	latest := func(group string) string {
+		var st struct{ ID string }
+		getJSON(t, s, "/api/readers/"+group+"/replay", &st)
+		return st.ID
+	}
+	type answer struct {
+		ID, Position, Warning string
+		Error                 struct{ Code, Message string }
+	}
+	replay := func(group string, body map[string]any) (int, answer) {
+		t.Helper()
+		body["confirm"] = group
+		code, b := do(t, nil, http.MethodPost, s.url+"/api/readers/"+group+"/replay", body, bearer)
+		var a answer
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("replay %s %v: %d %s: %v", group, body, code, b, err)
+		}
+		return code, a
+	}
+	later := strconv.FormatUint(seqs[2], 10)
+	// Sequential: the cases share the group's latest replay.
+	for _, body := range []map[string]any{
+		{"from_seq": seqs[2]},
+		{"since": "1ms"},
+		{"from_seq": seqs[2], "force": false},
+	} {
+		code, a := replay(topology.GroupClickCounter, body)
+		if code != http.StatusConflict || a.Error.Code != "not_a_recount" ||
+			!strings.Contains(a.Error.Message, "starts after the oldest event CLICKS retains (sequence "+strconv.FormatUint(seqs[0], 10)) ||
+			!strings.Contains(a.Error.Message, `"from_seq": 1`) || !strings.Contains(a.Error.Message, `"force": true`) {
+			t.Errorf("click-counter replay %v: %d %+v; want 409 not_a_recount naming CLICKS' oldest event, from_seq 1 and force", body, code, a)
+		}
+		if id := latest(topology.GroupClickCounter); id != "" {
+			t.Fatalf("after click-counter replay %v: replay %s requested; want none", body, id)
+		}
+	}
+
+	code, a := replay(topology.GroupClickCounter, map[string]any{"from_seq": seqs[2], "force": true})
+	if code != http.StatusAccepted || a.Position != "from sequence "+later ||
+		!strings.Contains(a.Warning, "from sequence "+later+" starts after the oldest event CLICKS retains") {
+		t.Errorf("forced click-counter replay: %d %+v; want 202 with a warning that it recounts nothing", code, a)
+	}
+	if id := latest(topology.GroupClickCounter); id == "" || id != a.ID {
+		t.Errorf("forced click-counter replay: latest replay %q, want %q", id, a.ID)
+	}
+	for _, body := range []map[string]any{{"from_seq": seqs[0]}, {"since": "1h"}} {
+		code, a := replay(topology.GroupClickCounter, body)
+		if code != http.StatusAccepted || a.Warning != "" || latest(topology.GroupClickCounter) != a.ID {
+			t.Errorf("click-counter recount %v: %d %+v; want 202, requested, without a warning", body, code, a)
+		}
+	}
+	// Another group replays from anywhere, without a warning.
+	if code, a := replay("down-reader", map[string]any{"from_seq": seqs[2]}); code != http.StatusAccepted || a.Warning != "" || latest("down-reader") != a.ID {
+		t.Errorf("down-reader replay from sequence %s: %d %+v; want 202, requested, without a warning", later, code, a)
+	}
+}

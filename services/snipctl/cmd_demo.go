@@ -535,7 +535,7 @@ func (d *demo) startServices(ctx context.Context) []string {
 				return stopWaiting{fmt.Errorf("exited; it is restarted with backoff")}
 			default:
 			}
-			return httpOK(d.httpClient(), url)
+			return httpOK(ctx, d.httpClient(), url)
 		}); err != nil {
 			d.logf("%-12s not healthy yet: %v (see %s)", s.name, err, d.logPath(s.name))
 			continue
@@ -586,7 +586,7 @@ func (d *demo) readiness(ctx context.Context, started []string) map[string]strin
 			if ctx.Err() != nil {
 				return stopWaiting{ctx.Err()}
 			}
-			why = d.notReady(name)
+			why = d.notReady(ctx, name)
 			if why != "" {
 				return errors.New(why)
 			}
@@ -600,9 +600,14 @@ func (d *demo) readiness(ctx context.Context, started []string) map[string]strin
 }
 
 // notReady is why a service's /readyz does not answer 200; "" when it does.
-func (d *demo) notReady(name string) string {
+// The request ends with ctx (the demo stopping), or after 2 s.
+func (d *demo) notReady(ctx context.Context, name string) string {
 	s := demoServiceNamed(name)
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + d.addr(s.port) + "/readyz")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.addr(s.port)+"/readyz", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Do(req)
 	if err != nil {
 		return err.Error()
 	}
@@ -625,7 +630,7 @@ func (d *demo) watchReadiness(ctx context.Context, waiting map[string]string) {
 		case <-t.C:
 		}
 		for _, name := range slices.Sorted(maps.Keys(waiting)) {
-			if d.notReady(name) == "" {
+			if d.notReady(ctx, name) == "" {
 				delete(waiting, name)
 				d.logf("%-12s ready now", name)
 			}
@@ -958,8 +963,15 @@ func (d *demo) httpClient() *http.Client {
 	return &http.Client{Timeout: d.env.Cfg.Timeout}
 }
 
-func httpOK(c *http.Client, url string) error {
-	resp, err := c.Get(url)
+// httpOK gets url and fails unless it answers 200. The request ends with
+// ctx (Ctrl-C stops a wait for a hung service at once) or after c's
+// timeout, whichever comes first.
+func httpOK(ctx context.Context, c *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}

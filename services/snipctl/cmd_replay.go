@@ -9,9 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -26,7 +23,8 @@ import (
 // starts at the oldest event CLICKS retains, and skips any other (decision
 // 0021). Such a replay would reread events for nothing while the operator
 // believes the counts are being rebuilt, so snipctl refuses it, saying what
-// to do instead, unless --force.
+// to do instead, unless --force (reader.CheckRecount, which the console's
+// replay asks too).
 func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if len(args) < 1 || args[0] == "" || args[0][0] == '-' {
 		return fmt.Errorf("replay GROUP (--since DURATION | --from TIME | --from-seq N) [--wait] [--force]: %w", errUsage)
@@ -48,22 +46,22 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("replay %s: unexpected arguments %q (replay one group at a time, flags after it): %w", group, fs.Args(), errUsage)
 	}
 	var pos reader.Position
-	var start replayStart
+	var start string // the position as given, for messages
 	set := 0
 	if *since > 0 {
-		start = replayStart{time: time.Now().Add(-*since), flag: "--since " + since.String()}
-		pos, set = reader.FromTime(start.time), set+1
+		start = "--since " + since.String()
+		pos, set = reader.FromTime(time.Now().Add(-*since)), set+1
 	}
 	if *from != "" {
 		t, err := time.Parse(time.RFC3339, *from)
 		if err != nil {
 			return fmt.Errorf("replay: --from %q is not an RFC 3339 time: %w", *from, errUsage)
 		}
-		start = replayStart{time: t, flag: "--from " + *from}
+		start = "--from " + *from
 		pos, set = reader.FromTime(t), set+1
 	}
 	if *fromSeq > 0 {
-		start = replayStart{seq: *fromSeq, flag: "--from-seq " + strconv.FormatUint(*fromSeq, 10)}
+		start = "--from-seq " + strconv.FormatUint(*fromSeq, 10)
 		pos, set = reader.FromSeq(*fromSeq), set+1
 	}
 	if set != 1 {
@@ -76,19 +74,16 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer closeJS()
-	if group == topology.GroupClickCounter {
-		partial, err := start.partial(ctx, js)
-		if err != nil {
-			return fmt.Errorf("replay %s: %w", group, err)
-		}
-		switch {
-		case partial != "" && !*force:
-			return fmt.Errorf("replay %s: %s: %w", group, partial, errNotARecount)
-		case partial != "":
-			fmt.Fprintf(env.Stdout, "warning: %s; replaying anyway (--force)\n", partial)
-		default:
-			fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
-		}
+	err = reader.CheckRecount(ctx, js, group, pos, start)
+	switch {
+	case errors.Is(err, reader.ErrNotARecount) && !*force:
+		return fmt.Errorf("replay %s: %w: %w", group, err, errNotARecount)
+	case errors.Is(err, reader.ErrNotARecount):
+		fmt.Fprintf(env.Stdout, "warning: %v; replaying anyway (--force)\n", err)
+	case err != nil:
+		return fmt.Errorf("replay %s: %w", group, err)
+	case group == topology.GroupClickCounter:
+		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -107,36 +102,5 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 }
 
 // errNotARecount is a click-counter replay refused because it would
-// recount nothing.
+// recount nothing (reader.CheckRecount says why).
 var errNotARecount = errors.New("use --from-seq 1 to recount, or --force to replay anyway")
-
-// replayStart is where a replay was asked to start: a time or a sequence.
-type replayStart struct {
-	time time.Time
-	seq  uint64
-	flag string // as given, for messages
-}
-
-// partial says why a click-counter replay from s would recount nothing
-// ("" when it is a recount): it starts after the oldest event CLICKS
-// retains, so at least the partition holding that event starts after its
-// own oldest event, and the counter skips the replayed events by watermark.
-// (CLICKS' first event is the oldest of every partition's; a replay at or
-// before it starts every partition at its own first event.)
-func (s replayStart) partial(ctx context.Context, js jetstream.JetStream) (string, error) {
-	st, err := js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		return "", err
-	}
-	first := st.CachedInfo().State
-	if first.Msgs == 0 {
-		return "", nil // nothing to replay, nothing to skip
-	}
-	if (s.seq > 0 && s.seq <= first.FirstSeq) || (s.seq == 0 && !s.time.After(first.FirstTime)) {
-		return "", nil
-	}
-	return fmt.Sprintf("%s starts after the oldest event CLICKS retains (sequence %d, stored %s): "+
-		"the click counter keeps all-time totals and recounts only from the oldest event, "+
-		"so it would skip the replayed events and change nothing (docs/decisions/0021)",
-		s.flag, first.FirstSeq, first.FirstTime.UTC().Format(time.RFC3339)), nil
-}

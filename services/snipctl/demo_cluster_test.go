@@ -65,11 +65,11 @@ func TestDemoClusterGoesOnWhenANodeDies(t *testing.T) {
 	for _, s := range demoServices {
 		url := "http://127.0.0.1:" + strconv.Itoa(base+s.port) + "/healthz"
 		deadline := time.Now().Add(time.Minute)
-		for httpOK(health, url) != nil {
+		for httpOK(t.Context(), health, url) != nil {
 			if time.Now().After(deadline) {
 				log, _ := os.ReadFile(filepath.Join(dir, "logs", s.name+".log"))
 				t.Fatalf("%s: no answer on %s in a minute: %v\ndemo output:\n%s\nthe end of %s.log:\n%s",
-					s.name, url, httpOK(health, url), out.String(), s.name, tail(log, 4000))
+					s.name, url, httpOK(t.Context(), health, url), out.String(), s.name, tail(log, 4000))
 			}
 			time.Sleep(50 * time.Millisecond) // polling, with the deadline above
 		}

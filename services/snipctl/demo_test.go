@@ -582,7 +582,7 @@ func TestDemoHTTPCallsEndAfterTheTimeout(t *testing.T) {
 		name string
 		call func() error
 	}{
-		{"health_check", func() error { return httpOK(d.httpClient(), hung.URL+"/healthz") }},
+		{"health_check", func() error { return httpOK(t.Context(), d.httpClient(), hung.URL+"/healthz") }},
 		{"link_creation", func() error {
 			_, _, err := httpPost(t.Context(), d.httpClient(), hung.URL+"/api/links", demoAPIKey, []byte(`{}`))
 			return err
@@ -609,6 +609,87 @@ func TestDemoHTTPCallsEndAfterTheTimeout(t *testing.T) {
 			})
 			if err == nil {
 				t.Errorf("%s against a hung service: no error", tc.name)
+			}
+		})
+	}
+}
+
+// Stopping the demo (Ctrl-C cancels its context) ends a health or
+// readiness check in flight at once. The checks were sent without the
+// context: a stop while a service had taken a check and not answered
+// waited for the check's own timeout (SNIPCTL_TIMEOUT, 30 s by default,
+// for the health check; 2 s for /readyz). Here the service never answers,
+// SNIPCTL_TIMEOUT is a minute and the demo waits a minute for readiness;
+// each wait is stopped once its check has reached the service, and must
+// return well within a second.
+func TestDemoChecksEndWhenTheDemoStops(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Minute
+	const prompt = time.Second // below both checks' own timeouts
+	s := demoServices[0]
+	tests := []struct {
+		name string
+		wait func(ctx context.Context, d *demo) error
+	}{
+		{"health_check", func(ctx context.Context, d *demo) error {
+			// As startServices waits for each service.
+			return waitUntil(ctx, timeout, func() error { return httpOK(ctx, d.httpClient(), "http://"+d.addr(s.port)+"/healthz") })
+		}},
+		{"readiness", func(ctx context.Context, d *demo) error {
+			if waiting := d.readiness(ctx, []string{s.name}); waiting[s.name] == "" {
+				return fmt.Errorf("readiness of a service that never answered: %v, want it waiting", waiting)
+			}
+			return ctx.Err()
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			arrived := make(chan struct{}, 1)
+			release := make(chan struct{})
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			hung := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				select {
+				case arrived <- struct{}{}:
+				default:
+				}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+				}
+			})}
+			go func() { _ = hung.Serve(ln) }()
+			t.Cleanup(func() { _ = hung.Close() })
+			t.Cleanup(func() { close(release) }) // runs first: the handlers return
+			d := &demo{env: &Env{Stdout: io.Discard, Cfg: Config{Timeout: timeout}}, readyWait: timeout,
+				httpBase: ln.Addr().(*net.TCPAddr).Port - s.port}
+
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- tc.wait(ctx, d) }()
+			select {
+			case <-arrived:
+			case err := <-done:
+				t.Fatalf("the wait ended before its check reached the service: %v", err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("the check never reached the service")
+			}
+			cancel()
+			stopped := time.Now()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("the stopped wait: err = %v, want context.Canceled", err)
+				}
+			case <-time.After(prompt):
+				t.Fatalf("the wait had not ended %s after the demo stopped with its check in flight", prompt)
+			}
+			if took := time.Since(stopped); took > prompt {
+				t.Errorf("the wait ended %s after the demo stopped; want within %s", took.Round(time.Millisecond), prompt)
 			}
 		})
 	}

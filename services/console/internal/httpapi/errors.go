@@ -83,6 +83,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, deadletter.ErrNotRedrivable):
 		return http.StatusConflict, "not_redrivable"
+	case errors.Is(err, readers.ErrNotARecount):
+		return http.StatusConflict, "not_a_recount"
 	case errors.Is(err, ownerstream.ErrOwnerLimit):
 		return http.StatusTooManyRequests, "too_many_streams"
 	case errors.Is(err, ownerstream.ErrOpenRate):

@@ -10,7 +10,7 @@
 //	GET  /login, POST /login, POST /logout the session cookie
 //	GET  /static/*                         the page's script and style
 //	GET  /api/readers                      groups per partition, other consumers
-//	POST /api/readers/:group/replay        {"since"|"from"|"from_seq", "confirm": group}
+//	POST /api/readers/:group/replay        {"since"|"from"|"from_seq", "confirm": group, "force"}
 //	GET  /api/readers/:group/replay        the latest replay's progress
 //	GET  /api/live                         live clicks (SSE)
 //	GET  /api/alerts                       recent fraud alerts
@@ -55,7 +55,7 @@ import (
 // Readers is the readers panel and its replays.
 type Readers interface {
 	Snapshot(ctx context.Context) (readers.Snapshot, error)
-	Replay(ctx context.Context, group string, r readers.ReplayRequest) (id, desc string, err error)
+	Replay(ctx context.Context, group string, r readers.ReplayRequest) (readers.Replayed, error)
 	ReplayStatus(ctx context.Context, group string) (readers.ReplayStatus, error)
 }
 
@@ -265,15 +265,17 @@ func (a *api) replay(c echo.Context) error {
 		return err
 	}
 	group := c.Param("group")
-	id, desc, err := a.d.Readers.Replay(c.Request().Context(), group, req)
-	a.audit(c, "replay", err, "group", group, "position", desc, "replay_id", id)
+	r, err := a.d.Readers.Replay(c.Request().Context(), group, req)
+	a.audit(c, "replay", err, "group", group, "position", r.Position, "replay_id", r.ID, "force", req.Force)
 	if err != nil {
 		return err
 	}
 	a.readers.Forget()
-	return c.JSON(http.StatusAccepted, map[string]string{
-		"id": id, "group": group, "position": desc, "note": readers.ReplayNote(group),
-	})
+	out := map[string]string{"id": r.ID, "group": group, "position": r.Position, "note": readers.ReplayNote(group)}
+	if r.Warning != "" {
+		out["warning"] = r.Warning
+	}
+	return c.JSON(http.StatusAccepted, out)
 }
 
 func (a *api) replayStatus(c echo.Context) error {

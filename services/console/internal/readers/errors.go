@@ -10,4 +10,7 @@ var (
 	ErrBadReplay = errors.New("invalid replay position")
 	// ErrUnknownGroup means no such consumer group reads CLICKS.
 	ErrUnknownGroup = errors.New("no such consumer group")
+	// ErrNotARecount means a replay of the click counter from a position
+	// it will not recount from, without force; the error says why.
+	ErrNotARecount = errors.New(`replay from sequence 1 ("from_seq": 1) to recount, or force it ("force": true) to replay anyway`)
 )

@@ -217,7 +217,8 @@ func ReplayNote(group string) string {
 	case topology.GroupClickCounter:
 		return "Counts are all-time totals. Only a replay from sequence 1 (the oldest retained click) recounts: " +
 			"into a new generation, which replaces the old counts in one step when it has caught up. " +
-			"A replay from later (since 24h) recounts nothing and counts nothing twice: the replayed clicks are below its watermark and skipped."
+			"A replay from later (since 24h) would recount nothing (the replayed clicks are below its watermark and skipped), " +
+			"so it is refused unless forced; forced, it changes nothing and counts nothing twice."
 	case topology.GroupFraudDetection:
 		return "The detector's windows restart at the replay's first click. Alert IDs are deterministic (rule, link, key, period), " +
 			"so a replay raises no new alert (FRAUD drops the copies); its verdict messages are cut by the replay's batches, " +

@@ -160,20 +160,21 @@ func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
 		{"from_before_what_a_position_holds", readers.ReplayRequest{From: "1600-01-01T00:00:00Z", Confirm: "live-reader"}, readers.ErrBadReplay},
 	}
 	for _, tc := range refused {
-		if _, _, err := v.Replay(ctx, "live-reader", tc.req); !errors.Is(err, tc.want) {
+		if _, err := v.Replay(ctx, "live-reader", tc.req); !errors.Is(err, tc.want) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, _, err := v.Replay(ctx, "no-such-group", readers.ReplayRequest{FromSeq: 1, Confirm: "no-such-group"}); !errors.Is(err, readers.ErrUnknownGroup) {
+	if _, err := v.Replay(ctx, "no-such-group", readers.ReplayRequest{FromSeq: 1, Confirm: "no-such-group"}); !errors.Is(err, readers.ErrUnknownGroup) {
 		t.Errorf("unknown group: err = %v, want ErrUnknownGroup", err)
 	}
 
-	id, desc, err := v.Replay(ctx, "live-reader", readers.ReplayRequest{FromSeq: seqs[0], Confirm: "live-reader"})
+	replayed, err := v.Replay(ctx, "live-reader", readers.ReplayRequest{FromSeq: seqs[0], Confirm: "live-reader"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if desc != "from sequence 1" {
-		t.Errorf("description %q", desc)
+	id := replayed.ID
+	if replayed.Position != "from sequence 1" || replayed.Warning != "" {
+		t.Errorf("replayed %+v, want from sequence 1 and no warning", replayed)
 	}
 	var st readers.ReplayStatus
 	testenv.WaitFor(t, 30*time.Second, "every partition moved back", func() bool {

@@ -12,7 +12,8 @@ import (
 )
 
 // ReplayRequest is what an operator asks of a group: exactly one of Since,
-// From and FromSeq, and Confirm set to the group's name.
+// From and FromSeq, and Confirm set to the group's name; Force to replay
+// the click counter from a position it will not recount from.
 type ReplayRequest struct {
 	// Since replays the events of the last Since (a Go duration, "24h").
 	Since string `json:"since,omitempty"`
@@ -24,6 +25,10 @@ type ReplayRequest struct {
 	// Confirm must repeat the group's name: a replay moves every partition
 	// of a live reader, so it is never one click away.
 	Confirm string `json:"confirm"`
+	// Force replays the click counter even from after the oldest event
+	// CLICKS retains, which it does not recount from (the replay changes
+	// nothing; reader.CheckRecount), as snipctl replay --force does.
+	Force bool `json:"force,omitempty"`
 }
 
 // earliestFrom is the earliest time a replay may start from. The server
@@ -69,25 +74,47 @@ func (r ReplayRequest) Position(group string, now time.Time) (reader.Position, s
 	return pos, desc, nil
 }
 
-// Replay asks group to replay CLICKS as r says and returns the request's ID
-// and what was asked ("since 24h0m0s"). Each partition moves back when its
-// owner takes the request; ReplayStatus shows how far it got.
-func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (id, desc string, err error) {
+// Replayed is a replay requested.
+type Replayed struct {
+	// ID is the request's; ReplayStatus follows it.
+	ID string
+	// Position is what was asked ("since 24h0m0s").
+	Position string
+	// Warning says why a forced replay changes nothing; "" otherwise.
+	Warning string
+}
+
+// Replay asks group to replay CLICKS as r says and returns the request.
+// Each partition moves back when its owner takes the request; ReplayStatus
+// shows how far it got. A replay of the click counter that it would not
+// recount from is refused (ErrNotARecount, with reader.CheckRecount's
+// reason) unless r.Force, and then comes with that reason as a warning.
+func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Replayed, error) {
 	if !events.ValidToken(group) {
-		return "", "", fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
+		return Replayed{}, fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
 	}
 	pos, desc, err := r.Position(group, time.Now())
 	if err != nil {
-		return "", "", err
+		return Replayed{}, err
 	}
-	id, err = reader.Rewind(ctx, v.js, group, pos)
+	out := Replayed{Position: desc}
+	err = reader.CheckRecount(ctx, v.js, group, pos, desc)
+	switch {
+	case errors.Is(err, reader.ErrNotARecount) && !r.Force:
+		return Replayed{}, fmt.Errorf("replay %s: %w: %w", group, err, ErrNotARecount)
+	case errors.Is(err, reader.ErrNotARecount):
+		out.Warning = err.Error() + "; replayed anyway (force)"
+	case err != nil:
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
+	}
+	out.ID, err = reader.Rewind(ctx, v.js, group, pos)
 	if errors.Is(err, reader.ErrNoGroup) {
-		return "", "", fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
 	}
 	if err != nil {
-		return "", "", err
+		return Replayed{}, err
 	}
-	return id, desc, nil
+	return out, nil
 }
 
 // ReplayStatus is the latest replay of a group, as the panel shows it.

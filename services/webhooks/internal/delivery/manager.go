@@ -3,6 +3,8 @@ package delivery
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,20 +50,80 @@ func (m *Manager) Wake(id string) {
 	}
 }
 
-// Run takes and renews leases every LeaseTTL/3 and starts and stops
-// senders, until ctx ends; then it stops every sender and gives the leases
-// back.
+// Run scans every LeaseTTL/3: it takes the leases of the endpoints no
+// instance holds, starts a sender for each endpoint whose lease it holds
+// and stops the senders of endpoints deleted or held by another instance.
+// Meanwhile it renews the leases of the endpoints it sends for every
+// LeaseTTL/10, all in one round trip. Until ctx ends; then it stops every
+// sender and gives the leases back.
 func (m *Manager) Run(ctx context.Context) error {
+	rctx, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		m.renew(rctx)
+	}()
 	t := time.NewTicker(m.leaseTTL / 3)
 	defer t.Stop()
 	for {
 		m.scan(ctx)
 		select {
 		case <-ctx.Done():
+			// No renewal after the leases are given back.
+			stopRenewing()
+			<-renewed
 			m.stopAll()
 			return nil
 		case <-t.C:
 		}
+	}
+}
+
+// renew extends the leases of the endpoints this instance sends for every
+// LeaseTTL/10, until ctx ends, and stops the sender of one another
+// instance holds. A renewal that fails stops nothing (the lease still runs
+// for most of its TTL) and is tried again at the next tick.
+//
+// The lease must not lapse while its sender runs: another instance would
+// take it and send the same queue alongside it. When only the scan renewed
+// it, every third of the lease, two failed scans in a row left the next
+// renewal due as the lease ran out, and three (Redis refusing the instance
+// for a little over two thirds of the lease) let it lapse. Coming a tenth of the lease
+// apart, the first renewal after Redis was out of reach for less than
+// about nine tenths of it still finds it, as for a replay's lease
+// (Replayer.renew); a renewal is cheap (the endpoints running here, one
+// script each, one pipeline), unlike the scan, which reads every endpoint.
+func (m *Manager) renew(ctx context.Context) {
+	t := time.NewTicker(m.leaseTTL / 10)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		runs := maps.Clone(m.running)
+		m.mu.Unlock()
+		if len(runs) == 0 {
+			continue
+		}
+		ids := slices.Collect(maps.Keys(runs))
+		held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+		if err != nil {
+			if ctx.Err() == nil {
+				m.log.Warn("webhooks: renew leases", "endpoints", len(ids), "renewed", len(held), "err", err)
+			}
+			continue
+		}
+		m.mu.Lock()
+		for id, r := range runs {
+			if !held[id] && m.running[id] == r {
+				r.cancel() // another instance has it now
+				delete(m.running, id)
+			}
+		}
+		m.mu.Unlock()
 	}
 }
 
@@ -81,11 +143,12 @@ func (m *Manager) scan(ctx context.Context) {
 	for i, e := range all {
 		ids[i] = e.ID
 	}
-	held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
-	if err != nil {
-		// Those whose lease failed count as not held, as another
-		// instance's would.
-		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", err)
+	held, lerr := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+	if lerr != nil {
+		// Those whose lease failed are not started; those already
+		// running here go on: their leases still run, and the renewals
+		// (renew) stop any that another instance holds.
+		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", lerr)
 	}
 	seen := map[string]bool{}
 	for _, e := range all {
@@ -102,7 +165,7 @@ func (m *Manager) scan(ctx context.Context) {
 				defer close(r.done)
 				m.sender.Run(rctx, id, r.wake)
 			}(e.ID)
-		case !ok && r != nil:
+		case !ok && r != nil && lerr == nil:
 			r.cancel() // another instance has it now
 			delete(m.running, e.ID)
 		}

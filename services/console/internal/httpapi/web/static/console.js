@@ -141,8 +141,8 @@ function renderReaders(s) {
 // ---- replay
 
 let replayGroup = null;
-// replayWatch numbers the replay being watched: a new watch, or closing the
-// dialog, ends the one before.
+// replayWatch numbers the replay being watched: a new watch, a refusal, or
+// closing the dialog, ends the one before.
 let replayWatch = 0;
 
 function openReplay(g) {
@@ -152,6 +152,7 @@ function openReplay(g) {
   document.getElementById('replay-group').textContent = g.group;
   document.getElementById('replay-note').textContent = g.replay_note;
   document.getElementById('replay-result').textContent = '';
+  document.getElementById('replay-warning').textContent = '';
   document.getElementById('replay-dialog').showModal();
 }
 
@@ -163,12 +164,19 @@ async function submitReplay(ev) {
   if (kind === 'since') body.since = f.elements.since.value;
   else if (kind === 'from') body.from = f.elements.from.value;
   else body.from_seq = Number(f.elements.from_seq.value);
+  if (f.elements.force.checked) body.force = true;
   const out = document.getElementById('replay-result');
+  // A forced replay that changes nothing says why, and stays said while
+  // the progress below it changes.
+  const warning = document.getElementById('replay-warning');
+  warning.textContent = '';
   try {
     const r = await request('POST', '/api/readers/' + encodeURIComponent(replayGroup) + '/replay', body);
     out.textContent = `Replay ${r.id} requested (${r.position}). Waiting for each partition's owner…`;
+    if (r.warning) warning.textContent = 'Warning: ' + r.warning;
     watchReplay(replayGroup, r.id, out);
   } catch (err) {
+    replayWatch++; // the progress of an earlier replay no longer shows here
     out.textContent = 'Refused: ' + err.message;
   }
 }
