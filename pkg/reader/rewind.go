@@ -214,6 +214,13 @@ func (w *worker) maybeRewind() error {
 			}
 		}
 	}
+	if w.stopping() {
+		// The partition moved while OnRewind ran (a rebuild can take
+		// longer than the pin outlives the last pull): its next owner may
+		// be reading it already, and has the rewind to do, unrecorded.
+		// Moving the consumer back now would replay under that owner.
+		return errReleased
+	}
 	for {
 		err := w.rewindTo(ri)
 		if err == nil {
