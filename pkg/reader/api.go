@@ -274,7 +274,9 @@ type Config struct {
 	// (Rewind) reaches it: after the member stopped processing the partition
 	// and acked what it handled, and before the consumer moves back to
 	// r.From. A reader that deduplicates by sequence uses it to start a new
-	// generation of its state.
+	// generation of its state. If the partition moves while OnRewind runs,
+	// the consumer is left where it is and the rewind to the next owner,
+	// whose OnRewind is called for it in turn.
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
 	// OnPassed, if set, is called when the runtime passes stream positions
 	// of a partition that the handler never completed: a batch whose last

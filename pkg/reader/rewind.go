@@ -214,6 +214,13 @@ func (w *worker) maybeRewind() error {
 			}
 		}
 	}
+	if w.stopping() {
+		// The partition moved while OnRewind ran (a rebuild can take
+		// longer than the pin outlives the last pull): its next owner may
+		// be reading it already, and has the rewind to do, unrecorded.
+		// Moving the consumer back now would replay under that owner.
+		return errReleased
+	}
 	for {
 		err := w.rewindTo(ri)
 		if err == nil {
@@ -262,6 +269,16 @@ func (w *worker) rewindTo(ri RewindInfo) error {
 	}
 	if ri.From == 0 || ri.From > ri.Until || ri.From > info.AckFloor.Stream+1 {
 		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until, "ack_floor", info.AckFloor.Stream)
+		// The fetcher was stopped for the rewind and dropped what it had
+		// fetched ahead, unacked: back to the ack floor, so that comes again
+		// now rather than after the AckWait (or as a delivery gap). The
+		// floor does not move, nor does where the reader was told it
+		// resumes, which confirmResume still checks at the first batch.
+		resume := w.resume
+		if err := w.resetTo(0); err != nil {
+			return err
+		}
+		w.resume = resume
 		return nil
 	}
 	if err := w.resetTo(ri.From); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -14,7 +15,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
@@ -215,3 +218,168 @@ func connectAs(t *testing.T, url, user string, opts ...nats.Option) jetstream.Je
 	}
 	return js
 }
+
+// An owner asked to let its partition go while its OnRewind runs (a
+// rebuild that takes seconds: fraud detection reads ten minutes of the
+// log) leaves the rewind to the next owner. The next owner takes the
+// partition once the old one's pin lapses, carries the rewind out itself
+// (nothing recorded it done) and replays 1..10. The old owner's OnRewind
+// then returns: moving the consumer back now would do it under the new
+// owner, which would be handed 1..10 a third time, and the old owner would
+// record the rewind done in its place.
+func TestAnOwnerReleasedDuringOnRewindLeavesTheRewindToTheNextOwner(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	publish(t, js, 1, 10, 0) // sequences 1..10, in one partition
+	var mu sync.Mutex
+	handled := map[string][]uint64{} // member: sequences handled, in order
+	handler := func(member string) reader.Handler {
+		return func(_ context.Context, _ int, b []reader.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range b {
+				handled[member] = append(handled[member], e.Seq)
+			}
+			return nil
+		}
+	}
+	count := func(member string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled[member])
+	}
+	inRewind, release := make(chan struct{}), make(chan struct{})
+	old := startMember(t, n, reader.Config{Group: "g", Member: "old", BatchSize: 100, DrainTimeout: time.Minute,
+		OnRewind: func(context.Context, int, reader.RewindInfo) error {
+			close(inRewind)
+			<-release // a rebuild that does not look at its context
+			return nil
+		}}, handler("old"))
+	testenv.WaitFor(t, 30*time.Second, "the first pass", func() bool { return count("old") == 10 })
+
+	id, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inRewind:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the owner never called OnRewind")
+	}
+	old.cancel() // asked to stop: it leaves the group and drains
+	startMember(t, n, reader.Config{Group: "g", Member: "next", BatchSize: 100}, handler("next"))
+	testenv.WaitFor(t, 30*time.Second, "the next owner to replay 1..10", func() bool { return count("next") == 10 })
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, js, "g", id); err != nil {
+		t.Fatal(err)
+	}
+
+	close(release)
+	select {
+	case <-old.done:
+		old.done <- nil // for the cleanup
+	case <-time.After(60 * time.Second):
+		t.Fatal("the old owner did not stop")
+	}
+	publish(t, js, 1, 1, 10) // sequence 11: once the next owner has it, it has everything before it
+	testenv.WaitFor(t, 30*time.Second, "the next owner to handle 11", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		s := handled["next"]
+		return len(s) > 0 && s[len(s)-1] == 11
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "[1 2 3 4 5 6 7 8 9 10 11]"; fmt.Sprint(handled["next"]) != want {
+		t.Errorf("the next owner handled %v, want %s: the replay once, then 11", handled["next"], want)
+	}
+	if want := "[1 2 3 4 5 6 7 8 9 10]"; fmt.Sprint(handled["old"]) != want {
+		t.Errorf("the old owner handled %v, want %s: the first pass only", handled["old"], want)
+	}
+}
+
+// A rewind with nothing to replay in a partition (its start is past what
+// the partition holds) still stops the fetcher, which drops the batch it
+// had fetched ahead, unacked. Without moving the consumer the server counts
+// that batch delivered: it came again only after the AckWait (a minute), or
+// sooner as a "gap in deliveries" once later events were fetched. The
+// owner here is handling 1..5 with 6..10 fetched ahead when the rewind
+// comes; 6..10 must follow at once.
+func TestARewindWithNothingToReplayLosesNoTimeOverTheBatchFetchedAhead(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	publish(t, js, 1, 10, 0) // sequences 1..10, in one partition
+	var mu sync.Mutex
+	var handled []uint64
+	holding, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	heard := make(chan struct{})
+	var heardOnce sync.Once
+	log := slog.New(&onMessage{msg: "rewind requested", fn: func() { heardOnce.Do(func() { close(heard) }) }})
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Linger: 50 * time.Millisecond, Logger: log, Metrics: reg},
+		func(_ context.Context, _ int, b []reader.Event) error {
+			once.Do(func() {
+				close(holding)
+				<-release
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range b {
+				handled = append(handled, e.Seq)
+			}
+			return nil
+		})
+	select {
+	case <-holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first batch never came")
+	}
+	cons, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "6..10 fetched ahead", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.NumAckPending == 10
+	})
+	if _, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(11)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-heard:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the member never heard of the rewind")
+	}
+	close(release)
+	testenv.WaitFor(t, 15*time.Second, "6..10 handled (a minute is the AckWait)", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == 10
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "[1 2 3 4 5 6 7 8 9 10]"; fmt.Sprint(handled) != want {
+		t.Errorf("handled %v, want %s", handled, want)
+	}
+	if v := gathered(t, reg, "snip_reader_delivery_gaps_total"); v > 0 {
+		t.Errorf("delivery_gaps_total = %v, want 0: the member dropped the batch itself", v)
+	}
+}
+
+// onMessage is a log handler that calls fn for each record with message msg.
+type onMessage struct {
+	msg string
+	fn  func()
+}
+
+func (h *onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h *onMessage) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.fn()
+	}
+	return nil
+}
+func (h *onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *onMessage) WithGroup(string) slog.Handler      { return h }

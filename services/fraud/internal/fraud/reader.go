@@ -37,13 +37,21 @@ type ClickLog interface {
 // mark, as one that never had the partition does (a group started at
 // `new`); the record, kept in NATS, tells them apart. It is written when a
 // batch is applied to a store holding nothing of the partition (about once
-// in the partition's life), never per click.
+// in the partition's life), never per click. It also tells a takeover
+// whether the partition is in the middle of a replay, from the group's
+// replay records beside it: the store's mark is then the replay's first
+// pass, not a batch stored and not acked.
 type Origins interface {
 	// Origin returns the partition's recorded origin (0: none).
 	Origin(ctx context.Context, partition int) (uint64, error)
 	// Lower records seq as the partition's origin unless one at or before
 	// it is recorded.
 	Lower(ctx context.Context, partition int, seq uint64) error
+	// Replaying reports whether the partition carried out the group's
+	// latest replay (reader.Rewind) and next is within it: at or after its
+	// first event of the partition and at or before the last it hands
+	// again. The group's replay records are kept in NATS too.
+	Replaying(ctx context.Context, partition int, next uint64) (bool, error)
 }
 
 // Publisher publishes alerts on FRAUD and verdict messages on
@@ -270,6 +278,22 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		return r.wiped(ctx, partition, origin, resume)
 	}
 	until := resume
+	if takeover && mark >= resume {
+		// A partition taken over in the middle of a replay has the mark of
+		// the replay's first pass ahead of resume: the events up to it are
+		// the replay's to judge again, as OnRewind started it, not a batch
+		// the previous owner stored and did not ack. (A batch stored and
+		// not acked within a replay is judged again too: its decisions are
+		// published again, which their IDs make harmless, as the replay's.)
+		replaying, err := r.origins.Replaying(ctx, partition, resume)
+		if err != nil {
+			return nil, fmt.Errorf("rebuild: %w", err)
+		}
+		if replaying {
+			r.log.Info("partition taken over during a replay: judging the rest of it", "partition", partition, "resume_seq", resume, "mark", mark)
+			takeover = false
+		}
+	}
 	if takeover && mark >= resume {
 		// The previous owner published and stored the events up to the mark
 		// and stopped before acking them: the runtime hands them again. Feed

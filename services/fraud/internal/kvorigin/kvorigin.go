@@ -7,6 +7,8 @@
 // replay requests: a key the group's NATS user may already write, that no
 // Redis failure can take with it. It is written about once per partition in
 // the group's life (the first batch applied), so it costs nothing per click.
+// Replaying reads those replay requests (reader.LatestRewind), once per
+// takeover that finds Redis's mark ahead of where it resumes.
 package kvorigin
 
 import (
@@ -18,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 )
@@ -129,4 +132,20 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 		}
 		return nil
 	}
+}
+
+// Replaying reports whether partition carried out the group's latest replay
+// (reader.Rewind, recorded in the same bucket) and next is within it: at or
+// after the replay's first event of the partition and at or before the last
+// one it hands again.
+func (o *Origins) Replaying(ctx context.Context, partition int, next uint64) (bool, error) {
+	st, err := reader.LatestRewind(ctx, o.js, o.group)
+	if err != nil {
+		return false, fmt.Errorf("replay of partition %d: %w", partition, err)
+	}
+	if partition < 0 || partition >= len(st.Partitions) {
+		return false, nil
+	}
+	pr := st.Partitions[partition]
+	return pr.Done && pr.From <= next && next <= pr.Until, nil
 }
