@@ -32,10 +32,11 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	// Acking past it would ack the missing events unseen (AckAll), so handle
 	// the contiguous part, then make the caller reset to the ack floor.
 	gap := false
-	mds := make([]*jetstream.MsgMetadata, 0, len(msgs))
+	// The batch's metadata in one slice, read in place (readMetadata).
+	mds := make([]jetstream.MsgMetadata, len(msgs))
 	for i, msg := range msgs {
-		md, err := msg.Metadata()
-		if err != nil {
+		md := &mds[i]
+		if err := readMetadata(msg, md); err != nil {
 			return fmt.Errorf("read message metadata: %w", err)
 		}
 		if w.cseqKnown && md.Sequence.Consumer != w.lastCseq+1 {
@@ -46,8 +47,8 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 			break
 		}
 		w.lastCseq, w.cseqKnown = md.Sequence.Consumer, true
-		mds = append(mds, md)
 	}
+	mds = mds[:len(msgs)]
 	if len(msgs) == 0 {
 		return errGap
 	}
@@ -60,7 +61,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	defer inprogress.Keep(w.m.cfg.AckWait/3, msgs...)()
 	evs := make([]Event, 0, len(msgs))
 	for i, msg := range msgs {
-		md := mds[i]
+		md := &mds[i]
 		if md.NumDelivered > 1 {
 			m.met.redelivered.WithLabelValues(m.cfg.Group).Inc()
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +49,11 @@ import (
 // the viral-link case, where a batch is one link's clicks; the bare reader
 // then drains that one partition.
 //
+// CLICKCOUNTER_BENCH_PROFILE=<dir> writes a CPU profile of the benchmark
+// process for each phase alone (<dir>/bare.cpu, bare-pinned.cpu, noop.cpu,
+// counter.cpu), without the publishing before them; -cpuprofile, which
+// covers the whole run, cannot be given with it.
+//
 // Run it once: go test -run '^$' -bench CatchUp -benchtime 1x ./services/clickcounter
 func BenchmarkCatchUp(b *testing.B) {
 	n := 200_000
@@ -81,13 +88,20 @@ func BenchmarkCatchUp(b *testing.B) {
 	b.Logf("published %d clicks in %s (hot=%v)", n, time.Since(start).Round(time.Millisecond), hot)
 	procs := []benchProc{{"bench", os.Getpid()}, {"nats-server", nc.Nodes[0].PID()}, {"redis-server", servers.Redis.PID()}}
 
+	prof := phaseProfiler(b, os.Getenv("CLICKCOUNTER_BENCH_PROFILE"))
 	for b.Loop() {
 		cpu0 := cpuTimes(b, procs)
+		stop := prof("bare")
 		bare := drainBare(b, js, o.Partitions, batch, n, false)
+		stop()
 		cpuP0 := cpuTimes(b, procs)
+		stop = prof("bare-pinned")
 		pinned := drainBare(b, js, o.Partitions, batch, n, true)
+		stop()
 		cpu1 := cpuTimes(b, procs)
+		stop = prof("noop")
 		noop := drainGroup(b, js, "bench-noop", batch, n, func(_ context.Context, _ int, evs []reader.Event) error { return nil }, nil)
+		stop()
 		cpu2 := cpuTimes(b, procs)
 		rdb, _ := servers.Redis.NewDB(b)
 		c, err := counter.New(counter.Options{Store: redisstore.New(rdb), Clicks: jsfeed.Clicks{JS: js}, Partitions: o.Partitions,
@@ -97,7 +111,9 @@ func BenchmarkCatchUp(b *testing.B) {
 		}
 		_ = rdb.ConfigResetStat(ctx).Err()
 		cpu3 := cpuTimes(b, procs)
+		stop = prof("counter")
 		cnt := drainGroup(b, js, topology.GroupClickCounter, batch, n, c.HandleBatch, c)
+		stop()
 		cpu4 := cpuTimes(b, procs)
 		if info, err := rdb.Info(ctx, "commandstats").Result(); err == nil {
 			for _, line := range strings.Split(info, "\n") {
@@ -138,6 +154,33 @@ func BenchmarkCatchUp(b *testing.B) {
 				}
 			}
 			b.Logf("CPU per click, %s: %s; total %.2f µs", ph.name, strings.Join(parts, ", "), total)
+		}
+	}
+}
+
+// phaseProfiler returns a function that starts a CPU profile of one phase
+// into dir/<phase>.cpu and returns its stop; with dir empty it does nothing.
+func phaseProfiler(b *testing.B, dir string) func(phase string) (stop func()) {
+	b.Helper()
+	if dir == "" {
+		return func(string) func() { return func() {} }
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	return func(phase string) func() {
+		f, err := os.Create(filepath.Join(dir, phase+".cpu"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatalf("profile %s (with -cpuprofile, leave CLICKCOUNTER_BENCH_PROFILE unset): %v", phase, err)
+		}
+		return func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 }

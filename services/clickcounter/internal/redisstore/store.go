@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -147,11 +146,42 @@ type args struct {
 }
 
 func newArgs(keys ...string) *args {
-	a := &args{idx: map[string]int{}}
+	return newArgsSized(0, keys...)
+}
+
+// newArgsSized is newArgs with room for nkeys keys, so a batch's hundreds
+// of them are not copied as the slice and the index grow.
+func newArgsSized(nkeys int, keys ...string) *args {
+	nkeys += len(keys)
+	a := &args{idx: make(map[string]int, nkeys), keys: make([]string, 0, nkeys)}
 	for _, k := range keys {
 		a.key(k)
 	}
 	return a
+}
+
+// opsSize bounds how many keys and arguments addOps gives d: per link a
+// key and, per combo, two ops of four (human and bot); per day a day key
+// and an op of four per hour and label, a visitor key with an op of three
+// per maxUnpack visitors and the visitors, and two expiries of three.
+func opsSize(d *counter.Delta) (keys, argv int) {
+	for _, ld := range d.Links {
+		keys++
+		argv += 8 * len(ld.Combos)
+		for _, dd := range ld.Days {
+			keys += 2
+			argv += 6 + 3*(len(dd.Visitors)/maxUnpack+1) + len(dd.Visitors)
+			for _, n := range dd.Hours {
+				if n.Human != 0 {
+					argv += 4
+				}
+				if n.Bot != 0 {
+					argv += 4
+				}
+			}
+		}
+	}
+	return keys, argv
 }
 
 // key returns the 1-based KEYS index of k, adding it if new.
@@ -173,12 +203,23 @@ const maxUnpack = 1000
 
 // Apply writes one batch (see applyScript).
 func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
+	p := w.Partition
+	a, order, expiries := s.applyArgs(w, time.Now().Unix())
+	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
+	return s.applyResult(p, order, expiries, res, err)
+}
+
+// applyArgs builds the apply script's keys and arguments for w, and
+// returns them, the marks' order in them and the expiries their ops give
+// (see addOps).
+func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, expiries map[string]int64) {
 	p, g := w.Partition, w.Expect.Write
-	a := newArgs(metaKey(p), posKey(p, g))
+	opsKeys, opsArgv := opsSize(w.Delta)
+	a = newArgsSized(opsKeys+2*len(w.Marks), metaKey(p), posKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
-	order := make([]int, len(w.Marks))
+	order = make([]int, len(w.Marks))
 	for i := range order {
 		order[i] = i
 	}
@@ -203,6 +244,7 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 		d := w.Marks[order[start]].LabelDay()
 		end := start
 		var ids strings.Builder
+		ids.Grow(36 * (len(order) - start))
 		assumed := make([]byte, 0, len(order)-start)
 		for end < len(order) && w.Marks[order[end]].LabelDay() == d {
 			m := w.Marks[order[end]]
@@ -219,13 +261,17 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 		start = end
 	}
 
+	a.argv = make([]any, 0, 10+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
 		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
 	a.add(idGroups...)
 	a.add(labelGroups...)
-	expiries := s.addOps(a, p, g, w.Delta, time.Now().Unix())
+	expiries = s.addOps(a, p, g, w.Delta, now)
+	return a, order, expiries
+}
 
-	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
+// applyResult reads the apply script's answer.
+func (s *Store) applyResult(p int, order []int, expiries map[string]int64, res []any, err error) (counter.ApplyResult, error) {
 	if err != nil {
 		return counter.ApplyResult{}, fmt.Errorf("apply batch: %w", err)
 	}
@@ -302,13 +348,17 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 			if len(dd.Visitors) > 0 {
 				ukey := gk.uv(ref, lastDayKey)
 				uk := boxInt(a.key(ukey))
-				vs := make([]any, 0, len(dd.Visitors))
+				// Straight into the arguments, maxUnpack at a time, each
+				// run after its op and count.
+				left, c := len(dd.Visitors), 0
 				for v := range dd.Visitors {
-					vs = append(vs, v)
-				}
-				for chunk := range slices.Chunk(vs, maxUnpack) {
-					a.add("p", uk, len(chunk))
-					a.add(chunk...)
+					if c == 0 {
+						c = min(left, maxUnpack)
+						left -= c
+						a.add("p", uk, boxInt(c))
+					}
+					a.argv = append(a.argv, v)
+					c--
 				}
 				expire(uk, ukey, at)
 			}
