@@ -30,6 +30,48 @@ type run struct {
 	cancel context.CancelFunc
 	wake   chan struct{}
 	done   chan struct{}
+	lease  *lease
+}
+
+// lease is how long a sender may go on sending: until its endpoint's lease
+// expires at the latest, as this instance knows it. Its deadline is the
+// time the last renewal that succeeded was sent (taken before the command
+// went out, so Redis set the expiry later than that) plus the TTL, less
+// leaseMargin. Once it passes without a renewal the lease may have lapsed
+// in Redis and another instance may hold it: the sender starts no POST
+// from then on, the one in flight is cancelled, and the manager stops it
+// (Manager.lapse); only a scan that takes the lease again starts a sender.
+// Nothing else would stop a sender whose instance cannot reach Redis: its
+// renewals fail, and a failed renewal stops nothing.
+type lease struct {
+	mu     sync.Mutex
+	until  time.Time
+	lapsed bool
+	timer  *time.Timer // Manager.lapse at until
+}
+
+// leaseMargin is how much sooner than the lease's TTL after a renewal was
+// sent a sender stops: for the rate of this machine's clock against
+// Redis' (and Redis' expiry in whole milliseconds).
+func leaseMargin(ttl time.Duration) time.Duration { return ttl / 100 }
+
+// held reports whether the lease's deadline is still ahead.
+func (l *lease) held() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.lapsed && time.Now().Before(l.until)
+}
+
+// extend moves the deadline to until if that is later, unless it already
+// passed: a lapsed lease is given up for good.
+func (l *lease) extend(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lapsed || !until.After(l.until) {
+		return
+	}
+	l.until = until
+	l.timer.Reset(time.Until(until))
 }
 
 // NewManager returns a Manager for instance.
@@ -54,8 +96,9 @@ func (m *Manager) Wake(id string) {
 // instance holds, starts a sender for each endpoint whose lease it holds
 // and stops the senders of endpoints deleted or held by another instance.
 // Meanwhile it renews the leases of the endpoints it sends for every
-// LeaseTTL/10, all in one round trip. Until ctx ends; then it stops every
-// sender and gives the leases back.
+// LeaseTTL/10, all in one round trip, and stops the sender of an endpoint
+// whose lease went unrenewed for its TTL (see lease). Until ctx ends; then
+// it stops every sender and gives the leases back.
 func (m *Manager) Run(ctx context.Context) error {
 	rctx, stopRenewing := context.WithCancel(ctx)
 	renewed := make(chan struct{})
@@ -80,9 +123,11 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 // renew extends the leases of the endpoints this instance sends for every
-// LeaseTTL/10, until ctx ends, and stops the sender of one another
-// instance holds. A renewal that fails stops nothing (the lease still runs
-// for most of its TTL) and is tried again at the next tick.
+// LeaseTTL/10, until ctx ends, moves their senders' deadlines (lease) and
+// stops the sender of one another instance holds. A renewal that fails
+// stops nothing (the lease still runs for most of its TTL) and is tried
+// again at the next tick; should they fail until the deadline, the lease's
+// timer stops the sender (Manager.lapse).
 //
 // The lease must not lapse while its sender runs: another instance would
 // take it and send the same queue alongside it. When only the scan renewed
@@ -109,7 +154,13 @@ func (m *Manager) renew(ctx context.Context) {
 			continue
 		}
 		ids := slices.Collect(maps.Keys(runs))
+		sent := time.Now()
 		held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+		for id, r := range runs {
+			if held[id] {
+				r.lease.extend(m.deadline(sent))
+			}
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				m.log.Warn("webhooks: renew leases", "endpoints", len(ids), "renewed", len(held), "err", err)
@@ -143,11 +194,13 @@ func (m *Manager) scan(ctx context.Context) {
 	for i, e := range all {
 		ids[i] = e.ID
 	}
+	sent := time.Now()
 	held, lerr := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
 	if lerr != nil {
 		// Those whose lease failed are not started; those already
-		// running here go on: their leases still run, and the renewals
-		// (renew) stop any that another instance holds.
+		// running here go on: their leases still run, the renewals
+		// (renew) stop any that another instance holds, and a sender
+		// whose lease went unrenewed for its TTL stops (lapse).
 		m.log.Warn("webhooks: leases", "endpoints", len(ids), "held", len(held), "err", lerr)
 	}
 	seen := map[string]bool{}
@@ -159,12 +212,19 @@ func (m *Manager) scan(ctx context.Context) {
 		switch {
 		case ok && r == nil:
 			rctx, cancel := context.WithCancel(ctx)
-			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}), lease: &lease{until: m.deadline(sent)}}
 			m.running[e.ID] = r
-			go func(id string) {
+			id := e.ID
+			r.lease.mu.Lock()
+			r.lease.timer = time.AfterFunc(time.Until(r.lease.until), func() { m.lapse(id, r) })
+			r.lease.mu.Unlock()
+			go func() {
 				defer close(r.done)
-				m.sender.Run(rctx, id, r.wake)
-			}(e.ID)
+				defer r.lease.timer.Stop()
+				m.sender.Run(rctx, id, r.wake, r.lease.held)
+			}()
+		case ok:
+			r.lease.extend(m.deadline(sent))
 		case !ok && r != nil && lerr == nil:
 			r.cancel() // another instance has it now
 			delete(m.running, e.ID)
@@ -194,6 +254,36 @@ func (m *Manager) scan(ctx context.Context) {
 		}
 	}
 	m.mu.Unlock()
+}
+
+// deadline is when a lease renewed by a command sent at sent lapses at the
+// earliest, less leaseMargin.
+func (m *Manager) deadline(sent time.Time) time.Time {
+	return sent.Add(m.leaseTTL - leaseMargin(m.leaseTTL))
+}
+
+// lapse stops r, endpoint id's sender, once its lease's deadline passed
+// without a renewal (its timer fires then; a renewal meanwhile moved the
+// deadline and reset it). The sender's POST in flight is cancelled: it
+// is not recorded, the batch stays in flight, and the lease's next holder
+// sends it again with the same webhook-id. The scan starts a sender again
+// once it takes the lease again.
+func (m *Manager) lapse(id string, r *run) {
+	l := r.lease
+	l.mu.Lock()
+	if l.lapsed || time.Now().Before(l.until) {
+		l.mu.Unlock()
+		return
+	}
+	l.lapsed = true
+	l.mu.Unlock()
+	m.mu.Lock()
+	if m.running[id] == r {
+		r.cancel()
+		delete(m.running, id)
+	}
+	m.mu.Unlock()
+	m.log.Warn("webhooks: lease lapsed unrenewed, sender stopped", "endpoint", id)
 }
 
 func (m *Manager) stopAll() {

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/netguard"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
 	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
@@ -352,5 +357,266 @@ func TestAScanWhoseLeasesFailStopsNoSender(t *testing.T) {
 	mgr.scan(ctx)
 	if got := sending(); got != nil {
 		t.Errorf("a sender runs for an endpoint another instance holds")
+	}
+}
+
+// leaseOutage is a go-redis hook for an instance's Redis client: once
+// armed, from the next pipeline carrying endpoint lease commands that
+// succeeds, it fails every command for length, and the lease pipelines
+// (the scan's and the renewals') for leaseLag longer: Redis out of the
+// instance's reach for longer than the lease, serving its reads again a
+// little before its lease scripts. It notes when the last lease pipeline
+// that succeeded before the outage was sent.
+type leaseOutage struct {
+	armed             atomic.Bool
+	length, leaseLag  time.Duration
+	mu                sync.Mutex
+	from, to, leaseTo time.Time // the outage, once armed and set
+	renewedAt         time.Time // the last lease pipeline that succeeded before from was sent
+	answered          time.Time // the last lease pipeline sent from leaseTo on was answered
+}
+
+func (h *leaseOutage) down(now time.Time, lease bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	to := h.to
+	if lease {
+		to = h.leaseTo
+	}
+	return !h.from.IsZero() && !now.Before(h.from) && now.Before(to)
+}
+
+func (h *leaseOutage) get() (renewedAt, from, to, leaseTo, answered time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.renewedAt, h.from, h.to, h.leaseTo, h.answered
+}
+
+func (h *leaseOutage) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *leaseOutage) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if h.down(time.Now(), isLeaseCmd(c)) {
+			c.SetErr(errLeaseBlip)
+			return errLeaseBlip
+		}
+		return next(ctx, c)
+	}
+}
+
+func (h *leaseOutage) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		sent, lease := time.Now(), slices.ContainsFunc(cmds, isLeaseCmd)
+		if h.down(sent, lease) {
+			for _, c := range cmds {
+				c.SetErr(errLeaseBlip)
+			}
+			return errLeaseBlip
+		}
+		err := next(ctx, cmds)
+		if err != nil || !lease {
+			return err
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		switch {
+		case h.from.IsZero():
+			h.renewedAt = sent
+			if h.armed.Load() {
+				h.from = time.Now()
+				h.to = h.from.Add(h.length)
+				h.leaseTo = h.to.Add(h.leaseLag)
+			}
+		case sent.Before(h.from) && sent.After(h.renewedAt):
+			h.renewedAt = sent
+		case !sent.Before(h.leaseTo):
+			h.answered = time.Now()
+		}
+		return nil
+	}
+}
+
+// post is one POST a receiver got: when, from which instance (its client's
+// User-Agent), and, for one the receiver held, when the sender gave it up.
+type post struct {
+	at, ended time.Time
+	from      string
+}
+
+// lapseRig is an endpoint (its receiver answers 503 at once, so its one
+// event is tried again every 20 ms) and what runs instances sending for it:
+// instance a's Redis client goes through outage.
+type lapseRig struct {
+	t      *testing.T
+	ctx    context.Context
+	store  *redisstore.Store // instance b's and the test's
+	astore *redisstore.Store // instance a's, through outage
+	outage *leaseOutage
+	e      endpoint.Endpoint
+	dialer *netguard.Dialer
+	log    *slog.Logger
+	hold   atomic.Bool // the receiver holds a's next POST until a gives it up
+	mu     sync.Mutex
+	posts  []post
+}
+
+const lapseTTL = time.Second
+
+func newLapseRig(t *testing.T, outage *leaseOutage) *lapseRig {
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ardb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = ardb.Close() })
+	ardb.AddHook(outage)
+	rig := &lapseRig{t: t, ctx: t.Context(), store: redisstore.New(rdb, 1000), astore: redisstore.New(ardb, 1000), outage: outage,
+		dialer: netguard.NewDialer(netguard.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}), nil, time.Second),
+		log:    slog.New(slog.DiscardHandler)}
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := post{at: time.Now(), from: r.UserAgent()}
+		// Read to its end: only then does the server see the client
+		// close the connection (r.Context ends).
+		_, _ = io.Copy(io.Discard, r.Body)
+		if p.from == "a" && rig.hold.CompareAndSwap(true, false) {
+			rig.add(p)
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second):
+			}
+			rig.mu.Lock()
+			rig.posts[slices.IndexFunc(rig.posts, func(q post) bool { return q.at.Equal(p.at) && q.from == p.from })].ended = time.Now()
+			rig.mu.Unlock()
+		} else {
+			rig.add(p)
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(recv.Close)
+	rig.e = endpoint.Endpoint{ID: "ep_lapse", Owner: "acme", URL: recv.URL + "/hook", Types: []string{endpoint.TypeClick}, Secret: endpoint.NewSecret(), BatchMax: 1}
+	if err := rig.store.Put(rig.ctx, rig.e); err != nil {
+		t.Fatal(err)
+	}
+	ev := redisstore.Event{ID: "evt_1", Type: "click", Time: time.Now().UTC(), Data: []byte(`{"id":"evt_1"}`)}
+	if _, _, err := rig.store.Enqueue(rig.ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{rig.e.ID: {ev}}); err != nil {
+		t.Fatal(err)
+	}
+	return rig
+}
+
+func (rig *lapseRig) add(p post) {
+	rig.mu.Lock()
+	rig.posts = append(rig.posts, p)
+	rig.mu.Unlock()
+}
+
+// postsOf returns the POSTs from instance from that came after after.
+func (rig *lapseRig) postsOf(from string, after time.Time) []post {
+	rig.mu.Lock()
+	defer rig.mu.Unlock()
+	var out []post
+	for _, p := range rig.posts {
+		if p.from == from && p.at.After(after) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// start runs a manager for instance (a: through the outage) until the
+// returned stop is called or the test ends.
+func (rig *lapseRig) start(instance string) (stop func()) {
+	st := rig.store
+	if instance == "a" {
+		st = rig.astore
+	}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		rig.t.Fatal(err)
+	}
+	client := NewClient(ClientConfig{Timeout: 5 * time.Second, ConnectTimeout: time.Second, MaxResponseBytes: 1 << 10, UserAgent: instance, Dialer: rig.dialer})
+	cfg := SenderConfig{Schedule: []time.Duration{20 * time.Millisecond}, DisableAfter: time.Hour, MaxBatchBytes: 1 << 20, Poll: 10 * time.Millisecond}
+	mgr := NewManager(st, NewSender(st, client, cfg, m, rig.log), instance, lapseTTL, rig.log)
+	mctx, cancel := context.WithCancel(rig.ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Run(mctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	rig.t.Cleanup(stop)
+	return stop
+}
+
+// TestASenderStopsWhenItsLeaseLapses: a sender went on while its instance
+// could not reach Redis for longer than the endpoint's lease: its renewals
+// failed, and a failed renewal stops nothing, so once Redis answered it
+// again it sent the batch it held alongside the instance that had taken
+// the lease meanwhile, until a renewal found the lease gone. A sender now
+// starts no POST once its lease's deadline passed unrenewed (the time the
+// last renewal that succeeded was sent, plus the TTL), and only a scan that
+// takes the lease again starts one.
+//
+// Instance a sends for an endpoint whose receiver answers every POST 503
+// (so the batch is tried every 20 ms); a's Redis client fails every command
+// for 1.5 leases from just after a renewal of the lease, and its lease
+// commands half a lease longer, while instance b asks for the lease every
+// third of it. b takes it and sends; a sends nothing from its lease's
+// deadline on, until b stops and gives the lease back, and then sends
+// again.
+func TestASenderStopsWhenItsLeaseLapses(t *testing.T) {
+	t.Parallel()
+	const ttl = lapseTTL
+	rig := newLapseRig(t, &leaseOutage{length: ttl * 3 / 2, leaseLag: ttl / 2})
+	rig.start("a")
+	testenv.WaitFor(t, 10*time.Second, "a's first POST", func() bool { return len(rig.postsOf("a", time.Time{})) > 0 })
+	stopB := rig.start("b")
+	rig.outage.armed.Store(true)
+	// Until a's lease commands are answered again after the outage (then
+	// a renewal would stop a sender that still ran) and b has sent.
+	testenv.WaitFor(t, 10*ttl, "the outage, a's lease commands answered after it and b's POSTs", func() bool {
+		_, _, _, _, answered := rig.outage.get()
+		return !answered.IsZero() && len(rig.postsOf("b", time.Time{})) > 0
+	})
+	renewedAt, from, to, leaseTo, _ := rig.outage.get()
+	deadline := renewedAt.Add(ttl)
+	if late := rig.postsOf("a", deadline); len(late) > 0 {
+		t.Errorf("a sent %d POSTs after its lease's deadline (renewed %s before its Redis failed every command for %s and its lease commands for %s; the lease: %s), the first %s and the last %s after the deadline",
+			len(late), from.Sub(renewedAt), to.Sub(from), leaseTo.Sub(from), ttl,
+			late[0].at.Sub(deadline).Round(time.Millisecond), late[len(late)-1].at.Sub(deadline).Round(time.Millisecond))
+	}
+	if len(rig.postsOf("b", deadline)) == 0 {
+		t.Error("b sent nothing after a's lease's deadline")
+	}
+	// b stops and gives the lease back: a takes it again and sends.
+	stopB()
+	stopped := time.Now()
+	testenv.WaitFor(t, 10*time.Second, "a's POST once b gave the lease back", func() bool { return len(rig.postsOf("a", stopped)) > 0 })
+}
+
+// TestASenderGivesUpItsPOSTInFlightWhenItsLeaseLapses: a POST in flight
+// when the sender's lease lapses unrenewed is cancelled then (not let
+// finish: the receiver would have it from this instance while the lease's
+// next holder sends the same batch). Instance a's POST is held by the
+// receiver while a's Redis client fails every command for two leases from
+// just after a renewal, and instance b asks for the lease every third of
+// it: a gives the POST up by a quarter of a lease after its deadline (its
+// client's timeout is 5 s), and b sends the batch.
+func TestASenderGivesUpItsPOSTInFlightWhenItsLeaseLapses(t *testing.T) {
+	t.Parallel()
+	const ttl = lapseTTL
+	rig := newLapseRig(t, &leaseOutage{length: 2 * ttl})
+	rig.hold.Store(true)
+	rig.start("a")
+	testenv.WaitFor(t, 10*time.Second, "a's first POST", func() bool { return len(rig.postsOf("a", time.Time{})) > 0 })
+	rig.outage.armed.Store(true)
+	rig.start("b")
+	testenv.WaitFor(t, 10*time.Second, "the outage", func() bool { _, from, _, _, _ := rig.outage.get(); return !from.IsZero() })
+	renewedAt, _, _, _, _ := rig.outage.get()
+	deadline := renewedAt.Add(ttl)
+	testenv.WaitFor(t, 10*time.Second, "b's POST", func() bool { return len(rig.postsOf("b", time.Time{})) > 0 })
+	var held post
+	testenv.WaitFor(t, 10*time.Second, "a to give up its POST", func() bool { held = rig.postsOf("a", time.Time{})[0]; return !held.ended.IsZero() })
+	late := held.ended.Sub(deadline)
+	t.Logf("a gave its POST in flight up %s after its lease's deadline", late.Round(time.Millisecond))
+	if late > ttl/4 {
+		t.Errorf("a's POST in flight ended %s after a's lease's deadline (its Redis failing every command from just after the renewal; the lease: %s), want at most %s", late.Round(time.Millisecond), ttl, ttl/4)
 	}
 }

@@ -107,9 +107,11 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 	}
 }
 
-// Run delivers endpoint id's queue until ctx ends or the endpoint is
-// deleted. wake is signalled when events were queued for it.
-func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
+// Run delivers endpoint id's queue until ctx ends, the endpoint is deleted
+// or held reports false (the endpoint's lease may have lapsed: see lease).
+// held is asked just before each POST. wake is signalled when events were
+// queued for it.
+func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}, held func() bool) {
 	s.metrics.note(id)
 	defer s.metrics.forget(id)
 	var (
@@ -159,8 +161,8 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}) {
 			sleep(ctx, min(wait, s.cfg.Poll), nil) // and look at the endpoint again (paused, deleted, ...)
 			continue
 		}
-		out := s.attempt(ctx, e, batch, attempt+1, accepted)
-		if ctx.Err() != nil {
+		out := s.attempt(ctx, e, batch, attempt+1, accepted, held)
+		if ctx.Err() != nil || out.lapsed {
 			return // stopping: the batch stays in flight and is sent again
 		}
 		if !out.accepted.IsZero() {
@@ -252,15 +254,21 @@ type outcome struct {
 	attempts int
 	// retryAfter is the server's Retry-After.
 	retryAfter time.Duration
+	// lapsed: nothing was sent, the endpoint's lease may have lapsed.
+	lapsed bool
 }
 
-// attempt posts batch once (the n-th try) and records the outcome.
-// okAfter is when the receiver last took a batch from this sender.
-func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redisstore.Event, n int, okAfter time.Time) outcome {
+// attempt posts batch once (the n-th try) and records the outcome, if held
+// still reports true just before the POST. okAfter is when the receiver
+// last took a batch from this sender.
+func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redisstore.Event, n int, okAfter time.Time, held func() bool) outcome {
 	body, webhookID, err := EncodeBody(batch)
 	if err != nil {
 		s.log.Error("webhooks: encode batch", "endpoint", e.ID, "err", err)
 		return outcome{}
+	}
+	if !held() {
+		return outcome{lapsed: true}
 	}
 	now := time.Now()
 	res := s.client.Post(ctx, e.URL, e.Secrets(now), webhookID, body, now)
