@@ -755,16 +755,20 @@ func TestTwoInstancesShareEndpointsAndTakeOver(t *testing.T) {
 }
 
 // leaseHolders returns the member holding each endpoint's lease ("" for
-// none), as redisstore keeps it.
+// none), as redisstore keeps it: the lease holds its sender's token,
+// "<member>/<random>".
 func (s *system) leaseHolders(tb testing.TB, ids []string) map[string]string {
 	tb.Helper()
 	out := map[string]string{}
 	for _, id := range ids {
-		m, err := s.rdb.Get(tb.Context(), "snip:wh:{"+id+"}:lease").Result()
+		token, err := s.rdb.Get(tb.Context(), "snip:wh:{"+id+"}:lease").Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			tb.Fatal(err)
 		}
-		out[id] = m
+		if i := strings.LastIndexByte(token, '/'); i >= 0 {
+			token = token[:i]
+		}
+		out[id] = token
 	}
 	return out
 }

@@ -13,8 +13,13 @@ import (
 
 // Manager runs one sender goroutine per endpoint whose lease this instance
 // holds. Leases spread endpoints over instances and hand an endpoint over
-// when its instance dies (after LeaseTTL). Its scan, which sees every
-// endpoint, also drops a deleted endpoint's metric series in this instance.
+// when its instance dies (after LeaseTTL). Each sender runs under a token
+// of its own, which the scan that started it took the lease with
+// (redisstore.Leases): the sender's writes are made only while the lease
+// still holds it, so a sender whose lease passed to another, however late
+// its write reaches Redis, changes nothing of the endpoint's state. Its
+// scan, which sees every endpoint, also drops a deleted endpoint's metric
+// series in this instance.
 type Manager struct {
 	store    *redisstore.Store
 	sender   *Sender
@@ -31,6 +36,10 @@ type run struct {
 	wake   chan struct{}
 	done   chan struct{}
 	lease  *lease
+	// token is the lease's value as the scan took it for this sender
+	// (redisstore.Leases): renewals extend the lease only while it holds
+	// it, and the sender's writes are made only while it does.
+	token string
 }
 
 // lease is how long a sender may go on sending: until its endpoint's lease
@@ -94,7 +103,8 @@ func (m *Manager) Wake(id string) {
 
 // Run scans every LeaseTTL/3: it takes the leases of the endpoints no
 // instance holds, starts a sender for each endpoint whose lease it holds
-// and stops the senders of endpoints deleted or held by another instance.
+// and stops the senders of endpoints deleted or whose lease holds another
+// sender's token.
 // Meanwhile it renews the leases of the endpoints it sends for every
 // LeaseTTL/10, all in one round trip, and stops the sender of an endpoint
 // whose lease went unrenewed for its TTL (see lease). Until ctx ends; then
@@ -124,7 +134,9 @@ func (m *Manager) Run(ctx context.Context) error {
 
 // renew extends the leases of the endpoints this instance sends for every
 // LeaseTTL/10, until ctx ends, moves their senders' deadlines (lease) and
-// stops the sender of one another instance holds. A renewal that fails
+// stops the sender of one whose lease no longer holds its token (another
+// sender's, or none: it lapsed, and only a scan takes it again, for a new
+// sender). A renewal that fails
 // stops nothing (the lease still runs for most of its TTL) and is tried
 // again at the next tick; should they fail until the deadline, the lease's
 // timer stops the sender (Manager.lapse).
@@ -154,10 +166,14 @@ func (m *Manager) renew(ctx context.Context) {
 			continue
 		}
 		ids := slices.Collect(maps.Keys(runs))
-		sent := time.Now()
-		held, err := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+		tokens := make(map[string]string, len(runs))
 		for id, r := range runs {
-			if held[id] {
+			tokens[id] = r.token
+		}
+		sent := time.Now()
+		held, err := m.store.Leases(ctx, ids, tokens, m.instance, m.leaseTTL)
+		for id, r := range runs {
+			if _, ok := held[id]; ok {
 				r.lease.extend(m.deadline(sent))
 			}
 		}
@@ -169,8 +185,8 @@ func (m *Manager) renew(ctx context.Context) {
 		}
 		m.mu.Lock()
 		for id, r := range runs {
-			if !held[id] && m.running[id] == r {
-				r.cancel() // another instance has it now
+			if _, ok := held[id]; !ok && m.running[id] == r {
+				r.cancel() // another sender has it now
 				delete(m.running, id)
 			}
 		}
@@ -194,8 +210,17 @@ func (m *Manager) scan(ctx context.Context) {
 	for i, e := range all {
 		ids[i] = e.ID
 	}
+	// The senders running here renew their leases under their tokens; the
+	// other endpoints' leases are taken under new ones.
+	m.mu.Lock()
+	runs := maps.Clone(m.running)
+	m.mu.Unlock()
+	tokens := make(map[string]string, len(runs))
+	for id, r := range runs {
+		tokens[id] = r.token
+	}
 	sent := time.Now()
-	held, lerr := m.store.Leases(ctx, ids, m.instance, m.leaseTTL)
+	held, lerr := m.store.Leases(ctx, ids, tokens, m.instance, m.leaseTTL)
 	if lerr != nil {
 		// Those whose lease failed are not started; those already
 		// running here go on: their leases still run, the renewals
@@ -206,13 +231,17 @@ func (m *Manager) scan(ctx context.Context) {
 	seen := map[string]bool{}
 	for _, e := range all {
 		seen[e.ID] = true
-		ok := held[e.ID]
+		token, ok := held[e.ID]
 		m.mu.Lock()
-		r := m.running[e.ID]
+		r, was := m.running[e.ID], runs[e.ID]
 		switch {
+		case r != was:
+			// Stopped since the listing (its lease lapsed unrenewed):
+			// renewed under its token, the lease is its, not a new
+			// sender's. The next scan takes it under a new one.
 		case ok && r == nil:
 			rctx, cancel := context.WithCancel(ctx)
-			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}), lease: &lease{until: m.deadline(sent)}}
+			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}), lease: &lease{until: m.deadline(sent)}, token: token}
 			m.running[e.ID] = r
 			id := e.ID
 			r.lease.mu.Lock()
@@ -221,12 +250,12 @@ func (m *Manager) scan(ctx context.Context) {
 			go func() {
 				defer close(r.done)
 				defer r.lease.timer.Stop()
-				m.sender.Run(rctx, id, r.wake, r.lease.held)
+				m.sender.Run(rctx, id, r.token, r.wake, r.lease.held)
 			}()
 		case ok:
 			r.lease.extend(m.deadline(sent))
 		case !ok && r != nil && lerr == nil:
-			r.cancel() // another instance has it now
+			r.cancel() // another sender has it now
 			delete(m.running, e.ID)
 		}
 		m.mu.Unlock()
@@ -298,6 +327,6 @@ func (m *Manager) stopAll() {
 	defer cancel()
 	for id, r := range runs {
 		<-r.done
-		_ = m.store.Release(ctx, id, m.instance)
+		_ = m.store.Release(ctx, id, r.token)
 	}
 }

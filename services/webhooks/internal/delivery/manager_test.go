@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -110,15 +111,18 @@ func TestOneScanRenewsEveryLeaseInOneRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// m1 holds every other lease already, about to expire; another
-	// instance holds the last one.
+	// m1 holds every other lease already (a sender of it that stopped),
+	// about to expire; another instance holds the last one.
+	var mine []string
 	for i := 0; i < n-1; i += 2 {
-		if ok, err := store.Lease(ctx, ids[i], "m1", time.Minute); err != nil || !ok {
-			t.Fatalf("lease %s for m1: %v, %v", ids[i], ok, err)
-		}
+		mine = append(mine, ids[i])
 	}
-	if ok, err := store.Lease(ctx, ids[n-1], "m2", time.Minute); err != nil || !ok {
-		t.Fatalf("lease %s for m2: %v, %v", ids[n-1], ok, err)
+	if held, err := store.Leases(ctx, mine, nil, "m1", time.Minute); err != nil || len(held) != len(mine) {
+		t.Fatalf("leases for m1: %d of %d, %v", len(held), len(mine), err)
+	}
+	theirs, err := store.Leases(ctx, ids[n-1:], nil, "m2", time.Minute)
+	if err != nil || theirs[ids[n-1]] == "" {
+		t.Fatalf("lease %s for m2: %v, %v", ids[n-1], theirs, err)
 	}
 
 	trips := &leaseTrips{}
@@ -137,9 +141,15 @@ func TestOneScanRenewsEveryLeaseInOneRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantHolder, renewed := "m1", left > time.Minute
+		// m1's leases hold the tokens of the senders the scan started.
+		wantHolder, renewed := "", left > time.Minute
+		mgr.mu.Lock()
+		if r := mgr.running[id]; r != nil {
+			wantHolder = r.token
+		}
+		mgr.mu.Unlock()
 		if i == n-1 {
-			wantHolder, renewed = "m2", left <= time.Minute
+			wantHolder, renewed = theirs[id], left <= time.Minute
 		}
 		if holder != wantHolder || !renewed {
 			t.Errorf("lease of %s after the scan: held by %s for %s more; want %s's, and extended to %s only if m1's", id, holder, left, wantHolder, ttl)
@@ -280,8 +290,8 @@ func TestAnEndpointLeaseOutlivesARedisBlipShorterThanIt(t *testing.T) {
 		t.Errorf("a's sender after the blip: %p, want the one that ran before it (%p)", got, r)
 	}
 	holder, err := rdb.Get(ctx, "snip:wh:{"+e.ID+"}:lease").Result()
-	if err != nil || holder != "a" {
-		t.Errorf("the lease after the blip: held by %q (%v), want a", holder, err)
+	if err != nil || holder != r.token {
+		t.Errorf("the lease after the blip: held by %q (%v), want a's sender's token %q", holder, err, r.token)
 	}
 }
 
@@ -618,5 +628,277 @@ func TestASenderGivesUpItsPOSTInFlightWhenItsLeaseLapses(t *testing.T) {
 	t.Logf("a gave its POST in flight up %s after its lease's deadline", late.Round(time.Millisecond))
 	if late > ttl/4 {
 		t.Errorf("a's POST in flight ended %s after a's lease's deadline (its Redis failing every command from just after the renewal; the lease: %s), want at most %s", late.Round(time.Millisecond), ttl, ttl/4)
+	}
+}
+
+// scriptKeys returns the keys of a script command (EVALSHA, EVAL), nil
+// for any other command.
+func scriptKeys(c redis.Cmder) []string {
+	args := c.Args()
+	if n := strings.ToLower(c.Name()); (n != "evalsha" && n != "eval") || len(args) < 3 {
+		return nil
+	}
+	var nkeys int
+	switch v := args[2].(type) {
+	case int:
+		nkeys = v
+	case int64:
+		nkeys = int(v)
+	default:
+		return nil
+	}
+	keys := make([]string, 0, nkeys)
+	for _, a := range args[3:min(3+nkeys, len(args))] {
+		s, _ := a.(string)
+		keys = append(keys, s)
+	}
+	return keys
+}
+
+// keyParts returns the parts after the hash tag of an endpoint's keys
+// ("snip:wh:{ep_x}:inflight": "inflight").
+func keyParts(keys []string) map[string]bool {
+	out := map[string]bool{}
+	for _, key := range keys {
+		if i := strings.LastIndex(key, "}:"); i >= 0 {
+			out[key[i+2:]] = true
+		}
+	}
+	return out
+}
+
+// onlyParts reports whether parts has want and nothing but want and allow.
+func onlyParts(parts map[string]bool, want string, allow ...string) bool {
+	for p := range parts {
+		if p != want && !slices.Contains(allow, p) {
+			return false
+		}
+	}
+	return parts[want]
+}
+
+// lateWrite is a go-redis hook for instance a's Redis client: once armed,
+// it holds the first script command that match picks by its keys' parts
+// (one of the sender's writes) until released, then lets it reach Redis
+// whether or not its context ended meanwhile: a write sent before the
+// sender's lease lapsed that arrives after another instance took the
+// lease (a GC pause, a slow network). From the hold on, a's lease scripts
+// (its scans and renewals, which carry only the lease's key) fail, so a's
+// lease lapses and stays lapsed, and a's other commands too reach Redis
+// whatever their context.
+type lateWrite struct {
+	match         func(parts map[string]bool) bool
+	armed, late   atomic.Bool
+	held, release chan struct{}
+}
+
+func (h *lateWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func isOnlyLease(keys []string) bool {
+	return len(keys) == 1 && strings.HasSuffix(keys[0], "}:lease")
+}
+
+func (h *lateWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		keys := scriptKeys(c)
+		if h.late.Load() && isOnlyLease(keys) {
+			c.SetErr(errLeaseBlip)
+			return errLeaseBlip
+		}
+		if keys != nil && h.match(keyParts(keys)) && h.armed.CompareAndSwap(true, false) {
+			h.late.Store(true)
+			close(h.held)
+			<-h.release
+			return next(context.WithoutCancel(ctx), c)
+		}
+		if h.late.Load() {
+			ctx = context.WithoutCancel(ctx)
+		}
+		return next(ctx, c)
+	}
+}
+
+func (h *lateWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.late.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return isOnlyLease(scriptKeys(c)) }) {
+			for _, c := range cmds {
+				c.SetErr(errLeaseBlip)
+			}
+			return errLeaseBlip
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestALateWriteOfASenderWhoseLeasePassedChangesNothing: a sender's writes
+// of its endpoint's state (its batch in flight, a delivery, a failure, a
+// disable) were not bound to its lease: one sent before the lease lapsed
+// that reached Redis after another instance had taken the lease and sent
+// wrote over that instance's state. Its batch in flight replaced the new
+// holder's mark (after a crash the batch was sent cut differently, under
+// another webhook-id); its delivery deleted the new holder's mark and
+// ended the failing run the new holder had begun since, so that the
+// endpoint's retries and its disable counted from later; its failure
+// counted again in the new holder's run; its disable, decided on the run
+// the new holder's delivery had since ended, disabled an endpoint that
+// takes batches again. Each is now refused unless the endpoint's lease
+// still holds the sender's token, and the sender stops.
+//
+// Instance a's Redis client holds a's write until instance b has taken
+// the lease (a's lease scripts failing from then on) and sent; then lets
+// it through. The state b left (the mark, the queue, the failing run, the
+// endpoint's revision and whether it is disabled) is unchanged after it.
+func TestALateWriteOfASenderWhoseLeasePassedChangesNothing(t *testing.T) {
+	t.Parallel()
+	type answers struct{ a, b int }
+	tests := []struct {
+		name  string
+		match func(parts map[string]bool) bool
+		codes answers
+		// failing is the endpoint's failing run before a starts (0: none).
+		failing time.Duration
+		// settled reports whether b left the state it leaves.
+		settled func(st redisstore.State, mark string, queued int) bool
+	}{
+		{"in_flight", func(p map[string]bool) bool { return onlyParts(p, "inflight", "ep", "lease") },
+			answers{503, 503}, 0,
+			func(st redisstore.State, mark string, _ int) bool { return st.Attempts == 1 && mark != "" }},
+		{"delivered", func(p map[string]bool) bool { return p["q"] && p["inflight"] },
+			answers{204, 503}, 0,
+			func(st redisstore.State, mark string, _ int) bool { return st.Attempts == 1 && mark != "" }},
+		{"failure", func(p map[string]bool) bool { return onlyParts(p, "ep", "lease") },
+			answers{503, 503}, 0,
+			func(st redisstore.State, mark string, _ int) bool { return st.Attempts == 1 && mark != "" }},
+		{"disable", func(p map[string]bool) bool { return onlyParts(p, "replay_lease", "ep", "lease") },
+			answers{503, 204}, 2 * time.Hour,
+			func(st redisstore.State, mark string, queued int) bool {
+				return st.Attempts == 0 && st.FailingSince.IsZero() && mark == "" && queued == 0
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := testenv.StartRedis(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			ardb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = ardb.Close() })
+			hook := &lateWrite{match: tc.match, held: make(chan struct{}), release: make(chan struct{})}
+			hook.armed.Store(true)
+			ardb.AddHook(hook)
+			var released sync.Once
+			release := func() { released.Do(func() { close(hook.release) }) }
+			t.Cleanup(release)
+			ctx := t.Context()
+			store, astore := redisstore.New(rdb, 1000), redisstore.New(ardb, 1000)
+			log := slog.New(slog.DiscardHandler)
+			dialer := netguard.NewDialer(netguard.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}), nil, time.Second)
+
+			recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if r.UserAgent() == "a" {
+					w.WriteHeader(tc.codes.a)
+				} else {
+					w.WriteHeader(tc.codes.b)
+				}
+			}))
+			t.Cleanup(recv.Close)
+			e := endpoint.Endpoint{ID: "ep_late", Owner: "acme", URL: recv.URL + "/hook", Types: []string{endpoint.TypeClick}, Secret: endpoint.NewSecret(), BatchMax: 10}
+			if err := store.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			if tc.failing > 0 {
+				if err := rdb.HSet(ctx, "snip:wh:{"+e.ID+"}:ep", "failing_since", time.Now().Add(-tc.failing).UnixMilli(), "last_error", "HTTP 503", "attempts", 5).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue := func(id string) {
+				t.Helper()
+				ev := redisstore.Event{ID: id, Type: "click", Time: time.Now().UTC(), Data: []byte(`{"id":"` + id + `"}`)}
+				if _, _, err := store.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue("evt_1")
+
+			start := func(instance string, st *redisstore.Store) *Manager {
+				m, err := NewMetrics(prometheus.NewRegistry())
+				if err != nil {
+					t.Fatal(err)
+				}
+				client := NewClient(ClientConfig{Timeout: 5 * time.Second, ConnectTimeout: time.Second, MaxResponseBytes: 1 << 10, UserAgent: instance, Dialer: dialer})
+				// The same for both: a failing batch waits an hour, so b's
+				// state stays as b left it.
+				cfg := SenderConfig{Schedule: []time.Duration{time.Hour}, DisableAfter: time.Hour, MaxBatchBytes: 1 << 20, Poll: 10 * time.Millisecond}
+				mgr := NewManager(st, NewSender(st, client, cfg, m, log), instance, lapseTTL, log)
+				mctx, cancel := context.WithCancel(ctx)
+				done := make(chan error, 1)
+				go func() { done <- mgr.Run(mctx) }()
+				t.Cleanup(func() { release(); cancel(); <-done })
+				return mgr
+			}
+			amgr := start("a", astore)
+			select {
+			case <-hook.held:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a made no write the test holds")
+			}
+			amgr.mu.Lock()
+			arun := amgr.running[e.ID]
+			amgr.mu.Unlock()
+			if arun == nil {
+				t.Fatal("a's sender is not running with its write held")
+			}
+			enqueue("evt_2") // b's batch is cut otherwise than a's
+			start("b", store)
+
+			type state struct {
+				Mark         string
+				Queue        []string
+				FailingSince time.Time
+				LastError    string
+				Attempts     int
+				Disabled     bool
+				Rev          string
+			}
+			read := func() (state, redisstore.State) {
+				t.Helper()
+				got, st, err := store.Get(ctx, e.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				q, err := store.Read(ctx, e.ID, "0", 100, 1<<20, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var ids []string
+				for _, ev := range q {
+					ids = append(ids, ev.ID)
+				}
+				mark, err := rdb.Get(ctx, "snip:wh:{"+e.ID+"}:inflight").Result()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					t.Fatal(err)
+				}
+				return state{Mark: mark, Queue: ids, FailingSince: st.FailingSince, LastError: st.LastError, Attempts: st.Attempts,
+					Disabled: !got.DisabledAt.IsZero(), Rev: rdb.HGet(ctx, "snip:wh:{"+e.ID+"}:ep", "rev").Val()}, st
+			}
+			testenv.WaitFor(t, 10*time.Second, "b to take the lease and send", func() bool {
+				v := rdb.Get(ctx, "snip:wh:{"+e.ID+"}:lease").Val()
+				s, st := read()
+				return strings.HasPrefix(v, "b") && tc.settled(st, s.Mark, len(s.Queue))
+			})
+			want, _ := read()
+
+			release()
+			select {
+			case <-arun.done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a's sender did not stop once its write was let through")
+			}
+			got, _ := read()
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("state after a's late %s write (-as b left it +got):\n%s", tc.name, diff)
+			}
+		})
 	}
 }

@@ -107,11 +107,15 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 	}
 }
 
-// Run delivers endpoint id's queue until ctx ends, the endpoint is deleted
-// or held reports false (the endpoint's lease may have lapsed: see lease).
-// held is asked just before each POST. wake is signalled when events were
-// queued for it.
-func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}, held func() bool) {
+// Run delivers endpoint id's queue until ctx ends, the endpoint is deleted,
+// held reports false (the endpoint's lease may have lapsed: see lease) or
+// Redis refuses a write because the endpoint's lease no longer holds token
+// (redisstore.ErrLeaseLost: it passed to another sender). held is asked
+// just before each POST; token is the lease's, as the scan that started
+// the sender took it, and every write of the sender's state (in flight,
+// delivered, failed, disabled) is made only while the lease holds it. wake
+// is signalled when events were queued for it.
+func (s *Sender) Run(ctx context.Context, id, token string, wake <-chan struct{}, held func() bool) {
 	s.metrics.note(id)
 	defer s.metrics.forget(id)
 	var (
@@ -146,7 +150,11 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}, held 
 		}
 		if batch == nil {
 			attempt, retryAt = st.Attempts, time.Time{}
-			batch, err = s.nextBatch(ctx, e, wake)
+			batch, err = s.nextBatch(ctx, e, token, wake)
+			if errors.Is(err, redisstore.ErrLeaseLost) {
+				s.log.Warn("webhooks: lease taken by another sender, sender stopped", "endpoint", id)
+				return
+			}
 			if err != nil {
 				s.log.Warn("webhooks: read queue", "endpoint", id, "err", err)
 				sleep(ctx, s.cfg.Poll, nil)
@@ -161,7 +169,7 @@ func (s *Sender) Run(ctx context.Context, id string, wake <-chan struct{}, held 
 			sleep(ctx, min(wait, s.cfg.Poll), nil) // and look at the endpoint again (paused, deleted, ...)
 			continue
 		}
-		out := s.attempt(ctx, e, batch, attempt+1, accepted, held)
+		out := s.attempt(ctx, e, token, batch, attempt+1, accepted, held)
 		if ctx.Err() != nil || out.lapsed {
 			return // stopping: the batch stays in flight and is sent again
 		}
@@ -193,7 +201,7 @@ func (s *Sender) nextDelay(attempt int, retryAfter time.Duration) time.Duration 
 // next events (up to the endpoint's BatchMax and MaxBatchBytes, waiting at
 // most BatchWait after the oldest was queued for more), or nil when the
 // queue stayed empty for a poll.
-func (s *Sender) nextBatch(ctx context.Context, e endpoint.Endpoint, wake <-chan struct{}) ([]redisstore.Event, error) {
+func (s *Sender) nextBatch(ctx context.Context, e endpoint.Endpoint, token string, wake <-chan struct{}) ([]redisstore.Event, error) {
 	first, last, ok, err := s.store.Inflight(ctx, e.ID)
 	if err != nil {
 		return nil, err
@@ -231,7 +239,7 @@ func (s *Sender) nextBatch(ctx context.Context, e endpoint.Endpoint, wake <-chan
 		}
 		evs = append(evs, more...)
 	}
-	if err := s.store.SetInflight(ctx, e.ID, evs[0].Entry, evs[len(evs)-1].Entry); err != nil {
+	if err := s.store.SetInflight(ctx, e.ID, token, evs[0].Entry, evs[len(evs)-1].Entry); err != nil {
 		return nil, err
 	}
 	return evs, nil
@@ -254,14 +262,18 @@ type outcome struct {
 	attempts int
 	// retryAfter is the server's Retry-After.
 	retryAfter time.Duration
-	// lapsed: nothing was sent, the endpoint's lease may have lapsed.
+	// lapsed: the sender stops. Nothing was sent (the endpoint's lease
+	// may have lapsed), or the outcome was not recorded because the lease
+	// holds another sender's token (redisstore.ErrLeaseLost): the batch
+	// stays in flight, and the lease's holder sends it (again).
 	lapsed bool
 }
 
 // attempt posts batch once (the n-th try) and records the outcome, if held
-// still reports true just before the POST. okAfter is when the receiver
+// still reports true just before the POST; the outcome is recorded only
+// while the endpoint's lease holds token. okAfter is when the receiver
 // last took a batch from this sender.
-func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redisstore.Event, n int, okAfter time.Time, held func() bool) outcome {
+func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, token string, batch []redisstore.Event, n int, okAfter time.Time, held func() bool) outcome {
 	body, webhookID, err := EncodeBody(batch)
 	if err != nil {
 		s.log.Error("webhooks: encode batch", "endpoint", e.ID, "err", err)
@@ -298,7 +310,11 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redis
 		// failed, the batch is sent again (a duplicate with the same
 		// webhook-id), and the failing run left stored is stale: the next
 		// failure's RecordFailure is given this time and starts afresh.
-		if err := s.store.Delivered(ctx, e.ID, entries); err != nil {
+		if err := s.store.Delivered(ctx, e.ID, token, entries); err != nil {
+			if errors.Is(err, redisstore.ErrLeaseLost) {
+				s.log.Warn("webhooks: lease taken by another sender, delivery not marked, sender stopped", "endpoint", e.ID)
+				return outcome{lapsed: true}
+			}
 			s.log.Warn("webhooks: mark delivered", "endpoint", e.ID, "err", err)
 			return outcome{accepted: now}
 		}
@@ -306,15 +322,20 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redis
 		return outcome{delivered: true, accepted: now}
 	}
 	s.metrics.failed.WithLabelValues(e.ID).Inc()
-	st, err := s.store.RecordFailure(ctx, e.ID, now, okAfter, d.Error)
+	st, err := s.store.RecordFailure(ctx, e.ID, token, now, okAfter, d.Error)
+	if errors.Is(err, redisstore.ErrLeaseLost) {
+		s.log.Warn("webhooks: lease taken by another sender, failure not recorded, sender stopped", "endpoint", e.ID)
+		return outcome{lapsed: true}
+	}
 	if err != nil {
 		if !errors.Is(err, endpoint.ErrNotFound) {
 			s.log.Warn("webhooks: record state", "endpoint", e.ID, "err", err)
 		}
 		return outcome{retryAfter: res.RetryAfter}
 	}
-	if now.Sub(st.FailingSince) >= s.cfg.DisableAfter {
-		s.disable(ctx, e.ID)
+	if now.Sub(st.FailingSince) >= s.cfg.DisableAfter && s.disable(ctx, e.ID, token) {
+		s.log.Warn("webhooks: lease taken by another sender, endpoint not disabled, sender stopped", "endpoint", e.ID)
+		return outcome{lapsed: true}
 	}
 	return outcome{attempts: st.Attempts, retryAfter: res.RetryAfter}
 }
@@ -323,10 +344,13 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, batch []redis
 // queued stays (bounded) and the owner can resume or replay it. It is a
 // version-checked Update that looks at the failing run again as it writes:
 // the owner's changes made meanwhile (a rotated secret) are kept, a resume
-// that cleared the run wins, and a deleted endpoint stays deleted.
-func (s *Sender) disable(ctx context.Context, id string) {
+// that cleared the run wins, and a deleted endpoint stays deleted. It is
+// written only while the endpoint's lease holds token (UpdateAsSender): a
+// delivery by the lease's next holder ends the run without a new revision.
+// It reports whether the lease held another token (nothing written).
+func (s *Sender) disable(ctx context.Context, id, token string) (lost bool) {
 	var disabled bool
-	e, _, err := s.store.Update(ctx, id, func(e *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
+	e, _, err := s.store.UpdateAsSender(ctx, id, token, func(e *endpoint.Endpoint, st redisstore.State) (redisstore.Write, error) {
 		now := time.Now()
 		disabled = e.DisabledAt.IsZero() && !st.FailingSince.IsZero() && now.Sub(st.FailingSince) >= s.cfg.DisableAfter
 		if !disabled {
@@ -336,19 +360,23 @@ func (s *Sender) disable(ctx context.Context, id string) {
 		e.DisabledReason = fmt.Sprintf("failing since %s: %s", st.FailingSince.UTC().Format(time.RFC3339), st.LastError)
 		return redisstore.WriteConfig, nil
 	})
+	if errors.Is(err, redisstore.ErrLeaseLost) {
+		return true
+	}
 	if err != nil {
 		if !errors.Is(err, endpoint.ErrNotFound) {
 			s.log.Warn("webhooks: disable endpoint", "endpoint", id, "err", err)
 		}
-		return
+		return false
 	}
 	if !disabled {
-		return
+		return false
 	}
 	s.log.Warn("webhooks: endpoint disabled", "endpoint", id, "owner", e.Owner, "reason", e.DisabledReason)
 	if s.OnDisabled != nil {
 		s.OnDisabled(ctx, e)
 	}
+	return false
 }
 
 // gauges refreshes the endpoint's backlog and status gauges.

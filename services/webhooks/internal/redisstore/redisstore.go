@@ -13,7 +13,7 @@
 //	snip:wh:{<id>}:inflight  the first and last queue entries of the batch being sent
 //	snip:wh:{<id>}:dl        list: the most recent delivery records (JSON)
 //	snip:wh:{<id>}:body:<d>  the body of delivery record <d> while it is in dl, for redelivery (expires)
-//	snip:wh:{<id>}:lease     the instance sending for this endpoint (expires)
+//	snip:wh:{<id>}:lease     the sender's lease token: <instance>/<random>, one per sender run (expires)
 //	snip:wh:{<id>}:replay_lease the instance holding the latest replay while it is queued or running (expires
 //	                         unless that instance renews it: gone, the replay reads as interrupted)
 //	snip:wh:owner:<owner>    set of the owner's endpoint IDs
@@ -25,6 +25,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -260,7 +262,20 @@ const maxUpdateTries = 100
 // the replay's lease UpdateAsReplay checks) is in the endpoint's slot; the
 // version that tells every instance to reload follows.
 func (s *Store) Update(ctx context.Context, id string, edit Edit) (endpoint.Endpoint, State, error) {
-	return s.update(ctx, id, ReplayHold{}, edit)
+	return s.update(ctx, id, ReplayHold{}, "", edit)
+}
+
+// UpdateAsSender is Update made by the endpoint's sender (its disable):
+// the script writes only while the endpoint's lease still holds token (see
+// Leases), and otherwise writes nothing and returns ErrLeaseLost. A sender
+// whose lease passed to another sender meanwhile read the failing run
+// before that sender's delivery ended it, and a delivery bumps no
+// revision: its write would disable an endpoint that takes batches again.
+func (s *Store) UpdateAsSender(ctx context.Context, id, token string, edit Edit) (endpoint.Endpoint, State, error) {
+	if token == "" {
+		return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: no lease token", id)
+	}
+	return s.update(ctx, id, ReplayHold{}, token, edit)
 }
 
 // UpdateAsReplay is Update made by replay hold (its cut): the script writes
@@ -273,10 +288,10 @@ func (s *Store) UpdateAsReplay(ctx context.Context, id string, hold ReplayHold, 
 	if hold.ID == "" || hold.Holder == "" {
 		return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: replay %q of holder %q: want both", id, hold.ID, hold.Holder)
 	}
-	return s.update(ctx, id, hold, edit)
+	return s.update(ctx, id, hold, "", edit)
 }
 
-func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edit) (endpoint.Endpoint, State, error) {
+func (s *Store) update(ctx context.Context, id string, hold ReplayHold, token string, edit Edit) (endpoint.Endpoint, State, error) {
 	for range maxUpdateTries {
 		e, st, rev, err := s.get(ctx, id)
 		if err != nil {
@@ -297,7 +312,7 @@ func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edi
 		if w == WriteConfigAndResetState {
 			reset, st = 1, State{}
 		}
-		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "replay_lease")}, rev, b, reset, hold.ID, hold.Holder).Int()
+		n, err := updateScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "replay_lease"), k(id, "lease")}, rev, b, reset, hold.ID, hold.Holder, token).Int()
 		if err != nil {
 			return e, st, fmt.Errorf("update endpoint %s: %w", id, err)
 		}
@@ -308,6 +323,8 @@ func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edi
 			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplaySuperseded)
 		case -3:
 			return endpoint.Endpoint{}, State{}, fmt.Errorf("replay %s of %s: %w", hold.ID, id, ErrReplayLeaseLapsed)
+		case -4:
+			return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: %w", id, ErrLeaseLost)
 		case 0:
 			continue // changed since the read
 		}
@@ -320,18 +337,21 @@ func (s *Store) update(ctx context.Context, id string, hold ReplayHold, edit Edi
 	return endpoint.Endpoint{}, State{}, fmt.Errorf("update endpoint %s: changed by others %d times in a row", id, maxUpdateTries)
 }
 
-// updateScript: KEYS = the endpoint, its replay's lease; ARGV = the
-// revision read, the new configuration, 1 to clear the delivery state, the
-// replay writing (empty: none) and its lease's holder. Returns -1 when the
+// updateScript: KEYS = the endpoint, its replay's lease, its sender's
+// lease; ARGV = the revision read, the new configuration, 1 to clear the
+// delivery state, the replay writing (empty: none) and its lease's holder,
+// the sender's lease token (empty: not the sender). Returns -1 when the
 // endpoint is gone, -2 when another replay is the latest, -3 when the
-// holder no longer holds the replay's lease, 0 when its revision changed
-// since the read (nothing written in each case), 1 when written.
+// holder no longer holds the replay's lease, -4 when the sender's lease
+// holds another token, 0 when its revision changed since the read (nothing
+// written in each case), 1 when written.
 var updateScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return -1 end
 if ARGV[4] ~= '' then
   if (redis.call('HGET', KEYS[1], 'replay_id') or '') ~= ARGV[4] then return -2 end
   if redis.call('GET', KEYS[2]) ~= ARGV[5] then return -3 end
 end
+if ARGV[6] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[6] then return -4 end
 if (redis.call('HGET', KEYS[1], 'rev') or '0') ~= ARGV[1] then return 0 end
 redis.call('HINCRBY', KEYS[1], 'rev', 1)
 redis.call('HSET', KEYS[1], 'cfg', ARGV[2])
@@ -349,33 +369,50 @@ return 1`)
 // start at or before okAfter (the last time the receiver accepted a batch,
 // zero if the sender saw none) is stale too: that success's reset was not
 // stored (Delivered failed), and the run starts again at now. Nothing is
-// written for an endpoint deleted meanwhile (endpoint.ErrNotFound).
-func (s *Store) RecordFailure(ctx context.Context, id string, now, okAfter time.Time, lastError string) (State, error) {
+// written for an endpoint deleted meanwhile (endpoint.ErrNotFound), nor
+// once the endpoint's lease holds another token than the sender's
+// (ErrLeaseLost): the failure of a sender whose lease passed to another
+// sender, arriving after that sender's own, would count twice in its run,
+// or start a run again after its delivery ended it.
+func (s *Store) RecordFailure(ctx context.Context, id, token string, now, okAfter time.Time, lastError string) (State, error) {
 	ok := int64(0)
 	if !okAfter.IsZero() {
 		ok = okAfter.UnixMilli()
 	}
-	r, err := recordFailureScript.Run(ctx, s.rdb, []string{k(id, "ep")}, now.UnixMilli(), ok, lastError).Int64Slice()
+	r, err := recordFailureScript.Run(ctx, s.rdb, []string{k(id, "ep"), k(id, "lease")}, now.UnixMilli(), ok, lastError, token).Int64Slice()
 	if err != nil {
 		return State{}, fmt.Errorf("record failure of %s: %w", id, err)
 	}
-	if len(r) != 2 || r[0] < 0 {
+	switch {
+	case len(r) != 2:
+		return State{}, fmt.Errorf("record failure of %s: answer %v", id, r)
+	case r[0] == -2:
+		return State{}, fmt.Errorf("record failure of %s: %w", id, ErrLeaseLost)
+	case r[0] < 0:
 		return State{}, fmt.Errorf("endpoint %s: %w", id, endpoint.ErrNotFound)
 	}
 	return State{FailingSince: time.UnixMilli(r[0]), LastError: lastError, Attempts: int(r[1])}, nil
 }
 
-// recordFailureScript: KEYS = the endpoint; ARGV = the attempt's time and
-// the last success's (Unix ms, 0: none), the error. Returns {failing
-// since, attempts}, or {-1, 0} for a deleted endpoint.
+// recordFailureScript: KEYS = the endpoint, its sender's lease; ARGV = the
+// attempt's time and the last success's (Unix ms, 0: none), the error, the
+// sender's lease token. Returns {failing since, attempts}, {-1, 0} for a
+// deleted endpoint, or {-2, 0} when the lease holds another token
+// (nothing written).
 var recordFailureScript = redis.NewScript(`
 if redis.call('HEXISTS', KEYS[1], 'cfg') == 0 then return {-1, 0} end
+if redis.call('GET', KEYS[2]) ~= ARGV[4] then return {-2, 0} end
 local st = redis.call('HMGET', KEYS[1], 'failing_since', 'attempts')
 local since, n = tonumber(st[1]) or 0, tonumber(st[2]) or 0
 if since == 0 or since <= tonumber(ARGV[2]) then since, n = tonumber(ARGV[1]), 0 end
 n = n + 1
 redis.call('HSET', KEYS[1], 'failing_since', since, 'last_error', ARGV[3], 'attempts', n)
 return {since, n}`)
+
+// ErrLeaseLost: the endpoint's lease no longer holds the sender's token
+// (it lapsed, and another instance, or another sender of this one, took
+// it): the sender's write was refused, and the sender stops.
+var ErrLeaseLost = errors.New("the endpoint's lease holds another sender's token")
 
 // ErrReplaySuperseded: a newer replay of the endpoint was requested; the
 // older one's state is not written (and it need not run: the newer one
@@ -867,26 +904,42 @@ func decodeEntry(m redis.XMessage) Event {
 // could fail alone, a stale failing-since would stay, and the endpoint's
 // next failure, however soon, would count from it and could disable it at
 // once. The state is written only when a failing run is stored (most
-// deliveries follow a success and write nothing more), and not for an
-// endpoint deleted meanwhile.
-func (s *Store) Delivered(ctx context.Context, id string, entries []string) error {
-	args := make([]any, len(entries))
-	for i, e := range entries {
-		args[i] = e
+// deliveries follow a success and write nothing more). Nothing is written
+// for an endpoint deleted meanwhile.
+//
+// Nor once the endpoint's lease holds another token than the sender's
+// (ErrLeaseLost): the lease passed to another sender (another instance's,
+// or this instance's after this one stopped), which finds the batch in
+// flight and sends it again (same webhook-id), and may since have marked
+// its own next batch in flight and recorded failures of its own, which
+// this write would delete.
+func (s *Store) Delivered(ctx context.Context, id, token string, entries []string) error {
+	args := make([]any, 0, 1+len(entries))
+	args = append(args, token)
+	for _, e := range entries {
+		args = append(args, e)
 	}
-	err := deliveredScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep")}, args...).Err()
+	n, err := deliveredScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep"), k(id, "lease")}, args...).Int()
 	if err != nil {
 		return fmt.Errorf("mark delivered for %s: %w", id, err)
+	}
+	if n == -2 {
+		return fmt.Errorf("mark delivered for %s: %w", id, ErrLeaseLost)
 	}
 	return nil
 }
 
-// deliveredScript: KEYS = the queue, the in-flight mark, the endpoint;
-// ARGV = the delivered queue entries.
+// deliveredScript: KEYS = the queue, the in-flight mark, the endpoint, its
+// sender's lease; ARGV = the sender's lease token, then the delivered
+// queue entries. Returns -2 when the lease holds another token, 1
+// otherwise (nothing written for a deleted endpoint, whose queue and mark
+// went with it).
 var deliveredScript = redis.NewScript(`
-if #ARGV > 0 then redis.call('XDEL', KEYS[1], unpack(ARGV)) end
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 0 then return 1 end
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -2 end
+if #ARGV > 1 then redis.call('XDEL', KEYS[1], unpack(ARGV, 2)) end
 redis.call('DEL', KEYS[2])
-if redis.call('HEXISTS', KEYS[3], 'cfg') == 1 and (redis.call('HGET', KEYS[3], 'failing_since') or '0') ~= '0' then
+if (redis.call('HGET', KEYS[3], 'failing_since') or '0') ~= '0' then
   redis.call('HSET', KEYS[3], 'failing_since', 0, 'last_error', '', 'attempts', 0)
 end
 return 1`)
@@ -894,17 +947,29 @@ return 1`)
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent
 // again, not a differently cut one. Nothing is recorded for an endpoint
-// deleted meanwhile (the mark has no TTL and would outlive it).
-func (s *Store) SetInflight(ctx context.Context, id, first, last string) error {
-	err := setInflightScript.Run(ctx, s.rdb, []string{k(id, "inflight"), k(id, "ep")}, first+" "+last).Err()
-	if err != nil && !errors.Is(err, redis.Nil) {
+// deleted meanwhile (the mark has no TTL and would outlive it), nor once
+// the endpoint's lease holds another token than the sender's
+// (ErrLeaseLost): the lease's next holder may have marked its own batch,
+// which this mark would replace.
+func (s *Store) SetInflight(ctx context.Context, id, token, first, last string) error {
+	n, err := setInflightScript.Run(ctx, s.rdb, []string{k(id, "inflight"), k(id, "ep"), k(id, "lease")}, first+" "+last, token).Int()
+	if err != nil {
 		return fmt.Errorf("set in-flight batch of %s: %w", id, err)
+	}
+	if n == -2 {
+		return fmt.Errorf("set in-flight batch of %s: %w", id, ErrLeaseLost)
 	}
 	return nil
 }
 
+// setInflightScript: KEYS = the in-flight mark, the endpoint, its sender's
+// lease; ARGV = the mark, the sender's lease token. Returns -2 when the
+// lease holds another token (nothing written), 1 otherwise (nothing
+// written for a deleted endpoint).
 var setInflightScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[2], 'cfg') == 1 then redis.call('SET', KEYS[1], ARGV[1]) end
+if redis.call('HEXISTS', KEYS[2], 'cfg') == 0 then return 1 end
+if redis.call('GET', KEYS[3]) ~= ARGV[2] then return -2 end
+redis.call('SET', KEYS[1], ARGV[1])
 return 1`)
 
 // Inflight returns the batch recorded by SetInflight, if any.
@@ -1125,34 +1190,55 @@ func (s *Store) Body(ctx context.Context, id, delivery string) ([]byte, error) {
 	return b, nil
 }
 
-// Lease makes instance the sender for endpoint id for ttl, if no other
-// instance holds it; it extends the lease when instance already holds it.
-func (s *Store) Lease(ctx context.Context, id, instance string, ttl time.Duration) (bool, error) {
-	ok, err := leaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, instance, ttl.Milliseconds()).Int()
+// Lease takes the lease named id (the key snip:wh:{id}:lease) for holder
+// for ttl, if no other holder has it; it extends it when holder already
+// has it. The locks (LockInterest, LockOwner) are such leases; an
+// endpoint's sender takes its lease with Leases, under a token of its own.
+func (s *Store) Lease(ctx context.Context, id, holder string, ttl time.Duration) (bool, error) {
+	ok, err := leaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, holder, ttl.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("lease %s: %w", id, err)
 	}
 	return ok == 1, nil
 }
 
-// Leases is Lease for many endpoints at once: one pipeline, so one round
-// trip on one Redis (one per master on a cluster) whatever the count. One
-// call per endpoint, one after the other, took a round trip each: an
-// instance holding thousands of endpoints renewed the last one that many
-// round trips after the first, late enough to lose it to another instance
-// within the TTL. Each endpoint's lease is taken or extended exactly as
-// Lease does. It returns the endpoints instance holds now; one whose
-// script failed is not among them, and the error says why.
-func (s *Store) Leases(ctx context.Context, ids []string, instance string, ttl time.Duration) (map[string]bool, error) {
+// Leases takes or renews the leases of endpoints ids for instance's
+// senders, for ttl: one pipeline, so one round trip on one Redis (one per
+// master on a cluster) whatever the count. One call per endpoint, one
+// after the other, took a round trip each: an instance holding thousands
+// of endpoints renewed the last one that many round trips after the first,
+// late enough to lose it to another instance within the TTL.
+//
+// An endpoint's lease holds a token, "<instance>/<random>", taken afresh
+// for each sender: the sender's writes (SetInflight, Delivered,
+// RecordFailure, UpdateAsSender) are made only while the lease still holds
+// its token, so a sender whose lease passed to another sender, on another
+// instance or on its own after it stopped, writes nothing more, however
+// late its command reaches Redis. An endpoint in running (its sender runs
+// here: the token it was taken with) is renewed only while its lease still
+// holds that token, never taken again (a lease that lapsed meanwhile is
+// the next scan's to take, for a new sender). Any other endpoint's lease
+// is taken with a new token when no one holds it or instance does (a
+// sender of it that stopped, or the instance before a restart), and left
+// when another instance does. It returns the endpoints whose lease
+// instance holds now, with their tokens; one whose script failed is not
+// among them, and the error says why.
+func (s *Store) Leases(ctx context.Context, ids []string, running map[string]string, instance string, ttl time.Duration) (map[string]string, error) {
 	calls := make([]scriptCall, len(ids))
+	tokens := make([]string, len(ids))
 	for i, id := range ids {
-		calls[i] = scriptCall{keys: []string{k(id, "lease")}, args: []any{instance, ttl.Milliseconds()}}
+		renew := "1"
+		tokens[i] = running[id]
+		if tokens[i] == "" {
+			renew, tokens[i] = "0", instance+"/"+randomToken()
+		}
+		calls[i] = scriptCall{keys: []string{k(id, "lease")}, args: []any{instance, tokens[i], ttl.Milliseconds(), renew}}
 	}
-	cmds, err := s.evalEach(ctx, leaseScript, calls)
-	held := make(map[string]bool, len(ids))
+	cmds, err := s.evalEach(ctx, senderLeaseScript, calls)
+	held := make(map[string]string, len(ids))
 	for i, c := range cmds {
 		if n, cerr := c.Int(); cerr == nil && n == 1 {
-			held[ids[i]] = true
+			held[ids[i]] = tokens[i]
 		}
 	}
 	if err != nil {
@@ -1160,6 +1246,29 @@ func (s *Store) Leases(ctx context.Context, ids []string, instance string, ttl t
 	}
 	return held, nil
 }
+
+// randomToken is the random part of a sender's lease token.
+func randomToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// senderLeaseScript: KEYS = an endpoint's lease; ARGV = the instance, the
+// token, the TTL in ms, 1 to renew only (the lease must hold the token).
+// Otherwise the lease is taken under the token when free, or held by the
+// instance (its name, or a token of its: "<instance>/" and no other
+// slash). Returns 1 when held under the token now, 0 when not.
+var senderLeaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+local ok = v == ARGV[2]
+if not ok and ARGV[4] ~= '1' then
+  local p = ARGV[1] .. '/'
+  ok = v == false or v == ARGV[1] or (string.sub(v, 1, #p) == p and not string.find(v, '/', #p + 1, true))
+end
+if not ok then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1`)
 
 // scriptCall is one run of a script in evalEach: its keys and arguments.
 type scriptCall struct {
@@ -1231,9 +1340,10 @@ func (s *Store) UnlockOwner(ctx context.Context, owner, holder string) error {
 	return s.Release(ctx, "owner:"+owner, holder)
 }
 
-// Release gives up instance's lease on endpoint id.
-func (s *Store) Release(ctx context.Context, id, instance string) error {
-	return releaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, instance).Err()
+// Release gives up the lease named id if holder (a lock's holder, or a
+// sender's token) has it.
+func (s *Store) Release(ctx context.Context, id, holder string) error {
+	return releaseScript.Run(ctx, s.rdb, []string{k(id, "lease")}, holder).Err()
 }
 
 var releaseScript = redis.NewScript(`

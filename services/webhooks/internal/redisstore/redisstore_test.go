@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestInterleavedUpdatesKeepEachOthersChanges,
 		TestNoWriteBringsBackADeletedEndpoint,
 		TestAFailingRunEndsWithADeliveryOrAResume,
+		TestASenderWritesOnlyWhileItHoldsItsLease,
 	)
 }
 
@@ -68,6 +70,17 @@ func put(t *testing.T, s *redisstore.Store, ids ...string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// senderLease takes endpoint id's lease for a sender of instance "a" and
+// returns its token, which the sender's writes give.
+func senderLease(t *testing.T, s *redisstore.Store, id string) string {
+	t.Helper()
+	held, err := s.Leases(t.Context(), []string{id}, nil, "a", time.Hour)
+	if err != nil || held[id] == "" {
+		t.Fatalf("lease %s for a sender of a: %v, %v", id, held, err)
+	}
+	return held[id]
 }
 
 // TestEnqueueSkipsWhatAPartitionAlreadyQueued: a batch handed again (a
@@ -157,7 +170,8 @@ func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 	if len(got) != 3 {
 		t.Fatalf("read %d events within 3 events' bytes, want 3", len(got))
 	}
-	if err := s.SetInflight(ctx, "ep", got[0].Entry, got[2].Entry); err != nil {
+	token := senderLease(t, s, "ep")
+	if err := s.SetInflight(ctx, "ep", token, got[0].Entry, got[2].Entry); err != nil {
 		t.Fatal(err)
 	}
 	first, last, ok, err := s.Inflight(ctx, "ep")
@@ -171,7 +185,7 @@ func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 	if diff := cmp.Diff(ids(got), ids(back)); diff != "" {
 		t.Errorf("in-flight batch read back (-want +got):\n%s", diff)
 	}
-	if err := s.Delivered(ctx, "ep", []string{got[0].Entry, got[1].Entry, got[2].Entry}); err != nil {
+	if err := s.Delivered(ctx, "ep", token, []string{got[0].Entry, got[1].Entry, got[2].Entry}); err != nil {
 		t.Fatal(err)
 	}
 	if n, _, _ := s.Backlog(ctx, "ep"); n != 7 {
@@ -204,10 +218,13 @@ func TestLeaseIsExclusiveUntilReleased(t *testing.T) {
 }
 
 // TestLeasesTakeAndRenewManyAtOnce: Leases, one pipeline for many
-// endpoints (in many slots on a cluster), keeps Lease's rules for each: a
-// free lease is taken, the instance's own is extended, another instance's
-// stays. The server lacking the script (flushed) does not fail it: a
-// pipeline does not fall back from EVALSHA, so Leases loads it.
+// endpoints (in many slots on a cluster), keeps the lease's rules for each:
+// a free lease is taken, one the instance holds is taken again (extended)
+// under a new token, another instance's stays, and a running sender's is
+// renewed only while it still holds that sender's token (not once another
+// sender's, nor once lapsed). The server lacking the script (flushed) does
+// not fail it: a pipeline does not fall back from EVALSHA, so Leases loads
+// it.
 func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -219,23 +236,41 @@ func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
 	if ok, err := s.Lease(ctx, "theirs", "b", time.Minute); err != nil || !ok {
 		t.Fatalf("Lease(theirs, b) = %v, %v", ok, err)
 	}
+	// A sender's token of instance "a/b", not of instance a.
+	if err := rdb.Set(ctx, "snip:wh:{lookalike}:lease", "a/b/0123", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	ids := []string{"mine", "theirs"}
+	ids := []string{"mine", "theirs", "lookalike"}
 	for i := range 50 {
 		ids = append(ids, fmt.Sprintf("free%d", i))
 	}
-	held, err := s.Leases(ctx, ids, "a", time.Hour)
+	held, err := s.Leases(ctx, ids, nil, "a", time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{}
+	var want, got []string
 	for _, id := range ids {
-		want[id] = id != "theirs"
+		if id != "theirs" && id != "lookalike" {
+			want = append(want, id)
+		}
 	}
-	delete(want, "theirs")
-	if diff := cmp.Diff(want, held); diff != "" {
+	tokens := map[string]bool{}
+	for id, token := range held {
+		got = append(got, id)
+		if !strings.HasPrefix(token, "a/") || tokens[token] {
+			t.Errorf("lease of %s taken under token %q: want a/ and a token of its own", id, token)
+		}
+		tokens[token] = true
+		if v := rdb.Get(ctx, "snip:wh:{"+id+"}:lease").Val(); v != token {
+			t.Errorf("lease of %s holds %q, want the token answered, %q", id, v, token)
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("leases a holds (-want +got):\n%s", diff)
 	}
 	if left := rdb.PTTL(ctx, "snip:wh:{mine}:lease").Val(); left <= time.Minute {
@@ -243,6 +278,41 @@ func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
 	}
 	if ok, _ := s.Lease(ctx, "theirs", "b", time.Minute); !ok {
 		t.Error("b lost its lease to a's Leases")
+	}
+	if v := rdb.Get(ctx, "snip:wh:{lookalike}:lease").Val(); v != "a/b/0123" {
+		t.Errorf("instance a/b's lease holds %q after a's Leases, want its token", v)
+	}
+
+	// Senders of a run for free0, free1 and free2 under the tokens taken;
+	// free1's lease passed to another sender of a meanwhile, and free2's
+	// lapsed. free3's sender stopped: its lease is taken again.
+	if err := rdb.Set(ctx, "snip:wh:{free1}:lease", "a/newer", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, "snip:wh:{free2}:lease").Err(); err != nil {
+		t.Fatal(err)
+	}
+	running := map[string]string{"free0": held["free0"], "free1": held["free1"], "free2": held["free2"]}
+	again, err := s.Leases(ctx, []string{"free0", "free1", "free2", "free3"}, running, "a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again["free0"] != held["free0"] {
+		t.Errorf("free0's running sender's lease renewed under %q, want its token %q", again["free0"], held["free0"])
+	}
+	if tok, ok := again["free3"]; !ok || tok == held["free3"] {
+		t.Errorf("free3's lease, its sender stopped, taken again under %q (ok %v), want a new token (not %q)", tok, ok, held["free3"])
+	}
+	for _, id := range []string{"free1", "free2"} {
+		if tok, ok := again[id]; ok {
+			t.Errorf("%s's lease renewed for a sender whose token it no longer holds, under %q", id, tok)
+		}
+	}
+	if v := rdb.Get(ctx, "snip:wh:{free1}:lease").Val(); v != "a/newer" {
+		t.Errorf("free1's lease holds %q after the renewal, want the newer sender's token", v)
+	}
+	if n := rdb.Exists(ctx, "snip:wh:{free2}:lease").Val(); n != 0 {
+		t.Error("free2's lapsed lease was taken again by the renewal of the sender it lapsed for")
 	}
 }
 
@@ -314,7 +384,7 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	if _, _, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": evs}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
+	if err := s.SetInflight(ctx, "ep", senderLease(t, s, "ep"), "0-1", "0-2"); err != nil {
 		t.Fatal(err)
 	}
 	replay := redisstore.Replay{ID: "r1", State: redisstore.ReplayRunning}
@@ -428,7 +498,13 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"epA": {ev(1, "a")}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
+	token := senderLease(t, s, "epA")
+	if err := s.SetInflight(ctx, "epA", token, "0-1", "0-1"); err != nil {
+		t.Fatal(err)
+	}
+	// Its lease is given up (it expires otherwise): only what Delete
+	// leaves is looked for.
+	if err := s.Release(ctx, "epA", token); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, a); err != nil {
@@ -475,7 +551,7 @@ func TestNothingIsQueuedForADeletedEndpoint(t *testing.T) {
 			t.Errorf("mode %d: added (-want +got):\n%s", mode, diff)
 		}
 	}
-	if err := s.SetInflight(ctx, "epA", "0-1", "0-1"); err != nil {
+	if err := s.SetInflight(ctx, "epA", "a/0", "0-1", "0-1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.SetReplay(ctx, "epA", redisstore.Replay{ID: "r1", State: redisstore.ReplayFailed}, true, redisstore.ReplayLease{}); !errors.Is(err, endpoint.ErrNotFound) {

@@ -2,10 +2,12 @@ package redisstore_test
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
@@ -132,7 +134,13 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	if err != nil || len(queued) != 1 {
 		t.Fatalf("read the queue: %d events, %v", len(queued), err)
 	}
-	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); err != nil {
+	token := senderLease(t, s, e.ID)
+	if _, err := s.RecordFailure(ctx, e.ID, token, time.Now(), time.Time{}, "HTTP 500"); err != nil {
+		t.Fatal(err)
+	}
+	// Its lease is given up (it expires otherwise): only what the
+	// writes leave is looked for.
+	if err := s.Release(ctx, e.ID, token); err != nil {
 		t.Fatal(err)
 	}
 	for _, edit := range []redisstore.Edit{rotate, resume, markReplay, disable} {
@@ -154,10 +162,10 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	if err := s.Delete(ctx, e); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.RecordFailure(ctx, e.ID, time.Now(), time.Time{}, "HTTP 500"); !errors.Is(err, endpoint.ErrNotFound) {
+	if _, err := s.RecordFailure(ctx, e.ID, token, time.Now(), time.Time{}, "HTTP 500"); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("failure recorded after the delete: %v, want ErrNotFound", err)
 	}
-	if err := s.Delivered(ctx, e.ID, []string{queued[0].Entry}); err != nil {
+	if err := s.Delivered(ctx, e.ID, token, []string{queued[0].Entry}); err != nil {
 		t.Fatal(err)
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{ep_gone}:*"); len(left) != 0 {
@@ -184,29 +192,30 @@ func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
 	t1, t2 := t0.Add(time.Hour), t0.Add(100*time.Hour)
 	tests := []struct {
 		name string
-		// between runs after a failure at t0, before one at t2.
-		between func(t *testing.T, id string)
+		// between runs after a failure at t0, before one at t2, by the
+		// sender holding token.
+		between func(t *testing.T, id, token string)
 		// okAfter is the sender's last success, given with t2's failure.
 		okAfter time.Time
 		want    redisstore.State
 	}{
-		{"failures_continue_the_run", func(*testing.T, string) {}, time.Time{},
+		{"failures_continue_the_run", func(*testing.T, string, string) {}, time.Time{},
 			redisstore.State{FailingSince: t0, LastError: "at t2", Attempts: 2}},
-		{"a_delivery_ends_it", func(t *testing.T, id string) {
+		{"a_delivery_ends_it", func(t *testing.T, id, token string) {
 			queued, err := s.Read(t.Context(), id, "0", 10, 1<<20, 0)
 			if err != nil || len(queued) != 1 {
 				t.Fatalf("read the queue: %d events, %v", len(queued), err)
 			}
-			if err := s.Delivered(t.Context(), id, []string{queued[0].Entry}); err != nil {
+			if err := s.Delivered(t.Context(), id, token, []string{queued[0].Entry}); err != nil {
 				t.Fatal(err)
 			}
 		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
-		{"a_resume_ends_it", func(t *testing.T, id string) {
+		{"a_resume_ends_it", func(t *testing.T, id, _ string) {
 			if _, _, err := s.Update(t.Context(), id, resume); err != nil {
 				t.Fatal(err)
 			}
 		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
-		{"a_success_not_stored_ends_it", func(*testing.T, string) {}, t1,
+		{"a_success_not_stored_ends_it", func(*testing.T, string, string) {}, t1,
 			redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
 	}
 	for _, tc := range tests {
@@ -218,11 +227,12 @@ func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
 			if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{id: {ev(1, "a")}}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.RecordFailure(ctx, id, t0, time.Time{}, "at t0"); err != nil {
+			token := senderLease(t, s, id)
+			if _, err := s.RecordFailure(ctx, id, token, t0, time.Time{}, "at t0"); err != nil {
 				t.Fatal(err)
 			}
-			tc.between(t, id)
-			got, err := s.RecordFailure(ctx, id, t2, tc.okAfter, "at t2")
+			tc.between(t, id, token)
+			got, err := s.RecordFailure(ctx, id, token, t2, tc.okAfter, "at t2")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -263,7 +273,7 @@ func TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears(t *testing.T) {
 	if _, _, err := s.EnqueueReplay(ctx, "ep", latest, []redisstore.Event{ev(1, "a"), ev(2, "b"), ev(3, "c")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetInflight(ctx, "ep", "0-1", "0-2"); err != nil {
+	if err := s.SetInflight(ctx, "ep", senderLease(t, s, "ep"), "0-1", "0-2"); err != nil {
 		t.Fatal(err)
 	}
 	lower := func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
@@ -333,4 +343,127 @@ func TestOnlyTheLatestReplayHoldingItsLeaseCutsAndClears(t *testing.T) {
 	if _, _, ok, err := s.Inflight(ctx, "ep"); err != nil || !ok {
 		t.Errorf("in-flight mark after the others' clears: ok=%v err=%v, want it kept", ok, err)
 	}
+}
+
+// TestASenderWritesOnlyWhileItHoldsItsLease: a sender whose endpoint's
+// lease passed to another sender (another instance's after it lapsed, or
+// this instance's next one after it stopped) writes nothing of the
+// endpoint's delivery state, however late its write reaches Redis: not
+// its batch in flight over the new holder's (a crash would send the new
+// holder's batch cut differently, under another webhook-id), not a
+// delivery that deletes the new holder's mark and ends its failing run,
+// not a failure counted again in that run, not a disable. Each write is
+// refused with ErrLeaseLost and the state stays as the new holder left it;
+// the new holder's own writes are made.
+func TestASenderWritesOnlyWhileItHoldsItsLease(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 1000)
+	for _, next := range []string{"b", "a"} {
+		t.Run("the_next_sender_is_"+next+"s", func(t *testing.T) {
+			testenv.Parallel(t)
+			ctx := t.Context()
+			id := "ep_next_" + next
+			put(t, s, id)
+			if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{id: {ev(1, "e1"), ev(2, "e2"), ev(3, "e3")}}); err != nil {
+				t.Fatal(err)
+			}
+			queued, err := s.Read(ctx, id, "0", 10, 1<<20, 0)
+			if err != nil || len(queued) != 3 {
+				t.Fatalf("read the queue: %d events, %v", len(queued), err)
+			}
+			old := senderLease(t, s, id)
+			if err := s.SetInflight(ctx, id, old, queued[0].Entry, queued[0].Entry); err != nil {
+				t.Fatal(err)
+			}
+			if next == "b" {
+				// a's lease lapses; b takes it.
+				if err := rdb.Del(ctx, "snip:wh:{"+id+"}:lease").Err(); err != nil {
+					t.Fatal(err)
+				}
+			} // else a's sender stopped; a's next scan takes the lease again.
+			held, err := s.Leases(ctx, []string{id}, nil, next, time.Hour)
+			if err != nil || held[id] == "" || held[id] == old {
+				t.Fatalf("the next sender's lease: %v, %v; want a token other than %q", held, err, old)
+			}
+			token := held[id]
+			// The new holder sends the batch in flight, fails, and marks
+			// its next batch after delivering it.
+			failedAt := time.UnixMilli(1_000_000_000_000)
+			if _, err := s.RecordFailure(ctx, id, token, failedAt, time.Time{}, "new holder's failure"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SetInflight(ctx, id, token, queued[1].Entry, queued[2].Entry); err != nil {
+				t.Fatal(err)
+			}
+			want := snapshot(t, s, rdb, id)
+
+			late := failedAt.Add(-time.Minute) // before the lease passed
+			writes := []struct {
+				name  string
+				write func() error
+			}{
+				{"in_flight", func() error { return s.SetInflight(ctx, id, old, queued[0].Entry, queued[0].Entry) }},
+				{"delivered", func() error { return s.Delivered(ctx, id, old, []string{queued[0].Entry}) }},
+				{"failure", func() error {
+					_, err := s.RecordFailure(ctx, id, old, late, time.Time{}, "old sender's failure")
+					return err
+				}},
+				{"disable", func() error {
+					_, _, err := s.UpdateAsSender(ctx, id, old, disable)
+					return err
+				}},
+			}
+			for _, w := range writes {
+				if err := w.write(); !errors.Is(err, redisstore.ErrLeaseLost) {
+					t.Errorf("the old sender's %s: %v, want ErrLeaseLost", w.name, err)
+				}
+				if diff := cmp.Diff(want, snapshot(t, s, rdb, id)); diff != "" {
+					t.Errorf("state after the old sender's %s (-as the new holder left it +got):\n%s", w.name, diff)
+				}
+			}
+
+			// The holder's own writes are made.
+			if _, _, err := s.UpdateAsSender(ctx, id, token, disable); err != nil {
+				t.Errorf("the holder's disable: %v", err)
+			}
+			if err := s.Delivered(ctx, id, token, []string{queued[1].Entry, queued[2].Entry}); err != nil {
+				t.Fatal(err)
+			}
+			got := snapshot(t, s, rdb, id)
+			if got.Inflight != "" || !slices.Equal(got.Queue, []string{"e1"}) || got.Attempts != 0 || !got.Disabled {
+				t.Errorf("after the holder's disable and delivery: %+v; want no mark, e1 queued, no failing run, disabled", got)
+			}
+		})
+	}
+}
+
+// senderState is what a sender's writes change of an endpoint.
+type senderState struct {
+	Inflight     string
+	Queue        []string
+	FailingSince time.Time
+	LastError    string
+	Attempts     int
+	Disabled     bool
+	Rev          string
+}
+
+func snapshot(t *testing.T, s *redisstore.Store, rdb redis.UniversalClient, id string) senderState {
+	t.Helper()
+	ctx := t.Context()
+	e, st, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.Read(ctx, id, "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark, err := rdb.Get(ctx, "snip:wh:{"+id+"}:inflight").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	return senderState{Inflight: mark, Queue: ids(q), FailingSince: st.FailingSince, LastError: st.LastError, Attempts: st.Attempts,
+		Disabled: !e.DisabledAt.IsZero(), Rev: rdb.HGet(ctx, "snip:wh:{"+id+"}:ep", "rev").Val()}
 }
