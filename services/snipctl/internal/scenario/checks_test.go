@@ -29,6 +29,9 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		name   string
 		checks func(e *Env)
 		fail   []string // the rows that must FAIL, in table order
+		// inconclusive: a premise is not met, and the rows that need it
+		// are not judged.
+		inconclusive bool
 	}{
 		{
 			name:   "outbox_claim_holds",
@@ -143,14 +146,15 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			t.Parallel()
 			e := &Env{speed: 1, res: &Result{}}
 			tc.checks(e)
-			var failed []string
-			for _, c := range e.res.Checks {
-				if !c.OK {
-					failed = append(failed, c.Name)
-				}
-			}
-			if diff := cmp.Diff(tc.fail, failed); diff != "" {
+			e.res.judge()
+			if diff := cmp.Diff(tc.fail, e.res.failed()); diff != "" {
 				t.Errorf("rows that FAIL (-want +got):\n%s", diff)
+			}
+			if got := e.res.Inconclusive != ""; got != tc.inconclusive {
+				t.Errorf("inconclusive = %v (%q), want %v", got, e.res.Inconclusive, tc.inconclusive)
+			}
+			if e.res.Pass != (len(tc.fail) == 0) {
+				t.Errorf("pass = %v with rows that FAIL %q", e.res.Pass, tc.fail)
 			}
 		})
 	}

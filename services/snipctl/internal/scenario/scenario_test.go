@@ -8,6 +8,8 @@ import (
 // runAt runs a scenario at a high speed and fails the test when a
 // measurement is outside its tolerance. Each scenario states its tolerances
 // and why next to its checks; the test asserts the same table a user sees.
+// A run on a machine too busy for the lesson's premise is skipped, once the
+// rows that hold at any speed passed.
 func runAt(t *testing.T, name string, speed float64) *Result {
 	t.Helper()
 	s, err := Lookup(name)
@@ -25,6 +27,11 @@ func runAt(t *testing.T, name string, speed float64) *Result {
 	}
 	if len(res.Checks) == 0 {
 		t.Fatalf("%s measured nothing", name)
+	}
+	if res.Inconclusive != "" {
+		// The rows that hold at any speed passed; the others were not
+		// judged, and a pass would claim what was not measured.
+		t.Skipf("%s at speed %g: %s\n%s", name, speed, res.Inconclusive, out.String())
 	}
 	t.Log("\n" + out.String())
 	return res
