@@ -218,6 +218,16 @@ func (e *Env) atLeast(name, unit string, limit, measured float64, why string) {
 	e.res.Checks = append(e.res.Checks, Check{Name: name, Unit: unit, Predicted: limit, Measured: measured, Tolerance: "≥", Why: why, OK: measured >= limit})
 }
 
+// premise marks the last row as a premise: it measures whether the machine
+// could run the lesson (the load offered, a member at its capacity), and one
+// not met makes the run inconclusive rather than failed.
+func (e *Env) premise() { e.res.Checks[len(e.res.Checks)-1].Premise = true }
+
+// needsPremise marks the last row as valid only on a machine that met every
+// premise row: a rate or ratio that a starved machine distorts whatever the
+// code does. It is not judged when a premise is not met.
+func (e *Env) needsPremise() { e.res.Checks[len(e.res.Checks)-1].NeedsPremise = true }
+
 // sampler records series at a fixed lesson-time step.
 type sampler struct {
 	e     *Env

@@ -9,14 +9,20 @@ import (
 )
 
 // Print writes the result for a terminal: the claim, the predicted-vs-measured
-// table, one sparkline per series, notes, and the verdict.
+// table (a premise the machine did not meet is marked BUSY, a row not judged
+// for it --), one sparkline per series, notes, and the verdict.
 func Print(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "\n%s (speed %g): %s\n\n", r.Scenario, r.Speed, r.Claim)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  \tcheck\tpredicted\tmeasured\ttolerance\tunit")
 	for _, c := range r.Checks {
 		mark := "ok"
-		if !c.OK {
+		switch {
+		case c.Unjudged:
+			mark = "--"
+		case c.Premise && !c.OK:
+			mark = "BUSY"
+		case !c.OK:
 			mark = "FAIL"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", mark, c.Name, num(c.Predicted), num(c.Measured), c.Tolerance, c.Unit)
@@ -41,8 +47,11 @@ func Print(w io.Writer, r *Result) {
 		}
 	}
 	verdict := "PASS: the measurements match the lesson"
-	if !r.Pass {
+	switch {
+	case !r.Pass:
 		verdict = "FAIL: a measurement is outside its tolerance"
+	case r.Inconclusive != "":
+		verdict = "INCONCLUSIVE: " + r.Inconclusive + "; the rows marked -- were not judged, the others match the lesson"
 	}
 	fmt.Fprintf(w, "\n%s (real time %s)\n", verdict, r.Wall)
 }

@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"math"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -111,13 +112,41 @@ func Run(ctx context.Context, s Scenario, o Options) (*Result, error) {
 		return nil, fmt.Errorf("scenario %s: %w", s.Name, err)
 	}
 	e.res.Wall = time.Since(start).Round(time.Millisecond).String()
-	e.res.Pass = true
-	for _, c := range e.res.Checks {
-		if !c.OK {
-			e.res.Pass = false
+	e.res.judge()
+	return e.res, nil
+}
+
+// judge sets Pass and Inconclusive from the checks. A premise row not met
+// makes the run inconclusive: the rows that hold only on a machine that met
+// it are then not judged, and Pass says whether the rows that hold at any
+// speed are within their tolerances.
+func (r *Result) judge() {
+	var unmet []string
+	for _, c := range r.Checks {
+		if c.Premise && !c.OK {
+			unmet = append(unmet, c.Name)
 		}
 	}
-	return e.res, nil
+	r.Inconclusive = ""
+	if len(unmet) > 0 {
+		r.Inconclusive = "the machine was too busy for the lesson's premise (" + strings.Join(unmet, "; ") + ")"
+	}
+	for i := range r.Checks {
+		r.Checks[i].Unjudged = len(unmet) > 0 && r.Checks[i].NeedsPremise
+	}
+	r.Pass = len(r.failed()) == 0
+}
+
+// failed returns the names of the rows that count against the run: judged,
+// not a premise, and outside their tolerance.
+func (r *Result) failed() []string {
+	var names []string
+	for _, c := range r.Checks {
+		if !c.OK && !c.Premise && !c.Unjudged {
+			names = append(names, c.Name)
+		}
+	}
+	return names
 }
 
 // Result is what a run measured.
@@ -128,8 +157,13 @@ type Result struct {
 	Checks   []Check  `json:"checks"`
 	Series   []Series `json:"series,omitempty"`
 	Notes    []string `json:"notes,omitempty"`
-	// Pass is true when every check is within its tolerance.
+	// Pass is true when every judged check is within its tolerance.
 	Pass bool `json:"pass"`
+	// Inconclusive, when set, names the premises the machine did not meet
+	// (it was too busy to offer the load, or to let a member run at its
+	// capacity): the rows that need them were not judged, and Pass covers
+	// only the rows that hold at any speed.
+	Inconclusive string `json:"inconclusive,omitempty"`
 	// Wall is how long the run took in real time.
 	Wall string `json:"wall"`
 }
@@ -145,6 +179,16 @@ type Check struct {
 	Tolerance string `json:"tolerance"`
 	Why       string `json:"why,omitempty"`
 	OK        bool   `json:"ok"`
+	// Premise marks a row that measures the machine, not the lesson: a
+	// premise not met makes the run inconclusive instead of failed.
+	Premise bool `json:"premise,omitempty"`
+	// NeedsPremise marks a row that is valid only when every premise row
+	// was met (a rate or a ratio that a starved machine would distort);
+	// the other rows hold at any speed and are judged always.
+	NeedsPremise bool `json:"needs_premise,omitempty"`
+	// Unjudged is set on a NeedsPremise row when a premise was not met: its
+	// OK is shown but not counted.
+	Unjudged bool `json:"unjudged,omitempty"`
 }
 
 // Series is a quantity sampled over lesson time, for the chart.

@@ -8,15 +8,29 @@ import (
 // runAt runs a scenario at a high speed and fails the test when a
 // measurement is outside its tolerance. Each scenario states its tolerances
 // and why next to its checks; the test asserts the same table a user sees.
+// A run on a machine too busy for the lesson's premise (INCONCLUSIVE: the
+// rows that hold at any speed passed, the others were not judged) is run
+// again, up to three runs in all, so the rows that need a machine that keeps
+// up get their chance; if none was conclusive, the test passes on the rows
+// judged at any speed and says which were not.
 func runAt(t *testing.T, name string, speed float64) *Result {
 	t.Helper()
 	s, err := Lookup(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(t.Context(), s, Options{Speed: speed})
-	if err != nil {
-		t.Fatal(err)
+	const runs = 3
+	var res *Result
+	for i := range runs {
+		var err error
+		res, err = Run(t.Context(), s, Options{Speed: speed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Pass || res.Inconclusive == "" || i == runs-1 {
+			break
+		}
+		t.Logf("%s at speed %g, run %d of %d: %s; running it again", name, speed, i+1, runs, res.Inconclusive)
 	}
 	var out bytes.Buffer
 	Print(&out, res)
@@ -25,6 +39,11 @@ func runAt(t *testing.T, name string, speed float64) *Result {
 	}
 	if len(res.Checks) == 0 {
 		t.Fatalf("%s measured nothing", name)
+	}
+	if res.Inconclusive != "" {
+		// The rows that hold at any speed passed; the rows marked -- were
+		// not judged in any of the runs.
+		t.Logf("%s at speed %g, %d runs: %s; judged only the rows that hold at any speed", name, speed, runs, res.Inconclusive)
 	}
 	t.Log("\n" + out.String())
 	return res
