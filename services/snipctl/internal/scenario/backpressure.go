@@ -82,7 +82,6 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	smp := e.newSampler(time.Second)
 	var ageAlarmAt, countAlarmAt float64
 	var countAtAgeAlarm float64
-	var handledHalf atomic.Int64
 	start := time.Now()
 	stopSampling := smp.start(ctx, func() {
 		count, age := groupLag(ctx, js, "readers")
@@ -102,9 +101,11 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	e.say("producers at %g/s, readers at %g/s, for %g s", bpIn, bpOut, bpSecs)
 	total := int(bpIn * bpSecs)
 	links := codes(40)
+	var handledHalf int64
+	var halfAt time.Time
 	_, err = emit(ctx, e.Rate(bpIn), e.Real(time.Duration(bpSecs*float64(time.Second))), func(i int) error {
 		if i == total/2 {
-			handledHalf.Store(handled.Load())
+			handledHalf, halfAt = handled.Load(), time.Now()
 		}
 		_, err := publishClick(pjs, newClick(links[i%len(links)], i))
 		return err
@@ -122,7 +123,7 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	// loaded machine the predictions use what they really did.
 	out := e.LessonRate(float64(handledEnd) / end.Sub(start).Seconds())
 	e.atMost("readers' rate (paced at 800)", "events/s", bpOut*1.05, out, "the pace is a ceiling; on a loaded machine the predictions below use the measured rate")
-	e.note("the readers did %.0f/s in the run's first half", e.LessonRate(float64(handledHalf.Load())/e.Real(time.Duration(bpSecs/2*float64(time.Second))).Seconds()))
+	e.note("the readers did %.0f/s in the run's first half", e.LessonRate(float64(handledHalf)/halfAt.Sub(start).Seconds()))
 	if out < bpOut*0.97 {
 		e.note("the readers ran at %.0f/s, not %.0f/s: the predictions use the measured rate", out, bpOut)
 	} else {
