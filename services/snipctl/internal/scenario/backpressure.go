@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -30,37 +32,24 @@ const (
 	bpBatch      = 500    // events: pkg/reader's default batch size
 )
 
-// earliestAgeAlarm is the lesson time at which the oldest unacked event's
-// age first reaches bpAgeAlarm if every partition holds a full batch (up
-// to batch events of its backlog) unacked while it is handled: the FIFO
-// age (1 - out/in) t plus that batch's handling time at out/partitions.
-func earliestAgeAlarm(in, out float64, partitions int, batch float64) float64 {
-	perPart := out / float64(partitions)
-	for t := 0.0; t < 3600; t += 0.01 {
-		held := min(batch, (in-out)*t/float64(partitions))
-		if (1-out/in)*t+held/perPart >= bpAgeAlarm {
-			return t
-		}
-	}
-	return 3600
-}
-
 func runBackpressure(ctx context.Context, e *Env) error {
 	js, err := e.NATS(ctx, bpPartitions)
 	if err != nil {
 		return err
 	}
 	var handled atomic.Int64
+	var handledIn [bpPartitions]atomic.Int64 // per partition
 	lim := e.limiter(bpOut)
 	var assigned atomic.Int64
 	cfg := groupConfig("readers", "reader-1")
 	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
-	m, err := e.startMember(ctx, cfg, func(ctx context.Context, _ int, batch []reader.Event) error {
+	m, err := e.startMember(ctx, cfg, func(ctx context.Context, p int, batch []reader.Event) error {
 		for len(batch) > 0 {
 			n := min(len(batch), lim.Burst())
 			if err := lim.WaitN(ctx, n); err != nil {
 				return err
 			}
+			handledIn[p].Add(int64(n))
 			handled.Add(int64(n))
 			batch = batch[n:]
 		}
@@ -78,23 +67,34 @@ func runBackpressure(ctx context.Context, e *Env) error {
 		return err
 	}
 	// The console's two alarms, sampled every lesson second from the
-	// group's consumers (reader.Lag, as `snipctl lag` and the console do).
+	// group's consumers (reader.Lag, as `snipctl lag` and the console do),
+	// with the scenario's own counters read around each reading.
 	smp := e.newSampler(time.Second)
+	var samples []bpSample
+	var produced atomic.Int64
 	var ageAlarmAt, countAlarmAt float64
-	var countAtAgeAlarm float64
-	var handledHalf atomic.Int64
+	var countAtAgeAlarm, backlogAtAgeAlarm float64
 	start := time.Now()
 	stopSampling := smp.start(ctx, func() {
-		count, age := groupLag(ctx, js, "readers")
-		lessonAge := e.Lesson(age)
-		at := e.Lesson(time.Since(start))
-		smp.add("backlog", "events", count)
-		smp.add("oldest unread age", "s", lessonAge)
-		if ageAlarmAt == 0 && lessonAge >= bpAgeAlarm {
-			ageAlarmAt, countAtAgeAlarm = at, count
+		s := bpSample{pre: e.Lesson(time.Since(start))}
+		for p := range s.handledPre {
+			s.handledPre[p] = handledIn[p].Load()
 		}
-		if countAlarmAt == 0 && count >= bpCountWarn {
-			countAlarmAt = at
+		count, age, err := groupLag(ctx, js, "readers")
+		if err != nil {
+			return // no reading this time: the next tick's
+		}
+		s.handledPost, s.produced = handled.Load(), produced.Load()
+		s.count, s.age, s.at = count, e.Lesson(age), e.Lesson(time.Since(start))
+		samples = append(samples, s)
+		smp.add("backlog", "events", s.count)
+		smp.add("oldest unread age", "s", s.age)
+		if ageAlarmAt == 0 && s.age >= bpAgeAlarm {
+			ageAlarmAt, countAtAgeAlarm = s.at, s.count
+			backlogAtAgeAlarm = float64(s.produced - s.handledPost)
+		}
+		if countAlarmAt == 0 && s.count >= bpCountWarn {
+			countAlarmAt = s.at
 		}
 	})
 	defer stopSampling()
@@ -102,11 +102,14 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	e.say("producers at %g/s, readers at %g/s, for %g s", bpIn, bpOut, bpSecs)
 	total := int(bpIn * bpSecs)
 	links := codes(40)
+	var handledHalf int64
+	var halfAt time.Time
 	_, err = emit(ctx, e.Rate(bpIn), e.Real(time.Duration(bpSecs*float64(time.Second))), func(i int) error {
 		if i == total/2 {
-			handledHalf.Store(handled.Load())
+			handledHalf, halfAt = handled.Load(), time.Now()
 		}
 		_, err := publishClick(pjs, newClick(links[i%len(links)], i))
+		produced.Add(1)
 		return err
 	})
 	if err != nil {
@@ -117,22 +120,25 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	backlogEnd := float64(int64(total) - handledEnd)
 	stopSampling()
 	smp.flush()
+	if err := waitPublished(ctx, pjs); err != nil {
+		return err
+	}
 
 	// The readers' rate over the run: the pace is a ceiling, and on a
-	// loaded machine the predictions use what they really did.
+	// loaded machine the growth below uses what they really did.
 	out := e.LessonRate(float64(handledEnd) / end.Sub(start).Seconds())
-	e.atMost("readers' rate (paced at 800)", "events/s", bpOut*1.05, out, "the pace is a ceiling; on a loaded machine the predictions below use the measured rate")
-	e.note("the readers did %.0f/s in the run's first half", e.LessonRate(float64(handledHalf.Load())/e.Real(time.Duration(bpSecs/2*float64(time.Second))).Seconds()))
+	e.atMost("readers' rate (paced at 800)", "events/s", bpOut*1.05, out, "the pace is a ceiling; on a loaded machine the growth below uses the measured rate")
+	e.note("the readers did %.0f/s in the run's first half", e.LessonRate(float64(handledHalf)/halfAt.Sub(start).Seconds()))
 	if out < bpOut*0.97 {
-		e.note("the readers ran at %.0f/s, not %.0f/s: the predictions use the measured rate", out, bpOut)
+		e.note("the readers ran at %.0f/s, not %.0f/s: the growth uses the measured rate, the alarm times the counts sampled through the run", out, bpOut)
 	} else {
 		out = bpOut
 	}
-	// The producers are paced too: on a loaded machine their 30 s of
+	// The producers are paced too: on a loaded machine their 60 s of
 	// events may take longer to hand over.
 	in := float64(total) / e.Lesson(end.Sub(start))
 	if in < bpIn*0.97 {
-		e.note("the producers managed %.0f/s, not %.0f/s: the predictions use the measured rate", in, bpIn)
+		e.note("the producers managed %.0f/s, not %.0f/s: the growth uses the measured rate", in, bpIn)
 	} else {
 		in = bpIn
 	}
@@ -140,30 +146,18 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	measuredGrowth := backlogEnd / e.Lesson(end.Sub(start))
 	e.within("backlog growth", "events/s", growth, measuredGrowth, 0.2, 0, "arrivals minus handling; rates are timer-paced on a shared machine")
 	e.within("backlog after an hour (from the measured growth)", "events", growth*3600, measuredGrowth*3600, 0.2, 0, "the same growth, an hour long: not run, multiplied")
-	// FIFO: the oldest unread event at time t was produced at t*out/in,
-	// so its age is t*(1 - out/in): were every event acked as soon as it
-	// is handled, the alarm would fire at predAge, and it cannot fire later
-	// (the oldest unacked event is at least as old as the oldest unread).
-	// The reader acks per batch (up to bpBatch events of one partition), so
-	// the oldest unacked event can be older by the time its batch takes to
-	// handle: the alarm fires no earlier than when that sum reaches 5 s.
-	predAge := bpAgeAlarm / (1 - out/in)
-	earliest := earliestAgeAlarm(in, out, bpPartitions, bpBatch)
-	late := "age grows at 1 - out/in seconds per second (+1: sampled once a lesson second)"
-	early := fmt.Sprintf("a batch of up to %d events of a partition is acked when all are handled: the FIFO age plus its handling time (-1: sampled once a lesson second)", bpBatch)
-	if steady := out >= 0.8*bpOut && in >= 0.8*bpIn; steady {
-		e.atMost("age alarm (5 s) fires no later than the FIFO age says", "s", predAge+1, ageAlarmAt, late)
-		e.atLeast("age alarm (5 s) fires no earlier than with full batches unacked", "s", earliest-1, ageAlarmAt, early)
-	} else {
-		// The bounds assume steady rates; a machine too loaded to keep 80%
-		// of the lesson's pace makes them uneven, so the times are shown,
-		// not judged (the exact rows below still are).
-		e.info("age alarm (5 s) fires no later than the FIFO age says", "s", predAge+1, ageAlarmAt, late)
-		e.info("age alarm (5 s) fires no earlier than with full batches unacked", "s", earliest-1, ageAlarmAt, early)
-		e.note("the machine kept less than 80%% of the lesson's pace (readers %.0f/s, producers %.0f/s): the alarm times are shown, not judged", out, in)
+
+	// When each alarm was due, from the counters read with each sample and
+	// the events' stored times: the rates need not have been steady (on a
+	// loaded machine they are not).
+	stored, err := storedTimes(ctx, js, e, start, int64(total))
+	if err != nil {
+		return err
 	}
-	e.info("backlog when the age alarm fires", "events", growth*ageAlarmAt, countAtAgeAlarm, "growth x the time it fired: the count looks small then (sampled once a lesson second)")
-	alarmOrderChecks(e, growth, ageAlarmAt, countAlarmAt)
+	due := predictAlarms(samples, newBPIndex(links), int64(total), stored)
+	ageAlarmChecks(e, due, ageAlarmAt)
+	e.info("backlog when the age alarm fires", "events", backlogAtAgeAlarm, countAtAgeAlarm, "produced minus handled at that sample: the count looks small then")
+	alarmOrderChecks(e, due.count, ageAlarmAt, countAlarmAt)
 
 	// Part two, in real time at any speed: a big queue that drains fast and
 	// a small one that does not move.
@@ -180,29 +174,162 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	return nil
 }
 
-// alarmOrderChecks judges when the count alarm fired and that the age alarm
-// fired before it, from the lesson times the sampler saw each cross its
-// threshold (0: it never did).
-func alarmOrderChecks(e *Env, growth, ageAlarmAt, countAlarmAt float64) {
-	countAt := bpCountWarn / growth
-	fired := countAlarmAt
-	if fired == 0 {
-		fired = math.NaN()
+// orNaN is t, or NaN for 0: an alarm that never fired.
+func orNaN(t float64) float64 {
+	if t == 0 {
+		return math.NaN()
 	}
-	e.within("count alarm (10,000) fires", "s", countAt, fired, 0.2, 1, "10,000 / the growth (+1: sampled once a lesson second; a little sooner, as the count includes the batches in hand); NaN: it never fired")
+	return t
+}
+
+// storedTimes returns when CLICKS stored the run's event i, in lesson
+// seconds since start (ok false if it cannot say). The run's total events
+// are the stream's first, published in order on one connection, so event i
+// is at sequence i+1; the last one is checked to be where it should be.
+func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time.Time, total int64) (func(i int64) (float64, bool), error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("clicks stream: %w", err)
+	}
+	last, err := s.GetMsg(ctx, uint64(total))
+	if err != nil {
+		return nil, fmt.Errorf("the run's last event: %w", err)
+	}
+	var c events.Click
+	if err := json.Unmarshal(last.Data, &c); err != nil || indexOf(c) != int(total-1) {
+		return nil, fmt.Errorf("CLICKS sequence %d is not the run's last event (%d)", total, total-1)
+	}
+	seen := map[int64]float64{}
+	return func(i int64) (float64, bool) {
+		if t, ok := seen[i]; ok {
+			return t, true
+		}
+		m, err := s.GetMsg(ctx, uint64(i)+1)
+		if err != nil {
+			return 0, false
+		}
+		t := e.Lesson(m.Time.Sub(start))
+		seen[i] = t
+		return t, true
+	}, nil
+}
+
+// bpSample is one sample of the run, in lesson seconds since its start:
+// what reader.Lag said (count, age) and what the scenario's own counters
+// said around it, the readers' per partition read before the lag and in all
+// after it, so that the bounds below hold whatever the rates did.
+type bpSample struct {
+	pre, at     float64             // before reading the lag, after it
+	count, age  float64             // reader.Lag: events waiting, oldest unread age
+	handledPre  [bpPartitions]int64 // events handled per partition, before
+	handledPost int64               // events handled, after
+	produced    int64               // events handed to the producer's client, after
+}
+
+// bpIndex maps a partition's events to the run's: event i of the run is
+// stored as the r-th of partition Partition(links[i%len(links)]), in order.
+type bpIndex struct {
+	cycle int     // len(links): the run's events repeat the links in turn
+	of    [][]int // per partition: the offsets within a cycle of its links
+}
+
+func newBPIndex(links []string) bpIndex {
+	x := bpIndex{cycle: len(links), of: make([][]int, bpPartitions)}
+	for i, l := range links {
+		p := events.Partition(l, bpPartitions)
+		x.of[p] = append(x.of[p], i)
+	}
+	return x
+}
+
+// event returns the run's index of partition p's r-th event (from 0).
+func (x bpIndex) event(p int, r int64) int64 {
+	n := int64(len(x.of[p]))
+	if n == 0 {
+		return math.MaxInt64
+	}
+	return r/n*int64(x.cycle) + int64(x.of[p][r%n])
+}
+
+// bpAlarms are the lesson-second times, from the samples, at which each
+// alarm was due; NaN where no sample made it due.
+type bpAlarms struct {
+	latest, earliest float64 // the age alarm's bounds
+	count            float64 // the count alarm, from the counters
+}
+
+// predictAlarms reads each sample against the stored time of the run's
+// events (stored: lesson seconds since the start; ok false when event i is
+// not in CLICKS). Stored order is the producer's order, so:
+//
+//   - The oldest unacked event is at least as old as event handledPost (of
+//     handledPost+1 events one is unhandled, so unacked): the age alarm is
+//     due by the first sample at which that event is 5 s old, latest.
+//   - The reader acks a batch (up to bpBatch events of one partition) once
+//     it has handled all of it, so every partition's events before its
+//     handledPre - bpBatch are acked: the oldest unacked event is at most as
+//     old as the oldest of those partitions' next ones, and the alarm cannot
+//     fire before the first sample at which that one is 5 s old, earliest.
+//   - The count alarm is due when produced - handled reaches bpCountWarn
+//     (the count also holds the batches in hand, up to bpPartitions x
+//     bpBatch: a fifth of it, so it may fire a little sooner).
+func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int64) (float64, bool)) bpAlarms {
+	a := bpAlarms{latest: math.NaN(), earliest: math.NaN(), count: math.NaN()}
+	for _, s := range samples {
+		if math.IsNaN(a.latest) && s.handledPost < total {
+			if t, ok := stored(s.handledPost); ok && s.pre-t >= bpAgeAlarm {
+				a.latest = s.at
+			}
+		}
+		if math.IsNaN(a.earliest) {
+			oldest := int64(math.MaxInt64)
+			for p, h := range s.handledPre {
+				oldest = min(oldest, x.event(p, max(0, h-bpBatch)))
+			}
+			if oldest < total {
+				if t, ok := stored(oldest); ok && s.at-t >= bpAgeAlarm {
+					a.earliest = s.at
+				}
+			}
+		}
+		if math.IsNaN(a.count) && float64(s.produced-s.handledPost) >= bpCountWarn {
+			a.count = s.at
+		}
+	}
+	return a
+}
+
+// ageAlarmChecks judges when the age alarm fired (0: never) against when
+// the samples made it due.
+func ageAlarmChecks(e *Env, due bpAlarms, ageAlarmAt float64) {
+	fired := orNaN(ageAlarmAt)
+	e.atMost("age alarm (5 s) fires no later than the FIFO age says", "s", due.latest, fired,
+		"the first sample at which the event the readers' handled count reached (of the events up to it one is unread) was 5 s old; at the lesson's rates the FIFO age, 0.2 s per second, says 25 s; NaN: none")
+	e.atLeast("age alarm (5 s) fires no earlier than with full batches unacked", "s", due.earliest, fired,
+		fmt.Sprintf("the first sample at which the oldest event that could be unacked (a batch of up to %d events of a partition is acked when all are handled) was 5 s old; NaN: none", bpBatch))
+}
+
+// alarmOrderChecks judges when the count alarm fired against when the
+// counters made it due (countAt), and that the age alarm fired before it,
+// from the lesson times the sampler saw each cross its threshold (0: it
+// never did).
+func alarmOrderChecks(e *Env, countAt, ageAlarmAt, countAlarmAt float64) {
+	fired := orNaN(countAlarmAt)
+	e.within("count alarm (10,000) fires", "s", countAt, fired, 0.2, 1, "when produced minus handled (the scenario's counters, sampled) reached 10,000; a little sooner, as the count includes the batches in hand (up to 4 x 500: a fifth of it); NaN: it never fired")
 	lead := math.NaN()
 	if ageAlarmAt > 0 && countAlarmAt > 0 {
 		lead = countAlarmAt - ageAlarmAt
 	}
 	e.atLeast("count alarm's time minus the age alarm's", "s", 1, lead,
-		fmt.Sprintf("both from the samples' timestamps: the age alarm first, by at least one sample (the FIFO age says by %.0f s); NaN: one never fired", countAt-bpAgeAlarm/(1-bpOut/bpIn)))
+		fmt.Sprintf("both from the samples' timestamps: the age alarm first, by at least one sample (at the lesson's rates the FIFO age says by %.0f s); NaN: one never fired", bpCountWarn/(bpIn-bpOut)-bpAgeAlarm/(1-bpOut/bpIn)))
 }
 
-// groupLag sums a group's unhandled events and returns the oldest one's age.
-func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float64, time.Duration) {
+// groupLag sums a group's unhandled events and returns the oldest one's age
+// (0 and 0 with the error, when the server could not say).
+func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float64, time.Duration, error) {
 	lag, err := reader.Lag(ctx, js, group)
 	if err != nil {
-		return 0, 0
+		return 0, 0, err
 	}
 	var n float64
 	var oldest time.Time
@@ -213,9 +340,9 @@ func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float6
 		}
 	}
 	if oldest.IsZero() {
-		return n, 0
+		return n, 0, nil
 	}
-	return n, time.Since(oldest)
+	return n, time.Since(oldest), nil
 }
 
 // queues is what healthyVsStuck saw, by reader.Lag: the most events
@@ -253,7 +380,7 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 	links := codes(40)
 	start := time.Now()
 	observe := func() {
-		n, age := groupLag(ctx, js, "healthy")
+		n, age, _ := groupLag(ctx, js, "healthy")
 		q.healthyMaxAge = max(q.healthyMaxAge, age)
 		q.healthyMaxCount = max(q.healthyMaxCount, n)
 	}
@@ -309,6 +436,6 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 		return q, ctx.Err()
 	case <-t.C:
 	}
-	q.stuckCount, q.stuckAge = groupLag(ctx, js, "stuck")
+	q.stuckCount, q.stuckAge, _ = groupLag(ctx, js, "stuck")
 	return q, nil
 }

@@ -102,21 +102,21 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		},
 		{
 			name:   "alarms_age_first",
-			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, 50, 17, 50) },
 		},
 		{
 			name:   "alarms_count_first",
-			checks: func(e *Env) { alarmOrderChecks(e, 200, 52, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, 50, 52, 50) },
 			fail:   []string{"count alarm's time minus the age alarm's"},
 		},
 		{
 			name:   "alarms_in_the_same_sample",
-			checks: func(e *Env) { alarmOrderChecks(e, 200, 50, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, 50, 50, 50) },
 			fail:   []string{"count alarm's time minus the age alarm's"},
 		},
 		{
 			name:   "alarms_count_never_fired",
-			checks: func(e *Env) { alarmOrderChecks(e, 200, 17, 0) },
+			checks: func(e *Env) { alarmOrderChecks(e, 50, 17, 0) },
 			fail:   []string{"count alarm (10,000) fires", "count alarm's time minus the age alarm's"},
 		},
 		{
