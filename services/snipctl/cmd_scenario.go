@@ -16,10 +16,22 @@ import (
 // its prediction; main exits 1 for it.
 var errScenarioFailed = errors.New("measurements outside their tolerance")
 
+// errScenarioInconclusive is returned when a scenario's judged rows passed
+// but the machine did not meet a premise of the lesson, so the rows that need
+// it were not judged; main exits 3 for it (exitInconclusive), so a script
+// that reads only the exit status does not take it for a pass.
+var errScenarioInconclusive = errors.New("inconclusive: the machine did not meet the lesson's premise, rows that need it were not judged")
+
+// runScenario is scenario.Run; the exit-status test puts a fixed result in
+// its place.
+var runScenario = scenario.Run
+
 // cmdScenario runs the lessons as experiments on real components:
 //
 //	snipctl scenario list
 //	snipctl scenario run NAME [--speed X] [--json]
+//
+// run exits 0 on PASS, 1 on FAIL, 3 on INCONCLUSIVE (and 2 on a usage error).
 func cmdScenario(ctx context.Context, env *Env, args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("scenario: want list or run: %w", errUsage)
@@ -70,7 +82,7 @@ func scenarioRun(ctx context.Context, env *Env, args []string) error {
 			s.Name, s.Claim, s.Lesson, *speed, scaled(s.Lesson.Seconds(), *speed))
 		o.Progress = env.Stdout
 	}
-	res, err := scenario.Run(ctx, s, o)
+	res, err := runScenario(ctx, s, o)
 	if err != nil {
 		if errors.Is(err, scenario.ErrBadSpeed) {
 			return fmt.Errorf("%w: %w", err, errUsage)
@@ -88,6 +100,9 @@ func scenarioRun(ctx context.Context, env *Env, args []string) error {
 	}
 	if !res.Pass {
 		return fmt.Errorf("scenario %s: %w", s.Name, errScenarioFailed)
+	}
+	if res.Inconclusive != "" {
+		return fmt.Errorf("scenario %s: %w", s.Name, errScenarioInconclusive)
 	}
 	return nil
 }

@@ -42,7 +42,7 @@ var commands = map[string]command{
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
-	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers", run: cmdScenario},
+	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers; exits 1 on FAIL, 3 on INCONCLUSIVE", run: cmdScenario},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
 }
 
@@ -59,13 +59,29 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
 		fmt.Fprintln(os.Stderr, "snipctl:", err)
-		if errors.Is(err, errUsage) {
-			if !errors.Is(err, errUsageShown) {
-				usage(os.Stderr)
-			}
-			os.Exit(2)
+		if errors.Is(err, errUsage) && !errors.Is(err, errUsageShown) {
+			usage(os.Stderr)
 		}
-		os.Exit(1)
+		os.Exit(exitStatus(err))
+	}
+}
+
+// The exit statuses: 0 when the command did what it was asked, 1 when it
+// failed (a scenario whose measurement missed its tolerance included).
+const (
+	exitUsage        = 2 // a mistake in the command line
+	exitInconclusive = 3 // scenario run: the machine did not meet a premise, rows were not judged
+)
+
+// exitStatus is the status main exits with for a command's error.
+func exitStatus(err error) int {
+	switch {
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, errScenarioInconclusive):
+		return exitInconclusive
+	default:
+		return 1
 	}
 }
 
@@ -98,4 +114,5 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
 	}
 	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md)")
+	fmt.Fprintln(w, "exit status: 0 done (scenario run: PASS), 1 failed (scenario run: FAIL), 2 usage error, 3 scenario run INCONCLUSIVE")
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -63,5 +66,65 @@ func TestScenarioRunJSON(t *testing.T) {
 	}
 	if res.Scenario != "outbox" || !res.Pass || len(res.Checks) == 0 {
 		t.Errorf("result %+v, want a passing outbox run with checks", res)
+	}
+}
+
+// verdictEnv makes the test binary a snipctl whose scenario run ends with
+// the verdict named (pass, fail or inconclusive): TestMain calls
+// mainWithVerdict, which runs main as the command line would.
+const verdictEnv = "SNIPCTL_TEST_SCENARIO_VERDICT"
+
+func mainWithVerdict(verdict string) {
+	runScenario = func(_ context.Context, s scenario.Scenario, o scenario.Options) (*scenario.Result, error) {
+		res := &scenario.Result{Scenario: s.Name, Claim: s.Claim, Speed: o.Speed, Pass: true, Wall: "1s",
+			Checks: []scenario.Check{{Name: "rows that hold at any speed", Tolerance: "exact", OK: true}}}
+		switch verdict {
+		case "fail":
+			res.Pass = false
+			res.Checks[0].OK = false
+		case "inconclusive":
+			res.Inconclusive = "the machine was too busy for the lesson's premise (offered load)"
+			res.Checks = append(res.Checks,
+				scenario.Check{Name: "offered load", Tolerance: "≥ 90%", Premise: true},
+				scenario.Check{Name: "rate that needs the load", Tolerance: "±10%", NeedsPremise: true, Unjudged: true})
+		}
+		return res, nil
+	}
+	os.Args = []string{"snipctl", "scenario", "run", "hot-partition"}
+	main()
+	os.Exit(0)
+}
+
+// A script that runs a scenario reads its verdict from the exit status
+// alone: 0 PASS, 1 FAIL, and 3 INCONCLUSIVE, which is not a pass although
+// every row judged matched the lesson, nor a usage error (2).
+func TestScenarioRunExitStatus(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		verdict string
+		status  int
+		says    string
+	}{
+		{"pass", 0, "PASS"},
+		{"fail", 1, "FAIL"},
+		{"inconclusive", 3, "INCONCLUSIVE"},
+	} {
+		t.Run(tc.verdict, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), verdictEnv+"="+tc.verdict)
+			out, err := cmd.CombinedOutput()
+			status := 0
+			var exit *exec.ExitError
+			if errors.As(err, &exit) {
+				status = exit.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if status != tc.status || !strings.Contains(string(out), tc.says) {
+				t.Errorf("scenario run with verdict %s: exit status %d, want %d, and output saying %s:\n%s",
+					tc.verdict, status, tc.status, tc.says, out)
+			}
+		})
 	}
 }
