@@ -45,9 +45,12 @@ func (e *NotARecountError) Is(target error) bool { return target == ErrNotARecou
 // unchanged: for the click counter, a *NotARecountError when pos is after
 // the oldest event CLICKS retains (start is pos as it was given, for the
 // message); nil for a replay from that event or before it, when CLICKS is
-// empty, and for every other group. Every surface that replays a group
-// (snipctl, the console) asks it first, and refuses what it returns unless
-// the operator insists.
+// empty, and for every other group. A click counter that has no consumers
+// on CLICKS is ErrNoGroup, as Rewind would say, before any position is
+// judged: a group that is not there is not there whatever the position.
+// Every surface that replays a group (snipctl, the console) asks it first,
+// and refuses what it returns unless the operator insists (ErrNoGroup not
+// even then).
 //
 // CLICKS' first event is the oldest of every partition's: a replay at or
 // before it starts each partition at its own first event, and the counter
@@ -60,6 +63,9 @@ func CheckRecount(ctx context.Context, js jetstream.JetStream, group string, pos
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return fmt.Errorf("the oldest event of %s: %w", events.ClicksStream, err)
+	}
+	if err := groupExists(ctx, s, group); err != nil {
+		return fmt.Errorf("recount check of %s: %w", group, err)
 	}
 	st := s.CachedInfo().State
 	if st.Msgs == 0 {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
@@ -13,11 +15,23 @@ import (
 
 // CheckRecount refuses a click-counter replay only from after the oldest
 // event CLICKS retains (by sequence or by time), naming that event; any
-// other group, and an empty CLICKS, replay from anywhere.
+// other group, and an empty CLICKS, replay from anywhere. A click counter
+// with no consumers is ErrNoGroup, whatever the position.
 func TestCheckRecountRefusesAClickCounterReplayFromAfterTheOldestEvent(t *testing.T) {
 	t.Parallel()
 	_, js := setup(t, 2)
 	ctx := t.Context()
+	if err := reader.CheckRecount(ctx, js, topology.GroupClickCounter, reader.FromSeq(3), "from sequence 3"); !errors.Is(err, reader.ErrNoGroup) {
+		t.Errorf("a click counter with no consumers: %v, want ErrNoGroup", err)
+	}
+	for p := range 2 {
+		cfg := topology.GroupConsumerConfig(topology.GroupClickCounter, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := reader.CheckRecount(ctx, js, topology.GroupClickCounter, reader.FromSeq(3), "from sequence 3"); err != nil {
 		t.Errorf("an empty CLICKS: %v, want nil", err)
 	}

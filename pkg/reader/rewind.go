@@ -53,9 +53,7 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 	if err != nil {
 		return "", fmt.Errorf("rewind %s: %w", group, err)
 	}
-	if _, err := s.Consumer(ctx, topology.GroupConsumerName(group, 0)); errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return "", fmt.Errorf("rewind %s: %w", group, ErrNoGroup)
-	} else if err != nil {
+	if err := groupExists(ctx, s, group); err != nil {
 		return "", fmt.Errorf("rewind %s: %w", group, err)
 	}
 	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}}
@@ -89,6 +87,16 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 		return "", fmt.Errorf("rewind %s: record request: %w", group, err)
 	}
 	return req.ID, nil
+}
+
+// groupExists returns ErrNoGroup when group has no consumers on CLICKS
+// (s): its partition 0 consumer is not there.
+func groupExists(ctx context.Context, s jetstream.Stream, group string) error {
+	_, err := s.Consumer(ctx, topology.GroupConsumerName(group, 0))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return ErrNoGroup
+	}
+	return err
 }
 
 // firstAt finds the sequence of the first event in a partition at or after

@@ -1061,3 +1061,37 @@ func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
 		t.Errorf("down-reader replay from sequence %s: %d %+v; want 202, requested, without a warning", later, code, a)
 	}
 }
+
+// A replay of a click counter that has no consumers on CLICKS is a group
+// that is not there: 404 not_found, whatever the position and force. It
+// was a 409 not_a_recount for a position the counter would not recount
+// from, as though replaying from sequence 1 would do.
+func TestAReplayOfAClickCounterThatIsNotThereIsNotFound(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 6)...)
+	group := topology.GroupClickCounter
+	for _, body := range []map[string]any{
+		{"from_seq": seqs[2]},
+		{"since": "1ms"},
+		{"from_seq": seqs[2], "force": true},
+		{"from_seq": 1},
+	} {
+		body["confirm"] = group
+		code, b := do(t, nil, http.MethodPost, s.url+"/api/readers/"+group+"/replay", body, bearer)
+		var a struct {
+			Error struct{ Code, Message string }
+		}
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("replay %v: %d %s: %v", body, code, b, err)
+		}
+		if code != http.StatusNotFound || a.Error.Code != "not_found" {
+			t.Errorf("replay of a click counter with no consumers %v: %d %s; want 404 not_found", body, code, b)
+		}
+	}
+	var st struct{ ID string }
+	getJSON(t, s, "/api/readers/"+group+"/replay", &st)
+	if st.ID != "" {
+		t.Errorf("replay %s requested for a group that is not there", st.ID)
+	}
+}

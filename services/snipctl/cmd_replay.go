@@ -24,7 +24,8 @@ import (
 // 0021). Such a replay would reread events for nothing while the operator
 // believes the counts are being rebuilt, so snipctl refuses it, saying what
 // to do instead, unless --force (reader.CheckRecount, which the console's
-// replay asks too).
+// replay asks too). A group that has no consumers is reported as such
+// first, whatever the position and --force.
 func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if len(args) < 1 || args[0] == "" || args[0][0] == '-' {
 		return fmt.Errorf("replay GROUP (--since DURATION | --from TIME | --from-seq N) [--wait] [--force]: %w", errUsage)
@@ -76,6 +77,8 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	defer closeJS()
 	err = reader.CheckRecount(ctx, js, group, pos, start)
 	switch {
+	case errors.Is(err, reader.ErrNoGroup):
+		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
 	case errors.Is(err, reader.ErrNotARecount) && !*force:
 		return fmt.Errorf("replay %s: %w: %w", group, err, errNotARecount)
 	case errors.Is(err, reader.ErrNotARecount):

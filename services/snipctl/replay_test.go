@@ -152,6 +152,34 @@ func TestReplayOfTheClickCounterMustBeARecount(t *testing.T) {
 	}
 }
 
+// A click counter with no consumers on CLICKS is reported as a group that
+// is not there, whatever the position: not refused as a replay it would not
+// recount from, which says to replay from sequence 1 instead, and --force
+// does not request it.
+func TestReplayOfAClickCounterThatIsNotThereSaysSo(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for _, args := range [][]string{
+		{"--from-seq", "3"},
+		{"--since", "1ms"},
+		{"--from-seq", "3", "--force"},
+		{"--from-seq", "1"},
+	} {
+		out, err := snipctl(t, environ, append([]string{"replay", topology.GroupClickCounter}, args...)...)
+		if !errors.Is(err, reader.ErrNoGroup) || errors.Is(err, errNotARecount) || strings.Contains(out, "warning") {
+			t.Errorf("replay of a click counter with no consumers %v: err = %v, want ErrNoGroup alone\n%s", args, err, out)
+		}
+	}
+	kv, err := js.KeyValue(t.Context(), topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(t.Context(), topology.GroupClickCounter+".rewind"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("rewind request of a group that is not there: %v, %v; want none", e, err)
+	}
+}
+
 // Words after the group are refused, naming them, rather than ignored (with
 // the flags after them): "replay alpha --from-seq 1 beta" does not replay
 // alpha alone and succeed.

@@ -86,9 +86,11 @@ type Replayed struct {
 
 // Replay asks group to replay CLICKS as r says and returns the request.
 // Each partition moves back when its owner takes the request; ReplayStatus
-// shows how far it got. A replay of the click counter that it would not
-// recount from is refused (ErrNotARecount, with reader.CheckRecount's
-// reason) unless r.Force, and then comes with that reason as a warning.
+// shows how far it got. A group with no consumers on CLICKS is
+// ErrUnknownGroup, whatever the position and Force. A replay of the click
+// counter that it would not recount from is refused (ErrNotARecount, with
+// reader.CheckRecount's reason) unless r.Force, and then comes with that
+// reason as a warning.
 func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Replayed, error) {
 	if !events.ValidToken(group) {
 		return Replayed{}, fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
@@ -100,6 +102,8 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	out := Replayed{Position: desc}
 	err = reader.CheckRecount(ctx, v.js, group, pos, desc)
 	switch {
+	case errors.Is(err, reader.ErrNoGroup):
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
 	case errors.Is(err, reader.ErrNotARecount) && !r.Force:
 		return Replayed{}, fmt.Errorf("replay %s: %w: %w", group, err, ErrNotARecount)
 	case errors.Is(err, reader.ErrNotARecount):
