@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -683,9 +684,9 @@ func onlyParts(parts map[string]bool, want string, allow ...string) bool {
 // whether or not its context ended meanwhile: a write sent before the
 // sender's lease lapsed that arrives after another instance took the
 // lease (a GC pause, a slow network). From the hold on, a's lease scripts
-// (its scans and renewals, which carry only the lease's key) fail, so a's
-// lease lapses and stays lapsed, and a's other commands too reach Redis
-// whatever their context.
+// (its scans and renewals, isLeaseScript) fail, so a's lease lapses and
+// stays lapsed, and a's other commands too reach Redis whatever their
+// context.
 type lateWrite struct {
 	match         func(parts map[string]bool) bool
 	armed, late   atomic.Bool
@@ -694,14 +695,17 @@ type lateWrite struct {
 
 func (h *lateWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func isOnlyLease(keys []string) bool {
-	return len(keys) == 1 && strings.HasSuffix(keys[0], "}:lease")
+// isLeaseScript reports whether a script's keys are a lease script's
+// (Leases, Release): the lease comes first; the sender's writes carry it
+// after the keys they write.
+func isLeaseScript(keys []string) bool {
+	return len(keys) > 0 && strings.HasSuffix(keys[0], "}:lease")
 }
 
 func (h *lateWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, c redis.Cmder) error {
 		keys := scriptKeys(c)
-		if h.late.Load() && isOnlyLease(keys) {
+		if h.late.Load() && isLeaseScript(keys) {
 			c.SetErr(errLeaseBlip)
 			return errLeaseBlip
 		}
@@ -720,7 +724,7 @@ func (h *lateWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *lateWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.late.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return isOnlyLease(scriptKeys(c)) }) {
+		if h.late.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return isLeaseScript(scriptKeys(c)) }) {
 			for _, c := range cmds {
 				c.SetErr(errLeaseBlip)
 			}
@@ -898,6 +902,150 @@ func TestALateWriteOfASenderWhoseLeasePassedChangesNothing(t *testing.T) {
 			got, _ := read()
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("state after a's late %s write (-as b left it +got):\n%s", tc.name, diff)
+			}
+		})
+	}
+}
+
+// scans counts, through a go-redis hook, the manager's scans: each lists
+// every endpoint (SMEMBERS snip:wh:endpoints).
+type scans struct{ n atomic.Int64 }
+
+func (h *scans) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *scans) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if args := c.Args(); len(args) == 2 && strings.EqualFold(c.Name(), "smembers") && args[1] == "snip:wh:endpoints" {
+			h.n.Add(1)
+		}
+		return next(ctx, c)
+	}
+}
+
+func (h *scans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// warnings keeps the log records at Warn and above.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *warnings) Handle(_ context.Context, r slog.Record) error {
+	w.mu.Lock()
+	w.msgs = append(w.msgs, r.Message)
+	w.mu.Unlock()
+	return nil
+}
+func (w *warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *warnings) WithGroup(string) slog.Handler      { return w }
+func (w *warnings) get() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.msgs)
+}
+
+// TestADeletedEndpointsSenderStopsAndLeavesNoKey: an endpoint deleted while
+// its sender holds its lease and has a POST in flight leaves no key in
+// Redis. Its lease was left to expire: the manager went on renewing it
+// until its next scan found the endpoint gone, and it lived a TTL after
+// that. Delete now removes the lease with the endpoint; the sender's
+// writes after its POST (a delivery record, delivered or a failure) write
+// nothing, its renewals find no lease and stop it, no scan takes the lease
+// again, and nothing is logged as a warning (the sender stops as on any
+// deleted endpoint, not as one whose lease another sender took).
+func TestADeletedEndpointsSenderStopsAndLeavesNoKey(t *testing.T) {
+	t.Parallel()
+	for _, code := range []int{http.StatusOK, http.StatusServiceUnavailable} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			srv := testenv.StartRedis(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			sc := &scans{}
+			rdb.AddHook(sc)
+			ctx := t.Context()
+			store := redisstore.New(rdb, 1000)
+			posted, answer := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				once.Do(func() { close(posted); <-answer })
+				w.WriteHeader(code)
+			}))
+			t.Cleanup(recv.Close)
+			t.Cleanup(func() {
+				select {
+				case <-answer:
+				default:
+					close(answer)
+				}
+			})
+			e := endpoint.Endpoint{ID: "ep_gone", Owner: "acme", URL: recv.URL + "/hook", Types: []string{endpoint.TypeClick}, Secret: endpoint.NewSecret(), BatchMax: 1}
+			if err := store.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			ev := redisstore.Event{ID: "evt_1", Type: "click", Time: time.Now().UTC(), Data: []byte(`{"id":"evt_1"}`)}
+			if _, _, err := store.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := NewMetrics(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			warned := &warnings{}
+			log := slog.New(warned)
+			dialer := netguard.NewDialer(netguard.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}), nil, time.Second)
+			client := NewClient(ClientConfig{Timeout: 10 * time.Second, ConnectTimeout: time.Second, MaxResponseBytes: 1 << 10, UserAgent: "a", Dialer: dialer})
+			cfg := SenderConfig{Schedule: []time.Duration{20 * time.Millisecond}, DisableAfter: time.Hour, MaxBatchBytes: 1 << 20, Poll: 10 * time.Millisecond}
+			// The lease outlives the test: left behind, it would still be
+			// there at the end.
+			const ttl = 6 * time.Second
+			mgr := NewManager(store, NewSender(store, client, cfg, m, log), "a", ttl, log)
+			mctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- mgr.Run(mctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+
+			select {
+			case <-posted:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no POST")
+			}
+			mgr.mu.Lock()
+			r := mgr.running[e.ID]
+			mgr.mu.Unlock()
+			if r == nil {
+				t.Fatal("no sender runs for the endpoint whose POST is in flight")
+			}
+			if err := store.Delete(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			close(answer)
+			testenv.WaitFor(t, 10*time.Second, "the sender to stop and the manager to drop it", func() bool {
+				select {
+				case <-r.done:
+				default:
+					return false
+				}
+				mgr.mu.Lock()
+				defer mgr.mu.Unlock()
+				return len(mgr.running) == 0
+			})
+			if left := testenv.Keys(t, rdb, "snip:wh:{"+e.ID+"}:*"); len(left) != 0 {
+				t.Errorf("keys of the deleted endpoint left once its sender stopped: %q", left)
+			}
+			// Two scans later (and the renewals between them), nothing has
+			// taken a lease or written a key for it again.
+			from := sc.n.Load()
+			testenv.WaitFor(t, 3*ttl, "two more scans", func() bool { return sc.n.Load() >= from+2 })
+			if left := testenv.Keys(t, rdb, "snip:wh:{"+e.ID+"}:*"); len(left) != 0 {
+				t.Errorf("keys of the deleted endpoint two scans after its sender stopped: %q", left)
+			}
+			if w := warned.get(); len(w) != 0 {
+				t.Errorf("logged %q, want nothing at warn or above", w)
 			}
 		})
 	}

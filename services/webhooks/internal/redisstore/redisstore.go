@@ -555,13 +555,20 @@ func (s *Store) load(ctx context.Context, ids []string) ([]endpoint.Endpoint, er
 	return out, nil
 }
 
-// Delete removes an endpoint, everything queued for it and its delivery
-// records with their bodies. One script removes the endpoint's own keys
-// (one slot), finding the bodies from the delivery list, not by scanning
-// the keyspace; the sets that list the endpoint and the version are other
-// slots and follow.
+// Delete removes an endpoint, everything queued for it, its delivery
+// records with their bodies, and its sender's and replay's leases. One
+// script removes the endpoint's own keys (one slot), finding the bodies
+// from the delivery list, not by scanning the keyspace; the sets that list
+// the endpoint and the version are other slots and follow.
+//
+// A sender still running for the endpoint stops: it finds the endpoint
+// gone at its next read, its writes made meanwhile write nothing for an
+// endpoint whose configuration is gone, and its renewals find no lease to
+// renew, so its manager stops it (none is taken again for it: Leases takes
+// no lease of a deleted endpoint). Left to expire, the lease would be
+// renewed by that sender's manager until its next scan.
 func (s *Store) Delete(ctx context.Context, e endpoint.Endpoint) error {
-	keys := []string{k(e.ID, "dl"), k(e.ID, "body:"), k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "hw"), k(e.ID, "replay_lease")}
+	keys := []string{k(e.ID, "dl"), k(e.ID, "body:"), k(e.ID, "ep"), k(e.ID, "q"), k(e.ID, "inflight"), k(e.ID, "hw"), k(e.ID, "replay_lease"), k(e.ID, "lease")}
 	err := deleteScript.Run(ctx, s.rdb, keys).Err()
 	if err == nil {
 		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -1222,7 +1229,8 @@ func (s *Store) Lease(ctx context.Context, id, holder string, ttl time.Duration)
 // sender of it that stopped, or the instance before a restart), and left
 // when another instance does. It returns the endpoints whose lease
 // instance holds now, with their tokens; one whose script failed is not
-// among them, and the error says why.
+// among them, and the error says why. No lease of a deleted endpoint is
+// taken or renewed (Delete removes it with the endpoint).
 func (s *Store) Leases(ctx context.Context, ids []string, running map[string]string, instance string, ttl time.Duration) (map[string]string, error) {
 	calls := make([]scriptCall, len(ids))
 	tokens := make([]string, len(ids))
@@ -1232,7 +1240,7 @@ func (s *Store) Leases(ctx context.Context, ids []string, running map[string]str
 		if tokens[i] == "" {
 			renew, tokens[i] = "0", instance+"/"+randomToken()
 		}
-		calls[i] = scriptCall{keys: []string{k(id, "lease")}, args: []any{instance, tokens[i], ttl.Milliseconds(), renew}}
+		calls[i] = scriptCall{keys: []string{k(id, "lease"), k(id, "ep")}, args: []any{instance, tokens[i], ttl.Milliseconds(), renew}}
 	}
 	cmds, err := s.evalEach(ctx, senderLeaseScript, calls)
 	held := make(map[string]string, len(ids))
@@ -1254,12 +1262,15 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// senderLeaseScript: KEYS = an endpoint's lease; ARGV = the instance, the
-// token, the TTL in ms, 1 to renew only (the lease must hold the token).
-// Otherwise the lease is taken under the token when free, or held by the
-// instance (its name, or a token of its: "<instance>/" and no other
-// slash). Returns 1 when held under the token now, 0 when not.
+// senderLeaseScript: KEYS = an endpoint's lease, the endpoint; ARGV = the
+// instance, the token, the TTL in ms, 1 to renew only (the lease must hold
+// the token). Otherwise the lease is taken under the token when free, or
+// held by the instance (its name, or a token of its: "<instance>/" and no
+// other slash). Returns 1 when held under the token now, 0 when not, and
+// for an endpoint deleted meanwhile (a scan that listed it before the
+// delete), whose lease would outlive it.
 var senderLeaseScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[2], 'cfg') == 0 then return 0 end
 local v = redis.call('GET', KEYS[1])
 local ok = v == ARGV[2]
 if not ok and ARGV[4] ~= '1' then

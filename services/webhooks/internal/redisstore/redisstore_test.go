@@ -247,6 +247,7 @@ func TestLeasesTakeAndRenewManyAtOnce(t *testing.T) {
 	for i := range 50 {
 		ids = append(ids, fmt.Sprintf("free%d", i))
 	}
+	put(t, s, ids...) // no lease of an endpoint that is not there is taken
 	held, err := s.Leases(ctx, ids, nil, "a", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -473,9 +474,11 @@ func TestOnlyKeptDeliveriesKeepTheirBodies(t *testing.T) {
 }
 
 // TestDeleteLeavesNoDeliveryBodies: deleting an endpoint removes its
-// delivery records and their bodies (found from the records), not only its
-// configuration and queue, and a delivery its sender records after the
-// delete stores nothing; another endpoint's are untouched.
+// delivery records and their bodies (found from the records) and its
+// sender's lease, not only its configuration and queue, and what its
+// sender writes after the delete (a delivery record, delivered, a failure,
+// its lease's renewal), or a scan that takes its lease, stores nothing;
+// another endpoint's are untouched.
 func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -498,22 +501,33 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	if _, _, err := s.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{"epA": {ev(1, "a")}}); err != nil {
 		t.Fatal(err)
 	}
+	// Its sender holds the lease and has a batch in flight when the
+	// endpoint is deleted.
 	token := senderLease(t, s, "epA")
 	if err := s.SetInflight(ctx, "epA", token, "0-1", "0-1"); err != nil {
-		t.Fatal(err)
-	}
-	// Its lease is given up (it expires otherwise): only what Delete
-	// leaves is looked for.
-	if err := s.Release(ctx, "epA", token); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	// A sender that was mid-attempt records its delivery after the delete.
+	// The sender, mid-attempt, records its delivery after the delete, and
+	// its manager renews the lease; a scan that listed the endpoint before
+	// the delete takes its lease for a new sender. None writes anything.
 	late := redisstore.Delivery{ID: "epA-late", Status: "delivered"}
 	if err := s.AddDelivery(ctx, "epA", late, []byte("body")); err != nil {
 		t.Fatal(err)
+	}
+	if err := s.Delivered(ctx, "epA", token, []string{"0-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RecordFailure(ctx, "epA", token, time.Now(), time.Time{}, "late"); !errors.Is(err, endpoint.ErrNotFound) {
+		t.Errorf("a failure recorded after the delete: %v, want ErrNotFound", err)
+	}
+	if held, err := s.Leases(ctx, []string{"epA"}, map[string]string{"epA": token}, "a", time.Hour); err != nil || len(held) != 0 {
+		t.Errorf("renewal of the deleted endpoint's lease: held %v, %v; want none", held, err)
+	}
+	if held, err := s.Leases(ctx, []string{"epA"}, nil, "b", time.Hour); err != nil || len(held) != 0 {
+		t.Errorf("the deleted endpoint's lease taken: held %v, %v; want none", held, err)
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{epA}:*"); len(left) != 0 {
 		t.Errorf("keys of the deleted endpoint left: %q", left)
