@@ -274,9 +274,13 @@ type Config struct {
 	// (Rewind) reaches it: after the member stopped processing the partition
 	// and acked what it handled, and before the consumer moves back to
 	// r.From. A reader that deduplicates by sequence uses it to start a new
-	// generation of its state. If the partition moves while OnRewind runs,
-	// the consumer is left where it is and the rewind to the next owner,
-	// whose OnRewind is called for it in turn.
+	// generation of its state. The runtime decides before the call whether
+	// the partition moves back at all, and says so in r.MovesBack: a reader
+	// that keeps its state when nothing is replayed goes by it, never by a
+	// position of its own, so its state and the consumer agree. If the
+	// partition moves while OnRewind runs, the consumer is left where it is
+	// and the rewind to the next owner, whose OnRewind is called for it in
+	// turn (and who decides again).
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
 	// OnPassed, if set, is called when the runtime passes stream positions
 	// of a partition that the handler never completed: a batch whose last
@@ -314,6 +318,15 @@ type RewindInfo struct {
 	Until uint64
 	// Requested is when the replay was asked for.
 	Requested time.Time
+	// MovesBack reports whether the partition's consumer moves back to From
+	// after OnRewind returns: From is at or before the event after the last
+	// one the partition handled (by its ack floor, or by what its owner
+	// handled past a floor an ack lost on its way left behind). When false
+	// (From is past that, or the partition holds nothing to replay), the
+	// partition goes on where it was, from its ack floor (events handled
+	// past a lost ack may come again, as at-least-once delivery allows),
+	// and a reader keeps its state.
+	MovesBack bool
 }
 
 // PassedInfo describes the positions OnPassed is told about: the events of

@@ -57,6 +57,17 @@
 // Config.OnPassed, called with the positions passed after the events are
 // parked and before the ack. Readers that leave it unset see no change.
 //
+// # Replays
+//
+// Rewind asks a group to replay CLICKS from a sequence or a time: each
+// partition's owner stops, acks, decides once whether the partition moves
+// back (the replay's start at or before the event after the last one the
+// partition handled: by its ack floor, or past it by what the owner handled
+// and acked, an ack lost on its way), tells the reader (Config.OnRewind,
+// RewindInfo.MovesBack), moves the consumer back if so and records that it
+// did. A reader with state goes by that decision, not by a position of its
+// own, so its state and the consumer never disagree.
+//
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent
 // (each reader's README says how); Event.Seq increases within a partition,

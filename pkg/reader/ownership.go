@@ -91,6 +91,7 @@ func (w *worker) acquire() error {
 			continue
 		}
 		w.cons = c
+		w.handled = c.CachedInfo().AckFloor.Stream
 		if reset != nil {
 			w.baselineAfterReset(reset)
 		} else {
@@ -126,6 +127,7 @@ func (w *worker) recreate() error {
 		return err
 	}
 	w.cons = c
+	w.handled = c.CachedInfo().AckFloor.Stream
 	return nil
 }
 

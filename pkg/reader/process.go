@@ -106,6 +106,9 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		// comes again: the handler is idempotent.
 		w.log.Warn("ack batch", "err", err)
 	}
+	// Handled, whether or not the ack reached the server: what a rewind
+	// goes by (planRewind), as the reader's state does.
+	w.handled = max(w.handled, mds[len(mds)-1].Sequence.Stream)
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
 	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
 	if gap {
@@ -131,9 +134,10 @@ func (w *worker) resetTo(seq uint64) error {
 	// The ack floor moved by our own hand (a rewind, a replay): OnRewind or
 	// the handler's Replay prepared the reader for it, so that is where it
 	// resumes now (0: unknown, confirmResume then checks nothing).
-	w.resume = 0
+	w.resume, w.handled = 0, 0
 	if resp != nil && resp.ConsumerInfo != nil {
 		w.resume = resp.ConsumerInfo.AckFloor.Stream + 1
+		w.handled = resp.ConsumerInfo.AckFloor.Stream
 	}
 	w.idle = true
 	return nil

@@ -40,10 +40,12 @@ func memberSubject(group, member string) string {
 
 // Rewind asks a group to replay CLICKS from pos. It records the request and
 // returns its ID at once; each partition's owner then stops, acks what it
-// handled, calls Config.OnRewind, moves its consumer back, records that it
-// did (what WaitRewind waits for) and goes on from there. A partition with no live owner is rewound by whoever takes it next.
-// Rewinding never moves a partition forward: where pos is past what the
-// group has handled, that partition is left alone.
+// handled, decides whether the partition moves back, calls Config.OnRewind
+// with that decision, moves its consumer back if so, records that it did
+// (what WaitRewind waits for) and goes on from there. A partition with no
+// live owner is rewound by whoever takes it next. Rewinding never moves a
+// partition forward: where pos is past what the group has handled, that
+// partition is left alone.
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
@@ -199,9 +201,10 @@ func (w *worker) loadRewound() error {
 }
 
 // maybeRewind carries out the group's latest rewind request if this
-// partition has not yet: OnRewind, then the consumer moves back, then the
-// record that it did. Each step is retried until it succeeds or the
-// partition is taken away.
+// partition has not yet: the decision whether the partition moves back,
+// OnRewind, told it, then the consumer moves back (or not, as decided),
+// then the record that it did. Each step is retried until it succeeds or
+// the partition is taken away.
 func (w *worker) maybeRewind() error {
 	m := w.m
 	req := m.rewind.Load()
@@ -210,6 +213,19 @@ func (w *worker) maybeRewind() error {
 	}
 	ri := req.info(w.p)
 	bo := m.cfg.newBackoff()
+	var plan rewindPlan
+	for {
+		var err error
+		plan, err = w.planRewind(ri)
+		if err == nil {
+			break
+		}
+		w.log.Warn("read the partition's ack floor for the rewind", "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return errReleased
+		}
+	}
+	ri.MovesBack = plan.movesBack
 	if m.cfg.OnRewind != nil {
 		for {
 			err := m.cfg.OnRewind(w.ctx, w.p, ri)
@@ -230,7 +246,7 @@ func (w *worker) maybeRewind() error {
 		return errReleased
 	}
 	for {
-		err := w.rewindTo(ri)
+		err := w.rewindTo(ri, plan)
 		if err == nil {
 			break
 		}
@@ -268,25 +284,51 @@ func (w *worker) recordRewound(id string) error {
 	return nil
 }
 
-func (w *worker) rewindTo(ri RewindInfo) error {
+// rewindPlan is what a partition does about a rewind, decided once,
+// before OnRewind is told: the reader's state and the consumer go by the
+// same decision.
+type rewindPlan struct {
+	// movesBack: the consumer moves back to From (RewindInfo.MovesBack).
+	movesBack bool
+	// floor is the consumer's ack floor, and handled the last event this
+	// owner handled (the floor or later: an ack lost on its way leaves the
+	// floor behind what was handled), when the decision was made.
+	floor, handled uint64
+}
+
+// planRewind decides whether the partition moves back for ri: it does
+// where ri.From is at or before the event after the last one the
+// partition handled, by its ack floor or, past it, by what this owner
+// handled and acked (an ack lost on its way is healed only by the next
+// batch's). That is also where the reader's state is: deciding by the ack
+// floor alone, after a lost ack, the runtime went on from the floor while
+// the reader started again at From.
+func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	info, err := w.cons.Info(ctx)
 	if err != nil {
-		return err
+		return rewindPlan{}, err
 	}
-	if ri.From == 0 || ri.From > ri.Until || ri.From > info.AckFloor.Stream+1 {
-		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until, "ack_floor", info.AckFloor.Stream)
+	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled)}
+	pl.movesBack = ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
+	return pl, nil
+}
+
+func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
+	if !pl.movesBack {
+		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,
+			"ack_floor", pl.floor, "handled", pl.handled)
 		// The fetcher was stopped for the rewind and dropped what it had
 		// fetched ahead, unacked: back to the ack floor, so that comes again
 		// now rather than after the AckWait (or as a delivery gap). The
 		// floor does not move, nor does where the reader was told it
 		// resumes, which confirmResume still checks at the first batch.
-		resume := w.resume
+		resume, handled := w.resume, w.handled
 		if err := w.resetTo(0); err != nil {
 			return err
 		}
-		w.resume = resume
+		w.resume, w.handled = resume, handled
 		return nil
 	}
 	if err := w.resetTo(ri.From); err != nil {

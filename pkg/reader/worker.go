@@ -47,6 +47,13 @@ type worker struct {
 	lastLagRead time.Time
 	// resume is the sequence OnAssign was last told to resume at.
 	resume uint64
+	// handled is the last stream sequence of the partition this owner
+	// handled: the ack floor its consumer was last positioned at (taken
+	// over, reset, recreated), then the last event of each batch it
+	// processed and acked. An ack that never reached the server (it is
+	// healed by the next batch's) leaves the consumer's ack floor behind
+	// it; a rewind goes by the later of the two (rewind.go, planRewind).
+	handled uint64
 }
 
 func newWorker(m *member, p int) *worker {

@@ -141,7 +141,7 @@ func TestLabelCountsOlderThanMemorySurviveARebuild(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "rewind":
-				if err := r.OnRewind(ctx, p, reader.RewindInfo{ID: "r1", From: rewindFrom, Until: resume - 1}); err != nil {
+				if err := r.OnRewind(ctx, p, reader.RewindInfo{ID: "r1", From: rewindFrom, Until: resume - 1, MovesBack: true}); err != nil {
 					t.Fatal(err)
 				}
 				handle(t, r, p, all[19:]) // the replay of the people's last clicks

@@ -24,10 +24,11 @@
 //
 // Reader's methods are the runtime's Handler and its OnAssign, OnRevoke and
 // OnRewind hooks. OnAssign rebuilds a partition taken over from the last
-// Memory of the log before judging anything, and the label counters of the
-// alert period from the store (Count); Handle publishes alerts and
-// verdicts (deterministic IDs: AlertID, VerdictID) and writes statistics
-// before the batch is acked, and returns an error on any failure so the batch
-// is retried (docs/decisions/0032). It reaches CLICKS, FRAUD and Redis
-// through the small interfaces ClickLog, Publisher and Store.
+// Memory of the log before judging anything (OnRewind does the same at a
+// replay's start, exactly when the runtime says the partition moves back),
+// and the label counters of the alert period from the store (Count); Handle
+// publishes alerts and verdicts (deterministic IDs: AlertID, VerdictID) and
+// writes statistics before the batch is acked, and returns an error on any
+// failure so the batch is retried (docs/decisions/0032). It reaches CLICKS,
+// FRAUD and Redis through the small interfaces ClickLog, Publisher and Store.
 package fraud

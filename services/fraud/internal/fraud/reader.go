@@ -230,15 +230,14 @@ func (r *Reader) OnRevoke(partition int) {
 // first pass did and raises the same alert IDs (which FRAUD then drops as
 // duplicates). The label counters count from the Memory before the replay's
 // start until the replay passes the store's mark, where they are set from
-// the store's: from there on they are exact.
+// the store's: from there on they are exact. A rewind the runtime does not
+// move the partition back for (info.MovesBack false: From is past what the
+// partition handled) keeps the state: the decision is the runtime's, made
+// once, so the state and the consumer never go by different positions.
 func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.RewindInfo) error {
-	r.mu.Lock()
-	cur := r.parts[partition]
-	r.mu.Unlock()
-	if info.From == 0 || info.From > info.Until || (cur != nil && info.From > cur.p.Last()+1) {
-		// Nothing this partition judged is replayed (the runtime will not
-		// move the consumer back): keep the state, or the events between
-		// what was judged and From would be skipped.
+	if !info.MovesBack {
+		// The runtime goes on where the partition was: so does the state,
+		// or the events between what was judged and From would be skipped.
 		return nil
 	}
 	ps, err := r.rebuild(ctx, partition, info.From, false, true)

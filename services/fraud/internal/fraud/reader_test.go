@@ -30,11 +30,14 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithRedi
 
 // world is real NATS and Redis with the topology applied.
 type world struct {
-	n     *testenv.NATS
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	rdb   *redis.Client
-	store *redisstore.Store
+	n *testenv.NATS
+	// url is the server members connect to, with memberOpts.
+	url        string
+	memberOpts []nats.Option
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	rdb        *redis.Client
+	store      *redisstore.Store
 }
 
 const parts = 4
@@ -50,7 +53,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	rdb, _ := servers.Redis.NewDB(t)
-	return &world{n: n, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
+	return &world{n: n, url: n.URL, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
 }
 
 func (w *world) reader(t *testing.T, r fraud.Rules, m *fraud.Metrics) *fraud.Reader {

@@ -2,11 +2,15 @@ package fraud_test
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,13 +20,14 @@ import (
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/redisstore"
 )
 
 // runMember runs rd as a member of fraud detection's group on its own
 // connection, with h as the handler, until the test ends or crash is called.
 func (w *world) runMember(t *testing.T, name string, rd *fraud.Reader, h reader.Handler, onRewind func(context.Context, int, reader.RewindInfo) error) (crash func()) {
 	t.Helper()
-	nc, err := nats.Connect(w.n.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(w.url, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, w.memberOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,3 +164,171 @@ func firstKey(m map[string]int) string {
 	}
 	return ""
 }
+
+// TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain: the member judged
+// a burst (1..30 in one partition, in batches of 5) and the ack of its last
+// batch never reached the server (its NATS user may not ack then, as an
+// ack lost in a NATS hiccup would be): the consumer's ack floor is the
+// batch before it, the state's last judged event 30. A replay from 30 then
+// reaches the partition. The runtime and the reader decide once, by the
+// same position, that the partition moves back to 30: the state starts
+// again at 30 and the runtime hands 30 again, which is judged again.
+// Before, fraud went by the last event it judged (30: rebuild at 30) and
+// the runtime by the ack floor (30 is past it: nothing to replay, back to
+// the floor): the last batch was handed again from its first event, which
+// the rebuilt state took for first deliveries behind its position, never
+// to be judged (snip_fraud_events_behind_total).
+func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
+	t.Parallel()
+	p := events.Partition("hot", parts)
+	acks := "$JS.ACK." + events.ClicksStream + "." + topology.GroupConsumerName(topology.GroupFraudDetection, p) + "."
+	opts := testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream"))
+	users := func(deny ...string) []*server.User {
+		return []*server.User{
+			{Username: "admin", Password: "admin"},
+			{Username: "member", Password: "member", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny},
+			}},
+		}
+	}
+	opts.Users = users()
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	refusals := &violations{}
+	srv.SetLoggerV2(refusals, false, false, false)
+	url := "nats://" + srv.Addr().String()
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	o := topology.Defaults()
+	o.Partitions = parts
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, _ := servers.Redis.NewDB(t)
+	w := &world{url: url, memberOpts: []nats.Option{nats.UserInfo("member", "member")}, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
+	ctx := t.Context()
+	if hot, evs := w.hotBurst(t); hot != p || len(evs) != 30 || evs[29].Seq != 30 {
+		t.Fatalf("the burst is %d events of partition %d, want 1..30 of %d", len(evs), hot, p)
+	}
+
+	reg := prometheus.NewRegistry()
+	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	var mu sync.Mutex
+	var lostFirst uint64 // the first event of the batch whose ack is lost
+	var rewound bool     // OnRewind was called for p
+	var again []uint64   // what p was handed after OnRewind
+	var told reader.RewindInfo
+	w.runMember(t, "m", rd, func(ctx context.Context, part int, b []reader.Event) error {
+		mu.Lock()
+		if part == p && rewound {
+			for _, ev := range b {
+				again = append(again, ev.Seq)
+			}
+		}
+		if part == p && b[len(b)-1].Seq == 30 && lostFirst == 0 {
+			// The batch's ack is refused from now on.
+			lostFirst = b[0].Seq
+			o := opts
+			o.Users = users(acks + ">")
+			if err := srv.ReloadOptions(&o); err != nil {
+				t.Error(err)
+			}
+		}
+		mu.Unlock()
+		return rd.Handle(ctx, part, b)
+	}, func(ctx context.Context, part int, ri reader.RewindInfo) error {
+		if part == p {
+			mu.Lock()
+			rewound, told = true, ri
+			mu.Unlock()
+		}
+		return rd.OnRewind(ctx, part, ri)
+	})
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the last batch's ack", func() bool { return refusals.of(acks) > 0 })
+	mu.Lock()
+	first := lostFirst
+	mu.Unlock()
+	if first >= 30 {
+		t.Fatalf("the last batch is %d..30, want two events or more", first)
+	}
+	o2 := opts
+	o2.Users = users()
+	if err := srv.ReloadOptions(&o2); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName(topology.GroupFraudDetection, p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := cons.Info(ctx); err != nil || info.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 30 {
+		t.Fatalf("the first pass judged %v events, want 30", got)
+	}
+
+	id, err := reader.Rewind(ctx, js, topology.GroupFraudDetection, reader.FromSeq(30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, js, topology.GroupFraudDetection, id); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the partition acked up to 30 again", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.AckFloor.Stream == 30
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !told.MovesBack || told.From != 30 {
+		t.Errorf("OnRewind was told %+v, want the partition moved back to 30", told)
+	}
+	if fmt.Sprint(again) != "[30]" {
+		t.Errorf("after the rewind the member was handed %v, want [30]: the replay from 30", again)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 31 {
+		t.Errorf("judged %v events, want 31: the first pass and 30 again", got)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Errorf("snip_fraud_events_behind_total = %v, want 0", got)
+	}
+}
+
+// violations counts the publish violations a server logs, by subject.
+type violations struct {
+	mu   sync.Mutex
+	logs []string
+}
+
+func (v *violations) of(subject string) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, l := range v.logs {
+		if strings.Contains(l, "Publish Violation") && strings.Contains(l, subject) {
+			n++
+		}
+	}
+	return n
+}
+
+func (v *violations) Errorf(format string, a ...any) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.logs = append(v.logs, fmt.Sprintf(format, a...))
+}
+
+func (v *violations) Noticef(string, ...any) {}
+func (v *violations) Warnf(string, ...any)   {}
+func (v *violations) Fatalf(string, ...any)  {}
+func (v *violations) Debugf(string, ...any)  {}
+func (v *violations) Tracef(string, ...any)  {}
