@@ -61,7 +61,7 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}}
 	for p := range n {
 		filter := events.PartitionFilter(p)
-		var until uint64
+		var until, from uint64
 		last, err := s.GetLastMsgForSubject(ctx, filter)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
@@ -70,9 +70,13 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 		default:
 			until = last.Sequence
 		}
-		from, err := firstAt(ctx, js, s, filter, pos)
-		if err != nil {
-			return "", fmt.Errorf("rewind %s: start of partition %d: %w", group, p, err)
+		// A partition whose last event was stored before the time has
+		// nothing after it: answered here, not by waiting for a fetch
+		// that finds nothing.
+		if until > 0 && (pos.time.IsZero() || !last.Time.Before(pos.time)) {
+			if from, err = firstAt(ctx, js, s, filter, pos); err != nil {
+				return "", fmt.Errorf("rewind %s: start of partition %d: %w", group, p, err)
+			}
 		}
 		if from == 0 || from > until {
 			from = until + 1 // nothing to replay in this partition
@@ -102,7 +106,8 @@ func groupExists(ctx context.Context, s jetstream.Stream, group string) error {
 }
 
 // firstAt finds the sequence of the first event in a partition at or after
-// pos; 0 if there is none.
+// pos; 0 if there is none. For a time, the caller has seen an event stored
+// at or after it (the partition's last), so the fetch does not wait long.
 func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, filter string, pos Position) (uint64, error) {
 	if pos.time.IsZero() {
 		m, err := s.GetMsg(ctx, max(pos.seq, 1), jetstream.WithGetMsgSubject(filter))

@@ -383,3 +383,56 @@ func (h *onMessage) Handle(_ context.Context, r slog.Record) error {
 }
 func (h *onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *onMessage) WithGroup(string) slog.Handler      { return h }
+
+// A rewind by a time answers a partition with nothing stored at or after
+// the time at once: its last event is before it. Before, each such
+// partition waited for a fetch from the time to give up (2 s), so a rewind
+// of 8 quiet partitions took 16 s or more (the console's replay button
+// waiting all that time). Here 7 of 8 partitions are quiet after the time
+// and one has an event after it, which is where its replay starts; the
+// call must return within 8 s, half the old wait for 8 partitions and
+// margin enough for a loaded machine.
+func TestARewindByTimeAnswersQuietPartitionsAtOnce(t *testing.T) {
+	t.Parallel()
+	const partitions = 8
+	n, js := setup(t, partitions)
+	publish(t, js, 16, 2, 0) // events in most partitions, before the time
+	startMember(t, n, reader.Config{Group: "g", Member: "m"}, func(context.Context, int, []reader.Event) error { return nil })
+	testenv.WaitFor(t, 30*time.Second, "the group's consumers", func() bool {
+		_, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", partitions-1))
+		return err == nil
+	})
+	at := time.Now()        // after every event so far was stored
+	publish(t, js, 1, 1, 2) // link0's third click, after the time
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := s.GetLastMsgForSubject(t.Context(), events.PartitionFilter(events.Partition("link0", partitions)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	if _, err := reader.Rewind(t.Context(), js, "g", reader.FromTime(at)); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("Rewind took %v", took)
+	if took > 8*time.Second {
+		t.Errorf("Rewind took %v, want under 8s for %d partitions, %d of them quiet after the time", took, partitions, partitions-1)
+	}
+	st, err := reader.LatestRewind(t.Context(), js, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pr := range st.Partitions {
+		if pr.Partition == events.Partition("link0", partitions) {
+			if pr.From != after.Sequence || pr.Until != after.Sequence {
+				t.Errorf("partition %d replays %d..%d, want %d..%d: link0's click after the time", pr.Partition, pr.From, pr.Until, after.Sequence, after.Sequence)
+			}
+		} else if pr.From != pr.Until+1 {
+			t.Errorf("partition %d replays %d..%d, want nothing (from %d)", pr.Partition, pr.From, pr.Until, pr.Until+1)
+		}
+	}
+}
