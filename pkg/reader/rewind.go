@@ -22,11 +22,26 @@ type rewindRequest struct {
 	Requested time.Time         `json:"requested"`
 	From      map[string]uint64 `json:"from"`
 	Until     map[string]uint64 `json:"until"`
+	// Consumers is when each partition's consumer the request was made for
+	// was created (a partition without a consumer then has none). The
+	// request is for those consumers only: the group's consumers deleted
+	// and created again (a group re-created by a later deploy) are another
+	// group, which a request left pending by the old one must not move
+	// back. A request without it (stored by an older version) is for
+	// whatever consumers there are.
+	Consumers map[string]time.Time `json:"consumers,omitempty"`
 }
 
 func (r rewindRequest) info(p int) RewindInfo {
 	k := strconv.Itoa(p)
 	return RewindInfo{ID: r.ID, From: r.From[k], Until: r.Until[k], Requested: r.Requested}
+}
+
+// madeFor reports whether the request was made for partition p's consumer
+// created at created: the consumer it recorded, or none recorded.
+func (r rewindRequest) madeFor(p int, created time.Time) bool {
+	c, ok := r.Consumers[strconv.Itoa(p)]
+	return !ok || c.Equal(created)
 }
 
 func rewindKey(group string) string         { return group + ".rewind" }
@@ -45,7 +60,9 @@ func memberSubject(group, member string) string {
 // (what WaitRewind waits for) and goes on from there. A partition with no
 // live owner is rewound by whoever takes it next. Rewinding never moves a
 // partition forward: where pos is past what the group has handled, that
-// partition is left alone.
+// partition is left alone. The request is for the group's consumers as they
+// are now: if they are deleted and the group is created again before a
+// partition carried it out, the new group ignores it.
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
@@ -58,8 +75,17 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 	if err := groupExists(ctx, s, group); err != nil {
 		return "", fmt.Errorf("rewind %s: %w", group, err)
 	}
-	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}}
+	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}, Consumers: map[string]time.Time{}}
 	for p := range n {
+		k := strconv.Itoa(p)
+		switch c, err := s.Consumer(ctx, topology.GroupConsumerName(group, p)); {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			// Not created yet: whoever creates it carries the request out.
+		case err != nil:
+			return "", fmt.Errorf("rewind %s: consumer of partition %d: %w", group, p, err)
+		default:
+			req.Consumers[k] = c.CachedInfo().Created
+		}
 		filter := events.PartitionFilter(p)
 		var until, from uint64
 		last, err := s.GetLastMsgForSubject(ctx, filter)
@@ -81,7 +107,6 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 		if from == 0 || from > until {
 			from = until + 1 // nothing to replay in this partition
 		}
-		k := strconv.Itoa(p)
 		req.From[k], req.Until[k] = from, until
 	}
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
@@ -205,6 +230,25 @@ func (w *worker) loadRewound() error {
 	return nil
 }
 
+// pendingRewind returns the group's latest rewind request if this partition
+// has it to carry out: not recorded done, and made for this partition's
+// consumer. A request made before the group's consumers were deleted and
+// created again (the group re-created while it was pending) is not the new
+// group's: it is ignored, said once, and left unrecorded.
+func (w *worker) pendingRewind() *rewindRequest {
+	req := w.m.rewind.Load()
+	if req == nil || req.ID == w.rewoundID || req.ID == w.staleRewindID {
+		return nil
+	}
+	if created := w.cons.CachedInfo().Created; !req.madeFor(w.p, created) {
+		w.staleRewindID = req.ID
+		w.log.Warn("ignoring a rewind requested for the partition's consumer of before it was created again",
+			"rewind", req.ID, "requested", req.Requested, "consumer_created", created)
+		return nil
+	}
+	return req
+}
+
 // maybeRewind carries out the group's latest rewind request if this
 // partition has not yet: the decision whether the partition moves back,
 // OnRewind, told it, then the consumer moves back (or not, as decided),
@@ -212,8 +256,8 @@ func (w *worker) loadRewound() error {
 // the partition is taken away.
 func (w *worker) maybeRewind() error {
 	m := w.m
-	req := m.rewind.Load()
-	if req == nil || req.ID == w.rewoundID {
+	req := w.pendingRewind()
+	if req == nil {
 		return nil
 	}
 	ri := req.info(w.p)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -433,6 +434,92 @@ func TestARewindByTimeAnswersQuietPartitionsAtOnce(t *testing.T) {
 			}
 		} else if pr.From != pr.Until+1 {
 			t.Errorf("partition %d replays %d..%d, want nothing (from %d)", pr.Partition, pr.From, pr.Until, pr.Until+1)
+		}
+	}
+}
+
+// A rewind is for the group's consumers of when it was asked. Here it is
+// asked while the group has no member (nobody carries it out), then an
+// operator deletes the group's consumers (nats consumer rm) and a later
+// deploy creates the group again, starting at new events. The new group
+// is not the one the rewind was asked of: it must not move back (before,
+// its members found the request and carried it out, calling OnRewind and
+// moving the new consumers back to the old start, which the server refuses
+// for a consumer created at `new`: the partition retried the move and
+// handled nothing), and it records nothing of it.
+func TestARewindPendingWhenTheGroupWasDeletedIsNotTheRecreatedGroups(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	n, js := setup(t, partitions)
+	ids := publish(t, js, 4, 3, 0)
+	var handled atomic.Int64
+	first := startMember(t, n, reader.Config{Group: "g", Member: "first"},
+		func(_ context.Context, _ int, b []reader.Event) error { handled.Add(int64(len(b))); return nil })
+	testenv.WaitFor(t, 30*time.Second, "the first pass", func() bool { return handled.Load() == int64(len(ids)) })
+	first.stop(t)
+
+	id, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range partitions {
+		if err := js.DeleteConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var mu sync.Mutex
+	var rewinds []reader.RewindInfo
+	var again []string // click IDs the new group handled
+	startMember(t, n, reader.Config{Group: "g", Member: "next", Start: reader.StartAtNew(),
+		OnRewind: func(_ context.Context, _ int, ri reader.RewindInfo) error {
+			mu.Lock()
+			defer mu.Unlock()
+			rewinds = append(rewinds, ri)
+			return nil
+		}},
+		func(_ context.Context, _ int, b []reader.Event) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range b {
+				again = append(again, e.Click.ID)
+			}
+			return nil
+		})
+	testenv.WaitFor(t, 30*time.Second, "the new group's consumers", func() bool {
+		for p := range partitions {
+			if _, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", p)); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+	later := publish(t, js, 4, 1, 3) // a click of each link: in both partitions
+	testenv.WaitFor(t, 30*time.Second, "the new group to handle the new clicks (or to rewind)", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(again) >= len(later) || len(rewinds) > 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(rewinds) > 0 {
+		t.Errorf("the new group carried out the old group's rewind: OnRewind(%+v)", rewinds)
+	}
+	slices.Sort(again)
+	slices.Sort(later)
+	if !slices.Equal(again, later) {
+		t.Errorf("the new group handled %d clicks, want the %d published after it started, once each", len(again), len(later))
+	}
+	st, err := reader.LatestRewind(t.Context(), js, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ID != id {
+		t.Fatalf("latest rewind %s, want %s", st.ID, id)
+	}
+	for _, p := range st.Partitions {
+		if p.Done {
+			t.Errorf("partition %d recorded the old group's rewind done", p.Partition)
 		}
 	}
 }

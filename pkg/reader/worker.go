@@ -38,6 +38,9 @@ type worker struct {
 
 	cons      jetstream.Consumer
 	rewoundID string
+	// staleRewindID is a rewind request this partition ignores: made for
+	// the consumer the partition had before it was created again.
+	staleRewindID string
 	// lastCseq is the consumer sequence of the last delivery received (0
 	// before the first: a reset starts the count again), to spot deliveries
 	// that never arrived; cseqKnown is false when there is no baseline.
@@ -130,7 +133,7 @@ func (w *worker) run() {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if req := m.rewind.Load(); req != nil && req.ID != w.rewoundID {
+		if w.pendingRewind() != nil {
 			// Moving the consumer back makes anything already fetched stale:
 			// drop it unacked; the reset forgets it was delivered.
 			f.stop()
