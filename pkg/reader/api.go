@@ -323,9 +323,9 @@ type RewindInfo struct {
 	// one the partition handled (by its ack floor, or by what its owner
 	// handled past a floor an ack lost on its way left behind). When false
 	// (From is past that, or the partition holds nothing to replay), the
-	// partition goes on where it was, from its ack floor (events handled
-	// past a lost ack may come again, as at-least-once delivery allows),
-	// and a reader keeps its state.
+	// partition goes on where it was, after the last event it handled
+	// (past a lost ack too, which the move acks), and a reader keeps its
+	// state.
 	MovesBack bool
 }
 

@@ -64,12 +64,13 @@
 // back (the replay's start at or before the event after the last one the
 // partition handled: by its ack floor, or past it by what the owner handled
 // and acked, an ack lost on its way), tells the reader (Config.OnRewind,
-// RewindInfo.MovesBack), moves the consumer back if so and records that it
-// did. A reader with state goes by that decision, not by a position of its
-// own, so its state and the consumer never disagree. A request is for the
-// consumers the group had when it was made (it records when each was
-// created): if they are deleted and the group is created again before a
-// partition carried it out, the new group ignores it.
+// RewindInfo.MovesBack), moves the consumer back if so (if not, it goes on
+// after the last event it handled) and records that it did. A reader with
+// state goes by that decision, not by a position of its own, so its state
+// and the consumer never disagree. A request is for the consumers the group
+// had when it was made (it records when each was created): if they are
+// deleted and the group is created again before a partition carried it
+// out, the new group ignores it.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -368,6 +368,14 @@ func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 	if !pl.movesBack {
 		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,
 			"ack_floor", pl.floor, "handled", pl.handled)
+		if pl.handled > pl.floor {
+			// The ack of what this owner handled last was lost on its way:
+			// go on after what it handled, as the reader does (it kept its
+			// state), acking it. Back at the floor, those events came
+			// again as first deliveries (a reset forgets deliveries),
+			// behind the reader's position.
+			return w.resetTo(pl.handled + 1)
+		}
 		// The fetcher was stopped for the rewind and dropped what it had
 		// fetched ahead, unacked: back to the ack floor, so that comes again
 		// now rather than after the AckWait (or as a delivery gap). The

@@ -21,6 +21,7 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/redisstore"
+	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
 // runMember runs rd as a member of fraud detection's group on its own
@@ -165,23 +166,27 @@ func firstKey(m map[string]int) string {
 	return ""
 }
 
-// TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain: the member judged
-// a burst (1..30 in one partition, in batches of 5) and the ack of its last
-// batch never reached the server (its NATS user may not ack then, as an
-// ack lost in a NATS hiccup would be): the consumer's ack floor is the
-// batch before it, the state's last judged event 30. A replay from 30 then
-// reaches the partition. The runtime and the reader decide once, by the
-// same position, that the partition moves back to 30: the state starts
-// again at 30 and the runtime hands 30 again, which is judged again.
-// Before, fraud went by the last event it judged (30: rebuild at 30) and
-// the runtime by the ack floor (30 is past it: nothing to replay, back to
-// the floor): the last batch was handed again from its first event, which
-// the rebuilt state took for first deliveries behind its position, never
-// to be judged (snip_fraud_events_behind_total).
-func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
-	t.Parallel()
-	p := events.Partition("hot", parts)
-	acks := "$JS.ACK." + events.ClicksStream + "." + topology.GroupConsumerName(topology.GroupFraudDetection, p) + "."
+// lostAck is a member that judged a burst (1..30 in one partition, in
+// batches of 5) and whose ack of its last batch never reached the server
+// (its NATS user may not ack then, as an ack lost in a NATS hiccup would
+// be): the consumer's ack floor is the batch before it, the state's last
+// judged event 30.
+type lostAck struct {
+	js   jetstream.JetStream
+	p    int
+	reg  *prometheus.Registry
+	cons jetstream.Consumer
+
+	mu      sync.Mutex
+	rewound bool     // OnRewind was called for p
+	again   []uint64 // what p was handed after OnRewind
+	told    reader.RewindInfo
+}
+
+func newLostAck(t *testing.T) *lostAck {
+	t.Helper()
+	la := &lostAck{p: events.Partition("hot", parts), reg: prometheus.NewRegistry()}
+	acks := "$JS.ACK." + events.ClicksStream + "." + topology.GroupConsumerName(topology.GroupFraudDetection, la.p) + "."
 	opts := testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream"))
 	users := func(deny ...string) []*server.User {
 		return []*server.User{
@@ -205,34 +210,28 @@ func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	la.js, _ = jetstream.New(nc)
 	o := topology.Defaults()
 	o.Partitions = parts
-	if err := topology.Apply(t.Context(), js, o); err != nil {
+	if err := topology.Apply(t.Context(), la.js, o); err != nil {
 		t.Fatal(err)
 	}
 	rdb, _ := servers.Redis.NewDB(t)
-	w := &world{url: url, memberOpts: []nats.Option{nats.UserInfo("member", "member")}, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
-	ctx := t.Context()
-	if hot, evs := w.hotBurst(t); hot != p || len(evs) != 30 || evs[29].Seq != 30 {
-		t.Fatalf("the burst is %d events of partition %d, want 1..30 of %d", len(evs), hot, p)
+	w := &world{url: url, memberOpts: []nats.Option{nats.UserInfo("member", "member")}, nc: nc, js: la.js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
+	if hot, evs := w.hotBurst(t); hot != la.p || len(evs) != 30 || evs[29].Seq != 30 {
+		t.Fatalf("the burst is %d events of partition %d, want 1..30 of %d", len(evs), hot, la.p)
 	}
 
-	reg := prometheus.NewRegistry()
-	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
-	var mu sync.Mutex
+	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(la.reg))
 	var lostFirst uint64 // the first event of the batch whose ack is lost
-	var rewound bool     // OnRewind was called for p
-	var again []uint64   // what p was handed after OnRewind
-	var told reader.RewindInfo
 	w.runMember(t, "m", rd, func(ctx context.Context, part int, b []reader.Event) error {
-		mu.Lock()
-		if part == p && rewound {
+		la.mu.Lock()
+		if part == la.p && la.rewound {
 			for _, ev := range b {
-				again = append(again, ev.Seq)
+				la.again = append(la.again, ev.Seq)
 			}
 		}
-		if part == p && b[len(b)-1].Seq == 30 && lostFirst == 0 {
+		if part == la.p && b[len(b)-1].Seq == 30 && lostFirst == 0 {
 			// The batch's ack is refused from now on.
 			lostFirst = b[0].Seq
 			o := opts
@@ -241,20 +240,20 @@ func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
 				t.Error(err)
 			}
 		}
-		mu.Unlock()
+		la.mu.Unlock()
 		return rd.Handle(ctx, part, b)
 	}, func(ctx context.Context, part int, ri reader.RewindInfo) error {
-		if part == p {
-			mu.Lock()
-			rewound, told = true, ri
-			mu.Unlock()
+		if part == la.p {
+			la.mu.Lock()
+			la.rewound, la.told = true, ri
+			la.mu.Unlock()
 		}
 		return rd.OnRewind(ctx, part, ri)
 	})
 	testenv.WaitFor(t, 30*time.Second, "the server to refuse the last batch's ack", func() bool { return refusals.of(acks) > 0 })
-	mu.Lock()
+	la.mu.Lock()
 	first := lostFirst
-	mu.Unlock()
+	la.mu.Unlock()
 	if first >= 30 {
 		t.Fatalf("the last batch is %d..30, want two events or more", first)
 	}
@@ -263,42 +262,95 @@ func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
 	if err := srv.ReloadOptions(&o2); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName(topology.GroupFraudDetection, p))
+	la.cons, err = la.js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(topology.GroupFraudDetection, la.p))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info, err := cons.Info(ctx); err != nil || info.AckFloor.Stream != first-1 {
+	if info, err := la.cons.Info(t.Context()); err != nil || info.AckFloor.Stream != first-1 {
 		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
 	}
-	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 30 {
+	if got := gathered(t, la.reg, "snip_fraud_events_judged_total"); got != 30 {
 		t.Fatalf("the first pass judged %v events, want 30", got)
 	}
+	return la
+}
 
-	id, err := reader.Rewind(ctx, js, topology.GroupFraudDetection, reader.FromSeq(30))
+// rewind replays the group from seq, waits until the partition carried it
+// out, then publishes one more click of the burst (31) and waits until the
+// member has handled it: what it was handed after the rewind is all there.
+func (la *lostAck) rewind(t *testing.T, seq uint64) {
+	t.Helper()
+	ctx := t.Context()
+	id, err := reader.Rewind(ctx, la.js, topology.GroupFraudDetection, reader.FromSeq(seq))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := reader.WaitRewind(wctx, js, topology.GroupFraudDetection, id); err != nil {
+	if err := reader.WaitRewind(wctx, la.js, topology.GroupFraudDetection, id); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 30*time.Second, "the partition acked up to 30 again", func() bool {
-		info, err := cons.Info(ctx)
-		return err == nil && info.AckFloor.Stream == 30
+	if err := traffic.Publish(ctx, la.js, traffic.Burst(time.Now(), 1, 0, "hot", "acme", "bot"), 1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the partition to handle 31", func() bool {
+		info, err := la.cons.Info(ctx)
+		return err == nil && info.AckFloor.Stream == 31
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	if !told.MovesBack || told.From != 30 {
-		t.Errorf("OnRewind was told %+v, want the partition moved back to 30", told)
+}
+
+// TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain: after the lost ack
+// (lostAck), a replay from 30 reaches the partition. The runtime and the
+// reader decide once, by the same position, that the partition moves back
+// to 30: the state starts again at 30 and the runtime hands 30 again, which
+// is judged again. Before, fraud went by the last event it judged (30:
+// rebuild at 30) and the runtime by the ack floor (30 is past it: nothing to
+// replay, back to the floor): the last batch was handed again from its
+// first event, which the rebuilt state took for first deliveries behind its
+// position, never to be judged (snip_fraud_events_behind_total).
+func TestARewindPastALostAckJudgesWhatTheRuntimeHandsAgain(t *testing.T) {
+	t.Parallel()
+	la := newLostAck(t)
+	la.rewind(t, 30)
+	la.mu.Lock()
+	defer la.mu.Unlock()
+	if !la.told.MovesBack || la.told.From != 30 {
+		t.Errorf("OnRewind was told %+v, want the partition moved back to 30", la.told)
 	}
-	if fmt.Sprint(again) != "[30]" {
-		t.Errorf("after the rewind the member was handed %v, want [30]: the replay from 30", again)
+	if fmt.Sprint(la.again) != "[30 31]" {
+		t.Errorf("after the rewind the member was handed %v, want [30 31]: the replay from 30, then 31", la.again)
 	}
-	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 31 {
-		t.Errorf("judged %v events, want 31: the first pass and 30 again", got)
+	if got := gathered(t, la.reg, "snip_fraud_events_judged_total"); got != 32 {
+		t.Errorf("judged %v events, want 32: the first pass, 30 again and 31", got)
 	}
-	if got := gathered(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+	if got := gathered(t, la.reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Errorf("snip_fraud_events_behind_total = %v, want 0", got)
+	}
+}
+
+// TestARewindWithNothingToReplayAfterALostAckGoesOnAfterWhatWasHandled:
+// after the lost ack (lostAck), a replay from 31, past everything stored,
+// reaches the partition: nothing to replay, the state is kept, and the
+// partition goes on after 30, the last event handled, as the state does.
+// Before, the runtime went back to the ack floor: the last batch came again
+// as first deliveries (a reset forgets deliveries), behind the kept state's
+// position, never to be judged (snip_fraud_events_behind_total).
+func TestARewindWithNothingToReplayAfterALostAckGoesOnAfterWhatWasHandled(t *testing.T) {
+	t.Parallel()
+	la := newLostAck(t)
+	la.rewind(t, 31)
+	la.mu.Lock()
+	defer la.mu.Unlock()
+	if la.told.MovesBack {
+		t.Errorf("OnRewind was told %+v, want the partition left where it was", la.told)
+	}
+	if fmt.Sprint(la.again) != "[31]" {
+		t.Errorf("after the rewind the member was handed %v, want [31]: nothing again", la.again)
+	}
+	if got := gathered(t, la.reg, "snip_fraud_events_judged_total"); got != 31 {
+		t.Errorf("judged %v events, want 31: the first pass and 31", got)
+	}
+	if got := gathered(t, la.reg, "snip_fraud_events_behind_total"); got != 0 {
 		t.Errorf("snip_fraud_events_behind_total = %v, want 0", got)
 	}
 }
