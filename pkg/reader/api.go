@@ -379,4 +379,8 @@ var (
 	ErrNoGroup = errors.New("consumer group not found")
 	// ErrBadConfig means a Config field is out of range.
 	ErrBadConfig = errors.New("invalid reader config")
+	// ErrRewindVoid means a rewind will never be carried out: a partition
+	// that has not carried it out has a consumer other than the one the
+	// request was made for (WaitRewind).
+	ErrRewindVoid = errors.New("the group was deleted or created again after this replay was requested")
 )

@@ -70,7 +70,9 @@
 // and the consumer never disagree. A request is for the consumers the group
 // had when it was made (it records when each was created): if they are
 // deleted and the group is created again before a partition carried it
-// out, the new group ignores it.
+// out, the new group ignores it, and the request is void: LatestRewind
+// shows those partitions Void, never to be done, and WaitRewind ends with
+// ErrRewindVoid rather than waiting.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

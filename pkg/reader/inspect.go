@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -144,6 +145,13 @@ type PartitionRewind struct {
 	From, Until uint64
 	// Done is true once the partition's owner moved its consumer back.
 	Done bool
+	// Void is true when the partition's consumer is not the one the request
+	// was made for: that one was deleted since (the group's consumers
+	// removed, and maybe created again by a later deploy). The consumer
+	// there now ignores the request, so a partition not Done never will
+	// be; one Done was moved back as the consumer before, not as the one
+	// there now.
+	Void bool
 }
 
 // Done reports whether every partition has carried the replay out.
@@ -156,27 +164,51 @@ func (s RewindStatus) Done() bool {
 	return s.ID != ""
 }
 
-// LatestRewind reads the group's latest replay request and which partitions
-// have carried it out. A group never replayed has a zero RewindStatus.
+// Void reports whether the replay will never be done: a partition that has
+// not carried it out is Void (the group was deleted or created again after
+// the replay was requested).
+func (s RewindStatus) Void() bool {
+	for _, p := range s.Partitions {
+		if p.Void && !p.Done {
+			return true
+		}
+	}
+	return false
+}
+
+// LatestRewind reads the group's latest replay request, which partitions
+// have carried it out, and which consumers are no longer the ones it was
+// made for (Void). A group never replayed has a zero RewindStatus.
 func LatestRewind(ctx context.Context, js jetstream.JetStream, group string) (RewindStatus, error) {
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
 		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
 	}
-	e, err := kv.Get(ctx, rewindKey(group))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return RewindStatus{}, nil
-	}
-	if err != nil {
-		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
-	}
-	var req rewindRequest
-	if err := json.Unmarshal(e.Value(), &req); err != nil {
-		return RewindStatus{}, fmt.Errorf("replay status of %s: decode request: %w", group, err)
+	req, err := readRewind(ctx, kv, group)
+	if err != nil || req.ID == "" {
+		return RewindStatus{}, err
 	}
 	return rewindStatus(ctx, js, kv, group, req)
 }
 
+// readRewind reads the group's latest rewind request (a zero one: none).
+func readRewind(ctx context.Context, kv jetstream.KeyValue, group string) (rewindRequest, error) {
+	e, err := kv.Get(ctx, rewindKey(group))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return rewindRequest{}, nil
+	}
+	if err != nil {
+		return rewindRequest{}, fmt.Errorf("replay status of %s: %w", group, err)
+	}
+	var req rewindRequest
+	if err := json.Unmarshal(e.Value(), &req); err != nil {
+		return rewindRequest{}, fmt.Errorf("replay status of %s: decode request: %w", group, err)
+	}
+	return req, nil
+}
+
+// rewindStatus reads which partitions carried req out and which consumers
+// are not the ones it was made for.
 func rewindStatus(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, group string, req rewindRequest) (RewindStatus, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
@@ -193,6 +225,18 @@ func rewindStatus(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 			return RewindStatus{}, fmt.Errorf("replay status of %s: partition %d: %w", group, p, err)
 		default:
 			st.Partitions[p].Done = string(e.Value()) == req.ID
+		}
+		if _, ok := req.Consumers[strconv.Itoa(p)]; !ok {
+			continue // for whatever consumer there is
+		}
+		c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName(group, p))
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			st.Partitions[p].Void = true // deleted, not created again yet
+		case err != nil:
+			return RewindStatus{}, fmt.Errorf("replay status of %s: consumer of partition %d: %w", group, p, err)
+		default:
+			st.Partitions[p].Void = !req.madeFor(p, c.CachedInfo().Created)
 		}
 	}
 	return st, nil

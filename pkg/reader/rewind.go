@@ -62,7 +62,8 @@ func memberSubject(group, member string) string {
 // partition forward: where pos is past what the group has handled, that
 // partition is left alone. The request is for the group's consumers as they
 // are now: if they are deleted and the group is created again before a
-// partition carried it out, the new group ignores it.
+// partition carried it out, the new group ignores it (the request is void:
+// RewindStatus.Void, ErrRewindVoid).
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
@@ -173,7 +174,10 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 // WaitRewind blocks until every partition of the group has carried out the
 // rewind with the given ID (its owner recorded it), or ctx ends. Its error
 // then says how many partitions the last status it read counted done, or,
-// if no read ever succeeded, why the status could not be read.
+// if no read ever succeeded, why the status could not be read. A rewind
+// that a partition will never carry out, its consumer deleted (and maybe
+// created again) since the request was made (RewindStatus.Void), ends the
+// wait at once with ErrRewindVoid, naming those partitions.
 func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
@@ -186,10 +190,28 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 		// A failed read is retried: the partitions' records do not go away.
 		// The read under way when ctx ends fails too, so the error reports
 		// the last one that succeeded.
-		st, err := rewindStatus(ctx, js, kv, group, rewindRequest{ID: id})
+		var st RewindStatus
+		req, err := readRewind(ctx, kv, group)
+		if err == nil {
+			if req.ID != id {
+				// Not (yet, on a server that lags) the group's latest:
+				// only the partitions' records tell.
+				req = rewindRequest{ID: id}
+			}
+			st, err = rewindStatus(ctx, js, kv, group, req)
+		}
 		if err == nil {
 			if st.Done() {
 				return nil
+			}
+			if st.Void() {
+				var void []int
+				for _, p := range st.Partitions {
+					if p.Void && !p.Done {
+						void = append(void, p.Partition)
+					}
+				}
+				return fmt.Errorf("wait for rewind %s: partitions %v will never carry it out: %w", id, void, ErrRewindVoid)
 			}
 			last = &st
 		}

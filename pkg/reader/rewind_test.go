@@ -523,3 +523,113 @@ func TestARewindPendingWhenTheGroupWasDeletedIsNotTheRecreatedGroups(t *testing.
 		}
 	}
 }
+
+// A rewind the group's consumers were deleted under before they carried it
+// out never will be: the status says so (Void) and WaitRewind ends at once
+// with ErrRewindVoid, whether the consumers are gone or created again.
+// Before, the partitions stayed pending for ever: WaitRewind (snipctl replay
+// --wait) waited until its context ended, and LatestRewind showed a replay
+// running. A rewind carried out before the consumers were deleted stays
+// done, its partitions Void: the consumers there now did not move back.
+func TestARewindLeftPendingByADeletedGroupIsVoid(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	n, js := setup(t, partitions)
+	publish(t, js, 4, 2, 0)
+	ctx := t.Context()
+	create := func() {
+		t.Helper()
+		for p := range partitions {
+			cfg := topology.GroupConsumerConfig("g", p, topology.GroupConsumer{
+				AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+			})
+			if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	remove := func() {
+		t.Helper()
+		for p := range partitions {
+			if err := js.DeleteConsumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	status := func(id string) reader.RewindStatus {
+		t.Helper()
+		st, err := reader.LatestRewind(ctx, js, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ID != id {
+			t.Fatalf("latest rewind %s, want %s", st.ID, id)
+		}
+		return st
+	}
+	wait := func(id string, d time.Duration) (time.Duration, error) {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		start := time.Now()
+		err := reader.WaitRewind(wctx, js, "g", id)
+		return time.Since(start), err
+	}
+
+	create() // the group, no member: nobody carries the rewind out
+	id, err := reader.Rewind(ctx, js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := status(id); st.Void() || st.Done() {
+		t.Fatalf("status with the group's own consumers = %+v, want pending", st)
+	}
+	if _, err := wait(id, time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitRewind with the group's own consumers = %v, want it to wait", err)
+	}
+
+	remove()
+	for _, step := range []string{"deleted", "created_again"} {
+		if step == "created_again" {
+			create()
+		}
+		st := status(id)
+		for _, p := range st.Partitions {
+			if p.Done || !p.Void {
+				t.Errorf("%s: partition %+v, want void and not done", step, p)
+			}
+		}
+		if !st.Void() || st.Done() {
+			t.Errorf("%s: Void() = %v, Done() = %v; want void, not done", step, st.Void(), st.Done())
+		}
+		took, err := wait(id, 20*time.Second)
+		if !errors.Is(err, reader.ErrRewindVoid) || took > 10*time.Second {
+			t.Errorf("%s: WaitRewind = %v after %v, want ErrRewindVoid at once", step, err, took.Round(time.Millisecond))
+		}
+	}
+
+	// A rewind carried out, then the consumers deleted and created again.
+	m := startMember(t, n, reader.Config{Group: "g", Member: "m"},
+		func(context.Context, int, []reader.Event) error { return nil })
+	done, err := reader.Rewind(ctx, js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wait(done, 30*time.Second); err != nil {
+		t.Fatalf("WaitRewind with a member = %v", err)
+	}
+	m.stop(t)
+	remove()
+	create()
+	st := status(done)
+	for _, p := range st.Partitions {
+		if !p.Done || !p.Void {
+			t.Errorf("carried out before the group was created again: partition %+v, want done and void", p)
+		}
+	}
+	if st.Void() || !st.Done() {
+		t.Errorf("carried out before the group was created again: Void() = %v, Done() = %v; want done", st.Void(), st.Done())
+	}
+	if _, err := wait(done, 20*time.Second); err != nil {
+		t.Errorf("WaitRewind of a rewind carried out before the group was created again = %v, want nil", err)
+	}
+}
