@@ -230,3 +230,58 @@ func appliedNATS(t *testing.T) ([]string, jetstream.JetStream) {
 	}
 	return environ, n.JetStream(t)
 }
+
+// replay --wait of a group whose consumers are deleted and created again
+// before any partition carried the replay out ends at once, saying the
+// replay is void, and fails (exit status 1). Before, it waited until
+// SNIPCTL_TIMEOUT for partitions that would never move back.
+func TestReplayWaitOfAGroupCreatedAgainSaysTheReplayIsVoid(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	environ = append(environ, "SNIPCTL_TIMEOUT=60s")
+	publishClicks(t, js, 10)
+	ctx := t.Context()
+	create := func() {
+		t.Helper()
+		for p := range 2 {
+			cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
+				AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+			})
+			if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	create() // the group, no member: nobody carries the replay out
+
+	type result struct {
+		out  string
+		err  error
+		took time.Duration
+	}
+	res := make(chan result, 1)
+	go func() {
+		start := time.Now()
+		out, err := snipctl(t, environ, "replay", "demo", "--from-seq", "1", "--wait")
+		res <- result{out, err, time.Since(start)}
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the replay requested", func() bool {
+		st, err := reader.LatestRewind(ctx, js, "demo")
+		return err == nil && st.ID != ""
+	})
+	requested := time.Now()
+	for p := range 2 {
+		if err := js.DeleteConsumer(ctx, events.ClicksStream, topology.GroupConsumerName("demo", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create()
+	r := <-res
+	if !errors.Is(r.err, reader.ErrRewindVoid) || exitStatus(r.err) != 1 || time.Since(requested) > 20*time.Second {
+		t.Errorf("replay --wait = %v (exit status %d) after %v, want ErrRewindVoid, exit status 1, at once\n%s",
+			r.err, exitStatus(r.err), r.took.Round(time.Millisecond), r.out)
+	}
+	if strings.Contains(r.out, "every partition has moved back") {
+		t.Errorf("replay --wait says the replay was carried out:\n%s", r.out)
+	}
+}
