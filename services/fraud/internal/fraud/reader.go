@@ -48,9 +48,10 @@ type Origins interface {
 	// it is recorded.
 	Lower(ctx context.Context, partition int, seq uint64) error
 	// Replaying reports whether the partition carried out the group's
-	// latest replay (reader.Rewind) and next is within it: at or after its
-	// first event of the partition and at or before the last it hands
-	// again. The group's replay records are kept in NATS too.
+	// latest replay (reader.Rewind), with the consumer it has now (not the
+	// one of a group deleted and created again since), and next is within
+	// it: at or after its first event of the partition and at or before the
+	// last it hands again. The group's replay records are kept in NATS too.
 	Replaying(ctx context.Context, partition int, next uint64) (bool, error)
 }
 

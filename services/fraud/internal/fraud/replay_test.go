@@ -384,3 +384,75 @@ func (v *violations) Warnf(string, ...any)   {}
 func (v *violations) Fatalf(string, ...any)  {}
 func (v *violations) Debugf(string, ...any)  {}
 func (v *violations) Tracef(string, ...any)  {}
+
+// TestAGroupCreatedAgainIsNotInTheMiddleOfTheOldGroupsReplay: the group
+// judged a burst (1..30 in one partition, Redis's mark 30) and carried out
+// a replay from the start; then its consumers are deleted and a member
+// creates the group again, from the oldest event (FRAUD_START). Its
+// takeover finds the mark (30) ahead of its resume point (1): the events up
+// to it were judged, published and stored, so they are fed, not judged
+// again. The old group's replay, which the partition's consumer before
+// carried out and whose range holds the resume point, is not the new
+// group's: before, it was taken for a replay in progress and the new group
+// judged 1..30 again, publishing their labels again.
+func TestAGroupCreatedAgainIsNotInTheMiddleOfTheOldGroupsReplay(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p, evs := w.hotBurst(t)
+	last := evs[len(evs)-1].Seq
+	if len(evs) != 30 || last != 30 {
+		t.Fatalf("the burst is %d events up to %d, want 30 up to 30", len(evs), last)
+	}
+	name := topology.GroupConsumerName(topology.GroupFraudDetection, p)
+	ackFloor := func() uint64 {
+		c, err := w.js.Consumer(ctx, events.ClicksStream, name)
+		if err != nil {
+			return 0
+		}
+		return c.CachedInfo().AckFloor.Stream
+	}
+
+	first := w.reader(t, fraud.Defaults(), nil)
+	crash := w.runMember(t, "first", first, first.Handle, first.OnRewind)
+	testenv.WaitFor(t, 30*time.Second, "the first pass to be stored and acked", func() bool {
+		mark, err := w.store.HighWater(ctx, p)
+		return err == nil && mark == last && ackFloor() == last
+	})
+	id, err := reader.Rewind(ctx, w.js, topology.GroupFraudDetection, reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, w.js, topology.GroupFraudDetection, id); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the replay to be handled", func() bool { return ackFloor() == last })
+	crash()
+	for part := range parts {
+		if err := w.js.DeleteConsumer(ctx, events.ClicksStream, topology.GroupConsumerName(topology.GroupFraudDetection, part)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, verdictsBefore := w.verdictLabels(t)
+
+	reg := prometheus.NewRegistry()
+	next := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	w.runMember(t, "next", next, next.Handle, next.OnRewind)
+	testenv.WaitFor(t, 60*time.Second, "the new group to reach the burst's end", func() bool { return ackFloor() == last })
+
+	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 0 {
+		t.Errorf("the new group judged %v events, want 0 (1..30 judged and stored before, fed)", got)
+	}
+	if got := gathered(t, reg, "snip_fraud_verdicts_total"); got != 0 {
+		t.Errorf("the new group published %v labels, want 0", got)
+	}
+	if _, verdicts := w.verdictLabels(t); verdicts != verdictsBefore {
+		t.Errorf("verdict messages on FRAUD_VERDICTS: %d, want the %d before the group was created again", verdicts, verdictsBefore)
+	}
+	st, err := w.store.LinkStats(ctx, "hot")
+	if err != nil || st.Total != 30 || st.Flagged != 30 {
+		t.Errorf("stats = %+v, %v; want 30 of 30 flagged, as before", st, err)
+	}
+}

@@ -135,9 +135,12 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 }
 
 // Replaying reports whether partition carried out the group's latest replay
-// (reader.Rewind, recorded in the same bucket) and next is within it: at or
-// after the replay's first event of the partition and at or before the last
-// one it hands again.
+// (reader.Rewind, recorded in the same bucket) with the consumer it has now
+// and next is within it: at or after the replay's first event of the
+// partition and at or before the last one it hands again. A replay made for
+// the consumer before (the group's consumers deleted and created again:
+// reader.PartitionRewind.Void) is not this group's, even where the consumer
+// before carried it out: the new group never moved back for it.
 func (o *Origins) Replaying(ctx context.Context, partition int, next uint64) (bool, error) {
 	st, err := reader.LatestRewind(ctx, o.js, o.group)
 	if err != nil {
@@ -147,5 +150,5 @@ func (o *Origins) Replaying(ctx context.Context, partition int, next uint64) (bo
 		return false, nil
 	}
 	pr := st.Partitions[partition]
-	return pr.Done && pr.From <= next && next <= pr.Until, nil
+	return pr.Done && !pr.Void && pr.From <= next && next <= pr.Until, nil
 }
