@@ -2,6 +2,7 @@ package readers_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -185,5 +186,61 @@ func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
 	})
 	if st.ID != id || st.DoneCount != consoletest.Partitions || st.Total != consoletest.Partitions || st.Requested == nil {
 		t.Errorf("status = %+v, want replay %s done in all %d partitions", st, id, consoletest.Partitions)
+	}
+}
+
+// A replay whose group's consumers were deleted and created again before
+// its partitions moved back never will be: the status (and the API's JSON,
+// which the page renders) says void, not running. Before, it showed the
+// replay running for ever, 0 of N partitions moved back.
+func TestAReplayOfAGroupCreatedAgainIsVoid(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	consoletest.Publish(t, js, consoletest.Clicks("acme", "a", 5)...)
+	createGroup(t, js, "down-reader") // no member: nobody carries the replay out
+	v := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
+	ctx := t.Context()
+	replayed, err := v.Replay(ctx, "down-reader", readers.ReplayRequest{FromSeq: 1, Confirm: "down-reader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := v.ReplayStatus(ctx, "down-reader"); err != nil || st.ID != replayed.ID || st.Done || st.Void {
+		t.Fatalf("status with the group's own consumers = %+v, %v; want replay %s pending", st, err, replayed.ID)
+	}
+
+	for p := range consoletest.Partitions {
+		if err := js.DeleteConsumer(ctx, events.ClicksStream, topology.GroupConsumerName("down-reader", p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	createGroup(t, js, "down-reader")
+	st, err := v.ReplayStatus(ctx, "down-reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		ID    string `json:"id"`
+		Done  bool   `json:"done"`
+		Void  bool   `json:"void"`
+		Count int    `json:"partitions_done"`
+		Parts []struct {
+			Done bool `json:"done"`
+			Void bool `json:"void"`
+		} `json:"partition_status"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != replayed.ID || got.Done || !got.Void || got.Count != 0 || len(got.Parts) != consoletest.Partitions {
+		t.Fatalf("status after the group was created again = %s; want replay %s void, none of %d partitions done", b, replayed.ID, consoletest.Partitions)
+	}
+	for i, p := range got.Parts {
+		if p.Done || !p.Void {
+			t.Errorf("partition %d: %+v, want void, not done", i, p)
+		}
 	}
 }

@@ -123,10 +123,14 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 
 // ReplayStatus is the latest replay of a group, as the panel shows it.
 type ReplayStatus struct {
-	Group     string             `json:"group"`
-	ID        string             `json:"id,omitempty"`
-	Requested *time.Time         `json:"requested,omitempty"`
-	Done      bool               `json:"done"`
+	Group     string     `json:"group"`
+	ID        string     `json:"id,omitempty"`
+	Requested *time.Time `json:"requested,omitempty"`
+	Done      bool       `json:"done"`
+	// Void: the replay will never be done. A partition that has not moved
+	// back has a consumer other than the one the replay was made for (the
+	// group was deleted or created again since), which ignores it.
+	Void      bool               `json:"void"`
 	DoneCount int                `json:"partitions_done"`
 	Total     int                `json:"partitions"`
 	Parts     []PartitionRewound `json:"partition_status"`
@@ -138,10 +142,14 @@ type PartitionRewound struct {
 	From      uint64 `json:"from_seq"`
 	Until     uint64 `json:"until_seq"`
 	Done      bool   `json:"done"`
+	// Void: the partition's consumer is not the one the replay was made
+	// for (reader.PartitionRewind.Void); with Done false, it never moves
+	// back for it.
+	Void bool `json:"void"`
 }
 
-// ReplayStatus reads the group's latest replay and which partitions have
-// moved back.
+// ReplayStatus reads the group's latest replay, which partitions have
+// moved back, and whether the replay is void.
 func (v *View) ReplayStatus(ctx context.Context, group string) (ReplayStatus, error) {
 	if !events.ValidToken(group) {
 		return ReplayStatus{}, fmt.Errorf("replay status of %q: %w", group, ErrUnknownGroup)
@@ -150,13 +158,13 @@ func (v *View) ReplayStatus(ctx context.Context, group string) (ReplayStatus, er
 	if err != nil {
 		return ReplayStatus{}, err
 	}
-	out := ReplayStatus{Group: group, ID: st.ID, Done: st.Done(), Total: len(st.Partitions), Parts: []PartitionRewound{}}
+	out := ReplayStatus{Group: group, ID: st.ID, Done: st.Done(), Void: st.Void(), Total: len(st.Partitions), Parts: []PartitionRewound{}}
 	if st.ID != "" {
 		t := st.Requested
 		out.Requested = &t
 	}
 	for _, p := range st.Partitions {
-		out.Parts = append(out.Parts, PartitionRewound{Partition: p.Partition, From: p.From, Until: p.Until, Done: p.Done})
+		out.Parts = append(out.Parts, PartitionRewound{Partition: p.Partition, From: p.From, Until: p.Until, Done: p.Done, Void: p.Void})
 		if p.Done {
 			out.DoneCount++
 		}

@@ -192,6 +192,12 @@ function watchReplay(group, id, out) {
       const s = await request('GET', '/api/readers/' + encodeURIComponent(group) + '/replay', undefined, AbortSignal.timeout(POLL_TIMEOUT_MS));
       if (watch !== replayWatch) return;
       if (s.id !== id) { out.textContent = `Another replay (${s.id}) was requested since.`; return; }
+      if (s.void) {
+        // Some partition will never move back for it: no use polling on.
+        out.textContent = `Replay ${id} is void: the group was deleted or created again after it was requested; ` +
+          `${s.partitions_done} of ${s.partitions} partitions moved back before.`;
+        return;
+      }
       out.textContent = `Replay ${id}: ${s.partitions_done} of ${s.partitions} partitions moved back` +
         (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…');
       done = s.done;
