@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -84,13 +85,20 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	labels := map[string]Label{}
 	dups := map[string]bool{}
 	start := time.Now()
+	sc, _ := c.batches.Get().(*batchScratch)
+	if sc == nil {
+		sc = &batchScratch{}
+	}
+	// Nothing of the scratch outlives this call: Apply is done with the
+	// write when it returns.
+	defer c.batches.Put(sc)
 	for attempt := 0; attempt < maxWriteAttempts; attempt++ {
 		if last.Seq <= st.WM {
 			// Everything was applied before: a redelivery or a replay overlap.
 			c.m.duplicates.WithLabelValues("watermark").Add(float64(len(evs)))
 			return nil
 		}
-		b := c.build(p, *st, evs, labels, dups)
+		b := c.build(p, *st, evs, labels, dups, sc)
 		res, err := c.store.Apply(ctx, b.w)
 		if err != nil {
 			return fmt.Errorf("write partition %d batch: %w", p, err)
@@ -208,21 +216,36 @@ type built struct {
 	human, bot   int
 }
 
-// build filters evs against the state and aggregates what is left. dups
-// are event IDs the store found already counted; labels are verdict labels
-// it reported (0: none).
-func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]Label, dups map[string]bool) built {
+// batchScratch is what building a batch's write allocates: its delta, its
+// marks and the IDs it has seen, emptied and reused batch after batch.
+type batchScratch struct {
+	w     Write
+	delta Delta
+	seen  map[string]struct{}
+}
+
+// build filters evs against the state and aggregates what is left, in sc
+// (emptied first). dups are event IDs the store found already counted;
+// labels are verdict labels it reported (0: none).
+func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]Label, dups map[string]bool, sc *batchScratch) built {
 	last := &evs[len(evs)-1]
-	b := built{w: &Write{
+	sc.delta.Reset()
+	clear(sc.w.Marks)
+	if sc.seen == nil {
+		sc.seen = make(map[string]struct{}, len(evs))
+	}
+	clear(sc.seen)
+	sc.w = Write{
 		Partition:  p,
 		Expect:     st,
 		LastSeq:    last.Seq,
 		LastStored: last.Stored,
-		Delta:      NewDelta(),
+		Delta:      &sc.delta,
 		DedupTTL:   c.window,
-		Marks:      make([]Mark, 0, len(evs)),
-	}}
-	seen := make(map[string]struct{}, len(evs))
+		Marks:      slices.Grow(sc.w.Marks[:0], len(evs)),
+	}
+	b := built{w: &sc.w}
+	seen := sc.seen
 	for i := range evs {
 		e := &evs[i]
 		if e.Seq <= st.WM {

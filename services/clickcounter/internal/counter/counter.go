@@ -84,6 +84,10 @@ type Counter struct {
 	vstate map[int]State
 
 	janitor chan int
+
+	// batches holds the scratch of a batch's write (*batchScratch), kept
+	// for the next batch of any partition.
+	batches sync.Pool
 }
 
 // New returns a Counter.

@@ -165,12 +165,15 @@ func newArgsSized(nkeys int, keys ...string) *args {
 // and an op of four per hour and label, a visitor key with an op of three
 // per maxUnpack visitors and the visitors, and two expiries of three.
 func opsSize(d *counter.Delta) (keys, argv int) {
-	for _, ld := range d.Links {
+	for i := range d.Links {
+		ld := &d.Links[i]
 		keys++
-		argv += 8 * len(ld.Combos)
-		for _, dd := range ld.Days {
+		for range d.Combos(ld) {
+			argv += 8
+		}
+		for dd := range d.Days(ld) {
 			keys += 2
-			argv += 6 + 3*(len(dd.Visitors)/maxUnpack+1) + len(dd.Visitors)
+			argv += 6 + 3*(dd.NumVisitors/maxUnpack+1) + dd.NumVisitors
 			for _, n := range dd.Hours {
 				if n.Human != 0 {
 					argv += 4
@@ -319,9 +322,11 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 	gk := genKeys(genPrefix(p, g))
 	var lastDay counter.Day
 	var lastDayKey string
-	for ref, ld := range d.Links {
+	for i := range d.Links {
+		ld := &d.Links[i]
+		ref := ld.Ref
 		lk := boxInt(a.key(gk.link(ref)))
-		for c, n := range ld.Combos {
+		for c, n := range d.Combos(ld) {
 			if n.Human != 0 {
 				a.add("r", lk, comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
 			}
@@ -329,7 +334,8 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 				a.add("r", lk, comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
 			}
 		}
-		for day, dd := range ld.Days {
+		for dd := range d.Days(ld) {
+			day := dd.Day
 			at := day.End().Add(counter.DayKeep).Unix()
 			if lastDayKey == "" || day != lastDay {
 				lastDay, lastDayKey = day, day.Key()
@@ -345,13 +351,13 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 				}
 			}
 			expire(dk, dkey, at)
-			if len(dd.Visitors) > 0 {
+			if dd.NumVisitors > 0 {
 				ukey := gk.uv(ref, lastDayKey)
 				uk := boxInt(a.key(ukey))
 				// Straight into the arguments, maxUnpack at a time, each
 				// run after its op and count.
-				left, c := len(dd.Visitors), 0
-				for v := range dd.Visitors {
+				left, c := dd.NumVisitors, 0
+				for v := range d.Visitors(dd) {
 					if c == 0 {
 						c = min(left, maxUnpack)
 						left -= c
