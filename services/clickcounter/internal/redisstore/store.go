@@ -150,41 +150,54 @@ func newArgs(keys ...string) *args {
 }
 
 // newArgsSized is newArgs with room for nkeys keys, so a batch's hundreds
-// of them are not copied as the slice and the index grow.
+// of them are not copied as the slice grows; the index is sized for the
+// few keys that go through it (key: the apply script's ops add theirs
+// without it).
 func newArgsSized(nkeys int, keys ...string) *args {
 	nkeys += len(keys)
-	a := &args{idx: make(map[string]int, nkeys), keys: make([]string, 0, nkeys)}
+	a := &args{idx: make(map[string]int, len(keys)), keys: make([]string, 0, nkeys)}
 	for _, k := range keys {
 		a.key(k)
 	}
 	return a
 }
 
-// opsSize bounds how many keys and arguments addOps gives d: per link a
-// key and, per combo, two ops of four (human and bot); per day a day key
-// and an op of four per hour and label, a visitor key with an op of three
-// per maxUnpack visitors and the visitors, and two expiries of three.
+// opsSize counts the keys and arguments addOps gives d: per link its key;
+// per day its key, the visitors' key if it has visitors, and a group of
+// five arguments, two per field of the link (on its first day) and of the
+// day (human and bot counted apart), and the visitors.
 func opsSize(d *counter.Delta) (keys, argv int) {
 	for i := range d.Links {
 		ld := &d.Links[i]
 		keys++
-		for range d.Combos(ld) {
-			argv += 8
+		for _, n := range d.Combos(ld) {
+			argv += pairArgs(n)
 		}
 		for dd := range d.Days(ld) {
-			keys += 2
-			argv += 6 + 3*(dd.NumVisitors/maxUnpack+1) + dd.NumVisitors
+			keys++
+			argv += 5
 			for _, n := range dd.Hours {
-				if n.Human != 0 {
-					argv += 4
-				}
-				if n.Bot != 0 {
-					argv += 4
-				}
+				argv += pairArgs(n)
+			}
+			if dd.NumVisitors > 0 {
+				keys++
+				argv += dd.NumVisitors
 			}
 		}
 	}
 	return keys, argv
+}
+
+// pairArgs is how many arguments the fields of a pair's labels take.
+func pairArgs(n counter.Pair) int {
+	k := 0
+	if n.Human != 0 {
+		k += 2
+	}
+	if n.Bot != 0 {
+		k += 2
+	}
+	return k
 }
 
 // key returns the 1-based KEYS index of k, adding it if new.
@@ -199,9 +212,10 @@ func (a *args) key(k string) int {
 
 func (a *args) add(v ...any) { a.argv = append(a.argv, v...) }
 
-// maxUnpack bounds the values one script op spreads into a Redis command
-// (Lua's unpack fails beyond about 8,000, and a script that fails halfway
-// keeps what it wrote): visitor lists and label lookups are cut to this.
+// maxUnpack bounds the values the apply script spreads into one Redis
+// command (Lua's unpack fails beyond about 8,000, and a script that fails
+// halfway keeps what it wrote): it cuts visitor lists and label lookups
+// into commands of this many (the 1,000 in applyScript).
 const maxUnpack = 1000
 
 // Apply writes one batch (see applyScript).
@@ -218,7 +232,9 @@ func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResul
 func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, expiries map[string]int64) {
 	p, g := w.Partition, w.Expect.Write
 	opsKeys, opsArgv := opsSize(w.Delta)
-	a = newArgsSized(opsKeys+2*len(w.Marks), metaKey(p), posKey(p, g))
+	// Besides the ops' keys, one per recent-ID bucket and label day: a
+	// few (a batch's IDs span its events' time of publishing).
+	a = newArgsSized(opsKeys+16, metaKey(p), posKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
@@ -306,67 +322,83 @@ func (s *Store) applyResult(p int, order []int, expiries map[string]int64, res [
 	return counter.ApplyResult{}, fmt.Errorf("apply batch: unexpected reply %v", res)
 }
 
-// addOps encodes a delta as the apply script's ops, and returns the keys
-// given an "x" op, with their expiry. A key an applied batch has already
-// given that expiry gets no "x" op (see Store.expiring).
+// addOps encodes a delta as the apply script's ops (see applyScript), one
+// group per link and day, and returns the keys given an expiry, with it: a
+// day whose keys an applied batch has already given that expiry gets 0
+// instead (see Store.expiring). Each group's keys are added to KEYS in a
+// row (the link's, on its first day, then the day's and the visitors'),
+// so the group names them by one index.
 func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map[string]int64 {
 	// A batch names hundreds of keys and fields: the arguments are built
-	// with as few allocations as they take (boxed once where they repeat).
+	// with as few allocations as they take (boxed once where they repeat),
+	// and each count is written in its place once known. The ops' keys
+	// are each the batch's only use of them: they go to KEYS without the
+	// index that dedups the others.
 	expiries := map[string]int64{}
-	expire := func(k any, key string, at int64) {
-		if !s.hasExpiry(p, key, at, now) {
-			a.add("x", k, at)
-			expiries[key] = at
-		}
-	}
 	gk := genKeys(genPrefix(p, g))
 	var lastDay counter.Day
 	var lastDayKey string
+	var at int64
+	var atArg any // at, boxed once a day
 	for i := range d.Links {
 		ld := &d.Links[i]
 		ref := ld.Ref
-		lk := boxInt(a.key(gk.link(ref)))
-		for c, n := range d.Combos(ld) {
-			if n.Human != 0 {
-				a.add("r", lk, comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
-			}
-			if n.Bot != 0 {
-				a.add("r", lk, comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
-			}
-		}
+		a.keys = append(a.keys, gk.link(ref))
+		first := true
 		for dd := range d.Days(ld) {
 			day := dd.Day
-			at := day.End().Add(counter.DayKeep).Unix()
 			if lastDayKey == "" || day != lastDay {
 				lastDay, lastDayKey = day, day.Key()
+				at = day.End().Add(counter.DayKeep).Unix()
+				atArg = at
 			}
 			dkey := gk.day(ref, lastDayKey)
-			dk := boxInt(a.key(dkey))
-			for h, n := range dd.Hours { // the day's total is the sum of its hours
-				if n.Human != 0 {
-					a.add("h", dk, hourFieldArgs[0][h], boxInt64(n.Human))
-				}
-				if n.Bot != 0 {
-					a.add("h", dk, hourFieldArgs[1][h], boxInt64(n.Bot))
+			a.keys = append(a.keys, dkey)
+			var ukey string
+			if dd.NumVisitors > 0 {
+				ukey = gk.uv(ref, lastDayKey)
+				a.keys = append(a.keys, ukey)
+			}
+			exp := boxedInts[0]
+			if !s.hasExpiry(p, dkey, at, now) || ukey != "" && !s.hasExpiry(p, ukey, at, now) {
+				exp = atArg
+				expiries[dkey] = at
+				if ukey != "" {
+					expiries[ukey] = at
 				}
 			}
-			expire(dk, dkey, at)
-			if dd.NumVisitors > 0 {
-				ukey := gk.uv(ref, lastDayKey)
-				uk := boxInt(a.key(ukey))
-				// Straight into the arguments, maxUnpack at a time, each
-				// run after its op and count.
-				left, c := dd.NumVisitors, 0
-				for v := range d.Visitors(dd) {
-					if c == 0 {
-						c = min(left, maxUnpack)
-						left -= c
-						a.add("p", uk, boxInt(c))
+			dk := len(a.keys)
+			if ukey != "" {
+				dk--
+			}
+			a.add(boxInt(dk), exp, nil)
+			nf := len(a.argv) - 1
+			if first {
+				for c, n := range d.Combos(ld) {
+					if n.Human != 0 {
+						a.add(comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
 					}
-					a.argv = append(a.argv, v)
-					c--
+					if n.Bot != 0 {
+						a.add(comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
+					}
 				}
-				expire(uk, ukey, at)
+				first = false
+			}
+			a.argv[nf] = boxInt((len(a.argv) - nf - 1) / 2)
+			a.add(nil)
+			nh := len(a.argv) - 1
+			for h, n := range dd.Hours { // the day's total is the sum of its hours
+				if n.Human != 0 {
+					a.add(hourFieldArgs[0][h], boxInt64(n.Human))
+				}
+				if n.Bot != 0 {
+					a.add(hourFieldArgs[1][h], boxInt64(n.Bot))
+				}
+			}
+			a.argv[nh] = boxInt((len(a.argv) - nh - 1) / 2)
+			a.add(boxInt(dd.NumVisitors))
+			for v := range d.Visitors(dd) {
+				a.argv = append(a.argv, v)
 			}
 		}
 	}
