@@ -265,6 +265,31 @@ func TestApplyArgsAreSizedUpFront(t *testing.T) {
 	}
 }
 
+// Apply builds each batch's arguments into the slices of an applied one
+// (Store.applies): a batch like the last grows nothing, and allocates only
+// the strings it makes (keys, fields, packed IDs) and its expiries.
+func TestApplyArgsIntoReusedArgsAllocateOnlyStrings(t *testing.T) {
+	now := time.Now().UTC()
+	w := mixWrite(2000, false, now)
+	s := New(nil)
+	a := &args{idx: map[string]int{}}
+	fill := func() {
+		a.reset()
+		s.applyArgsInto(a, w, now.Unix())
+	}
+	fill()
+	fresh := testing.AllocsPerRun(10, func() { s.applyArgs(w, now.Unix()) })
+	reused := testing.AllocsPerRun(10, fill)
+	// Measured: 6,737 fresh, 6,732 reused; the five it saves are the
+	// batch's largest (the arguments, the keys, their index, the order).
+	if reused > fresh-4 {
+		t.Errorf("%.0f allocations building a batch's arguments into reused ones, %.0f fresh: want at least 4 fewer", reused, fresh)
+	}
+	if len(a.keys) < 2 || len(a.argv) < 10 {
+		t.Fatalf("%d keys, %d arguments: not built", len(a.keys), len(a.argv))
+	}
+}
+
 // BenchmarkApplyArgs measures building one batch's script arguments (the
 // Go side of Store.Apply before its one call), for 2,000 clicks.
 //
@@ -278,6 +303,17 @@ func BenchmarkApplyArgs(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				s.applyArgs(w, now.Unix())
+			}
+		})
+		b.Run(mix+"/reused", func(b *testing.B) {
+			now := time.Now().UTC()
+			w := mixWrite(2000, mix == "hot", now)
+			s := New(nil)
+			a := &args{idx: map[string]int{}}
+			b.ReportAllocs()
+			for b.Loop() {
+				a.reset()
+				s.applyArgsInto(a, w, now.Unix())
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,6 +46,11 @@ type Store struct {
 	// The replica wait of Replicated (WaitForReplicas): off when waitN is 0.
 	waitN       int
 	waitTimeout time.Duration
+
+	// applies holds the *args of applied batches, emptied, for the next
+	// batch of any partition: a batch's keys and arguments are thousands
+	// of entries, and go-redis copies them into its command.
+	applies sync.Pool
 }
 
 // maxExpiring bounds the keys remembered per partition; beyond it the
@@ -143,6 +149,8 @@ type args struct {
 	keys []string
 	idx  map[string]int
 	argv []any
+	// order is the apply script's: its marks' order (applyArgsInto).
+	order []int
 }
 
 func newArgs(keys ...string) *args {
@@ -221,24 +229,51 @@ const maxUnpack = 1000
 // Apply writes one batch (see applyScript).
 func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
 	p := w.Partition
-	a, order, expiries := s.applyArgs(w, time.Now().Unix())
+	a, _ := s.applies.Get().(*args)
+	if a == nil {
+		a = &args{idx: map[string]int{}}
+	}
+	defer s.applies.Put(a)
+	order, expiries := s.applyArgsInto(a, w, time.Now().Unix())
+	defer a.reset()
 	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
 	return s.applyResult(p, order, expiries, res, err)
+}
+
+// reset empties a for another batch, keeping its slices and index.
+func (a *args) reset() {
+	clear(a.keys)
+	a.keys = a.keys[:0]
+	clear(a.idx)
+	clear(a.argv)
+	a.argv = a.argv[:0]
+	a.order = a.order[:0]
 }
 
 // applyArgs builds the apply script's keys and arguments for w, and
 // returns them, the marks' order in them and the expiries their ops give
 // (see addOps).
 func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, expiries map[string]int64) {
+	a = &args{idx: map[string]int{}}
+	order, expiries = s.applyArgsInto(a, w, now)
+	return a, order, expiries
+}
+
+// applyArgsInto is applyArgs into a, empty, which it grows to the batch's
+// size.
+func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int, expiries map[string]int64) {
 	p, g := w.Partition, w.Expect.Write
 	opsKeys, opsArgv := opsSize(w.Delta)
 	// Besides the ops' keys, one per recent-ID bucket and label day: a
 	// few (a batch's IDs span its events' time of publishing).
-	a = newArgsSized(opsKeys+16, metaKey(p), posKey(p, g))
+	a.keys = slices.Grow(a.keys, opsKeys+16+2)
+	a.key(metaKey(p))
+	a.key(posKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
-	order = make([]int, len(w.Marks))
+	a.order = slices.Grow(a.order[:0], len(w.Marks))[:len(w.Marks)]
+	order = a.order
 	for i := range order {
 		order[i] = i
 	}
@@ -280,13 +315,13 @@ func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, ex
 		start = end
 	}
 
-	a.argv = make([]any, 0, 10+len(idGroups)+len(labelGroups)+opsArgv)
+	a.argv = slices.Grow(a.argv, 10+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
 		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries = s.addOps(a, p, g, w.Delta, now)
-	return a, order, expiries
+	return order, expiries
 }
 
 // applyResult reads the apply script's answer.
