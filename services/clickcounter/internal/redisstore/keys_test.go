@@ -46,3 +46,27 @@ func TestComboFieldRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// linkDay cuts a link's key and its day's two keys from one string, each
+// the same as link, day and uv make it alone, in one allocation.
+func TestLinkDayKeysAreTheKeysInOneAllocation(t *testing.T) {
+	gk := genKeys(genPrefix(3, 7))
+	ref := counter.LinkRef{Owner: "acme", Code: "abc123"}
+	day := counter.Day(20428).Key()
+	for _, c := range []struct{ link, uv bool }{{true, true}, {true, false}, {false, true}, {false, false}} {
+		lk, dk, uk := gk.linkDay(ref, day, c.link, c.uv)
+		wantL, wantU := "", ""
+		if c.link {
+			wantL = gk.link(ref)
+		}
+		if c.uv {
+			wantU = gk.uv(ref, day)
+		}
+		if lk != wantL || dk != gk.day(ref, day) || uk != wantU {
+			t.Errorf("linkDay(link %v, uv %v) = %q, %q, %q; want %q, %q, %q", c.link, c.uv, lk, dk, uk, wantL, gk.day(ref, day), wantU)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { gk.linkDay(ref, day, true, true) }); n != 1 {
+		t.Errorf("%.0f allocations for a link's and its day's keys, want 1", n)
+	}
+}

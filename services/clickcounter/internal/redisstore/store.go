@@ -377,8 +377,6 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 	var atArg any // at, boxed once a day
 	for i := range d.Links {
 		ld := &d.Links[i]
-		ref := ld.Ref
-		a.keys = append(a.keys, gk.link(ref))
 		first := true
 		for dd := range d.Days(ld) {
 			day := dd.Day
@@ -387,11 +385,12 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 				at = day.End().Add(counter.DayKeep).Unix()
 				atArg = at
 			}
-			dkey := gk.day(ref, lastDayKey)
+			lkey, dkey, ukey := gk.linkDay(ld.Ref, lastDayKey, first, dd.NumVisitors > 0)
+			if first {
+				a.keys = append(a.keys, lkey)
+			}
 			a.keys = append(a.keys, dkey)
-			var ukey string
-			if dd.NumVisitors > 0 {
-				ukey = gk.uv(ref, lastDayKey)
+			if ukey != "" {
 				a.keys = append(a.keys, ukey)
 			}
 			exp := boxedInts[0]
