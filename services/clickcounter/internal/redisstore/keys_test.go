@@ -1,8 +1,10 @@
 package redisstore
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
@@ -68,5 +70,41 @@ func TestLinkDayKeysAreTheKeysInOneAllocation(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { gk.linkDay(ref, day, true, true) }); n != 1 {
 		t.Errorf("%.0f allocations for a link's and its day's keys, want 1", n)
+	}
+}
+
+// A batch's link fields come from a cache kept across the batches built in
+// the same args: the same field as comboField makes, with no allocation
+// once cached, and a key that holds the field's own strings, not the
+// click's (which may be the memory of a message long gone); the cache
+// starts over past maxCachedFields.
+func TestLinkFieldsAreCachedOnTheirOwnStrings(t *testing.T) {
+	a := &args{}
+	msg := []byte("DEnews.ycombinator.com")
+	country, host := string(msg[:2]), string(msg[2:])
+	f := a.field(counter.Bot, country, host)
+	if want := comboField(counter.Bot, country, host); f != want {
+		t.Fatalf("field %q, want %q", f, want)
+	}
+	if n := testing.AllocsPerRun(100, func() { a.field(counter.Bot, country, host) }); n != 0 {
+		t.Errorf("%.0f allocations for a cached field, want 0", n)
+	}
+	within := func(sub, s string) bool {
+		p, b := uintptr(unsafe.Pointer(unsafe.StringData(sub))), uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		return p >= b && p+uintptr(len(sub)) <= b+uintptr(len(s))
+	}
+	for k, v := range a.fields {
+		if !within(k.country, v) || !within(k.host, v) {
+			t.Errorf("cache key %+v does not point into its field %q", k, v)
+		}
+	}
+	if g := a.field(counter.Human, country, host); g != comboField(counter.Human, country, host) || g == f {
+		t.Errorf("human field %q next to the bot's %q", g, f)
+	}
+	for i := range maxCachedFields + 10 {
+		a.field(counter.Human, "US", fmt.Sprintf("h%d.example", i))
+	}
+	if len(a.fields) > maxCachedFields {
+		t.Errorf("%d fields cached, want at most %d", len(a.fields), maxCachedFields)
 	}
 }

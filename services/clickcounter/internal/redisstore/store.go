@@ -151,6 +151,35 @@ type args struct {
 	argv []any
 	// order is the apply script's: its marks' order (applyArgsInto).
 	order []int
+	// fields caches the link fields of the batches built in these args
+	// (comboField), kept across them: a batch names the same few hundred
+	// (label, country, referrer) fields for link after link.
+	fields map[fieldKey]string
+}
+
+// fieldKey is a link field's parts; its strings are the cached field's
+// own, never a click's.
+type fieldKey struct {
+	l             counter.Label
+	country, host string
+}
+
+// maxCachedFields bounds an args' field cache: beyond it, it starts over.
+const maxCachedFields = 4096
+
+// field returns comboField(l, country, host), from the cache if there.
+func (a *args) field(l counter.Label, country, host string) string {
+	if f, ok := a.fields[fieldKey{l, country, host}]; ok {
+		return f
+	}
+	f := comboField(l, country, host)
+	if a.fields == nil || len(a.fields) >= maxCachedFields {
+		a.fields = make(map[fieldKey]string, 64)
+	}
+	// The key's strings are cut from f: the click's may share the memory of
+	// the message it was read from, which the cache must not keep.
+	a.fields[fieldKey{l, f[2 : 2+len(country)], f[3+len(country):]}] = f
+	return f
 }
 
 func newArgs(keys ...string) *args {
@@ -410,10 +439,10 @@ func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map
 			if first {
 				for c, n := range d.Combos(ld) {
 					if n.Human != 0 {
-						a.add(comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
+						a.add(a.field(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
 					}
 					if n.Bot != 0 {
-						a.add(comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
+						a.add(a.field(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
 					}
 				}
 				first = false
