@@ -90,8 +90,12 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 		sc = &batchScratch{}
 	}
 	// Nothing of the scratch outlives this call: Apply is done with the
-	// write when it returns.
-	defer c.batches.Put(sc)
+	// write when it returns. Emptied, it keeps none of the batch's clicks
+	// (nor the messages their strings share) alive in the pool.
+	defer func() {
+		sc.empty()
+		c.batches.Put(sc)
+	}()
 	for attempt := 0; attempt < maxWriteAttempts; attempt++ {
 		if last.Seq <= st.WM {
 			// Everything was applied before: a redelivery or a replay overlap.
@@ -224,17 +228,23 @@ type batchScratch struct {
 	seen  map[string]struct{}
 }
 
+// empty drops what sc holds of a batch, keeping its room.
+func (sc *batchScratch) empty() {
+	sc.delta.Reset()
+	clear(sc.w.Marks)
+	sc.w = Write{Marks: sc.w.Marks[:0]}
+	clear(sc.seen)
+}
+
 // build filters evs against the state and aggregates what is left, in sc
 // (emptied first). dups are event IDs the store found already counted;
 // labels are verdict labels it reported (0: none).
 func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]Label, dups map[string]bool, sc *batchScratch) built {
 	last := &evs[len(evs)-1]
-	sc.delta.Reset()
-	clear(sc.w.Marks)
+	sc.empty()
 	if sc.seen == nil {
 		sc.seen = make(map[string]struct{}, len(evs))
 	}
-	clear(sc.seen)
 	sc.w = Write{
 		Partition:  p,
 		Expect:     st,
