@@ -85,8 +85,10 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	labels := map[string]Label{}
 	dups := map[string]bool{}
 	start := time.Now()
-	sc, _ := c.batches.Get().(*batchScratch)
-	if sc == nil {
+	var sc *batchScratch
+	select {
+	case sc = <-c.batches:
+	default:
 		sc = &batchScratch{}
 	}
 	// Nothing of the scratch outlives this call: Apply is done with the
@@ -94,7 +96,10 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	// (nor the messages their strings share) alive in the pool.
 	defer func() {
 		sc.empty()
-		c.batches.Put(sc)
+		select {
+		case c.batches <- sc:
+		default: // as many as partitions kept already
+		}
 	}()
 	for attempt := 0; attempt < maxWriteAttempts; attempt++ {
 		if last.Seq <= st.WM {

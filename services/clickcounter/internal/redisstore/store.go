@@ -48,10 +48,16 @@ type Store struct {
 	waitTimeout time.Duration
 
 	// applies holds the *args of applied batches, emptied, for the next
-	// batch of any partition: a batch's keys and arguments are thousands
-	// of entries, and go-redis copies them into its command.
-	applies sync.Pool
+	// batch of any partition (at most maxApplies): a batch's keys and
+	// arguments are thousands of entries, and go-redis copies them into
+	// its command. Not a sync.Pool, which drops what it holds at every
+	// garbage collection, every few batches in a catch-up.
+	applies chan *args
 }
+
+// maxApplies bounds the batches' arguments a store keeps for the next
+// batches: as many as partitions are written at once, up to 16.
+const maxApplies = 16
 
 // maxExpiring bounds the keys remembered per partition; beyond it the
 // partition's entries are forgotten (the next batches set their expiries
@@ -62,7 +68,7 @@ var _ counter.Store = (*Store)(nil)
 
 // New returns a store on rdb.
 func New(rdb redis.UniversalClient) *Store {
-	return &Store{rdb: rdb, expiring: map[int]map[string]int64{}}
+	return &Store{rdb: rdb, expiring: map[int]map[string]int64{}, applies: make(chan *args, maxApplies)}
 }
 
 // hasExpiry reports whether an applied batch gave key its expiry at, and
@@ -258,11 +264,18 @@ const maxUnpack = 1000
 // Apply writes one batch (see applyScript).
 func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
 	p := w.Partition
-	a, _ := s.applies.Get().(*args)
-	if a == nil {
+	var a *args
+	select {
+	case a = <-s.applies:
+	default:
 		a = &args{idx: map[string]int{}}
 	}
-	defer s.applies.Put(a)
+	defer func() {
+		select {
+		case s.applies <- a:
+		default: // maxApplies kept already
+		}
+	}()
 	order, expiries := s.applyArgsInto(a, w, time.Now().Unix())
 	defer a.reset()
 	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
