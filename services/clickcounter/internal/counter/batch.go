@@ -93,7 +93,7 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	}
 	// Nothing of the scratch outlives this call: Apply is done with the
 	// write when it returns. Emptied, it keeps none of the batch's clicks
-	// (nor the messages their strings share) alive in the pool.
+	// (nor the messages their strings share) alive in c.batches.
 	defer func() {
 		sc.empty()
 		select {

@@ -10,9 +10,9 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 )
 
-// The scratch a write puts back in the pool is emptied first: none of its
+// The scratch a write keeps for the next batch is emptied first: none of its
 // delta's slices, its marks or its maps holds a string of the batch (the
-// clicks' strings share their messages' memory, which the pool would
+// clicks' strings share their messages' memory, which it would
 // otherwise keep alive), and it keeps its room for the next batch.
 func TestBatchScratchKeepsNothingOfItsBatch(t *testing.T) {
 	c := &Counter{window: time.Minute}
