@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -84,13 +85,29 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	labels := map[string]Label{}
 	dups := map[string]bool{}
 	start := time.Now()
+	var sc *batchScratch
+	select {
+	case sc = <-c.batches:
+	default:
+		sc = &batchScratch{}
+	}
+	// Nothing of the scratch outlives this call: Apply is done with the
+	// write when it returns. Emptied, it keeps none of the batch's clicks
+	// (nor the messages their strings share) alive in c.batches.
+	defer func() {
+		sc.empty()
+		select {
+		case c.batches <- sc:
+		default: // as many as partitions kept already
+		}
+	}()
 	for attempt := 0; attempt < maxWriteAttempts; attempt++ {
 		if last.Seq <= st.WM {
 			// Everything was applied before: a redelivery or a replay overlap.
 			c.m.duplicates.WithLabelValues("watermark").Add(float64(len(evs)))
 			return nil
 		}
-		b := c.build(p, *st, evs, labels, dups)
+		b := c.build(p, *st, evs, labels, dups, sc)
 		res, err := c.store.Apply(ctx, b.w)
 		if err != nil {
 			return fmt.Errorf("write partition %d batch: %w", p, err)
@@ -208,21 +225,42 @@ type built struct {
 	human, bot   int
 }
 
-// build filters evs against the state and aggregates what is left. dups
-// are event IDs the store found already counted; labels are verdict labels
-// it reported (0: none).
-func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]Label, dups map[string]bool) built {
+// batchScratch is what building a batch's write allocates: its delta, its
+// marks and the IDs it has seen, emptied and reused batch after batch.
+type batchScratch struct {
+	w     Write
+	delta Delta
+	seen  map[string]struct{}
+}
+
+// empty drops what sc holds of a batch, keeping its room.
+func (sc *batchScratch) empty() {
+	sc.delta.Reset()
+	clear(sc.w.Marks)
+	sc.w = Write{Marks: sc.w.Marks[:0]}
+	clear(sc.seen)
+}
+
+// build filters evs against the state and aggregates what is left, in sc
+// (emptied first). dups are event IDs the store found already counted;
+// labels are verdict labels it reported (0: none).
+func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]Label, dups map[string]bool, sc *batchScratch) built {
 	last := &evs[len(evs)-1]
-	b := built{w: &Write{
+	sc.empty()
+	if sc.seen == nil {
+		sc.seen = make(map[string]struct{}, len(evs))
+	}
+	sc.w = Write{
 		Partition:  p,
 		Expect:     st,
 		LastSeq:    last.Seq,
 		LastStored: last.Stored,
-		Delta:      NewDelta(),
+		Delta:      &sc.delta,
 		DedupTTL:   c.window,
-		Marks:      make([]Mark, 0, len(evs)),
-	}}
-	seen := make(map[string]struct{}, len(evs))
+		Marks:      slices.Grow(sc.w.Marks[:0], len(evs)),
+	}
+	b := built{w: &sc.w}
+	seen := sc.seen
 	for i := range evs {
 		e := &evs[i]
 		if e.Seq <= st.WM {

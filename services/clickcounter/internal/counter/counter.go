@@ -84,6 +84,13 @@ type Counter struct {
 	vstate map[int]State
 
 	janitor chan int
+
+	// batches holds the scratch of batches' writes, emptied, for the next
+	// batch of any partition: at most one per partition. Not a sync.Pool,
+	// which drops what it holds at every garbage collection: a catch-up
+	// collects every few batches, and a scratch made anew grows its maps
+	// again.
+	batches chan *batchScratch
 }
 
 // New returns a Counter.
@@ -116,6 +123,7 @@ func New(o Options) (*Counter, error) {
 		replays:   map[int]uint64{},
 		vstate:    map[int]State{},
 		janitor:   make(chan int, 4*o.Partitions),
+		batches:   make(chan *batchScratch, o.Partitions),
 	}, nil
 }
 

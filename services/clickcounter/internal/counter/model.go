@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"iter"
 	"net/url"
 	"strings"
 	"time"
@@ -144,69 +145,208 @@ func ReferrerHost(referrer string) string {
 }
 
 // Delta is what a batch adds to the counts of one partition.
+//
+// It is kept flat, in a few slices and maps of the whole batch rather than
+// maps per link and per day: a batch of the spread mix touches hundreds of
+// links, and a map or two of their own per link and day cost more than the
+// counting. A link's combos, days and a day's visitors are chained through
+// the batch's slices (Combos, Days, Visitors iterate them). Reset empties a
+// delta for the next batch and keeps what it allocated.
+//
+// The strings a delta holds are the clicks' own (they may share the memory
+// of the messages the clicks were read from): a delta is valid as long as
+// its batch's clicks are.
 type Delta struct {
-	Links map[LinkRef]*LinkDelta
+	// Links are the batch's links, in the order of their first click.
+	Links []LinkDelta
+
+	combos   []comboDelta
+	days     []DayDelta
+	visitors []visitorEntry
+
+	linkIdx  map[LinkRef]int32
+	comboIdx map[comboKey]int32
+	dayIdx   map[dayKey]int32
+	seen     map[visitorKey]struct{}
+
 	// hosts caches ReferrerHost for the batch's Referer values: a batch
 	// holds few distinct ones, and parsing a URL costs more than a lookup.
 	hosts map[string]string
 }
 
-// LinkDelta is what a batch adds to one link.
+// LinkDelta is what a batch adds to one link: its combos and its days,
+// read through Delta.Combos and Delta.Days.
 type LinkDelta struct {
-	Combos map[Combo]Pair
-	Days   map[Day]*DayDelta
+	Ref LinkRef
+	// combo, day: 1 + the index of the link's last combo and day in the
+	// batch's slices (0: none), each chained to the one before.
+	combo, day int32
+	// lastDay is 1 + the index of the day the link's previous click was
+	// on: most clicks of a batch fall on the day before them.
+	lastDay int32
 }
 
 // DayDelta is what a batch adds to one link on one UTC day.
 type DayDelta struct {
+	Day   Day
 	Total Pair
 	Hours [24]Pair
-	// Visitors are the distinct visitor hashes of the day's clicks that the
-	// redirect did not flag as bots, for the unique-visitor count.
-	Visitors map[string]struct{}
+	// NumVisitors is how many distinct visitor hashes the day's clicks
+	// that the redirect did not flag as bots have (Delta.Visitors lists
+	// them), for the unique-visitor count.
+	NumVisitors int
+	visitor     int32 // 1 + the index of the last one, chained
+	next        int32 // 1 + the index of the link's day before this one
+}
+
+type comboDelta struct {
+	Combo
+	Pair
+	next int32
+}
+
+type visitorEntry struct {
+	v    string
+	next int32
+}
+
+type comboKey struct {
+	link int32
+	Combo
+}
+
+type dayKey struct {
+	link int32
+	day  Day
+}
+
+type visitorKey struct {
+	day int32
+	v   string
 }
 
 // maxCachedHosts bounds a delta's cache of referrer hosts.
 const maxCachedHosts = 1000
 
-// NewDelta returns an empty delta.
-func NewDelta() *Delta { return &Delta{Links: map[LinkRef]*LinkDelta{}} }
+// NewDelta returns an empty delta. It allocates its maps on its first Add.
+func NewDelta() *Delta { return &Delta{} }
+
+// Reset empties d, keeping its slices and maps for the next batch.
+func (d *Delta) Reset() {
+	clear(d.Links)
+	d.Links = d.Links[:0]
+	clear(d.combos)
+	d.combos = d.combos[:0]
+	d.days = d.days[:0]
+	clear(d.visitors)
+	d.visitors = d.visitors[:0]
+	clear(d.linkIdx)
+	clear(d.comboIdx)
+	clear(d.dayIdx)
+	clear(d.seen)
+	clear(d.hosts)
+}
 
 // Empty reports whether the delta adds nothing.
 func (d *Delta) Empty() bool { return len(d.Links) == 0 }
 
+// Combos yields what the batch adds to each (country, referrer) of link l.
+func (d *Delta) Combos(l *LinkDelta) iter.Seq2[Combo, Pair] {
+	return func(yield func(Combo, Pair) bool) {
+		for i := l.combo; i != 0; {
+			c := &d.combos[i-1]
+			if !yield(c.Combo, c.Pair) {
+				return
+			}
+			i = c.next
+		}
+	}
+}
+
+// Days yields what the batch adds to link l on each day.
+func (d *Delta) Days(l *LinkDelta) iter.Seq[*DayDelta] {
+	return func(yield func(*DayDelta) bool) {
+		for i := l.day; i != 0; {
+			dd := &d.days[i-1]
+			if !yield(dd) {
+				return
+			}
+			i = dd.next
+		}
+	}
+}
+
+// Visitors yields the distinct visitor hashes of dd (dd.NumVisitors).
+func (d *Delta) Visitors(dd *DayDelta) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for i := dd.visitor; i != 0; {
+			v := &d.visitors[i-1]
+			if !yield(v.v) {
+				return
+			}
+			i = v.next
+		}
+	}
+}
+
 // Add counts one click n times under label l.
 func (d *Delta) Add(c *events.Click, l Label, n int64) {
-	ref := LinkRef{Owner: c.Owner, Code: c.Code}
-	ld := d.Links[ref]
-	if ld == nil {
-		ld = &LinkDelta{Combos: map[Combo]Pair{}, Days: map[Day]*DayDelta{}}
-		d.Links[ref] = ld
+	if d.linkIdx == nil {
+		d.linkIdx = map[LinkRef]int32{}
+		d.comboIdx = map[comboKey]int32{}
+		d.dayIdx = map[dayKey]int32{}
+		d.seen = map[visitorKey]struct{}{}
+		d.hosts = map[string]string{}
 	}
+	ref := LinkRef{Owner: c.Owner, Code: c.Code}
+	li, ok := d.linkIdx[ref]
+	if !ok {
+		d.Links = append(d.Links, LinkDelta{Ref: ref})
+		li = int32(len(d.Links) - 1)
+		d.linkIdx[ref] = li
+	}
+	ld := &d.Links[li]
 	host, ok := d.hosts[c.Referrer]
 	if !ok {
 		host = ReferrerHost(c.Referrer)
-		if d.hosts == nil {
-			d.hosts = map[string]string{}
-		}
 		if len(d.hosts) < maxCachedHosts {
 			d.hosts[c.Referrer] = host
 		}
 	}
-	combo := Combo{Country: CountryOf(c.Country), Referrer: host}
-	p := ld.Combos[combo]
-	p.Add(l, n)
-	ld.Combos[combo] = p
+	ck := comboKey{link: li, Combo: Combo{Country: CountryOf(c.Country), Referrer: host}}
+	ci, ok := d.comboIdx[ck]
+	if !ok {
+		d.combos = append(d.combos, comboDelta{Combo: ck.Combo, next: ld.combo})
+		ci = int32(len(d.combos) - 1)
+		ld.combo = ci + 1
+		d.comboIdx[ck] = ci
+	}
+	d.combos[ci].Add(l, n)
 	t := c.Time.UTC()
 	day := DayOf(t)
-	dd := ld.Days[day]
-	if dd == nil {
-		dd = &DayDelta{Visitors: map[string]struct{}{}}
-		ld.Days[day] = dd
+	var di int32
+	if ld.lastDay != 0 && d.days[ld.lastDay-1].Day == day {
+		di = ld.lastDay - 1
+	} else {
+		dk := dayKey{link: li, day: day}
+		if di, ok = d.dayIdx[dk]; !ok {
+			d.days = append(d.days, DayDelta{Day: day, next: ld.day})
+			di = int32(len(d.days) - 1)
+			ld.day = di + 1
+			d.dayIdx[dk] = di
+		}
+		ld.lastDay = di + 1
 	}
+	dd := &d.days[di]
 	dd.Total.Add(l, n)
 	dd.Hours[t.Hour()].Add(l, n)
 	if !c.Bot && c.Visitor != "" {
-		dd.Visitors[c.Visitor] = struct{}{}
+		vk := visitorKey{day: di, v: c.Visitor}
+		if _, ok := d.seen[vk]; !ok {
+			d.seen[vk] = struct{}{}
+			d.visitors = append(d.visitors, visitorEntry{v: c.Visitor, next: dd.visitor})
+			dd.visitor = int32(len(d.visitors))
+			dd.NumVisitors++
+		}
 	}
 }

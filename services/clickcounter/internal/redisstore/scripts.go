@@ -34,18 +34,26 @@ end
 // position, count, the click IDs packed in one value of 36 bytes each, and
 // the assumed labels in one value of a byte each, '-' for none: a label
 // hash that does not exist, the common case, costs one EXISTS and no Lua
-// string per click), then the ops:
+// string per click), then the counts, one group per link and day:
 //
-//	h key field n          HINCRBY
-//	r key field n          HINCRBY; a new field that overfills the hash goes to
-//	                       its label and country's "(other)" referrer field
-//	                       (one call when the field exists, the common case)
-//	p key count v...       PFADD
-//	x key unix             EXPIREAT, if an op above created a field or changed
-//	                       the HyperLogLog (a key is only ever created so, so
-//	                       every key gets its expiry; most batches skip it).
-//	                       The store leaves the op out for a key an applied
-//	                       batch has already given its expiry (Store.expiring).
+//	k at nf field n ... nh field n ... nv v ...
+//
+// KEYS[k] is the day hash and, if the day has visitors, KEYS[k+1] their
+// HyperLogLog; on a link's first day (nf > 0) KEYS[k-1] is the link hash.
+// at is the day's keys' expiry (unix; 0: leave it). Then the link's nf
+// fields, each a HINCRBY (a new field that overfills the hash goes to its
+// label and country's "(other)" referrer field: one call when the field
+// exists, the common case); the day's nh hour fields, each a HINCRBY; and
+// its nv visitors, PFADD in commands of 1,000 (Lua's unpack fails beyond
+// about 8,000, and a script that fails halfway keeps what it wrote).
+//
+// A key's EXPIREAT is called if a command above created a field or
+// changed the HyperLogLog (a key is only ever created so, so every key
+// gets its expiry; most batches skip it). The store sends 0 for a day
+// whose keys an applied batch has already given their expiry
+// (Store.expiring). A field costs two arguments and a link and day five,
+// with the keys in a row named by one index: an op code and a key index
+// per field would cost twice as many.
 var applyScript = redis.NewScript(idsFromLua + `
 local meta, pos = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'read', 'write', 'until')
@@ -114,29 +122,40 @@ if #dups > 0 or #labs > 0 then
   return {'recheck', dups, labs}
 end
 local n = #ARGV
-local fresh = {}
 while i <= n do
-  local op = ARGV[i]
-  if op == 'h' then
-    local k, d = tonumber(ARGV[i+1]), ARGV[i+3]
-    if redis.call('HINCRBY', KEYS[k], ARGV[i+2], d) == tonumber(d) then fresh[k] = true end
-    i = i + 4
-  elseif op == 'r' then
-    local key, f, n = KEYS[tonumber(ARGV[i+1])], ARGV[i+2], ARGV[i+3]
-    if redis.call('HINCRBY', key, f, n) == tonumber(n) and redis.call('HLEN', key) > cap then
-      -- f is "<label>|<country>|<referrer>": keep "<label>|<country>|"
-      redis.call('HDEL', key, f)
-      redis.call('HINCRBY', key, string.sub(f, 1, string.find(f, '|', 3, true)) .. other, n)
+  local k, at, nf = tonumber(ARGV[i]), ARGV[i+1], tonumber(ARGV[i+2])
+  i = i + 3
+  if nf > 0 then
+    local lkey = KEYS[k-1]
+    for _ = 1, nf do
+      local f, d = ARGV[i], ARGV[i+1]
+      if redis.call('HINCRBY', lkey, f, d) == tonumber(d) and redis.call('HLEN', lkey) > cap then
+        -- f is "<label>|<country>|<referrer>": keep "<label>|<country>|"
+        redis.call('HDEL', lkey, f)
+        redis.call('HINCRBY', lkey, string.sub(f, 1, string.find(f, '|', 3, true)) .. other, d)
+      end
+      i = i + 2
     end
-    i = i + 4
-  elseif op == 'p' then
-    local k, c = tonumber(ARGV[i+1]), tonumber(ARGV[i+2])
-    if redis.call('PFADD', KEYS[k], unpack(ARGV, i+3, i+2+c)) == 1 then fresh[k] = true end
-    i = i + 3 + c
-  else
-    local k = tonumber(ARGV[i+1])
-    if fresh[k] then redis.call('EXPIREAT', KEYS[k], ARGV[i+2]) end
-    i = i + 3
+  end
+  local dkey, nh = KEYS[k], tonumber(ARGV[i])
+  i = i + 1
+  local fresh = false
+  for _ = 1, nh do
+    local d = ARGV[i+1]
+    if redis.call('HINCRBY', dkey, ARGV[i], d) == tonumber(d) then fresh = true end
+    i = i + 2
+  end
+  if fresh and at ~= '0' then redis.call('EXPIREAT', dkey, at) end
+  local nv = tonumber(ARGV[i])
+  i = i + 1
+  if nv > 0 then
+    local ukey, last = KEYS[k+1], i + nv - 1
+    fresh = false
+    for s = i, last, 1000 do
+      if redis.call('PFADD', ukey, unpack(ARGV, s, math.min(s + 999, last))) == 1 then fresh = true end
+    end
+    if fresh and at ~= '0' then redis.call('EXPIREAT', ukey, at) end
+    i = last + 1
   end
 end
 for k = 1, #appends, 2 do

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -45,7 +46,18 @@ type Store struct {
 	// The replica wait of Replicated (WaitForReplicas): off when waitN is 0.
 	waitN       int
 	waitTimeout time.Duration
+
+	// applies holds the *args of applied batches, emptied, for the next
+	// batch of any partition (at most maxApplies): a batch's keys and
+	// arguments are thousands of entries, and go-redis copies them into
+	// its command. Not a sync.Pool, which drops what it holds at every
+	// garbage collection, every few batches in a catch-up.
+	applies chan *args
 }
+
+// maxApplies bounds the batches' arguments a store keeps for the next
+// batches: as many as partitions are written at once, up to 16.
+const maxApplies = 16
 
 // maxExpiring bounds the keys remembered per partition; beyond it the
 // partition's entries are forgotten (the next batches set their expiries
@@ -56,7 +68,7 @@ var _ counter.Store = (*Store)(nil)
 
 // New returns a store on rdb.
 func New(rdb redis.UniversalClient) *Store {
-	return &Store{rdb: rdb, expiring: map[int]map[string]int64{}}
+	return &Store{rdb: rdb, expiring: map[int]map[string]int64{}, applies: make(chan *args, maxApplies)}
 }
 
 // hasExpiry reports whether an applied batch gave key its expiry at, and
@@ -143,6 +155,37 @@ type args struct {
 	keys []string
 	idx  map[string]int
 	argv []any
+	// order is the apply script's: its marks' order (applyArgsInto).
+	order []int
+	// fields caches the link fields of the batches built in these args
+	// (comboField), kept across them: a batch names the same few hundred
+	// (label, country, referrer) fields for link after link.
+	fields map[fieldKey]string
+}
+
+// fieldKey is a link field's parts; its strings are the cached field's
+// own, never a click's.
+type fieldKey struct {
+	l             counter.Label
+	country, host string
+}
+
+// maxCachedFields bounds an args' field cache: beyond it, it starts over.
+const maxCachedFields = 4096
+
+// field returns comboField(l, country, host), from the cache if there.
+func (a *args) field(l counter.Label, country, host string) string {
+	if f, ok := a.fields[fieldKey{l, country, host}]; ok {
+		return f
+	}
+	f := comboField(l, country, host)
+	if a.fields == nil || len(a.fields) >= maxCachedFields {
+		a.fields = make(map[fieldKey]string, 64)
+	}
+	// The key's strings are cut from f: the click's may share the memory of
+	// the message it was read from, which the cache must not keep.
+	a.fields[fieldKey{l, f[2 : 2+len(country)], f[3+len(country):]}] = f
+	return f
 }
 
 func newArgs(keys ...string) *args {
@@ -150,38 +193,54 @@ func newArgs(keys ...string) *args {
 }
 
 // newArgsSized is newArgs with room for nkeys keys, so a batch's hundreds
-// of them are not copied as the slice and the index grow.
+// of them are not copied as the slice grows; the index is sized for the
+// few keys that go through it (key: the apply script's ops add theirs
+// without it).
 func newArgsSized(nkeys int, keys ...string) *args {
 	nkeys += len(keys)
-	a := &args{idx: make(map[string]int, nkeys), keys: make([]string, 0, nkeys)}
+	a := &args{idx: make(map[string]int, len(keys)), keys: make([]string, 0, nkeys)}
 	for _, k := range keys {
 		a.key(k)
 	}
 	return a
 }
 
-// opsSize bounds how many keys and arguments addOps gives d: per link a
-// key and, per combo, two ops of four (human and bot); per day a day key
-// and an op of four per hour and label, a visitor key with an op of three
-// per maxUnpack visitors and the visitors, and two expiries of three.
+// opsSize counts the keys and arguments addOps gives d: per link its key;
+// per day its key, the visitors' key if it has visitors, and a group of
+// five arguments, two per field of the link (on its first day) and of the
+// day (human and bot counted apart), and the visitors.
 func opsSize(d *counter.Delta) (keys, argv int) {
-	for _, ld := range d.Links {
+	for i := range d.Links {
+		ld := &d.Links[i]
 		keys++
-		argv += 8 * len(ld.Combos)
-		for _, dd := range ld.Days {
-			keys += 2
-			argv += 6 + 3*(len(dd.Visitors)/maxUnpack+1) + len(dd.Visitors)
+		for _, n := range d.Combos(ld) {
+			argv += pairArgs(n)
+		}
+		for dd := range d.Days(ld) {
+			keys++
+			argv += 5
 			for _, n := range dd.Hours {
-				if n.Human != 0 {
-					argv += 4
-				}
-				if n.Bot != 0 {
-					argv += 4
-				}
+				argv += pairArgs(n)
+			}
+			if dd.NumVisitors > 0 {
+				keys++
+				argv += dd.NumVisitors
 			}
 		}
 	}
 	return keys, argv
+}
+
+// pairArgs is how many arguments the fields of a pair's labels take.
+func pairArgs(n counter.Pair) int {
+	k := 0
+	if n.Human != 0 {
+		k += 2
+	}
+	if n.Bot != 0 {
+		k += 2
+	}
+	return k
 }
 
 // key returns the 1-based KEYS index of k, adding it if new.
@@ -196,30 +255,67 @@ func (a *args) key(k string) int {
 
 func (a *args) add(v ...any) { a.argv = append(a.argv, v...) }
 
-// maxUnpack bounds the values one script op spreads into a Redis command
-// (Lua's unpack fails beyond about 8,000, and a script that fails halfway
-// keeps what it wrote): visitor lists and label lookups are cut to this.
+// maxUnpack bounds the values the apply script spreads into one Redis
+// command (Lua's unpack fails beyond about 8,000, and a script that fails
+// halfway keeps what it wrote): it cuts visitor lists and label lookups
+// into commands of this many (the 1,000 in applyScript).
 const maxUnpack = 1000
 
 // Apply writes one batch (see applyScript).
 func (s *Store) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
 	p := w.Partition
-	a, order, expiries := s.applyArgs(w, time.Now().Unix())
+	var a *args
+	select {
+	case a = <-s.applies:
+	default:
+		a = &args{idx: map[string]int{}}
+	}
+	defer func() {
+		select {
+		case s.applies <- a:
+		default: // maxApplies kept already
+		}
+	}()
+	order, expiries := s.applyArgsInto(a, w, time.Now().Unix())
+	defer a.reset()
 	res, err := applyScript.Run(ctx, s.rdb, a.keys, a.argv...).Slice()
 	return s.applyResult(p, order, expiries, res, err)
+}
+
+// reset empties a for another batch, keeping its slices and index.
+func (a *args) reset() {
+	clear(a.keys)
+	a.keys = a.keys[:0]
+	clear(a.idx)
+	clear(a.argv)
+	a.argv = a.argv[:0]
+	a.order = a.order[:0]
 }
 
 // applyArgs builds the apply script's keys and arguments for w, and
 // returns them, the marks' order in them and the expiries their ops give
 // (see addOps).
 func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, expiries map[string]int64) {
+	a = &args{idx: map[string]int{}}
+	order, expiries = s.applyArgsInto(a, w, now)
+	return a, order, expiries
+}
+
+// applyArgsInto is applyArgs into a, empty, which it grows to the batch's
+// size.
+func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int, expiries map[string]int64) {
 	p, g := w.Partition, w.Expect.Write
 	opsKeys, opsArgv := opsSize(w.Delta)
-	a = newArgsSized(opsKeys+2*len(w.Marks), metaKey(p), posKey(p, g))
+	// Besides the ops' keys, one per recent-ID bucket and label day: a
+	// few (a batch's IDs span its events' time of publishing).
+	a.keys = slices.Grow(a.keys, opsKeys+16+2)
+	a.key(metaKey(p))
+	a.key(posKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
-	order = make([]int, len(w.Marks))
+	a.order = slices.Grow(a.order[:0], len(w.Marks))[:len(w.Marks)]
+	order = a.order
 	for i := range order {
 		order[i] = i
 	}
@@ -261,13 +357,13 @@ func (s *Store) applyArgs(w *counter.Write, now int64) (a *args, order []int, ex
 		start = end
 	}
 
-	a.argv = make([]any, 0, 10+len(idGroups)+len(labelGroups)+opsArgv)
+	a.argv = slices.Grow(a.argv, 10+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
 		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries = s.addOps(a, p, g, w.Delta, now)
-	return a, order, expiries
+	return order, expiries
 }
 
 // applyResult reads the apply script's answer.
@@ -303,64 +399,82 @@ func (s *Store) applyResult(p int, order []int, expiries map[string]int64, res [
 	return counter.ApplyResult{}, fmt.Errorf("apply batch: unexpected reply %v", res)
 }
 
-// addOps encodes a delta as the apply script's ops, and returns the keys
-// given an "x" op, with their expiry. A key an applied batch has already
-// given that expiry gets no "x" op (see Store.expiring).
+// addOps encodes a delta as the apply script's ops (see applyScript), one
+// group per link and day, and returns the keys given an expiry, with it: a
+// day whose keys an applied batch has already given that expiry gets 0
+// instead (see Store.expiring). Each group's keys are added to KEYS in a
+// row (the link's, on its first day, then the day's and the visitors'),
+// so the group names them by one index.
 func (s *Store) addOps(a *args, p int, g int64, d *counter.Delta, now int64) map[string]int64 {
 	// A batch names hundreds of keys and fields: the arguments are built
-	// with as few allocations as they take (boxed once where they repeat).
+	// with as few allocations as they take (boxed once where they repeat),
+	// and each count is written in its place once known. The ops' keys
+	// are each the batch's only use of them: they go to KEYS without the
+	// index that dedups the others.
 	expiries := map[string]int64{}
-	expire := func(k any, key string, at int64) {
-		if !s.hasExpiry(p, key, at, now) {
-			a.add("x", k, at)
-			expiries[key] = at
-		}
-	}
 	gk := genKeys(genPrefix(p, g))
 	var lastDay counter.Day
 	var lastDayKey string
-	for ref, ld := range d.Links {
-		lk := boxInt(a.key(gk.link(ref)))
-		for c, n := range ld.Combos {
-			if n.Human != 0 {
-				a.add("r", lk, comboField(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
-			}
-			if n.Bot != 0 {
-				a.add("r", lk, comboField(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
-			}
-		}
-		for day, dd := range ld.Days {
-			at := day.End().Add(counter.DayKeep).Unix()
+	var at int64
+	var atArg any // at, boxed once a day
+	for i := range d.Links {
+		ld := &d.Links[i]
+		first := true
+		for dd := range d.Days(ld) {
+			day := dd.Day
 			if lastDayKey == "" || day != lastDay {
 				lastDay, lastDayKey = day, day.Key()
+				at = day.End().Add(counter.DayKeep).Unix()
+				atArg = at
 			}
-			dkey := gk.day(ref, lastDayKey)
-			dk := boxInt(a.key(dkey))
+			lkey, dkey, ukey := gk.linkDay(ld.Ref, lastDayKey, first, dd.NumVisitors > 0)
+			if first {
+				a.keys = append(a.keys, lkey)
+			}
+			a.keys = append(a.keys, dkey)
+			if ukey != "" {
+				a.keys = append(a.keys, ukey)
+			}
+			exp := boxedInts[0]
+			if !s.hasExpiry(p, dkey, at, now) || ukey != "" && !s.hasExpiry(p, ukey, at, now) {
+				exp = atArg
+				expiries[dkey] = at
+				if ukey != "" {
+					expiries[ukey] = at
+				}
+			}
+			dk := len(a.keys)
+			if ukey != "" {
+				dk--
+			}
+			a.add(boxInt(dk), exp, nil)
+			nf := len(a.argv) - 1
+			if first {
+				for c, n := range d.Combos(ld) {
+					if n.Human != 0 {
+						a.add(a.field(counter.Human, c.Country, c.Referrer), boxInt64(n.Human))
+					}
+					if n.Bot != 0 {
+						a.add(a.field(counter.Bot, c.Country, c.Referrer), boxInt64(n.Bot))
+					}
+				}
+				first = false
+			}
+			a.argv[nf] = boxInt((len(a.argv) - nf - 1) / 2)
+			a.add(nil)
+			nh := len(a.argv) - 1
 			for h, n := range dd.Hours { // the day's total is the sum of its hours
 				if n.Human != 0 {
-					a.add("h", dk, hourFieldArgs[0][h], boxInt64(n.Human))
+					a.add(hourFieldArgs[0][h], boxInt64(n.Human))
 				}
 				if n.Bot != 0 {
-					a.add("h", dk, hourFieldArgs[1][h], boxInt64(n.Bot))
+					a.add(hourFieldArgs[1][h], boxInt64(n.Bot))
 				}
 			}
-			expire(dk, dkey, at)
-			if len(dd.Visitors) > 0 {
-				ukey := gk.uv(ref, lastDayKey)
-				uk := boxInt(a.key(ukey))
-				// Straight into the arguments, maxUnpack at a time, each
-				// run after its op and count.
-				left, c := len(dd.Visitors), 0
-				for v := range dd.Visitors {
-					if c == 0 {
-						c = min(left, maxUnpack)
-						left -= c
-						a.add("p", uk, boxInt(c))
-					}
-					a.argv = append(a.argv, v)
-					c--
-				}
-				expire(uk, ukey, at)
+			a.argv[nh] = boxInt((len(a.argv) - nh - 1) / 2)
+			a.add(boxInt(dd.NumVisitors))
+			for v := range d.Visitors(dd) {
+				a.argv = append(a.argv, v)
 			}
 		}
 	}
