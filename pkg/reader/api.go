@@ -383,4 +383,11 @@ var (
 	// that has not carried it out has a consumer other than the one the
 	// request was made for (WaitRewind).
 	ErrRewindVoid = errors.New("the group was deleted or created again after this replay was requested")
+	// ErrRewindSuperseded means a rewind will never be carried out: another
+	// was requested of the group after it, and the partitions carry out
+	// the group's latest request only (WaitRewind).
+	ErrRewindSuperseded = errors.New("another replay of the group was requested after this one; it replaces it")
+	// ErrRewindUnknown means no rewind with the ID waited for was found
+	// stored for the group (WaitRewind).
+	ErrRewindUnknown = errors.New("no replay with this ID was requested of the group")
 )

@@ -72,7 +72,13 @@
 // deleted and the group is created again before a partition carried it
 // out, the new group ignores it, and the request is void: LatestRewind
 // shows those partitions Void, never to be done, and WaitRewind ends with
-// ErrRewindVoid rather than waiting.
+// ErrRewindVoid rather than waiting. A group has one request at a time:
+// another replay requested before the partitions carried one out replaces
+// it (they carry out the latest), and WaitRewind for the one replaced ends
+// with ErrRewindSuperseded, naming the latest, once it reads that stored
+// after the one it waits for. A request it never reads stored (a wrong ID)
+// ends the wait after a few seconds, not at once (the server read may lag
+// behind the request): ErrRewindUnknown.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -204,6 +204,7 @@ func readRewind(ctx context.Context, kv jetstream.KeyValue, group string) (rewin
 	if err := json.Unmarshal(e.Value(), &req); err != nil {
 		return rewindRequest{}, fmt.Errorf("replay status of %s: decode request: %w", group, err)
 	}
+	req.rev = e.Revision()
 	return req, nil
 }
 

@@ -30,6 +30,9 @@ type rewindRequest struct {
 	// back. A request without it (stored by an older version) is for
 	// whatever consumers there are.
 	Consumers map[string]time.Time `json:"consumers,omitempty"`
+	// rev is the request's revision in the bucket, as read (not stored):
+	// a request stored later has a higher one.
+	rev uint64
 }
 
 func (r rewindRequest) info(p int) RewindInfo {
@@ -177,7 +180,12 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 // if no read ever succeeded, why the status could not be read. A rewind
 // that a partition will never carry out, its consumer deleted (and maybe
 // created again) since the request was made (RewindStatus.Void), ends the
-// wait at once with ErrRewindVoid, naming those partitions.
+// wait at once with ErrRewindVoid, naming those partitions. So does one
+// that another request of the group replaced (the partitions carry out the
+// group's latest only): ErrRewindSuperseded, naming the latest. A request
+// the wait never reads stored (a wrong ID) ends it after a few seconds
+// with ErrRewindUnknown, or ErrRewindSuperseded if the group's latest was
+// requested after the ID was made.
 func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
@@ -185,7 +193,12 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
+	started := time.Now()
 	var last *RewindStatus // the last status read in full
+	// ours is the request as read stored, once it has been: a read that
+	// shows another one may come from a server that lags, behind ours or
+	// not yet at it; only a request stored after ours replaces it.
+	var ours *rewindRequest
 	for {
 		// A failed read is retried: the partitions' records do not go away.
 		// The read under way when ctx ends fails too, so the error reports
@@ -193,16 +206,33 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 		var st RewindStatus
 		req, err := readRewind(ctx, kv, group)
 		if err == nil {
-			if req.ID != id {
-				// Not (yet, on a server that lags) the group's latest:
-				// only the partitions' records tell.
-				req = rewindRequest{ID: id}
+			if req.ID == id {
+				ours = &req
 			}
-			st, err = rewindStatus(ctx, js, kv, group, req)
+			// Until ours is read, only the partitions' records tell.
+			q := rewindRequest{ID: id}
+			if ours != nil {
+				q = *ours
+			}
+			st, err = rewindStatus(ctx, js, kv, group, q)
 		}
 		if err == nil {
 			if st.Done() {
 				return nil
+			}
+			switch {
+			case req.ID == id:
+			case ours != nil && req.ID != "" && req.rev > ours.rev:
+				return fmt.Errorf("wait for rewind %s: the group's latest replay is %s, requested %s: %w",
+					id, req.ID, req.Requested.Format(time.RFC3339), ErrRewindSuperseded)
+			case ours == nil && time.Since(started) > unseenRewindGrace:
+				// Never read stored, long past any server's lag: replaced
+				// before the first read, or never requested.
+				if made, perr := events.IDTime(id); perr == nil && req.ID != "" && req.Requested.After(made) {
+					return fmt.Errorf("wait for rewind %s: never read stored; the group's latest replay is %s, requested %s: %w",
+						id, req.ID, req.Requested.Format(time.RFC3339), ErrRewindSuperseded)
+				}
+				return fmt.Errorf("wait for rewind %s: %w", id, ErrRewindUnknown)
 			}
 			if st.Void() {
 				var void []int
@@ -231,6 +261,12 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 		}
 	}
 }
+
+// unseenRewindGrace is how long WaitRewind reads another request than the
+// one it waits for, never that one, before it decides that one is not the
+// group's (replaced, or never requested) rather than not yet on the server
+// it reads from.
+const unseenRewindGrace = 10 * time.Second
 
 // loadRewound reads which rewind this partition last carried out, so a new
 // owner neither repeats an old rewind nor misses a pending one.

@@ -633,3 +633,128 @@ func TestARewindLeftPendingByADeletedGroupIsVoid(t *testing.T) {
 		t.Errorf("WaitRewind of a rewind carried out before the group was created again = %v, want nil", err)
 	}
 }
+
+// A rewind another request of the group replaced (a second operator's
+// replay, a console click) never will be carried out: the partitions carry
+// out the group's latest request only. WaitRewind ends with
+// ErrRewindSuperseded as soon as it reads the newer request, naming it.
+// Before, it waited until its context ended (snipctl replay --wait until
+// SNIPCTL_TIMEOUT). A partition's record of an ID that is neither the one
+// waited for nor the latest request (left by some older rewind) says
+// nothing: the wait goes on.
+func TestWaitRewindOfARewindRequestedAgainEndsSuperseded(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 2)
+	publish(t, js, 4, 2, 0)
+	ctx := t.Context()
+	createGroup(t, js, "g", 2) // no member: nobody carries a rewind out
+	kv, err := js.KeyValue(ctx, topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The waiter's reads of the request, seen on the server.
+	var reads atomic.Int64
+	sub, err := n.Connect(t).Subscribe("$JS.API.DIRECT.GET.KV_"+topology.MembersBucket+".$KV."+topology.MembersBucket+".g.rewind",
+		func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	id, err := reader.Rewind(ctx, js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "g.rewound.0", []byte(events.NewID())); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- reader.WaitRewind(wctx, n.JetStream(t), "g", id) }()
+	// The waiter has read the request (ours) more than once: it has seen
+	// the stray record too, and waits on.
+	testenv.WaitFor(t, 10*time.Second, "the waiter's reads", func() bool { return reads.Load() >= 3 })
+	select {
+	case err := <-res:
+		t.Fatalf("WaitRewind with a partition recording another rewind = %v, want it to wait", err)
+	default:
+	}
+
+	newer, err := reader.Rewind(ctx, js, "g", reader.FromSeq(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	requested := time.Now()
+	select {
+	case err := <-res:
+		took := time.Since(requested)
+		if !errors.Is(err, reader.ErrRewindSuperseded) || !strings.Contains(err.Error(), newer) || took > 5*time.Second {
+			t.Errorf("WaitRewind = %v after %v, want ErrRewindSuperseded naming %s, at once", err, took.Round(time.Millisecond), newer)
+		}
+	case <-wctx.Done():
+		t.Fatalf("WaitRewind still waiting for a rewind replaced by %s", newer)
+	}
+}
+
+// A wait for an ID the group's request never is (a wrong ID, or one
+// replaced before the wait first read it) reads the latest request as a
+// server that lags would, so it does not end at once; it ends once that
+// cannot be lag: with ErrRewindUnknown, or ErrRewindSuperseded where the
+// latest request was made after the ID. Before, it waited until its
+// context ended.
+func TestWaitRewindOfAnIDNeverStoredEnds(t *testing.T) {
+	t.Parallel()
+	_, js := setup(t, 2)
+	publish(t, js, 4, 2, 0)
+	ctx := t.Context()
+	createGroup(t, js, "g", 2)
+	before := events.NewID() // made, never stored: replaced at once
+	latest, err := reader.Rewind(ctx, js, "g", reader.FromSeq(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := events.NewID() // as one requested after the latest, not yet read
+
+	wait := func(id string, d time.Duration) (time.Duration, error) {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		start := time.Now()
+		err := reader.WaitRewind(wctx, js, "g", id)
+		return time.Since(start), err
+	}
+	if _, err := wait(after, 2*time.Second); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitRewind of a rewind not read stored yet = %v, want it to wait", err)
+	}
+	var wg sync.WaitGroup
+	for _, tc := range []struct {
+		name, id string
+		want     error
+		names    string
+	}{
+		{"requested_after_the_latest", after, reader.ErrRewindUnknown, ""},
+		{"made_before_the_latest", before, reader.ErrRewindSuperseded, latest},
+		{"not_an_id", "nope", reader.ErrRewindUnknown, ""},
+	} {
+		wg.Go(func() {
+			took, err := wait(tc.id, 60*time.Second)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.names) || took > 30*time.Second {
+				t.Errorf("%s: WaitRewind = %v after %v, want %v naming %q", tc.name, err, took.Round(time.Millisecond), tc.want, tc.names)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// createGroup creates the group's consumers on CLICKS, one per partition.
+func createGroup(t *testing.T, js jetstream.JetStream, group string, partitions int) {
+	t.Helper()
+	for p := range partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

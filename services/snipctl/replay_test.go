@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -280,6 +281,63 @@ func TestReplayWaitOfAGroupCreatedAgainSaysTheReplayIsVoid(t *testing.T) {
 	if !errors.Is(r.err, reader.ErrRewindVoid) || exitStatus(r.err) != 1 || time.Since(requested) > 20*time.Second {
 		t.Errorf("replay --wait = %v (exit status %d) after %v, want ErrRewindVoid, exit status 1, at once\n%s",
 			r.err, exitStatus(r.err), r.took.Round(time.Millisecond), r.out)
+	}
+	if strings.Contains(r.out, "every partition has moved back") {
+		t.Errorf("replay --wait says the replay was carried out:\n%s", r.out)
+	}
+}
+
+// replay --wait of a replay another replay of the group replaced (a second
+// operator's, a console click) ends as soon as it reads the newer request,
+// saying so and naming it, and fails (exit status 1): the partitions carry
+// out the latest request only. Before, it waited until SNIPCTL_TIMEOUT.
+func TestReplayWaitOfAReplayRequestedAgainSaysItWasReplaced(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	environ = append(environ, "SNIPCTL_TIMEOUT=60s")
+	publishClicks(t, js, 10)
+	for p := range 2 { // the group, no member: nobody carries a replay out
+		cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The waiter's reads of the request, seen on the server: only it reads
+	// the request here.
+	var reads atomic.Int64
+	sub, err := js.Conn().Subscribe("$JS.API.DIRECT.GET.KV_"+topology.MembersBucket+".$KV."+topology.MembersBucket+".demo.rewind",
+		func(*nats.Msg) { reads.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	type result struct {
+		out string
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		out, err := snipctl(t, environ, "replay", "demo", "--from-seq", "1", "--wait")
+		res <- result{out, err}
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the first replay's wait reading it", func() bool { return reads.Load() >= 2 })
+	out, err := snipctl(t, environ, "replay", "demo", "--from-seq", "2")
+	if err != nil {
+		t.Fatalf("the second replay: %v\n%s", err, out)
+	}
+	requested := time.Now()
+	m := regexp.MustCompile(`replay (\S+) requested for group demo`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the second replay printed no ID:\n%s", out)
+	}
+	r := <-res
+	if !errors.Is(r.err, reader.ErrRewindSuperseded) || !strings.Contains(r.err.Error(), m[1]) || exitStatus(r.err) != 1 ||
+		time.Since(requested) > 5*time.Second {
+		t.Errorf("replay --wait = %v (exit status %d) %v after the second replay, want ErrRewindSuperseded naming %s, exit status 1, at once\n%s",
+			r.err, exitStatus(r.err), time.Since(requested).Round(time.Millisecond), m[1], r.out)
 	}
 	if strings.Contains(r.out, "every partition has moved back") {
 		t.Errorf("replay --wait says the replay was carried out:\n%s", r.out)
