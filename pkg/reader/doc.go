@@ -80,6 +80,13 @@
 // ends the wait after a few seconds, not at once (the server read may lag
 // behind the request): ErrRewindUnknown.
 //
+// A delivery the server made that never reached the member (a gap in the
+// consumer's delivery count) is not acked past: the batch is handled up to
+// it, and the partition goes on after the last event handled (its ack floor,
+// or past it where the ack of that batch was lost on its way; a group
+// started at new events goes back to its ack floor, as the server moves its
+// consumers nowhere else).
+//
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent
 // (each reader's README says how); Event.Seq increases within a partition,

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -269,4 +271,86 @@ func (m *member) stop(t *testing.T) {
 func (m *member) crash() {
 	m.nc.Close()
 	m.cancel()
+}
+
+// ackRefusingServer is NATS with two users: "admin" (the test) and
+// "member" (the group's members), whose acks of a consumer the test can
+// refuse and allow again, as an ack lost in a NATS hiccup would be.
+type ackRefusingServer struct {
+	srv  *server.Server
+	opts server.Options
+	url  string
+	js   jetstream.JetStream // admin's
+	log  *violations
+}
+
+func newAckRefusingServer(t *testing.T, partitions int) *ackRefusingServer {
+	t.Helper()
+	s := &ackRefusingServer{opts: testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream")), log: &violations{}}
+	s.opts.Users = memberUsers()
+	srv, err := testenv.RunNATSServer(s.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	srv.SetLoggerV2(s.log, false, false, false)
+	s.srv, s.url = srv, "nats://"+srv.Addr().String()
+	nc, err := nats.Connect(s.url, nats.UserInfo("admin", "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s.js, _ = jetstream.New(nc)
+	o := topology.Defaults()
+	o.Partitions = partitions
+	if err := topology.Apply(t.Context(), s.js, o); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func memberUsers(deny ...string) []*server.User {
+	return []*server.User{
+		{Username: "admin", Password: "admin"},
+		{Username: "member", Password: "member", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny},
+		}},
+	}
+}
+
+// ackSubjects are the subjects the acks of a consumer of CLICKS go to.
+func ackSubjects(consumer string) string {
+	return "$JS.ACK." + events.ClicksStream + "." + consumer + ".>"
+}
+
+// refuseAcks makes the server refuse the member's acks of consumer (none:
+// allow them all again).
+func (s *ackRefusingServer) refuseAcks(t *testing.T, consumer string) {
+	o := s.opts
+	if consumer == "" {
+		o.Users = memberUsers()
+	} else {
+		o.Users = memberUsers(ackSubjects(consumer))
+	}
+	if err := s.srv.ReloadOptions(&o); err != nil {
+		t.Error(err)
+	}
+}
+
+// member runs a member of cfg connected as the member user until the test
+// ends.
+func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Handler) {
+	t.Helper()
+	nc, err := nats.Connect(s.url, nats.UserInfo("member", "member"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- reader.Run(ctx, js, cfg, h) }()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
 }

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "reader", Name: "delivery_gaps_total",
-		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition reset to its ack floor.",
+		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition go on after the last event handled before it (its ack floor, or past it where that batch's ack was lost).",
 	}, []string{"group"})
 	m.resumeMoved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "reader", Name: "takeover_reassigns_total",

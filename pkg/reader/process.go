@@ -30,7 +30,8 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	// server delivered something this worker never received (a fetch that
 	// gave up while messages were on their way, a slow-consumer drop).
 	// Acking past it would ack the missing events unseen (AckAll), so handle
-	// the contiguous part, then make the caller reset to the ack floor.
+	// the contiguous part, then make the caller move the consumer back to
+	// the event after the last one handled (afterGap).
 	gap := false
 	// The batch's metadata in one slice, read in place (readMetadata).
 	mds := make([]jetstream.MsgMetadata, len(msgs))
@@ -40,7 +41,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 			return fmt.Errorf("read message metadata: %w", err)
 		}
 		if w.cseqKnown && md.Sequence.Consumer != w.lastCseq+1 {
-			w.log.Warn("gap in deliveries: handling up to it, then resetting to the ack floor",
+			w.log.Warn("gap in deliveries: handling up to it, then going on after the last event handled",
 				"expected_consumer_seq", w.lastCseq+1, "got", md.Sequence.Consumer, "stream_seq", md.Sequence.Stream)
 			m.met.gaps.WithLabelValues(m.cfg.Group).Inc()
 			msgs, gap = msgs[:i], true
@@ -117,8 +118,60 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	return nil
 }
 
-// errGap asks the worker loop to reset the partition to its ack floor.
+// errGap asks the worker loop to move the partition back to the event after
+// the last one handled (afterGap).
 var errGap = errors.New("gap in deliveries")
+
+// afterGap returns where the partition goes on after a delivery gap: 0 (its
+// ack floor) or, where this owner handled events past the floor (the ack of
+// the last batch it handled was lost on its way; the next batch's would have
+// healed it), the event after the last one handled (w.handled). Everything
+// up to w.handled was handled: first deliveries come in stream order from
+// where the consumer was last positioned (taken over, reset, recreated,
+// w.handled then), process checked that none of them was missed, and
+// handled each batch up to the gap; redeliveries are of events delivered
+// before, and w.handled never moves back but by a reset. Back at the floor,
+// the events up to w.handled came again as first deliveries (a reset
+// forgets deliveries), behind what the reader had handled. The reset acks
+// them, as the lost ack would have.
+//
+// w.handled is of the consumer w.cons was when it was set: one deleted and
+// created again under this owner (its consumer sequences start again,
+// which process takes for a gap) has its own floor, and goes by it. A
+// consumer the server moves only back to its ack floor (resetsToSeq) goes
+// there: its events up to w.handled come again, as at-least-once delivery
+// allows, rather than the partition retrying a move the server refuses.
+func (w *worker) afterGap() (uint64, error) {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	created := w.cons.CachedInfo().Created
+	info, err := w.cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the ack floor after a delivery gap: %w", err)
+	}
+	if !info.Created.Equal(created) || w.handled <= info.AckFloor.Stream {
+		return 0, nil
+	}
+	if !resetsToSeq(info.Config.DeliverPolicy) {
+		w.log.Warn("the ack of the last batch handled before the gap was lost, and the server moves this consumer back only to its ack floor: events handled past it come again",
+			"ack_floor", info.AckFloor.Stream, "handled", w.handled, "deliver_policy", info.Config.DeliverPolicy.String())
+		return 0, nil
+	}
+	w.log.Info("the ack of the last batch handled before the gap was lost: going on after it, not at the ack floor",
+		"ack_floor", info.AckFloor.Stream, "handled", w.handled)
+	return w.handled + 1, nil
+}
+
+// resetsToSeq reports whether the server moves a consumer of the deliver
+// policy p to a sequence of our choosing (a reset to a non-zero sequence);
+// one created at new events (StartAtNew) it moves only back to its ack floor.
+func resetsToSeq(p jetstream.DeliverPolicy) bool {
+	switch p {
+	case jetstream.DeliverAllPolicy, jetstream.DeliverByStartSequencePolicy, jetstream.DeliverByStartTimePolicy:
+		return true
+	}
+	return false
+}
 
 // resetTo makes the server deliver again everything from stream sequence
 // seq (0: everything after the ack floor), in order, forgetting what it had

@@ -190,13 +190,19 @@ func (w *worker) run() {
 			// What the fetcher holds is past the gap, or past where the
 			// handler wants to go on from: drop it unacked, move back.
 			f.stop()
-			from, what := uint64(0), "recover from a delivery gap" // 0: the ack floor
+			from, what := uint64(0), "recover from a delivery gap" // from: afterGap
 			if re != nil {
 				w.log.Warn("the handler asked for the partition's events again", "from", re.From, "err", re.Err)
 				from, what = re.From, "replay for the handler"
 			}
 			for {
-				err := w.resetTo(from)
+				var err error
+				if re == nil {
+					from, err = w.afterGap()
+				}
+				if err == nil {
+					err = w.resetTo(from)
+				}
 				if err == nil {
 					break
 				}

@@ -1,0 +1,216 @@
+package reader_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// handing is one event as the handler was handed it.
+type handing struct {
+	seq, deliveries uint64
+}
+
+const firstPass = 10 // 1..10 in CLICKS, a new stream
+
+// gapAfterALostAck runs a member of a group starting at start on one
+// partition: it handles 1..10 in batches of 5, the server refuses the ack of
+// the batch ending at 10 (the ack floor stays behind it), then the first
+// delivery of 11 never reaches the member: a gap at the start of the next
+// batch, nothing of it handled. It returns once 11..15 are handled and
+// acked: the last event of the first pass, and the events handed again as
+// first deliveries.
+func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint64, again []uint64) {
+	t.Helper()
+	s := newAckRefusingServer(t, 1)
+	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+
+	var mu sync.Mutex
+	var dropNext, dropped bool // drop the first delivery of the next event published
+	var lastFirstPass uint64   // the last event of the first pass
+	reader.SetDropForTest(func(g string, seq uint64) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if g != group || !dropNext || dropped || seq <= lastFirstPass {
+			return false
+		}
+		dropped = true
+		return true
+	})
+	t.Cleanup(func() { reader.SetDropForTest(nil) })
+
+	var handed []handing
+	lostFirst := uint64(0) // the first event of the batch whose ack is refused
+	reg := prometheus.NewRegistry()
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: start, Metrics: reg}, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed = append(handed, handing{ev.Seq, ev.Deliveries})
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst, lastFirstPass = b[0].Seq, b[len(b)-1].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := publish(t, s.js, 1, firstPass, 0); len(ids) != firstPass {
+		t.Fatalf("published %d clicks, want %d", len(ids), firstPass)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuseAcks(t, "")
+	mu.Lock()
+	lf, last := lostFirst, lastFirstPass
+	dropNext = true
+	mu.Unlock()
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != lf-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, lf-1)
+	}
+
+	second := publish(t, s.js, 1, 5, firstPass)
+	testenv.WaitFor(t, 60*time.Second, "the second pass handled and acked", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last+uint64(len(second))
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !dropped {
+		t.Fatal("no delivery was dropped: no gap was made")
+	}
+	if v := gathered(t, reg, "snip_reader_delivery_gaps_total"); v != 1 {
+		t.Errorf("delivery_gaps_total = %v, want 1", v)
+	}
+	firsts := map[uint64]int{}
+	for _, h := range handed {
+		if h.deliveries > 1 {
+			continue
+		}
+		if firsts[h.seq]++; firsts[h.seq] > 1 {
+			again = append(again, h.seq)
+		}
+	}
+	for seq := uint64(1); seq <= last+uint64(len(second)); seq++ {
+		if firsts[seq] == 0 {
+			t.Errorf("event %d was never handed", seq)
+		}
+	}
+	return last, again
+}
+
+// A delivery gap right after a batch whose ack was lost on its way
+// (gapAfterALostAck): the partition goes on after 10, the last event
+// handled, and 11..15 are handed once each. Before, it went back to its ack
+// floor: 6..10 came again as first deliveries (a reset forgets
+// deliveries), behind what the member had handled (fraud detection counts
+// those in snip_fraud_events_behind_total, never to be judged).
+func TestAGapAfterALostAckGoesOnAfterWhatWasHandled(t *testing.T) {
+	// Not parallel: the drop hook is package-wide, keyed by group.
+	last, again := gapAfterALostAck(t, "gapfloor", reader.StartAtOldest())
+	if len(again) > 0 {
+		t.Errorf("after the gap the member was handed %v again as first deliveries, want none: the partition goes on after %d, the last event handled", again, last)
+	}
+}
+
+// The same for a group started at new events, whose consumer the server
+// moves back only to its ack floor (a reset to a sequence is refused): the
+// partition goes on from the floor, the events handled past it come again
+// (at least once), rather than retrying a move the server refuses and
+// handling nothing more.
+func TestAGapAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T) {
+	// Not parallel: the drop hook is package-wide, keyed by group.
+	last, again := gapAfterALostAck(t, "gapfloornew", reader.StartAtNew())
+	if len(again) == 0 || again[len(again)-1] != last {
+		t.Errorf("after the gap the member was handed %v again as first deliveries, want the last batch of the first pass, up to %d", again, last)
+	}
+}
+
+// A partition's consumer deleted and created again under its owner, between
+// two pulls (the owner's handler busy, its next batch fetched): the new
+// consumer counts its deliveries from 1 again, which the owner takes for a
+// gap. What the owner handled was of the consumer before, not of this one:
+// the partition goes on from the new consumer's ack floor, and the group
+// created again handles every event from its start. Going on after the last
+// event the owner handled, it would skip them.
+func TestAGapOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ids := publish(t, js, 1, firstPass, 0)
+	consumer := topology.GroupConsumerName("again", 0)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var blocked uint64 // the last event of the batch the handler holds
+	handed := map[uint64]int{}
+	startMember(t, n, reader.Config{Group: "again", Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		first := blocked == 0
+		if first {
+			blocked = b[len(b)-1].Seq
+		}
+		mu.Unlock()
+		if first {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	var old *jetstream.ConsumerInfo
+	testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
+		mu.Lock()
+		b := blocked
+		mu.Unlock()
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		if err != nil || b == 0 {
+			return false
+		}
+		old = c.CachedInfo()
+		return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
+	})
+	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	more := publish(t, js, 1, 5, firstPass)
+	last := uint64(len(ids) + len(more))
+	testenv.WaitFor(t, 30*time.Second, "the new consumer acked to the last event", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil && c.CachedInfo().AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var missed []uint64 // events the new consumer never handed
+	for seq := uint64(1); seq <= uint64(len(ids)); seq++ {
+		if handed[seq] < 2 {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
