@@ -324,8 +324,10 @@ type RewindInfo struct {
 	// handled past a floor an ack lost on its way left behind). When false
 	// (From is past that, or the partition holds nothing to replay), the
 	// partition goes on where it was, after the last event it handled
-	// (past a lost ack too, which the move acks), and a reader keeps its
-	// state.
+	// (past a lost ack too, which the move acks; a group started at new
+	// events, whose consumers the server moves only back to their ack
+	// floor, goes on from the floor there, the events past it handed
+	// again), and a reader keeps its state.
 	MovesBack bool
 }
 

@@ -65,20 +65,21 @@
 // partition handled: by its ack floor, or past it by what the owner handled
 // and acked, an ack lost on its way), tells the reader (Config.OnRewind,
 // RewindInfo.MovesBack), moves the consumer back if so (if not, it goes on
-// after the last event it handled) and records that it did. A reader with
-// state goes by that decision, not by a position of its own, so its state
-// and the consumer never disagree. A request is for the consumers the group
-// had when it was made (it records when each was created): if they are
-// deleted and the group is created again before a partition carried it
-// out, the new group ignores it, and the request is void: LatestRewind
-// shows those partitions Void, never to be done, and WaitRewind ends with
-// ErrRewindVoid rather than waiting. A group has one request at a time:
-// another replay requested before the partitions carried one out replaces
-// it (they carry out the latest), and WaitRewind for the one replaced ends
-// with ErrRewindSuperseded, naming the latest, once it reads that stored
-// after the one it waits for. A request it never reads stored (a wrong ID)
-// ends the wait after a few seconds, not at once (the server read may lag
-// behind the request): ErrRewindUnknown.
+// after the last event it handled; a group started at new events goes on
+// from its ack floor, as the server moves its consumers nowhere else) and
+// records that it did. A reader with state goes by that decision, not by a
+// position of its own, so its state and the consumer never disagree. A
+// request is for the consumers the group had when it was made (it records
+// when each was created): if they are deleted and the group is created
+// again before a partition carried it out, the new group ignores it, and
+// the request is void: LatestRewind shows those partitions Void, never to
+// be done, and WaitRewind ends with ErrRewindVoid rather than waiting. A
+// group has one request at a time: another replay requested before the
+// partitions carried one out replaces it (they carry out the latest), and
+// WaitRewind for the one replaced ends with ErrRewindSuperseded, naming the
+// latest, once it reads that stored after the one it waits for. A request
+// it never reads stored (a wrong ID) ends the wait after a few seconds, not
+// at once (the server read may lag behind the request): ErrRewindUnknown.
 //
 // A delivery the server made that never reached the member (a gap in the
 // consumer's delivery count) is not acked past: the batch is handled up to

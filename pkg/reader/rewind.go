@@ -401,6 +401,9 @@ type rewindPlan struct {
 	// owner handled (the floor or later: an ack lost on its way leaves the
 	// floor behind what was handled), when the decision was made.
 	floor, handled uint64
+	// toSeq: the server moves the consumer to a sequence of our choosing
+	// (resetsToSeq), not only back to its ack floor.
+	toSeq bool
 }
 
 // planRewind decides whether the partition moves back for ri: it does
@@ -417,7 +420,7 @@ func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	if err != nil {
 		return rewindPlan{}, err
 	}
-	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled)}
+	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled), toSeq: resetsToSeq(info.Config.DeliverPolicy)}
 	pl.movesBack = ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
 	return pl, nil
 }
@@ -426,12 +429,15 @@ func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 	if !pl.movesBack {
 		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,
 			"ack_floor", pl.floor, "handled", pl.handled)
-		if pl.handled > pl.floor {
+		if pl.handled > pl.floor && pl.toSeq {
 			// The ack of what this owner handled last was lost on its way:
 			// go on after what it handled, as the reader does (it kept its
 			// state), acking it. Back at the floor, those events came
 			// again as first deliveries (a reset forgets deliveries),
-			// behind the reader's position.
+			// behind the reader's position. A consumer created at new
+			// events the server moves only back to its floor (it refuses
+			// a sequence, which would be retried for ever): there they
+			// come again, as at-least-once delivery allows.
 			return w.resetTo(pl.handled + 1)
 		}
 		// The fetcher was stopped for the rewind and dropped what it had

@@ -758,3 +758,81 @@ func createGroup(t *testing.T, js jetstream.JetStream, group string, partitions 
 		}
 	}
 }
+
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events: the server moves its consumer only back to its ack floor (a
+// reset to a sequence is refused), so the partition goes on from there, the
+// events handled past it handed again. Before, the owner asked for the
+// event after the last one it handled, which the server refused, and
+// retried it for ever: the rewind was never carried out and the partition
+// handled nothing more.
+func TestARewindAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T) {
+	t.Parallel()
+	s := newAckRefusingServer(t, 1)
+	const group = "rewindnew"
+	consumer := topology.GroupConsumerName(group, 0)
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	var lostFirst uint64 // the first event of the batch whose ack is refused
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew()}, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool {
+		return s.log.of("$JS.ACK."+events.ClicksStream+"."+consumer+".") > 0
+	})
+	s.refuseAcks(t, "")
+	mu.Lock()
+	lf := lostFirst
+	mu.Unlock()
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != lf-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, lf-1)
+	}
+
+	id, err := reader.Rewind(t.Context(), s.js, group, reader.FromSeq(firstPass+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, s.js, 1, 5, firstPass)
+	last := uint64(firstPass + len(more))
+	testenv.WaitFor(t, 30*time.Second, "the partition to handle and ack what was published after the rewind", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for seq := uint64(1); seq <= last; seq++ {
+		if want := 1 + btoi(seq >= lf && seq <= firstPass); handed[seq] != want {
+			t.Errorf("event %d handed %d times, want %d (the events past the ack floor again)", seq, handed[seq], want)
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
