@@ -22,7 +22,11 @@
 #   STEPS=redirect-cpu loadtest/scripts/measure.sh   # (7) CPU per click of each process, the bare 302 handler and
 #                                                #     the redirect alone at CPU_RATE (default 6,000/s), ROUNDS times;
 #                                                #     REDIRECT_SETTINGS="SNIP_COMMIT_LINGER=0,SNIP_RELAY_LINGER=5ms|defaults"
-#                                                #     compares settings
+#                                                #     compares settings; a setting may name the binary it runs
+#                                                #     with REDIRECT_BIN=<path> (default .demo/bin/redirect), e.g.
+#                                                #     REDIRECT_SETTINGS="REDIRECT_BIN=/tmp/main/.demo/bin/redirect|defaults"
+#                                                #     alternates another tree's build (git archive main, make build
+#                                                #     there) with this one's
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
@@ -147,9 +151,11 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 		for setting in "${settings[@]}"; do
 			vars=${setting//,/ }
 			[[ $setting == defaults ]] && vars=
+			bin=$B/redirect
+			for v in $vars; do [[ $v == REDIRECT_BIN=* ]] && bin=${v#REDIRECT_BIN=}; done
 			env $vars HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
 				SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
-				$B/redirect >"$OUT/redirect-cpu.log" 2>&1 &
+				"$bin" >"$OUT/redirect-cpu.log" 2>&1 &
 			svc=$!
 			waitport 8180 || exit 1
 			$LT ramp --target http://127.0.0.1:8180 --from "$rate" --to "$rate" --step 1000 --step-duration 25s \
