@@ -148,18 +148,21 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 		sleep 5 # the step starts at once; 5 s of warm-up
 		sample "round $round: bare 302" "$bare_pid" "$gen"
 		wait "$gen"
-		for setting in "${settings[@]}"; do
+		jq -r '.steps[0] | "  the step: \(.achieved | floor)/s achieved, \(.errors) errors, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms"' \
+			"$OUT/cpu-bare-$round/ramp.json" | tee -a "$OUT/redirect-cpu.txt"
+		for i in "${!settings[@]}"; do
+			setting=${settings[$i]}
 			vars=${setting//,/ }
 			[[ $setting == defaults ]] && vars=
 			bin=$B/redirect
 			for v in $vars; do [[ $v == REDIRECT_BIN=* ]] && bin=${v#REDIRECT_BIN=}; done
 			env $vars HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
 				SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
-				"$bin" >"$OUT/redirect-cpu.log" 2>&1 &
+				"$bin" >"$OUT/redirect-cpu-$round-$i.log" 2>&1 &
 			svc=$!
 			waitport 8180 || exit 1
 			$LT ramp --target http://127.0.0.1:8180 --from "$rate" --to "$rate" --step 1000 --step-duration 25s \
-				--retries 0 --links 1000 --out "$OUT/cpu-redirect-$round" >/dev/null 2>&1 &
+				--retries 0 --links 1000 --out "$OUT/cpu-redirect-$round-$i" >/dev/null 2>&1 &
 			gen=$!
 			for _ in $(seq 1 300); do # until the links are made and the clicks begin
 				curl -fsS http://127.0.0.1:8180/metrics 2>/dev/null | grep -q '^snip_redirect_clicks_recorded_total' && break
@@ -170,6 +173,10 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 			batch=$(curl -fsS http://127.0.0.1:8180/metrics | awk '/^snip_redirect_commit_batch_size_sum/ { s = $2 } /^snip_redirect_commit_batch_size_count/ { c = $2 } END { if (c) printf "%.1f", s / c }')
 			echo "  clicks per group commit (whole run): $batch" | tee -a "$OUT/redirect-cpu.txt"
 			wait "$gen"
+			# The figures above divide by the rate asked for: a step that fell
+			# short of it, or answered errors, says so here.
+			jq -r '.steps[0] | "  the step: \(.achieved | floor)/s achieved, \(.errors) errors, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms"' \
+				"$OUT/cpu-redirect-$round-$i/ramp.json" | tee -a "$OUT/redirect-cpu.txt"
 			kill "$svc"
 			wait "$svc" 2>/dev/null
 			redis-cli -p 6391 flushall >/dev/null
