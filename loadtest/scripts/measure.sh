@@ -22,7 +22,11 @@
 #   STEPS=redirect-cpu loadtest/scripts/measure.sh   # (7) CPU per click of each process, the bare 302 handler and
 #                                                #     the redirect alone at CPU_RATE (default 6,000/s), ROUNDS times;
 #                                                #     REDIRECT_SETTINGS="SNIP_COMMIT_LINGER=0,SNIP_RELAY_LINGER=5ms|defaults"
-#                                                #     compares settings
+#                                                #     compares settings; a setting may name the binary it runs
+#                                                #     with REDIRECT_BIN=<path> (default .demo/bin/redirect), e.g.
+#                                                #     REDIRECT_SETTINGS="REDIRECT_BIN=/tmp/main/.demo/bin/redirect|defaults"
+#                                                #     alternates another tree's build (git archive main, make build
+#                                                #     there) with this one's
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
@@ -144,16 +148,21 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 		sleep 5 # the step starts at once; 5 s of warm-up
 		sample "round $round: bare 302" "$bare_pid" "$gen"
 		wait "$gen"
-		for setting in "${settings[@]}"; do
+		jq -r '.steps[0] | "  the step: \(.achieved | floor)/s achieved, \(.errors) errors, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms"' \
+			"$OUT/cpu-bare-$round/ramp.json" | tee -a "$OUT/redirect-cpu.txt"
+		for i in "${!settings[@]}"; do
+			setting=${settings[$i]}
 			vars=${setting//,/ }
 			[[ $setting == defaults ]] && vars=
+			bin=$B/redirect
+			for v in $vars; do [[ $v == REDIRECT_BIN=* ]] && bin=${v#REDIRECT_BIN=}; done
 			env $vars HTTP_ADDR=127.0.0.1:8180 NATS_URL=nats://127.0.0.1:4333 REDIS_URL=redis://127.0.0.1:6391/0 \
 				SNIP_BOOTSTRAP_OWNERS=demo:$KEY SNIP_TRUSTED_PROXIES=127.0.0.1/32 \
-				$B/redirect >"$OUT/redirect-cpu.log" 2>&1 &
+				"$bin" >"$OUT/redirect-cpu-$round-$i.log" 2>&1 &
 			svc=$!
 			waitport 8180 || exit 1
 			$LT ramp --target http://127.0.0.1:8180 --from "$rate" --to "$rate" --step 1000 --step-duration 25s \
-				--retries 0 --links 1000 --out "$OUT/cpu-redirect-$round" >/dev/null 2>&1 &
+				--retries 0 --links 1000 --out "$OUT/cpu-redirect-$round-$i" >/dev/null 2>&1 &
 			gen=$!
 			for _ in $(seq 1 300); do # until the links are made and the clicks begin
 				curl -fsS http://127.0.0.1:8180/metrics 2>/dev/null | grep -q '^snip_redirect_clicks_recorded_total' && break
@@ -164,6 +173,10 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 			batch=$(curl -fsS http://127.0.0.1:8180/metrics | awk '/^snip_redirect_commit_batch_size_sum/ { s = $2 } /^snip_redirect_commit_batch_size_count/ { c = $2 } END { if (c) printf "%.1f", s / c }')
 			echo "  clicks per group commit (whole run): $batch" | tee -a "$OUT/redirect-cpu.txt"
 			wait "$gen"
+			# The figures above divide by the rate asked for: a step that fell
+			# short of it, or answered errors, says so here.
+			jq -r '.steps[0] | "  the step: \(.achieved | floor)/s achieved, \(.errors) errors, p50 \(.p50_ms) ms, p99 \(.p99_ms) ms"' \
+				"$OUT/cpu-redirect-$round-$i/ramp.json" | tee -a "$OUT/redirect-cpu.txt"
 			kill "$svc"
 			wait "$svc" 2>/dev/null
 			redis-cli -p 6391 flushall >/dev/null

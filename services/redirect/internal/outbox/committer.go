@@ -180,6 +180,15 @@ type Ticket struct {
 // ctx's error when the queue stays full until ctx ends. The slices must stay
 // unchanged until the ticket is Done: a worker may read them until then.
 func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []byte, until int64) (Ticket, error) {
+	return c.SubmitBy(ctx, time.Time{}, shard, id, subject, data, until)
+}
+
+// SubmitBy is Submit whose wait for room in a full queue also ends at
+// deadline (zero: none), with context.DeadlineExceeded. With WaitBy it
+// bounds a click's wait for the outbox without a context of its own: the
+// redirect's hot path spared a timer context (its timer, done channel and
+// entry in the request context's children) a click.
+func (c *Committer) SubmitBy(ctx context.Context, deadline time.Time, shard int, id, subject, data []byte, until int64) (Ticket, error) {
 	if c.depth[shard].Load() >= c.cfg.MaxEntries {
 		c.m.Rejected.WithLabelValues("full").Inc()
 		return Ticket{}, ErrFull
@@ -199,12 +208,26 @@ func (c *Committer) Submit(ctx context.Context, shard int, id, subject, data []b
 	select {
 	case c.reqs <- p:
 		return Ticket{c: c, p: p}, nil
+	default:
+	}
+	var expired <-chan time.Time
+	if !deadline.IsZero() {
+		tm := getTimer(time.Until(deadline))
+		defer putTimer(tm)
+		expired = tm.C
+	}
+	select {
+	case c.reqs <- p:
+		return Ticket{c: c, p: p}, nil
 	case <-c.stop:
 		c.pool.Put(p)
 		return Ticket{}, ErrClosed
 	case <-ctx.Done():
 		c.pool.Put(p)
 		return Ticket{}, ctx.Err()
+	case <-expired:
+		c.pool.Put(p)
+		return Ticket{}, context.DeadlineExceeded
 	}
 }
 
@@ -225,6 +248,49 @@ func (t *Ticket) Wait(ctx context.Context) (int64, error) {
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+}
+
+// WaitBy is Wait that also gives up at deadline, with
+// context.DeadlineExceeded (the outcome not known by then; WaitBy or Wait
+// may be called again).
+func (t *Ticket) WaitBy(ctx context.Context, deadline time.Time) (int64, error) {
+	if t.done {
+		return t.stored, t.err
+	}
+	select {
+	case <-t.p.done:
+		t.done, t.stored, t.err = true, t.p.stored, t.p.err
+		return t.stored, t.err
+	default:
+	}
+	tm := getTimer(time.Until(deadline))
+	defer putTimer(tm)
+	select {
+	case <-t.p.done:
+		t.done, t.stored, t.err = true, t.p.stored, t.p.err
+		return t.stored, t.err
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-tm.C:
+		return 0, context.DeadlineExceeded
+	}
+}
+
+// timers are reused by SubmitBy and WaitBy. A stopped timer's channel holds
+// no stale tick (Go 1.23's timers), so Reset makes it as good as new.
+var timers sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if tm, ok := timers.Get().(*time.Timer); ok {
+		tm.Reset(d)
+		return tm
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(tm *time.Timer) {
+	tm.Stop()
+	timers.Put(tm)
 }
 
 // Submitted reports whether the ticket came from a successful Submit.

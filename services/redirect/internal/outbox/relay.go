@@ -467,7 +467,11 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	}
 	batch := make([]sent, 0, len(msgs))
 	var click events.Click // the validity check's scratch; nothing of it is kept
-	var conn uint64        // the connection the batch is sent on (Reconnects)
+	// No retries inside the client: it would resend a refused message
+	// after later ones of the window were stored. The relay retries.
+	// (Built once a batch: every option is a closure, allocated a call.)
+	pubOpts := []jetstream.PublishOpt{jetstream.WithExpectStream(lane.Stream), jetstream.WithRetryAttempts(0)}
+	var conn uint64 // the connection the batch is sent on (Reconnects)
 	if r.cfg.Reconnects != nil {
 		conn = r.cfg.Reconnects()
 	}
@@ -501,9 +505,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 			break
 		}
 		msg := &nats.Msg{Subject: e.Subject, Data: data, Header: nats.Header{events.HeaderMsgID: []string{e.ID}}}
-		// No retries inside the client: it would resend a refused message
-		// after later ones of the window were stored. The relay retries.
-		f, err := r.js.PublishMsgAsync(msg, jetstream.WithExpectStream(lane.Stream), jetstream.WithRetryAttempts(0))
+		f, err := r.js.PublishMsgAsync(msg, pubOpts...)
 		batch = append(batch, sent{e: e, f: f, err: err})
 		if err != nil && !permanent(err) {
 			break // nothing after a transient failure is worth sending now

@@ -64,7 +64,7 @@ type Options struct {
 
 // ClickAppender is what the service needs of the outbox committer.
 type ClickAppender interface {
-	Submit(ctx context.Context, shard int, id, subject, data []byte, until int64) (outbox.Ticket, error)
+	SubmitBy(ctx context.Context, deadline time.Time, shard int, id, subject, data []byte, until int64) (outbox.Ticket, error)
 }
 
 // DirectPublisher records a click straight in JetStream (the second
@@ -223,17 +223,17 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bo
 
 	start := time.Now()
 	until := start.Add(s.opt.Validity).UnixMilli()
-	wctx, cancel := context.WithDeadline(ctx, start.Add(s.opt.OutboxWait))
-	t, oerr := s.appender.Submit(wctx, s.layout.Shard(l.Code), evID, subj, data, until)
+	// The wait for the outbox ends at deadline: a pooled timer in the
+	// committer, not a context.WithDeadline of ctx a click.
+	deadline := start.Add(s.opt.OutboxWait)
+	t, oerr := s.appender.SubmitBy(ctx, deadline, s.layout.Shard(l.Code), evID, subj, data, until)
 	if oerr == nil {
 		var stored int64
-		stored, oerr = t.Wait(wctx)
+		stored, oerr = t.WaitBy(ctx, deadline)
 		if oerr == nil && !outbox.Late(stored, until) {
-			cancel()
 			return false, nil
 		}
 		if errors.Is(oerr, outbox.ErrNotReplicated) && !outbox.Late(stored, until) {
-			cancel()
 			s.backUp(ctx, evID, subj, data)
 			return false, nil
 		}
@@ -241,7 +241,6 @@ func (s *Service) record(ctx context.Context, v *Visit, l *link.Link) (direct bo
 			oerr = fmt.Errorf("outbox entry stored at %d, after its validity %d: %w", stored, until, outbox.ErrUnavailable)
 		}
 	}
-	cancel()
 	if ctx.Err() != nil {
 		return false, ctx.Err()
 	}
