@@ -329,7 +329,9 @@ type RewindInfo struct {
 	// after OnRewind returns: From is at or before the event after the last
 	// one the partition handled (by its ack floor, or by what its owner
 	// handled past a floor an ack lost on its way left behind). When false
-	// (From is past that, or the partition holds nothing to replay), the
+	// (From is past that, the partition holds nothing to replay, or the
+	// server moves its consumer back only to its ack floor: a request
+	// stored before Rewind refused a group started at new events), the
 	// partition goes on where it was, after the last event it handled
 	// (past a lost ack too, which the move acks; a group started at new
 	// events, whose consumers the server moves only back to their ack
