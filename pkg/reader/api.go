@@ -80,7 +80,11 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // from stream sequence from, which is at or before the batch's first event
 // (see Handler). A from of 0, or past the batch's first event, is a
 // mistake: the runtime logs it and retries the batch as after a transient
-// error.
+// error. The server moves the partition back no further than where the
+// group started: a from before it is moved up to it (the group never read
+// the events before), and a group started at new events (StartAtNew) goes
+// back only to its ack floor, logged as an error: the events from from up
+// to the floor are not handed again.
 func Replay(from uint64, err error) error { return &ReplayError{From: from, Err: err} }
 
 // PoisonError marks one event of a batch as one that can never be
@@ -311,7 +315,10 @@ type Config struct {
 type RewindInfo struct {
 	// ID identifies the replay request (a UUIDv7).
 	ID string
-	// From is the first sequence of this partition the replay hands out again.
+	// From is the first sequence of this partition the replay hands out
+	// again: never before where the partition's consumer started (a
+	// replay asked from earlier starts there: Rewind, and the runtime for
+	// a request an older version stored).
 	From uint64
 	// Until is the last sequence stored in this partition when the replay was
 	// requested: once the group has handled it, the replay has caught up.
@@ -322,7 +329,9 @@ type RewindInfo struct {
 	// after OnRewind returns: From is at or before the event after the last
 	// one the partition handled (by its ack floor, or by what its owner
 	// handled past a floor an ack lost on its way left behind). When false
-	// (From is past that, or the partition holds nothing to replay), the
+	// (From is past that, the partition holds nothing to replay, or the
+	// server moves its consumer back only to its ack floor: a request
+	// stored before Rewind refused a group started at new events), the
 	// partition goes on where it was, after the last event it handled
 	// (past a lost ack too, which the move acks; a group started at new
 	// events, whose consumers the server moves only back to their ack
@@ -392,4 +401,9 @@ var (
 	// ErrRewindUnknown means no rewind with the ID waited for was found
 	// stored for the group (WaitRewind).
 	ErrRewindUnknown = errors.New("no replay with this ID was requested of the group")
+	// ErrNotReplayable means a group cannot be replayed: its consumers were
+	// created at new events (StartAtNew, the webhooks group) or at the last
+	// ones, and the server moves such a consumer back only to its ack
+	// floor (Rewind).
+	ErrNotReplayable = errors.New("JetStream cannot move its consumers back")
 )

@@ -81,6 +81,22 @@
 // it never reads stored (a wrong ID) ends the wait after a few seconds, not
 // at once (the server read may lag behind the request): ErrRewindUnknown.
 //
+// A replay goes back no further than where the group started, the lowest
+// sequence the server moves its consumers back to: a group started at the
+// oldest event goes back anywhere, one started at a time (StartAtTime,
+// StartWithin) to each partition's first event at or after it, so a replay
+// from before it starts there (RewindStatus: PartitionRewind.AtGroupStart).
+// A group started at new events (StartAtNew, the webhooks group) the
+// server moves only back to its ack floor: Rewind refuses it
+// (ErrNotReplayable) and stores nothing. A partition's owner goes by the
+// same bound (a request stored by an older version, or for consumers
+// created again since): a replay from before the start starts there, and
+// one the server would refuse altogether is nothing to replay (OnRewind
+// told MovesBack false), never a move retried for ever. So is a handler's
+// Replay(from): from before the start is moved up to it (the group never
+// read the events before); a group started at new events goes back to its
+// ack floor, the events before it missed, and says so in an error log.
+//
 // A delivery the server made that never reached the member (a gap in the
 // consumer's delivery count) is not acked past: the batch is handled up to
 // it, and the partition goes on after the last event handled (its ack floor,

@@ -145,6 +145,11 @@ type PartitionRewind struct {
 	From, Until uint64
 	// Done is true once the partition's owner moved its consumer back.
 	Done bool
+	// AtGroupStart is true when the replay was asked from before the
+	// partition's consumer started (the group was created at a time or a
+	// sequence): From is where it started, as far back as the server
+	// moves it.
+	AtGroupStart bool
 	// Void is true when the partition's consumer is not the one the request
 	// was made for: that one was deleted since (the group's consumers
 	// removed, and maybe created again by a later deploy). The consumer
@@ -218,7 +223,7 @@ func rewindStatus(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	st := RewindStatus{ID: req.ID, Requested: req.Requested, Partitions: make([]PartitionRewind, n)}
 	for p := range n {
 		ri := req.info(p)
-		st.Partitions[p] = PartitionRewind{Partition: p, From: ri.From, Until: ri.Until}
+		st.Partitions[p] = PartitionRewind{Partition: p, From: ri.From, Until: ri.Until, AtGroupStart: req.AtStart[strconv.Itoa(p)]}
 		e, err := kv.Get(ctx, rewoundKey(group, p))
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):

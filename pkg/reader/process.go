@@ -162,6 +162,39 @@ func (w *worker) afterGap() (uint64, error) {
 	return w.handled + 1, nil
 }
 
+// replayFrom returns where the partition goes on for a handler's
+// Replay(from), as the server allows the move (lowestRewind): from; where
+// the partition's consumer started, if from is before it (the group never
+// read the events before, so everything it handled is handed again, which
+// is what the handler asked for); or 0, its ack floor, for a consumer
+// created at new events, which the server moves back nowhere else. That
+// last hands again only the events past the floor, not the ones from
+// from: the handler's state misses them, which is logged as an error,
+// rather than the partition retrying a move the server refuses for ever
+// and handling nothing more.
+func (w *worker) replayFrom(from uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	info, err := w.cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the partition's consumer for a replay: %w", err)
+	}
+	lowest, seqs, err := lowestRewind(ctx, w.m.js, w.p, info.Config)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("where the partition's consumer started: %w", err)
+	case !seqs:
+		w.log.Error("the handler asked for events the server cannot hand again: it moves this consumer (created at new events) back only to its ack floor; going on from there, the events before it missed",
+			"from", from, "ack_floor", info.AckFloor.Stream, "deliver_policy", info.Config.DeliverPolicy.String())
+		return 0, nil
+	case from < lowest:
+		w.log.Warn("the handler asked for events from before the partition's consumer started: replaying from its start",
+			"from", from, "start", lowest, "deliver_policy", info.Config.DeliverPolicy.String())
+		return lowest, nil
+	}
+	return from, nil
+}
+
 // resetsToSeq reports whether the server moves a consumer of the deliver
 // policy p to a sequence of our choosing (a reset to a non-zero sequence);
 // one created at new events (StartAtNew) it moves only back to its ack floor.

@@ -30,6 +30,10 @@ type rewindRequest struct {
 	// back. A request without it (stored by an older version) is for
 	// whatever consumers there are.
 	Consumers map[string]time.Time `json:"consumers,omitempty"`
+	// AtStart marks the partitions whose From was moved up to where the
+	// group's consumer starts (lowestRewind): the replay asked for events
+	// before the group's first, which the server will not move it back to.
+	AtStart map[string]bool `json:"at_start,omitempty"`
 	// rev is the request's revision in the bucket, as read (not stored):
 	// a request stored later has a higher one.
 	rev uint64
@@ -67,6 +71,15 @@ func memberSubject(group, member string) string {
 // are now: if they are deleted and the group is created again before a
 // partition carried it out, the new group ignores it (the request is void:
 // RewindStatus.Void, ErrRewindVoid).
+//
+// A replay goes back no further than where the group started: the server
+// moves a consumer created at a sequence or a time no further back than
+// it (nor one at the oldest event before sequence 1), so a partition's
+// From before that is moved up to it (RewindStatus's
+// PartitionRewind.AtGroupStart). A group whose consumers were created at
+// new events (StartAtNew, the webhooks group) or at the last ones the
+// server moves back only to their ack floor: Rewind stores nothing and
+// returns ErrNotReplayable.
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
@@ -79,16 +92,27 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 	if err := groupExists(ctx, s, group); err != nil {
 		return "", fmt.Errorf("rewind %s: %w", group, err)
 	}
-	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{}, Consumers: map[string]time.Time{}}
+	req := rewindRequest{ID: events.NewID(), Requested: time.Now().UTC(), From: map[string]uint64{}, Until: map[string]uint64{},
+		Consumers: map[string]time.Time{}, AtStart: map[string]bool{}}
 	for p := range n {
 		k := strconv.Itoa(p)
+		lowest := uint64(1)
 		switch c, err := s.Consumer(ctx, topology.GroupConsumerName(group, p)); {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			// Not created yet: whoever creates it carries the request out.
+			// Not created yet: whoever creates it carries the request out
+			// (and goes by its own start, planRewind).
 		case err != nil:
 			return "", fmt.Errorf("rewind %s: consumer of partition %d: %w", group, p, err)
 		default:
-			req.Consumers[k] = c.CachedInfo().Created
+			ci := c.CachedInfo()
+			req.Consumers[k] = ci.Created
+			var seqs bool
+			if lowest, seqs, err = lowestRewind(ctx, js, p, ci.Config); err != nil {
+				return "", fmt.Errorf("rewind %s: where partition %d started: %w", group, p, err)
+			}
+			if !seqs {
+				return "", fmt.Errorf("rewind %s: %w", group, notReplayable(group, ci.Config.DeliverPolicy))
+			}
 		}
 		filter := events.PartitionFilter(p)
 		var until, from uint64
@@ -108,6 +132,10 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 				return "", fmt.Errorf("rewind %s: start of partition %d: %w", group, p, err)
 			}
 		}
+		if from != 0 && from < lowest {
+			// Before the group's first event: the replay starts there.
+			from, req.AtStart[k] = lowest, true
+		}
 		if from == 0 || from > until {
 			from = until + 1 // nothing to replay in this partition
 		}
@@ -122,6 +150,68 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 		return "", fmt.Errorf("rewind %s: record request: %w", group, err)
 	}
 	return req.ID, nil
+}
+
+// lowestRewind returns the lowest stream sequence the server moves
+// partition p's consumer (of config cfg) back to, as its reset to a
+// sequence allows (resetStartingSeq): 1 for one created at the oldest
+// event, its start sequence for one created at a sequence, and for one
+// created at a time the partition's first event stored at or after it (the
+// server's bound is the stream's first at that time, which is at or
+// before it; the event after the partition's last if none is). seqs is
+// false for a consumer the server moves back only to its ack floor (one
+// created at new events, or at the last ones: resetsToSeq).
+func lowestRewind(ctx context.Context, js jetstream.JetStream, p int, cfg jetstream.ConsumerConfig) (lowest uint64, seqs bool, err error) {
+	switch cfg.DeliverPolicy {
+	case jetstream.DeliverAllPolicy:
+		return 1, true, nil
+	case jetstream.DeliverByStartSequencePolicy:
+		return max(cfg.OptStartSeq, 1), true, nil
+	case jetstream.DeliverByStartTimePolicy:
+	default:
+		return 0, false, nil
+	}
+	if cfg.OptStartTime == nil {
+		return 1, true, nil
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, false, err
+	}
+	filter := events.PartitionFilter(p)
+	last, err := s.GetLastMsgForSubject(ctx, filter)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return 1, true, nil // nothing stored: nothing to replay either
+	case err != nil:
+		return 0, false, err
+	case last.Time.Before(*cfg.OptStartTime):
+		return last.Sequence + 1, true, nil
+	}
+	first, err := firstAt(ctx, js, s, filter, FromTime(*cfg.OptStartTime))
+	if err != nil {
+		return 0, false, err
+	}
+	if first == 0 {
+		return last.Sequence + 1, true, nil
+	}
+	return first, true, nil
+}
+
+// notReplayable is ErrNotReplayable for group, whose consumers were
+// created with deliver policy p, saying what the webhooks group offers
+// instead.
+func notReplayable(group string, p jetstream.DeliverPolicy) error {
+	what := "reads only events published after it was created"
+	if p != jetstream.DeliverNewPolicy {
+		what = "started at the last event when it was created"
+	}
+	err := fmt.Errorf("group %s %s (deliver policy %s): %w", group, what, p, ErrNotReplayable)
+	if group == topology.GroupWebhooks {
+		err = fmt.Errorf("%w; to send an endpoint again the events it missed, replay that endpoint instead: "+
+			`POST /api/webhooks/endpoints/<id>/replay {"from": "<RFC 3339>"} on the webhooks service`, err)
+	}
+	return err
 }
 
 // groupExists returns ErrNoGroup when group has no consumers on CLICKS
@@ -333,6 +423,9 @@ func (w *worker) maybeRewind() error {
 		}
 	}
 	ri.MovesBack = plan.movesBack
+	if plan.movesBack {
+		ri.From = plan.from
+	}
 	if m.cfg.OnRewind != nil {
 		for {
 			err := m.cfg.OnRewind(w.ctx, w.p, ri)
@@ -404,6 +497,9 @@ type rewindPlan struct {
 	// toSeq: the server moves the consumer to a sequence of our choosing
 	// (resetsToSeq), not only back to its ack floor.
 	toSeq bool
+	// from is where the consumer moves back to: the request's From, or
+	// where the consumer started if From is before it (lowestRewind).
+	from uint64
 }
 
 // planRewind decides whether the partition moves back for ri: it does
@@ -420,8 +516,29 @@ func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	if err != nil {
 		return rewindPlan{}, err
 	}
-	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled), toSeq: resetsToSeq(info.Config.DeliverPolicy)}
+	lowest, seqs, err := lowestRewind(ctx, w.m.js, w.p, info.Config)
+	if err != nil {
+		return rewindPlan{}, err
+	}
+	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled), toSeq: seqs, from: ri.From}
 	pl.movesBack = ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
+	switch {
+	case !pl.movesBack:
+	case !seqs:
+		// Rewind refuses such a group; this request was stored by an
+		// older version, or for consumers created again since at new
+		// events. The server would refuse the move for ever.
+		w.log.Warn("rewind: the server moves this partition's consumer back only to its ack floor (created at new events): nothing to replay",
+			"rewind", ri.ID, "from", ri.From, "deliver_policy", info.Config.DeliverPolicy.String())
+		pl.movesBack = false
+	case ri.From < lowest:
+		// Before where the consumer started, which the server refuses:
+		// the replay starts there, if the partition holds anything from it.
+		w.log.Warn("rewind: from is before the partition's consumer started; replaying from its start",
+			"rewind", ri.ID, "from", ri.From, "start", lowest, "deliver_policy", info.Config.DeliverPolicy.String())
+		pl.from = lowest
+		pl.movesBack = lowest <= ri.Until && lowest <= pl.handled+1
+	}
 	return pl, nil
 }
 

@@ -760,7 +760,7 @@ func createGroup(t *testing.T, js jetstream.JetStream, group string, partitions 
 }
 
 // A rewind with nothing to replay after a lost ack, in a group started at
-// new events: the server moves its consumer only back to its ack floor (a
+// new events (a request an older version stored: Rewind refuses the group): the server moves its consumer only back to its ack floor (a
 // reset to a sequence is refused), so the partition goes on from there, the
 // events handled past it handed again. Before, the owner asked for the
 // event after the last one it handled, which the server refused, and
@@ -806,10 +806,9 @@ func TestARewindAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T
 		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, lf-1)
 	}
 
-	id, err := reader.Rewind(t.Context(), s.js, group, reader.FromSeq(firstPass+1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Rewind refuses a group started at new events (ErrNotReplayable); a
+	// request an older version stored is carried out as nothing to replay.
+	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
 	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {

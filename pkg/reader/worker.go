@@ -199,6 +199,8 @@ func (w *worker) run() {
 				var err error
 				if re == nil {
 					from, err = w.afterGap()
+				} else {
+					from, err = w.replayFrom(re.From)
 				}
 				if err == nil {
 					err = w.resetTo(from)

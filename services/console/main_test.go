@@ -1095,3 +1095,73 @@ func TestAReplayOfAClickCounterThatIsNotThereIsNotFound(t *testing.T) {
 		t.Errorf("replay %s requested for a group that is not there", st.ID)
 	}
 }
+
+// A replay of a group JetStream cannot move back (the webhooks group,
+// created at new events) is refused with a 409 not_replayable that says so
+// and names the endpoint replay, and requests nothing. Before, it was
+// requested, and every partition of the group retried a refused move for
+// ever, delivering nothing more. A group started at a time replays from
+// its start at the earliest: the status says which partitions start there.
+func TestAReplayOfAGroupThatCannotGoBackIsRefused(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	create := func(group string, gc topology.GroupConsumer) {
+		t.Helper()
+		gc.AckWait, gc.PinnedTTL, gc.MaxAckPending = time.Minute, 5*time.Second, 100
+		for p := range consoletest.Partitions {
+			if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig(group, p, gc)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 6)...)
+	create(topology.GroupWebhooks, topology.GroupConsumer{DeliverPolicy: jetstream.DeliverNewPolicy})
+	var a struct {
+		ID    string
+		Error struct{ Code, Message string }
+	}
+	code, b := do(t, nil, http.MethodPost, s.url+"/api/readers/"+topology.GroupWebhooks+"/replay",
+		map[string]any{"since": "1h", "confirm": topology.GroupWebhooks}, bearer)
+	if err := json.Unmarshal(b, &a); err != nil {
+		t.Fatalf("replay webhooks: %d %s: %v", code, b, err)
+	}
+	if code != http.StatusConflict || a.Error.Code != "not_replayable" ||
+		!strings.Contains(a.Error.Message, "JetStream cannot move its consumers back") ||
+		!strings.Contains(a.Error.Message, "/api/webhooks/endpoints/<id>/replay") {
+		t.Errorf("replay webhooks: %d %s; want 409 not_replayable naming the endpoint replay", code, b)
+	}
+	var st struct {
+		ID    string
+		Parts []struct {
+			Partition    int
+			AtGroupStart bool `json:"at_group_start"`
+		} `json:"partition_status"`
+	}
+	getJSON(t, s, "/api/readers/"+topology.GroupWebhooks+"/replay", &st)
+	if st.ID != "" {
+		t.Errorf("replay webhooks refused, yet replay %s requested", st.ID)
+	}
+
+	started := time.Now()
+	consoletest.Publish(t, s.js, append(consoletest.Clicks("acme", "abc", 3), consoletest.Clicks("acme", "xyz", 3)...)...)
+	create("late", topology.GroupConsumer{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &started})
+	code, b = do(t, nil, http.MethodPost, s.url+"/api/readers/late/replay", map[string]any{"from_seq": 1, "confirm": "late"}, bearer)
+	if code != http.StatusAccepted {
+		t.Fatalf("replay late: %d %s", code, b)
+	}
+	getJSON(t, s, "/api/readers/late/replay", &st)
+	atStart := 0
+	for _, p := range st.Parts {
+		atStart += btoi(p.AtGroupStart)
+	}
+	if st.ID == "" || atStart == 0 {
+		t.Errorf("replay of a group started after sequence 1: %+v; want partitions at the group's start", st)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -25,7 +25,11 @@ import (
 // believes the counts are being rebuilt, so snipctl refuses it, saying what
 // to do instead, unless --force (reader.CheckRecount, which the console's
 // replay asks too). A group that has no consumers is reported as such
-// first, whatever the position and --force.
+// first, whatever the position and --force. A group started at new events
+// (the webhooks group) cannot be replayed (reader.ErrNotReplayable): the
+// error says so and nothing is requested; a group started at a time
+// replays each partition from its first event since then at the earliest,
+// and snipctl says which partitions start there.
 func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if len(args) < 1 || args[0] == "" || args[0][0] == '-' {
 		return fmt.Errorf("replay GROUP (--since DURATION | --from TIME | --from-seq N) [--wait] [--force]: %w", errUsage)
@@ -90,9 +94,23 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
+		// A group started at new events (the webhooks group) is
+		// reader.ErrNotReplayable: the error says so, and what webhooks
+		// offers instead.
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "replay %s requested for group %s\n", id, group)
+	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID == id {
+		var atStart []int
+		for _, p := range st.Partitions {
+			if p.AtGroupStart {
+				atStart = append(atStart, p.Partition)
+			}
+		}
+		if len(atStart) > 0 {
+			fmt.Fprintf(env.Stdout, "partitions %v start at the group's first event: the group started after %s, and a replay goes back no further\n", atStart, start)
+		}
+	}
 	if !*wait {
 		fmt.Fprintln(env.Stdout, "each partition moves back when its owner takes the request (a partition with no live member, when one joins)")
 		return nil

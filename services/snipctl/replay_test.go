@@ -343,3 +343,45 @@ func TestReplayWaitOfAReplayRequestedAgainSaysItWasReplaced(t *testing.T) {
 		t.Errorf("replay --wait says the replay was carried out:\n%s", r.out)
 	}
 }
+
+// replay of the webhooks group, whose consumers start at new events, is
+// refused before anything is requested: JetStream moves such consumers
+// back only to their ack floor. snipctl says so, names the endpoint replay
+// webhooks offers instead, and exits 1. Before, the request was stored and
+// every partition of the group retried a refused move for ever, delivering
+// nothing more. A group started at a time replays from its start at the
+// earliest, and snipctl says which partitions start there.
+func TestReplayOfAGroupThatCannotGoBackSaysSo(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	create := func(group string, gc topology.GroupConsumer) {
+		t.Helper()
+		gc.AckWait, gc.PinnedTTL, gc.MaxAckPending = time.Minute, 5*time.Second, 100
+		for p := range 2 {
+			if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig(group, p, gc)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	create(topology.GroupWebhooks, topology.GroupConsumer{DeliverPolicy: jetstream.DeliverNewPolicy})
+	out, err := snipctl(t, environ, "replay", topology.GroupWebhooks, "--since", "1h")
+	if !errors.Is(err, reader.ErrNotReplayable) || exitStatus(err) != 1 ||
+		!strings.Contains(err.Error(), "/api/webhooks/endpoints/<id>/replay") {
+		t.Errorf("replay webhooks = %v (exit status %d), want ErrNotReplayable naming the endpoint replay, exit status 1\n%s", err, exitStatus(err), out)
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, topology.GroupWebhooks); err != nil || st.ID != "" {
+		t.Errorf("latest replay of webhooks %q (%v), want none requested", st.ID, err)
+	}
+
+	start := time.Now()
+	publishClicks(t, js, 10)
+	create("late", topology.GroupConsumer{DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
+	out, err = snipctl(t, environ, "replay", "late", "--from-seq", "1")
+	if err != nil {
+		t.Fatalf("replay late: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "partitions [0 1] start at the group's first event") {
+		t.Errorf("replay of a group started after the position does not say where it starts:\n%s", out)
+	}
+}

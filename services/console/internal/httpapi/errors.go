@@ -85,6 +85,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "not_redrivable"
 	case errors.Is(err, readers.ErrNotARecount):
 		return http.StatusConflict, "not_a_recount"
+	case errors.Is(err, readers.ErrNotReplayable):
+		return http.StatusConflict, "not_replayable"
 	case errors.Is(err, ownerstream.ErrOwnerLimit):
 		return http.StatusTooManyRequests, "too_many_streams"
 	case errors.Is(err, ownerstream.ErrOpenRate):

@@ -1,6 +1,10 @@
 package readers
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/snipdev/snip/pkg/reader"
+)
 
 // Errors of a replay request.
 var (
@@ -13,4 +17,8 @@ var (
 	// ErrNotARecount means a replay of the click counter from a position
 	// it will not recount from, without force; the error says why.
 	ErrNotARecount = errors.New(`replay from sequence 1 ("from_seq": 1) to recount, or force it ("force": true) to replay anyway`)
+	// ErrNotReplayable means a group whose consumers JetStream moves back
+	// only to their ack floor (created at new events: the webhooks group);
+	// the error says so, and for webhooks what to do instead.
+	ErrNotReplayable = reader.ErrNotReplayable
 )

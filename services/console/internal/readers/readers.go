@@ -223,6 +223,10 @@ func ReplayNote(group string) string {
 		return "The detector's windows restart at the replay's first click. Alert IDs are deterministic (rule, link, key, period), " +
 			"so a replay raises no new alert (FRAUD drops the copies); its verdict messages are cut by the replay's batches, " +
 			"and the counter applies each label once by click ID."
+	case topology.GroupWebhooks:
+		return "Webhooks reads only the clicks published after its group was created: JetStream cannot move its consumers back, " +
+			"so the group cannot be replayed (the console refuses it). To send an endpoint again what it missed, replay that endpoint: " +
+			`POST /api/webhooks/endpoints/<id>/replay {"from": "<RFC 3339>"} on the webhooks service.`
 	case topology.GroupWarehouseLoader:
 		return "Rows are idempotent (ReplacingMergeTree on the event ID, queries count distinct IDs): a replay re-inserts copies " +
 			"that change no answer and merge away. Use it to reload a range the warehouse lost."

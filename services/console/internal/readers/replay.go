@@ -90,7 +90,8 @@ type Replayed struct {
 // ErrUnknownGroup, whatever the position and Force. A replay of the click
 // counter that it would not recount from is refused (ErrNotARecount, with
 // reader.CheckRecount's reason) unless r.Force, and then comes with that
-// reason as a warning.
+// reason as a warning. A group started at new events (the webhooks group)
+// cannot be replayed: ErrNotReplayable, nothing requested.
 func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Replayed, error) {
 	if !events.ValidToken(group) {
 		return Replayed{}, fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
@@ -146,6 +147,10 @@ type PartitionRewound struct {
 	// for (reader.PartitionRewind.Void); with Done false, it never moves
 	// back for it.
 	Void bool `json:"void"`
+	// AtGroupStart: the replay was asked from before the group started (at
+	// a time), and this partition replays from its first event since
+	// (reader.PartitionRewind.AtGroupStart).
+	AtGroupStart bool `json:"at_group_start"`
 }
 
 // ReplayStatus reads the group's latest replay, which partitions have
@@ -164,7 +169,7 @@ func (v *View) ReplayStatus(ctx context.Context, group string) (ReplayStatus, er
 		out.Requested = &t
 	}
 	for _, p := range st.Partitions {
-		out.Parts = append(out.Parts, PartitionRewound{Partition: p.Partition, From: p.From, Until: p.Until, Done: p.Done, Void: p.Void})
+		out.Parts = append(out.Parts, PartitionRewound{Partition: p.Partition, From: p.From, Until: p.Until, Done: p.Done, Void: p.Void, AtGroupStart: p.AtGroupStart})
 		if p.Done {
 			out.DoneCount++
 		}

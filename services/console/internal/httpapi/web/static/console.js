@@ -198,8 +198,10 @@ function watchReplay(group, id, out) {
           `${s.partitions_done} of ${s.partitions} partitions moved back before.`;
         return;
       }
+      const atStart = (s.partition_status || []).filter(p => p.at_group_start).map(p => p.partition);
       out.textContent = `Replay ${id}: ${s.partitions_done} of ${s.partitions} partitions moved back` +
-        (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…');
+        (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…') +
+        (atStart.length ? ` Partitions ${atStart.join(', ')} start at the group's first event: it started after the replay's position.` : '');
       done = s.done;
     } catch (err) { out.textContent = 'Cannot read the progress: ' + err.message; }
     if (!done) setTimeout(tick, 1000);
