@@ -238,19 +238,10 @@ func (c *Committer) SubmitBy(ctx context.Context, deadline time.Time, shard int,
 // not acknowledged by enough replicas in time returns its stored time and
 // an error wrapping ErrNotReplicated.
 func (t *Ticket) Wait(ctx context.Context) (int64, error) {
-	if t.done {
-		return t.stored, t.err
-	}
-	select {
-	case <-t.p.done:
-		t.done, t.stored, t.err = true, t.p.stored, t.p.err
-		return t.stored, t.err
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
+	return t.WaitBy(ctx, time.Time{})
 }
 
-// WaitBy is Wait that also gives up at deadline, with
+// WaitBy is Wait that also gives up at deadline (zero: none), with
 // context.DeadlineExceeded (the outcome not known by then; WaitBy or Wait
 // may be called again).
 func (t *Ticket) WaitBy(ctx context.Context, deadline time.Time) (int64, error) {
@@ -263,15 +254,19 @@ func (t *Ticket) WaitBy(ctx context.Context, deadline time.Time) (int64, error) 
 		return t.stored, t.err
 	default:
 	}
-	tm := getTimer(time.Until(deadline))
-	defer putTimer(tm)
+	var expired <-chan time.Time // nil without a deadline: never ready
+	if !deadline.IsZero() {
+		tm := getTimer(time.Until(deadline))
+		defer putTimer(tm)
+		expired = tm.C
+	}
 	select {
 	case <-t.p.done:
 		t.done, t.stored, t.err = true, t.p.stored, t.p.err
 		return t.stored, t.err
 	case <-ctx.Done():
 		return 0, ctx.Err()
-	case <-tm.C:
+	case <-expired:
 		return 0, context.DeadlineExceeded
 	}
 }
