@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -360,7 +361,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	for _, cfg := range Streams(o) {
-		if err := applyStream(ctx, js, cfg); err != nil {
+		if err := applyStreamAgain(ctx, js, cfg); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
@@ -466,6 +467,35 @@ func deleteRetired(ctx context.Context, js jetstream.JetStream, stream, durable 
 		return fmt.Errorf("delete retired consumer %s on %s: %w", durable, stream, err)
 	}
 	return nil
+}
+
+// streamTries is how many times Apply sends a stream's request whose answer
+// did not come within the JetStream client's request timeout.
+const streamTries = 3
+
+// applyStreamAgain is applyStream, again (up to streamTries in all) when a
+// request timed out while ctx is live. On a cluster a replicated stream's
+// create waits for a meta-leader proposal and its own Raft group's
+// election; on a busy machine (or while the meta group elects a leader,
+// when no server answers) that outlasts the client's request timeout
+// (jetstream.New's 5 s), although the server goes on and creates the
+// stream. The next try looks the stream up first, so it finds the stream
+// the unanswered create made, or sends the create to the leader there is
+// now.
+func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	for try := 1; ; try++ {
+		err := applyStream(ctx, js, cfg)
+		if err == nil || try == streamTries || !requestTimedOut(ctx, err) {
+			return err
+		}
+	}
+}
+
+// requestTimedOut reports whether err is a JetStream request that went
+// unanswered for the client's request timeout while ctx, the caller's, is
+// still live: the server may have done what was asked, or may do it yet.
+func requestTimedOut(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
 }
 
 func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
