@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -411,32 +412,18 @@ func (w *worker) maybeRewind() error {
 	ri := req.info(w.p)
 	bo := m.cfg.newBackoff()
 	var plan rewindPlan
-	for {
-		var err error
+	if !w.retryRewind(bo, "read the partition's ack floor for the rewind", func() (err error) {
 		plan, err = w.planRewind(ri)
-		if err == nil {
-			break
-		}
-		w.log.Warn("read the partition's ack floor for the rewind", "err", err)
-		if !w.sleep(bo.NextBackOff()) {
-			return errReleased
-		}
+		return err
+	}) {
+		return errReleased
 	}
 	ri.MovesBack = plan.movesBack
 	if plan.movesBack {
 		ri.From = plan.from
 	}
-	if m.cfg.OnRewind != nil {
-		for {
-			err := m.cfg.OnRewind(w.ctx, w.p, ri)
-			if err == nil {
-				break
-			}
-			w.log.Warn("on rewind", "err", err)
-			if !w.sleep(bo.NextBackOff()) {
-				return errReleased
-			}
-		}
+	if m.cfg.OnRewind != nil && !w.retryRewind(bo, "on rewind", func() error { return m.cfg.OnRewind(w.ctx, w.p, ri) }) {
+		return errReleased
 	}
 	if w.stopping() {
 		// The partition moved while OnRewind ran (a rebuild can take
@@ -445,32 +432,34 @@ func (w *worker) maybeRewind() error {
 		// Moving the consumer back now would replay under that owner.
 		return errReleased
 	}
-	for {
-		err := w.rewindTo(ri, plan)
-		if err == nil {
-			break
-		}
-		w.log.Warn("rewind partition", "err", err)
-		if !w.sleep(bo.NextBackOff()) {
-			return errReleased
-		}
+	if !w.retryRewind(bo, "rewind partition", func() error { return w.rewindTo(ri, plan) }) {
+		return errReleased
 	}
 	// The record is what WaitRewind waits for, and what tells this
 	// partition's next owner that the rewind is done: left unwritten, the
 	// wait never ends and the next owner replays the partition again.
-	for {
-		err := w.recordRewound(req.ID)
-		if err == nil {
-			break
-		}
-		w.log.Warn("record rewind done", "err", err)
-		if !w.sleep(bo.NextBackOff()) {
-			return errReleased
-		}
+	if !w.retryRewind(bo, "record rewind done", func() error { return w.recordRewound(req.ID) }) {
+		return errReleased
 	}
 	w.rewoundID = req.ID
 	w.idle = true
 	return nil
+}
+
+// retryRewind runs one step of a rewind until it succeeds, logging each
+// failure as what and waiting bo's next backoff before the next try; false
+// when the partition was taken away meanwhile.
+func (w *worker) retryRewind(bo *backoff.ExponentialBackOff, what string, step func() error) bool {
+	for {
+		err := step()
+		if err == nil {
+			return true
+		}
+		w.log.Warn(what, "err", err)
+		if !w.sleep(bo.NextBackOff()) {
+			return false
+		}
+	}
 }
 
 // recordRewound records "<group>.rewound.<p>" = id: the partition carried
