@@ -44,6 +44,7 @@ func TestOnRedisCluster(t *testing.T) {
 		// cluster client still removes the relay from the heartbeat set on
 		// its way out, so the kill is not faithful there.
 		TestRelaySharesShardsAmongInstances,
+		TestRelayDeletesOnlyTheHeadItRelayed,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
 	)
@@ -619,5 +620,52 @@ func TestRelayParkedClickIsRedrivenIntoItsPartition(t *testing.T) {
 	}
 	if _, err := deadletter.Get(t.Context(), e.js, letter.Seq); !errors.Is(err, deadletter.ErrNotFound) {
 		t.Errorf("dead letter after the redrive: %v, want ErrNotFound", err)
+	}
+}
+
+// TestRelayDeletesOnlyTheHeadItRelayed: a batch's delete (an exact XTRIM
+// MINID past its last entry) removes what the batch relayed and nothing
+// else: not the entries read after it in the same millisecond (the first
+// batch is 16 of 40 entries added in one pipeline, so most share its last
+// entry's millisecond), nor the entries appended while it was published.
+// Every entry reaches CLICKS once, in order.
+func TestRelayDeletesOnlyTheHeadItRelayed(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 40)
+	r := e.relay("r")
+	var once sync.Once
+	var added []string
+	r.afterAcks = func(_ int, _ Lane, relayed []string) error {
+		once.Do(func() {
+			if len(relayed) != 16 {
+				t.Errorf("the first batch relayed %d entries, want the window, 16", len(relayed))
+			}
+			added = e.addClicks(t, "abc", 5) // appended between the publish and the delete
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	// The 5 are added before the first batch's delete: the outbox is
+	// empty only once the relay has had them all.
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
+}
+
+func TestNextStreamID(t *testing.T) {
+	for in, want := range map[string]string{
+		"1733400000000-0":                    "1733400000000-1",
+		"1733400000000-41":                   "1733400000000-42",
+		"1733400000000-18446744073709551615": "1733400000001-0",
+	} {
+		if got, err := nextStreamID(in); err != nil || got != want {
+			t.Errorf("nextStreamID(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "1733400000000", "x-1", "1-x"} {
+		if got, err := nextStreamID(bad); err == nil {
+			t.Errorf("nextStreamID(%q) = %q, want an error", bad, got)
+		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 // BenchmarkRelay relays b.N clicks from one shard's outbox into a real
 // JetStream (dedup, the expected stream), batches of at most 16 as at a few
 // thousand clicks a second over 16 shards: the time and the allocations per
-// click of the relay's read, validity check, publish and fenced XDEL, the
+// click of the relay's read, validity check, publish and fenced delete (XTRIM MINID), the
 // clients' included.
 func BenchmarkRelay(b *testing.B) {
 	e := newEnv(b, 1)
