@@ -333,10 +333,11 @@ type RewindInfo struct {
 	// server moves its consumer back only to its ack floor: a request
 	// stored before Rewind refused a group started at new events), the
 	// partition goes on where it was, after the last event it handled
-	// (past a lost ack too, which the move acks; a group started at new
+	// (past a lost ack too, which the move acks; in a group started at new
 	// events, whose consumers the server moves only back to their ack
-	// floor, goes on from the floor there, the events past it handed
-	// again), and a reader keeps its state.
+	// floor, the owner acks that event again first, and goes on from the
+	// floor, right after it: only where that ack fails too are the events
+	// past the floor handed again), and a reader keeps its state.
 	MovesBack bool
 }
 

@@ -65,8 +65,10 @@
 // partition handled: by its ack floor, or past it by what the owner handled
 // and acked, an ack lost on its way), tells the reader (Config.OnRewind,
 // RewindInfo.MovesBack), moves the consumer back if so (if not, it goes on
-// after the last event it handled; a group started at new events goes on
-// from its ack floor, as the server moves its consumers nowhere else) and
+// after the last event it handled; in a group started at new events, whose
+// consumers the server moves back only to their ack floor, the owner first
+// acks that event again, which brings the floor up to it, and only where
+// that ack fails too are the events past the floor handed again) and
 // records that it did. A reader with state goes by that decision, not by a
 // position of its own, so its state and the consumer never disagree. A
 // request is for the consumers the group had when it was made (it records
@@ -101,8 +103,9 @@
 // consumer's delivery count) is not acked past: the batch is handled up to
 // it, and the partition goes on after the last event handled (its ack floor,
 // or past it where the ack of that batch was lost on its way; a group
-// started at new events goes back to its ack floor, as the server moves its
-// consumers nowhere else).
+// started at new events, which the server moves back only to its ack floor,
+// gets there by the owner acking that event again first, and hands the
+// events past the floor again only where that ack fails too).
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -26,10 +26,13 @@ const firstPass = 10 // 1..10 in CLICKS, a new stream
 // partition: it handles 1..10 in batches of 5, the server refuses the ack of
 // the batch ending at 10 (the ack floor stays behind it), then the first
 // delivery of 11 never reaches the member: a gap at the start of the next
-// batch, nothing of it handled. It returns once 11..15 are handled and
-// acked: the last event of the first pass, and the events handed again as
-// first deliveries.
-func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint64, again []uint64) {
+// batch, nothing of it handled. With refuseAgain, the server goes on
+// refusing the member's acks until it has refused one more after the gap
+// (the owner's ack again of the last event it handled, ackHandled), as a
+// NATS hiccup that lasts would. It returns once 11..15 are handled and
+// acked: the first and the last event of the batch whose ack was lost, and
+// the events handed again as first deliveries.
+func gapAfterALostAck(t *testing.T, group string, start reader.Start, refuseAgain bool) (first, last uint64, again []uint64) {
 	t.Helper()
 	s := newAckRefusingServer(t, 1)
 	consumer := topology.GroupConsumerName(group, 0)
@@ -52,7 +55,9 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint
 	var handed []handing
 	lostFirst := uint64(0) // the first event of the batch whose ack is refused
 	reg := prometheus.NewRegistry()
-	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: start, Metrics: reg}, func(_ context.Context, _ int, b []reader.Event) error {
+	// AckWait long enough that no event is marked in progress (an ack
+	// refused too) while acks are refused: each refusal is an ack.
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: start, Metrics: reg, AckWait: 3 * time.Minute}, func(_ context.Context, _ int, b []reader.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, ev := range b {
@@ -76,16 +81,23 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint
 		t.Fatalf("published %d clicks, want %d", len(ids), firstPass)
 	}
 	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
-	s.refuseAcks(t, "")
+	refusals := s.log.of(refused)
+	if !refuseAgain {
+		s.refuseAcks(t, "")
+	}
 	mu.Lock()
-	lf, last := lostFirst, lastFirstPass
+	first, last = lostFirst, lastFirstPass
 	dropNext = true
 	mu.Unlock()
-	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != lf-1 {
-		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, lf-1)
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
 	}
 
 	second := publish(t, s.js, 1, 5, firstPass)
+	if refuseAgain {
+		testenv.WaitFor(t, 60*time.Second, "the server to refuse an ack after the gap", func() bool { return s.log.of(refused) > refusals })
+		s.refuseAcks(t, "")
+	}
 	testenv.WaitFor(t, 60*time.Second, "the second pass handled and acked", func() bool {
 		info, err := cons.Info(t.Context())
 		return err == nil && info.AckFloor.Stream == last+uint64(len(second))
@@ -112,7 +124,7 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint
 			t.Errorf("event %d was never handed", seq)
 		}
 	}
-	return last, again
+	return first, last, again
 }
 
 // A delivery gap right after a batch whose ack was lost on its way
@@ -123,22 +135,36 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start) (last uint
 // those in snip_fraud_events_behind_total, never to be judged).
 func TestAGapAfterALostAckGoesOnAfterWhatWasHandled(t *testing.T) {
 	// Not parallel: the drop hook is package-wide, keyed by group.
-	last, again := gapAfterALostAck(t, "gapfloor", reader.StartAtOldest())
+	_, last, again := gapAfterALostAck(t, "gapfloor", reader.StartAtOldest(), false)
 	if len(again) > 0 {
 		t.Errorf("after the gap the member was handed %v again as first deliveries, want none: the partition goes on after %d, the last event handled", again, last)
 	}
 }
 
-// The same for a group started at new events, whose consumer the server
-// moves back only to its ack floor (a reset to a sequence is refused): the
-// partition goes on from the floor, the events handled past it come again
-// (at least once), rather than retrying a move the server refuses and
-// handling nothing more.
-func TestAGapAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T) {
+// The same for a group started at new events (the webhooks group), whose
+// consumer the server moves back only to its ack floor (a reset to a
+// sequence is refused): the owner acks 10 again, which moves the floor up
+// to it, and the partition goes on from the floor, after 10; 11..15 are
+// handed once each. Before, it went back to the floor behind the lost ack:
+// 6..10 came again as first deliveries (webhooks sent again).
+func TestAGapAfterALostAckOfAGroupStartedAtNewGoesOnAfterWhatWasHandled(t *testing.T) {
 	// Not parallel: the drop hook is package-wide, keyed by group.
-	last, again := gapAfterALostAck(t, "gapfloornew", reader.StartAtNew())
-	if len(again) == 0 || again[len(again)-1] != last {
-		t.Errorf("after the gap the member was handed %v again as first deliveries, want the last batch of the first pass, up to %d", again, last)
+	_, last, again := gapAfterALostAck(t, "gapfloornew", reader.StartAtNew(), false)
+	if len(again) > 0 {
+		t.Errorf("after the gap the member was handed %v again as first deliveries, want none: the partition goes on after %d, the last event handled", again, last)
+	}
+}
+
+// A group started at new events whose owner cannot ack the last event it
+// handled again either (acks still refused after the gap): the partition
+// goes on from its ack floor, the events handled past it come again (at
+// least once), rather than waiting for an ack that does not come, or
+// retrying a move the server refuses, and handling nothing more.
+func TestAGapAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromTheFloor(t *testing.T) {
+	// Not parallel: the drop hook is package-wide, keyed by group.
+	first, last, again := gapAfterALostAck(t, "gapfloornewrefused", reader.StartAtNew(), true)
+	if len(again) != int(last-first+1) || again[0] != first || again[len(again)-1] != last {
+		t.Errorf("after the gap the member was handed %v again as first deliveries, want the batch whose ack was lost, %d..%d", again, first, last)
 	}
 }
 

@@ -349,6 +349,9 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = time.Second
 	}
+	if cfg.Logger == nil && testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.gaps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "reader", Name: "delivery_gaps_total",
-		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition go on after the last event handled before it (its ack floor, or past it where that batch's ack was lost).",
+		Help: "Deliveries the server made that never reached the member (seen as consumer-sequence gaps); each makes the partition go on after the last event handled before it (its ack floor, or past it where that batch's ack was lost: a group started at new events acks that batch again and goes on from its floor, handing the events past the floor again only if that ack fails too).",
 	}, []string{"group"})
 	m.resumeMoved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "reader", Name: "takeover_reassigns_total",

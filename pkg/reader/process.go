@@ -108,8 +108,12 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		w.log.Warn("ack batch", "err", err)
 	}
 	// Handled, whether or not the ack reached the server: what a rewind
-	// goes by (planRewind), as the reader's state does.
-	w.handled = max(w.handled, mds[len(mds)-1].Sequence.Stream)
+	// goes by (planRewind), as the reader's state does; its message is kept
+	// to be acked again where the ack was lost and the consumer goes back
+	// to its floor (ackHandled).
+	if last := mds[len(mds)-1].Sequence.Stream; last >= w.handled {
+		w.handled, w.handledMsg, w.handledOf = last, msgs[len(msgs)-1], w.cons.CachedInfo().Created
+	}
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
 	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
 	if gap {
@@ -139,8 +143,11 @@ var errGap = errors.New("gap in deliveries")
 // created again under this owner (its consumer sequences start again,
 // which process takes for a gap) has its own floor, and goes by it. A
 // consumer the server moves only back to its ack floor (resetsToSeq) goes
-// there: its events up to w.handled come again, as at-least-once delivery
-// allows, rather than the partition retrying a move the server refuses.
+// there, rather than the partition retrying a move the server refuses; the
+// owner first acks again the last event it handled (ackHandled), which
+// moves the floor up to it, so there too the partition goes on right
+// after it. Where that ack fails, the events up to w.handled come again
+// from the floor, as at-least-once delivery allows.
 func (w *worker) afterGap() (uint64, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
@@ -153,13 +160,72 @@ func (w *worker) afterGap() (uint64, error) {
 		return 0, nil
 	}
 	if !resetsToSeq(info.Config.DeliverPolicy) {
-		w.log.Warn("the ack of the last batch handled before the gap was lost, and the server moves this consumer back only to its ack floor: events handled past it come again",
+		if err := w.ackHandled(); err != nil {
+			w.log.Warn("the ack of the last batch handled before the gap was lost, acking it again failed, and the server moves this consumer back only to its ack floor: events handled past it come again",
+				"err", err, "ack_floor", info.AckFloor.Stream, "handled", w.handled, "deliver_policy", info.Config.DeliverPolicy.String())
+			return 0, nil
+		}
+		w.log.Info("the ack of the last batch handled before the gap was lost: acked it again, going on after it from the ack floor",
 			"ack_floor", info.AckFloor.Stream, "handled", w.handled, "deliver_policy", info.Config.DeliverPolicy.String())
 		return 0, nil
 	}
 	w.log.Info("the ack of the last batch handled before the gap was lost: going on after it, not at the ack floor",
 		"ack_floor", info.AckFloor.Stream, "handled", w.handled)
 	return w.handled + 1, nil
+}
+
+// ackHandled acks again the last event this owner handled (w.handledMsg,
+// w.handled) where the consumer's ack floor is behind it, an ack lost on
+// its way, and reports why not (an error) unless the floor is at or past it
+// now. For a consumer the server moves back only to its ack floor
+// (resetsToSeq), whose reset to the floor would otherwise hand the events
+// up to w.handled again as first deliveries: with the floor caught up, the
+// reset goes on right after what was handled, as it would have had the ack
+// arrived.
+//
+// The ack (AckAll) acks every event up to the one acked, and all of them
+// were handled: first deliveries came in stream order and contiguous from
+// where the consumer was last positioned (taken over, reset, recreated,
+// which clears w.handledMsg), each batch handled (or its events parked) up
+// to its end before w.handled moved to that end, and redeliveries are of
+// events delivered before (afterGap says so at length). The delivery lost
+// in a gap and what was fetched after it are past w.handled, so they stay
+// unacked. The message must be of the consumer on the server now (created
+// when the one that delivered it was): one deleted and created again has
+// its own floor, which this ack has no business with.
+func (w *worker) ackHandled() error {
+	msg, handled, of := w.handledMsg, w.handled, w.handledOf
+	if msg == nil {
+		return errors.New("the message of the last event handled is not kept (the consumer was positioned since)")
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	defer cancel()
+	floor := func() (uint64, error) {
+		info, err := w.cons.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("read the ack floor: %w", err)
+		}
+		if !info.Created.Equal(of) {
+			return 0, fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
+				info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+		}
+		return info.AckFloor.Stream, nil
+	}
+	f, err := floor()
+	if err != nil || f >= handled {
+		return err
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		return fmt.Errorf("ack event %d again: %w", handled, err)
+	}
+	// Confirmed: the floor is there now, unless the consumer changed under
+	// the ack. The server does not count the ack as a delivery, so the
+	// consumer sequences are as they were; the reset that follows starts
+	// them again anyway (baselineAfterReset).
+	if f, err = floor(); err == nil && f < handled {
+		err = fmt.Errorf("the ack floor is %d after acking event %d again", f, handled)
+	}
+	return err
 }
 
 // replayFrom returns where the partition goes on for a handler's
@@ -220,7 +286,7 @@ func (w *worker) resetTo(seq uint64) error {
 	// The ack floor moved by our own hand (a rewind, a replay): OnRewind or
 	// the handler's Replay prepared the reader for it, so that is where it
 	// resumes now (0: unknown, confirmResume then checks nothing).
-	w.resume, w.handled = 0, 0
+	w.resume, w.handled, w.handledMsg = 0, 0, nil
 	if resp != nil && resp.ConsumerInfo != nil {
 		w.resume = resp.ConsumerInfo.AckFloor.Stream + 1
 		w.handled = resp.ConsumerInfo.AckFloor.Stream

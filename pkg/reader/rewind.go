@@ -540,11 +540,24 @@ func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 			// go on after what it handled, as the reader does (it kept its
 			// state), acking it. Back at the floor, those events came
 			// again as first deliveries (a reset forgets deliveries),
-			// behind the reader's position. A consumer created at new
-			// events the server moves only back to its floor (it refuses
-			// a sequence, which would be retried for ever): there they
-			// come again, as at-least-once delivery allows.
+			// behind the reader's position.
 			return w.resetTo(pl.handled + 1)
+		}
+		if pl.handled > pl.floor {
+			// The same for a consumer created at new events, which the
+			// server moves only back to its floor (it refuses a sequence,
+			// which would be retried for ever): the owner acks again what
+			// it handled last, moving the floor up to it, and goes on from
+			// the floor, right after it. Where that ack fails, the events
+			// past the floor come again, as at-least-once delivery allows.
+			if err := w.ackHandled(); err != nil {
+				w.log.Warn("rewind: the ack of the last batch handled was lost, acking it again failed, and the server moves this partition's consumer back only to its ack floor: events handled past it come again",
+					"rewind", ri.ID, "err", err, "ack_floor", pl.floor, "handled", pl.handled)
+			} else {
+				w.log.Info("rewind: the ack of the last batch handled was lost: acked it again, going on after it from the ack floor",
+					"rewind", ri.ID, "ack_floor", pl.floor, "handled", pl.handled)
+				return w.resetTo(0)
+			}
 		}
 		// The fetcher was stopped for the rewind and dropped what it had
 		// fetched ahead, unacked: back to the ack floor, so that comes again

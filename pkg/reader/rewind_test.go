@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -759,26 +760,31 @@ func createGroup(t *testing.T, js jetstream.JetStream, group string, partitions 
 	}
 }
 
-// A rewind with nothing to replay after a lost ack, in a group started at
-// new events (a request an older version stored: Rewind refuses the group): the server moves its consumer only back to its ack floor (a
-// reset to a sequence is refused), so the partition goes on from there, the
-// events handled past it handed again. Before, the owner asked for the
-// event after the last one it handled, which the server refused, and
-// retried it for ever: the rewind was never carried out and the partition
-// handled nothing more.
-func TestARewindAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T) {
-	t.Parallel()
+// rewindAfterALostAck runs a member of a group started at new events on
+// one partition: it handles 1..10 in batches of 5, the server refuses the
+// ack of the batch ending at 10 (the ack floor stays behind it), then the
+// partition carries out a rewind with nothing to replay (a request an older
+// version stored: Rewind refuses the group). With refuseAgain, the server
+// goes on refusing the member's acks until it has refused one more (the
+// owner's ack again of the last event it handled, ackHandled). It returns
+// once 11..15, published after the rewind, are handled and acked: the first
+// event of the batch whose ack was lost, the last event, and how many times
+// each event was handed.
+func rewindAfterALostAck(t *testing.T, group string, refuseAgain bool) (first, last uint64, handed map[uint64]int) {
+	t.Helper()
 	s := newAckRefusingServer(t, 1)
-	const group = "rewindnew"
 	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
 	var mu sync.Mutex
-	handed := map[uint64]int{}
+	seen := map[uint64]int{}
 	var lostFirst uint64 // the first event of the batch whose ack is refused
-	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew()}, func(_ context.Context, _ int, b []reader.Event) error {
+	// AckWait long enough that no event is marked in progress (an ack
+	// refused too) while acks are refused: each refusal is an ack.
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute}, func(_ context.Context, _ int, b []reader.Event) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, ev := range b {
-			handed[ev.Seq]++
+			seen[ev.Seq]++
 		}
 		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
 			lostFirst = b[0].Seq
@@ -795,33 +801,68 @@ func TestARewindAfterALostAckOfAGroupStartedAtNewGoesOnFromTheFloor(t *testing.T
 		t.Fatal(err)
 	}
 	publish(t, s.js, 1, firstPass, 0)
-	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool {
-		return s.log.of("$JS.ACK."+events.ClicksStream+"."+consumer+".") > 0
-	})
-	s.refuseAcks(t, "")
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	refusals := s.log.of(refused)
+	if !refuseAgain {
+		s.refuseAcks(t, "")
+	}
 	mu.Lock()
-	lf := lostFirst
+	first = lostFirst
 	mu.Unlock()
-	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != lf-1 {
-		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, lf-1)
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
 	}
 
 	// Rewind refuses a group started at new events (ErrNotReplayable); a
 	// request an older version stored is carried out as nothing to replay.
 	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
+	if refuseAgain {
+		testenv.WaitFor(t, 60*time.Second, "the server to refuse an ack for the rewind", func() bool { return s.log.of(refused) > refusals })
+		s.refuseAcks(t, "")
+	}
 	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
 		t.Fatal(err)
 	}
 	more := publish(t, s.js, 1, 5, firstPass)
-	last := uint64(firstPass + len(more))
+	last = uint64(firstPass + len(more))
 	testenv.WaitFor(t, 30*time.Second, "the partition to handle and ack what was published after the rewind", func() bool {
 		info, err := cons.Info(t.Context())
 		return err == nil && info.AckFloor.Stream == last
 	})
 	mu.Lock()
 	defer mu.Unlock()
+	return first, last, maps.Clone(seen)
+}
+
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events: the server moves its consumer only back to its ack floor (a
+// reset to a sequence is refused), so the owner acks 10, the last event it
+// handled, again, which moves the floor up to it, and goes on from the
+// floor, after 10: every event is handed once. Before, the partition went
+// on from the floor behind the lost ack, 6..10 handed again as first
+// deliveries (webhooks sent again); before that, the owner asked for the
+// event after the last one it handled, which the server refused, and
+// retried it for ever: the rewind was never carried out and the partition
+// handled nothing more.
+func TestARewindAfterALostAckOfAGroupStartedAtNewGoesOnAfterWhatWasHandled(t *testing.T) {
+	t.Parallel()
+	_, last, handed := rewindAfterALostAck(t, "rewindnew", false)
+	for seq := uint64(1); seq <= last; seq++ {
+		if handed[seq] != 1 {
+			t.Errorf("event %d handed %d times, want once", seq, handed[seq])
+		}
+	}
+}
+
+// The same where the owner cannot ack the last event it handled again
+// either (acks still refused): the partition goes on from its ack floor,
+// the events handled past it handed again (at least once), rather than
+// waiting for an ack that does not come and handling nothing more.
+func TestARewindAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromTheFloor(t *testing.T) {
+	t.Parallel()
+	lf, last, handed := rewindAfterALostAck(t, "rewindnewrefused", true)
 	for seq := uint64(1); seq <= last; seq++ {
 		if want := 1 + btoi(seq >= lf && seq <= firstPass); handed[seq] != want {
 			t.Errorf("event %d handed %d times, want %d (the events past the ack floor again)", seq, handed[seq], want)

@@ -57,6 +57,15 @@ type worker struct {
 	// healed by the next batch's) leaves the consumer's ack floor behind
 	// it; a rewind goes by the later of the two (rewind.go, planRewind).
 	handled uint64
+	// handledMsg is the message of the event handled, the last one of the
+	// batch that set it, and handledOf when the consumer that delivered it
+	// was created (w.cons's cached info then); nil where handled was set
+	// otherwise (taken over, reset, recreated). A consumer the server moves
+	// back only to its ack floor is acked by it again (ackHandled) before it
+	// goes back there, so that the floor an ack lost on its way left behind
+	// catches up with handled.
+	handledMsg jetstream.Msg
+	handledOf  time.Time
 }
 
 func newWorker(m *member, p int) *worker {
