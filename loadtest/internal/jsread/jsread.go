@@ -7,10 +7,13 @@
 package jsread
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -337,42 +340,6 @@ func (r *Readers) Groups(ctx context.Context) ([]string, error) {
 	return reader.Groups(ctx, r.js)
 }
 
-// GroupLag is one group's backlog and the age of its oldest unprocessed event.
-type GroupLag struct {
-	Pending uint64
-	// Oldest is when the oldest unprocessed event was stored; zero when
-	// caught up.
-	Oldest time.Time
-}
-
-// Lag returns, per consumer group on CLICKS, its backlog summed over
-// partitions.
-func (r *Readers) Lag(ctx context.Context) (map[string]GroupLag, error) {
-	groups, err := r.Groups(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]GroupLag, len(groups))
-	for _, g := range groups {
-		parts, err := reader.Lag(ctx, r.js, g)
-		if errors.Is(err, reader.ErrNoGroup) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("backlog: %w", err)
-		}
-		var gl GroupLag
-		for _, p := range parts {
-			gl.Pending += p.Pending + uint64(p.AckPending)
-			if !p.OldestUnprocessed.IsZero() && (gl.Oldest.IsZero() || p.OldestUnprocessed.Before(gl.Oldest)) {
-				gl.Oldest = p.OldestUnprocessed
-			}
-		}
-		out[g] = gl
-	}
-	return out, nil
-}
-
 // Backlog returns every reader's backlog (Positions summed per reader),
 // for the progress line.
 func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
@@ -391,25 +358,40 @@ func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
 // consumer groups on CLICKS, and the durable consumers on FRAUD_VERDICTS
 // (the click counter applies verdicts through one) named
 // "FRAUD_VERDICTS/<consumer>".
+//
+// It reads every consumer of each stream in one listing (a page holds 256),
+// not each consumer on its own: every partition consumer carries its group
+// and partition in its metadata ("snip.group", "snip.partition", as
+// reader.Groups reads them). On a loaded machine one JetStream request can
+// take a tenth of a second, and a read of 5 groups of 8 partitions one by
+// one (the stream, the partition count, and each consumer) took several
+// seconds, so the load test's once-a-second backlog read, which the
+// keep-up verdict is judged on, finished in 2 of 15 seconds.
 func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
-	groups, err := r.Groups(ctx)
+	clicks, err := r.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("positions: %w", err)
 	}
 	var out []oracle.Position
-	for _, g := range groups {
-		parts, err := reader.Lag(ctx, r.js, g)
-		if errors.Is(err, reader.ErrNoGroup) {
-			continue
+	cl := clicks.ListConsumers(ctx)
+	for ci := range cl.Info() {
+		g := ci.Config.Metadata["snip.group"]
+		if g == "" {
+			continue // not a group's partition consumer: a tool reading, like this one
 		}
+		p, err := strconv.Atoi(ci.Config.Metadata["snip.partition"])
 		if err != nil {
-			return nil, fmt.Errorf("positions: %w", err)
+			return nil, fmt.Errorf("positions: consumer %s of group %s: bad snip.partition %q", ci.Name, g, ci.Config.Metadata["snip.partition"])
 		}
-		for _, p := range parts {
-			out = append(out, oracle.Position{Reader: g, Stream: events.ClicksStream, Partition: p.Partition,
-				AckFloor: p.AckFloor, Backlog: p.Pending + uint64(p.AckPending)})
-		}
+		out = append(out, oracle.Position{Reader: g, Stream: events.ClicksStream, Partition: p,
+			AckFloor: ci.AckFloor.Stream, Backlog: ci.NumPending + uint64(ci.NumAckPending)})
 	}
+	if err := cl.Err(); err != nil {
+		return nil, fmt.Errorf("positions: %w", err)
+	}
+	slices.SortFunc(out, func(a, b oracle.Position) int {
+		return cmp.Or(strings.Compare(a.Reader, b.Reader), cmp.Compare(a.Partition, b.Partition))
+	})
 	s, err := r.js.Stream(ctx, events.FraudVerdictsStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return out, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -336,5 +337,104 @@ func TestAlertsReadsTheOwnersAlerts(t *testing.T) {
 	want := "visitor_burst:abc:v1 visitor_burst abc v1,visitor_burst:abd:v3 visitor_burst abd v3"
 	if strings.Join(got, ",") != want {
 		t.Errorf("alerts %q, want %q", strings.Join(got, ","), want)
+	}
+}
+
+// A backlog read reports each partition consumer of every group (its
+// backlog and ack floor, by group and partition, in that order) and costs
+// a handful of JetStream requests however many groups and partitions
+// there are: one listing per stream. Read one consumer at a time it was
+// about ninety requests for five groups of eight partitions, several
+// seconds on a loaded machine, so the load test's once-a-second backlog
+// read, which its keep-up verdict is judged on, finished in few seconds.
+func TestPositionsReadEveryGroupInAFewRequests(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := testenv.StartNATS(t).Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	groups := []string{"ga", "gb", "gc", "gd", "ge"}
+	for _, g := range groups {
+		for p := range o.Partitions {
+			if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, topology.GroupConsumerConfig(g, p, topology.GroupConsumer{AckWait: time.Minute, MaxAckPending: 1000})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Clicks on 40 links, so every partition has some; count them by the
+	// partition CLICKS stores them in.
+	clicks, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perPartition := make([]uint64, o.Partitions)
+	for i := range 200 {
+		ack, err := js.Publish(ctx, events.ClickSubject("acme", fmt.Sprintf("code%d", i%40)), []byte(`{}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := clicks.GetMsg(ctx, ack.Sequence) // the stored subject names the partition
+		if err != nil {
+			t.Fatal(err)
+		}
+		perPartition[events.PartitionOf(m.Subject)]++
+	}
+	// Group ga handles partition 0: fetch it all as its owner would, and ack.
+	c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("ga", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Fetch(int(perPartition[0]), jetstream.FetchPriorityGroup(topology.PriorityGroup), jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last jetstream.Msg
+	for m := range b.Messages() {
+		last = m
+	}
+	if err := b.Error(); err != nil || last == nil {
+		t.Fatalf("fetch partition 0: %v (a message: %v)", err, last != nil)
+	}
+	if err := last.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := last.Metadata()
+
+	r := jsread.NewReaders(js)
+	before := nc.Stats().OutMsgs
+	pos, err := r.Positions(ctx)
+	requests := nc.Stats().OutMsgs - before
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The topology's own consumers (the counter's on FRAUD_VERDICTS, say)
+	// are read too; this test's groups are the ones it knows the backlog of.
+	mine := pos[:0:0]
+	for _, p := range pos {
+		if slices.Contains(groups, p.Reader) {
+			mine = append(mine, p)
+		}
+	}
+	var want []oracle.Position
+	for _, g := range groups {
+		for p := range o.Partitions {
+			w := oracle.Position{Reader: g, Stream: events.ClicksStream, Partition: p, Backlog: perPartition[p]}
+			if g == "ga" && p == 0 {
+				w.Backlog, w.AckFloor = 0, md.Sequence.Stream
+			}
+			want = append(want, w)
+		}
+	}
+	if diff := cmp.Diff(want, mine); diff != "" {
+		t.Errorf("positions (-want +got):\n%s", diff)
+	}
+	if requests > 4 {
+		t.Errorf("a backlog read of %d groups of %d partitions sent %d messages, want at most 4 (one listing per stream, and each stream's info)", len(groups), o.Partitions, requests)
 	}
 }
