@@ -2,6 +2,7 @@ package reader_test
 
 import (
 	"encoding/json"
+	"errors"
 	"testing"
 	"time"
 
@@ -98,4 +99,82 @@ func TestMembersListsLeasesWithTheirPartitions(t *testing.T) {
 		}
 		return len(ms) == 1 && ms[0].Member == "b"
 	})
+}
+
+// Lag and LagAll read the groups' consumers from one listing of CLICKS'
+// consumers: every partition of every group, in order, with its backlog,
+// in two requests (the stream, one page of consumers) when the groups are
+// caught up, and one more for each partition that is behind (its oldest
+// event). Read one consumer at a time it was ten requests a group, which a
+// console refreshing five groups on a busy server felt.
+func TestLagReadsTheGroupsFromOneListing(t *testing.T) {
+	t.Parallel()
+	const partitions = 8
+	n, _ := setup(t, partitions)
+	nc := n.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	// One click on partition 2 only: the behind group owes it there.
+	c := click("k", 0)
+	for p := events.Partition(c.Code, partitions); p != 2; p = events.Partition(c.Code, partitions) {
+		c.Code += "x"
+	}
+	b, _ := json.Marshal(c)
+	if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), b); err != nil {
+		t.Fatal(err)
+	}
+	gc := topology.GroupConsumer{AckWait: time.Minute, PinnedTTL: 3 * time.Second, MaxAckPending: 1000}
+	behind := "behind" // reads from the start: behind by the click; the others start after it
+	for _, g := range []string{"caughtup1", "caughtup2", behind} {
+		gc.DeliverPolicy = jetstream.DeliverNewPolicy
+		if g == behind {
+			gc.DeliverPolicy = jetstream.DeliverAllPolicy
+		}
+		for p := range partitions {
+			if _, err := js.CreateConsumer(ctx, events.ClicksStream, topology.GroupConsumerConfig(g, p, gc)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the behind group to count the click pending", func() bool {
+		l, err := reader.Lag(ctx, js, behind)
+		return err == nil && len(l) == partitions && l[2].Pending == 1
+	})
+
+	before := nc.Stats().OutMsgs
+	all, err := reader.LagAll(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if requests := nc.Stats().OutMsgs - before; requests > 3 {
+		t.Errorf("LagAll of 3 groups of %d partitions, one partition behind, sent %d requests, want at most 3", partitions, requests)
+	}
+	if len(all) != 3 {
+		t.Fatalf("LagAll: %d groups, want 3: %v", len(all), all)
+	}
+	for g, parts := range all {
+		if len(parts) != partitions {
+			t.Fatalf("group %s: %d partitions, want %d", g, len(parts), partitions)
+		}
+		for i, pl := range parts {
+			owes := g == behind && i == 2
+			if pl.Partition != i || pl.Consumer != topology.GroupConsumerName(g, i) || (pl.Pending == 1) != owes || pl.OldestUnprocessed.IsZero() == owes {
+				t.Errorf("group %s, partition %d: %+v", g, i, pl)
+			}
+		}
+	}
+	before = nc.Stats().OutMsgs
+	one, err := reader.Lag(ctx, js, "caughtup1")
+	if err != nil || len(one) != partitions {
+		t.Fatalf("Lag of a caught-up group: %v, %v", one, err)
+	}
+	if requests := nc.Stats().OutMsgs - before; requests > 2 {
+		t.Errorf("Lag of a caught-up group of %d partitions sent %d requests, want at most 2", partitions, requests)
+	}
+	if _, err := reader.Lag(ctx, js, "nosuch"); !errors.Is(err, reader.ErrNoGroup) {
+		t.Errorf("Lag of a group with no consumers: %v, want ErrNoGroup", err)
+	}
 }

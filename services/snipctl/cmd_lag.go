@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,17 +25,22 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 	}
 	defer closeJS()
 	groups := args
+	var all map[string][]reader.PartitionLag // every group's, from one listing, when none is named
 	if len(groups) == 0 {
-		if groups, err = reader.Groups(ctx, js); err != nil {
+		if all, err = reader.LagAll(ctx, js); err != nil {
 			return err
 		}
+		groups = slices.Sorted(maps.Keys(all))
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\tpartition\tpending\tin flight\toldest unhandled\tack floor\towner pinned\t")
 	now := time.Now()
 	var unknown []string
 	for _, g := range groups {
-		lag, err := reader.Lag(ctx, js, g)
+		lag, err := all[g], error(nil)
+		if all == nil {
+			lag, err = reader.Lag(ctx, js, g)
+		}
 		if errors.Is(err, reader.ErrNoGroup) {
 			fmt.Fprintf(tw, "%s\t-\tno such group\t\t\t\t\t\n", g)
 			unknown = append(unknown, g)

@@ -373,6 +373,7 @@ func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 		return nil, fmt.Errorf("positions: %w", err)
 	}
 	var out []oracle.Position
+	var bad error // the listing is read to its end either way: its lister blocks until it is
 	cl := clicks.ListConsumers(ctx)
 	for ci := range cl.Info() {
 		g := ci.Config.Metadata["snip.group"]
@@ -381,12 +382,13 @@ func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 		}
 		p, err := strconv.Atoi(ci.Config.Metadata["snip.partition"])
 		if err != nil {
-			return nil, fmt.Errorf("positions: consumer %s of group %s: bad snip.partition %q", ci.Name, g, ci.Config.Metadata["snip.partition"])
+			bad = cmp.Or(bad, fmt.Errorf("consumer %s of group %s: bad snip.partition %q", ci.Name, g, ci.Config.Metadata["snip.partition"]))
+			continue
 		}
 		out = append(out, oracle.Position{Reader: g, Stream: events.ClicksStream, Partition: p,
 			AckFloor: ci.AckFloor.Stream, Backlog: ci.NumPending + uint64(ci.NumAckPending)})
 	}
-	if err := cl.Err(); err != nil {
+	if err := cmp.Or(cl.Err(), bad); err != nil {
 		return nil, fmt.Errorf("positions: %w", err)
 	}
 	slices.SortFunc(out, func(a, b oracle.Position) int {

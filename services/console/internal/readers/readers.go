@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -123,19 +124,13 @@ var otherStreams = []string{events.ClicksStream, events.PreviewJobsStream, event
 func (v *View) Snapshot(ctx context.Context) (Snapshot, error) {
 	now := time.Now()
 	snap := Snapshot{Time: now.UTC(), WarnAfter: v.th.Warn.Seconds(), AlarmAfter: v.th.Alarm.Seconds(), Groups: []Group{}, Consumers: []Consumer{}}
-	groups, err := reader.Groups(ctx, v.js)
+	// Every group's partitions from one listing of CLICKS' consumers.
+	lags, err := reader.LagAll(ctx, v.js)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("readers: %w", err)
 	}
-	for _, g := range groups {
-		lag, err := reader.Lag(ctx, v.js, g)
-		if errors.Is(err, reader.ErrNoGroup) {
-			continue // its consumers went away since Groups
-		}
-		if err != nil {
-			return Snapshot{}, fmt.Errorf("readers: %w", err)
-		}
-		snap.Groups = append(snap.Groups, v.group(g, lag, now))
+	for _, g := range slices.Sorted(maps.Keys(lags)) {
+		snap.Groups = append(snap.Groups, v.group(g, lags[g], now))
 	}
 	for _, name := range otherStreams {
 		cs, err := v.consumers(ctx, name, now)
