@@ -58,12 +58,50 @@ func lagOf(ctx context.Context, js jetstream.JetStream, only string) (map[string
 	if err != nil {
 		return nil, err
 	}
-	type part struct {
-		group string
-		p     int
-		info  *jetstream.ConsumerInfo
+	parts, err := listGroupConsumers(ctx, s, only)
+	if err != nil {
+		return nil, err
 	}
-	var parts []part
+	out := map[string][]PartitionLag{}
+	for _, pt := range parts {
+		pl, err := lagFromInfo(ctx, s, pt.Partition, pt.Info)
+		if err != nil {
+			return nil, err
+		}
+		out[pt.Group] = append(out[pt.Group], pl)
+	}
+	return out, nil
+}
+
+// GroupConsumer is one partition consumer of a consumer group on CLICKS,
+// as the server reported it.
+type GroupConsumer struct {
+	Group     string
+	Partition int
+	Info      *jetstream.ConsumerInfo
+}
+
+// GroupConsumers lists the partition consumers of every group on CLICKS,
+// by group and then partition, from one listing of the stream's consumers
+// (a page holds 256): each carries its group and partition in its metadata
+// ("snip.group", "snip.partition"). A tool that needs only the consumers'
+// state (the load test's backlog, read every second) reads it so, in two
+// requests however many groups there are.
+func GroupConsumers(ctx context.Context, js jetstream.JetStream) ([]GroupConsumer, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("list group consumers: %w", err)
+	}
+	gcs, err := listGroupConsumers(ctx, s, "")
+	if err != nil {
+		return nil, fmt.Errorf("list group consumers: %w", err)
+	}
+	return gcs, nil
+}
+
+// listGroupConsumers is GroupConsumers of s, of group only ("" for all).
+func listGroupConsumers(ctx context.Context, s jetstream.Stream, only string) ([]GroupConsumer, error) {
+	var out []GroupConsumer
 	var bad error // the listing is read to its end either way: its lister blocks until it is
 	l := s.ListConsumers(ctx)
 	for ci := range l.Info() {
@@ -76,20 +114,14 @@ func lagOf(ctx context.Context, js jetstream.JetStream, only string) (map[string
 			bad = cmp.Or(bad, fmt.Errorf("consumer %s of group %s: bad snip.partition %q", ci.Name, g, ci.Config.Metadata["snip.partition"]))
 			continue
 		}
-		parts = append(parts, part{g, p, ci})
+		out = append(out, GroupConsumer{Group: g, Partition: p, Info: ci})
 	}
 	if err := cmp.Or(l.Err(), bad); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(parts, func(a, b part) int { return cmp.Or(strings.Compare(a.group, b.group), cmp.Compare(a.p, b.p)) })
-	out := map[string][]PartitionLag{}
-	for _, pt := range parts {
-		pl, err := lagFromInfo(ctx, s, pt.p, pt.info)
-		if err != nil {
-			return nil, err
-		}
-		out[pt.group] = append(out[pt.group], pl)
-	}
+	slices.SortFunc(out, func(a, b GroupConsumer) int {
+		return cmp.Or(strings.Compare(a.Group, b.Group), cmp.Compare(a.Partition, b.Partition))
+	})
 	return out, nil
 }
 
