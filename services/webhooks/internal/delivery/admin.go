@@ -368,7 +368,7 @@ func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (re
 var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
 
 // Replay drops the endpoint's queued events up to a cut at the streams'
-// ends and refills the queue, in the background, with the owner's events
+// ends (not its test events, which no stream refills) and refills the queue, in the background, with the owner's events
 // stored since from up to the cut (from not in the future, nor before
 // earliestReplay); ErrBusy when the instance has no room for another
 // replay. The endpoint's Status shows how the replay goes.
