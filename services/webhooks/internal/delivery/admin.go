@@ -252,8 +252,9 @@ func (a *Admin) update(ctx context.Context, owner, id string, edit redisstore.Ed
 // disabled endpoint and starts its retries afresh (its delivery state is
 // cleared in the same write).
 func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (Status, error) {
+	var enabled bool
 	e, st, err := a.update(ctx, owner, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
-		e.Paused = paused
+		e.Paused, enabled = paused, false
 		if paused {
 			return redisstore.WriteConfig, nil
 		}
@@ -261,17 +262,19 @@ func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (S
 			if err := a.startLive(ctx, e); err != nil {
 				return redisstore.WriteNothing, err
 			}
-			e.DisabledAt, e.DisabledReason = time.Time{}, ""
+			e.DisabledAt, e.DisabledReason, enabled = time.Time{}, "", true
 		}
 		return redisstore.WriteConfigAndResetState, nil
 	})
 	if err != nil {
 		return Status{}, err
 	}
-	if !paused {
+	if enabled {
 		// A disabled endpoint wanted nothing; resumed, it wants its clicks
 		// again. If this fails the endpoint is resumed all the same, and
-		// Narrower.Run widens the consumers once NATS answers.
+		// Narrower.Run widens the consumers once NATS answers. A paused
+		// endpoint's clicks were read all along (ClickInterest): its
+		// resume changes nothing the group reads, and needs no NATS.
 		if err := a.narrow(ctx); err != nil {
 			return Status{}, err
 		}
