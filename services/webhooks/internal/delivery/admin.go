@@ -205,8 +205,11 @@ func (a *Admin) List(ctx context.Context, owner string) ([]Status, error) {
 	out := make([]Status, 0, len(eps))
 	for _, e := range eps {
 		_, st, err := a.Store.Get(ctx, e.ID)
+		if errors.Is(err, endpoint.ErrNotFound) {
+			continue // deleted since the listing
+		}
 		if err != nil {
-			continue
+			return nil, err
 		}
 		s, err := a.status(ctx, e, st, false)
 		if err != nil {
