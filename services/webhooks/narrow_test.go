@@ -195,3 +195,34 @@ func TestCreateAnswers503AndStoresNothingWhenTheGroupCannotBeWidened(t *testing.
 	}
 
 }
+
+// TestResumingAPausedEndpointNeedsNoNATS: a paused endpoint's clicks are
+// read all along (it keeps queueing), so its resume changes nothing the
+// group reads. The resume widened the group all the same, and with NATS
+// down answered 503 unavailable ("try again") though the endpoint was
+// resumed and sending. It answers 200, the endpoint active, and its test
+// event is delivered.
+func TestResumingAPausedEndpointNeedsNoNATS(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	rc.addSecret(ep.Secret)
+	path := "/api/webhooks/endpoints/" + ep.ID
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, path+"/pause", nil, nil); code != http.StatusOK {
+		t.Fatalf("pause: %d", code)
+	}
+	s.nats.Stop()
+	var st endpointStatus
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, path+"/resume", nil, &st); code != http.StatusOK || st.Status != "active" {
+		t.Fatalf("resume of a paused endpoint with NATS down: %d %+v, want 200 and active", code, st)
+	}
+	var test struct {
+		EventID string `json:"event_id"`
+	}
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, path+"/test", nil, &test); code != http.StatusAccepted {
+		t.Fatalf("test event: %d", code)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the test event delivered", func() bool { return rc.eventIDs()[test.EventID] == 1 })
+}

@@ -205,8 +205,11 @@ func (a *Admin) List(ctx context.Context, owner string) ([]Status, error) {
 	out := make([]Status, 0, len(eps))
 	for _, e := range eps {
 		_, st, err := a.Store.Get(ctx, e.ID)
+		if errors.Is(err, endpoint.ErrNotFound) {
+			continue // deleted since the listing
+		}
 		if err != nil {
-			continue
+			return nil, err
 		}
 		s, err := a.status(ctx, e, st, false)
 		if err != nil {
@@ -252,8 +255,9 @@ func (a *Admin) update(ctx context.Context, owner, id string, edit redisstore.Ed
 // disabled endpoint and starts its retries afresh (its delivery state is
 // cleared in the same write).
 func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (Status, error) {
+	var enabled bool
 	e, st, err := a.update(ctx, owner, id, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
-		e.Paused = paused
+		e.Paused, enabled = paused, false
 		if paused {
 			return redisstore.WriteConfig, nil
 		}
@@ -261,17 +265,19 @@ func (a *Admin) SetPaused(ctx context.Context, owner, id string, paused bool) (S
 			if err := a.startLive(ctx, e); err != nil {
 				return redisstore.WriteNothing, err
 			}
-			e.DisabledAt, e.DisabledReason = time.Time{}, ""
+			e.DisabledAt, e.DisabledReason, enabled = time.Time{}, "", true
 		}
 		return redisstore.WriteConfigAndResetState, nil
 	})
 	if err != nil {
 		return Status{}, err
 	}
-	if !paused {
+	if enabled {
 		// A disabled endpoint wanted nothing; resumed, it wants its clicks
 		// again. If this fails the endpoint is resumed all the same, and
-		// Narrower.Run widens the consumers once NATS answers.
+		// Narrower.Run widens the consumers once NATS answers. A paused
+		// endpoint's clicks were read all along (ClickInterest): its
+		// resume changes nothing the group reads, and needs no NATS.
 		if err := a.narrow(ctx); err != nil {
 			return Status{}, err
 		}
@@ -368,7 +374,7 @@ func (a *Admin) Redeliver(ctx context.Context, owner, id, deliveryID string) (re
 var earliestReplay = time.Unix(0, math.MinInt64).UTC().Truncate(time.Second).Add(time.Second)
 
 // Replay drops the endpoint's queued events up to a cut at the streams'
-// ends and refills the queue, in the background, with the owner's events
+// ends (not its test events, which no stream refills) and refills the queue, in the background, with the owner's events
 // stored since from up to the cut (from not in the future, nor before
 // earliestReplay); ErrBusy when the instance has no room for another
 // replay. The endpoint's Status shows how the replay goes.

@@ -87,3 +87,60 @@ func TestATestEventForAnEndpointDeletedMeanwhileIsNotFound(t *testing.T) {
 		t.Errorf("queue of the deleted endpoint exists: %d, %v; want none", n, err)
 	}
 }
+
+// failingRead is a go-redis hook that fails, while armed, the pipeline
+// reading endpoint key's hash whole (Store.Get's): Redis failing that one
+// read.
+type failingRead struct {
+	key   string
+	armed atomic.Bool
+}
+
+var errReadFailed = errors.New("redis: read failed")
+
+func (h *failingRead) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *failingRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *failingRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.armed.Load() && slices.ContainsFunc(cmds, func(c redis.Cmder) bool {
+			return c.Name() == "hgetall" && slices.Contains(c.Args(), any(h.key))
+		}) {
+			for _, c := range cmds {
+				c.SetErr(errReadFailed)
+			}
+			return errReadFailed
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestAListWhoseReadFailsIsAnError: the list skips an endpoint deleted
+// between the listing and its read; it skipped one whose read failed
+// too, and answered the owner's list without it, as if it were deleted.
+// A failed read fails the list (a 500 the owner retries).
+func TestAListWhoseReadFailsIsAnError(t *testing.T) {
+	t.Parallel()
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	store := redisstore.New(rdb, 1000)
+	admin := &delivery.Admin{Store: store}
+	for _, id := range []string{"ep_list1", "ep_list2"} {
+		if err := store.Put(ctx, endpoint.Endpoint{ID: id, Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook := &failingRead{key: "snip:wh:{ep_list2}:ep"}
+	rdb.AddHook(hook)
+	if l, err := admin.List(ctx, "acme"); err != nil || len(l) != 2 {
+		t.Fatalf("list: %d endpoints, %v; want 2", len(l), err)
+	}
+	hook.armed.Store(true)
+	l, err := admin.List(ctx, "acme")
+	if !errors.Is(err, errReadFailed) {
+		ids := make([]string, len(l))
+		for i, s := range l {
+			ids[i] = s.ID
+		}
+		t.Errorf("list with ep_list2's read failing: %q, %v; want the read's error", ids, err)
+	}
+}

@@ -337,9 +337,11 @@ func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.Replay
 			// The readers' rule, as live intake (the reader runtime) applies
 			// it: a click whose payload disagrees with its subject (another
 			// owner's, another link's) or partition is parked there, never
-			// sent, and is not sent by a replay either.
+			// sent, and is not sent by a replay either. A disabled
+			// endpoint is refilled too (Selects, not Wants: the replay
+			// cleared its queue up to the cut), and sent it once resumed.
 			c, err := events.ReadClick(data, subject, r.partitions, stored)
-			if err != nil || !e.Wants(endpoint.TypeClick, c.Code) {
+			if err != nil || !e.Selects(endpoint.TypeClick, c.Code) {
 				return redisstore.Event{}, false
 			}
 			b, _ := json.Marshal(c)
@@ -356,7 +358,7 @@ func (r *Replayer) replay(ctx context.Context, id string, hold redisstore.Replay
 		seen := map[string]bool{}
 		c, err := r.copy(ctx, e, hold, events.FraudStream, events.FraudAlertSubjects, from, alertsUpto, func(data []byte, _ string, _ time.Time) (redisstore.Event, bool) {
 			a, err := events.DecodeFraudAlert(data)
-			if err != nil || a.Owner != e.Owner || !e.Wants(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
+			if err != nil || a.Owner != e.Owner || !e.Selects(endpoint.TypeFraudAlert, a.Code) || seen[a.ID] {
 				return redisstore.Event{}, false
 			}
 			seen[a.ID] = true

@@ -986,3 +986,187 @@ func TestAReplayOfAnEndpointDeletedMidCopyStops(t *testing.T) {
 		t.Errorf("keys written for the deleted endpoint: %q", left)
 	}
 }
+
+// TestAReplayOfADisabledEndpointRefillsItsQueue: a disabled endpoint wants
+// nothing of live intake, and the replay filtered the streams with the
+// same rule (Endpoint.Wants): asked while the endpoint was disabled (the
+// README's "resume, replay" done the other way round, or a disable by its
+// sender while the replay ran), it cleared the queue up to its cut,
+// dropping what the endpoint had queued before it was disabled, copied
+// nothing, and read done. The replay filters by event type and link only:
+// the queue holds every event since from once, to be sent once the owner
+// resumes.
+func TestAReplayOfADisabledEndpointRefillsItsQueue(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	store := redisstore.New(rdb, 100_000)
+	ep := endpoint.Endpoint{ID: "ep_disabled_replay", Owner: "acme", URL: "https://example.com/hook",
+		Types: []string{endpoint.TypeClick, endpoint.TypeFraudAlert}, Links: []string{"a1"}}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	intake := delivery.NewIntake(store, m)
+	replayer := delivery.NewReplayer(js, store, intake, slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "i1", LeaseTTL: 3 * time.Second})
+	admin := &delivery.Admin{Store: store, Replayer: replayer}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	from := time.Now().UTC()
+	want := map[string]int{}
+	for i := range 4 {
+		code := "a1"
+		if i == 3 {
+			code = "a2" // a link the endpoint leaves out
+		}
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: code,
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		a := events.FraudAlert{V: events.FraudVersion, ID: events.NewID(), Rule: "visitor_burst", Code: code,
+			Owner: "acme", WindowStart: from, WindowEnd: from, Count: 10 + i, Threshold: 5, Time: from}
+		cb, _ := json.Marshal(c)
+		ab, _ := json.Marshal(a)
+		ack, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, events.FraudAlertSubject(a.Code), ab, jetstream.WithMsgID(a.ID)); err != nil {
+			t.Fatal(err)
+		}
+		if code == "a1" {
+			want[c.ID], want[a.ID] = 1, 1
+		}
+		if i == 0 {
+			// Live intake queued the first click before the endpoint was
+			// disabled; it was never delivered.
+			added, _, err := store.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{ep.ID: {
+				{Seq: ack.Sequence, ID: c.ID, Type: endpoint.TypeClick, Time: c.Time, Data: cb}}})
+			if err != nil || added[ep.ID] != 1 {
+				t.Fatalf("queue the first click: %v, added %v", err, added)
+			}
+		}
+	}
+	if _, _, err := store.Update(ctx, ep.ID, func(e *endpoint.Endpoint, _ redisstore.State) (redisstore.Write, error) {
+		e.DisabledAt, e.DisabledReason = time.Now().UTC(), "failing since ...: HTTP 500"
+		return redisstore.WriteConfig, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	var got redisstore.Replay
+	if !testenv.Poll(30*time.Second, func() bool {
+		s, err := admin.Get(ctx, "acme", ep.ID)
+		got = s.Replay
+		return err == nil && (got.State == redisstore.ReplayFailed || got.State == redisstore.ReplayDone)
+	}) || got.State != redisstore.ReplayDone || got.Events != len(want) {
+		t.Errorf("the disabled endpoint's replay: %+v, want done with %d events", got, len(want))
+	}
+	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := map[string]int{}
+	for _, e := range evs {
+		queued[e.ID]++
+	}
+	if d := cmp.Diff(want, queued); d != "" {
+		t.Errorf("the disabled endpoint's queue after its replay, event IDs (-want +got):\n%s", d)
+	}
+}
+
+// TestAReplayKeepsTheTestEventsQueued: a replay clears the queue up to its
+// cut and refills it from the streams, where a test event never is: it
+// dropped the test events queued, so one the owner asked for (and was
+// answered its event ID) just before a replay was never sent. It keeps
+// them, and drops and refills the clicks as before.
+func TestAReplayKeepsTheTestEventsQueued(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	store := redisstore.New(rdb, 100_000)
+	ep := endpoint.Endpoint{ID: "ep_replay_test_event", Owner: "acme", URL: "https://example.com/hook", Types: []string{endpoint.TypeClick}}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	intake := delivery.NewIntake(store, m)
+	replayer := delivery.NewReplayer(js, store, intake, slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "i1", LeaseTTL: 3 * time.Second})
+	admin := &delivery.Admin{Store: store, Replayer: replayer, Intake: intake}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	from := time.Now().UTC()
+	want := map[string]int{}
+	for i := range 3 {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		cb, _ := json.Marshal(c)
+		ack, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[c.ID] = 1
+		if i == 0 {
+			// Queued by live intake: the replay drops it and copies it again.
+			if _, _, err := store.Enqueue(ctx, redisstore.DedupSeq, 0, map[string][]redisstore.Event{ep.ID: {
+				{Seq: ack.Sequence, ID: c.ID, Type: endpoint.TypeClick, Time: c.Time, Data: cb}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	test, err := admin.SendTest(ctx, "acme", ep.ID)
+	if err != nil {
+		t.Fatalf("test event: %v", err)
+	}
+	want[test] = 1
+
+	if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	var got redisstore.Replay
+	if !testenv.Poll(30*time.Second, func() bool {
+		s, err := admin.Get(ctx, "acme", ep.ID)
+		got = s.Replay
+		return err == nil && (got.State == redisstore.ReplayFailed || got.State == redisstore.ReplayDone)
+	}) || got.State != redisstore.ReplayDone {
+		t.Fatalf("the replay: %+v, want done", got)
+	}
+	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := map[string]int{}
+	for _, e := range evs {
+		queued[e.ID]++
+	}
+	if d := cmp.Diff(want, queued); d != "" {
+		t.Errorf("the queue after the replay, event IDs (-want +got; the test event is %s):\n%s", test, d)
+	}
+}

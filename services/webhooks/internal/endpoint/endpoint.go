@@ -85,9 +85,14 @@ type Endpoint struct {
 // Wants reports whether events of type typ on link code go to e. A
 // disabled endpoint wants nothing; a paused one keeps queueing.
 func (e Endpoint) Wants(typ, code string) bool {
-	if !e.DisabledAt.IsZero() {
-		return false
-	}
+	return e.DisabledAt.IsZero() && e.Selects(typ, code)
+}
+
+// Selects reports whether events of type typ on link code are among those
+// e subscribes to (its event types and links), disabled or not. A replay
+// refills a disabled endpoint's queue by it: the events are sent once the
+// owner resumes the endpoint.
+func (e Endpoint) Selects(typ, code string) bool {
 	if typ != TypeTest && !slices.Contains(e.Types, typ) {
 		return false
 	}

@@ -1025,9 +1025,11 @@ func (s *Store) Backlog(ctx context.Context, id string) (int64, time.Time, error
 // ClearUpTo drops what replay hold of endpoint id refills: the in-flight
 // mark and every queued event stored at or before the replay's cut (a
 // click at or below CLICKS sequence clicks, a fraud alert at or below
-// FRAUD sequence alerts, anything without a sequence: a test event).
+// FRAUD sequence alerts, a click or alert queued without its sequence).
 // Events stored after the cut stay: live intake queued them, possibly
-// before it heard of the replay, and the replay does not copy them. It
+// before it heard of the replay, and the replay does not copy them. So do
+// test events, which are in no stream: the replay would not bring back a
+// test event whose ID the owner was answered. It
 // reads the queue a chunk at a time (it holds up to MaxBacklog events) and
 // needs no atomicity across chunks: what it deletes is never wanted again,
 // and intake adds nothing at or below the cut once it has the endpoint's
@@ -1076,7 +1078,7 @@ func (s *Store) ClearUpTo(ctx context.Context, id string, hold ReplayHold, click
 			if e.Type == endpoint.TypeFraudAlert {
 				upto = alerts
 			}
-			if e.Seq == 0 || e.Seq <= upto {
+			if e.Type != endpoint.TypeTest && (e.Seq == 0 || e.Seq <= upto) {
 				drop = append(drop, m.ID)
 			}
 		}

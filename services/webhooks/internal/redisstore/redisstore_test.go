@@ -362,8 +362,9 @@ func TestEndpointsArePutListedAndDeleted(t *testing.T) {
 
 // TestClearUpToKeepsWhatCameAfterTheCut: a replay drops the queued events it
 // refills (clicks at or below its CLICKS cut, alerts at or below its FRAUD
-// cut, test events) and the in-flight mark, and keeps what live intake
-// queued after the cut, which nothing else would bring back.
+// cut, a click queued without its sequence) and the in-flight mark, and
+// keeps what live intake queued after the cut, which nothing else would
+// bring back.
 func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	testenv.Parallel(t)
 	rdb := servers.RedisClient(t)
@@ -377,7 +378,7 @@ func TestClearUpToKeepsWhatCameAfterTheCut(t *testing.T) {
 	}
 	var evs []redisstore.Event
 	// 2,500 clicks (more than one chunk of the scan), 1..2500, and alerts
-	// with FRAUD sequences 3 and 8, and a test event (no sequence).
+	// with FRAUD sequences 3 and 8, and a click without a sequence.
 	for i := range 2500 {
 		evs = append(evs, ev(uint64(i+1), fmt.Sprintf("c%d", i+1)))
 	}
