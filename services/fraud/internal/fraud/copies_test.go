@@ -165,3 +165,45 @@ func TestACopyInTheRebuiltRangeIsSkippedAfterATakeover(t *testing.T) {
 		t.Fatalf("the new owner's snip_fraud_copies_skipped_total = %v, want 1 (the copy it judged; the one it fed is not counted)", got)
 	}
 }
+
+// TestACopyBeyondTheRecordIsLabelledOnceInItsVerdictMessage: after an
+// outage longer than the state's Memory, the outbox relays a backlog
+// (clicks 20 minutes old, among live ones), and its retry later than the
+// duplicate window stores one of them again. Both copies are more than
+// Memory behind the partition's clock, so the record of event IDs cannot
+// tell them apart and both are judged (decision 0151); curl's click is
+// labelled bot_agent as each. Its two labels in one verdict message made
+// the message malformed to the click counter (a click ID labelled twice,
+// events.FraudVerdictBatch.Validate), which parks it with every other
+// label in it.
+func TestACopyBeyondTheRecordIsLabelledOnceInItsVerdictMessage(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("bk", parts)
+	live := traffic.Burst(time.Now(), 1, 0, "bk", "acme", "v")[0]
+	backlog := agentClicks(time.Now().Add(-20*time.Minute), 3, time.Second, "bk", "curl/8.5.0")
+	w.publish(t, live)
+	w.publish(t, backlog...)
+	w.storeCopy(t, backlog[1])
+
+	r := w.reader(t, fraud.Defaults(), nil)
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	evs := w.events(t, p, 1)
+	if len(evs) != 5 {
+		t.Fatalf("%d events in CLICKS, want 5", len(evs))
+	}
+	handle(t, r, p, evs)
+
+	labels, msgs := w.verdictLabels(t) // decodes and validates each message, as the counter does
+	if msgs != 1 {
+		t.Fatalf("%d verdict messages, want 1", msgs)
+	}
+	for i, c := range backlog {
+		if labels[c.ID] != 1 {
+			t.Fatalf("curl's click %d: %d labels, want 1", i, labels[c.ID])
+		}
+	}
+}

@@ -378,9 +378,17 @@ func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, a
 func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key, what string) string {
 	r := &p.d.rules
 	k := keyOf(rule+"\x00"+c.Code, key)
+	period := t / int64(r.AlertPeriod)
+	if lc, ok := p.counts.peek(k); ok && lc.period > period+1 {
+		// A click of an earlier alert period than the counter's, come late
+		// (an outbox backlog, a redrive): its period's count is gone from
+		// the state. Starting the counter again at its period would throw
+		// the current period's count away, and the current period's next
+		// click would start it again from 0.
+		return ""
+	}
 	lc := p.counts.get(k)
 	lc.lastAt = t
-	period := t / int64(r.AlertPeriod)
 	if lc.period != period+1 {
 		lc.period, lc.count = period+1, 0
 	}

@@ -539,3 +539,51 @@ func TestRulesValidate(t *testing.T) {
 }
 
 var _ = slices.Sort[[]int]
+
+// TestALateClickOfAnEarlierPeriodLeavesTheCurrentCountAlone: curl clicks a
+// link 9 times in the hour from 12:00, then a curl click of 11:59 comes in
+// late (an outbox backlog, a redrive), then 2 more curl clicks of the
+// current hour: 11 in the hour, so the hour's bot_agent alert is raised.
+// The late click belongs to an earlier alert period; counting it must not
+// start the current period's counter again.
+func TestALateClickOfAnEarlierPeriodLeavesTheCurrentCountAlone(t *testing.T) {
+	t.Parallel()
+	r := fraud.Defaults()
+	d, err := fraud.NewDetector(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	curl := func(seq uint64, at time.Duration) reader.Event {
+		return event(seq, clk{at: at, ua: "curl/8.5.0", visitor: fmt.Sprintf("c%d", seq)})
+	}
+	var evs []reader.Event
+	for i := range 9 {
+		evs = append(evs, curl(uint64(i+1), time.Duration(i)*time.Minute))
+	}
+	late := curl(10, -30*time.Second)
+	late.Stored = t0.Add(8*time.Minute + 30*time.Second)
+	evs = append(evs, late, curl(11, 9*time.Minute), curl(12, 10*time.Minute))
+	var alerts []events.FraudAlert
+	for _, ev := range evs {
+		j, ok := p.Judge(ev)
+		if !ok {
+			t.Fatalf("event %d skipped", ev.Seq)
+		}
+		alerts = append(alerts, j.Alerts...)
+	}
+	want := fraud.AlertID(fraud.RuleBotAgent, "abc", "curl", t0)
+	var ids []string
+	for _, a := range alerts {
+		ids = append(ids, a.ID)
+	}
+	if !slices.Contains(ids, want) {
+		t.Fatalf("alerts %v, want %s (11 curl clicks in the hour from %s)", ids, want, t0.Format(time.TimeOnly))
+	}
+	// The counter the store keeps for the hour is the hour's count too.
+	for _, c := range p.Counts(nil) {
+		if c.Period.Equal(t0) && c.N != 11 {
+			t.Fatalf("stored counter of the hour = %d, want 11", c.N)
+		}
+	}
+}

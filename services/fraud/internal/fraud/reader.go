@@ -629,8 +629,9 @@ func (r *Reader) replay(partition int, from uint64, why error) error {
 func (r *Reader) decisions(ctx context.Context, partition int, js []Judgement, batch []reader.Event) ([]events.FraudAlert, []events.FraudVerdictLabel, error) {
 	var alerts []events.FraudAlert
 	var labels []events.FraudVerdictLabel
+	var labelled map[string]struct{} // click IDs labelled, made at the first label
 	first := batch[0].Seq
-	gone := 0
+	gone, twice := 0, 0
 	for _, j := range js {
 		alerts = append(alerts, j.Alerts...)
 		for _, l := range j.Labels {
@@ -643,12 +644,29 @@ func (r *Reader) decisions(ctx context.Context, partition int, js []Judgement, b
 				return nil, nil, fmt.Errorf("label click %d: %w", l.Seq, err)
 			}
 			c := &ev.Click
+			// Two sequences can hold one click: a copy more than Memory
+			// behind the partition's clock is judged as a click (copies.go).
+			// A verdict message that labels a click twice is malformed to
+			// the click counter, which would park it with every other label
+			// in it; the counter keys labels by click ID, so one is enough.
+			if labelled == nil {
+				labelled = make(map[string]struct{}, len(js))
+			}
+			if _, dup := labelled[c.ID]; dup {
+				twice++
+				continue
+			}
+			labelled[c.ID] = struct{}{}
 			labels = append(labels, events.FraudVerdictLabel{
 				ClickID: c.ID, ClickSeq: l.Seq, Code: c.Code, Owner: c.Owner,
 				Rule: l.Rule, AlertID: l.AlertID, Bot: true, SourceBot: c.Bot,
 				ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: j.At.UTC(),
 			})
 		}
+	}
+	if twice > 0 {
+		r.log.Info("clicks stored twice and judged as two (copies beyond the state's memory) labelled once in the batch's verdicts",
+			"partition", partition, "labels_left_out", twice, "first_seq", first)
 	}
 	if gone > 0 {
 		r.metrics.notInLog.Add(float64(gone))
