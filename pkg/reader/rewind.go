@@ -563,12 +563,18 @@ func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 		// fetched ahead, unacked: back to the ack floor, so that comes again
 		// now rather than after the AckWait (or as a delivery gap). The
 		// floor does not move, nor does where the reader was told it
-		// resumes, which confirmResume still checks at the first batch.
-		resume, handled := w.resume, w.handled
+		// resumes, which confirmResume still checks at the first batch,
+		// nor the last event handled, where it is of the consumer reset
+		// (one created again has only its floor: process moves handled
+		// only forward, which a position of the one before would hold back).
+		resume, handled, of := w.resume, w.handled, w.handledOf
 		if err := w.resetTo(0); err != nil {
 			return err
 		}
-		w.resume, w.handled = resume, handled
+		w.resume = resume
+		if of.Equal(w.handledOf) {
+			w.handled = handled
+		}
 		return nil
 	}
 	if err := w.resetTo(ri.From); err != nil {
