@@ -481,7 +481,8 @@ type rewindPlan struct {
 	movesBack bool
 	// floor is the consumer's ack floor, and handled the last event this
 	// owner handled (the floor or later: an ack lost on its way leaves the
-	// floor behind what was handled), when the decision was made.
+	// floor behind what was handled; the floor where what it handled was
+	// of a consumer deleted since), when the decision was made.
 	floor, handled uint64
 	// toSeq: the server moves the consumer to a sequence of our choosing
 	// (resetsToSeq), not only back to its ack floor.
@@ -497,7 +498,11 @@ type rewindPlan struct {
 // handled and acked (an ack lost on its way is healed only by the next
 // batch's). That is also where the reader's state is: deciding by the ack
 // floor alone, after a lost ack, the runtime went on from the floor while
-// the reader started again at From.
+// the reader started again at From. What this owner handled counts only
+// where it is of the consumer on the server (w.handledOf): one deleted and
+// created again under the owner has only its own ack floor, and taking the
+// last event handled for its position would skip (or replay from past)
+// the events the group created again has from its start.
 func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
@@ -509,7 +514,12 @@ func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	if err != nil {
 		return rewindPlan{}, err
 	}
-	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled), toSeq: seqs, from: ri.From}
+	pl := rewindPlan{floor: info.AckFloor.Stream, handled: info.AckFloor.Stream, toSeq: seqs, from: ri.From}
+	if w.handledOf.Equal(info.Created) {
+		// What this owner handled is of this consumer (not of one deleted
+		// since, the partition's consumer created again under it).
+		pl.handled = max(pl.handled, w.handled)
+	}
 	pl.movesBack = ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
 	switch {
 	case !pl.movesBack:
