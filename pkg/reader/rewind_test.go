@@ -878,19 +878,33 @@ func btoi(b bool) int {
 }
 
 // A rewind that finds the partition's consumer deleted and created again
-// under its owner (requested for the one before, heard while the owner's
-// handler held 1..5 with 6..10 fetched; the consumer created again before
-// the handler returned) goes by the new consumer's ack floor: the last
-// event the owner handled (5) was of the consumer before. Before, it took
-// that event for the new consumer's position: from past it (8) the
-// partition went on after it, at 6; from before it (3) it moved back
-// there. Either way the group created again never handled the events
-// before, which it has from its start (6..10, fetched ahead, the owner
-// dropped for the rewind: the group created again hands them once).
-func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByItsAckFloor(t *testing.T) {
+// under its owner (heard while the owner's handler held 1..5 with 6..10
+// fetched; the consumer created again before the handler returned) goes
+// by the new consumer: its ack floor, the last event the owner handled (5)
+// being of the consumer before, and its creation, not the one the owner
+// last read. Before, the owner took that event for the new consumer's
+// position: from past it (8) the partition went on after it, at 6; from
+// before it (3) it moved back there. Either way the group created again
+// never handled the events before, which it has from its start (6..10,
+// fetched ahead, the owner dropped for the rewind: the group created again
+// hands them once). A rewind requested for the consumer before is void
+// for the new one (ErrRewindVoid): it was carried out, and recorded done,
+// because the owner's cached info still showed the consumer it was made
+// for. One requested for the consumer created again is carried out: it
+// was ignored for ever, as made for another consumer than the one in the
+// owner's cache.
+func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testing.T) {
 	t.Parallel()
-	for _, from := range []uint64{8, 3} {
-		t.Run(fmt.Sprintf("from %d", from), func(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		from  uint64
+		again bool // requested for the consumer created again
+	}{
+		{"for the consumer before from 8", 8, false},
+		{"for the consumer before from 3", 3, false},
+		{"for the consumer created again", 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			n, js := setup(t, 1)
 			ids := publish(t, js, 1, firstPass, 0)
@@ -933,7 +947,19 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByItsAckFloor(t *testing
 				old = c.CachedInfo()
 				return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
 			})
-			if _, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(from)); err != nil {
+			createAgain := func() {
+				if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.again {
+				createAgain()
+			}
+			id, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(tc.from))
+			if err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -941,11 +967,8 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByItsAckFloor(t *testing
 			case <-time.After(30 * time.Second):
 				t.Fatal("the member never heard of the rewind")
 			}
-			if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
-				t.Fatal(err)
+			if !tc.again {
+				createAgain()
 			}
 			close(release)
 			more := publish(t, js, 1, 5, firstPass)
@@ -954,6 +977,14 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByItsAckFloor(t *testing
 				c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
 				return err == nil && c.CachedInfo().AckFloor.Stream == last
 			})
+			wctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			switch err := reader.WaitRewind(wctx, js, "g", id); {
+			case tc.again && err != nil:
+				t.Errorf("WaitRewind of a rewind requested for the consumer created again = %v, want nil", err)
+			case !tc.again && !errors.Is(err, reader.ErrRewindVoid):
+				t.Errorf("WaitRewind of a rewind requested for the consumer before = %v, want ErrRewindVoid", err)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			var missed []uint64 // events the new consumer never handed
