@@ -105,7 +105,13 @@
 // or past it where the ack of that batch was lost on its way; a group
 // started at new events, which the server moves back only to its ack floor,
 // gets there by the owner acking that event again first, and hands the
-// events past the floor again only where that ack fails too).
+// events past the floor again only where that ack fails too). A
+// partition's consumer deleted and created again under its owner counts
+// its deliveries from 1 again, which can read as a gap: what the owner
+// handled was of the consumer before, so the partition goes on from the
+// new one's ack floor, and the group created again is handed every event
+// from its start, even where the first reset after the gap fails and is
+// tried again.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

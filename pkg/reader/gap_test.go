@@ -168,23 +168,26 @@ func TestAGapAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromTheFlo
 	}
 }
 
-// A partition's consumer deleted and created again under its owner, between
-// two pulls (the owner's handler busy, its next batch fetched): the new
-// consumer counts its deliveries from 1 again, which the owner takes for a
-// gap. What the owner handled was of the consumer before, not of this one:
-// the partition goes on from the new consumer's ack floor, and the group
-// created again handles every event from its start. Going on after the last
-// event the owner handled, it would skip them.
-func TestAGapOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
-	t.Parallel()
-	n, js := setup(t, 1)
-	ids := publish(t, js, 1, firstPass, 0)
-	consumer := topology.GroupConsumerName("again", 0)
+// gapOfAConsumerCreatedAgain deletes a partition's consumer and creates it
+// again under its owner, between two pulls (the owner's handler busy with
+// 1..5, 6..10 fetched): the new consumer counts its deliveries from 1
+// again, which the owner takes for a gap. With refuseReset, the server
+// refuses the owner's first request to reset the consumer after the gap (a
+// reset that times out), and allows the next. It returns once the new
+// consumer has acked 11..15 too, with the events the group created again
+// never handed: of 1..10 (handled once for the consumer before), those
+// handed only once.
+func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (missed []uint64) {
+	t.Helper()
+	s := newAckRefusingServer(t, 1)
+	ids := publish(t, s.js, 1, firstPass, 0)
+	consumer := topology.GroupConsumerName(group, 0)
+	reset := "$JS.API.CONSUMER.RESET." + events.ClicksStream + "." + consumer
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var blocked uint64 // the last event of the batch the handler holds
 	handed := map[uint64]int{}
-	startMember(t, n, reader.Config{Group: "again", Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
 		mu.Lock()
 		for _, ev := range b {
 			handed[ev.Seq]++
@@ -208,35 +211,70 @@ func TestAGapOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
 		mu.Lock()
 		b := blocked
 		mu.Unlock()
-		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		c, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
 		if err != nil || b == 0 {
 			return false
 		}
 		old = c.CachedInfo()
 		return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
 	})
-	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+	if _, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
 		t.Fatal(err)
+	}
+	if refuseReset {
+		s.refuse(t, reset)
 	}
 	close(release)
-	more := publish(t, js, 1, 5, firstPass)
+	more := publish(t, s.js, 1, 5, firstPass)
+	if refuseReset {
+		testenv.WaitFor(t, 60*time.Second, "the server to refuse the reset after the gap", func() bool { return s.log.of(reset) > 0 })
+		s.refuse(t)
+	}
 	last := uint64(len(ids) + len(more))
-	testenv.WaitFor(t, 30*time.Second, "the new consumer acked to the last event", func() bool {
-		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+	testenv.WaitFor(t, 60*time.Second, "the new consumer acked to the last event", func() bool {
+		c, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
 		return err == nil && c.CachedInfo().AckFloor.Stream == last
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	var missed []uint64 // events the new consumer never handed
 	for seq := uint64(1); seq <= uint64(len(ids)); seq++ {
 		if handed[seq] < 2 {
 			missed = append(missed, seq)
 		}
 	}
-	if len(missed) > 0 {
+	for seq := uint64(len(ids)) + 1; seq <= last; seq++ {
+		if handed[seq] == 0 {
+			t.Errorf("event %d was never handed", seq)
+		}
+	}
+	return missed
+}
+
+// A partition's consumer deleted and created again under its owner
+// (gapOfAConsumerCreatedAgain): what the owner handled was of the consumer
+// before, not of this one: the partition goes on from the new consumer's
+// ack floor, and the group created again handles every event from its
+// start. Going on after the last event the owner handled, it would skip
+// them.
+func TestAGapOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
+	t.Parallel()
+	if missed := gapOfAConsumerCreatedAgain(t, "again", false); len(missed) > 0 {
 		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
+
+// The same where the first reset after the gap fails (refused, as one that
+// times out): the owner tries again, and goes by the new consumer's ack
+// floor again. Before, the first try's read of the consumer had left the
+// new one's creation time in the owner's cached info, which the retry took
+// for the consumer the last event handled was of: it went on after that
+// event (10), and the group created again never handled 1..10.
+func TestAGapOfAConsumerCreatedAgainWhoseResetFailedGoesOnFromItsAckFloor(t *testing.T) {
+	t.Parallel()
+	if missed := gapOfAConsumerCreatedAgain(t, "againreset", true); len(missed) > 0 {
+		t.Errorf("the consumer created again, its first reset refused, never handed %v, want every event from its start", missed)
 	}
 }

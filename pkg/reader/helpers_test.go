@@ -326,12 +326,18 @@ func ackSubjects(consumer string) string {
 // refuseAcks makes the server refuse the member's acks of consumer (none:
 // allow them all again).
 func (s *ackRefusingServer) refuseAcks(t *testing.T, consumer string) {
-	o := s.opts
 	if consumer == "" {
-		o.Users = memberUsers()
+		s.refuse(t)
 	} else {
-		o.Users = memberUsers(ackSubjects(consumer))
+		s.refuse(t, ackSubjects(consumer))
 	}
+}
+
+// refuse makes the server refuse the member's publishes to subjects, and
+// allow the rest (none: allow them all again).
+func (s *ackRefusingServer) refuse(t *testing.T, subjects ...string) {
+	o := s.opts
+	o.Users = memberUsers(subjects...)
 	if err := s.srv.ReloadOptions(&o); err != nil {
 		t.Error(err)
 	}

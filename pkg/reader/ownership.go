@@ -91,7 +91,7 @@ func (w *worker) acquire() error {
 			continue
 		}
 		w.cons = c
-		w.handled, w.handledMsg = c.CachedInfo().AckFloor.Stream, nil
+		w.positioned(c.CachedInfo())
 		if reset != nil {
 			w.baselineAfterReset(reset)
 		} else {
@@ -127,7 +127,7 @@ func (w *worker) recreate() error {
 		return err
 	}
 	w.cons = c
-	w.handled, w.handledMsg = c.CachedInfo().AckFloor.Stream, nil
+	w.positioned(c.CachedInfo())
 	return nil
 }
 

@@ -112,7 +112,9 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	// to be acked again where the ack was lost and the consumer goes back
 	// to its floor (ackHandled).
 	if last := mds[len(mds)-1].Sequence.Stream; last >= w.handled {
-		w.handled, w.handledMsg, w.handledOf = last, msgs[len(msgs)-1], w.cons.CachedInfo().Created
+		// Of the consumer last positioned (handledOf): these deliveries
+		// continue its sequence, without a gap.
+		w.handled, w.handledMsg = last, msgs[len(msgs)-1]
 	}
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
 	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
@@ -139,9 +141,12 @@ var errGap = errors.New("gap in deliveries")
 // forgets deliveries), behind what the reader had handled. The reset acks
 // them, as the lost ack would have.
 //
-// w.handled is of the consumer w.cons was when it was set: one deleted and
-// created again under this owner (its consumer sequences start again,
-// which process takes for a gap) has its own floor, and goes by it. A
+// w.handled is of the consumer created at w.handledOf, the one last
+// positioned: one deleted and created again under this owner (its consumer
+// sequences start again, which process takes for a gap) has its own floor,
+// and goes by it, on every try (a reset that failed is retried with
+// afterGap again, after this one's Info refreshed w.cons's cached info to
+// the new consumer's: that cache says nothing of w.handled). A
 // consumer the server moves only back to its ack floor (resetsToSeq) goes
 // there, rather than the partition retrying a move the server refuses; the
 // owner first acks again the last event it handled (ackHandled), which
@@ -151,12 +156,11 @@ var errGap = errors.New("gap in deliveries")
 func (w *worker) afterGap() (uint64, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	created := w.cons.CachedInfo().Created
 	info, err := w.cons.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the ack floor after a delivery gap: %w", err)
 	}
-	if !info.Created.Equal(created) || w.handled <= info.AckFloor.Stream {
+	if !w.handledOf.Equal(info.Created) || w.handled <= info.AckFloor.Stream {
 		return 0, nil
 	}
 	if !resetsToSeq(info.Config.DeliverPolicy) {
@@ -286,10 +290,10 @@ func (w *worker) resetTo(seq uint64) error {
 	// The ack floor moved by our own hand (a rewind, a replay): OnRewind or
 	// the handler's Replay prepared the reader for it, so that is where it
 	// resumes now (0: unknown, confirmResume then checks nothing).
-	w.resume, w.handled, w.handledMsg = 0, 0, nil
+	w.resume, w.handled, w.handledMsg, w.handledOf = 0, 0, nil, time.Time{}
 	if resp != nil && resp.ConsumerInfo != nil {
 		w.resume = resp.ConsumerInfo.AckFloor.Stream + 1
-		w.handled = resp.ConsumerInfo.AckFloor.Stream
+		w.positioned(resp.ConsumerInfo)
 	}
 	w.idle = true
 	return nil

@@ -380,19 +380,13 @@ func (w *worker) loadRewound() error {
 }
 
 // pendingRewind returns the group's latest rewind request if this partition
-// has it to carry out: not recorded done, and made for this partition's
-// consumer. A request made before the group's consumers were deleted and
-// created again (the group re-created while it was pending) is not the new
-// group's: it is ignored, said once, and left unrecorded.
+// may have it to carry out: not recorded done, nor found made for another
+// consumer than the partition's (planRewind asks the server which consumer
+// that is; w.cons's cached info may be of one deleted since, or older than
+// one created again under this owner).
 func (w *worker) pendingRewind() *rewindRequest {
 	req := w.m.rewind.Load()
 	if req == nil || req.ID == w.rewoundID || req.ID == w.staleRewindID {
-		return nil
-	}
-	if created := w.cons.CachedInfo().Created; !req.madeFor(w.p, created) {
-		w.staleRewindID = req.ID
-		w.log.Warn("ignoring a rewind requested for the partition's consumer of before it was created again",
-			"rewind", req.ID, "requested", req.Requested, "consumer_created", created)
 		return nil
 	}
 	return req
@@ -402,7 +396,10 @@ func (w *worker) pendingRewind() *rewindRequest {
 // partition has not yet: the decision whether the partition moves back,
 // OnRewind, told it, then the consumer moves back (or not, as decided),
 // then the record that it did. Each step is retried until it succeeds or
-// the partition is taken away.
+// the partition is taken away. A request made for a consumer the server no
+// longer has (the group's consumers deleted and created again while it was
+// pending) is not the new group's: it is ignored, said once, and left
+// unrecorded; OnRewind is not told.
 func (w *worker) maybeRewind() error {
 	m := w.m
 	req := w.pendingRewind()
@@ -413,10 +410,23 @@ func (w *worker) maybeRewind() error {
 	bo := m.cfg.newBackoff()
 	var plan rewindPlan
 	if !w.retryRewind(bo, "read the partition's ack floor for the rewind", func() (err error) {
-		plan, err = w.planRewind(ri)
+		plan, err = w.planRewind(req)
 		return err
 	}) {
 		return errReleased
+	}
+	if plan.stale {
+		w.staleRewindID = req.ID
+		w.log.Warn("ignoring a rewind requested for the partition's consumer of before it was created again",
+			"rewind", req.ID, "requested", req.Requested, "consumer_created", plan.created)
+		// The fetcher was stopped for it and dropped what it had fetched
+		// ahead: the consumer goes back, as for a rewind with nothing to
+		// replay.
+		if !w.retryRewind(bo, "rewind partition", func() error { return w.rewindTo(ri, plan) }) {
+			return errReleased
+		}
+		w.idle = true
+		return nil
 	}
 	ri.MovesBack = plan.movesBack
 	if plan.movesBack {
@@ -481,7 +491,8 @@ type rewindPlan struct {
 	movesBack bool
 	// floor is the consumer's ack floor, and handled the last event this
 	// owner handled (the floor or later: an ack lost on its way leaves the
-	// floor behind what was handled), when the decision was made.
+	// floor behind what was handled; the floor where what it handled was
+	// of a consumer deleted since), when the decision was made.
 	floor, handled uint64
 	// toSeq: the server moves the consumer to a sequence of our choosing
 	// (resetsToSeq), not only back to its ack floor.
@@ -489,16 +500,27 @@ type rewindPlan struct {
 	// from is where the consumer moves back to: the request's From, or
 	// where the consumer started if From is before it (lowestRewind).
 	from uint64
+	// stale: the request was made for another consumer than the server's,
+	// created at created; it does not move back (movesBack false).
+	stale   bool
+	created time.Time
 }
 
-// planRewind decides whether the partition moves back for ri: it does
-// where ri.From is at or before the event after the last one the
+// planRewind decides whether the partition moves back for req (ri, its
+// part for this partition): not at all where req was made for another
+// consumer than the one the server has now (stale), or else where
+// ri.From is at or before the event after the last one the
 // partition handled, by its ack floor or, past it, by what this owner
 // handled and acked (an ack lost on its way is healed only by the next
 // batch's). That is also where the reader's state is: deciding by the ack
 // floor alone, after a lost ack, the runtime went on from the floor while
-// the reader started again at From.
-func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
+// the reader started again at From. What this owner handled counts only
+// where it is of the consumer on the server (w.handledOf): one deleted and
+// created again under the owner has only its own ack floor, and taking the
+// last event handled for its position would skip (or replay from past)
+// the events the group created again has from its start.
+func (w *worker) planRewind(req *rewindRequest) (rewindPlan, error) {
+	ri := req.info(w.p)
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	info, err := w.cons.Info(ctx)
@@ -509,8 +531,14 @@ func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 	if err != nil {
 		return rewindPlan{}, err
 	}
-	pl := rewindPlan{floor: info.AckFloor.Stream, handled: max(info.AckFloor.Stream, w.handled), toSeq: seqs, from: ri.From}
-	pl.movesBack = ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
+	pl := rewindPlan{floor: info.AckFloor.Stream, handled: info.AckFloor.Stream, toSeq: seqs, from: ri.From, created: info.Created}
+	if w.handledOf.Equal(info.Created) {
+		// What this owner handled is of this consumer (not of one deleted
+		// since, the partition's consumer created again under it).
+		pl.handled = max(pl.handled, w.handled)
+	}
+	pl.stale = !req.madeFor(w.p, info.Created)
+	pl.movesBack = !pl.stale && ri.From != 0 && ri.From <= ri.Until && ri.From <= pl.handled+1
 	switch {
 	case !pl.movesBack:
 	case !seqs:
@@ -533,8 +561,10 @@ func (w *worker) planRewind(ri RewindInfo) (rewindPlan, error) {
 
 func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 	if !pl.movesBack {
-		w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,
-			"ack_floor", pl.floor, "handled", pl.handled)
+		if !pl.stale {
+			w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,
+				"ack_floor", pl.floor, "handled", pl.handled)
+		}
 		if pl.handled > pl.floor && pl.toSeq {
 			// The ack of what this owner handled last was lost on its way:
 			// go on after what it handled, as the reader does (it kept its
@@ -563,12 +593,18 @@ func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
 		// fetched ahead, unacked: back to the ack floor, so that comes again
 		// now rather than after the AckWait (or as a delivery gap). The
 		// floor does not move, nor does where the reader was told it
-		// resumes, which confirmResume still checks at the first batch.
-		resume, handled := w.resume, w.handled
+		// resumes, which confirmResume still checks at the first batch,
+		// nor the last event handled, where it is of the consumer reset
+		// (one created again has only its floor: process moves handled
+		// only forward, which a position of the one before would hold back).
+		resume, handled, of := w.resume, w.handled, w.handledOf
 		if err := w.resetTo(0); err != nil {
 			return err
 		}
-		w.resume, w.handled = resume, handled
+		w.resume = resume
+		if of.Equal(w.handledOf) {
+			w.handled = handled
+		}
 		return nil
 	}
 	if err := w.resetTo(ri.From); err != nil {

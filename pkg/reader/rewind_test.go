@@ -876,3 +876,130 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// A rewind that finds the partition's consumer deleted and created again
+// under its owner (heard while the owner's handler held 1..5 with 6..10
+// fetched; the consumer created again before the handler returned) goes
+// by the new consumer: its ack floor, the last event the owner handled (5)
+// being of the consumer before, and its creation, not the one the owner
+// last read. Before, the owner took that event for the new consumer's
+// position: from past it (8) the partition went on after it, at 6; from
+// before it (3) it moved back there. Either way the group created again
+// never handled the events before, which it has from its start (6..10,
+// fetched ahead, the owner dropped for the rewind: the group created again
+// hands them once). A rewind requested for the consumer before is void
+// for the new one (ErrRewindVoid): it was carried out, and recorded done,
+// because the owner's cached info still showed the consumer it was made
+// for. One requested for the consumer created again is carried out: it
+// was ignored for ever, as made for another consumer than the one in the
+// owner's cache.
+func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		from  uint64
+		again bool // requested for the consumer created again
+	}{
+		{"for the consumer before from 8", 8, false},
+		{"for the consumer before from 3", 3, false},
+		{"for the consumer created again", 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			n, js := setup(t, 1)
+			ids := publish(t, js, 1, firstPass, 0)
+			consumer := topology.GroupConsumerName("g", 0)
+			heard := make(chan struct{})
+			var heardOnce sync.Once
+			log := slog.New(&onMessage{msg: "rewind requested", fn: func() { heardOnce.Do(func() { close(heard) }) }})
+			release := make(chan struct{})
+			var mu sync.Mutex
+			var blocked uint64 // the last event of the batch the handler holds
+			handed := map[uint64]int{}
+			startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Logger: log}, func(ctx context.Context, _ int, b []reader.Event) error {
+				mu.Lock()
+				for _, ev := range b {
+					handed[ev.Seq]++
+				}
+				first := blocked == 0
+				if first {
+					blocked = b[len(b)-1].Seq
+				}
+				mu.Unlock()
+				if first {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return nil
+			})
+			var old *jetstream.ConsumerInfo
+			testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
+				mu.Lock()
+				b := blocked
+				mu.Unlock()
+				c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+				if err != nil || b == 0 {
+					return false
+				}
+				old = c.CachedInfo()
+				return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
+			})
+			createAgain := func() {
+				if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.again {
+				createAgain()
+			}
+			id, err := reader.Rewind(t.Context(), js, "g", reader.FromSeq(tc.from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-heard:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the member never heard of the rewind")
+			}
+			if !tc.again {
+				createAgain()
+			}
+			close(release)
+			more := publish(t, js, 1, 5, firstPass)
+			last := uint64(len(ids) + len(more))
+			testenv.WaitFor(t, 60*time.Second, "the new consumer acked to the last event", func() bool {
+				c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+				return err == nil && c.CachedInfo().AckFloor.Stream == last
+			})
+			wctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			switch err := reader.WaitRewind(wctx, js, "g", id); {
+			case tc.again && err != nil:
+				t.Errorf("WaitRewind of a rewind requested for the consumer created again = %v, want nil", err)
+			case !tc.again && !errors.Is(err, reader.ErrRewindVoid):
+				t.Errorf("WaitRewind of a rewind requested for the consumer before = %v, want ErrRewindVoid", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			var missed []uint64 // events the new consumer never handed
+			for seq := uint64(1); seq <= last; seq++ {
+				want := 1 // 6..10, fetched ahead, were dropped for the rewind
+				if seq <= blocked {
+					want = 2 // handled for the consumer before too
+				}
+				if handed[seq] < want {
+					missed = append(missed, seq)
+				}
+			}
+			if len(missed) > 0 {
+				t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+			}
+		})
+	}
+}

@@ -57,15 +57,30 @@ type worker struct {
 	// healed by the next batch's) leaves the consumer's ack floor behind
 	// it; a rewind goes by the later of the two (rewind.go, planRewind).
 	handled uint64
+	// handledOf is when the consumer handled is a position of was created:
+	// the one the server answered with where the consumer was last
+	// positioned (positioned), which the batches processed since were
+	// delivered by, their consumer sequences following on without a gap.
+	// Only where the server's consumer is that one (the same Created) does
+	// handled say anything of it: one deleted and created again has
+	// positions of its own (afterGap, planRewind, ackHandled). Never
+	// w.cons's cached info, which every Info call overwrites with the
+	// server's consumer of the moment.
+	handledOf time.Time
 	// handledMsg is the message of the event handled, the last one of the
-	// batch that set it, and handledOf when the consumer that delivered it
-	// was created (w.cons's cached info then); nil where handled was set
-	// otherwise (taken over, reset, recreated). A consumer the server moves
-	// back only to its ack floor is acked by it again (ackHandled) before it
-	// goes back there, so that the floor an ack lost on its way left behind
-	// catches up with handled.
+	// batch that set it; nil where handled was set otherwise (taken over,
+	// reset, recreated). A consumer the server moves back only to its ack
+	// floor is acked by it again (ackHandled) before it goes back there, so
+	// that the floor an ack lost on its way left behind catches up with
+	// handled.
 	handledMsg jetstream.Msg
-	handledOf  time.Time
+}
+
+// positioned records where the partition's consumer, as the server
+// described it (info), was just positioned (taken over, recreated, reset):
+// the last event handled is its ack floor, of that consumer.
+func (w *worker) positioned(info *jetstream.ConsumerInfo) {
+	w.handled, w.handledMsg, w.handledOf = info.AckFloor.Stream, nil, info.Created
 }
 
 func newWorker(m *member, p int) *worker {
