@@ -19,46 +19,67 @@ import (
 // Lag reports, for every partition of a group, how far the group is behind:
 // events not yet delivered, delivered but not acked, and when the oldest
 // unprocessed event was stored. It reads the server's state, so it is right
-// even when every member is down; the console and `snipctl lag` use it.
+// even when every member is down; `snipctl lag <group>` uses it.
+//
+// It reads each partition's consumer by name, which a service's NATS user
+// may (it reads its own group's), where LagAll lists every consumer of
+// CLICKS, which only the console's, the load test's and an operator's may.
 //
 // The server updates a consumer's pending count asynchronously (it acks a
 // publish, then signals the stream's consumers from another goroutine), so
 // right after a publish Lag may not count the newest events yet; a moment
 // later it does. It is a monitor, not a barrier.
 func Lag(ctx context.Context, js jetstream.JetStream, group string) ([]PartitionLag, error) {
-	all, err := lagOf(ctx, js, group)
+	n, err := topology.Partitions(ctx, js)
 	if err != nil {
 		return nil, fmt.Errorf("lag of %s: %w", group, err)
 	}
-	if len(all[group]) == 0 {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return nil, fmt.Errorf("lag of %s: %w", group, err)
+	}
+	out := make([]PartitionLag, 0, n)
+	for p := range n {
+		pl, err := partitionLag(ctx, s, group, p)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lag of %s: %w", group, err)
+		}
+		out = append(out, pl)
+	}
+	if len(out) == 0 {
 		return nil, fmt.Errorf("lag of %s: %w", group, ErrNoGroup)
 	}
-	return all[group], nil
+	return out, nil
 }
 
-// LagAll is Lag of every group on CLICKS (those Groups lists), by group.
+// LagAll is Lag of every group on CLICKS (those Groups lists), by group,
+// from one listing of CLICKS' consumers: the console and `snipctl lag` use
+// it. Its NATS user needs $JS.API.CONSUMER.LIST.CLICKS.
 func LagAll(ctx context.Context, js jetstream.JetStream) (map[string][]PartitionLag, error) {
-	all, err := lagOf(ctx, js, "")
+	all, err := lagOf(ctx, js)
 	if err != nil {
 		return nil, fmt.Errorf("lag of every group: %w", err)
 	}
 	return all, nil
 }
 
-// lagOf reads the lag of group's partitions (every group's, for ""), by
-// group, each group's in partition order. The consumers come from one
+// lagOf reads the lag of every group's partitions, by group, each group's
+// in partition order. The consumers come from one
 // listing of CLICKS' consumers (a page holds 256), which carry their group
 // and partition in their metadata, rather than one request each: on a busy
 // server a request can take a tenth of a second, and a console showing five
 // groups of eight partitions asked about fifty times a refresh. The oldest
 // unprocessed event costs one more request for each partition that is
 // behind (none for one caught up).
-func lagOf(ctx context.Context, js jetstream.JetStream, only string) (map[string][]PartitionLag, error) {
+func lagOf(ctx context.Context, js jetstream.JetStream) (map[string][]PartitionLag, error) {
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return nil, err
 	}
-	parts, err := listGroupConsumers(ctx, s, only)
+	parts, err := listGroupConsumers(ctx, s)
 	if err != nil {
 		return nil, err
 	}
@@ -92,21 +113,21 @@ func GroupConsumers(ctx context.Context, js jetstream.JetStream) ([]GroupConsume
 	if err != nil {
 		return nil, fmt.Errorf("list group consumers: %w", err)
 	}
-	gcs, err := listGroupConsumers(ctx, s, "")
+	gcs, err := listGroupConsumers(ctx, s)
 	if err != nil {
 		return nil, fmt.Errorf("list group consumers: %w", err)
 	}
 	return gcs, nil
 }
 
-// listGroupConsumers is GroupConsumers of s, of group only ("" for all).
-func listGroupConsumers(ctx context.Context, s jetstream.Stream, only string) ([]GroupConsumer, error) {
+// listGroupConsumers is GroupConsumers of s.
+func listGroupConsumers(ctx context.Context, s jetstream.Stream) ([]GroupConsumer, error) {
 	var out []GroupConsumer
 	var bad error // the listing is read to its end either way: its lister blocks until it is
 	l := s.ListConsumers(ctx)
 	for ci := range l.Info() {
 		g := ci.Config.Metadata["snip.group"]
-		if g == "" || (only != "" && g != only) {
+		if g == "" {
 			continue
 		}
 		p, err := strconv.Atoi(ci.Config.Metadata["snip.partition"])
