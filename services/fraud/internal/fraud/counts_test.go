@@ -1,6 +1,7 @@
 package fraud_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -234,5 +235,43 @@ func TestTakeoverAfterAStoredButUnackedBatch(t *testing.T) {
 	st, err := w.store.LinkStats(ctx, code)
 	if err != nil || st.Total != 10 || st.Flagged != 10 {
 		t.Fatalf("stats = %+v, %v; want 10 of 10 flagged", st, err)
+	}
+}
+
+// TestAStoreMarkFromAnotherStreamIsReported: fraud detection's Redis holds a
+// partition's mark from another CLICKS stream (deleted and created again,
+// its sequences started over), far ahead of the new stream. The store
+// answers every batch at or below that mark as applied before, so the
+// partition's statistics are not stored; nothing in the service can tell
+// whose statistics those are, so it must say so: an error log and
+// snip_fraud_store_foreign_mark_total, which the runbook turns into "delete
+// the partition's keys". Before, a warning said the mark was ignored,
+// which it was not.
+func TestAStoreMarkFromAnotherStreamIsReported(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	rules := shortMemory()
+	code := "restarted"
+	p := events.Partition(code, parts)
+	start := time.Now().Add(-time.Hour).Truncate(time.Minute)
+	if err := traffic.Publish(ctx, w.js, agentClicks(start, 3, time.Minute, code, "curl/8.5.0"), 64); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.rdb.Set(ctx, fmt.Sprintf("fraud:{p%d}:hwm", p), 1_000_000, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := w.reader(t, rules, fraud.NewMetrics(reg))
+	if err := r.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	handle(t, r, p, w.events(t, p, 1))
+	if got := counter(t, reg, "snip_fraud_store_foreign_mark_total"); got != 1 {
+		t.Errorf("snip_fraud_store_foreign_mark_total = %v, want 1", got)
+	}
+	// What the metric warns of: the batch was taken for applied before.
+	if st, err := w.store.LinkStats(ctx, code); !errors.Is(err, fraud.ErrUnknownLink) {
+		t.Errorf("stats = %+v, %v; want nothing stored under the other stream's mark (ErrUnknownLink)", st, err)
 	}
 }

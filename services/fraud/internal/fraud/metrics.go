@@ -18,6 +18,7 @@ type Metrics struct {
 	notInLog      prometheus.Counter
 	storeReplays  prometheus.Counter
 	wiped         prometheus.Counter
+	foreign       prometheus.Counter
 	unrecoverable prometheus.Counter
 	rebuilds      prometheus.Histogram
 	rebuildRead   prometheus.Histogram
@@ -57,6 +58,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		storeReplays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "snip_fraud_store_replays_total", Help: "Times a partition's statistics in Redis were found behind what had been applied (Redis lost acknowledged writes: a failover to a replica without them, a crash that lost its last second) and the runtime was asked to hand the partition's events again from the first missing one (should stay 0).",
 		}),
+		foreign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "snip_fraud_store_foreign_mark_total", Help: "Times a partition was taken over with a high-water mark in Redis ahead of where it resumes that is not an event of the partition in CLICKS: a Redis kept from another CLICKS stream (the stream deleted and created again, its sequences started over). Until the partition's sequences pass that mark, Redis answers each batch as applied before and none of the partition's statistics or alerts is stored; delete the partition's keys (fraud:{p<N>}:*) and restart the member (should stay 0).",
+		}),
 		wiped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "snip_fraud_store_wiped_total", Help: "Times a partition's statistics were found gone from Redis altogether: no high-water mark, though the partition's statistics began at an earlier sequence, recorded in NATS (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot). The partition's events are handed again from there, as far as CLICKS holds them (should stay 0).",
 		}),
@@ -85,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"partition"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.judged, m.copies, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.labelled, m.evicted)
+		reg.MustRegister(m.judged, m.copies, m.behind, m.alerts, m.verdicts, m.duplicates, m.lookups, m.notInLog, m.storeReplays, m.wiped, m.foreign, m.unrecoverable, m.rebuilds, m.rebuildRead, m.identities, m.links, m.labelled, m.evicted)
 	}
 	return m
 }

@@ -306,8 +306,15 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		case err == nil && ev.Partition == partition:
 			until = mark + 1
 		case err == nil || errors.Is(err, ErrNotInLog):
-			r.log.Warn("the store's mark is ahead of the resume point but not an event of the partition in the log; ignoring it",
-				"partition", partition, "resume_seq", resume, "mark", mark)
+			// Not a batch the previous owner stored: a Redis kept from
+			// another CLICKS stream (deleted and created again, its
+			// sequences started over). The store answers every batch at or
+			// below its mark as applied before, so nothing of the partition
+			// is stored until its sequences pass the mark. Nothing here can
+			// tell whose statistics those are; an operator can.
+			r.metrics.foreign.Inc()
+			r.log.Error("the store's mark is ahead of the resume point and is not an event of the partition in CLICKS (a Redis kept from another CLICKS stream?): the partition's statistics and alerts are not stored until its events pass the mark; delete the partition's keys in Redis (fraud:{p<N>}:*) and restart this member to store them again",
+				"partition", partition, "resume_seq", resume, "mark", mark, "keys", fmt.Sprintf("fraud:{p%d}:*", partition))
 		default:
 			return nil, fmt.Errorf("rebuild: the event at the store's mark: %w", err)
 		}
