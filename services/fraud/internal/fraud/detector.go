@@ -448,26 +448,63 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 
 // visitorBurst is the per-identity rule: more than VisitorThreshold clicks
 // within VisitorWindow. The window keeps the newest threshold+1 clicks; when
-// the oldest of them is within the window of the newest, the rule fires and
-// labels all of them. That labels exactly the clicks that belong to some
-// window with too many clicks: a click in such a window is, at the latest
-// when that window's last click arrives, among the newest threshold+1.
+// they are all within the window of each other, the rule fires and labels
+// all of them. That labels exactly the clicks that belong to some window
+// with too many clicks: a click in such a window is, at the latest when that
+// window's last click arrives, among the newest threshold+1.
+//
+// Clicks mostly arrive in time order, but not always: an outbox backlog
+// relayed after an outage, or a dead-letter redrive, hands in a click hours
+// older than the ones the window holds. Two things keep such a click from
+// making a burst of clicks that are not one:
+//
+//   - The span is the window's newest time minus its oldest (by time, not by
+//     arrival). Measured from the click being judged, as it was, a late
+//     click made the span negative and fired on threshold+1 clicks spread
+//     over hours. The span from the click judged to the first arrival is
+//     never more than the true span, so only a window that passes that
+//     cheap test is scanned: in time order the two are the same, and a
+//     window that does not fire costs what it did.
+//   - A click older than the identity's newest click minus VisitorWindow is
+//     left out of the window. It cannot be in one window with that click or
+//     with any click after it, so it can complete no burst with them. Taken
+//     in, it would push a kept click out, and for the next threshold clicks
+//     the window would hold one real click too few: a real burst among them
+//     would fire a click late, its first click unlabelled, or not at all
+//     (one of exactly threshold+1 clicks). The clicks it was in a window
+//     with, if any, are gone from the state (the window keeps threshold+1
+//     clicks, the identity expires a window after its last), so it cannot
+//     be judged against them either: the rule labels nothing for it, as for
+//     a late click of an identity already expired.
+//
+// lastAt is the identity's newest click time: a late click does not move it
+// back, which would have the identity expire under a burst in progress.
 func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
+	w := int64(r.VisitorWindow)
 	vs := p.visitors.get(keyOf(c.Code, c.Visitor))
-	vs.lastAt = self.at
-	vs.win.push(self, r.VisitorThreshold+1)
-	if vs.win.len() <= r.VisitorThreshold || self.at-vs.win.oldest().at > int64(r.VisitorWindow) {
+	if self.at < vs.lastAt-w {
 		return
 	}
-	first := vs.win.oldest()
+	vs.lastAt = max(vs.lastAt, self.at)
+	vs.win.push(self, r.VisitorThreshold+1)
+	if vs.win.len() <= r.VisitorThreshold || self.at-vs.win.oldest().at > w {
+		return
+	}
+	first, last := vs.win.oldest().at, self.at
+	for _, e := range vs.win.c {
+		first, last = min(first, e.at), max(last, e.at)
+	}
+	if last-first > w {
+		return
+	}
 	alert := p.raise(j, &vs.alertedIn, events.FraudAlert{
 		Rule: RuleVisitorBurst, Code: c.Code, Owner: c.Owner, Key: c.Visitor,
-		WindowStart: time.Unix(0, first.at), WindowEnd: time.Unix(0, self.at),
+		WindowStart: time.Unix(0, first), WindowEnd: time.Unix(0, last),
 		Count: vs.win.len(), Threshold: r.VisitorThreshold,
-	}, self.at, func() string {
+	}, last, func() string {
 		return fmt.Sprintf("%d clicks by one visitor within %s (at most %d allowed)",
-			vs.win.len(), time.Duration(self.at-first.at), r.VisitorThreshold)
+			vs.win.len(), time.Duration(last-first), r.VisitorThreshold)
 	})
 	for _, e := range vs.win.c {
 		if e.seq > vs.through {

@@ -148,6 +148,80 @@ func TestVisitorBurstThresholdEdges(t *testing.T) {
 	}
 }
 
+// TestALateClickMakesNoVisitorBurst: a click that comes in after clicks it
+// is older than (an outbox backlog relayed after an outage, a dead-letter
+// redrive) is judged by when it happened. It fires the burst rule only
+// when the clicks it would label are within the window of each other, and
+// it does not keep a real burst that follows from being caught at once.
+func TestALateClickMakesNoVisitorBurst(t *testing.T) {
+	t.Parallel()
+	v := clk{visitor: "v"}
+	at := func(d time.Duration) clk { c := v; c.at = d; return c }
+	burst := func(seqs ...uint64) map[uint64]string {
+		m := map[uint64]string{}
+		for _, s := range seqs {
+			m[s] = fraud.RuleVisitorBurst
+		}
+		return m
+	}
+	tests := []struct {
+		name       string
+		rules      fraud.Rules
+		clicks     []clk
+		wantLabels map[uint64]string
+		// wantWindow is the one alert's window, as offsets from t0; nil:
+		// no alert.
+		wantWindow []time.Duration
+	}{
+		{name: "hours_late_after_clicks_spread_over_a_quarter_hour", rules: fraud.Defaults(),
+			// 20 clicks of one person 50 s apart (no minute holds more
+			// than 2), then one of two hours before them.
+			clicks:     append(repeat(20, 0, 50*time.Second, v), at(-2*time.Hour)),
+			wantLabels: burst()},
+		{name: "late_within_the_window_of_the_newest_but_spanning_more", rules: burstRules(),
+			// 0, 6, 12, then 3: no 10 s hold more than 3.
+			clicks:     append(repeat(3, 0, 6*time.Second, v), at(3*time.Second)),
+			wantLabels: burst()},
+		{name: "late_and_completing_a_real_burst", rules: burstRules(),
+			// 0, 4, 8, then 2: 4 within 8 s, whichever came last.
+			clicks:     append(repeat(3, 0, 4*time.Second, v), at(2*time.Second)),
+			wantLabels: burst(1, 2, 3, 4), wantWindow: []time.Duration{0, 8 * time.Second}},
+		{name: "a_burst_after_a_late_click_is_caught_at_its_threshold", rules: burstRules(),
+			// 0, 6, 12, 18, one an hour late, then 25, 26, 27, 28: 18,
+			// 25, 26 and 27 are 4 within 10 s, caught at 27, 18 labelled.
+			clicks: append(append(repeat(4, 0, 6*time.Second, v), at(-time.Hour)),
+				repeat(4, 25*time.Second, time.Second, v)...),
+			wantLabels: burst(4, 6, 7, 8, 9), wantWindow: []time.Duration{18 * time.Second, 27 * time.Second}},
+		{name: "a_late_click_does_not_expire_a_burst_in_progress", rules: burstRules(),
+			// 0, 3, 6, one an hour late, then 7: 4 within 7 s.
+			clicks:     append(repeat(3, 0, 3*time.Second, v), at(-time.Hour), at(7*time.Second)),
+			wantLabels: burst(1, 2, 3, 5), wantWindow: []time.Duration{0, 7 * time.Second}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			labels, alerts := run(t, tc.rules, tc.clicks)
+			if d := cmp.Diff(tc.wantLabels, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+			if tc.wantWindow == nil {
+				if len(alerts) != 0 {
+					t.Fatalf("alerts = %+v, want none", alerts)
+				}
+				return
+			}
+			if len(alerts) != 1 {
+				t.Fatalf("alerts = %+v, want one", alerts)
+			}
+			from, to := t0.Add(tc.wantWindow[0]), t0.Add(tc.wantWindow[1])
+			if a := alerts[0]; !a.WindowStart.Equal(from) || !a.WindowEnd.Equal(to) || !a.Time.Equal(to) {
+				t.Errorf("alert window %s-%s at %s, want %s-%s at its end", a.WindowStart.Format(time.TimeOnly),
+					a.WindowEnd.Format(time.TimeOnly), a.Time.Format(time.TimeOnly), from.Format(time.TimeOnly), to.Format(time.TimeOnly))
+			}
+		})
+	}
+}
+
 func TestAlertPayloadAndIDAreDeterministic(t *testing.T) {
 	t.Parallel()
 	clicks := repeat(4, 30*time.Minute, time.Second, clk{visitor: "bot", code: "abc"})

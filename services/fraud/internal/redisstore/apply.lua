@@ -36,11 +36,16 @@ for _ = 1, nalerts do
   local id, score, body = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]; i = i + 5
   if redis.call('ZADD', set, 'NX', score, id) == 1 then
     redis.call('HSET', bodies, id, body)
+    -- Trimmed 1,000 at a time: Lua's unpack fails beyond about 8,000
+    -- (a cap lowered under a full set), and Redis keeps what a failing
+    -- script wrote before the error: the links' counts, with no mark.
     local n = redis.call('ZCARD', set)
-    if n > cap then
-      local old = redis.call('ZRANGE', set, 0, n - cap - 1)
-      redis.call('ZREMRANGEBYRANK', set, 0, n - cap - 1)
+    while n > cap do
+      local k = math.min(n - cap, 1000)
+      local old = redis.call('ZRANGE', set, 0, k - 1)
+      redis.call('ZREMRANGEBYRANK', set, 0, k - 1)
       redis.call('HDEL', bodies, unpack(old))
+      n = n - k
     end
   end
 end

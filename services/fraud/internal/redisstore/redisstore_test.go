@@ -28,6 +28,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestUnknownLink,
 		TestAlertsAreKeptOncePerIDNewestFirstAndCapped,
 		TestAlertCapDropsTheOldest,
+		TestAlertCapTrimsThousandsAtOnce,
 		TestApplyWaitsForReplicas,
 		TestLabelCountersAreStoredAsOfTheMark,
 		TestApplyRefusesABatchWhenTheMarkWentBack,
@@ -265,5 +266,48 @@ func TestAlertCapDropsTheOldest(t *testing.T) {
 	}
 	if d := cmp.Diff([]string{"id4", "id3", "id2"}, ids); d != "" {
 		t.Fatalf("alerts (-want +got):\n%s", d)
+	}
+}
+
+// TestAlertCapTrimsThousandsAtOnce: FRAUD_ALERTS_PER_OWNER lowered from
+// 10,000 to 1,000 under an owner holding 9,600 alerts in one partition. The
+// next alert trims 8,601 at once, more than Lua's unpack takes in one
+// call: the script must trim them all, not fail after counting the batch
+// (Redis keeps a failing script's earlier writes, and without a mark every
+// retry counted it again).
+func TestAlertCapTrimsThousandsAtOnce(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	code := "abc"
+	p := events.Partition(code, 4)
+	const held, capped = 9600, 1000
+	many := make([]events.FraudAlert, held)
+	for i := range many {
+		many[i] = alert(fmt.Sprintf("id%05d", i), "acme", t0.Add(time.Duration(i)*time.Second))
+	}
+	before := redisstore.New(rdb, 4, 10000)
+	if err := before.Apply(ctx, p, fraud.Batch{Judgements: []fraud.Judgement{{Seq: 1, Code: code, Owner: "acme", Alerts: many}}}); err != nil {
+		t.Fatal(err)
+	}
+	after := redisstore.New(rdb, 4, capped)
+	last := alert("id-last", "acme", t0.Add(held*time.Second))
+	if err := after.Apply(ctx, p, fraud.Batch{Judgements: []fraud.Judgement{{Seq: 2, Code: code, Owner: "acme", Alerts: []events.FraudAlert{last}}}}); err != nil {
+		t.Fatalf("apply with %d alerts over the cap: %v", held+1-capped, err)
+	}
+	got, err := after.RecentAlerts(ctx, "acme", capped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The newest 1,000: id-last and id08601..id09599.
+	if len(got) != capped || got[0].ID != "id-last" || got[1].ID != "id09599" || got[capped-1].ID != fmt.Sprintf("id%05d", held+1-capped) {
+		t.Fatalf("%d alerts, newest %s, oldest %s; want %d, id-last to id%05d", len(got), got[0].ID, got[len(got)-1].ID, capped, held+1-capped)
+	}
+	set, bodies := fmt.Sprintf("fraud:{p%d}:alerts:acme", p), fmt.Sprintf("fraud:{p%d}:alertbody:acme", p)
+	if n, m := rdb.ZCard(ctx, set).Val(), rdb.HLen(ctx, bodies).Val(); n != capped || m != capped {
+		t.Fatalf("%s holds %d alerts and %s %d bodies, want %d each", set, n, bodies, m, capped)
+	}
+	if st, err := after.LinkStats(ctx, code); err != nil || st.Total != 2 {
+		t.Fatalf("link stats %+v, %v; want 2 clicks counted once", st, err)
 	}
 }
