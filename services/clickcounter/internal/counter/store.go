@@ -142,7 +142,7 @@ type Correction struct {
 	To     Label
 	Source Label
 	// ClickSeq is where the click is in CLICKS (in the partition of its
-	// code): once the record's bucket of the click has expired, a
+	// code): once the record's bucket of the click is gone, a
 	// generation whose watermark is at or past it has counted it.
 	ClickSeq uint64
 	Link     LinkRef

@@ -99,6 +99,12 @@ func idKey(p int, g int64, bucket int64) string {
 	return genPrefix(p, g) + "id:" + strconv.FormatInt(bucket, 10)
 }
 
+// idIndexKey: sorted set of a generation's recent-ID keys (members), each
+// scored by the stored time (unix ms) of the last batch that appended to
+// it: the batch script deletes the keys the partition's position has left
+// a dedup window behind (see applyScript). Its own TTL is the window's.
+func idIndexKey(p int, g int64) string { return genPrefix(p, g) + "idx" }
+
 // labelKey: hash {<click id>: "<h|b>:<fraud seq>"}, the verdict labels of
 // the clicks whose ID time falls on day d. Not per generation: a recount
 // reads the same labels.

@@ -26,7 +26,8 @@ end
 // the watermark, and switches reads to the write generation if a recount
 // has just caught up.
 //
-// KEYS[1] meta, KEYS[2] the write generation's pos, KEYS[3..] the rest.
+// KEYS[1] meta, KEYS[2] the write generation's pos, KEYS[3] its recent-ID
+// index, KEYS[4..] the rest.
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
 // number of ID groups, number of label groups, referrer cap, the referrer
 // a link's fields beyond the cap go to ("(other)"); then the ID
@@ -46,6 +47,15 @@ end
 // exists, the common case); the day's nh hour fields, each a HINCRBY; and
 // its nv visitors, PFADD in commands of 1,000 (Lua's unpack fails beyond
 // about 8,000, and a script that fails halfway keeps what it wrote).
+//
+// The recent-ID keys the batch appended to are scored in the index by the
+// batch's stored time (the last event's; ZADD GT), and the keys scored
+// more than the dedup window before it are deleted: a key goes once the
+// partition's position has passed its events by the window (a copy stored
+// within the window of its first copy is counted before that), or when its
+// TTL of the window runs out, whichever comes first. Live, the two agree;
+// in a catch-up, which counts an hour of clicks in a minute, the TTL alone
+// kept a key for nearly every click of the last window of wall time.
 //
 // A key's EXPIREAT is called if a command above created a field or
 // changed the HyperLogLog (a key is only ever created so, so every key
@@ -158,9 +168,27 @@ while i <= n do
     i = last + 1
   end
 end
+local idx, stored = KEYS[3], tonumber(ARGV[4])
 for k = 1, #appends, 2 do
   redis.call('APPEND', appends[k], appends[k+1])
   redis.call('PEXPIRE', appends[k], ARGV[6])
+  if stored > 0 then redis.call('ZADD', idx, 'GT', stored, appends[k]) end
+end
+if stored > 0 then
+  -- The buckets whose last events were stored a window before this batch's
+  -- last: a copy of them stored within the window has been counted
+  -- already. In a catch-up that is seconds of wall time, not the window.
+  -- (The keys deleted are the index's members, not in KEYS: they carry the
+  -- partition's hash tag, so they are in this script's slot.)
+  local cut = string.format('(%d', stored - tonumber(ARGV[6]))
+  repeat
+    local old = redis.call('ZRANGEBYSCORE', idx, '-inf', cut, 'LIMIT', 0, 1000)
+    if #old > 0 then
+      redis.call('DEL', unpack(old))
+      redis.call('ZREM', idx, unpack(old))
+    end
+  until #old < 1000
+  if #appends > 0 then redis.call('PEXPIRE', idx, ARGV[6]) end
 end
 redis.call('HSET', pos, 'seq', ARGV[3], 'stored', ARGV[4])
 redis.call('HINCRBY', pos, 'events', ARGV[5])
@@ -207,8 +235,9 @@ return {'started', read, g, untl}
 // new label's. Whether a generation counted it is read from its recent-ID
 // record, by event ID: the bucket of the click's ID time holds its
 // fingerprint or not (applyScript writes both in one step with the
-// counts). Only when that bucket has expired (the click is older than the
-// dedup window) does the watermark decide: at or past the click's sequence
+// counts). Only when that bucket is gone (expired, or dropped once the
+// partition's position passed it by the dedup window) does the watermark
+// decide: at or past the click's sequence
 // in its own partition means counted.
 //
 // KEYS[1] meta, KEYS[1+g] the pos of generation g (read, then write if it

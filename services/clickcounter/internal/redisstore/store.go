@@ -308,9 +308,10 @@ func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int
 	opsKeys, opsArgv := opsSize(w.Delta)
 	// Besides the ops' keys, one per recent-ID bucket and label day: a
 	// few (a batch's IDs span its events' time of publishing).
-	a.keys = slices.Grow(a.keys, opsKeys+16+2)
+	a.keys = slices.Grow(a.keys, opsKeys+16+3)
 	a.key(metaKey(p))
 	a.key(posKey(p, g))
+	a.key(idIndexKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
