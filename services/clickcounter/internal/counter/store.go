@@ -16,9 +16,11 @@ type Store interface {
 	Apply(ctx context.Context, w *Write) (ApplyResult, error)
 	// StartGeneration begins a recount of a partition for replay replayID:
 	// a new, empty write generation that becomes the read generation once
-	// its watermark reaches until (at once if until is 0). started is false
-	// when that replay had already started one.
-	StartGeneration(ctx context.Context, partition int, replayID string, until uint64) (s State, started bool, err error)
+	// its watermark reaches until (at once if until is 0), and that counts
+	// the partition's events from sequence from on (the oldest CLICKS
+	// retains), none before. started is false when that replay had already
+	// started one.
+	StartGeneration(ctx context.Context, partition int, replayID string, from, until uint64) (s State, started bool, err error)
 	// Generations lists the generations that have keys in the store.
 	Generations(ctx context.Context, partition int) ([]int64, error)
 	// DropGeneration deletes every key of one generation.

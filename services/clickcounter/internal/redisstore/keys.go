@@ -20,7 +20,8 @@ func genPrefix(p int, g int64) string {
 	return partPrefix(p) + "g" + strconv.FormatInt(g, 10) + ":"
 }
 
-// posKey: hash {seq, stored, events}, a generation's watermark.
+// posKey: hash {seq, stored, events, first}, a generation's watermark (and,
+// for a recount's generation, the first sequence it counts from).
 func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 
 // linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's

@@ -201,9 +201,13 @@ return {'ok'}
 
 // startScript begins a recount: a new write generation, numbered above
 // every one in use, that takes over the reads when its watermark reaches
-// until (at once when until is 0). A replay ID already seen changes nothing.
+// until (at once when until is 0), and counts from sequence from on (its
+// pos's "first": correctScript's watermark says nothing below it). A replay
+// ID already seen changes nothing.
 //
-// KEYS[1] meta. ARGV: replay id, until. Returns {status, read, write, until}.
+// KEYS[1] meta. ARGV: replay id, until, from. Returns {status, read, write,
+// until}. The new generation's pos is written by name (not in KEYS: its
+// number is decided here), in the partition's slot like meta.
 var startScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay')
 local read = tonumber(m[1]) or 1
@@ -215,6 +219,8 @@ local g = math.max(read, write) + 1
 local untl = tonumber(ARGV[2])
 if untl == 0 then read = g end
 redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1])
+-- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:pos" (posKey)
+redis.call('HSET', string.sub(KEYS[1], 1, -5) .. 'g' .. g .. ':pos', 'first', ARGV[3])
 return {'started', read, g, untl}
 `)
 
@@ -257,8 +263,11 @@ if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumb
 end
 local ngen, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local first, stride, n = 5, 11 + 3*ngen, #ARGV
-local wm = {}
-for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0') end
+local wm, gfrom = {}, {}
+for g = 1, ngen do
+  local pos = redis.call('HMGET', KEYS[1+g], 'seq', 'first')
+  wm[g], gfrom[g] = tonumber(pos[1]) or 0, tonumber(pos[2]) or 0
+end
 
 -- counted says whether generation g counted the click of verdict i: its
 -- fingerprint is in the recent-ID bucket (read, and made a set, once per
@@ -278,8 +287,11 @@ local function counted(i, g)
   end
   local seq = tonumber(ARGV[i+5])
   -- A bucket made again after it expired says nothing about the clicks
-  -- counted before it: the watermark decides for those, as when it is gone.
-  if not b or seq < b.from then return wm[g] >= seq end
+  -- counted before it: the watermark decides for those, as when it is gone,
+  -- within what the generation counts (a recount's starts at the oldest
+  -- event retained then: a click aged out before it is in none of its
+  -- counts).
+  if not b or seq < b.from then return gfrom[g] <= seq and seq <= wm[g] end
   return b.set[ARGV[i+10]] == true
 end
 
