@@ -199,3 +199,37 @@ func TestVerdictAboutAClickOlderThanTheRecountMovesNothingInIt(t *testing.T) {
 		t.Errorf("counts of the recounted generation (-want +got):\n%s", d)
 	}
 }
+
+// A Redis that lost everything counts the partition again from the oldest
+// event CLICKS retains (catchUp), into a generation that starts empty: a
+// click that aged out before is in none of its counts, though verdicts
+// about it are still applied for a day. Such a verdict moves nothing (its
+// bucket is gone and the watermark is past it, but the generation started
+// after it).
+func TestVerdictAboutAClickOlderThanARecountAfterRedisLostEverythingMovesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 0
+	code := codeIn(t, p, 14)
+	now := time.Now().UTC()
+	var s seqs
+	oc := click("acme", code, now.Add(-time.Minute))
+	oc.ID = idAt(t, oc.Time)[:19] + events.NewID()[19:] // its own bucket
+	old := s.events(p, oc)
+	mustHandle(t, e.c, p, old)
+	kept := s.events(p, click("acme", code, now))
+	e.clicks.store(kept...)
+	e.first.Store(kept[0].Seq)
+	if err := e.rdb.FlushDB(t.Context()).Err(); err != nil { // Redis lost everything
+		t.Fatal(err)
+	}
+	fresh := e.newCounter(t, nil) // the partition's next owner
+	mustHandle(t, fresh, p, kept)
+	status, err := fresh.ApplyVerdict(t.Context(), verdict(old[0], true), 1)
+	if err != nil || status != counter.Relabelled {
+		t.Fatalf("ApplyVerdict = %v, %v; want relabelled", status, err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1}), viewOf(t, fresh, "acme", code, now)); d != "" {
+		t.Errorf("counts of the generation counted again (-want +got):\n%s", d)
+	}
+}

@@ -73,6 +73,9 @@ type Write struct {
 	// Expect is the state the batch was filtered against; Apply writes only
 	// if the write generation and its watermark are still these.
 	Expect State
+	// FirstSeq is the batch's first event (for OnPassed, the first event
+	// parked): where a generation that has counted nothing yet starts.
+	FirstSeq uint64
 	// LastSeq and LastStored are the batch's last event: the new watermark
 	// (for OnPassed, a write of no events, the last event parked).
 	LastSeq    uint64

@@ -20,8 +20,9 @@ func genPrefix(p int, g int64) string {
 	return partPrefix(p) + "g" + strconv.FormatInt(g, 10) + ":"
 }
 
-// posKey: hash {seq, stored, events, first}, a generation's watermark (and,
-// for a recount's generation, the first sequence it counts from).
+// posKey: hash {seq, stored, events, first}, a generation's watermark and
+// the first sequence it counts from (set by a recount's start, or by the
+// generation's first write).
 func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 
 // linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's

@@ -30,7 +30,9 @@ end
 // index, KEYS[4..] the rest.
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
 // number of ID groups, number of label groups, referrer cap, the referrer
-// a link's fields beyond the cap go to ("(other)"); then the ID
+// a link's fields beyond the cap go to ("(other)"), the batch's first
+// sequence (recorded as the pos's "first" by a generation's first write);
+// then the ID
 // groups (key, first position, fingerprints), the label groups (key, first
 // position, count, the click IDs packed in one value of 36 bytes each, and
 // the assumed labels in one value of a byte each, '-' for none: a label
@@ -74,7 +76,7 @@ if write ~= tonumber(ARGV[1]) or wm ~= tonumber(ARGV[2]) then
   return {'conflict'}
 end
 local nid, nlab, cap, other = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
-local i = 11
+local i = 12
 local dups, labs, appends = {}, {}, {}
 for _ = 1, nid do
   local key, start, blob = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), ARGV[i+2]
@@ -190,6 +192,10 @@ if stored > 0 then
   until #old < 1000
   if #appends > 0 then redis.call('PEXPIRE', idx, ARGV[6]) end
 end
+-- A generation that has counted nothing starts at this batch (unless a
+-- recount's start recorded where): it counts nothing before it, which the
+-- verdict script's watermark must not say it did.
+if wm == 0 then redis.call('HSETNX', pos, 'first', ARGV[11]) end
 redis.call('HSET', pos, 'seq', ARGV[3], 'stored', ARGV[4])
 redis.call('HINCRBY', pos, 'events', ARGV[5])
 if untl > 0 and tonumber(ARGV[3]) >= untl then

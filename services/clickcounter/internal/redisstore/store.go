@@ -358,9 +358,9 @@ func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int
 		start = end
 	}
 
-	a.argv = slices.Grow(a.argv, 10+len(idGroups)+len(labelGroups)+opsArgv)
+	a.argv = slices.Grow(a.argv, 11+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
-		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
+		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer, w.FirstSeq)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries = s.addOps(a, p, g, w.Delta, now)
