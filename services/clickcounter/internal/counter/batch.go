@@ -200,7 +200,7 @@ func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error
 		return nil // passed before: the same positions again, or a replay overlap
 	}
 	res, err := c.store.Apply(ctx, &Write{
-		Partition: p, Expect: *st, LastSeq: info.Last, LastStored: info.Stored,
+		Partition: p, Expect: *st, FirstSeq: info.First, LastSeq: info.Last, LastStored: info.Stored,
 		Delta: NewDelta(), DedupTTL: c.window,
 	})
 	if err != nil {
@@ -253,6 +253,7 @@ func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]L
 	sc.w = Write{
 		Partition:  p,
 		Expect:     st,
+		FirstSeq:   evs[0].Seq,
 		LastSeq:    last.Seq,
 		LastStored: last.Stored,
 		Delta:      &sc.delta,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
@@ -157,5 +158,78 @@ func TestVerdictAboutAClickCountedBeforeItsBucketCameBackUsesTheWatermark(t *tes
 	}
 	if d := cmp.Diff(all(counter.Pair{Human: 2}), viewOf(t, e.c, "acme", code, now)); d != "" {
 		t.Errorf("counts after the verdict back (-want +got):\n%s", d)
+	}
+}
+
+// A recount rebuilds a generation from the oldest event CLICKS retains; a
+// click that had aged out before it is in no count of the new generation.
+// Verdicts about a click are applied until a day past its retention, so
+// one can name such a click after the recount: its bucket in the new
+// generation is empty, and the new generation's watermark is past it, yet
+// it never counted it. The verdict moves nothing there (it moved a click
+// the generation counted instead: one of the link's human clicks became a
+// bot).
+func TestVerdictAboutAClickOlderThanTheRecountMovesNothingInIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 0
+	code := codeIn(t, p, 13)
+	now := time.Now().UTC()
+	var s seqs
+	oc := click("acme", code, now.Add(-time.Minute))
+	oc.ID = idAt(t, oc.Time)[:19] + events.NewID()[19:] // its own bucket
+	old := s.events(p, oc)
+	mustHandle(t, e.c, p, old)
+	// CLICKS no longer holds the old click; the recount starts after it.
+	kept := s.events(p, click("acme", code, now))
+	e.clicks.store(kept...)
+	e.first.Store(kept[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: kept[0].Seq, Until: kept[0].Seq}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, kept)
+	if s := stats(t, e.c, "acme", code); s.AsOf.Generation != 2 || s.Totals != (counter.Pair{Human: 1}) {
+		t.Fatalf("after the recount: generation %d, totals %+v; want 2 and the kept click", s.AsOf.Generation, s.Totals)
+	}
+	status, err := e.c.ApplyVerdict(t.Context(), verdict(old[0], true), 1)
+	if err != nil || status != counter.Relabelled {
+		t.Fatalf("ApplyVerdict = %v, %v; want relabelled", status, err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1}), viewOf(t, e.c, "acme", code, now)); d != "" {
+		t.Errorf("counts of the recounted generation (-want +got):\n%s", d)
+	}
+}
+
+// A Redis that lost everything counts the partition again from the oldest
+// event CLICKS retains (catchUp), into a generation that starts empty: a
+// click that aged out before is in none of its counts, though verdicts
+// about it are still applied for a day. Such a verdict moves nothing (its
+// bucket is gone and the watermark is past it, but the generation started
+// after it).
+func TestVerdictAboutAClickOlderThanARecountAfterRedisLostEverythingMovesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 0
+	code := codeIn(t, p, 14)
+	now := time.Now().UTC()
+	var s seqs
+	oc := click("acme", code, now.Add(-time.Minute))
+	oc.ID = idAt(t, oc.Time)[:19] + events.NewID()[19:] // its own bucket
+	old := s.events(p, oc)
+	mustHandle(t, e.c, p, old)
+	kept := s.events(p, click("acme", code, now))
+	e.clicks.store(kept...)
+	e.first.Store(kept[0].Seq)
+	if err := e.rdb.FlushDB(t.Context()).Err(); err != nil { // Redis lost everything
+		t.Fatal(err)
+	}
+	fresh := e.newCounter(t, nil) // the partition's next owner
+	mustHandle(t, fresh, p, kept)
+	status, err := fresh.ApplyVerdict(t.Context(), verdict(old[0], true), 1)
+	if err != nil || status != counter.Relabelled {
+		t.Fatalf("ApplyVerdict = %v, %v; want relabelled", status, err)
+	}
+	if d := cmp.Diff(all(counter.Pair{Human: 1}), viewOf(t, fresh, "acme", code, now)); d != "" {
+		t.Errorf("counts of the generation counted again (-want +got):\n%s", d)
 	}
 }

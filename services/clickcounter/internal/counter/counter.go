@@ -42,8 +42,10 @@ type Options struct {
 	// Partitions is the number of CLICKS partitions.
 	Partitions int
 	// DedupWindow is how long an event ID stays in the recent-ID record
-	// after it was counted: a copy of the event stored under another
-	// sequence within that time is not counted again.
+	// after it was counted, or less in a catch-up: until the partition's
+	// position (the stored time of the events counted) is that far past
+	// it. A copy of the event stored under another sequence within that
+	// time is not counted again.
 	DedupWindow time.Duration
 	// ClicksMaxAge is CLICKS retention: how long a click can be recounted,
 	// and so how long its verdict label is kept.

@@ -57,7 +57,11 @@ func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindIn
 			return nil
 		}
 	}
-	st, started, err := c.store.StartGeneration(ctx, partition, r.ID, r.Until)
+	// The new generation counts from the oldest event retained: a click
+	// before it (aged out) is in none of its counts, whatever its
+	// watermark says once past it (a verdict about such a click moves
+	// nothing there).
+	st, started, err := c.store.StartGeneration(ctx, partition, r.ID, max(r.From, first), r.Until)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d: %w", partition, err)
 	}

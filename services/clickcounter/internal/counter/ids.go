@@ -18,9 +18,16 @@ import (
 // 8 partitions); with the script's scan turned round (it indexes the batch
 // and runs through the key) Redis's CPU per click on that partition fell
 // from 4.7-5.2 to about 2 µs (BenchmarkApplyLive, decision 0173). A key
-// costs about 150 bytes of Redis memory of its own: at most
-// window/IDBucketWidth keys per partition and generation, 30,000 (4.5 MB)
-// for the default 10-minute window, whatever the rate.
+// costs about 150 bytes of Redis memory of its own, and an entry of about
+// 120 in its generation's index. A key is dropped once the partition's
+// position (the stored time of the events counted) is a window past its
+// events, or when its TTL of the window runs out: live, at most
+// window/IDBucketWidth keys per partition and generation, 30,000 (8 MB
+// with the index) for the default 10-minute window, whatever the rate; in
+// a catch-up, which counts hours of clicks in minutes, as many as the last
+// window of positions holds (the TTL alone kept every key the catch-up
+// touched in its last ten minutes of wall time: one per click of a quiet
+// link).
 const IDBucketWidth = 20 * time.Millisecond
 
 // FingerprintLen is the size of an event's dedup fingerprint: the last 8

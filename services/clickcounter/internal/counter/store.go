@@ -16,9 +16,11 @@ type Store interface {
 	Apply(ctx context.Context, w *Write) (ApplyResult, error)
 	// StartGeneration begins a recount of a partition for replay replayID:
 	// a new, empty write generation that becomes the read generation once
-	// its watermark reaches until (at once if until is 0). started is false
-	// when that replay had already started one.
-	StartGeneration(ctx context.Context, partition int, replayID string, until uint64) (s State, started bool, err error)
+	// its watermark reaches until (at once if until is 0), and that counts
+	// the partition's events from sequence from on (the oldest CLICKS
+	// retains), none before. started is false when that replay had already
+	// started one.
+	StartGeneration(ctx context.Context, partition int, replayID string, from, until uint64) (s State, started bool, err error)
 	// Generations lists the generations that have keys in the store.
 	Generations(ctx context.Context, partition int) ([]int64, error)
 	// DropGeneration deletes every key of one generation.
@@ -71,6 +73,9 @@ type Write struct {
 	// Expect is the state the batch was filtered against; Apply writes only
 	// if the write generation and its watermark are still these.
 	Expect State
+	// FirstSeq is the batch's first event (for OnPassed, the first event
+	// parked): where a generation that has counted nothing yet starts.
+	FirstSeq uint64
 	// LastSeq and LastStored are the batch's last event: the new watermark
 	// (for OnPassed, a write of no events, the last event parked).
 	LastSeq    uint64
@@ -142,7 +147,7 @@ type Correction struct {
 	To     Label
 	Source Label
 	// ClickSeq is where the click is in CLICKS (in the partition of its
-	// code): once the record's bucket of the click has expired, a
+	// code): once the record's bucket of the click is gone, a
 	// generation whose watermark is at or past it has counted it.
 	ClickSeq uint64
 	Link     LinkRef

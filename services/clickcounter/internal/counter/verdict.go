@@ -57,7 +57,7 @@ func (c *Counter) ApplyVerdict(ctx context.Context, v *events.FraudVerdict, frau
 // A verdict moves only what the counter counted: whether a generation
 // counted the click is looked up by event ID in its recent-ID record (the
 // same record, written in the same script as the counts, that deduplicates
-// clicks), and only once that record has expired is it inferred from the
+// clicks), and only once that record is gone is it inferred from the
 // watermark of the click's own partition. A verdict naming a click stored
 // in another partition than its code hashes to is NotCounted.
 //

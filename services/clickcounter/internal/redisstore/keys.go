@@ -20,7 +20,9 @@ func genPrefix(p int, g int64) string {
 	return partPrefix(p) + "g" + strconv.FormatInt(g, 10) + ":"
 }
 
-// posKey: hash {seq, stored, events}, a generation's watermark.
+// posKey: hash {seq, stored, events, first}, a generation's watermark and
+// the first sequence it counts from (set by a recount's start, or by the
+// generation's first write).
 func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 
 // linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's
@@ -98,6 +100,12 @@ func (k genKeys) linkDay(r counter.LinkRef, day string, link, uv bool) (lk, dk, 
 func idKey(p int, g int64, bucket int64) string {
 	return genPrefix(p, g) + "id:" + strconv.FormatInt(bucket, 10)
 }
+
+// idIndexKey: sorted set of a generation's recent-ID keys (members), each
+// scored by the stored time (unix ms) of the last batch that appended to
+// it: the batch script deletes the keys the partition's position has left
+// a dedup window behind (see applyScript). Its own TTL is the window's.
+func idIndexKey(p int, g int64) string { return genPrefix(p, g) + "idx" }
 
 // labelKey: hash {<click id>: "<h|b>:<fraud seq>"}, the verdict labels of
 // the clicks whose ID time falls on day d. Not per generation: a recount

@@ -26,10 +26,13 @@ end
 // the watermark, and switches reads to the write generation if a recount
 // has just caught up.
 //
-// KEYS[1] meta, KEYS[2] the write generation's pos, KEYS[3..] the rest.
+// KEYS[1] meta, KEYS[2] the write generation's pos, KEYS[3] its recent-ID
+// index, KEYS[4..] the rest.
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
 // number of ID groups, number of label groups, referrer cap, the referrer
-// a link's fields beyond the cap go to ("(other)"); then the ID
+// a link's fields beyond the cap go to ("(other)"), the batch's first
+// sequence (recorded as the pos's "first" by a generation's first write);
+// then the ID
 // groups (key, first position, fingerprints), the label groups (key, first
 // position, count, the click IDs packed in one value of 36 bytes each, and
 // the assumed labels in one value of a byte each, '-' for none: a label
@@ -46,6 +49,15 @@ end
 // exists, the common case); the day's nh hour fields, each a HINCRBY; and
 // its nv visitors, PFADD in commands of 1,000 (Lua's unpack fails beyond
 // about 8,000, and a script that fails halfway keeps what it wrote).
+//
+// The recent-ID keys the batch appended to are scored in the index by the
+// batch's stored time (the last event's; ZADD GT), and the keys scored
+// more than the dedup window before it are deleted: a key goes once the
+// partition's position has passed its events by the window (a copy stored
+// within the window of its first copy is counted before that), or when its
+// TTL of the window runs out, whichever comes first. Live, the two agree;
+// in a catch-up, which counts an hour of clicks in a minute, the TTL alone
+// kept a key for nearly every click of the last window of wall time.
 //
 // A key's EXPIREAT is called if a command above created a field or
 // changed the HyperLogLog (a key is only ever created so, so every key
@@ -64,7 +76,7 @@ if write ~= tonumber(ARGV[1]) or wm ~= tonumber(ARGV[2]) then
   return {'conflict'}
 end
 local nid, nlab, cap, other = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
-local i = 11
+local i = 12
 local dups, labs, appends = {}, {}, {}
 for _ = 1, nid do
   local key, start, blob = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), ARGV[i+2]
@@ -158,10 +170,32 @@ while i <= n do
     i = last + 1
   end
 end
+local idx, stored = KEYS[3], tonumber(ARGV[4])
 for k = 1, #appends, 2 do
   redis.call('APPEND', appends[k], appends[k+1])
   redis.call('PEXPIRE', appends[k], ARGV[6])
+  if stored > 0 then redis.call('ZADD', idx, 'GT', stored, appends[k]) end
 end
+if stored > 0 then
+  -- The buckets whose last events were stored a window before this batch's
+  -- last: a copy of them stored within the window has been counted
+  -- already. In a catch-up that is seconds of wall time, not the window.
+  -- (The keys deleted are the index's members, not in KEYS: they carry the
+  -- partition's hash tag, so they are in this script's slot.)
+  local cut = string.format('(%d', stored - tonumber(ARGV[6]))
+  repeat
+    local old = redis.call('ZRANGEBYSCORE', idx, '-inf', cut, 'LIMIT', 0, 1000)
+    if #old > 0 then
+      redis.call('DEL', unpack(old))
+      redis.call('ZREM', idx, unpack(old))
+    end
+  until #old < 1000
+  if #appends > 0 then redis.call('PEXPIRE', idx, ARGV[6]) end
+end
+-- A generation that has counted nothing starts at this batch (unless a
+-- recount's start recorded where): it counts nothing before it, which the
+-- verdict script's watermark must not say it did.
+if wm == 0 then redis.call('HSETNX', pos, 'first', ARGV[11]) end
 redis.call('HSET', pos, 'seq', ARGV[3], 'stored', ARGV[4])
 redis.call('HINCRBY', pos, 'events', ARGV[5])
 if untl > 0 and tonumber(ARGV[3]) >= untl then
@@ -173,9 +207,13 @@ return {'ok'}
 
 // startScript begins a recount: a new write generation, numbered above
 // every one in use, that takes over the reads when its watermark reaches
-// until (at once when until is 0). A replay ID already seen changes nothing.
+// until (at once when until is 0), and counts from sequence from on (its
+// pos's "first": correctScript's watermark says nothing below it). A replay
+// ID already seen changes nothing.
 //
-// KEYS[1] meta. ARGV: replay id, until. Returns {status, read, write, until}.
+// KEYS[1] meta. ARGV: replay id, until, from. Returns {status, read, write,
+// until}. The new generation's pos is written by name (not in KEYS: its
+// number is decided here), in the partition's slot like meta.
 var startScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay')
 local read = tonumber(m[1]) or 1
@@ -187,6 +225,8 @@ local g = math.max(read, write) + 1
 local untl = tonumber(ARGV[2])
 if untl == 0 then read = g end
 redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1])
+-- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:pos" (posKey)
+redis.call('HSET', string.sub(KEYS[1], 1, -5) .. 'g' .. g .. ':pos', 'first', ARGV[3])
 return {'started', read, g, untl}
 `)
 
@@ -207,8 +247,9 @@ return {'started', read, g, untl}
 // new label's. Whether a generation counted it is read from its recent-ID
 // record, by event ID: the bucket of the click's ID time holds its
 // fingerprint or not (applyScript writes both in one step with the
-// counts). Only when that bucket has expired (the click is older than the
-// dedup window) does the watermark decide: at or past the click's sequence
+// counts). Only when that bucket is gone (expired, or dropped once the
+// partition's position passed it by the dedup window) does the watermark
+// decide: at or past the click's sequence
 // in its own partition means counted.
 //
 // KEYS[1] meta, KEYS[1+g] the pos of generation g (read, then write if it
@@ -228,8 +269,11 @@ if (tonumber(m[1]) or 1) ~= tonumber(ARGV[1]) or (tonumber(m[2]) or 1) ~= tonumb
 end
 local ngen, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local first, stride, n = 5, 11 + 3*ngen, #ARGV
-local wm = {}
-for g = 1, ngen do wm[g] = tonumber(redis.call('HGET', KEYS[1+g], 'seq') or '0') end
+local wm, gfrom = {}, {}
+for g = 1, ngen do
+  local pos = redis.call('HMGET', KEYS[1+g], 'seq', 'first')
+  wm[g], gfrom[g] = tonumber(pos[1]) or 0, tonumber(pos[2]) or 0
+end
 
 -- counted says whether generation g counted the click of verdict i: its
 -- fingerprint is in the recent-ID bucket (read, and made a set, once per
@@ -249,8 +293,11 @@ local function counted(i, g)
   end
   local seq = tonumber(ARGV[i+5])
   -- A bucket made again after it expired says nothing about the clicks
-  -- counted before it: the watermark decides for those, as when it is gone.
-  if not b or seq < b.from then return wm[g] >= seq end
+  -- counted before it: the watermark decides for those, as when it is gone,
+  -- within what the generation counts (a recount's starts at the oldest
+  -- event retained then: a click aged out before it is in none of its
+  -- counts).
+  if not b or seq < b.from then return gfrom[g] <= seq and seq <= wm[g] end
   return b.set[ARGV[i+10]] == true
 end
 

@@ -308,9 +308,10 @@ func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int
 	opsKeys, opsArgv := opsSize(w.Delta)
 	// Besides the ops' keys, one per recent-ID bucket and label day: a
 	// few (a batch's IDs span its events' time of publishing).
-	a.keys = slices.Grow(a.keys, opsKeys+16+2)
+	a.keys = slices.Grow(a.keys, opsKeys+16+3)
 	a.key(metaKey(p))
 	a.key(posKey(p, g))
+	a.key(idIndexKey(p, g))
 
 	// Marks sorted by ID time, so each dedup bucket and each label day is one
 	// contiguous run; the script reports positions in this order.
@@ -357,9 +358,9 @@ func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int
 		start = end
 	}
 
-	a.argv = slices.Grow(a.argv, 10+len(idGroups)+len(labelGroups)+opsArgv)
+	a.argv = slices.Grow(a.argv, 11+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
-		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer)
+		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer, w.FirstSeq)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries = s.addOps(a, p, g, w.Delta, now)
@@ -519,8 +520,8 @@ func twoDigits(n int) string {
 }
 
 // StartGeneration begins a recount (see startScript).
-func (s *Store) StartGeneration(ctx context.Context, p int, replayID string, until uint64) (counter.State, bool, error) {
-	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until).Slice()
+func (s *Store) StartGeneration(ctx context.Context, p int, replayID string, from, until uint64) (counter.State, bool, error) {
+	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until, from).Slice()
 	if err != nil {
 		return counter.State{}, false, fmt.Errorf("start generation: %w", err)
 	}

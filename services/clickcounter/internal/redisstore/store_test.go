@@ -33,6 +33,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestApplyReportsLabelsAnywhereInALargeBatch,
 		TestKeysGetTheirExpiryAgainAfterRedisLostThem,
 		TestReplicatedWaitsForTheReplicas,
+		TestPartitionKeysWrittenByNameStayInTheSlot,
 	)
 }
 
@@ -274,5 +275,42 @@ func TestPipelinedScriptsSurviveAScriptFlush(t *testing.T) {
 		if res.Err != nil || res.Items[0].Status != counter.Stale {
 			t.Fatalf("Correct again = %+v; want stale", res)
 		}
+	}
+}
+
+// Two scripts write keys of the partition they are not handed in KEYS
+// (they are in its slot): the recount's start writes the new generation's
+// pos (its "first"), and the batch script deletes the recent-ID keys the
+// partition's position has left a window behind, through the index. Both
+// work on a cluster as on one server.
+func TestPartitionKeysWrittenByNameStayInTheSlot(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb)
+	ctx := t.Context()
+	const p = 5
+	st, started, err := s.StartGeneration(ctx, p, events.NewID(), 40, 100)
+	if err != nil || !started || st.Write != 2 {
+		t.Fatalf("StartGeneration = %+v, %v, %v; want generation 2 started", st, started, err)
+	}
+	if first, err := rdb.HGet(ctx, "cc:{p5}:g2:pos", "first").Result(); err != nil || first != "40" {
+		t.Fatalf("the new generation's first = %q (%v), want 40", first, err)
+	}
+	start := time.Now().Add(-time.Hour).UTC()
+	for i := range 3 { // three batches ten minutes of positions apart, window one minute
+		at := start.Add(time.Duration(i) * 10 * time.Minute)
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: at, Code: "c", Owner: "acme"}
+		c.ID = idAt(c.ID, at)
+		m, _ := counter.ParseID(c.ID)
+		w := &counter.Write{Partition: p, Expect: st, FirstSeq: st.WM + 1, LastSeq: st.WM + 1, LastStored: at,
+			Delta: counter.NewDelta(), DedupTTL: time.Minute, Counted: 1, Marks: []counter.Mark{{ID: c.ID, IDMark: m}}}
+		w.Delta.Add(&c, counter.Human, 1)
+		if res, err := s.Apply(ctx, w); err != nil || res.Status != counter.Applied {
+			t.Fatalf("Apply %d: %+v, %v", i, res, err)
+		}
+		st.WM++
+	}
+	if keys := testenv.Keys(t, rdb, "cc:{p5}:g2:id:*"); len(keys) != 1 {
+		t.Errorf("recent-ID keys %v, want the last batch's alone", keys)
 	}
 }
