@@ -349,14 +349,7 @@ func TestAReplayWhoseInstanceCrashedReadsInterruptedAndIsAskedAgain(t *testing.T
 	}) || got.State != redisstore.ReplayDone || got.Events != len(want) {
 		t.Fatalf("the replay asked again: %+v; want done with %d events", got, len(want))
 	}
-	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued := map[string]int{}
-	for _, e := range evs {
-		queued[e.ID]++
-	}
+	queued := queuedIDs(t, store, ep.ID)
 	if d := cmp.Diff(want, queued); d != "" {
 		t.Errorf("queue after the replay asked again, event IDs (-want +got):\n%s", d)
 	}
@@ -750,14 +743,7 @@ func TestAReplayStopsOnceSupersededOrItsLeaseLapsed(t *testing.T) {
 				t.Errorf("the endpoint's cut once b's held replay ended: %d (generation %d), want %d (generation %d) as before it was let go",
 					after.ReplayClicksUpto, after.Generation, cut.ReplayClicksUpto, cut.Generation)
 			}
-			evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			queued := map[string]int{}
-			for _, e := range evs {
-				queued[e.ID]++
-			}
+			queued := queuedIDs(t, store, ep.ID)
 			if d := cmp.Diff(want, queued); d != "" {
 				t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
 			}
@@ -858,14 +844,7 @@ func TestClicksIntakeRoutedBeforeAReplayCutAreQueuedOnce(t *testing.T) {
 		t.Fatal("the intake's batch was never handled")
 	}
 
-	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued := map[string]int{}
-	for _, e := range evs {
-		queued[e.ID]++
-	}
+	queued := queuedIDs(t, store, ep.ID)
 	if d := cmp.Diff(want, queued); d != "" {
 		t.Errorf("the endpoint's queue, event IDs and how often each is queued (-want +got):\n%s", d)
 	}
@@ -1076,14 +1055,7 @@ func TestAReplayOfADisabledEndpointRefillsItsQueue(t *testing.T) {
 	}) || got.State != redisstore.ReplayDone || got.Events != len(want) {
 		t.Errorf("the disabled endpoint's replay: %+v, want done with %d events", got, len(want))
 	}
-	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued := map[string]int{}
-	for _, e := range evs {
-		queued[e.ID]++
-	}
+	queued := queuedIDs(t, store, ep.ID)
 	if d := cmp.Diff(want, queued); d != "" {
 		t.Errorf("the disabled endpoint's queue after its replay, event IDs (-want +got):\n%s", d)
 	}
@@ -1158,7 +1130,17 @@ func TestAReplayKeepsTheTestEventsQueued(t *testing.T) {
 	}) || got.State != redisstore.ReplayDone {
 		t.Fatalf("the replay: %+v, want done", got)
 	}
-	evs, err := store.Read(ctx, ep.ID, "0", 1000, 1<<30, 0)
+	queued := queuedIDs(t, store, ep.ID)
+	if d := cmp.Diff(want, queued); d != "" {
+		t.Errorf("the queue after the replay, event IDs (-want +got; the test event is %s):\n%s", test, d)
+	}
+}
+
+// queuedIDs reads endpoint id's whole queue: how often each event ID is
+// queued.
+func queuedIDs(t *testing.T, store *redisstore.Store, id string) map[string]int {
+	t.Helper()
+	evs, err := store.Read(t.Context(), id, "0", 1000, 1<<30, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1166,7 +1148,5 @@ func TestAReplayKeepsTheTestEventsQueued(t *testing.T) {
 	for _, e := range evs {
 		queued[e.ID]++
 	}
-	if d := cmp.Diff(want, queued); d != "" {
-		t.Errorf("the queue after the replay, event IDs (-want +got; the test event is %s):\n%s", test, d)
-	}
+	return queued
 }
