@@ -54,17 +54,26 @@ func WriteAndWait(ctx context.Context, rdb redis.UniversalClient, key string, re
 }
 
 // outlasting is c, or c on the same connections with its read (and write)
-// timeout longer by wait, so that a WAIT of wait is answered before the
-// client gives up on the reply. go-redis reads a pipeline's replies within
-// the client's read timeout whatever the commands (its own Wait raises the
-// bound only when sent alone).
+// timeout longer by wait and by waitSlack, so that a WAIT of wait is
+// answered before the client gives up on the reply. go-redis reads a
+// pipeline's replies within the client's read timeout whatever the
+// commands (its own Wait raises the bound only when sent alone), and a
+// pipeline whose replies time out it sends again, writes included: with
+// one read timeout of slack (100 ms in a test) a WAIT answered a little
+// late on a busy machine had its writes run twice.
 func outlasting(c *redis.Client, wait time.Duration) *redis.Client {
 	rt := c.Options().ReadTimeout
 	if rt <= 0 || wait <= 0 { // no read deadline: nothing cuts the wait short
 		return c
 	}
-	return c.WithTimeout(rt + wait)
+	return c.WithTimeout(rt + wait + max(rt, waitSlack))
 }
+
+// waitSlack is the least time WriteAndWait waits for WAIT's answer beyond
+// its timeout: Redis answers at the timeout, and a reply that has not come
+// a second after that is from a server or a connection that is stuck, not
+// from one that is slow to be scheduled.
+const waitSlack = time.Second
 
 // ErrNotReplicated means the replicas did not confirm a write in time: it
 // is on its master alone until they catch up.

@@ -3,6 +3,9 @@ package topology_test
 import (
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -48,15 +51,21 @@ func TestApplyClickCounterDeclaresItsConsumers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What it is sent, not its NumPending, which the server counts a moment
-	// after it acks the publishes: every stored message is deliverable.
-	mb, err := c.FetchNoWait(10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// What it is sent, in stream order: the first two messages, fetched
+	// until they come (the server signals its consumers a moment after it
+	// acks a publish: a fetch that asks for no wait right after the
+	// publishes can find nothing yet). The alert was stored first, so a
+	// consumer that is sent it is sent it first.
 	var subjects []string
-	for m := range mb.Messages() {
-		subjects = append(subjects, m.Subject())
+	deadline := time.Now().Add(10 * time.Second)
+	for len(subjects) < 2 && time.Now().Before(deadline) {
+		mb, err := c.Fetch(2-len(subjects), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range mb.Messages() {
+			subjects = append(subjects, m.Subject())
+		}
 	}
 	if want := []string{events.FraudVerdictSubject("acme", "abc"), events.FraudVerdictBatchSubject(3)}; !slices.Equal(subjects, want) {
 		t.Fatalf("the verdict consumer is sent %q, want %q (the verdicts, not the alert)", subjects, want)
