@@ -179,9 +179,10 @@ func (w *worker) afterGap() (uint64, error) {
 }
 
 // ackHandled acks again the last event this owner handled (w.handledMsg,
-// w.handled) where the consumer's ack floor is behind it, an ack lost on
-// its way, and reports why not (an error) unless the floor is at or past it
-// now. For a consumer the server moves back only to its ack floor
+// w.handled), which the caller found past the consumer's ack floor (an ack
+// lost on its way) in the Info it read of the consumer w.handled is of
+// (w.handledOf), and reports why not (an error) unless the floor is at or
+// past it now. For a consumer the server moves back only to its ack floor
 // (resetsToSeq), whose reset to the floor would otherwise hand the events
 // up to w.handled again as first deliveries: with the floor caught up, the
 // reset goes on right after what was handled, as it would have had the ack
@@ -204,21 +205,6 @@ func (w *worker) ackHandled() error {
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	floor := func() (uint64, error) {
-		info, err := w.cons.Info(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("read the ack floor: %w", err)
-		}
-		if !info.Created.Equal(of) {
-			return 0, fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
-				info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
-		}
-		return info.AckFloor.Stream, nil
-	}
-	f, err := floor()
-	if err != nil || f >= handled {
-		return err
-	}
 	if err := msg.DoubleAck(ctx); err != nil {
 		return fmt.Errorf("ack event %d again: %w", handled, err)
 	}
@@ -226,10 +212,17 @@ func (w *worker) ackHandled() error {
 	// the ack. The server does not count the ack as a delivery, so the
 	// consumer sequences are as they were; the reset that follows starts
 	// them again anyway (baselineAfterReset).
-	if f, err = floor(); err == nil && f < handled {
-		err = fmt.Errorf("the ack floor is %d after acking event %d again", f, handled)
+	info, err := w.cons.Info(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("read the ack floor: %w", err)
+	case !info.Created.Equal(of):
+		return fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
+			info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+	case info.AckFloor.Stream < handled:
+		return fmt.Errorf("the ack floor is %d after acking event %d again", info.AckFloor.Stream, handled)
 	}
-	return err
+	return nil
 }
 
 // replayFrom returns where the partition goes on for a handler's
