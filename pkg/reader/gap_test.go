@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -183,41 +182,9 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 	ids := publish(t, s.js, 1, firstPass, 0)
 	consumer := topology.GroupConsumerName(group, 0)
 	reset := "$JS.API.CONSUMER.RESET." + events.ClicksStream + "." + consumer
-	release := make(chan struct{})
-	var mu sync.Mutex
-	var blocked uint64 // the last event of the batch the handler holds
-	handed := map[uint64]int{}
-	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
-		mu.Lock()
-		for _, ev := range b {
-			handed[ev.Seq]++
-		}
-		first := blocked == 0
-		if first {
-			blocked = b[len(b)-1].Seq
-		}
-		mu.Unlock()
-		if first {
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
-	})
-	var old *jetstream.ConsumerInfo
-	testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
-		mu.Lock()
-		b := blocked
-		mu.Unlock()
-		c, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
-		if err != nil || b == 0 {
-			return false
-		}
-		old = c.CachedInfo()
-		return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
-	})
+	h := newFirstBatchHeld()
+	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5}, h.handle)
+	old := h.fetchedAhead(t, s.js, consumer, len(ids))
 	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +194,7 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 	if refuseReset {
 		s.refuse(t, reset)
 	}
-	close(release)
+	close(h.release)
 	more := publish(t, s.js, 1, 5, firstPass)
 	if refuseReset {
 		testenv.WaitFor(t, 60*time.Second, "the server to refuse the reset after the gap", func() bool { return s.log.of(reset) > 0 })
@@ -238,15 +205,15 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 		c, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
 		return err == nil && c.CachedInfo().AckFloor.Stream == last
 	})
-	mu.Lock()
-	defer mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for seq := uint64(1); seq <= uint64(len(ids)); seq++ {
-		if handed[seq] < 2 {
+		if h.handed[seq] < 2 {
 			missed = append(missed, seq)
 		}
 	}
 	for seq := uint64(len(ids)) + 1; seq <= last; seq++ {
-		if handed[seq] == 0 {
+		if h.handed[seq] == 0 {
 			t.Errorf("event %d was never handed", seq)
 		}
 	}

@@ -363,3 +363,56 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
 	t.Cleanup(func() { cancel(); <-done; nc.Close() })
 }
+
+// firstBatchHeld is a handler that counts the events it is handed and holds
+// its first batch until release is closed, so that the owner's next batch
+// is fetched ahead while the first is handled.
+type firstBatchHeld struct {
+	release chan struct{}
+	mu      sync.Mutex
+	blocked uint64 // the last event of the batch held
+	handed  map[uint64]int
+}
+
+func newFirstBatchHeld() *firstBatchHeld {
+	return &firstBatchHeld{release: make(chan struct{}), handed: map[uint64]int{}}
+}
+
+func (h *firstBatchHeld) handle(ctx context.Context, _ int, b []reader.Event) error {
+	h.mu.Lock()
+	for _, ev := range b {
+		h.handed[ev.Seq]++
+	}
+	first := h.blocked == 0
+	if first {
+		h.blocked = b[len(b)-1].Seq
+	}
+	h.mu.Unlock()
+	if first {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// fetchedAhead waits until consumer has been delivered all n events, past
+// the batch held, with no pull waiting, and returns its info then.
+func (h *firstBatchHeld) fetchedAhead(t *testing.T, js jetstream.JetStream, consumer string, n int) *jetstream.ConsumerInfo {
+	t.Helper()
+	var info *jetstream.ConsumerInfo
+	testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
+		h.mu.Lock()
+		b := h.blocked
+		h.mu.Unlock()
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		if err != nil || b == 0 {
+			return false
+		}
+		info = c.CachedInfo()
+		return info.Delivered.Stream == uint64(n) && info.Delivered.Stream > b && info.NumWaiting == 0
+	})
+	return info
+}

@@ -912,41 +912,9 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 			heard := make(chan struct{})
 			var heardOnce sync.Once
 			log := slog.New(&onMessage{msg: "rewind requested", fn: func() { heardOnce.Do(func() { close(heard) }) }})
-			release := make(chan struct{})
-			var mu sync.Mutex
-			var blocked uint64 // the last event of the batch the handler holds
-			handed := map[uint64]int{}
-			startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Logger: log}, func(ctx context.Context, _ int, b []reader.Event) error {
-				mu.Lock()
-				for _, ev := range b {
-					handed[ev.Seq]++
-				}
-				first := blocked == 0
-				if first {
-					blocked = b[len(b)-1].Seq
-				}
-				mu.Unlock()
-				if first {
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
-				return nil
-			})
-			var old *jetstream.ConsumerInfo
-			testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
-				mu.Lock()
-				b := blocked
-				mu.Unlock()
-				c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
-				if err != nil || b == 0 {
-					return false
-				}
-				old = c.CachedInfo()
-				return old.Delivered.Stream == uint64(len(ids)) && old.Delivered.Stream > b && old.NumWaiting == 0
-			})
+			h := newFirstBatchHeld()
+			startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Logger: log}, h.handle)
+			old := h.fetchedAhead(t, js, consumer, len(ids))
 			createAgain := func() {
 				if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 					t.Fatal(err)
@@ -970,7 +938,7 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 			if !tc.again {
 				createAgain()
 			}
-			close(release)
+			close(h.release)
 			more := publish(t, js, 1, 5, firstPass)
 			last := uint64(len(ids) + len(more))
 			testenv.WaitFor(t, 60*time.Second, "the new consumer acked to the last event", func() bool {
@@ -985,15 +953,15 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 			case !tc.again && !errors.Is(err, reader.ErrRewindVoid):
 				t.Errorf("WaitRewind of a rewind requested for the consumer before = %v, want ErrRewindVoid", err)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			h.mu.Lock()
+			defer h.mu.Unlock()
 			var missed []uint64 // events the new consumer never handed
 			for seq := uint64(1); seq <= last; seq++ {
 				want := 1 // 6..10, fetched ahead, were dropped for the rewind
-				if seq <= blocked {
+				if seq <= h.blocked {
 					want = 2 // handled for the consumer before too
 				}
-				if handed[seq] < want {
+				if h.handed[seq] < want {
 					missed = append(missed, seq)
 				}
 			}
