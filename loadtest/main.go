@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"syscall"
@@ -58,17 +59,39 @@ var (
 )
 
 func main() {
+	os.Exit(mainCode())
+}
+
+// mainCode is main with its exit status returned, so that deferred work
+// (the signal handler, a CPU profile) is done before the process exits.
+func mainCode() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	// LOADTEST_CPUPROFILE=<file> profiles the generator itself: on the same
+	// cores as the system it loads, its own cost per click is part of every
+	// figure it reports.
+	if path := os.Getenv("LOADTEST_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: cpu profile:", err)
+			return 1
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		if errors.Is(err, errUsage) {
 			usage(os.Stderr)
-			os.Exit(2)
+			return 2
 		}
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 // run dispatches to a command. Tests call it directly.

@@ -183,18 +183,13 @@ func (c *Clicks) Next(ctx context.Context) ([]oracle.LogClick, bool, error) {
 		if md, err := m.Metadata(); err == nil {
 			lc.StreamSeq, lc.Stored = md.Sequence.Stream, md.Timestamp
 		}
-		// One decode, then the readers' rule of validity: the checks of
-		// events.DecodeClick, then events.CheckClick against the stored
-		// subject and time (partitions 0: the oracle compares partitions
-		// itself).
-		var click events.Click
-		err := json.Unmarshal(m.Data(), &click)
-		if err == nil {
-			err = click.Validate()
-		}
-		if err == nil {
-			err = events.CheckClick(&click, m.Subject(), 0, lc.Stored)
-		}
+		// The readers' rule of validity, by the readers' own reading
+		// (events.ReadClick: the payload, then the stored subject and
+		// time; partitions 0: the oracle compares partitions itself). It
+		// also reads a click in the shape Snip writes directly, several
+		// times faster than a general JSON decode: the oracle reads a
+		// whole run back while the readers catch up on the same cores.
+		click, err := events.ReadClick(m.Data(), m.Subject(), 0, lc.Stored)
 		if err != nil {
 			// Not a valid click: readers park it. Keep what identifies it, so
 			// the oracle counts it against the run instead of ignoring it:
