@@ -39,7 +39,9 @@
 set -u
 cd "$(dirname "$0")/../.."
 B=$PWD/.demo/bin
-LT=$B/loadtest
+# LOADTEST_BIN=<path> runs another build of the generator (e.g. an older
+# tree's, to compare the generator's own cost a click in the same demo).
+LT=${LOADTEST_BIN:-$B/loadtest}
 OUT=${OUT:-$PWD/loadtest/reports/measure-$(date +%Y%m%d-%H%M%S)}
 TMP=$(mktemp -d)
 mkdir -p "$OUT"
