@@ -171,6 +171,127 @@ func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
 	rc.waitAll(t, "clicks after the replay", after, 30*time.Second)
 }
 
+// TestAWebhookIDNamesOneBody: a webhook-id names one body, so a receiver
+// may deduplicate by it (Standard Webhooks). Live intake queues each
+// partition's clicks as that partition's member hands them, so a queue
+// need not be in CLICKS' order: here clicks a and c (link on partition P)
+// are queued, and sent as one batch, before click b (partition Q) that came
+// between them; a replay then queues a, b and c in CLICKS' order and sends
+// them as one batch. The webhook-id was made of a batch's first and last
+// event IDs, so the replay's batch {a, b, c} went out under the ID of the
+// live batch {a, c}, and a receiver that deduplicates by webhook-id dropped
+// it, b with it. Each body has its own ID; a retry of a batch (its first
+// attempt answered 500) keeps the batch's ID.
+func TestAWebhookIDNamesOneBody(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	var failed atomic.Pointer[receipt]
+	rc := newReceiver(t, nil)
+	rc.answer = func(w http.ResponseWriter, r *http.Request) bool {
+		if failed.Load() != nil {
+			return true
+		}
+		failed.Store(&receipt{webhookID: r.Header.Get("webhook-id")})
+		w.WriteHeader(http.StatusInternalServerError)
+		return false
+	}
+	codeP, codeQ := "a1", ""
+	for _, c := range []string{"b2", "c3", "d4", "e5", "f6", "g7", "h8"} {
+		if events.Partition(c, testPartitions) != events.Partition(codeP, testPartitions) {
+			codeQ = c
+			break
+		}
+	}
+	if codeQ == "" {
+		t.Fatal("no link on another partition than a1's")
+	}
+
+	// Published before the endpoint exists, so live intake skips them (the
+	// endpoint starts after CLICKS' last sequence): the test queues them as
+	// intake would have, a and c from P's batch, then b from Q's.
+	from := time.Now().UTC()
+	var a, b, c redisstore.Event
+	for _, x := range []struct {
+		ev   *redisstore.Event
+		code string
+	}{{&a, codeP}, {&b, codeQ}, {&c, codeP}} {
+		cl := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: x.code,
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		data, _ := json.Marshal(cl)
+		ack, err := s.js.Publish(t.Context(), events.ClickSubject(cl.Owner, cl.Code), data, jetstream.WithMsgID(cl.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*x.ev = redisstore.Event{Seq: ack.Sequence, ID: cl.ID, Type: "click", Time: cl.Time, Data: data}
+	}
+	ep := createEndpoint(t, svc.addr, rc.url(), map[string]any{"batch_max": 3, "batch_wait_ms": 200})
+	rc.addSecret(ep.Secret)
+	store := redisstore.New(s.rdb, 100_000)
+	queue := func(p string, evs ...redisstore.Event) {
+		t.Helper()
+		if _, _, err := store.Enqueue(t.Context(), redisstore.DedupNone, events.Partition(p, testPartitions),
+			map[string][]redisstore.Event{ep.ID: evs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(r receipt) []string {
+		var out []string
+		for _, e := range r.events {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	bodyOf := func(evs ...redisstore.Event) func() (receipt, bool) {
+		var want []string
+		for _, e := range evs {
+			want = append(want, e.ID)
+		}
+		return func() (receipt, bool) {
+			for _, r := range rc.got() {
+				if slices.Equal(ids(r), want) {
+					return r, true
+				}
+			}
+			return receipt{}, false
+		}
+	}
+	waitBody := func(what string, evs ...redisstore.Event) receipt {
+		t.Helper()
+		var r receipt
+		testenv.WaitFor(t, 30*time.Second, what, func() bool {
+			var ok bool
+			r, ok = bodyOf(evs...)()
+			return ok
+		})
+		return r
+	}
+
+	queue(codeP, a, c)
+	live := waitBody("the live batch {a, c}, retried", a, c)
+	if f := failed.Load(); f.webhookID != live.webhookID {
+		t.Errorf("the retry of {a, c} has webhook-id %q, its first attempt %q: want the same", live.webhookID, f.webhookID)
+	}
+	queue(codeQ, b)
+	waitBody("the live batch {b}", b)
+	testenv.WaitFor(t, 10*time.Second, "an empty backlog", func() bool { return getEndpoint(t, svc.addr, ep.ID).Backlog == 0 })
+
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+ep.ID+"/replay",
+		map[string]string{"from": from.Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	replayed := waitBody("the replay's batch {a, b, c}", a, b, c)
+	t.Logf("live {a, c}: %s; replayed {a, b, c}: %s", live.webhookID, replayed.webhookID)
+
+	bodies := map[string][]byte{}
+	for _, r := range rc.got() {
+		if prev, ok := bodies[r.webhookID]; ok && !bytes.Equal(prev, r.body) {
+			t.Errorf("webhook-id %s sent with two bodies:\n%s\n%s", r.webhookID, prev, r.body)
+		}
+		bodies[r.webhookID] = r.body
+	}
+}
+
 // TestReplayFromATimeNoStreamPositionHoldsIsRefused: a replay drops the
 // queued events up to its cut and refills them from the streams from its
 // start time on. A time the streams cannot hold as a position (before
@@ -450,7 +571,7 @@ func TestOwnerAPI(t *testing.T) {
 	var testDelivery redisstore.Delivery
 	testenv.WaitFor(t, 30*time.Second, "a delivered record of the test event", func() bool {
 		for _, d := range deliveries(t, svc.addr, ep.ID) {
-			if d.WebhookID == test.EventID && d.Status == "delivered" {
+			if slices.Equal(d.EventIDs, []string{test.EventID}) && d.Status == "delivered" {
 				testDelivery = d
 				return true
 			}
@@ -465,8 +586,8 @@ func TestOwnerAPI(t *testing.T) {
 		t.Errorf("test event received %d times after redelivery, want 2", n)
 	}
 	for _, r := range rc.got() {
-		if slices.ContainsFunc(r.events, func(e delivery.BodyEvent) bool { return e.ID == test.EventID }) && r.webhookID != test.EventID {
-			t.Errorf("the test event was sent with webhook-id %q, want %q both times (a redelivery keeps it)", r.webhookID, test.EventID)
+		if slices.ContainsFunc(r.events, func(e delivery.BodyEvent) bool { return e.ID == test.EventID }) && r.webhookID != testDelivery.WebhookID {
+			t.Errorf("the test event was sent with webhook-id %q, want %q both times (a redelivery keeps it)", r.webhookID, testDelivery.WebhookID)
 		}
 	}
 	if _, bad := rc.counts(); bad != 0 {

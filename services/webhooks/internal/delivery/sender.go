@@ -2,6 +2,8 @@ package delivery
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,7 +40,10 @@ type SenderConfig struct {
 //	{"events":[{"id":"<event id>","type":"click","timestamp":"<RFC 3339>","data":{...}}]}
 //
 // data is the event as published (events.Click, events.FraudAlert, or a test
-// message). A receiver deduplicates by each event's id.
+// message). A receiver may deduplicate requests by webhook-id, which names
+// one body (EncodeBody), and events by each event's id: an event can come
+// in two bodies (a replay cutting it into another batch, a click stored
+// twice).
 type Body struct {
 	Events []BodyEvent `json:"events"`
 }
@@ -51,10 +56,16 @@ type BodyEvent struct {
 	Data      json.RawMessage `json:"data"`
 }
 
-// EncodeBody returns the body of a batch and its webhook-id: the event ID
-// for one event, "batch_<first>_<last>" for several (a batch is never cut
-// differently once sent, so the same ID always means the same body).
-func EncodeBody(evs []redisstore.Event) ([]byte, string, error) {
+// EncodeBody returns the body of a batch of endpoint endpointID's events
+// and its webhook-id: "msg_" and, in hex, the first 128 bits of the SHA-256
+// of the endpoint's ID and the body. The ID names that body and nothing
+// else: a retry of the batch (the sender's, a new sender's resuming the
+// batch in flight, a redelivery) sends the same body, so the same ID, and a
+// receiver may deduplicate by it as Standard Webhooks suggests. An ID made
+// of the batch's first and last event IDs, as it was, named different
+// bodies once a replay or a queue filled by several partitions put other
+// events between the same two.
+func EncodeBody(endpointID string, evs []redisstore.Event) ([]byte, string, error) {
 	b := Body{Events: make([]BodyEvent, len(evs))}
 	for i, e := range evs {
 		b.Events[i] = BodyEvent{ID: e.ID, Type: e.Type, Timestamp: e.Time, Data: e.Data}
@@ -63,11 +74,17 @@ func EncodeBody(evs []redisstore.Event) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("encode body: %w", err)
 	}
-	id := evs[0].ID
-	if len(evs) > 1 {
-		id = "batch_" + evs[0].ID + "_" + evs[len(evs)-1].ID
-	}
-	return body, id, nil
+	return body, WebhookID(endpointID, body), nil
+}
+
+// WebhookID is the webhook-id of body sent to endpoint endpointID (see
+// EncodeBody).
+func WebhookID(endpointID string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(endpointID))
+	h.Write([]byte{'\n'})
+	h.Write(body)
+	return "msg_" + hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // Sender delivers endpoints' queues.
@@ -274,7 +291,7 @@ type outcome struct {
 // while the endpoint's lease holds token. okAfter is when the receiver
 // last took a batch from this sender.
 func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, token string, batch []redisstore.Event, n int, okAfter time.Time, held func() bool) outcome {
-	body, webhookID, err := EncodeBody(batch)
+	body, webhookID, err := EncodeBody(e.ID, batch)
 	if err != nil {
 		s.log.Error("webhooks: encode batch", "endpoint", e.ID, "err", err)
 		return outcome{}

@@ -3,6 +3,7 @@ package delivery
 import (
 	"encoding/json"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,23 +60,48 @@ func TestRetryAfterHeader(t *testing.T) {
 	}
 }
 
+// TestEncodeBody: the body is the events as queued, and the webhook-id
+// names that body for that endpoint: the same events give the same ID (a
+// retry), other events between the same first and last (a replay's order)
+// or another endpoint give another.
 func TestEncodeBody(t *testing.T) {
 	t.Parallel()
 	ts := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	a := redisstore.Event{ID: "e1", Type: "click", Time: ts, Data: json.RawMessage(`{"code":"a1"}`)}
 	b := redisstore.Event{ID: "e2", Type: "fraud_alert", Time: ts, Data: json.RawMessage(`{"rule":"burst"}`)}
-	body, id, err := EncodeBody([]redisstore.Event{a})
+	c := redisstore.Event{ID: "e3", Type: "click", Time: ts, Data: json.RawMessage(`{"code":"c3"}`)}
+	body, id, err := EncodeBody("ep_1", []redisstore.Event{a})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if id != "e1" {
-		t.Errorf("one event's webhook-id %q, want the event ID", id)
 	}
 	want := `{"events":[{"id":"e1","type":"click","timestamp":"2026-01-01T00:00:00Z","data":{"code":"a1"}}]}`
 	if diff := cmp.Diff(want, string(body)); diff != "" {
 		t.Errorf("body (-want +got):\n%s", diff)
 	}
-	if _, id, _ := EncodeBody([]redisstore.Event{a, b}); id != "batch_e1_e2" {
-		t.Errorf("batch webhook-id %q, want batch_e1_e2", id)
+	if id != WebhookID("ep_1", body) || !strings.HasPrefix(id, "msg_") || len(id) != len("msg_")+32 {
+		t.Errorf("webhook-id %q, want msg_ and 32 hex digits of the body's hash", id)
+	}
+	ids := map[string]string{}
+	for name, tc := range map[string]struct {
+		ep  string
+		evs []redisstore.Event
+	}{
+		"a":            {"ep_1", []redisstore.Event{a}},
+		"a,c":          {"ep_1", []redisstore.Event{a, c}},
+		"a,b,c":        {"ep_1", []redisstore.Event{a, b, c}},
+		"a,c,b":        {"ep_1", []redisstore.Event{a, c, b}},
+		"a,c other ep": {"ep_2", []redisstore.Event{a, c}},
+	} {
+		_, id, err := EncodeBody(tc.ep, tc.evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, again, _ := EncodeBody(tc.ep, tc.evs); again != id {
+			t.Errorf("%s: webhook-id %q, then %q for the same batch", name, id, again)
+		}
+		if other, ok := ids[id]; ok {
+			t.Errorf("webhook-id %q names %s and %s", id, other, name)
+		}
+		ids[id] = name
 	}
 }

@@ -616,7 +616,8 @@ type Event struct {
 	Seq uint64
 	// Entry is the queue entry's ID (set when read).
 	Entry string
-	// ID is the event's ID, sent as (or in) webhook-id.
+	// ID is the event's ID, sent in the body (the webhook-id names the
+	// whole body).
 	ID   string
 	Type string
 	Time time.Time
