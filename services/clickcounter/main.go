@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -58,6 +59,14 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			return err
 		}); err != nil {
 			return err
+		}
+		if maxAge <= 0 {
+			// Snip's topology always gives CLICKS an age limit; one
+			// lifted by hand (MaxAge 0) is refused here with what to do,
+			// not counted: a verdict's label is kept for as long as CLICKS
+			// may hold its click (a recount counts it again under it), so
+			// without a limit every label would be kept for ever.
+			return errors.New("CLICKS has no age limit (MaxAge 0): the click counter needs one; set SNIP_CLICKS_MAX_AGE and apply the topology (snipctl topology apply)")
 		}
 
 		reg := prometheus.NewRegistry()

@@ -23,6 +23,7 @@ import (
 	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -419,5 +420,32 @@ func TestInvalidClicksAreParkedAndNotCounted(t *testing.T) {
 	})
 	if st, ok := statsOf(t, svc.addr, mismatch.Code); ok && st.Totals != (counter.Pair{}) {
 		t.Errorf("the mismatched click's code %s has counts %+v", mismatch.Code, st.Totals)
+	}
+}
+
+// A CLICKS whose age limit was lifted by hand (MaxAge 0) is refused at
+// start with what to do, not with the counter's internal check.
+func TestACLICKSWithoutAnAgeLimitIsRefusedWithWhatToDo(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	if err := topology.Apply(t.Context(), s.js, cfg.Topology.Options()); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := stream.CachedInfo().Config
+	sc.MaxAge, sc.MaxMsgs = 0, 1_000_000
+	if _, err := s.js.UpdateStream(t.Context(), sc); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ApplyTopology = false
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, slog.New(slog.NewJSONHandler(testWriter{t}, nil)), cfg)
+	if err == nil || !strings.Contains(err.Error(), "CLICKS has no age limit") || !strings.Contains(err.Error(), "SNIP_CLICKS_MAX_AGE") {
+		t.Fatalf("start on a CLICKS without an age limit: %v, want the refusal naming SNIP_CLICKS_MAX_AGE", err)
 	}
 }
