@@ -124,7 +124,11 @@ type visitorState struct {
 // linkState is one link: its human-looking clicks in the last FloodWindow,
 // the current FloodWindow-long bucket and the baseline.
 type linkState struct {
-	win       window
+	win window
+	// lastAt is the link's newest click time, which the state expires by:
+	// a late click (an outbox backlog, a redrive) does not move it back,
+	// which would drop the state of a busy link, its flood or its baseline,
+	// and judge its next clicks as a new link's.
 	lastAt    int64
 	through   uint64
 	alertedIn int64
@@ -141,7 +145,11 @@ type linkState struct {
 // pairState is one (link, network prefix): when an unfurler last fetched the
 // link from it, and the recent browser-looking clicks from it.
 type pairState struct {
-	recent     window
+	recent window
+	// lastAt (the newest click, which the state expires by) and lastUnfurl
+	// (the newest unfurler click) never move back on a late click: the
+	// state would expire, or forget the unfurler, while browser-agent
+	// fetches are still to be paired with it.
 	lastAt     int64
 	lastUnfurl int64
 	unfurled   bool
@@ -421,7 +429,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	k := keyOf(c.Code, c.IPPrefix)
 	if agent.Class == ClassUnfurler {
 		ps := p.pairs.get(k)
-		ps.lastAt, ps.lastUnfurl, ps.unfurled = self.at, self.at, true
+		ps.lastAt, ps.lastUnfurl, ps.unfurled = max(ps.lastAt, self.at), max(ps.lastUnfurl, self.at), true
 		for _, e := range ps.recent.c {
 			if self.at-e.at <= win {
 				if _, done := p.labelled[e.seq]; !done {
@@ -436,7 +444,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 		return false
 	}
 	ps := p.pairs.get(k)
-	ps.lastAt = self.at
+	ps.lastAt = max(ps.lastAt, self.at)
 	if ps.unfurled && self.at-ps.lastUnfurl <= win {
 		p.label(j, self, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
 		return false
@@ -521,7 +529,7 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
 	ls := p.links.getOwned(c.Code, strings.Clone)
-	ls.lastAt = self.at
+	ls.lastAt = max(ls.lastAt, self.at)
 	b := self.at / int64(r.FloodWindow)
 	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
 		// The state began less than a window ago (a first start, a replay,

@@ -502,6 +502,77 @@ func TestUnfurlerPair(t *testing.T) {
 	}
 }
 
+// TestALateClickKeepsALinksAndAPairsState: a click that comes in after
+// clicks it is older than (an outbox backlog, a redrive), here by a quarter
+// of an hour, more than the state's ten minutes of memory, does not move
+// back the time the link's or the (link, prefix)'s state expires by, nor
+// when the unfurler last fetched: the next click is judged with the state
+// it belongs to, not as a new link's or prefix's.
+func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
+	t.Parallel()
+	const p = "198.51.100.0/24"
+	unfurl := clk{ua: "Twitterbot/1.0", prefix: p, bot: true}
+	at := func(c clk, d time.Duration) clk { c.at = d; return c }
+	flood := append([]clk{{code: "other"}}, crowd(30, 30*time.Minute, 30*time.Second, "l")...)
+	tests := []struct {
+		name   string
+		rules  fraud.Rules
+		clicks []clk
+		late   int // index of the late click
+		want   map[uint64]string
+		alerts int
+	}{
+		{name: "a_flood_in_progress_goes_on_being_labelled", rules: floodRules(),
+			// 30 clicks within 30 s (floor 20), one of 15 min before
+			// them, then one more.
+			clicks: append(flood, clk{at: 15 * time.Minute, code: "l"}, clk{at: 30*time.Minute + 30*time.Second, code: "l"}),
+			late:   31, want: seqs(2, 33, fraud.RuleLinkFlood), alerts: 1},
+		{name: "browser_fetches_before_an_unfurler_are_paired", rules: fraud.Defaults(),
+			// Browser-agent fetches at 0 and 1 s, one of 15 min before,
+			// the unfurler at 1.5 s.
+			clicks: []clk{{at: 30 * time.Minute, prefix: p}, {at: 30*time.Minute + time.Second, prefix: p}, {at: 15 * time.Minute, prefix: p},
+				at(unfurl, 30*time.Minute+1500*time.Millisecond)},
+			late: 2, want: map[uint64]string{1: fraud.RuleUnfurlerPair, 2: fraud.RuleUnfurlerPair}},
+		{name: "a_browser_fetch_after_an_unfurler_is_paired", rules: fraud.Defaults(),
+			// The unfurler, one of 15 min before, a browser-agent fetch
+			// a second after the first.
+			clicks: []clk{at(unfurl, 30*time.Minute), at(unfurl, 15*time.Minute), {at: 30*time.Minute + time.Second, prefix: p}},
+			late:   1, want: map[uint64]string{3: fraud.RuleUnfurlerPair}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(tc.rules)
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			labels := map[uint64]string{}
+			var alerts []events.FraudAlert
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if i == tc.late {
+					ev.Stored = t0.Add(tc.clicks[i-1].at) // stored after the click before it
+				}
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = l.Rule
+				}
+				alerts = append(alerts, j.Alerts...)
+			}
+			if d := cmp.Diff(tc.want, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+			if len(alerts) != tc.alerts {
+				t.Errorf("alerts = %+v, want %d", alerts, tc.alerts)
+			}
+		})
+	}
+}
+
 func TestEvictionBounds(t *testing.T) {
 	t.Parallel()
 	r := burstRules()
