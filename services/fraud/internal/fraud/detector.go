@@ -362,9 +362,18 @@ func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
 // key in the same alert period (alertedIn remembers which). It returns the
 // alert's ID either way. detail, the alert's Detail, is called only when
 // the alert is raised: a flood calls raise for every click it labels.
+//
+// alertedIn never moves back. A burst or flood of an earlier period than
+// the last alert's, come late (an outbox backlog, a redrive, a click of
+// the minute before the hour judged after the hour's first), raises
+// nothing and its labels name the last alert: the state holds one period
+// per rule, link and key, the latest. Raising the earlier period's alert
+// there and moving alertedIn back to it raised it again if it had been
+// raised, and the latest period's again at the next click.
 func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, at int64, detail func() string) string {
-	period := at / int64(p.d.rules.AlertPeriod)
-	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*int64(p.d.rules.AlertPeriod)))
+	ap := int64(p.d.rules.AlertPeriod)
+	period := max(at/ap, *alertedIn-1)
+	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*ap))
 	if *alertedIn == period+1 {
 		return a.ID
 	}

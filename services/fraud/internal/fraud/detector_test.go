@@ -573,6 +573,82 @@ func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
 	}
 }
 
+// TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain: a flood and a
+// visitor's burst go on across the hour, alerted in both hours (the flood)
+// or in the second (the burst, first caught there); then clicks of the
+// minute before the hour come in late (an outbox backlog, a redrive) and
+// make a window of the first hour fire, then the hour's clicks go on. Each
+// alert is raised once, and every label names an alert raised.
+func TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain(t *testing.T) {
+	t.Parallel()
+	const hour = 60 * time.Minute
+	v := clk{visitor: "v"}
+	vat := func(d time.Duration) clk { c := v; c.at = d; return c }
+	tests := []struct {
+		name   string
+		rules  fraud.Rules
+		clicks []clk
+		want   []string // the alert IDs, in order
+	}{
+		{name: "link_flood", rules: floodRules(),
+			// 30 clicks from 12:59:00, one a second (the flood fires at
+			// the 21st), 10 from 13:00:00, one of 12:59:45 late, one more.
+			clicks: slices.Concat([]clk{{code: "other"}}, crowd(30, hour-time.Minute, 30*time.Second, "l"),
+				crowd(10, hour, 10*time.Second, "l"), []clk{{at: hour - 15*time.Second, code: "l", visitor: "late"}},
+				[]clk{{at: hour + 10*time.Second, code: "l", visitor: "next"}}),
+			want: []string{fraud.AlertID(fraud.RuleLinkFlood, "l", "", t0), fraud.AlertID(fraud.RuleLinkFlood, "l", "", t0.Add(hour))}},
+		{name: "visitor_burst", rules: burstRules(),
+			// 12:59:55, :56, :57 and 13:00:01 fire (4 within 10 s), then
+			// 12:59:52, :53, :54 and :58 late (4 within 10 s of the first
+			// hour), then 13:00:02.
+			clicks: slices.Concat([]clk{vat(hour - 5*time.Second), vat(hour - 4*time.Second), vat(hour - 3*time.Second), vat(hour + time.Second)},
+				[]clk{vat(hour - 8*time.Second), vat(hour - 7*time.Second), vat(hour - 6*time.Second), vat(hour - 2*time.Second)},
+				[]clk{vat(hour + 2*time.Second)}),
+			want: []string{fraud.AlertID(fraud.RuleVisitorBurst, "abc", "v", t0.Add(hour))}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(tc.rules)
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			var newest time.Duration
+			var got []string
+			labels := map[uint64]string{}
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if c.at < newest {
+					ev.Stored = t0.Add(newest) // late: stored after the newest click
+				}
+				newest = max(newest, c.at)
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, a := range j.Alerts {
+					got = append(got, a.ID)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = l.AlertID
+				}
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("alerts raised (-want +got):\n%s", d)
+			}
+			for seq, id := range labels {
+				if !slices.Contains(got, id) {
+					t.Errorf("click %d labelled with alert %s, never raised", seq, id)
+				}
+			}
+			if len(labels) == 0 {
+				t.Error("nothing labelled")
+			}
+		})
+	}
+}
+
 func TestEvictionBounds(t *testing.T) {
 	t.Parallel()
 	r := burstRules()
