@@ -158,6 +158,9 @@ type pairState struct {
 // labelCount counts the clicks one per-click rule labelled on one link with
 // one key in the current alert period.
 type labelCount struct {
+	// lastAt is the counter's newest click time, which it expires by (an
+	// alert period after it): a late click does not move it back, which
+	// would drop a count in progress, the next click starting it from 0.
 	lastAt    int64
 	period    int64 // alert period index + 1
 	count     int
@@ -405,7 +408,7 @@ func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key
 		return ""
 	}
 	lc := p.counts.get(k)
-	lc.lastAt = t
+	lc.lastAt = max(lc.lastAt, t)
 	if lc.period != period+1 {
 		lc.period, lc.count = period+1, 0
 	}

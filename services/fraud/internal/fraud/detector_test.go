@@ -808,3 +808,50 @@ func TestALateClickOfAnEarlierPeriodLeavesTheCurrentCountAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestALateClickKeepsItsLabelCounter: curl clicks a link 8 times from
+// 12:50, a curl click of 12:01 comes in late, a person clicks another link
+// at 13:05, then curl clicks of 12:58 and 12:59 come in late too: 11 in the
+// hour from 12:00, its bot_agent alert raised. The counter expires an alert
+// period after its newest click (12:57), not after the late one's (12:01,
+// which the clock at 13:05 is more than an hour past).
+func TestALateClickKeepsItsLabelCounter(t *testing.T) {
+	t.Parallel()
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	seq := uint64(0)
+	click := func(at, stored time.Duration, c clk) reader.Event {
+		seq++
+		c.at = at
+		ev := event(seq, c)
+		ev.Stored = t0.Add(stored)
+		return ev
+	}
+	curl := func(at, stored time.Duration) reader.Event {
+		return click(at, stored, clk{ua: "curl/8.5.0", visitor: fmt.Sprintf("c%d", seq+1)})
+	}
+	var evs []reader.Event
+	for i := range 8 {
+		at := 50*time.Minute + time.Duration(i)*time.Minute
+		evs = append(evs, curl(at, at))
+	}
+	evs = append(evs, curl(time.Minute, 57*time.Minute),
+		click(65*time.Minute, 65*time.Minute, clk{code: "other"}),
+		curl(58*time.Minute, 65*time.Minute), curl(59*time.Minute, 65*time.Minute))
+	var ids []string
+	for _, ev := range evs {
+		j, ok := p.Judge(ev)
+		if !ok {
+			t.Fatalf("event %d skipped", ev.Seq)
+		}
+		for _, a := range j.Alerts {
+			ids = append(ids, a.ID)
+		}
+	}
+	if want := fraud.AlertID(fraud.RuleBotAgent, "abc", "curl", t0); !slices.Equal(ids, []string{want}) {
+		t.Fatalf("alerts %v, want %s (11 curl clicks in the hour from %s)", ids, want, t0.Format(time.TimeOnly))
+	}
+}
