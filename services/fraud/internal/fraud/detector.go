@@ -124,7 +124,11 @@ type visitorState struct {
 // linkState is one link: its human-looking clicks in the last FloodWindow,
 // the current FloodWindow-long bucket and the baseline.
 type linkState struct {
-	win       window
+	win window
+	// lastAt is the link's newest click time, which the state expires by:
+	// a late click (an outbox backlog, a redrive) does not move it back,
+	// which would drop the state of a busy link, its flood or its baseline,
+	// and judge its next clicks as a new link's.
 	lastAt    int64
 	through   uint64
 	alertedIn int64
@@ -141,7 +145,11 @@ type linkState struct {
 // pairState is one (link, network prefix): when an unfurler last fetched the
 // link from it, and the recent browser-looking clicks from it.
 type pairState struct {
-	recent     window
+	recent window
+	// lastAt (the newest click, which the state expires by) and lastUnfurl
+	// (the newest unfurler click) never move back on a late click: the
+	// state would expire, or forget the unfurler, while browser-agent
+	// fetches are still to be paired with it.
 	lastAt     int64
 	lastUnfurl int64
 	unfurled   bool
@@ -150,6 +158,9 @@ type pairState struct {
 // labelCount counts the clicks one per-click rule labelled on one link with
 // one key in the current alert period.
 type labelCount struct {
+	// lastAt is the counter's newest click time, which it expires by (an
+	// alert period after it): a late click does not move it back, which
+	// would drop a count in progress, the next click starting it from 0.
 	lastAt    int64
 	period    int64 // alert period index + 1
 	count     int
@@ -354,9 +365,18 @@ func (p *Partition) label(j *Judgement, c click, rule, alertID string) {
 // key in the same alert period (alertedIn remembers which). It returns the
 // alert's ID either way. detail, the alert's Detail, is called only when
 // the alert is raised: a flood calls raise for every click it labels.
+//
+// alertedIn never moves back. A burst or flood of an earlier period than
+// the last alert's, come late (an outbox backlog, a redrive, a click of
+// the minute before the hour judged after the hour's first), raises
+// nothing and its labels name the last alert: the state holds one period
+// per rule, link and key, the latest. Raising the earlier period's alert
+// there and moving alertedIn back to it raised it again if it had been
+// raised, and the latest period's again at the next click.
 func (p *Partition) raise(j *Judgement, alertedIn *int64, a events.FraudAlert, at int64, detail func() string) string {
-	period := at / int64(p.d.rules.AlertPeriod)
-	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*int64(p.d.rules.AlertPeriod)))
+	ap := int64(p.d.rules.AlertPeriod)
+	period := max(at/ap, *alertedIn-1)
+	a.ID = AlertID(a.Rule, a.Code, a.Key, time.Unix(0, period*ap))
 	if *alertedIn == period+1 {
 		return a.ID
 	}
@@ -388,7 +408,7 @@ func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key
 		return ""
 	}
 	lc := p.counts.get(k)
-	lc.lastAt = t
+	lc.lastAt = max(lc.lastAt, t)
 	if lc.period != period+1 {
 		lc.period, lc.count = period+1, 0
 	}
@@ -421,7 +441,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	k := keyOf(c.Code, c.IPPrefix)
 	if agent.Class == ClassUnfurler {
 		ps := p.pairs.get(k)
-		ps.lastAt, ps.lastUnfurl, ps.unfurled = self.at, self.at, true
+		ps.lastAt, ps.lastUnfurl, ps.unfurled = max(ps.lastAt, self.at), max(ps.lastUnfurl, self.at), true
 		for _, e := range ps.recent.c {
 			if self.at-e.at <= win {
 				if _, done := p.labelled[e.seq]; !done {
@@ -436,7 +456,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 		return false
 	}
 	ps := p.pairs.get(k)
-	ps.lastAt = self.at
+	ps.lastAt = max(ps.lastAt, self.at)
 	if ps.unfurled && self.at-ps.lastUnfurl <= win {
 		p.label(j, self, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
 		return false
@@ -521,7 +541,7 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
 	ls := p.links.getOwned(c.Code, strings.Clone)
-	ls.lastAt = self.at
+	ls.lastAt = max(ls.lastAt, self.at)
 	b := self.at / int64(r.FloodWindow)
 	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
 		// The state began less than a window ago (a first start, a replay,

@@ -502,6 +502,153 @@ func TestUnfurlerPair(t *testing.T) {
 	}
 }
 
+// TestALateClickKeepsALinksAndAPairsState: a click that comes in after
+// clicks it is older than (an outbox backlog, a redrive), here by a quarter
+// of an hour, more than the state's ten minutes of memory, does not move
+// back the time the link's or the (link, prefix)'s state expires by, nor
+// when the unfurler last fetched: the next click is judged with the state
+// it belongs to, not as a new link's or prefix's.
+func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
+	t.Parallel()
+	const p = "198.51.100.0/24"
+	unfurl := clk{ua: "Twitterbot/1.0", prefix: p, bot: true}
+	at := func(c clk, d time.Duration) clk { c.at = d; return c }
+	flood := append([]clk{{code: "other"}}, crowd(30, 30*time.Minute, 30*time.Second, "l")...)
+	tests := []struct {
+		name   string
+		rules  fraud.Rules
+		clicks []clk
+		late   int // index of the late click
+		want   map[uint64]string
+		alerts int
+	}{
+		{name: "a_flood_in_progress_goes_on_being_labelled", rules: floodRules(),
+			// 30 clicks within 30 s (floor 20), one of 15 min before
+			// them, then one more.
+			clicks: append(flood, clk{at: 15 * time.Minute, code: "l"}, clk{at: 30*time.Minute + 30*time.Second, code: "l"}),
+			late:   31, want: seqs(2, 33, fraud.RuleLinkFlood), alerts: 1},
+		{name: "browser_fetches_before_an_unfurler_are_paired", rules: fraud.Defaults(),
+			// Browser-agent fetches at 0 and 1 s, one of 15 min before,
+			// the unfurler at 1.5 s.
+			clicks: []clk{{at: 30 * time.Minute, prefix: p}, {at: 30*time.Minute + time.Second, prefix: p}, {at: 15 * time.Minute, prefix: p},
+				at(unfurl, 30*time.Minute+1500*time.Millisecond)},
+			late: 2, want: map[uint64]string{1: fraud.RuleUnfurlerPair, 2: fraud.RuleUnfurlerPair}},
+		{name: "a_browser_fetch_after_an_unfurler_is_paired", rules: fraud.Defaults(),
+			// The unfurler, one of 15 min before, a browser-agent fetch
+			// a second after the first.
+			clicks: []clk{at(unfurl, 30*time.Minute), at(unfurl, 15*time.Minute), {at: 30*time.Minute + time.Second, prefix: p}},
+			late:   1, want: map[uint64]string{3: fraud.RuleUnfurlerPair}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(tc.rules)
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			labels := map[uint64]string{}
+			var alerts []events.FraudAlert
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if i == tc.late {
+					ev.Stored = t0.Add(tc.clicks[i-1].at) // stored after the click before it
+				}
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = l.Rule
+				}
+				alerts = append(alerts, j.Alerts...)
+			}
+			if d := cmp.Diff(tc.want, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+			if len(alerts) != tc.alerts {
+				t.Errorf("alerts = %+v, want %d", alerts, tc.alerts)
+			}
+		})
+	}
+}
+
+// TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain: a flood and a
+// visitor's burst go on across the hour, alerted in both hours (the flood)
+// or in the second (the burst, first caught there); then clicks of the
+// minute before the hour come in late (an outbox backlog, a redrive) and
+// make a window of the first hour fire, then the hour's clicks go on. Each
+// alert is raised once, and every label names an alert raised.
+func TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain(t *testing.T) {
+	t.Parallel()
+	const hour = 60 * time.Minute
+	v := clk{visitor: "v"}
+	vat := func(d time.Duration) clk { c := v; c.at = d; return c }
+	tests := []struct {
+		name   string
+		rules  fraud.Rules
+		clicks []clk
+		want   []string // the alert IDs, in order
+	}{
+		{name: "link_flood", rules: floodRules(),
+			// 30 clicks from 12:59:00, one a second (the flood fires at
+			// the 21st), 10 from 13:00:00, one of 12:59:45 late, one more.
+			clicks: slices.Concat([]clk{{code: "other"}}, crowd(30, hour-time.Minute, 30*time.Second, "l"),
+				crowd(10, hour, 10*time.Second, "l"), []clk{{at: hour - 15*time.Second, code: "l", visitor: "late"}},
+				[]clk{{at: hour + 10*time.Second, code: "l", visitor: "next"}}),
+			want: []string{fraud.AlertID(fraud.RuleLinkFlood, "l", "", t0), fraud.AlertID(fraud.RuleLinkFlood, "l", "", t0.Add(hour))}},
+		{name: "visitor_burst", rules: burstRules(),
+			// 12:59:55, :56, :57 and 13:00:01 fire (4 within 10 s), then
+			// 12:59:52, :53, :54 and :58 late (4 within 10 s of the first
+			// hour), then 13:00:02.
+			clicks: slices.Concat([]clk{vat(hour - 5*time.Second), vat(hour - 4*time.Second), vat(hour - 3*time.Second), vat(hour + time.Second)},
+				[]clk{vat(hour - 8*time.Second), vat(hour - 7*time.Second), vat(hour - 6*time.Second), vat(hour - 2*time.Second)},
+				[]clk{vat(hour + 2*time.Second)}),
+			want: []string{fraud.AlertID(fraud.RuleVisitorBurst, "abc", "v", t0.Add(hour))}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(tc.rules)
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			var newest time.Duration
+			var got []string
+			labels := map[uint64]string{}
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if c.at < newest {
+					ev.Stored = t0.Add(newest) // late: stored after the newest click
+				}
+				newest = max(newest, c.at)
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, a := range j.Alerts {
+					got = append(got, a.ID)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = l.AlertID
+				}
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("alerts raised (-want +got):\n%s", d)
+			}
+			for seq, id := range labels {
+				if !slices.Contains(got, id) {
+					t.Errorf("click %d labelled with alert %s, never raised", seq, id)
+				}
+			}
+			if len(labels) == 0 {
+				t.Error("nothing labelled")
+			}
+		})
+	}
+}
+
 func TestEvictionBounds(t *testing.T) {
 	t.Parallel()
 	r := burstRules()
@@ -659,5 +806,52 @@ func TestALateClickOfAnEarlierPeriodLeavesTheCurrentCountAlone(t *testing.T) {
 		if c.Period.Equal(t0) && c.N != 11 {
 			t.Fatalf("stored counter of the hour = %d, want 11", c.N)
 		}
+	}
+}
+
+// TestALateClickKeepsItsLabelCounter: curl clicks a link 8 times from
+// 12:50, a curl click of 12:01 comes in late, a person clicks another link
+// at 13:05, then curl clicks of 12:58 and 12:59 come in late too: 11 in the
+// hour from 12:00, its bot_agent alert raised. The counter expires an alert
+// period after its newest click (12:57), not after the late one's (12:01,
+// which the clock at 13:05 is more than an hour past).
+func TestALateClickKeepsItsLabelCounter(t *testing.T) {
+	t.Parallel()
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	seq := uint64(0)
+	click := func(at, stored time.Duration, c clk) reader.Event {
+		seq++
+		c.at = at
+		ev := event(seq, c)
+		ev.Stored = t0.Add(stored)
+		return ev
+	}
+	curl := func(at, stored time.Duration) reader.Event {
+		return click(at, stored, clk{ua: "curl/8.5.0", visitor: fmt.Sprintf("c%d", seq+1)})
+	}
+	var evs []reader.Event
+	for i := range 8 {
+		at := 50*time.Minute + time.Duration(i)*time.Minute
+		evs = append(evs, curl(at, at))
+	}
+	evs = append(evs, curl(time.Minute, 57*time.Minute),
+		click(65*time.Minute, 65*time.Minute, clk{code: "other"}),
+		curl(58*time.Minute, 65*time.Minute), curl(59*time.Minute, 65*time.Minute))
+	var ids []string
+	for _, ev := range evs {
+		j, ok := p.Judge(ev)
+		if !ok {
+			t.Fatalf("event %d skipped", ev.Seq)
+		}
+		for _, a := range j.Alerts {
+			ids = append(ids, a.ID)
+		}
+	}
+	if want := fraud.AlertID(fraud.RuleBotAgent, "abc", "curl", t0); !slices.Equal(ids, []string{want}) {
+		t.Fatalf("alerts %v, want %s (11 curl clicks in the hour from %s)", ids, want, t0.Format(time.TimeOnly))
 	}
 }

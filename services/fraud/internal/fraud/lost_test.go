@@ -1,19 +1,28 @@
 package fraud_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/fraud/internal/clicklog"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
+	"github.com/snipdev/snip/services/fraud/internal/fraudpub"
 	"github.com/snipdev/snip/services/fraud/internal/kvorigin"
+	"github.com/snipdev/snip/services/fraud/internal/redisstore"
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
 )
 
@@ -314,4 +323,162 @@ func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 			t.Fatalf("%s = %v, want %v", name, got, want)
 		}
 	}
+}
+
+// TestAWipeIsCountedOnceWhenItsRebuildIsRetried: Redis loses every fraud
+// key of a partition after retention discarded the first events its
+// statistics held (CLICKS cut to its newest 14 events), and the rebuild
+// that finds the loss fails the first time: NATS refuses the member the
+// consumer it reads the log with. The runtime tries OnAssign again, or the
+// batch again, until the rebuild succeeds. One wipe, part of it lost for
+// good: snip_fraud_store_wiped_total and
+// snip_fraud_store_unrecoverable_total count it once each, not once a try.
+func TestAWipeIsCountedOnceWhenItsRebuildIsRetried(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"after_a_takeover", "same_member"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			w, refuse := newRefusingWorld(t)
+			p := events.Partition("hot", parts)
+			other := "other"
+			for i := 0; events.Partition(other, parts) == p; i++ {
+				other = fmt.Sprintf("other%d", i)
+			}
+			// 1-10 and 12-24 on "hot", 11 on another partition.
+			hot := traffic.Burst(time.Now().Add(-time.Minute), 23, 500*time.Millisecond, "hot", "acme", "bot")
+			for _, cs := range [][]traffic.Click{hot[:10], traffic.Burst(time.Now(), 1, 0, other, "acme", "x"), hot[10:]} {
+				if err := traffic.Publish(ctx, w.js, cs, 64); err != nil {
+					t.Fatal(err)
+				}
+			}
+			reg := prometheus.NewRegistry()
+			r := w.memberReader(t, fraud.NewMetrics(reg))
+			if err := r.OnAssign(ctx, p, 1); err != nil {
+				t.Fatal(err)
+			}
+			if evs := w.events(t, p, 1); len(evs) != 23 || evs[9].Seq != 10 || evs[10].Seq != 12 {
+				t.Fatalf("the partition's events are %d, want 1-10 and 12-24", len(evs))
+			}
+			// 1-21 judged, stored and acked, then all lost.
+			handle(t, r, p, w.events(t, p, 1)[:20])
+			if err := w.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := w.js.Stream(ctx, events.ClicksStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := s.CachedInfo().Config
+			cfg.MaxMsgs = 14
+			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 10*time.Second, "events 1-10 discarded", func() bool {
+				info, err := s.Info(ctx)
+				return err == nil && info.State.FirstSeq == 11
+			})
+
+			refuse("$JS.API.CONSUMER.CREATE." + events.ClicksStream + ".>")
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a refused request is not answered
+			defer cancel()
+			if how == "after_a_takeover" {
+				r.OnRevoke(p)
+				reg = prometheus.NewRegistry()
+				r = w.memberReader(t, fraud.NewMetrics(reg))
+				if err := r.OnAssign(fctx, p, 22); err == nil {
+					t.Fatal("OnAssign succeeded without reading the log")
+				}
+			} else {
+				err := r.Handle(fctx, p, w.events(t, p, 22))
+				if re := (*reader.ReplayError)(nil); err == nil || errors.As(err, &re) {
+					t.Fatalf("the batch after the loss: %v, want a failure", err)
+				}
+			}
+			refuse()
+			if how == "after_a_takeover" {
+				if err := r.OnAssign(ctx, p, 22); err != nil { // the runtime's retry
+					t.Fatal(err)
+				}
+			}
+			if replays := w.handleReplaying(t, r, p, 22, 100); len(replays) != 1 || replays[0] != 12 {
+				t.Fatalf("replays from %v, want one from 12 (the partition's first event the log holds)", replays)
+			}
+			if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 13 {
+				t.Fatalf("stats = %+v, %v; want the 13 clicks the log holds counted", st, err)
+			}
+			for name, want := range map[string]float64{
+				"snip_fraud_store_wiped_total": 1, "snip_fraud_store_unrecoverable_total": 1, "snip_fraud_store_replays_total": 1,
+			} {
+				if got := counter(t, reg, name); got != want {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// newRefusingWorld is a world whose NATS server has a user "member" for
+// memberReader, and refuse, which has the server refuse the member publishes
+// (requests) to the subjects given from now on, none when none are given.
+func newRefusingWorld(t *testing.T) (*world, func(deny ...string)) {
+	t.Helper()
+	opts := testenv.NATSOptions(server.RANDOM_PORT, filepath.Join(t.TempDir(), "jetstream"))
+	users := func(deny ...string) []*server.User {
+		return []*server.User{
+			{Username: "admin", Password: "admin"},
+			{Username: "member", Password: "member", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: deny},
+			}},
+		}
+	}
+	opts.Users = users()
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	url := "nats://" + srv.Addr().String()
+	nc, err := nats.Connect(url, nats.UserInfo("admin", "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	o := topology.Defaults()
+	o.Partitions = parts
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	rdb, _ := servers.Redis.NewDB(t)
+	w := &world{url: url, memberOpts: []nats.Option{nats.UserInfo("member", "member")}, nc: nc, js: js, rdb: rdb, store: redisstore.New(rdb, parts, 100)}
+	return w, func(deny ...string) {
+		o := opts
+		o.Users = users(deny...)
+		if err := srv.ReloadOptions(&o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// memberReader is a reader on its own connection as w.memberOpts' user.
+func (w *world) memberReader(t *testing.T, m *fraud.Metrics) *fraud.Reader {
+	t.Helper()
+	// The refusals are what the test is about: not written to stderr.
+	quiet := nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+	nc, err := nats.Connect(w.url, append(w.memberOpts, quiet)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := fraudpub.New(nc, 256, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fraud.NewReader(d, clicklog.New(js, parts), pub, w.store, kvorigin.New(js, topology.GroupFraudDetection), slog.New(slog.DiscardHandler), m)
 }

@@ -385,8 +385,11 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 // decisions, published before, are not published again. What retention
 // took before the loss is lost for good: said, counted, and the state
 // starts at resume as on any takeover.
+//
+// The loss is counted and said once the state is rebuilt: a rebuild that
+// fails (the log or the store unreachable) is tried again, by the runtime
+// (OnAssign) or with the batch (Handle), and finds the same loss again.
 func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64) (*partState, error) {
-	r.metrics.wiped.Inc()
 	from, err := r.clicks.Next(ctx, partition, origin)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: the partition's first event from %d: %w", origin, err)
@@ -394,20 +397,21 @@ func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64
 	if from >= resume {
 		from = 0 // nothing of it left in the log
 	}
+	ps, err := r.rebuild(ctx, partition, cmp.Or(from, resume), true, false)
+	if err != nil {
+		return nil, err
+	}
+	r.metrics.wiped.Inc()
 	if from != origin {
 		r.metrics.unrecoverable.Inc()
 		r.log.Error("the store lost statistics of events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good",
 			"partition", partition, "lost_from", origin, "lost_before", cmp.Or(from, resume), "resume_seq", resume)
 	}
 	if from == 0 {
-		return r.rebuild(ctx, partition, resume, true, false)
+		return ps, nil
 	}
 	r.log.Warn("the store holds nothing of the partition, whose statistics began before the resume point: Redis lost them all (a failover to an empty replica, a FLUSHALL, a restore from an empty or old snapshot); asking for the partition's events again from the first the log holds",
 		"partition", partition, "origin", origin, "resume_seq", resume, "replay_from", from)
-	ps, err := r.rebuild(ctx, partition, from, true, false)
-	if err != nil {
-		return nil, err
-	}
 	ps.quiet = max(ps.quiet, resume-1)
 	ps.published = max(ps.published, ps.quiet)
 	if ps.replayFrom == 0 {
