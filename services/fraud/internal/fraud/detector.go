@@ -436,20 +436,38 @@ func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key
 // Dub #2309). Browser-looking clicks from the unfurler's network prefix on
 // the same link within PairWindow before or after its click are labelled.
 // It returns whether the click still looks human.
+//
+// "Within" is either way, by the clicks' own times, whatever order they
+// came in: a click come late (an outbox backlog, a redrive) is older than
+// clicks already judged. Measured one way only, a late browser-agent click
+// was paired with an unfurler that came any time after it, and a late
+// unfurler with every browser-agent click still waiting, however long
+// after it they came (a person labelled bot, the worst mistake the rule can
+// make). An unfurler takes out of the waiting clicks only those it pairs:
+// the others still wait for the unfurler of their own time. A browser-agent
+// click is compared with the newest unfurler only (the state keeps one):
+// a late one within PairWindow of an earlier unfurler of the prefix, not
+// of its newest, is not paired.
 func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agent Agent, human bool) bool {
 	win := int64(p.d.rules.PairWindow)
 	k := keyOf(c.Code, c.IPPrefix)
 	if agent.Class == ClassUnfurler {
 		ps := p.pairs.get(k)
 		ps.lastAt, ps.lastUnfurl, ps.unfurled = max(ps.lastAt, self.at), max(ps.lastUnfurl, self.at), true
+		waiting := ps.recent.c[:0]
 		for _, e := range ps.recent.c {
-			if self.at-e.at <= win {
-				if _, done := p.labelled[e.seq]; !done {
-					p.label(j, e, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
-				}
+			if !near(self.at, e.at, win) {
+				waiting = append(waiting, e)
+				continue
+			}
+			if _, done := p.labelled[e.seq]; !done {
+				p.label(j, e, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
 			}
 		}
-		ps.recent = window{}
+		if len(waiting) == 0 {
+			waiting = nil // release the array
+		}
+		ps.recent.c = waiting
 		return human
 	}
 	if !human {
@@ -457,7 +475,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	}
 	ps := p.pairs.get(k)
 	ps.lastAt = max(ps.lastAt, self.at)
-	if ps.unfurled && self.at-ps.lastUnfurl <= win {
+	if ps.unfurled && near(self.at, ps.lastUnfurl, win) {
 		p.label(j, self, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
 		return false
 	}
@@ -465,6 +483,9 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	ps.recent.push(self, pairLimit)
 	return true
 }
+
+// near reports whether times a and b are at most d apart, either way.
+func near(a, b, d int64) bool { return a-b <= d && b-a <= d }
 
 // visitorBurst is the per-identity rule: more than VisitorThreshold clicks
 // within VisitorWindow. The window keeps the newest threshold+1 clicks; when

@@ -573,6 +573,74 @@ func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
 	}
 }
 
+// TestALateClickIsPairedOnlyWithinThePairWindow: unfurler_pair labels a
+// browser-agent click within PairWindow of an unfurler's, before or after
+// it, by the clicks' own times. A click come late (an outbox backlog, a
+// redrive), older than clicks of its prefix already judged, is paired only
+// that way too: a late browser-agent fetch a quarter of an hour before the
+// unfurler is a person's, and a late unfurler neither labels the browser-
+// agent fetches of a quarter of an hour after it nor takes them away from
+// the unfurler of their own time.
+func TestALateClickIsPairedOnlyWithinThePairWindow(t *testing.T) {
+	t.Parallel()
+	const p = "198.51.100.0/24"
+	const m30 = 30 * time.Minute
+	unfurl := clk{ua: "Twitterbot/1.0", prefix: p, bot: true}
+	at := func(c clk, d time.Duration) clk { c.at = d; return c }
+	fetch := func(d time.Duration) clk { return clk{at: d, prefix: p} }
+	tests := []struct {
+		name   string
+		clicks []clk
+		want   map[uint64]string // click: "rule by the event that labelled it"
+	}{
+		{name: "a_late_fetch_long_before_the_unfurler_is_a_person",
+			clicks: []clk{at(unfurl, m30), fetch(15 * time.Minute)},
+			want:   map[uint64]string{}},
+		{name: "a_late_fetch_just_before_the_unfurler_is_paired",
+			clicks: []clk{at(unfurl, m30), fetch(m30 - 2*time.Second)},
+			want:   map[uint64]string{2: "unfurler_pair by 2"}},
+		{name: "a_late_unfurler_leaves_later_fetches_to_their_unfurler",
+			// Fetches at 30:00 and 30:00.5, an unfurler of 15:00 late,
+			// the fetches' unfurler at 30:01.5.
+			clicks: []clk{fetch(m30), fetch(m30 + 500*time.Millisecond), at(unfurl, 15*time.Minute), at(unfurl, m30+1500*time.Millisecond)},
+			want:   map[uint64]string{1: "unfurler_pair by 4", 2: "unfurler_pair by 4"}},
+		{name: "a_late_unfurler_pairs_the_late_fetches_of_its_time",
+			// A fetch at 30:00, one of 15:00 late and its unfurler at
+			// 15:01, then the first fetch's unfurler at 30:01.
+			clicks: []clk{fetch(m30), fetch(15 * time.Minute), at(unfurl, 15*time.Minute+time.Second), at(unfurl, m30+time.Second)},
+			want:   map[uint64]string{2: "unfurler_pair by 3", 1: "unfurler_pair by 4"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(fraud.Defaults())
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			labels := map[uint64]string{}
+			var newest time.Duration
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if c.at < newest {
+					ev.Stored = t0.Add(newest) // late: stored after the newest click
+				}
+				newest = max(newest, c.at)
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = fmt.Sprintf("%s by %d", l.Rule, ev.Seq)
+				}
+			}
+			if d := cmp.Diff(tc.want, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
 // TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain: a flood and a
 // visitor's burst go on across the hour, alerted in both hours (the flood)
 // or in the second (the burst, first caught there); then clicks of the
