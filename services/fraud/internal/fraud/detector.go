@@ -559,9 +559,27 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 // FloodWindow than max(FloodFloor, FloodFactor x baseline). The baseline is
 // an EWMA of the link's clicks per FloodWindow-long bucket; a bucket in which
 // the link flooded is left out of it, so a flood never becomes the norm.
+//
+// A click older than the link's newest click minus FloodWindow, come late
+// (an outbox backlog, a redrive), is left out, as visitorBurst leaves one
+// out: it cannot be in one window with the newest click or any after it,
+// the window holds no click older than a window before the newest, so the
+// windows it was in cannot be counted, and its bucket is closed. Taken in,
+// it was counted in the window being judged (pushed at its end, it stayed
+// until the clicks before it expired), could complete a flood of clicks
+// more than a window after it, and a flood going on labelled it link_flood
+// for the link's traffic of up to hours later: a person's click labelled
+// bot. So no flood labels it, as none labels a late click of a link
+// already expired. A click late by less than the window is taken in, at
+// the window's end (the window is in stream order, which the labelling
+// below relies on): it is counted until the clicks before it expire, at
+// most as much longer than its own time would have it as it came late.
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
 	ls := p.links.getOwned(c.Code, strings.Clone)
+	if self.at < ls.lastAt-int64(r.FloodWindow) {
+		return
+	}
 	ls.lastAt = max(ls.lastAt, self.at)
 	b := self.at / int64(r.FloodWindow)
 	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {

@@ -93,6 +93,14 @@ func seqs(from, to uint64, rule string) map[uint64]string {
 	return m
 }
 
+// except returns m without the sequences given.
+func except(m map[uint64]string, seqs ...uint64) map[uint64]string {
+	for _, s := range seqs {
+		delete(m, s)
+	}
+	return m
+}
+
 func burstRules() fraud.Rules {
 	r := fraud.Defaults()
 	r.VisitorWindow = 10 * time.Second
@@ -524,9 +532,11 @@ func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
 	}{
 		{name: "a_flood_in_progress_goes_on_being_labelled", rules: floodRules(),
 			// 30 clicks within 30 s (floor 20), one of 15 min before
-			// them, then one more.
+			// them (in no window with them: not labelled, see
+			// TestALateClickOfLongAgoIsLeftOutOfTheFloodWindow), then one
+			// more.
 			clicks: append(flood, clk{at: 15 * time.Minute, code: "l"}, clk{at: 30*time.Minute + 30*time.Second, code: "l"}),
-			late:   31, want: seqs(2, 33, fraud.RuleLinkFlood), alerts: 1},
+			late:   31, want: except(seqs(2, 33, fraud.RuleLinkFlood), 32), alerts: 1},
 		{name: "browser_fetches_before_an_unfurler_are_paired", rules: fraud.Defaults(),
 			// Browser-agent fetches at 0 and 1 s, one of 15 min before,
 			// the unfurler at 1.5 s.
@@ -636,6 +646,74 @@ func TestALateClickIsPairedOnlyWithinThePairWindow(t *testing.T) {
 			}
 			if d := cmp.Diff(tc.want, labels); d != "" {
 				t.Errorf("labels (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestALateClickOfLongAgoIsLeftOutOfTheFloodWindow: a click of a link
+// come late (an outbox backlog, a redrive) by more than the flood window
+// behind the link's newest click is in no window with the clicks the state
+// holds: it completes no flood of theirs, and a flood of theirs does not
+// label it. One late by less than the window is judged with them.
+func TestALateClickOfLongAgoIsLeftOutOfTheFloodWindow(t *testing.T) {
+	t.Parallel()
+	const m30 = 30 * time.Minute
+	// A click on another link starts the state, then 20 clicks on l from
+	// 30:00, one every 1.5 s: the floor (20), no flood.
+	twenty := slices.Clip(append([]clk{{code: "other"}}, crowd(20, m30, 30*time.Second, "l")...))
+	tests := []struct {
+		name   string
+		clicks []clk
+		want   map[uint64]string
+		alerts int
+	}{
+		{name: "a_click_of_a_quarter_of_an_hour_before_completes_no_flood",
+			clicks: append(twenty, clk{at: 15 * time.Minute, code: "l", visitor: "late"}),
+			want:   map[uint64]string{}},
+		{name: "a_click_of_hours_before_is_not_labelled_by_a_flood",
+			// 10 more clicks from 30:30 flood the link (from the first,
+			// the 21st within a minute); a click of 10:00 comes late in
+			// the middle of them.
+			clicks: slices.Concat(twenty, crowd(5, m30+30*time.Second, 5*time.Second, "l"),
+				[]clk{{at: 10 * time.Minute, code: "l", visitor: "late"}}, crowd(5, m30+35*time.Second, 5*time.Second, "l")),
+			want: except(seqs(2, 32, fraud.RuleLinkFlood), 27), alerts: 1},
+		{name: "a_click_late_by_less_than_the_window_is_judged_with_the_rest",
+			// 29:45: within a minute of every one of the 20.
+			clicks: append(twenty, clk{at: m30 - 15*time.Second, code: "l", visitor: "late"}),
+			want:   seqs(2, 22, fraud.RuleLinkFlood), alerts: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			d, err := fraud.NewDetector(floodRules())
+			if err != nil {
+				t.Fatal(err)
+			}
+			part := d.NewPartition()
+			labels := map[uint64]string{}
+			var alerts []events.FraudAlert
+			var newest time.Duration
+			for i, c := range tc.clicks {
+				ev := event(uint64(i+1), c)
+				if c.at < newest {
+					ev.Stored = t0.Add(newest) // late: stored after the newest click
+				}
+				newest = max(newest, c.at)
+				j, ok := part.Judge(ev)
+				if !ok {
+					t.Fatalf("event %d skipped", i+1)
+				}
+				for _, l := range j.Labels {
+					labels[l.Seq] = l.Rule
+				}
+				alerts = append(alerts, j.Alerts...)
+			}
+			if d := cmp.Diff(tc.want, labels); d != "" {
+				t.Errorf("labels (-want +got):\n%s", d)
+			}
+			if len(alerts) != tc.alerts {
+				t.Errorf("alerts = %+v, want %d", alerts, tc.alerts)
 			}
 		})
 	}
