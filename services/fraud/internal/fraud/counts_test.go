@@ -1,6 +1,7 @@
 package fraud_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -273,5 +274,55 @@ func TestAStoreMarkFromAnotherStreamIsReported(t *testing.T) {
 	// What the metric warns of: the batch was taken for applied before.
 	if st, err := w.store.LinkStats(ctx, code); !errors.Is(err, fraud.ErrUnknownLink) {
 		t.Errorf("stats = %+v, %v; want nothing stored under the other stream's mark (ErrUnknownLink)", st, err)
+	}
+}
+
+// TestAStoreMarkFromAnotherStreamIsReportedOnceWhenItsRebuildIsRetried: the
+// same mark from another stream, found by a rebuild that then fails: NATS
+// refuses the member the consumer it reads the log with. The runtime tries
+// OnAssign again, or the batch again (a runtime without the hook rebuilds
+// in Handle), until the rebuild succeeds: one takeover with a foreign
+// mark, counted once in snip_fraud_store_foreign_mark_total, not once a
+// try.
+func TestAStoreMarkFromAnotherStreamIsReportedOnceWhenItsRebuildIsRetried(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"on_assign", "with_the_batch"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			w, refuse := newRefusingWorld(t)
+			code := "restarted"
+			p := events.Partition(code, parts)
+			if err := traffic.Publish(ctx, w.js, agentClicks(time.Now().Add(-time.Minute), 3, time.Second, code, "curl/8.5.0"), 64); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.rdb.Set(ctx, fmt.Sprintf("fraud:{p%d}:hwm", p), 1_000_000, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			reg := prometheus.NewRegistry()
+			r := w.memberReader(t, fraud.NewMetrics(reg))
+			batch := w.events(t, p, 3) // the rebuild reads 1-2 from the log
+
+			refuse("$JS.API.CONSUMER.CREATE." + events.ClicksStream + ".>")
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second) // a refused request is not answered
+			defer cancel()
+			if how == "on_assign" {
+				if err := r.OnAssign(fctx, p, 3); err == nil {
+					t.Fatal("OnAssign succeeded without reading the log")
+				}
+			} else if err := r.Handle(fctx, p, batch); err == nil {
+				t.Fatal("the batch succeeded without reading the log")
+			}
+			refuse()
+			if how == "on_assign" {
+				if err := r.OnAssign(ctx, p, 3); err != nil { // the runtime's retry
+					t.Fatal(err)
+				}
+			}
+			handle(t, r, p, batch)
+			if got := counter(t, reg, "snip_fraud_store_foreign_mark_total"); got != 1 {
+				t.Errorf("snip_fraud_store_foreign_mark_total = %v, want 1", got)
+			}
+		})
 	}
 }

@@ -278,6 +278,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		return r.wiped(ctx, partition, origin, resume)
 	}
 	until := resume
+	foreign := false // the mark is not an event of the partition: said once rebuilt
 	if takeover && mark >= resume {
 		// A partition taken over in the middle of a replay has the mark of
 		// the replay's first pass ahead of resume: the events up to it are
@@ -312,19 +313,28 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 			// below its mark as applied before, so nothing of the partition
 			// is stored until its sequences pass the mark. Nothing here can
 			// tell whose statistics those are; an operator can.
-			r.metrics.foreign.Inc()
-			r.log.Error("the store's mark is ahead of the resume point and is not an event of the partition in CLICKS (a Redis kept from another CLICKS stream?): the partition's statistics and alerts are not stored until its events pass the mark; delete the partition's keys in Redis (fraud:{p<N>}:*) and restart this member to store them again",
-				"partition", partition, "resume_seq", resume, "mark", mark, "keys", fmt.Sprintf("fraud:{p%d}:*", partition))
+			foreign = true
 		default:
 			return nil, fmt.Errorf("rebuild: the event at the store's mark: %w", err)
 		}
+	}
+	// rebuilt says what the rebuild found, once it succeeded: one that
+	// fails (the log or the store unreachable) is tried again, by the
+	// runtime (OnAssign) or with the batch (Handle), and finds it again.
+	rebuilt := func(ps *partState) (*partState, error) {
+		if foreign {
+			r.metrics.foreign.Inc()
+			r.log.Error("the store's mark is ahead of the resume point and is not an event of the partition in CLICKS (a Redis kept from another CLICKS stream?): the partition's statistics and alerts are not stored until its events pass the mark; delete the partition's keys in Redis (fraud:{p<N>}:*) and restart this member to store them again",
+				"partition", partition, "resume_seq", resume, "mark", mark, "keys", fmt.Sprintf("fraud:{p%d}:*", partition))
+		}
+		return ps, nil
 	}
 	ps := &partState{p: r.d.NewPartition(), mark: mark, origin: origin, restore: mark > 0, published: until - 1}
 	if until > resume {
 		ps.done = until - 1
 	}
 	if until <= 1 {
-		return ps, nil
+		return rebuilt(ps)
 	}
 	p := ps.p
 	anchor, err := r.clicks.StoredAt(ctx, until-1)
@@ -332,7 +342,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		// The event before until is gone (retention): so is everything a
 		// window could need. Start empty.
 		r.log.Warn("nothing to rebuild from", "partition", partition, "resume_seq", resume)
-		return ps, nil
+		return rebuilt(ps)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
@@ -370,7 +380,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 	r.metrics.observe(partition, p.Stats())
 	r.log.Info("partition rebuilt from the log", "partition", partition, "resume_seq", resume,
 		"from", from, "until", until, "events", n, "mark", mark, "took", took.Round(time.Millisecond))
-	return ps, nil
+	return rebuilt(ps)
 }
 
 // wiped returns state for a partition whose store holds nothing (no mark)
