@@ -197,7 +197,9 @@ func (w *worker) afterGap() (uint64, error) {
 // in a gap and what was fetched after it are past w.handled, so they stay
 // unacked. The message must be of the consumer on the server now (created
 // when the one that delivered it was): one deleted and created again has
-// its own floor, which this ack has no business with.
+// its own floor, which this ack has no business with: which consumer is
+// there is read just before the ack (the server would hand the ack to one
+// created again), and again after it.
 func (w *worker) ackHandled() error {
 	msg, handled, of := w.handledMsg, w.handled, w.handledOf
 	if msg == nil {
@@ -205,6 +207,14 @@ func (w *worker) ackHandled() error {
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
+	// The server hands an ack to whichever consumer has the name: one
+	// created again would take this one over events its reader has not
+	// handled. The caller's Info does not say which consumer is there now
+	// (a rewind's was read before OnRewind ran, which can take long), so
+	// ask just before the ack.
+	if _, err := w.consumerOf(ctx, of); err != nil {
+		return err
+	}
 	if err := msg.DoubleAck(ctx); err != nil {
 		return fmt.Errorf("ack event %d again: %w", handled, err)
 	}
@@ -212,17 +222,28 @@ func (w *worker) ackHandled() error {
 	// the ack. The server does not count the ack as a delivery, so the
 	// consumer sequences are as they were; the reset that follows starts
 	// them again anyway (baselineAfterReset).
-	info, err := w.cons.Info(ctx)
+	info, err := w.consumerOf(ctx, of)
 	switch {
 	case err != nil:
-		return fmt.Errorf("read the ack floor: %w", err)
-	case !info.Created.Equal(of):
-		return fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
-			info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+		return err
 	case info.AckFloor.Stream < handled:
 		return fmt.Errorf("the ack floor is %d after acking event %d again", info.AckFloor.Stream, handled)
 	}
 	return nil
+}
+
+// consumerOf reads the partition's consumer, and fails unless it is the
+// one created at of.
+func (w *worker) consumerOf(ctx context.Context, of time.Time) (*jetstream.ConsumerInfo, error) {
+	info, err := w.cons.Info(ctx)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read the ack floor: %w", err)
+	case !info.Created.Equal(of):
+		return nil, fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
+			info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+	}
+	return info, nil
 }
 
 // replayFrom returns where the partition goes on for a handler's

@@ -870,6 +870,123 @@ func TestARewindAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromThe
 	}
 }
 
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events, whose consumer is deleted and created again (at the oldest
+// event, by a later deploy) while the owner's OnRewind runs, and which the
+// partition's next reader pulls 1..10 from before that OnRewind returns.
+// The owner decided, before OnRewind, to ack 10 again (ackHandled): that
+// ack is of the consumer before, and the one created again must not take
+// it. Before, the owner acked first and only then read which consumer it
+// had acked on: the ack moved the new consumer's floor to 10 over events
+// its reader held unacked, the owner's reset then went on from there, and
+// the group created again never handed 1..10.
+func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(t *testing.T) {
+	t.Parallel()
+	const group = "rewindnewagain"
+	s := newAckRefusingServer(t, 1)
+	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	var lostFirst uint64
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enteredOnce sync.Once
+	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute}
+	cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
+		enteredOnce.Do(func() { close(entered) })
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuseAcks(t, "")
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cons.CachedInfo()
+	mu.Lock()
+	first := lostFirst
+	mu.Unlock()
+	if old.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
+	}
+
+	// Nothing to replay (a request an older version stored): the owner
+	// decides to ack 10 again, then calls OnRewind, which waits.
+	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("OnRewind was never called")
+	}
+	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+		t.Fatal(err)
+	}
+	again := old.Config
+	again.DeliverPolicy = jetstream.DeliverAllPolicy
+	c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The partition's next reader pulls 1..10 from the consumer created
+	// again, and has not acked them when the owner's OnRewind returns.
+	b, err := c2.Fetch(firstPass, jetstream.FetchPriorityGroup(topology.PriorityGroup), jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled := 0
+	for range b.Messages() {
+		pulled++
+	}
+	if pulled != firstPass {
+		t.Fatalf("pulled %d events from the consumer created again (%v), want %d", pulled, b.Error(), firstPass)
+	}
+	close(release)
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, s.js, 1, 5, firstPass)
+	last := uint64(firstPass + len(more))
+	testenv.WaitFor(t, 60*time.Second, "the consumer created again acked to the last event", func() bool {
+		info, err := c2.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var missed []uint64 // events the consumer created again never handed
+	for seq := uint64(1); seq <= last; seq++ {
+		if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
