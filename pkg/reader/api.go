@@ -284,7 +284,11 @@ type Config struct {
 	// position of its own, so its state and the consumer agree. If the
 	// partition moves while OnRewind runs, the consumer is left where it is
 	// and the rewind to the next owner, whose OnRewind is called for it in
-	// turn (and who decides again).
+	// turn (and who decides again). If the partition's consumer is deleted
+	// and created again while OnRewind runs, the decision, made on the one
+	// before, is made again on the new one: OnRewind is called again, or,
+	// where the request was made for the one before, not at all (the
+	// request is void for the new one, which starts at its own ack floor).
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
 	// OnPassed, if set, is called when the runtime passes stream positions
 	// of a partition that the handler never completed: a batch whose last

@@ -233,18 +233,22 @@ func (w *worker) ackHandled() error {
 }
 
 // consumerOf reads the partition's consumer, and fails unless it is the
-// one created at of.
+// one created at of (errConsumerChanged).
 func (w *worker) consumerOf(ctx context.Context, of time.Time) (*jetstream.ConsumerInfo, error) {
 	info, err := w.cons.Info(ctx)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("read the ack floor: %w", err)
+		return nil, fmt.Errorf("read the partition's consumer: %w", err)
 	case !info.Created.Equal(of):
-		return nil, fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
-			info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+		return nil, fmt.Errorf("%w (%s, not the one created %s)",
+			errConsumerChanged, info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
 	}
 	return info, nil
 }
+
+// errConsumerChanged: the partition's consumer is not the one a position
+// (or a decision) is of; it was deleted and created again since.
+var errConsumerChanged = errors.New("the partition's consumer was created again")
 
 // replayFrom returns where the partition goes on for a handler's
 // Replay(from), as the server allows the move (lowestRewind): from; where

@@ -987,6 +987,121 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(
 	}
 }
 
+// A rewind whose partition's consumer is deleted and created again (by a
+// later deploy, at the oldest event) while the owner's OnRewind runs: the
+// owner decided on the consumer before (the ack of 6..10 lost, its floor
+// at 5, the last event handled 10), and that decision is not the new
+// consumer's. The request was made for the consumer before, so it is void
+// for the new one (ErrRewindVoid), which hands every event from its
+// start. Before, the owner moved the consumer created again as it had
+// decided for the one before: to 3 for a replay from 3, to 11, after the
+// last event it handled, for one with nothing to replay; either way the
+// group created again never handed the events before, and the rewind was
+// recorded done.
+func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		from uint64
+	}{
+		{"from 3", 3},
+		{"nothing to replay", firstPass + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const group = "rewindagain"
+			s := newAckRefusingServer(t, 1)
+			consumer := topology.GroupConsumerName(group, 0)
+			refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+			var mu sync.Mutex
+			handed := map[uint64]int{}
+			var lostFirst uint64
+			entered, release := make(chan struct{}), make(chan struct{})
+			var enteredOnce sync.Once
+			cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, AckWait: 3 * time.Minute}
+			cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
+				enteredOnce.Do(func() { close(entered) })
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, ev := range b {
+					handed[ev.Seq]++
+				}
+				if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+					lostFirst = b[0].Seq
+					s.refuseAcks(t, consumer) // before the runtime acks the batch
+				}
+				return nil
+			})
+			testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+				_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+				return err == nil
+			})
+			publish(t, s.js, 1, firstPass, 0)
+			testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+			s.refuseAcks(t, "")
+			cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := cons.CachedInfo()
+			mu.Lock()
+			first := lostFirst
+			mu.Unlock()
+			if old.AckFloor.Stream != first-1 {
+				t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
+			}
+
+			id, err := reader.Rewind(t.Context(), s.js, group, reader.FromSeq(tc.from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-entered:
+			case <-time.After(30 * time.Second):
+				t.Fatal("OnRewind was never called")
+			}
+			if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+				t.Fatal(err)
+			}
+			c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := reader.WaitRewind(wctx, s.js, group, id); !errors.Is(err, reader.ErrRewindVoid) {
+				t.Errorf("WaitRewind of a rewind requested for the consumer before = %v, want ErrRewindVoid", err)
+			}
+			more := publish(t, s.js, 1, 5, firstPass)
+			last := uint64(firstPass + len(more))
+			testenv.WaitFor(t, 60*time.Second, "the consumer created again acked to the last event", func() bool {
+				info, err := c2.Info(t.Context())
+				return err == nil && info.AckFloor.Stream == last
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			var missed []uint64 // events the consumer created again never handed
+			for seq := uint64(1); seq <= last; seq++ {
+				if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
+					missed = append(missed, seq)
+				}
+			}
+			if len(missed) > 0 {
+				t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+			}
+		})
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
