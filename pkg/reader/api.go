@@ -84,7 +84,10 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // group started: a from before it is moved up to it (the group never read
 // the events before), and a group started at new events (StartAtNew) goes
 // back only to its ack floor, logged as an error: the events from from up
-// to the floor are not handed again.
+// to the floor are not handed again. Where the partition's consumer was
+// deleted and created again since the batch was delivered, the new one
+// goes no further than its own ack floor, so it hands every event it has
+// not handed (from its start, for a group created again at the oldest).
 func Replay(from uint64, err error) error { return &ReplayError{From: from, Err: err} }
 
 // PoisonError marks one event of a batch as one that can never be

@@ -97,7 +97,9 @@
 // told MovesBack false), never a move retried for ever. So is a handler's
 // Replay(from): from before the start is moved up to it (the group never
 // read the events before); a group started at new events goes back to its
-// ack floor, the events before it missed, and says so in an error log.
+// ack floor, the events before it missed, and says so in an error log; a
+// partition whose consumer was created again since the batch goes no
+// further than the new one's ack floor, never past events it never handed.
 //
 // A delivery the server made that never reached the member (a gap in the
 // consumer's delivery count) is not acked past: the batch is handled up to

@@ -259,13 +259,25 @@ var errConsumerChanged = errors.New("the partition's consumer was created again"
 // last hands again only the events past the floor, not the ones from
 // from: the handler's state misses them, which is logged as an error,
 // rather than the partition retrying a move the server refuses for ever
-// and handling nothing more.
+// and handling nothing more. A consumer deleted and created again since
+// the batch the handler asked of (not the one w.handledOf says its
+// positions are of) goes no further than its own ack floor: from there it
+// hands the events it never handed, from among them.
 func (w *worker) replayFrom(from uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	info, err := w.cons.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the partition's consumer for a replay: %w", err)
+	}
+	if !w.handledOf.Equal(info.Created) && from > info.AckFloor.Stream+1 {
+		// The batch the handler asked of was delivered by a consumer
+		// deleted since: the one created again has its own positions, and
+		// moving it to from would skip the events before, which it never
+		// handed. From its ack floor it hands them, from among them.
+		w.log.Warn("the handler asked for events again of a partition whose consumer was created again since: going on from the new one's ack floor",
+			"from", from, "ack_floor", info.AckFloor.Stream)
+		return 0, nil
 	}
 	lowest, seqs, err := lowestRewind(ctx, w.m.js, w.p, info.Config)
 	switch {

@@ -1102,6 +1102,83 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t 
 	}
 }
 
+// A handler's Replay(from) asked of a batch whose consumer was deleted and
+// created again (at the oldest event, by a later deploy) while the handler
+// held it: 1..5 handled and acked, the handler holding 6..10 asks for them
+// again, and the consumer there now never handed anything. It goes on from
+// its own ack floor, handing every event from its start (6.. among them,
+// as asked). Before, the owner moved the consumer created again to 6, as
+// if it were the one before: the group created again never handed 1..5.
+func TestAHandlersReplayOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	consumer := topology.GroupConsumerName("g", 0)
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	held, release := make(chan struct{}), make(chan struct{})
+	var replayed atomic.Bool
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		mu.Unlock()
+		if b[0].Seq != 6 || !replayed.CompareAndSwap(false, true) {
+			return nil
+		}
+		close(held)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return reader.Replay(6, errors.New("the handler wants 6.. again"))
+	})
+	publish(t, js, 1, 5, 0)
+	var old *jetstream.ConsumerInfo
+	testenv.WaitFor(t, 30*time.Second, "1..5 handled and acked", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		if err == nil {
+			old = c.CachedInfo()
+		}
+		return err == nil && old.AckFloor.Stream == 5
+	})
+	publish(t, js, 1, 5, 5)
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("6..10 were never handed")
+	}
+	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	publish(t, js, 1, 5, 10)
+	const last = 15
+	testenv.WaitFor(t, 60*time.Second, "the new consumer acked to the last event", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil && c.CachedInfo().AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var missed []uint64 // events the consumer created again never handed
+	for seq := uint64(1); seq <= last; seq++ {
+		want := 1
+		if seq <= 10 {
+			want = 2 // handed by the consumer before too
+		}
+		if handed[seq] < want {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
