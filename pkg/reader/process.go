@@ -181,12 +181,12 @@ func (w *worker) afterGap() (uint64, error) {
 // ackHandled acks again the last event this owner handled (w.handledMsg,
 // w.handled), which the caller found past the consumer's ack floor (an ack
 // lost on its way) in the Info it read of the consumer w.handled is of
-// (w.handledOf), and reports why not (an error) unless the floor is at or
-// past it now. For a consumer the server moves back only to its ack floor
-// (resetsToSeq), whose reset to the floor would otherwise hand the events
-// up to w.handled again as first deliveries: with the floor caught up, the
-// reset goes on right after what was handled, as it would have had the ack
-// arrived.
+// (w.handledOf), where the floor is behind it still, and reports why not
+// (an error) unless the floor is at or past it now. For a consumer the
+// server moves back only to its ack floor (resetsToSeq), whose reset to the
+// floor would otherwise hand the events up to w.handled again as first
+// deliveries: with the floor caught up, the reset goes on right after what
+// was handled, as it would have had the ack arrived.
 //
 // The ack (AckAll) acks every event up to the one acked, and all of them
 // were handled: first deliveries came in stream order and contiguous from
@@ -211,8 +211,10 @@ func (w *worker) ackHandled() error {
 	// created again would take this one over events its reader has not
 	// handled. The caller's Info does not say which consumer is there now
 	// (a rewind's was read before OnRewind ran, which can take long), so
-	// ask just before the ack.
-	if _, err := w.consumerOf(ctx, of); err != nil {
+	// ask just before the ack. Where the floor is there already (a retry
+	// after this ack arrived and the reset after it failed), nothing is
+	// acked: the client refuses a message acked already.
+	if info, err := w.consumerOf(ctx, of); err != nil || info.AckFloor.Stream >= handled {
 		return err
 	}
 	if err := msg.DoubleAck(ctx); err != nil {

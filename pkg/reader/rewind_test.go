@@ -1179,6 +1179,102 @@ func TestAHandlersReplayOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.
 	}
 }
 
+// warnings is a log handler that keeps the messages of the warnings and
+// errors logged.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *warnings) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+func (h *warnings) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnings) WithGroup(string) slog.Handler      { return h }
+
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events (rewindAfterALostAck's case), whose reset to the floor after
+// the owner acked 10 again is refused once (as one that times out): the
+// retry finds the floor at 10 already, does not ack again, and goes on
+// after 10, every event handed once, with no warning that the ack again
+// failed. Before, the retry acked the same message again, which the client
+// refused as acked already, and the owner warned that the events handled
+// past the floor come again, which they did not.
+func TestARewindAfterALostAckWhoseResetFailedOnceDoesNotAckAgain(t *testing.T) {
+	t.Parallel()
+	const group = "rewindnewreset"
+	s := newAckRefusingServer(t, 1)
+	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+	reset := "$JS.API.CONSUMER.RESET." + events.ClicksStream + "." + consumer
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	var lostFirst uint64
+	logged := &warnings{}
+	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute, Logger: slog.New(logged)}
+	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuse(t, reset)
+	mu.Lock()
+	first := lostFirst
+	mu.Unlock()
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
+	}
+	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
+	testenv.WaitFor(t, 60*time.Second, "the server to refuse the rewind's reset", func() bool { return s.log.of(reset) > 0 })
+	s.refuse(t)
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, s.js, 1, 5, firstPass)
+	last := uint64(firstPass + len(more))
+	testenv.WaitFor(t, 30*time.Second, "the partition to handle and ack what was published after the rewind", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last
+	})
+	mu.Lock()
+	for seq := uint64(1); seq <= last; seq++ {
+		if handed[seq] != 1 {
+			t.Errorf("event %d handed %d times, want once", seq, handed[seq])
+		}
+	}
+	mu.Unlock()
+	logged.mu.Lock()
+	defer logged.mu.Unlock()
+	for _, msg := range logged.msgs {
+		if strings.Contains(msg, "acking it again failed") {
+			t.Errorf("the owner warned %q, want no such warning: the retry found the floor at %d already", msg, firstPass)
+		}
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
