@@ -84,7 +84,10 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // group started: a from before it is moved up to it (the group never read
 // the events before), and a group started at new events (StartAtNew) goes
 // back only to its ack floor, logged as an error: the events from from up
-// to the floor are not handed again.
+// to the floor are not handed again. Where the partition's consumer was
+// deleted and created again since the batch was delivered, the new one
+// goes no further than its own ack floor, so it hands every event it has
+// not handed (from its start, for a group created again at the oldest).
 func Replay(from uint64, err error) error { return &ReplayError{From: from, Err: err} }
 
 // PoisonError marks one event of a batch as one that can never be
@@ -284,7 +287,11 @@ type Config struct {
 	// position of its own, so its state and the consumer agree. If the
 	// partition moves while OnRewind runs, the consumer is left where it is
 	// and the rewind to the next owner, whose OnRewind is called for it in
-	// turn (and who decides again).
+	// turn (and who decides again). If the partition's consumer is deleted
+	// and created again while OnRewind runs, the decision, made on the one
+	// before, is made again on the new one: OnRewind is called again, or,
+	// where the request was made for the one before, not at all (the
+	// request is void for the new one, which starts at its own ack floor).
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
 	// OnPassed, if set, is called when the runtime passes stream positions
 	// of a partition that the handler never completed: a batch whose last

@@ -64,24 +64,25 @@
 // back (the replay's start at or before the event after the last one the
 // partition handled: by its ack floor, or past it by what the owner handled
 // and acked, an ack lost on its way), tells the reader (Config.OnRewind,
-// RewindInfo.MovesBack), moves the consumer back if so (if not, it goes on
-// after the last event it handled; in a group started at new events, whose
-// consumers the server moves back only to their ack floor, the owner first
-// acks that event again, which brings the floor up to it, and only where
-// that ack fails too are the events past the floor handed again) and
+// RewindInfo.MovesBack; the consumer deleted and created again meanwhile, it
+// decides again on the new one), moves the consumer back if so (if not, it
+// goes on after the last event it handled; in a group started at new events,
+// whose consumers the server moves back only to their ack floor, the owner
+// first acks that event again, which brings the floor up to it, and only
+// where that ack fails too are the events past the floor handed again) and
 // records that it did. A reader with state goes by that decision, not by a
 // position of its own, so its state and the consumer never disagree. A
 // request is for the consumers the group had when it was made (it records
-// when each was created): if they are deleted and the group is created
-// again before a partition carried it out, the new group ignores it, and
-// the request is void: LatestRewind shows those partitions Void, never to
-// be done, and WaitRewind ends with ErrRewindVoid rather than waiting. A
-// group has one request at a time: another replay requested before the
-// partitions carried one out replaces it (they carry out the latest), and
-// WaitRewind for the one replaced ends with ErrRewindSuperseded, naming the
-// latest, once it reads that stored after the one it waits for. A request
-// it never reads stored (a wrong ID) ends the wait after a few seconds, not
-// at once (the server read may lag behind the request): ErrRewindUnknown.
+// when each was created): if they are deleted and the group is created again
+// before a partition carried it out, the new group ignores it, and the
+// request is void: LatestRewind shows those partitions Void, never to be
+// done, and WaitRewind ends with ErrRewindVoid rather than waiting. A group
+// has one request at a time: another replay requested before the partitions
+// carried one out replaces it (they carry out the latest), and WaitRewind
+// for the one replaced ends with ErrRewindSuperseded, naming the latest,
+// once it reads that stored after the one it waits for. A request it never
+// reads stored (a wrong ID) ends the wait after a few seconds, not at once
+// (the server read may lag behind the request): ErrRewindUnknown.
 //
 // A replay goes back no further than where the group started, the lowest
 // sequence the server moves its consumers back to: a group started at the
@@ -97,7 +98,9 @@
 // told MovesBack false), never a move retried for ever. So is a handler's
 // Replay(from): from before the start is moved up to it (the group never
 // read the events before); a group started at new events goes back to its
-// ack floor, the events before it missed, and says so in an error log.
+// ack floor, the events before it missed, and says so in an error log; a
+// partition whose consumer was created again since the batch goes no
+// further than the new one's ack floor, never past events it never handed.
 //
 // A delivery the server made that never reached the member (a gap in the
 // consumer's delivery count) is not acked past: the batch is handled up to

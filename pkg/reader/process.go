@@ -181,12 +181,12 @@ func (w *worker) afterGap() (uint64, error) {
 // ackHandled acks again the last event this owner handled (w.handledMsg,
 // w.handled), which the caller found past the consumer's ack floor (an ack
 // lost on its way) in the Info it read of the consumer w.handled is of
-// (w.handledOf), and reports why not (an error) unless the floor is at or
-// past it now. For a consumer the server moves back only to its ack floor
-// (resetsToSeq), whose reset to the floor would otherwise hand the events
-// up to w.handled again as first deliveries: with the floor caught up, the
-// reset goes on right after what was handled, as it would have had the ack
-// arrived.
+// (w.handledOf), where the floor is behind it still, and reports why not
+// (an error) unless the floor is at or past it now. For a consumer the
+// server moves back only to its ack floor (resetsToSeq), whose reset to the
+// floor would otherwise hand the events up to w.handled again as first
+// deliveries: with the floor caught up, the reset goes on right after what
+// was handled, as it would have had the ack arrived.
 //
 // The ack (AckAll) acks every event up to the one acked, and all of them
 // were handled: first deliveries came in stream order and contiguous from
@@ -197,7 +197,9 @@ func (w *worker) afterGap() (uint64, error) {
 // in a gap and what was fetched after it are past w.handled, so they stay
 // unacked. The message must be of the consumer on the server now (created
 // when the one that delivered it was): one deleted and created again has
-// its own floor, which this ack has no business with.
+// its own floor, which this ack has no business with: which consumer is
+// there is read just before the ack (the server would hand the ack to one
+// created again), and again after it.
 func (w *worker) ackHandled() error {
 	msg, handled, of := w.handledMsg, w.handled, w.handledOf
 	if msg == nil {
@@ -205,6 +207,16 @@ func (w *worker) ackHandled() error {
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
+	// The server hands an ack to whichever consumer has the name: one
+	// created again would take this one over events its reader has not
+	// handled. The caller's Info does not say which consumer is there now
+	// (a rewind's was read before OnRewind ran, which can take long), so
+	// ask just before the ack. Where the floor is there already (a retry
+	// after this ack arrived and the reset after it failed), nothing is
+	// acked: the client refuses a message acked already.
+	if info, err := w.consumerOf(ctx, of); err != nil || info.AckFloor.Stream >= handled {
+		return err
+	}
 	if err := msg.DoubleAck(ctx); err != nil {
 		return fmt.Errorf("ack event %d again: %w", handled, err)
 	}
@@ -212,18 +224,33 @@ func (w *worker) ackHandled() error {
 	// the ack. The server does not count the ack as a delivery, so the
 	// consumer sequences are as they were; the reset that follows starts
 	// them again anyway (baselineAfterReset).
-	info, err := w.cons.Info(ctx)
+	info, err := w.consumerOf(ctx, of)
 	switch {
 	case err != nil:
-		return fmt.Errorf("read the ack floor: %w", err)
-	case !info.Created.Equal(of):
-		return fmt.Errorf("the partition's consumer was created again (%s, the last event handled was delivered by the one created %s)",
-			info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+		return err
 	case info.AckFloor.Stream < handled:
 		return fmt.Errorf("the ack floor is %d after acking event %d again", info.AckFloor.Stream, handled)
 	}
 	return nil
 }
+
+// consumerOf reads the partition's consumer, and fails unless it is the
+// one created at of (errConsumerChanged).
+func (w *worker) consumerOf(ctx context.Context, of time.Time) (*jetstream.ConsumerInfo, error) {
+	info, err := w.cons.Info(ctx)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read the partition's consumer: %w", err)
+	case !info.Created.Equal(of):
+		return nil, fmt.Errorf("%w (%s, not the one created %s)",
+			errConsumerChanged, info.Created.Format(time.RFC3339Nano), of.Format(time.RFC3339Nano))
+	}
+	return info, nil
+}
+
+// errConsumerChanged: the partition's consumer is not the one a position
+// (or a decision) is of; it was deleted and created again since.
+var errConsumerChanged = errors.New("the partition's consumer was created again")
 
 // replayFrom returns where the partition goes on for a handler's
 // Replay(from), as the server allows the move (lowestRewind): from; where
@@ -234,13 +261,25 @@ func (w *worker) ackHandled() error {
 // last hands again only the events past the floor, not the ones from
 // from: the handler's state misses them, which is logged as an error,
 // rather than the partition retrying a move the server refuses for ever
-// and handling nothing more.
+// and handling nothing more. A consumer deleted and created again since
+// the batch the handler asked of (not the one w.handledOf says its
+// positions are of) goes no further than its own ack floor: from there it
+// hands the events it never handed, from among them.
 func (w *worker) replayFrom(from uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	info, err := w.cons.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("read the partition's consumer for a replay: %w", err)
+	}
+	if !w.handledOf.Equal(info.Created) && from > info.AckFloor.Stream+1 {
+		// The batch the handler asked of was delivered by a consumer
+		// deleted since: the one created again has its own positions, and
+		// moving it to from would skip the events before, which it never
+		// handed. From its ack floor it hands them, from among them.
+		w.log.Warn("the handler asked for events again of a partition whose consumer was created again since: going on from the new one's ack floor",
+			"from", from, "ack_floor", info.AckFloor.Stream)
+		return 0, nil
 	}
 	lowest, seqs, err := lowestRewind(ctx, w.m.js, w.p, info.Config)
 	switch {

@@ -399,61 +399,85 @@ func (w *worker) pendingRewind() *rewindRequest {
 // the partition is taken away. A request made for a consumer the server no
 // longer has (the group's consumers deleted and created again while it was
 // pending) is not the new group's: it is ignored, said once, and left
-// unrecorded; OnRewind is not told.
+// unrecorded; OnRewind is not told. The decision is of the consumer it was
+// made on: where that one is deleted and created again before the
+// consumer moves (while OnRewind runs), it is made again, on the new one,
+// and OnRewind told again.
 func (w *worker) maybeRewind() error {
 	m := w.m
 	req := w.pendingRewind()
 	if req == nil {
 		return nil
 	}
-	ri := req.info(w.p)
 	bo := m.cfg.newBackoff()
-	var plan rewindPlan
-	if !w.retryRewind(bo, "read the partition's ack floor for the rewind", func() (err error) {
-		plan, err = w.planRewind(req)
-		return err
-	}) {
-		return errReleased
-	}
-	if plan.stale {
-		w.staleRewindID = req.ID
-		w.log.Warn("ignoring a rewind requested for the partition's consumer of before it was created again",
-			"rewind", req.ID, "requested", req.Requested, "consumer_created", plan.created)
-		// The fetcher was stopped for it and dropped what it had fetched
-		// ahead: the consumer goes back, as for a rewind with nothing to
-		// replay.
-		if !w.retryRewind(bo, "rewind partition", func() error { return w.rewindTo(ri, plan) }) {
+	for {
+		ri := req.info(w.p)
+		var plan rewindPlan
+		if !w.retryRewind(bo, "read the partition's ack floor for the rewind", func() (err error) {
+			plan, err = w.planRewind(req)
+			return err
+		}) {
 			return errReleased
 		}
+		// rewind moves the consumer as planned, unless it is no longer the
+		// one planned on (changed: decide again).
+		changed := false
+		rewind := func() error {
+			err := w.rewindTo(ri, plan)
+			if errors.Is(err, errConsumerChanged) {
+				changed = true
+				return nil
+			}
+			return err
+		}
+		if plan.stale {
+			w.staleRewindID = req.ID
+			w.log.Warn("ignoring a rewind requested for the partition's consumer of before it was created again",
+				"rewind", req.ID, "requested", req.Requested, "consumer_created", plan.created)
+			// The fetcher was stopped for it and dropped what it had fetched
+			// ahead: the consumer goes back, as for a rewind with nothing to
+			// replay.
+			if !w.retryRewind(bo, "rewind partition", rewind) {
+				return errReleased
+			}
+			if changed {
+				continue
+			}
+			w.idle = true
+			return nil
+		}
+		ri.MovesBack = plan.movesBack
+		if plan.movesBack {
+			ri.From = plan.from
+		}
+		if m.cfg.OnRewind != nil && !w.retryRewind(bo, "on rewind", func() error { return m.cfg.OnRewind(w.ctx, w.p, ri) }) {
+			return errReleased
+		}
+		if w.stopping() {
+			// The partition moved while OnRewind ran (a rebuild can take
+			// longer than the pin outlives the last pull): its next owner may
+			// be reading it already, and has the rewind to do, unrecorded.
+			// Moving the consumer back now would replay under that owner.
+			return errReleased
+		}
+		if !w.retryRewind(bo, "rewind partition", rewind) {
+			return errReleased
+		}
+		if changed {
+			w.log.Warn("the partition's consumer was created again while the rewind was carried out: deciding it again on the new one",
+				"rewind", req.ID, "consumer_created", plan.created)
+			continue
+		}
+		// The record is what WaitRewind waits for, and what tells this
+		// partition's next owner that the rewind is done: left unwritten, the
+		// wait never ends and the next owner replays the partition again.
+		if !w.retryRewind(bo, "record rewind done", func() error { return w.recordRewound(req.ID) }) {
+			return errReleased
+		}
+		w.rewoundID = req.ID
 		w.idle = true
 		return nil
 	}
-	ri.MovesBack = plan.movesBack
-	if plan.movesBack {
-		ri.From = plan.from
-	}
-	if m.cfg.OnRewind != nil && !w.retryRewind(bo, "on rewind", func() error { return m.cfg.OnRewind(w.ctx, w.p, ri) }) {
-		return errReleased
-	}
-	if w.stopping() {
-		// The partition moved while OnRewind ran (a rebuild can take
-		// longer than the pin outlives the last pull): its next owner may
-		// be reading it already, and has the rewind to do, unrecorded.
-		// Moving the consumer back now would replay under that owner.
-		return errReleased
-	}
-	if !w.retryRewind(bo, "rewind partition", func() error { return w.rewindTo(ri, plan) }) {
-		return errReleased
-	}
-	// The record is what WaitRewind waits for, and what tells this
-	// partition's next owner that the rewind is done: left unwritten, the
-	// wait never ends and the next owner replays the partition again.
-	if !w.retryRewind(bo, "record rewind done", func() error { return w.recordRewound(req.ID) }) {
-		return errReleased
-	}
-	w.rewoundID = req.ID
-	w.idle = true
-	return nil
 }
 
 // retryRewind runs one step of a rewind until it succeeds, logging each
@@ -560,6 +584,14 @@ func (w *worker) planRewind(req *rewindRequest) (rewindPlan, error) {
 }
 
 func (w *worker) rewindTo(ri RewindInfo, pl rewindPlan) error {
+	// The plan is of the consumer it was made on (OnRewind ran since):
+	// positions of one deleted since say nothing of one created again.
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	_, err := w.consumerOf(ctx, pl.created)
+	cancel()
+	if err != nil {
+		return err
+	}
 	if !pl.movesBack {
 		if !pl.stale {
 			w.log.Info("rewind: nothing to replay in this partition", "rewind", ri.ID, "from", ri.From, "until", ri.Until,

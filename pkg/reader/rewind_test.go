@@ -870,6 +870,411 @@ func TestARewindAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromThe
 	}
 }
 
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events, whose consumer is deleted and created again (at the oldest
+// event, by a later deploy) while the owner's OnRewind runs, and which the
+// partition's next reader pulls 1..10 from before that OnRewind returns.
+// The owner decided, before OnRewind, to ack 10 again (ackHandled): that
+// ack is of the consumer before, and the one created again must not take
+// it. Before, the owner acked first and only then read which consumer it
+// had acked on: the ack moved the new consumer's floor to 10 over events
+// its reader held unacked, the owner's reset then went on from there, and
+// the group created again never handed 1..10.
+func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(t *testing.T) {
+	t.Parallel()
+	const group = "rewindnewagain"
+	s := newAckRefusingServer(t, 1)
+	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	var lostFirst uint64
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enteredOnce sync.Once
+	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute}
+	cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
+		enteredOnce.Do(func() { close(entered) })
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuseAcks(t, "")
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cons.CachedInfo()
+	mu.Lock()
+	first := lostFirst
+	mu.Unlock()
+	if old.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
+	}
+
+	// Nothing to replay (a request an older version stored): the owner
+	// decides to ack 10 again, then calls OnRewind, which waits.
+	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("OnRewind was never called")
+	}
+	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+		t.Fatal(err)
+	}
+	again := old.Config
+	again.DeliverPolicy = jetstream.DeliverAllPolicy
+	c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The partition's next reader pulls 1..10 from the consumer created
+	// again, and has not acked them when the owner's OnRewind returns.
+	b, err := c2.Fetch(firstPass, jetstream.FetchPriorityGroup(topology.PriorityGroup), jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulled := 0
+	for range b.Messages() {
+		pulled++
+	}
+	if pulled != firstPass {
+		t.Fatalf("pulled %d events from the consumer created again (%v), want %d", pulled, b.Error(), firstPass)
+	}
+	close(release)
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, s.js, 1, 5, firstPass)
+	last := uint64(firstPass + len(more))
+	testenv.WaitFor(t, 60*time.Second, "the consumer created again acked to the last event", func() bool {
+		info, err := c2.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var missed []uint64 // events the consumer created again never handed
+	for seq := uint64(1); seq <= last; seq++ {
+		if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
+
+// A rewind whose partition's consumer is deleted and created again (by a
+// later deploy, at the oldest event) while the owner's OnRewind runs: the
+// owner decided on the consumer before (the ack of 6..10 lost, its floor
+// at 5, the last event handled 10), and that decision is not the new
+// consumer's. The request was made for the consumer before, so it is void
+// for the new one (ErrRewindVoid), which hands every event from its
+// start. Before, the owner moved the consumer created again as it had
+// decided for the one before: to 3 for a replay from 3, to 11, after the
+// last event it handled, for one with nothing to replay; either way the
+// group created again never handed the events before, and the rewind was
+// recorded done.
+func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		from uint64
+	}{
+		{"from 3", 3},
+		{"nothing to replay", firstPass + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const group = "rewindagain"
+			s := newAckRefusingServer(t, 1)
+			consumer := topology.GroupConsumerName(group, 0)
+			refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+			var mu sync.Mutex
+			handed := map[uint64]int{}
+			var lostFirst uint64
+			entered, release := make(chan struct{}), make(chan struct{})
+			var enteredOnce sync.Once
+			cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, AckWait: 3 * time.Minute}
+			cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
+				enteredOnce.Do(func() { close(entered) })
+				select {
+				case <-release:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, ev := range b {
+					handed[ev.Seq]++
+				}
+				if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+					lostFirst = b[0].Seq
+					s.refuseAcks(t, consumer) // before the runtime acks the batch
+				}
+				return nil
+			})
+			testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+				_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+				return err == nil
+			})
+			publish(t, s.js, 1, firstPass, 0)
+			testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+			s.refuseAcks(t, "")
+			cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := cons.CachedInfo()
+			mu.Lock()
+			first := lostFirst
+			mu.Unlock()
+			if old.AckFloor.Stream != first-1 {
+				t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
+			}
+
+			id, err := reader.Rewind(t.Context(), s.js, group, reader.FromSeq(tc.from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-entered:
+			case <-time.After(30 * time.Second):
+				t.Fatal("OnRewind was never called")
+			}
+			if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+				t.Fatal(err)
+			}
+			c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := reader.WaitRewind(wctx, s.js, group, id); !errors.Is(err, reader.ErrRewindVoid) {
+				t.Errorf("WaitRewind of a rewind requested for the consumer before = %v, want ErrRewindVoid", err)
+			}
+			more := publish(t, s.js, 1, 5, firstPass)
+			last := uint64(firstPass + len(more))
+			testenv.WaitFor(t, 60*time.Second, "the consumer created again acked to the last event", func() bool {
+				info, err := c2.Info(t.Context())
+				return err == nil && info.AckFloor.Stream == last
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			var missed []uint64 // events the consumer created again never handed
+			for seq := uint64(1); seq <= last; seq++ {
+				if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
+					missed = append(missed, seq)
+				}
+			}
+			if len(missed) > 0 {
+				t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+			}
+		})
+	}
+}
+
+// A handler's Replay(from) asked of a batch whose consumer was deleted and
+// created again (at the oldest event, by a later deploy) while the handler
+// held it: 1..5 handled and acked, the handler holding 6..10 asks for them
+// again, and the consumer there now never handed anything. It goes on from
+// its own ack floor, handing every event from its start (6.. among them,
+// as asked). Before, the owner moved the consumer created again to 6, as
+// if it were the one before: the group created again never handed 1..5.
+func TestAHandlersReplayOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	consumer := topology.GroupConsumerName("g", 0)
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	held, release := make(chan struct{}), make(chan struct{})
+	var replayed atomic.Bool
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5}, func(ctx context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		mu.Unlock()
+		if b[0].Seq != 6 || !replayed.CompareAndSwap(false, true) {
+			return nil
+		}
+		close(held)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return reader.Replay(6, errors.New("the handler wants 6.. again"))
+	})
+	publish(t, js, 1, 5, 0)
+	var old *jetstream.ConsumerInfo
+	testenv.WaitFor(t, 30*time.Second, "1..5 handled and acked", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		if err == nil {
+			old = c.CachedInfo()
+		}
+		return err == nil && old.AckFloor.Stream == 5
+	})
+	publish(t, js, 1, 5, 5)
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("6..10 were never handed")
+	}
+	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	publish(t, js, 1, 5, 10)
+	const last = 15
+	testenv.WaitFor(t, 60*time.Second, "the new consumer acked to the last event", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil && c.CachedInfo().AckFloor.Stream == last
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	var missed []uint64 // events the consumer created again never handed
+	for seq := uint64(1); seq <= last; seq++ {
+		want := 1
+		if seq <= 10 {
+			want = 2 // handed by the consumer before too
+		}
+		if handed[seq] < want {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
+	}
+}
+
+// warnings is a log handler that keeps the messages of the warnings and
+// errors logged.
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *warnings) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+func (h *warnings) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnings) WithGroup(string) slog.Handler      { return h }
+
+// A rewind with nothing to replay after a lost ack, in a group started at
+// new events (rewindAfterALostAck's case), whose reset to the floor after
+// the owner acked 10 again is refused once (as one that times out): the
+// retry finds the floor at 10 already, does not ack again, and goes on
+// after 10, every event handed once, with no warning that the ack again
+// failed. Before, the retry acked the same message again, which the client
+// refused as acked already, and the owner warned that the events handled
+// past the floor come again, which they did not.
+func TestARewindAfterALostAckWhoseResetFailedOnceDoesNotAckAgain(t *testing.T) {
+	t.Parallel()
+	const group = "rewindnewreset"
+	s := newAckRefusingServer(t, 1)
+	consumer := topology.GroupConsumerName(group, 0)
+	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
+	reset := "$JS.API.CONSUMER.RESET." + events.ClicksStream + "." + consumer
+	var mu sync.Mutex
+	handed := map[uint64]int{}
+	var lostFirst uint64
+	logged := &warnings{}
+	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute, Logger: slog.New(logged)}
+	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ev := range b {
+			handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+		return err == nil
+	})
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuse(t, reset)
+	mu.Lock()
+	first := lostFirst
+	mu.Unlock()
+	if info, err := cons.Info(t.Context()); err != nil || info.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %v (%v), want %d: the last batch's ack lost", info.AckFloor.Stream, err, first-1)
+	}
+	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
+	testenv.WaitFor(t, 60*time.Second, "the server to refuse the rewind's reset", func() bool { return s.log.of(reset) > 0 })
+	s.refuse(t)
+	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, s.js, 1, 5, firstPass)
+	last := uint64(firstPass + len(more))
+	testenv.WaitFor(t, 30*time.Second, "the partition to handle and ack what was published after the rewind", func() bool {
+		info, err := cons.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last
+	})
+	mu.Lock()
+	for seq := uint64(1); seq <= last; seq++ {
+		if handed[seq] != 1 {
+			t.Errorf("event %d handed %d times, want once", seq, handed[seq])
+		}
+	}
+	mu.Unlock()
+	logged.mu.Lock()
+	defer logged.mu.Unlock()
+	for _, msg := range logged.msgs {
+		if strings.Contains(msg, "acking it again failed") {
+			t.Errorf("the owner warned %q, want no such warning: the retry found the floor at %d already", msg, firstPass)
+		}
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
