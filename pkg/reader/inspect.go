@@ -109,8 +109,14 @@ func Members(ctx context.Context, js jetstream.JetStream, group string) ([]Lease
 	if err != nil {
 		return nil, fmt.Errorf("members of %s: %w", group, err)
 	}
-	var out []Lease
+	// The listing is read to its end first: its lister blocks for good on a
+	// full channel left unread.
+	var names []string
 	for k := range keys.Keys() {
+		names = append(names, k)
+	}
+	var out []Lease
+	for _, k := range names {
 		e, err := kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // lapsed since the listing

@@ -173,7 +173,10 @@ func (v *View) consumers(ctx context.Context, stream string, now time.Time) ([]C
 	if err != nil {
 		return nil, err
 	}
-	var out []Consumer
+	// The listing is read to its end before anything else can fail: its
+	// lister sends on an unbuffered channel and, left unread, blocks for
+	// good (a goroutine lost on every failed refresh).
+	var infos []*jetstream.ConsumerInfo
 	l := s.ListConsumers(ctx)
 	for info := range l.Info() {
 		// Ordered and other ephemeral consumers (the console's own among
@@ -181,6 +184,13 @@ func (v *View) consumers(ctx context.Context, stream string, now time.Time) ([]C
 		if info.Config.Durable == "" || info.Config.Metadata["snip.group"] != "" {
 			continue
 		}
+		infos = append(infos, info)
+	}
+	if err := l.Err(); err != nil {
+		return nil, fmt.Errorf("list consumers of %s: %w", stream, err)
+	}
+	var out []Consumer
+	for _, info := range infos {
 		t, err := reader.OldestUnprocessed(ctx, s, info)
 		if err != nil {
 			return nil, fmt.Errorf("consumer %s on %s: %w", info.Name, stream, err)
@@ -197,9 +207,6 @@ func (v *View) consumers(ctx context.Context, stream string, now time.Time) ([]C
 			Stream: stream, Name: info.Name, Filter: filter, Pending: info.NumPending, InFlight: info.NumAckPending,
 			Redelivered: info.NumRedelivered, Waiting: info.NumWaiting, OldestAge: age.Seconds(), Level: v.th.Level(age),
 		})
-	}
-	if err := l.Err(); err != nil {
-		return nil, fmt.Errorf("list consumers of %s: %w", stream, err)
 	}
 	slices.SortFunc(out, func(a, b Consumer) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
