@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -193,9 +194,10 @@ func (l *Loader) Handle(ctx context.Context, partition int, batch []reader.Event
 	index := make([]int, 0, len(batch)) // batch index of each row
 	badAt := -1
 	var bad error
+	var skipped []int // batch indices of the events the backfill cut skips
 	for i, e := range batch {
 		if l.cfg.Backfill.Skips(e) {
-			l.m.skipped.Inc()
+			skipped = append(skipped, i)
 			continue
 		}
 		r, err := RowFromEvent(e)
@@ -217,18 +219,36 @@ func (l *Loader) Handle(ctx context.Context, partition int, batch []reader.Event
 		behind := time.Since(batch[len(batch)-1].Stored) > l.cfg.Linger
 		e, err := l.insert(ctx, rows, behind)
 		if err != nil {
+			// Nothing of the batch is done: it comes again, skipped
+			// events included, and they count then.
 			return fmt.Errorf("load partition %d: %w", partition, err)
 		}
 		if e.poisonAt >= 0 {
+			at := index[e.poisonAt]
+			l.countSkipped(skipped, at)
 			l.m.parked.WithLabelValues(ReasonBadRow).Inc()
-			return reader.Poison(index[e.poisonAt], ReasonBadRow, e.poisonErr)
+			return reader.Poison(at, ReasonBadRow, e.poisonErr)
 		}
 	}
 	if badAt >= 0 {
+		l.countSkipped(skipped, badAt)
 		l.m.parked.WithLabelValues(ReasonImplausibleTime).Inc()
 		return reader.Poison(badAt, ReasonImplausibleTime, bad)
 	}
+	l.countSkipped(skipped, len(batch))
 	return nil
+}
+
+// countSkipped counts the skipped events (batch indices, ascending) before
+// batch index end: the ones the handler's answer says are done. The events
+// from end on are handed again (the rest of a batch after a parked event),
+// as is a whole batch whose insert failed, so each skipped event is counted
+// once, when it is done.
+func (l *Loader) countSkipped(skipped []int, end int) {
+	n, _ := slices.BinarySearch(skipped, end)
+	if n > 0 {
+		l.m.skipped.Add(float64(n))
+	}
 }
 
 // insert adds rows to the open group and waits until it was inserted.

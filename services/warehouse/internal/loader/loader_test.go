@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
@@ -449,6 +450,79 @@ func TestBackfillSkipsOnlyOldBacklog(t *testing.T) {
 	var none *loader.Backfill
 	if none.Skips(reader.Event{}) {
 		t.Error("a nil Backfill skips")
+	}
+}
+
+// TestSkippedEventsAreCountedOnce: an event the backfill cut skips is
+// counted once its batch is done, not each time the runtime hands the batch
+// again (after a failed insert, or the rest of a batch after a parked event).
+func TestSkippedEventsAreCountedOnce(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: 100 * time.Millisecond,
+		Backfill: &loader.Backfill{Since: now.Add(-72 * time.Hour), BacklogUntilSeq: 1000}})
+	if err := e.w.EnsureSchema(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Backlog events of one link, every other one's click older than the
+	// window (skipped), the others inside it.
+	batch := func(firstSeq uint64) []reader.Event {
+		clicks := make([]events.Click, 10)
+		for i := range clicks {
+			at := now.Add(-time.Hour)
+			if i%2 == 0 {
+				at = now.Add(-80 * time.Hour)
+			}
+			clicks[i] = warehousetest.Click(i, "acme", "a-l1", at)
+		}
+		evs := warehousetest.Events(clicks, now)
+		for i := range evs {
+			evs[i].Seq += firstSeq - 1
+		}
+		return evs
+	}
+	skipped := func() float64 {
+		t.Helper()
+		return warehousetest.Metric(t, e.reg, "snip_warehouse_backfill_skipped_total")
+	}
+
+	// Inserts fail: nothing of the batch is done, however often it comes.
+	evs := batch(1)
+	p := evs[0].Partition
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks DROP COLUMN referrer"); err != nil {
+		t.Fatal(err)
+	}
+	for try := range 3 {
+		if err := e.l.Handle(t.Context(), p, evs); !errors.Is(err, loader.ErrPermanent) {
+			t.Fatalf("try %d with a column dropped: %v, want ErrPermanent", try, err)
+		}
+	}
+	if got := skipped(); got != 0 {
+		t.Errorf("skipped after three failed tries = %v, want 0 (nothing of the batch is done)", got)
+	}
+	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks ADD COLUMN referrer String AFTER user_agent"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the batch to load once the column is back", func() bool {
+		return e.l.Handle(t.Context(), p, evs) == nil
+	})
+	if got := skipped(); got != 5 {
+		t.Errorf("skipped once the batch loaded = %v, want 5", got)
+	}
+
+	// A row parked at index 5: the skipped events before it (0, 2, 4) are
+	// done; the runtime hands those after it again, and they count then.
+	evs = batch(11)
+	evs[5].Click.Country = "DEU" // FixedString(2): the client refuses it
+	var pe *reader.PoisonError
+	if err := e.l.Handle(t.Context(), p, evs); !errors.As(err, &pe) || pe.Index != 5 {
+		t.Fatalf("Handle with a bad row at 5 = %v, want Poison(5)", err)
+	}
+	if err := e.l.Handle(t.Context(), p, evs[6:]); err != nil {
+		t.Fatalf("the rest of the batch: %v", err)
+	}
+	if got := skipped(); got != 10 {
+		t.Errorf("skipped after both batches = %v, want 10", got)
 	}
 }
 

@@ -20,7 +20,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}, []string{"reason"}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "snip_warehouse_backfill_skipped_total",
-			Help: "Backlog events skipped because their click is older than the backfill cut the group was made with.",
+			Help: "Backlog events skipped because their click is older than the backfill cut the group was made with, each counted once, when its batch is done.",
 		}),
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "snip_warehouse_rows_waiting",
