@@ -344,9 +344,8 @@ func (l *Loader) flushLoop() {
 		if g == nil {
 			return
 		}
-		l.m.flushes.WithLabelValues(trigger).Inc()
 		began := time.Now()
-		l.flush(base, g)
+		l.flush(base, g, trigger)
 		l.log.Debug("insert", "trigger", trigger, "rows", g.rows, "batches", len(g.entries),
 			"waited", began.Sub(g.first).Round(time.Millisecond).String(), "took", time.Since(began).Round(time.Millisecond).String(), "err", g.err)
 		l.m.waiting.Sub(float64(g.rows))
@@ -415,13 +414,15 @@ func (l *Loader) next() (*group, string) {
 }
 
 // flush inserts one group, parking rows the inserter refuses, and tells
-// every waiting handler how it went.
-func (l *Loader) flush(base context.Context, g *group) {
+// every waiting handler how it went. A group due while the loader waits out
+// PermanentRetryDelay fails without an insert, and counts as no flush.
+func (l *Loader) flush(base context.Context, g *group, trigger string) {
 	defer close(g.done)
 	if now := time.Now(); now.Before(l.coolUntil) {
 		g.err = fmt.Errorf("not inserting until %s: %w", l.coolUntil.Format(time.RFC3339), l.coolErr)
 		return
 	}
+	l.m.flushes.WithLabelValues(trigger).Inc()
 
 	rows := make([]Row, 0, g.rows)
 	owner := make([]rowRef, 0, g.rows)

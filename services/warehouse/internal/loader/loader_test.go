@@ -359,6 +359,9 @@ func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassSchema); got != 1 {
 		t.Errorf("schema errors = %v, want 1 (one attempt per retry delay)", got)
 	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total"); got != 2 {
+		t.Errorf("flushes = %v, want 2 (the first batch's insert and the failing one; none while waiting out the delay)", got)
+	}
 	if err := e.conn.Exec(t.Context(), "ALTER TABLE clicks ADD COLUMN referrer String AFTER user_agent"); err != nil {
 		t.Fatal(err)
 	}
