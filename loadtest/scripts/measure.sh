@@ -30,6 +30,9 @@
 #   STEPS=flood loadtest/scripts/measure.sh      # only (3)
 #   STEPS=hot loadtest/scripts/measure.sh        # (4) HOT_RATES with every click on one link
 #   STEPS=cpu loadtest/scripts/measure.sh        # (5) CPU per click of every process, HTTP at CPU_RATE
+#   STEPS=generator loadtest/scripts/measure.sh  # (10) the generator's own CPU a click (and the server's, storing what it
+#                                                #     publishes) at GEN_RATE (20,000/s), no readers; GEN_BINS="<old> <new>"
+#                                                #     alternates builds, ROUNDS times (default 2)
 #   STEPS=goals loadtest/scripts/measure.sh      # (6) the ceiling, then in one fresh demo every reader at
 #                                                #     PLAIN_RATE (default 16,000/s) with the flood not yet
 #                                                #     labelled, then at FLOOD_RATE (default 12,000/s) with it
@@ -86,6 +89,7 @@ if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 fi
 
 nats-server -js -sd "$TMP/nats" -a 127.0.0.1 -p 4333 >"$OUT/nats.log" 2>&1 &
+NATS_PID=$!
 pids+=($!)
 redis-server --port 6391 --bind 127.0.0.1 --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
 pids+=($!)
@@ -185,6 +189,32 @@ if [[ ${STEPS:-all} == redirect-cpu ]]; then
 		done
 	done
 	kill "$bare_pid"
+	log "done: reports in $OUT"
+	exit 0
+fi
+
+if [[ ${STEPS:-all} == generator ]]; then
+	# The generator's own cost a click: `loadtest events` at GEN_RATE
+	# (default 20,000/s) into the standalone server, no readers, for 30 s;
+	# the CPU of the generator and of the server over 20 s in the middle.
+	# GEN_BINS lists the builds to alternate (default this tree's), ROUNDS
+	# times.
+	for round in $(seq 1 "${ROUNDS:-2}"); do
+		for bin in ${GEN_BINS:-$LT}; do
+			NATS_URL=nats://127.0.0.1:4333 $bin events --rate "${GEN_RATE:-20000}" --duration 30s --links 1000 --viral 0.5 \
+				--counter-url off --clickhouse off --fraud off --out "$OUT/generator-$round-$(basename "$bin")" >"$TMP/gen.log" 2>&1 &
+			gen=$!
+			sleep 5 # into the load: a measured interval of fixed length, not a wait for a condition
+			g0=$(awk '{print $14 + $15}' /proc/$gen/stat) n0=$(awk '{print $14 + $15}' /proc/"$NATS_PID"/stat)
+			sleep 20
+			g1=$(awk '{print $14 + $15}' /proc/$gen/stat) n1=$(awk '{print $14 + $15}' /proc/"$NATS_PID"/stat)
+			wait $gen
+			awk -v r="${GEN_RATE:-20000}" -v g=$((g1 - g0)) -v n=$((n1 - n0)) -v tck="$(getconf CLK_TCK)" -v b="$bin" -v round="$round" \
+				'BEGIN { printf "round %d %s: generator %.1f µs a click, nats-server %.1f\n", round, b, g / tck / (20 * r) * 1e6, n / tck / (20 * r) * 1e6 }' |
+				tee -a "$OUT/generator.txt"
+		done
+	done
+	stop
 	log "done: reports in $OUT"
 	exit 0
 fi
