@@ -45,6 +45,7 @@ func TestOnRedisCluster(t *testing.T) {
 		// its way out, so the kill is not faithful there.
 		TestRelaySharesShardsAmongInstances,
 		TestRelayDeletesOnlyTheHeadItRelayed,
+		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
 	)
@@ -668,4 +669,60 @@ func TestNextStreamID(t *testing.T) {
 			t.Errorf("nextStreamID(%q) = %q, want an error", bad, got)
 		}
 	}
+}
+
+// TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover: a Redis
+// failover (or a restart from older data) can leave the lane without the
+// tail of a batch the relay has read and published, and the new master
+// gives its next entries IDs at or below the batch's last one (its clock a
+// little behind, or the same millisecond: here the very IDs of the lost
+// entries). The batch's delete must not take those entries with it, and
+// the relay must still find them: every click reaches CLICKS once, in
+// order.
+func TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 16)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	r := e.relay("r")
+	var once sync.Once
+	var added []string
+	r.afterAcks = func(_ int, _ Lane, relayed []string) error {
+		once.Do(func() {
+			if len(relayed) != 16 {
+				t.Errorf("the first batch relayed %d entries, want 16", len(relayed))
+				return
+			}
+			// The new master has the batch up to its 10th entry only.
+			ctx := t.Context()
+			kept, err := e.rdb.XRange(ctx, key, "-", relayed[9]).Result()
+			if err != nil {
+				t.Error(err)
+			}
+			pipe := e.rdb.TxPipeline()
+			pipe.Del(ctx, key)
+			for _, m := range kept {
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: m.ID, Values: m.Values})
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Error(err)
+			}
+			// Its next clicks take the IDs of the entries it lost.
+			for i, sid := range relayed[10:13] {
+				c := testClick("acme", "abc", 100+i)
+				data, _ := json.Marshal(c)
+				err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: sid, Values: []any{fieldID, c.ID, fieldSubject, events.ClickSubject("acme", "abc"), fieldData, data}}).Err()
+				if err != nil {
+					t.Error(err)
+				}
+				added = append(added, c.ID)
+			}
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	// The relay deletes only what JetStream acknowledged: CLICKS has it all.
+	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
 }
