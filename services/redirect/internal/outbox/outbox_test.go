@@ -726,3 +726,36 @@ func TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover(t *testing.T) {
 	// The relay deletes only what JetStream acknowledged: CLICKS has it all.
 	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
 }
+
+// TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried: the batch that
+// parked an entry fails before its delete (a Redis error, a crash, a lost
+// lease), so the entry is parked again when the lane is retried (stored
+// once on DEAD_LETTER: its dead-letter ID is the same). relay_parked_total
+// counts it once, like relay_published_total counts what the relay deleted.
+func TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: []any{"subject", "clicks.acme.abc", "data", "{}"}}) // no id
+	ids := e.addClicks(t, "abc", 2)
+	r := e.relay("one")
+	var failed atomic.Bool
+	r.afterAcks = func(int, Lane, []string) error {
+		if failed.CompareAndSwap(false, true) {
+			return errCrash
+		}
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+	if n := count(e.js, events.DeadLetterStream); n != 1 {
+		t.Fatalf("DEAD_LETTER holds %d messages, want 1", n)
+	}
+	published := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name))
+	parked := counterValue(r.m.Parked.WithLabelValues(LaneClicks.Name, "malformed"))
+	if published != 2 || parked != 1 {
+		t.Fatalf("relay_published_total = %v, relay_parked_total = %v; want 2 and 1", published, parked)
+	}
+}

@@ -563,6 +563,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	ids := make([]string, 0, len(batch))
 	var first, last string  // the event IDs of ids' first and last entries
 	published, late := 0, 0 // of ids; the rest were parked
+	var parked []string     // the reasons of those parked, counted once deleted
 	var stop error
 	for _, b := range batch {
 		err := b.err
@@ -596,10 +597,12 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 				stop = errLeaseLapsed
 				continue
 			}
-			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
+			why, perr := r.park(ctx, shard, lane, b.e, err)
+			if perr != nil {
 				stop = perr
 				continue
 			}
+			parked = append(parked, why)
 			ids = append(ids, b.e.StreamID)
 			if len(ids) == 1 {
 				first = b.e.ID
@@ -643,8 +646,13 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 		// head, and counted when they are deleted.
 		return 0, errLaneRewritten
 	}
+	// Counted once deleted: a batch that fails before its delete parks (and
+	// publishes) its entries again when the lane is retried.
 	r.m.Published.WithLabelValues(lane.Name).Add(float64(published))
 	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
+	for _, why := range parked {
+		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
+	}
 	return len(ids), stop
 }
 
@@ -701,9 +709,10 @@ func permanent(err error) bool { return classify(err).Kind == failure.Park }
 // the Snip-Dead-* headers, and the outbox entry's ID in place of a stream
 // sequence, so a retried park is stored once and snipctl dlq redrive can send
 // it on), or, if DEAD_LETTER refuses it too, into the shard's Redis dead
-// stream. An error means neither worked now (transient); the entry stays in
-// the outbox.
-func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) error {
+// stream. It returns the reason it was parked under (relayBatch counts it
+// once the entry is deleted). An error means neither worked now
+// (transient); the entry stays in the outbox.
+func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) (string, error) {
 	why := classify(cause).Reason
 	r.m.PublishErrors.WithLabelValues(lane.Name, "permanent").Inc()
 	r.log.Error("relay parks an entry JetStream refused", "shard", shard, "lane", lane.Name, "id", e.ID, "subject", e.Subject, "reason", why, "err", cause)
@@ -721,19 +730,17 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 		Data:     []byte(e.Data),
 	})
 	if err == nil {
-		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
-		return nil
+		return why, nil
 	}
 	if !permanent(err) && !errors.Is(err, deadletter.ErrInvalid) {
-		return fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
+		return "", fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
 	}
 	if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.layout.DeadKey(shard), ID: "*", Values: []any{
 		fieldID, e.ID, fieldSubject, e.Subject, fieldData, e.Data, "lane", lane.Name, "reason", why, "error", truncate(cause.Error(), 512),
 	}}).Err(); err != nil {
-		return fmt.Errorf("park %s in redis: %w", e.ID, err)
+		return "", fmt.Errorf("park %s in redis: %w", e.ID, err)
 	}
-	r.m.Parked.WithLabelValues(lane.Name, why).Inc()
-	return nil
+	return why, nil
 }
 
 // deadSource is the relay's dead-letter source token: dead.outbox.<reason>.
