@@ -46,6 +46,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestRelaySharesShardsAmongInstances,
 		TestRelayDeletesOnlyTheHeadItRelayed,
 		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
+		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
 	)
@@ -758,4 +759,53 @@ func TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried(t *testing.T) {
 	if published != 2 || parked != 1 {
 		t.Fatalf("relay_published_total = %v, relay_parked_total = %v; want 2 and 1", published, parked)
 	}
+}
+
+// TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover: the relay
+// has relayed and deleted a batch; Redis fails over to a master that has
+// none of it (nor its delete) and whose clock is behind, so its new
+// entries take IDs below the last one the relay deleted, where its next
+// read (from that ID) would not look (go-redis retries a read the
+// failover broke, so the relay need not see an error). Once a read finds
+// nothing for a whole Block, the next starts from the lane's head, and the
+// new clicks reach CLICKS without waiting for an entry above that ID.
+func TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	ids := e.addClicks(t, "abc", 4)
+	var relayed []string
+	var mu sync.Mutex
+	r := e.relay("r")
+	r.afterAcks = func(_ int, _ Lane, batch []string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		relayed = append(relayed, batch...)
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	mu.Lock()
+	first := relayed[0]
+	mu.Unlock()
+
+	// The new master: the lane as it was before the relay read it, less
+	// every entry, its next clicks at IDs from the batch's first on.
+	ms, _, _ := strings.Cut(first, "-")
+	if err := e.rdb.Del(t.Context(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var added []string
+	for i := range 3 {
+		c := testClick("acme", "abc", 100+i)
+		data, _ := json.Marshal(c)
+		err := e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, ID: fmt.Sprintf("%s-%d", ms, i), Values: []any{fieldID, c.ID, fieldSubject, events.ClickSubject("acme", "abc"), fieldData, data}}).Err()
+		if err != nil {
+			t.Fatal(err)
+		}
+		added = append(added, c.ID)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty again", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
 }

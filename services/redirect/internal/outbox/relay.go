@@ -69,7 +69,7 @@ type JetStream interface {
 // a dead instance's shards are taken over once its leases expire.
 //
 // Per lane, the relay reads the head of the outbox (XREAD from the last
-// entry it deleted), publishes up to Window entries with PublishMsgAsync
+// entry it deleted, or from the start once a read found nothing), publishes up to Window entries with PublishMsgAsync
 // (Nats-Msg-Id = event ID, Nats-Expected-Stream = the lane's stream), waits
 // for the acks in order, and deletes the acknowledged prefix (an exact XTRIM MINID)
 // fenced by the lease token (a Lua script deletes only while the token is
@@ -429,6 +429,15 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 		}
 		res, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: count, Block: max(block, time.Millisecond)}).Result()
 		if errors.Is(err, redis.Nil) {
+			// Nothing after any lane's position for a whole Block: read the
+			// lanes from their heads next. Normally the same entries (all
+			// before a position were deleted), but a Redis failover can
+			// bring a master that lacks what the relay read and deleted
+			// and, its clock behind, appends below the position, where no
+			// read from it would look.
+			for _, i := range order {
+				lanes[i].last = "0-0"
+			}
 			continue
 		}
 		if err != nil {
