@@ -31,9 +31,11 @@ import (
 	"github.com/snipdev/snip/pkg/events"
 )
 
-// ErrUnconfirmed means no attempt got an ack: JetStream may have stored the
-// click or not. Other errors mean it did not (the connection was down, the
-// stream refused it, the click broke the rule of validity).
+// ErrUnconfirmed means an attempt's ack did not come in time and no later
+// attempt got one (a later one may have failed otherwise: the connection
+// down by then): JetStream may have stored the click or not. Other errors
+// mean it did not (the connection was down, the stream refused it, the
+// click broke the rule of validity).
 var ErrUnconfirmed = errors.New("no ack from JetStream on any attempt")
 
 // Attempts is how many times a click whose ack timed out is published, in
@@ -69,18 +71,23 @@ func (p *Publisher) PublishClick(ctx context.Context, id, subject, data []byte) 
 		Header: nats.Header{events.HeaderMsgID: []string{string(id)}},
 	}
 	var err error
+	sent := 0 // attempts whose ack did not come in time: each may be stored
 	for range Attempts {
 		if err = p.publish(ctx, msg); err == nil || !timedOut(err) || ctx.Err() != nil {
 			break
 		}
+		sent++
 	}
-	if err != nil {
-		if timedOut(err) && ctx.Err() == nil {
-			return fmt.Errorf("publish click %s to %s: %w after %d attempts: %w", id, subject, ErrUnconfirmed, Attempts, err)
-		}
+	switch {
+	case err == nil:
+		return nil
+	case sent > 0 && ctx.Err() == nil:
+		// However a later attempt failed (the connection is down by now,
+		// say), an earlier one may have been stored.
+		return fmt.Errorf("publish click %s to %s: %w after %d attempts: %w", id, subject, ErrUnconfirmed, sent, err)
+	default:
 		return fmt.Errorf("publish click %s to %s: %w", id, subject, err)
 	}
-	return nil
 }
 
 func (p *Publisher) publish(ctx context.Context, msg *nats.Msg) error {

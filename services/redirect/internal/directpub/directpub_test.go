@@ -2,6 +2,7 @@ package directpub_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -76,5 +77,63 @@ func TestAckThatCameLateIsAskedForAgain(t *testing.T) {
 	}
 	if n := info.CachedInfo().State.Msgs; n != 1 {
 		t.Fatalf("CLICKS holds %d messages, want the click once", n)
+	}
+}
+
+// TestAnAttemptThatTimedOutLeavesTheClickUnconfirmed: the nats-server
+// process is frozen while a click is published; the connection goes stale
+// (pings unanswered) and is reconnecting by the time the first attempt's
+// ack wait ends, so the second attempt fails at once, without reaching any
+// server. The first attempt's copy is in the server's socket, and the
+// server stores it when it thaws: PublishClick must say the click may be
+// stored (ErrUnconfirmed), not report the second attempt's error, which
+// says the click was not (the redirect would answer click_not_recorded
+// for a click every reader counts).
+func TestAnAttemptThatTimedOutLeavesTheClickUnconfirmed(t *testing.T) {
+	t.Parallel()
+	c, err := testenv.NewNATSProcess(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	js := c.JetStream(t)
+	if err := topology.Apply(t.Context(), js, topology.Defaults()); err != nil {
+		t.Fatal(err)
+	}
+	nc := c.Connect(t, nats.ReconnectBufSize(-1), nats.PingInterval(100*time.Millisecond), nats.MaxPingsOutstanding(2))
+	pjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = time.Second
+	p := directpub.New(pjs, timeout)
+
+	id := events.NewID()
+	click := events.Click{V: events.ClickVersion, ID: id, Time: time.Now().UTC(), Code: "stale", Owner: "o1",
+		Target: "https://example.com/", Visitor: "v"}
+	data, err := json.Marshal(click)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := events.ClickSubject(click.Owner, click.Code)
+
+	node := c.Nodes[0]
+	node.Pause()
+	t.Cleanup(node.Resume)
+	testenv.WaitFor(t, 5*time.Second, "nats-server stopped", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", node.PID()))
+		return err == nil && strings.Contains(string(b), ") T ")
+	})
+	err = p.PublishClick(t.Context(), []byte(id), []byte(subject), data)
+	if nc.IsConnected() {
+		t.Fatal("the connection did not go stale while the server was frozen: the test tried nothing")
+	}
+	node.Resume()
+	testenv.WaitFor(t, 10*time.Second, "CLICKS to store the first attempt's copy", func() bool {
+		s, err := js.Stream(t.Context(), events.ClicksStream)
+		return err == nil && s.CachedInfo().State.Msgs == 1
+	})
+	if !errors.Is(err, directpub.ErrUnconfirmed) {
+		t.Fatalf("PublishClick: %v; want ErrUnconfirmed (the click is in CLICKS)", err)
 	}
 }

@@ -45,6 +45,8 @@ func TestOnRedisCluster(t *testing.T) {
 		// its way out, so the kill is not faithful there.
 		TestRelaySharesShardsAmongInstances,
 		TestRelayDeletesOnlyTheHeadItRelayed,
+		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
+		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
 	)
@@ -668,4 +670,142 @@ func TestNextStreamID(t *testing.T) {
 			t.Errorf("nextStreamID(%q) = %q, want an error", bad, got)
 		}
 	}
+}
+
+// TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover: a Redis
+// failover (or a restart from older data) can leave the lane without the
+// tail of a batch the relay has read and published, and the new master
+// gives its next entries IDs at or below the batch's last one (its clock a
+// little behind, or the same millisecond: here the very IDs of the lost
+// entries). The batch's delete must not take those entries with it, and
+// the relay must still find them: every click reaches CLICKS once, in
+// order.
+func TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 16)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	r := e.relay("r")
+	var once sync.Once
+	var added []string
+	r.afterAcks = func(_ int, _ Lane, relayed []string) error {
+		once.Do(func() {
+			if len(relayed) != 16 {
+				t.Errorf("the first batch relayed %d entries, want 16", len(relayed))
+				return
+			}
+			// The new master has the batch up to its 10th entry only.
+			ctx := t.Context()
+			kept, err := e.rdb.XRange(ctx, key, "-", relayed[9]).Result()
+			if err != nil {
+				t.Error(err)
+			}
+			pipe := e.rdb.TxPipeline()
+			pipe.Del(ctx, key)
+			for _, m := range kept {
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: m.ID, Values: m.Values})
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				t.Error(err)
+			}
+			// Its next clicks take the IDs of the entries it lost.
+			for i, sid := range relayed[10:13] {
+				c := testClick("acme", "abc", 100+i)
+				data, _ := json.Marshal(c)
+				err := e.rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: sid, Values: []any{fieldID, c.ID, fieldSubject, events.ClickSubject("acme", "abc"), fieldData, data}}).Err()
+				if err != nil {
+					t.Error(err)
+				}
+				added = append(added, c.ID)
+			}
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	// The relay deletes only what JetStream acknowledged: CLICKS has it all.
+	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
+}
+
+// TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried: the batch that
+// parked an entry fails before its delete (a Redis error, a crash, a lost
+// lease), so the entry is parked again when the lane is retried (stored
+// once on DEAD_LETTER: its dead-letter ID is the same). relay_parked_total
+// counts it once, like relay_published_total counts what the relay deleted.
+func TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: []any{"subject", "clicks.acme.abc", "data", "{}"}}) // no id
+	ids := e.addClicks(t, "abc", 2)
+	r := e.relay("one")
+	var failed atomic.Bool
+	r.afterAcks = func(int, Lane, []string) error {
+		if failed.CompareAndSwap(false, true) {
+			return errCrash
+		}
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+	if n := count(e.js, events.DeadLetterStream); n != 1 {
+		t.Fatalf("DEAD_LETTER holds %d messages, want 1", n)
+	}
+	published := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name))
+	parked := counterValue(r.m.Parked.WithLabelValues(LaneClicks.Name, "malformed"))
+	if published != 2 || parked != 1 {
+		t.Fatalf("relay_published_total = %v, relay_parked_total = %v; want 2 and 1", published, parked)
+	}
+}
+
+// TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover: the relay
+// has relayed and deleted a batch; Redis fails over to a master that has
+// none of it (nor its delete) and whose clock is behind, so its new
+// entries take IDs below the last one the relay deleted, where its next
+// read (from that ID) would not look (go-redis retries a read the
+// failover broke, so the relay need not see an error). Once a read finds
+// nothing for a whole Block, the next starts from the lane's head, and the
+// new clicks reach CLICKS without waiting for an entry above that ID.
+func TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	ids := e.addClicks(t, "abc", 4)
+	var relayed []string
+	var mu sync.Mutex
+	r := e.relay("r")
+	r.afterAcks = func(_ int, _ Lane, batch []string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		relayed = append(relayed, batch...)
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	mu.Lock()
+	first := relayed[0]
+	mu.Unlock()
+
+	// The new master: the lane as it was before the relay read it, less
+	// every entry, its next clicks at IDs from the batch's first on.
+	ms, _, _ := strings.Cut(first, "-")
+	if err := e.rdb.Del(t.Context(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var added []string
+	for i := range 3 {
+		c := testClick("acme", "abc", 100+i)
+		data, _ := json.Marshal(c)
+		err := e.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, ID: fmt.Sprintf("%s-%d", ms, i), Values: []any{fieldID, c.ID, fieldSubject, events.ClickSubject("acme", "abc"), fieldData, data}}).Err()
+		if err != nil {
+			t.Fatal(err)
+		}
+		added = append(added, c.ID)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty again", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", append(ids, added...), storedIDs(t, e.js, events.ClicksStream))
 }

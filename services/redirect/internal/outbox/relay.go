@@ -69,7 +69,7 @@ type JetStream interface {
 // a dead instance's shards are taken over once its leases expire.
 //
 // Per lane, the relay reads the head of the outbox (XREAD from the last
-// entry it deleted), publishes up to Window entries with PublishMsgAsync
+// entry it deleted, or from the start once a read found nothing), publishes up to Window entries with PublishMsgAsync
 // (Nats-Msg-Id = event ID, Nats-Expected-Stream = the lane's stream), waits
 // for the acks in order, and deletes the acknowledged prefix (an exact XTRIM MINID)
 // fenced by the lease token (a Lua script deletes only while the token is
@@ -138,24 +138,52 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0`)
 
-// fencedTrimScript deletes the head of an outbox lane, every entry before
-// an ID, only while the caller holds the shard's lease: KEYS[1] lease,
-// KEYS[2] outbox, ARGV[1] token, ARGV[2] the first ID to keep. It returns
-// -1 when the lease is not the caller's.
+// fencedTrimScript deletes the head of an outbox lane, the entries a batch
+// relayed, only while the caller holds the shard's lease: KEYS[1] lease,
+// KEYS[2] outbox, ARGV[1] token, ARGV[2] the first ID to keep (the one right
+// after the batch's last), ARGV[3] the event ID of the batch's first entry,
+// ARGV[4] the batch's last ID, ARGV[5] its event ID. It returns {-1} when
+// the lease is not the caller's, {n, 0} after trimming n entries, and
+// {0, 1} when it deleted nothing because the lane is not as the batch read
+// it.
 //
-// What a batch deletes is always the lane's head: the relay reads the lane
-// in ID order from its first entry (or from the last one it deleted), and
-// deletes the prefix of what it read that was acknowledged, parked or late,
-// up to the first entry it must retry; and XADD only ever appends, with an
-// ID above every ID the lane has held, so no entry can appear before one
-// read. An exact XTRIM MINID drops that head by whole listpack nodes,
-// where an XDEL of the same IDs looked each one up and marked it deleted:
-// about 1 µs of Redis CPU an entry less (docs/benchmarks.md, "Redirect").
+// What a batch deletes is normally the lane's head: the relay reads the
+// lane in ID order from its first entry (or from the last one it deleted),
+// and deletes the prefix of what it read that was acknowledged, parked or
+// late, up to the first entry it must retry; and XADD only ever appends,
+// with an ID above every ID the lane has held. An exact XTRIM MINID drops
+// that head by whole listpack nodes, where an XDEL of the same IDs looked
+// each one up and marked it deleted: about 1 µs of Redis CPU an entry less
+// (docs/benchmarks.md, "Redirect").
+//
+// But a Redis failover (or a restart from older data) can lose the tail of
+// what the relay read, and the new master then appends at IDs below the
+// batch's last (its clock behind: the very IDs of the lost entries, the
+// sequence counting on from its last one). So the script trims only while
+// the lane's first entry is the batch's first and the entry at the batch's
+// last ID is the batch's last, both by event ID: a master that holds the
+// batch's last entry holds everything written before it, and gives every
+// later entry a higher ID, so the head up to it is the batch. Otherwise the
+// relay reads the lane again from its head and sends what it finds (the
+// stream's duplicate window drops what was stored already).
 var fencedTrimScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
+  return {-1}
 end
-return redis.call('XTRIM', KEYS[2], 'MINID', '=', ARGV[2])`)
+local function eventID(r)
+  local e = r[1]
+  if not e then return nil end
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == 'id' then return f[i+1] end
+  end
+  return ''
+end
+if eventID(redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)) ~= ARGV[3]
+  or eventID(redis.call('XRANGE', KEYS[2], ARGV[4], ARGV[4])) ~= ARGV[5] then
+  return {0, 1}
+end
+return {redis.call('XTRIM', KEYS[2], 'MINID', '=', ARGV[2]), 0}`)
 
 var errLeaseLost = errors.New("shard lease lost")
 
@@ -167,6 +195,11 @@ var errLeaseLapsed = errors.New("shard lease not renewed within its life")
 // errReconnected stops a batch whose NATS connection reconnected while it
 // was being sent (RelayConfig.Reconnects).
 var errReconnected = errors.New("nats connection reconnected during the batch")
+
+// errLaneRewritten reports a batch left undeleted because its lane was no
+// longer as the batch read it (fencedTrimScript: a failover): the lane is
+// read again from its head, where entries added below the batch may lie.
+var errLaneRewritten = errors.New("outbox lane changed below the relayed batch (a failover?)")
 
 // errInvalidClick marks a click entry that fails events.ReadClick: the relay
 // parks it on dead.outbox.<reason> (the reason every reader would park it
@@ -396,6 +429,15 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 		}
 		res, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: count, Block: max(block, time.Millisecond)}).Result()
 		if errors.Is(err, redis.Nil) {
+			// Nothing after any lane's position for a whole Block: read the
+			// lanes from their heads next. Normally the same entries (all
+			// before a position were deleted), but a Redis failover can
+			// bring a master that lacks what the relay read and deleted
+			// and, its clock behind, appends below the position, where no
+			// read from it would look.
+			for _, i := range order {
+				lanes[i].last = "0-0"
+			}
 			continue
 		}
 		if err != nil {
@@ -437,6 +479,11 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 				ls.last = "0-0"
 				ls.retryAt = time.Now().Add(balanceEvery(r.cfg.LeaseTTL))
 				r.log.Warn("relay batch stopped: lease not renewed in time", "shard", shard, "lane", Lanes[li].Name, "published", n)
+			case errors.Is(err, errLaneRewritten):
+				ls.last = "0-0" // entries may lie below the batch's last
+				ls.backoff = 0
+				ls.probing = false
+				r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", Lanes[li].Name, "published", n)
 			case err != nil:
 				if ctx.Err() != nil {
 					return
@@ -523,7 +570,9 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 		}
 	}
 	ids := make([]string, 0, len(batch))
+	var first, last string  // the event IDs of ids' first and last entries
 	published, late := 0, 0 // of ids; the rest were parked
+	var parked []string     // the reasons of those parked, counted once deleted
 	var stop error
 	for _, b := range batch {
 		err := b.err
@@ -541,6 +590,10 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 		switch {
 		case err == nil:
 			ids = append(ids, b.e.StreamID)
+			if len(ids) == 1 {
+				first = b.e.ID
+			}
+			last = b.e.ID
 			if b.late {
 				late++
 			} else {
@@ -553,11 +606,17 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 				stop = errLeaseLapsed
 				continue
 			}
-			if perr := r.park(ctx, shard, lane, b.e, err); perr != nil {
+			why, perr := r.park(ctx, shard, lane, b.e, err)
+			if perr != nil {
 				stop = perr
 				continue
 			}
+			parked = append(parked, why)
 			ids = append(ids, b.e.StreamID)
+			if len(ids) == 1 {
+				first = b.e.ID
+			}
+			last = b.e.ID
 		default:
 			r.m.PublishErrors.WithLabelValues(lane.Name, "publish").Inc()
 			stop = fmt.Errorf("publish %s to %s: %w", b.e.ID, b.e.Subject, err)
@@ -579,16 +638,30 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	// shutdown has begun, so the next holder does not publish them again.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	n, err := fencedTrimScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)}, lease.token, keep).Int()
+	res, err := fencedTrimScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)},
+		lease.token, keep, first, ids[len(ids)-1], last).Int64Slice()
+	if err == nil && len(res) == 0 {
+		err = errors.New("empty reply")
+	}
 	if err != nil {
 		r.m.PublishErrors.WithLabelValues(lane.Name, "redis").Inc()
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
-	if n < 0 {
+	if res[0] < 0 {
 		return 0, errLeaseLost
 	}
+	if len(res) > 1 && res[1] == 1 {
+		// Nothing deleted: the entries are sent again from the lane's
+		// head, and counted when they are deleted.
+		return 0, errLaneRewritten
+	}
+	// Counted once deleted: a batch that fails before its delete parks (and
+	// publishes) its entries again when the lane is retried.
 	r.m.Published.WithLabelValues(lane.Name).Add(float64(published))
 	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
+	for _, why := range parked {
+		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
+	}
 	return len(ids), stop
 }
 
@@ -645,9 +718,10 @@ func permanent(err error) bool { return classify(err).Kind == failure.Park }
 // the Snip-Dead-* headers, and the outbox entry's ID in place of a stream
 // sequence, so a retried park is stored once and snipctl dlq redrive can send
 // it on), or, if DEAD_LETTER refuses it too, into the shard's Redis dead
-// stream. An error means neither worked now (transient); the entry stays in
-// the outbox.
-func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) error {
+// stream. It returns the reason it was parked under (relayBatch counts it
+// once the entry is deleted). An error means neither worked now
+// (transient); the entry stays in the outbox.
+func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause error) (string, error) {
 	why := classify(cause).Reason
 	r.m.PublishErrors.WithLabelValues(lane.Name, "permanent").Inc()
 	r.log.Error("relay parks an entry JetStream refused", "shard", shard, "lane", lane.Name, "id", e.ID, "subject", e.Subject, "reason", why, "err", cause)
@@ -665,19 +739,17 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 		Data:     []byte(e.Data),
 	})
 	if err == nil {
-		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
-		return nil
+		return why, nil
 	}
 	if !permanent(err) && !errors.Is(err, deadletter.ErrInvalid) {
-		return fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
+		return "", fmt.Errorf("park %s on %s: %w", e.ID, events.DeadLetterStream, err)
 	}
 	if err := r.rdb.XAdd(ctx, &redis.XAddArgs{Stream: r.layout.DeadKey(shard), ID: "*", Values: []any{
 		fieldID, e.ID, fieldSubject, e.Subject, fieldData, e.Data, "lane", lane.Name, "reason", why, "error", truncate(cause.Error(), 512),
 	}}).Err(); err != nil {
-		return fmt.Errorf("park %s in redis: %w", e.ID, err)
+		return "", fmt.Errorf("park %s in redis: %w", e.ID, err)
 	}
-	r.m.Parked.WithLabelValues(lane.Name, why).Inc()
-	return nil
+	return why, nil
 }
 
 // deadSource is the relay's dead-letter source token: dead.outbox.<reason>.
