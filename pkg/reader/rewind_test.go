@@ -883,63 +883,13 @@ func TestARewindAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromThe
 func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(t *testing.T) {
 	t.Parallel()
 	const group = "rewindnewagain"
-	s := newAckRefusingServer(t, 1)
-	consumer := topology.GroupConsumerName(group, 0)
-	refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
-	var mu sync.Mutex
-	handed := map[uint64]int{}
-	var lostFirst uint64
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enteredOnce sync.Once
-	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: reader.StartAtNew(), AckWait: 3 * time.Minute}
-	cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
-		enteredOnce.Do(func() { close(entered) })
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, ev := range b {
-			handed[ev.Seq]++
-		}
-		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
-			lostFirst = b[0].Seq
-			s.refuseAcks(t, consumer) // before the runtime acks the batch
-		}
-		return nil
-	})
-	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
-		_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
-		return err == nil
-	})
-	publish(t, s.js, 1, firstPass, 0)
-	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
-	s.refuseAcks(t, "")
-	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := cons.CachedInfo()
-	mu.Lock()
-	first := lostFirst
-	mu.Unlock()
-	if old.AckFloor.Stream != first-1 {
-		t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
-	}
+	h := heldRewindAfterALostAck(t, group, reader.StartAtNew())
+	s, consumer, old := h.s, h.consumer, h.old
 
 	// Nothing to replay (a request an older version stored): the owner
 	// decides to ack 10 again, then calls OnRewind, which waits.
 	id := storeOldRewind(t, s.js, group, firstPass+1, firstPass)
-	select {
-	case <-entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("OnRewind was never called")
-	}
+	h.waitOnRewind(t)
 	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
@@ -962,7 +912,7 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(
 	if pulled != firstPass {
 		t.Fatalf("pulled %d events from the consumer created again (%v), want %d", pulled, b.Error(), firstPass)
 	}
-	close(release)
+	h.release()
 	wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := reader.WaitRewind(wctx, s.js, group, id); err != nil {
@@ -974,17 +924,7 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(
 		info, err := c2.Info(t.Context())
 		return err == nil && info.AckFloor.Stream == last
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	var missed []uint64 // events the consumer created again never handed
-	for seq := uint64(1); seq <= last; seq++ {
-		if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
-			missed = append(missed, seq)
-		}
-	}
-	if len(missed) > 0 {
-		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
-	}
+	h.checkHandedFromItsStart(t, last)
 }
 
 // A rewind whose partition's consumer is deleted and created again (by a
@@ -1010,64 +950,14 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t 
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const group = "rewindagain"
-			s := newAckRefusingServer(t, 1)
-			consumer := topology.GroupConsumerName(group, 0)
-			refused := "$JS.ACK." + events.ClicksStream + "." + consumer + "."
-			var mu sync.Mutex
-			handed := map[uint64]int{}
-			var lostFirst uint64
-			entered, release := make(chan struct{}), make(chan struct{})
-			var enteredOnce sync.Once
-			cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, AckWait: 3 * time.Minute}
-			cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
-				enteredOnce.Do(func() { close(entered) })
-				select {
-				case <-release:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
-				mu.Lock()
-				defer mu.Unlock()
-				for _, ev := range b {
-					handed[ev.Seq]++
-				}
-				if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
-					lostFirst = b[0].Seq
-					s.refuseAcks(t, consumer) // before the runtime acks the batch
-				}
-				return nil
-			})
-			testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
-				_, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
-				return err == nil
-			})
-			publish(t, s.js, 1, firstPass, 0)
-			testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
-			s.refuseAcks(t, "")
-			cons, err := s.js.Consumer(t.Context(), events.ClicksStream, consumer)
-			if err != nil {
-				t.Fatal(err)
-			}
-			old := cons.CachedInfo()
-			mu.Lock()
-			first := lostFirst
-			mu.Unlock()
-			if old.AckFloor.Stream != first-1 {
-				t.Fatalf("ack floor %d, want %d: the last batch's ack lost", old.AckFloor.Stream, first-1)
-			}
+			h := heldRewindAfterALostAck(t, group, reader.Start{})
+			s, consumer, old := h.s, h.consumer, h.old
 
 			id, err := reader.Rewind(t.Context(), s.js, group, reader.FromSeq(tc.from))
 			if err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-entered:
-			case <-time.After(30 * time.Second):
-				t.Fatal("OnRewind was never called")
-			}
+			h.waitOnRewind(t)
 			if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 				t.Fatal(err)
 			}
@@ -1075,7 +965,7 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t 
 			if err != nil {
 				t.Fatal(err)
 			}
-			close(release)
+			h.release()
 			wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			if err := reader.WaitRewind(wctx, s.js, group, id); !errors.Is(err, reader.ErrRewindVoid) {
@@ -1087,18 +977,104 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t 
 				info, err := c2.Info(t.Context())
 				return err == nil && info.AckFloor.Stream == last
 			})
-			mu.Lock()
-			defer mu.Unlock()
-			var missed []uint64 // events the consumer created again never handed
-			for seq := uint64(1); seq <= last; seq++ {
-				if want := 1 + btoi(seq <= firstPass); handed[seq] < want {
-					missed = append(missed, seq)
-				}
-			}
-			if len(missed) > 0 {
-				t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
-			}
+			h.checkHandedFromItsStart(t, last)
 		})
+	}
+}
+
+// heldRewind is a member of group (one partition) whose first pass's last
+// ack (its last batch, up to firstPass) the server lost, and whose
+// OnRewind, once called, waits for release: a rewind under way while a test
+// changes the partition's consumer.
+type heldRewind struct {
+	s        *ackRefusingServer
+	consumer string
+	old      *jetstream.ConsumerInfo // the consumer once the ack was lost
+	entered  chan struct{}
+	released chan struct{}
+	mu       sync.Mutex
+	handed   map[uint64]int
+}
+
+func heldRewindAfterALostAck(t *testing.T, group string, start reader.Start) *heldRewind {
+	t.Helper()
+	s := newAckRefusingServer(t, 1)
+	h := &heldRewind{s: s, consumer: topology.GroupConsumerName(group, 0), entered: make(chan struct{}), released: make(chan struct{}),
+		handed: map[uint64]int{}}
+	refused := "$JS.ACK." + events.ClicksStream + "." + h.consumer + "."
+	var lostFirst uint64
+	var enteredOnce sync.Once
+	cfg := reader.Config{Group: group, Member: "m", BatchSize: 5, Start: start, AckWait: 3 * time.Minute}
+	cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error {
+		enteredOnce.Do(func() { close(h.entered) })
+		select {
+		case <-h.released:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.member(t, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for _, ev := range b {
+			h.handed[ev.Seq]++
+		}
+		if lostFirst == 0 && b[len(b)-1].Seq == firstPass {
+			lostFirst = b[0].Seq
+			s.refuseAcks(t, h.consumer) // before the runtime acks the batch
+		}
+		return nil
+	})
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := s.js.Consumer(t.Context(), events.ClicksStream, h.consumer)
+		return err == nil
+	})
+	publish(t, s.js, 1, firstPass, 0)
+	testenv.WaitFor(t, 30*time.Second, "the server to refuse the first pass's last ack", func() bool { return s.log.of(refused) > 0 })
+	s.refuseAcks(t, "")
+	cons, err := s.js.Consumer(t.Context(), events.ClicksStream, h.consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.old = cons.CachedInfo()
+	h.mu.Lock()
+	first := lostFirst
+	h.mu.Unlock()
+	if h.old.AckFloor.Stream != first-1 {
+		t.Fatalf("ack floor %d, want %d: the last batch's ack lost", h.old.AckFloor.Stream, first-1)
+	}
+	return h
+}
+
+// waitOnRewind waits until the member's OnRewind is called.
+func (h *heldRewind) waitOnRewind(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("OnRewind was never called")
+	}
+}
+
+// release lets OnRewind return.
+func (h *heldRewind) release() { close(h.released) }
+
+// checkHandedFromItsStart fails the test unless every event up to last was
+// handed by the consumer created again from its start: 1..firstPass a
+// second time, the rest once.
+func (h *heldRewind) checkHandedFromItsStart(t *testing.T, last uint64) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var missed []uint64
+	for seq := uint64(1); seq <= last; seq++ {
+		if want := 1 + btoi(seq <= firstPass); h.handed[seq] < want {
+			missed = append(missed, seq)
+		}
+	}
+	if len(missed) > 0 {
+		t.Errorf("the consumer created again never handed %v, want every event from its start", missed)
 	}
 }
 
