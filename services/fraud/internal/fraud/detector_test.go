@@ -55,6 +55,34 @@ func run(t testing.TB, r fraud.Rules, clicks []clk) (labels map[uint64]string, a
 	return labels, alerts
 }
 
+// judgeLate judges clicks in order on a fresh partition of a detector with
+// rules and returns each one's judgement. A click older than one before it
+// comes late, as from an outbox backlog or a redrive: it is stored after
+// the newest click before it.
+func judgeLate(t testing.TB, r fraud.Rules, clicks []clk) []fraud.Judgement {
+	t.Helper()
+	d, err := fraud.NewDetector(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	var out []fraud.Judgement
+	var newest time.Duration
+	for i, c := range clicks {
+		ev := event(uint64(i+1), c)
+		if c.at < newest {
+			ev.Stored = t0.Add(newest)
+		}
+		newest = max(newest, c.at)
+		j, ok := p.Judge(ev)
+		if !ok {
+			t.Fatalf("event %d skipped", i+1)
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
 func event(seq uint64, c clk) reader.Event {
 	if c.code == "" {
 		c.code = "abc"
@@ -526,7 +554,6 @@ func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
 		name   string
 		rules  fraud.Rules
 		clicks []clk
-		late   int // index of the late click
 		want   map[uint64]string
 		alerts int
 	}{
@@ -536,38 +563,25 @@ func TestALateClickKeepsALinksAndAPairsState(t *testing.T) {
 			// TestALateClickOfLongAgoIsLeftOutOfTheFloodWindow), then one
 			// more.
 			clicks: append(flood, clk{at: 15 * time.Minute, code: "l"}, clk{at: 30*time.Minute + 30*time.Second, code: "l"}),
-			late:   31, want: except(seqs(2, 33, fraud.RuleLinkFlood), 32), alerts: 1},
+			want:   except(seqs(2, 33, fraud.RuleLinkFlood), 32), alerts: 1},
 		{name: "browser_fetches_before_an_unfurler_are_paired", rules: fraud.Defaults(),
 			// Browser-agent fetches at 0 and 1 s, one of 15 min before,
 			// the unfurler at 1.5 s.
 			clicks: []clk{{at: 30 * time.Minute, prefix: p}, {at: 30*time.Minute + time.Second, prefix: p}, {at: 15 * time.Minute, prefix: p},
 				at(unfurl, 30*time.Minute+1500*time.Millisecond)},
-			late: 2, want: map[uint64]string{1: fraud.RuleUnfurlerPair, 2: fraud.RuleUnfurlerPair}},
+			want: map[uint64]string{1: fraud.RuleUnfurlerPair, 2: fraud.RuleUnfurlerPair}},
 		{name: "a_browser_fetch_after_an_unfurler_is_paired", rules: fraud.Defaults(),
 			// The unfurler, one of 15 min before, a browser-agent fetch
 			// a second after the first.
 			clicks: []clk{at(unfurl, 30*time.Minute), at(unfurl, 15*time.Minute), {at: 30*time.Minute + time.Second, prefix: p}},
-			late:   1, want: map[uint64]string{3: fraud.RuleUnfurlerPair}},
+			want:   map[uint64]string{3: fraud.RuleUnfurlerPair}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d, err := fraud.NewDetector(tc.rules)
-			if err != nil {
-				t.Fatal(err)
-			}
-			part := d.NewPartition()
 			labels := map[uint64]string{}
 			var alerts []events.FraudAlert
-			for i, c := range tc.clicks {
-				ev := event(uint64(i+1), c)
-				if i == tc.late {
-					ev.Stored = t0.Add(tc.clicks[i-1].at) // stored after the click before it
-				}
-				j, ok := part.Judge(ev)
-				if !ok {
-					t.Fatalf("event %d skipped", i+1)
-				}
+			for _, j := range judgeLate(t, tc.rules, tc.clicks) {
 				for _, l := range j.Labels {
 					labels[l.Seq] = l.Rule
 				}
@@ -623,25 +637,10 @@ func TestALateClickIsPairedOnlyWithinThePairWindow(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d, err := fraud.NewDetector(fraud.Defaults())
-			if err != nil {
-				t.Fatal(err)
-			}
-			part := d.NewPartition()
 			labels := map[uint64]string{}
-			var newest time.Duration
-			for i, c := range tc.clicks {
-				ev := event(uint64(i+1), c)
-				if c.at < newest {
-					ev.Stored = t0.Add(newest) // late: stored after the newest click
-				}
-				newest = max(newest, c.at)
-				j, ok := part.Judge(ev)
-				if !ok {
-					t.Fatalf("event %d skipped", i+1)
-				}
+			for _, j := range judgeLate(t, fraud.Defaults(), tc.clicks) {
 				for _, l := range j.Labels {
-					labels[l.Seq] = fmt.Sprintf("%s by %d", l.Rule, ev.Seq)
+					labels[l.Seq] = fmt.Sprintf("%s by %d", l.Rule, j.Seq)
 				}
 			}
 			if d := cmp.Diff(tc.want, labels); d != "" {
@@ -686,24 +685,9 @@ func TestALateClickOfLongAgoIsLeftOutOfTheFloodWindow(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d, err := fraud.NewDetector(floodRules())
-			if err != nil {
-				t.Fatal(err)
-			}
-			part := d.NewPartition()
 			labels := map[uint64]string{}
 			var alerts []events.FraudAlert
-			var newest time.Duration
-			for i, c := range tc.clicks {
-				ev := event(uint64(i+1), c)
-				if c.at < newest {
-					ev.Stored = t0.Add(newest) // late: stored after the newest click
-				}
-				newest = max(newest, c.at)
-				j, ok := part.Judge(ev)
-				if !ok {
-					t.Fatalf("event %d skipped", i+1)
-				}
+			for _, j := range judgeLate(t, floodRules(), tc.clicks) {
 				for _, l := range j.Labels {
 					labels[l.Seq] = l.Rule
 				}
@@ -755,24 +739,9 @@ func TestALateBurstOfAnEarlierPeriodRaisesNoAlertAgain(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d, err := fraud.NewDetector(tc.rules)
-			if err != nil {
-				t.Fatal(err)
-			}
-			part := d.NewPartition()
-			var newest time.Duration
 			var got []string
 			labels := map[uint64]string{}
-			for i, c := range tc.clicks {
-				ev := event(uint64(i+1), c)
-				if c.at < newest {
-					ev.Stored = t0.Add(newest) // late: stored after the newest click
-				}
-				newest = max(newest, c.at)
-				j, ok := part.Judge(ev)
-				if !ok {
-					t.Fatalf("event %d skipped", i+1)
-				}
+			for _, j := range judgeLate(t, tc.rules, tc.clicks) {
 				for _, a := range j.Alerts {
 					got = append(got, a.ID)
 				}
