@@ -789,3 +789,39 @@ func TestPermanentErrorWithoutAnIndex(t *testing.T) {
 		t.Error("the batched group never saw the event in a batch of more than one")
 	}
 }
+
+// A partition consumer deleted under its owner is created again, and its
+// first delivery (consumer sequence 1) is not a gap: the owner takes the
+// new consumer's delivered count as its baseline, as at an acquire.
+// Before, it kept the old consumer's, counted a gap
+// (snip_reader_delivery_gaps_total) and reset the consumer for nothing.
+func TestAConsumerCreatedAgainUnderItsOwnerIsNoGap(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	first := publish(t, js, 2, 10, 0) // 20 events, one partition
+	rec := newRecorder()
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "again", Member: "m", BatchSize: 10, Metrics: reg}, rec.handler("m"))
+	testenv.WaitFor(t, 30*time.Second, "the first events handled", func() bool { return rec.distinct() == len(first) })
+	name := topology.GroupConsumerName("again", 0)
+	testenv.WaitFor(t, 30*time.Second, "the first events acked", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, name)
+		return err == nil && c.CachedInfo().AckFloor.Stream == uint64(len(first))
+	})
+	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, name); err != nil {
+		t.Fatal(err)
+	}
+	more := publish(t, js, 1, 5, 10)
+	testenv.WaitFor(t, 30*time.Second, "the events after the delete handled", func() bool { return rec.distinct() == len(first)+len(more) })
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "snip_reader_delivery_gaps_total" {
+			if v := mf.GetMetric()[0].GetCounter().GetValue(); v != 0 {
+				t.Errorf("delivery gaps counted: %v, want 0 (the consumer created again delivers from its sequence 1)", v)
+			}
+		}
+	}
+}

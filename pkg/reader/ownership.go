@@ -128,6 +128,9 @@ func (w *worker) recreate() error {
 	}
 	w.cons = c
 	w.positioned(c.CachedInfo())
+	// The new consumer counts its deliveries from its own start: its
+	// first is not a gap after the old one's last.
+	w.lastCseq, w.cseqKnown = c.CachedInfo().Delivered.Consumer, true
 	return nil
 }
 
