@@ -10,8 +10,9 @@
 // buffer while its ack deadline runs, and a slow job holds up one slot, not
 // the queue. A job in hand tells the server it is still being worked on
 // (InProgress, through package inprogress, as the log readers' batches do)
-// three times per ack deadline, so a fetch longer than the consumer's
-// current BackOff step is not redelivered to a second worker.
+// three times per ack deadline, while its handler runs and while a failed
+// job is parked, so a fetch (or a park) longer than the consumer's current
+// BackOff step is not redelivered to a second worker.
 //
 // A handler answers in the terms of package failure, and its answer becomes
 // one decision (decide): nil acks; a retryable failure is retried with
@@ -373,7 +374,13 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			// worker must stop.
 			dup, perr = q.parkHolding(jobs, m, meta, pol, p, log)
 		} else {
+			// The park (a publish waiting for DEAD_LETTER's ack, then the
+			// dead hook) may outlast the delivery's ack deadline: keep
+			// telling the server the job is in hand, as while it ran, so it
+			// is not handed to a second worker meanwhile.
+			stop := inprogress.Keep(pol.keepAliveEvery(meta.NumDelivered), m)
 			dup, perr = q.park(ctx, p)
+			stop()
 		}
 		if perr != nil {
 			// Not parked: keep the job and try again later. On the last

@@ -226,6 +226,35 @@ func TestLongJobIsNotRedelivered(t *testing.T) {
 	}
 }
 
+func TestSlowParkIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	// The ack deadline of the first delivery is 600ms; parking the job (the
+	// dead-letter publish and the dead hook) takes 2.4s.
+	js := setup(t, []time.Duration{600 * time.Millisecond, time.Second})
+	var calls, hooks atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return failure.Permanent("not_found", errors.New("404 Not Found"))
+	}, func(ctx context.Context, _ []byte, _, _ string) {
+		hooks.Add(1)
+		select {
+		case <-time.After(2400 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	})
+	start(t, q)
+	publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 20*time.Second, "job dead-lettered and gone", func() bool {
+		return testutil.ToFloat64(q.m.deliveries.WithLabelValues("dead_lettered")) >= 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("a job whose park took longer than its ack deadline was delivered %d times, want 1", n)
+	}
+	if n := hooks.Load(); n != 1 {
+		t.Fatalf("dead hook called %d times, want 1", n)
+	}
+}
+
 func TestSlowJobDoesNotHoldUpOthers(t *testing.T) {
 	t.Parallel()
 	js := setup(t, testBackOff)
