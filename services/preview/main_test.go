@@ -689,6 +689,42 @@ func TestJobsAlreadyDoneAreNotFetchedAgain(t *testing.T) {
 	}
 }
 
+// TestTwoCopiesOfAJobInHandAtOnceCountOneStoredOneDuplicate: two copies of
+// one job (published under two Msg-Ids) are both past the done check when
+// the first stores; the second is a duplicate, not a job a newer one
+// superseded.
+func TestTwoCopiesOfAJobInHandAtOnceCountOneStoredOneDuplicate(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, nil)
+	w.pages.handle("/twice", func(rw http.ResponseWriter, r *http.Request) {
+		// Answer once both copies asked: both are then past the done check.
+		deadline := time.Now().Add(10 * time.Second)
+		for w.pages.hitCount("/twice") < 2 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		html("twice")(rw, r)
+	})
+	inst := start(t, w.config(t))
+	j := events.PreviewJob{V: events.PreviewJobVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "c", Owner: "acme", Target: w.pages.URL + "/twice"}
+	data, _ := json.Marshal(j)
+	for _, msgID := range []string{j.ID, j.ID + "-again"} {
+		if _, err := w.js.Publish(t.Context(), events.PreviewJobSubject, data, jetstream.WithMsgID(msgID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 20*time.Second, "both copies settled", func() bool {
+		return inst.metric(t, `snip_preview_deliveries_total{outcome="done"}`) == 2
+	})
+	if n := w.pages.hitCount("/twice"); n != 2 {
+		t.Fatalf("page fetched %d times, want both copies in hand at once", n)
+	}
+	stored, dup, sup := inst.metric(t, `snip_preview_jobs_total{result="stored"}`),
+		inst.metric(t, `snip_preview_jobs_total{result="duplicate"}`), inst.metric(t, `snip_preview_jobs_total{result="superseded"}`)
+	if stored != 1 || dup != 1 || sup != 0 {
+		t.Fatalf("jobs_total stored %v, duplicate %v, superseded %v; want 1, 1, 0", stored, dup, sup)
+	}
+}
+
 func TestOperationalEndpoints(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, nil)

@@ -41,13 +41,26 @@ type Store interface {
 	// compared by value, so in one case).
 	Done(ctx context.Context, code, jobID string) (bool, error)
 	// Save stores r as code's preview unless a newer job's result is
-	// there; it reports whether it stored.
-	Save(ctx context.Context, code string, r Record) (bool, error)
+	// there, or this job's preview already is; it reports which.
+	Save(ctx context.Context, code string, r Record) (SaveResult, error)
 	// MarkFailed records that job jobID could not get code's preview, so
 	// readers can say "unavailable"; a stored preview of an older job is
 	// kept rather than replaced by the marker.
 	MarkFailed(ctx context.Context, code, jobID, reason, detail string, at time.Time) error
 }
+
+// SaveResult is what Store.Save did.
+type SaveResult int
+
+const (
+	// Stored: r is code's preview now.
+	Stored SaveResult = iota
+	// AlreadyStored: this job's preview was stored before (another copy of
+	// the job, in hand at the same time, stored first); nothing written.
+	AlreadyStored
+	// Superseded: a newer job's result is there; nothing written.
+	Superseded
+)
 
 // Fetcher gets pages; *fetch.Fetcher implements it.
 type Fetcher interface {
@@ -71,7 +84,7 @@ func New(store Store, fetcher Fetcher, log *slog.Logger, reg prometheus.Register
 		store: store, fetcher: fetcher, log: log, now: time.Now,
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip_preview", Name: "jobs_total",
-			Help: "Jobs processed to the end, by result: stored, duplicate (already done), superseded (a newer job of the link won).",
+			Help: "Jobs processed to the end, by result: stored, duplicate (already done, or stored by another copy of the job first), superseded (a newer job of the link won).",
 		}, []string{"result"}),
 		fetches: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "snip_preview", Name: "fetch_duration_seconds",
@@ -114,10 +127,13 @@ func (s *Service) Process(ctx context.Context, data []byte) error {
 	if err != nil {
 		return transient(ReasonStore, 0, fmt.Errorf("save preview of %s: %w", job.Code, err))
 	}
-	if saved {
+	switch saved {
+	case Stored:
 		s.results.WithLabelValues("stored").Inc()
 		s.log.Debug("preview stored", "code", job.Code, "job", job.ID, "title", rec.Title)
-	} else {
+	case AlreadyStored:
+		s.results.WithLabelValues("duplicate").Inc()
+	default:
 		s.results.WithLabelValues("superseded").Inc()
 	}
 	return nil

@@ -48,8 +48,9 @@ var _ preview.Store = (*Store)(nil)
 func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 
 // write replaces the hash with ARGV[3...] (field/value pairs, status
-// ARGV[2], job ARGV[1]) unless a newer job wrote it, or this job already
-// stored its preview, or (for a failure marker) a preview is stored.
+// ARGV[2], job ARGV[1]) and returns 1, unless a newer job wrote it or (for a
+// failure marker) a preview is stored (0), or this job already stored its
+// preview (2).
 // UUIDv7 job IDs compare as strings in creation order once in one case:
 // ARGV[1] is lower case (run), and a stored ID is lowered here, in case a
 // writer stored another case.
@@ -59,7 +60,7 @@ local job, status = cur[1], cur[2]
 if job then
   job = string.lower(job)
   if job > ARGV[1] then return 0 end
-  if job == ARGV[1] and status == 'ok' then return 0 end
+  if job == ARGV[1] and status == 'ok' then return 2 end
 end
 if ARGV[2] == 'failed' and status == 'ok' then return 0 end
 redis.call('DEL', KEYS[1])
@@ -80,10 +81,19 @@ func (s *Store) Done(ctx context.Context, code, jobID string) (bool, error) {
 }
 
 // Save implements preview.Store.
-func (s *Store) Save(ctx context.Context, code string, r preview.Record) (bool, error) {
-	return s.run(ctx, code, r.JobID, "ok",
+func (s *Store) Save(ctx context.Context, code string, r preview.Record) (preview.SaveResult, error) {
+	n, err := s.run(ctx, code, r.JobID, "ok",
 		"title", r.Title, "description", r.Description, "image", r.Image, "site_name", r.SiteName,
 		"url", r.URL, "fetched_at", r.FetchedAt.UTC().Format(time.RFC3339))
+	switch {
+	case err != nil:
+		return 0, err
+	case n == 1:
+		return preview.Stored, nil
+	case n == 2:
+		return preview.AlreadyStored, nil
+	}
+	return preview.Superseded, nil
 }
 
 // MarkFailed implements preview.Store.
@@ -92,13 +102,14 @@ func (s *Store) MarkFailed(ctx context.Context, code, jobID, reason, detail stri
 	return err
 }
 
-func (s *Store) run(ctx context.Context, code, jobID, status string, fields ...any) (bool, error) {
+// run runs write and returns its answer.
+func (s *Store) run(ctx context.Context, code, jobID, status string, fields ...any) (int, error) {
 	if jobID == "" {
-		return false, errors.New("write preview: no job id")
+		return 0, errors.New("write preview: no job id")
 	}
 	n, err := write.Run(ctx, s.rdb, []string{Key(code)}, append([]any{strings.ToLower(jobID), status}, fields...)...).Int()
 	if err != nil {
-		return false, fmt.Errorf("write preview %s: %w", code, err)
+		return 0, fmt.Errorf("write preview %s: %w", code, err)
 	}
-	return n == 1, nil
+	return n, nil
 }

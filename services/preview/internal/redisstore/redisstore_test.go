@@ -36,7 +36,7 @@ func rec(job, title string) preview.Record {
 
 // step is one call on the store; want is its result.
 type step struct {
-	op    string // save, fail, done, stored
+	op    string // save (false: superseded), save_again (true: this job's preview was there), fail, done, stored
 	job   string
 	title string
 	want  bool
@@ -62,7 +62,7 @@ func TestStore(t *testing.T) {
 		want  map[string]string
 	}{
 		{"save_then_the_job_is_done", []step{{"done", older, "", false}, {"save", older, "A", true}, {"done", older, "", true}}, okHash(older, "A")},
-		{"redelivered_job_does_not_write_again", []step{{"save", older, "A", true}, {"save", older, "B", false}}, okHash(older, "A")},
+		{"redelivered_job_does_not_write_again", []step{{"save", older, "A", true}, {"save_again", older, "B", true}}, okHash(older, "A")},
 		{"newer_job_replaces_older", []step{{"save", older, "A", true}, {"done", newer, "", false}, {"save", newer, "B", true}}, okHash(newer, "B")},
 		{"older_job_is_superseded_by_newer", []step{{"save", newer, "B", true}, {"done", older, "", true}, {"save", older, "A", false}}, okHash(newer, "B")},
 		{"failure_marker_then_redrive_succeeds", []step{{"fail", older, "", true}, {"done", older, "", false}, {"save", older, "A", true}}, okHash(older, "A")},
@@ -71,7 +71,7 @@ func TestStore(t *testing.T) {
 		{"newer_failure_replaces_older_failure", []step{{"fail", older, "", true}, {"fail", newer, "", true}}, failedHash(newer)},
 		{"newer_job_in_upper_case_replaces_older", []step{{"save", lowOlder, "A", true}, {"done", upNewer, "", false}, {"save", upNewer, "B", true}}, okHash(lowNewer, "B")},
 		{"newer_failure_in_upper_case_replaces_older_failure", []step{{"fail", lowOlder, "", true}, {"fail", upNewer, "", true}}, failedHash(lowNewer)},
-		{"redelivered_job_in_another_case_does_not_write_again", []step{{"save", lowOlder, "A", true}, {"done", upOlder, "", true}, {"save", upOlder, "B", false}}, okHash(lowOlder, "A")},
+		{"redelivered_job_in_another_case_does_not_write_again", []step{{"save", lowOlder, "A", true}, {"done", upOlder, "", true}, {"save_again", upOlder, "B", true}}, okHash(lowOlder, "A")},
 		{"older_job_is_superseded_by_newer_stored_in_upper_case", []step{{"stored", upNewer, "B", true}, {"done", lowOlder, "", true}, {"save", lowOlder, "A", false}}, okHash(upNewer, "B")},
 	}
 	for _, tc := range tests {
@@ -84,7 +84,16 @@ func TestStore(t *testing.T) {
 				var err error
 				switch st.op {
 				case "save":
-					got, err = s.Save(t.Context(), "abc", rec(st.job, st.title))
+					var res preview.SaveResult
+					res, err = s.Save(t.Context(), "abc", rec(st.job, st.title))
+					got = res == preview.Stored
+					if err == nil && !got && res != preview.Superseded {
+						t.Fatalf("step %d save(%s) = %v, want superseded (%v)", i, st.job, res, preview.Superseded)
+					}
+				case "save_again":
+					var res preview.SaveResult
+					res, err = s.Save(t.Context(), "abc", rec(st.job, st.title))
+					got = res == preview.AlreadyStored
 				case "done":
 					got, err = s.Done(t.Context(), "abc", st.job)
 				case "fail":
