@@ -18,11 +18,16 @@
 // one can be redriven.
 //
 // Redrive re-publishes the payload to the subject it came from, expecting the
-// original stream, with a fresh Nats-Msg-Id "<id>:redrive:<dead seq>" so the
-// target stream's duplicate window does not swallow it, and deletes the dead
-// letter only after the target stream acknowledged the publish. A crash in
-// between leaves the dead letter in place; redriving it again within the
-// duplicate window is deduplicated by that ID.
+// original stream, with a fresh Nats-Msg-Id "<id>:redrive:<stream>:<seq>"
+// (the original stream and sequence) so the target stream's duplicate window
+// does not swallow it, and deletes the dead letter only after the target
+// stream acknowledged the publish. A crash in between leaves the dead letter
+// in place; redriving it again within the duplicate window is deduplicated by
+// that ID. So are the letters other sources parked of the same message (every
+// consumer group of CLICKS parks an event of an unknown version): redriven
+// within the window, they put it back once, and every group reads that copy.
+// A letter of a message that never reached its stream (the outbox relay's)
+// is redriven as "<id>:redrive:<dead seq>".
 //
 // The runtimes that park (package reader, package workqueue, the click
 // counter's feeds, the outbox relay), snipctl and the console all use it.
@@ -420,7 +425,7 @@ func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redri
 		id = events.DeadLetterStream
 	}
 	seqStr := strconv.FormatUint(l.Seq, 10)
-	m.Header.Set(events.HeaderMsgID, id+":redrive:"+seqStr)
+	m.Header.Set(events.HeaderMsgID, redriveMsgID(id, l))
 	m.Header.Set(HeaderRedriveOf, seqStr)
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(l.Stream))
 	if err != nil {
@@ -434,6 +439,20 @@ func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redri
 		return Redriven{}, fmt.Errorf("redrive dead letter %d: published, not deleted: %w", l.Seq, err)
 	}
 	return Redriven{Letter: l, Subject: subj, Stream: ack.Stream, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// redriveMsgID is the Nats-Msg-Id of l's redrive, id being its payload's ID
+// (or the stream name): "<id>:redrive:<stream>:<original seq>" for a letter
+// of a stored message, so the letters two sources parked of one message
+// (every consumer group of CLICKS parks an event of an unknown version)
+// redrive it once within the target stream's duplicate window, and every
+// group reads that one copy; "<id>:redrive:<dead seq>" for a letter of a
+// message that never reached its stream (one source parks it, once).
+func redriveMsgID(id string, l Letter) string {
+	if l.OrigSeq > 0 {
+		return id + ":redrive:" + l.Stream + ":" + strconv.FormatUint(l.OrigSeq, 10)
+	}
+	return id + ":redrive:" + strconv.FormatUint(l.Seq, 10)
 }
 
 // DeleteIfPresent deletes the message at seq from s; a message that is
