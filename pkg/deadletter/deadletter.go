@@ -47,6 +47,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // HeaderRedriveOf is set on a redriven message: the DEAD_LETTER sequence it
@@ -62,7 +63,8 @@ var (
 	// redriven or expired, or never existed).
 	ErrNotFound = errors.New("dead letter not found")
 	// ErrNotRedrivable means the dead letter lacks the headers that say
-	// where it came from, or names a stream Redrive does not know.
+	// where it came from, names a stream Redrive does not know, or names
+	// a stream its source does not park (see RedriveSubject).
 	ErrNotRedrivable = errors.New("dead letter cannot be redriven")
 	// ErrInvalid means a Parcel lacks a field Publish needs.
 	ErrInvalid = errors.New("invalid dead letter")
@@ -257,7 +259,10 @@ func letterFrom(m *jetstream.RawStreamMsg) Letter {
 // message had, without the partition prefix CLICKS' subject transform put in
 // front (the stream adds it again on the way in). A click the outbox relay
 // parked before publishing it has no prefix yet: its subject is
-// clicks.<owner>.<code>, published as it is.
+// clicks.<owner>.<code>, published as it is. A letter naming PREVIEW_JOBS,
+// LINKS or FRAUD_VERDICTS has one only from the source that parks that
+// stream's messages, and one naming FRAUD none (nothing parks alerts): the
+// headers are the word of whoever published the letter.
 func (l Letter) RedriveSubject() (string, error) {
 	switch {
 	case l.Stream == "" || l.OrigSubject == "":
@@ -272,9 +277,32 @@ func (l Letter) RedriveSubject() (string, error) {
 		return "", fmt.Errorf("dead letter %d: %q is not a click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
 	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream,
 		l.Stream == events.FraudVerdictsStream:
+		if parker, ok := parkers[l.Stream]; !ok || l.Source != parker {
+			return "", fmt.Errorf("dead letter %d of %q says it comes from %s, where %s: %w", l.Seq, l.Source, l.Stream, parkerOf(l.Stream), ErrNotRedrivable)
+		}
 		return l.OrigSubject, nil
 	}
 	return "", fmt.Errorf("dead letter %d comes from unknown stream %q: %w", l.Seq, l.Stream, ErrNotRedrivable)
+}
+
+// parkers names, for each stream other than CLICKS, the one source that parks
+// its messages: the only NATS user that may publish dead.<source>.* (deploy/
+// has the grants). The headers saying where a letter came from are the
+// publisher's word, so a letter of another source naming one of these streams
+// (a service user that may not publish preview jobs or link events planting
+// one on DEAD_LETTER) is not redriven there. Nothing parks FRAUD's alerts.
+// CLICKS is parked by every consumer group and the outbox relay.
+var parkers = map[string]string{
+	events.PreviewJobsStream:   "preview",
+	events.LinksStream:         topology.GroupClickCounter,
+	events.FraudVerdictsStream: topology.GroupClickCounter,
+}
+
+func parkerOf(stream string) string {
+	if p, ok := parkers[stream]; ok {
+		return "only " + p + " parks"
+	}
+	return "nothing parks"
 }
 
 // Get reads the dead letter stored at seq.

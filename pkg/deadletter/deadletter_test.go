@@ -294,6 +294,13 @@ func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
 		{"unknown_stream", nats.Header{events.HeaderDeadSource: {"ELSEWHERE"}, events.HeaderDeadSubject: {"x.y"}}},
 		{"click_subject_too_short", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"clicks.acme"}}},
 		{"click_subject_of_another_kind", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"links.created.abc"}}},
+		// The headers are the publisher's word: a source that does not park
+		// a stream's messages (a consumer group of CLICKS, "someone" here)
+		// cannot have a job, a link event or an alert redriven there.
+		{"preview_job_of_another_source", nats.Header{events.HeaderDeadSource: {events.PreviewJobsStream}, events.HeaderDeadSubject: {events.PreviewJobSubject}, events.HeaderDeadSeq: {"1"}}},
+		{"link_event_of_another_source", nats.Header{events.HeaderDeadSource: {events.LinksStream}, events.HeaderDeadSubject: {"links.deleted.abc"}, events.HeaderDeadSeq: {"1"}}},
+		{"verdicts_of_another_source", nats.Header{events.HeaderDeadSource: {events.FraudVerdictsStream}, events.HeaderDeadSubject: {events.FraudVerdictBatchSubject(0)}, events.HeaderDeadSeq: {"1"}}},
+		{"alert", nats.Header{events.HeaderDeadSource: {events.FraudStream}, events.HeaderDeadSubject: {"fraud.alerts.abc"}, events.HeaderDeadSeq: {"1"}}},
 	}
 	for _, tc := range tests {
 		m := nats.NewMsg("dead.someone." + tc.name)
@@ -392,7 +399,7 @@ func TestHeaderSafe(t *testing.T) {
 // the subject it had.
 func TestRedriveSubjectOfAVerdictMessage(t *testing.T) {
 	t.Parallel()
-	l := deadletter.Letter{Seq: 7, Stream: events.FraudVerdictsStream, OrigSubject: events.FraudVerdictBatchSubject(3)}
+	l := deadletter.Letter{Seq: 7, Source: topology.GroupClickCounter, Stream: events.FraudVerdictsStream, OrigSubject: events.FraudVerdictBatchSubject(3)}
 	got, err := l.RedriveSubject()
 	if err != nil || got != events.FraudVerdictBatchSubject(3) {
 		t.Fatalf("RedriveSubject() = %q, %v; want %q", got, err, events.FraudVerdictBatchSubject(3))
