@@ -472,3 +472,53 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 		c.violated(t, "loadtest", "links.created.forged")
 	})
 }
+
+// A dead letter's Snip-Dead-* headers are its publisher's word: the
+// warehouse's user, which may not publish a preview job or a link event,
+// plants letters on its own dead.warehouse-loader.* subjects saying they
+// come from PREVIEW_JOBS and LINKS. Neither the console (which may publish
+// preview jobs for redrive) nor an operator's snipctl (admin) may send them
+// there: only preview parks jobs, and only the click counter link events.
+func TestALetterOfAServiceIsNotRedrivenWhereTheServiceMayNotPublish(t *testing.T) {
+	url := startDeployServer(t)
+	ctx := t.Context()
+	admin := connectAs(t, url, "admin")
+	if err := topology.Apply(ctx, admin.js, topology.Defaults()); err != nil {
+		t.Fatalf("admin: topology apply: %v", err)
+	}
+	console := connectAs(t, url, "console")
+	w := connectAs(t, url, "warehouse")
+	_ = w.nc.Publish(events.PreviewJobSubject, []byte(`{}`))
+	w.violated(t, "warehouse", events.PreviewJobSubject)
+	for _, f := range []struct {
+		stream, subject, data string
+		by                    *client
+	}{
+		{events.PreviewJobsStream, events.PreviewJobSubject, `{"v":1,"id":"planted-job","code":"abc","owner":"acme","target":"http://169.254.169.254/"}`, console},
+		{events.LinksStream, "links.deleted.abc", `{"v":1,"id":"planted-link","kind":"deleted","code":"abc","owner":"acme"}`, admin},
+	} {
+		m := nats.NewMsg("dead." + topology.GroupWarehouseLoader + ".bad_row")
+		m.Data = []byte(f.data)
+		m.Header.Set(events.HeaderDeadSource, f.stream)
+		m.Header.Set(events.HeaderDeadSubject, f.subject)
+		m.Header.Set(events.HeaderDeadSeq, "1")
+		ack, err := w.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatalf("warehouse: publish a letter on its own subject: %v", err)
+		}
+		r, err := deadletter.Redrive(ctx, f.by.js, ack.Sequence)
+		if !errors.Is(err, deadletter.ErrNotRedrivable) {
+			t.Errorf("the warehouse's letter saying it comes from %s: redrive = %s on %s seq %d, %v; want ErrNotRedrivable",
+				f.stream, r.Subject, r.Stream, r.Seq, err)
+		}
+	}
+	for _, stream := range []string{events.PreviewJobsStream, events.LinksStream} {
+		s, err := admin.js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.CachedInfo().State.Msgs != 0 {
+			t.Errorf("%s holds %d messages, want 0", stream, s.CachedInfo().State.Msgs)
+		}
+	}
+}

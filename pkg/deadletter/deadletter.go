@@ -18,11 +18,16 @@
 // one can be redriven.
 //
 // Redrive re-publishes the payload to the subject it came from, expecting the
-// original stream, with a fresh Nats-Msg-Id "<id>:redrive:<dead seq>" so the
-// target stream's duplicate window does not swallow it, and deletes the dead
-// letter only after the target stream acknowledged the publish. A crash in
-// between leaves the dead letter in place; redriving it again within the
-// duplicate window is deduplicated by that ID.
+// original stream, with a fresh Nats-Msg-Id "<id>:redrive:<stream>:<seq>"
+// (the original stream and sequence) so the target stream's duplicate window
+// does not swallow it, and deletes the dead letter only after the target
+// stream acknowledged the publish. A crash in between leaves the dead letter
+// in place; redriving it again within the duplicate window is deduplicated by
+// that ID. So are the letters other sources parked of the same message (every
+// consumer group of CLICKS parks an event of an unknown version): redriven
+// within the window, they put it back once, and every group reads that copy.
+// A letter of a message that never reached its stream (the outbox relay's)
+// is redriven as "<id>:redrive:<dead seq>".
 //
 // The runtimes that park (package reader, package workqueue, the click
 // counter's feeds, the outbox relay), snipctl and the console all use it.
@@ -42,6 +47,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // HeaderRedriveOf is set on a redriven message: the DEAD_LETTER sequence it
@@ -57,7 +63,8 @@ var (
 	// redriven or expired, or never existed).
 	ErrNotFound = errors.New("dead letter not found")
 	// ErrNotRedrivable means the dead letter lacks the headers that say
-	// where it came from, or names a stream Redrive does not know.
+	// where it came from, names a stream Redrive does not know, or names
+	// a stream its source does not park (see RedriveSubject).
 	ErrNotRedrivable = errors.New("dead letter cannot be redriven")
 	// ErrInvalid means a Parcel lacks a field Publish needs.
 	ErrInvalid = errors.New("invalid dead letter")
@@ -252,7 +259,10 @@ func letterFrom(m *jetstream.RawStreamMsg) Letter {
 // message had, without the partition prefix CLICKS' subject transform put in
 // front (the stream adds it again on the way in). A click the outbox relay
 // parked before publishing it has no prefix yet: its subject is
-// clicks.<owner>.<code>, published as it is.
+// clicks.<owner>.<code>, published as it is. A letter naming PREVIEW_JOBS,
+// LINKS or FRAUD_VERDICTS has one only from the source that parks that
+// stream's messages, and one naming FRAUD none (nothing parks alerts): the
+// headers are the word of whoever published the letter.
 func (l Letter) RedriveSubject() (string, error) {
 	switch {
 	case l.Stream == "" || l.OrigSubject == "":
@@ -267,9 +277,32 @@ func (l Letter) RedriveSubject() (string, error) {
 		return "", fmt.Errorf("dead letter %d: %q is not a click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
 	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream,
 		l.Stream == events.FraudVerdictsStream:
+		if parker, ok := parkers[l.Stream]; !ok || l.Source != parker {
+			return "", fmt.Errorf("dead letter %d of %q says it comes from %s, where %s: %w", l.Seq, l.Source, l.Stream, parkerOf(l.Stream), ErrNotRedrivable)
+		}
 		return l.OrigSubject, nil
 	}
 	return "", fmt.Errorf("dead letter %d comes from unknown stream %q: %w", l.Seq, l.Stream, ErrNotRedrivable)
+}
+
+// parkers names, for each stream other than CLICKS, the one source that parks
+// its messages: the only NATS user that may publish dead.<source>.* (deploy/
+// has the grants). The headers saying where a letter came from are the
+// publisher's word, so a letter of another source naming one of these streams
+// (a service user that may not publish preview jobs or link events planting
+// one on DEAD_LETTER) is not redriven there. Nothing parks FRAUD's alerts.
+// CLICKS is parked by every consumer group and the outbox relay.
+var parkers = map[string]string{
+	events.PreviewJobsStream:   "preview",
+	events.LinksStream:         topology.GroupClickCounter,
+	events.FraudVerdictsStream: topology.GroupClickCounter,
+}
+
+func parkerOf(stream string) string {
+	if p, ok := parkers[stream]; ok {
+		return "only " + p + " parks"
+	}
+	return "nothing parks"
 }
 
 // Get reads the dead letter stored at seq.
@@ -420,7 +453,7 @@ func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redri
 		id = events.DeadLetterStream
 	}
 	seqStr := strconv.FormatUint(l.Seq, 10)
-	m.Header.Set(events.HeaderMsgID, id+":redrive:"+seqStr)
+	m.Header.Set(events.HeaderMsgID, redriveMsgID(id, l))
 	m.Header.Set(HeaderRedriveOf, seqStr)
 	ack, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(l.Stream))
 	if err != nil {
@@ -434,6 +467,20 @@ func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redri
 		return Redriven{}, fmt.Errorf("redrive dead letter %d: published, not deleted: %w", l.Seq, err)
 	}
 	return Redriven{Letter: l, Subject: subj, Stream: ack.Stream, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// redriveMsgID is the Nats-Msg-Id of l's redrive, id being its payload's ID
+// (or the stream name): "<id>:redrive:<stream>:<original seq>" for a letter
+// of a stored message, so the letters two sources parked of one message
+// (every consumer group of CLICKS parks an event of an unknown version)
+// redrive it once within the target stream's duplicate window, and every
+// group reads that one copy; "<id>:redrive:<dead seq>" for a letter of a
+// message that never reached its stream (one source parks it, once).
+func redriveMsgID(id string, l Letter) string {
+	if l.OrigSeq > 0 {
+		return id + ":redrive:" + l.Stream + ":" + strconv.FormatUint(l.OrigSeq, 10)
+	}
+	return id + ":redrive:" + strconv.FormatUint(l.Seq, 10)
 }
 
 // DeleteIfPresent deletes the message at seq from s; a message that is

@@ -201,7 +201,7 @@ func TestRedrivePreviewJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := deadletter.PayloadID(data)
-	if string(m.Data) != string(data) || m.Header.Get(events.HeaderMsgID) != id+":redrive:"+itoa(dead.Sequence) ||
+	if string(m.Data) != string(data) || m.Header.Get(events.HeaderMsgID) != id+":redrive:PREVIEW_JOBS:3" ||
 		m.Header.Get(deadletter.HeaderRedriveOf) != itoa(dead.Sequence) || m.Header.Get(events.HeaderDeadReason) != "" {
 		t.Fatalf("redriven message = %q %v", m.Data, m.Header)
 	}
@@ -294,6 +294,13 @@ func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
 		{"unknown_stream", nats.Header{events.HeaderDeadSource: {"ELSEWHERE"}, events.HeaderDeadSubject: {"x.y"}}},
 		{"click_subject_too_short", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"clicks.acme"}}},
 		{"click_subject_of_another_kind", nats.Header{events.HeaderDeadSource: {events.ClicksStream}, events.HeaderDeadSubject: {"links.created.abc"}}},
+		// The headers are the publisher's word: a source that does not park
+		// a stream's messages (a consumer group of CLICKS, "someone" here)
+		// cannot have a job, a link event or an alert redriven there.
+		{"preview_job_of_another_source", nats.Header{events.HeaderDeadSource: {events.PreviewJobsStream}, events.HeaderDeadSubject: {events.PreviewJobSubject}, events.HeaderDeadSeq: {"1"}}},
+		{"link_event_of_another_source", nats.Header{events.HeaderDeadSource: {events.LinksStream}, events.HeaderDeadSubject: {"links.deleted.abc"}, events.HeaderDeadSeq: {"1"}}},
+		{"verdicts_of_another_source", nats.Header{events.HeaderDeadSource: {events.FraudVerdictsStream}, events.HeaderDeadSubject: {events.FraudVerdictBatchSubject(0)}, events.HeaderDeadSeq: {"1"}}},
+		{"alert", nats.Header{events.HeaderDeadSource: {events.FraudStream}, events.HeaderDeadSubject: {"fraud.alerts.abc"}, events.HeaderDeadSeq: {"1"}}},
 	}
 	for _, tc := range tests {
 		m := nats.NewMsg("dead.someone." + tc.name)
@@ -392,9 +399,52 @@ func TestHeaderSafe(t *testing.T) {
 // the subject it had.
 func TestRedriveSubjectOfAVerdictMessage(t *testing.T) {
 	t.Parallel()
-	l := deadletter.Letter{Seq: 7, Stream: events.FraudVerdictsStream, OrigSubject: events.FraudVerdictBatchSubject(3)}
+	l := deadletter.Letter{Seq: 7, Source: topology.GroupClickCounter, Stream: events.FraudVerdictsStream, OrigSubject: events.FraudVerdictBatchSubject(3)}
 	got, err := l.RedriveSubject()
 	if err != nil || got != events.FraudVerdictBatchSubject(3) {
 		t.Fatalf("RedriveSubject() = %q, %v; want %q", got, err, events.FraudVerdictBatchSubject(3))
+	}
+}
+
+// TestRedriveOfAnEventEveryGroupParkedPublishesItOnce: two consumer groups
+// of CLICKS park the same event (an unknown version parks it in every
+// group), so DEAD_LETTER holds a letter of each. Redriving both (dlq
+// redrive --reason unknown_version) must put the event back on CLICKS once:
+// every group reads every copy, so a copy per letter would have each group
+// see the event twice.
+func TestRedriveOfAnEventEveryGroupParkedPublishesItOnce(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
+	data, _ := json.Marshal(c)
+	var letters []uint64
+	for _, group := range []string{"click-counter", "fraud-detection"} {
+		ack, err := deadletter.Publish(ctx, js, deadletter.Parcel{
+			Source: group, Reason: "unknown_version", Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "abc"),
+			Seq: 42, Attempts: 1, Error: "unknown version", Consumer: group + "-p1", Data: data,
+		})
+		if err != nil || ack.Duplicate {
+			t.Fatalf("park by %s = %+v, %v; want a letter of its own", group, ack, err)
+		}
+		letters = append(letters, ack.Sequence)
+	}
+	var rs []deadletter.Redriven
+	for _, seq := range letters {
+		r, err := deadletter.Redrive(ctx, js, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, r)
+	}
+	if n := streamMsgs(t, js, events.ClicksStream); n != 1 {
+		t.Fatalf("CLICKS holds %d copies of the event after redriving its %d letters (at seqs %d and %d), want 1", n, len(letters), rs[0].Seq, rs[1].Seq)
+	}
+	if rs[0].Duplicate || !rs[1].Duplicate || rs[1].Seq != rs[0].Seq {
+		t.Fatalf("redriven to seq %d (duplicate %v) and %d (duplicate %v); want the second a duplicate of the first",
+			rs[0].Seq, rs[0].Duplicate, rs[1].Seq, rs[1].Duplicate)
+	}
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 {
+		t.Fatalf("DEAD_LETTER holds %d after redriving every letter, want 0", n)
 	}
 }

@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"group", "partition"}),
 		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "parked_total",
-			Help: "Events parked on DEAD_LETTER, by reason.",
+			Help: "Events parked on DEAD_LETTER, by reason; one parked again within DEAD_LETTER's duplicate window counts once.",
 		}, []string{"group", "reason"}),
 		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "redeliveries_total",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -203,4 +204,59 @@ func deadLetterSeqs(ctx context.Context, dlq jetstream.Stream) (map[uint64]bool,
 		out[s] = true
 	}
 	return out, nil
+}
+
+// An event parked again by the same group (here its batch is replayed:
+// OnPassed asks for it once) is stored once on DEAD_LETTER, its Nats-Msg-Id
+// being the same, and counted once in snip_reader_parked_total.
+func TestAnEventParkedAgainIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ctx := t.Context()
+	ack, err := js.Publish(ctx, events.ClickSubject("acme", "link0"), []byte(`{not json`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		calls int
+	)
+	onPassed := func(_ context.Context, _ int, p reader.PassedInfo) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if calls++; calls == 1 {
+			return reader.Replay(p.First, errors.New("the reader's store lost its position"))
+		}
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, MaxRetryDelay: 50 * time.Millisecond, OnPassed: onPassed},
+		func(context.Context, int, []reader.Event) error { return nil })
+	testenv.WaitFor(t, 30*time.Second, "the malformed event parked, replayed, parked again and acked", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if calls < 2 {
+			return false
+		}
+		c, err := js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName("g", 0))
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(ctx)
+		return err == nil && ci.AckFloor.Stream == ack.Sequence
+	})
+	dlq, err := js.Stream(ctx, events.DeadLetterStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := dlq.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Errorf("DEAD_LETTER holds %d letters, want 1", info.State.Msgs)
+	}
+	if v := gathered(t, reg, "snip_reader_parked_total"); v != 1 {
+		t.Errorf("parked_total = %v after parking one event twice, want 1", v)
+	}
 }

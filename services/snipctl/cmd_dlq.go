@@ -189,7 +189,7 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 		n++
 		dup := ""
 		if r.Duplicate {
-			dup = " (already there: an earlier redrive was not cleaned up)"
+			dup = " (already there: redriven before, from this letter or another source's letter of it)"
 		}
 		fmt.Fprintf(env.Stdout, "redriven %d (%s) -> %s, %s seq %d%s\n", r.Letter.Seq, r.Letter.Subject, r.Subject, r.Stream, r.Seq, dup)
 	}

@@ -78,8 +78,10 @@ func view(l deadletter.Letter, full bool) Letter {
 // the only ones its NATS user may publish to. That user is "console" in
 // deploy/nats/accounts.conf, generated from deploy/check/natsconf.go, which
 // grants it clicks.> (CLICKS) and jobs.preview (PREVIEW_JOBS) "for redrive";
-// change the two together. Letters of any other stream (LINKS, FRAUD,
-// FRAUD_VERDICTS) are redriven with snipctl, as admin.
+// change the two together. Letters of LINKS and FRAUD_VERDICTS (the click
+// counter's) are redriven with snipctl, as admin; pkg/deadletter redrives a
+// letter of PREVIEW_JOBS, LINKS or FRAUD_VERDICTS only from the source that
+// parks that stream's messages, and none of FRAUD.
 var consoleRedrives = map[string]bool{events.ClicksStream: true, events.PreviewJobsStream: true}
 
 // redriveSubject is l.RedriveSubject for the console: a letter whose stream
