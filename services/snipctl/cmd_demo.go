@@ -383,7 +383,17 @@ func (d *demo) startNATS(port int) (*server.Server, error) {
 	o.ProfPort = d.natsProf
 	ns, err := testenv.RunNATSServer(o)
 	if err != nil {
-		return nil, fmt.Errorf("demo: %w (is port %d taken?)", err, port)
+		// The ports were free at the demo's check, but another program can
+		// take one before the server listens on it (the server then never
+		// becomes ready): say which, as the check would have.
+		ports := []demoPort{{"nats", port}, {"nats monitoring", d.natsHTTP}}
+		if d.natsProf > 0 {
+			ports = append(ports, demoPort{"nats profiling", d.natsProf})
+		}
+		if inUse := portsFree(ports); inUse != nil {
+			return nil, inUse
+		}
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	d.natsURL = ns.ClientURL()
 	d.logf("nats         %s (monitoring http://127.0.0.1:%d)", d.natsURL, d.natsHTTP)

@@ -166,8 +166,9 @@ type demoRun struct {
 
 // startDemo runs the demo with the flags newArgs makes, each call on fresh
 // free ports, and returns once the demo is past its check that its ports
-// are free. A port testenv.FreePort handed out can be taken by another
-// test's server before the demo checks it; the demo then refuses at once
+// are free and its NATS server is up. A port testenv.FreePort handed out can
+// be taken by another test's server before the demo checks it, or between
+// the check and the NATS server's listen; the demo then refuses
 // (*portInUseError), and is started again on new ports, three times at most.
 func startDemo(t *testing.T, env []string, newArgs func() []string) *demoRun {
 	t.Helper()
@@ -179,13 +180,17 @@ func startDemo(t *testing.T, env []string, newArgs func() []string) *demoRun {
 		go func() { d.done <- run(ctx, args, env, d.out, d.out, slog.New(slog.DiscardHandler)) }()
 		var err error
 		returned := false
-		testenv.WaitFor(t, time.Minute, "the demo past its port check", func() bool {
+		// Past its port check and its NATS server's start: a port drawn by
+		// another program between the check and the server's listen is
+		// reported then (the tests beside this one draw free ports too).
+		testenv.WaitFor(t, 2*time.Minute, "the demo past its port check and NATS's start", func() bool {
 			select {
 			case err = <-d.done:
 				returned = true
 				return true
 			default:
-				return strings.Contains(d.out.String(), "starting the demo")
+				out := d.out.String()
+				return strings.Contains(out, "starting the demo") && strings.Contains(out, "\nnats ")
 			}
 		})
 		if !returned {
@@ -692,5 +697,31 @@ func TestDemoChecksEndWhenTheDemoStops(t *testing.T) {
 				t.Errorf("the wait ended %s after the demo stopped; want within %s", took.Round(time.Millisecond), prompt)
 			}
 		})
+	}
+}
+
+// A port of the NATS server taken after the demo's port check (another
+// program drew it before the server listened) is reported as the check
+// reports one: a *portInUseError naming it, not "not ready".
+func TestDemoNATSOnAPortTakenSinceTheCheckSaysWhichPort(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &demo{env: &Env{Stdout: io.Discard, Stderr: io.Discard}, dir: t.TempDir(), natsHTTP: taken.Addr().(*net.TCPAddr).Port}
+	ns, err := d.startNATS(port)
+	if err == nil {
+		ns.Shutdown()
+		t.Fatal("the NATS server started with its monitoring port taken")
+	}
+	var inUse *portInUseError
+	if !errors.As(err, &inUse) || inUse.port.what != "nats monitoring" {
+		t.Fatalf("start with the monitoring port taken: %v, want a *portInUseError for nats monitoring", err)
 	}
 }
