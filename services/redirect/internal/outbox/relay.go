@@ -569,8 +569,9 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 			break // nothing after a transient failure is worth sending now
 		}
 	}
+	// ids are the stream IDs of the batch's first len(ids) entries: each
+	// entry is added to them or stops them.
 	ids := make([]string, 0, len(batch))
-	var first, last string  // the event IDs of ids' first and last entries
 	published, late := 0, 0 // of ids; the rest were parked
 	var parked []string     // the reasons of those parked, counted once deleted
 	var stop error
@@ -590,10 +591,6 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 		switch {
 		case err == nil:
 			ids = append(ids, b.e.StreamID)
-			if len(ids) == 1 {
-				first = b.e.ID
-			}
-			last = b.e.ID
 			if b.late {
 				late++
 			} else {
@@ -613,10 +610,6 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 			}
 			parked = append(parked, why)
 			ids = append(ids, b.e.StreamID)
-			if len(ids) == 1 {
-				first = b.e.ID
-			}
-			last = b.e.ID
 		default:
 			r.m.PublishErrors.WithLabelValues(lane.Name, "publish").Inc()
 			stop = fmt.Errorf("publish %s to %s: %w", b.e.ID, b.e.Subject, err)
@@ -639,7 +632,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	res, err := fencedTrimScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)},
-		lease.token, keep, first, ids[len(ids)-1], last).Int64Slice()
+		lease.token, keep, batch[0].e.ID, ids[len(ids)-1], batch[len(ids)-1].e.ID).Int64Slice()
 	if err == nil && len(res) == 0 {
 		err = errors.New("empty reply")
 	}
