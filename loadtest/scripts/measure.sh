@@ -19,6 +19,7 @@
 #   RATES="4000 6000" loadtest/scripts/measure.sh    # other event rates
 #   STEPS=events loadtest/scripts/measure.sh     # only (2)
 #   STEPS=ramp loadtest/scripts/measure.sh       # only the first two ramps of (1): a bare 302, the redirect alone
+#   BARE_TO=30000 STEPS=ramp loadtest/scripts/measure.sh   # the bare ramp's top (default 24,000/s: a top it holds is no limit)
 #   STEPS=redirect-cpu loadtest/scripts/measure.sh   # (7) CPU per click of each process, the bare 302 handler and
 #                                                #     the redirect alone at CPU_RATE (default 6,000/s), ROUNDS times;
 #                                                #     REDIRECT_SETTINGS="SNIP_COMMIT_LINGER=0,SNIP_RELAY_LINGER=5ms|defaults"
@@ -84,7 +85,7 @@ if [[ ${STEPS:-all} == all || ${STEPS:-all} == ramp ]]; then
 	pids+=($!)
 	waitport 8090 || exit 1
 	log "ramp: bare 302"
-	$LT ramp --target http://127.0.0.1:8090 --create-links=false --from 1000 --to 16000 --step 1000 \
+	$LT ramp --target http://127.0.0.1:8090 --create-links=false --from 1000 --to "${BARE_TO:-24000}" --step 1000 \
 		--step-duration 5s --pause 2s --out "$OUT/ramp-bare302"
 fi
 
