@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -170,6 +171,33 @@ func needs(t *testing.T, svc types.ServiceConfig, names []string, condition stri
 		}
 		if d.Condition != condition {
 			t.Errorf("%s starts when %s is %q, want %q", svc.Name, n, d.Condition, condition)
+		}
+	}
+}
+
+// Every `docker compose` command docker-compose.cluster.yml's comments give
+// names the file (-f docker-compose.cluster.yml): without it, docker compose
+// acts on docker-compose.yml's project instead.
+func TestComposeClusterCommentsNameTheirFile(t *testing.T) {
+	const file = "docker-compose.cluster.yml"
+	b, err := os.ReadFile(filepath.Join(root, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The comments' text, a command wrapped over two lines joined again.
+	var text strings.Builder
+	for line := range strings.Lines(string(b)) {
+		if _, comment, ok := strings.Cut(line, "#"); ok {
+			text.WriteString(strings.TrimSpace(comment) + " ")
+		}
+	}
+	commands := regexp.MustCompile("`(docker compose [^`]*)`").FindAllStringSubmatch(text.String(), -1)
+	if len(commands) < 3 {
+		t.Fatalf("found %d docker compose commands in %s's comments: %q", len(commands), file, commands)
+	}
+	for _, c := range commands {
+		if !strings.Contains(c[1], "-f "+file) {
+			t.Errorf("%s's comments give `%s`, which runs docker-compose.yml's project: add -f %s", file, c[1], file)
 		}
 	}
 }

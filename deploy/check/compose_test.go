@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -385,4 +386,49 @@ func TestEnvExampleListsEveryComposeVariable(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The partition count compose gives the topology and the services
+// (SNIP_PARTITIONS: its default in each compose file, and the value
+// deploy/env.example sets in .env) is the one deploy/nats is generated for
+// (TestNATSConfigIsGenerated): the NATS users name each group's consumers
+// by partition, so with another count the readers could not create or read
+// the partitions past the generated ones.
+func TestComposePartitionsAreTheOnesDeployNATSNames(t *testing.T) {
+	want := strconv.Itoa(topology.DefaultPartitions)
+	b, err := os.ReadFile(filepath.Join(root, "deploy/env.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var envFile []string
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z][A-Z0-9_]*=.*)$`).FindAllStringSubmatch(string(b), -1) {
+		envFile = append(envFile, m[1])
+	}
+	envFile = append(envFile, "CONSOLE_TOKEN="+composeTestToken)
+	eachCompose(t, func(t *testing.T, file string) {
+		for _, env := range []struct {
+			name string
+			vars []string
+		}{{"the defaults", []string{"CONSOLE_TOKEN=" + composeTestToken}}, {"deploy/env.example as .env", envFile}} {
+			p, err := loadComposeWith(file, env.vars, "loadtest")
+			if err != nil {
+				t.Fatalf("%s with %s: %v", file, env.name, err)
+			}
+			given := 0
+			for _, name := range slices.Sorted(maps.Keys(p.Services)) {
+				v := p.Services[name].Environment["SNIP_PARTITIONS"]
+				if v == nil {
+					continue
+				}
+				given++
+				if *v != want {
+					t.Errorf("%s with %s: %s gets SNIP_PARTITIONS=%s, and deploy/nats names the consumers of %s partitions (regenerate it: go run ./deploy/check/cmd/natsconf -partitions N)",
+						file, env.name, name, *v, want)
+				}
+			}
+			if given < 4 {
+				t.Errorf("%s with %s: only %d services get SNIP_PARTITIONS", file, env.name, given)
+			}
+		}
+	})
 }

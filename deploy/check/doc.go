@@ -3,7 +3,8 @@
 // library `docker compose` itself uses) and read against the code (every
 // environment variable a service is given is one its config.go declares, every
 // service image is built from deploy/docker/Dockerfile with a SERVICE that
-// exists, every service's stop_grace_period outlasts its SHUTDOWN_TIMEOUT);
+// exists, every service's stop_grace_period outlasts its SHUTDOWN_TIMEOUT,
+// the partition count compose gives is the one deploy/nats is generated for);
 // the NATS configurations are parsed by nats-server, started, and each
 // service's user is checked to be able to do its job and nothing more;
 // the docs are read against the code (the tests they cite exist, the metrics
