@@ -102,9 +102,18 @@ const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 
 // NewCode returns a random code of GeneratedCodeLen characters from
 // crypto/rand, uniformly over [0-9A-Za-z] (rejection sampling: bytes >= 248
-// are redrawn so no character is favoured). It never returns a reserved word
-// (none of them is 7 characters long, and ValidateCode is the check).
+// are redrawn so no character is favoured). It never returns a reserved word:
+// healthz, metrics, console, favicon and sitemap are 7 characters long too,
+// and such a draw is drawn again.
 func NewCode() string {
+	for {
+		if c := newCode(); !IsReserved(c) {
+			return c
+		}
+	}
+}
+
+func newCode() string {
 	var out [GeneratedCodeLen]byte
 	var buf [GeneratedCodeLen * 2]byte
 	n := 0

@@ -96,7 +96,7 @@ type Preview struct {
 func PreviewKey(code string) string { return "snip:preview:" + code }
 
 // Create stores a new link for owner. With code == "" it draws random codes
-// until one is free; otherwise code is taken as is (validated by the caller)
+// until one is free and not a reserved word; otherwise code is taken as is (validated by the caller)
 // or refused with ErrCodeTaken. The link, its link.created event (LINKS) and
 // its preview job (PREVIEW_JOBS) are written in one MULTI/EXEC, under WATCH
 // of the link key, so a concurrent create of the same code aborts the whole
@@ -106,6 +106,9 @@ func (s *Store) Create(ctx context.Context, owner, target, code string) (link.Li
 	for range generateTries {
 		if !custom {
 			code = s.newCode()
+			if link.IsReserved(code) {
+				continue // 7 letters, as healthz and metrics: a path of the service's own
+			}
 		}
 		l := link.Link{Code: code, Owner: owner, Target: target, Created: time.Now().UTC().Truncate(time.Millisecond)}
 		err := s.create(ctx, l)

@@ -219,6 +219,26 @@ func TestGeneratedCodeCollisionIsRetriedNeverOverwritten(t *testing.T) {
 	}
 }
 
+// TestGeneratedCodeIsNeverAReservedWord: a random code is 7 characters, as
+// healthz, metrics, console, favicon and sitemap are (in any case): a draw
+// that is one is drawn again, never stored (GET /metrics would answer the
+// service's metrics, not the link).
+func TestGeneratedCodeIsNeverAReservedWord(t *testing.T) {
+	testenv.Parallel(t)
+	s, _ := newStore(t)
+	draws := []string{"metrics", "HealthZ", "Xyz9876"}
+	s.newCode = func() string { c := draws[0]; draws = draws[1:]; return c }
+	l, err := s.Create(t.Context(), "acme", "https://example.com/", "")
+	if err != nil || l.Code != "Xyz9876" {
+		t.Fatalf("Create after drawing two reserved words = %+v, %v; want code Xyz9876", l, err)
+	}
+	for _, code := range []string{"metrics", "HealthZ"} {
+		if _, err := s.Get(t.Context(), code); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q) = %v, want ErrNotFound: a reserved word was stored as a link", code, err)
+		}
+	}
+}
+
 // TestDeleteLeavesATombstone: Delete hides the link, writes link.deleted,
 // refuses other owners and a second delete, and the code stays taken.
 func TestDeleteLeavesATombstone(t *testing.T) {
