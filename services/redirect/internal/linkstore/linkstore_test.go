@@ -268,6 +268,40 @@ func TestDeleteLeavesATombstone(t *testing.T) {
 	}
 }
 
+// TestConcurrentDeletesOfOneLinkHaveOneWinnerAndTheOtherIsNotFound: a
+// delete whose transaction another delete of the link got ahead of (the
+// only other write to a link's key) is ErrNotFound, as a delete after it
+// is, not ErrUnavailable: nothing was unavailable, and trying again would
+// only find the link gone.
+func TestConcurrentDeletesOfOneLinkHaveOneWinnerAndTheOtherIsNotFound(t *testing.T) {
+	testenv.Parallel(t)
+	s, rdb := newStore(t)
+	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "twice"); err != nil {
+		t.Fatal(err)
+	}
+	other := New(rdb, s.layout, s.maxOutbox)
+	var otherErr error
+	s.beforeExec = func(ctx context.Context, _ *redis.Tx) error {
+		if otherErr == nil {
+			otherErr = other.Delete(ctx, "acme", "twice") // gets ahead, between WATCH and EXEC
+			if otherErr == nil {
+				otherErr = errors.New("done") // once
+			}
+		}
+		return nil
+	}
+	err := s.Delete(t.Context(), "acme", "twice")
+	if otherErr.Error() != "done" {
+		t.Fatalf("the delete that got ahead: %v", otherErr)
+	}
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("delete that lost the race: %v, want ErrNotFound", err)
+	}
+	if evs := outboxEntries(t, s, rdb, outbox.LaneLinks); len(evs) != 2 {
+		t.Fatalf("%d link events, want 2 (created, deleted once)", len(evs))
+	}
+}
+
 // TestCreateRefusesWhenOutboxFull: at the lane limit Create refuses with
 // outbox.ErrFull and stores nothing.
 func TestCreateRefusesWhenOutboxFull(t *testing.T) {
