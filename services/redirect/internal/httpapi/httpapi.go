@@ -322,10 +322,15 @@ const (
 var cacheControl = []string{"private, max-age=0"}
 
 // redirect answers GET and HEAD /:code: 302 to the target once the click is
-// in the outbox (HEAD: 302, no click); 404 for unknown codes.
+// in the outbox (HEAD: 302, no click); 404 for unknown codes. Every answer,
+// errors included, is private, max-age=0: a shared cache in front may keep
+// a 404 without it for minutes (Varnish and Fastly do), and would go on
+// answering 404 for a code once it is created.
 func (a *API) redirect(c echo.Context) error {
 	start := time.Now()
 	req := c.Request()
+	h := c.Response().Header()
+	h["Cache-Control"] = cacheControl
 	code, ok := link.ParseCode(c.Param("code"))
 	if !ok {
 		if a.Misses != nil {
@@ -352,9 +357,7 @@ func (a *API) redirect(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	h := c.Response().Header()
 	h["Location"] = []string{l.Target}
-	h["Cache-Control"] = cacheControl
 	c.Response().WriteHeader(http.StatusFound)
 	if a.RedirectLatency != nil {
 		a.RedirectLatency.Observe(time.Since(start).Seconds())

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -102,9 +103,18 @@ const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 
 // NewCode returns a random code of GeneratedCodeLen characters from
 // crypto/rand, uniformly over [0-9A-Za-z] (rejection sampling: bytes >= 248
-// are redrawn so no character is favoured). It never returns a reserved word
-// (none of them is 7 characters long, and ValidateCode is the check).
+// are redrawn so no character is favoured). It never returns a reserved word:
+// healthz, metrics, console, favicon and sitemap are 7 characters long too,
+// and such a draw is drawn again.
 func NewCode() string {
+	for {
+		if c := newCode(); !IsReserved(c) {
+			return c
+		}
+	}
+}
+
+func newCode() string {
 	var out [GeneratedCodeLen]byte
 	var buf [GeneratedCodeLen * 2]byte
 	n := 0
@@ -126,8 +136,9 @@ func NewCode() string {
 
 // ValidateTarget checks a target URL and returns it normalised (scheme and
 // host lowercased, as url.URL.String writes it). Rules, each with the reason:
-//   - at most MaxTargetLen bytes, valid UTF-8, no whitespace or control
-//     characters (they hide what a link really points to);
+//   - at most MaxTargetLen bytes, valid UTF-8, no whitespace (Unicode's
+//     too) or control characters, invisible or bidirectional controls
+//     included (they hide what a link really points to);
 //   - absolute, scheme http or https only (javascript:, data:, file:, ...
 //     are refused: a shortener must not launder script URLs);
 //   - a host is required, and its port, if any, is a number 1-65535;
@@ -143,8 +154,8 @@ func ValidateTarget(raw string) (string, error) {
 		return "", fmt.Errorf("%w: not valid UTF-8", ErrInvalidTarget)
 	}
 	for _, r := range raw {
-		if r <= ' ' || r == 0x7f || (r >= 0x80 && r <= 0x9f) || r == '\u2028' || r == '\u2029' {
-			return "", fmt.Errorf("%w: contains whitespace or a control character", ErrInvalidTarget)
+		if hides(r) {
+			return "", fmt.Errorf("%w: contains whitespace or a control character (%U)", ErrInvalidTarget, r)
 		}
 	}
 	u, err := url.Parse(raw)
@@ -181,6 +192,22 @@ func ValidateTarget(raw string) (string, error) {
 		return "", fmt.Errorf("%w: %d bytes once normalised, the limit is %d", ErrInvalidTarget, len(out), MaxTargetLen)
 	}
 	return out, nil
+}
+
+// hides reports whether r may hide what a target points to: ASCII
+// controls and space, C1 controls, any Unicode white space (no-break,
+// em and ideographic spaces, the line and paragraph separators, which a
+// query string keeps as they are), the invisible zero width space and
+// byte order mark, and the bidirectional embeddings, overrides and
+// isolates, which make text display in another order than it reads.
+func hides(r rune) bool {
+	switch {
+	case r <= ' ', r == 0x7f, r >= 0x80 && r <= 0x9f, unicode.IsSpace(r):
+		return true
+	case r == '\u200b', r == '\ufeff', r >= '\u202a' && r <= '\u202e', r >= '\u2066' && r <= '\u2069':
+		return true
+	}
+	return false
 }
 
 func unwrapURLError(err error) error {

@@ -31,7 +31,8 @@ type Store struct {
 	// newCode draws a random code (link.NewCode; tests replace it).
 	newCode func() string
 	// beforeExec, if set (tests), runs inside WATCH, after the checks and
-	// before MULTI/EXEC, with the transaction's connection.
+	// before MULTI/EXEC, with the transaction's connection (Create's and
+	// Delete's).
 	beforeExec func(ctx context.Context, tx *redis.Tx) error
 
 	// The replica wait (WaitForReplicas): off when waitN is 0.
@@ -96,7 +97,7 @@ type Preview struct {
 func PreviewKey(code string) string { return "snip:preview:" + code }
 
 // Create stores a new link for owner. With code == "" it draws random codes
-// until one is free; otherwise code is taken as is (validated by the caller)
+// until one is free and not a reserved word; otherwise code is taken as is (validated by the caller)
 // or refused with ErrCodeTaken. The link, its link.created event (LINKS) and
 // its preview job (PREVIEW_JOBS) are written in one MULTI/EXEC, under WATCH
 // of the link key, so a concurrent create of the same code aborts the whole
@@ -106,6 +107,9 @@ func (s *Store) Create(ctx context.Context, owner, target, code string) (link.Li
 	for range generateTries {
 		if !custom {
 			code = s.newCode()
+			if link.IsReserved(code) {
+				continue // 7 letters, as healthz and metrics: a path of the service's own
+			}
 		}
 		l := link.Link{Code: code, Owner: owner, Target: target, Created: time.Now().UTC().Truncate(time.Millisecond)}
 		err := s.create(ctx, l)
@@ -266,13 +270,19 @@ func parseTime(s string) time.Time {
 	return time.Time{}
 }
 
+// deleteTries is how often Delete runs its transaction when a concurrent
+// change of the link aborted it.
+const deleteTries = 3
+
 // Delete turns owner's link into a tombstone and writes link.deleted into
 // the outbox, in one MULTI/EXEC under WATCH. Another owner's link, an
-// unknown code and an already deleted link are all ErrNotFound.
+// unknown code and an already deleted link are all ErrNotFound, also one
+// that a concurrent delete removed while this one ran (its transaction,
+// aborted, runs again).
 func (s *Store) Delete(ctx context.Context, owner, code string) error {
 	shard := s.layout.Shard(code)
 	key := s.layout.LinkKey(code)
-	err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
+	txf := func(tx *redis.Tx) error {
 		m, err := tx.HGetAll(ctx, key).Result()
 		if err != nil {
 			return err
@@ -283,6 +293,11 @@ func (s *Store) Delete(ctx context.Context, owner, code string) error {
 		}
 		if err := s.checkRoom(ctx, tx, shard, outbox.LaneLinks); err != nil {
 			return err
+		}
+		if s.beforeExec != nil {
+			if err := s.beforeExec(ctx, tx); err != nil {
+				return err
+			}
 		}
 		now := time.Now().UTC()
 		ev := events.LinkEvent{V: events.LinkVersion, ID: events.NewID(), Kind: events.LinkDeleted, Time: now, Code: code, Owner: owner, Target: l.Target}
@@ -299,7 +314,15 @@ func (s *Store) Delete(ctx context.Context, owner, code string) error {
 			s.waitReplicas(ctx, tx, "delete_link")
 		}
 		return err
-	}, key)
+	}
+	// The only other write to a live link's key is another delete of it:
+	// a transaction it got ahead of runs again and finds the tombstone.
+	var err error
+	for range deleteTries {
+		if err = s.rdb.Watch(ctx, txf, key); !errors.Is(err, redis.TxFailedErr) {
+			break
+		}
+	}
 	switch {
 	case errors.Is(err, redis.TxFailedErr):
 		return fmt.Errorf("delete link %q: changed concurrently, try again: %w", code, ErrUnavailable)

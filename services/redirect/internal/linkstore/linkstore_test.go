@@ -219,6 +219,26 @@ func TestGeneratedCodeCollisionIsRetriedNeverOverwritten(t *testing.T) {
 	}
 }
 
+// TestGeneratedCodeIsNeverAReservedWord: a random code is 7 characters, as
+// healthz, metrics, console, favicon and sitemap are (in any case): a draw
+// that is one is drawn again, never stored (GET /metrics would answer the
+// service's metrics, not the link).
+func TestGeneratedCodeIsNeverAReservedWord(t *testing.T) {
+	testenv.Parallel(t)
+	s, _ := newStore(t)
+	draws := []string{"metrics", "HealthZ", "Xyz9876"}
+	s.newCode = func() string { c := draws[0]; draws = draws[1:]; return c }
+	l, err := s.Create(t.Context(), "acme", "https://example.com/", "")
+	if err != nil || l.Code != "Xyz9876" {
+		t.Fatalf("Create after drawing two reserved words = %+v, %v; want code Xyz9876", l, err)
+	}
+	for _, code := range []string{"metrics", "HealthZ"} {
+		if _, err := s.Get(t.Context(), code); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Get(%q) = %v, want ErrNotFound: a reserved word was stored as a link", code, err)
+		}
+	}
+}
+
 // TestDeleteLeavesATombstone: Delete hides the link, writes link.deleted,
 // refuses other owners and a second delete, and the code stays taken.
 func TestDeleteLeavesATombstone(t *testing.T) {
@@ -245,6 +265,40 @@ func TestDeleteLeavesATombstone(t *testing.T) {
 	evs := outboxEntries(t, s, rdb, outbox.LaneLinks)
 	if len(evs) != 2 || evs[1].Values["subject"] != "links.deleted.bye" {
 		t.Fatalf("link events: %v", evs)
+	}
+}
+
+// TestConcurrentDeletesOfOneLinkHaveOneWinnerAndTheOtherIsNotFound: a
+// delete whose transaction another delete of the link got ahead of (the
+// only other write to a link's key) is ErrNotFound, as a delete after it
+// is, not ErrUnavailable: nothing was unavailable, and trying again would
+// only find the link gone.
+func TestConcurrentDeletesOfOneLinkHaveOneWinnerAndTheOtherIsNotFound(t *testing.T) {
+	testenv.Parallel(t)
+	s, rdb := newStore(t)
+	if _, err := s.Create(t.Context(), "acme", "https://example.com/", "twice"); err != nil {
+		t.Fatal(err)
+	}
+	other := New(rdb, s.layout, s.maxOutbox)
+	var otherErr error
+	s.beforeExec = func(ctx context.Context, _ *redis.Tx) error {
+		if otherErr == nil {
+			otherErr = other.Delete(ctx, "acme", "twice") // gets ahead, between WATCH and EXEC
+			if otherErr == nil {
+				otherErr = errors.New("done") // once
+			}
+		}
+		return nil
+	}
+	err := s.Delete(t.Context(), "acme", "twice")
+	if otherErr.Error() != "done" {
+		t.Fatalf("the delete that got ahead: %v", otherErr)
+	}
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("delete that lost the race: %v, want ErrNotFound", err)
+	}
+	if evs := outboxEntries(t, s, rdb, outbox.LaneLinks); len(evs) != 2 {
+		t.Fatalf("%d link events, want 2 (created, deleted once)", len(evs))
 	}
 }
 
