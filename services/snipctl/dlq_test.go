@@ -16,13 +16,16 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// dlqWorld is NATS with the topology, a parked preview job and a parked
-// click; environ points snipctl at it.
+// dlqWorld is NATS with the topology, a parked preview job and a click
+// stored in CLICKS that the click counter parked; environ points snipctl
+// at it.
 type dlqWorld struct {
 	js               jetstream.JetStream
 	environ          []string
 	jobSeq, clickSeq uint64
-	job              events.PreviewJob
+	// origSeq is the parked click's sequence in CLICKS.
+	origSeq uint64
+	job     events.PreviewJob
 }
 
 func newDLQWorld(t *testing.T) *dlqWorld {
@@ -44,9 +47,14 @@ func newDLQWorld(t *testing.T) *dlqWorld {
 	}
 	w.jobSeq = ack.Sequence
 	click, _ := json.Marshal(events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "xyz", Owner: "acme", Visitor: "v"})
+	stored, err := w.js.Publish(t.Context(), events.ClickSubject("acme", "xyz"), click)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.origSeq = stored.Sequence
 	ack, err = deadletter.Publish(t.Context(), w.js, deadletter.Parcel{
 		Source: "click-counter", Reason: "unknown_version", Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "xyz"),
-		Seq: 77, Attempts: 1, Error: "decode click: version 2", Consumer: "click-counter-p1", Data: click,
+		Seq: w.origSeq, Attempts: 1, Error: "decode click: version 2", Consumer: "click-counter-p1", Data: click,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +97,7 @@ func TestDLQListAndShow(t *testing.T) {
 		t.Fatalf("dlq show: %v\n%s", err, out)
 	}
 	for _, want := range []string{
-		"subject:   dead.click-counter.unknown_version", "from:      CLICKS seq 77 (" + events.PartitionedClickSubject(4, "acme", "xyz") + ")",
+		"subject:   dead.click-counter.unknown_version", "from:      CLICKS seq " + strconv.FormatUint(w.origSeq, 10) + " (" + events.PartitionedClickSubject(4, "acme", "xyz") + ")",
 		"redrive:   to clicks.acme.xyz on CLICKS", "Snip-Dead-Reason: unknown_version", `"code": "xyz"`,
 	} {
 		if !strings.Contains(out, want) {
@@ -103,16 +111,17 @@ func TestDLQListAndShow(t *testing.T) {
 
 func TestDLQRedrive(t *testing.T) {
 	t.Parallel()
+	// CLICKS holds the parked click's original, and its redriven copy.
 	tests := []struct {
 		name                           string
 		args                           func(w *dlqWorld) []string
 		wantJobs, wantClicks, wantLeft uint64
 	}{
-		{"by_sequence", func(w *dlqWorld) []string { return []string{strconv.FormatUint(w.jobSeq, 10)} }, 1, 0, 1},
-		{"by_source", func(*dlqWorld) []string { return []string{"--source", "click-counter"} }, 0, 1, 1},
-		{"by_reason", func(*dlqWorld) []string { return []string{"--reason", "http_5xx"} }, 1, 0, 1},
-		{"by_source_and_reason_matching_nothing", func(*dlqWorld) []string { return []string{"--source", "preview", "--reason", "timeout"} }, 0, 0, 2},
-		{"all", func(*dlqWorld) []string { return []string{"--all"} }, 1, 1, 0},
+		{"by_sequence", func(w *dlqWorld) []string { return []string{strconv.FormatUint(w.jobSeq, 10)} }, 1, 1, 1},
+		{"by_source", func(*dlqWorld) []string { return []string{"--source", "click-counter"} }, 0, 2, 1},
+		{"by_reason", func(*dlqWorld) []string { return []string{"--reason", "http_5xx"} }, 1, 1, 1},
+		{"by_source_and_reason_matching_nothing", func(*dlqWorld) []string { return []string{"--source", "preview", "--reason", "timeout"} }, 0, 1, 2},
+		{"all", func(*dlqWorld) []string { return []string{"--all"} }, 1, 2, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -228,3 +237,4 @@ func TestDLQRedriveRefusesAFilterThatIsNotAToken(t *testing.T) {
 		t.Errorf("%d dead letters left, want the 2 parked", got)
 	}
 }
+
