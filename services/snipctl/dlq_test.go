@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/deadletter"
@@ -238,3 +239,59 @@ func TestDLQRedriveRefusesAFilterThatIsNotAToken(t *testing.T) {
 	}
 }
 
+// A consumer group's user may publish its own dead.<group>.> letters: the
+// webhooks' plants one saying a made-up click came from CLICKS, at the
+// parked click's sequence. dlq show says it cannot be redriven and why;
+// redrive --all leaves it in place, says why, redrives the others and exits
+// with an error; CLICKS gains the genuine letter's click only. A genuine
+// letter whose click is gone from CLICKS is refused by sequence, saying so.
+func TestDLQRedriveLeavesAPlantedClickAndSaysWhy(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	ctx := t.Context()
+	madeUp, _ := json.Marshal(events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "xyz", Owner: "acme", Visitor: "nobody"})
+	m := nats.NewMsg(events.DeadLetterSubject(topology.GroupWebhooks, "planted"))
+	m.Header.Set(events.HeaderDeadSource, events.ClicksStream)
+	m.Header.Set(events.HeaderDeadSubject, events.PartitionedClickSubject(4, "acme", "xyz"))
+	m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(w.origSeq, 10))
+	m.Data = madeUp
+	ack, err := w.js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planted := strconv.FormatUint(ack.Sequence, 10)
+	out, err := snipctl(t, w.environ, "dlq", "show", planted)
+	if err != nil || !strings.Contains(out, "redrive:   not possible: ") || !strings.Contains(out, "differs from what CLICKS holds there") {
+		t.Errorf("dlq show %s: %v\n%s", planted, err, out)
+	}
+	out, err = snipctl(t, w.environ, "dlq", "redrive", "--all")
+	if !errors.Is(err, deadletter.ErrOriginalDiffers) {
+		t.Errorf("dlq redrive --all: err = %v, want ErrOriginalDiffers\n%s", err, out)
+	}
+	for _, want := range []string{"dead letter " + planted + ": ", "differs from what CLICKS holds there", "(left in place)", "2 redriven"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlq redrive --all output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := [3]uint64{w.msgs(t, events.PreviewJobsStream), w.msgs(t, events.ClicksStream), w.msgs(t, events.DeadLetterStream)}; got != [3]uint64{1, 2, 1} {
+		t.Errorf("jobs, clicks, dead letters = %v, want [1 2 1]: the planted letter left, its click not published", got)
+	}
+
+	// The genuine letter's click deleted from CLICKS (as its age limit would).
+	w2 := newDLQWorld(t)
+	s, err := w2.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, w2.origSeq); err != nil {
+		t.Fatal(err)
+	}
+	seq := strconv.FormatUint(w2.clickSeq, 10)
+	out, err = snipctl(t, w2.environ, "dlq", "redrive", seq)
+	if !errors.Is(err, deadletter.ErrOriginalGone) || !strings.Contains(out, "dead letter "+seq+": ") || !strings.Contains(out, "is gone from CLICKS") {
+		t.Errorf("dlq redrive %s of a click gone from CLICKS: err = %v, want ErrOriginalGone\n%s", seq, err, out)
+	}
+	if n := w2.msgs(t, events.DeadLetterStream); n != 2 {
+		t.Errorf("DEAD_LETTER holds %d, want 2 (the letter refused left in place)", n)
+	}
+}
