@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -428,7 +429,21 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 		if err != nil || len(groups) == 0 {
 			t.Fatalf("list dead letters: %v, %d groups", err, len(groups))
 		}
-		if _, err := deadletter.Redrive(ctx, c.js, groups[0].Newest.Seq); err != nil {
+		// The click counter's letter of the malformed event: a group's
+		// letter of a click is redriven as the copy of what CLICKS holds at
+		// its sequence, which the console reads by sequence.
+		l := groups[0].Newest
+		if l.Source != topology.GroupClickCounter || l.Stream != events.ClicksStream || l.OrigSeq == 0 {
+			t.Fatalf("the first group's newest letter is %s's of %s seq %d, want the click counter's of a click", l.Source, l.Stream, l.OrigSeq)
+		}
+		cs, err := c.js.Stream(ctx, events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.GetMsg(ctx, l.OrigSeq); err != nil {
+			t.Fatalf("get a click by sequence: %v", err)
+		}
+		if _, err := deadletter.Redrive(ctx, c.js, l.Seq); err != nil {
 			t.Fatalf("redrive: %v", err)
 		}
 		for _, stream := range []string{events.ClicksStream, events.FraudStream} {
@@ -520,5 +535,72 @@ func TestALetterOfAServiceIsNotRedrivenWhereTheServiceMayNotPublish(t *testing.T
 		if s.CachedInfo().State.Msgs != 0 {
 			t.Errorf("%s holds %d messages, want 0", stream, s.CachedInfo().State.Msgs)
 		}
+	}
+}
+
+// Every consumer group's user may publish its own dead.<group>.> letters,
+// and every group parks clicks: the webhooks' user (the one closest to
+// owners' systems) plants letters saying a made-up click came from CLICKS,
+// one at a real click's sequence and one with none. Neither the console nor
+// an operator's snipctl (admin) redrives them, and CLICKS gains nothing; the
+// console reads CLICKS by sequence to tell, with no permission violation.
+func TestAClickAGroupsUserPlantsIsNotRedriven(t *testing.T) {
+	url := startDeployServer(t)
+	ctx := t.Context()
+	admin := connectAs(t, url, "admin")
+	if err := topology.Apply(ctx, admin.js, topology.Defaults()); err != nil {
+		t.Fatalf("admin: topology apply: %v", err)
+	}
+	real := publishClick(t, admin.js, "acme", "abc")
+	cs, err := admin.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := cs.GetLastMsgForSubject(ctx, events.PartitionedClickSubject(topology.DefaultPartitions, "acme", "abc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	console := connectAs(t, url, "console")
+	w := connectAs(t, url, "webhooks")
+	madeUp := real
+	madeUp.ID, madeUp.Visitor = events.NewID(), "nobody"
+	data, _ := json.Marshal(madeUp)
+	for _, f := range []struct {
+		name string
+		seq  string
+		want error
+	}{
+		{"at a real click's sequence", strconv.FormatUint(stored.Sequence, 10), deadletter.ErrOriginalDiffers},
+		{"with no sequence", "", deadletter.ErrNotRedrivable},
+	} {
+		m := nats.NewMsg("dead." + topology.GroupWebhooks + ".bad_endpoint")
+		m.Data = data
+		m.Header.Set(events.HeaderDeadSource, events.ClicksStream)
+		m.Header.Set(events.HeaderDeadSubject, stored.Subject)
+		if f.seq != "" {
+			m.Header.Set(events.HeaderDeadSeq, f.seq)
+		}
+		ack, err := w.js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatalf("webhooks: publish a letter on its own subject: %v", err)
+		}
+		for _, by := range []struct {
+			user string
+			c    *client
+		}{{"console", console}, {"admin", admin}} {
+			r, err := deadletter.Redrive(ctx, by.c.js, ack.Sequence)
+			if !errors.Is(err, f.want) {
+				t.Errorf("%s: the webhooks' letter of a made-up click %s: redrive = %s on %s seq %d, %v; want %v",
+					by.user, f.name, r.Subject, r.Stream, r.Seq, err, f.want)
+			}
+		}
+	}
+	console.noViolations(t, "console")
+	info, err := cs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Errorf("CLICKS holds %d messages, want the real click alone", info.State.Msgs)
 	}
 }

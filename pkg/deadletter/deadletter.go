@@ -29,11 +29,24 @@
 // A letter of a message that never reached its stream (the outbox relay's)
 // is redriven as "<id>:redrive:<dead seq>".
 //
+// A letter's headers and payload are the word of whoever published it, and
+// each service's NATS user may publish its own dead.<source>.>. So Redrive
+// sends a letter only where its source parks: PREVIEW_JOBS from preview,
+// LINKS and FRAUD_VERDICTS from the click counter, nothing to FRAUD; a
+// click from the outbox relay as it is (only the redirect's user may publish
+// dead.outbox.>), and a click from a consumer group only as the copy of the
+// click CLICKS still holds at the letter's sequence, with the letter's
+// subject and payload. A planted click (a group's user making one up, or
+// changing a real one) is refused with ErrNotRedrivable and left in place;
+// so is a genuine letter whose click CLICKS no longer holds (past its age
+// limit), which redrive cannot tell from a planted one.
+//
 // The runtimes that park (package reader, package workqueue, the click
 // counter's feeds, the outbox relay), snipctl and the console all use it.
 package deadletter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,12 +76,27 @@ var (
 	// redriven or expired, or never existed).
 	ErrNotFound = errors.New("dead letter not found")
 	// ErrNotRedrivable means the dead letter lacks the headers that say
-	// where it came from, names a stream Redrive does not know, or names
-	// a stream its source does not park (see RedriveSubject).
+	// where it came from, names a stream Redrive does not know, names a
+	// stream its source does not park (see RedriveSubject), or is a
+	// consumer group's letter of a click CLICKS no longer holds as the
+	// letter has it (ErrOriginalGone, ErrOriginalDiffers).
 	ErrNotRedrivable = errors.New("dead letter cannot be redriven")
+	// ErrOriginalGone means a consumer group's letter of a click names a
+	// CLICKS sequence that holds nothing (CLICKS' age limit passed, or it
+	// was deleted or purged). It wraps ErrNotRedrivable.
+	ErrOriginalGone = fmt.Errorf("its original is gone from %s (past the stream's age limit, or deleted): %w", events.ClicksStream, ErrNotRedrivable)
+	// ErrOriginalDiffers means a consumer group's letter of a click names a
+	// CLICKS sequence that holds another subject or payload than the
+	// letter: not what the group parked. It wraps ErrNotRedrivable.
+	ErrOriginalDiffers = fmt.Errorf("it differs from what %s holds there: %w", events.ClicksStream, ErrNotRedrivable)
 	// ErrInvalid means a Parcel lacks a field Publish needs.
 	ErrInvalid = errors.New("invalid dead letter")
 )
+
+// OutboxSource is the outbox relay's source: dead.outbox.<reason>. Its
+// letters of clicks are the only ones without a CLICKS sequence, and only
+// the redirect's NATS user may publish on dead.outbox.> (deploy/).
+const OutboxSource = "outbox"
 
 // Parcel is what a consumer that gives up on a message hands to Publish.
 type Parcel struct {
@@ -262,11 +290,26 @@ func letterFrom(m *jetstream.RawStreamMsg) Letter {
 // clicks.<owner>.<code>, published as it is. A letter naming PREVIEW_JOBS,
 // LINKS or FRAUD_VERDICTS has one only from the source that parks that
 // stream's messages, and one naming FRAUD none (nothing parks alerts): the
-// headers are the word of whoever published the letter.
+// headers are the word of whoever published the letter. A letter of any
+// other source than the outbox naming CLICKS has one only if it names the
+// CLICKS message it was parked from (a sequence, a partition's subject);
+// RedriveLetter and Redrivable then also check that CLICKS holds that
+// message as the letter has it.
 func (l Letter) RedriveSubject() (string, error) {
 	switch {
 	case l.Stream == "" || l.OrigSubject == "":
 		return "", fmt.Errorf("dead letter %d has no %s/%s headers: %w", l.Seq, events.HeaderDeadSource, events.HeaderDeadSubject, ErrNotRedrivable)
+	case l.Stream == events.ClicksStream && l.Source != OutboxSource:
+		// A consumer group's letter: a click stored in CLICKS, under its
+		// partition, at the sequence the letter names (RedriveLetter reads
+		// it there).
+		if events.PartitionOf(l.OrigSubject) < 0 {
+			return "", fmt.Errorf("dead letter %d of %q: %q is not a CLICKS partition's click subject: %w", l.Seq, l.Source, l.OrigSubject, ErrNotRedrivable)
+		}
+		if l.OrigSeq == 0 {
+			return "", fmt.Errorf("dead letter %d of %q names no CLICKS sequence (only the outbox relay parks a click that never reached CLICKS): %w", l.Seq, l.Source, ErrNotRedrivable)
+		}
+		return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
 	case l.Stream == events.ClicksStream:
 		if events.PartitionOf(l.OrigSubject) >= 0 {
 			return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
@@ -291,7 +334,9 @@ func (l Letter) RedriveSubject() (string, error) {
 // publisher's word, so a letter of another source naming one of these streams
 // (a service user that may not publish preview jobs or link events planting
 // one on DEAD_LETTER) is not redriven there. Nothing parks FRAUD's alerts.
-// CLICKS is parked by every consumer group and the outbox relay.
+// CLICKS is parked by every consumer group and the outbox relay: a group's
+// letter is redriven only as the copy of a click CLICKS still holds
+// (original), the relay's as it is.
 var parkers = map[string]string{
 	events.PreviewJobsStream:   "preview",
 	events.LinksStream:         topology.GroupClickCounter,
@@ -434,15 +479,23 @@ func Redrive(ctx context.Context, js jetstream.JetStream, seq uint64) (Redriven,
 	return RedriveLetter(ctx, js, l)
 }
 
-// RedriveLetter is Redrive for a letter already read (by Each or Get).
+// RedriveLetter is Redrive for a letter already read (by Each or Get). A
+// consumer group's letter of a click is redriven only if CLICKS still holds
+// the click at the letter's sequence, with its subject and payload; what is
+// published is that stored click. Otherwise the error wraps ErrOriginalGone
+// or ErrOriginalDiffers (both ErrNotRedrivable) and the letter stays.
 func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redriven, error) {
-	subj, err := l.RedriveSubject()
+	subj, orig, err := target(ctx, js, l)
 	if err != nil {
 		return Redriven{}, fmt.Errorf("redrive: %w", err)
 	}
 	m := nats.NewMsg(subj)
 	m.Data = l.Data
-	for k, vs := range l.Header {
+	header := l.Header
+	if orig != nil {
+		m.Data, header = orig.Data, orig.Header
+	}
+	for k, vs := range header {
 		if strings.HasPrefix(k, "Snip-Dead-") || strings.HasPrefix(k, "Nats-") {
 			continue
 		}
@@ -467,6 +520,51 @@ func RedriveLetter(ctx context.Context, js jetstream.JetStream, l Letter) (Redri
 		return Redriven{}, fmt.Errorf("redrive dead letter %d: published, not deleted: %w", l.Seq, err)
 	}
 	return Redriven{Letter: l, Subject: subj, Stream: ack.Stream, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// Redrivable is the subject RedriveLetter would publish l to, or why it
+// would not: RedriveSubject, and for a consumer group's letter of a click,
+// whether CLICKS still holds that click as the letter has it. It publishes
+// nothing (snipctl dlq show and the console's letter view say it).
+func Redrivable(ctx context.Context, js jetstream.JetStream, l Letter) (string, error) {
+	subj, _, err := target(ctx, js, l)
+	return subj, err
+}
+
+// target is l's redrive subject and, for a consumer group's letter of a
+// click, the click CLICKS stores at the letter's sequence, checked against
+// the letter. The letter's headers and payload are the word of whoever
+// published it: every group's NATS user may publish its own dead.<group>.>,
+// so without this check one (the webhooks', say) could plant a letter of a
+// click that never happened, and an operator's redrive would publish it to
+// CLICKS for every reader to count. A group parks a click it read from
+// CLICKS, with its stored subject and payload; the outbox relay's letters
+// (a click that never reached CLICKS) may be published by the redirect's
+// user alone, which may publish clicks anyway. A letter that copies a click
+// CLICKS does hold (its user can read CLICKS) redrives a copy of that real
+// click, as a genuine letter does: with its event ID, which the readers
+// skip within their windows.
+func target(ctx context.Context, js jetstream.JetStream, l Letter) (string, *jetstream.RawStreamMsg, error) {
+	subj, err := l.RedriveSubject()
+	if err != nil || l.Stream != events.ClicksStream || l.Source == OutboxSource {
+		return subj, nil, err
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return "", nil, fmt.Errorf("dead letter %d: read its original, %s seq %d: %w", l.Seq, events.ClicksStream, l.OrigSeq, err)
+	}
+	m, err := s.GetMsg(ctx, l.OrigSeq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", nil, fmt.Errorf("dead letter %d of %q names %s seq %d, but %w", l.Seq, l.Source, events.ClicksStream, l.OrigSeq, ErrOriginalGone)
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("dead letter %d: read its original, %s seq %d: %w", l.Seq, events.ClicksStream, l.OrigSeq, err)
+	}
+	if m.Subject != l.OrigSubject || !bytes.Equal(m.Data, l.Data) {
+		return "", nil, fmt.Errorf("dead letter %d of %q names %s seq %d, which holds %d bytes on %s where the letter has %d bytes on %s: %w",
+			l.Seq, l.Source, events.ClicksStream, l.OrigSeq, len(m.Data), m.Subject, len(l.Data), l.OrigSubject, ErrOriginalDiffers)
+	}
+	return subj, m, nil
 }
 
 // redriveMsgID is the Nats-Msg-Id of l's redrive, id being its payload's ID

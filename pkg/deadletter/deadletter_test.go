@@ -1,6 +1,7 @@
 package deadletter_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -163,20 +165,33 @@ func TestListGroupsBySourceAndReason(t *testing.T) {
 	}
 }
 
-// parkClick parks a click the way the log readers do: the stored subject
-// has the partition in front.
+// parkClick parks a click the way the log readers do: the click is stored
+// in CLICKS, and the letter names its stored subject (the partition in
+// front) and sequence.
 func parkClick(t *testing.T, js jetstream.JetStream, group, reason string) uint64 {
 	t.Helper()
-	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
-	data, _ := json.Marshal(c)
+	data, seq := storeClick(t, js)
 	ack, err := deadletter.Publish(t.Context(), js, deadletter.Parcel{
 		Source: group, Reason: reason, Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "abc"),
-		Seq: 42, Attempts: 1, Error: "decode click: malformed event", Consumer: group + "-p1", Data: data,
+		Seq: seq, Attempts: 1, Error: "decode click: malformed event", Consumer: group + "-p1", Data: data,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ack.Sequence
+}
+
+// storeClick publishes a click of acme/abc to CLICKS and returns its
+// payload and sequence.
+func storeClick(t *testing.T, js jetstream.JetStream) ([]byte, uint64) {
+	t.Helper()
+	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
+	data, _ := json.Marshal(c)
+	ack, err := js.Publish(t.Context(), events.ClickSubject("acme", "abc"), data, jetstream.WithMsgID(c.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, ack.Sequence
 }
 
 func TestRedrivePreviewJob(t *testing.T) {
@@ -234,6 +249,13 @@ func TestRedriveClickGoesBackToItsPartition(t *testing.T) {
 	}
 	if want := events.PartitionedClickSubject(4, "acme", "abc"); m.Subject != want {
 		t.Fatalf("stored as %s, want %s", m.Subject, want)
+	}
+	orig, err := s.GetMsg(ctx, r.Letter.OrigSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Data) != string(orig.Data) || r.Seq == r.Letter.OrigSeq {
+		t.Fatalf("redriven copy at seq %d = %q; want a new copy of seq %d, %q", r.Seq, m.Data, r.Letter.OrigSeq, orig.Data)
 	}
 }
 
@@ -416,13 +438,12 @@ func TestRedriveOfAnEventEveryGroupParkedPublishesItOnce(t *testing.T) {
 	t.Parallel()
 	js := newJS(t)
 	ctx := t.Context()
-	c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
-	data, _ := json.Marshal(c)
+	data, seq := storeClick(t, js)
 	var letters []uint64
 	for _, group := range []string{"click-counter", "fraud-detection"} {
 		ack, err := deadletter.Publish(ctx, js, deadletter.Parcel{
 			Source: group, Reason: "unknown_version", Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "abc"),
-			Seq: 42, Attempts: 1, Error: "unknown version", Consumer: group + "-p1", Data: data,
+			Seq: seq, Attempts: 1, Error: "unknown version", Consumer: group + "-p1", Data: data,
 		})
 		if err != nil || ack.Duplicate {
 			t.Fatalf("park by %s = %+v, %v; want a letter of its own", group, ack, err)
@@ -437,8 +458,8 @@ func TestRedriveOfAnEventEveryGroupParkedPublishesItOnce(t *testing.T) {
 		}
 		rs = append(rs, r)
 	}
-	if n := streamMsgs(t, js, events.ClicksStream); n != 1 {
-		t.Fatalf("CLICKS holds %d copies of the event after redriving its %d letters (at seqs %d and %d), want 1", n, len(letters), rs[0].Seq, rs[1].Seq)
+	if n := streamMsgs(t, js, events.ClicksStream); n != 2 {
+		t.Fatalf("CLICKS holds %d copies of the event after redriving its %d letters (at seqs %d and %d), want 2: the original and one redriven", n, len(letters), rs[0].Seq, rs[1].Seq)
 	}
 	if rs[0].Duplicate || !rs[1].Duplicate || rs[1].Seq != rs[0].Seq {
 		t.Fatalf("redriven to seq %d (duplicate %v) and %d (duplicate %v); want the second a duplicate of the first",
@@ -446,5 +467,165 @@ func TestRedriveOfAnEventEveryGroupParkedPublishesItOnce(t *testing.T) {
 	}
 	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 {
 		t.Fatalf("DEAD_LETTER holds %d after redriving every letter, want 0", n)
+	}
+}
+
+// plant publishes a letter on dead.webhooks.<reason>, as the webhooks
+// service's NATS user may (every consumer group's user may publish its own
+// dead.<group>.>): its headers and payload say whatever it likes.
+func plant(t *testing.T, js jetstream.JetStream, reason, subject string, seq uint64, data []byte) uint64 {
+	t.Helper()
+	m := nats.NewMsg(events.DeadLetterSubject(topology.GroupWebhooks, reason))
+	m.Header.Set(events.HeaderDeadSource, events.ClicksStream)
+	m.Header.Set(events.HeaderDeadSubject, subject)
+	if seq > 0 {
+		m.Header.Set(events.HeaderDeadSeq, itoa(seq))
+	}
+	m.Data = data
+	ack, err := js.PublishMsg(t.Context(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// TestAClickAGroupPlantsIsNotRedriven: the webhooks' user (the one closest
+// to owners' systems) plants letters saying a click came from CLICKS: one
+// made up, with no sequence, at a sequence CLICKS never held, or at a real
+// click's; a real click changed, or named on another subject. Redriven, any
+// of them would be a click that never happened, counted by every reader. A
+// group's letter is redriven only as the copy of the click CLICKS holds at
+// its sequence, so each is refused, says why, stays on DEAD_LETTER, and
+// CLICKS gains nothing.
+func TestAClickAGroupPlantsIsNotRedriven(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	real, seq := storeClick(t, js)
+	madeUp, _ := json.Marshal(events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "nobody"})
+	var c events.Click
+	if err := json.Unmarshal(real, &c); err != nil {
+		t.Fatal(err)
+	}
+	c.Visitor = "someone else"
+	changed, _ := json.Marshal(c)
+	subject := events.PartitionedClickSubject(4, "acme", "abc")
+	tests := []struct {
+		name    string
+		subject string
+		seq     uint64
+		data    []byte
+		want    error
+	}{
+		{"made_up_without_a_sequence", subject, 0, madeUp, deadletter.ErrNotRedrivable},
+		{"made_up_as_the_outbox_would_park_it", events.ClickSubject("acme", "abc"), 0, madeUp, deadletter.ErrNotRedrivable},
+		{"made_up_unpartitioned_with_a_sequence", events.ClickSubject("acme", "abc"), seq, madeUp, deadletter.ErrNotRedrivable},
+		{"made_up_at_a_sequence_CLICKS_never_held", subject, seq + 100, madeUp, deadletter.ErrOriginalGone},
+		{"made_up_at_a_real_clicks_sequence", subject, seq, madeUp, deadletter.ErrOriginalDiffers},
+		{"a_real_click_changed", subject, seq, changed, deadletter.ErrOriginalDiffers},
+		{"a_real_click_on_another_subject", events.PartitionedClickSubject(4, "acme", "xyz"), seq, real, deadletter.ErrOriginalDiffers},
+	}
+	for _, tc := range tests {
+		at := plant(t, js, "planted", tc.subject, tc.seq, tc.data)
+		l, err := deadletter.Get(ctx, js, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if subj, err := deadletter.Redrivable(ctx, js, l); !errors.Is(err, tc.want) {
+			t.Errorf("%s: Redrivable = %q, %v; want %v", tc.name, subj, err, tc.want)
+		}
+		r, err := deadletter.Redrive(ctx, js, at)
+		if !errors.Is(err, tc.want) || !errors.Is(err, deadletter.ErrNotRedrivable) {
+			t.Errorf("%s: Redrive = %s on %s seq %d, %v; want %v", tc.name, r.Subject, r.Stream, r.Seq, err, tc.want)
+		}
+		if _, err := deadletter.Get(ctx, js, at); err != nil {
+			t.Errorf("%s: the letter is gone after a refused redrive: %v", tc.name, err)
+		}
+	}
+	if n := streamMsgs(t, js, events.ClicksStream); n != 1 {
+		t.Errorf("CLICKS holds %d messages after the planted letters' redrives, want 1 (the real click)", n)
+	}
+}
+
+// TestAGroupsLetterOfAClickCLICKSNoLongerHoldsIsNotRedriven: a genuine
+// letter whose click is gone from CLICKS (its age limit passed, or it was
+// deleted) cannot be told from a planted one: refused, saying its original
+// is gone, and left in place.
+func TestAGroupsLetterOfAClickCLICKSNoLongerHoldsIsNotRedriven(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	at := parkClick(t, js, topology.GroupWarehouseLoader, "bad_row")
+	l, err := deadletter.Get(ctx, js, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, l.OrigSeq); err != nil {
+		t.Fatal(err)
+	}
+	_, err = deadletter.Redrive(ctx, js, at)
+	if !errors.Is(err, deadletter.ErrOriginalGone) || !errors.Is(err, deadletter.ErrNotRedrivable) || !strings.Contains(err.Error(), "gone") {
+		t.Fatalf("Redrive = %v; want ErrOriginalGone, saying it is gone", err)
+	}
+	if _, err := deadletter.Get(ctx, js, at); err != nil {
+		t.Errorf("the letter is gone after a refused redrive: %v", err)
+	}
+	if n := streamMsgs(t, js, events.ClicksStream); n != 0 {
+		t.Errorf("CLICKS holds %d messages, want 0", n)
+	}
+}
+
+// TestALetterTheReaderParkedIsRedriven: the reader runtime parks an event of
+// a version it does not know, as every group does; its letter names the
+// click's place in CLICKS, so it is redriven, as a copy of what CLICKS holds.
+func TestALetterTheReaderParkedIsRedriven(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	c := events.Click{V: events.ClickVersion + 98, ID: events.NewID(), Time: time.Now().UTC(), Code: "abc", Owner: "acme", Target: "https://example.com/", Visitor: "v"}
+	data, _ := json.Marshal(c)
+	pub, err := js.Publish(ctx, events.ClickSubject("acme", "abc"), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- reader.Run(rctx, js, reader.Config{Group: "example-reader", Member: "m", LeaseTTL: time.Second},
+			func(context.Context, int, []reader.Event) error { return nil })
+	}()
+	var letter deadletter.Letter
+	testenv.WaitFor(t, 30*time.Second, "the reader to park the event", func() bool {
+		err := deadletter.Each(ctx, js, deadletter.Filter("example-reader", reader.ReasonUnknownVersion), func(l deadletter.Letter) error {
+			letter = l
+			return nil
+		})
+		return err == nil && letter.Seq > 0
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if letter.OrigSeq != pub.Sequence {
+		t.Fatalf("letter names CLICKS seq %d, want %d", letter.OrigSeq, pub.Sequence)
+	}
+	r, err := deadletter.Redrive(ctx, js, letter.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, events.ClicksStream)
+	m, err := s.GetMsg(ctx, r.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Seq == pub.Sequence || string(m.Data) != string(data) || m.Subject != events.PartitionedClickSubject(4, "acme", "abc") {
+		t.Fatalf("redriven to seq %d as %s %q; want a copy of seq %d", r.Seq, m.Subject, m.Data, pub.Sequence)
+	}
+	if _, err := deadletter.Get(ctx, js, letter.Seq); !errors.Is(err, deadletter.ErrNotFound) {
+		t.Errorf("the letter after its redrive: %v, want ErrNotFound", err)
 	}
 }

@@ -216,6 +216,100 @@ func TestConsoleRefusesRedrivesItsUserMayNotPublish(t *testing.T) {
 	}
 }
 
+// Every consumer group's NATS user may publish its own dead.<group>.>
+// letters: the webhooks' plants one saying a made-up click came from
+// CLICKS, at a real click's sequence, beside a genuine letter of its group.
+// As the console's user, the planted letter shows why it cannot be
+// redriven (in the list and on its own), its redrive is 409 saying why, and
+// Redrive all redrives the genuine letter and leaves the planted one: CLICKS
+// gains one copy, of the real click.
+func TestConsoleRefusesAClickAGroupPlanted(t *testing.T) {
+	url := testenv.StartNATSWithConfig(t, filepath.Join("..", "..", "deploy", "nats", "nats.conf"))
+	admin := connectAs(t, url, "admin")
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	if err := topology.Apply(ctx, admin, o); err != nil {
+		t.Fatal(err)
+	}
+	const source, reason = topology.GroupWebhooks, "bad_endpoint"
+	clicks := consoletest.Clicks("acme", "abc", 1)
+	seqs := consoletest.Publish(t, admin, clicks...)
+	subject := events.PartitionedClickSubject(consoletest.Partitions, "acme", "abc")
+	data, _ := json.Marshal(clicks[0])
+	genuine, err := deadletter.Publish(ctx, admin, deadletter.Parcel{Source: source, Reason: reason, Attempts: 1,
+		Stream: events.ClicksStream, Subject: subject, Seq: seqs[0], Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	madeUp := consoletest.Clicks("acme", "abc", 1)[0]
+	madeUp.Visitor = "nobody"
+	m := nats.NewMsg(events.DeadLetterSubject(source, reason))
+	m.Header.Set(events.HeaderDeadSource, events.ClicksStream)
+	m.Header.Set(events.HeaderDeadSubject, subject)
+	m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(seqs[0], 10))
+	m.Data, _ = json.Marshal(madeUp)
+	// The service users have inboxes of their own (deploy/check).
+	wnc, err := nats.Connect(url, nats.UserInfo("webhooks", "pw-webhooks"), nats.CustomInboxPrefix("_INBOX_webhooks"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wnc.Close()
+	wjs, _ := jetstream.New(wnc)
+	planted, err := wjs.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatalf("webhooks: publish a letter on its own subject: %v", err)
+	}
+
+	var logs syncBuffer
+	s := startOn(t, admin, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		withToken(c)
+		c.NATS.User, c.NATS.Password = "console", "pw-console"
+	})
+	type letter struct {
+		Seq            uint64
+		RedriveTo      string `json:"redrive_to"`
+		RedriveRefused string `json:"redrive_refused"`
+	}
+	var list struct{ Letters []letter }
+	getJSON(t, s, "/api/dlq/letters?source="+source+"&reason="+reason, &list)
+	var one letter
+	letterPath := "/api/dlq/letters/" + strconv.FormatUint(planted.Sequence, 10)
+	getJSON(t, s, letterPath, &one)
+	if len(list.Letters) != 2 || list.Letters[0].RedriveTo == "" || list.Letters[1].RedriveTo != "" ||
+		!strings.Contains(list.Letters[1].RedriveRefused, "differs from what CLICKS holds") ||
+		one.RedriveTo != "" || one.RedriveRefused != list.Letters[1].RedriveRefused {
+		t.Errorf("letters %+v, the planted one %+v; want the genuine one offered for redrive, the planted one refused, saying why", list.Letters, one)
+	}
+	if code, b := do(t, nil, http.MethodPost, s.url+letterPath+"/redrive", nil, bearer); code != http.StatusConflict || !strings.Contains(string(b), "differs from what CLICKS holds") {
+		t.Errorf("redrive of the planted letter: %d %s, want 409 saying why", code, b)
+	}
+	code, b := do(t, nil, http.MethodPost, s.url+"/api/dlq/redrive", map[string]string{"source": source, "reason": reason}, bearer)
+	var g struct {
+		Redriven int
+		Refused  []struct {
+			Seq   uint64
+			Error string
+		}
+	}
+	if err := json.Unmarshal(b, &g); err != nil || code != http.StatusOK {
+		t.Fatalf("group redrive: %d %s (%v)", code, b, err)
+	}
+	if g.Redriven != 1 || len(g.Refused) != 1 || g.Refused[0].Seq != planted.Sequence || !strings.Contains(g.Refused[0].Error, "differs") {
+		t.Errorf("group redrive: %s; want letter %d redriven and the planted %d refused", b, genuine.Sequence, planted.Sequence)
+	}
+	cs, err := admin.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := cs.CachedInfo().State.Msgs; n != 2 {
+		t.Errorf("CLICKS holds %d messages, want 2: the click and the genuine letter's redrive", n)
+	}
+	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") {
+		t.Errorf("the console met permission violations:\n%s", l)
+	}
+}
+
 // connectAs connects to url as a user of deploy/nats (the test's passwords,
 // "pw-<user>") and returns a JetStream context; the connection closes with
 // the test.

@@ -112,10 +112,15 @@ func dlqShow(ctx context.Context, env *Env, js jetstream.JetStream, args []strin
 	}
 	fmt.Fprintf(w, "from:      %s %s (%s)\nconsumer:  %s\nattempts:  %d\nreason:    %s\nerror:     %s\n",
 		l.Stream, from, l.OrigSubject, l.Consumer, l.Attempts, l.Reason, l.Error)
-	if subj, err := l.RedriveSubject(); err == nil {
+	// Redrivable also reads a consumer group's click from CLICKS: a letter
+	// whose click is gone, or differs (planted), is not redriven.
+	switch subj, err := deadletter.Redrivable(ctx, js, l); {
+	case err == nil:
 		fmt.Fprintf(w, "redrive:   to %s on %s\n", subj, l.Stream)
-	} else {
+	case errors.Is(err, deadletter.ErrNotRedrivable):
 		fmt.Fprintf(w, "redrive:   not possible: %v\n", err)
+	default:
+		fmt.Fprintf(w, "redrive:   not known: %v\n", err)
 	}
 	fmt.Fprintln(w, "headers:")
 	keys := make([]string, 0, len(l.Header))

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/deadletter"
@@ -16,13 +17,16 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
-// dlqWorld is NATS with the topology, a parked preview job and a parked
-// click; environ points snipctl at it.
+// dlqWorld is NATS with the topology, a parked preview job and a click
+// stored in CLICKS that the click counter parked; environ points snipctl
+// at it.
 type dlqWorld struct {
 	js               jetstream.JetStream
 	environ          []string
 	jobSeq, clickSeq uint64
-	job              events.PreviewJob
+	// origSeq is the parked click's sequence in CLICKS.
+	origSeq uint64
+	job     events.PreviewJob
 }
 
 func newDLQWorld(t *testing.T) *dlqWorld {
@@ -44,9 +48,14 @@ func newDLQWorld(t *testing.T) *dlqWorld {
 	}
 	w.jobSeq = ack.Sequence
 	click, _ := json.Marshal(events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "xyz", Owner: "acme", Visitor: "v"})
+	stored, err := w.js.Publish(t.Context(), events.ClickSubject("acme", "xyz"), click)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.origSeq = stored.Sequence
 	ack, err = deadletter.Publish(t.Context(), w.js, deadletter.Parcel{
 		Source: "click-counter", Reason: "unknown_version", Stream: events.ClicksStream, Subject: events.PartitionedClickSubject(4, "acme", "xyz"),
-		Seq: 77, Attempts: 1, Error: "decode click: version 2", Consumer: "click-counter-p1", Data: click,
+		Seq: w.origSeq, Attempts: 1, Error: "decode click: version 2", Consumer: "click-counter-p1", Data: click,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +98,7 @@ func TestDLQListAndShow(t *testing.T) {
 		t.Fatalf("dlq show: %v\n%s", err, out)
 	}
 	for _, want := range []string{
-		"subject:   dead.click-counter.unknown_version", "from:      CLICKS seq 77 (" + events.PartitionedClickSubject(4, "acme", "xyz") + ")",
+		"subject:   dead.click-counter.unknown_version", "from:      CLICKS seq " + strconv.FormatUint(w.origSeq, 10) + " (" + events.PartitionedClickSubject(4, "acme", "xyz") + ")",
 		"redrive:   to clicks.acme.xyz on CLICKS", "Snip-Dead-Reason: unknown_version", `"code": "xyz"`,
 	} {
 		if !strings.Contains(out, want) {
@@ -103,16 +112,17 @@ func TestDLQListAndShow(t *testing.T) {
 
 func TestDLQRedrive(t *testing.T) {
 	t.Parallel()
+	// CLICKS holds the parked click's original, and its redriven copy.
 	tests := []struct {
 		name                           string
 		args                           func(w *dlqWorld) []string
 		wantJobs, wantClicks, wantLeft uint64
 	}{
-		{"by_sequence", func(w *dlqWorld) []string { return []string{strconv.FormatUint(w.jobSeq, 10)} }, 1, 0, 1},
-		{"by_source", func(*dlqWorld) []string { return []string{"--source", "click-counter"} }, 0, 1, 1},
-		{"by_reason", func(*dlqWorld) []string { return []string{"--reason", "http_5xx"} }, 1, 0, 1},
-		{"by_source_and_reason_matching_nothing", func(*dlqWorld) []string { return []string{"--source", "preview", "--reason", "timeout"} }, 0, 0, 2},
-		{"all", func(*dlqWorld) []string { return []string{"--all"} }, 1, 1, 0},
+		{"by_sequence", func(w *dlqWorld) []string { return []string{strconv.FormatUint(w.jobSeq, 10)} }, 1, 1, 1},
+		{"by_source", func(*dlqWorld) []string { return []string{"--source", "click-counter"} }, 0, 2, 1},
+		{"by_reason", func(*dlqWorld) []string { return []string{"--reason", "http_5xx"} }, 1, 1, 1},
+		{"by_source_and_reason_matching_nothing", func(*dlqWorld) []string { return []string{"--source", "preview", "--reason", "timeout"} }, 0, 1, 2},
+		{"all", func(*dlqWorld) []string { return []string{"--all"} }, 1, 2, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -226,5 +236,62 @@ func TestDLQRedriveRefusesAFilterThatIsNotAToken(t *testing.T) {
 	}
 	if got := w.msgs(t, events.DeadLetterStream); got != 2 {
 		t.Errorf("%d dead letters left, want the 2 parked", got)
+	}
+}
+
+// A consumer group's user may publish its own dead.<group>.> letters: the
+// webhooks' plants one saying a made-up click came from CLICKS, at the
+// parked click's sequence. dlq show says it cannot be redriven and why;
+// redrive --all leaves it in place, says why, redrives the others and exits
+// with an error; CLICKS gains the genuine letter's click only. A genuine
+// letter whose click is gone from CLICKS is refused by sequence, saying so.
+func TestDLQRedriveLeavesAPlantedClickAndSaysWhy(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	ctx := t.Context()
+	madeUp, _ := json.Marshal(events.Click{V: 1, ID: events.NewID(), Time: time.Now().UTC(), Code: "xyz", Owner: "acme", Visitor: "nobody"})
+	m := nats.NewMsg(events.DeadLetterSubject(topology.GroupWebhooks, "planted"))
+	m.Header.Set(events.HeaderDeadSource, events.ClicksStream)
+	m.Header.Set(events.HeaderDeadSubject, events.PartitionedClickSubject(4, "acme", "xyz"))
+	m.Header.Set(events.HeaderDeadSeq, strconv.FormatUint(w.origSeq, 10))
+	m.Data = madeUp
+	ack, err := w.js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	planted := strconv.FormatUint(ack.Sequence, 10)
+	out, err := snipctl(t, w.environ, "dlq", "show", planted)
+	if err != nil || !strings.Contains(out, "redrive:   not possible: ") || !strings.Contains(out, "differs from what CLICKS holds there") {
+		t.Errorf("dlq show %s: %v\n%s", planted, err, out)
+	}
+	out, err = snipctl(t, w.environ, "dlq", "redrive", "--all")
+	if !errors.Is(err, deadletter.ErrOriginalDiffers) {
+		t.Errorf("dlq redrive --all: err = %v, want ErrOriginalDiffers\n%s", err, out)
+	}
+	for _, want := range []string{"dead letter " + planted + ": ", "differs from what CLICKS holds there", "(left in place)", "2 redriven"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlq redrive --all output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := [3]uint64{w.msgs(t, events.PreviewJobsStream), w.msgs(t, events.ClicksStream), w.msgs(t, events.DeadLetterStream)}; got != [3]uint64{1, 2, 1} {
+		t.Errorf("jobs, clicks, dead letters = %v, want [1 2 1]: the planted letter left, its click not published", got)
+	}
+
+	// The genuine letter's click deleted from CLICKS (as its age limit would).
+	w2 := newDLQWorld(t)
+	s, err := w2.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, w2.origSeq); err != nil {
+		t.Fatal(err)
+	}
+	seq := strconv.FormatUint(w2.clickSeq, 10)
+	out, err = snipctl(t, w2.environ, "dlq", "redrive", seq)
+	if !errors.Is(err, deadletter.ErrOriginalGone) || !strings.Contains(out, "dead letter "+seq+": ") || !strings.Contains(out, "is gone from CLICKS") {
+		t.Errorf("dlq redrive %s of a click gone from CLICKS: err = %v, want ErrOriginalGone\n%s", seq, err, out)
+	}
+	if n := w2.msgs(t, events.DeadLetterStream); n != 2 {
+		t.Errorf("DEAD_LETTER holds %d, want 2 (the letter refused left in place)", n)
 	}
 }

@@ -81,7 +81,10 @@ func view(l deadletter.Letter, full bool) Letter {
 // change the two together. Letters of LINKS and FRAUD_VERDICTS (the click
 // counter's) are redriven with snipctl, as admin; pkg/deadletter redrives a
 // letter of PREVIEW_JOBS, LINKS or FRAUD_VERDICTS only from the source that
-// parks that stream's messages, and none of FRAUD.
+// parks that stream's messages, none of FRAUD, and a consumer group's letter
+// of a click only as the copy of the click CLICKS holds at its sequence
+// (reading it takes $JS.API.STREAM.MSG.GET.CLICKS, in the user's
+// $JS.API.STREAM.MSG.GET.*).
 var consoleRedrives = map[string]bool{events.ClicksStream: true, events.PreviewJobsStream: true}
 
 // redriveSubject is l.RedriveSubject for the console: a letter whose stream
@@ -92,6 +95,23 @@ func redriveSubject(l deadletter.Letter) (string, error) {
 			l.Seq, l.Stream, deadletter.ErrNotRedrivable)
 	}
 	return l.RedriveSubject()
+}
+
+// checked is view(l, full) with what a redrive would find: a consumer
+// group's letter of a click whose original CLICKS no longer holds as the
+// letter has it (gone, or a planted letter) shows why it cannot be redriven
+// instead of where it would go (deadletter.Redrivable reads CLICKS).
+func (d *DLQ) checked(ctx context.Context, l deadletter.Letter, full bool) (Letter, error) {
+	v := view(l, full)
+	if v.RedriveTo == "" {
+		return v, nil
+	}
+	_, err := deadletter.Redrivable(ctx, d.js, l)
+	if errors.Is(err, deadletter.ErrNotRedrivable) {
+		v.RedriveTo, v.RedriveRefused = "", err.Error()
+		return v, nil
+	}
+	return v, err
 }
 
 // redrive sends l home if the console may.
@@ -149,7 +169,11 @@ func (d *DLQ) Letters(ctx context.Context, source, reason string, limit int) ([]
 	}
 	out := []Letter{}
 	err = deadletter.Each(ctx, d.js, f, func(l deadletter.Letter) error {
-		out = append(out, view(l, false))
+		v, err := d.checked(ctx, l, false)
+		if err != nil {
+			return err
+		}
+		out = append(out, v)
 		if len(out) >= limit {
 			return errEnough
 		}
@@ -167,7 +191,7 @@ func (d *DLQ) Letter(ctx context.Context, seq uint64) (Letter, error) {
 	if err != nil {
 		return Letter{}, err
 	}
-	return view(l, true), nil
+	return d.checked(ctx, l, true)
 }
 
 // Redriven is the outcome of one redrive.

@@ -746,7 +746,7 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 }
 
 // deadSource is the relay's dead-letter source token: dead.outbox.<reason>.
-const deadSource = "outbox"
+const deadSource = deadletter.OutboxSource
 
 func truncate(s string, n int) string {
 	if len(s) <= n {
