@@ -493,7 +493,8 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 // plants letters on its own dead.warehouse-loader.* subjects saying they
 // come from PREVIEW_JOBS and LINKS. Neither the console (which may publish
 // preview jobs for redrive) nor an operator's snipctl (admin) may send them
-// there: only preview parks jobs, and only the click counter link events.
+// there: only preview and the redirect's outbox relay park jobs, and only
+// the click counter and the relay link events.
 func TestALetterOfAServiceIsNotRedrivenWhereTheServiceMayNotPublish(t *testing.T) {
 	url := startDeployServer(t)
 	ctx := t.Context()

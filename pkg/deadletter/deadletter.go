@@ -51,6 +51,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -288,8 +289,8 @@ func letterFrom(m *jetstream.RawStreamMsg) Letter {
 // front (the stream adds it again on the way in). A click the outbox relay
 // parked before publishing it has no prefix yet: its subject is
 // clicks.<owner>.<code>, published as it is. A letter naming PREVIEW_JOBS,
-// LINKS or FRAUD_VERDICTS has one only from the source that parks that
-// stream's messages, and one naming FRAUD none (nothing parks alerts): the
+// LINKS or FRAUD_VERDICTS has one only from a source that parks that
+// stream's messages (parkers), and one naming FRAUD none (nothing parks alerts): the
 // headers are the word of whoever published the letter. A letter of any
 // other source than the outbox naming CLICKS has one only if it names the
 // CLICKS message it was parked from (a sequence, a partition's subject);
@@ -320,7 +321,7 @@ func (l Letter) RedriveSubject() (string, error) {
 		return "", fmt.Errorf("dead letter %d: %q is not a click subject: %w", l.Seq, l.OrigSubject, ErrNotRedrivable)
 	case l.Stream == events.PreviewJobsStream, l.Stream == events.LinksStream, l.Stream == events.FraudStream,
 		l.Stream == events.FraudVerdictsStream:
-		if parker, ok := parkers[l.Stream]; !ok || l.Source != parker {
+		if !slices.Contains(parkers[l.Stream], l.Source) {
 			return "", fmt.Errorf("dead letter %d of %q says it comes from %s, where %s: %w", l.Seq, l.Source, l.Stream, parkerOf(l.Stream), ErrNotRedrivable)
 		}
 		return l.OrigSubject, nil
@@ -328,24 +329,27 @@ func (l Letter) RedriveSubject() (string, error) {
 	return "", fmt.Errorf("dead letter %d comes from unknown stream %q: %w", l.Seq, l.Stream, ErrNotRedrivable)
 }
 
-// parkers names, for each stream other than CLICKS, the one source that parks
-// its messages: the only NATS user that may publish dead.<source>.* (deploy/
+// parkers names, for each stream other than CLICKS, the sources that park
+// its messages: the only NATS users that may publish dead.<source>.* (deploy/
 // has the grants). The headers saying where a letter came from are the
 // publisher's word, so a letter of another source naming one of these streams
 // (a service user that may not publish preview jobs or link events planting
-// one on DEAD_LETTER) is not redriven there. Nothing parks FRAUD's alerts.
-// CLICKS is parked by every consumer group and the outbox relay: a group's
-// letter is redriven only as the copy of a click CLICKS still holds
-// (original), the relay's as it is.
-var parkers = map[string]string{
-	events.PreviewJobsStream:   "preview",
-	events.LinksStream:         topology.GroupClickCounter,
-	events.FraudVerdictsStream: topology.GroupClickCounter,
+// one on DEAD_LETTER) is not redriven there. The outbox relay parks the link
+// events and preview jobs JetStream refused before they reached LINKS or
+// PREVIEW_JOBS, the preview workers the jobs they gave up on, the click
+// counter the link events and verdict messages it cannot apply. Nothing parks
+// FRAUD's alerts. CLICKS is parked by every consumer group and the outbox
+// relay: a group's letter is redriven only as the copy of a click CLICKS
+// still holds (original), the relay's as it is.
+var parkers = map[string][]string{
+	events.PreviewJobsStream:   {"preview", OutboxSource},
+	events.LinksStream:         {topology.GroupClickCounter, OutboxSource},
+	events.FraudVerdictsStream: {topology.GroupClickCounter},
 }
 
 func parkerOf(stream string) string {
 	if p, ok := parkers[stream]; ok {
-		return "only " + p + " parks"
+		return "only " + strings.Join(p, " and ") + " park"
 	}
 	return "nothing parks"
 }

@@ -304,6 +304,34 @@ func TestRedriveClickParkedBeforeItReachedCLICKS(t *testing.T) {
 	}
 }
 
+// TestRedriveLinkEventAndJobTheOutboxParked: the outbox relay parks the link
+// events and preview jobs JetStream refused before they reached LINKS or
+// PREVIEW_JOBS (dead.outbox.<reason>, a Redis position in place of a
+// sequence), as it parks clicks: such a letter goes back to its stream.
+func TestRedriveLinkEventAndJobTheOutboxParked(t *testing.T) {
+	t.Parallel()
+	js := newJS(t)
+	ctx := t.Context()
+	for i, f := range []struct{ stream, subject, data string }{
+		{events.LinksStream, "links.created.abc", `{"v":1,"id":"link-event-1","kind":"created","code":"abc","owner":"acme"}`},
+		{events.PreviewJobsStream, events.PreviewJobSubject, string(job(t))},
+	} {
+		p := deadletter.Parcel{Source: deadletter.OutboxSource, Reason: "unavailable", Stream: f.stream, Subject: f.subject,
+			Position: "1700000000000-" + strconv.Itoa(i), Attempts: 1, Error: "refused", Consumer: deadletter.OutboxSource, Data: []byte(f.data)}
+		dead, err := deadletter.Publish(ctx, js, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := deadletter.Redrive(ctx, js, dead.Sequence)
+		if err != nil {
+			t.Fatalf("redrive of the outbox's letter of %s: %v", f.stream, err)
+		}
+		if r.Stream != f.stream || r.Subject != f.subject {
+			t.Fatalf("redriven to %s on %s, want %s on %s", r.Subject, r.Stream, f.subject, f.stream)
+		}
+	}
+}
+
 func TestRedriveRefusesLettersWithoutOrigin(t *testing.T) {
 	t.Parallel()
 	js := newJS(t)

@@ -80,7 +80,7 @@ func view(l deadletter.Letter, full bool) Letter {
 // grants it clicks.> (CLICKS) and jobs.preview (PREVIEW_JOBS) "for redrive";
 // change the two together. Letters of LINKS and FRAUD_VERDICTS (the click
 // counter's) are redriven with snipctl, as admin; pkg/deadletter redrives a
-// letter of PREVIEW_JOBS, LINKS or FRAUD_VERDICTS only from the source that
+// letter of PREVIEW_JOBS, LINKS or FRAUD_VERDICTS only from a source that
 // parks that stream's messages, none of FRAUD, and a consumer group's letter
 // of a click only as the copy of the click CLICKS holds at its sequence
 // (reading it takes $JS.API.STREAM.MSG.GET.CLICKS, in the user's
