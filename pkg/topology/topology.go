@@ -6,7 +6,9 @@
 // step) and `snipctl topology apply` does the same for operators who give
 // services no stream-admin permissions. Changing the number of CLICKS
 // partitions of an existing stream is refused (ErrPartitionsChanged): it would
-// move links between partitions and break order per link.
+// move links between partitions and break order per link. So is shrinking an
+// existing stream's retention (ErrRetentionShrinks), which would discard
+// events at once, unless Options.ShrinkRetention says the operator means it.
 package topology
 
 import (
@@ -15,6 +17,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -115,6 +118,15 @@ const PreviewRescueAckWait = 30 * time.Second
 // number of partitions than asked for.
 var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the existing stream")
 
+// ErrRetentionShrinks is returned by Apply when an existing stream would keep
+// less than it does: a shorter MaxAge, or a cap on bytes or messages where it
+// has none or a larger one. The server would discard at once what falls
+// outside the new limit, so a service started with a shorter
+// SNIP_CLICKS_MAX_AGE than the operator applied would delete clicks. An
+// operator who means it applies with Options.ShrinkRetention (`snipctl
+// topology apply --shrink-retention`).
+var ErrRetentionShrinks = errors.New("an existing stream would keep less than it does and discard the rest; apply with --shrink-retention (snipctl) to mean it")
+
 // Options are the deployment's choices. The zero value is not valid; start
 // from Defaults().
 type Options struct {
@@ -134,6 +146,11 @@ type Options struct {
 	VerdictsMaxBytes int64
 	// Storage is file in every deployment; tests may use memory.
 	Storage jetstream.StorageType
+	// ShrinkRetention lets Apply lower an existing stream's retention
+	// (ErrRetentionShrinks otherwise), discarding what falls outside: an
+	// operator's deliberate `snipctl topology apply --shrink-retention`,
+	// never a service's start.
+	ShrinkRetention bool
 }
 
 // Defaults returns the options of a single-node deployment.
@@ -361,7 +378,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	for _, cfg := range Streams(o) {
-		if err := applyStreamAgain(ctx, js, cfg); err != nil {
+		if err := applyStreamAgain(ctx, js, cfg, o.ShrinkRetention); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
@@ -482,9 +499,9 @@ const streamTries = 3
 // stream. The next try looks the stream up first, so it finds the stream
 // the unanswered create made, or sends the create to the leader there is
 // now.
-func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, shrink bool) error {
 	for try := 1; ; try++ {
-		err := applyStream(ctx, js, cfg)
+		err := applyStream(ctx, js, cfg, shrink)
 		if err == nil || try == streamTries || !requestTimedOut(ctx, err) {
 			return err
 		}
@@ -498,7 +515,10 @@ func requestTimedOut(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
 }
 
-func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+// applyStream creates the stream cfg, or updates it when it differs, except
+// that an update that would shrink its retention is refused
+// (ErrRetentionShrinks) unless shrink says the operator means it.
+func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, shrink bool) error {
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -514,6 +534,9 @@ func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		have.SubjectTransform.Destination != cfg.SubjectTransform.Destination {
 		return fmt.Errorf("stream %s: have %q, want %q: %w", cfg.Name,
 			have.SubjectTransform.Destination, cfg.SubjectTransform.Destination, ErrPartitionsChanged)
+	}
+	if what := retentionShrinks(have, cfg); len(what) > 0 && !shrink {
+		return fmt.Errorf("stream %s: %s: %w", cfg.Name, strings.Join(what, ", "), ErrRetentionShrinks)
 	}
 	if streamUpToDate(have, cfg) {
 		// Nothing to change: a service whose NATS user may only read stream
@@ -532,6 +555,38 @@ func unlimited[T int32 | int64](v T) T {
 		return -1
 	}
 	return v
+}
+
+// retentionShrinks lists the limits of want that would keep less of the
+// stream than have does: the server discards what falls outside them as
+// soon as the update is made.
+func retentionShrinks(have, want jetstream.StreamConfig) []string {
+	var what []string
+	if want.MaxAge > 0 && (have.MaxAge <= 0 || want.MaxAge < have.MaxAge) {
+		what = append(what, fmt.Sprintf("max age %s, want %s", limitString(int64(have.MaxAge), time.Duration(have.MaxAge).String()), want.MaxAge))
+	}
+	if lowers(have.MaxBytes, want.MaxBytes) {
+		what = append(what, fmt.Sprintf("max bytes %s, want %d", limitString(have.MaxBytes, strconv.FormatInt(have.MaxBytes, 10)), want.MaxBytes))
+	}
+	if lowers(have.MaxMsgs, want.MaxMsgs) {
+		what = append(what, fmt.Sprintf("max messages %s, want %d", limitString(have.MaxMsgs, strconv.FormatInt(have.MaxMsgs, 10)), want.MaxMsgs))
+	}
+	return what
+}
+
+// lowers reports whether the limit want is below have, where 0 and -1 are
+// no limit.
+func lowers(have, want int64) bool {
+	have, want = unlimited(have), unlimited(want)
+	return want != -1 && (have == -1 || want < have)
+}
+
+// limitString is s, or "none" for a limit of 0 or less.
+func limitString(v int64, s string) string {
+	if v <= 0 {
+		return "none"
+	}
+	return s
 }
 
 // streamUpToDate compares the fields Snip sets; the server fills in others.
