@@ -38,3 +38,29 @@ func TestPrepareStopsAtARetentionThatWouldShrinkTheStream(t *testing.T) {
 		t.Fatalf("CLICKS max age %s after the service's start, want %s", got, operator.ClicksMaxAge)
 	}
 }
+
+// A service started without the cluster's SNIP_REPLICAS stops at start with
+// topology.ErrReplicasLowered rather than scaling every stream down to one
+// copy, or retrying until it is stopped. CLICKS keeps its three replicas.
+func TestPrepareStopsAtFewerReplicasThanTheStreamsHave(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	js := c.JetStream(t)
+	operator := Topology{ApplyTopology: true, Partitions: 2, Replicas: 3, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1}
+	c.ApplyTopology(t, js, operator.Options())
+	svc := operator
+	svc.Replicas = 1
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	err := svc.Prepare(ctx, discard, js)
+	if !errors.Is(err, topology.ErrReplicasLowered) || ctx.Err() != nil {
+		t.Fatalf("Prepare = %v (context: %v), want ErrReplicasLowered at once", err, ctx.Err())
+	}
+	s, err := js.Stream(t.Context(), "CLICKS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.Replicas; got != 3 {
+		t.Fatalf("CLICKS has %d replicas after the service's start, want 3", got)
+	}
+}

@@ -8,7 +8,9 @@
 // partitions of an existing stream is refused (ErrPartitionsChanged): it would
 // move links between partitions and break order per link. So is shrinking an
 // existing stream's retention (ErrRetentionShrinks), which would discard
-// events at once, unless Options.ShrinkRetention says the operator means it.
+// events at once, unless Options.ShrinkRetention says the operator means it,
+// and scaling an existing stream down to fewer replicas (ErrReplicasLowered)
+// unless Options.LowerReplicas does.
 package topology
 
 import (
@@ -127,6 +129,15 @@ var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the e
 // topology apply --shrink-retention`).
 var ErrRetentionShrinks = errors.New("an existing stream would keep less than it does and discard the rest; apply with --shrink-retention (snipctl) to mean it")
 
+// ErrReplicasLowered is returned by Apply when an existing stream or the
+// members bucket has more replicas than asked for: scaling it down would
+// drop copies of every event, so that the loss of one server then loses
+// what only it held. A service started without the deployment's
+// SNIP_REPLICAS would do so to every stream. An operator who means it
+// applies with Options.LowerReplicas (`snipctl topology apply
+// --lower-replicas`).
+var ErrReplicasLowered = errors.New("an existing stream has more replicas than asked for; apply with --lower-replicas (snipctl) to scale it down")
+
 // Options are the deployment's choices. The zero value is not valid; start
 // from Defaults().
 type Options struct {
@@ -151,6 +162,11 @@ type Options struct {
 	// operator's deliberate `snipctl topology apply --shrink-retention`,
 	// never a service's start.
 	ShrinkRetention bool
+	// LowerReplicas lets Apply scale an existing stream or the members
+	// bucket down to Replicas (ErrReplicasLowered otherwise): an
+	// operator's deliberate `snipctl topology apply --lower-replicas`,
+	// never a service's start.
+	LowerReplicas bool
 }
 
 // Defaults returns the options of a single-node deployment.
@@ -378,7 +394,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	for _, cfg := range Streams(o) {
-		if err := applyStreamAgain(ctx, js, cfg, o.ShrinkRetention); err != nil {
+		if err := applyStreamAgain(ctx, js, cfg, o); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
@@ -399,7 +415,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o)); err != nil {
+	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o), o.LowerReplicas); err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
 	}
 	return nil
@@ -409,12 +425,15 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 // not as wanted (a deployment grown to a cluster asks for more replicas),
 // and does nothing when it is, so a service whose NATS user may only read
 // stream info passes without admin rights.
-func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) error {
+func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, lower bool) error {
 	kv, err := js.KeyValue(ctx, want.Bucket)
 	if err == nil {
 		st, err := kv.Status(ctx)
 		if err != nil {
 			return err
+		}
+		if have := st.Config().Replicas; have > want.Replicas && !lower {
+			return fmt.Errorf("%d replicas, want %d: %w", have, want.Replicas, ErrReplicasLowered)
 		}
 		if bucketUpToDate(st.Config(), want) {
 			return nil
@@ -499,9 +518,9 @@ const streamTries = 3
 // stream. The next try looks the stream up first, so it finds the stream
 // the unanswered create made, or sends the create to the leader there is
 // now.
-func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, shrink bool) error {
+func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, o Options) error {
 	for try := 1; ; try++ {
-		err := applyStream(ctx, js, cfg, shrink)
+		err := applyStream(ctx, js, cfg, o)
 		if err == nil || try == streamTries || !requestTimedOut(ctx, err) {
 			return err
 		}
@@ -516,9 +535,10 @@ func requestTimedOut(ctx context.Context, err error) bool {
 }
 
 // applyStream creates the stream cfg, or updates it when it differs, except
-// that an update that would shrink its retention is refused
-// (ErrRetentionShrinks) unless shrink says the operator means it.
-func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, shrink bool) error {
+// that an update that would shrink its retention (ErrRetentionShrinks) or
+// lower its replicas (ErrReplicasLowered) is refused unless o says the
+// operator means it.
+func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, o Options) error {
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -535,8 +555,11 @@ func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		return fmt.Errorf("stream %s: have %q, want %q: %w", cfg.Name,
 			have.SubjectTransform.Destination, cfg.SubjectTransform.Destination, ErrPartitionsChanged)
 	}
-	if what := retentionShrinks(have, cfg); len(what) > 0 && !shrink {
+	if what := retentionShrinks(have, cfg); len(what) > 0 && !o.ShrinkRetention {
 		return fmt.Errorf("stream %s: %s: %w", cfg.Name, strings.Join(what, ", "), ErrRetentionShrinks)
+	}
+	if have.Replicas > cfg.Replicas && !o.LowerReplicas {
+		return fmt.Errorf("stream %s: %d replicas, want %d: %w", cfg.Name, have.Replicas, cfg.Replicas, ErrReplicasLowered)
 	}
 	if streamUpToDate(have, cfg) {
 		// Nothing to change: a service whose NATS user may only read stream

@@ -108,6 +108,39 @@ func TestTopologyApplyShrinksRetentionOnlyWhenAsked(t *testing.T) {
 	}
 }
 
+// `topology apply` with fewer SNIP_REPLICAS than the streams have on a
+// cluster is refused and exits 1 naming --lower-replicas; with
+// --lower-replicas it scales them down.
+func TestTopologyApplyLowersReplicasOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	o := topology.Defaults()
+	o.Replicas = 3
+	c.ApplyTopology(t, c.JetStream(t), o)
+	one := []string{"NATS_URL=" + c.URL, "SNIP_REPLICAS=1"}
+	out, err := snipctl(t, one, "topology", "apply")
+	if !errors.Is(err, topology.ErrReplicasLowered) || exitStatus(err) != 1 || !strings.Contains(err.Error(), "--lower-replicas") || strings.Contains(out, " ok") {
+		t.Fatalf("topology apply of fewer replicas: err %v (exit %d), output\n%s\nwant ErrReplicasLowered naming --lower-replicas, exit 1, no ok", err, exitStatus(err), out)
+	}
+	replicas := func() int {
+		t.Helper()
+		s, err := c.JetStream(t).Stream(t.Context(), events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	if got := replicas(); got != 3 {
+		t.Fatalf("CLICKS has %d replicas after the refused apply, want 3", got)
+	}
+	if out, err := snipctl(t, one, "topology", "apply", "--lower-replicas"); err != nil {
+		t.Fatalf("topology apply --lower-replicas: %v\n%s", err, out)
+	}
+	if got := replicas(); got != 1 {
+		t.Fatalf("CLICKS has %d replicas after apply --lower-replicas, want 1", got)
+	}
+}
+
 func TestOwnersCreatePrintsWorkingKey(t *testing.T) {
 	t.Parallel()
 	rdb, db := servers.Redis.NewDB(t)
