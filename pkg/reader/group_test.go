@@ -825,3 +825,43 @@ func TestAConsumerCreatedAgainUnderItsOwnerIsNoGap(t *testing.T) {
 		}
 	}
 }
+
+// A member that leaves gracefully gives its partition up at once (its lease
+// goes, the others see it go, long before its lease would have lapsed),
+// and its lease leaves nothing behind in the members bucket once the
+// lease's TTL has passed: every member has a name of its own (host, PID,
+// random), so whatever each leave left would pile up for good, one record
+// per restart, and every member's watch of the group would read them all.
+func TestALeaveGivesUpThePartitionAtOnceAndLeavesNoRecord(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	rec := newRecorder()
+	const ttl = 5 * time.Second
+	leaver := startMember(t, n, rec.track(reader.Config{Group: "g", Member: "leaver", LeaseTTL: ttl}), rec.handler("leaver"))
+	testenv.WaitFor(t, 30*time.Second, "the leaver owns the partition", func() bool { return rec.ownersNow(1)[0] == "leaver" })
+	startMember(t, n, rec.track(reader.Config{Group: "g", Member: "stayer", LeaseTTL: ttl}), rec.handler("stayer"))
+	testenv.WaitFor(t, 30*time.Second, "the stayer has joined", func() bool {
+		ls, err := reader.Members(t.Context(), js, "g")
+		return err == nil && len(ls) == 2
+	})
+
+	left := time.Now()
+	leaver.stop(t)
+	testenv.WaitFor(t, 30*time.Second, "the stayer owns the partition", func() bool { return rec.ownersNow(1)[0] == "stayer" })
+	if took := time.Since(left); took >= ttl {
+		t.Errorf("the partition moved %s after the leave, not before the leaver's lease (%s) would have lapsed", took, ttl)
+	}
+
+	kvs, err := js.Stream(t.Context(), "KV_"+topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := "$KV." + topology.MembersBucket + ".g.members.leaver"
+	testenv.WaitFor(t, ttl+10*time.Second, "nothing left of the leaver's lease in the bucket", func() bool {
+		_, err := kvs.GetLastMsgForSubject(t.Context(), subject)
+		return errors.Is(err, jetstream.ErrMsgNotFound)
+	})
+	if ls, err := reader.Members(t.Context(), js, "g"); err != nil || len(ls) != 1 || ls[0].Member != "stayer" {
+		t.Fatalf("members after the leave: %v, %v; want the stayer alone", ls, err)
+	}
+}

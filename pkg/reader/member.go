@@ -105,11 +105,16 @@ func (m *member) run(ctx context.Context) error {
 	m.control(ctx, exited)
 
 	// Leave: stop heartbeating and delete our lease so the others rebalance
-	// now rather than after LeaseTTL; then let our workers drain.
+	// now rather than after LeaseTTL; then let our workers drain. The lease
+	// goes as a purge marker that the server removes after LeaseTTL, as it
+	// removes the marker of a lease that lapsed (LimitMarkerTTL): a plain
+	// delete's marker would stay for good, one per member name, and every
+	// member name is new (host, PID, random), so each restart would add
+	// one that every member's watch of the group then reads.
 	stopHB()
 	hbDone.Wait()
 	lctx, cancel := context.WithTimeout(hard, 2*time.Second)
-	if err := m.kv.Delete(lctx, memberKey(m.cfg.Group, m.cfg.Member)); err != nil {
+	if err := m.kv.Purge(lctx, memberKey(m.cfg.Group, m.cfg.Member), jetstream.PurgeTTL(m.cfg.LeaseTTL)); err != nil {
 		m.log.Warn("leave group: delete lease", "err", err)
 	}
 	cancel()

@@ -17,13 +17,16 @@ import (
 // the service's own consumers, if it has any (own, such as
 // topology.ApplyClickCounter): they wait for their streams. Every step is
 // retried while NATS or the streams are not there (Retry). A CLICKS
-// partition count that differs from the existing stream's is returned at
+// partition count that differs from the existing stream's, a retention
+// that would shrink an existing stream's (topology.ErrRetentionShrinks: a
+// service never discards events at its start) or fewer replicas than it has
+// (topology.ErrReplicasLowered: nor drops their copies) is returned at
 // once: no retry cures a configuration that contradicts the stream.
 func (t Topology) Prepare(ctx context.Context, log *slog.Logger, js jetstream.JetStream, own ...func(context.Context, jetstream.JetStream) error) error {
 	return Retry(ctx, log, "apply topology", func(ctx context.Context) error {
 		if t.ApplyTopology {
 			err := topology.Apply(ctx, js, t.Options())
-			if errors.Is(err, topology.ErrPartitionsChanged) {
+			if errors.Is(err, topology.ErrPartitionsChanged) || errors.Is(err, topology.ErrRetentionShrinks) || errors.Is(err, topology.ErrReplicasLowered) {
 				return Permanent(err)
 			}
 			if err != nil {

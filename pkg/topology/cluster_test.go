@@ -1,7 +1,9 @@
 package topology_test
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +120,57 @@ func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T)
 		}
 		if r := s.CachedInfo().Config.Replicas; r != 3 {
 			t.Errorf("stream %s: %d replicas after applying Replicas 3, want 3", name, r)
+		}
+	}
+}
+
+// An Apply with fewer replicas than the streams have (a service started
+// without SNIP_REPLICAS=3 on the cluster) is refused with
+// ErrReplicasLowered, naming the stream, and nothing is scaled down: every
+// stream and the members bucket keep their three copies. With
+// LowerReplicas (`snipctl topology apply --lower-replicas`) the operator
+// means it, and Apply scales them down.
+func TestApplyRefusesFewerReplicasUnlessAsked(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	js := c.JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions, o.Replicas = 2, 3
+	c.ApplyTopology(t, js, o)
+	replicas := func() map[string]int {
+		t.Helper()
+		got := map[string]int{}
+		names := []string{"KV_" + topology.MembersBucket}
+		for _, cfg := range topology.Streams(o) {
+			names = append(names, cfg.Name)
+		}
+		for _, name := range names {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				t.Fatalf("stream %s: %v", name, err)
+			}
+			got[name] = s.CachedInfo().Config.Replicas
+		}
+		return got
+	}
+
+	one := o
+	one.Replicas = 1
+	if err := topology.Apply(ctx, js, one); !errors.Is(err, topology.ErrReplicasLowered) || !strings.Contains(err.Error(), events.ClicksStream) {
+		t.Errorf("apply with 1 replica over 3: %v, want ErrReplicasLowered naming %s", err, events.ClicksStream)
+	}
+	for name, r := range replicas() {
+		if r != 3 {
+			t.Errorf("stream %s: %d replicas after the refused apply, want the 3 it had", name, r)
+		}
+	}
+
+	one.LowerReplicas = true
+	c.ApplyTopology(t, js, one)
+	for name, r := range replicas() {
+		if r != 1 {
+			t.Errorf("stream %s: %d replicas after the apply that means it, want 1", name, r)
 		}
 	}
 }

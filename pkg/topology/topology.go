@@ -6,7 +6,11 @@
 // step) and `snipctl topology apply` does the same for operators who give
 // services no stream-admin permissions. Changing the number of CLICKS
 // partitions of an existing stream is refused (ErrPartitionsChanged): it would
-// move links between partitions and break order per link.
+// move links between partitions and break order per link. So is shrinking an
+// existing stream's retention (ErrRetentionShrinks), which would discard
+// events at once, unless Options.ShrinkRetention says the operator means it,
+// and scaling an existing stream down to fewer replicas (ErrReplicasLowered)
+// unless Options.LowerReplicas does.
 package topology
 
 import (
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -115,6 +120,24 @@ const PreviewRescueAckWait = 30 * time.Second
 // number of partitions than asked for.
 var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the existing stream")
 
+// ErrRetentionShrinks is returned by Apply when an existing stream would keep
+// less than it does: a shorter MaxAge, or a cap on bytes or messages where it
+// has none or a larger one. The server would discard at once what falls
+// outside the new limit, so a service started with a shorter
+// SNIP_CLICKS_MAX_AGE than the operator applied would delete clicks. An
+// operator who means it applies with Options.ShrinkRetention (`snipctl
+// topology apply --shrink-retention`).
+var ErrRetentionShrinks = errors.New("an existing stream would keep less than it does and discard the rest; apply with --shrink-retention (snipctl) to mean it")
+
+// ErrReplicasLowered is returned by Apply when an existing stream or the
+// members bucket has more replicas than asked for: scaling it down would
+// drop copies of every event, so that the loss of one server then loses
+// what only it held. A service started without the deployment's
+// SNIP_REPLICAS would do so to every stream. An operator who means it
+// applies with Options.LowerReplicas (`snipctl topology apply
+// --lower-replicas`).
+var ErrReplicasLowered = errors.New("an existing stream has more replicas than asked for; apply with --lower-replicas (snipctl) to scale it down")
+
 // Options are the deployment's choices. The zero value is not valid; start
 // from Defaults().
 type Options struct {
@@ -134,6 +157,16 @@ type Options struct {
 	VerdictsMaxBytes int64
 	// Storage is file in every deployment; tests may use memory.
 	Storage jetstream.StorageType
+	// ShrinkRetention lets Apply lower an existing stream's retention
+	// (ErrRetentionShrinks otherwise), discarding what falls outside: an
+	// operator's deliberate `snipctl topology apply --shrink-retention`,
+	// never a service's start.
+	ShrinkRetention bool
+	// LowerReplicas lets Apply scale an existing stream or the members
+	// bucket down to Replicas (ErrReplicasLowered otherwise): an
+	// operator's deliberate `snipctl topology apply --lower-replicas`,
+	// never a service's start.
+	LowerReplicas bool
 }
 
 // Defaults returns the options of a single-node deployment.
@@ -361,7 +394,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		return fmt.Errorf("apply topology: %w", err)
 	}
 	for _, cfg := range Streams(o) {
-		if err := applyStreamAgain(ctx, js, cfg); err != nil {
+		if err := applyStreamAgain(ctx, js, cfg, o); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
@@ -382,7 +415,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o)); err != nil {
+	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o), o.LowerReplicas); err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
 	}
 	return nil
@@ -392,12 +425,15 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 // not as wanted (a deployment grown to a cluster asks for more replicas),
 // and does nothing when it is, so a service whose NATS user may only read
 // stream info passes without admin rights.
-func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) error {
+func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, lower bool) error {
 	kv, err := js.KeyValue(ctx, want.Bucket)
 	if err == nil {
 		st, err := kv.Status(ctx)
 		if err != nil {
 			return err
+		}
+		if have := st.Config().Replicas; have > want.Replicas && !lower {
+			return fmt.Errorf("%d replicas, want %d: %w", have, want.Replicas, ErrReplicasLowered)
 		}
 		if bucketUpToDate(st.Config(), want) {
 			return nil
@@ -482,9 +518,9 @@ const streamTries = 3
 // stream. The next try looks the stream up first, so it finds the stream
 // the unanswered create made, or sends the create to the leader there is
 // now.
-func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+func applyStreamAgain(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, o Options) error {
 	for try := 1; ; try++ {
-		err := applyStream(ctx, js, cfg)
+		err := applyStream(ctx, js, cfg, o)
 		if err == nil || try == streamTries || !requestTimedOut(ctx, err) {
 			return err
 		}
@@ -498,7 +534,11 @@ func requestTimedOut(ctx context.Context, err error) bool {
 	return ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout))
 }
 
-func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+// applyStream creates the stream cfg, or updates it when it differs, except
+// that an update that would shrink its retention (ErrRetentionShrinks) or
+// lower its replicas (ErrReplicasLowered) is refused unless o says the
+// operator means it.
+func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, o Options) error {
 	s, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -514,6 +554,12 @@ func applyStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.Stre
 		have.SubjectTransform.Destination != cfg.SubjectTransform.Destination {
 		return fmt.Errorf("stream %s: have %q, want %q: %w", cfg.Name,
 			have.SubjectTransform.Destination, cfg.SubjectTransform.Destination, ErrPartitionsChanged)
+	}
+	if what := retentionShrinks(have, cfg); len(what) > 0 && !o.ShrinkRetention {
+		return fmt.Errorf("stream %s: %s: %w", cfg.Name, strings.Join(what, ", "), ErrRetentionShrinks)
+	}
+	if have.Replicas > cfg.Replicas && !o.LowerReplicas {
+		return fmt.Errorf("stream %s: %d replicas, want %d: %w", cfg.Name, have.Replicas, cfg.Replicas, ErrReplicasLowered)
 	}
 	if streamUpToDate(have, cfg) {
 		// Nothing to change: a service whose NATS user may only read stream
@@ -532,6 +578,38 @@ func unlimited[T int32 | int64](v T) T {
 		return -1
 	}
 	return v
+}
+
+// retentionShrinks lists the limits of want that would keep less of the
+// stream than have does: the server discards what falls outside them as
+// soon as the update is made.
+func retentionShrinks(have, want jetstream.StreamConfig) []string {
+	var what []string
+	if want.MaxAge > 0 && (have.MaxAge <= 0 || want.MaxAge < have.MaxAge) {
+		what = append(what, fmt.Sprintf("max age %s, want %s", limitString(int64(have.MaxAge), time.Duration(have.MaxAge).String()), want.MaxAge))
+	}
+	if lowers(have.MaxBytes, want.MaxBytes) {
+		what = append(what, fmt.Sprintf("max bytes %s, want %d", limitString(have.MaxBytes, strconv.FormatInt(have.MaxBytes, 10)), want.MaxBytes))
+	}
+	if lowers(have.MaxMsgs, want.MaxMsgs) {
+		what = append(what, fmt.Sprintf("max messages %s, want %d", limitString(have.MaxMsgs, strconv.FormatInt(have.MaxMsgs, 10)), want.MaxMsgs))
+	}
+	return what
+}
+
+// lowers reports whether the limit want is below have, where 0 and -1 are
+// no limit.
+func lowers(have, want int64) bool {
+	have, want = unlimited(have), unlimited(want)
+	return want != -1 && (have == -1 || want < have)
+}
+
+// limitString is s, or "none" for a limit of 0 or less.
+func limitString(v int64, s string) string {
+	if v <= 0 {
+		return "none"
+	}
+	return s
 }
 
 // streamUpToDate compares the fields Snip sets; the server fills in others.

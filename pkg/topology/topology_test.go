@@ -27,7 +27,7 @@ func TestApplyIsIdempotentAndKeepsData(t *testing.T) {
 	if _, err := js.Publish(ctx, events.ClickSubject("acme", "abc"), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	o.ClicksMaxAge = 3 * 24 * time.Hour // a mutable change
+	o.ClicksMaxAge = 10 * 24 * time.Hour // a mutable change that discards nothing
 	if err := topology.Apply(ctx, js, o); err != nil {
 		t.Fatalf("second apply: %v", err)
 	}
@@ -339,5 +339,73 @@ func TestApplyUpdatesAnExistingPreviewConsumer(t *testing.T) {
 	}
 	if !topology.ConsumerUpToDate(c.CachedInfo().Config, topology.PreviewConsumerConfig()) {
 		t.Fatal("the preview consumer is reported out of date right after Apply: Apply would update it every time")
+	}
+}
+
+// An Apply whose options keep less than the existing stream does (a shorter
+// age, a smaller byte cap: a service started with the default
+// SNIP_CLICKS_MAX_AGE where the operator applied a longer one) is refused,
+// naming what it would shrink: the server would discard at once what falls
+// outside. The stream keeps its events and limits. With ShrinkRetention
+// (`snipctl topology apply --shrink-retention`) the operator means it, and
+// Apply shrinks it.
+func TestApplyRefusesToShrinkRetentionUnlessAsked(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	long := topology.Defaults()
+	long.ClicksMaxAge = 30 * 24 * time.Hour
+	if err := topology.Apply(ctx, js, long); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		if _, err := js.Publish(ctx, events.ClickSubject("acme", fmt.Sprintf("c%d", i)), []byte(`{"padding":"0123456789012345678901234567890123456789"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clicks := func() jetstream.StreamConfig {
+		t.Helper()
+		s, err := js.Stream(ctx, events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().State.Msgs; got != n {
+			t.Fatalf("CLICKS holds %d events, want the %d published", got, n)
+		}
+		return s.CachedInfo().Config
+	}
+
+	for _, tc := range []struct {
+		name string
+		o    func(o *topology.Options)
+		what string
+	}{
+		{"byte cap", func(o *topology.Options) { o.ClicksMaxBytes = 256 }, "max bytes"},
+		{"shorter age", func(o *topology.Options) { o.ClicksMaxAge = topology.DefaultClicksMaxAge }, "max age"},
+	} {
+		o := long
+		tc.o(&o)
+		err := topology.Apply(ctx, js, o)
+		if !errors.Is(err, topology.ErrRetentionShrinks) || !strings.Contains(err.Error(), tc.what) {
+			t.Errorf("%s: apply = %v, want ErrRetentionShrinks naming %q", tc.name, err, tc.what)
+		}
+		if cfg := clicks(); cfg.MaxAge != long.ClicksMaxAge || cfg.MaxBytes != -1 {
+			t.Fatalf("%s: CLICKS max age %s, max bytes %d after the refused apply, want %s and -1", tc.name, cfg.MaxAge, cfg.MaxBytes, long.ClicksMaxAge)
+		}
+	}
+
+	shorter := long
+	shorter.ClicksMaxAge = topology.DefaultClicksMaxAge
+	shorter.ShrinkRetention = true
+	if err := topology.Apply(ctx, js, shorter); err != nil {
+		t.Fatalf("apply with ShrinkRetention: %v", err)
+	}
+	if got := clicks().MaxAge; got != topology.DefaultClicksMaxAge {
+		t.Fatalf("CLICKS max age %s after the apply that means it, want %s", got, topology.DefaultClicksMaxAge)
+	}
+	// Now the stream keeps what the services ask for: their applies pass.
+	if err := topology.Apply(ctx, js, topology.Defaults()); err != nil {
+		t.Fatalf("apply of the defaults after the shrink: %v", err)
 	}
 }

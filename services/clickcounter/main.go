@@ -66,7 +66,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			// not counted: a verdict's label is kept for as long as CLICKS
 			// may hold its click (a recount counts it again under it), so
 			// without a limit every label would be kept for ever.
-			return errors.New("CLICKS has no age limit (MaxAge 0): the click counter needs one; set SNIP_CLICKS_MAX_AGE and apply the topology (snipctl topology apply)")
+			return errors.New("CLICKS has no age limit (MaxAge 0): the click counter needs one; set SNIP_CLICKS_MAX_AGE and apply the topology (snipctl topology apply --shrink-retention: CLICKS then discards what is older)")
 		}
 
 		reg := prometheus.NewRegistry()

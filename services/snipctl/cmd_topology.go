@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -11,9 +13,21 @@ import (
 	"github.com/snipdev/snip/pkg/topology"
 )
 
+// cmdTopology applies the topology. An existing stream's retention is not
+// shrunk (topology.ErrRetentionShrinks) unless --shrink-retention says the
+// operator means it: the server discards what falls outside at once. Nor
+// are its replicas lowered (topology.ErrReplicasLowered) unless
+// --lower-replicas does.
 func cmdTopology(ctx context.Context, env *Env, args []string) error {
-	if len(args) != 1 || args[0] != "apply" {
-		return fmt.Errorf("topology takes one argument, apply: %w", errUsage)
+	if len(args) < 1 || args[0] != "apply" {
+		return fmt.Errorf("topology apply [--shrink-retention] [--lower-replicas]: %w", errUsage)
+	}
+	fs := flag.NewFlagSet("topology apply", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	shrink := fs.Bool("shrink-retention", false, "lower an existing stream's retention, discarding what falls outside")
+	lower := fs.Bool("lower-replicas", false, "scale existing streams down to SNIP_REPLICAS")
+	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
+		return fmt.Errorf("topology apply [--shrink-retention] [--lower-replicas]: %w", errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -23,6 +37,7 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	}
 	defer closeJS()
 	o := env.Cfg.Topology.Options()
+	o.ShrinkRetention, o.LowerReplicas = *shrink, *lower
 	if err := topology.Apply(ctx, js, o); err != nil {
 		return err
 	}

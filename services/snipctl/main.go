@@ -37,7 +37,7 @@ type command struct {
 // commands lists every verb. Multi-word verbs ("topology apply") are matched
 // on their first word and get the rest as args.
 var commands = map[string]command{
-	"topology": {usage: "apply", help: "create or update every stream, consumer and bucket (idempotent)", run: cmdTopology},
+	"topology": {usage: "apply [--shrink-retention] [--lower-replicas]", help: "create or update every stream, consumer and bucket (idempotent; a shorter retention, fewer replicas only when asked)", run: cmdTopology},
 	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},

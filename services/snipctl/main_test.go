@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -67,6 +68,76 @@ func TestTopologyApply(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("topology apply says\n%s\nwithout %q", out, want)
 		}
+	}
+}
+
+// `topology apply` with a shorter SNIP_CLICKS_MAX_AGE than CLICKS has is
+// refused, exits 1, says how to mean it and prints no "ok"; with
+// --shrink-retention it shrinks CLICKS.
+func TestTopologyApplyShrinksRetentionOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	long := []string{"NATS_URL=" + n.URL, "SNIP_CLICKS_MAX_AGE=720h"}
+	if out, err := snipctl(t, long, "topology", "apply"); err != nil {
+		t.Fatalf("topology apply: %v\n%s", err, out)
+	}
+	short := []string{"NATS_URL=" + n.URL, "SNIP_CLICKS_MAX_AGE=168h"}
+	out, err := snipctl(t, short, "topology", "apply")
+	if !errors.Is(err, topology.ErrRetentionShrinks) || exitStatus(err) != 1 || !strings.Contains(err.Error(), "--shrink-retention") || strings.Contains(out, " ok") {
+		t.Fatalf("topology apply of a shorter age: err %v (exit %d), output\n%s\nwant ErrRetentionShrinks naming --shrink-retention, exit 1, no ok", err, exitStatus(err), out)
+	}
+	maxAge := func() time.Duration {
+		t.Helper()
+		s, err := n.JetStream(t).Stream(t.Context(), events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.MaxAge
+	}
+	if got := maxAge(); got != 720*time.Hour {
+		t.Fatalf("CLICKS max age %s after the refused apply, want 720h", got)
+	}
+	if out, err := snipctl(t, short, "topology", "apply", "--shrink-retention"); err != nil {
+		t.Fatalf("topology apply --shrink-retention: %v\n%s", err, out)
+	}
+	if got := maxAge(); got != 168*time.Hour {
+		t.Fatalf("CLICKS max age %s after apply --shrink-retention, want 168h", got)
+	}
+	if _, err := snipctl(t, short, "topology", "apply", "--shrink"); !errors.Is(err, errUsage) {
+		t.Fatalf("topology apply --shrink: %v, want a usage error", err)
+	}
+}
+
+// `topology apply` with fewer SNIP_REPLICAS than the streams have on a
+// cluster is refused and exits 1 naming --lower-replicas; with
+// --lower-replicas it scales them down.
+func TestTopologyApplyLowersReplicasOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	o := topology.Defaults()
+	o.Replicas = 3
+	c.ApplyTopology(t, c.JetStream(t), o)
+	one := []string{"NATS_URL=" + c.URL, "SNIP_REPLICAS=1"}
+	out, err := snipctl(t, one, "topology", "apply")
+	if !errors.Is(err, topology.ErrReplicasLowered) || exitStatus(err) != 1 || !strings.Contains(err.Error(), "--lower-replicas") || strings.Contains(out, " ok") {
+		t.Fatalf("topology apply of fewer replicas: err %v (exit %d), output\n%s\nwant ErrReplicasLowered naming --lower-replicas, exit 1, no ok", err, exitStatus(err), out)
+	}
+	replicas := func() int {
+		t.Helper()
+		s, err := c.JetStream(t).Stream(t.Context(), events.ClicksStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.Replicas
+	}
+	if got := replicas(); got != 3 {
+		t.Fatalf("CLICKS has %d replicas after the refused apply, want 3", got)
+	}
+	if out, err := snipctl(t, one, "topology", "apply", "--lower-replicas"); err != nil {
+		t.Fatalf("topology apply --lower-replicas: %v\n%s", err, out)
+	}
+	if got := replicas(); got != 1 {
+		t.Fatalf("CLICKS has %d replicas after apply --lower-replicas, want 1", got)
 	}
 }
 
