@@ -86,5 +86,15 @@ func publishRate(b *testing.B, interval time.Duration, always bool, n int) float
 	case <-time.After(5 * time.Minute):
 		b.Fatal("acks did not arrive")
 	}
-	return float64(n) / time.Since(start).Seconds()
+	rate := float64(n) / time.Since(start).Seconds()
+	// A future that completed with an error is complete too: the rate is
+	// one of stored clicks only if CLICKS holds every one.
+	s, err := js.Stream(context.Background(), events.ClicksStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := s.CachedInfo().State.Msgs; got != uint64(n) {
+		b.Fatalf("CLICKS holds %d of the %d clicks published", got, n)
+	}
+	return rate
 }

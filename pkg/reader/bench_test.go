@@ -142,6 +142,15 @@ func BenchmarkCatchUp(b *testing.B) {
 		}
 	}
 	<-js.PublishAsyncComplete()
+	// A publish that failed completes too: both drains must read the
+	// whole backlog, so CLICKS must hold it.
+	s, err := js.Stream(context.Background(), events.ClicksStream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := s.CachedInfo().State.Msgs; got != events_ {
+		b.Fatalf("CLICKS holds %d of the %d events published", got, events_)
+	}
 
 	b.Run("bare", func(b *testing.B) {
 		for range b.N {
@@ -174,7 +183,9 @@ func BenchmarkCatchUp(b *testing.B) {
 var runs atomic.Int64
 
 // bareDrain reads every partition with one plain consumer each: Fetch a
-// batch, ack its last message (AckAll), as the runtime does, but nothing else.
+// batch, ack its last message (AckAll), as the runtime does, but nothing
+// else. It fails the benchmark unless every event was read: a fetch or an
+// ack that failed ends its partition early.
 func bareDrain(b *testing.B, js jetstream.JetStream, name string, partitions, total int) {
 	ctx := context.Background()
 	var got atomic.Int64
@@ -192,6 +203,7 @@ func bareDrain(b *testing.B, js jetstream.JetStream, name string, partitions, to
 			for got.Load() < int64(total) {
 				batch, err := c.Fetch(500, jetstream.FetchMaxWait(100*time.Millisecond))
 				if err != nil {
+					b.Errorf("fetch: %v", err)
 					return
 				}
 				var last jetstream.Msg
@@ -202,7 +214,10 @@ func bareDrain(b *testing.B, js jetstream.JetStream, name string, partitions, to
 					last, n = m, n+1
 				}
 				if last != nil {
-					_ = last.DoubleAck(ctx)
+					if err := last.DoubleAck(ctx); err != nil {
+						b.Errorf("ack: %v", err)
+						return
+					}
 					got.Add(int64(n))
 				}
 			}
@@ -210,5 +225,8 @@ func bareDrain(b *testing.B, js jetstream.JetStream, name string, partitions, to
 	}
 	for range partitions {
 		<-done
+	}
+	if n := got.Load(); n != int64(total) {
+		b.Fatalf("the bare drain read %d of %d events", n, total)
 	}
 }

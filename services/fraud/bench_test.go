@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,8 +46,8 @@ func BenchmarkCatchUp(b *testing.B) {
 	_, db := servers.Redis.NewDB(b)
 
 	for range b.N {
-		bare := timeIt(b, func() { bareConsume(b, js, o.Partitions) })
-		runtime := timeIt(b, func() { runtimeConsume(b, js) })
+		bare := timeIt(b, func() { bareConsume(b, js, o.Partitions, published) })
+		runtime := timeIt(b, func() { runtimeConsume(b, js, published) })
 		fraud := timeIt(b, func() { fraudConsume(b, n, db, js) })
 		rate := func(d time.Duration) float64 { return float64(published) / d.Seconds() }
 		b.ReportMetric(rate(bare), "bare-events/s")
@@ -86,9 +87,14 @@ func publishBacklog(b *testing.B, js jetstream.JetStream, total int) int {
 	return n
 }
 
-func bareConsume(b *testing.B, js jetstream.JetStream, partitions int) {
+// bareConsume reads the backlog with one plain consumer a partition and
+// fails the benchmark unless it read every one of the want events: a fetch
+// that found nothing for a second ends a partition, whether it was
+// drained or only slow.
+func bareConsume(b *testing.B, js jetstream.JetStream, partitions, want int) {
 	b.Helper()
 	ctx := context.Background()
+	var read atomic.Int64
 	var wg sync.WaitGroup
 	for p := range partitions {
 		cons, err := js.CreateConsumer(ctx, events.ClicksStream, jetstream.ConsumerConfig{
@@ -106,12 +112,15 @@ func bareConsume(b *testing.B, js jetstream.JetStream, partitions int) {
 					return
 				}
 				var last jetstream.Msg
+				k := 0
 				for m := range batch.Messages() {
 					last = m
+					k++
 				}
 				if last == nil {
 					return // drained
 				}
+				read.Add(int64(k))
 				if err := last.DoubleAck(ctx); err != nil {
 					b.Error(err)
 					return
@@ -123,21 +132,31 @@ func bareConsume(b *testing.B, js jetstream.JetStream, partitions int) {
 		})
 	}
 	wg.Wait()
+	if n := read.Load(); n != int64(want) {
+		b.Fatalf("the bare consumers read %d of %d events", n, want)
+	}
 }
 
-func runtimeConsume(b *testing.B, js jetstream.JetStream) {
+// runtimeConsume drains the backlog through the runtime with a no-op
+// handler, and fails the benchmark unless it handled every one of the want
+// events.
+func runtimeConsume(b *testing.B, js jetstream.JetStream, want int) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	var handled atomic.Int64
 	done := make(chan error, 1)
 	go func() {
 		done <- reader.Run(ctx, js, reader.Config{Group: "bench-runtime", Member: "b1"},
-			func(context.Context, int, []reader.Event) error { return nil })
+			func(_ context.Context, _ int, evs []reader.Event) error { handled.Add(int64(len(evs))); return nil })
 	}()
 	waitCaughtUp(b, js, "bench-runtime")
 	cancel()
 	if err := <-done; err != nil {
 		b.Fatal(err)
+	}
+	if n := handled.Load(); n < int64(want) {
+		b.Fatalf("the runtime handled %d of %d events", n, want)
 	}
 }
 
@@ -158,11 +177,18 @@ func fraudConsume(b *testing.B, n *testenv.NATS, db int, js jetstream.JetStream)
 	}
 }
 
+// waitCaughtUp waits until the group has a consumer on every partition
+// and none has anything pending: Lag leaves out the partitions whose
+// consumer does not exist yet, which have processed nothing.
 func waitCaughtUp(b *testing.B, js jetstream.JetStream, group string) {
 	b.Helper()
+	partitions, err := topology.Partitions(context.Background(), js)
+	if err != nil {
+		b.Fatal(err)
+	}
 	testenv.WaitFor(b, 30*time.Minute, "group "+group+" to catch up", func() bool {
 		lag, err := reader.Lag(context.Background(), js, group)
-		if err != nil || len(lag) == 0 {
+		if err != nil || len(lag) != partitions {
 			return false
 		}
 		for _, l := range lag {

@@ -15,6 +15,7 @@ import (
 // instances (one job at a time each) against a page server that takes 50ms
 // per page: the queue should drain about twice as fast with twice the
 // workers. b.N jobs per run; use -benchtime=200x (docs/benchmarks.md).
+// It fails unless every job stored its page's preview.
 func BenchmarkQueueScaling(b *testing.B) {
 	for _, workers := range []int{1, 2, 4} {
 		b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) {
@@ -41,6 +42,13 @@ func BenchmarkQueueScaling(b *testing.B) {
 			})
 			elapsed := time.Since(began)
 			b.StopTimer()
+			// A job that failed writes its preview's key too: the rate is
+			// one of previews fetched only if each was.
+			for i := range b.N {
+				if h := previewHash(b, w.rdb, "b"+strconv.Itoa(i)); h["status"] != "ok" || h["title"] != "bench" {
+					b.Fatalf("preview b%d = %v, want the page's (status ok)", i, h)
+				}
+			}
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "jobs/s")
 		})
 	}

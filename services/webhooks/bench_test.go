@@ -75,13 +75,14 @@ func BenchmarkOtherReaderLag(b *testing.B) {
 			for range b.N {
 				s := newSystem(b)
 				svc := s.start(b, s.testConfig("bench"))
+				var healthy, failing, hanging *receiver
 				if withWebhooks {
-					healthy := newReceiver(b, nil)
-					failing := newReceiver(b, func(w http.ResponseWriter, _ *http.Request) bool {
+					healthy = newReceiver(b, nil)
+					failing = newReceiver(b, func(w http.ResponseWriter, _ *http.Request) bool {
 						w.WriteHeader(http.StatusInternalServerError)
 						return false
 					})
-					hanging := newReceiver(b, func(w http.ResponseWriter, r *http.Request) bool {
+					hanging = newReceiver(b, func(w http.ResponseWriter, r *http.Request) bool {
 						<-r.Context().Done()
 						return false
 					})
@@ -106,12 +107,24 @@ func BenchmarkOtherReaderLag(b *testing.B) {
 					return true
 				})
 				start := time.Now()
-				publishAsync(b, s, n)
+				clicks := publishAsync(b, s, n)
 				published := time.Since(start)
 				testenv.WaitFor(b, 10*time.Minute, "the other reader caught up", func() bool { return got.Load() >= int64(n) })
 				el := time.Since(start)
 				cancel()
 				<-done
+				if withWebhooks {
+					// The figure is one "while the webhooks service
+					// delivers" only if it did: every click reached the
+					// healthy endpoint, and the failing and hanging ones
+					// were tried.
+					healthy.waitAll(b, "every click at the healthy endpoint", clicks, 10*time.Minute)
+					for name, rc := range map[string]*receiver{"failing": failing, "hanging": hanging} {
+						if requests, _ := rc.counts(); requests == 0 {
+							b.Fatalf("the %s endpoint was never tried", name)
+						}
+					}
+				}
 				b.ReportMetric(el.Seconds(), "s_to_read_all")
 				b.ReportMetric((el - published).Seconds(), "s_after_last_publish")
 				b.Logf("webhooks=%v: other reader read %d clicks %s after the first was published (publishing took %s)", withWebhooks, n, el, published)
@@ -120,10 +133,12 @@ func BenchmarkOtherReaderLag(b *testing.B) {
 	}
 }
 
-// publishAsync publishes n clicks of owner acme without waiting for each ack.
-func publishAsync(b *testing.B, s *system, n int) {
+// publishAsync publishes n clicks of owner acme without waiting for each
+// ack, and returns them.
+func publishAsync(b *testing.B, s *system, n int) []events.Click {
 	b.Helper()
 	codes := []string{"a1", "b2", "c3", "d4"}
+	clicks := make([]events.Click, 0, n)
 	for i := range n {
 		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: codes[i%len(codes)],
 			Owner: "acme", Target: "https://example.com/", Visitor: "v" + strconv.Itoa(i%7)}
@@ -134,10 +149,12 @@ func publishAsync(b *testing.B, s *system, n int) {
 		if _, err := s.js.PublishAsync(events.ClickSubject(c.Owner, c.Code), data, jetstream.WithMsgID(c.ID)); err != nil {
 			b.Fatal(err)
 		}
+		clicks = append(clicks, c)
 	}
 	select {
 	case <-s.js.PublishAsyncComplete():
 	case <-time.After(5 * time.Minute):
 		b.Fatal("publish acks missing after 5m")
 	}
+	return clicks
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -29,4 +30,9 @@ func BenchmarkRelay(b *testing.B) {
 	testenv.WaitFor(b, 5*time.Minute, "the outbox relayed", func() bool { return e.outboxLen(b) == 0 })
 	b.StopTimer()
 	rr.stop()
+	// An empty outbox is entries trimmed: the time is a relay's only if
+	// each of them is in CLICKS.
+	if n := count(e.js, events.ClicksStream); n != b.N {
+		b.Fatalf("CLICKS holds %d of the %d clicks the outbox held", n, b.N)
+	}
 }

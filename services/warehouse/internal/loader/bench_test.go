@@ -75,11 +75,26 @@ func measureBare(b *testing.B, evs []reader.Event, size int) float64 {
 	for i := 0; i < len(evs); i += size {
 		bareInsert(b, conn, evs[i:min(i+size, len(evs))])
 	}
-	return float64(len(evs)) / time.Since(start).Seconds()
+	rate := float64(len(evs)) / time.Since(start).Seconds()
+	wantRows(b, conn, len(evs))
+	return rate
+}
+
+// wantRows fails the benchmark unless the clicks table holds n distinct
+// events: a rate is one of rows stored only if they were.
+func wantRows(b *testing.B, conn clickhouse.Conn, n int) {
+	b.Helper()
+	var distinct uint64
+	if err := conn.QueryRow(b.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&distinct); err != nil {
+		b.Fatal(err)
+	}
+	if distinct != uint64(n) {
+		b.Fatalf("the clicks table holds %d of the %d events inserted", distinct, n)
+	}
 }
 
 func measureLoader(b *testing.B, byPart map[int][]reader.Event, total, size int) (rowsPerSec, rowsPerInsert float64) {
-	_, db := servers.ClickHouse.NewDB(b)
+	conn, db := servers.ClickHouse.NewDB(b)
 	reg := prometheus.NewRegistry()
 	w, err := chwriter.Open(chwriter.Config{Addrs: []string{servers.ClickHouse.Addr}, Database: db}, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
@@ -97,6 +112,7 @@ func measureLoader(b *testing.B, byPart map[int][]reader.Event, total, size int)
 	start := time.Now()
 	feedPartitions(b, l, byPart, size)
 	rowsPerSec = float64(total) / time.Since(start).Seconds()
+	wantRows(b, conn, total)
 	return rowsPerSec, float64(total) / warehousetest.Metric(b, reg, "snip_warehouse_insert_rows")
 }
 
