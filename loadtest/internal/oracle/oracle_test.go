@@ -1339,6 +1339,59 @@ func TestVerifyChecksTheSeriesAsFarAsTheyGo(t *testing.T) {
 	}
 }
 
+// A run of more links than the oracle computes counts by dimension for
+// (100,000) checks no link's countries, referrers, hours, days or
+// visitors: those rows are SKIPPED, saying why, not a PASS that no counter
+// could fail. A counter that counts every click of the run in the wrong
+// country, hour and day, and no visitor, passes the totals still, as it
+// should; nothing else about it was looked at.
+func TestVerifySkipsTheRowsOfARunWithTooManyLinksToCheck(t *testing.T) {
+	t.Parallel()
+	sp := spec()
+	sp.Links = 100_001
+	w := newWorldOf(t, truth.ModeEvents, sp)
+	for code, st := range w.counter {
+		st.Countries = map[string]oracle.Pair{"ZZ": st.Totals}
+		st.Referrers = map[string]oracle.Pair{"nowhere.example": st.Totals}
+		for i := range st.Hourly {
+			st.Hourly[i].Pair = oracle.Pair{}
+		}
+		for i := range st.Daily {
+			st.Daily[i].Pair, st.Daily[i].Uniques = oracle.Pair{}, 0
+		}
+		w.counter[code] = st
+	}
+	rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: 300 * time.Millisecond, Settle: time.Millisecond,
+		Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]oracle.Status{
+		oracle.SinkCounter: oracle.Pass, oracle.SinkCounterBots: oracle.Pass,
+		oracle.SinkCounterCountries: oracle.Skipped, oracle.SinkCounterReferrers: oracle.Skipped,
+		oracle.SinkCounterHours: oracle.Skipped, oracle.SinkCounterDays: oracle.Skipped, oracle.SinkCounterUniques: oracle.Skipped,
+	}
+	for _, r := range rep.Rows {
+		st, ok := want[r.Sink]
+		if !ok {
+			continue
+		}
+		delete(want, r.Sink)
+		if r.Status != st {
+			t.Errorf("row %q is %s, want %s: %s", r.Sink, r.Status, st, r.Note)
+		}
+		if st == oracle.Skipped && (!strings.HasPrefix(r.Note, "not checked: ") || !strings.Contains(r.Note, " links, more than 100000")) {
+			t.Errorf("row %q does not say why it was not checked: %s", r.Sink, r.Note)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("no rows %v", want)
+	}
+	if !rep.Passed {
+		t.Errorf("the report failed; its rows:\n%+v", rep.Rows)
+	}
+}
+
 func TestVerifyWaitsForReadersToCatchUp(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, truth.ModeEvents)

@@ -288,6 +288,13 @@ func (sc *seriesCheck) rows(unchecked int, uniquesOff string) (hours, days, uniq
 	hours.judge()
 	days.judge()
 	uniques.judge()
+	// A row that compared nothing is not passed: it could not have failed.
+	if unchecked > 0 {
+		hours.Status, days.Status = Skipped, Skipped
+	}
+	if uniquesOff != "" {
+		uniques.Status = Skipped
+	}
 	return hours, days, uniques
 }
 

@@ -475,6 +475,10 @@ func (c *checker) counterRows(ctx context.Context, want map[string]linkTotals) [
 	countries.Note, referrers.Note = dimNote, dimNote
 	countries.judge()
 	referrers.judge()
+	if unchecked > 0 {
+		// No link was compared: a PASS here could not have failed.
+		countries.Status, referrers.Status = Skipped, Skipped
+	}
 	hours, days, uniques := sc.rows(unchecked, c.s.uniquesOff)
 	if len(errs) > 0 {
 		bots.Status, countries.Status, referrers.Status = Fail, Fail, Fail
