@@ -165,7 +165,10 @@ func ExampleRun_failure() {
 	// reader: stream not found
 }
 
-// Main is the whole of a service's main function.
+// Main is the whole of a service's main function. The example is compiled,
+// not run (it has no Output): Main exits the process. What it does with
+// its arguments, environment and run is TestMainHealthcheckAndConfigErrors'
+// and TestMainServesPprofOnlyWhenAsked's.
 func ExampleMain() {
 	load := func(environ, _ []string) (exampleConfig, error) {
 		return service.LoadConfig(environ, exampleConfig{Base: service.Base{HTTPAddr: ":8099", ShutdownTimeout: 10 * time.Second}}, nil)
@@ -175,8 +178,5 @@ func ExampleMain() {
 			return nil // open clients, add components
 		})
 	}
-	if false { // it would exit the example
-		service.Main("example", load, run)
-	}
-	// Output:
+	service.Main("example", load, run)
 }
