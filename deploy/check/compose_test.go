@@ -373,13 +373,19 @@ func TestEnvExampleListsEveryComposeVariable(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^([A-Z][A-Z0-9_]*)=`).FindAllStringSubmatch(string(b), -1) {
 		listed[m[1]] = true
 	}
-	ref := regexp.MustCompile(`\$\{([A-Z][A-Z0-9_]*)`)
+	// Compose interpolates ${NAME} (with or without :-, :? and the like)
+	// and $NAME alike; $$ is a literal dollar sign.
+	ref := regexp.MustCompile(`\$\{?([A-Z][A-Z0-9_]*)`)
 	for _, file := range composeFiles {
 		c, err := os.ReadFile(filepath.Join(root, file))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range ref.FindAllStringSubmatch(string(c), -1) {
+		refs := ref.FindAllStringSubmatch(strings.ReplaceAll(string(c), "$$", ""), -1)
+		if len(refs) < 10 {
+			t.Errorf("%s reads %d variables from the environment; the passwords alone are more: is the pattern still right?", file, len(refs))
+		}
+		for _, m := range refs {
 			if !listed[m[1]] {
 				t.Errorf("%s reads %s from the environment; deploy/env.example does not list it", file, m[1])
 				listed[m[1]] = true // once
