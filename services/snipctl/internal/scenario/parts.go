@@ -86,6 +86,27 @@ func (m *member) stop() error {
 	return <-m.done
 }
 
+// waitGroupIdle waits until group has a consumer on each of the stream's
+// partitions and none has an event pending or unacknowledged: what the
+// group has handled of what the stream holds is then all it will handle (a
+// second delivery would first show as pending or unacknowledged). A count
+// checked after a fixed wait instead would only hope that a late one had
+// shown.
+func waitGroupIdle(ctx context.Context, js jetstream.JetStream, group string, partitions int, timeout time.Duration) error {
+	return waitFor(ctx, timeout, "group "+group+" to have nothing pending", func() (bool, error) {
+		lag, err := reader.Lag(ctx, js, group)
+		if err != nil || len(lag) != partitions {
+			return false, nil
+		}
+		for _, l := range lag {
+			if l.Pending != 0 || l.AckPending != 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
 // groupConfig is a member's configuration: production defaults, with a short
 // lease and linger so the lessons do not wait on timers meant for hosts that
 // come and go. The lease is at JetStream's one-second minimum at every speed.

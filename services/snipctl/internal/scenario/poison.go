@@ -228,8 +228,11 @@ func runPoison(ctx context.Context, e *Env) error {
 	}); err != nil {
 		return err
 	}
-	// Give a second delivery, if there were one, the time to show.
-	time.Sleep(500 * time.Millisecond)
+	// Until the group has acknowledged it and has nothing else in flight:
+	// a second delivery, if there were one, would be pending until then.
+	if err := waitGroupIdle(ctx, js, "snip", poisonPartitions, 30*time.Second); err != nil {
+		return err
+	}
 	mu.Lock()
 	once := handledPoison["snip"]
 	mu.Unlock()

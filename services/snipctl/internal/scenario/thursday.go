@@ -21,10 +21,12 @@ const (
 	thDays    = 5
 	thPerDay  = 400 // clicks per "day" (one lesson second each)
 	thBotEach = 10  // every 10th click is a bot's
+	// thPartitions is CLICKS' partition count in the lesson.
+	thPartitions = 4
 )
 
 func runThursday(ctx context.Context, e *Env) error {
-	js, err := e.NATS(ctx, 4)
+	js, err := e.NATS(ctx, thPartitions)
 	if err != nil {
 		return err
 	}
@@ -165,7 +167,11 @@ func runThursday(ctx context.Context, e *Env) error {
 	if err := waitFor(ctx, 60*time.Second, "the new reader to load three days", func() (bool, error) { return newHandled.Load() >= want, nil }); err != nil {
 		return err
 	}
-	time.Sleep(200 * time.Millisecond) // anything beyond three days would show now
+	// Until the group has read CLICKS to its end: a click from before the
+	// three days, had it been read, is counted by then.
+	if err := waitGroupIdle(ctx, js, "backfill", thPartitions, 60*time.Second); err != nil {
+		return err
+	}
 	e.exact("new reader from 3 days ago: clicks loaded", "clicks", float64(want), float64(newHandled.Load()), "StartAtTime: the first event stored at or after the time")
 	e.exact("new reader: its oldest click is day 3's first", "index", float64((thDays-3)*thPerDay), float64(oldest.Load()), "")
 	return nil
