@@ -24,15 +24,34 @@ import (
 //   - otherwise it loads the configuration from the environment and the
 //     arguments (exit 2 when it is wrong), logs JSON to stderr at LOG_LEVEL,
 //     and calls run with a context that ends on SIGINT or SIGTERM; an error
-//     from run is logged and exits 1.
+//     from run is logged and exits 1. A second SIGINT or SIGTERM during the
+//     stop ends the process at once, logged, with exit 1: what the stop had
+//     not finished is abandoned, as a SIGKILL would abandon it.
 //
 // load is the service's loadConfig; run is its run, which tests call with
 // a Config literal.
 func Main[C Config](name string, load func(environ, args []string) (C, error), run func(context.Context, *slog.Logger, C) error) {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := exitCode(ctx, name, os.Args[1:], os.Environ(), os.Stderr, load, run)
-	stop()
-	os.Exit(code)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	ctx := onSignals(name, sigs, os.Stderr, os.Exit)
+	os.Exit(exitCode(ctx, name, os.Args[1:], os.Environ(), os.Stderr, load, run))
+}
+
+// onSignals is a context that ends on the first signal from sigs; the
+// second calls exit(1), after a line on stderr that says so. A stop that
+// hangs (a server that never answers a drain, a component that does not
+// return) is then ended by whoever sent the signals, without a SIGKILL.
+func onSignals(name string, sigs <-chan os.Signal, stderr io.Writer, exit func(int)) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-sigs
+		cancel()
+		s := <-sigs
+		slog.New(slog.NewJSONHandler(stderr, nil)).Error(name+" exits at once: a second signal during the stop",
+			"signal", s.String())
+		exit(1)
+	}()
+	return ctx
 }
 
 func exitCode[C Config](ctx context.Context, name string, args, environ []string, stderr io.Writer,
