@@ -97,6 +97,23 @@ type Topology struct {
 	Storage jetstream.StorageType `env:"-"`
 }
 
+func (t Topology) topologyBlock() Topology { return t }
+
+// check refuses what topology.Apply would, naming the variable.
+func (t Topology) check() error {
+	switch {
+	case t.Partitions < 1 || t.Partitions > 1024:
+		return fmt.Errorf("SNIP_PARTITIONS %d: want 1..1024", t.Partitions)
+	case t.Replicas < 1 || t.Replicas > 5:
+		return fmt.Errorf("SNIP_REPLICAS %d: want 1..5", t.Replicas)
+	case t.ClicksMaxAge < topology.DefaultClicksDuplicates:
+		return fmt.Errorf("SNIP_CLICKS_MAX_AGE %s: want at least CLICKS' duplicate window, %s", t.ClicksMaxAge, topology.DefaultClicksDuplicates)
+	case t.ClicksMaxBytes == 0 || t.ClicksMaxBytes < -1:
+		return fmt.Errorf("SNIP_CLICKS_MAX_BYTES %d: want more than 0, or -1 for no cap", t.ClicksMaxBytes)
+	}
+	return nil
+}
+
 // Options are the topology.Options the block describes.
 func (t Topology) Options() topology.Options {
 	o := topology.Defaults()
@@ -110,7 +127,9 @@ func (t Topology) Options() topology.Options {
 // and returns it, after validate (when not nil) accepted it. Every field
 // with an env tag is read, in embedded blocks too; a variable that is not
 // set keeps the value cfg has, else its envDefault. So a service passes its
-// own defaults of HTTP_ADDR and SHUTDOWN_TIMEOUT in cfg. Errors begin with
+// own defaults of HTTP_ADDR and SHUTDOWN_TIMEOUT in cfg. The blocks' own
+// values are checked before validate runs: SHUTDOWN_TIMEOUT more than 0,
+// and a topology that topology.Apply accepts. Errors begin with
 // "load config:" and name the variable, not the Go field.
 func LoadConfig[C any](environ []string, cfg C, validate func(*C) error) (C, error) {
 	var zero C
@@ -123,12 +142,32 @@ func LoadConfig[C any](environ []string, cfg C, validate func(*C) error) (C, err
 		}
 		return zero, fmt.Errorf("load config: %w", err)
 	}
+	if err := checkBlocks(cfg); err != nil {
+		return zero, fmt.Errorf("load config: %w", err)
+	}
 	if validate != nil {
 		if err := validate(&cfg); err != nil {
 			return zero, fmt.Errorf("load config: %w", err)
 		}
 	}
 	return cfg, nil
+}
+
+// checkBlocks refuses the values of the blocks cfg embeds that no service
+// can run with, naming the variable: a SHUTDOWN_TIMEOUT of 0 or less (every
+// stage of the stop would end at once: requests in flight cut, NATS closed
+// undrained), and a topology that topology.Apply refuses (retried for ever
+// at start otherwise, the service never ready).
+func checkBlocks(cfg any) error {
+	if b, ok := cfg.(interface{ base() Base }); ok {
+		if d := b.base().ShutdownTimeout; d <= 0 {
+			return fmt.Errorf("SHUTDOWN_TIMEOUT %s: want more than 0", d)
+		}
+	}
+	if t, ok := cfg.(interface{ topologyBlock() Topology }); ok {
+		return t.topologyBlock().check()
+	}
+	return nil
 }
 
 // varName is the variable of the field named field in t or its blocks, if

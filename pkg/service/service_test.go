@@ -25,7 +25,46 @@ type testConfig struct {
 	Secret string `env:"TEST_SECRET" secret:"true"`
 }
 
+// testDefaults are testConfig's defaults, as a service's loadConfig gives
+// its own.
+var testDefaults = testConfig{Base: Base{ShutdownTimeout: time.Second}}
+
 var discard = slog.New(slog.DiscardHandler)
+
+// A value of a block's variable that no service can run with is refused
+// when the configuration is loaded, naming the variable, rather than
+// running with it: a SHUTDOWN_TIMEOUT of 0 or less would end every stage
+// of the stop at once, and a topology that topology.Apply refuses would be
+// retried at start for ever.
+func TestLoadConfigRefusesBlockValuesNoServiceRunsWith(t *testing.T) {
+	t.Parallel()
+	type config struct {
+		Base
+		Topology
+	}
+	defaults := config{Base: Base{ShutdownTimeout: 15 * time.Second}}
+	if _, err := LoadConfig(nil, defaults, nil); err != nil {
+		t.Fatalf("the defaults: %v", err)
+	}
+	for _, c := range []struct{ env, want string }{
+		{"SHUTDOWN_TIMEOUT=0s", "load config: SHUTDOWN_TIMEOUT 0s: want more than 0"},
+		{"SHUTDOWN_TIMEOUT=-5s", "load config: SHUTDOWN_TIMEOUT -5s: want more than 0"},
+		{"SHUTDOWN_TIMEOUT=5", "load config: SHUTDOWN_TIMEOUT: unable to parse duration"},
+		{"SNIP_PARTITIONS=0", "load config: SNIP_PARTITIONS 0: want 1..1024"},
+		{"SNIP_REPLICAS=-1", "load config: SNIP_REPLICAS -1: want 1..5"},
+		{"SNIP_CLICKS_MAX_AGE=-1h", "load config: SNIP_CLICKS_MAX_AGE -1h0m0s: want at least"},
+		{"SNIP_CLICKS_MAX_BYTES=0", "load config: SNIP_CLICKS_MAX_BYTES 0: want more than 0, or -1 for no cap"},
+		{"SNIP_CLICKS_MAX_BYTES=-2", "load config: SNIP_CLICKS_MAX_BYTES -2: want more than 0, or -1 for no cap"},
+	} {
+		if _, err := LoadConfig([]string{c.env}, defaults, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.env, err, c.want)
+		}
+	}
+	// A Config literal that never set it, loaded as it is.
+	if _, err := LoadConfig(nil, config{}, nil); err == nil || !strings.Contains(err.Error(), "SHUTDOWN_TIMEOUT 0s") {
+		t.Errorf("no SHUTDOWN_TIMEOUT at all: %v, want the refusal", err)
+	}
+}
 
 // What setup opened is closed when setup fails, and its error returned.
 func TestRunClosesWhatAFailedSetupOpened(t *testing.T) {
@@ -173,7 +212,7 @@ func TestMainHealthcheckAndConfigErrors(t *testing.T) {
 	a := <-addr
 	t.Cleanup(func() { cancel(); <-done })
 
-	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testConfig{}, nil) }
+	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testDefaults, nil) }
 	run := func(context.Context, *slog.Logger, testConfig) error { return errors.New("failed") }
 	var stderr bytes.Buffer
 	for _, c := range []struct {
@@ -208,7 +247,7 @@ func TestMainServesPprofOnlyWhenAsked(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testConfig{}, nil) }
+	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testDefaults, nil) }
 	var served bool
 	run := func(ctx context.Context, _ *slog.Logger, _ testConfig) error {
 		deadline := time.Now().Add(10 * time.Second)
@@ -244,7 +283,7 @@ func TestMainServesPprofOnlyWhenAsked(t *testing.T) {
 // variable.
 func TestLogValueMasksSecrets(t *testing.T) {
 	t.Parallel()
-	cfg, err := LoadConfig([]string{"TEST_SECRET=hunter2", "NATS_URL=nats://u:s3cret@n:4222", "NATS_PASSWORD=pw"}, testConfig{}, nil)
+	cfg, err := LoadConfig([]string{"TEST_SECRET=hunter2", "NATS_URL=nats://u:s3cret@n:4222", "NATS_PASSWORD=pw"}, testDefaults, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
