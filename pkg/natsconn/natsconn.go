@@ -1,8 +1,8 @@
 // Package natsconn opens the NATS connection every Snip service uses, with
 // the same reconnect policy and logging everywhere: it connects even when the
-// server is not up yet, reconnects forever, and logs each disconnect and
-// reconnect once. A service that must keep working without NATS (the
-// redirect service) relies on both.
+// server is not up yet, reconnects forever (through refused credentials
+// too), and logs each disconnect and reconnect once. A service that must
+// keep working without NATS (the redirect service) relies on both.
 package natsconn
 
 import (
@@ -73,6 +73,15 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.RetryOnFailedConnect(true),
+		// nats.go closes the connection for good when a server refuses
+		// the credentials twice in a row: a node that has not loaded the
+		// account yet, or a reload that briefly has the wrong password,
+		// would leave the service running, never ready, until restarted.
+		// It is retried like any failed reconnect; once the connection
+		// had been made each refusal is logged (the error handler), and
+		// before, nats.go reports it to no handler (service.NATSReady
+		// names it).
+		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectBufSize(8 << 20),
 		nats.PingInterval(PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),

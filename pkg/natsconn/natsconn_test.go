@@ -3,11 +3,14 @@ package natsconn_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/snipdev/snip/pkg/natsconn"
@@ -222,4 +225,76 @@ func TestMalformedURLErrorNamesTheEntryAndHidesThePassword(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A server that refuses the connection's credentials for a while (an
+// account a node that just started has not loaded yet, a reload with a
+// wrong password) and then accepts them again is reconnected to: nats.go
+// by default closes the connection for good at the second refusal in a
+// row, and a service would then run on, never ready, its consumers idle,
+// until someone restarted it. Each refusal is logged.
+func TestReconnectsOnceTheServerAcceptsTheCredentialsAgain(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := testenv.NATSOptions(port, t.TempDir())
+	opts.JetStream = false
+	opts.Users = []*server.User{{Username: "app", Password: "right"}}
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	var refusals atomic.Int64
+	log := slog.New(countHandler{Handler: slog.DiscardHandler, n: &refusals, text: "authorization violation"})
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	nc, err := natsconn.Connect(natsconn.Config{URL: url, Name: "auth-test", User: "app", Password: "right"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	testenv.WaitFor(t, 10*time.Second, "connected", nc.IsConnected)
+
+	reload := func(password string) {
+		t.Helper()
+		o := opts
+		o.Users = []*server.User{{Username: "app", Password: password}}
+		if err := srv.ReloadOptions(&o); err != nil {
+			t.Fatalf("reload: %v", err)
+		}
+	}
+	reload("changed")
+	testenv.WaitFor(t, 10*time.Second, "three refusals logged, or the connection closed", func() bool {
+		return refusals.Load() >= 3 || nc.IsClosed()
+	})
+	reload("right")
+	if !testenv.Poll(10*time.Second, nc.IsConnected) {
+		t.Fatalf("not reconnected 10s after the server accepts the credentials again: %s, last error %v, %d refusals logged",
+			nc.Status(), nc.LastError(), refusals.Load())
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatalf("flush after the reconnect: %v", err)
+	}
+}
+
+// countHandler counts the records whose attributes' text holds text.
+type countHandler struct {
+	slog.Handler
+	n    *atomic.Int64
+	text string
+}
+
+func (h countHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h countHandler) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if strings.Contains(strings.ToLower(a.Value.String()), h.text) {
+			h.n.Add(1)
+			return false
+		}
+		return true
+	})
+	return nil
 }
