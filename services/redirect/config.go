@@ -160,6 +160,19 @@ func (c *Config) validate() error {
 		return fmt.Errorf("SNIP_OUTBOX_SAMPLE_INTERVAL %s: want more than 0", c.MonitorInterval)
 	case c.CacheSize < 1:
 		return fmt.Errorf("SNIP_CACHE_SIZE %d: want at least 1", c.CacheSize)
+	case c.CacheTTL <= 0:
+		// Every link would expire as it is cached: a Redis lookup per redirect.
+		return fmt.Errorf("SNIP_CACHE_TTL %s: want more than 0", c.CacheTTL)
+	// The committer and the relay would take a size below 1 for 1: a
+	// group commit per click, one entry per lane in flight.
+	case c.CommitMaxBatch < 1:
+		return fmt.Errorf("SNIP_COMMIT_MAX_BATCH %d: want at least 1", c.CommitMaxBatch)
+	case c.CommitWorkers < 1:
+		return fmt.Errorf("SNIP_COMMIT_WORKERS %d: want at least 1", c.CommitWorkers)
+	case c.RelayWindow < 1:
+		return fmt.Errorf("SNIP_RELAY_WINDOW %d: want at least 1", c.RelayWindow)
+	case c.RelayLinger < 0:
+		return fmt.Errorf("SNIP_RELAY_LINGER %s: want 0 or more", c.RelayLinger)
 	case c.LinkCreateLimit < 0 || (c.LinkCreateLimit > 0 && c.LinkCreateWindow < time.Second):
 		return fmt.Errorf("SNIP_LINK_CREATE_LIMIT %d per SNIP_LINK_CREATE_WINDOW %s: want a limit >= 0 (0: none) and a window of 1s or more",
 			c.LinkCreateLimit, c.LinkCreateWindow)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -64,6 +65,29 @@ func TestConfigRefusesTimingsThatBreakTheService(t *testing.T) {
 	} {
 		if _, err := loadConfig(env, nil); err == nil {
 			t.Errorf("%v accepted", env)
+		}
+	}
+}
+
+// A size or a time the service would otherwise take for another value is
+// refused at start, naming the variable: the committer and the relay take
+// a size below 1 for 1 (a group commit per click), and a cache TTL of 0 or
+// less expires every link as it is cached (a Redis lookup per redirect).
+func TestConfigRefusesSizesTakenForOthers(t *testing.T) {
+	t.Parallel()
+	for _, env := range []string{
+		"SNIP_COMMIT_MAX_BATCH=0", "SNIP_COMMIT_MAX_BATCH=-5", "SNIP_COMMIT_WORKERS=0",
+		"SNIP_RELAY_WINDOW=0", "SNIP_RELAY_WINDOW=-1", "SNIP_RELAY_LINGER=-1ms",
+		"SNIP_CACHE_TTL=0", "SNIP_CACHE_TTL=-1s",
+	} {
+		name, _, _ := strings.Cut(env, "=")
+		if _, err := loadConfig([]string{env}, nil); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v, want a refusal naming %s", env, err, name)
+		}
+	}
+	for _, env := range []string{"SNIP_COMMIT_MAX_BATCH=1", "SNIP_RELAY_LINGER=0"} {
+		if _, err := loadConfig([]string{env}, nil); err != nil {
+			t.Errorf("%s refused: %v", env, err)
 		}
 	}
 }
