@@ -88,6 +88,8 @@ func (c Config) validate() error {
 	check(c.RetryAfterMax >= 0, "PREVIEW_RETRY_AFTER_MAX %s: want >= 0", c.RetryAfterMax)
 	check(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT %s: want > 0", c.ShutdownTimeout)
 	check(c.PullWait >= 10*time.Millisecond, "PREVIEW_PULL_WAIT %s: want >= 10ms", c.PullWait)
+	// The queue would take 0 or less for its default, 30s.
+	check(c.BacklogInterval > 0, "PREVIEW_BACKLOG_INTERVAL %s: want > 0", c.BacklogInterval)
 	check(c.UserAgent != "", "PREVIEW_USER_AGENT: want a value")
 	return errors.Join(errs...)
 }

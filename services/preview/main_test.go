@@ -788,4 +788,11 @@ func TestLoadConfig(t *testing.T) {
 			t.Errorf("loadConfig(%v) accepted a bad value", bad)
 		}
 	}
+	// A value the queue would take for its default (30s) is refused,
+	// naming the variable.
+	for _, bad := range []string{"PREVIEW_BACKLOG_INTERVAL=0", "PREVIEW_BACKLOG_INTERVAL=-1s"} {
+		if _, err := loadConfig([]string{bad}, nil); err == nil || !strings.Contains(err.Error(), "PREVIEW_BACKLOG_INTERVAL") {
+			t.Errorf("loadConfig(%s) = %v, want a refusal naming PREVIEW_BACKLOG_INTERVAL", bad, err)
+		}
+	}
 }
