@@ -60,7 +60,12 @@ func InboxPrefix(user string) string {
 }
 
 // Connect connects as cfg says. With RetryOnFailedConnect the returned
-// connection may not be connected yet; publishes and requests fail until it is.
+// connection may not be connected yet. Until it is, and whenever it
+// reconnects, a publish does not fail: it waits in the reconnect buffer (8
+// MiB) and is sent once connected, however late; a request waits for its
+// reply until its timeout. A caller for which a late publish is worse than
+// a failed one passes nats.ReconnectBufSize(-1) in extra: its publishes
+// then fail at once while the connection is down.
 func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	servers, err := parseURLs(cfg.URL)
 	if err != nil {

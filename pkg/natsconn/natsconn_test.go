@@ -298,3 +298,32 @@ func (h countHandler) Handle(_ context.Context, r slog.Record) error {
 	})
 	return nil
 }
+
+// A connection that is not connected (yet) holds publishes in its reconnect
+// buffer rather than failing them; given nats.ReconnectBufSize(-1) it fails
+// them at once, which is what the redirect's relay and direct path rely on.
+func TestPublishWhileNotConnectedWaitsUnlessTheBufferIsOff(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port) // nothing listens
+	log := slog.New(slog.DiscardHandler)
+	buffered, err := natsconn.Connect(natsconn.Config{URL: url, Name: "buffered"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(buffered.Close)
+	if err := buffered.Publish("x", []byte("held")); err != nil {
+		t.Errorf("publish before the first connect: %v, want it held in the reconnect buffer", err)
+	}
+	unbuffered, err := natsconn.Connect(natsconn.Config{URL: url, Name: "unbuffered"}, log, nats.ReconnectBufSize(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(unbuffered.Close)
+	if err := unbuffered.Publish("x", []byte("refused")); !errors.Is(err, nats.ErrReconnectBufExceeded) {
+		t.Errorf("publish without a reconnect buffer before the first connect: %v, want %v", err, nats.ErrReconnectBufExceeded)
+	}
+}
