@@ -167,10 +167,17 @@ func (g *Group) HTTP(web *webserver.Server) func(ctx context.Context) error {
 	}
 }
 
-// NATSReady is a readiness check: the connection is up.
+// NATSReady is a readiness check: the connection is up. When it is not, it
+// says why, as the client last saw it: a server that refuses the
+// credentials while the connection is first made is reported nowhere else
+// (nats.go calls no handler for it), and the service's own retries see
+// only their requests time out.
 func NATSReady(nc *nats.Conn) webserver.Check {
 	return func(context.Context) error {
 		if st := nc.Status(); st != nats.CONNECTED {
+			if err := nc.LastError(); err != nil {
+				return fmt.Errorf("nats %s: %w", st, err)
+			}
 			return fmt.Errorf("nats %s", st)
 		}
 		return nil

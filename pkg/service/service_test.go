@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -12,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/webserver"
@@ -382,5 +385,37 @@ func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
 		if got := Mask(in, false); got != want {
 			t.Errorf("Mask(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A NATS server that refuses the service's credentials from the start is
+// named in /readyz's reason: nats.go reports the refusals of a first
+// connection to no handler, so nothing else says why the service waits.
+func TestNATSReadySaysWhyItIsNotConnected(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := testenv.NATSOptions(port, t.TempDir())
+	opts.JetStream = false
+	opts.Users = []*server.User{{Username: "app", Password: "right"}}
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := natsconn.Connect(NATS{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), User: "app", Password: "wrong"}.Conn("test"), discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ready := NATSReady(nc)
+	var last error
+	if !testenv.Poll(10*time.Second, func() bool {
+		last = ready(t.Context())
+		return last != nil && strings.Contains(strings.ToLower(last.Error()), "authorization violation")
+	}) {
+		t.Fatalf("readiness says %v, want it to name the refused credentials", last)
 	}
 }
