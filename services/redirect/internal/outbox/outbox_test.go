@@ -49,6 +49,16 @@ func TestOnRedisCluster(t *testing.T) {
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
+		TestRelayParksClicksEveryReaderWouldPark,
+		TestGuarantee_RelayTakesOverADeadInstancesShardAfterTTL,
+		TestRelayParkedClickIsRedrivenIntoItsPartition,
+		TestRelayCountsAParkedEntryOnceWhenItsDeleteIsRetried,
+		TestCommitterSubmitByAndWaitByEndAtTheDeadline,
+		TestCommitterBoundHoldsWithTheDepthEstimate,
+		TestCommitterLingersOnlyWhileClicksAreDense,
+		// Not TestCommitterWaitOnARedisWithoutReplicas: it needs a Redis without replicas.
+		// Not TestRedisMasterKilledUnderCommitLoad, TestShardsSpreadOverTheClusterMasters
+		// nor TestCommitterWaitsForReplicasOnEachMaster: they run on a cluster already.
 	)
 }
 
@@ -569,7 +579,7 @@ func TestCheckShardsRefusesAChange(t *testing.T) {
 // clicks.<owner>.<code> and CLICKS stores it in the partition its code
 // hashes to, with its payload unchanged; the dead letter is gone.
 func TestRelayParkedClickIsRedrivenIntoItsPartition(t *testing.T) {
-	t.Parallel()
+	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	big := testClick("acme", "abc", 0)
 	big.Target = "https://example.com/" + strings.Repeat("x", 20<<10)
