@@ -39,10 +39,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestRelayParksPermanentRejections,
 		TestGuarantee_RelayLeaseTakeoverAfterCrashIsFenced,
 		TestGuarantee_RelayPausedPastItsLeasePublishesNothing,
-		// Not TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL:
-		// it fakes kill -9 by closing the doomed relay's client, and a closed
-		// cluster client still removes the relay from the heartbeat set on
-		// its way out, so the kill is not faithful there.
+		TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL,
 		TestRelaySharesShardsAmongInstances,
 		TestRelayDeletesOnlyTheHeadItRelayed,
 		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
@@ -475,6 +472,8 @@ func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *test
 	const ttl = 2 * time.Second
 	cfg := RelayConfig{Window: 16, LeaseTTL: ttl, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond}
 	doomedRDB := testenv.AnotherClient(t, e.rdb)
+	dead := &killed{}
+	doomedRDB.AddHook(dead)
 	cfg.Instance = "doomed"
 	doomed := NewRelay(doomedRDB, e.js, e.nc.IsConnected, e.layout, cfg, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 	cfg.Instance = "survivor"
@@ -485,7 +484,11 @@ func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *test
 		return gaugeValue(doomed.m.LeasesHeld) == 4 && gaugeValue(survivor.m.LeasesHeld) == 4
 	})
 
-	// kill -9: the connection goes first, so nothing is released.
+	// kill -9: nothing the relay sends from now on reaches Redis, so
+	// nothing is released. (Closing the client alone is not a kill on a
+	// cluster: a closed cluster client retries each release until its
+	// 2-second deadline, so the relay's stop outlasts its heartbeat.)
+	dead.kill()
 	_ = doomedRDB.Close()
 	killed := time.Now()
 	rd.stop()
@@ -505,6 +508,38 @@ func TestGuarantee_RelayTakesOverAKilledInstancesShardsWithinTheLeaseTTL(t *test
 	testenv.WaitFor(t, 15*time.Second, "everything written after the kill relayed", func() bool {
 		return count(e.js, events.ClicksStream) == n && e.outboxLen(t) == 0
 	})
+}
+
+// killed is a Redis client hook that, once kill is called, fails every
+// command before it is sent: what a process killed with kill -9 sends.
+type killed struct{ dead atomic.Bool }
+
+var errKilled = errors.New("the relay's process was killed")
+
+func (k *killed) kill() { k.dead.Store(true) }
+
+func (k *killed) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (k *killed) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if k.dead.Load() {
+			c.SetErr(errKilled)
+			return errKilled
+		}
+		return next(ctx, c)
+	}
+}
+
+func (k *killed) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if k.dead.Load() {
+			for _, c := range cmds {
+				c.SetErr(errKilled)
+			}
+			return errKilled
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // TestRelaySharesShardsAmongInstances: two live relays split the shards
