@@ -34,6 +34,9 @@ func TestOnRedisCluster(t *testing.T) {
 		TestDeleteLeavesATombstone,
 		TestCreateRefusesWhenOutboxFull,
 		TestWritesWaitForReplicas,
+		TestGuarantee_ConnectionKilledBeforeExecLeavesNeitherLinkNorEvent,
+		TestGeneratedCodeIsNeverAReservedWord,
+		TestConcurrentDeletesOfOneLinkHaveOneWinnerAndTheOtherIsNotFound,
 	)
 }
 
@@ -131,8 +134,19 @@ func TestGuarantee_AbortedExecLeavesNeitherLinkNorEvent(t *testing.T) {
 func TestGuarantee_ConnectionKilledBeforeExecLeavesNeitherLinkNorEvent(t *testing.T) {
 	testenv.Parallel(t)
 	s, rdb := newStore(t)
-	// One server only: CLIENT KILL names a connection of one node.
-	killer := redis.NewClient(rdb.(*redis.Client).Options())
+	// CLIENT KILL names a connection of one server: on a cluster, of the
+	// master that serves the link's slot, where the transaction runs.
+	opts := &redis.Options{}
+	if c, ok := rdb.(*redis.Client); ok {
+		opts = c.Options()
+	} else {
+		master, err := servers.RedisCluster.MasterOf(t.Context(), s.layout.LinkKey("cut"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Addr = master.Addr
+	}
+	killer := redis.NewClient(opts)
 	defer killer.Close()
 	s.beforeExec = func(ctx context.Context, tx *redis.Tx) error {
 		id, err := tx.ClientID(ctx).Result()
