@@ -23,7 +23,9 @@ func TestOnRedisCluster(t *testing.T) {
 	servers.RunOnRedisCluster(t, TestCreateAndAuthenticate, TestAuthenticateRejects,
 		TestEnsureFromSpecIsIdempotent, TestRotateAndRevoke, TestLimit, TestWritesWaitForReplicas,
 		TestEnsureNeverMovesAKeyToAnotherOwner, TestEnsureFromSpecRefusesAKeyOfAnotherOwnerAndWritesNothing,
-		TestStoreKeyRefusesAKeyTakenMeanwhile)
+		TestStoreKeyRefusesAKeyTakenMeanwhile, TestEnsureRefusesAKeyAuthenticateRejects,
+		TestEnsureFromSpecChecksEveryEntryFirstAndHidesKeys, TestRevokeAlsoRevokesAKeyRotatedInMeanwhile,
+		TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail, TestRotateAlsoRevokesAKeyRotatedInMeanwhile)
 }
 
 func TestCreateAndAuthenticate(t *testing.T) {
