@@ -398,6 +398,10 @@ var (
 	ErrNoGroup = errors.New("consumer group not found")
 	// ErrBadConfig means a Config field is out of range.
 	ErrBadConfig = errors.New("invalid reader config")
+	// ErrDuplicateMember means another process runs in the group under
+	// this member's name (Config.Member) and joined first: Run returns it,
+	// and the other goes on. Member names must be unique in a group.
+	ErrDuplicateMember = errors.New("another process runs under this member name; member names must be unique in a group")
 	// ErrRewindVoid means a rewind will never be carried out: a partition
 	// that has not carried it out has a consumer other than the one the
 	// request was made for (WaitRewind).

@@ -108,6 +108,14 @@ func defaultMember() string {
 	return sanitizeToken(host) + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
 }
 
+// newInstance is a random token that tells this run's lease from another
+// process's under the same member name.
+func newInstance() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
 // sanitizeToken maps s onto subject-token characters.
 func sanitizeToken(s string) string {
 	if s == "" {

@@ -12,6 +12,11 @@
 //   - Members announce themselves with heartbeat leases in the snip_members
 //     KV bucket (key "<group>.members.<member>", per-key TTL). A member that
 //     stops heartbeating expires; one that stops gracefully deletes its key.
+//     Member names must be unique in a group: each lease carries a random
+//     instance token, and a member that sees its key written by another
+//     process logs an error naming it and counts it
+//     (snip_reader_duplicate_member_leases_total); the one of the two that
+//     joined later stops (ErrDuplicateMember), leaving the key to the other.
 //   - Every member computes the same assignment from the live members and
 //     the partitions each says it holds (its claims, in its heartbeat):
 //     claims are kept up to the bound ceil(partitions/members), the rest go

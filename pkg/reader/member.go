@@ -28,18 +28,21 @@ import (
 //
 // NATS outages are ridden out, not returned: the member keeps retrying, and
 // while it cannot heartbeat its lease lapses and the others take over. Run
-// returns an error only for a configuration it cannot run with.
+// returns an error only for a configuration it cannot run with: among them
+// ErrDuplicateMember, when another process runs as the same member and
+// started first (see duplicate).
 func Run(ctx context.Context, js jetstream.JetStream, cfg Config, h Handler) error {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return err
 	}
 	m := &member{
-		cfg: cfg,
-		js:  js,
-		h:   h,
-		log: cfg.Logger.With("group", cfg.Group, "member", cfg.Member),
-		met: newMetrics(cfg.Metrics),
+		cfg:      cfg,
+		js:       js,
+		h:        h,
+		log:      cfg.Logger.With("group", cfg.Group, "member", cfg.Member),
+		met:      newMetrics(cfg.Metrics),
+		instance: newInstance(),
 	}
 	return m.run(ctx)
 }
@@ -78,6 +81,14 @@ type member struct {
 	// without waiting for the next beat.
 	published atomic.Pointer[[]int]
 	claimed   chan struct{}
+
+	// instance tells this process's lease from another's written under the
+	// same member name; since is when it joined, in its lease too.
+	instance string
+	since    time.Time
+	// dupLogged is the instance of the last other process under this
+	// member's name that was logged (control loop only).
+	dupLogged string
 }
 
 func (m *member) run(ctx context.Context) error {
@@ -95,14 +106,15 @@ func (m *member) run(ctx context.Context) error {
 	m.workers = map[int]*worker{}
 	m.claimed = make(chan struct{}, 1)
 	m.published.Store(&[]int{})
-	m.log.Info("joining consumer group", "partitions", m.partitions)
+	m.since = time.Now().UTC().Round(0)
+	m.log.Info("joining consumer group", "partitions", m.partitions, "instance", m.instance)
 
 	hbCtx, stopHB := context.WithCancel(hard)
 	var hbDone sync.WaitGroup
 	hbDone.Go(func() { m.heartbeat(hbCtx) })
 
 	exited := make(chan *worker, m.partitions+1)
-	m.control(ctx, exited)
+	dup := m.control(ctx, exited)
 
 	// Leave: stop heartbeating and delete our lease so the others rebalance
 	// now rather than after LeaseTTL; then let our workers drain. The lease
@@ -111,16 +123,21 @@ func (m *member) run(ctx context.Context) error {
 	// delete's marker would stay for good, one per member name, and every
 	// member name is new (host, PID, random), so each restart would add
 	// one that every member's watch of the group then reads.
+	//
+	// A member that stops because another process runs under its name
+	// leaves the lease alone: it is the other's now.
 	stopHB()
 	hbDone.Wait()
-	lctx, cancel := context.WithTimeout(hard, 2*time.Second)
-	if err := m.kv.Purge(lctx, memberKey(m.cfg.Group, m.cfg.Member), jetstream.PurgeTTL(m.cfg.LeaseTTL)); err != nil {
-		m.log.Warn("leave group: delete lease", "err", err)
+	if dup == nil {
+		lctx, cancel := context.WithTimeout(hard, 2*time.Second)
+		if err := m.kv.Purge(lctx, memberKey(m.cfg.Group, m.cfg.Member), jetstream.PurgeTTL(m.cfg.LeaseTTL)); err != nil {
+			m.log.Warn("leave group: delete lease", "err", err)
+		}
+		cancel()
 	}
-	cancel()
 	m.drainWorkers(exited)
 	m.log.Info("left consumer group")
-	return nil
+	return dup
 }
 
 // setup finds the stream, the partition count and the members bucket, and
@@ -208,6 +225,10 @@ type Lease struct {
 	Host   string    `json:"host"`
 	PID    int       `json:"pid"`
 	Since  time.Time `json:"since"`
+	// Instance is random, one per Run: two processes given the same
+	// member name write the same key, and each tells the other's lease
+	// from its own by it.
+	Instance string `json:"instance,omitempty"`
 	// Owned are the partitions the member holds: its claims, which the
 	// assignment keeps while it lives (AssignSticky).
 	Owned []int `json:"owned"`
@@ -220,7 +241,7 @@ type Lease struct {
 // members see a delete marker.
 func (m *member) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
-	l := Lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: time.Now().UTC()}
+	l := Lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: m.since, Instance: m.instance}
 	subj := memberSubject(m.cfg.Group, m.cfg.Member)
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)
 	defer t.Stop()
@@ -250,8 +271,10 @@ func (m *member) heartbeat(ctx context.Context) {
 
 // control is the member's loop: it follows the bucket (members joining,
 // leaving and expiring; rewind requests) and keeps one worker per partition
-// this member should own. It returns when ctx ends.
-func (m *member) control(ctx context.Context, exited chan *worker) {
+// this member should own. It returns when ctx ends (nil), or with
+// ErrDuplicateMember when another process runs under this member's name
+// and this one must stop (duplicate).
+func (m *member) control(ctx context.Context, exited chan *worker) error {
 	resync := time.NewTicker(max(10*m.cfg.LeaseTTL, 5*time.Second))
 	defer resync.Stop()
 	tick := time.NewTicker(time.Second)
@@ -260,12 +283,12 @@ func (m *member) control(ctx context.Context, exited chan *worker) {
 		w, err := m.kv.Watch(ctx, groupWatchPattern(m.cfg.Group))
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			m.log.Warn("watch group: retrying", "err", err)
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-time.After(time.Second):
 				continue
 			}
@@ -278,7 +301,7 @@ func (m *member) control(ctx context.Context, exited chan *worker) {
 			select {
 			case <-ctx.Done():
 				_ = w.Stop()
-				return
+				return nil
 			case e, ok := <-w.Updates():
 				if !ok {
 					break watching
@@ -287,6 +310,15 @@ func (m *member) control(ctx context.Context, exited chan *worker) {
 					synced = true
 				} else {
 					m.apply(e)
+					// Only a write seen live is another process's: the
+					// watch's first values may hold the lease of this
+					// member's previous run, dead and not yet expired.
+					if synced {
+						if err := m.duplicate(e); err != nil {
+							_ = w.Stop()
+							return err
+						}
+					}
 				}
 				if synced {
 					m.reconcile(exited)
@@ -311,7 +343,7 @@ func (m *member) control(ctx context.Context, exited chan *worker) {
 		}
 		_ = w.Stop()
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		m.log.Warn("group watch ended; watching again")
 	}
@@ -344,6 +376,46 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		m.rewind.Store(&r)
 		m.log.Info("rewind requested", "rewind", r.ID)
 	}
+}
+
+// duplicate looks at a write of this member's own lease: one with another
+// instance is another process given the same member name. Both see one
+// member and work out the same partitions for it; the server's pin lets
+// one of them read each, and the other waits, then forces an unpin and
+// resets the partition to its ack floor, again and again. Each logs an
+// error naming the other (once per other process) and counts every such
+// write (snip_reader_duplicate_member_leases_total). The one that joined
+// later (by the leases' Since, then Instance: both compare the same two
+// values, so exactly one of them) returns ErrDuplicateMember, so that it
+// stops before it forces anything, and the first goes on. Started again
+// under the same name, it stops again: the name is the operator's to fix.
+// Neither goes on quietly: two workers for one partition would take it
+// from each other for as long as both live.
+func (m *member) duplicate(e jetstream.KeyValueEntry) error {
+	if e.Operation() != jetstream.KeyValuePut || e.Key() != memberKey(m.cfg.Group, m.cfg.Member) {
+		return nil
+	}
+	var l Lease
+	if err := json.Unmarshal(e.Value(), &l); err != nil || l.Instance == m.instance {
+		return nil
+	}
+	m.met.duplicates.WithLabelValues(m.cfg.Group).Inc()
+	later := m.since.After(l.Since) || m.since.Equal(l.Since) && m.instance > l.Instance
+	if l.Instance != m.dupLogged {
+		m.dupLogged = l.Instance
+		this := "goes on: it joined first, the other stops"
+		if later {
+			this = "stops: the other joined first"
+		}
+		m.log.Error("another process runs as this member; a member name must be unique in its group (the service's *_MEMBER setting)",
+			"other_host", l.Host, "other_pid", l.PID, "other_instance", l.Instance, "other_since", l.Since,
+			"instance", m.instance, "since", m.since, "this_one", this)
+	}
+	if !later {
+		return nil
+	}
+	return fmt.Errorf("member %s of group %s: another process (host %s, pid %d, instance %s) runs under the same name and joined first: %w",
+		m.cfg.Member, m.cfg.Group, l.Host, l.PID, l.Instance, ErrDuplicateMember)
 }
 
 // resync checks the live set against the bucket, a safety net should the

@@ -27,6 +27,7 @@ type metrics struct {
 	rebalances  *prometheus.CounterVec
 	gaps        *prometheus.CounterVec
 	resumeMoved *prometheus.CounterVec
+	duplicates  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -94,9 +95,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Namespace: "snip", Subsystem: "reader", Name: "takeover_reassigns_total",
 		Help: "Takeovers where another member acked the partition after this one took it over and before its first batch; the reader's state was rebuilt (OnRevoke, OnAssign) to resume at its first event.",
 	}, []string{"group"})
+	m.duplicates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "snip", Subsystem: "reader", Name: "duplicate_member_leases_total",
+		Help: "Writes of this member's lease by another process given the same member name; the one that joined later stops (reader.ErrDuplicateMember).",
+	}, []string{"group"})
 	if reg != nil {
 		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.replays, m.batchSecs, m.batchSize,
-			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved)
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved, m.duplicates)
 	}
 	return m
 }

@@ -20,26 +20,36 @@ import (
 // partition count that differs from the existing stream's, a retention
 // that would shrink an existing stream's (topology.ErrRetentionShrinks: a
 // service never discards events at its start) or fewer replicas than it has
-// (topology.ErrReplicasLowered: nor drops their copies) is returned at
-// once: no retry cures a configuration that contradicts the stream.
+// (topology.ErrReplicasLowered: nor drops their copies), or a consumer
+// that exists with a setting the server cannot update in place
+// (topology.ErrConsumerImmutable, from Apply or the service's own) is
+// returned at once: no retry cures a configuration that contradicts what
+// exists.
 func (t Topology) Prepare(ctx context.Context, log *slog.Logger, js jetstream.JetStream, own ...func(context.Context, jetstream.JetStream) error) error {
 	return Retry(ctx, log, "apply topology", func(ctx context.Context) error {
 		if t.ApplyTopology {
-			err := topology.Apply(ctx, js, t.Options())
-			if errors.Is(err, topology.ErrPartitionsChanged) || errors.Is(err, topology.ErrRetentionShrinks) || errors.Is(err, topology.ErrReplicasLowered) {
-				return Permanent(err)
-			}
-			if err != nil {
-				return err
+			if err := topology.Apply(ctx, js, t.Options()); err != nil {
+				return permanentTopology(err)
 			}
 		}
 		for _, apply := range own {
 			if err := apply(ctx, js); err != nil {
-				return err
+				return permanentTopology(err)
 			}
 		}
 		return nil
 	})
+}
+
+// permanentTopology marks err Permanent where it is a topology error no
+// retry cures.
+func permanentTopology(err error) error {
+	for _, p := range []error{topology.ErrPartitionsChanged, topology.ErrRetentionShrinks, topology.ErrReplicasLowered, topology.ErrConsumerImmutable} {
+		if errors.Is(err, p) {
+			return Permanent(err)
+		}
+	}
+	return err
 }
 
 // Partitions reads CLICKS' partition count, waiting (Retry) until the

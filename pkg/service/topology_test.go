@@ -3,9 +3,13 @@ package service
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -62,5 +66,39 @@ func TestPrepareStopsAtFewerReplicasThanTheStreamsHave(t *testing.T) {
 	}
 	if got := s.CachedInfo().Config.Replicas; got != 3 {
 		t.Fatalf("CLICKS has %d replicas after the service's start, want 3", got)
+	}
+}
+
+// A consumer that exists with a setting the server cannot update in place
+// (the webhooks' alerts consumer with another ack policy) stops a service at
+// start with topology.ErrConsumerImmutable, naming the consumer, from Apply
+// and from the service's own consumers alike, rather than retrying the
+// server's refusal until it is stopped.
+func TestPrepareStopsAtAConsumerTheServerCannotUpdate(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	js := ns.JetStream(t)
+	svc := Topology{ApplyTopology: true, Partitions: 4, Replicas: 1, ClicksMaxAge: 168 * time.Hour, ClicksMaxBytes: -1}
+	if err := topology.Apply(t.Context(), js, svc.Options()); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(t.Context(), events.FraudStream, topology.WebhooksAlertsConsumer); err != nil {
+		t.Fatal(err)
+	}
+	other := topology.WebhooksAlertsConsumerConfig()
+	other.AckPolicy = jetstream.AckAllPolicy
+	if _, err := js.CreateConsumer(t.Context(), events.FraudStream, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		svc  Topology
+	}{{"apply", svc}, {"own consumers", Topology{}}} {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		err := tc.svc.Prepare(ctx, discard, js, topology.ApplyWebhooks)
+		if !errors.Is(err, topology.ErrConsumerImmutable) || !strings.Contains(err.Error(), topology.WebhooksAlertsConsumer) || ctx.Err() != nil {
+			t.Errorf("%s: Prepare = %v (context: %v), want ErrConsumerImmutable naming %s at once", tc.name, err, ctx.Err(), topology.WebhooksAlertsConsumer)
+		}
+		cancel()
 	}
 }

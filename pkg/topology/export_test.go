@@ -5,3 +5,6 @@ var StreamUpToDate = streamUpToDate
 
 // ConsumerUpToDate exposes consumerUpToDate to the tests.
 var ConsumerUpToDate = consumerUpToDate
+
+// RefusedInPlace exposes refusedInPlace to the tests.
+var RefusedInPlace = refusedInPlace

@@ -10,7 +10,9 @@
 // existing stream's retention (ErrRetentionShrinks), which would discard
 // events at once, unless Options.ShrinkRetention says the operator means it,
 // and scaling an existing stream down to fewer replicas (ErrReplicasLowered)
-// unless Options.LowerReplicas does.
+// unless Options.LowerReplicas does. A consumer that exists with a setting
+// the server cannot update in place is refused too (ErrConsumerImmutable),
+// naming it and what the operator can do; where it began is kept.
 package topology
 
 import (
@@ -137,6 +139,18 @@ var ErrRetentionShrinks = errors.New("an existing stream would keep less than it
 // applies with Options.LowerReplicas (`snipctl topology apply
 // --lower-replicas`).
 var ErrReplicasLowered = errors.New("an existing stream has more replicas than asked for; apply with --lower-replicas (snipctl) to scale it down")
+
+// ErrConsumerImmutable is returned by Apply when a consumer it declares
+// exists with a setting that differs from the declared one and that the
+// server cannot update in place (its ack policy, say, made by hand or by
+// another version): every Apply would otherwise fail with the server's
+// refusal, and every service retry it at start for ever. The error names
+// the consumer, the setting and what the operator can do: delete the
+// consumer and apply again where that is safe, or recreate it by hand
+// where deleting it would lose its position. Where the consumer began
+// (deliver policy, start sequence or time) is not refused: an update keeps
+// the existing consumer's.
+var ErrConsumerImmutable = errors.New("an existing consumer has a setting the server cannot update in place")
 
 // Options are the deployment's choices. The zero value is not valid; start
 // from Defaults().
