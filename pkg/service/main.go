@@ -31,10 +31,19 @@ import (
 // load is the service's loadConfig; run is its run, which tests call with
 // a Config literal.
 func Main[C Config](name string, load func(environ, args []string) (C, error), run func(context.Context, *slog.Logger, C) error) {
+	os.Exit(exitCode(SignalContext(name), name, os.Args[1:], os.Environ(), os.Stderr, load, run))
+}
+
+// SignalContext is the context a command runs in: it ends on the first
+// SIGINT or SIGTERM, and the second ends the process at once, with exit 1
+// and a JSON line on stderr that names name and says so (what the stop had
+// not finished, deferred calls included, is abandoned, as a SIGKILL would
+// abandon it). Main uses it; so do the commands that are not services
+// (snipctl, loadtest), whose stop can take as long.
+func SignalContext(name string) context.Context {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	ctx := onSignals(name, sigs, os.Stderr, os.Exit)
-	os.Exit(exitCode(ctx, name, os.Args[1:], os.Environ(), os.Stderr, load, run))
+	return onSignals(name, sigs, os.Stderr, os.Exit)
 }
 
 // onSignals is a context that ends on the first signal from sigs; the

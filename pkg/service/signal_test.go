@@ -1,16 +1,15 @@
 package service
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/snipdev/snip/pkg/service/servicetest"
 )
 
 // signalChild is set in the environment of the process the signal test
@@ -40,70 +39,16 @@ func TestSecondSignalEndsAStopThatHangs(t *testing.T) {
 			t.Parallel()
 			cmd := exec.Command(os.Args[0], "-test.run=^TestSecondSignalEndsAStopThatHangs$")
 			cmd.Env = append(os.Environ(), signalChild+"="+c.mode)
-			stderr, err := cmd.StderrPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			lines := make(chan string, 100)
-			go func() {
-				sc := bufio.NewScanner(stderr)
-				for sc.Scan() {
-					lines <- sc.Text()
-				}
-				close(lines)
-				exited <- cmd.Wait()
-			}()
-			t.Cleanup(func() { _ = cmd.Process.Kill() })
-			var log strings.Builder
-			waitFor := func(what string) {
-				t.Helper()
-				deadline := time.After(30 * time.Second)
-				for {
-					select {
-					case l, ok := <-lines:
-						if !ok {
-							t.Fatalf("the service's stderr ended before %q; it said:\n%s", what, log.String())
-						}
-						log.WriteString(l + "\n")
-						if strings.Contains(l, what) {
-							return
-						}
-					case <-deadline:
-						t.Fatalf("no %q within 30s; the service said:\n%s", what, log.String())
-					}
-				}
-			}
-			waitFor(`"msg":"component running"`)
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
+			p := servicetest.StartProcess(t, cmd)
+			p.WaitFor(t, `"msg":"component running"`)
+			p.Signal(t, syscall.SIGTERM)
 			if c.signals == 2 {
-				waitFor(`"msg":"stopping test"`)
-				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-					t.Fatal(err)
-				}
+				p.WaitFor(t, `"msg":"stopping test"`)
+				p.Signal(t, syscall.SIGTERM)
 			}
-			waitFor(c.wantLog)
-			for range lines { // the rest, until the pipe closes
-			}
-			select {
-			case err := <-exited:
-				code := 0
-				var ee *exec.ExitError
-				if errors.As(err, &ee) {
-					code = ee.ExitCode()
-				} else if err != nil {
-					t.Fatal(err)
-				}
-				if code != c.wantCode {
-					t.Fatalf("exit code %d, want %d; the service said:\n%s", code, c.wantCode, log.String())
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("still running 10s after its last SIGTERM; the service said:\n%s", log.String())
+			p.WaitFor(t, c.wantLog)
+			if code := p.ExitCode(t, 10*time.Second); code != c.wantCode {
+				t.Fatalf("exit code %d, want %d; the service said:\n%s", code, c.wantCode, p.Log())
 			}
 		})
 	}

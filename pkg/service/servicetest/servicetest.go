@@ -1,6 +1,7 @@
 // Package servicetest starts a service in-process for a test, the one way
 // every service's tests do: run in a goroutine, wait until its HTTP server
-// listens, stop it (as SIGTERM would) when the test ends.
+// listens, stop it (as SIGTERM would) when the test ends. A test of real
+// signals runs a command as a child process instead (StartProcess).
 package servicetest
 
 import (
