@@ -19,11 +19,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"sort"
 	"strings"
-	"syscall"
+
+	// Aliased: the chaos test's service is a service binary it runs.
+	pkgservice "github.com/snipdev/snip/pkg/service"
 )
 
 // Env is what a command gets: configuration, output streams and a logger.
@@ -63,10 +64,11 @@ func main() {
 }
 
 // mainCode is main with its exit status returned, so that deferred work
-// (the signal handler, a CPU profile) is done before the process exits.
+// (a CPU profile) is done before the process exits. Ctrl-C ends the
+// command early; a second Ctrl-C exits at once, abandoning what it had not
+// written yet, the profile included.
 func mainCode() int {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	ctx := pkgservice.SignalContext("loadtest")
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// LOADTEST_CPUPROFILE=<file> profiles the generator itself: on the same
 	// cores as the system it loads, its own cost per click is part of every

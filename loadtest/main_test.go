@@ -37,7 +37,12 @@ import (
 
 var servers *testenv.Servers
 
-func TestMain(m *testing.M) { os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse())) }
+func TestMain(m *testing.M) {
+	if os.Getenv(signalChild) != "" {
+		mainThatHangs() // a child of TestSecondSignalEndsAStopThatHangs
+	}
+	os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse()))
+}
 
 // testKey is the run owner's API key (one the services' owner bootstrap takes).
 const testKey = "snip_test_key_0123456789abcdef"

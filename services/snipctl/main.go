@@ -13,10 +13,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
-	"syscall"
+
+	"github.com/snipdev/snip/pkg/service"
 )
 
 // Env is what a command gets: configuration, output streams and a logger.
@@ -54,8 +54,9 @@ var errUsage = errors.New("usage")
 var errUsageShown = fmt.Errorf("%w (shown above)", errUsage)
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// Ctrl-C stops the command (the demo stops every service, each within
+	// 30 s); a second Ctrl-C exits at once.
+	ctx := service.SignalContext("snipctl")
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
 		fmt.Fprintln(os.Stderr, "snipctl:", err)

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(verdictEnv); v != "" {
 		mainWithVerdict(v) // a child of TestScenarioRunExitStatus
 	}
+	if os.Getenv(signalChild) != "" {
+		mainThatHangs() // a child of TestSecondSignalEndsAStopThatHangs
+	}
 	code := testenv.Main(m, &servers, testenv.WithRedis())
 	for _, dir := range []string{built.dir, allBuilt.dir} {
 		if dir != "" {
