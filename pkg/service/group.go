@@ -93,12 +93,37 @@ func (g *Group) Drain(nc *nats.Conn) { g.conns = append(g.conns, nc) }
 // NATS connects as cfg says, in a connection named name (natsconn.Connect:
 // it connects in the background when the server is not up yet), calls
 // cfg.Connected, and drains the connection in the third stage.
+//
+// A connection closed before the service stops fails the service (an
+// Intake component, "nats <name>", returns an error naming why): nats.go
+// reconnects forever, but closes a connection for good on some errors from
+// the server (a control line over its limit, an error it does not know),
+// and a service left with it would run on, never ready, until restarted.
+// Failing lets the orchestrator restart it.
 func (g *Group) NATS(cfg NATS, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := natsconn.Connect(cfg.Conn(name), g.log, append(slices.Clone(cfg.Options), opts...)...)
 	if err != nil {
 		return nil, nil, err
 	}
 	g.Drain(nc)
+	closed := nc.StatusChanged(nats.CLOSED)
+	g.Go(Intake, "nats "+name, func(ctx context.Context) error {
+		defer nc.RemoveStatusListener(closed)
+		if !nc.IsClosed() { // closed before the listener was there: no event
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-closed:
+			}
+		}
+		if ctx.Err() != nil { // closed by the stop
+			return nil
+		}
+		if err := nc.LastError(); err != nil {
+			return fmt.Errorf("connection closed for good, it will not reconnect: %w", err)
+		}
+		return errors.New("connection closed for good, it will not reconnect")
+	})
 	if cfg.Connected != nil {
 		cfg.Connected(nc)
 	}

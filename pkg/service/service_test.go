@@ -10,10 +10,12 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/natsconn"
@@ -385,6 +387,58 @@ func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
 		if got := Mask(in, false); got != want {
 			t.Errorf("Mask(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// A NATS connection the server closes for good (nats.go does not reconnect
+// after some server errors, here a control line over the server's limit,
+// whatever MaxReconnects says) stops the service with an error that names
+// the connection and why, instead of leaving it up, never ready, for ever.
+func TestNATSClosedForGoodStopsTheService(t *testing.T) {
+	t.Parallel()
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := testenv.NATSOptions(port, t.TempDir())
+	opts.JetStream = false
+	opts.MaxControlLine = 1024
+	srv, err := testenv.RunNATSServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var conn atomic.Pointer[nats.Conn]
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, discard, "test", testConfig{Base: Base{ShutdownTimeout: 5 * time.Second}, NATS: NATS{URL: url}}, func(ctx context.Context, g *Group) error {
+			nc, _, err := g.NATS(NATS{URL: url}, "test")
+			if err != nil {
+				return err
+			}
+			conn.Store(nc)
+			g.Go(Intake, "oversized publish", func(ctx context.Context) error {
+				if err := nc.Publish(strings.Repeat("s", 2048), nil); err != nil {
+					return err
+				}
+				<-ctx.Done()
+				return nil
+			})
+			return nil
+		})
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "nats test: connection closed for good") ||
+			!strings.Contains(strings.ToLower(err.Error()), "maximum control line exceeded") {
+			t.Fatalf("Run = %v, want the connection named, closed for good, with the server's error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the service still runs 30s after the server closed its NATS connection (status %s, last error %v)",
+			conn.Load().Status(), conn.Load().LastError())
 	}
 }
 
