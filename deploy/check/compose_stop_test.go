@@ -14,9 +14,10 @@ import (
 // Docker sends SIGTERM at a stop and SIGKILL once the service's
 // stop_grace_period has passed (10 s when it sets none). Every long-running
 // Snip service is given longer than its SHUTDOWN_TIMEOUT (the value compose
-// sets, else its config.go's default), so its graceful stop is not cut
-// short by the kill: a killed consumer leaves its batch in hand to be
-// delivered again, a killed redirect its outbox to the next start.
+// sets, else its config.go's default) plus its SHUTDOWN_READY_DELAY (where
+// compose sets one), so its graceful stop is not cut short by the kill: a
+// killed consumer leaves its batch in hand to be delivered again, a killed
+// redirect its outbox to the next start.
 func TestComposeStopGraceOutlastsTheShutdownTimeout(t *testing.T) {
 	eachCompose(t, stopGraceOutlastsTheShutdownTimeout)
 }
@@ -42,12 +43,22 @@ func stopGraceOutlastsTheShutdownTimeout(t *testing.T, file string) {
 			}
 			timeout = d
 		}
+		// The HTTP server takes connections for SHUTDOWN_READY_DELAY
+		// (default 0) before the first stage can end.
+		if v := svc.Environment["SHUTDOWN_READY_DELAY"]; v != nil {
+			d, err := time.ParseDuration(*v)
+			if err != nil {
+				t.Errorf("%s: SHUTDOWN_READY_DELAY %q: %v", name, *v, err)
+				continue
+			}
+			timeout += d
+		}
 		grace := 10 * time.Second // Docker's default
 		if svc.StopGracePeriod != nil {
 			grace = time.Duration(*svc.StopGracePeriod)
 		}
 		if grace <= timeout {
-			t.Errorf("%s: stop_grace_period %s, not longer than its SHUTDOWN_TIMEOUT %s: Docker kills it before its graceful stop may end", name, grace, timeout)
+			t.Errorf("%s: stop_grace_period %s, not longer than its SHUTDOWN_TIMEOUT (plus SHUTDOWN_READY_DELAY) %s: Docker kills it before its graceful stop may end", name, grace, timeout)
 		}
 		checked++
 	}

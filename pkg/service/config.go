@@ -30,6 +30,11 @@ type Base struct {
 	HTTPAddr string `env:"HTTP_ADDR"`
 	// ShutdownTimeout bounds each stage of a graceful stop (Run).
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT"`
+	// ShutdownReadyDelay is how long the HTTP server keeps taking new
+	// connections once the stop has begun, while /readyz answers 503
+	// (Group.HTTP): time for a load balancer's readiness probe to take the
+	// instance out before its listener closes. 0 closes it at once.
+	ShutdownReadyDelay time.Duration `env:"SHUTDOWN_READY_DELAY"`
 	// PprofAddr, if set, serves net/http/pprof there (Main only), apart
 	// from HTTPAddr: for profiling under load, on a loopback address.
 	PprofAddr string `env:"PPROF_ADDR"`
@@ -129,7 +134,7 @@ func (t Topology) Options() topology.Options {
 // set keeps the value cfg has, else its envDefault. So a service passes its
 // own defaults of HTTP_ADDR and SHUTDOWN_TIMEOUT in cfg. The blocks' own
 // values are checked before validate runs: SHUTDOWN_TIMEOUT more than 0,
-// and a topology that topology.Apply accepts. Errors begin with
+// SHUTDOWN_READY_DELAY not negative, and a topology that topology.Apply accepts. Errors begin with
 // "load config:" and name the variable, not the Go field.
 func LoadConfig[C any](environ []string, cfg C, validate func(*C) error) (C, error) {
 	var zero C
@@ -162,6 +167,9 @@ func checkBlocks(cfg any) error {
 	if b, ok := cfg.(interface{ base() Base }); ok {
 		if d := b.base().ShutdownTimeout; d <= 0 {
 			return fmt.Errorf("SHUTDOWN_TIMEOUT %s: want more than 0", d)
+		}
+		if d := b.base().ShutdownReadyDelay; d < 0 {
+			return fmt.Errorf("SHUTDOWN_READY_DELAY %s: want 0 or more", d)
 		}
 	}
 	if t, ok := cfg.(interface{ topologyBlock() Topology }); ok {

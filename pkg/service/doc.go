@@ -20,8 +20,9 @@
 //		})
 //	}
 //
-// Run stops a service in four stages, each bounded: stop intake (HTTP
-// servers, consumers: they finish and ack what they hold), finish in-flight
+// Run stops a service in four stages, each bounded: stop intake (/readyz
+// fails at once; HTTP servers, after SHUTDOWN_READY_DELAY, and consumers
+// finish and ack what they hold), finish in-flight
 // work (buffers written out, background loops), drain NATS within
 // SHUTDOWN_TIMEOUT, close the stores. Tests call run with a Config literal
 // and learn the HTTP address from Base.Ready (package servicetest).

@@ -63,7 +63,7 @@ func ExampleLogValue() {
 		exampleConfig{Base: service.Base{HTTPAddr: ":8099", ShutdownTimeout: 10 * time.Second}}, nil)
 	fmt.Println(service.LogValue(cfg))
 	// Output:
-	// [log_level=INFO http_addr=:8099 shutdown_timeout=10s pprof_addr= redis_url=redis://app:***@redis:6379/0 example_token=*** example_batch_size=100 example_linger=1s]
+	// [log_level=INFO http_addr=:8099 shutdown_timeout=10s shutdown_ready_delay=0s pprof_addr= redis_url=redis://app:***@redis:6379/0 example_token=*** example_batch_size=100 example_linger=1s]
 }
 
 // Mask is the one masker of logged configuration.

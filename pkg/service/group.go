@@ -49,6 +49,13 @@ type Group struct {
 	steps      [2][]step
 	conns      []*nats.Conn
 	closers    []step
+
+	// webs are the servers HTTP serves; stopOnce marks them stopping when
+	// the stop begins, at stopBegan.
+	mu        sync.Mutex
+	webs      []*webserver.Server
+	stopOnce  sync.Once
+	stopBegan time.Time
 }
 
 type component struct {
@@ -185,11 +192,50 @@ func checkEviction(ctx context.Context, log *slog.Logger, rdb redis.UniversalCli
 
 // HTTP is the component that serves web at HTTPAddr, calls Ready once it
 // listens, and when told to stop, stops taking connections and lets
-// requests in flight finish within ShutdownTimeout.
+// requests in flight finish within ShutdownTimeout. From the moment the
+// stop begins (whatever the component's stage), web's /readyz answers 503
+// (webserver.Server.Stopping), and the listener stays open until
+// ShutdownReadyDelay has passed since then: a load balancer probing
+// /readyz stops sending new connections before they would be refused.
 func (g *Group) HTTP(web *webserver.Server) func(ctx context.Context) error {
+	g.mu.Lock()
+	g.webs = append(g.webs, web)
+	g.mu.Unlock()
 	return func(ctx context.Context) error {
-		return web.Serve(ctx, g.base.HTTPAddr, g.base.Ready, g.base.ShutdownTimeout)
+		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopServing()
+		go func() {
+			select {
+			case <-serveCtx.Done(): // Serve returned: it failed
+				return
+			case <-ctx.Done():
+			}
+			if d := time.Until(g.beginStop().Add(g.base.ShutdownReadyDelay)); d > 0 {
+				t := time.NewTimer(d)
+				defer t.Stop()
+				select {
+				case <-serveCtx.Done():
+				case <-t.C:
+				}
+			}
+			stopServing()
+		}()
+		return web.Serve(serveCtx, g.base.HTTPAddr, g.base.Ready, g.base.ShutdownTimeout)
 	}
+}
+
+// beginStop marks every server HTTP serves as stopping, the first time it
+// is called, and returns when that was.
+func (g *Group) beginStop() time.Time {
+	g.stopOnce.Do(func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.stopBegan = time.Now()
+		for _, w := range g.webs {
+			w.Stopping()
+		}
+	})
+	return g.stopBegan
 }
 
 // NATSReady is a readiness check: the connection is up. When it is not, it
@@ -219,9 +265,11 @@ func RedisReady(rdb redis.UniversalClient) webserver.Check {
 // runs them until ctx ends or one of them fails. Then it stops in four
 // stages, each bounded:
 //
-//  1. stop intake: the OnStop(Intake) steps, then the Intake components are
-//     told to stop (the HTTP server finishes requests in flight, consumers
-//     finish and ack the batch in hand), and Run waits for them;
+//  1. stop intake: every HTTP server's /readyz answers 503, the
+//     OnStop(Intake) steps run, then the Intake components are told to stop
+//     (the HTTP server takes connections for ShutdownReadyDelay more, then
+//     finishes requests in flight; consumers finish and ack the batch in
+//     hand), and Run waits for them;
 //  2. finish in-flight work: the OnStop(Work) steps, then the Work
 //     components are told to stop, and Run waits for them;
 //  3. drain NATS: every connection, each within ShutdownTimeout;
@@ -264,6 +312,7 @@ func Run(ctx context.Context, log *slog.Logger, name string, cfg Config, setup f
 		}
 	}
 	<-intakeCtx.Done()
+	g.beginStop()
 	log.Info("stopping " + name)
 	g.stop([]func(){stopIntake, stopWork}, wgs[:])
 	log.Info(name + " stopped")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -39,7 +40,8 @@ var discard = slog.New(slog.DiscardHandler)
 // A value of a block's variable that no service can run with is refused
 // when the configuration is loaded, naming the variable, rather than
 // running with it: a SHUTDOWN_TIMEOUT of 0 or less would end every stage
-// of the stop at once, and a topology that topology.Apply refuses would be
+// of the stop at once, a negative SHUTDOWN_READY_DELAY means nothing, and a
+// topology that topology.Apply refuses would be
 // retried at start for ever.
 func TestLoadConfigRefusesBlockValuesNoServiceRunsWith(t *testing.T) {
 	t.Parallel()
@@ -55,6 +57,7 @@ func TestLoadConfigRefusesBlockValuesNoServiceRunsWith(t *testing.T) {
 		{"SHUTDOWN_TIMEOUT=0s", "load config: SHUTDOWN_TIMEOUT 0s: want more than 0"},
 		{"SHUTDOWN_TIMEOUT=-5s", "load config: SHUTDOWN_TIMEOUT -5s: want more than 0"},
 		{"SHUTDOWN_TIMEOUT=5", "load config: SHUTDOWN_TIMEOUT: unable to parse duration"},
+		{"SHUTDOWN_READY_DELAY=-1s", "load config: SHUTDOWN_READY_DELAY -1s: want 0 or more"},
 		{"SNIP_PARTITIONS=0", "load config: SNIP_PARTITIONS 0: want 1..1024"},
 		{"SNIP_REPLICAS=-1", "load config: SNIP_REPLICAS -1: want 1..5"},
 		{"SNIP_CLICKS_MAX_AGE=-1h", "load config: SNIP_CLICKS_MAX_AGE -1h0m0s: want at least"},
@@ -387,6 +390,79 @@ func TestMaskHidesPasswordsWithURLDelimiters(t *testing.T) {
 		if got := Mask(in, false); got != want {
 			t.Errorf("Mask(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// An instance that stops behind a load balancer fails its readiness probe
+// first: from the stop on, /readyz answers 503 "stopping" on new
+// connections, which the listener takes for SHUTDOWN_READY_DELAY, so that
+// the balancer takes the instance out before connections are refused;
+// then the listener closes and the stop goes on.
+func TestReadyzFailsBeforeTheListenerCloses(t *testing.T) {
+	t.Parallel()
+	const delay = 2 * time.Second
+	web := webserver.New(discard, prometheus.NewRegistry())
+	addrs := make(chan string, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	cfg := testConfig{Base: Base{HTTPAddr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second, ShutdownReadyDelay: delay,
+		Ready: func(a string) { addrs <- a }}}
+	go func() {
+		done <- Run(ctx, discard, "test", cfg, func(ctx context.Context, g *Group) error {
+			g.Go(Intake, "http", g.HTTP(web))
+			return nil
+		})
+	}()
+	var addr string
+	select {
+	case addr = <-addrs:
+	case err := <-done:
+		t.Fatalf("Run returned at start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the HTTP server did not listen within 30s")
+	}
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	readyz := func() (int, string, error) { // on a new connection each time
+		resp, err := client.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	if code, body, err := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz before the stop = %d %s %v, want 200", code, body, err)
+	}
+	stopped := time.Now()
+	cancel()
+	for {
+		code, body, err := readyz()
+		if err != nil {
+			t.Fatalf("%s after the stop began, /readyz: %v: the listener closed before readiness failed", time.Since(stopped), err)
+		}
+		if code == http.StatusServiceUnavailable && strings.Contains(body, `"stopping"`) {
+			break
+		}
+		if time.Since(stopped) > delay/2 {
+			t.Fatalf("/readyz %s after the stop began = %d %s, want 503 stopping", time.Since(stopped), code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+		if took := time.Since(stopped); took < delay {
+			t.Fatalf("the stop took %s, less than SHUTDOWN_READY_DELAY %s", took, delay)
+		}
+	case <-time.After(delay + 30*time.Second):
+		t.Fatalf("Run still running %s after the stop began", delay+30*time.Second)
+	}
+	if _, _, err := readyz(); err == nil {
+		t.Fatal("the listener still takes connections after Run returned")
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -38,6 +39,8 @@ type Server struct {
 
 	mu     sync.Mutex
 	checks map[string]Check
+	// stopping, once set (Stopping), makes /readyz answer 503.
+	stopping atomic.Bool
 }
 
 // New builds the echo instance, registers Go runtime and process collectors
@@ -72,7 +75,18 @@ func (s *Server) AddReadiness(name string, c Check) {
 	s.checks[name] = c
 }
 
+// Stopping makes /readyz answer 503, {"stopping": "the service is
+// stopping"}, from now on, without running the checks: a load balancer
+// that probes it sends no new connections to an instance that is going
+// away, while the server still serves what it is sent (service.Group.HTTP
+// calls it when the stop begins). /healthz still answers 200: the process
+// is not broken.
+func (s *Server) Stopping() { s.stopping.Store(true) }
+
 func (s *Server) readyz(c echo.Context) error {
+	if s.stopping.Load() {
+		return c.JSON(http.StatusServiceUnavailable, map[string]string{"stopping": "the service is stopping"})
+	}
 	s.mu.Lock()
 	names := make([]string, 0, len(s.checks))
 	for n := range s.checks {

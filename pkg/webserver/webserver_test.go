@@ -181,3 +181,27 @@ func TestProbesAnswerHEAD(t *testing.T) {
 		}
 	}
 }
+
+// Once the server is stopping, /readyz answers 503 "stopping" whatever its
+// checks say, and /healthz still 200: the process is going away, not
+// broken.
+func TestReadyzAnswers503OnceStopping(t *testing.T) {
+	t.Parallel()
+	s := webserver.New(slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	s.AddReadiness("ok", func(context.Context) error { return nil })
+	get := func(path string) (int, string) {
+		rec := httptest.NewRecorder()
+		s.Echo.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz before Stopping = %d %s, want 200", code, body)
+	}
+	s.Stopping()
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"stopping":"the service is stopping"`) {
+		t.Errorf("/readyz once stopping = %d %s, want 503 saying it is stopping", code, body)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz once stopping = %d %s, want 200", code, body)
+	}
+}
