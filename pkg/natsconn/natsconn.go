@@ -2,7 +2,10 @@
 // the same reconnect policy and logging everywhere: it connects even when the
 // server is not up yet, reconnects forever (through refused credentials
 // too), and logs each disconnect and reconnect once. A service that must
-// keep working without NATS (the redirect service) relies on both.
+// keep working without NATS (the redirect service) relies on both. A few
+// server errors (a control line over the server's limit, an error nats.go
+// does not know) still close the connection for good; a service's
+// connection so closed stops the service (service.Group.NATS).
 package natsconn
 
 import (
