@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -235,11 +236,9 @@ func TestMalformedURLErrorNamesTheEntryAndHidesThePassword(t *testing.T) {
 // until someone restarted it. Each refusal is logged.
 func TestReconnectsOnceTheServerAcceptsTheCredentialsAgain(t *testing.T) {
 	t.Parallel()
-	port, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := testenv.NATSOptions(port, t.TempDir())
+	// The server binds a port of the kernel's choosing: one drawn free
+	// and bound later can be taken in between by another test binary.
+	opts := testenv.NATSOptions(server.RANDOM_PORT, t.TempDir())
 	opts.JetStream = false
 	opts.Users = []*server.User{{Username: "app", Password: "right"}}
 	srv, err := testenv.RunNATSServer(opts)
@@ -247,9 +246,10 @@ func TestReconnectsOnceTheServerAcceptsTheCredentialsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
+	opts.Port = srv.Addr().(*net.TCPAddr).Port // a reload keeps the port
 	var refusals atomic.Int64
 	log := slog.New(countHandler{Handler: slog.DiscardHandler, n: &refusals, text: "authorization violation"})
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	url := srv.ClientURL()
 	nc, err := natsconn.Connect(natsconn.Config{URL: url, Name: "auth-test", User: "app", Password: "right"}, log)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -472,11 +471,9 @@ func TestReadyzFailsBeforeTheListenerCloses(t *testing.T) {
 // the connection and why, instead of leaving it up, never ready, for ever.
 func TestNATSClosedForGoodStopsTheService(t *testing.T) {
 	t.Parallel()
-	port, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := testenv.NATSOptions(port, t.TempDir())
+	// The server binds a port of the kernel's choosing: one drawn free
+	// and bound later can be taken in between by another test binary.
+	opts := testenv.NATSOptions(server.RANDOM_PORT, t.TempDir())
 	opts.JetStream = false
 	opts.MaxControlLine = 1024
 	srv, err := testenv.RunNATSServer(opts)
@@ -484,7 +481,7 @@ func TestNATSClosedForGoodStopsTheService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	url := srv.ClientURL()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var conn atomic.Pointer[nats.Conn]
@@ -523,11 +520,9 @@ func TestNATSClosedForGoodStopsTheService(t *testing.T) {
 // connection to no handler, so nothing else says why the service waits.
 func TestNATSReadySaysWhyItIsNotConnected(t *testing.T) {
 	t.Parallel()
-	port, err := testenv.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := testenv.NATSOptions(port, t.TempDir())
+	// The server binds a port of the kernel's choosing: one drawn free
+	// and bound later can be taken in between by another test binary.
+	opts := testenv.NATSOptions(server.RANDOM_PORT, t.TempDir())
 	opts.JetStream = false
 	opts.Users = []*server.User{{Username: "app", Password: "right"}}
 	srv, err := testenv.RunNATSServer(opts)
@@ -535,7 +530,7 @@ func TestNATSReadySaysWhyItIsNotConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := natsconn.Connect(NATS{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), User: "app", Password: "wrong"}.Conn("test"), discard)
+	nc, err := natsconn.Connect(NATS{URL: srv.ClientURL(), User: "app", Password: "wrong"}.Conn("test"), discard)
 	if err != nil {
 		t.Fatal(err)
 	}
