@@ -31,9 +31,10 @@
 //
 // A letter's headers and payload are the word of whoever published it, and
 // each service's NATS user may publish its own dead.<source>.>. So Redrive
-// sends a letter only where its source parks: PREVIEW_JOBS from preview,
-// LINKS and FRAUD_VERDICTS from the click counter, nothing to FRAUD; a
-// click from the outbox relay as it is (only the redirect's user may publish
+// sends a letter only where its source parks: PREVIEW_JOBS from preview and
+// the outbox relay, LINKS from the click counter and the relay,
+// FRAUD_VERDICTS from the click counter, nothing to FRAUD; a click from the
+// outbox relay as it is (only the redirect's user may publish
 // dead.outbox.>), and a click from a consumer group only as the copy of the
 // click CLICKS still holds at the letter's sequence, with the letter's
 // subject and payload. A planted click (a group's user making one up, or
@@ -300,20 +301,20 @@ func (l Letter) RedriveSubject() (string, error) {
 	switch {
 	case l.Stream == "" || l.OrigSubject == "":
 		return "", fmt.Errorf("dead letter %d has no %s/%s headers: %w", l.Seq, events.HeaderDeadSource, events.HeaderDeadSubject, ErrNotRedrivable)
-	case l.Stream == events.ClicksStream && l.Source != OutboxSource:
-		// A consumer group's letter: a click stored in CLICKS, under its
-		// partition, at the sequence the letter names (RedriveLetter reads
-		// it there).
-		if events.PartitionOf(l.OrigSubject) < 0 {
-			return "", fmt.Errorf("dead letter %d of %q: %q is not a CLICKS partition's click subject: %w", l.Seq, l.Source, l.OrigSubject, ErrNotRedrivable)
-		}
-		if l.OrigSeq == 0 {
-			return "", fmt.Errorf("dead letter %d of %q names no CLICKS sequence (only the outbox relay parks a click that never reached CLICKS): %w", l.Seq, l.Source, ErrNotRedrivable)
-		}
-		return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
 	case l.Stream == events.ClicksStream:
+		// A consumer group's letter is of a click stored in CLICKS, under
+		// its partition, at the sequence the letter names (RedriveLetter
+		// reads it there); only the outbox relay parks a click that never
+		// reached CLICKS.
+		group := l.Source != OutboxSource
 		if events.PartitionOf(l.OrigSubject) >= 0 {
+			if group && l.OrigSeq == 0 {
+				return "", fmt.Errorf("dead letter %d of %q names no CLICKS sequence (only the outbox relay parks a click that never reached CLICKS): %w", l.Seq, l.Source, ErrNotRedrivable)
+			}
 			return l.OrigSubject[strings.IndexByte(l.OrigSubject, '.')+1:], nil
+		}
+		if group {
+			return "", fmt.Errorf("dead letter %d of %q: %q is not a CLICKS partition's click subject: %w", l.Seq, l.Source, l.OrigSubject, ErrNotRedrivable)
 		}
 		if t := strings.Split(l.OrigSubject, "."); len(t) == 3 && t[0] == "clicks" && events.ValidToken(t[1]) && events.ValidToken(t[2]) {
 			return l.OrigSubject, nil

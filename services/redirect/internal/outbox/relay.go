@@ -142,7 +142,8 @@ return 0`)
 // relayed, only while the caller holds the shard's lease: KEYS[1] lease,
 // KEYS[2] outbox, ARGV[1] token, ARGV[2] the first ID to keep (the one right
 // after the batch's last), ARGV[3] the event ID of the batch's first entry,
-// ARGV[4] the batch's last ID, ARGV[5] its event ID. It returns {-1} when
+// ARGV[4] the batch's last ID, ARGV[5] its event ID, ARGV[6] the entry
+// field holding the event ID (fieldID). It returns {-1} when
 // the lease is not the caller's, {n, 0} after trimming n entries, and
 // {0, 1} when it deleted nothing because the lane is not as the batch read
 // it.
@@ -175,7 +176,7 @@ local function eventID(r)
   if not e then return nil end
   local f = e[2]
   for i = 1, #f, 2 do
-    if f[i] == 'id' then return f[i+1] end
+    if f[i] == ARGV[6] then return f[i+1] end
   end
   return ''
 end
@@ -632,7 +633,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	res, err := fencedTrimScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)},
-		lease.token, keep, batch[0].e.ID, ids[len(ids)-1], batch[len(ids)-1].e.ID).Int64Slice()
+		lease.token, keep, batch[0].e.ID, ids[len(ids)-1], batch[len(ids)-1].e.ID, fieldID).Int64Slice()
 	if err == nil && len(res) == 0 {
 		err = errors.New("empty reply")
 	}
@@ -721,14 +722,14 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err := deadletter.Publish(pctx, r.js, deadletter.Parcel{
-		Source:   deadSource,
+		Source:   deadletter.OutboxSource,
 		Reason:   why,
 		Stream:   lane.Stream,
 		Subject:  e.Subject,
 		Position: e.StreamID,
 		Attempts: 1,
 		Error:    cause.Error(),
-		Consumer: deadSource,
+		Consumer: deadletter.OutboxSource,
 		Data:     []byte(e.Data),
 	})
 	if err == nil {
@@ -744,9 +745,6 @@ func (r *Relay) park(ctx context.Context, shard int, lane Lane, e Entry, cause e
 	}
 	return why, nil
 }
-
-// deadSource is the relay's dead-letter source token: dead.outbox.<reason>.
-const deadSource = deadletter.OutboxSource
 
 func truncate(s string, n int) string {
 	if len(s) <= n {
