@@ -107,10 +107,10 @@ func (t Topology) topologyBlock() Topology { return t }
 // check refuses what topology.Apply would, naming the variable.
 func (t Topology) check() error {
 	switch {
-	case t.Partitions < 1 || t.Partitions > 1024:
-		return fmt.Errorf("SNIP_PARTITIONS %d: want 1..1024", t.Partitions)
-	case t.Replicas < 1 || t.Replicas > 5:
-		return fmt.Errorf("SNIP_REPLICAS %d: want 1..5", t.Replicas)
+	case t.Partitions < 1 || t.Partitions > topology.MaxPartitions:
+		return fmt.Errorf("SNIP_PARTITIONS %d: want 1..%d", t.Partitions, topology.MaxPartitions)
+	case t.Replicas < 1 || t.Replicas > topology.MaxReplicas:
+		return fmt.Errorf("SNIP_REPLICAS %d: want 1..%d", t.Replicas, topology.MaxReplicas)
 	case t.ClicksMaxAge < topology.DefaultClicksDuplicates:
 		return fmt.Errorf("SNIP_CLICKS_MAX_AGE %s: want at least CLICKS' duplicate window, %s", t.ClicksMaxAge, topology.DefaultClicksDuplicates)
 	case t.ClicksMaxBytes == 0 || t.ClicksMaxBytes < -1:

@@ -152,6 +152,13 @@ var ErrReplicasLowered = errors.New("an existing stream has more replicas than a
 // the existing consumer's.
 var ErrConsumerImmutable = errors.New("an existing consumer has a setting the server cannot update in place")
 
+// The ranges Apply accepts for Options.Partitions and Options.Replicas
+// (JetStream replicates a stream on at most 5 servers).
+const (
+	MaxPartitions = 1024
+	MaxReplicas   = 5
+)
+
 // Options are the deployment's choices. The zero value is not valid; start
 // from Defaults().
 type Options struct {
@@ -198,10 +205,10 @@ func Defaults() Options {
 
 func (o Options) validate() error {
 	switch {
-	case o.Partitions < 1 || o.Partitions > 1024:
-		return fmt.Errorf("partitions %d: want 1..1024", o.Partitions)
-	case o.Replicas < 1 || o.Replicas > 5:
-		return fmt.Errorf("replicas %d: want 1..5", o.Replicas)
+	case o.Partitions < 1 || o.Partitions > MaxPartitions:
+		return fmt.Errorf("partitions %d: want 1..%d", o.Partitions, MaxPartitions)
+	case o.Replicas < 1 || o.Replicas > MaxReplicas:
+		return fmt.Errorf("replicas %d: want 1..%d", o.Replicas, MaxReplicas)
 	case o.ClicksMaxAge <= 0:
 		return fmt.Errorf("clicks max age %s: want > 0", o.ClicksMaxAge)
 	case o.ClicksDuplicates <= 0 || o.ClicksDuplicates > o.ClicksMaxAge:
