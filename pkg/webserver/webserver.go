@@ -1,7 +1,10 @@
 // Package webserver is the HTTP shell every Snip service shares: an echo
 // instance with panic recovery and request IDs, the operational endpoints
 // (/healthz, /readyz, /metrics), and Serve, which runs it until the context
-// ends and then shuts it down gracefully under a deadline.
+// ends and then shuts it down gracefully under a deadline. A Listener is
+// bound before the Server exists, serving Starting (the probes, and 503 to
+// everything else) while a service waits for its servers, then the
+// Server's routes on the same connections.
 //
 // It also holds the one error envelope of every Snip API (ErrorBody,
 // {"error": {"code", "message"}}) and the error handler that writes it
@@ -12,10 +15,7 @@ package webserver
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"sync"
@@ -130,38 +130,9 @@ func (s *Server) readyz(c echo.Context) error {
 // stops accepting, waits up to shutdownTimeout for requests in flight, and
 // returns. It returns an error only if listening or serving failed.
 func (s *Server) Serve(ctx context.Context, addr string, ready func(addr string), shutdownTimeout time.Duration) error {
-	ln, err := net.Listen("tcp", addr)
+	l, err := Listen(s.log, addr, s.Handler())
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
+		return err
 	}
-	srv := &http.Server{
-		Handler:           s.Handler(),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       30 * time.Second,
-		WriteTimeout:      30 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    16 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	s.log.Info("http listening", "addr", ln.Addr().String())
-	if ready != nil {
-		ready(ln.Addr().String())
-	}
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve http: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		s.log.Warn("http shutdown incomplete", "err", err)
-		_ = srv.Close()
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve http: %w", err)
-	}
-	return nil
+	return l.Serve(ctx, s, ready, shutdownTimeout)
 }

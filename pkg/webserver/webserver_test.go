@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/snipdev/snip/pkg/webserver"
 )
@@ -203,5 +206,99 @@ func TestReadyzAnswers503OnceStopping(t *testing.T) {
 	}
 	if code, body := get("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz once stopping = %d %s, want 200", code, body)
+	}
+}
+
+// A Listener answers from the moment it is bound: while the service starts,
+// /healthz 200, /readyz 503 saying what it waits for, /metrics, and 503
+// "starting" elsewhere; then the Server's routes, on the same listener and
+// the same keep-alive connection.
+func TestListenerServesStartingThenTheServer(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	status := func() webserver.Startup {
+		return webserver.Startup{WaitingFor: "apply topology", LastError: errors.New("look up stream CLICKS: context deadline exceeded"),
+			Down: map[string]string{"nats test": "nats RECONNECTING: dial tcp 127.0.0.1:4222: connect: connection refused"}}
+	}
+	l, err := webserver.Listen(log, "127.0.0.1:0", webserver.Starting(log, reg, status))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr()
+	var conns atomic.Int32
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+			conns.Add(1)
+			return (&net.Dialer{}).DialContext(ctx, network, a)
+		},
+	}}
+	do := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+addr+path, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := do("GET", "/healthz"); code != 200 {
+		t.Errorf("/healthz while starting = %d %s, want 200", code, body)
+	}
+	if code, _ := do("HEAD", "/healthz"); code != 200 {
+		t.Errorf("HEAD /healthz while starting = %d, want 200", code)
+	}
+	if err := webserver.Probe(addr); err != nil {
+		t.Errorf("Probe while starting: %v", err)
+	}
+	code, body := do("GET", "/readyz")
+	var ready map[string]string
+	if err := json.Unmarshal([]byte(body), &ready); err != nil {
+		t.Fatalf("/readyz body %q: %v", body, err)
+	}
+	want := map[string]string{"starting": "the service is starting", "waiting_for": "apply topology",
+		"last_error": "look up stream CLICKS: context deadline exceeded", "nats test": "nats RECONNECTING: dial tcp 127.0.0.1:4222: connect: connection refused"}
+	if code != 503 || !maps.Equal(ready, want) {
+		t.Errorf("/readyz while starting = %d %v, want 503 %v", code, ready, want)
+	}
+	if code, body := do("GET", "/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics while starting = %d, want 200 with Go metrics", code)
+	}
+	for _, path := range []string{"/api/links", "/"} {
+		code, body := do("POST", path)
+		var e webserver.ErrorBody
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != 503 || e.Error.Code != webserver.CodeStarting || !strings.Contains(e.Error.Message, "(apply topology)") {
+			t.Errorf("POST %s while starting = %d %s, want 503 starting, naming the wait", path, code, body)
+		}
+	}
+
+	s := webserver.New(log, prometheus.NewRegistry())
+	s.Echo.POST("/api/links", func(c echo.Context) error { return c.NoContent(http.StatusCreated) })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	readyAddr := make(chan string, 1)
+	go func() { done <- l.Serve(ctx, s, func(a string) { readyAddr <- a }, 5*time.Second) }()
+	if a := <-readyAddr; a != addr {
+		t.Errorf("ready with %s, want the address bound, %s", a, addr)
+	}
+	if code, body := do("GET", "/readyz"); code != 200 {
+		t.Errorf("/readyz once served = %d %s, want 200", code, body)
+	}
+	if code, body := do("POST", "/api/links"); code != http.StatusCreated {
+		t.Errorf("POST /api/links once served = %d %s, want 201", code, body)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections dialled, want 1: the one kept alive from the start on", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve = %v", err)
+	}
+	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		t.Error("the listener still takes connections after Serve returned")
 	}
 }
