@@ -39,8 +39,13 @@ type Base struct {
 	// from HTTPAddr: for profiling under load, on a loopback address.
 	PprofAddr string `env:"PPROF_ADDR"`
 
+	// Listening, if set, is called with the HTTP listener's address once
+	// Run has bound it, before setup: from then on /healthz answers 200
+	// and /readyz 503, saying what the service waits for (Run).
+	Listening func(addr string) `env:"-"`
 	// Ready, if set, is called with the HTTP server's address once it
-	// accepts connections: tests run a service on 127.0.0.1:0 and wait for it.
+	// serves the service's routes (Group.HTTP): tests run a service on
+	// 127.0.0.1:0 and wait for it.
 	Ready func(addr string) `env:"-"`
 }
 

@@ -20,10 +20,20 @@
 //		})
 //	}
 //
+// Run binds HTTP_ADDR before setup, which may wait minutes for NATS, Redis
+// or ClickHouse (Retry): meanwhile /healthz answers 200, so a liveness
+// probe or the healthcheck subcommand does not restart a process that only
+// waits; /readyz answers 503 with what it waits for (the Retry it is in,
+// that Retry's last error, the NATS connections that are down); every
+// other route answers 503 "starting". Group.HTTP then serves the
+// service's routes on the same listener, and calls Base.Ready.
+//
 // Run stops a service in four stages, each bounded: stop intake (/readyz
 // fails at once; HTTP servers, after SHUTDOWN_READY_DELAY, and consumers
 // finish and ack what they hold), finish in-flight
 // work (buffers written out, background loops), drain NATS within
-// SHUTDOWN_TIMEOUT, close the stores. Tests call run with a Config literal
-// and learn the HTTP address from Base.Ready (package servicetest).
+// SHUTDOWN_TIMEOUT, close the stores. A stop during setup closes the
+// listener at once. Tests call run with a Config literal and learn the
+// HTTP address from Base.Ready once the routes are served (package
+// servicetest), or from Base.Listening once it is bound.
 package service

@@ -50,12 +50,17 @@ type Group struct {
 	conns      []*nats.Conn
 	closers    []step
 
-	// webs are the servers HTTP serves; stopOnce marks them stopping when
-	// the stop begins, at stopBegan.
-	mu        sync.Mutex
-	webs      []*webserver.Server
-	stopOnce  sync.Once
-	stopBegan time.Time
+	// front is the listener Run bound at HTTPAddr before setup, serving
+	// webserver.Starting until the first HTTP component takes it over
+	// (frontTaken). webs are the servers HTTP serves; stopOnce marks them
+	// stopping when the stop begins, at stopBegan.
+	mu         sync.Mutex
+	front      *webserver.Listener
+	frontTaken bool
+	startup    *startup
+	webs       []*webserver.Server
+	stopOnce   sync.Once
+	stopBegan  time.Time
 }
 
 type component struct {
@@ -113,6 +118,9 @@ func (g *Group) NATS(cfg NATS, name string, opts ...nats.Option) (*nats.Conn, je
 		return nil, nil, err
 	}
 	g.Drain(nc)
+	if g.startup != nil {
+		g.startup.opened("nats "+name, nc)
+	}
 	closed := nc.StatusChanged(nats.CLOSED)
 	g.Go(Intake, "nats "+name, func(ctx context.Context) error {
 		defer nc.RemoveStatusListener(closed)
@@ -191,15 +199,23 @@ func checkEviction(ctx context.Context, log *slog.Logger, rdb redis.UniversalCli
 }
 
 // HTTP is the component that serves web at HTTPAddr, calls Ready once it
-// listens, and when told to stop, stops taking connections and lets
-// requests in flight finish within ShutdownTimeout. From the moment the
-// stop begins (whatever the component's stage), web's /readyz answers 503
-// (webserver.Server.Stopping), and the listener stays open until
-// ShutdownReadyDelay has passed since then: a load balancer probing
-// /readyz stops sending new connections before they would be refused.
+// does, and when told to stop, stops taking connections and lets requests
+// in flight finish within ShutdownTimeout. The first HTTP of a service
+// serves on the listener Run bound before setup (the same listener and
+// connections, whose handler changes from the starting one to web's: no
+// connection is refused in between); another binds HTTPAddr itself. From
+// the moment the stop begins (whatever the component's stage), web's
+// /readyz answers 503 (webserver.Server.Stopping), and the listener stays
+// open until ShutdownReadyDelay has passed since then: a load balancer
+// probing /readyz stops sending new connections before they would be
+// refused.
 func (g *Group) HTTP(web *webserver.Server) func(ctx context.Context) error {
 	g.mu.Lock()
 	g.webs = append(g.webs, web)
+	var front *webserver.Listener
+	if !g.frontTaken {
+		front, g.frontTaken = g.front, true
+	}
 	g.mu.Unlock()
 	return func(ctx context.Context) error {
 		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
@@ -220,6 +236,9 @@ func (g *Group) HTTP(web *webserver.Server) func(ctx context.Context) error {
 			}
 			stopServing()
 		}()
+		if front != nil {
+			return front.Serve(serveCtx, web, g.base.Ready, g.base.ShutdownTimeout)
+		}
 		return web.Serve(serveCtx, g.base.HTTPAddr, g.base.Ready, g.base.ShutdownTimeout)
 	}
 }
@@ -260,10 +279,20 @@ func RedisReady(rdb redis.UniversalClient) webserver.Check {
 	return func(ctx context.Context) error { return redisconn.Ping(ctx, rdb) }
 }
 
-// Run is a service's life. It logs cfg (LogValue: secrets masked), calls
-// setup to open clients and add components, starts the components, and
-// runs them until ctx ends or one of them fails. Then it stops in four
-// stages, each bounded:
+// Run is a service's life. It logs cfg (LogValue: secrets masked), binds
+// HTTPAddr (if set; then calls Listening), calls setup to open clients and
+// add components, starts the components, and runs them until ctx ends or
+// one of them fails.
+//
+// While setup runs (it may wait minutes for NATS, Redis or the topology)
+// the listener answers already (webserver.Starting): /healthz 200, so that
+// a liveness probe does not restart a process that only waits; /readyz
+// 503 with what it waits for (the Retry that setup is in, its last
+// failure, the NATS connections that are down); /metrics, the process's; every other route 503 "starting". The
+// first HTTP component then serves the service's routes on the same
+// listener. A service that adds none closes it once setup returns.
+//
+// Then it stops in four stages, each bounded:
 //
 //  1. stop intake: every HTTP server's /readyz answers 503, the
 //     OnStop(Intake) steps run, then the Intake components are told to stop
@@ -275,7 +304,8 @@ func RedisReady(rdb redis.UniversalClient) webserver.Check {
 //  3. drain NATS: every connection, each within ShutdownTimeout;
 //  4. close stores: what Close added, last added first.
 //
-// What setup added is stopped in the same stages when setup fails. Run
+// What setup added is stopped in the same stages when setup fails (the
+// listener closes at once: it was never ready). Run
 // returns setup's error, or every component's error joined, each prefixed
 // with the component's name; nil after a clean stop. An error that wraps
 // the context's own once that context has ended (a Retry or a wait cut
@@ -283,13 +313,19 @@ func RedisReady(rdb redis.UniversalClient) webserver.Check {
 func Run(ctx context.Context, log *slog.Logger, name string, cfg Config, setup func(ctx context.Context, g *Group) error) error {
 	g := &Group{log: log, base: cfg.base()}
 	log.Info("starting "+name, "config", LogValue(cfg))
-	if err := setup(ctx, g); err != nil {
+	setupCtx, err := g.listen(ctx)
+	if err != nil {
+		return err
+	}
+	if err := setup(setupCtx, g); err != nil {
+		g.closeFront(true)
 		g.stop(nil, nil)
 		if stoppedBy(ctx, err) {
 			return nil
 		}
 		return err
 	}
+	g.closeFront(false)
 
 	intakeCtx, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()

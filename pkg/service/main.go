@@ -20,7 +20,8 @@ import (
 //
 //   - `<binary> healthcheck` (the distroless image's Docker HEALTHCHECK,
 //     which has no shell or curl) loads the configuration and exits 0 if the
-//     service answers /healthz at HTTP_ADDR, else 1;
+//     service answers /healthz at HTTP_ADDR (it does from the start, while
+//     it waits for its servers too: Run), else 1;
 //   - otherwise it loads the configuration from the environment and the
 //     arguments (exit 2 when it is wrong), logs JSON to stderr at LOG_LEVEL,
 //     and calls run with a context that ends on SIGINT or SIGTERM; an error

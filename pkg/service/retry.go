@@ -35,7 +35,9 @@ func Retry(ctx context.Context, log *slog.Logger, what string, f func(ctx contex
 // ctx ends, logging each failure as "<what>: retrying". It returns nil, the
 // permanent error, or ctx's error with the last failure, each prefixed with
 // what. Run takes an error that wraps ctx's own, once ctx has ended, for a
-// clean stop, so a caller just returns what Retry returned.
+// clean stop, so a caller just returns what Retry returned. Called with
+// the context Run gives setup, it also tells the service's /readyz, while
+// it starts, what it waits for (what) and the last failure.
 func (b Backoff) Retry(ctx context.Context, log *slog.Logger, what string, f func(ctx context.Context) error) error {
 	d := DefaultBackoff
 	if b.First > 0 {
@@ -49,11 +51,18 @@ func (b Backoff) Retry(ctx context.Context, log *slog.Logger, what string, f fun
 	}
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval, eb.MaxInterval, eb.Multiplier, eb.RandomizationFactor = d.First, d.Max, 2, 0.2
+	st, _ := ctx.Value(startupKey{}).(*startup)
+	if st != nil {
+		defer st.enter(what)()
+	}
 	var last error
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		actx, cancel := context.WithTimeout(ctx, d.Attempt)
 		defer cancel()
 		last = f(actx)
+		if st != nil && last != nil {
+			st.failed(what, last)
+		}
 		return struct{}{}, last
 	}, backoff.WithBackOff(eb), backoff.WithMaxElapsedTime(0), backoff.WithNotify(func(err error, wait time.Duration) {
 		log.Warn(what+": retrying", "err", err, "in", wait.Round(time.Millisecond))

@@ -32,8 +32,9 @@ const (
 )
 
 // Start calls run in a goroutine with a context and the hook to call with
-// the HTTP address once the service listens (the service's Config.Ready),
-// and returns once it was called. It fails the test if run returns first or
+// the HTTP address once the service listens (the service's Config.Ready,
+// called once its routes are served; Config.Listening, called before
+// setup, for a test of the start itself), and returns once it was called. It fails the test if run returns first or
 // the address does not come within StartTimeout. When the test ends the
 // service is stopped; an error it stops with fails the test, unless the
 // test called Stop itself (and judged the error).
