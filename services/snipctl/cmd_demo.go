@@ -570,6 +570,11 @@ func (d *demo) createLinks(ctx context.Context) ([]demoLink, error) {
 		err := waitUntil(ctx, 30*time.Second, func() error {
 			var err error
 			code, resp, err = httpPost(ctx, d.httpClient(), "http://"+d.addr(0)+"/api/links", demoAPIKey, body)
+			if err == nil && code == http.StatusServiceUnavailable {
+				// Starting (its listener answers before Redis does), or
+				// Redis away: try again.
+				return fmt.Errorf("%d %s", code, bytes.TrimSpace(resp))
+			}
 			return err
 		})
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -563,6 +564,29 @@ func TestDemoStartupWaitEndsWithTheStop(t *testing.T) {
 	})
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("createLinks of a stopped demo: err = %v, want context.Canceled", err)
+	}
+}
+
+// A redirect that answers 503 while it starts (its listener answers before
+// it has reached Redis) is asked again: the demo creates its links once the
+// API is served, instead of stopping on the first 503.
+func TestDemoCreatesLinksOnceTheRedirectHasStarted(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":{"code":"starting","message":"the service is starting (wait for redis); try again shortly"}}`))
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer redirect.Close()
+	port := redirect.Listener.Addr().(*net.TCPAddr).Port
+	d := &demo{env: &Env{Stdout: io.Discard, Cfg: Config{Timeout: 5 * time.Second}}, httpBase: port, dir: t.TempDir(), siteURL: "http://127.0.0.1:2"}
+	links, err := d.createLinks(t.Context())
+	if err != nil || len(links) != 5 {
+		t.Fatalf("createLinks = %d links, %v; want 5 once the redirect has started", len(links), err)
 	}
 }
 
