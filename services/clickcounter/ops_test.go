@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -64,6 +67,64 @@ func TestReadyzFollowsRedis(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "not ready while Redis is frozen", func() bool { return ready() == http.StatusServiceUnavailable })
 	r.Resume()
 	testenv.WaitFor(t, 20*time.Second, "ready again", func() bool { return ready() == http.StatusOK })
+}
+
+// A member started while NATS is down answers on HTTP_ADDR at once:
+// /healthz 200 (a liveness probe leaves it be), /readyz 503 saying it
+// waits to apply the topology, the API 503 "starting". Once NATS is up it
+// serves the API on the same address and turns ready.
+func TestStartsAnsweringWhileNATSIsDown(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	s.nats.Stop() // its port is kept: Start brings it back there
+	cfg := s.testConfig("m1")
+	routes := make(chan string, 1)
+	cfg.Ready = func(a string) { routes <- a }
+	log := slog.New(slog.NewJSONHandler(testWriter{t}, nil))
+	svc := servicetest.Start(t, func(ctx context.Context, listening func(string)) error {
+		cfg.Listening = listening
+		return run(ctx, log, cfg)
+	})
+	get := func(path string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, svc.URL()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+acmeKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with NATS down at start = %d %s, want 200", code, body)
+	}
+	var code int
+	var body string
+	if !testenv.Poll(20*time.Second, func() bool { // setup enters the wait a moment after the bind
+		code, body = get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, `"starting"`) &&
+			strings.Contains(body, `"waiting_for":"apply topology"`) && strings.Contains(body, `"nats clickcounter":"nats `)
+	}) {
+		t.Errorf("/readyz with NATS down at start = %d %s, want 503 starting, waiting to apply the topology, NATS down", code, body)
+	}
+	if code, body := get("/api/links/x/stats"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"starting"`) {
+		t.Errorf("the API with NATS down at start = %d %s, want 503 starting", code, body)
+	}
+
+	s.nats.Start()
+	select {
+	case a := <-routes:
+		if a != svc.Addr {
+			t.Errorf("the API served at %s, want where it listened from the start, %s", a, svc.Addr)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the API not served 60s after NATS came up")
+	}
+	testenv.WaitFor(t, 30*time.Second, "ready", func() bool { code, _ := get("/readyz"); return code == http.StatusOK })
+	if _, ok := statsOf(t, svc.Addr, "x"); ok {
+		t.Error("stats of a link nobody clicked")
+	}
 }
 
 func TestLoadConfig(t *testing.T) {
