@@ -24,8 +24,8 @@ func main() { service.Main("preview", loadConfig, run) }
 // run wires the worker and runs it until ctx ends or a component fails;
 // then HTTP and the queue stop together (the queue lets jobs in hand finish
 // within cfg.ShutdownTimeout), NATS drains and Redis closes (service.Run).
-// The topology is applied by the queue's component, so /healthz answers
-// while it waits for NATS.
+// The topology is applied by the queue's component, so the service's own
+// routes and readiness checks (the queue's) answer while it waits for NATS.
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return service.Run(ctx, log, "preview", cfg, func(ctx context.Context, g *service.Group) error {
 		nc, js, err := g.NATS(cfg.NATS, "preview")
