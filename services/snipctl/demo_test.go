@@ -749,3 +749,42 @@ func TestDemoNATSOnAPortTakenSinceTheCheckSaysWhichPort(t *testing.T) {
 		t.Fatalf("start with the monitoring port taken: %v, want a *portInUseError for nats monitoring", err)
 	}
 }
+
+// The webhooks service answers on its port from its start, and 503 to its
+// API until it is ready: the demo registers its receiver once /readyz says
+// so, instead of giving up on the first 503.
+func TestDemoRegistersItsReceiverOnceWebhooksIsReady(t *testing.T) {
+	t.Parallel()
+	var first atomic.Int64 // unix ns of the first request: "starting" for a second after it
+	var posts, refused atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		first.CompareAndSwap(0, time.Now().UnixNano())
+		if time.Since(time.Unix(0, first.Load())) < time.Second {
+			if r.Method == http.MethodPost {
+				refused.Add(1)
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(`{"error":{"code":"starting","message":"the service is starting"}}`))
+			return
+		}
+		switch {
+		case r.URL.Path == "/readyz":
+			w.WriteHeader(http.StatusOK)
+		case r.Method == http.MethodGet:
+			_, _ = w.Write([]byte(`[]`))
+		case r.Method == http.MethodPost:
+			posts.Add(1)
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"ep_1","secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}`))
+		}
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	var out syncBuffer
+	d := &demo{env: &Env{Stdout: &out, Stderr: &out, Cfg: Config{Timeout: 5 * time.Second}}, httpBase: port - 7, dir: t.TempDir()}
+	stop := d.joinWebhooks(t.Context(), []string{"webhooks"})
+	defer stop()
+	if posts.Load() != 1 || refused.Load() != 0 || !strings.Contains(out.String(), "endpoint ep_1 ->") {
+		t.Fatalf("registrations accepted %d, refused as starting %d; want 1 and 0; the demo said:\n%s", posts.Load(), refused.Load(), out.String())
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -36,6 +37,18 @@ func (d *demo) joinWebhooks(ctx context.Context, started []string) func() {
 	go func() { _ = srv.Serve(ln) }()
 	stop := func() { _ = srv.Close() }
 
+	// The service answers on its port from its start, and 503 to its API
+	// until it has reached NATS and Redis: wait for /readyz first, as long
+	// as the demo waits for the redirect's API.
+	if err := waitUntil(ctx, 30*time.Second, func() error {
+		if why := d.notReady(ctx, "webhooks"); why != "" {
+			return errors.New(why)
+		}
+		return nil
+	}); err != nil {
+		d.logf("%-11s could not register the demo receiver: not ready: %v", "webhooks", err)
+		return stop
+	}
 	api := "http://" + d.addr(7) + "/api/webhooks/endpoints"
 	d.removeOldDemoEndpoints(ctx, api)
 	url := "http://" + ln.Addr().String() + demoWebhooksPath
