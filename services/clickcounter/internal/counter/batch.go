@@ -269,11 +269,14 @@ func (c *Counter) build(p int, st State, evs []reader.Event, labels map[string]L
 			continue
 		}
 		id := e.Click.ID
-		if _, ok := seen[id]; ok || dups[id] {
+		// One hash of the ID, not a lookup and then an insert: a batch's
+		// IDs are almost all new.
+		before := len(seen)
+		seen[id] = struct{}{}
+		if len(seen) == before || dups[id] {
 			b.dupID++
 			continue
 		}
-		seen[id] = struct{}{}
 		mark, _ := ParseID(id) // screened
 		l, assumed := LabelOf(e.Click.Bot), Label(0)
 		if v := labels[id]; v != 0 {

@@ -341,9 +341,11 @@ func (d *Delta) Add(c *events.Click, l Label, n int64) {
 	dd.Total.Add(l, n)
 	dd.Hours[t.Hour()].Add(l, n)
 	if !c.Bot && c.Visitor != "" {
-		vk := visitorKey{day: di, v: c.Visitor}
-		if _, ok := d.seen[vk]; !ok {
-			d.seen[vk] = struct{}{}
+		// One hash of the key, not a lookup and then an insert: most of a
+		// batch's visitors are new to their link and day.
+		before := len(d.seen)
+		d.seen[visitorKey{day: di, v: c.Visitor}] = struct{}{}
+		if len(d.seen) > before {
 			d.visitors = append(d.visitors, visitorEntry{v: c.Visitor, next: dd.visitor})
 			dd.visitor = int32(len(d.visitors))
 			dd.NumVisitors++
