@@ -467,3 +467,82 @@ func TestPagePollsDoNotOverlapWhenTheServerIsSlow(t *testing.T) {
 		t.Errorf("the page's update time reads %q (%v), want Updated …", got, err)
 	}
 }
+
+// The live panel comes back by itself after its stream was refused. A
+// browser's EventSource reconnects after a dropped connection, but gives up
+// for good on an answer that is not a stream: a proxy's 502 while the
+// console restarts, the console's 503 when too many pages watch. A real
+// Chromium reads the console through a proxy that answers /api/live with
+// 502 for a while; once it lets the stream through, the page shows clicks
+// published after that, and while it is refused the page does not say it
+// is reconnecting.
+func TestLivePanelComesBackAfterItsStreamWasRefused(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1}
+	var refusing atomic.Bool
+	var refused atomic.Int64
+	refusing.Store(true)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/live" && refusing.Load() {
+			refused.Add(1)
+			http.Error(w, "upstream restarting", http.StatusBadGateway)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	const status = `document.getElementById("live-status").innerText`
+	testenv.WaitFor(t, 30*time.Second, "the page's live stream refused", func() bool { return refused.Load() >= 1 })
+	var said string
+	testenv.WaitFor(t, 10*time.Second, "the live panel saying its stream was refused", func() bool {
+		said = eval(status)
+		return said != "connecting…"
+	})
+	if strings.Contains(said, "reconnecting") {
+		t.Errorf("with its stream refused the live panel says %q; the browser does not reconnect by itself", said)
+	}
+
+	refusing.Store(false)
+	// Clicks keep arriving; one published after the proxy let the stream
+	// through reaches the table.
+	var rows string
+	if !testenv.Poll(45*time.Second, func() bool {
+		consoletest.Publish(t, s.js, consoletest.Click("acme", "back", 0))
+		rows = eval(`String(document.getElementById("live").children.length)`)
+		return rows != "0"
+	}) {
+		t.Errorf("no click reached the live table within 45 s of the stream being let through (status %q, %d refusals)", eval(status), refused.Load())
+	}
+	if got := eval(status); !strings.Contains(got, "watching") {
+		t.Errorf("the live panel's status reads %q after it came back, want the stream's figures", got)
+	}
+}

@@ -332,9 +332,15 @@ function renderWarehouse(j) {
 
 let live = null;
 let lastSeq = 0;
+// livePaused is the operator's Pause; liveRetry the wait before the stream
+// is opened again after the browser gave up on it.
+let livePaused = false;
+let liveRetry = null;
+const LIVE_RETRY_MS = 5000;
 
 function startLive() {
-  live = new EventSource('/api/live');
+  const es = new EventSource('/api/live');
+  live = es;
   live.addEventListener('click', (ev) => {
     const c = JSON.parse(ev.data);
     if (c.seq <= lastSeq) return; // a reconnect sends the recent ones again
@@ -351,11 +357,30 @@ function startLive() {
     document.getElementById('live-status').textContent =
       `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${plural(s.browsers, 'page')} watching`;
   });
-  live.onerror = () => { document.getElementById('live-status').textContent = 'reconnecting…'; };
+  live.onerror = () => {
+    if (es !== live) return; // paused meanwhile
+    if (es.readyState !== EventSource.CLOSED) {
+      document.getElementById('live-status').textContent = 'reconnecting…';
+      return;
+    }
+    // The browser reconnects after a dropped connection, but gives up for
+    // good on an answer that is not a stream (a proxy's 502 while the
+    // console restarts, a 503 when too many pages watch): open it again.
+    stopLive();
+    document.getElementById('live-status').textContent =
+      `the console refused the live clicks; trying again in ${LIVE_RETRY_MS / 1000} s`;
+    liveRetry = setTimeout(() => { liveRetry = null; if (!livePaused) startLive(); }, LIVE_RETRY_MS);
+  };
+}
+
+function stopLive() {
+  if (live) { live.close(); live = null; }
+  if (liveRetry) { clearTimeout(liveRetry); liveRetry = null; }
 }
 
 document.getElementById('live-toggle').addEventListener('click', (ev) => {
-  if (live) { live.close(); live = null; ev.target.textContent = 'Resume'; document.getElementById('live-status').textContent = 'paused'; }
+  livePaused = !livePaused;
+  if (livePaused) { stopLive(); ev.target.textContent = 'Resume'; document.getElementById('live-status').textContent = 'paused'; }
   else { startLive(); ev.target.textContent = 'Pause'; }
 });
 
