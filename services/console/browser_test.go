@@ -546,3 +546,65 @@ func TestLivePanelComesBackAfterItsStreamWasRefused(t *testing.T) {
 		t.Errorf("the live panel's status reads %q after it came back, want the stream's figures", got)
 	}
 }
+
+// The live panel shows the clicks of a CLICKS deleted and created again
+// while it watches, whose sequences start at 1 again: below those the page
+// showed, which it would take for repeats and leave out. A real Chromium
+// watches the live panel through a proxy that adds the token.
+func TestLivePanelShowsACLICKSCreatedAgain(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	// The newest row's link, and the links of every row.
+	const newest = `(document.querySelector("#live tr td:nth-child(4)") || {}).innerText || ""`
+	const links = `Array.from(document.querySelectorAll("#live tr td:nth-child(4)")).map((td) => td.innerText).join(" ")`
+
+	var oldSeqs []uint64
+	testenv.WaitFor(t, 60*time.Second, "the old CLICKS' clicks on the page", func() bool {
+		oldSeqs = append(oldSeqs, consoletest.Publish(t, s.js, consoletest.Clicks("acme", "old", 10)...)...)
+		return eval(newest) == "old"
+	})
+	if err := s.js.DeleteStream(t.Context(), events.ClicksStream); err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), s.js, o); err != nil {
+		t.Fatal(err)
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "new", 5)...)
+	if !testenv.Poll(45*time.Second, func() bool { return eval(newest) == "new" }) {
+		t.Errorf("45 s after CLICKS was created again (its clicks at sequences %v, the old ones up to %d) the live table holds %q, want the new clicks on top",
+			seqs, oldSeqs[len(oldSeqs)-1], eval(links))
+	}
+}

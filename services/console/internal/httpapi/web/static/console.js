@@ -331,7 +331,10 @@ function renderWarehouse(j) {
 // ---- live clicks
 
 let live = null;
+// lastSeq is the newest click shown, of the CLICKS created at lastStream:
+// a CLICKS created again starts its sequences at 1 again.
 let lastSeq = 0;
+let lastStream = null;
 // livePaused is the operator's Pause; liveRetry the wait before the stream
 // is opened again after the browser gave up on it.
 let livePaused = false;
@@ -343,6 +346,7 @@ function startLive() {
   live = es;
   live.addEventListener('click', (ev) => {
     const c = JSON.parse(ev.data);
+    if (c.stream_created !== lastStream) { lastStream = c.stream_created; lastSeq = 0; }
     if (c.seq <= lastSeq) return; // a reconnect sends the recent ones again
     lastSeq = c.seq;
     const rows = document.getElementById('live');
