@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
 )
 
 // from is an HTTP client whose connections come from the loopback address
@@ -200,5 +202,33 @@ func TestASessionPassesBesideAProxysAuthorization(t *testing.T) {
 	}
 	if code, _ := do(t, stranger, http.MethodGet, s.url+"/", nil, basic); code != http.StatusSeeOther {
 		t.Errorf("GET / with Basic credentials and no session: %d, want 303 to /login", code)
+	}
+}
+
+// Behind a trusted proxy an action's log line names the client the proxy
+// forwarded, not only the proxy: every operator behind it has the proxy's
+// address, and "from where" is what the log is for.
+func TestActionsAreLoggedWithTheForwardedClient(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	_, js := consoletest.NATS(t)
+	s := startOn(t, js, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		withToken(c)
+		c.TrustedProxies = []string{"127.0.0.1"}
+	})
+	h := map[string]string{"Authorization": "Bearer " + testToken, "X-Forwarded-For": "198.51.100.7"}
+	do(t, from(t, "127.0.0.1"), http.MethodPost, s.url+"/api/readers/some-group/replay", map[string]any{"from_seq": 1, "confirm": "some-group"}, h)
+	var line string
+	testenv.WaitFor(t, 10*time.Second, "the replay logged", func() bool {
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, `"msg":"console action"`) && strings.Contains(l, `"action":"replay"`) {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(line, `"client":"198.51.100.7"`) {
+		t.Errorf("the action's log line does not name the forwarded client 198.51.100.7: %s", line)
 	}
 }

@@ -244,11 +244,21 @@ func (a *api) audit(c echo.Context, action string, err error, attrs ...any) {
 	}
 	a.actions.WithLabelValues(action, result).Inc()
 	attrs = append(attrs, "action", action, "result", result, "who", c.Get(whoKey), "remote", c.Request().RemoteAddr,
-		"user_agent", c.Request().UserAgent(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		"client", a.client(c.Request()), "user_agent", c.Request().UserAgent(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
 	a.d.Log.Info("console action", attrs...)
+}
+
+// client is the caller's address for the logs: the connection's peer, or
+// behind a trusted proxy the client it forwarded (CONSOLE_TRUSTED_PROXIES),
+// as the guessing limits tell clients apart; "" when it is not an address.
+func (a *api) client(r *http.Request) string {
+	if ip := clientAddr(r, a.auth.cfg.TrustedProxies); ip.IsValid() {
+		return ip.String()
+	}
+	return ""
 }
 
 func (a *api) getReaders(c echo.Context) error {

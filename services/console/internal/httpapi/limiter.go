@@ -117,13 +117,29 @@ func (f *failures) tracked() int {
 // address in X-Forwarded-For that is not a trusted proxy (the entries further
 // left were written by the client, which may write anything).
 func clientOf(r *http.Request, trusted []netip.Prefix) netip.Prefix {
+	ip := clientAddr(r, trusted)
+	if !ip.IsValid() {
+		return netip.Prefix{}
+	}
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// clientAddr is the client's address, as clientOf finds it (the invalid
+// Addr when the connection's is not an address): what the action log
+// names besides the connection's peer.
+func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {
-		return netip.Prefix{}
+		return netip.Addr{}
 	}
 	ip = ip.Unmap()
 	if isTrusted(ip, trusted) {
@@ -139,12 +155,7 @@ func clientOf(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 			}
 		}
 	}
-	bits := 32
-	if ip.Is6() {
-		bits = 64
-	}
-	p, _ := ip.Prefix(bits)
-	return p
+	return ip
 }
 
 func isTrusted(ip netip.Addr, trusted []netip.Prefix) bool {
