@@ -145,7 +145,7 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 	if isTrusted(ip, trusted) {
 		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 		for i := len(hops) - 1; i >= 0; i-- {
-			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			hop, err := forwardedAddr(strings.TrimSpace(hops[i]))
 			if err != nil {
 				break
 			}
@@ -156,6 +156,22 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 		}
 	}
 	return ip
+}
+
+// forwardedAddr is the address of an X-Forwarded-For entry: an address,
+// or an address and port ("198.51.100.7:4711", "[2001:db8::7]:4711"), as
+// some proxies (Azure's Application Gateway) write it. Read as garbage, the
+// client would be the proxy, and every client behind it would share one
+// allowance.
+func forwardedAddr(s string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, nil
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return ap.Addr(), nil
 }
 
 func isTrusted(ip netip.Addr, trusted []netip.Prefix) bool {
