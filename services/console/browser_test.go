@@ -23,11 +23,13 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
 
 // screenshotEnv names the file the browser test writes the console's
@@ -606,5 +608,55 @@ func TestLivePanelShowsACLICKSCreatedAgain(t *testing.T) {
 	if !testenv.Poll(45*time.Second, func() bool { return eval(newest) == "new" }) {
 		t.Errorf("45 s after CLICKS was created again (its clicks at sequences %v, the old ones up to %d) the live table holds %q, want the new clicks on top",
 			seqs, oldSeqs[len(oldSeqs)-1], eval(links))
+	}
+}
+
+// The webhooks panel lists the most troubled endpoints only (at most
+// webhookstate.MaxShown): with more endpoints than that it says how many it
+// shows of how many, and its counts read as people write them. A real
+// Chromium reads the panel of 51 endpoints.
+func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	total := webhookstate.MaxShown + 1
+	for i := range total {
+		id := fmt.Sprintf("ep_%03d", i)
+		s.rdb.SAdd(t.Context(), "snip:wh:endpoints", id)
+		s.rdb.HSet(t.Context(), "snip:wh:{"+id+"}:ep", "cfg", fmt.Sprintf(`{"id":%q,"owner":"acme","url":"https://hooks.acme.example/%d"}`, id, i))
+	}
+	s.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: "snip:wh:{ep_000}:q", Values: []any{"id", "e", "t", "click", "ts", time.Now().UnixNano(), "d", "{}"}})
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	var text, rows string
+	if !testenv.Poll(30*time.Second, func() bool {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		text, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector("#webhooks p").innerText`))
+		rows, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`String(document.querySelectorAll("#webhooks tbody tr").length)`))
+		return rows != "" && rows != "0"
+	}) {
+		t.Fatalf("the webhooks panel never listed the endpoints: %q", text)
+	}
+	want := fmt.Sprintf("%d endpoints, 1 event waiting (the %d most troubled shown)", total, webhookstate.MaxShown)
+	if text != want || rows != strconv.Itoa(webhookstate.MaxShown) {
+		t.Errorf("the webhooks panel says %q over %s rows, want %q over %d", text, rows, want, webhookstate.MaxShown)
 	}
 }

@@ -228,9 +228,11 @@ function renderWebhooks(j) {
   if (!w.total) { show('webhooks', el('p', {class: 'muted'}, 'No webhook endpoints.')); return; }
   const level = (e) => e.status === 'disabled' ? 'alarm' : (e.failing_for_s > 0 ? 'warn' : 'ok');
   show('webhooks',
-    el('p', {}, `${w.total} endpoint(s), ${num(w.backlog)} event(s) waiting`,
-      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${w.disabled} disabled`) : '',
-      w.failing ? el('span', {class: 'lvl-warn'}, `, ${w.failing} failing`) : ''),
+    el('p', {}, `${plural(w.total, 'endpoint')}, ${plural(w.backlog, 'event')} waiting`,
+      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${num(w.disabled)} disabled`) : '',
+      w.failing ? el('span', {class: 'lvl-warn'}, `, ${num(w.failing)} failing`) : '',
+      // The server lists the most troubled ones only.
+      w.endpoints.length < w.total ? ` (the ${num(w.endpoints.length)} most troubled shown)` : ''),
     table(['endpoint', 'owner', 'host', 'status', 'backlog', 'oldest', 'failing for', 'last error'],
       w.endpoints.map((e) => el('tr', {class: 'lvl-' + level(e)},
         el('td', {}, e.id), el('td', {}, e.owner), el('td', {}, e.host), el('td', {title: e.disabled_reason || ''}, e.status),
