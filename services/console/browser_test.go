@@ -660,3 +660,42 @@ func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
 		t.Errorf("the webhooks panel says %q over %s rows, want %q over %d", text, rows, want, webhookstate.MaxShown)
 	}
 }
+
+// The live panel says when the console cannot follow CLICKS (it is not
+// there, say) rather than showing the figures of a quiet stream ("0.0
+// clicks/s on CLICKS"), which an operator reads as traffic having stopped.
+// A real Chromium reads the panel of a console whose NATS has no CLICKS.
+func TestLivePanelSaysWhenItCannotFollowCLICKS(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	js := testenv.StartNATS(t).JetStream(t) // no topology: CLICKS is not there
+	s := startOn(t, js, log(t), withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	var said string
+	if !testenv.Poll(30*time.Second, func() bool {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		said, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.getElementById("live-status").innerText`))
+		return strings.Contains(said, "not following CLICKS") && strings.Contains(said, "stream not found")
+	}) {
+		t.Errorf("with no CLICKS to follow the live panel says %q, want that it is not following CLICKS and why", said)
+	}
+}

@@ -109,6 +109,9 @@ type Hub struct {
 	subs   map[*Subscription]struct{}
 	recent []sse.Event // ring of the last Recent forwarded clicks, oldest first
 	left   time.Time   // when the last browser left
+	// followErr is why the last consumer could not start or ended, until
+	// one starts: the page says it rather than a quiet stream's figures.
+	followErr string
 	// resumeAfter is the last CLICKS sequence the browsers watching when
 	// the consumer stopped had been given (sent, or in their Recent); 0 when
 	// nobody watched then, and the next consumer starts Recent back.
@@ -197,16 +200,23 @@ type Stats struct {
 	Browsers int `json:"browsers"`
 	// Following is true while the consumer runs.
 	Following bool `json:"following"`
+	// Error is why the hub is not following CLICKS while browsers watch
+	// (retried): CLICKS missing, NATS away. Empty while it follows.
+	Error string `json:"error,omitempty"`
 }
 
 // Stats returns the hub's figures now.
 func (h *Hub) Stats() Stats {
 	h.mu.Lock()
-	n := len(h.subs)
+	n, ferr := len(h.subs), h.followErr
 	h.mu.Unlock()
+	following := h.running.Load()
+	if following {
+		ferr = ""
+	}
 	return Stats{
 		Rate: float64frombits(h.rate.Load()), LastSeq: h.lastSeq.Load(), Skipped: h.skipped.Load(),
-		Browsers: n, Following: h.running.Load(),
+		Browsers: n, Following: following, Error: ferr,
 	}
 }
 
@@ -231,6 +241,9 @@ func (h *Hub) Run(ctx context.Context) error {
 			wait = time.Second
 			continue
 		}
+		h.mu.Lock()
+		h.followErr = err.Error()
+		h.mu.Unlock()
 		h.cfg.Logger.Warn("live clicks: following CLICKS failed; retrying", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
@@ -290,6 +303,7 @@ func (h *Hub) follow(ctx context.Context) error {
 		// repeat its clicks or skip the gap for a new browser.
 		h.recent = h.recent[:0]
 	}
+	h.followErr = ""
 	h.mu.Unlock()
 	h.lastSeq.Store(start - 1)
 	h.created.Store(info.Created.UnixNano())

@@ -360,8 +360,11 @@ function startLive() {
   });
   live.addEventListener('status', (ev) => {
     const s = JSON.parse(ev.data);
-    document.getElementById('live-status').textContent =
-      `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${plural(s.browsers, 'page')} watching`;
+    const watching = `${plural(s.browsers, 'page')} watching`;
+    // Not following, the figures are of no stream: say why instead.
+    document.getElementById('live-status').textContent = s.following
+      ? `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${watching}`
+      : (s.error ? `not following CLICKS: ${s.error} (retrying)` : 'starting to follow CLICKS…') + ` · ${watching}`;
   });
   live.onerror = () => {
     if (es !== live) return; // paused meanwhile
