@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/services/console/internal/consoletest"
 )
 
 // from is an HTTP client whose connections come from the loopback address
@@ -155,5 +158,77 @@ func TestRevokedKeyEndsAnOpenOwnerStream(t *testing.T) {
 	}
 	if again, _ := ownerClient(t, s, key, "", ""); again.StatusCode != http.StatusUnauthorized {
 		t.Errorf("reconnect with the revoked key: %d, want 401", again.StatusCode)
+	}
+}
+
+// TestASessionPassesBesideAProxysAuthorization: behind a proxy that asks
+// for its own credentials (nginx's auth_basic, an SSO proxy passing its
+// token on) every request of the operator's browser carries an
+// Authorization header that is not the console's Bearer token. The
+// session cookie still opens the page and the API, however many requests,
+// and such a header is no guess of the token; without a session it opens
+// nothing.
+func TestASessionPassesBesideAProxysAuthorization(t *testing.T) {
+	t.Parallel()
+	const burst = 3
+	s := start(t, func(c *Config) {
+		withToken(c)
+		c.AuthFailureBurst, c.AuthFailureInterval = burst, time.Hour // no refill during the test
+	})
+	browser := from(t, "127.0.0.5")
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	browser.Jar = jar
+	if resp := login(t, browser, s, testToken); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login: %d, want 303", resp.StatusCode)
+	}
+	for _, proxy := range []string{"Basic b3BlcmF0b3I6cHJveHktcGFzc3dvcmQ=", "Bearer an-sso-proxys-own-token-0123456789"} {
+		for i := range 2 * burst {
+			for _, path := range []string{"/", "/api/readers"} {
+				if code, b := do(t, browser, http.MethodGet, s.url+path, nil, map[string]string{"Authorization": proxy}); code != http.StatusOK {
+					t.Fatalf("GET %s %d with the session and Authorization: %s: %d %.200s, want 200", path, i+1, proxy, code, b)
+				}
+			}
+		}
+	}
+
+	// Without the session the proxy's header opens nothing.
+	stranger := from(t, "127.0.0.6")
+	basic := map[string]string{"Authorization": "Basic b3BlcmF0b3I6cHJveHktcGFzc3dvcmQ="}
+	if code, _ := do(t, stranger, http.MethodGet, s.url+"/api/readers", nil, basic); code != http.StatusUnauthorized {
+		t.Errorf("GET /api/readers with Basic credentials and no session: %d, want 401", code)
+	}
+	if code, _ := do(t, stranger, http.MethodGet, s.url+"/", nil, basic); code != http.StatusSeeOther {
+		t.Errorf("GET / with Basic credentials and no session: %d, want 303 to /login", code)
+	}
+}
+
+// Behind a trusted proxy an action's log line names the client the proxy
+// forwarded, not only the proxy: every operator behind it has the proxy's
+// address, and "from where" is what the log is for.
+func TestActionsAreLoggedWithTheForwardedClient(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	_, js := consoletest.NATS(t)
+	s := startOn(t, js, slog.New(slog.NewJSONHandler(&logs, nil)), func(c *Config) {
+		withToken(c)
+		c.TrustedProxies = []string{"127.0.0.1"}
+	})
+	h := map[string]string{"Authorization": "Bearer " + testToken, "X-Forwarded-For": "198.51.100.7"}
+	do(t, from(t, "127.0.0.1"), http.MethodPost, s.url+"/api/readers/some-group/replay", map[string]any{"from_seq": 1, "confirm": "some-group"}, h)
+	var line string
+	testenv.WaitFor(t, 10*time.Second, "the replay logged", func() bool {
+		for l := range strings.SplitSeq(logs.String(), "\n") {
+			if strings.Contains(l, `"msg":"console action"`) && strings.Contains(l, `"action":"replay"`) {
+				line = l
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(line, `"client":"198.51.100.7"`) {
+		t.Errorf("the action's log line does not name the forwarded client 198.51.100.7: %s", line)
 	}
 }

@@ -23,11 +23,13 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
 
 // screenshotEnv names the file the browser test writes the console's
@@ -465,5 +467,235 @@ func TestPagePollsDoNotOverlapWhenTheServerIsSlow(t *testing.T) {
 	got, err := chromedp.Run(ectx, chromedp.Evaluate[string](`document.getElementById("updated").innerText`))
 	if err != nil || !strings.HasPrefix(got, "Updated") {
 		t.Errorf("the page's update time reads %q (%v), want Updated …", got, err)
+	}
+}
+
+// The live panel comes back by itself after its stream was refused. A
+// browser's EventSource reconnects after a dropped connection, but gives up
+// for good on an answer that is not a stream: a proxy's 502 while the
+// console restarts, the console's 503 when too many pages watch. A real
+// Chromium reads the console through a proxy that answers /api/live with
+// 502 for a while; once it lets the stream through, the page shows clicks
+// published after that, and while it is refused the page does not say it
+// is reconnecting.
+func TestLivePanelComesBackAfterItsStreamWasRefused(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1}
+	var refusing atomic.Bool
+	var refused atomic.Int64
+	refusing.Store(true)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/api/live" && refusing.Load() {
+			refused.Add(1)
+			http.Error(w, "upstream restarting", http.StatusBadGateway)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	const status = `document.getElementById("live-status").innerText`
+	testenv.WaitFor(t, 30*time.Second, "the page's live stream refused", func() bool { return refused.Load() >= 1 })
+	var said string
+	testenv.WaitFor(t, 10*time.Second, "the live panel saying its stream was refused", func() bool {
+		said = eval(status)
+		return said != "connecting…"
+	})
+	if strings.Contains(said, "reconnecting") {
+		t.Errorf("with its stream refused the live panel says %q; the browser does not reconnect by itself", said)
+	}
+
+	refusing.Store(false)
+	// Clicks keep arriving; one published after the proxy let the stream
+	// through reaches the table.
+	var rows string
+	if !testenv.Poll(45*time.Second, func() bool {
+		consoletest.Publish(t, s.js, consoletest.Click("acme", "back", 0))
+		rows = eval(`String(document.getElementById("live").children.length)`)
+		return rows != "0"
+	}) {
+		t.Errorf("no click reached the live table within 45 s of the stream being let through (status %q, %d refusals)", eval(status), refused.Load())
+	}
+	if got := eval(status); !strings.Contains(got, "watching") {
+		t.Errorf("the live panel's status reads %q after it came back, want the stream's figures", got)
+	}
+}
+
+// The live panel shows the clicks of a CLICKS deleted and created again
+// while it watches, whose sequences start at 1 again: below those the page
+// showed, which it would take for repeats and leave out. A real Chromium
+// watches the live panel through a proxy that adds the token.
+func TestLivePanelShowsACLICKSCreatedAgain(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	// The newest row's link, and the links of every row.
+	const newest = `(document.querySelector("#live tr td:nth-child(4)") || {}).innerText || ""`
+	const links = `Array.from(document.querySelectorAll("#live tr td:nth-child(4)")).map((td) => td.innerText).join(" ")`
+
+	var oldSeqs []uint64
+	testenv.WaitFor(t, 60*time.Second, "the old CLICKS' clicks on the page", func() bool {
+		oldSeqs = append(oldSeqs, consoletest.Publish(t, s.js, consoletest.Clicks("acme", "old", 10)...)...)
+		return eval(newest) == "old"
+	})
+	if err := s.js.DeleteStream(t.Context(), events.ClicksStream); err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), s.js, o); err != nil {
+		t.Fatal(err)
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "new", 5)...)
+	if !testenv.Poll(45*time.Second, func() bool { return eval(newest) == "new" }) {
+		t.Errorf("45 s after CLICKS was created again (its clicks at sequences %v, the old ones up to %d) the live table holds %q, want the new clicks on top",
+			seqs, oldSeqs[len(oldSeqs)-1], eval(links))
+	}
+}
+
+// The webhooks panel lists the most troubled endpoints only (at most
+// webhookstate.MaxShown): with more endpoints than that it says how many it
+// shows of how many, and its counts read as people write them. A real
+// Chromium reads the panel of 51 endpoints.
+func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	total := webhookstate.MaxShown + 1
+	for i := range total {
+		id := fmt.Sprintf("ep_%03d", i)
+		s.rdb.SAdd(t.Context(), "snip:wh:endpoints", id)
+		s.rdb.HSet(t.Context(), "snip:wh:{"+id+"}:ep", "cfg", fmt.Sprintf(`{"id":%q,"owner":"acme","url":"https://hooks.acme.example/%d"}`, id, i))
+	}
+	s.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: "snip:wh:{ep_000}:q", Values: []any{"id", "e", "t", "click", "ts", time.Now().UnixNano(), "d", "{}"}})
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	var text, rows string
+	if !testenv.Poll(30*time.Second, func() bool {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		text, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector("#webhooks p").innerText`))
+		rows, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`String(document.querySelectorAll("#webhooks tbody tr").length)`))
+		return rows != "" && rows != "0"
+	}) {
+		t.Fatalf("the webhooks panel never listed the endpoints: %q", text)
+	}
+	want := fmt.Sprintf("%d endpoints, 1 event waiting (the %d most troubled shown)", total, webhookstate.MaxShown)
+	if text != want || rows != strconv.Itoa(webhookstate.MaxShown) {
+		t.Errorf("the webhooks panel says %q over %s rows, want %q over %d", text, rows, want, webhookstate.MaxShown)
+	}
+}
+
+// The live panel says when the console cannot follow CLICKS (it is not
+// there, say) rather than showing the figures of a quiet stream ("0.0
+// clicks/s on CLICKS"), which an operator reads as traffic having stopped.
+// A real Chromium reads the panel of a console whose NATS has no CLICKS.
+func TestLivePanelSaysWhenItCannotFollowCLICKS(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	js := testenv.StartNATS(t).JetStream(t) // no topology: CLICKS is not there
+	s := startOn(t, js, log(t), withToken)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	var said string
+	if !testenv.Poll(30*time.Second, func() bool {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		said, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.getElementById("live-status").innerText`))
+		return strings.Contains(said, "not following CLICKS") && strings.Contains(said, "stream not found")
+	}) {
+		t.Errorf("with no CLICKS to follow the live panel says %q, want that it is not following CLICKS and why", said)
 	}
 }

@@ -1165,3 +1165,47 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// TestActionsAndLettersSayNATSIsAway: with NATS away, the routes an
+// operator uses beyond the panels (a group's letters, one letter, a
+// redrive, a replay and its progress) answer within a bound, 503
+// "unavailable" with what could not be read or done and why, as the panels
+// do, not a 500 "internal error" that leaves the operator guessing.
+func TestActionsAndLettersSayNATSIsAway(t *testing.T) {
+	t.Parallel()
+	n, js := consoletest.NATS(t)
+	s := startOn(t, js, log(t), withToken)
+	n.Stop()
+	tests := []struct {
+		method, path string
+		body         any
+		what         string // the start of the message
+	}{
+		{http.MethodGet, "/api/dlq/letters?source=click-counter&reason=malformed", nil, "read dead letters"},
+		{http.MethodGet, "/api/dlq/letters/1", nil, "read dead letter 1"},
+		{http.MethodPost, "/api/dlq/letters/1/redrive", nil, "redrive dead letter 1"},
+		{http.MethodPost, "/api/readers/click-counter/replay", map[string]any{"from_seq": 1, "confirm": "click-counter"}, "replay click-counter"},
+		{http.MethodGet, "/api/readers/click-counter/replay", nil, "read the replay of click-counter"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			t.Parallel()
+			began := time.Now()
+			code, b := do(t, nil, tc.method, s.url+tc.path, tc.body, bearer)
+			took := time.Since(began)
+			var body struct {
+				Error struct{ Code, Message string }
+			}
+			if err := json.Unmarshal(b, &body); err != nil {
+				t.Fatalf("%d %s: %v", code, b, err)
+			}
+			if code != http.StatusServiceUnavailable || body.Error.Code != "unavailable" ||
+				!strings.HasPrefix(body.Error.Message, tc.what+": unavailable: ") {
+				t.Errorf("with NATS away: %d %s, want 503 unavailable saying %q, unavailable and why", code, b, tc.what)
+			}
+			if took > 20*time.Second {
+				t.Errorf("answered after %s, want within 20 s (the server's write timeout is 30 s)", took)
+			}
+		})
+	}
+}

@@ -4,7 +4,8 @@
 //
 // FRAUD drops a repeated alert by its deterministic ID (rule, link, key,
 // period), so each alert is read once; after a reconnect the follower goes
-// on from the last sequence it read.
+// on from the last sequence it read, unless FRAUD no longer reaches it
+// (deleted and created again): then it reads from Since back again.
 package alerts
 
 import (
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -110,9 +112,21 @@ func (f *Follower) Run(ctx context.Context) error {
 
 func (f *Follower) follow(ctx context.Context) error {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.FraudAlertSubjects}}
+	s, err := f.js.Stream(ctx, events.FraudStream)
+	if err != nil {
+		return fmt.Errorf("follow fraud alerts: %w", err)
+	}
 	f.mu.Lock()
 	last := f.lastSeq
 	f.mu.Unlock()
+	if last > 0 && f.createdAgain(ctx, s, last) {
+		// Resuming after last would wait for the new stream's sequences
+		// to pass it.
+		last = 0
+		f.mu.Lock()
+		f.lastSeq = 0
+		f.mu.Unlock()
+	}
 	if last > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last+1
 	} else {
@@ -129,11 +143,43 @@ func (f *Follower) follow(ctx context.Context) error {
 	f.mu.Lock()
 	f.following, f.lastErr = true, ""
 	f.mu.Unlock()
+	// The watcher checks, after a while without an alert, that FRAUD
+	// still reaches the last one read; the ordered consumer, which nats.go
+	// resumes after it, would wait silently on a FRAUD created again.
+	var recreated atomic.Bool
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go func() {
+		t := time.NewTicker(recreateCheck)
+		defer t.Stop()
+		f.mu.Lock()
+		prev := f.lastSeq
+		f.mu.Unlock()
+		for {
+			select {
+			case <-watchDone:
+				return
+			case <-t.C:
+			}
+			f.mu.Lock()
+			seq := f.lastSeq
+			f.mu.Unlock()
+			if seq == prev && seq > 0 && f.createdAgain(ctx, s, seq) {
+				recreated.Store(true)
+				it.Stop()
+				return
+			}
+			prev = seq
+		}
+	}()
 	for {
 		msg, err := it.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if recreated.Load() {
+				return fmt.Errorf("follow fraud alerts: %s was created again; reading it from %s back", events.FraudStream, f.cfg.Since)
 			}
 			return fmt.Errorf("follow fraud alerts: %w", err)
 		}
@@ -154,4 +200,23 @@ func (f *Follower) follow(ctx context.Context) error {
 		}
 		f.mu.Unlock()
 	}
+}
+
+// recreateCheck is how long the follower may read no alert before it
+// checks that FRAUD still reaches the last one it read.
+const recreateCheck = 10 * time.Second
+
+// createdAgain reports whether FRAUD's last sequence is below last, the
+// last alert read: FRAUD was deleted and created again since (a restore
+// keeps its sequences, and is followed on). A failed read is not.
+func (f *Follower) createdAgain(ctx context.Context, s jetstream.Stream, last uint64) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := s.Info(ctx)
+	if err != nil || info.State.LastSeq >= last {
+		return false
+	}
+	f.cfg.Logger.Warn("fraud alerts: FRAUD was created again; reading it again from the start of the window",
+		"last_read", last, "last_seq", info.State.LastSeq, "since", f.cfg.Since)
+	return true
 }

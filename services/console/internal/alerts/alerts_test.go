@@ -5,9 +5,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/alerts"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
 )
@@ -49,5 +51,43 @@ func TestFollowerKeepsTheNewestAlertsAndFollowsNewOnes(t *testing.T) {
 	}
 	if snap.Alerts[0].Seq != seq || !snap.Following || snap.Error != "" {
 		t.Errorf("snapshot %+v: want the newest at seq %d, following", snap, seq)
+	}
+}
+
+// A FRAUD deleted and created again (its sequences start at 1 again) is
+// followed: the follower, which resumes after the last alert it read,
+// would otherwise wait for the new stream's sequences to pass the old ones
+// and show no new alert until then.
+func TestFollowerFollowsAFRAUDCreatedAgain(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	for i := range 5 {
+		consoletest.PublishAlert(t, js, consoletest.Alert("acme", "abc", "link_flood", i))
+	}
+	f := alerts.New(js, alerts.Config{})
+	done := make(chan error, 1)
+	go func() { done <- f.Run(t.Context()) }()
+	t.Cleanup(func() { <-done })
+	testenv.WaitFor(t, 30*time.Second, "the alerts read", func() bool { return f.Snapshot().Seen == 5 })
+
+	if err := js.DeleteStream(t.Context(), events.FraudStream); err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	a := consoletest.Alert("globex", "xyz", "visitor_burst", 9)
+	seq := consoletest.PublishAlert(t, js, a)
+	if !testenv.Poll(45*time.Second, func() bool {
+		s := f.Snapshot()
+		return len(s.Alerts) > 0 && s.Alerts[0].ID == a.ID
+	}) {
+		t.Fatalf("45 s after FRAUD was created again its alert (seq %d) is not the newest shown: %+v", seq, f.Snapshot())
+	}
+	if s := f.Snapshot(); s.Seen != 6 || s.Alerts[0].Seq != seq || !s.Following {
+		t.Errorf("snapshot %+v: want 6 seen, the new alert at seq %d first, following", s, seq)
 	}
 }

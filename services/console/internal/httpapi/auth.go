@@ -84,17 +84,29 @@ func (a *auth) who(r *http.Request) (who string, ok bool) {
 	if a.cfg.Token == "" {
 		return "anyone (no CONSOLE_TOKEN)", true
 	}
-	if h := r.Header.Get(echo.HeaderAuthorization); h != "" {
-		const p = "Bearer "
-		if len(h) > len(p) && strings.EqualFold(h[:len(p)], p) && a.tokenMatches(strings.TrimSpace(h[len(p):])) {
-			return "bearer token", true
-		}
-		return "", false
+	if t, ok := bearerToken(r); ok && a.tokenMatches(t) {
+		return "bearer token", true
 	}
+	// Behind a proxy that asks for its own credentials (Basic, or an SSO
+	// proxy passing its token on) every request of the operator's browser
+	// carries an Authorization header that is not the console's: the
+	// session cookie still counts.
 	if c, err := r.Cookie(cookieName); err == nil && a.validSession(c.Value, time.Now()) {
 		return "session", true
 	}
 	return "", false
+}
+
+// bearerToken is the credential of an "Authorization: Bearer" header; ok is
+// false without one (no header, or another scheme: a proxy's Basic
+// credentials, which are no guess of the console's token).
+func bearerToken(r *http.Request) (token string, ok bool) {
+	const p = "Bearer "
+	h := r.Header.Get(echo.HeaderAuthorization)
+	if len(h) < len(p) || !strings.EqualFold(h[:len(p)], p) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(p):]), true
 }
 
 // tokenMatches compares in constant time.
@@ -166,9 +178,11 @@ func (a *auth) operator(next echo.HandlerFunc) echo.HandlerFunc {
 				return errCrossOrigin
 			}
 		}
-		// A Bearer token is a guess until it matches: limited per client.
+		// A Bearer token is a guess until it matches (it or a session):
+		// limited per client.
 		var try attempt
-		bearer := a.cfg.Token != "" && r.Header.Get(echo.HeaderAuthorization) != ""
+		_, bearer := bearerToken(r)
+		bearer = bearer && a.cfg.Token != ""
 		if bearer {
 			var err error
 			if try, err = a.fails.begin(r, time.Now()); err != nil {

@@ -244,11 +244,21 @@ func (a *api) audit(c echo.Context, action string, err error, attrs ...any) {
 	}
 	a.actions.WithLabelValues(action, result).Inc()
 	attrs = append(attrs, "action", action, "result", result, "who", c.Get(whoKey), "remote", c.Request().RemoteAddr,
-		"user_agent", c.Request().UserAgent(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
+		"client", a.client(c.Request()), "user_agent", c.Request().UserAgent(), "request_id", c.Response().Header().Get(echo.HeaderXRequestID))
 	if err != nil {
 		attrs = append(attrs, "err", err)
 	}
 	a.d.Log.Info("console action", attrs...)
+}
+
+// client is the caller's address for the logs: the connection's peer, or
+// behind a trusted proxy the client it forwarded (CONSOLE_TRUSTED_PROXIES),
+// as the guessing limits tell clients apart; "" when it is not an address.
+func (a *api) client(r *http.Request) string {
+	if ip := clientAddr(r, a.auth.cfg.TrustedProxies); ip.IsValid() {
+		return ip.String()
+	}
+	return ""
 }
 
 func (a *api) getReaders(c echo.Context) error {
@@ -266,6 +276,7 @@ func (a *api) replay(c echo.Context) error {
 	}
 	group := c.Param("group")
 	r, err := a.d.Readers.Replay(c.Request().Context(), group, req)
+	err = unavailable("replay "+group, err)
 	a.audit(c, "replay", err, "group", group, "position", r.Position, "replay_id", r.ID, "force", req.Force)
 	if err != nil {
 		return err
@@ -279,9 +290,10 @@ func (a *api) replay(c echo.Context) error {
 }
 
 func (a *api) replayStatus(c echo.Context) error {
-	st, err := a.d.Readers.ReplayStatus(c.Request().Context(), c.Param("group"))
+	group := c.Param("group")
+	st, err := a.d.Readers.ReplayStatus(c.Request().Context(), group)
 	if err != nil {
-		return err
+		return unavailable("read the replay of "+group, err)
 	}
 	return c.JSON(http.StatusOK, st)
 }
@@ -345,7 +357,7 @@ func (a *api) dlqPanel(ctx context.Context) (map[string]any, error) {
 func (a *api) letters(c echo.Context) error {
 	ls, err := a.d.DeadLetters.Letters(c.Request().Context(), c.QueryParam("source"), c.QueryParam("reason"), letterLimit)
 	if err != nil {
-		return err
+		return unavailable("read dead letters", err)
 	}
 	return c.JSON(http.StatusOK, map[string]any{"letters": ls, "limit": letterLimit})
 }
@@ -365,7 +377,7 @@ func (a *api) letter(c echo.Context) error {
 	}
 	l, err := a.d.DeadLetters.Letter(c.Request().Context(), seq)
 	if err != nil {
-		return err
+		return unavailable(fmt.Sprintf("read dead letter %d", seq), err)
 	}
 	return c.JSON(http.StatusOK, l)
 }
@@ -376,6 +388,7 @@ func (a *api) redrive(c echo.Context) error {
 		return err
 	}
 	r, err := a.d.DeadLetters.Redrive(c.Request().Context(), seq)
+	err = unavailable(fmt.Sprintf("redrive dead letter %d", seq), err)
 	a.audit(c, "redrive", err, "dead_seq", seq, "to", r.Subject, "new_seq", r.NewSeq)
 	if err != nil {
 		return err
@@ -499,6 +512,22 @@ func (a *api) watchKey(ctx context.Context, revoked context.CancelCauseFunc, key
 			return
 		}
 	}
+}
+
+// unavailable is err as the operator is answered when what failed was
+// NATS or JetStream, not the request: err itself when the error table
+// knows it (a refusal: not found, not redrivable, a bad replay), otherwise
+// a 503 "unavailable" saying what could not be read or done, and the
+// client's error, as the panels say it. Without it such an error was a 500
+// "internal error" whose cause only the log had.
+func unavailable(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, code := statusOf(err); code != "" {
+		return err
+	}
+	return fmt.Errorf("%s: %w: %w", what, errUnavailable, err)
 }
 
 // decodeJSON reads a JSON body with no unknown fields.

@@ -117,19 +117,35 @@ func (f *failures) tracked() int {
 // address in X-Forwarded-For that is not a trusted proxy (the entries further
 // left were written by the client, which may write anything).
 func clientOf(r *http.Request, trusted []netip.Prefix) netip.Prefix {
+	ip := clientAddr(r, trusted)
+	if !ip.IsValid() {
+		return netip.Prefix{}
+	}
+	bits := 32
+	if ip.Is6() {
+		bits = 64
+	}
+	p, _ := ip.Prefix(bits)
+	return p
+}
+
+// clientAddr is the client's address, as clientOf finds it (the invalid
+// Addr when the connection's is not an address): what the action log
+// names besides the connection's peer.
+func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Addr {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil {
-		return netip.Prefix{}
+		return netip.Addr{}
 	}
 	ip = ip.Unmap()
 	if isTrusted(ip, trusted) {
 		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 		for i := len(hops) - 1; i >= 0; i-- {
-			hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+			hop, err := forwardedAddr(strings.TrimSpace(hops[i]))
 			if err != nil {
 				break
 			}
@@ -139,12 +155,23 @@ func clientOf(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 			}
 		}
 	}
-	bits := 32
-	if ip.Is6() {
-		bits = 64
+	return ip
+}
+
+// forwardedAddr is the address of an X-Forwarded-For entry: an address,
+// or an address and port ("198.51.100.7:4711", "[2001:db8::7]:4711"), as
+// some proxies (Azure's Application Gateway) write it. Read as garbage, the
+// client would be the proxy, and every client behind it would share one
+// allowance.
+func forwardedAddr(s string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, nil
 	}
-	p, _ := ip.Prefix(bits)
-	return p
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return ap.Addr(), nil
 }
 
 func isTrusted(ip netip.Addr, trusted []netip.Prefix) bool {

@@ -136,6 +136,10 @@ func TestClientOfBehindTrustedProxies(t *testing.T) {
 		{"192.0.2.1:1", "198.51.100.7", "192.0.2.1/32"},
 		{"10.0.0.1:1", "", "10.0.0.1/32"},
 		{"10.0.0.1:1", "junk, 198.51.100.7", "198.51.100.7/32"},
+		// Some proxies (Azure's Application Gateway) forward the client's
+		// port too: it is still the client, not the proxy.
+		{"10.0.0.1:1", "198.51.100.7:4711", "198.51.100.7/32"},
+		{"10.0.0.1:1", "[2001:db8:1:2::7]:4711, 10.0.0.2", "2001:db8:1:2::/64"},
 	} {
 		q := httptest.NewRequest("GET", "/", nil)
 		q.RemoteAddr = c.remote

@@ -87,12 +87,12 @@ func (a *api) login(c echo.Context) error {
 	token := c.FormValue("token")
 	if !a.auth.tokenMatches(token) {
 		a.actions.WithLabelValues("login", "refused").Inc()
-		a.d.Log.Warn("console login refused", "remote", r.RemoteAddr, "user_agent", r.UserAgent())
+		a.d.Log.Warn("console login refused", "remote", r.RemoteAddr, "client", a.client(r), "user_agent", r.UserAgent())
 		return a.render(c, http.StatusUnauthorized, "login.html", pageData{Error: "That is not the console's token."})
 	}
 	try.succeeded()
 	a.actions.WithLabelValues("login", "ok").Inc()
-	a.d.Log.Info("console login", "remote", r.RemoteAddr, "user_agent", r.UserAgent())
+	a.d.Log.Info("console login", "remote", r.RemoteAddr, "client", a.client(r), "user_agent", r.UserAgent())
 	c.SetCookie(a.auth.cookie(r, a.auth.session(time.Now()), int(sessionTTL.Seconds())))
 	return c.Redirect(http.StatusSeeOther, "/")
 }

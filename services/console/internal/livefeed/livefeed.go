@@ -7,7 +7,10 @@
 // clicks back so a new page is not empty. When it stops while browsers still
 // watch (it failed, or the last browser left just as another came), the next
 // consumer starts after the last click they were given, so no browser gets
-// a click twice. What a browser gets is bounded
+// a click twice. A CLICKS deleted and created again under the consumer
+// (whose sequences start at 1 again) is noticed after a while without a
+// click and followed afresh; each click carries the stream's creation time.
+// What a browser gets is bounded
 // three ways: at most MaxRate clicks a second are decoded and forwarded (a
 // page cannot show 100,000 clicks a second; the rest are counted as skipped),
 // each browser has a queue of Buffer clicks (a browser that falls behind
@@ -49,6 +52,9 @@ type Click struct {
 	Bot       bool      `json:"bot"`
 	// ReferrerHost is the referrer's host name, without path or query.
 	ReferrerHost string `json:"referrer_host,omitempty"`
+	// StreamCreated is when the CLICKS holding Seq was created: a page
+	// tells the sequences of a CLICKS created again from the old ones by it.
+	StreamCreated time.Time `json:"stream_created"`
 }
 
 // Config tunes the hub.
@@ -103,12 +109,16 @@ type Hub struct {
 	subs   map[*Subscription]struct{}
 	recent []sse.Event // ring of the last Recent forwarded clicks, oldest first
 	left   time.Time   // when the last browser left
+	// followErr is why the last consumer could not start or ended, until
+	// one starts: the page says it rather than a quiet stream's figures.
+	followErr string
 	// resumeAfter is the last CLICKS sequence the browsers watching when
 	// the consumer stopped had been given (sent, or in their Recent); 0 when
 	// nobody watched then, and the next consumer starts Recent back.
 	resumeAfter uint64
 
 	lastSeq  atomic.Uint64 // newest CLICKS sequence seen
+	created  atomic.Int64  // when the CLICKS followed was created (Unix ns)
 	rate     atomic.Uint64 // clicks a second on CLICKS (float64 bits)
 	skipped  atomic.Uint64
 	received atomic.Uint64
@@ -190,16 +200,23 @@ type Stats struct {
 	Browsers int `json:"browsers"`
 	// Following is true while the consumer runs.
 	Following bool `json:"following"`
+	// Error is why the hub is not following CLICKS while browsers watch
+	// (retried): CLICKS missing, NATS away. Empty while it follows.
+	Error string `json:"error,omitempty"`
 }
 
 // Stats returns the hub's figures now.
 func (h *Hub) Stats() Stats {
 	h.mu.Lock()
-	n := len(h.subs)
+	n, ferr := len(h.subs), h.followErr
 	h.mu.Unlock()
+	following := h.running.Load()
+	if following {
+		ferr = ""
+	}
 	return Stats{
 		Rate: float64frombits(h.rate.Load()), LastSeq: h.lastSeq.Load(), Skipped: h.skipped.Load(),
-		Browsers: n, Following: h.running.Load(),
+		Browsers: n, Following: following, Error: ferr,
 	}
 }
 
@@ -224,6 +241,9 @@ func (h *Hub) Run(ctx context.Context) error {
 			wait = time.Second
 			continue
 		}
+		h.mu.Lock()
+		h.followErr = err.Error()
+		h.mu.Unlock()
 		h.cfg.Logger.Warn("live clicks: following CLICKS failed; retrying", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
@@ -253,7 +273,13 @@ func (h *Hub) idle() bool {
 // cfg.Idle, ctx ends, or the consumer fails.
 func (h *Hub) follow(ctx context.Context) error {
 	started := false
-	defer func() { h.stopped(started) }()
+	// recreated: CLICKS was deleted and created again under the consumer,
+	// which then waits silently for the new stream's sequences to pass
+	// the old ones (nats.go's ordered consumer resumes after its last
+	// message): the position is forgotten and the next consumer starts
+	// afresh.
+	var recreated atomic.Bool
+	defer func() { h.stopped(started, recreated.Load()) }()
 	s, err := h.js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return fmt.Errorf("follow clicks: %w", err)
@@ -277,8 +303,10 @@ func (h *Hub) follow(ctx context.Context) error {
 		// repeat its clicks or skip the gap for a new browser.
 		h.recent = h.recent[:0]
 	}
+	h.followErr = ""
 	h.mu.Unlock()
 	h.lastSeq.Store(start - 1)
+	h.created.Store(info.Created.UnixNano())
 	started = true
 	h.running.Store(true) // until stopped
 	h.cfg.Logger.Info("live clicks: following CLICKS", "from_seq", start, "resumed", resumed)
@@ -292,6 +320,7 @@ func (h *Hub) follow(ctx context.Context) error {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		prev, prevAt := h.lastSeq.Load(), time.Now()
+		checked := prevAt
 		for {
 			select {
 			case <-ctx.Done():
@@ -302,7 +331,17 @@ func (h *Hub) follow(ctx context.Context) error {
 			case now := <-t.C:
 				seq := h.lastSeq.Load()
 				h.rate.Store(float64bits(float64(seq-min(prev, seq)) / now.Sub(prevAt).Seconds()))
+				moved := seq != prev
 				prev, prevAt = seq, now
+				// No click for a while: is it still the CLICKS it started on?
+				if !moved && now.Sub(checked) >= recreateCheck {
+					checked = now
+					if h.createdAgain(ctx, s, info.Created) {
+						recreated.Store(true)
+						it.Stop()
+						return
+					}
+				}
 				if h.idle() {
 					stoppedIdle.Store(true)
 					it.Stop()
@@ -314,6 +353,9 @@ func (h *Hub) follow(ctx context.Context) error {
 	for {
 		msg, err := it.Next()
 		if err != nil {
+			if recreated.Load() {
+				return fmt.Errorf("follow clicks: %s was created again; starting afresh", events.ClicksStream)
+			}
 			if stoppedIdle.Load() {
 				h.cfg.Logger.Info("live clicks: nobody watching; stopped following CLICKS")
 				h.rate.Store(0)
@@ -326,6 +368,27 @@ func (h *Hub) follow(ctx context.Context) error {
 		}
 		h.handle(msg)
 	}
+}
+
+// recreateCheck is how long the hub's consumer may see no click before the
+// hub checks that CLICKS is still the stream it started on.
+const recreateCheck = 5 * time.Second
+
+// createdAgain reports whether CLICKS now is another stream than the one
+// created at created (deleted and created again). A failed read is not.
+func (h *Hub) createdAgain(ctx context.Context, s jetstream.Stream, created time.Time) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := s.Info(ctx)
+	if err != nil {
+		return false
+	}
+	if !info.Created.Equal(created) {
+		h.cfg.Logger.Warn("live clicks: CLICKS was created again; following the new stream from its newest clicks",
+			"was_created", created, "created", info.Created)
+		return true
+	}
+	return false
 }
 
 // startAt is where the next consumer starts on a stream that holds first to
@@ -351,13 +414,15 @@ func (h *Hub) startAt(first, last uint64) (start uint64, resumed bool) {
 // given every click up to lastSeq (sent, or in their Recent), so the next
 // consumer resumes after it. With nobody watching it forgets the position
 // and the ring: the next browser gets fresh recent clicks, once (the ring
-// would give it stale ones, or the same ones twice).
-func (h *Hub) stopped(started bool) {
+// would give it stale ones, or the same ones twice). After CLICKS was
+// created again (recreated) the position is of the old stream: forgotten
+// too.
+func (h *Hub) stopped(started, recreated bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.running.Store(false) // after the consumer's deletion, with the position recorded
 	switch {
-	case len(h.subs) == 0:
+	case len(h.subs) == 0, recreated:
 		h.recent, h.resumeAfter = h.recent[:0], 0
 	case started:
 		h.resumeAfter = h.lastSeq.Load()
@@ -392,6 +457,7 @@ func (h *Hub) handle(msg jetstream.Msg) {
 	data, _ := json.Marshal(Click{
 		Seq: md.Sequence.Stream, Partition: events.PartitionOf(msg.Subject()), Time: c.Time,
 		Code: c.Code, Owner: c.Owner, Country: c.Country, Bot: c.Bot, ReferrerHost: referrerHost(c.Referrer),
+		StreamCreated: time.Unix(0, h.created.Load()).UTC(),
 	})
 	h.broadcast(sse.Event{ID: strconv.FormatUint(md.Sequence.Stream, 10), Name: "click", Data: data})
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
 	"github.com/snipdev/snip/services/console/internal/livefeed"
 )
@@ -77,8 +78,12 @@ func TestBrowserGetsRecentThenLiveClicks(t *testing.T) {
 		t.Errorf("sequences (-want +got):\n%s", d)
 	}
 	last := got[len(got)-1]
+	info, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := livefeed.Click{Seq: seqs[19], Partition: events.Partition("abc", consoletest.Partitions), Time: live[19].Time,
-		Code: "abc", Owner: "acme", Country: "DE", Bot: true, ReferrerHost: "news.example.org"}
+		Code: "abc", Owner: "acme", Country: "DE", Bot: true, ReferrerHost: "news.example.org", StreamCreated: info.CachedInfo().Created.UTC()}
 	if d := cmp.Diff(want, last); d != "" {
 		t.Errorf("last click (-want +got):\n%s", d)
 	}
@@ -236,5 +241,57 @@ func TestABrowserAfterTheConsumerStoppedGetsTheRecentClicksOnce(t *testing.T) {
 	}
 	if d := cmp.Diff([]uint64{first[4], later[0], later[1]}, got); d != "" {
 		t.Errorf("the second browser's clicks, recent then live (-want +got):\n%s", d)
+	}
+}
+
+// A CLICKS deleted and created again while browsers watch (snipctl, a
+// restore) starts at sequence 1: the hub's consumer, which nats.go resumes
+// after the last click it had, would wait for the new stream's sequences to
+// pass the old ones and show nothing until then. The hub notices the new
+// stream and follows it from its newest clicks, marked with the new
+// stream's creation time, so a page tells them from the old ones.
+func TestHubFollowsACLICKSCreatedAgain(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	h := startHub(t, js, livefeed.Config{Recent: 10}) // the new stream's 5 clicks are within its recent ones
+	s, err := h.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Unsubscribe(s)
+	testenv.WaitFor(t, 30*time.Second, "the hub following CLICKS", func() bool { return h.Stats().Following })
+	consoletest.Publish(t, js, consoletest.Clicks("acme", "old", 30)...)
+	old := receive(t, s, 30)
+
+	if err := js.DeleteStream(t.Context(), events.ClicksStream); err != nil {
+		t.Fatal(err)
+	}
+	o := topology.Defaults()
+	o.Partitions = consoletest.Partitions
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(t.Context(), js, o); err != nil {
+		t.Fatal(err)
+	}
+	seqs := consoletest.Publish(t, js, consoletest.Clicks("acme", "new", 5)...)
+	var got []livefeed.Click
+	deadline := time.After(30 * time.Second)
+	for len(got) < len(seqs) {
+		select {
+		case e := <-s.C():
+			var c livefeed.Click
+			if err := json.Unmarshal(e.Data, &c); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, c)
+		case <-deadline:
+			t.Fatalf("30 s after CLICKS was created again the page got %d of its %d new clicks (sequences %v), want them all: %+v",
+				len(got), len(seqs), seqs, got)
+		}
+	}
+	for i, c := range got {
+		if c.Seq != seqs[i] || c.Code != "new" || !c.StreamCreated.After(old[0].StreamCreated) {
+			t.Errorf("new click %d: seq %d code %s of the CLICKS created %s, want seq %d code new of the one created after %s",
+				i, c.Seq, c.Code, c.StreamCreated, seqs[i], old[0].StreamCreated)
+		}
 	}
 }

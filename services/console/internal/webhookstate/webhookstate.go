@@ -9,6 +9,12 @@
 // ms; last_error) and the stream snip:wh:{<id>}:q (an entry carries the
 // event's time in ns in field ts). Everything is read in one pipelined round
 // trip; nothing is written.
+//
+// An endpoint's URL is shown as its host only: its path and query may carry
+// an owner's token. The webhooks service writes its last error, and a
+// disabled endpoint's reason, from the HTTP client's error, which quotes the
+// whole URL (Post "https://host/path?token=…": …); every URL in them is
+// shown as its scheme and host too.
 package webhookstate
 
 import (
@@ -17,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"time"
@@ -33,8 +40,10 @@ type Endpoint struct {
 	Owner string `json:"owner"`
 	// Host is the endpoint's host; the path may carry an owner's token and
 	// is not shown.
-	Host           string        `json:"host"`
-	Status         string        `json:"status"`
+	Host   string `json:"host"`
+	Status string `json:"status"`
+	// DisabledReason and LastError are the webhooks service's, with every
+	// URL in them cut to its scheme and host (HostsOnly).
 	DisabledReason string        `json:"disabled_reason,omitempty"`
 	Backlog        int64         `json:"backlog"`
 	OldestAge      time.Duration `json:"-"`
@@ -98,13 +107,13 @@ func (r *Reader) Snapshot(ctx context.Context, now time.Time) (Snapshot, error) 
 		if m["cfg"] == "" || json.Unmarshal([]byte(m["cfg"]), &cfg) != nil {
 			continue // deleted meanwhile, or not a layout this build reads
 		}
-		e := Endpoint{ID: id, Owner: cfg.Owner, Status: "active", Backlog: cs[i].n.Val(), LastError: m["last_error"]}
+		e := Endpoint{ID: id, Owner: cfg.Owner, Status: "active", Backlog: cs[i].n.Val(), LastError: HostsOnly(m["last_error"])}
 		if u, err := url.Parse(cfg.URL); err == nil {
 			e.Host = u.Host
 		}
 		switch {
 		case !cfg.DisabledAt.IsZero():
-			e.Status, e.DisabledReason = "disabled", cfg.DisabledReason
+			e.Status, e.DisabledReason = "disabled", HostsOnly(cfg.DisabledReason)
 			s.Disabled++
 		case cfg.Paused:
 			e.Status = "paused"
@@ -144,4 +153,26 @@ func (r *Reader) Snapshot(ctx context.Context, now time.Time) (Snapshot, error) 
 		s.Endpoints = s.Endpoints[:MaxShown]
 	}
 	return s, nil
+}
+
+// urlInText is a URL as an error quotes it: a scheme, "://", and what
+// follows up to a space or a quote.
+var urlInText = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>]+`)
+
+// HostsOnly returns text with every URL in it cut to its scheme and host,
+// "/…" standing for a path or query cut off: an endpoint's URL may carry
+// an owner's token, and the webhooks service's errors quote it whole. A
+// URL that does not parse is shown as "(a URL)".
+func HostsOnly(text string) string {
+	return urlInText.ReplaceAllStringFunc(text, func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil || u.Host == "" {
+			return "(a URL)"
+		}
+		out := u.Scheme + "://" + u.Host
+		if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Opaque != "" {
+			out += "/…"
+		}
+		return out
+	})
 }

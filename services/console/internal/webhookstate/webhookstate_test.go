@@ -1,7 +1,11 @@
 package webhookstate_test
 
 import (
+	"encoding/json"
+	"errors"
+	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +26,7 @@ func TestMain(m *testing.M) {
 func TestOnRedisCluster(t *testing.T) {
 	servers.RunOnRedisCluster(t,
 		TestSnapshotReadsTheDocumentedLayout,
+		TestErrorsShowTheEndpointsHostOnly,
 	)
 }
 
@@ -59,5 +64,57 @@ func TestSnapshotReadsTheDocumentedLayout(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, s); diff != "" {
 		t.Errorf("snapshot (-want +got):\n%s", diff)
+	}
+}
+
+// TestErrorsShowTheEndpointsHostOnly: the webhooks service stores its HTTP
+// client's error as the last error (and in a disabled endpoint's reason),
+// and that error quotes the endpoint's whole URL, whose path and query may
+// carry the owner's token. The panel shows the host, as it does for the
+// endpoint itself.
+func TestErrorsShowTheEndpointsHostOnly(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	const secretURL = "https://hooks.acme.example/t/tok_SECRET123?sig=SIG456"
+	lastErr := (&url.Error{Op: "Post", URL: secretURL, Err: errors.New("dial tcp 203.0.113.7:443: connect: connection refused")}).Error()
+	cfg, _ := json.Marshal(map[string]any{"id": "ep_1", "owner": "acme", "url": secretURL,
+		"disabled_at": "2026-12-01T11:00:00Z", "disabled_reason": "failing since 2026-11-28T00:00:00Z: " + lastErr})
+	rdb.SAdd(ctx, "snip:wh:endpoints", "ep_1")
+	rdb.HSet(ctx, "snip:wh:{ep_1}:ep", "cfg", cfg, "failing_since", now.Add(-72*time.Hour).UnixMilli(), "last_error", lastErr)
+
+	s, err := webhookstate.New(rdb).Snapshot(ctx, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Endpoints) != 1 {
+		t.Fatalf("endpoints %+v", s.Endpoints)
+	}
+	e := s.Endpoints[0]
+	const wantErr = `Post "https://hooks.acme.example/…": dial tcp 203.0.113.7:443: connect: connection refused`
+	if e.LastError != wantErr || e.DisabledReason != "failing since 2026-11-28T00:00:00Z: "+wantErr {
+		t.Errorf("last error %q, disabled reason %q; want both with %q", e.LastError, e.DisabledReason, wantErr)
+	}
+	b, _ := json.Marshal(s)
+	for _, secret := range []string{"tok_SECRET123", "SIG456", "/t/"} {
+		if strings.Contains(string(b), secret) {
+			t.Errorf("the panel shows %q of the endpoint's URL: %s", secret, b)
+		}
+	}
+}
+
+func TestHostsOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"HTTP 500":                            "HTTP 500",
+		`Post "https://h.example": EOF`:       `Post "https://h.example": EOF`,
+		`Post "https://h.example/": EOF`:      `Post "https://h.example": EOF`,
+		`Post "https://h.example:8443/a?b=c"`: `Post "https://h.example:8443/…"`,
+		`Post "https://u:***@h.example/p": x`: `Post "https://h.example/…": x`,
+		"timed out: Post \"https://h.example/a/b\": context deadline exceeded; then https://g.example/x": "timed out: Post \"https://h.example/…\": context deadline exceeded; then https://g.example/…",
+	} {
+		if got := webhookstate.HostsOnly(in); got != want {
+			t.Errorf("HostsOnly(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

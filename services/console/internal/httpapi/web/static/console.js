@@ -228,9 +228,11 @@ function renderWebhooks(j) {
   if (!w.total) { show('webhooks', el('p', {class: 'muted'}, 'No webhook endpoints.')); return; }
   const level = (e) => e.status === 'disabled' ? 'alarm' : (e.failing_for_s > 0 ? 'warn' : 'ok');
   show('webhooks',
-    el('p', {}, `${w.total} endpoint(s), ${num(w.backlog)} event(s) waiting`,
-      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${w.disabled} disabled`) : '',
-      w.failing ? el('span', {class: 'lvl-warn'}, `, ${w.failing} failing`) : ''),
+    el('p', {}, `${plural(w.total, 'endpoint')}, ${plural(w.backlog, 'event')} waiting`,
+      w.disabled ? el('span', {class: 'lvl-alarm'}, `, ${num(w.disabled)} disabled`) : '',
+      w.failing ? el('span', {class: 'lvl-warn'}, `, ${num(w.failing)} failing`) : '',
+      // The server lists the most troubled ones only.
+      w.endpoints.length < w.total ? ` (the ${num(w.endpoints.length)} most troubled shown)` : ''),
     table(['endpoint', 'owner', 'host', 'status', 'backlog', 'oldest', 'failing for', 'last error'],
       w.endpoints.map((e) => el('tr', {class: 'lvl-' + level(e)},
         el('td', {}, e.id), el('td', {}, e.owner), el('td', {}, e.host), el('td', {title: e.disabled_reason || ''}, e.status),
@@ -331,12 +333,22 @@ function renderWarehouse(j) {
 // ---- live clicks
 
 let live = null;
+// lastSeq is the newest click shown, of the CLICKS created at lastStream:
+// a CLICKS created again starts its sequences at 1 again.
 let lastSeq = 0;
+let lastStream = null;
+// livePaused is the operator's Pause; liveRetry the wait before the stream
+// is opened again after the browser gave up on it.
+let livePaused = false;
+let liveRetry = null;
+const LIVE_RETRY_MS = 5000;
 
 function startLive() {
-  live = new EventSource('/api/live');
+  const es = new EventSource('/api/live');
+  live = es;
   live.addEventListener('click', (ev) => {
     const c = JSON.parse(ev.data);
+    if (c.stream_created !== lastStream) { lastStream = c.stream_created; lastSeq = 0; }
     if (c.seq <= lastSeq) return; // a reconnect sends the recent ones again
     lastSeq = c.seq;
     const rows = document.getElementById('live');
@@ -348,14 +360,36 @@ function startLive() {
   });
   live.addEventListener('status', (ev) => {
     const s = JSON.parse(ev.data);
-    document.getElementById('live-status').textContent =
-      `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${plural(s.browsers, 'page')} watching`;
+    const watching = `${plural(s.browsers, 'page')} watching`;
+    // Not following, the figures are of no stream: say why instead.
+    document.getElementById('live-status').textContent = s.following
+      ? `${s.rate.toFixed(1)} clicks/s on CLICKS · ${num(s.skipped)} not shown (rate cap) · ${num(s.dropped)} dropped for this page · ${watching}`
+      : (s.error ? `not following CLICKS: ${s.error} (retrying)` : 'starting to follow CLICKS…') + ` · ${watching}`;
   });
-  live.onerror = () => { document.getElementById('live-status').textContent = 'reconnecting…'; };
+  live.onerror = () => {
+    if (es !== live) return; // paused meanwhile
+    if (es.readyState !== EventSource.CLOSED) {
+      document.getElementById('live-status').textContent = 'reconnecting…';
+      return;
+    }
+    // The browser reconnects after a dropped connection, but gives up for
+    // good on an answer that is not a stream (a proxy's 502 while the
+    // console restarts, a 503 when too many pages watch): open it again.
+    stopLive();
+    document.getElementById('live-status').textContent =
+      `the console refused the live clicks; trying again in ${LIVE_RETRY_MS / 1000} s`;
+    liveRetry = setTimeout(() => { liveRetry = null; if (!livePaused) startLive(); }, LIVE_RETRY_MS);
+  };
+}
+
+function stopLive() {
+  if (live) { live.close(); live = null; }
+  if (liveRetry) { clearTimeout(liveRetry); liveRetry = null; }
 }
 
 document.getElementById('live-toggle').addEventListener('click', (ev) => {
-  if (live) { live.close(); live = null; ev.target.textContent = 'Resume'; document.getElementById('live-status').textContent = 'paused'; }
+  livePaused = !livePaused;
+  if (livePaused) { stopLive(); ev.target.textContent = 'Resume'; document.getElementById('live-status').textContent = 'paused'; }
   else { startLive(); ev.target.textContent = 'Pause'; }
 });
 
