@@ -110,6 +110,9 @@ type demo struct {
 	// redisReplicas: Redis runs with a replica per master (--cluster), so
 	// the services wait for it before they acknowledge.
 	redisReplicas bool
+	// shrinkRetention: --shrink-retention, the topology may shorten the
+	// retention of the streams an earlier demo left in --dir.
+	shrinkRetention bool
 	// readyWait is how long the demo waits for every service's /readyz
 	// before it prints the banner (20 s).
 	readyWait time.Duration
@@ -226,6 +229,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
 	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none; at most 10000)")
 	natsProf := fs.Int("nats-prof-port", 0, "serve the demo process's Go profiles (/debug/pprof/: its embedded NATS server's heap and CPU) on this loopback port, as nats-server's prof_port does (0: off; not with --cluster)")
+	shrink := fs.Bool("shrink-retention", false, "let the topology shorten the retention of the streams an earlier demo left in --dir (a shorter SNIP_CLICKS_MAX_AGE or SNIP_CLICKS_MAX_BYTES than that run's), discarding the events that fall outside")
 	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port, --nats-prof-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -239,7 +243,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
 		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, readyWait: 20 * time.Second}
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, shrinkRetention: *shrink, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
@@ -362,6 +366,9 @@ environment:
   SNIP_CLICKS_MAX_BYTES  CLICKS retention by size (default: none)
   SNIPCTL_TIMEOUT        timeout of each setup call and HTTP call to a service (default 30s)
 The demo starts its own NATS and Redis: NATS_URL and REDIS_URL are not read.
+Its streams stay in --dir from run to run (not with --cluster): a shorter
+retention than an earlier run's needs --shrink-retention, another partition
+count an empty --dir/nats.
 `)
 }
 
@@ -485,15 +492,17 @@ func (d *demo) prepare(ctx context.Context) error {
 	defer cancel()
 	// A cluster just started may not place replicated assets for a moment
 	// (topology.NoPeersYet); anything else is the demo's error at once.
+	o := d.env.Cfg.Topology.Options()
+	o.ShrinkRetention = d.shrinkRetention
 	err = service.Backoff{Attempt: d.env.Cfg.Timeout}.Retry(tctx, d.env.Log, "apply topology", func(ctx context.Context) error {
-		err := topology.Apply(ctx, js, d.env.Cfg.Topology.Options())
+		err := topology.Apply(ctx, js, o)
 		if err != nil && !topology.NoPeersYet(err) {
 			return service.Permanent(err)
 		}
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+		return d.topologyError(err)
 	}
 	rdb, err := redisconn.Open(d.redisURL)
 	if err != nil {
@@ -505,6 +514,47 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	return nil
 }
+
+// topologyError is the demo's error for a topology it could not apply.
+// The streams of an earlier demo stay in --dir/nats; one started with a
+// longer SNIP_CLICKS_MAX_AGE (or a larger SNIP_CLICKS_MAX_BYTES, or another
+// SNIP_PARTITIONS) than this one is refused by the topology, whose error
+// names `snipctl topology apply`'s flags: the demo's NATS runs only while
+// the demo does, so the error says what works for the demo instead.
+func (d *demo) topologyError(err error) error {
+	data := filepath.Join(d.dir, "nats")
+	fresh := fmt.Sprintf("or remove %s (rm -rf %s) to start with empty streams", data, data)
+	// What differs, without the retry's prefixes and the sentinel's hint.
+	what := func(sentinel error) string {
+		s := strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+		for {
+			rest, ok := strings.CutPrefix(s, "apply topology: ")
+			if !ok {
+				return s
+			}
+			s = rest
+		}
+	}
+	switch {
+	case errors.Is(err, topology.ErrRetentionShrinks):
+		return &demoTopologyError{err: err, msg: fmt.Sprintf("demo: the streams an earlier demo left in %s keep more than this one's settings would (%s), "+
+			"and the demo discards no events unless told to: start it with that run's SNIP_CLICKS_MAX_AGE and SNIP_CLICKS_MAX_BYTES; "+
+			"or with --shrink-retention (make demo DEMO_FLAGS=--shrink-retention) to discard what falls outside; %s", data, what(topology.ErrRetentionShrinks), fresh)}
+	case errors.Is(err, topology.ErrPartitionsChanged):
+		return &demoTopologyError{err: err, msg: fmt.Sprintf("demo: CLICKS as an earlier demo left it in %s has another partition count than SNIP_PARTITIONS=%d (%s): "+
+			"start the demo with that run's SNIP_PARTITIONS, %s", data, d.env.Cfg.Partitions, what(topology.ErrPartitionsChanged), fresh)}
+	}
+	return fmt.Errorf("demo: %w", err)
+}
+
+// demoTopologyError is topologyError's message around the topology's error.
+type demoTopologyError struct {
+	msg string
+	err error
+}
+
+func (e *demoTopologyError) Error() string { return e.msg }
+func (e *demoTopologyError) Unwrap() error { return e.err }
 
 // startServices starts every service whose binary is in --bin and returns
 // the names of those started.

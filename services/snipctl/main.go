@@ -40,7 +40,7 @@ var commands = map[string]command{
 	"topology": {usage: "apply [--shrink-retention] [--lower-replicas]", help: "create or update every stream, consumer and bucket (idempotent; a shorter retention, fewer replicas only when asked)", run: cmdTopology},
 	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
-	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
+	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5] [--cluster] [--shrink-retention]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
 	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers; exits 1 on FAIL, 3 on INCONCLUSIVE", run: cmdScenario},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
