@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -52,10 +55,12 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	var pos reader.Position
 	var start string // the position as given, for messages
+	var at time.Time // the position's time, if it is one
 	set := 0
 	if *since > 0 {
 		start = "--since " + since.String()
-		pos, set = reader.FromTime(time.Now().Add(-*since)), set+1
+		at = time.Now().Add(-*since)
+		pos, set = reader.FromTime(at), set+1
 	}
 	if *from != "" {
 		t, err := time.Parse(time.RFC3339, *from)
@@ -63,6 +68,7 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("replay: --from %q is not an RFC 3339 time: %w", *from, errUsage)
 		}
 		start = "--from " + *from
+		at = t
 		pos, set = reader.FromTime(t), set+1
 	}
 	if *fromSeq > 0 {
@@ -100,6 +106,9 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "replay %s requested for group %s\n", id, group)
+	if gone := goneBefore(ctx, js, at, *fromSeq, start); gone != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s\n", gone)
+	}
 	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID == id {
 		var atStart []int
 		for _, p := range st.Partitions {
@@ -120,6 +129,37 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	fmt.Fprintln(env.Stdout, "every partition has moved back")
 	return nil
+}
+
+// goneBefore says, when CLICKS no longer holds events the replay asked
+// for (a position before its oldest event, which its retention discarded
+// the ones before), where the replay really starts; "" when CLICKS holds
+// the position, or it is --from-seq 1 ("the oldest retained"). The replay
+// of each partition starts at its first event at or after the position,
+// so without this a --since longer than the retention replays less than
+// asked, and says nothing.
+func goneBefore(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) string {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return ""
+	}
+	info := s.CachedInfo()
+	st := info.State
+	if st.FirstSeq <= 1 {
+		return "" // nothing ever discarded
+	}
+	keeps := "no age limit"
+	if info.Config.MaxAge > 0 {
+		keeps = "an age limit of " + info.Config.MaxAge.String()
+	}
+	switch {
+	case !at.IsZero() && !at.Before(st.FirstTime), at.IsZero() && (seq <= 1 || seq >= st.FirstSeq):
+		return ""
+	case st.Msgs == 0:
+		return fmt.Sprintf("CLICKS holds no events now (%s; %d events stored and discarded): %s replays nothing", keeps, st.LastSeq, start)
+	}
+	return fmt.Sprintf("CLICKS' oldest event now is sequence %d, stored %s: the replay starts there, not at %s; what was stored before it is gone (CLICKS keeps %s)",
+		st.FirstSeq, st.FirstTime.UTC().Format(time.RFC3339), start, keeps)
 }
 
 // errNotARecount is a click-counter replay refused because it would

@@ -385,3 +385,49 @@ func TestReplayOfAGroupThatCannotGoBackSaysSo(t *testing.T) {
 		t.Errorf("replay of a group started after the position does not say where it starts:\n%s", out)
 	}
 }
+
+// A replay from before CLICKS' oldest event (its retention discarded the
+// ones before) starts at that event: snipctl says so, naming it and the
+// position asked for, instead of reporting the replay as asked. A position
+// CLICKS still holds, and --from-seq 1 ("the oldest retained"), draw no
+// warning.
+func TestReplayFromBeforeTheOldestRetainedEventSaysWhereItStarts(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	before := time.Now().Add(-time.Hour)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the age limit does: the first five are gone.
+	if err := s.Purge(t.Context(), jetstream.WithPurgeSequence(6)); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "CLICKS' oldest event now is sequence 6"
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--since", "2h"}, true},
+		{[]string{"--from", before.UTC().Format(time.RFC3339)}, true},
+		{[]string{"--from-seq", "3"}, true},
+		{[]string{"--from-seq", "1"}, false},
+		{[]string{"--from-seq", "6"}, false},
+		{[]string{"--from-seq", "8"}, false},
+	} {
+		out, err := snipctl(t, environ, append([]string{"replay", "loader"}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("replay loader %v: %v\n%s", tc.args, err, out)
+		}
+		if got := strings.Contains(out, warning) && strings.Contains(out, "not at "+strings.Join(tc.args, " ")); got != tc.warn {
+			t.Errorf("replay loader %v: says where it starts = %v, want %v:\n%s", tc.args, got, tc.warn, out)
+		}
+	}
+}
