@@ -231,6 +231,9 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 			errs = append(errs, err)
 			return nil
 		})
+		if errors.Is(stop, jetstream.ErrStreamNotFound) {
+			return stop // no DEAD_LETTER: nothing was tried, nothing to run again
+		}
 		if stop != nil {
 			fmt.Fprintf(env.Stdout, "%d redriven\n", n)
 			not := ""

@@ -217,3 +217,19 @@ func TestConfigRefusesATimeoutOfNothing(t *testing.T) {
 		t.Errorf("Redis holds %d keys (err %v), want none", n, err)
 	}
 }
+
+// A command that reads Snip's streams, pointed at a NATS without them (the
+// wrong server or account, or one nothing has applied the topology to),
+// fails saying what to check and what creates them, not only the server's
+// "stream not found".
+func TestStreamCommandsWithoutTheTopologySayWhatToDo(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIPCTL_TIMEOUT=10s"}
+	for _, args := range [][]string{{"lag"}, {"lag", "warehouse-loader"}, {"dlq", "list"}, {"dlq", "show", "1"}, {"dlq", "redrive", "--all"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		out, err := snipctl(t, environ, args...)
+		if err == nil || exitStatus(err) != 1 || !strings.Contains(err.Error(), "snipctl topology apply") || !strings.Contains(err.Error(), "NATS_URL") {
+			t.Errorf("snipctl %v without the topology: err = %v, want exit status 1 naming NATS_URL and snipctl topology apply\n%s", args, err, out)
+		}
+	}
+}
