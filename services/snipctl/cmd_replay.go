@@ -125,6 +125,14 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return nil
 	}
 	if err := reader.WaitRewind(ctx, js, group, id); err != nil {
+		if ctx.Err() != nil {
+			// Out of time, or Ctrl-C: the request stays, and is carried
+			// out as ever; say so, which partitions it waits for, and
+			// how to wait longer, before the operator asks again (a new
+			// request replaces it, and the partitions already moved back
+			// move back again).
+			return fmt.Errorf("%w; %s", err, stillRequested(ctx, env, js, group, id))
+		}
 		return err
 	}
 	fmt.Fprintln(env.Stdout, "every partition has moved back")
@@ -160,6 +168,29 @@ func goneBefore(ctx context.Context, js jetstream.JetStream, at time.Time, seq u
 	}
 	return fmt.Sprintf("CLICKS' oldest event now is sequence %d, stored %s: the replay starts there, not at %s; what was stored before it is gone (CLICKS keeps %s)",
 		st.FirstSeq, st.FirstTime.UTC().Format(time.RFC3339), start, keeps)
+}
+
+// stillRequested is what an operator whose --wait ended before the replay
+// was carried out needs to know: it stays requested, the partitions still
+// to move back, and how to follow or wait longer. The partitions are read
+// anew, for a second at most: the command's own time is over.
+func stillRequested(ctx context.Context, env *Env, js jetstream.JetStream, group, id string) string {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	which := "its partitions"
+	if st, err := reader.LatestRewind(rctx, js, group); err == nil && st.ID == id {
+		var left []int
+		for _, p := range st.Partitions {
+			if !p.Done {
+				left = append(left, p.Partition)
+			}
+		}
+		which = fmt.Sprintf("partitions %v", left)
+	}
+	return fmt.Sprintf("replay %s stays requested: %s move back when their owner takes it (one with no live member, when one joins); "+
+		"snipctl lag %s shows the group, and a larger SNIPCTL_TIMEOUT (now %s) waits longer; "+
+		"do not ask again to wait for it: a new replay replaces this one, and the partitions already moved back move back again",
+		id, which, group, env.Cfg.Timeout)
 }
 
 // errNotARecount is a click-counter replay refused because it would

@@ -431,3 +431,35 @@ func TestReplayFromBeforeTheOldestRetainedEventSaysWhereItStarts(t *testing.T) {
 		}
 	}
 }
+
+// replay --wait that runs out of SNIPCTL_TIMEOUT before every partition
+// moved back (here no member runs) says that the replay stays requested,
+// names the partitions still to move, how to wait longer, and not to ask
+// again; the request is indeed still the group's latest.
+func TestReplayWaitOutOfTimeSaysTheReplayStaysRequested(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=2s"), "replay", "idle", "--from-seq", "1", "--wait")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("replay --wait of a group with no member: err = %v, want the wait out of time\n%s", err, out)
+	}
+	for _, want := range []string{"stays requested", "partitions [0 1] move back", "SNIPCTL_TIMEOUT (now 2s)", "snipctl lag idle", "a new replay replaces this one"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the wait's error %q does not say %q", err, want)
+		}
+	}
+	id := regexp.MustCompile(`replay (\S+) requested for group idle`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("no replay ID in the output:\n%s", out)
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, "idle"); err != nil || st.ID != id[1] || st.Done() {
+		t.Errorf("latest replay of idle = %q (done %v, %v), want %s still to carry out", st.ID, st.Done(), err, id[1])
+	}
+}
