@@ -53,30 +53,49 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		// after it would be dropped silently.
 		return fmt.Errorf("replay %s: unexpected arguments %q (replay one group at a time, flags after it): %w", group, fs.Args(), errUsage)
 	}
+	// Which position flags were given, whatever their values: a value
+	// that names no position (--since 0, --from-seq 0) is refused as
+	// such, not as a missing flag.
+	set, given := 0, ""
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "since", "from", "from-seq":
+			set, given = set+1, f.Name
+		}
+	})
+	if set != 1 {
+		return fmt.Errorf("replay: give exactly one of --since, --from, --from-seq: %w", errUsage)
+	}
 	var pos reader.Position
 	var start string // the position as given, for messages
 	var at time.Time // the position's time, if it is one
-	set := 0
-	if *since > 0 {
-		start = "--since " + since.String()
-		at = time.Now().Add(-*since)
-		pos, set = reader.FromTime(at), set+1
-	}
-	if *from != "" {
+	switch given {
+	case "from":
 		t, err := time.Parse(time.RFC3339, *from)
 		if err != nil {
 			return fmt.Errorf("replay: --from %q is not an RFC 3339 time: %w", *from, errUsage)
 		}
+		if now := time.Now(); t.After(now) {
+			// Nothing is stored after now: the replay would move nothing
+			// back, and --wait would say every partition had.
+			return fmt.Errorf("replay: --from %s is in the future (now %s): nothing to replay: %w", *from, now.UTC().Format(time.RFC3339), errUsage)
+		}
 		start = "--from " + *from
 		at = t
-		pos, set = reader.FromTime(t), set+1
-	}
-	if *fromSeq > 0 {
+		pos = reader.FromTime(t)
+	case "from-seq":
+		if *fromSeq == 0 {
+			return fmt.Errorf("replay: --from-seq 0: CLICKS sequences start at 1 (the oldest retained): %w", errUsage)
+		}
 		start = "--from-seq " + strconv.FormatUint(*fromSeq, 10)
-		pos, set = reader.FromSeq(*fromSeq), set+1
-	}
-	if set != 1 {
-		return fmt.Errorf("replay: give exactly one of --since, --from, --from-seq: %w", errUsage)
+		pos = reader.FromSeq(*fromSeq)
+	default: // since
+		if *since <= 0 {
+			return fmt.Errorf("replay: --since %s: want a duration of more than 0 (24h: the last day): %w", since, errUsage)
+		}
+		start = "--since " + since.String()
+		at = time.Now().Add(-*since)
+		pos = reader.FromTime(at)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -97,6 +116,15 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("replay %s: %w", group, err)
 	case group == topology.GroupClickCounter:
 		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
+	}
+	if *fromSeq > 0 {
+		// A sequence after CLICKS' last event replays nothing; --wait
+		// would say every partition had moved back.
+		if last, err := clicksLastSeq(ctx, js); err != nil {
+			return fmt.Errorf("replay %s: %w", group, err)
+		} else if *fromSeq > last {
+			return fmt.Errorf("replay %s: %s is after CLICKS' last event (sequence %d): nothing to replay, nothing requested", group, start, last)
+		}
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -137,6 +165,15 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	fmt.Fprintln(env.Stdout, "every partition has moved back")
 	return nil
+}
+
+// clicksLastSeq is the sequence of the last event CLICKS stored.
+func clicksLastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return 0, fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
+	}
+	return s.CachedInfo().State.LastSeq, nil
 }
 
 // goneBefore says, when CLICKS no longer holds events the replay asked

@@ -463,3 +463,43 @@ func TestReplayWaitOutOfTimeSaysTheReplayStaysRequested(t *testing.T) {
 		t.Errorf("latest replay of idle = %q (done %v, %v), want %s still to carry out", st.ID, st.Done(), err, id[1])
 	}
 }
+
+// A position that names nothing to replay is refused, naming the flag and
+// what it wants, and nothing is requested: --since 0 or less and
+// --from-seq 0 (before, "give exactly one of" although one was given), a
+// --from in the future and a --from-seq after CLICKS' last event (before,
+// a replay of nothing was requested, and --wait said every partition had
+// moved back).
+func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args  []string
+		usage bool
+		says  string
+	}{
+		{[]string{"--since", "0s"}, true, "--since 0s: want a duration of more than 0"},
+		{[]string{"--since", "-1h"}, true, "--since -1h0m0s: want a duration of more than 0"},
+		{[]string{"--from-seq", "0"}, true, "--from-seq 0: CLICKS sequences start at 1"},
+		{[]string{"--from", time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)}, true, "is in the future"},
+		{[]string{"--from-seq", "11"}, false, "--from-seq 11 is after CLICKS' last event (sequence 10): nothing to replay"},
+	} {
+		out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=5s"), append([]string{"replay", "loader", "--wait"}, tc.args...)...)
+		if err == nil || errors.Is(err, errUsage) != tc.usage || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("replay loader %v: err = %v, want %s saying %q\n%s", tc.args, err, map[bool]string{true: "a usage error", false: "an error"}[tc.usage], tc.says, out)
+		}
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, "loader"); err != nil || st.ID != "" {
+		t.Errorf("latest replay of loader = %q (%v), want none requested", st.ID, err)
+	}
+	if out, err := snipctl(t, environ, "replay", "loader", "--from-seq", "10"); err != nil {
+		t.Errorf("replay loader --from-seq 10, the last event: %v\n%s", err, out)
+	}
+}
