@@ -67,9 +67,25 @@ func TestTopologyApply(t *testing.T) {
 	if _, err := js.Consumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer); err != nil {
 		t.Fatalf("%s > %s: %v", events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer, err)
 	}
-	for _, want := range []string{"stream " + events.PreviewAdvisoriesStream + " ok", "consumer " + topology.PreviewRescueConsumer + " ok"} {
+	for _, want := range []string{"stream " + events.PreviewAdvisoriesStream + " ok", "bucket " + topology.MembersBucket + " ok"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("topology apply says\n%s\nwithout %q", out, want)
+		}
+	}
+	// Every consumer it declares is there and said, with its stream: the
+	// output lists what the operator now has, not a part of it.
+	for _, c := range []struct{ stream, durable string }{
+		{events.PreviewJobsStream, topology.PreviewConsumer},
+		{events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer},
+		{events.LinksStream, topology.ClickCounterLinksConsumerConfig().Durable},
+		{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer},
+		{events.FraudStream, topology.WebhooksAlertsConsumerConfig().Durable},
+	} {
+		if _, err := js.Consumer(t.Context(), c.stream, c.durable); err != nil {
+			t.Errorf("%s > %s: %v", c.stream, c.durable, err)
+		}
+		if !regexp.MustCompile(`consumer ` + regexp.QuoteMeta(c.durable) + ` +ok \(on ` + c.stream + `\)`).MatchString(out) {
+			t.Errorf("topology apply says\n%s\nwithout consumer %s on %s", out, c.durable, c.stream)
 		}
 	}
 }
