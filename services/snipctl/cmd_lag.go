@@ -17,6 +17,13 @@ import (
 // the two alarms of a log reader are lag (events not yet handled) and the
 // age of the oldest unhandled event.
 func cmdLag(ctx context.Context, env *Env, args []string) error {
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			// lag takes no flags (-h, --json): as a group name it would
+			// only be "no such group".
+			return fmt.Errorf("lag [GROUP...]: %q: lag takes group names, no flags: %w", a, errUsage)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
 	js, closeJS, err := connectJetStream(env)

@@ -219,6 +219,19 @@ func TestLagOfAnUnknownGroupFails(t *testing.T) {
 	}
 }
 
+// lag takes group names only: a flag (-h, --json) is a usage error, not a
+// group reported as missing with exit status 1.
+func TestLagRefusesAFlag(t *testing.T) {
+	t.Parallel()
+	environ, _ := appliedNATS(t)
+	for _, args := range [][]string{{"lag", "-h"}, {"lag", "--json"}, {"lag", "demo", "--json"}} {
+		out, err := snipctl(t, environ, args...)
+		if !errors.Is(err, errUsage) || strings.Contains(out, "no such group") {
+			t.Errorf("snipctl %v: err = %v, want a usage error and no table\n%s", args, err, out)
+		}
+	}
+}
+
 // appliedNATS starts NATS, applies the topology (two partitions) with
 // snipctl, and returns the environment snipctl runs with and a JetStream
 // context on the server.
