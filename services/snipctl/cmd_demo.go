@@ -215,7 +215,11 @@ var errStopped = errors.New("the demo is stopping")
 // NATS server, Redis and ClickHouse from the local binaries (data under
 // --dir), every service binary found in --bin, a demo owner, demo links, a
 // small site for the previews to fetch, and a trickle of traffic.
-func cmdDemo(ctx context.Context, env *Env, args []string) error {
+//
+// Stopped (Ctrl-C, SIGTERM) while it starts, it stops what it started and
+// returns nil, as a stop once it runs does: the start-up step the stop cut
+// short failed for it, not for a fault the operator should look for.
+func cmdDemo(ctx context.Context, env *Env, args []string) (err error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() { demoUsage(fs) }
@@ -243,6 +247,11 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
 		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = nil
+		}
+	}()
 	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, shrinkRetention: *shrink, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services

@@ -614,6 +614,38 @@ func TestDemoAfterARunWithALongerRetentionSaysWhatWorks(t *testing.T) {
 	}
 }
 
+// A demo stopped (Ctrl-C) while it starts, here while it waits for a
+// redirect service to create its links, stops what it started and ends
+// without an error, as a demo stopped once it runs does: not with "create
+// link ...: context canceled (is the redirect service running?)", exit 1.
+func TestDemoStoppedWhileItStartsEndsWithoutAnError(t *testing.T) {
+	t.Parallel()
+	dir, bin := t.TempDir(), t.TempDir() // no redirect: the links wait for one
+	d := startDemo(t, nil, func() []string {
+		args, _, _, _ := demoArgs(t, bin, dir)
+		return args
+	})
+	testenv.WaitFor(t, 2*time.Minute, "the demo waiting for its links", func() bool {
+		return strings.Contains(d.out.String(), "not built")
+	})
+	d.cancel()
+	var err error
+	testenv.WaitFor(t, time.Minute, "the demo to stop", func() bool {
+		select {
+		case err = <-d.done:
+			return true
+		default:
+			return false
+		}
+	})
+	if err != nil {
+		t.Errorf("demo stopped while it starts: err = %v, want nil\n%s", err, d.out.String())
+	}
+	if out := strings.TrimSpace(d.out.String()); !strings.HasSuffix(out, "snip demo stopped") {
+		t.Errorf("the demo's last line is not %q:\n%s", "snip demo stopped", out)
+	}
+}
+
 // The demo's start-up waits end with the demo: stopped (Ctrl-C) while it
 // waits for the redirect to create its links, it does not go on trying for
 // the wait's 30 s before it stops what it started.
