@@ -215,7 +215,9 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 		// others are still redriven; only the end of the command's time
 		// (or Ctrl-C), or a failed read of DEAD_LETTER, stops the run,
 		// and the letters after it are not tried.
+		seen := 0
 		stop := deadletter.Each(ctx, js, deadletter.Filter(a.source, a.reason), func(l deadletter.Letter) error {
+			seen++
 			r, err := deadletter.RedriveLetter(ctx, js, l)
 			switch {
 			case err == nil:
@@ -242,12 +244,29 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 			}
 			return fmt.Errorf("dlq redrive stopped before the last dead letter: %w; %d redriven%s, the rest not tried: run it again (dlq list shows what is left)", stop, n, not)
 		}
+		if seen == 0 {
+			// A mistyped source or reason matches nothing: say so,
+			// rather than a bare "0 redriven".
+			what := "no dead letters"
+			if a.source != "" || a.reason != "" {
+				what = fmt.Sprintf("no dead letter matches%s%s", flagIf(" --source", a.source), flagIf(" --reason", a.reason))
+			}
+			fmt.Fprintf(env.Stdout, "%s (dlq list shows the sources and reasons there are)\n", what)
+		}
 	}
 	fmt.Fprintf(env.Stdout, "%d redriven\n", n)
 	if len(errs) > 0 {
 		return fmt.Errorf("%d dead letters not redriven: %w", len(errs), errors.Join(errs...))
 	}
 	return nil
+}
+
+// flagIf is " flag v", or "" when v is.
+func flagIf(flag, v string) string {
+	if v == "" {
+		return ""
+	}
+	return flag + " " + v
 }
 
 func clip(s string, n int) string {

@@ -337,3 +337,19 @@ func TestDLQRedriveStoppedSaysTheRestWasNotTried(t *testing.T) {
 		t.Errorf("%d dead letters left, want the 2 parked", got)
 	}
 }
+
+// A filter that matches no dead letter (a mistyped source) says so, naming
+// it and where the sources are listed, instead of a bare "0 redriven" that
+// reads as if the letters had been dealt with; nothing is redriven, and
+// the command succeeds: there was nothing to do.
+func TestDLQRedriveOfAFilterMatchingNothingSaysSo(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	out, err := snipctl(t, w.environ, "dlq", "redrive", "--source", "previw")
+	if err != nil || !strings.Contains(out, "no dead letter matches --source previw") || !strings.Contains(out, "dlq list") {
+		t.Errorf("dlq redrive --source previw: err = %v, want it to say nothing matches and name dlq list\n%s", err, out)
+	}
+	if got := w.msgs(t, events.DeadLetterStream); got != 2 {
+		t.Errorf("%d dead letters left, want the 2 parked", got)
+	}
+}
