@@ -44,9 +44,9 @@ type command struct {
 // on their first word and get the rest as args.
 var commands = map[string]command{
 	"topology": {usage: "apply [--shrink-retention] [--lower-replicas]", help: "create or update every stream, consumer and bucket (idempotent; a shorter retention, fewer replicas only when asked)", run: cmdTopology},
-	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
+	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID, each [-wait-replicas N]", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
 	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay, streams: true},
-	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5] [--cluster] [--shrink-retention]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
+	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5] [--cluster] [--shrink-retention] ...", help: "run the whole system on this machine (make demo); demo -h lists every flag", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag, streams: true},
 	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers; exits 1 on FAIL, 3 on INCONCLUSIVE", run: cmdScenario},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ, streams: true},
@@ -131,6 +131,7 @@ func usage(w io.Writer) {
 		c := commands[n]
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
 	}
-	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md)")
+	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md);")
+	fmt.Fprintln(w, "SNIPCTL_TIMEOUT (30s) bounds each command, a replay's --wait and a dlq redrive included")
 	fmt.Fprintln(w, "exit status: 0 done (scenario run: PASS), 1 failed (scenario run: FAIL), 2 usage error, 3 scenario run INCONCLUSIVE")
 }

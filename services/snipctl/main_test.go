@@ -249,3 +249,20 @@ func TestStreamCommandsWithoutTheTopologySayWhatToDo(t *testing.T) {
 		}
 	}
 }
+
+// `snipctl help` names every flag a command takes, or where they are
+// listed (demo -h), and SNIPCTL_TIMEOUT, which bounds a replay's --wait
+// and a redrive: a flag the README documents is in the help too.
+func TestHelpNamesTheFlags(t *testing.T) {
+	t.Parallel()
+	out, err := snipctl(t, nil, "help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--shrink-retention] [--lower-replicas]", "-name NAME", "-wait-replicas N", "--from-seq N", "--wait", "--force",
+		"--source S", "--reason R", "--all", "--speed X", "--json", "--cluster", "demo -h lists every flag", "SNIPCTL_TIMEOUT"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("snipctl help does not name %q:\n%s", want, out)
+		}
+	}
+}
