@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -263,6 +264,27 @@ func TestHelpNamesTheFlags(t *testing.T) {
 		"--source S", "--reason R", "--all", "--speed X", "--json", "--cluster", "demo -h lists every flag", "SNIPCTL_TIMEOUT"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("snipctl help does not name %q:\n%s", want, out)
+		}
+	}
+}
+
+// On a NATS where JetStream does not answer (a server without it, or an
+// account without it) every command that calls it says so, naming
+// NATS_URL and the user, not only "no responders available for request".
+func TestNATSCommandsWithoutJetStreamSaySo(t *testing.T) {
+	t.Parallel()
+	o := testenv.NATSOptions(server.RANDOM_PORT, t.TempDir())
+	o.JetStream = false
+	srv, err := testenv.RunNATSServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	environ := []string{"NATS_URL=" + srv.ClientURL(), "SNIPCTL_TIMEOUT=10s"}
+	for _, args := range [][]string{{"topology", "apply"}, {"lag"}, {"dlq", "list"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		out, err := snipctl(t, environ, args...)
+		if err == nil || !strings.Contains(err.Error(), "JetStream does not answer on NATS_URL") || !strings.Contains(err.Error(), "NATS_USER") {
+			t.Errorf("snipctl %v without JetStream: err = %v, want one saying JetStream does not answer on NATS_URL\n%s", args, err, out)
 		}
 	}
 }
