@@ -105,6 +105,7 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	defer closeJS()
 	err = reader.CheckRecount(ctx, js, group, pos, start)
+	recount := false
 	switch {
 	case errors.Is(err, reader.ErrNoGroup):
 		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
@@ -115,16 +116,17 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	case err != nil:
 		return fmt.Errorf("replay %s: %w", group, err)
 	case group == topology.GroupClickCounter:
-		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
+		recount = true
 	}
-	if *fromSeq > 0 {
-		// A sequence after CLICKS' last event replays nothing; --wait
-		// would say every partition had moved back.
-		if last, err := clicksLastSeq(ctx, js); err != nil {
-			return fmt.Errorf("replay %s: %w", group, err)
-		} else if *fromSeq > last {
-			return fmt.Errorf("replay %s: %s is after CLICKS' last event (sequence %d): nothing to replay, nothing requested", group, start, last)
-		}
+	// A position after CLICKS' last event replays nothing; --wait would
+	// say every partition had moved back.
+	if nothing, err := nothingAfter(ctx, js, at, *fromSeq, start); err != nil {
+		return fmt.Errorf("replay %s: %w", group, err)
+	} else if nothing != "" {
+		return fmt.Errorf("replay %s: %s: nothing to replay, nothing requested", group, nothing)
+	}
+	if recount {
+		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -167,13 +169,24 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// clicksLastSeq is the sequence of the last event CLICKS stored.
-func clicksLastSeq(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+// nothingAfter says why CLICKS holds no event at or after the position (a
+// time at, or a sequence seq), "" when it holds one.
+func nothingAfter(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) (string, error) {
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
-		return 0, fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
+		return "", fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
 	}
-	return s.CachedInfo().State.LastSeq, nil
+	st := s.CachedInfo().State
+	switch {
+	case st.Msgs == 0:
+		return "CLICKS holds no events", nil
+	case at.IsZero() && seq > st.LastSeq:
+		return fmt.Sprintf("%s is after CLICKS' last event (sequence %d)", start, st.LastSeq), nil
+	case !at.IsZero() && st.LastTime.Before(at):
+		return fmt.Sprintf("%s (%s) is after CLICKS' last event (sequence %d, stored %s)", start,
+			at.UTC().Format(time.RFC3339Nano), st.LastSeq, st.LastTime.UTC().Format(time.RFC3339Nano)), nil
+	}
+	return "", nil
 }
 
 // goneBefore says, when CLICKS no longer holds events the replay asked

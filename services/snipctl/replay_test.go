@@ -480,7 +480,7 @@ func TestReplayWaitOutOfTimeSaysTheReplayStaysRequested(t *testing.T) {
 // A position that names nothing to replay is refused, naming the flag and
 // what it wants, and nothing is requested: --since 0 or less and
 // --from-seq 0 (before, "give exactly one of" although one was given), a
-// --from in the future and a --from-seq after CLICKS' last event (before,
+// --from in the future, and a position after CLICKS' last event (before,
 // a replay of nothing was requested, and --wait said every partition had
 // moved back).
 func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
@@ -503,6 +503,8 @@ func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
 		{[]string{"--from-seq", "0"}, true, "--from-seq 0: CLICKS sequences start at 1"},
 		{[]string{"--from", time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)}, true, "is in the future"},
 		{[]string{"--from-seq", "11"}, false, "--from-seq 11 is after CLICKS' last event (sequence 10): nothing to replay"},
+		// A moment ago: after the last click, stored before it.
+		{[]string{"--since", "1ns"}, false, "is after CLICKS' last event (sequence 10, stored "},
 	} {
 		out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=5s"), append([]string{"replay", "loader", "--wait"}, tc.args...)...)
 		if err == nil || errors.Is(err, errUsage) != tc.usage || !strings.Contains(err.Error(), tc.says) {
