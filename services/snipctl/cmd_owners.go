@@ -58,8 +58,13 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 		name = fs.String("name", id, "display name")
 	}
 	replicas := fs.Int("wait-replicas", 0, "replicas of each Redis master every write waits for (0: none)")
-	if err := fs.Parse(rest); err != nil || fs.NArg() > 0 || *replicas < 0 {
-		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
+	switch err := fs.Parse(rest); {
+	case err != nil:
+		return fmt.Errorf("owners %s: %v: %s: %w", verb, err, ownersUsage, errUsage)
+	case fs.NArg() > 0:
+		return fmt.Errorf("owners %s %s: unexpected arguments %q (one owner at a time, flags after its ID): %s: %w", verb, id, fs.Args(), ownersUsage, errUsage)
+	case *replicas < 0:
+		return fmt.Errorf("owners %s: -wait-replicas %d: want 0 (no wait) or more: %s: %w", verb, *replicas, ownersUsage, errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()

@@ -27,8 +27,11 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	fs.SetOutput(io.Discard)
 	shrink := fs.Bool("shrink-retention", false, "lower an existing stream's retention, discarding what falls outside")
 	lower := fs.Bool("lower-replicas", false, "scale existing streams down to SNIP_REPLICAS")
-	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
-		return fmt.Errorf("topology apply [--shrink-retention] [--lower-replicas]: %w", errUsage)
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("topology apply: %v: topology apply [--shrink-retention] [--lower-replicas]: %w", err, errUsage)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("topology apply: unexpected arguments %q: topology apply [--shrink-retention] [--lower-replicas]: %w", fs.Args(), errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()

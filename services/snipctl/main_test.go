@@ -288,3 +288,25 @@ func TestNATSCommandsWithoutJetStreamSaySo(t *testing.T) {
 		}
 	}
 }
+
+// A usage error of topology apply or owners names what was wrong (the
+// flag it does not know, the word it does not take, the value it refuses),
+// not only the usage.
+func TestUsageErrorsNameWhatWasWrong(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"topology", "apply", "--force"}, "-force"},
+		{[]string{"topology", "apply", "now"}, `"now"`},
+		{[]string{"owners", "create", "acme", "-nmae", "Acme"}, "-nmae"},
+		{[]string{"owners", "rotate", "acme", "beta"}, `"beta"`},
+		{[]string{"owners", "revoke", "acme", "-wait-replicas", "-1"}, "-wait-replicas -1"},
+	} {
+		_, err := snipctl(t, nil, tc.args...)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("snipctl %v: err = %v, want a usage error naming %s", tc.args, err, tc.says)
+		}
+	}
+}
