@@ -128,6 +128,19 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if recount {
 		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
 	}
+	// The partitions carry out the group's latest request only: one still
+	// under way is replaced, and its partitions that did move back move
+	// back again for this one.
+	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID != "" && !st.Done() && !st.Void() {
+		var left []int
+		for _, p := range st.Partitions {
+			if !p.Done {
+				left = append(left, p.Partition)
+			}
+		}
+		fmt.Fprintf(env.Stdout, "warning: replay %s of group %s, requested %s, is not carried out yet by partitions %v: this replay replaces it (the partitions that carried it out move back again)\n",
+			st.ID, group, st.Requested.UTC().Format(time.RFC3339), left)
+	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
 		// A group started at new events (the webhooks group) is

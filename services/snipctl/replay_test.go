@@ -518,3 +518,36 @@ func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
 		t.Errorf("replay loader --from-seq 10, the last event: %v\n%s", err, out)
 	}
 }
+
+// A replay requested while the group's previous one is not carried out yet
+// (no member has taken it) says that it replaces that one, naming it and
+// the partitions still to move.
+func TestReplayOverAReplayUnderWaySaysItReplacesIt(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := snipctl(t, environ, "replay", "idle", "--from-seq", "1")
+	if err != nil {
+		t.Fatalf("first replay: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "replaces") {
+		t.Errorf("the first replay of the group says it replaces one:\n%s", out)
+	}
+	first := regexp.MustCompile(`replay (\S+) requested`).FindStringSubmatch(out)
+	if first == nil {
+		t.Fatalf("no replay ID in the output:\n%s", out)
+	}
+	out, err = snipctl(t, environ, "replay", "idle", "--from-seq", "5")
+	if err != nil {
+		t.Fatalf("second replay: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "warning: replay "+first[1]+" of group idle") || !strings.Contains(out, "partitions [0 1]: this replay replaces it") {
+		t.Errorf("the second replay does not say it replaces %s:\n%s", first[1], out)
+	}
+}
