@@ -38,6 +38,11 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 		groups = slices.Sorted(maps.Keys(all))
+		if len(groups) == 0 {
+			// A header alone reads as a table that failed to fill.
+			fmt.Fprintln(env.Stdout, "no consumer groups on CLICKS yet: a group appears when its first member (a reader service) starts")
+			return nil
+		}
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\tpartition\tpending\tin flight\toldest unhandled\tack floor\towner pinned\t")

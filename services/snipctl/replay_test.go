@@ -232,6 +232,16 @@ func TestLagRefusesAFlag(t *testing.T) {
 	}
 }
 
+// lag on a CLICKS without consumer groups says so, not a bare header.
+func TestLagWithoutGroupsSaysSo(t *testing.T) {
+	t.Parallel()
+	environ, _ := appliedNATS(t)
+	out, err := snipctl(t, environ, "lag")
+	if err != nil || !strings.Contains(out, "no consumer groups on CLICKS yet") {
+		t.Errorf("lag without groups: err = %v, want it to say there are none\n%s", err, out)
+	}
+}
+
 // appliedNATS starts NATS, applies the topology (two partitions) with
 // snipctl, and returns the environment snipctl runs with and a JetStream
 // context on the server.
