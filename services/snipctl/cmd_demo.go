@@ -244,6 +244,12 @@ func cmdDemo(ctx context.Context, env *Env, args []string) (err error) {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
+	if !*cluster && env.Cfg.Replicas > 1 {
+		// One embedded server keeps one copy: the topology would fail
+		// after NATS, Redis and ClickHouse started, with the server's
+		// "replicas > 1 not supported in non-clustered mode".
+		return fmt.Errorf("demo: SNIP_REPLICAS=%d needs --cluster (three NATS servers); without it the demo runs one, which keeps one copy: unset SNIP_REPLICAS, or add --cluster: %w", env.Cfg.Replicas, errUsage)
+	}
 	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
 		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}

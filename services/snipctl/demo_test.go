@@ -646,6 +646,22 @@ func TestDemoStoppedWhileItStartsEndsWithoutAnError(t *testing.T) {
 	}
 }
 
+// SNIP_REPLICAS above 1 without --cluster is a usage error naming
+// --cluster, before anything starts: one embedded server keeps one copy,
+// and the topology would fail only once NATS, Redis and ClickHouse ran.
+func TestDemoRefusesReplicasWithoutACluster(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out, err := snipctl(t, []string{"SNIP_REPLICAS=3"}, "demo", "--dir", dir, "--bin", t.TempDir(), "--rate", "0",
+		"--nats-port", "1", "--redis-port", "1") // one port twice: a demo past the check would stop at the port check
+	if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), "--cluster") {
+		t.Errorf("demo with SNIP_REPLICAS=3: err = %v, want a usage error naming --cluster\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("demo with SNIP_REPLICAS=3 started something: %s holds %v", dir, entries)
+	}
+}
+
 // The demo's start-up waits end with the demo: stopped (Ctrl-C) while it
 // waits for the redirect to create its links, it does not go on trying for
 // the wait's 30 s before it stops what it started.
