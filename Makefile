@@ -13,6 +13,8 @@ PKG ?= work
 T ?= .
 TEST_FLAGS ?= -race -shuffle=on -count=1 -timeout 20m
 DEMO_DIR ?= .demo
+# More flags for snipctl demo, e.g. DEMO_FLAGS=--shrink-retention.
+DEMO_FLAGS ?=
 BIN := $(DEMO_DIR)/bin
 SERVICES := $(notdir $(wildcard services/*))
 
@@ -35,11 +37,11 @@ build: ## build every service binary into .demo/bin
 
 .PHONY: demo
 demo: build ## run the whole system on this machine (embedded NATS, local Redis and ClickHouse)
-	$(BIN)/snipctl demo --dir $(DEMO_DIR) --bin $(BIN)
+	$(BIN)/snipctl demo --dir $(DEMO_DIR) --bin $(BIN) $(DEMO_FLAGS)
 
 .PHONY: demo-cluster
 demo-cluster: build ## the demo on a 3-node NATS cluster (R3) and a Redis Cluster (3 masters + 3 replicas): kill a node and watch
-	$(BIN)/snipctl demo --cluster --dir $(DEMO_DIR) --bin $(BIN)
+	$(BIN)/snipctl demo --cluster --dir $(DEMO_DIR) --bin $(BIN) $(DEMO_FLAGS)
 
 .PHONY: test
 test: servers modules ## every test, against real NATS (embedded), Redis and ClickHouse

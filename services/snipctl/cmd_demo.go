@@ -110,6 +110,9 @@ type demo struct {
 	// redisReplicas: Redis runs with a replica per master (--cluster), so
 	// the services wait for it before they acknowledge.
 	redisReplicas bool
+	// shrinkRetention: --shrink-retention, the topology may shorten the
+	// retention of the streams an earlier demo left in --dir.
+	shrinkRetention bool
 	// readyWait is how long the demo waits for every service's /readyz
 	// before it prints the banner (20 s).
 	readyWait time.Duration
@@ -212,7 +215,11 @@ var errStopped = errors.New("the demo is stopping")
 // NATS server, Redis and ClickHouse from the local binaries (data under
 // --dir), every service binary found in --bin, a demo owner, demo links, a
 // small site for the previews to fetch, and a trickle of traffic.
-func cmdDemo(ctx context.Context, env *Env, args []string) error {
+//
+// Stopped (Ctrl-C, SIGTERM) while it starts, it stops what it started and
+// returns nil, as a stop once it runs does: the start-up step the stop cut
+// short failed for it, not for a fault the operator should look for.
+func cmdDemo(ctx context.Context, env *Env, args []string) (err error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(env.Stderr)
 	fs.Usage = func() { demoUsage(fs) }
@@ -226,6 +233,7 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	sitePort := fs.Int("site-port", 8089, "port of the local demo site the links point at")
 	rate := fs.Float64("rate", 5, "demo clicks per second (0 for none; at most 10000)")
 	natsProf := fs.Int("nats-prof-port", 0, "serve the demo process's Go profiles (/debug/pprof/: its embedded NATS server's heap and CPU) on this loopback port, as nats-server's prof_port does (0: off; not with --cluster)")
+	shrink := fs.Bool("shrink-retention", false, "let the topology shorten the retention of the streams an earlier demo left in --dir (a shorter SNIP_CLICKS_MAX_AGE or SNIP_CLICKS_MAX_BYTES than that run's), discarding the events that fall outside")
 	cluster := fs.Bool("cluster", false, "run on a 3-node NATS cluster (streams with 3 replicas) and a Redis Cluster (3 masters, 3 replicas) on free ports, to kill or freeze a node and watch; --nats-port, --nats-monitor-port, --nats-prof-port and --redis-port are not used")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -236,10 +244,21 @@ func cmdDemo(ctx context.Context, env *Env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("demo: unexpected arguments %q: %w", fs.Args(), errUsage)
 	}
+	if !*cluster && env.Cfg.Replicas > 1 {
+		// One embedded server keeps one copy: the topology would fail
+		// after NATS, Redis and ClickHouse started, with the server's
+		// "replicas > 1 not supported in non-clustered mode".
+		return fmt.Errorf("demo: SNIP_REPLICAS=%d needs --cluster (three NATS servers); without it the demo runs one, which keeps one copy: unset SNIP_REPLICAS, or add --cluster: %w", env.Cfg.Replicas, errUsage)
+	}
 	if !(*rate >= 0 && *rate <= maxDemoRate) { // NaN too
 		return fmt.Errorf("demo: --rate %g: want 0 (no clicks) to %d clicks per second: %w", *rate, maxDemoRate, errUsage)
 	}
-	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, readyWait: 20 * time.Second}
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = nil
+		}
+	}()
+	d := &demo{env: env, dir: *dir, bin: *bin, httpBase: *httpBase, natsHTTP: *natsHTTP, natsProf: *natsProf, shrinkRetention: *shrink, readyWait: 20 * time.Second}
 	// Every port first: a demo still running (or still stopping) would
 	// otherwise answer the new demo's health checks while the new services
 	// fail to bind, and the banner would say all is well.
@@ -362,6 +381,9 @@ environment:
   SNIP_CLICKS_MAX_BYTES  CLICKS retention by size (default: none)
   SNIPCTL_TIMEOUT        timeout of each setup call and HTTP call to a service (default 30s)
 The demo starts its own NATS and Redis: NATS_URL and REDIS_URL are not read.
+Its streams stay in --dir from run to run (not with --cluster): a shorter
+retention than an earlier run's needs --shrink-retention, another partition
+count an empty --dir/nats.
 `)
 }
 
@@ -485,15 +507,17 @@ func (d *demo) prepare(ctx context.Context) error {
 	defer cancel()
 	// A cluster just started may not place replicated assets for a moment
 	// (topology.NoPeersYet); anything else is the demo's error at once.
+	o := d.env.Cfg.Topology.Options()
+	o.ShrinkRetention = d.shrinkRetention
 	err = service.Backoff{Attempt: d.env.Cfg.Timeout}.Retry(tctx, d.env.Log, "apply topology", func(ctx context.Context) error {
-		err := topology.Apply(ctx, js, d.env.Cfg.Topology.Options())
+		err := topology.Apply(ctx, js, o)
 		if err != nil && !topology.NoPeersYet(err) {
 			return service.Permanent(err)
 		}
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+		return d.topologyError(err)
 	}
 	rdb, err := redisconn.Open(d.redisURL)
 	if err != nil {
@@ -505,6 +529,47 @@ func (d *demo) prepare(ctx context.Context) error {
 	}
 	return nil
 }
+
+// topologyError is the demo's error for a topology it could not apply.
+// The streams of an earlier demo stay in --dir/nats; one started with a
+// longer SNIP_CLICKS_MAX_AGE (or a larger SNIP_CLICKS_MAX_BYTES, or another
+// SNIP_PARTITIONS) than this one is refused by the topology, whose error
+// names `snipctl topology apply`'s flags: the demo's NATS runs only while
+// the demo does, so the error says what works for the demo instead.
+func (d *demo) topologyError(err error) error {
+	data := filepath.Join(d.dir, "nats")
+	fresh := fmt.Sprintf("or remove %s (rm -rf %s) to start with empty streams", data, data)
+	// What differs, without the retry's prefixes and the sentinel's hint.
+	what := func(sentinel error) string {
+		s := strings.TrimSuffix(err.Error(), ": "+sentinel.Error())
+		for {
+			rest, ok := strings.CutPrefix(s, "apply topology: ")
+			if !ok {
+				return s
+			}
+			s = rest
+		}
+	}
+	switch {
+	case errors.Is(err, topology.ErrRetentionShrinks):
+		return &demoTopologyError{err: err, msg: fmt.Sprintf("demo: the streams an earlier demo left in %s keep more than this one's settings would (%s), "+
+			"and the demo discards no events unless told to: start it with that run's SNIP_CLICKS_MAX_AGE and SNIP_CLICKS_MAX_BYTES; "+
+			"or with --shrink-retention (make demo DEMO_FLAGS=--shrink-retention) to discard what falls outside; %s", data, what(topology.ErrRetentionShrinks), fresh)}
+	case errors.Is(err, topology.ErrPartitionsChanged):
+		return &demoTopologyError{err: err, msg: fmt.Sprintf("demo: CLICKS as an earlier demo left it in %s has another partition count than SNIP_PARTITIONS=%d (%s): "+
+			"start the demo with that run's SNIP_PARTITIONS, %s", data, d.env.Cfg.Partitions, what(topology.ErrPartitionsChanged), fresh)}
+	}
+	return fmt.Errorf("demo: %w", err)
+}
+
+// demoTopologyError is topologyError's message around the topology's error.
+type demoTopologyError struct {
+	msg string
+	err error
+}
+
+func (e *demoTopologyError) Error() string { return e.msg }
+func (e *demoTopologyError) Unwrap() error { return e.err }
 
 // startServices starts every service whose binary is in --bin and returns
 // the names of those started.

@@ -210,21 +210,48 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 			report(r)
 		}
 	} else {
-		err := deadletter.Each(ctx, js, deadletter.Filter(a.source, a.reason), func(l deadletter.Letter) error {
+		// A letter that fails (its stream refuses the publish, say) is
+		// left in place and said, as one named by sequence is, and the
+		// others are still redriven; only the end of the command's time
+		// (or Ctrl-C), or a failed read of DEAD_LETTER, stops the run,
+		// and the letters after it are not tried.
+		seen := 0
+		stop := deadletter.Each(ctx, js, deadletter.Filter(a.source, a.reason), func(l deadletter.Letter) error {
+			seen++
 			r, err := deadletter.RedriveLetter(ctx, js, l)
-			if errors.Is(err, deadletter.ErrNotRedrivable) {
-				fmt.Fprintf(env.Stderr, "dead letter %d: %v (left in place)\n", l.Seq, err)
-				errs = append(errs, err)
+			switch {
+			case err == nil:
+				report(r)
 				return nil
-			}
-			if err != nil {
+			case ctx.Err() != nil:
 				return err
+			case errors.Is(err, deadletter.ErrNotRedrivable):
+				fmt.Fprintf(env.Stderr, "dead letter %d: %v (left in place)\n", l.Seq, err)
+			default:
+				fmt.Fprintf(env.Stderr, "dead letter %d: %v\n", l.Seq, err)
 			}
-			report(r)
+			errs = append(errs, err)
 			return nil
 		})
-		if err != nil {
-			errs = append(errs, err)
+		if errors.Is(stop, jetstream.ErrStreamNotFound) {
+			return stop // no DEAD_LETTER: nothing was tried, nothing to run again
+		}
+		if stop != nil {
+			fmt.Fprintf(env.Stdout, "%d redriven\n", n)
+			not := ""
+			if len(errs) > 0 {
+				not = fmt.Sprintf(" and %d not (%v)", len(errs), errors.Join(errs...))
+			}
+			return fmt.Errorf("dlq redrive stopped before the last dead letter: %w; %d redriven%s, the rest not tried: run it again (dlq list shows what is left)", stop, n, not)
+		}
+		if seen == 0 {
+			// A mistyped source or reason matches nothing: say so,
+			// rather than a bare "0 redriven".
+			what := "no dead letters"
+			if a.source != "" || a.reason != "" {
+				what = fmt.Sprintf("no dead letter matches%s%s", flagIf(" --source", a.source), flagIf(" --reason", a.reason))
+			}
+			fmt.Fprintf(env.Stdout, "%s (dlq list shows the sources and reasons there are)\n", what)
 		}
 	}
 	fmt.Fprintf(env.Stdout, "%d redriven\n", n)
@@ -232,6 +259,14 @@ func dlqRedrive(ctx context.Context, env *Env, js jetstream.JetStream, args []st
 		return fmt.Errorf("%d dead letters not redriven: %w", len(errs), errors.Join(errs...))
 	}
 	return nil
+}
+
+// flagIf is " flag v", or "" when v is.
+func flagIf(flag, v string) string {
+	if v == "" {
+		return ""
+	}
+	return flag + " " + v
 }
 
 func clip(s string, n int) string {

@@ -17,6 +17,13 @@ import (
 // the two alarms of a log reader are lag (events not yet handled) and the
 // age of the oldest unhandled event.
 func cmdLag(ctx context.Context, env *Env, args []string) error {
+	for _, a := range args {
+		if strings.HasPrefix(a, "-") {
+			// lag takes no flags (-h, --json): as a group name it would
+			// only be "no such group".
+			return fmt.Errorf("lag [GROUP...]: %q: lag takes group names, no flags: %w", a, errUsage)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
 	js, closeJS, err := connectJetStream(env)
@@ -31,6 +38,11 @@ func cmdLag(ctx context.Context, env *Env, args []string) error {
 			return err
 		}
 		groups = slices.Sorted(maps.Keys(all))
+		if len(groups) == 0 {
+			// A header alone reads as a table that failed to fill.
+			fmt.Fprintln(env.Stdout, "no consumer groups on CLICKS yet: a group appears when its first member (a reader service) starts")
+			return nil
+		}
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "group\tpartition\tpending\tin flight\toldest unhandled\tack floor\towner pinned\t")

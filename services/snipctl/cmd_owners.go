@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -57,8 +58,13 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 		name = fs.String("name", id, "display name")
 	}
 	replicas := fs.Int("wait-replicas", 0, "replicas of each Redis master every write waits for (0: none)")
-	if err := fs.Parse(rest); err != nil || fs.NArg() > 0 || *replicas < 0 {
-		return fmt.Errorf("%s: %w", ownersUsage, errUsage)
+	switch err := fs.Parse(rest); {
+	case err != nil:
+		return fmt.Errorf("owners %s: %v: %s: %w", verb, err, ownersUsage, errUsage)
+	case fs.NArg() > 0:
+		return fmt.Errorf("owners %s %s: unexpected arguments %q (one owner at a time, flags after its ID): %s: %w", verb, id, fs.Args(), ownersUsage, errUsage)
+	case *replicas < 0:
+		return fmt.Errorf("owners %s: -wait-replicas %d: want 0 (no wait) or more: %s: %w", verb, *replicas, ownersUsage, errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -83,6 +89,12 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	switch verb {
 	case "create":
 		key, err := store.Create(ctx, id, *name)
+		if errors.Is(err, owners.ErrExists) {
+			// Its key was printed when it was created (or, if that
+			// create failed after storing the owner, never): what gives
+			// it one now is a rotation.
+			return fmt.Errorf("%w: a key is printed only when it is made; `snipctl owners rotate %s` gives the owner a new one (every older key of it stops working)", err, idArg(id))
+		}
 		if err != nil {
 			return err
 		}
@@ -90,15 +102,33 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	case "rotate":
 		key, err := store.Rotate(ctx, id)
 		if err != nil {
-			return err
+			return ownersUnknown(err, id)
 		}
 		fmt.Fprintf(env.Stdout, "owner %s: new api key: %s\n(store it now: Snip keeps only its hash; every older key of %s no longer works)\n", id, key, id)
 	case "revoke":
 		n, err := store.Revoke(ctx, id)
 		if err != nil {
-			return err
+			return ownersUnknown(err, id)
 		}
 		fmt.Fprintf(env.Stdout, "owner %s: %d api key(s) revoked; none works now (owners rotate %s gives a new one)\n", id, n, id)
 	}
 	return nil
+}
+
+// ownersUnknown adds to an error for an owner that is not there what
+// creates it.
+func ownersUnknown(err error, id string) error {
+	if errors.Is(err, owners.ErrUnknownOwner) {
+		return fmt.Errorf("%w: `snipctl owners create %s` creates it (and prints its key)", err, idArg(id))
+	}
+	return err
+}
+
+// idArg is id as the owners commands take it: after "--" when it starts
+// with "-".
+func idArg(id string) string {
+	if strings.HasPrefix(id, "-") {
+		return "-- " + id
+	}
+	return id
 }

@@ -9,6 +9,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -50,27 +53,49 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		// after it would be dropped silently.
 		return fmt.Errorf("replay %s: unexpected arguments %q (replay one group at a time, flags after it): %w", group, fs.Args(), errUsage)
 	}
+	// Which position flags were given, whatever their values: a value
+	// that names no position (--since 0, --from-seq 0) is refused as
+	// such, not as a missing flag.
+	set, given := 0, ""
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "since", "from", "from-seq":
+			set, given = set+1, f.Name
+		}
+	})
+	if set != 1 {
+		return fmt.Errorf("replay: give exactly one of --since, --from, --from-seq: %w", errUsage)
+	}
 	var pos reader.Position
 	var start string // the position as given, for messages
-	set := 0
-	if *since > 0 {
-		start = "--since " + since.String()
-		pos, set = reader.FromTime(time.Now().Add(-*since)), set+1
-	}
-	if *from != "" {
+	var at time.Time // the position's time, if it is one
+	switch given {
+	case "from":
 		t, err := time.Parse(time.RFC3339, *from)
 		if err != nil {
 			return fmt.Errorf("replay: --from %q is not an RFC 3339 time: %w", *from, errUsage)
 		}
+		if now := time.Now(); t.After(now) {
+			// Nothing is stored after now: the replay would move nothing
+			// back, and --wait would say every partition had.
+			return fmt.Errorf("replay: --from %s is in the future (now %s): nothing to replay: %w", *from, now.UTC().Format(time.RFC3339), errUsage)
+		}
 		start = "--from " + *from
-		pos, set = reader.FromTime(t), set+1
-	}
-	if *fromSeq > 0 {
+		at = t
+		pos = reader.FromTime(t)
+	case "from-seq":
+		if *fromSeq == 0 {
+			return fmt.Errorf("replay: --from-seq 0: CLICKS sequences start at 1 (the oldest retained): %w", errUsage)
+		}
 		start = "--from-seq " + strconv.FormatUint(*fromSeq, 10)
-		pos, set = reader.FromSeq(*fromSeq), set+1
-	}
-	if set != 1 {
-		return fmt.Errorf("replay: give exactly one of --since, --from, --from-seq: %w", errUsage)
+		pos = reader.FromSeq(*fromSeq)
+	default: // since
+		if *since <= 0 {
+			return fmt.Errorf("replay: --since %s: want a duration of more than 0 (24h: the last day): %w", since, errUsage)
+		}
+		start = "--since " + since.String()
+		at = time.Now().Add(-*since)
+		pos = reader.FromTime(at)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -80,6 +105,7 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	defer closeJS()
 	err = reader.CheckRecount(ctx, js, group, pos, start)
+	recount := false
 	switch {
 	case errors.Is(err, reader.ErrNoGroup):
 		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
@@ -90,7 +116,30 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	case err != nil:
 		return fmt.Errorf("replay %s: %w", group, err)
 	case group == topology.GroupClickCounter:
+		recount = true
+	}
+	// A position after CLICKS' last event replays nothing; --wait would
+	// say every partition had moved back.
+	if nothing, err := nothingAfter(ctx, js, at, *fromSeq, start); err != nil {
+		return fmt.Errorf("replay %s: %w", group, err)
+	} else if nothing != "" {
+		return fmt.Errorf("replay %s: %s: nothing to replay, nothing requested", group, nothing)
+	}
+	if recount {
 		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
+	}
+	// The partitions carry out the group's latest request only: one still
+	// under way is replaced, and its partitions that did move back move
+	// back again for this one.
+	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID != "" && !st.Done() && !st.Void() {
+		var left []int
+		for _, p := range st.Partitions {
+			if !p.Done {
+				left = append(left, p.Partition)
+			}
+		}
+		fmt.Fprintf(env.Stdout, "warning: replay %s of group %s, requested %s, is not carried out yet by partitions %v: this replay replaces it (the partitions that carried it out move back again)\n",
+			st.ID, group, st.Requested.UTC().Format(time.RFC3339), left)
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -100,6 +149,9 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "replay %s requested for group %s\n", id, group)
+	if gone := goneBefore(ctx, js, at, *fromSeq, start); gone != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s\n", gone)
+	}
 	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID == id {
 		var atStart []int
 		for _, p := range st.Partitions {
@@ -116,10 +168,92 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return nil
 	}
 	if err := reader.WaitRewind(ctx, js, group, id); err != nil {
+		if ctx.Err() != nil {
+			// Out of time, or Ctrl-C: the request stays, and is carried
+			// out as ever; say so, which partitions it waits for, and
+			// how to wait longer, before the operator asks again (a new
+			// request replaces it, and the partitions already moved back
+			// move back again).
+			return fmt.Errorf("%w; %s", err, stillRequested(ctx, env, js, group, id))
+		}
 		return err
 	}
 	fmt.Fprintln(env.Stdout, "every partition has moved back")
 	return nil
+}
+
+// nothingAfter says why CLICKS holds no event at or after the position (a
+// time at, or a sequence seq), "" when it holds one.
+func nothingAfter(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) (string, error) {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return "", fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
+	}
+	st := s.CachedInfo().State
+	switch {
+	case st.Msgs == 0:
+		return "CLICKS holds no events", nil
+	case at.IsZero() && seq > st.LastSeq:
+		return fmt.Sprintf("%s is after CLICKS' last event (sequence %d)", start, st.LastSeq), nil
+	case !at.IsZero() && st.LastTime.Before(at):
+		return fmt.Sprintf("%s (%s) is after CLICKS' last event (sequence %d, stored %s)", start,
+			at.UTC().Format(time.RFC3339Nano), st.LastSeq, st.LastTime.UTC().Format(time.RFC3339Nano)), nil
+	}
+	return "", nil
+}
+
+// goneBefore says, when CLICKS no longer holds events the replay asked
+// for (a position before its oldest event, which its retention discarded
+// the ones before), where the replay really starts; "" when CLICKS holds
+// the position, or it is --from-seq 1 ("the oldest retained"). The replay
+// of each partition starts at its first event at or after the position,
+// so without this a --since longer than the retention replays less than
+// asked, and says nothing.
+func goneBefore(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) string {
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		return ""
+	}
+	info := s.CachedInfo()
+	st := info.State
+	if st.FirstSeq <= 1 {
+		return "" // nothing ever discarded
+	}
+	keeps := "no age limit"
+	if info.Config.MaxAge > 0 {
+		keeps = "an age limit of " + info.Config.MaxAge.String()
+	}
+	switch {
+	case !at.IsZero() && !at.Before(st.FirstTime), at.IsZero() && (seq <= 1 || seq >= st.FirstSeq):
+		return ""
+	case st.Msgs == 0:
+		return fmt.Sprintf("CLICKS holds no events now (%s; %d events stored and discarded): %s replays nothing", keeps, st.LastSeq, start)
+	}
+	return fmt.Sprintf("CLICKS' oldest event now is sequence %d, stored %s: the replay starts there, not at %s; what was stored before it is gone (CLICKS keeps %s)",
+		st.FirstSeq, st.FirstTime.UTC().Format(time.RFC3339), start, keeps)
+}
+
+// stillRequested is what an operator whose --wait ended before the replay
+// was carried out needs to know: it stays requested, the partitions still
+// to move back, and how to follow or wait longer. The partitions are read
+// anew, for a second at most: the command's own time is over.
+func stillRequested(ctx context.Context, env *Env, js jetstream.JetStream, group, id string) string {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	which := "its partitions"
+	if st, err := reader.LatestRewind(rctx, js, group); err == nil && st.ID == id {
+		var left []int
+		for _, p := range st.Partitions {
+			if !p.Done {
+				left = append(left, p.Partition)
+			}
+		}
+		which = fmt.Sprintf("partitions %v", left)
+	}
+	return fmt.Sprintf("replay %s stays requested: %s move back when their owner takes it (one with no live member, when one joins); "+
+		"snipctl lag %s shows the group, and a larger SNIPCTL_TIMEOUT (now %s) waits longer; "+
+		"do not ask again to wait for it: a new replay replaces this one, and the partitions already moved back move back again",
+		id, which, group, env.Cfg.Timeout)
 }
 
 // errNotARecount is a click-counter replay refused because it would

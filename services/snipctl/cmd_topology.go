@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -26,8 +27,11 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	fs.SetOutput(io.Discard)
 	shrink := fs.Bool("shrink-retention", false, "lower an existing stream's retention, discarding what falls outside")
 	lower := fs.Bool("lower-replicas", false, "scale existing streams down to SNIP_REPLICAS")
-	if err := fs.Parse(args[1:]); err != nil || fs.NArg() > 0 {
-		return fmt.Errorf("topology apply [--shrink-retention] [--lower-replicas]: %w", errUsage)
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("topology apply: %v: topology apply [--shrink-retention] [--lower-replicas]: %w", err, errUsage)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("topology apply: unexpected arguments %q: topology apply [--shrink-retention] [--lower-replicas]: %w", fs.Args(), errUsage)
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -44,8 +48,18 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	for _, s := range topology.Streams(o) {
 		fmt.Fprintf(env.Stdout, "stream %-18s ok\n", s.Name)
 	}
-	fmt.Fprintf(env.Stdout, "consumer %s ok\nconsumer %s ok\nbucket %s ok\n",
-		topology.PreviewConsumer, topology.PreviewRescueConsumer, topology.MembersBucket)
+	// Every consumer Apply declares, on its stream (the consumer groups'
+	// are the readers' own, created as they join).
+	for _, c := range []struct{ stream, durable string }{
+		{events.PreviewJobsStream, topology.PreviewConsumerConfig().Durable},
+		{events.PreviewAdvisoriesStream, topology.PreviewRescueConsumerConfig().Durable},
+		{events.LinksStream, topology.ClickCounterLinksConsumerConfig().Durable},
+		{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumerConfig().Durable},
+		{events.FraudStream, topology.WebhooksAlertsConsumerConfig().Durable},
+	} {
+		fmt.Fprintf(env.Stdout, "consumer %-22s ok (on %s)\n", c.durable, c.stream)
+	}
+	fmt.Fprintf(env.Stdout, "bucket %s ok\n", topology.MembersBucket)
 	return nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // syncBuffer collects the demo's output for the failure message.
@@ -534,6 +535,131 @@ func TestDemoRefusesABadRate(t *testing.T) {
 		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 			t.Errorf("demo --rate %s started something: %s holds %v", rate, dir, entries)
 		}
+	}
+}
+
+// The demo keeps its streams in --dir from run to run. One started with a
+// shorter SNIP_CLICKS_MAX_AGE than an earlier run's is refused by the
+// topology (it would discard what falls outside), and the error says what
+// works for the demo: not `topology apply`'s flag (the demo's NATS runs
+// only while it does), but the earlier setting, the demo's own
+// --shrink-retention (through make, DEMO_FLAGS), or an empty --dir/nats.
+// With --shrink-retention the demo starts, and the next run with the
+// shorter age starts without it.
+func TestDemoAfterARunWithALongerRetentionSaysWhatWorks(t *testing.T) {
+	t.Parallel()
+	dir, bin := t.TempDir(), t.TempDir() // no service binaries: the test ends past the topology
+	// prepared starts the demo and returns once it is past its topology and
+	// owner (it says which services it skips), or what it returned before.
+	prepared := func(env []string, flags ...string) (string, error) {
+		t.Helper()
+		d := startDemo(t, env, func() []string {
+			args, _, _, _ := demoArgs(t, bin, dir)
+			return append(args, flags...)
+		})
+		var err error
+		returned := false
+		testenv.WaitFor(t, 2*time.Minute, "the demo past its topology, or returned", func() bool {
+			select {
+			case err = <-d.done:
+				returned = true
+				return true
+			default:
+				return strings.Contains(d.out.String(), "not built")
+			}
+		})
+		d.cancel()
+		if !returned {
+			<-d.done // stopped: its NATS has written the streams
+			return d.out.String(), nil
+		}
+		return d.out.String(), err
+	}
+	if out, err := prepared([]string{"SNIP_CLICKS_MAX_AGE=720h"}); err != nil {
+		t.Fatalf("first demo, SNIP_CLICKS_MAX_AGE=720h: %v\n%s", err, out)
+	}
+	out, err := prepared(nil)
+	if !errors.Is(err, topology.ErrRetentionShrinks) {
+		t.Fatalf("demo with the default age after one with 720h: err = %v, want ErrRetentionShrinks\n%s", err, out)
+	}
+	msg := err.Error()
+	for _, want := range []string{"max age 720h0m0s, want 168h0m0s", "SNIP_CLICKS_MAX_AGE", "--shrink-retention", "make demo DEMO_FLAGS=--shrink-retention", filepath.Join(dir, "nats")} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "(snipctl)") {
+		t.Errorf("the refusal %q sends the user to snipctl topology apply, which cannot reach the demo's NATS", msg)
+	}
+	if out, err := prepared(nil, "--shrink-retention"); err != nil {
+		t.Fatalf("demo --shrink-retention, as the refusal says: %v\n%s", err, out)
+	}
+	if out, err := prepared(nil); err != nil {
+		t.Fatalf("demo with the default age after --shrink-retention applied it: %v\n%s", err, out)
+	}
+	// Another partition count: the earlier count, or empty streams.
+	out, err = prepared([]string{"SNIP_PARTITIONS=4"})
+	if !errors.Is(err, topology.ErrPartitionsChanged) {
+		t.Fatalf("demo with 4 partitions after one with 8: err = %v, want ErrPartitionsChanged\n%s", err, out)
+	}
+	for _, want := range []string{"SNIP_PARTITIONS", "rm -rf " + filepath.Join(dir, "nats")} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "nats")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := prepared([]string{"SNIP_PARTITIONS=4"}); err != nil {
+		t.Fatalf("demo with 4 partitions on an empty %s: %v\n%s", filepath.Join(dir, "nats"), err, out)
+	}
+}
+
+// A demo stopped (Ctrl-C) while it starts, here while it waits for a
+// redirect service to create its links, stops what it started and ends
+// without an error, as a demo stopped once it runs does: not with "create
+// link ...: context canceled (is the redirect service running?)", exit 1.
+func TestDemoStoppedWhileItStartsEndsWithoutAnError(t *testing.T) {
+	t.Parallel()
+	dir, bin := t.TempDir(), t.TempDir() // no redirect: the links wait for one
+	d := startDemo(t, nil, func() []string {
+		args, _, _, _ := demoArgs(t, bin, dir)
+		return args
+	})
+	testenv.WaitFor(t, 2*time.Minute, "the demo waiting for its links", func() bool {
+		return strings.Contains(d.out.String(), "not built")
+	})
+	d.cancel()
+	var err error
+	testenv.WaitFor(t, time.Minute, "the demo to stop", func() bool {
+		select {
+		case err = <-d.done:
+			return true
+		default:
+			return false
+		}
+	})
+	if err != nil {
+		t.Errorf("demo stopped while it starts: err = %v, want nil\n%s", err, d.out.String())
+	}
+	if out := strings.TrimSpace(d.out.String()); !strings.HasSuffix(out, "snip demo stopped") {
+		t.Errorf("the demo's last line is not %q:\n%s", "snip demo stopped", out)
+	}
+}
+
+// SNIP_REPLICAS above 1 without --cluster is a usage error naming
+// --cluster, before anything starts: one embedded server keeps one copy,
+// and the topology would fail only once NATS, Redis and ClickHouse ran.
+func TestDemoRefusesReplicasWithoutACluster(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	out, err := snipctl(t, []string{"SNIP_REPLICAS=3"}, "demo", "--dir", dir, "--bin", t.TempDir(), "--rate", "0",
+		"--nats-port", "1", "--redis-port", "1") // one port twice: a demo past the check would stop at the port check
+	if !errors.Is(err, errUsage) || !strings.Contains(fmt.Sprint(err), "--cluster") {
+		t.Errorf("demo with SNIP_REPLICAS=3: err = %v, want a usage error naming --cluster\n%s", err, out)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("demo with SNIP_REPLICAS=3 started something: %s holds %v", dir, entries)
 	}
 }
 

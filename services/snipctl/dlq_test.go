@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -293,5 +294,62 @@ func TestDLQRedriveLeavesAPlantedClickAndSaysWhy(t *testing.T) {
 	}
 	if n := w2.msgs(t, events.DeadLetterStream); n != 2 {
 		t.Errorf("DEAD_LETTER holds %d, want 2 (the letter refused left in place)", n)
+	}
+}
+
+// A letter whose redrive fails for its own reason (here its stream,
+// PREVIEW_JOBS, answers no publish) does not stop `redrive --all`: it is
+// left in place and named, the letters after it are redriven, and the
+// command exits 1. Before, the first such letter ended the run, the later
+// ones untried, and the summary counted one letter not redriven.
+func TestDLQRedriveAllGoesOnPastALetterItCannotPublish(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t) // the preview job's letter first, then the click's
+	if err := w.js.DeleteStream(t.Context(), events.PreviewJobsStream); err != nil {
+		t.Fatal(err)
+	}
+	out, err := snipctl(t, w.environ, "dlq", "redrive", "--all")
+	if err == nil || exitStatus(err) != 1 {
+		t.Errorf("dlq redrive --all with a letter it cannot publish: err = %v, want exit status 1\n%s", err, out)
+	}
+	job := strconv.FormatUint(w.jobSeq, 10)
+	for _, want := range []string{"dead letter " + job + ": ", "redriven " + strconv.FormatUint(w.clickSeq, 10) + " ", "1 redriven"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dlq redrive --all output lacks %q:\n%s", want, out)
+		}
+	}
+	if got := [2]uint64{w.msgs(t, events.ClicksStream), w.msgs(t, events.DeadLetterStream)}; got != [2]uint64{2, 1} {
+		t.Errorf("clicks, dead letters = %v, want [2 1]: the click redriven past the job's letter, which stays\n%s", got, out)
+	}
+}
+
+// A redrive that runs out of time (SNIPCTL_TIMEOUT) or is stopped says so,
+// and that the letters after were not tried, not that one letter was not
+// redriven.
+func TestDLQRedriveStoppedSaysTheRestWasNotTried(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	out, err := snipctl(t, append(w.environ, "SNIPCTL_TIMEOUT=1ns"), "dlq", "redrive", "--all")
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "the rest not tried") || strings.Contains(err.Error(), "1 dead letters not redriven") {
+		t.Errorf("dlq redrive --all out of time: err = %v, want one saying it stopped and the rest was not tried\n%s", err, out)
+	}
+	if got := w.msgs(t, events.DeadLetterStream); got != 2 {
+		t.Errorf("%d dead letters left, want the 2 parked", got)
+	}
+}
+
+// A filter that matches no dead letter (a mistyped source) says so, naming
+// it and where the sources are listed, instead of a bare "0 redriven" that
+// reads as if the letters had been dealt with; nothing is redriven, and
+// the command succeeds: there was nothing to do.
+func TestDLQRedriveOfAFilterMatchingNothingSaysSo(t *testing.T) {
+	t.Parallel()
+	w := newDLQWorld(t)
+	out, err := snipctl(t, w.environ, "dlq", "redrive", "--source", "previw")
+	if err != nil || !strings.Contains(out, "no dead letter matches --source previw") || !strings.Contains(out, "dlq list") {
+		t.Errorf("dlq redrive --source previw: err = %v, want it to say nothing matches and name dlq list\n%s", err, out)
+	}
+	if got := w.msgs(t, events.DeadLetterStream); got != 2 {
+		t.Errorf("%d dead letters left, want the 2 parked", got)
 	}
 }

@@ -16,6 +16,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/snipdev/snip/pkg/service"
 )
 
@@ -32,18 +35,25 @@ type command struct {
 	usage string // arguments, shown by help
 	help  string // one line
 	run   func(ctx context.Context, env *Env, args []string) error
+	// streams: the command reads the streams and bucket that `topology
+	// apply` creates, on the system's NATS; one that is not there is
+	// explained (missingTopology).
+	streams bool
+	// jetstream: the command calls JetStream on NATS_URL; a NATS where
+	// nothing answers it is explained (noJetStream).
+	jetstream bool
 }
 
 // commands lists every verb. Multi-word verbs ("topology apply") are matched
 // on their first word and get the rest as args.
 var commands = map[string]command{
-	"topology": {usage: "apply [--shrink-retention] [--lower-replicas]", help: "create or update every stream, consumer and bucket (idempotent; a shorter retention, fewer replicas only when asked)", run: cmdTopology},
-	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
-	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay},
-	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5]", help: "run the whole system on this machine (make demo)", run: cmdDemo},
-	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag},
+	"topology": {usage: "apply [--shrink-retention] [--lower-replicas]", help: "create or update every stream, consumer and bucket (idempotent; a shorter retention, fewer replicas only when asked)", run: cmdTopology, jetstream: true},
+	"owners":   {usage: "create [--] ID [-name NAME] | rotate [--] ID | revoke [--] ID, each [-wait-replicas N]", help: "create an owner and print its API key (shown once); rotate: a new key, every older one revoked; revoke: every key revoked", run: cmdOwners},
+	"replay":   {usage: "GROUP (--since D | --from TIME | --from-seq N) [--wait] [--force]", help: "move a consumer group back and replay CLICKS", run: cmdReplay, streams: true, jetstream: true},
+	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5] [--cluster] [--shrink-retention] ...", help: "run the whole system on this machine (make demo); demo -h lists every flag", run: cmdDemo},
+	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag, streams: true, jetstream: true},
 	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers; exits 1 on FAIL, 3 on INCONCLUSIVE", run: cmdScenario},
-	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ},
+	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ, streams: true, jetstream: true},
 }
 
 // errUsage marks a mistake in the command line; main prints usage for it.
@@ -100,8 +110,29 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer, 
 	if err != nil {
 		return err
 	}
-	return c.run(ctx, &Env{Cfg: cfg, Stdout: stdout, Stderr: stderr, Log: log}, args[1:])
+	err = c.run(ctx, &Env{Cfg: cfg, Stdout: stdout, Stderr: stderr, Log: log}, args[1:])
+	switch {
+	case c.streams && (errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound)):
+		return fmt.Errorf("%w (%s)", err, missingTopology)
+	case c.jetstream && (errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)):
+		return fmt.Errorf("%w (%s)", err, noJetStream)
+	}
+	return err
 }
+
+// noJetStream is what a command says when JetStream does not answer on
+// NATS_URL: the client's "no responders available for request" alone
+// names neither the server nor the account.
+const noJetStream = "JetStream does not answer on NATS_URL: is it the system's NATS, a server with JetStream enabled, " +
+	"and NATS_USER or NATS_CREDS a user of the account that has Snip's streams?"
+
+// missingTopology is what a command that reads Snip's streams says when
+// one is not there: the server's "stream not found" alone does not say
+// whether snipctl reached the wrong NATS (or account) or the right one
+// before anything created the streams.
+const missingTopology = "is NATS_URL the system's NATS, and NATS_USER or NATS_CREDS a user of its account? " +
+	"There, `snipctl topology apply` creates Snip's streams and bucket, as each service does at its start unless SNIP_APPLY_TOPOLOGY=false"
 
 func usage(w io.Writer) {
 	names := make([]string, 0, len(commands))
@@ -114,6 +145,7 @@ func usage(w io.Writer) {
 		c := commands[n]
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
 	}
-	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md)")
+	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md);")
+	fmt.Fprintln(w, "SNIPCTL_TIMEOUT (30s) bounds each command, a replay's --wait and a dlq redrive included")
 	fmt.Fprintln(w, "exit status: 0 done (scenario run: PASS), 1 failed (scenario run: FAIL), 2 usage error, 3 scenario run INCONCLUSIVE")
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -67,9 +68,25 @@ func TestTopologyApply(t *testing.T) {
 	if _, err := js.Consumer(t.Context(), events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer); err != nil {
 		t.Fatalf("%s > %s: %v", events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer, err)
 	}
-	for _, want := range []string{"stream " + events.PreviewAdvisoriesStream + " ok", "consumer " + topology.PreviewRescueConsumer + " ok"} {
+	for _, want := range []string{"stream " + events.PreviewAdvisoriesStream + " ok", "bucket " + topology.MembersBucket + " ok"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("topology apply says\n%s\nwithout %q", out, want)
+		}
+	}
+	// Every consumer it declares is there and said, with its stream: the
+	// output lists what the operator now has, not a part of it.
+	for _, c := range []struct{ stream, durable string }{
+		{events.PreviewJobsStream, topology.PreviewConsumer},
+		{events.PreviewAdvisoriesStream, topology.PreviewRescueConsumer},
+		{events.LinksStream, topology.ClickCounterLinksConsumerConfig().Durable},
+		{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer},
+		{events.FraudStream, topology.WebhooksAlertsConsumerConfig().Durable},
+	} {
+		if _, err := js.Consumer(t.Context(), c.stream, c.durable); err != nil {
+			t.Errorf("%s > %s: %v", c.stream, c.durable, err)
+		}
+		if !regexp.MustCompile(`consumer ` + regexp.QuoteMeta(c.durable) + ` +ok \(on ` + c.stream + `\)`).MatchString(out) {
+			t.Errorf("topology apply says\n%s\nwithout consumer %s on %s", out, c.durable, c.stream)
 		}
 	}
 }
@@ -215,5 +232,81 @@ func TestConfigRefusesATimeoutOfNothing(t *testing.T) {
 	}
 	if n, err := rdb.DBSize(t.Context()).Result(); err != nil || n != 0 {
 		t.Errorf("Redis holds %d keys (err %v), want none", n, err)
+	}
+}
+
+// A command that reads Snip's streams, pointed at a NATS without them (the
+// wrong server or account, or one nothing has applied the topology to),
+// fails saying what to check and what creates them, not only the server's
+// "stream not found".
+func TestStreamCommandsWithoutTheTopologySayWhatToDo(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL, "SNIPCTL_TIMEOUT=10s"}
+	for _, args := range [][]string{{"lag"}, {"lag", "warehouse-loader"}, {"dlq", "list"}, {"dlq", "show", "1"}, {"dlq", "redrive", "--all"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		out, err := snipctl(t, environ, args...)
+		if err == nil || exitStatus(err) != 1 || !strings.Contains(err.Error(), "snipctl topology apply") || !strings.Contains(err.Error(), "NATS_URL") {
+			t.Errorf("snipctl %v without the topology: err = %v, want exit status 1 naming NATS_URL and snipctl topology apply\n%s", args, err, out)
+		}
+	}
+}
+
+// `snipctl help` names every flag a command takes, or where they are
+// listed (demo -h), and SNIPCTL_TIMEOUT, which bounds a replay's --wait
+// and a redrive: a flag the README documents is in the help too.
+func TestHelpNamesTheFlags(t *testing.T) {
+	t.Parallel()
+	out, err := snipctl(t, nil, "help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--shrink-retention] [--lower-replicas]", "-name NAME", "-wait-replicas N", "--from-seq N", "--wait", "--force",
+		"--source S", "--reason R", "--all", "--speed X", "--json", "--cluster", "demo -h lists every flag", "SNIPCTL_TIMEOUT"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("snipctl help does not name %q:\n%s", want, out)
+		}
+	}
+}
+
+// On a NATS where JetStream does not answer (a server without it, or an
+// account without it) every command that calls it says so, naming
+// NATS_URL and the user, not only "no responders available for request".
+func TestNATSCommandsWithoutJetStreamSaySo(t *testing.T) {
+	t.Parallel()
+	o := testenv.NATSOptions(server.RANDOM_PORT, t.TempDir())
+	o.JetStream = false
+	srv, err := testenv.RunNATSServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	environ := []string{"NATS_URL=" + srv.ClientURL(), "SNIPCTL_TIMEOUT=10s"}
+	for _, args := range [][]string{{"topology", "apply"}, {"lag"}, {"dlq", "list"}, {"replay", "warehouse-loader", "--from-seq", "1"}} {
+		out, err := snipctl(t, environ, args...)
+		if err == nil || !strings.Contains(err.Error(), "JetStream does not answer on NATS_URL") || !strings.Contains(err.Error(), "NATS_USER") {
+			t.Errorf("snipctl %v without JetStream: err = %v, want one saying JetStream does not answer on NATS_URL\n%s", args, err, out)
+		}
+	}
+}
+
+// A usage error of topology apply or owners names what was wrong (the
+// flag it does not know, the word it does not take, the value it refuses),
+// not only the usage.
+func TestUsageErrorsNameWhatWasWrong(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"topology", "apply", "--force"}, "-force"},
+		{[]string{"topology", "apply", "now"}, `"now"`},
+		{[]string{"owners", "create", "acme", "-nmae", "Acme"}, "-nmae"},
+		{[]string{"owners", "rotate", "acme", "beta"}, `"beta"`},
+		{[]string{"owners", "revoke", "acme", "-wait-replicas", "-1"}, "-wait-replicas -1"},
+	} {
+		_, err := snipctl(t, nil, tc.args...)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("snipctl %v: err = %v, want a usage error naming %s", tc.args, err, tc.says)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -152,5 +153,32 @@ func TestOwnersIDAfterDoubleDash(t *testing.T) {
 	}
 	if _, err := store.Authenticate(t.Context(), m[1]); !errors.Is(err, owners.ErrUnauthorized) {
 		t.Errorf("key after revoke: %v, want ErrUnauthorized", err)
+	}
+}
+
+// An owner created again is refused, saying what gives it a key now
+// (rotate: its first key was printed once, or never if that create failed
+// after storing the owner); rotate and revoke of an owner that is not
+// there say what creates it.
+func TestOwnersErrorsSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	_, db := servers.Redis.NewDB(t)
+	environ := []string{"REDIS_URL=" + servers.Redis.URL(db)}
+	if out, err := snipctl(t, environ, "owners", "create", "acme"); err != nil {
+		t.Fatalf("owners create: %v\n%s", err, out)
+	}
+	out, err := snipctl(t, environ, "owners", "create", "acme")
+	if !errors.Is(err, owners.ErrExists) || !strings.Contains(err.Error(), "snipctl owners rotate acme") {
+		t.Errorf("owners create of an existing owner: err = %v, want ErrExists naming owners rotate acme\n%s", err, out)
+	}
+	for _, verb := range []string{"rotate", "revoke"} {
+		out, err := snipctl(t, environ, "owners", verb, "nosuch")
+		if !errors.Is(err, owners.ErrUnknownOwner) || !strings.Contains(err.Error(), "snipctl owners create nosuch") {
+			t.Errorf("owners %s of an unknown owner: err = %v, want ErrUnknownOwner naming owners create nosuch\n%s", verb, err, out)
+		}
+	}
+	// An ID that starts with "-" is named the way the command takes it.
+	if out, err := snipctl(t, environ, "owners", "rotate", "--", "-x"); !strings.Contains(fmt.Sprint(err), "snipctl owners create -- -x") {
+		t.Errorf("owners rotate -- -x: err = %v, want it naming owners create -- -x\n%s", err, out)
 	}
 }

@@ -219,6 +219,29 @@ func TestLagOfAnUnknownGroupFails(t *testing.T) {
 	}
 }
 
+// lag takes group names only: a flag (-h, --json) is a usage error, not a
+// group reported as missing with exit status 1.
+func TestLagRefusesAFlag(t *testing.T) {
+	t.Parallel()
+	environ, _ := appliedNATS(t)
+	for _, args := range [][]string{{"lag", "-h"}, {"lag", "--json"}, {"lag", "demo", "--json"}} {
+		out, err := snipctl(t, environ, args...)
+		if !errors.Is(err, errUsage) || strings.Contains(out, "no such group") {
+			t.Errorf("snipctl %v: err = %v, want a usage error and no table\n%s", args, err, out)
+		}
+	}
+}
+
+// lag on a CLICKS without consumer groups says so, not a bare header.
+func TestLagWithoutGroupsSaysSo(t *testing.T) {
+	t.Parallel()
+	environ, _ := appliedNATS(t)
+	out, err := snipctl(t, environ, "lag")
+	if err != nil || !strings.Contains(out, "no consumer groups on CLICKS yet") {
+		t.Errorf("lag without groups: err = %v, want it to say there are none\n%s", err, out)
+	}
+}
+
 // appliedNATS starts NATS, applies the topology (two partitions) with
 // snipctl, and returns the environment snipctl runs with and a JetStream
 // context on the server.
@@ -383,5 +406,158 @@ func TestReplayOfAGroupThatCannotGoBackSaysSo(t *testing.T) {
 	}
 	if !strings.Contains(out, "partitions [0 1] start at the group's first event") {
 		t.Errorf("replay of a group started after the position does not say where it starts:\n%s", out)
+	}
+}
+
+// A replay from before CLICKS' oldest event (its retention discarded the
+// ones before) starts at that event: snipctl says so, naming it and the
+// position asked for, instead of reporting the replay as asked. A position
+// CLICKS still holds, and --from-seq 1 ("the oldest retained"), draw no
+// warning.
+func TestReplayFromBeforeTheOldestRetainedEventSaysWhereItStarts(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	before := time.Now().Add(-time.Hour)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the age limit does: the first five are gone.
+	if err := s.Purge(t.Context(), jetstream.WithPurgeSequence(6)); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "CLICKS' oldest event now is sequence 6"
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--since", "2h"}, true},
+		{[]string{"--from", before.UTC().Format(time.RFC3339)}, true},
+		{[]string{"--from-seq", "3"}, true},
+		{[]string{"--from-seq", "1"}, false},
+		{[]string{"--from-seq", "6"}, false},
+		{[]string{"--from-seq", "8"}, false},
+	} {
+		out, err := snipctl(t, environ, append([]string{"replay", "loader"}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("replay loader %v: %v\n%s", tc.args, err, out)
+		}
+		if got := strings.Contains(out, warning) && strings.Contains(out, "not at "+strings.Join(tc.args, " ")); got != tc.warn {
+			t.Errorf("replay loader %v: says where it starts = %v, want %v:\n%s", tc.args, got, tc.warn, out)
+		}
+	}
+}
+
+// replay --wait that runs out of SNIPCTL_TIMEOUT before every partition
+// moved back (here no member runs) says that the replay stays requested,
+// names the partitions still to move, how to wait longer, and not to ask
+// again; the request is indeed still the group's latest.
+func TestReplayWaitOutOfTimeSaysTheReplayStaysRequested(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=2s"), "replay", "idle", "--from-seq", "1", "--wait")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("replay --wait of a group with no member: err = %v, want the wait out of time\n%s", err, out)
+	}
+	for _, want := range []string{"stays requested", "partitions [0 1] move back", "SNIPCTL_TIMEOUT (now 2s)", "snipctl lag idle", "a new replay replaces this one"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the wait's error %q does not say %q", err, want)
+		}
+	}
+	id := regexp.MustCompile(`replay (\S+) requested for group idle`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("no replay ID in the output:\n%s", out)
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, "idle"); err != nil || st.ID != id[1] || st.Done() {
+		t.Errorf("latest replay of idle = %q (done %v, %v), want %s still to carry out", st.ID, st.Done(), err, id[1])
+	}
+}
+
+// A position that names nothing to replay is refused, naming the flag and
+// what it wants, and nothing is requested: --since 0 or less and
+// --from-seq 0 (before, "give exactly one of" although one was given), a
+// --from in the future, and a position after CLICKS' last event (before,
+// a replay of nothing was requested, and --wait said every partition had
+// moved back).
+func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		args  []string
+		usage bool
+		says  string
+	}{
+		{[]string{"--since", "0s"}, true, "--since 0s: want a duration of more than 0"},
+		{[]string{"--since", "-1h"}, true, "--since -1h0m0s: want a duration of more than 0"},
+		{[]string{"--from-seq", "0"}, true, "--from-seq 0: CLICKS sequences start at 1"},
+		{[]string{"--from", time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)}, true, "is in the future"},
+		{[]string{"--from-seq", "11"}, false, "--from-seq 11 is after CLICKS' last event (sequence 10): nothing to replay"},
+		// A moment ago: after the last click, stored before it.
+		{[]string{"--since", "1ns"}, false, "is after CLICKS' last event (sequence 10, stored "},
+	} {
+		out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=5s"), append([]string{"replay", "loader", "--wait"}, tc.args...)...)
+		if err == nil || errors.Is(err, errUsage) != tc.usage || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("replay loader %v: err = %v, want %s saying %q\n%s", tc.args, err, map[bool]string{true: "a usage error", false: "an error"}[tc.usage], tc.says, out)
+		}
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, "loader"); err != nil || st.ID != "" {
+		t.Errorf("latest replay of loader = %q (%v), want none requested", st.ID, err)
+	}
+	if out, err := snipctl(t, environ, "replay", "loader", "--from-seq", "10"); err != nil {
+		t.Errorf("replay loader --from-seq 10, the last event: %v\n%s", err, out)
+	}
+}
+
+// A replay requested while the group's previous one is not carried out yet
+// (no member has taken it) says that it replaces that one, naming it and
+// the partitions still to move.
+func TestReplayOverAReplayUnderWaySaysItReplacesIt(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	for p := range 2 {
+		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := snipctl(t, environ, "replay", "idle", "--from-seq", "1")
+	if err != nil {
+		t.Fatalf("first replay: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "replaces") {
+		t.Errorf("the first replay of the group says it replaces one:\n%s", out)
+	}
+	first := regexp.MustCompile(`replay (\S+) requested`).FindStringSubmatch(out)
+	if first == nil {
+		t.Fatalf("no replay ID in the output:\n%s", out)
+	}
+	out, err = snipctl(t, environ, "replay", "idle", "--from-seq", "5")
+	if err != nil {
+		t.Fatalf("second replay: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "warning: replay "+first[1]+" of group idle") || !strings.Contains(out, "partitions [0 1]: this replay replaces it") {
+		t.Errorf("the second replay does not say it replaces %s:\n%s", first[1], out)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"strings"
@@ -126,5 +127,49 @@ func TestScenarioRunExitStatus(t *testing.T) {
 					tc.verdict, status, tc.status, tc.says, out)
 			}
 		})
+	}
+}
+
+// A result with a value JSON has no number for (backpressure's alarm that
+// never fired is NaN; so is the lead between two alarms when one did not
+// fire) is printed by --json with null there, and the run exits with its
+// verdict. Before, the encoder refused it: a failed run, the one whose
+// numbers are wanted, printed nothing but "json: unsupported value: NaN".
+// Not parallel: it puts a result of its own in runScenario's place.
+func TestScenarioRunJSONWithAValueThatIsNotANumber(t *testing.T) {
+	real := runScenario
+	t.Cleanup(func() { runScenario = real })
+	runScenario = func(_ context.Context, s scenario.Scenario, o scenario.Options) (*scenario.Result, error) {
+		return &scenario.Result{Scenario: s.Name, Claim: s.Claim, Speed: o.Speed, Wall: "1s",
+			Checks: []scenario.Check{
+				{Name: "age alarm fires", Unit: "s", Predicted: 25, Measured: math.NaN(), Tolerance: "≤"},
+				{Name: "lead", Unit: "s", Predicted: math.Inf(1), Measured: 3, Tolerance: "≥", OK: true},
+			},
+			Series: []scenario.Series{{Name: "age", Unit: "s", Step: 1, Values: []float64{1, math.NaN(), 3}}},
+		}, nil
+	}
+	out, err := snipctl(t, nil, "scenario", "run", "backpressure", "--json")
+	if !errors.Is(err, errScenarioFailed) {
+		t.Errorf("scenario run --json of a failed result: err = %v, want errScenarioFailed\n%s", err, out)
+	}
+	var res struct {
+		Checks []struct {
+			Name      string   `json:"name"`
+			Predicted *float64 `json:"predicted"`
+			Measured  *float64 `json:"measured"`
+		} `json:"checks"`
+		Series []struct {
+			Values []*float64 `json:"values"`
+		} `json:"series"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("decode %q: %v", out, err)
+	}
+	if len(res.Checks) != 2 || res.Checks[0].Measured != nil || res.Checks[0].Predicted == nil || *res.Checks[0].Predicted != 25 ||
+		res.Checks[1].Predicted != nil || res.Checks[1].Measured == nil || *res.Checks[1].Measured != 3 {
+		t.Errorf("checks = %s, want NaN and +Inf as null, the numbers as they are", out)
+	}
+	if len(res.Series) != 1 || len(res.Series[0].Values) != 3 || res.Series[0].Values[1] != nil || res.Series[0].Values[2] == nil {
+		t.Errorf("series = %s, want the NaN sample as null", out)
 	}
 }

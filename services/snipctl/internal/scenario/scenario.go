@@ -22,6 +22,7 @@ package scenario
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -198,6 +199,45 @@ type Series struct {
 	// Step is the lesson time between samples, in seconds.
 	Step   float64   `json:"step_s"`
 	Values []float64 `json:"values"`
+}
+
+// jsonFloat is a float64 that JSON encodes as null where it has no number
+// for it: NaN (an alarm that never fired, a lead between two alarms one of
+// which never did) and the infinities. encoding/json refuses them, and
+// `scenario run --json` printed nothing but the encoder's error for a run
+// whose result held one.
+type jsonFloat float64
+
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(v)
+}
+
+// MarshalJSON encodes the check with a Predicted or Measured that is not a
+// number as null.
+func (c Check) MarshalJSON() ([]byte, error) {
+	type plain Check // without this method
+	return json.Marshal(struct {
+		plain
+		Predicted jsonFloat `json:"predicted"`
+		Measured  jsonFloat `json:"measured"`
+	}{plain(c), jsonFloat(c.Predicted), jsonFloat(c.Measured)})
+}
+
+// MarshalJSON encodes the series with a value that is not a number as null.
+func (s Series) MarshalJSON() ([]byte, error) {
+	type plain Series // without this method
+	vals := make([]jsonFloat, len(s.Values))
+	for i, v := range s.Values {
+		vals[i] = jsonFloat(v)
+	}
+	return json.Marshal(struct {
+		plain
+		Values []jsonFloat `json:"values"`
+	}{plain(s), vals})
 }
 
 // sortedKeys returns m's keys in order.
