@@ -76,6 +76,18 @@ lint: ## gofmt check and go vet
 loadtest: build ## a short load test against a running `make demo` (links point at the demo's local site)
 	$(BIN)/loadtest http --rate 2000 --duration 30s --verify --link-base http://127.0.0.1:8089/articles
 
+# make loadtest-compose: the same short load test from the compose stack's
+# loadtest service (`make up` first; COMPOSE=docker-compose.cluster.yml for
+# `make up-cluster`). Its report lands in loadtest/reports/<time>-<tag>/,
+# made first and written as the caller's user (the image's own user could
+# not write a folder of the host's).
+COMPOSE ?= docker-compose.yml
+
+.PHONY: loadtest-compose
+loadtest-compose: ## the short load test from compose's loadtest service, against `make up` (report in loadtest/reports)
+	mkdir -p loadtest/reports
+	SNIP_LOADTEST_USER=$$(id -u):$$(id -g) docker compose -f $(COMPOSE) --profile loadtest run --rm loadtest
+
 # make chaos: each fault in turn against a running `make demo` (default
 # ports), under HTTP load, judged by the oracle. PIDs are looked up when each
 # fault starts; a killed service is restarted by `make demo`. Override the

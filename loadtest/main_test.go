@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/loadtest/internal/jsread"
+	"github.com/snipdev/snip/loadtest/internal/oracle"
 	"github.com/snipdev/snip/loadtest/internal/series"
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/pkg/events"
@@ -617,6 +618,18 @@ func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
 	}
 	if !strings.Contains(out, "catch-up time        not reached") || strings.Contains(out, "processed by every reader)") {
 		t.Errorf("the summary claims a catch-up next to a failed readers row:\n%s", out)
+	}
+}
+
+// The summary's catch-up time is dropped only when the readers row found a
+// reader behind: a skipped row (no reader deployed) judged none.
+func TestReadersPassedIsFalseOnlyOnAFailedRow(t *testing.T) {
+	t.Parallel()
+	for status, want := range map[oracle.Status]bool{oracle.Pass: true, oracle.Skipped: true, oracle.Fail: false} {
+		rows := []oracle.Result{{Sink: oracle.SinkLog, Status: oracle.Pass}, {Sink: oracle.SinkReaders, Status: status}}
+		if got := readersPassed(rows); got != want {
+			t.Errorf("readers row %s: readersPassed = %v, want %v", status, got, want)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -435,6 +436,52 @@ func TestComposePartitionsAreTheOnesDeployNATSNames(t *testing.T) {
 			if given < 4 {
 				t.Errorf("%s with %s: only %d services get SNIP_PARTITIONS", file, env.name, given)
 			}
+		}
+	})
+}
+
+// compose's loadtest service is run with `run --rm`: a report written inside
+// the container is gone with it. Its report directory (--out, or the
+// default loadtest/reports/<time>-<tag> under its working directory) is on
+// a bind mount of the host's loadtest/reports, and the service runs as
+// SNIP_LOADTEST_USER, so `make loadtest-compose` can run it as the host's
+// user, who owns that folder (the image's user, 65532, does not).
+func TestComposeLoadtestWritesItsReportOnTheHost(t *testing.T) {
+	eachCompose(t, func(t *testing.T, file string) {
+		p := loadCompose(t, file, "loadtest")
+		svc, err := p.GetService("loadtest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := path.Join(svc.WorkingDir, "loadtest", "reports")
+		if i := slices.Index(svc.Command, "--out"); i >= 0 && i+1 < len(svc.Command) {
+			out = svc.Command[i+1]
+		}
+		if !path.IsAbs(out) {
+			t.Fatalf("loadtest writes its report to %q: no working_dir to place it", out)
+		}
+		reports, err := filepath.Abs(filepath.Join(root, "loadtest", "reports"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mounted := false
+		for _, v := range svc.Volumes {
+			if src, err := filepath.Abs(v.Source); v.Type != types.VolumeTypeBind || err != nil || src != reports {
+				continue
+			}
+			if rel, err := filepath.Rel(v.Target, out); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Errorf("loadtest writes its report to %s, which no bind mount of the host's loadtest/reports holds (volumes %+v)", out, svc.Volumes)
+		}
+		p, err = loadComposeWith(file, []string{"CONSOLE_TOKEN=" + composeTestToken, "SNIP_LOADTEST_USER=1000:1000"}, "loadtest")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if svc, err = p.GetService("loadtest"); err != nil || svc.User != "1000:1000" {
+			t.Errorf("with SNIP_LOADTEST_USER=1000:1000 loadtest runs as %q, want 1000:1000 (the host's user owns loadtest/reports)", svc.User)
 		}
 	})
 }

@@ -36,7 +36,8 @@ type Base struct {
 	// instance out before its listener closes. 0 closes it at once.
 	ShutdownReadyDelay time.Duration `env:"SHUTDOWN_READY_DELAY"`
 	// PprofAddr, if set, serves net/http/pprof there (Main only), apart
-	// from HTTPAddr: for profiling under load, on a loopback address.
+	// from HTTPAddr: for profiling under load, on a loopback address. Main
+	// binds it before run; one it cannot bind stops the start.
 	PprofAddr string `env:"PPROF_ADDR"`
 
 	// Listening, if set, is called with the HTTP listener's address once

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,9 +26,12 @@ import (
 //   - otherwise it loads the configuration from the environment and the
 //     arguments (exit 2 when it is wrong), logs JSON to stderr at LOG_LEVEL,
 //     and calls run with a context that ends on SIGINT or SIGTERM; an error
-//     from run is logged and exits 1. A second SIGINT or SIGTERM during the
-//     stop ends the process at once, logged, with exit 1: what the stop had
-//     not finished is abandoned, as a SIGKILL would abandon it.
+//     from run is logged and exits 1. With PPROF_ADDR set, the profiles'
+//     listener is bound first: an address that cannot be bound is logged,
+//     naming PPROF_ADDR, and exits 1 without calling run. A second SIGINT
+//     or SIGTERM during the stop ends the process at once, logged, with
+//     exit 1: what the stop had not finished is abandoned, as a SIGKILL
+//     would abandon it.
 //
 // load is the service's loadConfig; run is its run, which tests call with
 // a Config literal.
@@ -84,7 +88,12 @@ func exitCode[C Config](ctx context.Context, name string, args, environ []string
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.base().LogLevel}))
 	if addr := cfg.base().PprofAddr; addr != "" {
-		go servePprof(log, addr)
+		stop, err := servePprof(log, addr)
+		if err != nil {
+			log.Error(name+" stopped", "err", err)
+			return 1
+		}
+		defer stop()
 	}
 	if err := run(ctx, log, cfg); err != nil {
 		log.Error(name+" stopped", "err", err)
@@ -93,10 +102,12 @@ func exitCode[C Config](ctx context.Context, name string, args, environ []string
 	return 0
 }
 
-// servePprof serves the runtime's profiles (net/http/pprof) on addr for as
-// long as the process runs. It is off unless PPROF_ADDR is set: profiles
-// show the code's internals, so bind it to loopback.
-func servePprof(log *slog.Logger, addr string) {
+// servePprof binds addr and serves the runtime's profiles (net/http/pprof)
+// there until stop is called. It is off unless PPROF_ADDR is set: profiles
+// show the code's internals, so bind it to loopback. An address that
+// cannot be bound is an error naming PPROF_ADDR: the service does not
+// start without the profiles it was asked to serve.
+func servePprof(log *slog.Logger, addr string) (stop func(), err error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -105,14 +116,18 @@ func servePprof(log *slog.Logger, addr string) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		log.Warn("pprof not served", "addr", addr, "err", err)
-		return
+		return nil, fmt.Errorf("PPROF_ADDR %s: %w", addr, err)
 	}
 	// The address listened on: with port 0, every process of a demo
 	// started with the same PPROF_ADDR gets one of its own.
 	log.Info("pprof listening", "addr", ln.Addr().String())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	if err := srv.Serve(ln); err != nil {
-		log.Warn("pprof stopped", "addr", addr, "err", err)
-	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("pprof stopped", "addr", addr, "err", err)
+		}
+	}()
+	return func() { _ = srv.Close(); <-done }, nil
 }

@@ -286,6 +286,27 @@ func TestMainServesPprofOnlyWhenAsked(t *testing.T) {
 	}
 }
 
+// A PPROF_ADDR that cannot be bound (in use here) stops the start, naming
+// the variable, before run is called: profiling asked for is not silently
+// missing.
+func TestMainRefusesAPprofAddrItCannotBind(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().String()
+	load := func(environ, _ []string) (testConfig, error) { return LoadConfig(environ, testDefaults, nil) }
+	ran := false
+	run := func(context.Context, *slog.Logger, testConfig) error { ran = true; return nil }
+	var stderr bytes.Buffer
+	got := exitCode(t.Context(), "test", nil, []string{"PPROF_ADDR=" + addr}, &stderr, load, run)
+	if got != 1 || ran || !strings.Contains(stderr.String(), "PPROF_ADDR "+addr) {
+		t.Errorf("PPROF_ADDR in use: exit %d, run called %v, log %s; want exit 1 before run, naming PPROF_ADDR %s", got, ran, stderr.String(), addr)
+	}
+}
+
 // The configuration log masks secrets and URL passwords, and names every
 // variable.
 func TestLogValueMasksSecrets(t *testing.T) {

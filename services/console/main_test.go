@@ -396,6 +396,39 @@ func TestWithoutClickHouseThePanelSaysSo(t *testing.T) {
 	getJSON(t, s, "/api/readers", &r)
 }
 
+// An action's body is one JSON object: one followed by anything (a second
+// object, stray text) is refused with 400, and the action is not taken.
+func TestActionBodyWithDataAfterTheObjectIsRefused(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	seed(t, s)
+	for _, body := range []string{
+		`{"from_seq": 1, "confirm": "down-reader"} {"from_seq": 2}`,
+		`{"from_seq": 1, "confirm": "down-reader"}x`,
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.url+"/api/readers/down-reader/replay", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", bearer["Authorization"])
+		resp, err := noRedirects().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "after the JSON object") {
+			t.Errorf("replay with %q: %d %s, want 400 naming the data after the JSON object", body, resp.StatusCode, b)
+		}
+	}
+	var st struct{ ID string }
+	getJSON(t, s, "/api/readers/down-reader/replay", &st)
+	if st.ID != "" {
+		t.Errorf("a refused replay was requested: %+v", st)
+	}
+}
+
 func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
 	t.Parallel()
 	s := start(t, withToken)

@@ -64,7 +64,8 @@ type Config struct {
 	// MaxEndpointsPerOwner bounds an owner's endpoints: each has a queue
 	// (up to WEBHOOKS_MAX_BACKLOG events) and a sender.
 	MaxEndpointsPerOwner int `env:"WEBHOOKS_MAX_ENDPOINTS_PER_OWNER" envDefault:"20"`
-	// RotationOverlap is how long the old secret keeps signing after a rotation.
+	// RotationOverlap is how long the old secret keeps signing after a
+	// rotation: 0 or more.
 	RotationOverlap time.Duration `env:"WEBHOOKS_ROTATION_OVERLAP" envDefault:"24h"`
 	// Poll is how often an idle sender looks at its queue when events are
 	// queued by another instance (its own intake wakes it at once).
@@ -106,6 +107,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("WEBHOOKS_RETRY_JITTER %v: want 0 <= j < 1", c.RetryJitter)
 	case c.DisableAfter <= 0 || c.DisableAfter >= c.ClicksMaxAge:
 		return fmt.Errorf("WEBHOOKS_DISABLE_AFTER %s: want > 0 and < SNIP_CLICKS_MAX_AGE (%s), so missed events stay replayable", c.DisableAfter, c.ClicksMaxAge)
+	case c.RotationOverlap < 0:
+		return fmt.Errorf("WEBHOOKS_ROTATION_OVERLAP %s: want 0 (the old secret stops signing at the rotation) or more", c.RotationOverlap)
 	case c.MaxEndpointsPerOwner < 1:
 		return fmt.Errorf("WEBHOOKS_MAX_ENDPOINTS_PER_OWNER %d: want >= 1", c.MaxEndpointsPerOwner)
 	case c.WaitReplicas < 0:

@@ -1093,3 +1093,16 @@ func TestConfigReplicaWait(t *testing.T) {
 		}
 	}
 }
+
+// A negative rotation overlap would act as 0, the old secret never signing
+// again: it is refused at load, by name; 0 is allowed.
+func TestConfigRotationOverlap(t *testing.T) {
+	t.Parallel()
+	cfg, err := loadConfig([]string{"WEBHOOKS_ROTATION_OVERLAP=0s"}, nil)
+	if err != nil || cfg.RotationOverlap != 0 {
+		t.Fatalf("0s: %s, %v; want 0 accepted", cfg.RotationOverlap, err)
+	}
+	if _, err := loadConfig([]string{"WEBHOOKS_ROTATION_OVERLAP=-1h"}, nil); err == nil || !strings.Contains(err.Error(), "WEBHOOKS_ROTATION_OVERLAP") {
+		t.Errorf("-1h: %v, want an error naming WEBHOOKS_ROTATION_OVERLAP", err)
+	}
+}

@@ -1145,6 +1145,23 @@ func TestVerify(t *testing.T) {
 			want:  map[string]outcome{oracle.SinkReaders: {Missing: 1, Status: oracle.Fail}},
 		},
 		{
+			// No sink but the log checked and no reader deployed: the
+			// readers row judged nothing, so it is skipped, not passed.
+			name: "no_reader_and_no_sink_checked_skips_the_readers_row", mode: truth.ModeEvents,
+			sinks: func(_ *world, s *oracle.Sinks) {
+				s.Readers = fakeReaders(nil)
+				s.Verdicts, s.Alerts, s.Counter, s.Warehouse, s.Webhooks = nil, nil, nil, nil, nil
+			},
+			want: map[string]outcome{
+				oracle.SinkFraud:       {Status: oracle.Skipped},
+				oracle.SinkFraudAlerts: {Status: oracle.Skipped},
+				oracle.SinkCounter:     {Status: oracle.Skipped},
+				oracle.SinkWarehouse:   {Status: oracle.Skipped},
+				oracle.SinkWebhooks:    {Status: oracle.Skipped},
+				oracle.SinkReaders:     {Status: oracle.Skipped},
+			},
+		},
+		{
 			// Behind the run's last event but with nothing left to do: a
 			// consumer whose filter leaves the run out.
 			name: "reader_with_no_backlog_is_caught_up", mode: truth.ModeEvents,

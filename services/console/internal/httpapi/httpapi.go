@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -530,12 +531,17 @@ func unavailable(what string, err error) error {
 	return fmt.Errorf("%s: %w: %w", what, errUnavailable, err)
 }
 
-// decodeJSON reads a JSON body with no unknown fields.
+// decodeJSON reads a JSON body that is one object with no unknown fields:
+// anything after it (a second object, stray text) is refused, as the
+// redirect's link API does, rather than ignored.
 func decodeJSON(c echo.Context, v any) error {
 	dec := json.NewDecoder(c.Request().Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decode body: %v: %w", err, errBadRequest)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return fmt.Errorf("decode body: unexpected data after the JSON object: %w", errBadRequest)
 	}
 	return nil
 }

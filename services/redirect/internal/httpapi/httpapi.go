@@ -85,6 +85,10 @@ type API struct {
 	// redirected is requests{route="/:code",method="GET",status="302"},
 	// resolved once: the hot path's label lookup would allocate.
 	redirected prometheus.Counter
+	// echo and allow (route template to its Allow header) let /:code
+	// answer 405 for a method another route's path lacks (notAllowed).
+	echo  *echo.Echo
+	allow map[string]string
 }
 
 // Register mounts the routes, the error handler and the request metrics on e.
@@ -92,6 +96,11 @@ type API struct {
 // with Allow) through a counted route. Add every route before Register: an
 // OPTIONS to a path routed later is answered by /:code's OPTIONS route
 // (echo falls back to it, and it matches any path), with /:code's Allow.
+//
+// Echo's router also falls back to /:code for a method that the matched
+// route lacks but /:code has (GET, HEAD): HEAD /api/links/<code>, GET
+// /api/links. /:code answers those 405 with the route's Allow, as echo
+// answers any other method there (notAllowed).
 func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	a.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "snip", Subsystem: "redirect", Name: "http_requests_total",
@@ -115,6 +124,7 @@ func (a *API) Register(e *echo.Echo, reg prometheus.Registerer) {
 	follow := a.countRequests(a.redirect)
 	e.GET("/:code", follow)
 	e.HEAD("/:code", follow)
+	a.echo = e
 	a.registerOptions(e)
 }
 
@@ -128,6 +138,7 @@ var allowOrder = []string{http.MethodConnect, http.MethodDelete, http.MethodGet,
 // outside every handler and returns no error, so neither countRequests nor
 // handleError saw it.
 func (a *API) registerOptions(e *echo.Echo) {
+	a.allow = map[string]string{}
 	methods := map[string]map[string]bool{}
 	for _, r := range e.Routes() {
 		if r.Method != http.MethodOptions && !slices.Contains(allowOrder, r.Method) {
@@ -139,14 +150,15 @@ func (a *API) registerOptions(e *echo.Echo) {
 		methods[r.Path][r.Method] = true
 	}
 	for path, m := range methods {
-		if m[http.MethodOptions] {
-			continue // the path answers OPTIONS itself
-		}
 		allow := http.MethodOptions
 		for _, method := range allowOrder {
 			if m[method] {
 				allow += ", " + method
 			}
+		}
+		a.allow[path] = allow
+		if m[http.MethodOptions] {
+			continue // the path answers OPTIONS itself
 		}
 		e.OPTIONS(path, a.countRequests(func(c echo.Context) error {
 			c.Response().Header().Set(echo.HeaderAllow, allow)
@@ -333,6 +345,9 @@ func (a *API) redirect(c echo.Context) error {
 	h["Cache-Control"] = cacheControl
 	code, ok := link.ParseCode(c.Param("code"))
 	if !ok {
+		if err := a.notAllowed(c); err != nil {
+			return err
+		}
 		if a.Misses != nil {
 			a.Misses.Inc()
 		}
@@ -363,6 +378,37 @@ func (a *API) redirect(c echo.Context) error {
 		a.RedirectLatency.Observe(time.Since(start).Seconds())
 	}
 	return nil
+}
+
+// notAllowed answers a request that echo's router gave /:code although
+// another route's path matches it, only not its method (echo falls back to
+// /:code, whose last segment matches any rest of a path, when the route
+// lacks a method /:code has: HEAD /api/links/<code>, GET /api/links): 405
+// with that route's Allow, counted under its template, as echo answers the
+// route's other missing methods. It returns nil for a path no other route
+// matches (a code that cannot exist: 404). Only codes ParseCode refused
+// come here, never the redirect's hot path.
+func (a *API) notAllowed(c echo.Context) error {
+	if a.echo == nil || !strings.Contains(c.Param("code"), "/") {
+		return nil // one segment: no other route has it
+	}
+	r := c.Request()
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	// Every routed path answers OPTIONS (registerOptions): the route an
+	// OPTIONS finds is the one whose path this is.
+	probe := a.echo.NewContext(nil, nil)
+	a.echo.Router().Find(http.MethodOptions, path, probe)
+	route := probe.Path()
+	allow, ok := a.allow[route]
+	if !ok || route == "/:code" {
+		return nil
+	}
+	c.SetPath(route)
+	c.Response().Header().Set(echo.HeaderAllow, allow)
+	return echo.ErrMethodNotAllowed
 }
 
 // linkJSON is a link as the API shows it.

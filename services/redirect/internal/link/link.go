@@ -3,6 +3,7 @@ package link
 import (
 	"crypto/rand"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -142,6 +143,12 @@ func newCode() string {
 //   - absolute, scheme http or https only (javascript:, data:, file:, ...
 //     are refused: a shortener must not launder script URLs);
 //   - a host is required, and its port, if any, is a number 1-65535;
+//   - the host is an IPv6 literal in brackets, or a name of the characters
+//     RFC 3986 allows in one (letters, digits, "-._~" and "!$&'()*+,;=";
+//     letters beyond ASCII too, an internationalised name as browsers take
+//     it), without "%" escapes, empty labels or a leading dot: Go's parser
+//     lets '<', '>', '"' and ']' through in a host, which no browser or
+//     resolver takes as one;
 //   - no user:password@ part (credentials in links leak, and
 //     "https://bank.com@evil.example" is a classic phishing trick).
 func ValidateTarget(raw string) (string, error) {
@@ -186,12 +193,39 @@ func ValidateTarget(raw string) (string, error) {
 	if h := u.Hostname(); strings.Contains(h, "..") || strings.HasPrefix(h, ".") || strings.ContainsAny(h, "\\%") {
 		return "", fmt.Errorf("%w: malformed host %q", ErrInvalidTarget, h)
 	}
+	if err := checkHost(u.Host, u.Hostname()); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidTarget, err)
+	}
 	u.Host = strings.ToLower(u.Host)
 	out := u.String()
 	if len(out) > MaxTargetLen {
 		return "", fmt.Errorf("%w: %d bytes once normalised, the limit is %d", ErrInvalidTarget, len(out), MaxTargetLen)
 	}
 	return out, nil
+}
+
+// checkHost checks a host as RFC 3986 has it (host is u.Host, hostname
+// u.Hostname()): an IP literal is an IPv6 address in brackets, without a
+// zone; a name holds only unreserved characters and sub-delims, and any
+// letter beyond ASCII (UTF-8, which url.Parse keeps as it is).
+func checkHost(host, hostname string) error {
+	if strings.HasPrefix(host, "[") {
+		if a, err := netip.ParseAddr(hostname); err != nil || !a.Is6() || a.Zone() != "" {
+			return fmt.Errorf("host %q is not an IPv6 address", hostname)
+		}
+		return nil
+	}
+	for i := 0; i < len(hostname); i++ {
+		c := hostname[i]
+		switch {
+		case c >= utf8.RuneSelf: // part of a letter beyond ASCII
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("-._~!$&'()*+,;=", c) >= 0:
+		default:
+			return fmt.Errorf("host %q: %q is not allowed in a host name", hostname, c)
+		}
+	}
+	return nil
 }
 
 // hides reports whether r may hide what a target points to: ASCII

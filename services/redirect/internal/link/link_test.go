@@ -51,6 +51,16 @@ func TestValidateTarget(t *testing.T) {
 		{name: "non_numeric_port_is_refused", in: "https://example.com:http/", wantErr: link.ErrInvalidTarget},
 		{name: "empty_port_is_refused", in: "https://example.com:/", wantErr: link.ErrInvalidTarget},
 		{name: "backslash_host_is_refused", in: "https://evil.example\\@good.example/", wantErr: link.ErrInvalidTarget},
+		// Go's parser lets these through in a host; RFC 3986 does not.
+		{name: "less_than_in_host_is_refused", in: "https://a<b.example/", wantErr: link.ErrInvalidTarget},
+		{name: "greater_than_in_host_is_refused", in: "https://a>b.example/", wantErr: link.ErrInvalidTarget},
+		{name: "quote_in_host_is_refused", in: "https://a\"b.example/", wantErr: link.ErrInvalidTarget},
+		{name: "script_tag_host_is_refused", in: "https://<script>.example/", wantErr: link.ErrInvalidTarget},
+		{name: "closing_bracket_in_host_is_refused", in: "https://a]b.example/", wantErr: link.ErrInvalidTarget},
+		{name: "ipv6_zone_is_refused", in: "https://[fe80::1%25eth0]/", wantErr: link.ErrInvalidTarget},
+		{name: "sub_delims_and_unreserved_in_host_are_accepted", in: "https://a-b_c~d!$&'()*+,;=e.example/", want: "https://a-b_c~d!$&'()*+,;=e.example/"},
+		{name: "non_ascii_host_is_accepted", in: "https://B\u00fccher.example/", want: "https://b%C3%BCcher.example/"},
+		{name: "ipv4_host_is_accepted", in: "http://192.0.2.1:8080/", want: "http://192.0.2.1:8080/"},
 		{name: "too_long_is_refused", in: "https://example.com/" + strings.Repeat("a", link.MaxTargetLen), wantErr: link.ErrInvalidTarget},
 		{name: "longest_allowed_is_accepted", in: "https://example.com/" + strings.Repeat("a", link.MaxTargetLen-20), want: "https://example.com/" + strings.Repeat("a", link.MaxTargetLen-20)},
 	}
