@@ -57,21 +57,24 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	return reader.Replay(from, fmt.Errorf("partition %d: watermark %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.WM, before, from, ErrStoreBehind))
 }
 
-// countMissed counts, in the metric, the events of a batch that the store
-// had lost: those before where the batch that asked for the replay began.
-func (c *Counter) countMissed(p int, evs []reader.Event) {
+// countMissed counts, in the metric, the events of a batch just written
+// from watermark wm that the store had lost: those after wm and before
+// where the batch that asked for the replay began. Those at or below wm
+// were written before, and counted in the metric then: a batch handed
+// again after a hand-over (written, not acked) counts nothing twice.
+func (c *Counter) countMissed(p int, evs []reader.Event, wm uint64) {
 	until := c.replayUntil(p)
 	if until == 0 {
 		return
 	}
 	n := 0
 	for _, e := range evs {
-		if e.Seq < until {
+		if e.Seq > wm && e.Seq < until {
 			n++
 		}
 	}
 	c.m.missed.WithLabelValues("read").Add(float64(n))
 	if evs[len(evs)-1].Seq+1 >= until {
-		c.setReplay(p, 0)
+		c.replayDone(p)
 	}
 }

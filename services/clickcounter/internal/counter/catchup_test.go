@@ -163,3 +163,63 @@ func TestAParkedEventBeforeAReloadCostsOneReplay(t *testing.T) {
 		t.Errorf("human total = %d, want 2", got)
 	}
 }
+
+// The member loses the partition during the catch-up the counter asked for
+// (its lease ran out on a loaded machine) and takes it back: the runtime
+// calls OnRevoke, then OnAssign, and hands the partition's events again
+// from its ack floor, somewhere among the lost events, where the store's
+// watermark is too. The metric still counts each lost event once: those
+// counted after the hand-over too, and not those of a batch written before
+// it and handed again (not acked).
+func TestMissedEventsAreCountedOnceAcrossAHandOver(t *testing.T) {
+	t.Parallel()
+	for _, at := range []struct {
+		name string
+		// done is how many of the lost events were counted before the
+		// hand-over, acked the first acked of them.
+		done, acked int
+	}{
+		{"before the first replayed batch", 0, 0},
+		{"after a replayed batch, acked", 1, 1},
+		{"after a replayed batch, not acked", 2, 0},
+	} {
+		t.Run(at.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			const p = 1
+			code := codeIn(t, p, 25)
+			now := time.Now().UTC()
+			var s seqs
+			b1 := s.events(p, click("acme", code, now))
+			lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+			b3 := s.events(p, click("acme", code, now))
+			e.clicks.store(b1...)
+			e.clicks.store(lost...)
+			e.clicks.store(b3...)
+			mustHandle(t, e.c, p, b1)
+			e.handleAndLose(t, e.c, p, lost)
+
+			err := e.c.HandleBatch(t.Context(), p, b3)
+			var re *reader.ReplayError
+			if !errors.As(err, &re) || re.From != lost[0].Seq {
+				t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+			}
+			if at.done > 0 {
+				mustHandle(t, e.c, p, lost[:at.done])
+			}
+			e.c.OnRevoke(p)
+			resume := lost[at.acked].Seq
+			if err := e.c.OnAssign(t.Context(), p, resume); err != nil {
+				t.Fatal(err)
+			}
+			mustHandle(t, e.c, p, e.clicks.from(p, resume, b3[len(b3)-1].Seq))
+
+			if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 5}) {
+				t.Errorf("totals %+v, want 5 human", got)
+			}
+			if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != float64(len(lost)) {
+				t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events, each once)", got, len(lost))
+			}
+		})
+	}
+}

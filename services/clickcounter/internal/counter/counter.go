@@ -79,7 +79,11 @@ type Counter struct {
 	unchecked map[int]bool
 	// replays are, per partition that asked for its events again (see
 	// catchUp), the sequence of the batch that asked: what comes before it
-	// is what the store had lost.
+	// is what the store had lost. Unlike the cached state it outlives the
+	// partition's revocation (forget): a member that loses the partition
+	// during the catch-up and takes it back resumes from the store's
+	// watermark, somewhere among those events, where nothing tells a lost
+	// event from a new one but this.
 	replays map[int]uint64
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
@@ -161,7 +165,7 @@ func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
 	delete(c.unchecked, p)
-	delete(c.replays, p)
+	// c.replays[p] stays: see replays.
 	c.mu.Unlock()
 	// The partition's owner reports its generations from now on; a value
 	// kept here would go stale (a recount that never seems to end).
@@ -181,15 +185,21 @@ func (c *Counter) takeUnchecked(p int) bool {
 }
 
 // setReplay records that partition p asked for its events again from
-// before the batch at until (0: the replayed events have all come).
+// before the batch at until. A record already further on stays: the events
+// before it that the store has not counted are still events it lost (the
+// store lost writes again during the catch-up).
 func (c *Counter) setReplay(p int, until uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if until == 0 {
-		delete(c.replays, p)
-	} else {
-		c.replays[p] = until
-	}
+	c.replays[p] = max(c.replays[p], until)
+}
+
+// replayDone drops partition p's record of a replay: the events it asked
+// for again have all come.
+func (c *Counter) replayDone(p int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.replays, p)
 }
 
 func (c *Counter) replayUntil(p int) uint64 {
