@@ -211,7 +211,7 @@ func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error
 	case Recheck: // a write without events has nothing to recheck
 		return fmt.Errorf("pass partition %d's parked events to %d: the store asked to recheck a write without events", p, info.Last)
 	}
-	if until := c.replayUntil(p); until != 0 && info.Last+1 >= until {
+	if until := c.replayOf(p).until; until != 0 && info.Last+1 >= until {
 		c.replayDone(p) // the replay the counter asked for has come
 	}
 	return c.written(ctx, p, st, info.Last, res.Switched)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
@@ -221,5 +222,49 @@ func TestMissedEventsAreCountedOnceAcrossAHandOver(t *testing.T) {
 				t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events, each once)", got, len(lost))
 			}
 		})
+	}
+}
+
+// A recount (a replay from the oldest event) reaches the partition during
+// the catch-up the counter asked for, after the member lost the partition
+// and took it back: the new generation counts every event again, and the
+// metric counts among them only those the store had lost, not the ones
+// before them, which it never lost.
+func TestARecountDuringTheCatchUpCountsOnlyTheLostEventsAsMissed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 2
+	code := codeIn(t, p, 26)
+	now := time.Now().UTC()
+	var s seqs
+	b1 := s.events(p, click("acme", code, now), click("acme", code, now))
+	lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	b3 := s.events(p, click("acme", code, now))
+	e.first.Store(b1[0].Seq)
+	e.clicks.store(b1...)
+	e.clicks.store(lost...)
+	e.clicks.store(b3...)
+	mustHandle(t, e.c, p, b1)
+	e.handleAndLose(t, e.c, p, lost)
+	err := e.c.HandleBatch(t.Context(), p, b3)
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || re.From != lost[0].Seq {
+		t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+	}
+	e.c.OnRevoke(p)
+	if err := e.c.OnAssign(t.Context(), p, lost[0].Seq); err != nil {
+		t.Fatal(err)
+	}
+	last := b3[len(b3)-1].Seq
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: last, Requested: now, MovesBack: true}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, e.clicks.from(p, b1[0].Seq, last))
+
+	if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 6}) {
+		t.Errorf("totals %+v, want 6 human", got)
+	}
+	if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != float64(len(lost)) {
+		t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events only)", got, len(lost))
 	}
 }

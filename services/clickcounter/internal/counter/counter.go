@@ -78,13 +78,12 @@ type Counter struct {
 	// counted below the next batch (see catchUp).
 	unchecked map[int]bool
 	// replays are, per partition that asked for its events again (see
-	// catchUp), the sequence of the batch that asked: what comes before it
-	// is what the store had lost. Unlike the cached state it outlives the
-	// partition's revocation (forget): a member that loses the partition
-	// during the catch-up and takes it back resumes from the store's
-	// watermark, somewhere among those events, where nothing tells a lost
-	// event from a new one but this.
-	replays map[int]uint64
+	// catchUp), the events the store had lost. Unlike the cached state they
+	// outlive the partition's revocation (forget): a member that loses the
+	// partition during the catch-up and takes it back resumes from the
+	// store's watermark, somewhere among those events, where nothing tells
+	// a lost event from a new one but this.
+	replays map[int]replay
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
@@ -126,7 +125,7 @@ func New(o Options) (*Counter, error) {
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:     map[int]*State{},
 		unchecked: map[int]bool{},
-		replays:   map[int]uint64{},
+		replays:   map[int]replay{},
 		vstate:    map[int]State{},
 		janitor:   make(chan int, 4*o.Partitions),
 		batches:   make(chan *batchScratch, o.Partitions),
@@ -184,14 +183,26 @@ func (c *Counter) takeUnchecked(p int) bool {
 	return u
 }
 
+// replay is a partition's stretch of events the store lost: from the
+// first the counter asked for again to the batch that asked, excluded.
+type replay struct{ from, until uint64 }
+
+// has reports whether seq is one of the events the store lost.
+func (r replay) has(seq uint64) bool { return seq >= r.from && seq < r.until }
+
 // setReplay records that partition p asked for its events again from
-// before the batch at until. A record already further on stays: the events
-// before it that the store has not counted are still events it lost (the
-// store lost writes again during the catch-up).
-func (c *Counter) setReplay(p int, until uint64) {
+// from, before the batch at until. A stretch recorded before that reaches
+// past from is joined to it: the events of it the store has not counted
+// are still events it lost (the store lost writes again during the
+// catch-up); one that ends before from is over, and replaced.
+func (c *Counter) setReplay(p int, from, until uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.replays[p] = max(c.replays[p], until)
+	r := replay{from, until}
+	if old, ok := c.replays[p]; ok && old.until > from {
+		r = replay{min(old.from, from), max(old.until, until)}
+	}
+	c.replays[p] = r
 }
 
 // replayDone drops partition p's record of a replay: the events it asked
@@ -202,7 +213,8 @@ func (c *Counter) replayDone(p int) {
 	delete(c.replays, p)
 }
 
-func (c *Counter) replayUntil(p int) uint64 {
+// replayOf returns partition p's record of a replay (until 0: none).
+func (c *Counter) replayOf(p int) replay {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.replays[p]
