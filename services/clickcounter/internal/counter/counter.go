@@ -155,6 +155,7 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 	c.mu.Lock()
 	c.parts[p] = &st
 	c.unchecked[p] = true
+	c.trimReplay(p, st.WM)
 	c.mu.Unlock()
 	c.m.observeState(p, st)
 	return &st, nil
@@ -201,6 +202,23 @@ func (c *Counter) setReplay(p int, from, until uint64) {
 	r := replay{from, until}
 	if old, ok := c.replays[p]; ok && old.until > from {
 		r = replay{min(old.from, from), max(old.until, until)}
+	}
+	c.replays[p] = r
+}
+
+// trimReplay drops from partition p's record of a replay the events at or
+// below the store's watermark wm, just read: they are counted (by this
+// member, or by another that held the partition meanwhile), and a recount
+// that hands them again later is not handing them because the store lost
+// them. The caller holds c.mu.
+func (c *Counter) trimReplay(p int, wm uint64) {
+	r, ok := c.replays[p]
+	if !ok {
+		return
+	}
+	if r.from = max(r.from, wm+1); r.from >= r.until {
+		delete(c.replays, p)
+		return
 	}
 	c.replays[p] = r
 }
