@@ -59,9 +59,6 @@ func (c *Counter) count(ctx context.Context, p int, evs []reader.Event) error {
 		if err == nil {
 			err = c.write(ctx, p, evs)
 		}
-		if err == nil {
-			c.countMissed(p, evs)
-		}
 		if !errors.Is(err, errConflict) {
 			return err
 		}
@@ -74,8 +71,9 @@ func (c *Counter) count(ctx context.Context, p int, evs []reader.Event) error {
 var errConflict = errors.New("partition state changed")
 
 // write applies consecutive events of the partition in one atomic write,
-// retrying while the store asks for a recheck. A conflict reloads the
-// state and returns errConflict.
+// retrying while the store asks for a recheck, and counts those the store
+// had lost (countMissed). A conflict reloads the state and returns
+// errConflict.
 func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 	st, err := c.cached(ctx, p)
 	if err != nil {
@@ -130,6 +128,7 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 		c.m.duplicates.WithLabelValues("event_id").Add(float64(b.dupID))
 		c.m.counted.WithLabelValues(Human.String()).Add(float64(b.human))
 		c.m.counted.WithLabelValues(Bot.String()).Add(float64(b.bot))
+		c.countMissed(p, evs, st.WM)
 		return c.written(ctx, p, st, last.Seq, res.Switched)
 	}
 	return fmt.Errorf("write partition %d batch: %w", p, ErrContention)
@@ -212,8 +211,8 @@ func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error
 	case Recheck: // a write without events has nothing to recheck
 		return fmt.Errorf("pass partition %d's parked events to %d: the store asked to recheck a write without events", p, info.Last)
 	}
-	if until := c.replayUntil(p); until != 0 && info.Last+1 >= until {
-		c.setReplay(p, 0) // the replay the counter asked for has come
+	if until := c.replayOf(p).until; until != 0 && info.Last+1 >= until {
+		c.replayDone(p) // the replay the counter asked for has come
 	}
 	return c.written(ctx, p, st, info.Last, res.Switched)
 }

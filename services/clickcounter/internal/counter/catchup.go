@@ -53,25 +53,30 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	}
 	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes? or the last events before this load were parked)",
 		"partition", p, "watermark", st.WM, "batch_first", before, "replay_from", from)
-	c.setReplay(p, before)
+	c.setReplay(p, from, before)
 	return reader.Replay(from, fmt.Errorf("partition %d: watermark %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.WM, before, from, ErrStoreBehind))
 }
 
-// countMissed counts, in the metric, the events of a batch that the store
-// had lost: those before where the batch that asked for the replay began.
-func (c *Counter) countMissed(p int, evs []reader.Event) {
-	until := c.replayUntil(p)
-	if until == 0 {
+// countMissed counts, in the metric, the events of a batch just written
+// from watermark wm that the store had lost: those after wm from the first
+// the counter asked for again to where the batch that asked began. Those
+// at or below wm were written before, and counted in the metric then: a
+// batch handed again after a hand-over (written, not acked) counts nothing
+// twice. Those before the first are not among them, though a recount
+// started meanwhile counts them again too.
+func (c *Counter) countMissed(p int, evs []reader.Event, wm uint64) {
+	r := c.replayOf(p)
+	if r.until == 0 {
 		return
 	}
 	n := 0
 	for _, e := range evs {
-		if e.Seq < until {
+		if e.Seq > wm && r.has(e.Seq) {
 			n++
 		}
 	}
 	c.m.missed.WithLabelValues("read").Add(float64(n))
-	if evs[len(evs)-1].Seq+1 >= until {
-		c.setReplay(p, 0)
+	if evs[len(evs)-1].Seq+1 >= r.until {
+		c.replayDone(p)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
@@ -161,5 +162,175 @@ func TestAParkedEventBeforeAReloadCostsOneReplay(t *testing.T) {
 	mustHandle(t, e.c, p, b2) // what the runtime hands after parking it again
 	if got := stats(t, e.c, "acme", code).Totals.Human; got != 2 {
 		t.Errorf("human total = %d, want 2", got)
+	}
+}
+
+// The member loses the partition during the catch-up the counter asked for
+// (its lease ran out on a loaded machine) and takes it back: the runtime
+// calls OnRevoke, then OnAssign, and hands the partition's events again
+// from its ack floor, somewhere among the lost events, where the store's
+// watermark is too. The metric still counts each lost event once: those
+// counted after the hand-over too, and not those of a batch written before
+// it and handed again (not acked).
+func TestMissedEventsAreCountedOnceAcrossAHandOver(t *testing.T) {
+	t.Parallel()
+	for _, at := range []struct {
+		name string
+		// done is how many of the lost events were counted before the
+		// hand-over, acked the first acked of them.
+		done, acked int
+	}{
+		{"before the first replayed batch", 0, 0},
+		{"after a replayed batch, acked", 1, 1},
+		{"after a replayed batch, not acked", 2, 0},
+	} {
+		t.Run(at.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			const p = 1
+			code := codeIn(t, p, 25)
+			now := time.Now().UTC()
+			var s seqs
+			b1 := s.events(p, click("acme", code, now))
+			lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+			b3 := s.events(p, click("acme", code, now))
+			e.clicks.store(b1...)
+			e.clicks.store(lost...)
+			e.clicks.store(b3...)
+			mustHandle(t, e.c, p, b1)
+			e.handleAndLose(t, e.c, p, lost)
+
+			err := e.c.HandleBatch(t.Context(), p, b3)
+			var re *reader.ReplayError
+			if !errors.As(err, &re) || re.From != lost[0].Seq {
+				t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+			}
+			if at.done > 0 {
+				mustHandle(t, e.c, p, lost[:at.done])
+			}
+			e.c.OnRevoke(p)
+			resume := lost[at.acked].Seq
+			if err := e.c.OnAssign(t.Context(), p, resume); err != nil {
+				t.Fatal(err)
+			}
+			mustHandle(t, e.c, p, e.clicks.from(p, resume, b3[len(b3)-1].Seq))
+
+			if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 5}) {
+				t.Errorf("totals %+v, want 5 human", got)
+			}
+			if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != float64(len(lost)) {
+				t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events, each once)", got, len(lost))
+			}
+		})
+	}
+}
+
+// A recount (a replay from the oldest event) reaches the partition during
+// the catch-up the counter asked for, after the member lost the partition
+// and took it back: the new generation counts every event again, and the
+// metric counts among them only those the store had lost, not the ones
+// before them, which it never lost.
+func TestARecountDuringTheCatchUpCountsOnlyTheLostEventsAsMissed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const p = 2
+	code := codeIn(t, p, 26)
+	now := time.Now().UTC()
+	var s seqs
+	b1 := s.events(p, click("acme", code, now), click("acme", code, now))
+	lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	b3 := s.events(p, click("acme", code, now))
+	e.first.Store(b1[0].Seq)
+	e.clicks.store(b1...)
+	e.clicks.store(lost...)
+	e.clicks.store(b3...)
+	mustHandle(t, e.c, p, b1)
+	e.handleAndLose(t, e.c, p, lost)
+	err := e.c.HandleBatch(t.Context(), p, b3)
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || re.From != lost[0].Seq {
+		t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+	}
+	e.c.OnRevoke(p)
+	if err := e.c.OnAssign(t.Context(), p, lost[0].Seq); err != nil {
+		t.Fatal(err)
+	}
+	last := b3[len(b3)-1].Seq
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: last, Requested: now, MovesBack: true}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, e.clicks.from(p, b1[0].Seq, last))
+
+	if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 6}) {
+		t.Errorf("totals %+v, want 6 human", got)
+	}
+	if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != float64(len(lost)) {
+		t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events only)", got, len(lost))
+	}
+}
+
+// What the store holds when the member takes the partition back says how
+// much of the catch-up it asked for is still to come: the events at or
+// below the store's watermark were counted (by this member, or by another
+// that held the partition meanwhile), and a recount that hands them all
+// again later does not count them as missed.
+func TestARecountAfterTheCatchUpWasTakenOverCountsNothingMissedTwice(t *testing.T) {
+	t.Parallel()
+	for _, by := range []string{"this member, in part", "another member, all of it"} {
+		t.Run(by, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			const p = 3
+			code := codeIn(t, p, 27)
+			now := time.Now().UTC()
+			var s seqs
+			b1 := s.events(p, click("acme", code, now))
+			lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+			b3 := s.events(p, click("acme", code, now))
+			e.first.Store(b1[0].Seq)
+			e.clicks.store(b1...)
+			e.clicks.store(lost...)
+			e.clicks.store(b3...)
+			last := b3[len(b3)-1].Seq
+			mustHandle(t, e.c, p, b1)
+			e.handleAndLose(t, e.c, p, lost)
+			err := e.c.HandleBatch(t.Context(), p, b3)
+			var re *reader.ReplayError
+			if !errors.As(err, &re) || re.From != lost[0].Seq {
+				t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+			}
+			want := 0.0
+			if by == "this member, in part" {
+				mustHandle(t, e.c, p, lost[:1])
+				want = 3 // 1 before the hand-over, 2 in the recount
+			}
+			e.c.OnRevoke(p)
+			if by == "another member, all of it" {
+				other := e.newCounter(t, nil)
+				if err := other.OnAssign(t.Context(), p, lost[0].Seq); err != nil {
+					t.Fatal(err)
+				}
+				mustHandle(t, other, p, e.clicks.from(p, lost[0].Seq, last))
+				other.OnRevoke(p)
+			}
+			st, err := e.store.State(t.Context(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.OnAssign(t.Context(), p, st.WM+1); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: last, Requested: now, MovesBack: true}); err != nil {
+				t.Fatal(err)
+			}
+			mustHandle(t, e.c, p, e.clicks.from(p, b1[0].Seq, last))
+
+			if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 5}) {
+				t.Errorf("totals %+v, want 5 human", got)
+			}
+			if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != want {
+				t.Errorf("missed_events_total{result=read} = %v, want %v", got, want)
+			}
+		})
 	}
 }

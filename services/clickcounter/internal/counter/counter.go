@@ -78,9 +78,12 @@ type Counter struct {
 	// counted below the next batch (see catchUp).
 	unchecked map[int]bool
 	// replays are, per partition that asked for its events again (see
-	// catchUp), the sequence of the batch that asked: what comes before it
-	// is what the store had lost.
-	replays map[int]uint64
+	// catchUp), the events the store had lost. Unlike the cached state they
+	// outlive the partition's revocation (forget): a member that loses the
+	// partition during the catch-up and takes it back resumes from the
+	// store's watermark, somewhere among those events, where nothing tells
+	// a lost event from a new one but this.
+	replays map[int]replay
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
@@ -122,7 +125,7 @@ func New(o Options) (*Counter, error) {
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:     map[int]*State{},
 		unchecked: map[int]bool{},
-		replays:   map[int]uint64{},
+		replays:   map[int]replay{},
 		vstate:    map[int]State{},
 		janitor:   make(chan int, 4*o.Partitions),
 		batches:   make(chan *batchScratch, o.Partitions),
@@ -152,6 +155,7 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 	c.mu.Lock()
 	c.parts[p] = &st
 	c.unchecked[p] = true
+	c.trimReplay(p, st.WM)
 	c.mu.Unlock()
 	c.m.observeState(p, st)
 	return &st, nil
@@ -161,7 +165,7 @@ func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
 	delete(c.unchecked, p)
-	delete(c.replays, p)
+	// c.replays[p] stays: see replays.
 	c.mu.Unlock()
 	// The partition's owner reports its generations from now on; a value
 	// kept here would go stale (a recount that never seems to end).
@@ -180,19 +184,55 @@ func (c *Counter) takeUnchecked(p int) bool {
 	return u
 }
 
+// replay is a partition's stretch of events the store lost: from the
+// first the counter asked for again to the batch that asked, excluded.
+type replay struct{ from, until uint64 }
+
+// has reports whether seq is one of the events the store lost.
+func (r replay) has(seq uint64) bool { return seq >= r.from && seq < r.until }
+
 // setReplay records that partition p asked for its events again from
-// before the batch at until (0: the replayed events have all come).
-func (c *Counter) setReplay(p int, until uint64) {
+// from, before the batch at until. A stretch recorded before that reaches
+// past from is joined to it: the events of it the store has not counted
+// are still events it lost (the store lost writes again during the
+// catch-up); one that ends before from is over, and replaced.
+func (c *Counter) setReplay(p int, from, until uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if until == 0 {
-		delete(c.replays, p)
-	} else {
-		c.replays[p] = until
+	r := replay{from, until}
+	if old, ok := c.replays[p]; ok && old.until > from {
+		r = replay{min(old.from, from), max(old.until, until)}
 	}
+	c.replays[p] = r
 }
 
-func (c *Counter) replayUntil(p int) uint64 {
+// trimReplay drops from partition p's record of a replay the events at or
+// below the store's watermark wm, just read: they are counted (by this
+// member, or by another that held the partition meanwhile), and a recount
+// that hands them again later is not handing them because the store lost
+// them. The caller holds c.mu.
+func (c *Counter) trimReplay(p int, wm uint64) {
+	r, ok := c.replays[p]
+	if !ok {
+		return
+	}
+	if r.from = max(r.from, wm+1); r.from >= r.until {
+		delete(c.replays, p)
+		return
+	}
+	c.replays[p] = r
+}
+
+// replayDone drops partition p's record of a replay: the events it asked
+// for again have all come.
+func (c *Counter) replayDone(p int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.replays, p)
+}
+
+// replayOf returns partition p's record of a replay (until 0: none).
+func (c *Counter) replayOf(p int) replay {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.replays[p]
