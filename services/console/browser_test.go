@@ -410,14 +410,7 @@ func TestPagePollsDoNotOverlapWhenTheServerIsSlow(t *testing.T) {
 	browser := chromium(t)
 	const refresh, slow = 500 * time.Millisecond, 1500 * time.Millisecond
 	s := start(t, func(c *Config) { withToken(c); c.Refresh = refresh })
-	target, err := url.Parse(s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
-	}}
+	rp := tokenProxy(t, s.url)
 	var held, most, answered atomic.Int64
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/api/readers" {
@@ -444,17 +437,9 @@ func TestPagePollsDoNotOverlapWhenTheServerIsSlow(t *testing.T) {
 		}
 		_, _ = w.Write(rec.Body.Bytes())
 	}))
-	defer proxy.Close()
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
-		t.Fatalf("open the console: %v", err)
-	}
+	ctx := openPage(t, browser, proxy.URL+"/")
 	// Four polls answered take at least 4 × (1.5 s + 0.5 s) one at a time;
 	// polls every 0.5 s regardless would hold three at once by then.
 	testenv.WaitFor(t, 60*time.Second, "four polls of the readers answered", func() bool { return answered.Load() >= 4 })
@@ -482,14 +467,7 @@ func TestLivePanelComesBackAfterItsStreamWasRefused(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
 	s := start(t, withToken)
-	target, err := url.Parse(s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
-	}, FlushInterval: -1}
+	rp := tokenProxy(t, s.url)
 	var refusing atomic.Bool
 	var refused atomic.Int64
 	refusing.Store(true)
@@ -501,27 +479,10 @@ func TestLivePanelComesBackAfterItsStreamWasRefused(t *testing.T) {
 		}
 		rp.ServeHTTP(w, r)
 	}))
-	defer proxy.Close()
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
-		t.Fatalf("open the console: %v", err)
-	}
-	eval := func(expr string) string {
-		t.Helper()
-		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
-		if err != nil {
-			t.Fatalf("evaluate %s: %v", expr, err)
-		}
-		return v
-	}
+	ctx := openPage(t, browser, proxy.URL+"/")
+	eval := func(expr string) string { t.Helper(); return evalString(t, ctx, expr) }
 	const status = `document.getElementById("live-status").innerText`
 	testenv.WaitFor(t, 30*time.Second, "the page's live stream refused", func() bool { return refused.Load() >= 1 })
 	var said string
@@ -557,35 +518,11 @@ func TestLivePanelShowsACLICKSCreatedAgain(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
 	s := start(t, withToken)
-	target, err := url.Parse(s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
-	}, FlushInterval: -1})
-	defer proxy.Close()
+	proxy := httptest.NewServer(tokenProxy(t, s.url))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
-		t.Fatalf("open the console: %v", err)
-	}
-	eval := func(expr string) string {
-		t.Helper()
-		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
-		if err != nil {
-			t.Fatalf("evaluate %s: %v", expr, err)
-		}
-		return v
-	}
+	ctx := openPage(t, browser, proxy.URL+"/")
+	eval := func(expr string) string { t.Helper(); return evalString(t, ctx, expr) }
 	// The newest row's link, and the links of every row.
 	const newest = `(document.querySelector("#live tr td:nth-child(4)") || {}).innerText || ""`
 	const links = `Array.from(document.querySelectorAll("#live tr td:nth-child(4)")).map((td) => td.innerText).join(" ")`
@@ -626,25 +563,10 @@ func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
 		s.rdb.HSet(t.Context(), "snip:wh:{"+id+"}:ep", "cfg", fmt.Sprintf(`{"id":%q,"owner":"acme","url":"https://hooks.acme.example/%d"}`, id, i))
 	}
 	s.rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: "snip:wh:{ep_000}:q", Values: []any{"id", "e", "t", "click", "ts", time.Now().UnixNano(), "d", "{}"}})
-	target, err := url.Parse(s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
-	}, FlushInterval: -1})
-	defer proxy.Close()
+	proxy := httptest.NewServer(tokenProxy(t, s.url))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
-		t.Fatalf("open the console: %v", err)
-	}
+	ctx := openPage(t, browser, proxy.URL+"/")
 	var text, rows string
 	if !testenv.Poll(30*time.Second, func() bool {
 		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -670,25 +592,10 @@ func TestLivePanelSaysWhenItCannotFollowCLICKS(t *testing.T) {
 	browser := chromium(t)
 	js := testenv.StartNATS(t).JetStream(t) // no topology: CLICKS is not there
 	s := startOn(t, js, log(t), withToken)
-	target, err := url.Parse(s.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
-		r.SetURL(target)
-		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
-	}, FlushInterval: -1})
-	defer proxy.Close()
+	proxy := httptest.NewServer(tokenProxy(t, s.url))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(actx)
-	defer cancelTab()
-	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
-		t.Fatalf("open the console: %v", err)
-	}
+	ctx := openPage(t, browser, proxy.URL+"/")
 	var said string
 	if !testenv.Poll(30*time.Second, func() bool {
 		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -698,4 +605,49 @@ func TestLivePanelSaysWhenItCannotFollowCLICKS(t *testing.T) {
 	}) {
 		t.Errorf("with no CLICKS to follow the live panel says %q, want that it is not following CLICKS and why", said)
 	}
+}
+
+// tokenProxy is a reverse proxy to the console at consoleURL that adds the
+// token to every request, as an operator's proxy may (a page opened through
+// it needs no login), and passes streams on at once.
+func tokenProxy(t *testing.T, consoleURL string) *httputil.ReverseProxy {
+	t.Helper()
+	target, err := url.Parse(consoleURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken)
+	}, FlushInterval: -1}
+}
+
+// openPage starts a Chromium (browser: its path), opens pageURL in it and
+// returns the tab. The browser ends when the test does, before whatever the
+// test closes with t.Cleanup earlier (a proxy waits for the streams the
+// page holds open).
+func openPage(t *testing.T, browser, pageURL string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	tab, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelTab(); cancelAlloc() })
+	if _, err := chromedp.Run(tab, chromedp.Navigate(pageURL)); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	return tab
+}
+
+// evalString is the string a JavaScript expression gives in tab; an
+// evaluation that fails or takes over 30 s fails the test.
+func evalString(t *testing.T, tab context.Context, expr string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
 }
