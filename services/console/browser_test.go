@@ -699,3 +699,115 @@ func TestLivePanelSaysWhenItCannotFollowCLICKS(t *testing.T) {
 		t.Errorf("with no CLICKS to follow the live panel says %q, want that it is not following CLICKS and why", said)
 	}
 }
+
+// The replay dialog shows what the API answers beyond "requested": a replay
+// from before CLICKS' oldest event warns where it really starts, one asked
+// while the group's replay is under way warns that it replaces it, and one
+// from after CLICKS' last event is refused saying there is nothing to
+// replay. Before, the dialog showed only a forced replay's warning: the
+// others read as replays requested as asked. A real Chromium presses
+// Replay on a group with no member (its replays stay under way) of a
+// CLICKS whose first five clicks are gone.
+func TestReplayDialogShowsWhatAReplayReallyDoes(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	const group = "loader"
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
+	clicks, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clicks.Purge(t.Context(), jetstream.WithPurgeSequence(seqs[5])); err != nil {
+		t.Fatal(err)
+	}
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1})
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	waitFor := func(what, expr string) {
+		t.Helper()
+		if !testenv.Poll(30*time.Second, func() bool { return eval(expr) == "true" }) {
+			t.Fatalf("the page did not show %s within 30 s; it reads:\n%s", what, eval("document.body.innerText"))
+		}
+	}
+	text := func(id string) string { return eval(fmt.Sprintf("document.getElementById(%q).innerText", id)) }
+
+	waitFor("the group's Replay button", `String([...document.querySelectorAll("#readers h3")].some((h) => h.firstChild.textContent === "`+group+`"))`)
+	eval(`(() => {
+		for (const h of document.querySelectorAll("#readers h3"))
+			if (h.firstChild.textContent === "` + group + `") h.querySelector("button").click();
+		return "";
+	})()`)
+	waitFor("the replay dialog", `String(document.getElementById("replay-dialog").open)`)
+	// replayFrom asks a replay from sequence seq and waits for the answer
+	// (the result's text changes).
+	replayFrom := func(seq uint64) string {
+		t.Helper()
+		eval(fmt.Sprintf(`(() => {
+			const f = document.getElementById("replay-form");
+			f.elements.kind.value = "from_seq";
+			f.elements.from_seq.value = "%d";
+			f.elements.confirm.value = %q;
+			document.getElementById("replay-result").textContent = "";
+			document.getElementById("replay-go").click();
+			return "";
+		})()`, seq, group))
+		waitFor(fmt.Sprintf("the answer to the replay from sequence %d", seq), `String(document.getElementById("replay-result").innerText !== "")`)
+		return text("replay-result")
+	}
+
+	last := seqs[len(seqs)-1]
+	if got := replayFrom(last + 1); !strings.HasPrefix(got, "Refused: ") ||
+		!strings.Contains(got, fmt.Sprintf("is after CLICKS' last event (sequence %d): nothing to replay", last)) {
+		t.Errorf("the replay from after CLICKS' last event reads %q; want it refused, nothing to replay", got)
+	}
+	if got := replayFrom(seqs[2]); !strings.Contains(got, fmt.Sprintf("requested (from sequence %d)", seqs[2])) {
+		t.Fatalf("the replay from sequence %d reads %q; want it requested", seqs[2], got)
+	}
+	first := regexp.MustCompile(`Replay (\S+) requested`).FindStringSubmatch(text("replay-result"))
+	if got := text("replay-warning"); !strings.Contains(got, fmt.Sprintf("Warning: CLICKS' oldest event now is sequence %d", seqs[5])) ||
+		!strings.Contains(got, fmt.Sprintf("not at from sequence %d", seqs[2])) || strings.Contains(got, "replaces") {
+		t.Errorf("the replay from sequence %d, which CLICKS no longer holds, warns %q; want only where it really starts", seqs[2], got)
+	}
+	if got := replayFrom(seqs[7]); !strings.Contains(got, fmt.Sprintf("requested (from sequence %d)", seqs[7])) {
+		t.Fatalf("the replay from sequence %d reads %q; want it requested", seqs[7], got)
+	}
+	if got := text("replay-warning"); first == nil || !strings.Contains(got, "Warning: replay "+first[1]+" of group "+group) ||
+		!strings.Contains(got, "this replay replaces it") || strings.Contains(got, "oldest event") {
+		t.Errorf("the replay asked while replay %v is under way warns %q; want only that it replaces it", first, got)
+	}
+}

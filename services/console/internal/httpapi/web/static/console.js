@@ -152,7 +152,7 @@ function openReplay(g) {
   document.getElementById('replay-group').textContent = g.group;
   document.getElementById('replay-note').textContent = g.replay_note;
   document.getElementById('replay-result').textContent = '';
-  document.getElementById('replay-warning').textContent = '';
+  show('replay-warning');
   document.getElementById('replay-dialog').showModal();
 }
 
@@ -166,14 +166,15 @@ async function submitReplay(ev) {
   else body.from_seq = Number(f.elements.from_seq.value);
   if (f.elements.force.checked) body.force = true;
   const out = document.getElementById('replay-result');
-  // A forced replay that changes nothing says why, and stays said while
-  // the progress below it changes.
-  const warning = document.getElementById('replay-warning');
-  warning.textContent = '';
+  // The replay's warnings (a forced replay that changes nothing, one that
+  // replaces the group's replay under way, one that starts later than
+  // asked because CLICKS no longer holds the position) stay said, one a
+  // line, while the progress above them changes.
+  show('replay-warning');
   try {
     const r = await request('POST', '/api/readers/' + encodeURIComponent(replayGroup) + '/replay', body);
     out.textContent = `Replay ${r.id} requested (${r.position}). Waiting for each partition's owner…`;
-    if (r.warning) warning.textContent = 'Warning: ' + r.warning;
+    show('replay-warning', ...(r.warnings || []).map((w) => el('p', {}, 'Warning: ' + w)));
     watchReplay(replayGroup, r.id, out);
   } catch (err) {
     replayWatch++; // the progress of an earlier replay no longer shows here
