@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
@@ -810,4 +811,105 @@ func TestReplayDialogShowsWhatAReplayReallyDoes(t *testing.T) {
 		!strings.Contains(got, "this replay replaces it") || strings.Contains(got, "oldest event") {
 		t.Errorf("the replay asked while replay %v is under way warns %q; want only that it replaces it", first, got)
 	}
+}
+
+// A replay's progress that the page cannot read (a poll refused or given
+// up after its timeout: a proxy's 502, a console that does not answer)
+// says that the replay stays requested and that asking again would
+// replace it, and the page goes on polling. Before, it said "Cannot read
+// the progress: 502 Bad Gateway" alone, which reads as a replay that
+// failed: the operator who asked again replaced it, and moved back again
+// the partitions that had carried it out. A real Chromium asks a replay
+// of a group with no member through a proxy that refuses the progress
+// polls for a while.
+func TestReplayProgressThatCannotBeReadSaysTheReplayStaysRequested(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	const group = "idle"
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target)
+		r.Out.Header.Set("Authorization", "Bearer "+testToken) // no login needed through the proxy
+	}, FlushInterval: -1}
+	var refusing atomic.Bool
+	refusing.Store(true)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/api/readers/"+group+"/replay" && refusing.Load() {
+			http.Error(w, "upstream restarting", http.StatusBadGateway)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(actx)
+	defer cancelTab()
+	if _, err := chromedp.Run(ctx, chromedp.Navigate(proxy.URL+"/")); err != nil { // the first Run starts the browser: no timeout
+		t.Fatalf("open the console: %v", err)
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("evaluate %s: %v", expr, err)
+		}
+		return v
+	}
+	result := func() string { return eval(`document.getElementById("replay-result").innerText`) }
+	waitFor := func(what string, ok func(string) bool) string {
+		t.Helper()
+		var got string
+		if !testenv.Poll(30*time.Second, func() bool { got = result(); return ok(got) }) {
+			t.Fatalf("the replay dialog did not show %s within 30 s; it reads %q", what, got)
+		}
+		return got
+	}
+
+	if !testenv.Poll(30*time.Second, func() bool {
+		return eval(`String([...document.querySelectorAll("#readers h3")].some((h) => h.firstChild.textContent === "`+group+`"))`) == "true"
+	}) {
+		t.Fatalf("the readers panel never listed %s; the page reads:\n%s", group, eval("document.body.innerText"))
+	}
+	eval(fmt.Sprintf(`(() => {
+		for (const h of document.querySelectorAll("#readers h3"))
+			if (h.firstChild.textContent === %q) h.querySelector("button").click();
+		const f = document.getElementById("replay-form");
+		f.elements.kind.value = "from_seq";
+		f.elements.from_seq.value = "1";
+		f.elements.confirm.value = %q;
+		document.getElementById("replay-go").click();
+		return "";
+	})()`, group, group))
+	got := waitFor("that it cannot read the progress", func(r string) bool { return strings.HasPrefix(r, "Cannot read the progress") })
+	st, err := reader.LatestRewind(t.Context(), s.js, group)
+	if err != nil || st.ID == "" {
+		t.Fatalf("latest replay of %s: %+v, %v; want the one requested", group, st, err)
+	}
+	for _, want := range []string{"replay " + st.ID, "502", "stays requested", "a new replay replaces this one"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the progress that cannot be read reads %q; want it to say %q", got, want)
+		}
+	}
+	refusing.Store(false)
+	want := fmt.Sprintf("Replay %s: 0 of %d partitions moved back", st.ID, consoletest.Partitions)
+	waitFor("the progress once it can be read", func(r string) bool { return strings.HasPrefix(r, want) })
 }

@@ -204,7 +204,14 @@ function watchReplay(group, id, out) {
         (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…') +
         (atStart.length ? ` Partitions ${atStart.join(', ')} start at the group's first event: it started after the replay's position.` : '');
       done = s.done;
-    } catch (err) { out.textContent = 'Cannot read the progress: ' + err.message; }
+    } catch (err) {
+      // The replay is not undone by a poll that failed or ran out of time:
+      // it stays requested, and asking again would replace it (the
+      // partitions already moved back would move back again).
+      out.textContent = `Cannot read the progress of replay ${id} (${err.message}); asking again in a second. ` +
+        'The replay stays requested: each partition moves back when its owner takes it (one with no live member, when one joins). ' +
+        'Do not replay again to wait for it: a new replay replaces this one, and the partitions already moved back move back again.';
+    }
     if (!done) setTimeout(tick, 1000);
   };
   setTimeout(tick, 1000);
