@@ -89,6 +89,14 @@
 // reads stored (a wrong ID) ends the wait after a few seconds, not at once
 // (the server read may lag behind the request): ErrRewindUnknown.
 //
+// Before it asks Rewind, a surface that replays a group (snipctl, the
+// console) asks CheckPosition, which refuses a position CLICKS holds
+// nothing after (ErrNothingToReplay: after its last event, or CLICKS
+// empty; Rewind would store a replay that moves nothing back) and warns
+// of one before CLICKS' oldest event (the replay starts there), and
+// ReplayUnderWay, which warns that the new request replaces the group's
+// replay under way.
+//
 // A replay goes back no further than where the group started, the lowest
 // sequence the server moves its consumers back to: a group started at the
 // oldest event goes back anywhere, one started at a time (StartAtTime,

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
@@ -650,4 +651,169 @@ func evalString(t *testing.T, tab context.Context, expr string) string {
 		t.Fatalf("evaluate %s: %v", expr, err)
 	}
 	return v
+}
+
+// The replay dialog shows what the API answers beyond "requested": a replay
+// from before CLICKS' oldest event warns where it really starts, one asked
+// while the group's replay is under way warns that it replaces it, and one
+// from after CLICKS' last event is refused saying there is nothing to
+// replay. Before, the dialog showed only a forced replay's warning: the
+// others read as replays requested as asked. A real Chromium presses
+// Replay on a group with no member (its replays stay under way) of a
+// CLICKS whose first five clicks are gone.
+func TestReplayDialogShowsWhatAReplayReallyDoes(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	const group = "loader"
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
+	clicks, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := clicks.Purge(t.Context(), jetstream.WithPurgeSequence(seqs[5])); err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(tokenProxy(t, s.url))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
+
+	ctx := openPage(t, browser, proxy.URL+"/")
+	eval := func(expr string) string { t.Helper(); return evalString(t, ctx, expr) }
+	waitFor := func(what, expr string) {
+		t.Helper()
+		if !testenv.Poll(30*time.Second, func() bool { return eval(expr) == "true" }) {
+			t.Fatalf("the page did not show %s within 30 s; it reads:\n%s", what, eval("document.body.innerText"))
+		}
+	}
+	text := func(id string) string { return eval(fmt.Sprintf("document.getElementById(%q).innerText", id)) }
+
+	waitFor("the group's Replay button", `String([...document.querySelectorAll("#readers h3")].some((h) => h.firstChild.textContent === "`+group+`"))`)
+	eval(`(() => {
+		for (const h of document.querySelectorAll("#readers h3"))
+			if (h.firstChild.textContent === "` + group + `") h.querySelector("button").click();
+		return "";
+	})()`)
+	waitFor("the replay dialog", `String(document.getElementById("replay-dialog").open)`)
+	// replayFrom asks a replay from sequence seq and waits for the answer
+	// (the result's text changes).
+	replayFrom := func(seq uint64) string {
+		t.Helper()
+		eval(fmt.Sprintf(`(() => {
+			const f = document.getElementById("replay-form");
+			f.elements.kind.value = "from_seq";
+			f.elements.from_seq.value = "%d";
+			f.elements.confirm.value = %q;
+			document.getElementById("replay-result").textContent = "";
+			document.getElementById("replay-go").click();
+			return "";
+		})()`, seq, group))
+		waitFor(fmt.Sprintf("the answer to the replay from sequence %d", seq), `String(document.getElementById("replay-result").innerText !== "")`)
+		return text("replay-result")
+	}
+
+	last := seqs[len(seqs)-1]
+	if got := replayFrom(last + 1); !strings.HasPrefix(got, "Refused: ") ||
+		!strings.Contains(got, fmt.Sprintf("is after CLICKS' last event (sequence %d): nothing to replay", last)) {
+		t.Errorf("the replay from after CLICKS' last event reads %q; want it refused, nothing to replay", got)
+	}
+	if got := replayFrom(seqs[2]); !strings.Contains(got, fmt.Sprintf("requested (from sequence %d)", seqs[2])) {
+		t.Fatalf("the replay from sequence %d reads %q; want it requested", seqs[2], got)
+	}
+	first := regexp.MustCompile(`Replay (\S+) requested`).FindStringSubmatch(text("replay-result"))
+	if got := text("replay-warning"); !strings.Contains(got, fmt.Sprintf("Warning: CLICKS' oldest event now is sequence %d", seqs[5])) ||
+		!strings.Contains(got, fmt.Sprintf("not at from sequence %d", seqs[2])) || strings.Contains(got, "replaces") {
+		t.Errorf("the replay from sequence %d, which CLICKS no longer holds, warns %q; want only where it really starts", seqs[2], got)
+	}
+	if got := replayFrom(seqs[7]); !strings.Contains(got, fmt.Sprintf("requested (from sequence %d)", seqs[7])) {
+		t.Fatalf("the replay from sequence %d reads %q; want it requested", seqs[7], got)
+	}
+	if got := text("replay-warning"); first == nil || !strings.Contains(got, "Warning: replay "+first[1]+" of group "+group) ||
+		!strings.Contains(got, "this replay replaces it") || strings.Contains(got, "oldest event") {
+		t.Errorf("the replay asked while replay %v is under way warns %q; want only that it replaces it", first, got)
+	}
+}
+
+// A replay's progress that the page cannot read (a poll refused or given
+// up after its timeout: a proxy's 502, a console that does not answer)
+// says that the replay stays requested and that asking again would
+// replace it, and the page goes on polling. Before, it said "Cannot read
+// the progress: 502 Bad Gateway" alone, which reads as a replay that
+// failed: the operator who asked again replaced it, and moved back again
+// the partitions that had carried it out. A real Chromium asks a replay
+// of a group with no member through a proxy that refuses the progress
+// polls for a while.
+func TestReplayProgressThatCannotBeReadSaysTheReplayStaysRequested(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	const group = "idle"
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
+	rp := tokenProxy(t, s.url)
+	var refusing atomic.Bool
+	refusing.Store(true)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/api/readers/"+group+"/replay" && refusing.Load() {
+			http.Error(w, "upstream restarting", http.StatusBadGateway)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
+
+	ctx := openPage(t, browser, proxy.URL+"/")
+	eval := func(expr string) string { t.Helper(); return evalString(t, ctx, expr) }
+	result := func() string { return eval(`document.getElementById("replay-result").innerText`) }
+	waitFor := func(what string, ok func(string) bool) string {
+		t.Helper()
+		var got string
+		if !testenv.Poll(30*time.Second, func() bool { got = result(); return ok(got) }) {
+			t.Fatalf("the replay dialog did not show %s within 30 s; it reads %q", what, got)
+		}
+		return got
+	}
+
+	if !testenv.Poll(30*time.Second, func() bool {
+		return eval(`String([...document.querySelectorAll("#readers h3")].some((h) => h.firstChild.textContent === "`+group+`"))`) == "true"
+	}) {
+		t.Fatalf("the readers panel never listed %s; the page reads:\n%s", group, eval("document.body.innerText"))
+	}
+	eval(fmt.Sprintf(`(() => {
+		for (const h of document.querySelectorAll("#readers h3"))
+			if (h.firstChild.textContent === %q) h.querySelector("button").click();
+		const f = document.getElementById("replay-form");
+		f.elements.kind.value = "from_seq";
+		f.elements.from_seq.value = "1";
+		f.elements.confirm.value = %q;
+		document.getElementById("replay-go").click();
+		return "";
+	})()`, group, group))
+	got := waitFor("that it cannot read the progress", func(r string) bool { return strings.HasPrefix(r, "Cannot read the progress") })
+	st, err := reader.LatestRewind(t.Context(), s.js, group)
+	if err != nil || st.ID == "" {
+		t.Fatalf("latest replay of %s: %+v, %v; want the one requested", group, st, err)
+	}
+	for _, want := range []string{"replay " + st.ID, "502", "stays requested", "a new replay replaces this one"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the progress that cannot be read reads %q; want it to say %q", got, want)
+		}
+	}
+	refusing.Store(false)
+	want := fmt.Sprintf("Replay %s: 0 of %d partitions moved back", st.ID, consoletest.Partitions)
+	waitFor("the progress once it can be read", func(r string) bool { return strings.HasPrefix(r, want) })
 }

@@ -1044,8 +1044,9 @@ func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
 		return st.ID
 	}
 	type answer struct {
-		ID, Position, Warning string
-		Error                 struct{ Code, Message string }
+		ID, Position string
+		Warnings     []string
+		Error        struct{ Code, Message string }
 	}
 	replay := func(group string, body map[string]any) (int, answer) {
 		t.Helper()
@@ -1077,7 +1078,7 @@ func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
 
 	code, a := replay(topology.GroupClickCounter, map[string]any{"from_seq": seqs[2], "force": true})
 	if code != http.StatusAccepted || a.Position != "from sequence "+later ||
-		!strings.Contains(a.Warning, "from sequence "+later+" starts after the oldest event CLICKS retains") {
+		len(a.Warnings) != 1 || !strings.Contains(a.Warnings[0], "from sequence "+later+" starts after the oldest event CLICKS retains") {
 		t.Errorf("forced click-counter replay: %d %+v; want 202 with a warning that it recounts nothing", code, a)
 	}
 	if id := latest(topology.GroupClickCounter); id == "" || id != a.ID {
@@ -1085,13 +1086,136 @@ func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
 	}
 	for _, body := range []map[string]any{{"from_seq": seqs[0]}, {"since": "1h"}} {
 		code, a := replay(topology.GroupClickCounter, body)
-		if code != http.StatusAccepted || a.Warning != "" || latest(topology.GroupClickCounter) != a.ID {
+		if code != http.StatusAccepted || hasWarning(a.Warnings, "starts after the oldest event CLICKS retains") || latest(topology.GroupClickCounter) != a.ID {
 			t.Errorf("click-counter recount %v: %d %+v; want 202, requested, without a warning", body, code, a)
 		}
 	}
 	// Another group replays from anywhere, without a warning.
-	if code, a := replay("down-reader", map[string]any{"from_seq": seqs[2]}); code != http.StatusAccepted || a.Warning != "" || latest("down-reader") != a.ID {
+	if code, a := replay("down-reader", map[string]any{"from_seq": seqs[2]}); code != http.StatusAccepted || len(a.Warnings) != 0 || latest("down-reader") != a.ID {
 		t.Errorf("down-reader replay from sequence %s: %d %+v; want 202, requested, without a warning", later, code, a)
+	}
+}
+
+// hasWarning reports whether one of warnings says what.
+func hasWarning(warnings []string, what string) bool {
+	for _, w := range warnings {
+		if strings.Contains(w, what) {
+			return true
+		}
+	}
+	return false
+}
+
+// A replay from a position CLICKS holds nothing after (a sequence after its
+// last event, a time after its last click, an empty CLICKS) moves nothing
+// back; the console requested it all the same (202), and the page then
+// showed every partition moved back. It is now refused with a 409
+// nothing_to_replay naming CLICKS' last event, and requests nothing; a
+// from_seq of 0 is refused as such, not as a missing position. A replay
+// from before CLICKS' oldest event (its retention discarded what was
+// before) says where it really starts, and one asked while the group's
+// previous replay is under way says that it replaces it: the answer's
+// warnings, as snipctl replay prints them.
+func TestAReplayThatReplaysNothingIsRefusedAndOneThatReplaysOtherwiseSaysSo(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	const group = "loader"
+	for p := range consoletest.Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
+	last := seqs[len(seqs)-1]
+	clicks, err := s.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the age limit does: the first five are gone.
+	if err := clicks.Purge(t.Context(), jetstream.WithPurgeSequence(seqs[5])); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		ID       string
+		Warnings []string
+		Error    struct{ Code, Message string }
+	}
+	replay := func(body map[string]any) (int, answer) {
+		t.Helper()
+		body["confirm"] = group
+		code, b := do(t, nil, http.MethodPost, s.url+"/api/readers/"+group+"/replay", body, bearer)
+		var a answer
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("replay %v: %d %s: %v", body, code, b, err)
+		}
+		return code, a
+	}
+	latest := func() string {
+		var st struct{ ID string }
+		getJSON(t, s, "/api/readers/"+group+"/replay", &st)
+		return st.ID
+	}
+	refusals := []struct {
+		body map[string]any
+		code int
+		says string
+	}{
+		{map[string]any{"from_seq": last + 1}, http.StatusConflict, fmt.Sprintf("from sequence %d is after CLICKS' last event (sequence %d): nothing to replay", last+1, last)},
+		// A moment ago: after the last click, stored before it.
+		{map[string]any{"since": "1ns"}, http.StatusConflict, fmt.Sprintf("is after CLICKS' last event (sequence %d, stored ", last)},
+		{map[string]any{"from_seq": 0}, http.StatusBadRequest, "from_seq 0: CLICKS sequences start at 1"},
+		{map[string]any{"since": "0s"}, http.StatusBadRequest, "is not a positive duration"},
+	}
+	check := func() {
+		t.Helper()
+		for _, tc := range refusals {
+			code, a := replay(tc.body)
+			want := map[int]string{http.StatusConflict: "nothing_to_replay", http.StatusBadRequest: "bad_request"}[tc.code]
+			if code != tc.code || a.Error.Code != want || !strings.Contains(a.Error.Message, tc.says) {
+				t.Errorf("replay %v: %d %+v; want %d %s saying %q", tc.body, code, a, tc.code, want, tc.says)
+			}
+		}
+	}
+	check()
+	if id := latest(); id != "" {
+		t.Fatalf("after the refused replays: replay %s requested; want none", id)
+	}
+
+	const gone = "CLICKS' oldest event now is sequence "
+	code, first := replay(map[string]any{"from_seq": seqs[2]})
+	if code != http.StatusAccepted || len(first.Warnings) != 1 ||
+		!strings.Contains(first.Warnings[0], gone+strconv.FormatUint(seqs[5], 10)) ||
+		!strings.Contains(first.Warnings[0], fmt.Sprintf("not at from sequence %d", seqs[2])) {
+		t.Errorf("replay from sequence %d, discarded: %d %+v; want 202 warning only where it really starts", seqs[2], code, first)
+	}
+	// No member takes it: the next one replaces it.
+	code, second := replay(map[string]any{"from_seq": seqs[7]})
+	if code != http.StatusAccepted || len(second.Warnings) != 1 ||
+		!strings.Contains(second.Warnings[0], "replay "+first.ID+" of group "+group) ||
+		!strings.Contains(second.Warnings[0], "this replay replaces it") {
+		t.Errorf("replay from sequence %d over replay %s under way: %d %+v; want 202 warning only that it replaces it", seqs[7], first.ID, code, second)
+	}
+	code, third := replay(map[string]any{"since": "2h"})
+	if code != http.StatusAccepted || len(third.Warnings) != 2 || !hasWarning(third.Warnings, "replay "+second.ID+" of group "+group) ||
+		!hasWarning(third.Warnings, "not at since 2h0m0s") || latest() != third.ID {
+		t.Errorf("replay since 2h over replay %s under way, discarded: %d %+v; want 202 warning that it replaces it and where it starts", second.ID, code, third)
+	}
+
+	// An empty CLICKS refuses every position.
+	if err := clicks.Purge(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	refusals = append(refusals[2:], struct {
+		body map[string]any
+		code int
+		says string
+	}{map[string]any{"from_seq": 1}, http.StatusConflict, "CLICKS holds no events: nothing to replay"})
+	check()
+	if id := latest(); id != third.ID {
+		t.Errorf("after the refused replays of an empty CLICKS: latest replay %s; want %s", id, third.ID)
 	}
 }
 

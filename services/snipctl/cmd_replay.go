@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -68,7 +67,6 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	}
 	var pos reader.Position
 	var start string // the position as given, for messages
-	var at time.Time // the position's time, if it is one
 	switch given {
 	case "from":
 		t, err := time.Parse(time.RFC3339, *from)
@@ -81,7 +79,6 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("replay: --from %s is in the future (now %s): nothing to replay: %w", *from, now.UTC().Format(time.RFC3339), errUsage)
 		}
 		start = "--from " + *from
-		at = t
 		pos = reader.FromTime(t)
 	case "from-seq":
 		if *fromSeq == 0 {
@@ -94,8 +91,7 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 			return fmt.Errorf("replay: --since %s: want a duration of more than 0 (24h: the last day): %w", since, errUsage)
 		}
 		start = "--since " + since.String()
-		at = time.Now().Add(-*since)
-		pos = reader.FromTime(at)
+		pos = reader.FromTime(time.Now().Add(-*since))
 	}
 	ctx, cancel := context.WithTimeout(ctx, env.Cfg.Timeout)
 	defer cancel()
@@ -119,11 +115,16 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		recount = true
 	}
 	// A position after CLICKS' last event replays nothing; --wait would
-	// say every partition had moved back.
-	if nothing, err := nothingAfter(ctx, js, at, *fromSeq, start); err != nil {
+	// say every partition had moved back. One before its oldest replays
+	// less than asked: said once the replay is requested.
+	gone, err := reader.CheckPosition(ctx, js, group, pos, start)
+	switch {
+	case errors.Is(err, reader.ErrNoGroup):
+		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
+	case errors.Is(err, reader.ErrNothingToReplay):
+		return fmt.Errorf("replay %s: %w, nothing requested", group, err)
+	case err != nil:
 		return fmt.Errorf("replay %s: %w", group, err)
-	} else if nothing != "" {
-		return fmt.Errorf("replay %s: %s: nothing to replay, nothing requested", group, nothing)
 	}
 	if recount {
 		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
@@ -131,15 +132,8 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	// The partitions carry out the group's latest request only: one still
 	// under way is replaced, and its partitions that did move back move
 	// back again for this one.
-	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID != "" && !st.Done() && !st.Void() {
-		var left []int
-		for _, p := range st.Partitions {
-			if !p.Done {
-				left = append(left, p.Partition)
-			}
-		}
-		fmt.Fprintf(env.Stdout, "warning: replay %s of group %s, requested %s, is not carried out yet by partitions %v: this replay replaces it (the partitions that carried it out move back again)\n",
-			st.ID, group, st.Requested.UTC().Format(time.RFC3339), left)
+	if w, err := reader.ReplayUnderWay(ctx, js, group); err == nil && w != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s\n", w)
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -149,7 +143,7 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "replay %s requested for group %s\n", id, group)
-	if gone := goneBefore(ctx, js, at, *fromSeq, start); gone != "" {
+	if gone != "" {
 		fmt.Fprintf(env.Stdout, "warning: %s\n", gone)
 	}
 	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID == id {
@@ -182,57 +176,6 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	return nil
 }
 
-// nothingAfter says why CLICKS holds no event at or after the position (a
-// time at, or a sequence seq), "" when it holds one.
-func nothingAfter(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) (string, error) {
-	s, err := js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		return "", fmt.Errorf("look up stream %s: %w", events.ClicksStream, err)
-	}
-	st := s.CachedInfo().State
-	switch {
-	case st.Msgs == 0:
-		return "CLICKS holds no events", nil
-	case at.IsZero() && seq > st.LastSeq:
-		return fmt.Sprintf("%s is after CLICKS' last event (sequence %d)", start, st.LastSeq), nil
-	case !at.IsZero() && st.LastTime.Before(at):
-		return fmt.Sprintf("%s (%s) is after CLICKS' last event (sequence %d, stored %s)", start,
-			at.UTC().Format(time.RFC3339Nano), st.LastSeq, st.LastTime.UTC().Format(time.RFC3339Nano)), nil
-	}
-	return "", nil
-}
-
-// goneBefore says, when CLICKS no longer holds events the replay asked
-// for (a position before its oldest event, which its retention discarded
-// the ones before), where the replay really starts; "" when CLICKS holds
-// the position, or it is --from-seq 1 ("the oldest retained"). The replay
-// of each partition starts at its first event at or after the position,
-// so without this a --since longer than the retention replays less than
-// asked, and says nothing.
-func goneBefore(ctx context.Context, js jetstream.JetStream, at time.Time, seq uint64, start string) string {
-	s, err := js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		return ""
-	}
-	info := s.CachedInfo()
-	st := info.State
-	if st.FirstSeq <= 1 {
-		return "" // nothing ever discarded
-	}
-	keeps := "no age limit"
-	if info.Config.MaxAge > 0 {
-		keeps = "an age limit of " + info.Config.MaxAge.String()
-	}
-	switch {
-	case !at.IsZero() && !at.Before(st.FirstTime), at.IsZero() && (seq <= 1 || seq >= st.FirstSeq):
-		return ""
-	case st.Msgs == 0:
-		return fmt.Sprintf("CLICKS holds no events now (%s; %d events stored and discarded): %s replays nothing", keeps, st.LastSeq, start)
-	}
-	return fmt.Sprintf("CLICKS' oldest event now is sequence %d, stored %s: the replay starts there, not at %s; what was stored before it is gone (CLICKS keeps %s)",
-		st.FirstSeq, st.FirstTime.UTC().Format(time.RFC3339), start, keeps)
-}
-
 // stillRequested is what an operator whose --wait ended before the replay
 // was carried out needs to know: it stays requested, the partitions still
 // to move back, and how to follow or wait longer. The partitions are read
@@ -242,13 +185,7 @@ func stillRequested(ctx context.Context, env *Env, js jetstream.JetStream, group
 	defer cancel()
 	which := "its partitions"
 	if st, err := reader.LatestRewind(rctx, js, group); err == nil && st.ID == id {
-		var left []int
-		for _, p := range st.Partitions {
-			if !p.Done {
-				left = append(left, p.Partition)
-			}
-		}
-		which = fmt.Sprintf("partitions %v", left)
+		which = fmt.Sprintf("partitions %v", st.Pending())
 	}
 	return fmt.Sprintf("replay %s stays requested: %s move back when their owner takes it (one with no live member, when one joins); "+
 		"snipctl lag %s shows the group, and a larger SNIPCTL_TIMEOUT (now %s) waits longer; "+

@@ -283,11 +283,8 @@ func (a *api) replay(c echo.Context) error {
 		return err
 	}
 	a.readers.Forget()
-	out := map[string]string{"id": r.ID, "group": group, "position": r.Position, "note": readers.ReplayNote(group)}
-	if r.Warning != "" {
-		out["warning"] = r.Warning
-	}
-	return c.JSON(http.StatusAccepted, out)
+	return c.JSON(http.StatusAccepted, map[string]any{"id": r.ID, "group": group, "position": r.Position,
+		"note": readers.ReplayNote(group), "warnings": r.Warnings})
 }
 
 func (a *api) replayStatus(c echo.Context) error {

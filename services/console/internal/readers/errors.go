@@ -17,6 +17,11 @@ var (
 	// ErrNotARecount means a replay of the click counter from a position
 	// it will not recount from, without force; the error says why.
 	ErrNotARecount = errors.New(`replay from sequence 1 ("from_seq": 1) to recount, or force it ("force": true) to replay anyway`)
+	// ErrNothingToReplay means CLICKS holds no event at or after the
+	// position (it is after CLICKS' last event, or CLICKS is empty): the
+	// replay would move nothing back. The error names the last event
+	// (reader.CheckPosition).
+	ErrNothingToReplay = reader.ErrNothingToReplay
 	// ErrNotReplayable means a group whose consumers JetStream moves back
 	// only to their ack floor (created at new events: the webhooks group);
 	// the error says so, and for webhooks what to do instead.

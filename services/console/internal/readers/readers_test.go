@@ -43,6 +43,9 @@ func runMember(t *testing.T, js jetstream.JetStream, group string) {
 	t.Cleanup(func() { <-done })
 }
 
+// seq is a from_seq, given.
+func seq(n uint64) *uint64 { return &n }
+
 func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
 	t.Parallel()
 	_, js := consoletest.NATS(t)
@@ -146,10 +149,10 @@ func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
 		req  readers.ReplayRequest
 		want error
 	}{
-		{"unconfirmed", readers.ReplayRequest{FromSeq: 1}, readers.ErrNotConfirmed},
-		{"confirmed_as_another_group", readers.ReplayRequest{FromSeq: 1, Confirm: "other"}, readers.ErrNotConfirmed},
+		{"unconfirmed", readers.ReplayRequest{FromSeq: seq(1)}, readers.ErrNotConfirmed},
+		{"confirmed_as_another_group", readers.ReplayRequest{FromSeq: seq(1), Confirm: "other"}, readers.ErrNotConfirmed},
 		{"no_position", readers.ReplayRequest{Confirm: "live-reader"}, readers.ErrBadReplay},
-		{"two_positions", readers.ReplayRequest{FromSeq: 1, Since: "1h", Confirm: "live-reader"}, readers.ErrBadReplay},
+		{"two_positions", readers.ReplayRequest{FromSeq: seq(1), Since: "1h", Confirm: "live-reader"}, readers.ErrBadReplay},
 		{"negative_since", readers.ReplayRequest{Since: "-1h", Confirm: "live-reader"}, readers.ErrBadReplay},
 		{"bad_time", readers.ReplayRequest{From: "yesterday", Confirm: "live-reader"}, readers.ErrBadReplay},
 		// A time the streams cannot hold as a position wraps around: 9999
@@ -165,16 +168,16 @@ func TestReplayMovesTheGroupBackAndReportsProgress(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if _, err := v.Replay(ctx, "no-such-group", readers.ReplayRequest{FromSeq: 1, Confirm: "no-such-group"}); !errors.Is(err, readers.ErrUnknownGroup) {
+	if _, err := v.Replay(ctx, "no-such-group", readers.ReplayRequest{FromSeq: seq(1), Confirm: "no-such-group"}); !errors.Is(err, readers.ErrUnknownGroup) {
 		t.Errorf("unknown group: err = %v, want ErrUnknownGroup", err)
 	}
 
-	replayed, err := v.Replay(ctx, "live-reader", readers.ReplayRequest{FromSeq: seqs[0], Confirm: "live-reader"})
+	replayed, err := v.Replay(ctx, "live-reader", readers.ReplayRequest{FromSeq: seq(seqs[0]), Confirm: "live-reader"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := replayed.ID
-	if replayed.Position != "from sequence 1" || replayed.Warning != "" {
+	if replayed.Position != "from sequence 1" || len(replayed.Warnings) != 0 {
 		t.Errorf("replayed %+v, want from sequence 1 and no warning", replayed)
 	}
 	var st readers.ReplayStatus
@@ -200,7 +203,7 @@ func TestAReplayOfAGroupCreatedAgainIsVoid(t *testing.T) {
 	createGroup(t, js, "down-reader") // no member: nobody carries the replay out
 	v := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
 	ctx := t.Context()
-	replayed, err := v.Replay(ctx, "down-reader", readers.ReplayRequest{FromSeq: 1, Confirm: "down-reader"})
+	replayed, err := v.Replay(ctx, "down-reader", readers.ReplayRequest{FromSeq: seq(1), Confirm: "down-reader"})
 	if err != nil {
 		t.Fatal(err)
 	}

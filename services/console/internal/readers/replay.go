@@ -20,8 +20,9 @@ type ReplayRequest struct {
 	// From replays from a time (RFC 3339), not in the future, nor before
 	// what a stream position can hold (earliestFrom, in 1677).
 	From string `json:"from,omitempty"`
-	// FromSeq replays from a CLICKS sequence (1 is the oldest retained).
-	FromSeq uint64 `json:"from_seq,omitempty"`
+	// FromSeq replays from a CLICKS sequence (1 is the oldest retained);
+	// nil when not given, so that "from_seq": 0 is refused as such.
+	FromSeq *uint64 `json:"from_seq,omitempty"`
 	// Confirm must repeat the group's name: a replay moves every partition
 	// of a live reader, so it is never one click away.
 	Confirm string `json:"confirm"`
@@ -65,8 +66,11 @@ func (r ReplayRequest) Position(group string, now time.Time) (reader.Position, s
 		}
 		pos, desc, set = reader.FromTime(t), "from "+t.UTC().Format(time.RFC3339), set+1
 	}
-	if r.FromSeq > 0 {
-		pos, desc, set = reader.FromSeq(r.FromSeq), fmt.Sprintf("from sequence %d", r.FromSeq), set+1
+	if r.FromSeq != nil {
+		if *r.FromSeq == 0 {
+			return reader.Position{}, "", fmt.Errorf("replay %s: from_seq 0: CLICKS sequences start at 1 (the oldest retained): %w", group, ErrBadReplay)
+		}
+		pos, desc, set = reader.FromSeq(*r.FromSeq), fmt.Sprintf("from sequence %d", *r.FromSeq), set+1
 	}
 	if set != 1 {
 		return reader.Position{}, "", fmt.Errorf("replay %s: give exactly one of since, from, from_seq: %w", group, ErrBadReplay)
@@ -80,8 +84,12 @@ type Replayed struct {
 	ID string
 	// Position is what was asked ("since 24h0m0s").
 	Position string
-	// Warning says why a forced replay changes nothing; "" otherwise.
-	Warning string
+	// Warnings says what the replay does other than the operator may
+	// think: why a forced replay of the click counter changes nothing, that
+	// it replaces the group's replay under way (whose partitions that
+	// moved back move back again), and where it really starts when CLICKS
+	// no longer holds the position (reader.CheckPosition).
+	Warnings []string
 }
 
 // Replay asks group to replay CLICKS as r says and returns the request.
@@ -90,8 +98,14 @@ type Replayed struct {
 // ErrUnknownGroup, whatever the position and Force. A replay of the click
 // counter that it would not recount from is refused (ErrNotARecount, with
 // reader.CheckRecount's reason) unless r.Force, and then comes with that
-// reason as a warning. A group started at new events (the webhooks group)
-// cannot be replayed: ErrNotReplayable, nothing requested.
+// reason as a warning. A position with nothing after it in CLICKS (after
+// its last event, or CLICKS empty) is refused (ErrNothingToReplay, naming
+// the last event), and one before its oldest event comes with a warning
+// saying where the replay really starts (reader.CheckPosition). A replay
+// asked while the group's previous one is under way comes with a warning
+// that it replaces it (reader.ReplayUnderWay). A group started at new
+// events (the webhooks group) cannot be replayed: ErrNotReplayable. What is
+// refused requests nothing.
 func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Replayed, error) {
 	if !events.ValidToken(group) {
 		return Replayed{}, fmt.Errorf("replay %q: %w", group, ErrUnknownGroup)
@@ -100,7 +114,7 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	if err != nil {
 		return Replayed{}, err
 	}
-	out := Replayed{Position: desc}
+	out := Replayed{Position: desc, Warnings: []string{}}
 	err = reader.CheckRecount(ctx, v.js, group, pos, desc)
 	switch {
 	case errors.Is(err, reader.ErrNoGroup):
@@ -108,9 +122,25 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	case errors.Is(err, reader.ErrNotARecount) && !r.Force:
 		return Replayed{}, fmt.Errorf("replay %s: %w: %w", group, err, ErrNotARecount)
 	case errors.Is(err, reader.ErrNotARecount):
-		out.Warning = err.Error() + "; replayed anyway (force)"
+		out.Warnings = append(out.Warnings, err.Error()+"; replayed anyway (force)")
 	case err != nil:
 		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
+	}
+	gone, err := reader.CheckPosition(ctx, v.js, group, pos, desc)
+	switch {
+	case errors.Is(err, reader.ErrNoGroup):
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
+	case errors.Is(err, reader.ErrNothingToReplay):
+		return Replayed{}, fmt.Errorf("replay %s: %w; nothing requested", group, err)
+	case err != nil:
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
+	}
+	under, err := reader.ReplayUnderWay(ctx, v.js, group)
+	if err != nil {
+		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
+	}
+	if under != "" {
+		out.Warnings = append(out.Warnings, under)
 	}
 	out.ID, err = reader.Rewind(ctx, v.js, group, pos)
 	if errors.Is(err, reader.ErrNoGroup) {
@@ -118,6 +148,9 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	}
 	if err != nil {
 		return Replayed{}, err
+	}
+	if gone != "" {
+		out.Warnings = append(out.Warnings, gone)
 	}
 	return out, nil
 }

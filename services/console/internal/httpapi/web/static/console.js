@@ -152,7 +152,7 @@ function openReplay(g) {
   document.getElementById('replay-group').textContent = g.group;
   document.getElementById('replay-note').textContent = g.replay_note;
   document.getElementById('replay-result').textContent = '';
-  document.getElementById('replay-warning').textContent = '';
+  show('replay-warning');
   document.getElementById('replay-dialog').showModal();
 }
 
@@ -166,14 +166,15 @@ async function submitReplay(ev) {
   else body.from_seq = Number(f.elements.from_seq.value);
   if (f.elements.force.checked) body.force = true;
   const out = document.getElementById('replay-result');
-  // A forced replay that changes nothing says why, and stays said while
-  // the progress below it changes.
-  const warning = document.getElementById('replay-warning');
-  warning.textContent = '';
+  // The replay's warnings (a forced replay that changes nothing, one that
+  // replaces the group's replay under way, one that starts later than
+  // asked because CLICKS no longer holds the position) stay said, one a
+  // line, while the progress above them changes.
+  show('replay-warning');
   try {
     const r = await request('POST', '/api/readers/' + encodeURIComponent(replayGroup) + '/replay', body);
     out.textContent = `Replay ${r.id} requested (${r.position}). Waiting for each partition's owner…`;
-    if (r.warning) warning.textContent = 'Warning: ' + r.warning;
+    show('replay-warning', ...(r.warnings || []).map((w) => el('p', {}, 'Warning: ' + w)));
     watchReplay(replayGroup, r.id, out);
   } catch (err) {
     replayWatch++; // the progress of an earlier replay no longer shows here
@@ -203,7 +204,14 @@ function watchReplay(group, id, out) {
         (s.done ? '. Done: the group is reading again from there.' : ' (a partition with no live member moves when one joins)…') +
         (atStart.length ? ` Partitions ${atStart.join(', ')} start at the group's first event: it started after the replay's position.` : '');
       done = s.done;
-    } catch (err) { out.textContent = 'Cannot read the progress: ' + err.message; }
+    } catch (err) {
+      // The replay is not undone by a poll that failed or ran out of time:
+      // it stays requested, and asking again would replace it (the
+      // partitions already moved back would move back again).
+      out.textContent = `Cannot read the progress of replay ${id} (${err.message}); asking again in a second. ` +
+        'The replay stays requested: each partition moves back when its owner takes it (one with no live member, when one joins). ' +
+        'Do not replay again to wait for it: a new replay replaces this one, and the partitions already moved back move back again.';
+    }
     if (!done) setTimeout(tick, 1000);
   };
   setTimeout(tick, 1000);
