@@ -2,7 +2,8 @@
 // the same reconnect policy and logging everywhere: it connects even when the
 // server is not up yet, reconnects forever (through refused credentials
 // too), and logs each disconnect and reconnect once. A service that must
-// keep working without NATS (the redirect service) relies on both. A few
+// keep working without NATS (the redirect service) relies on both. While a
+// connection is down, ConnectError says why its last attempt failed. A few
 // server errors (a control line over the server's limit, an error nats.go
 // does not know) still close the connection for good; a service's
 // connection so closed stops the service (service.Group.NATS).
@@ -16,6 +17,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -87,8 +89,7 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		// would leave the service running, never ready, until restarted.
 		// It is retried like any failed reconnect; once the connection
 		// had been made each refusal is logged (the error handler), and
-		// before, nats.go reports it to no handler (service.NATSReady
-		// names it).
+		// ConnectError names it in any case.
 		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectBufSize(8 << 20),
 		nats.PingInterval(PingInterval),
@@ -99,8 +100,18 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			failures.Delete(nc)
 			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
 		}),
+		// Each failed attempt, the first connect's included (with
+		// RetryOnFailedConnect nats.go reports it here too), and not
+		// logged: one comes every ReconnectWait. nats.go keeps none of
+		// them: LastError is cleared at each attempt.
+		nats.ReconnectErrHandler(func(nc *nats.Conn, err error) {
+			failures.Store(nc, hide(err, secrets))
+		}),
+		nats.ConnectHandler(func(nc *nats.Conn) { failures.Delete(nc) }),
+		nats.ClosedHandler(func(nc *nats.Conn) { failures.Delete(nc) }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subj := ""
 			if sub != nil {
@@ -127,6 +138,28 @@ func Connect(cfg Config, log *slog.Logger, extra ...nats.Option) (*nats.Conn, er
 		return nil, fmt.Errorf("connect to nats %s: %w", redacted(servers), hide(err, secrets))
 	}
 	return nc, nil
+}
+
+// failures is, for each connection Connect made that is not connected,
+// why its last attempt to connect failed. The handlers Connect sets keep
+// it; an option in extra that replaces one of them leaves it stale.
+var failures sync.Map // *nats.Conn -> error
+
+// ConnectError is why nc's last attempt to connect failed ("dial tcp
+// 127.0.0.1:4222: connect: connection refused", "dial tcp: lookup nats:
+// no such host", "nats: Authorization Violation"), with any password
+// hidden; nil once it is connected, after it is closed, before an attempt
+// has failed, and for a connection Connect did not make. A readiness
+// check says it while nc is down (service.NATSReady): nats.go's own
+// LastError is cleared at each attempt and says nothing of a failed dial.
+// When the first connect's dial is refused, nats.go reports "nats: no
+// servers available for connection"; the next attempt, ReconnectWait
+// later, names the refusal.
+func ConnectError(nc *nats.Conn) error {
+	if err, ok := failures.Load(nc); ok {
+		return err.(error)
+	}
+	return nil
 }
 
 // parseURLs parses urls as nats.go does: split at commas, blanks trimmed,

@@ -327,3 +327,41 @@ func TestPublishWhileNotConnectedWaitsUnlessTheBufferIsOff(t *testing.T) {
 		t.Errorf("publish without a reconnect buffer before the first connect: %v, want %v", err, nats.ErrReconnectBufExceeded)
 	}
 }
+
+// While a connection is down, ConnectError says why its last attempt
+// failed, from the first connect on (nats.go's LastError is empty then:
+// it is cleared at each attempt); nil once connected, again once the
+// server goes away, and nil after the close.
+func TestConnectErrorSaysWhyTheLastAttemptFailed(t *testing.T) {
+	t.Parallel()
+	ns := testenv.StartNATS(t)
+	ns.Stop() // its port is kept: Start brings it back there
+	nc, err := natsconn.Connect(natsconn.Config{URL: ns.URL, Name: "connerr-test"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	refused := func(what string) {
+		t.Helper()
+		var got error
+		if !testenv.Poll(10*time.Second, func() bool {
+			got = natsconn.ConnectError(nc)
+			return got != nil && strings.Contains(got.Error(), "connection refused")
+		}) {
+			t.Fatalf("ConnectError %s = %v (status %s, last error %v), want the refused dial", what, got, nc.Status(), nc.LastError())
+		}
+		t.Logf("ConnectError %s: %v", what, got)
+	}
+	refused("while the server is not up yet")
+
+	ns.Start()
+	testenv.WaitFor(t, 20*time.Second, "connected, and ConnectError nil", func() bool {
+		return nc.IsConnected() && natsconn.ConnectError(nc) == nil
+	})
+
+	ns.Stop()
+	refused("once the server went away")
+
+	nc.Close()
+	testenv.WaitFor(t, 10*time.Second, "ConnectError nil once closed", func() bool { return natsconn.ConnectError(nc) == nil })
+}

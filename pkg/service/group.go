@@ -258,14 +258,19 @@ func (g *Group) beginStop() time.Time {
 }
 
 // NATSReady is a readiness check: the connection is up. When it is not, it
-// says why, as the client last saw it: a server that refuses the
-// credentials while the connection is first made is reported nowhere else
-// (nats.go calls no handler for it), and the service's own retries see
-// only their requests time out.
+// says its status and why its last attempt to connect failed
+// (natsconn.ConnectError), as in "nats RECONNECTING: dial tcp
+// 127.0.0.1:4222: connect: connection refused", or, once the connection
+// is closed for good, the client's last error: a service's own retries
+// see only their requests time out.
 func NATSReady(nc *nats.Conn) webserver.Check {
 	return func(context.Context) error {
 		if st := nc.Status(); st != nats.CONNECTED {
-			if err := nc.LastError(); err != nil {
+			err := natsconn.ConnectError(nc)
+			if err == nil {
+				err = nc.LastError()
+			}
+			if err != nil {
 				return fmt.Errorf("nats %s: %w", st, err)
 			}
 			return fmt.Errorf("nats %s", st)

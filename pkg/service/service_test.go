@@ -537,8 +537,9 @@ func TestNATSClosedForGoodStopsTheService(t *testing.T) {
 }
 
 // A NATS server that refuses the service's credentials from the start is
-// named in /readyz's reason: nats.go reports the refusals of a first
-// connection to no handler, so nothing else says why the service waits.
+// named in /readyz's reason: the refusals of a first connection are not
+// logged (the error handler logs them only once it had connected), so
+// nothing else says why the service waits.
 func TestNATSReadySaysWhyItIsNotConnected(t *testing.T) {
 	t.Parallel()
 	// The server binds a port of the kernel's choosing: one drawn free

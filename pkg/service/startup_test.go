@@ -53,8 +53,10 @@ func get(t *testing.T, method, addr, path string) (int, string) {
 // A service whose NATS is down at start answers on HTTP_ADDR at once:
 // /healthz 200 (a liveness probe, the healthcheck subcommand, must not
 // restart a process that waits), /readyz 503 naming what it waits for and
-// why, /metrics, and 503 "starting" on its own routes. Once NATS is up the
-// service's routes are served on the same address, and it turns ready.
+// why (NATS: the refused dial), /metrics, and 503 "starting" on its own
+// routes. Once NATS is up the service's routes are served on the same
+// address, and it turns ready; once NATS goes away again, /readyz names
+// the refused dial again.
 func TestRunAnswersOnHTTPAddrWhileSetupWaitsForNATS(t *testing.T) {
 	t.Parallel()
 	ns := testenv.StartNATS(t)
@@ -107,9 +109,10 @@ func TestRunAnswersOnHTTPAddrWhileSetupWaitsForNATS(t *testing.T) {
 		_ = json.Unmarshal([]byte(body), &readyz)
 		return code == http.StatusServiceUnavailable && readyz["starting"] != "" &&
 			readyz["waiting_for"] == "apply topology" && readyz["last_error"] != "" &&
-			strings.HasPrefix(readyz["nats test"], "nats ")
+			strings.HasPrefix(readyz["nats test"], "nats RECONNECTING: dial tcp ") &&
+			strings.HasSuffix(readyz["nats test"], "connection refused")
 	}) {
-		t.Fatalf("/readyz while waiting for NATS says %v, want 503 starting, waiting for apply topology, with its last error and why NATS is down", readyz)
+		t.Fatalf("/readyz while waiting for NATS says %v, want 503 starting, waiting for apply topology, with its last error and why NATS is down (the refused dial)", readyz)
 	}
 	t.Logf("/readyz while waiting for NATS: %v", readyz)
 	if code, body := get(t, "GET", addr, "/metrics"); code != http.StatusOK || !strings.Contains(body, "go_goroutines") {
@@ -150,6 +153,19 @@ func TestRunAnswersOnHTTPAddrWhileSetupWaitsForNATS(t *testing.T) {
 		code, _ := get(t, "GET", addr, "/readyz")
 		return code == http.StatusOK
 	})
+
+	// Once it runs, a NATS that goes away is named as well.
+	ns.Stop()
+	if !testenv.Poll(20*time.Second, func() bool {
+		code, body := get(t, "GET", addr, "/readyz")
+		readyz = nil
+		_ = json.Unmarshal([]byte(body), &readyz)
+		return code == http.StatusServiceUnavailable &&
+			strings.HasPrefix(readyz["nats"], "nats RECONNECTING: dial tcp ") && strings.HasSuffix(readyz["nats"], "connection refused")
+	}) {
+		t.Fatalf("/readyz once NATS went away says %v, want 503 with why NATS is down (the refused dial)", readyz)
+	}
+	t.Logf("/readyz once NATS went away: %v", readyz)
 	cancel()
 	select {
 	case err := <-done:

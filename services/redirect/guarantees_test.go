@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -242,7 +243,7 @@ func TestGuarantee_RedisRestartUnderTraffic(t *testing.T) {
 // cached link still redirects and its click is recorded straight in
 // JetStream; a link that is not cached cannot be looked up, so it answers
 // 503 within the lookup bound; /readyz stays ready (clicks can be
-// recorded) until NATS goes too. With NATS down as well, the policy decides: reject answers 503 (counted unrecorded),
+// recorded) until NATS goes too, and then says why NATS is down. With NATS down as well, the policy decides: reject answers 503 (counted unrecorded),
 // redirect answers 302 without the click.
 func TestRedisDownCachedLinksRedirectUncachedAnswer503(t *testing.T) {
 	t.Parallel()
@@ -280,9 +281,14 @@ func TestRedisDownCachedLinksRedirectUncachedAnswer503(t *testing.T) {
 	}
 
 	n.Stop()
-	testenv.WaitFor(t, 10*time.Second, "/readyz to say 503 with both stores down", func() bool {
-		return do(t, "GET", in.URL+"/readyz", "").Status == http.StatusServiceUnavailable
-	})
+	var readyz response
+	if !testenv.Poll(10*time.Second, func() bool {
+		readyz = do(t, "GET", in.URL+"/readyz", "")
+		return readyz.Status == http.StatusServiceUnavailable && strings.Contains(string(readyz.Body), "direct path: nats RECONNECTING: dial tcp ") &&
+			strings.Contains(string(readyz.Body), "connection refused")
+	}) {
+		t.Fatalf("/readyz with both stores down = %d %s, want 503 saying why NATS is down (the refused dial)", readyz.Status, readyz.Body)
+	}
 	if got := do(t, "GET", in.URL+"/"+code, "").Status; got != http.StatusServiceUnavailable {
 		t.Fatalf("GET with redis and nats down, policy reject = %d, want 503", got)
 	}

@@ -145,10 +145,14 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		// a Redis outage into a redirect outage.
 		web.AddReadiness("click_recording", func(ctx context.Context) error {
 			err := redisconn.Ping(ctx, rdb)
-			if err == nil || directNC.IsConnected() {
+			if err == nil {
 				return nil
 			}
-			return fmt.Errorf("%w; and nats (the direct path) is not connected", err)
+			nerr := service.NATSReady(directNC)(ctx)
+			if nerr == nil {
+				return nil
+			}
+			return fmt.Errorf("%w; and the direct path: %w", err, nerr)
 		})
 		web.Echo.IPExtractor = httpapi.IPExtractor(trusted)
 		api := &httpapi.API{
