@@ -191,7 +191,7 @@ func Register(e *echo.Echo, d Deps) error {
 
 	e.HTTPErrorHandler = ErrorHandler(d.Log)
 	e.Use(securityHeaders)
-	e.Use(middleware.BodyLimit("16K"))
+	e.Use(middleware.BodyLimit(strconv.Itoa(maxBody)))
 
 	// The owners' stream: an owner's API key, not the console token.
 	e.GET("/api/clicks/stream", a.ownerStream)
@@ -295,6 +295,11 @@ func (a *api) replayStatus(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, st)
 }
+
+// maxBody is the most a request body may hold: an action's JSON is far
+// smaller. A longer one is a 413 "body_too_large", as the redirect's link
+// API answers.
+const maxBody = 16 << 10
 
 // liveTick is how often the live stream sends its status (rate, skipped,
 // dropped), which doubles as its heartbeat.
@@ -531,13 +536,21 @@ func unavailable(what string, err error) error {
 // decodeJSON reads a JSON body that is one object with no unknown fields:
 // anything after it (a second object, stray text) is refused, as the
 // redirect's link API does, rather than ignored.
+// A body over maxBody, hit while reading (a chunked body, or one longer
+// than its Content-Length said), is the body limit's 413, not a 400.
 func decodeJSON(c echo.Context, v any) error {
 	dec := json.NewDecoder(c.Request().Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
+			return he
+		}
 		return fmt.Errorf("decode body: %v: %w", err, errBadRequest)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
+			return he
+		}
 		return fmt.Errorf("decode body: unexpected data after the JSON object: %w", errBadRequest)
 	}
 	return nil
