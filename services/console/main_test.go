@@ -1202,6 +1202,9 @@ func TestAReplayThatReplaysNothingIsRefusedAndOneThatReplaysOtherwiseSaysSo(t *t
 		// A moment ago: after the last click, stored before it.
 		{map[string]any{"since": "1ns"}, http.StatusConflict, fmt.Sprintf("is after CLICKS' last event (sequence %d, stored ", last)},
 		{map[string]any{"from_seq": 0}, http.StatusBadRequest, "from_seq 0: CLICKS sequences start at 1"},
+		{map[string]any{"from_seq": -1}, http.StatusBadRequest, "from_seq -1: CLICKS sequences are whole numbers and start at 1"},
+		{map[string]any{"from_seq": 1.5}, http.StatusBadRequest, "from_seq 1.5: CLICKS sequences are whole numbers and start at 1"},
+		{map[string]any{"from_seq": "5"}, http.StatusBadRequest, "from_seq (a string): CLICKS sequences are whole numbers and start at 1"},
 		{map[string]any{"since": "0s"}, http.StatusBadRequest, "is not a positive duration"},
 	}
 	check := func() {

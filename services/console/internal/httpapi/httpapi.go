@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -272,10 +273,10 @@ func (a *api) getReaders(c echo.Context) error {
 
 func (a *api) replay(c echo.Context) error {
 	var req readers.ReplayRequest
-	if err := decodeJSON(c, &req); err != nil {
-		return err
-	}
 	group := c.Param("group")
+	if err := decodeJSON(c, &req); err != nil {
+		return badFromSeq(group, err)
+	}
 	r, err := a.d.Readers.Replay(c.Request().Context(), group, req)
 	err = unavailable("replay "+group, err)
 	a.audit(c, "replay", err, "group", group, "position", r.Position, "replay_id", r.ID, "force", req.Force)
@@ -285,6 +286,23 @@ func (a *api) replay(c echo.Context) error {
 	a.readers.Forget()
 	return c.JSON(http.StatusAccepted, map[string]any{"id": r.ID, "group": group, "position": r.Position,
 		"note": readers.ReplayNote(group), "warnings": r.Warnings})
+}
+
+// badFromSeq is err, or when err is a from_seq that is no CLICKS sequence
+// (below 0, a fraction, a string, past 2^64-1) the refusal that names it
+// and says where sequences start, as "from_seq": 0 is refused, rather than
+// the JSON decoder's text.
+func badFromSeq(group string, err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field != "from_seq" {
+		return err
+	}
+	v, isNumber := strings.CutPrefix(te.Value, "number ")
+	if !isNumber {
+		v = "(a " + te.Value + ")"
+	}
+	return fmt.Errorf("replay %s: from_seq %s: CLICKS sequences are whole numbers and start at 1 (the oldest retained): %w",
+		group, v, readers.ErrBadReplay)
 }
 
 func (a *api) replayStatus(c echo.Context) error {
@@ -545,7 +563,7 @@ func decodeJSON(c echo.Context, v any) error {
 		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
 			return he
 		}
-		return fmt.Errorf("decode body: %v: %w", err, errBadRequest)
+		return fmt.Errorf("decode body: %w: %w", err, errBadRequest)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
