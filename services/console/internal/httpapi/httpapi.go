@@ -73,7 +73,7 @@ type Alerts interface{ Snapshot() alerts.Snapshot }
 
 // DeadLetters reads and redrives DEAD_LETTER.
 type DeadLetters interface {
-	Groups(ctx context.Context) ([]dlq.Group, error)
+	Groups(ctx context.Context) (dlq.Groups, error)
 	Letters(ctx context.Context, source, reason string, limit int) ([]dlq.Letter, error)
 	Letter(ctx context.Context, seq uint64) (dlq.Letter, error)
 	Redrive(ctx context.Context, seq uint64) (dlq.Redriven, error)
@@ -154,7 +154,7 @@ type api struct {
 	actions *prometheus.CounterVec
 
 	readers   *memo.Value[readers.Snapshot]
-	dlqGroups *memo.Value[[]dlq.Group]
+	dlqGroups *memo.Value[dlq.Groups]
 	outbox    *memo.Value[outboxstate.Snapshot]
 	webhooks  *memo.Value[webhookstate.Snapshot]
 	warehouse *memo.Value[warehouseview.Snapshot]
@@ -362,17 +362,14 @@ func (a *api) dlq(c echo.Context) error {
 	return c.JSON(http.StatusOK, p)
 }
 
-// dlqPanel is the dead-letters panel: the groups and their total.
-func (a *api) dlqPanel(ctx context.Context) (map[string]any, error) {
+// dlqPanel is the dead-letters panel: the groups with the most letters,
+// and how many letters and groups there are in all.
+func (a *api) dlqPanel(ctx context.Context) (dlq.Groups, error) {
 	gs, err := a.dlqGroups.Get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
+		return dlq.Groups{}, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
 	}
-	var total uint64
-	for _, g := range gs {
-		total += g.Count
-	}
-	return map[string]any{"groups": gs, "total": total}, nil
+	return gs, nil
 }
 
 func (a *api) letters(c echo.Context) error {
