@@ -56,9 +56,17 @@ func cmdEvents(ctx context.Context, env *Env, args []string) error {
 	}, &rf, &sf)
 }
 
+// ensureDir creates the report directory dir and checks that a file can be
+// written in it. A driver calls it before the load, so a directory it cannot
+// write fails at once, naming it, rather than after a whole run.
 func ensureDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("report directory: %w", err)
+		return fmt.Errorf("report directory %s: %w", dir, err)
 	}
-	return nil
+	f, err := os.CreateTemp(dir, ".write-check-*")
+	if err != nil {
+		return fmt.Errorf("report directory %s is not writable: %w", dir, err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }

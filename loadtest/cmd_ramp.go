@@ -56,6 +56,13 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 		return fmt.Errorf("%w: %w", err, errUsage)
 	}
 	tag := workload.NewTag()
+	dir := *out
+	if dir == "" {
+		dir = reportDir("", time.Now(), tag)
+	}
+	if err := ensureDir(dir); err != nil {
+		return err
+	}
 	if *create {
 		if _, err := httpload.CreateLinks(ctx, *target, env.Cfg.APIKey, wf.linkBase, tag, gen.NumLinks()); err != nil {
 			return err
@@ -112,13 +119,6 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 		}
 	}
 	fmt.Fprintf(env.Stdout, "\nhighest rate held at p99 < %s without errors: %d/s (%s)\n", *limit, best, *target)
-	dir := *out
-	if dir == "" {
-		dir = reportDir("", time.Now(), tag)
-	}
-	if err := ensureDir(dir); err != nil {
-		return err
-	}
 	b, _ := json.MarshalIndent(map[string]any{"target": *target, "p99_limit_ms": float64(*limit) / float64(time.Millisecond), "best": best, "steps": steps}, "", "  ")
 	return os.WriteFile(filepath.Join(dir, "ramp.json"), append(b, '\n'), 0o644)
 }

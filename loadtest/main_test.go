@@ -886,3 +886,37 @@ func TestLagLoopRecordsEachBacklogRead(t *testing.T) {
 		t.Fatalf("peak lag of %s = %d, want 3", verdicts, got)
 	}
 }
+
+// A report directory that cannot be made is refused before the load, naming
+// it: the run sends nothing, rather than a whole run's clicks whose report
+// then has nowhere to go.
+func TestAReportDirectoryItCannotWriteFailsBeforeTheLoad(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	if err := topology.Apply(t.Context(), js, topology.Defaults()); err != nil {
+		t.Fatalf("topology: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(file, "reports") // under a file: it cannot be made, even by root
+	out, err := loadtest(t, []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
+		"events", "--rate", "200", "--duration", "2s", "--out", dir,
+		"--counter-url", "off", "--clickhouse", "off", "--fraud", "off")
+	if err == nil || !strings.Contains(err.Error(), "report directory "+dir) {
+		t.Errorf("loadtest events --out %s: %v, want the report directory named\n%s", dir, err, out)
+	}
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Errorf("CLICKS holds %d clicks: the load ran before the report directory was found unwritable", info.State.Msgs)
+	}
+}

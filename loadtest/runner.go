@@ -230,6 +230,9 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	}
 	start := time.Now()
 	dir := reportDir(rf.out, start, l.tag)
+	if err := ensureDir(dir); err != nil {
+		return err
+	}
 	m := series.NewMeter(start, float64(l.rate))
 	rec := truth.NewRecorder(int(float64(l.rate) * rf.duration.Seconds()))
 

@@ -48,6 +48,7 @@ package deadletter
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -382,28 +383,68 @@ type Group struct {
 
 // List returns a Group per source and reason, sorted by source then reason.
 func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
+	l, err := ListMost(ctx, js, 0)
+	return l.Groups, err
+}
+
+// Listing is the groups ListMost read, and what there is in all.
+type Listing struct {
+	// Groups are the groups with the most letters, sorted by source then
+	// reason.
+	Groups []Group
+	// AllGroups and AllLetters count every group and letter, also those
+	// of groups left out.
+	AllGroups  int
+	AllLetters uint64
+}
+
+// ListMost is List of the n groups with the most letters (every group when
+// n is 0 or less); of the others it counts only their groups and letters.
+// It reads one letter per group it returns, so a source that parks letters
+// under many made-up reasons costs n reads, not one per reason.
+func ListMost(ctx context.Context, js jetstream.JetStream, n int) (Listing, error) {
 	s, err := js.Stream(ctx, events.DeadLetterStream)
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
+		return Listing{}, fmt.Errorf("list dead letters: %w", err)
 	}
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(events.DeadLetterSubjects))
 	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
+		return Listing{}, fmt.Errorf("list dead letters: %w", err)
 	}
-	groups := make([]Group, 0, len(info.State.Subjects))
-	for subj, n := range info.State.Subjects {
-		last, err := s.GetLastMsgForSubject(ctx, subj)
+	type subject struct {
+		name  string
+		count uint64
+	}
+	subjects := make([]subject, 0, len(info.State.Subjects))
+	var l Listing
+	for name, count := range info.State.Subjects {
+		subjects = append(subjects, subject{name, count})
+		l.AllLetters += count
+	}
+	l.AllGroups = len(subjects)
+	if n > 0 && len(subjects) > n {
+		slices.SortFunc(subjects, func(a, b subject) int {
+			if c := cmp.Compare(b.count, a.count); c != 0 {
+				return c
+			}
+			return strings.Compare(a.name, b.name)
+		})
+		subjects = subjects[:n]
+	}
+	l.Groups = make([]Group, 0, len(subjects))
+	for _, subj := range subjects {
+		last, err := s.GetLastMsgForSubject(ctx, subj.name)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue // redriven or expired since Info
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list dead letters: newest on %s: %w", subj, err)
+			return Listing{}, fmt.Errorf("list dead letters: newest on %s: %w", subj.name, err)
 		}
-		l := letterFrom(last)
-		groups = append(groups, Group{Source: l.Source, Reason: l.Reason, Count: n, Newest: l})
+		lt := letterFrom(last)
+		l.Groups = append(l.Groups, Group{Source: lt.Source, Reason: lt.Reason, Count: subj.count, Newest: lt})
 	}
-	sortGroups(groups)
-	return groups, nil
+	sortGroups(l.Groups)
+	return l, nil
 }
 
 func sortGroups(g []Group) {

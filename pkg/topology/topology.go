@@ -188,6 +188,17 @@ type Options struct {
 	// operator's deliberate `snipctl topology apply --lower-replicas`,
 	// never a service's start.
 	LowerReplicas bool
+	// Applied, when set, is told of each stream, consumer and bucket as
+	// Apply has applied it (kind "stream", "consumer" or "bucket"; stream
+	// is a consumer's stream), so that what was applied before a failure
+	// partway can be said: snipctl topology apply prints each.
+	Applied func(kind, name, stream string)
+}
+
+func (o Options) applied(kind, name, stream string) {
+	if o.Applied != nil {
+		o.Applied(kind, name, stream)
+	}
 }
 
 // Defaults returns the options of a single-node deployment.
@@ -418,18 +429,15 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 		if err := applyStreamAgain(ctx, js, cfg, o); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
+		o.applied("stream", cfg.Name, "")
 	}
-	if err := applyConsumer(ctx, js, events.PreviewJobsStream, PreviewConsumerConfig()); err != nil {
-		return fmt.Errorf("apply topology: %w", err)
-	}
-	if err := applyConsumer(ctx, js, events.PreviewAdvisoriesStream, PreviewRescueConsumerConfig()); err != nil {
-		return fmt.Errorf("apply topology: %w", err)
-	}
-	if err := ApplyClickCounter(ctx, js); err != nil {
-		return err
-	}
-	if err := ApplyWebhooks(ctx, js); err != nil {
-		return err
+	// The preview consumers (the workers' and the rescuers'), then
+	// ApplyClickCounter's and ApplyWebhooks'.
+	for _, c := range Consumers() {
+		if err := applyConsumer(ctx, js, c.Stream, c.Config); err != nil {
+			return fmt.Errorf("apply topology: %w", err)
+		}
+		o.applied("consumer", c.Config.Durable, c.Stream)
 	}
 	for _, r := range retiredConsumers {
 		if err := deleteRetired(ctx, js, r.stream, r.durable); err != nil {
@@ -439,7 +447,27 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o), o.LowerReplicas); err != nil {
 		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
 	}
+	o.applied("bucket", MembersBucket, "")
 	return nil
+}
+
+// Consumer is a durable consumer Apply declares, on its stream (the
+// consumer groups' are the readers' own, created as they join).
+type Consumer struct {
+	Stream string
+	Config jetstream.ConsumerConfig
+}
+
+// Consumers are the durable consumers Apply declares, in the order it
+// applies them.
+func Consumers() []Consumer {
+	return []Consumer{
+		{events.PreviewJobsStream, PreviewConsumerConfig()},
+		{events.PreviewAdvisoriesStream, PreviewRescueConsumerConfig()},
+		{events.LinksStream, ClickCounterLinksConsumerConfig()},
+		{events.FraudVerdictsStream, ClickCounterVerdictsConsumerConfig()},
+		{events.FraudStream, WebhooksAlertsConsumerConfig()},
+	}
 }
 
 // applyMembersBucket creates the members bucket, or updates it when it is

@@ -25,11 +25,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
+	"github.com/snipdev/snip/services/console/internal/dlq"
 	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
 
@@ -581,6 +583,41 @@ func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
 	want := fmt.Sprintf("%d endpoints, 1 event waiting (the %d most troubled shown)", total, webhookstate.MaxShown)
 	if text != want || rows != strconv.Itoa(webhookstate.MaxShown) {
 		t.Errorf("the webhooks panel says %q over %s rows, want %q over %d", text, rows, want, webhookstate.MaxShown)
+	}
+}
+
+// The dead-letters panel lists the groups with the most letters only (at
+// most dlq.GroupsShown): with more groups than that, as a credential that
+// parks letters under made-up reasons makes, it says how many there are
+// and how many it shows. A real Chromium reads the panel of 51 groups.
+func TestDeadLettersPanelSaysHowManyGroupsItShows(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	total := dlq.GroupsShown + 1
+	for i := range total {
+		if _, err := deadletter.Publish(t.Context(), s.js, deadletter.Parcel{Source: "webhooks", Reason: fmt.Sprintf("made-up-%03d", i),
+			Attempts: 1, Stream: events.ClicksStream, Subject: "clicks.acme.abc", Seq: uint64(i + 1), Data: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy := httptest.NewServer(tokenProxy(t, s.url))
+	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
+
+	ctx := openPage(t, browser, proxy.URL+"/")
+	var text, rows string
+	if !testenv.Poll(30*time.Second, func() bool {
+		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		text, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector("#dlq p").innerText`))
+		rows, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`String(document.querySelectorAll("#dlq tbody tr").length)`))
+		return rows != "" && rows != "0"
+	}) {
+		t.Fatalf("the dead-letters panel never listed the groups: %q", text)
+	}
+	want := fmt.Sprintf("%d dead letters in %d groups (the %d with the most letters shown)", total, total, dlq.GroupsShown)
+	if text != want || rows != strconv.Itoa(dlq.GroupsShown) {
+		t.Errorf("the dead-letters panel says %q over %s rows, want %q over %d", text, rows, want, dlq.GroupsShown)
 	}
 }
 

@@ -429,6 +429,41 @@ func TestActionBodyWithDataAfterTheObjectIsRefused(t *testing.T) {
 	}
 }
 
+// An action's body over the console's limit is a 413 "body_too_large" in
+// the shared envelope, as the redirect's link API answers, whether its
+// Content-Length says so or it is found while reading a chunked body.
+func TestActionBodyOverTheLimitIsTooLarge(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	big := `{"from_seq": 1, "confirm": "down-reader", "pad": "` + strings.Repeat("x", 20<<10) + `"}`
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = strings.NewReader(big)
+		if chunked {
+			body = io.MultiReader(body) // no length known: sent chunked
+		}
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, s.url+"/api/readers/down-reader/replay", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", bearer["Authorization"])
+		resp, err := noRedirects().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got struct {
+			Error struct{ Code, Message string }
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		_ = json.Unmarshal(b, &got)
+		if resp.StatusCode != http.StatusRequestEntityTooLarge || got.Error.Code != "body_too_large" ||
+			!strings.Contains(got.Error.Message, "16384 bytes") {
+			t.Errorf("chunked %v: %d %s, want 413 body_too_large naming the limit", chunked, resp.StatusCode, b)
+		}
+	}
+}
+
 func TestReplayAndRedriveNeedTheTokenAndTheSameOrigin(t *testing.T) {
 	t.Parallel()
 	s := start(t, withToken)
@@ -1167,6 +1202,9 @@ func TestAReplayThatReplaysNothingIsRefusedAndOneThatReplaysOtherwiseSaysSo(t *t
 		// A moment ago: after the last click, stored before it.
 		{map[string]any{"since": "1ns"}, http.StatusConflict, fmt.Sprintf("is after CLICKS' last event (sequence %d, stored ", last)},
 		{map[string]any{"from_seq": 0}, http.StatusBadRequest, "from_seq 0: CLICKS sequences start at 1"},
+		{map[string]any{"from_seq": -1}, http.StatusBadRequest, "from_seq -1: CLICKS sequences are whole numbers and start at 1"},
+		{map[string]any{"from_seq": 1.5}, http.StatusBadRequest, "from_seq 1.5: CLICKS sequences are whole numbers and start at 1"},
+		{map[string]any{"from_seq": "5"}, http.StatusBadRequest, "from_seq (a string): CLICKS sequences are whole numbers and start at 1"},
 		{map[string]any{"since": "0s"}, http.StatusBadRequest, "is not a positive duration"},
 	}
 	check := func() {

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/natsconn"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -42,25 +41,19 @@ func cmdTopology(ctx context.Context, env *Env, args []string) error {
 	defer closeJS()
 	o := env.Cfg.Topology.Options()
 	o.ShrinkRetention, o.LowerReplicas = *shrink, *lower
-	if err := topology.Apply(ctx, js, o); err != nil {
-		return err
+	// Each is said as it is applied, so a failure partway leaves the list
+	// of what was applied before it.
+	o.Applied = func(kind, name, stream string) {
+		switch kind {
+		case "stream":
+			fmt.Fprintf(env.Stdout, "stream %-18s ok\n", name)
+		case "consumer":
+			fmt.Fprintf(env.Stdout, "consumer %-22s ok (on %s)\n", name, stream)
+		default:
+			fmt.Fprintf(env.Stdout, "%s %s ok\n", kind, name)
+		}
 	}
-	for _, s := range topology.Streams(o) {
-		fmt.Fprintf(env.Stdout, "stream %-18s ok\n", s.Name)
-	}
-	// Every consumer Apply declares, on its stream (the consumer groups'
-	// are the readers' own, created as they join).
-	for _, c := range []struct{ stream, durable string }{
-		{events.PreviewJobsStream, topology.PreviewConsumerConfig().Durable},
-		{events.PreviewAdvisoriesStream, topology.PreviewRescueConsumerConfig().Durable},
-		{events.LinksStream, topology.ClickCounterLinksConsumerConfig().Durable},
-		{events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumerConfig().Durable},
-		{events.FraudStream, topology.WebhooksAlertsConsumerConfig().Durable},
-	} {
-		fmt.Fprintf(env.Stdout, "consumer %-22s ok (on %s)\n", c.durable, c.stream)
-	}
-	fmt.Fprintf(env.Stdout, "bucket %s ok\n", topology.MembersBucket)
-	return nil
+	return topology.Apply(ctx, js, o)
 }
 
 // connectJetStream connects once, without natsconn's retry of a failed

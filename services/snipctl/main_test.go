@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/owners"
@@ -88,6 +89,51 @@ func TestTopologyApply(t *testing.T) {
 		if !regexp.MustCompile(`consumer ` + regexp.QuoteMeta(c.durable) + ` +ok \(on ` + c.stream + `\)`).MatchString(out) {
 			t.Errorf("topology apply says\n%s\nwithout consumer %s on %s", out, c.durable, c.stream)
 		}
+	}
+}
+
+// `topology apply` that fails partway (a consumer it cannot update in
+// place) has said each stream and consumer it applied before the failure,
+// and none after it.
+func TestTopologyApplyThatFailsPartwaySaysWhatItApplied(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	environ := []string{"NATS_URL=" + n.URL}
+	if out, err := snipctl(t, environ, "topology", "apply"); err != nil {
+		t.Fatalf("topology apply: %v\n%s", err, out)
+	}
+	js := n.JetStream(t)
+	// The counter's LINKS consumer as another ack policy made it: refused.
+	cfg := topology.ClickCounterLinksConsumerConfig()
+	if err := js.DeleteConsumer(t.Context(), events.LinksStream, cfg.Durable); err != nil {
+		t.Fatal(err)
+	}
+	cfg.AckPolicy = jetstream.AckAllPolicy
+	if _, err := js.CreateConsumer(t.Context(), events.LinksStream, cfg); err != nil {
+		t.Fatal(err)
+	}
+	out, err := snipctl(t, environ, "topology", "apply")
+	if !errors.Is(err, topology.ErrConsumerImmutable) {
+		t.Fatalf("topology apply over a consumer of another ack policy: %v\n%s, want ErrConsumerImmutable", err, out)
+	}
+	for _, s := range topology.Streams(topology.Defaults()) {
+		if !regexp.MustCompile(`(?m)^stream ` + s.Name + ` +ok$`).MatchString(out) {
+			t.Errorf("topology apply that failed at a consumer says\n%s\nwithout stream %s, applied before it", out, s.Name)
+		}
+	}
+	before := true
+	for _, c := range topology.Consumers() {
+		if c.Config.Durable == cfg.Durable {
+			before = false
+		}
+		said := regexp.MustCompile(`(?m)^consumer ` + regexp.QuoteMeta(c.Config.Durable) + ` +ok \(on ` + c.Stream + `\)$`).MatchString(out)
+		if said != before {
+			t.Errorf("topology apply that failed at consumer %s says\n%s\nconsumer %s on %s said ok: %v, want %v (applied before the failure)",
+				cfg.Durable, out, c.Config.Durable, c.Stream, said, before)
+		}
+	}
+	if strings.Contains(out, "bucket ") {
+		t.Errorf("topology apply that failed at a consumer says\n%s\nwith the bucket ok, applied after it", out)
 	}
 }
 

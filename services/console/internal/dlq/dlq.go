@@ -138,15 +138,34 @@ type DLQ struct {
 // New returns the DLQ view on js.
 func New(js jetstream.JetStream) *DLQ { return &DLQ{js: js} }
 
-// Groups returns a group per source and reason, sorted.
-func (d *DLQ) Groups(ctx context.Context) ([]Group, error) {
-	gs, err := deadletter.List(ctx, d.js)
+// GroupsShown bounds the groups the panel lists: those with the most
+// letters. A credential that parks letters under many made-up reasons
+// (each its own dead.<source>.<reason> subject) would otherwise make the
+// panel read one letter per reason and answer them all.
+const GroupsShown = 50
+
+// Groups are the dead-letter groups the panel lists, and what there is in
+// all.
+type Groups struct {
+	// Groups are the GroupsShown groups with the most letters, sorted by
+	// source then reason.
+	Groups []Group `json:"groups"`
+	// Total is every letter's count, TotalGroups every group's, also of
+	// the groups not listed.
+	Total       uint64 `json:"total"`
+	TotalGroups int    `json:"total_groups"`
+}
+
+// Groups returns the GroupsShown groups with the most letters, sorted by
+// source then reason, and how many letters and groups there are in all.
+func (d *DLQ) Groups(ctx context.Context) (Groups, error) {
+	l, err := deadletter.ListMost(ctx, d.js, GroupsShown)
 	if err != nil {
-		return nil, err
+		return Groups{}, err
 	}
-	out := make([]Group, 0, len(gs))
-	for _, g := range gs {
-		out = append(out, Group{Source: g.Source, Reason: g.Reason, Count: g.Count, Newest: view(g.Newest, false)})
+	out := Groups{Groups: make([]Group, 0, len(l.Groups)), Total: l.AllLetters, TotalGroups: l.AllGroups}
+	for _, g := range l.Groups {
+		out.Groups = append(out.Groups, Group{Source: g.Source, Reason: g.Reason, Count: g.Count, Newest: view(g.Newest, false)})
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
@@ -51,6 +52,9 @@ func (e *publicError) Unwrap() error { return e.err }
 // error's text (the console's errors are written for the operator), or a
 // publicError's own message. What it does not know is a logged 500.
 func errorTable(err error, h http.Header) (webserver.Problem, bool) {
+	if he := (*echo.HTTPError)(nil); errors.As(err, &he) && he.Code == http.StatusRequestEntityTooLarge {
+		return webserver.Problem{Status: he.Code, Code: "body_too_large", Message: fmt.Sprintf("request body over %d bytes", maxBody)}, true
+	}
 	status, code := statusOf(err)
 	if code == "" {
 		return webserver.Problem{}, false

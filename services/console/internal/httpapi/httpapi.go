@@ -34,6 +34,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -72,7 +73,7 @@ type Alerts interface{ Snapshot() alerts.Snapshot }
 
 // DeadLetters reads and redrives DEAD_LETTER.
 type DeadLetters interface {
-	Groups(ctx context.Context) ([]dlq.Group, error)
+	Groups(ctx context.Context) (dlq.Groups, error)
 	Letters(ctx context.Context, source, reason string, limit int) ([]dlq.Letter, error)
 	Letter(ctx context.Context, seq uint64) (dlq.Letter, error)
 	Redrive(ctx context.Context, seq uint64) (dlq.Redriven, error)
@@ -153,7 +154,7 @@ type api struct {
 	actions *prometheus.CounterVec
 
 	readers   *memo.Value[readers.Snapshot]
-	dlqGroups *memo.Value[[]dlq.Group]
+	dlqGroups *memo.Value[dlq.Groups]
 	outbox    *memo.Value[outboxstate.Snapshot]
 	webhooks  *memo.Value[webhookstate.Snapshot]
 	warehouse *memo.Value[warehouseview.Snapshot]
@@ -191,7 +192,7 @@ func Register(e *echo.Echo, d Deps) error {
 
 	e.HTTPErrorHandler = ErrorHandler(d.Log)
 	e.Use(securityHeaders)
-	e.Use(middleware.BodyLimit("16K"))
+	e.Use(middleware.BodyLimit(strconv.Itoa(maxBody)))
 
 	// The owners' stream: an owner's API key, not the console token.
 	e.GET("/api/clicks/stream", a.ownerStream)
@@ -272,10 +273,10 @@ func (a *api) getReaders(c echo.Context) error {
 
 func (a *api) replay(c echo.Context) error {
 	var req readers.ReplayRequest
-	if err := decodeJSON(c, &req); err != nil {
-		return err
-	}
 	group := c.Param("group")
+	if err := decodeJSON(c, &req); err != nil {
+		return badFromSeq(group, err)
+	}
 	r, err := a.d.Readers.Replay(c.Request().Context(), group, req)
 	err = unavailable("replay "+group, err)
 	a.audit(c, "replay", err, "group", group, "position", r.Position, "replay_id", r.ID, "force", req.Force)
@@ -287,6 +288,23 @@ func (a *api) replay(c echo.Context) error {
 		"note": readers.ReplayNote(group), "warnings": r.Warnings})
 }
 
+// badFromSeq is err, or when err is a from_seq that is no CLICKS sequence
+// (below 0, a fraction, a string, past 2^64-1) the refusal that names it
+// and says where sequences start, as "from_seq": 0 is refused, rather than
+// the JSON decoder's text.
+func badFromSeq(group string, err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field != "from_seq" {
+		return err
+	}
+	v, isNumber := strings.CutPrefix(te.Value, "number ")
+	if !isNumber {
+		v = "(a " + te.Value + ")"
+	}
+	return fmt.Errorf("replay %s: from_seq %s: CLICKS sequences are whole numbers and start at 1 (the oldest retained): %w",
+		group, v, readers.ErrBadReplay)
+}
+
 func (a *api) replayStatus(c echo.Context) error {
 	group := c.Param("group")
 	st, err := a.d.Readers.ReplayStatus(c.Request().Context(), group)
@@ -295,6 +313,11 @@ func (a *api) replayStatus(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, st)
 }
+
+// maxBody is the most a request body may hold: an action's JSON is far
+// smaller. A longer one is a 413 "body_too_large", as the redirect's link
+// API answers.
+const maxBody = 16 << 10
 
 // liveTick is how often the live stream sends its status (rate, skipped,
 // dropped), which doubles as its heartbeat.
@@ -339,17 +362,14 @@ func (a *api) dlq(c echo.Context) error {
 	return c.JSON(http.StatusOK, p)
 }
 
-// dlqPanel is the dead-letters panel: the groups and their total.
-func (a *api) dlqPanel(ctx context.Context) (map[string]any, error) {
+// dlqPanel is the dead-letters panel: the groups with the most letters,
+// and how many letters and groups there are in all.
+func (a *api) dlqPanel(ctx context.Context) (dlq.Groups, error) {
 	gs, err := a.dlqGroups.Get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
+		return dlq.Groups{}, fmt.Errorf("read dead letters: %w: %w", errUnavailable, err)
 	}
-	var total uint64
-	for _, g := range gs {
-		total += g.Count
-	}
-	return map[string]any{"groups": gs, "total": total}, nil
+	return gs, nil
 }
 
 func (a *api) letters(c echo.Context) error {
@@ -531,13 +551,21 @@ func unavailable(what string, err error) error {
 // decodeJSON reads a JSON body that is one object with no unknown fields:
 // anything after it (a second object, stray text) is refused, as the
 // redirect's link API does, rather than ignored.
+// A body over maxBody, hit while reading (a chunked body, or one longer
+// than its Content-Length said), is the body limit's 413, not a 400.
 func decodeJSON(c echo.Context, v any) error {
 	dec := json.NewDecoder(c.Request().Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("decode body: %v: %w", err, errBadRequest)
+		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
+			return he
+		}
+		return fmt.Errorf("decode body: %w: %w", err, errBadRequest)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		if he := (*echo.HTTPError)(nil); errors.As(err, &he) {
+			return he
+		}
 		return fmt.Errorf("decode body: unexpected data after the JSON object: %w", errBadRequest)
 	}
 	return nil

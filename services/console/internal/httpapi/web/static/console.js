@@ -262,7 +262,9 @@ function renderAlerts(j) {
 
 function renderDLQ(j) {
   if (!j.groups.length) { show('dlq', el('p', {class: 'muted'}, 'No dead letters.')); return; }
-  show('dlq', el('p', {}, el('b', {}, num(j.total)), j.total === 1 ? ' dead letter' : ' dead letters'),
+  show('dlq', el('p', {}, el('b', {}, num(j.total)), j.total === 1 ? ' dead letter' : ' dead letters',
+    // The server lists the groups with the most letters only.
+    j.groups.length < j.total_groups ? ` in ${num(j.total_groups)} groups (the ${num(j.groups.length)} with the most letters shown)` : ''),
     table(['source', 'reason', 'count', 'newest parked', 'newest error', ''], j.groups.map((g) => el('tr', {},
       el('td', {}, g.source), el('td', {}, g.reason), el('td', {class: 'num'}, num(g.count)),
       el('td', {}, when(g.newest.parked)), el('td', {class: 'error'}, g.newest.error || ''),
