@@ -190,21 +190,7 @@ func TestMissedEventsAreCountedOnceAcrossAHandOver(t *testing.T) {
 			const p = 1
 			code := codeIn(t, p, 25)
 			now := time.Now().UTC()
-			var s seqs
-			b1 := s.events(p, click("acme", code, now))
-			lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
-			b3 := s.events(p, click("acme", code, now))
-			e.clicks.store(b1...)
-			e.clicks.store(lost...)
-			e.clicks.store(b3...)
-			mustHandle(t, e.c, p, b1)
-			e.handleAndLose(t, e.c, p, lost)
-
-			err := e.c.HandleBatch(t.Context(), p, b3)
-			var re *reader.ReplayError
-			if !errors.As(err, &re) || re.From != lost[0].Seq {
-				t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
-			}
+			_, lost, b3 := e.lostInTheStore(t, p, code, now, 1)
 			if at.done > 0 {
 				mustHandle(t, e.c, p, lost[:at.done])
 			}
@@ -236,21 +222,7 @@ func TestARecountDuringTheCatchUpCountsOnlyTheLostEventsAsMissed(t *testing.T) {
 	const p = 2
 	code := codeIn(t, p, 26)
 	now := time.Now().UTC()
-	var s seqs
-	b1 := s.events(p, click("acme", code, now), click("acme", code, now))
-	lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
-	b3 := s.events(p, click("acme", code, now))
-	e.first.Store(b1[0].Seq)
-	e.clicks.store(b1...)
-	e.clicks.store(lost...)
-	e.clicks.store(b3...)
-	mustHandle(t, e.c, p, b1)
-	e.handleAndLose(t, e.c, p, lost)
-	err := e.c.HandleBatch(t.Context(), p, b3)
-	var re *reader.ReplayError
-	if !errors.As(err, &re) || re.From != lost[0].Seq {
-		t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
-	}
+	b1, lost, b3 := e.lostInTheStore(t, p, code, now, 2)
 	e.c.OnRevoke(p)
 	if err := e.c.OnAssign(t.Context(), p, lost[0].Seq); err != nil {
 		t.Fatal(err)
@@ -283,22 +255,8 @@ func TestARecountAfterTheCatchUpWasTakenOverCountsNothingMissedTwice(t *testing.
 			const p = 3
 			code := codeIn(t, p, 27)
 			now := time.Now().UTC()
-			var s seqs
-			b1 := s.events(p, click("acme", code, now))
-			lost := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
-			b3 := s.events(p, click("acme", code, now))
-			e.first.Store(b1[0].Seq)
-			e.clicks.store(b1...)
-			e.clicks.store(lost...)
-			e.clicks.store(b3...)
+			b1, lost, b3 := e.lostInTheStore(t, p, code, now, 1)
 			last := b3[len(b3)-1].Seq
-			mustHandle(t, e.c, p, b1)
-			e.handleAndLose(t, e.c, p, lost)
-			err := e.c.HandleBatch(t.Context(), p, b3)
-			var re *reader.ReplayError
-			if !errors.As(err, &re) || re.From != lost[0].Seq {
-				t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
-			}
 			want := 0.0
 			if by == "this member, in part" {
 				mustHandle(t, e.c, p, lost[:1])
@@ -333,4 +291,30 @@ func TestARecountAfterTheCatchUpWasTakenOverCountsNothingMissedTwice(t *testing.
 			}
 		})
 	}
+}
+
+// lostInTheStore sets partition p of one link up as the counter's catch-up
+// begins: b1 (nb1 clicks of code) counted, lost (three) counted and then
+// lost by the store, and b3 (one), which the counter answers with a replay
+// from lost's first event. CLICKS holds them all, from b1 on.
+func (e *env) lostInTheStore(t *testing.T, p int, code string, now time.Time, nb1 int) (b1, lost, b3 []reader.Event) {
+	t.Helper()
+	var s seqs
+	for range nb1 {
+		b1 = append(b1, s.event(p, click("acme", code, now)))
+	}
+	lost = s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	b3 = s.events(p, click("acme", code, now))
+	e.first.Store(b1[0].Seq)
+	e.clicks.store(b1...)
+	e.clicks.store(lost...)
+	e.clicks.store(b3...)
+	mustHandle(t, e.c, p, b1)
+	e.handleAndLose(t, e.c, p, lost)
+	err := e.c.HandleBatch(t.Context(), p, b3)
+	var re *reader.ReplayError
+	if !errors.As(err, &re) || re.From != lost[0].Seq {
+		t.Fatalf("HandleBatch = %v, want a replay from %d", err, lost[0].Seq)
+	}
+	return b1, lost, b3
 }
