@@ -570,16 +570,7 @@ func TestWebhooksPanelSaysHowManyItShows(t *testing.T) {
 	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
 	ctx := openPage(t, browser, proxy.URL+"/")
-	var text, rows string
-	if !testenv.Poll(30*time.Second, func() bool {
-		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		text, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector("#webhooks p").innerText`))
-		rows, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`String(document.querySelectorAll("#webhooks tbody tr").length)`))
-		return rows != "" && rows != "0"
-	}) {
-		t.Fatalf("the webhooks panel never listed the endpoints: %q", text)
-	}
+	text, rows := panelRows(t, ctx, "webhooks")
 	want := fmt.Sprintf("%d endpoints, 1 event waiting (the %d most troubled shown)", total, webhookstate.MaxShown)
 	if text != want || rows != strconv.Itoa(webhookstate.MaxShown) {
 		t.Errorf("the webhooks panel says %q over %s rows, want %q over %d", text, rows, want, webhookstate.MaxShown)
@@ -605,16 +596,7 @@ func TestDeadLettersPanelSaysHowManyGroupsItShows(t *testing.T) {
 	t.Cleanup(proxy.Close) // after the browser, which holds a stream open
 
 	ctx := openPage(t, browser, proxy.URL+"/")
-	var text, rows string
-	if !testenv.Poll(30*time.Second, func() bool {
-		ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		text, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`document.querySelector("#dlq p").innerText`))
-		rows, _ = chromedp.Run(ectx, chromedp.Evaluate[string](`String(document.querySelectorAll("#dlq tbody tr").length)`))
-		return rows != "" && rows != "0"
-	}) {
-		t.Fatalf("the dead-letters panel never listed the groups: %q", text)
-	}
+	text, rows := panelRows(t, ctx, "dlq")
 	want := fmt.Sprintf("%d dead letters in %d groups (the %d with the most letters shown)", total, total, dlq.GroupsShown)
 	if text != want || rows != strconv.Itoa(dlq.GroupsShown) {
 		t.Errorf("the dead-letters panel says %q over %s rows, want %q over %d", text, rows, want, dlq.GroupsShown)
@@ -853,4 +835,20 @@ func TestReplayProgressThatCannotBeReadSaysTheReplayStaysRequested(t *testing.T)
 	refusing.Store(false)
 	want := fmt.Sprintf("Replay %s: 0 of %d partitions moved back", st.ID, consoletest.Partitions)
 	waitFor("the progress once it can be read", func(r string) bool { return strings.HasPrefix(r, want) })
+}
+
+// panelRows waits up to 30 s for the page's panel #id to list rows, and
+// returns its summary (its first paragraph) and how many rows it lists.
+func panelRows(t *testing.T, tab context.Context, id string) (text, rows string) {
+	t.Helper()
+	if !testenv.Poll(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(tab, 10*time.Second)
+		defer cancel()
+		text, _ = chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#`+id+` p").innerText`))
+		rows, _ = chromedp.Run(ctx, chromedp.Evaluate[string](`String(document.querySelectorAll("#`+id+` tbody tr").length)`))
+		return rows != "" && rows != "0"
+	}) {
+		t.Fatalf("the #%s panel never listed a row: %q", id, text)
+	}
+	return text, rows
 }
