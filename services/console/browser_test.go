@@ -108,14 +108,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	s := start(t, withToken)
 	seed(t, s)
 	// The click counter's group, down: its replay dialog is pressed below.
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig(topology.GroupClickCounter, p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	consoletest.DownGroup(t, s.js, topology.GroupClickCounter)
 	fraudDetection(t, s.js.Conn().ConnectedUrl())
 	// One visitor clicks acme/abc 25 times at once: fraud detection allows
 	// 20 a minute. And an event that is not a click.
@@ -685,14 +678,7 @@ func TestReplayDialogShowsWhatAReplayReallyDoes(t *testing.T) {
 	browser := chromium(t)
 	s := start(t, withToken)
 	const group = "loader"
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	consoletest.DownGroup(t, s.js, group)
 	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
 	clicks, err := s.js.Stream(t.Context(), events.ClicksStream)
 	if err != nil {
@@ -774,14 +760,7 @@ func TestReplayProgressThatCannotBeReadSaysTheReplayStaysRequested(t *testing.T)
 	browser := chromium(t)
 	s := start(t, withToken)
 	const group = "idle"
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	consoletest.DownGroup(t, s.js, group)
 	consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
 	rp := tokenProxy(t, s.url)
 	var refusing atomic.Bool

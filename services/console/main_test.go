@@ -212,14 +212,7 @@ func TestPageHasEveryPanelAndLoadsNothingFromElsewhere(t *testing.T) {
 func seed(t *testing.T, s *system) (parked []uint64) {
 	t.Helper()
 	ctx := t.Context()
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig("down-reader", p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := s.js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	consoletest.DownGroup(t, s.js, "down-reader")
 	clicks := consoletest.Clicks("acme", "abc", 6)
 	seqs := consoletest.Publish(t, s.js, clicks...)
 	for i, c := range clicks[:3] {
@@ -1063,14 +1056,7 @@ func TestAClickCounterReplayThatRecountsNothingIsRefused(t *testing.T) {
 	t.Parallel()
 	s := start(t, withToken)
 	for _, group := range []string{topology.GroupClickCounter, "down-reader"} {
-		for p := range consoletest.Partitions {
-			cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
-				AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-			})
-			if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-				t.Fatal(err)
-			}
-		}
+		consoletest.DownGroup(t, s.js, group)
 	}
 	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 6)...)
 	latest := func(group string) string {
@@ -1155,14 +1141,7 @@ func TestAReplayThatReplaysNothingIsRefusedAndOneThatReplaysOtherwiseSaysSo(t *t
 	t.Parallel()
 	s := start(t, withToken)
 	const group = "loader"
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := s.js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	consoletest.DownGroup(t, s.js, group)
 	seqs := consoletest.Publish(t, s.js, consoletest.Clicks("acme", "abc", 10)...)
 	last := seqs[len(seqs)-1]
 	clicks, err := s.js.Stream(t.Context(), events.ClicksStream)

@@ -206,3 +206,18 @@ func (c *breakableConsumer) Messages(opts ...jetstream.PullMessagesOpt) (jetstre
 	c.b.opened++
 	return it, nil
 }
+
+// DownGroup makes a consumer group's consumers on every partition of
+// CLICKS, as the reader runtime does, with no member: a reader that is
+// down (its lag grows, its replays stay under way).
+func DownGroup(tb testing.TB, js jetstream.JetStream, group string) {
+	tb.Helper()
+	for p := range Partitions {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(tb.Context(), events.ClicksStream, cfg); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}

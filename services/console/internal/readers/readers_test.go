@@ -18,20 +18,6 @@ import (
 	"github.com/snipdev/snip/services/console/internal/readers"
 )
 
-// createGroup makes a group's consumers as the reader runtime does, with no
-// member: a reader that is down.
-func createGroup(t *testing.T, js jetstream.JetStream, group string) {
-	t.Helper()
-	for p := range consoletest.Partitions {
-		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // runMember runs a live member of group that handles every event.
 func runMember(t *testing.T, js jetstream.JetStream, group string) {
 	t.Helper()
@@ -52,7 +38,7 @@ func TestSnapshotShowsLagAgeOwnersAndOtherConsumers(t *testing.T) {
 	if err := topology.ApplyClickCounter(t.Context(), js); err != nil {
 		t.Fatal(err)
 	}
-	createGroup(t, js, "down-reader")
+	consoletest.DownGroup(t, js, "down-reader")
 	runMember(t, js, "live-reader")
 	clicks := append(consoletest.Clicks("acme", "a", 5), consoletest.Clicks("acme", "b", 7)...)
 	consoletest.Publish(t, js, clicks...)
@@ -200,7 +186,7 @@ func TestAReplayOfAGroupCreatedAgainIsVoid(t *testing.T) {
 	t.Parallel()
 	_, js := consoletest.NATS(t)
 	consoletest.Publish(t, js, consoletest.Clicks("acme", "a", 5)...)
-	createGroup(t, js, "down-reader") // no member: nobody carries the replay out
+	consoletest.DownGroup(t, js, "down-reader") // no member: nobody carries the replay out
 	v := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
 	ctx := t.Context()
 	replayed, err := v.Replay(ctx, "down-reader", readers.ReplayRequest{FromSeq: seq(1), Confirm: "down-reader"})
@@ -216,7 +202,7 @@ func TestAReplayOfAGroupCreatedAgainIsVoid(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	createGroup(t, js, "down-reader")
+	consoletest.DownGroup(t, js, "down-reader")
 	st, err := v.ReplayStatus(ctx, "down-reader")
 	if err != nil {
 		t.Fatal(err)
