@@ -202,14 +202,7 @@ func TestReplayRefusesExtraArguments(t *testing.T) {
 func TestLagOfAnUnknownGroupFails(t *testing.T) {
 	t.Parallel()
 	environ, js := appliedNATS(t)
-	for p := range 2 {
-		cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "demo")
 	out, err := snipctl(t, environ, "lag", "demo", "nope")
 	if err == nil || errors.Is(err, errUsage) || !strings.HasSuffix(err.Error(), "no such group: nope") {
 		t.Errorf("lag of an unknown group: err = %v, want an error naming it", err)
@@ -265,18 +258,7 @@ func TestReplayWaitOfAGroupCreatedAgainSaysTheReplayIsVoid(t *testing.T) {
 	environ = append(environ, "SNIPCTL_TIMEOUT=60s")
 	publishClicks(t, js, 10)
 	ctx := t.Context()
-	create := func() {
-		t.Helper()
-		for p := range 2 {
-			cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
-				AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-			})
-			if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	create() // the group, no member: nobody carries the replay out
+	downGroup(t, js, "demo") // the group, no member: nobody carries the replay out
 
 	type result struct {
 		out  string
@@ -299,7 +281,7 @@ func TestReplayWaitOfAGroupCreatedAgainSaysTheReplayIsVoid(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	create()
+	downGroup(t, js, "demo")
 	r := <-res
 	if !errors.Is(r.err, reader.ErrRewindVoid) || exitStatus(r.err) != 1 || time.Since(requested) > 20*time.Second {
 		t.Errorf("replay --wait = %v (exit status %d) after %v, want ErrRewindVoid, exit status 1, at once\n%s",
@@ -319,14 +301,7 @@ func TestReplayWaitOfAReplayRequestedAgainSaysItWasReplaced(t *testing.T) {
 	environ, js := appliedNATS(t)
 	environ = append(environ, "SNIPCTL_TIMEOUT=60s")
 	publishClicks(t, js, 10)
-	for p := range 2 { // the group, no member: nobody carries a replay out
-		cfg := topology.GroupConsumerConfig("demo", p, topology.GroupConsumer{
-			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "demo") // the group, no member: nobody carries a replay out
 	// The waiter's reads of the request, seen on the server: only it reads
 	// the request here.
 	var reads atomic.Int64
@@ -419,12 +394,7 @@ func TestReplayFromBeforeTheOldestRetainedEventSaysWhereItStarts(t *testing.T) {
 	environ, js := appliedNATS(t)
 	before := time.Now().Add(-time.Hour)
 	publishClicks(t, js, 10)
-	for p := range 2 {
-		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "loader")
 	s, err := js.Stream(t.Context(), events.ClicksStream)
 	if err != nil {
 		t.Fatal(err)
@@ -463,12 +433,7 @@ func TestReplayWaitOutOfTimeSaysTheReplayStaysRequested(t *testing.T) {
 	t.Parallel()
 	environ, js := appliedNATS(t)
 	publishClicks(t, js, 10)
-	for p := range 2 {
-		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "idle")
 	out, err := snipctl(t, append(environ, "SNIPCTL_TIMEOUT=2s"), "replay", "idle", "--from-seq", "1", "--wait")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("replay --wait of a group with no member: err = %v, want the wait out of time\n%s", err, out)
@@ -497,12 +462,7 @@ func TestReplayRefusesAPositionWithNothingToReplay(t *testing.T) {
 	t.Parallel()
 	environ, js := appliedNATS(t)
 	publishClicks(t, js, 10)
-	for p := range 2 {
-		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("loader", p, gc)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "loader")
 	for _, tc := range []struct {
 		args  []string
 		usage bool
@@ -536,12 +496,7 @@ func TestReplayOverAReplayUnderWaySaysItReplacesIt(t *testing.T) {
 	t.Parallel()
 	environ, js := appliedNATS(t)
 	publishClicks(t, js, 10)
-	for p := range 2 {
-		gc := topology.GroupConsumer{DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100}
-		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, topology.GroupConsumerConfig("idle", p, gc)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	downGroup(t, js, "idle")
 	out, err := snipctl(t, environ, "replay", "idle", "--from-seq", "1")
 	if err != nil {
 		t.Fatalf("first replay: %v\n%s", err, out)
@@ -559,5 +514,20 @@ func TestReplayOverAReplayUnderWaySaysItReplacesIt(t *testing.T) {
 	}
 	if !strings.Contains(out, "warning: replay "+first[1]+" of group idle") || !strings.Contains(out, "partitions [0 1]: this replay replaces it") {
 		t.Errorf("the second replay does not say it replaces %s:\n%s", first[1], out)
+	}
+}
+
+// downGroup makes group's consumers on the two partitions of appliedNATS's
+// CLICKS, as the reader runtime does, with no member: nobody carries a
+// replay out.
+func downGroup(t *testing.T, js jetstream.JetStream, group string) {
+	t.Helper()
+	for p := range 2 {
+		cfg := topology.GroupConsumerConfig(group, p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(t.Context(), events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
