@@ -90,7 +90,9 @@
 // (the server read may lag behind the request): ErrRewindUnknown.
 //
 // Before it asks Rewind, a surface that replays a group (snipctl, the
-// console) asks CheckPosition, which refuses a position CLICKS holds
+// console) asks CheckReplay: CheckRecount (a click-counter replay that
+// would recount nothing, refused unless forced), CheckPosition, which
+// refuses a position CLICKS holds
 // nothing after (ErrNothingToReplay: after its last event, or CLICKS
 // empty; Rewind would store a replay that moves nothing back) and warns
 // of one before CLICKS' oldest event (the replay starts there), and

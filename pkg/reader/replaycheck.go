@@ -31,8 +31,8 @@ var ErrNothingToReplay = errors.New("nothing to replay")
 //
 // A group that has no consumers on CLICKS is ErrNoGroup, as Rewind would
 // say, before any position is judged. Every surface that replays a group
-// (snipctl, the console) asks it after CheckRecount, refuses what its error
-// refuses, and shows the warning with the replay requested.
+// (snipctl, the console) asks it through CheckReplay, refuses what its
+// error refuses, and shows the warning with the replay requested.
 func CheckPosition(ctx context.Context, js jetstream.JetStream, group string, pos Position, start string) (warning string, err error) {
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
@@ -93,4 +93,43 @@ func (s RewindStatus) Pending() []int {
 		}
 	}
 	return left
+}
+
+// ReplayWarnings are what a replay CheckReplay lets through does other than
+// its operator may think; each is "" where it does not apply.
+type ReplayWarnings struct {
+	// Forced is CheckRecount's reason a replay of the click counter from
+	// there recounts nothing: the refusal the caller's force overrode.
+	Forced string
+	// Replaces is ReplayUnderWay's: the group's replay under way that this
+	// one replaces.
+	Replaces string
+	// StartsAt is CheckPosition's: where the replay really starts, pos
+	// being before CLICKS' oldest event.
+	StartsAt string
+}
+
+// CheckReplay is every check a surface makes before it requests a replay
+// of group from pos (snipctl replay, the console's Replay), in order:
+// CheckRecount, whose refusal (ErrNotARecount) stands unless force, and is
+// then the warning Forced; CheckPosition, whose refusal
+// (ErrNothingToReplay) stands; ReplayUnderWay. A group that has no
+// consumers is ErrNoGroup first. What it refuses, the caller requests
+// nothing of; the errors wrap the checks' own.
+func CheckReplay(ctx context.Context, js jetstream.JetStream, group string, pos Position, start string, force bool) (ReplayWarnings, error) {
+	var w ReplayWarnings
+	err := CheckRecount(ctx, js, group, pos, start)
+	switch {
+	case errors.Is(err, ErrNotARecount) && force:
+		w.Forced = err.Error()
+	case err != nil:
+		return ReplayWarnings{}, err
+	}
+	if w.StartsAt, err = CheckPosition(ctx, js, group, pos, start); err != nil {
+		return ReplayWarnings{}, err
+	}
+	if w.Replaces, err = ReplayUnderWay(ctx, js, group); err != nil {
+		return ReplayWarnings{}, err
+	}
+	return w, nil
 }

@@ -100,40 +100,30 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	defer closeJS()
-	err = reader.CheckRecount(ctx, js, group, pos, start)
-	recount := false
-	switch {
-	case errors.Is(err, reader.ErrNoGroup):
-		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
-	case errors.Is(err, reader.ErrNotARecount) && !*force:
-		return fmt.Errorf("replay %s: %w: %w", group, err, errNotARecount)
-	case errors.Is(err, reader.ErrNotARecount):
-		fmt.Fprintf(env.Stdout, "warning: %v; replaying anyway (--force)\n", err)
-	case err != nil:
-		return fmt.Errorf("replay %s: %w", group, err)
-	case group == topology.GroupClickCounter:
-		recount = true
-	}
 	// A position after CLICKS' last event replays nothing; --wait would
 	// say every partition had moved back. One before its oldest replays
-	// less than asked: said once the replay is requested.
-	gone, err := reader.CheckPosition(ctx, js, group, pos, start)
+	// less than asked: said once the replay is requested. The partitions
+	// carry out the group's latest request only: one still under way is
+	// replaced, and its partitions that did move back move back again for
+	// this one.
+	w, err := reader.CheckReplay(ctx, js, group, pos, start, *force)
 	switch {
 	case errors.Is(err, reader.ErrNoGroup):
 		return fmt.Errorf("replay %s: %w", group, reader.ErrNoGroup)
+	case errors.Is(err, reader.ErrNotARecount):
+		return fmt.Errorf("replay %s: %w: %w", group, err, errNotARecount)
 	case errors.Is(err, reader.ErrNothingToReplay):
 		return fmt.Errorf("replay %s: %w, nothing requested", group, err)
 	case err != nil:
 		return fmt.Errorf("replay %s: %w", group, err)
 	}
-	if recount {
+	if w.Forced != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s; replaying anyway (--force)\n", w.Forced)
+	} else if group == topology.GroupClickCounter {
 		fmt.Fprintln(env.Stdout, "click-counter: a recount: each partition rebuilds its counts into a new generation; the stats keep the old counts until it has caught up")
 	}
-	// The partitions carry out the group's latest request only: one still
-	// under way is replaced, and its partitions that did move back move
-	// back again for this one.
-	if w, err := reader.ReplayUnderWay(ctx, js, group); err == nil && w != "" {
-		fmt.Fprintf(env.Stdout, "warning: %s\n", w)
+	if w.Replaces != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s\n", w.Replaces)
 	}
 	id, err := reader.Rewind(ctx, js, group, pos)
 	if err != nil {
@@ -143,8 +133,8 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "replay %s requested for group %s\n", id, group)
-	if gone != "" {
-		fmt.Fprintf(env.Stdout, "warning: %s\n", gone)
+	if w.StartsAt != "" {
+		fmt.Fprintf(env.Stdout, "warning: %s\n", w.StartsAt)
 	}
 	if st, err := reader.LatestRewind(ctx, js, group); err == nil && st.ID == id {
 		var atStart []int

@@ -115,32 +115,22 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 		return Replayed{}, err
 	}
 	out := Replayed{Position: desc, Warnings: []string{}}
-	err = reader.CheckRecount(ctx, v.js, group, pos, desc)
+	w, err := reader.CheckReplay(ctx, v.js, group, pos, desc, r.Force)
 	switch {
 	case errors.Is(err, reader.ErrNoGroup):
 		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
-	case errors.Is(err, reader.ErrNotARecount) && !r.Force:
-		return Replayed{}, fmt.Errorf("replay %s: %w: %w", group, err, ErrNotARecount)
 	case errors.Is(err, reader.ErrNotARecount):
-		out.Warnings = append(out.Warnings, err.Error()+"; replayed anyway (force)")
-	case err != nil:
-		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
-	}
-	gone, err := reader.CheckPosition(ctx, v.js, group, pos, desc)
-	switch {
-	case errors.Is(err, reader.ErrNoGroup):
-		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
+		return Replayed{}, fmt.Errorf("replay %s: %w: %w", group, err, ErrNotARecount)
 	case errors.Is(err, reader.ErrNothingToReplay):
 		return Replayed{}, fmt.Errorf("replay %s: %w; nothing requested", group, err)
 	case err != nil:
 		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
 	}
-	under, err := reader.ReplayUnderWay(ctx, v.js, group)
-	if err != nil {
-		return Replayed{}, fmt.Errorf("replay %s: %w", group, err)
+	if w.Forced != "" {
+		out.Warnings = append(out.Warnings, w.Forced+"; replayed anyway (force)")
 	}
-	if under != "" {
-		out.Warnings = append(out.Warnings, under)
+	if w.Replaces != "" {
+		out.Warnings = append(out.Warnings, w.Replaces)
 	}
 	out.ID, err = reader.Rewind(ctx, v.js, group, pos)
 	if errors.Is(err, reader.ErrNoGroup) {
@@ -149,8 +139,8 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	if err != nil {
 		return Replayed{}, err
 	}
-	if gone != "" {
-		out.Warnings = append(out.Warnings, gone)
+	if w.StartsAt != "" {
+		out.Warnings = append(out.Warnings, w.StartsAt)
 	}
 	return out, nil
 }
