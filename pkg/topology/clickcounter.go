@@ -69,16 +69,25 @@ func ClickCounterVerdictsConsumerConfig() jetstream.ConsumerConfig {
 // ApplyClickCounter creates or updates the click counter's LINKS and
 // FRAUD_VERDICTS consumers. The streams must exist (Apply first).
 func ApplyClickCounter(ctx context.Context, js jetstream.JetStream) error {
-	for _, c := range []struct {
-		stream string
-		cfg    jetstream.ConsumerConfig
-	}{
+	return applyConsumers(ctx, js, clickCounterConsumers(), Options{})
+}
+
+// clickCounterConsumers are the click counter's consumers, in the order
+// ApplyClickCounter applies them.
+func clickCounterConsumers() []Consumer {
+	return []Consumer{
 		{events.LinksStream, ClickCounterLinksConsumerConfig()},
 		{events.FraudVerdictsStream, ClickCounterVerdictsConsumerConfig()},
-	} {
-		if err := applyConsumer(ctx, js, c.stream, c.cfg); err != nil {
+	}
+}
+
+// applyConsumers applies cs in order, telling o.Applied of each.
+func applyConsumers(ctx context.Context, js jetstream.JetStream, cs []Consumer, o Options) error {
+	for _, c := range cs {
+		if err := applyConsumer(ctx, js, c.Stream, c.Config); err != nil {
 			return fmt.Errorf("apply topology: %w", err)
 		}
+		o.applied("consumer", c.Config.Durable, c.Stream)
 	}
 	return nil
 }

@@ -433,11 +433,8 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	}
 	// The preview consumers (the workers' and the rescuers'), then
 	// ApplyClickCounter's and ApplyWebhooks'.
-	for _, c := range Consumers() {
-		if err := applyConsumer(ctx, js, c.Stream, c.Config); err != nil {
-			return fmt.Errorf("apply topology: %w", err)
-		}
-		o.applied("consumer", c.Config.Durable, c.Stream)
+	if err := applyConsumers(ctx, js, Consumers(), o); err != nil {
+		return err
 	}
 	for _, r := range retiredConsumers {
 		if err := deleteRetired(ctx, js, r.stream, r.durable); err != nil {
@@ -461,13 +458,12 @@ type Consumer struct {
 // Consumers are the durable consumers Apply declares, in the order it
 // applies them.
 func Consumers() []Consumer {
-	return []Consumer{
+	cs := []Consumer{
 		{events.PreviewJobsStream, PreviewConsumerConfig()},
 		{events.PreviewAdvisoriesStream, PreviewRescueConsumerConfig()},
-		{events.LinksStream, ClickCounterLinksConsumerConfig()},
-		{events.FraudVerdictsStream, ClickCounterVerdictsConsumerConfig()},
-		{events.FraudStream, WebhooksAlertsConsumerConfig()},
 	}
+	cs = append(cs, clickCounterConsumers()...)
+	return append(cs, webhooksConsumers()...)
 }
 
 // applyMembersBucket creates the members bucket, or updates it when it is

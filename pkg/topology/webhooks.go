@@ -2,7 +2,6 @@ package topology
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -40,8 +39,10 @@ func WebhooksAlertsConsumerConfig() jetstream.ConsumerConfig {
 // ApplyWebhooks creates or updates the webhooks service's FRAUD consumer.
 // The streams must exist (Apply first).
 func ApplyWebhooks(ctx context.Context, js jetstream.JetStream) error {
-	if err := applyConsumer(ctx, js, events.FraudStream, WebhooksAlertsConsumerConfig()); err != nil {
-		return fmt.Errorf("apply topology: %w", err)
-	}
-	return nil
+	return applyConsumers(ctx, js, webhooksConsumers(), Options{})
+}
+
+// webhooksConsumers are the webhooks service's consumers.
+func webhooksConsumers() []Consumer {
+	return []Consumer{{events.FraudStream, WebhooksAlertsConsumerConfig()}}
 }
