@@ -30,8 +30,10 @@ func main() { service.Main("webhooks", loadConfig, run) }
 
 // run starts the service once NATS and Redis answer, and runs it until ctx
 // ends or a component fails; then intake stops (HTTP; the batch in hand is
-// queued and acked), senders stop (a batch in flight stays recorded and is
-// sent again, with the same webhook-id, by whoever takes the endpoint
+// queued and acked), senders stop (each starts no other POST; the one in
+// flight finishes and is recorded, a delivered batch leaving the queue,
+// within ShutdownTimeout; one cut short then stays recorded in flight and
+// is sent again, with the same webhook-id, by whoever takes the endpoint
 // next), NATS drains and Redis closes (service.Run).
 func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 	return service.Run(ctx, log, "webhooks", cfg, func(ctx context.Context, g *service.Group) error {
@@ -89,6 +91,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			}
 		}
 		manager := delivery.NewManager(store, sender, member, cfg.LeaseTTL, log)
+		manager.StopWait = cfg.ShutdownTimeout
 		intake := delivery.NewIntake(store, metrics)
 		intake.Notify = manager.Wake
 		replayer := delivery.NewReplayer(js, store, intake, log, delivery.ReplayerConfig{

@@ -113,6 +113,55 @@ func TestKillMidBatchLosesNothingAndRepeatsWithTheSameWebhookID(t *testing.T) {
 	t.Logf("%d clicks, %d requests, %d repeated (same webhook-id and body)", len(clicks), len(rc.got()), dups)
 }
 
+// TestAPOSTInFlightAtTheStopIsFinishedNotSentAgain: the service is told to
+// stop (SIGTERM) while a POST is on the wire, and the receiver answers it
+// 204 half a second later, well within the service's shutdown timeout.
+// The stop lets that POST finish and records the delivery, so the next
+// instance does not send the batch again: every webhook-id arrives once.
+func TestAPOSTInFlightAtTheStopIsFinishedNotSentAgain(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.Timeout = 5 * time.Second
+	first := s.start(t, cfg)
+	var requests atomic.Int64
+	var stopped sync.Once
+	rc := newReceiver(t, nil)
+	rc.answer = func(w http.ResponseWriter, r *http.Request) bool {
+		if requests.Add(1) == 3 {
+			stopped.Do(first.Cancel)
+			// A slow receiver: it takes half a second more, then answers.
+			select {
+			case <-r.Context().Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		return true // record it: the receiver did process it
+	}
+	ep := createEndpoint(t, first.addr, rc.url(), map[string]any{"batch_max": 5, "batch_wait_ms": 20})
+	rc.addSecret(ep.Secret)
+
+	clicks := s.publishClicks(t, []string{"a1", "b2", "c3"}, 60)
+	testenv.WaitFor(t, 30*time.Second, "the first instance to be stopped mid-POST", func() bool { return requests.Load() >= 3 })
+	first.stop(t)
+	clicks = append(clicks, s.publishClicks(t, []string{"a1", "b2", "c3"}, 40)...)
+	s.start(t, s.testConfig("m2"))
+	rc.waitAll(t, "every click after the restart", clicks, 60*time.Second)
+
+	seen := map[string]int{}
+	for _, r := range rc.got() {
+		seen[r.webhookID]++
+	}
+	for id, n := range seen {
+		if n > 1 {
+			t.Errorf("webhook-id %s received %d times: the POST in flight at the stop was cut and sent again", id, n)
+		}
+	}
+	if ids := rc.eventIDs(); len(ids) != len(clicks) {
+		t.Errorf("%d distinct events received, want %d", len(ids), len(clicks))
+	}
+}
+
 // TestReplayFromATimeDeliversExactlyTheEventsSinceThen.
 func TestReplayFromATimeDeliversExactlyTheEventsSinceThen(t *testing.T) {
 	t.Parallel()

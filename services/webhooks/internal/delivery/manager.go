@@ -27,11 +27,19 @@ type Manager struct {
 	leaseTTL time.Duration
 	log      *slog.Logger
 
+	// StopWait bounds how long a stop waits for the senders' attempts in
+	// flight to finish and be recorded (the service's ShutdownTimeout);
+	// then they are cancelled. Zero: 5 s.
+	StopWait time.Duration
+
 	mu      sync.Mutex
 	running map[string]*run
 }
 
 type run struct {
+	// cancel stops the sender at once, its attempt in flight included
+	// (the sender's post context); the end of Run's ctx only tells it to
+	// start no other attempt.
 	cancel context.CancelFunc
 	wake   chan struct{}
 	done   chan struct{}
@@ -108,9 +116,14 @@ func (m *Manager) Wake(id string) {
 // Meanwhile it renews the leases of the endpoints it sends for every
 // LeaseTTL/10, all in one round trip, and stops the sender of an endpoint
 // whose lease went unrenewed for its TTL (see lease). Until ctx ends; then
-// it stops every sender and gives the leases back.
+// it stops every sender and gives the leases back: each sender starts no
+// other attempt, and the one in flight finishes and is recorded, within
+// StopWait (the leases renewed meanwhile), so that a batch delivered as the
+// service stops is not sent again by the next sender.
 func (m *Manager) Run(ctx context.Context) error {
-	rctx, stopRenewing := context.WithCancel(ctx)
+	// The renewals outlive ctx: they go on while stopAll waits for the
+	// attempts in flight.
+	rctx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
@@ -122,10 +135,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.scan(ctx)
 		select {
 		case <-ctx.Done():
-			// No renewal after the leases are given back.
-			stopRenewing()
-			<-renewed
-			m.stopAll()
+			m.stop(stopRenewing, renewed)
 			return nil
 		case <-t.C:
 		}
@@ -240,7 +250,11 @@ func (m *Manager) scan(ctx context.Context) {
 			// renewed under its token, the lease is its, not a new
 			// sender's. The next scan takes it under a new one.
 		case ok && r == nil:
-			rctx, cancel := context.WithCancel(ctx)
+			// post outlives ctx, for the attempt in flight at a stop
+			// (stopAll); rctx, the sender's, ends with ctx or post.
+			post, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			rctx, cancelR := context.WithCancel(post)
+			unhook := context.AfterFunc(ctx, cancelR)
 			r = &run{cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}), lease: &lease{until: m.deadline(sent)}, token: token}
 			m.running[e.ID] = r
 			id := e.ID
@@ -250,7 +264,9 @@ func (m *Manager) scan(ctx context.Context) {
 			go func() {
 				defer close(r.done)
 				defer r.lease.timer.Stop()
-				m.sender.Run(rctx, id, r.token, r.wake, r.lease.held)
+				defer cancel()
+				defer unhook()
+				m.sender.Run(rctx, post, id, r.token, r.wake, r.lease.held)
 			}()
 		case ok:
 			r.lease.extend(m.deadline(sent))
@@ -315,6 +331,37 @@ func (m *Manager) lapse(id string, r *run) {
 	m.log.Warn("webhooks: lease lapsed unrenewed, sender stopped", "endpoint", id)
 }
 
+// stop waits, within StopWait, for the senders (told to stop by the end of
+// Run's ctx) to finish their attempts in flight, their leases still
+// renewed; then stops the renewals and the senders still running
+// (stopAll), and gives the leases back.
+func (m *Manager) stop(stopRenewing func(), renewed <-chan struct{}) {
+	m.mu.Lock()
+	runs := slices.Collect(maps.Values(m.running))
+	m.mu.Unlock()
+	wait := m.StopWait
+	if wait <= 0 {
+		wait = 5 * time.Second
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for _, r := range runs {
+		select {
+		case <-r.done:
+			continue
+		case <-t.C:
+			m.log.Warn("webhooks: stop: attempts still in flight cancelled", "waited", wait)
+		}
+		break
+	}
+	// No renewal after the leases are given back.
+	stopRenewing()
+	<-renewed
+	m.stopAll()
+}
+
+// stopAll stops every sender at once, its attempt in flight cancelled (the
+// batch stays in flight), and gives the leases back.
 func (m *Manager) stopAll() {
 	m.mu.Lock()
 	runs := m.running

@@ -132,7 +132,15 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 // the sender took it, and every write of the sender's state (in flight,
 // delivered, failed, disabled) is made only while the lease holds it. wake
 // is signalled when events were queued for it.
-func (s *Sender) Run(ctx context.Context, id, token string, wake <-chan struct{}, held func() bool) {
+//
+// An attempt (its POST and the writes that record it) runs under post, not
+// ctx: when ctx ends (the service stops) the sender starts no other
+// attempt, but the one in flight finishes and is recorded (a delivered
+// batch leaves the queue), so the receiver does not get it again from the
+// next sender. post ends it at once (the lease lapsed, or the stop's wait
+// for it ran out): then it is not recorded and the batch stays in flight.
+// post must end when ctx's parent does, so that it outlives ctx only.
+func (s *Sender) Run(ctx, post context.Context, id, token string, wake <-chan struct{}, held func() bool) {
 	s.metrics.note(id)
 	defer s.metrics.forget(id)
 	var (
@@ -186,9 +194,14 @@ func (s *Sender) Run(ctx context.Context, id, token string, wake <-chan struct{}
 			sleep(ctx, min(wait, s.cfg.Poll), nil) // and look at the endpoint again (paused, deleted, ...)
 			continue
 		}
-		out := s.attempt(ctx, e, token, batch, attempt+1, accepted, held)
+		if ctx.Err() != nil {
+			return // stopping: no new attempt; the batch stays in flight
+		}
+		out := s.attempt(post, e, token, batch, attempt+1, accepted, held)
 		if ctx.Err() != nil || out.lapsed {
-			return // stopping: the batch stays in flight and is sent again
+			// Stopping: the attempt was recorded, or (post ended, or the
+			// lease passed) the batch stays in flight and is sent again.
+			return
 		}
 		if !out.accepted.IsZero() {
 			accepted = out.accepted
