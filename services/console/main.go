@@ -76,7 +76,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure,
 				FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval, TrustedProxies: trusted},
 			Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
-			LiveWriteTimeout: cfg.SSEWriteTimeout, Stop: stopStreams, Log: log, Metrics: reg,
+			LiveWriteTimeout: cfg.SSEWriteTimeout, NATS: service.NATSReady(nc), Stop: stopStreams, Log: log, Metrics: reg,
 		})
 		if err != nil {
 			return err

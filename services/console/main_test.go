@@ -1383,3 +1383,59 @@ func TestActionsAndLettersSayNATSIsAway(t *testing.T) {
 		})
 	}
 }
+
+// TestPanelsSayNATSIsAwayAtOnce: once the console's NATS connection is down
+// (its /readyz says so), the panels that read JetStream (readers, dead
+// letters) answer 503 "unavailable" at once, naming the connection's state
+// and why it failed to connect, rather than after their JetStream calls
+// time out one after another (up to the panels' 20 s limit).
+func TestPanelsSayNATSIsAwayAtOnce(t *testing.T) {
+	t.Parallel()
+	n, js := consoletest.NATS(t)
+	s := startOn(t, js, log(t), withToken)
+	for _, path := range []string{"/api/readers", "/api/dlq"} {
+		if code, b := do(t, nil, http.MethodGet, s.url+path, nil, bearer); code != http.StatusOK {
+			t.Fatalf("%s with NATS up: %d %s", path, code, b)
+		}
+	}
+	n.Stop()
+	testenv.WaitFor(t, 10*time.Second, "the console's /readyz to say NATS is down", func() bool {
+		code, b := do(t, nil, http.MethodGet, s.url+"/readyz", nil, nil)
+		return code == http.StatusServiceUnavailable && strings.Contains(string(b), "nats")
+	})
+	const bound = 2 * time.Second
+	for _, tc := range []struct{ path, what string }{
+		{"/api/readers", "read the readers"},
+		{"/api/dlq", "read dead letters"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			t.Parallel()
+			// A panel remembers its figures for a second: the first answer
+			// may still be the one from before the outage.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				began := time.Now()
+				code, b := do(t, nil, http.MethodGet, s.url+tc.path, nil, bearer)
+				took := time.Since(began)
+				if took > bound {
+					t.Fatalf("with NATS away: answered %d after %s, want within %s", code, took.Round(time.Millisecond), bound)
+				}
+				if code == http.StatusOK && time.Now().Before(deadline) {
+					continue
+				}
+				var body struct {
+					Error struct{ Code, Message string }
+				}
+				if err := json.Unmarshal(b, &body); err != nil {
+					t.Fatalf("%d %s: %v", code, b, err)
+				}
+				if code != http.StatusServiceUnavailable || body.Error.Code != "unavailable" ||
+					!strings.HasPrefix(body.Error.Message, tc.what+": unavailable: nats ") {
+					t.Errorf("with NATS away: %d %s, want 503 unavailable saying %q, unavailable, and the NATS connection's state", code, b, tc.what)
+				}
+				t.Logf("answered %d in %s: %s", code, took.Round(time.Millisecond), body.Error.Message)
+				return
+			}
+		})
+	}
+}

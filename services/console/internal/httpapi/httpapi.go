@@ -126,6 +126,11 @@ type Deps struct {
 	Page PageConfig
 	// SSE tunes the live clicks stream.
 	LiveWriteTimeout time.Duration
+	// NATS reports why the console's NATS connection is not connected
+	// (service.NATSReady), nil when it is: the panels that read JetStream
+	// answer "unavailable" with it at once instead of waiting for their
+	// JetStream calls to time out one after another. Nil: not checked.
+	NATS func(ctx context.Context) error
 	// Stop closes when the service shuts down: live streams end.
 	Stop    <-chan struct{}
 	Log     *slog.Logger
@@ -172,8 +177,8 @@ func Register(e *echo.Echo, d Deps) error {
 			return fmt.Errorf("register metrics: %w", err)
 		}
 	}
-	a.readers = memo.New(time.Second, d.Readers.Snapshot)
-	a.dlqGroups = memo.New(time.Second, d.DeadLetters.Groups)
+	a.readers = memo.New(time.Second, natsFirst(d.NATS, d.Readers.Snapshot))
+	a.dlqGroups = memo.New(time.Second, natsFirst(d.NATS, d.DeadLetters.Groups))
 	a.outbox = memo.New(time.Second, func(ctx context.Context) (outboxstate.Snapshot, error) {
 		if d.Outbox == nil {
 			return outboxstate.Snapshot{}, fmt.Errorf("no redis: %w", errUnavailable)
@@ -222,6 +227,23 @@ func Register(e *echo.Echo, d Deps) error {
 		return c.JSON(http.StatusOK, s)
 	})
 	return nil
+}
+
+// natsFirst is fn, which reads JetStream, unless the NATS connection is
+// down (down says why): then fn is not called and the error is down's. A
+// panel read with NATS away made JetStream calls that each waited for
+// their timeout, so the panel said "unavailable" only at its 20 s limit.
+func natsFirst[T any](down func(context.Context) error, fn func(context.Context) (T, error)) func(context.Context) (T, error) {
+	if down == nil {
+		return fn
+	}
+	return func(ctx context.Context) (T, error) {
+		if err := down(ctx); err != nil {
+			var zero T
+			return zero, err
+		}
+		return fn(ctx)
+	}
 }
 
 // securityHeaders: nothing on the page comes from elsewhere, nothing frames
