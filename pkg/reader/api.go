@@ -418,4 +418,9 @@ var (
 	// ones, and the server moves such a consumer back only to its ack
 	// floor (Rewind).
 	ErrNotReplayable = errors.New("JetStream cannot move its consumers back")
+	// ErrReplayRequestedMeanwhile means another replay of the group was
+	// stored after CheckReplay read the group's latest request and before
+	// RewindAfter stored its own: RewindAfter stored nothing, so that the
+	// caller, not told its replay replaces that one, replaces nothing.
+	ErrReplayRequestedMeanwhile = errors.New("another replay of the group was requested meanwhile")
 )

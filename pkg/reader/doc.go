@@ -97,7 +97,10 @@
 // empty; Rewind would store a replay that moves nothing back) and warns
 // of one before CLICKS' oldest event (the replay starts there), and
 // ReplayUnderWay, which warns that the new request replaces the group's
-// replay under way.
+// replay under way. The surface then asks RewindAfter with the revision
+// the check read (ReplayWarnings.Revision), which stores the request only
+// if no other was stored since (ErrReplayRequestedMeanwhile): a replay
+// requested between the check and the request is not replaced unwarned.
 //
 // A replay goes back no further than where the group started, the lowest
 // sequence the server moves its consumers back to: a group started at the

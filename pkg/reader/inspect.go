@@ -142,6 +142,8 @@ type RewindStatus struct {
 	Requested time.Time
 	// Partitions has one entry per partition, in order.
 	Partitions []PartitionRewind
+	// rev is the request's revision in the bucket, as read (0: none).
+	rev uint64
 }
 
 // PartitionRewind is one partition's part of a replay.
@@ -226,7 +228,7 @@ func rewindStatus(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	if err != nil {
 		return RewindStatus{}, fmt.Errorf("replay status of %s: %w", group, err)
 	}
-	st := RewindStatus{ID: req.ID, Requested: req.Requested, Partitions: make([]PartitionRewind, n)}
+	st := RewindStatus{ID: req.ID, Requested: req.Requested, Partitions: make([]PartitionRewind, n), rev: req.rev}
 	for p := range n {
 		ri := req.info(p)
 		st.Partitions[p] = PartitionRewind{Partition: p, From: ri.From, Until: ri.Until, AtGroupStart: req.AtStart[strconv.Itoa(p)]}

@@ -76,12 +76,19 @@ func CheckPosition(ctx context.Context, js jetstream.JetStream, group string, po
 // new one. An operator who asks again to be sure (a second run, a second
 // operator, the console and snipctl both) is told so before it happens.
 func ReplayUnderWay(ctx context.Context, js jetstream.JetStream, group string) (string, error) {
+	w, _, err := replayUnderWay(ctx, js, group)
+	return w, err
+}
+
+// replayUnderWay is ReplayUnderWay, and the revision of the group's latest
+// request it read (0: none).
+func replayUnderWay(ctx context.Context, js jetstream.JetStream, group string) (string, uint64, error) {
 	st, err := LatestRewind(ctx, js, group)
 	if err != nil || st.ID == "" || st.Done() || st.Void() {
-		return "", err
+		return "", st.rev, err
 	}
 	return fmt.Sprintf("replay %s of group %s, requested %s, is not carried out yet by partitions %v: this replay replaces it (the partitions that carried it out move back again)",
-		st.ID, group, st.Requested.UTC().Format(time.RFC3339), st.Pending()), nil
+		st.ID, group, st.Requested.UTC().Format(time.RFC3339), st.Pending()), st.rev, nil
 }
 
 // Pending returns the partitions that have not carried the replay out.
@@ -107,6 +114,10 @@ type ReplayWarnings struct {
 	// StartsAt is CheckPosition's: where the replay really starts, pos
 	// being before CLICKS' oldest event.
 	StartsAt string
+	// Revision is the revision of the group's latest request as
+	// ReplayUnderWay read it (0: none), for RewindAfter: a replay
+	// requested after the check is not replaced unsaid.
+	Revision uint64
 }
 
 // CheckReplay is every check a surface makes before it requests a replay
@@ -115,7 +126,10 @@ type ReplayWarnings struct {
 // then the warning Forced; CheckPosition, whose refusal
 // (ErrNothingToReplay) stands; ReplayUnderWay. A group that has no
 // consumers is ErrNoGroup first. What it refuses, the caller requests
-// nothing of; the errors wrap the checks' own.
+// nothing of; the errors wrap the checks' own. What it lets through, the
+// caller requests with RewindAfter and the warnings' Revision, so that a
+// replay requested by someone else after the check is not replaced
+// without the warning Replaces.
 func CheckReplay(ctx context.Context, js jetstream.JetStream, group string, pos Position, start string, force bool) (ReplayWarnings, error) {
 	var w ReplayWarnings
 	err := CheckRecount(ctx, js, group, pos, start)
@@ -128,7 +142,7 @@ func CheckReplay(ctx context.Context, js jetstream.JetStream, group string, pos 
 	if w.StartsAt, err = CheckPosition(ctx, js, group, pos, start); err != nil {
 		return ReplayWarnings{}, err
 	}
-	if w.Replaces, err = ReplayUnderWay(ctx, js, group); err != nil {
+	if w.Replaces, w.Revision, err = replayUnderWay(ctx, js, group); err != nil {
 		return ReplayWarnings{}, err
 	}
 	return w, nil

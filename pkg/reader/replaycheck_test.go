@@ -90,3 +90,67 @@ func TestCheckPositionAndReplayUnderWay(t *testing.T) {
 		t.Errorf("with replay %s under way (no member): %q, %v; want it named, with partitions [0 1]", id, w, err)
 	}
 }
+
+// RewindAfter stores a request only while the group's latest one is the
+// one CheckReplay read (its Revision): none, or that one. Another stored
+// in between is ErrReplayRequestedMeanwhile, naming it, and stays the
+// latest.
+func TestRewindAfterStoresOnlyOverTheRequestTheCheckRead(t *testing.T) {
+	t.Parallel()
+	_, js := setup(t, 2)
+	ctx := t.Context()
+	for p := range 2 {
+		cfg := topology.GroupConsumerConfig("g", p, topology.GroupConsumer{
+			AckWait: time.Minute, PinnedTTL: 5 * time.Second, MaxAckPending: 100, DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if _, err := js.CreateOrUpdateConsumer(ctx, events.ClicksStream, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, js, 2, 5, 0)
+	check := func() reader.ReplayWarnings {
+		t.Helper()
+		w, err := reader.CheckReplay(ctx, js, "g", reader.FromSeq(1), "from 1", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	latest := func() string {
+		t.Helper()
+		st, err := reader.LatestRewind(ctx, js, "g")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ID
+	}
+	// None requested yet: both checks read none, the second to ask is refused.
+	a, b := check(), check()
+	if a.Revision != 0 || a.Replaces != "" {
+		t.Fatalf("before any replay: %+v, want no revision and no replay under way", a)
+	}
+	first, err := reader.RewindAfter(ctx, js, "g", reader.FromSeq(1), a.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.RewindAfter(ctx, js, "g", reader.FromSeq(1), b.Revision); !errors.Is(err, reader.ErrReplayRequestedMeanwhile) ||
+		!strings.Contains(err.Error(), "replay "+first+" (requested ") {
+		t.Errorf("second over none: %v, want ErrReplayRequestedMeanwhile naming %s", err, first)
+	}
+	// One requested: both checks read it, the second to ask is refused.
+	a, b = check(), check()
+	if a.Revision == 0 || !strings.HasPrefix(a.Replaces, "replay "+first+" of group g") {
+		t.Fatalf("with %s under way: %+v, want its revision and a warning naming it", first, a)
+	}
+	second, err := reader.RewindAfter(ctx, js, "g", reader.FromSeq(1), a.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.RewindAfter(ctx, js, "g", reader.FromSeq(1), b.Revision); !errors.Is(err, reader.ErrReplayRequestedMeanwhile) ||
+		!strings.Contains(err.Error(), "replay "+second+" (requested ") {
+		t.Errorf("second over %s: %v, want ErrReplayRequestedMeanwhile naming %s", first, err, second)
+	}
+	if id := latest(); id != second {
+		t.Errorf("latest replay %s, want %s: a refused request stores nothing", id, second)
+	}
+}

@@ -82,6 +82,24 @@ func memberSubject(group, member string) string {
 // server moves back only to their ack floor: Rewind stores nothing and
 // returns ErrNotReplayable.
 func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position) (string, error) {
+	return rewind(ctx, js, group, pos, nil)
+}
+
+// RewindAfter is Rewind, storing the request only if the group's latest
+// request is still the one CheckReplay read (rev, ReplayWarnings.Revision:
+// 0 when there was none): a create, or an update at that revision, of the
+// request's key. Otherwise another replay was requested between the check
+// and this request, and CheckReplay did not say this one replaces it:
+// RewindAfter stores nothing and returns ErrReplayRequestedMeanwhile,
+// naming that replay. Asked again, the check says it replaces it. Two
+// operators asking at once (the console and snipctl, two runs) so never
+// both miss that warning: the second one is told.
+func RewindAfter(ctx context.Context, js jetstream.JetStream, group string, pos Position, rev uint64) (string, error) {
+	return rewind(ctx, js, group, pos, &rev)
+}
+
+// rewind is Rewind, and RewindAfter when after is not nil.
+func rewind(ctx context.Context, js jetstream.JetStream, group string, pos Position, after *uint64) (string, error) {
 	n, err := topology.Partitions(ctx, js)
 	if err != nil {
 		return "", fmt.Errorf("rewind %s: %w", group, err)
@@ -147,10 +165,32 @@ func Rewind(ctx context.Context, js jetstream.JetStream, group string, pos Posit
 		return "", fmt.Errorf("rewind %s: %w", group, err)
 	}
 	b, _ := json.Marshal(req)
-	if _, err := kv.Put(ctx, rewindKey(group), b); err != nil {
+	switch {
+	case after == nil:
+		_, err = kv.Put(ctx, rewindKey(group), b)
+	case *after == 0:
+		_, err = kv.Create(ctx, rewindKey(group), b)
+	default:
+		_, err = kv.Update(ctx, rewindKey(group), b, *after)
+	}
+	if after != nil && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+		return "", requestedMeanwhile(ctx, kv, group)
+	}
+	if err != nil {
 		return "", fmt.Errorf("rewind %s: record request: %w", group, err)
 	}
 	return req.ID, nil
+}
+
+// requestedMeanwhile is ErrReplayRequestedMeanwhile for group, naming the
+// replay stored since the check, as far as it can be read.
+func requestedMeanwhile(ctx context.Context, kv jetstream.KeyValue, group string) error {
+	which := "another replay"
+	if other, err := readRewind(ctx, kv, group); err == nil && other.ID != "" {
+		which = fmt.Sprintf("replay %s (requested %s)", other.ID, other.Requested.UTC().Format(time.RFC3339))
+	}
+	return fmt.Errorf("rewind %s: %w: %s was stored after this one's checks, so this one was not requested; asked again, it replaces that one and says so",
+		group, ErrReplayRequestedMeanwhile, which)
 }
 
 // lowestRewind returns the lowest stream sequence the server moves

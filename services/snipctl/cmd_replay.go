@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -125,7 +126,15 @@ func cmdReplay(ctx context.Context, env *Env, args []string) error {
 	if w.Replaces != "" {
 		fmt.Fprintf(env.Stdout, "warning: %s\n", w.Replaces)
 	}
-	id, err := reader.Rewind(ctx, js, group, pos)
+	if f := replayChecked.Load(); f != nil {
+		(*f)(group)
+	}
+	// Requested only if no other replay was since the check: one that
+	// was (another operator, the console) is not replaced without the
+	// warning above saying so. That is reader.ErrReplayRequestedMeanwhile,
+	// naming it; nothing is requested, and run again the command warns
+	// that it replaces it.
+	id, err := reader.RewindAfter(ctx, js, group, pos, w.Revision)
 	if err != nil {
 		// A group started at new events (the webhooks group) is
 		// reader.ErrNotReplayable: the error says so, and what webhooks
@@ -182,6 +191,10 @@ func stillRequested(ctx context.Context, env *Env, js jetstream.JetStream, group
 		"do not ask again to wait for it: a new replay replaces this one, and the partitions already moved back move back again",
 		id, which, group, env.Cfg.Timeout)
 }
+
+// replayChecked, when set (by a test), is called with the group between
+// the replay's checks and its request.
+var replayChecked atomic.Pointer[func(group string)]
 
 // errNotARecount is a click-counter replay refused because it would
 // recount nothing (reader.CheckRecount says why).

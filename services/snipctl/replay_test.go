@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -514,6 +515,48 @@ func TestReplayOverAReplayUnderWaySaysItReplacesIt(t *testing.T) {
 	}
 	if !strings.Contains(out, "warning: replay "+first[1]+" of group idle") || !strings.Contains(out, "partitions [0 1]: this replay replaces it") {
 		t.Errorf("the second replay does not say it replaces %s:\n%s", first[1], out)
+	}
+}
+
+// Two replays of a group asked at once (snipctl and the console, two
+// operators) both checked before either requested: the one that requests
+// second is refused, naming the first, rather than replacing it with
+// neither warned; run again, it says it replaces it.
+func TestReplayRequestedMeanwhileIsNotReplacedUnsaid(t *testing.T) {
+	t.Parallel()
+	environ, js := appliedNATS(t)
+	publishClicks(t, js, 10)
+	downGroup(t, js, "raced")
+	var other string
+	var once sync.Once
+	hook := func(group string) {
+		if group != "raced" {
+			return // another test's replay
+		}
+		once.Do(func() {
+			// The other operator's replay, checked and requested now.
+			id, err := reader.Rewind(t.Context(), js, "raced", reader.FromSeq(5))
+			if err != nil {
+				t.Error(err)
+			}
+			other = id
+		})
+	}
+	replayChecked.Store(&hook)
+	t.Cleanup(func() { replayChecked.Store(nil) })
+	out, err := snipctl(t, environ, "replay", "raced", "--from-seq", "1")
+	if err == nil || !errors.Is(err, reader.ErrReplayRequestedMeanwhile) || other == "" || !strings.Contains(err.Error(), "replay "+other+" (requested ") {
+		t.Fatalf("replay checked before another was requested: %v\n%s\nwant refused, naming replay %q requested meanwhile (it replaced it, unwarned)", err, out, other)
+	}
+	if st, err := reader.LatestRewind(t.Context(), js, "raced"); err != nil || st.ID != other {
+		t.Errorf("latest replay = %q (%v), want the other operator's %s", st.ID, err, other)
+	}
+	out, err = snipctl(t, environ, "replay", "raced", "--from-seq", "1")
+	if err != nil {
+		t.Fatalf("run again: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "warning: replay "+other+" of group raced") || !strings.Contains(out, "this replay replaces it") {
+		t.Errorf("run again, the replay does not say it replaces %s:\n%s", other, out)
 	}
 }
 

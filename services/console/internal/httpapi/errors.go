@@ -93,6 +93,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "not_replayable"
 	case errors.Is(err, readers.ErrNothingToReplay):
 		return http.StatusConflict, "nothing_to_replay"
+	case errors.Is(err, readers.ErrRequestedMeanwhile):
+		return http.StatusConflict, "replay_requested_meanwhile"
 	case errors.Is(err, ownerstream.ErrOwnerLimit):
 		return http.StatusTooManyRequests, "too_many_streams"
 	case errors.Is(err, ownerstream.ErrOpenRate):

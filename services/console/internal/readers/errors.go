@@ -26,4 +26,9 @@ var (
 	// only to their ack floor (created at new events: the webhooks group);
 	// the error says so, and for webhooks what to do instead.
 	ErrNotReplayable = reader.ErrNotReplayable
+	// ErrRequestedMeanwhile means another replay of the group was requested
+	// between this one's checks and its request: nothing was requested,
+	// and the error names that replay (reader.RewindAfter). Asked again,
+	// the replay comes with the warning that it replaces it.
+	ErrRequestedMeanwhile = reader.ErrReplayRequestedMeanwhile
 )

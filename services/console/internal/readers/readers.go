@@ -111,6 +111,9 @@ type Snapshot struct {
 type View struct {
 	js jetstream.JetStream
 	th Thresholds
+	// checked, when set (by a test), is called with the group between a
+	// replay's checks and its request.
+	checked func(group string)
 }
 
 // New returns a view with thresholds th.

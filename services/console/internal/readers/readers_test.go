@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -231,5 +232,50 @@ func TestAReplayOfAGroupCreatedAgainIsVoid(t *testing.T) {
 		if p.Done || !p.Void {
 			t.Errorf("partition %d: %+v, want void, not done", i, p)
 		}
+	}
+}
+
+// TestAReplayRequestedBetweenAnothersCheckAndRequestIsNotReplacedUnsaid:
+// operator A's replay has made its checks (no replay under way) when
+// operator B's replay of the same group is checked and requested; A's
+// request then is refused, naming B's replay, rather than replacing it
+// with neither told (both had checked before either requested). Asked
+// again, A's replay is requested with the warning that it replaces B's.
+func TestAReplayRequestedBetweenAnothersCheckAndRequestIsNotReplacedUnsaid(t *testing.T) {
+	t.Parallel()
+	_, js := consoletest.NATS(t)
+	consoletest.Publish(t, js, consoletest.Clicks("acme", "a", 10)...)
+	consoletest.DownGroup(t, js, "idle") // nobody carries a replay out
+	ctx := t.Context()
+	a := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
+	b := readers.New(js, readers.Thresholds{Warn: time.Minute, Alarm: time.Hour})
+	req := readers.ReplayRequest{FromSeq: seq(1), Confirm: "idle"}
+
+	var first readers.Replayed
+	readers.OnChecked(a, func(string) {
+		readers.OnChecked(a, nil)
+		var err error
+		if first, err = b.Replay(ctx, "idle", req); err != nil {
+			t.Errorf("operator B's replay: %v", err)
+		}
+		if len(first.Warnings) != 0 {
+			t.Errorf("operator B's replay, the first: warnings %q, want none", first.Warnings)
+		}
+	})
+	got, err := a.Replay(ctx, "idle", req)
+	if !errors.Is(err, readers.ErrRequestedMeanwhile) || first.ID == "" || !strings.Contains(err.Error(), "replay "+first.ID+" (requested ") {
+		t.Fatalf("operator A's replay, checked before B's was requested and asked after: %+v, %v; want ErrRequestedMeanwhile naming B's replay %s (both requested, neither told it replaces the other)",
+			got, err, first.ID)
+	}
+	if st, err := reader.LatestRewind(ctx, js, "idle"); err != nil || st.ID != first.ID {
+		t.Errorf("latest replay = %q (%v), want B's %s: A's refused request stored nothing", st.ID, err, first.ID)
+	}
+	t.Logf("operator A was told: %v", err)
+	again, err := a.Replay(ctx, "idle", req)
+	if err != nil {
+		t.Fatalf("operator A asking again: %v", err)
+	}
+	if len(again.Warnings) != 1 || !strings.HasPrefix(again.Warnings[0], "replay "+first.ID+" of group idle") || !strings.Contains(again.Warnings[0], "this replay replaces it") {
+		t.Errorf("operator A asking again: warnings %q, want one saying it replaces B's %s", again.Warnings, first.ID)
 	}
 }

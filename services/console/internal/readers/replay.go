@@ -103,7 +103,9 @@ type Replayed struct {
 // the last event), and one before its oldest event comes with a warning
 // saying where the replay really starts (reader.CheckPosition). A replay
 // asked while the group's previous one is under way comes with a warning
-// that it replaces it (reader.ReplayUnderWay). A group started at new
+// that it replaces it (reader.ReplayUnderWay); one asked while another
+// replay of the group is requested after its checks is refused
+// (ErrRequestedMeanwhile, naming that one), not requested unwarned. A group started at new
 // events (the webhooks group) cannot be replayed: ErrNotReplayable. What is
 // refused requests nothing.
 func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Replayed, error) {
@@ -132,7 +134,14 @@ func (v *View) Replay(ctx context.Context, group string, r ReplayRequest) (Repla
 	if w.Replaces != "" {
 		out.Warnings = append(out.Warnings, w.Replaces)
 	}
-	out.ID, err = reader.Rewind(ctx, v.js, group, pos)
+	if v.checked != nil {
+		v.checked(group)
+	}
+	// Requested only if no other replay was since the check (another
+	// operator, snipctl): that one is not replaced without the warning
+	// saying so. The caller is told ErrRequestedMeanwhile, naming it, and
+	// nothing is requested; asked again, the warning says it replaces it.
+	out.ID, err = reader.RewindAfter(ctx, v.js, group, pos, w.Revision)
 	if errors.Is(err, reader.ErrNoGroup) {
 		return Replayed{}, fmt.Errorf("replay %s: %w", group, ErrUnknownGroup)
 	}
