@@ -12,7 +12,8 @@
 //	snip:owner:<id>:keys     set of <sha256hex>, the owner's keys
 //	snip:apikey:<sha256hex>  string <id>
 //
-// Rotate and Revoke delete key entries, and no service caches them: every
+// Create stores the new owner's key first and the owner last, so an owner
+// never exists without a key. Rotate and Revoke delete key entries, and no service caches them: every
 // check is a GET, so a revoked key fails at its next use everywhere. A
 // request in flight with a key revoked meanwhile gets no new key from
 // RotateFrom, and Revoke (and so Rotate, which revokes first) also revokes
@@ -103,35 +104,72 @@ func NewAPIKey() string {
 
 // Create makes a new owner and returns its first API key, which is shown
 // once and never stored in clear.
+//
+// The key is stored first and the owner last, in one script (the owner's
+// name and creation time together, only if no owner has that ID), so an
+// owner never exists without its key: a Create that fails on the way
+// (Redis out of reach between two writes) leaves no owner, and the same
+// Create again succeeds, where it was ErrExists for an owner with no key.
+// What it stored of the key is taken back (if Redis lets it): a key left
+// behind authenticates no one while there is no owner, and is the owner's
+// (unknown to anyone, never printed) once the Create is made again, until a
+// rotation or a revocation removes it with the others.
 func (s *Store) Create(ctx context.Context, id, name string) (string, error) {
 	key := NewAPIKey()
-	if err := s.create(ctx, id, name, key); err != nil {
+	if err := s.create(ctx, id, name, key, true); err != nil {
 		return "", err
 	}
 	return key, nil
 }
 
-func (s *Store) create(ctx context.Context, id, name, key string) error {
+// create stores key for id, then the owner (createOwner): ErrExists, with
+// nothing written, when the owner exists already. takeBack: a failure
+// after the key was stored revokes it (Create's fresh key; Ensure stores
+// its key anyway).
+func (s *Store) create(ctx context.Context, id, name, key string, takeBack bool) (err error) {
 	if !events.ValidToken(id) {
 		return fmt.Errorf("create owner %q: %w", id, ErrInvalidID)
 	}
-	ok, err := s.rdb.HSetNX(ctx, ownerKey(id), "name", name).Result()
-	if err != nil {
-		return fmt.Errorf("create owner %q: %w", id, err)
-	}
-	if !ok {
+	switch err := s.exists(ctx, id); {
+	case err == nil:
 		return fmt.Errorf("create owner %q: %w", id, ErrExists)
-	}
-	if err := s.write(ctx, "create_owner", ownerKey(id), func(p redis.Pipeliner) {
-		p.HSet(ctx, ownerKey(id), "created", time.Now().UTC().Format(time.RFC3339))
-	}); err != nil {
+	case !errors.Is(err, ErrUnknownOwner):
 		return fmt.Errorf("create owner %q: %w", id, err)
+	}
+	if takeBack {
+		defer func() {
+			if err != nil && !errors.Is(err, ErrKeyTaken) { // storeKey took that one back itself
+				if rerr := s.revoke(ctx, id, []string{keyHash(key)}); rerr != nil {
+					err = fmt.Errorf("%w (taking the key back: %v)", err, rerr)
+				}
+			}
+		}()
 	}
 	if err := s.storeKey(ctx, id, key); err != nil {
 		return fmt.Errorf("create owner %q: store key: %w", id, err)
 	}
+	var made *redis.Cmd
+	err = s.write(ctx, "create_owner", ownerKey(id), func(p redis.Pipeliner) {
+		made = createOwner.Eval(ctx, p, []string{ownerKey(id)}, name, time.Now().UTC().Format(time.RFC3339))
+	})
+	if err == nil {
+		var n int64
+		if n, err = made.Int64(); err == nil && n == 0 {
+			err = ErrExists // created meanwhile
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create owner %q: %w", id, err)
+	}
 	return nil
 }
+
+// createOwner writes the owner KEYS[1] (name ARGV[1], created ARGV[2])
+// unless it exists: 1 when it wrote it, 0 when it was there.
+var createOwner = redis.NewScript(`
+if redis.call("EXISTS", KEYS[1]) == 1 then return 0 end
+redis.call("HSET", KEYS[1], "name", ARGV[1], "created", ARGV[2])
+return 1`)
 
 // storeKey records key as one of owner id's keys: first as a member of the
 // owner's set (what Revoke reads), then as the lookup entry. The two live in
@@ -195,7 +233,7 @@ func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	if err := s.keyFree(ctx, id, key); err != nil {
 		return fmt.Errorf("ensure owner %q: %w", id, err)
 	}
-	err := s.create(ctx, id, id, key)
+	err := s.create(ctx, id, id, key, false)
 	if err == nil || !errors.Is(err, ErrExists) {
 		return err
 	}

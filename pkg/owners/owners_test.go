@@ -1,12 +1,15 @@
 package owners_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -25,7 +28,8 @@ func TestOnRedisCluster(t *testing.T) {
 		TestEnsureNeverMovesAKeyToAnotherOwner, TestEnsureFromSpecRefusesAKeyOfAnotherOwnerAndWritesNothing,
 		TestStoreKeyRefusesAKeyTakenMeanwhile, TestEnsureRefusesAKeyAuthenticateRejects,
 		TestEnsureFromSpecChecksEveryEntryFirstAndHidesKeys, TestRevokeAlsoRevokesAKeyRotatedInMeanwhile,
-		TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail, TestRotateAlsoRevokesAKeyRotatedInMeanwhile)
+		TestRotateFromReturnsTheNewKeyWhenOnlyTheOtherKeysFail, TestRotateAlsoRevokesAKeyRotatedInMeanwhile,
+		TestACreateCutOffAfterItsFirstWriteCanBeMadeAgain)
 }
 
 func TestCreateAndAuthenticate(t *testing.T) {
@@ -138,7 +142,7 @@ func TestWritesWaitForReplicas(t *testing.T) {
 		}
 	}
 	want := []string{
-		"create_owner:0:<nil>", "store_key:0:<nil>", // Create
+		"store_key:0:<nil>", "create_owner:0:<nil>", // Create: the key, then the owner
 		"revoke_key:0:<nil>", "store_key:0:<nil>", // Rotate: the first revoked, the new key
 		"revoke_key:0:<nil>", // Revoke: the second
 	}
@@ -276,5 +280,86 @@ func TestStoreKeyRefusesAKeyTakenMeanwhile(t *testing.T) {
 	}
 	if n := rdb.SCard(t.Context(), "snip:owner:second:keys").Val(); n != 0 {
 		t.Errorf("second's key set has %d members after the refused write", n)
+	}
+}
+
+// cutAfterFirstWrite fails every command of its client, while on, once one
+// write has succeeded: Redis out of reach between a call's writes.
+type cutAfterFirstWrite struct {
+	on, wrote atomic.Bool
+}
+
+var errCut = errors.New("redis out of reach (test)")
+
+func (c *cutAfterFirstWrite) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *cutAfterFirstWrite) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := c.pass([]redis.Cmder{cmd}); err != nil {
+			return err
+		}
+		err := next(ctx, cmd)
+		c.note([]redis.Cmder{cmd})
+		return err
+	}
+}
+
+func (c *cutAfterFirstWrite) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := c.pass(cmds); err != nil {
+			return err
+		}
+		err := next(ctx, cmds)
+		c.note(cmds)
+		return err
+	}
+}
+
+func (c *cutAfterFirstWrite) pass(cmds []redis.Cmder) error {
+	if c.on.Load() && c.wrote.Load() {
+		for _, cmd := range cmds {
+			cmd.SetErr(errCut)
+		}
+		return errCut
+	}
+	return nil
+}
+
+func (c *cutAfterFirstWrite) note(cmds []redis.Cmder) {
+	for _, cmd := range cmds {
+		switch cmd.Name() {
+		case "hset", "hsetnx", "sadd", "set", "eval", "evalsha":
+			if cmd.Err() == nil && c.on.Load() {
+				c.wrote.Store(true)
+			}
+		}
+	}
+}
+
+// A Create whose Redis goes out of reach after its first write fails, and
+// leaves no owner: the same Create made again succeeds, and its key
+// authenticates. It stored the owner first, and then the owner had no key
+// and the Create again was ErrExists (use rotate).
+func TestACreateCutOffAfterItsFirstWriteCanBeMadeAgain(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	cut := &cutAfterFirstWrite{}
+	rdb.AddHook(cut)
+	s := owners.NewStore(rdb)
+	ctx := t.Context()
+	cut.on.Store(true)
+	if _, err := s.Create(ctx, "cutoff", "Cut Off"); !errors.Is(err, errCut) {
+		t.Fatalf("Create with Redis cut off after its first write: %v, want it to fail", err)
+	}
+	cut.on.Store(false)
+	if _, err := s.Get(ctx, "cutoff"); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Errorf("the failed Create left an owner (Get: %v)", err)
+	}
+	key, err := s.Create(ctx, "cutoff", "Cut Off")
+	if err != nil {
+		t.Fatalf("the same Create again: %v (want it made, with a key)", err)
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "cutoff" || o.Name != "Cut Off" || o.Created.IsZero() {
+		t.Errorf("the new owner's key authenticates as %+v, %v; want cutoff, named, with its creation time", o, err)
 	}
 }

@@ -90,9 +90,10 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 	case "create":
 		key, err := store.Create(ctx, id, *name)
 		if errors.Is(err, owners.ErrExists) {
-			// Its key was printed when it was created (or, if that
-			// create failed after storing the owner, never): what gives
-			// it one now is a rotation.
+			// Its key was printed when it was created (a create that
+			// failed stored no owner: it is stored last, once its key
+			// is, and the same command again makes it): what gives it
+			// one now is a rotation.
 			return fmt.Errorf("%w: a key is printed only when it is made; `snipctl owners rotate %s` gives the owner a new one (every older key of it stops working)", err, idArg(id))
 		}
 		if err != nil {
