@@ -181,6 +181,40 @@ func TestDroppedTableIsCreatedAgain(t *testing.T) {
 	}
 }
 
+// TestDroppedViewIsCreatedAgain: the materialized view alone dropped makes
+// no insert fail on the server (clicks takes the rows, and clicks_hourly,
+// which every dashboard reads, never sees them). The writer inserts nothing
+// while it is gone (class missing, retried), applies the schema again, and
+// the rollup holds every click the table does.
+func TestDroppedViewIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(t.Context(), "DROP TABLE clicks_hourly_mv"); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Insert(t.Context(), rows(t, 5))
+	if got := chwriter.Classify(err); got != chwriter.ClassMissing || errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("insert with the view dropped = %v (class %q), want class %q, not permanent", err, got, chwriter.ClassMissing)
+	}
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatalf("second insert after the drop (schema applied again): %v", err)
+	}
+	var raw, rollup uint64
+	if err := conn.QueryRow(t.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(t.Context(), "SELECT uniqExactMerge(clicks) FROM clicks_hourly").Scan(&rollup); err != nil {
+		t.Fatal(err)
+	}
+	if raw != 10 || rollup != raw {
+		t.Errorf("clicks holds %d events and clicks_hourly %d; want 10 in both (the first insert and the one after the view was back)", raw, rollup)
+	}
+}
+
 func TestSchemaMismatchIsPermanent(t *testing.T) {
 	t.Parallel()
 	conn, db := servers.ClickHouse.NewDB(t)

@@ -24,8 +24,8 @@ const (
 	// ClassOverloaded: the server refused for now (too many parts, memory
 	// limit, too many queries, its own timeout).
 	ClassOverloaded = "overloaded"
-	// ClassMissing: a table or the database is gone; the writer applies the
-	// schema again before the next insert.
+	// ClassMissing: a table, the view that feeds the rollup or the database
+	// is gone; the writer applies the schema again before the next insert.
 	ClassMissing = "missing"
 	// ClassSchema: the tables do not fit the rows (unknown column, type
 	// mismatch, a column type the client refuses a well-formed row for,
@@ -69,6 +69,8 @@ func Classify(err error) string {
 		return ""
 	case errors.Is(err, errTableChanged):
 		return ClassSchema
+	case errors.Is(err, errViewMissing):
+		return ClassMissing
 	case errors.As(err, &ex):
 		switch {
 		case missingCodes[ex.Code]:
@@ -101,5 +103,5 @@ func permanent(class string) bool { return class == ClassSchema || class == Clas
 
 func missingSchema(err error) bool {
 	var ex *clickhouse.Exception
-	return errors.As(err, &ex) && missingCodes[ex.Code]
+	return errors.Is(err, errViewMissing) || errors.As(err, &ex) && missingCodes[ex.Code]
 }
