@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -180,6 +181,40 @@ func TestDroppedTableIsCreatedAgain(t *testing.T) {
 	}
 }
 
+// TestDroppedViewIsCreatedAgain: the materialized view alone dropped makes
+// no insert fail on the server (clicks takes the rows, and clicks_hourly,
+// which every dashboard reads, never sees them). The writer inserts nothing
+// while it is gone (class missing, retried), applies the schema again, and
+// the rollup holds every click the table does.
+func TestDroppedViewIsCreatedAgain(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(t.Context(), "DROP TABLE clicks_hourly_mv"); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Insert(t.Context(), rows(t, 5))
+	if got := chwriter.Classify(err); got != chwriter.ClassMissing || errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("insert with the view dropped = %v (class %q), want class %q, not permanent", err, got, chwriter.ClassMissing)
+	}
+	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatalf("second insert after the drop (schema applied again): %v", err)
+	}
+	var raw, rollup uint64
+	if err := conn.QueryRow(t.Context(), "SELECT uniqExact(event_id) FROM clicks").Scan(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(t.Context(), "SELECT uniqExactMerge(clicks) FROM clicks_hourly").Scan(&rollup); err != nil {
+		t.Fatal(err)
+	}
+	if raw != 10 || rollup != raw {
+		t.Errorf("clicks holds %d events and clicks_hourly %d; want 10 in both (the first insert and the one after the view was back)", raw, rollup)
+	}
+}
+
 func TestSchemaMismatchIsPermanent(t *testing.T) {
 	t.Parallel()
 	conn, db := servers.ClickHouse.NewDB(t)
@@ -193,6 +228,75 @@ func TestSchemaMismatchIsPermanent(t *testing.T) {
 	err := w.Insert(t.Context(), rows(t, 5))
 	if got := chwriter.Classify(err); got != chwriter.ClassSchema || !errors.Is(err, loader.ErrPermanent) {
 		t.Fatalf("insert with a dropped column = %v (class %q), want class %q and ErrPermanent", err, got, chwriter.ClassSchema)
+	}
+}
+
+// usersWithoutRights is a users.xml for a server of a test's own: the
+// default user as testenv makes it, and one user for each way ClickHouse
+// 18.16's users.xml keeps a user from writing, none of which is a wrong
+// name or password.
+const usersWithoutRights = `<yandex>
+  <profiles>
+    <default><max_memory_usage>4000000000</max_memory_usage></default>
+    <readonly><readonly>1</readonly></readonly>
+  </profiles>
+  <users>
+    <default><password></password><networks><ip>127.0.0.1</ip><ip>::1</ip></networks><profile>default</profile><quota>default</quota></default>
+    <readonly_user><password></password><networks><ip>127.0.0.1</ip></networks><profile>readonly</profile><quota>default</quota></readonly_user>
+    <other_db_user><password></password><networks><ip>127.0.0.1</ip></networks><profile>default</profile><quota>default</quota><allow_databases><database>elsewhere</database></allow_databases></other_db_user>
+    <remote_user><password></password><networks><ip>10.1.2.3</ip></networks><profile>default</profile><quota>default</quota></remote_user>
+  </users>
+  <quotas><default></default></quotas>
+</yandex>
+`
+
+// TestNoRightToWriteIsAuth: on 18.16 a user an operator has not allowed to
+// write the warehouse is refused with READONLY (164: a readonly profile),
+// DATABASE_ACCESS_DENIED (291: allow_databases names others) or
+// IP_ADDRESS_NOT_ALLOWED (195: its networks do not include the loader's).
+// Each is the auth class: the loader's credentials or grants, which only an
+// operator can change (ErrPermanent: an error log, retried slowly), not a
+// server error retried as if it would pass.
+func TestNoRightToWriteIsAuth(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ch, err := testenv.NewClickHouseServer(dir)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(ch.Close)
+	// The schema is there, as an operator would have applied it.
+	if err := newWriter(t, ch.Addr, "snip").Insert(t.Context(), rows(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(usersWithoutRights), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ch.Stop()
+	if err := ch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ user, code string }{
+		{"readonly_user", "code: 164"},
+		{"other_db_user", "code: 291"},
+		{"remote_user", "code: 195"},
+	} {
+		t.Run(tc.user, func(t *testing.T) {
+			t.Parallel()
+			w, err := chwriter.Open(chwriter.Config{Addrs: []string{ch.Addr}, Database: "snip", User: tc.user, DialTimeout: 2 * time.Second},
+				slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = w.Close() })
+			err = w.Insert(t.Context(), rows(t, 5))
+			if !strings.Contains(fmt.Sprint(err), tc.code) {
+				t.Fatalf("insert as %s = %v; want the server's %s", tc.user, err, tc.code)
+			}
+			if got := chwriter.Classify(err); got != chwriter.ClassAuth || !errors.Is(err, loader.ErrPermanent) {
+				t.Errorf("insert as %s = %v (class %q), want class %q and ErrPermanent", tc.user, err, got, chwriter.ClassAuth)
+			}
+		})
 	}
 }
 

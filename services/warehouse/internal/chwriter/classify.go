@@ -24,14 +24,18 @@ const (
 	// ClassOverloaded: the server refused for now (too many parts, memory
 	// limit, too many queries, its own timeout).
 	ClassOverloaded = "overloaded"
-	// ClassMissing: a table or the database is gone; the writer applies the
-	// schema again before the next insert.
+	// ClassMissing: a table, the view that feeds the rollup or the database
+	// is gone; the writer applies the schema again before the next insert.
 	ClassMissing = "missing"
 	// ClassSchema: the tables do not fit the rows (unknown column, type
 	// mismatch, a column type the client refuses a well-formed row for,
 	// syntax the server does not know). Permanent.
 	ClassSchema = "schema"
-	// ClassAuth: the credentials or grants do not allow the insert. Permanent.
+	// ClassAuth: the credentials or grants do not allow the insert: a wrong
+	// user or password; on 18.16, whose users.xml has no grants, a readonly
+	// profile, allow_databases without the loader's database or networks
+	// without the loader's address; on current servers, missing grants.
+	// Permanent.
 	ClassAuth = "auth"
 	// ClassServer: any other server exception; retried.
 	ClassServer = "server"
@@ -46,9 +50,11 @@ const (
 
 // ClickHouse exception codes (ErrorCodes.cpp), grouped by what to do.
 var (
-	missingCodes    = map[int32]bool{60: true, 81: true}                                                    // UNKNOWN_TABLE, UNKNOWN_DATABASE
-	schemaCodes     = map[int32]bool{16: true, 44: true, 47: true, 50: true, 53: true, 62: true, 115: true} // NO_SUCH_COLUMN_IN_TABLE, ILLEGAL_COLUMN, UNKNOWN_IDENTIFIER, UNKNOWN_TYPE, TYPE_MISMATCH, SYNTAX_ERROR, UNKNOWN_SETTING
-	authCodes       = map[int32]bool{192: true, 193: true, 497: true, 516: true}                            // UNKNOWN_USER, WRONG_PASSWORD, ACCESS_DENIED, AUTHENTICATION_FAILED
+	missingCodes = map[int32]bool{60: true, 81: true}                                                    // UNKNOWN_TABLE, UNKNOWN_DATABASE
+	schemaCodes  = map[int32]bool{16: true, 44: true, 47: true, 50: true, 53: true, 62: true, 115: true} // NO_SUCH_COLUMN_IN_TABLE, ILLEGAL_COLUMN, UNKNOWN_IDENTIFIER, UNKNOWN_TYPE, TYPE_MISMATCH, SYNTAX_ERROR, UNKNOWN_SETTING
+	authCodes    = map[int32]bool{164: true, 192: true, 193: true, 195: true, 291: true, 497: true, 516: true}
+	// 164 READONLY, 192 UNKNOWN_USER, 193 WRONG_PASSWORD, 195 IP_ADDRESS_NOT_ALLOWED,
+	// 291 DATABASE_ACCESS_DENIED, 497 ACCESS_DENIED, 516 AUTHENTICATION_FAILED
 	overloadedCodes = map[int32]bool{159: true, 202: true, 203: true, 209: true, 210: true, 241: true, 252: true}
 	// 159 TIMEOUT_EXCEEDED, 202 TOO_MANY_SIMULTANEOUS_QUERIES, 203 NO_FREE_CONNECTION,
 	// 209 SOCKET_TIMEOUT, 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED, 252 TOO_MANY_PARTS
@@ -63,6 +69,8 @@ func Classify(err error) string {
 		return ""
 	case errors.Is(err, errTableChanged):
 		return ClassSchema
+	case errors.Is(err, errViewMissing):
+		return ClassMissing
 	case errors.As(err, &ex):
 		switch {
 		case missingCodes[ex.Code]:
@@ -95,5 +103,5 @@ func permanent(class string) bool { return class == ClassSchema || class == Clas
 
 func missingSchema(err error) bool {
 	var ex *clickhouse.Exception
-	return errors.As(err, &ex) && missingCodes[ex.Code]
+	return errors.Is(err, errViewMissing) || errors.As(err, &ex) && missingCodes[ex.Code]
 }

@@ -54,6 +54,12 @@ func Statements() []Statement {
 	return out
 }
 
+// RollupView is the materialized view that feeds clicks_hourly from every
+// insert into clicks (sql/003_clicks_hourly_mv.sql). It is the one object
+// whose absence fails no insert: clicks takes the rows without it, and the
+// rollup never sees them.
+const RollupView = "clicks_hourly_mv"
+
 // Conn is what Apply needs from a ClickHouse connection (clickhouse-go's
 // driver.Conn has it).
 type Conn interface {
