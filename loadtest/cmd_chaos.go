@@ -141,8 +141,9 @@ func recoveredBy(s series.Second, now, faultEnd, lagBegan time.Time, backlog, no
 // readers' total backlog was back to normal (at most twice the largest seen before the fault, or
 // one second of traffic, whichever is more: readers batch, so it is never
 // 0 under load), as read by a backlog read that began a second or more
-// after the fault's end (reads run on their own loop); when that did not happen during the tail, to the time
-// every click was in CLICKS and every backlog 0 after the load.
+// after the fault's end (reads run on their own loop); when that did not happen during the tail, to the end of
+// the catch-up after the load (waitCaughtUp, watched from the load's end
+// while the oracle runs).
 func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chaosPlan, truthFile string) chaosResult {
 	res := chaosResult{Fault: f.Name, Recover: -1}
 	gen, err := workload.New(p.wf.spec(p.rate))
@@ -246,6 +247,15 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 	if sys.webhooksAPI != "" {
 		sys.skip[oracle.KeyWebhooks] = "not checked by chaos: only loadtest http|events --verify runs a receiver"
 	}
+	// Without a recovery in the tail, the catch-up after the load is the
+	// time to recover: watched from the load's end while the oracle reads
+	// at its pace, so the oracle's own time is not counted in.
+	caught := make(chan time.Duration, 1)
+	if recovered.IsZero() {
+		cctx, stopCatchUp := context.WithCancel(ctx)
+		defer stopCatchUp()
+		go func() { caught <- waitCaughtUp(cctx, sys, tr, loadEnd, p.sf.deadline, nil) }()
+	}
 	sinks, closeSinks := sys.sinks(owner, start.Add(-time.Second), nil)
 	vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
 		Deadline: p.sf.deadline, SetLimit: p.sf.setLimit, BurstThreshold: p.sf.burstThreshold, Require: p.require,
@@ -261,7 +271,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 		return res
 	}
 	if recovered.IsZero() {
-		if d := waitCaughtUp(ctx, sys, tr, loadEnd, p.sf.deadline, nil); d >= 0 {
+		if d := <-caught; d >= 0 {
 			recovered = loadEnd.Add(d)
 		}
 	}
