@@ -87,6 +87,12 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 	if p.rate < 1 || p.warmup < 0 || p.tail < time.Second {
 		return fmt.Errorf("--rate at least 1, --warmup not negative, --tail at least 1s: %w", errUsage)
 	}
+	if p.timeout <= 0 {
+		return fmt.Errorf("--timeout %s: want more than 0: %w", p.timeout, errUsage)
+	}
+	if err := p.sf.check(); err != nil {
+		return err
+	}
 	var err error
 	if p.require, err = p.sf.required(); err != nil {
 		return err
