@@ -374,6 +374,10 @@ func TestRecoveredByWantsAFreshBacklogRead(t *testing.T) {
 		{"a request failed", series.Second{Offered: 1000, Sent: 1000, OK: 980, Errors: 1}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 		{"302s missing", series.Second{Offered: 1000, Sent: 1000, OK: 900}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 		{"backlog over normal", good, end.Add(3 * time.Second), end.Add(2 * time.Second), 1001, false},
+		// After the schedule the driver waits for its last answers: a
+		// second in which none came (requests hanging) offers nothing and
+		// shows nothing recovered.
+		{"a second after the schedule", series.Second{}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 	}
 	for _, tc := range tests {
 		if got := recoveredBy(tc.s, tc.now, end, tc.began, tc.backlog, 1000); got != tc.want {

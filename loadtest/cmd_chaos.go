@@ -130,13 +130,15 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 }
 
 // recoveredBy reports whether second s, ending at now, shows the system
-// recovered from a fault that ended at faultEnd: a second later or more, no
-// request failed, the 302s received came within a twentieth of the requests
-// offered, and the total backlog, in a read that began a second or more
-// after the fault's end, was at most normal.
+// recovered from a fault that ended at faultEnd: a second of the schedule
+// (one that offered load: after it the driver only waits for its last
+// answers, and a second in which none came says nothing) a second or more
+// after the fault's end, no request failed, the 302s received came within a
+// twentieth of the requests offered, and the total backlog, in a read that
+// began a second or more after the fault's end, was at most normal.
 func recoveredBy(s series.Second, now, faultEnd, lagBegan time.Time, backlog, normal uint64) bool {
 	settled := faultEnd.Add(time.Second)
-	return now.After(settled) && s.Errors == 0 && s.OK+s.OK/20 >= s.Offered &&
+	return now.After(settled) && s.Offered > 0 && s.Errors == 0 && s.OK+s.OK/20 >= s.Offered &&
 		lagBegan.After(settled) && backlog <= normal
 }
 
