@@ -374,6 +374,10 @@ func TestRecoveredByWantsAFreshBacklogRead(t *testing.T) {
 		{"a request failed", series.Second{Offered: 1000, Sent: 1000, OK: 980, Errors: 1}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 		{"302s missing", series.Second{Offered: 1000, Sent: 1000, OK: 900}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 		{"backlog over normal", good, end.Add(3 * time.Second), end.Add(2 * time.Second), 1001, false},
+		// After the schedule the driver waits for its last answers: a
+		// second in which none came (requests hanging) offers nothing and
+		// shows nothing recovered.
+		{"a second after the schedule", series.Second{}, end.Add(3 * time.Second), end.Add(2 * time.Second), 900, false},
 	}
 	for _, tc := range tests {
 		if got := recoveredBy(tc.s, tc.now, end, tc.began, tc.backlog, 1000); got != tc.want {
@@ -438,5 +442,41 @@ func TestChaosTallyNamesEveryDoubleAndLoss(t *testing.T) {
 				t.Errorf("tally (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// When the tail does not show the system recovered (here a tail too short
+// for a second after the fault's end), the time to recover is the catch-up
+// after the load, watched from the load's end: not the oracle's own time
+// added to it. The oracle here waits out its whole deadline (fraud is
+// required and off: a row that fails until then), as a slow verification
+// of a large run does, while the readers caught up long before.
+func TestChaosRecoveryAfterTheLoadLeavesOutTheVerification(t *testing.T) {
+	t.Parallel()
+	rig := startChaosRig(t, func() chaosServers {
+		r, n := testenv.StartRedis(t), testenv.StartNATS(t)
+		return chaosServers{natsURL: n.URL, js: n.JetStream(t), env: []string{"REDIS_URL=" + r.URL(0)}}
+	})
+	env := &Env{Cfg: Config{NATSURL: rig.natsURL, APIKey: chaosKey}, Stdout: &lockedBuffer{}, Stderr: &lockedBuffer{}, Log: slog.New(slog.DiscardHandler)}
+	const deadline = 20 * time.Second
+	p := &chaosPlan{target: rig.redirect.url, rate: 100, warmup: 2 * time.Second, tail: 100 * time.Millisecond, timeout: 5 * time.Second, xff: true}
+	p.wf = workloadFlags{links: 20, zipf: 1.1, botShare: 0.05, countryShare: 0.9, seed: 7, linkBase: demoSite}
+	p.sf = sinkFlags{counter: rig.counter.url, clickhouse: "clickhouse://" + servers.ClickHouse.Addr + "/" + rig.db, fraud: off,
+		deadline: deadline, setLimit: 1_000_000}
+	p.require = []string{"counter", "warehouse", "fraud"}
+	sys, err := connect(t.Context(), env, &p.sf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.close()
+	nothing := chaos.Fault{Name: "nothing", Inject: func(context.Context) error { return nil }}
+	res := runChaos(t.Context(), env, sys, nothing, p, filepath.Join(t.TempDir(), "truth.json"))
+	if res.InClicks == 0 || res.Counted != strconv.FormatUint(res.InClicks, 10) {
+		t.Fatalf("in CLICKS %d, counted %s: want the run's clicks stored and counted\nprogress:\n%s", res.InClicks, res.Counted, env.Stderr.(*lockedBuffer).String())
+	}
+	t.Logf("time to recover %s (the oracle took its %s)", res.Recover, deadline)
+	if res.Recover < 0 || res.Recover >= deadline/2 {
+		t.Errorf("time to recover %s: want the readers' catch-up after the load, well under the oracle's %s (its wait counted in)\nprogress:\n%s",
+			res.Recover, deadline, env.Stderr.(*lockedBuffer).String())
 	}
 }

@@ -87,6 +87,12 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 	if p.rate < 1 || p.warmup < 0 || p.tail < time.Second {
 		return fmt.Errorf("--rate at least 1, --warmup not negative, --tail at least 1s: %w", errUsage)
 	}
+	if p.timeout <= 0 {
+		return fmt.Errorf("--timeout %s: want more than 0: %w", p.timeout, errUsage)
+	}
+	if err := p.sf.check(); err != nil {
+		return err
+	}
 	var err error
 	if p.require, err = p.sf.required(); err != nil {
 		return err
@@ -124,13 +130,15 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 }
 
 // recoveredBy reports whether second s, ending at now, shows the system
-// recovered from a fault that ended at faultEnd: a second later or more, no
-// request failed, the 302s received came within a twentieth of the requests
-// offered, and the total backlog, in a read that began a second or more
-// after the fault's end, was at most normal.
+// recovered from a fault that ended at faultEnd: a second of the schedule
+// (one that offered load: after it the driver only waits for its last
+// answers, and a second in which none came says nothing) a second or more
+// after the fault's end, no request failed, the 302s received came within a
+// twentieth of the requests offered, and the total backlog, in a read that
+// began a second or more after the fault's end, was at most normal.
 func recoveredBy(s series.Second, now, faultEnd, lagBegan time.Time, backlog, normal uint64) bool {
 	settled := faultEnd.Add(time.Second)
-	return now.After(settled) && s.Errors == 0 && s.OK+s.OK/20 >= s.Offered &&
+	return now.After(settled) && s.Offered > 0 && s.Errors == 0 && s.OK+s.OK/20 >= s.Offered &&
 		lagBegan.After(settled) && backlog <= normal
 }
 
@@ -141,8 +149,9 @@ func recoveredBy(s series.Second, now, faultEnd, lagBegan time.Time, backlog, no
 // readers' total backlog was back to normal (at most twice the largest seen before the fault, or
 // one second of traffic, whichever is more: readers batch, so it is never
 // 0 under load), as read by a backlog read that began a second or more
-// after the fault's end (reads run on their own loop); when that did not happen during the tail, to the time
-// every click was in CLICKS and every backlog 0 after the load.
+// after the fault's end (reads run on their own loop); when that did not happen during the tail, to the end of
+// the catch-up after the load (waitCaughtUp, watched from the load's end
+// while the oracle runs).
 func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chaosPlan, truthFile string) chaosResult {
 	res := chaosResult{Fault: f.Name, Recover: -1}
 	gen, err := workload.New(p.wf.spec(p.rate))
@@ -246,6 +255,15 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 	if sys.webhooksAPI != "" {
 		sys.skip[oracle.KeyWebhooks] = "not checked by chaos: only loadtest http|events --verify runs a receiver"
 	}
+	// Without a recovery in the tail, the catch-up after the load is the
+	// time to recover: watched from the load's end while the oracle reads
+	// at its pace, so the oracle's own time is not counted in.
+	caught := make(chan time.Duration, 1)
+	if recovered.IsZero() {
+		cctx, stopCatchUp := context.WithCancel(ctx)
+		defer stopCatchUp()
+		go func() { caught <- waitCaughtUp(cctx, sys, tr, loadEnd, p.sf.deadline, nil) }()
+	}
 	sinks, closeSinks := sys.sinks(owner, start.Add(-time.Second), nil)
 	vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
 		Deadline: p.sf.deadline, SetLimit: p.sf.setLimit, BurstThreshold: p.sf.burstThreshold, Require: p.require,
@@ -261,7 +279,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 		return res
 	}
 	if recovered.IsZero() {
-		if d := waitCaughtUp(ctx, sys, tr, loadEnd, p.sf.deadline, nil); d >= 0 {
+		if d := <-caught; d >= 0 {
 			recovered = loadEnd.Add(d)
 		}
 	}

@@ -29,6 +29,15 @@ func cmdEvents(ctx context.Context, env *Env, args []string) error {
 	if err := parse(fs, args, env.Stderr); err != nil {
 		return err
 	}
+	if *window < 1 {
+		return fmt.Errorf("--window %d: want at least 1: %w", *window, errUsage)
+	}
+	if err := rf.check(); err != nil {
+		return err
+	}
+	if err := sf.check(); err != nil {
+		return err
+	}
 	gen, err := workload.New(wf.spec(rf.rate))
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, errUsage)

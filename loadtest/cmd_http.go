@@ -31,6 +31,15 @@ func cmdHTTP(ctx context.Context, env *Env, args []string) error {
 	if err := parse(fs, args, env.Stderr); err != nil {
 		return err
 	}
+	if err := checkHTTPFlags(*timeout, *maxConns, *country); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
+		return err
+	}
+	if err := sf.check(); err != nil {
+		return err
+	}
 	gen, err := workload.New(wf.spec(rf.rate))
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, errUsage)
@@ -57,4 +66,19 @@ func cmdHTTP(ctx context.Context, env *Env, args []string) error {
 			return httpload.Run(ctx, cfg, rec, m)
 		},
 	}, &rf, &sf)
+}
+
+// checkHTTPFlags refuses the HTTP driver's flags it would otherwise replace
+// (a timeout of 0 was 10 s) or pass on unchecked (a country header the
+// redirect does not read leaves every click without a country).
+func checkHTTPFlags(timeout time.Duration, maxConns int, countryHeader string) error {
+	switch {
+	case timeout <= 0:
+		return fmt.Errorf("--timeout %s: want more than 0: %w", timeout, errUsage)
+	case maxConns < 0:
+		return fmt.Errorf("--max-conns %d: want 0 (as many as the rate needs) or more: %w", maxConns, errUsage)
+	case countryHeader != "X-Country" && countryHeader != "CF-IPCountry":
+		return fmt.Errorf("--country-header %q: want X-Country or CF-IPCountry: %w", countryHeader, errUsage)
+	}
+	return nil
 }

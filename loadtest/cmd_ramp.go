@@ -82,6 +82,12 @@ func cmdRamp(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return err
 		}
+		if ctx.Err() != nil {
+			// Stopped during the step: what it ran of it is not the step.
+			_ = tw.Flush()
+			fmt.Fprintf(env.Stdout, "stopped during the step at %d/s after %s of %s: not judged\n", rate, time.Since(start).Round(time.Millisecond), *each)
+			break
+		}
 		sum := m.Summarise(time.Since(start))
 		s := step{Rate: rate, Achieved: sum.Throughput, P50: sum.P50, P99: sum.P99, P999: sum.P999, Errors: sum.Errors, Held: true}
 		switch {

@@ -24,6 +24,9 @@ func cmdVerify(ctx context.Context, env *Env, args []string) error {
 	if *path == "" {
 		return fmt.Errorf("--truth is required: %w", errUsage)
 	}
+	if err := sf.check(); err != nil {
+		return err
+	}
 	require, err := sf.required()
 	if err != nil {
 		return err

@@ -87,6 +87,15 @@ func (r *runFlags) register(fs *flag.FlagSet, rate int) {
 	fs.StringVar(&r.out, "out", "", "report directory (default loadtest/reports/<time>-<tag>)")
 }
 
+// check refuses a rate or a duration the drivers cannot run, before
+// anything is connected to or created.
+func (r *runFlags) check() error {
+	if r.rate < 1 || r.duration <= 0 {
+		return fmt.Errorf("--rate %d --duration %s: want a rate of at least 1 and a duration above 0: %w", r.rate, r.duration, errUsage)
+	}
+	return nil
+}
+
 // sinkFlags say where the readers' public views are, for the oracle and the
 // click-to-counted probes. "auto" means `make demo`'s address, skipped when
 // nothing answers there; an explicit address is checked strictly; "off"
@@ -127,6 +136,22 @@ func (s *sinkFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&s.burstThreshold, "burst-threshold", 20, "fraud detection's FRAUD_VISITOR_THRESHOLD: a burst is expected labelled and alerted only if the log holds more of its clicks than this")
 	fs.StringVar(&s.webhooks, "webhooks", "", "webhooks API base URL: register a receiver of the run's own as an endpoint of the run's owner and check what it is delivered (auto: "+demoWebhooks+" if it answers; off; default: auto when --require names webhooks, else off)")
 	fs.StringVar(&s.webhooksListen, "webhooks-listen", "127.0.0.1:0", "address of the run's webhook receiver; its endpoint URL is http://<this address>"+whrecv.Path+", so the webhooks service must reach it and allow it (WEBHOOKS_HTTP_HOSTS, WEBHOOKS_ALLOW_CIDRS)")
+}
+
+// check refuses the values the oracle would otherwise replace with its
+// defaults without a word (a --set-limit of 0 compared 2,000,000 IDs, a
+// --deadline of 0 waited 2 minutes), and a bad --require.
+func (s *sinkFlags) check() error {
+	switch {
+	case s.deadline <= 0:
+		return fmt.Errorf("--deadline %s: want more than 0: %w", s.deadline, errUsage)
+	case s.setLimit < 1:
+		return fmt.Errorf("--set-limit %d: want at least 1: %w", s.setLimit, errUsage)
+	case s.burstThreshold < 1:
+		return fmt.Errorf("--burst-threshold %d: want at least 1 (fraud detection's FRAUD_VISITOR_THRESHOLD): %w", s.burstThreshold, errUsage)
+	}
+	_, err := s.required()
+	return err
 }
 
 func (s *sinkFlags) required() ([]string, error) {

@@ -820,6 +820,20 @@ func TestUsageErrors(t *testing.T) {
 		{name: "ramp_backwards", args: []string{"ramp", "--from", "10", "--to", "5"}},
 		{name: "chaos_without_faults", args: []string{"chaos"}},
 		{name: "chaos_bad_fault", args: []string{"chaos", "--fault", "drop:redis:12"}},
+		// Values the oracle and the drivers used to replace with their
+		// defaults without a word: --set-limit 0 compared 2,000,000 IDs,
+		// --deadline 0 waited 2 minutes, --window 0 opened 4,096.
+		{name: "zero_rate", args: []string{"events", "--rate", "0"}},
+		{name: "zero_duration", args: []string{"http", "--duration", "0s"}},
+		{name: "zero_deadline", args: []string{"verify", "--truth", "x.json", "--deadline", "0s"}},
+		{name: "negative_deadline", args: []string{"events", "--deadline", "-1m"}},
+		{name: "zero_set_limit", args: []string{"events", "--set-limit", "0"}},
+		{name: "zero_burst_threshold", args: []string{"chaos", "--fault", "kill:x:1", "--burst-threshold", "0"}},
+		{name: "zero_window", args: []string{"events", "--window", "0"}},
+		{name: "zero_timeout", args: []string{"http", "--timeout", "0s"}},
+		{name: "chaos_zero_timeout", args: []string{"chaos", "--fault", "kill:x:1", "--timeout", "0s"}},
+		{name: "negative_max_conns", args: []string{"http", "--max-conns", "-1"}},
+		{name: "unknown_country_header", args: []string{"http", "--country-header", "X-Land"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -277,6 +277,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	phase.set(series.PhaseDrain)
 
 	refused, uncertain, answers := rec.Finish(attempts)
+	truthFile := filepath.Join(dir, "truth.json")
 	tr := &truth.Truth{
 		Version: truth.Version, Mode: l.mode, Tag: l.tag.String(), Owner: l.owner, Spec: l.gen.Spec(),
 		Started: start, Ended: loadEnd, ForwardedFor: l.forwardedFor, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
@@ -284,7 +285,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	if err := ensureDir(dir); err != nil {
 		return err
 	}
-	if err := tr.Save(filepath.Join(dir, "truth.json")); err != nil {
+	if err := tr.Save(truthFile); err != nil {
 		return err
 	}
 	if driveErr != nil && attempts == 0 {
@@ -303,17 +304,25 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	go func() {
 		caught <- waitCaughtUp(ctx, sys, tr, loadEnd, sf.deadline, rcv)
 	}()
-	if rf.verify {
+	// A stop (Ctrl-C, SIGTERM) during the load or the verification ends
+	// the waiting, not the run's record: what was measured is still
+	// printed and written, with the truth to verify later.
+	var stopped error
+	if rf.verify && ctx.Err() == nil {
 		sinks, closeSinks := sys.sinks(l.owner, start.Add(-time.Second), rcv)
 		vr, err := oracle.Verify(ctx, tr, sinks, oracle.Options{
 			Deadline: sf.deadline, SetLimit: sf.setLimit, BurstThreshold: sf.burstThreshold, Require: require,
 			Progress: func(s string) { fmt.Fprintln(env.Stderr, "verify:", s) },
 		})
 		closeSinks()
-		if err != nil {
+		if err != nil && ctx.Err() == nil {
 			return err
 		}
 		rep.Verify = vr
+	}
+	if rf.verify && rep.Verify == nil {
+		stopped = fmt.Errorf("stopped before the verification ended: not verified (loadtest verify --truth %s checks the run)", truthFile)
+		rep.Notes = append(rep.Notes, stopped.Error())
 	}
 	rep.CatchUp = <-caught
 	if rep.Verify != nil && !readersPassed(rep.Verify.Rows) {
@@ -325,7 +334,10 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	wg.Wait()
 	rep.Summary = m.Summarise(loadEnd.Sub(start))
 	rep.KeepUp = report.KeepUpOf(rep)
-	return finish(env, dir, rep)
+	if err := finish(env, dir, rep); err != nil {
+		return err
+	}
+	return stopped
 }
 
 // webhookBatchWait is the most the run's endpoint waits to fill a batch.

@@ -105,6 +105,7 @@ func Run(ctx context.Context, nc *nats.Conn, cfg Config, rec *truth.Recorder, m 
 	}()
 
 	start := m.Start()
+	m.Offer(start, start.Add(cfg.Duration)) // the acks of the last publishes are waited for after it
 	total := uint64(float64(cfg.Rate) * cfg.Duration.Seconds())
 	var seq uint64
 	var runErr error

@@ -150,6 +150,10 @@ func Run(ctx context.Context, cfg Config, rec *truth.Recorder, m *series.Meter) 
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
 	var attempts uint64
+	// The schedule offers load for Duration; the answers to its last
+	// requests are waited for after it, up to Timeout, offering nothing.
+	began := time.Now()
+	m.Offer(began, began.Add(cfg.Duration))
 	for res := range atk.Attack(targeter, pacer, cfg.Duration, "snip") {
 		attempts = max(attempts, res.Seq+1)
 		o, answer := Classify(res.Code, res.Headers, res.Error)

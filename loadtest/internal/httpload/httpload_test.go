@@ -164,3 +164,35 @@ func TestCreateLinks(t *testing.T) {
 		t.Error("CreateLinks with a refused key succeeded")
 	}
 }
+
+// The load offered is the schedule's: rate times its duration, from when
+// it began. Answers that come after the schedule ended (a slow service,
+// requests timing out) are waited for, but the seconds spent waiting offer
+// nothing: counted at the rate, they showed as load offered and not sent,
+// the sign of a generator that cannot keep up.
+func TestOfferedIsTheScheduleNotTheWaitForTheLastAnswers(t *testing.T) {
+	t.Parallel()
+	gen, err := workload.New(workload.Spec{Seed: 3, Links: 10, ZipfS: 1, Visitors: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(1500 * time.Millisecond) // a slow service: the answer comes when it comes
+		w.Header().Set("Location", "https://example.com/")
+		w.WriteHeader(http.StatusFound)
+	}))
+	defer srv.Close()
+	m := series.NewMeter(time.Now(), 20)
+	n, err := httpload.Run(t.Context(), httpload.Config{
+		Base: srv.URL, Rate: 20, Duration: time.Second, Timeout: time.Minute, Tag: tag, Gen: gen,
+	}, truth.NewRecorder(20), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One second closing the whole run: the schedule's second and the
+	// 1.5 s or more of waiting for its last answers.
+	s := m.Tick(time.Now(), series.PhaseLoad)
+	if s.Offered < 19 || s.Offered > 21 || s.Sent != n {
+		t.Errorf("offered %d, sent %d of %d requests: want the schedule's 20 (20/s for 1s) offered", s.Offered, s.Sent, n)
+	}
+}

@@ -705,6 +705,30 @@ func TestVerify(t *testing.T) {
 			want: map[string]outcome{oracle.SinkFraud: {Extra: 1, Status: oracle.Fail}},
 		},
 		{
+			// An unanswered request whose click the redirect's outbox
+			// relayed late, stored after the oracle last read the log and
+			// labelled by fraud detection at once: its verdict is read
+			// before the click is. It is judged once the log has the click
+			// (the next poll), not counted for ever as a verdict about a
+			// click never stored, nor left out of the click's final label.
+			name: "verdict_read_before_its_late_click_is_judged_with_it", mode: truth.ModeHTTP,
+			mutate: func(t *testing.T, w *world) {
+				w.addClick(5, w.gen.Visit(5))
+				c := w.log[len(w.log)-1]
+				if c.Bot {
+					t.Fatal("click 5 is a bot: the verdict would change no count")
+				}
+				w.verdicts = append(w.verdicts, oracle.Verdict{ID: "flood:" + c.ID.String(), ClickID: c.ID, Code: c.Code, Bot: true,
+					Rule: "link_flood", FraudSeq: uint64(len(w.verdicts) + 1)})
+				w.recount()
+			},
+			sinks: func(w *world, s *oracle.Sinks) {
+				// Read 1 takes the sent clicks, 2 ends the settling, 3 is
+				// the first poll's, whose verdicts include the late click's.
+				s.Log = &lateLog{clicks: w.log[:len(w.log)-1], late: w.log[len(w.log)-1:], at: 4}
+			},
+		},
+		{
 			// The counter moves the click's count on the link the verdict
 			// names: a verdict about a click of one link that names another
 			// is extra, and leaves the click without its label.

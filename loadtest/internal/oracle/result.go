@@ -131,7 +131,8 @@ func (s *state) sourceLabelResult() Result {
 // fraudResult checks that every click the log holds of a burst the rule
 // can find (findable) is labelled bot.
 func (s *state) fraudResult() Result {
-	r := Result{Sink: SinkFraud, Dup: s.verdictDups, Extra: s.verdictUnknown + s.verdictWrongLink}
+	unknown := uint64(len(s.unresolved))
+	r := Result{Sink: SinkFraud, Dup: s.verdictDups, Extra: unknown + s.verdictWrongLink}
 	bursts := map[int64]bool{}
 	s.forPresent(func(seq uint64, _ *slot) {
 		v := s.gen.Visit(seq)
@@ -150,8 +151,8 @@ func (s *state) fraudResult() Result {
 	if n := s.cutBursts(); n > 0 {
 		notes = append(notes, fmt.Sprintf("%d bursts not judged: the log holds %d or fewer of their clicks (requests refused or unanswered), which the rule does not call a burst", n, s.burstThreshold))
 	}
-	if s.verdictUnknown > 0 {
-		notes = append(notes, fmt.Sprintf("%d verdicts name clicks not in the log", s.verdictUnknown))
+	if unknown > 0 {
+		notes = append(notes, fmt.Sprintf("%d verdicts name clicks not in the log", unknown))
 	}
 	if s.verdictWrongLink > 0 {
 		notes = append(notes, fmt.Sprintf("%d verdicts name another link than their click's", s.verdictWrongLink))

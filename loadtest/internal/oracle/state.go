@@ -46,9 +46,14 @@ type state struct {
 	indexed bool
 
 	// verdict bookkeeping
-	verdictIDs     map[string]struct{}
-	verdictDups    uint64
-	verdictUnknown uint64
+	verdictIDs  map[string]struct{}
+	verdictDups uint64
+	// unresolved are the verdicts on the run's links whose click the log
+	// had not shown when they were read: a click stored after the log's
+	// last read (an unanswered request relayed late) and labelled at
+	// once. resolveVerdicts judges them again once the log is read on;
+	// those left at the end name clicks not in the log.
+	unresolved []Verdict
 	// verdictWrongLink counts verdicts naming another link than their
 	// click's.
 	verdictWrongLink uint64
@@ -292,9 +297,29 @@ func (s *state) addVerdict(v *Verdict) {
 	}
 	s.verdictIDs[v.ID] = struct{}{}
 	if !known {
-		s.verdictUnknown++
+		s.unresolved = append(s.unresolved, *v)
 		return
 	}
+	s.applyVerdict(v, seq)
+}
+
+// resolveVerdicts applies the unresolved verdicts whose click the log now
+// holds.
+func (s *state) resolveVerdicts() {
+	left := s.unresolved[:0]
+	for i := range s.unresolved {
+		v := &s.unresolved[i]
+		if seq, known := s.lookup(v.ClickID); known {
+			s.applyVerdict(v, seq)
+			continue
+		}
+		left = append(left, *v)
+	}
+	s.unresolved = left
+}
+
+// applyVerdict records verdict v about click seq of the log.
+func (s *state) applyVerdict(v *Verdict, seq uint64) {
 	if v.Code != s.tag.LinkCode(s.gen.Visit(seq).Link) {
 		// The counter corrects the link a verdict names: this one would
 		// move a count on a link the click is not on.

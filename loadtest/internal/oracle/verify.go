@@ -172,6 +172,9 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		if err != nil {
 			return nil, fmt.Errorf("verify: read CLICKS: %w", err)
 		}
+		// A verdict read before its click (one stored since the last
+		// read) is judged now that the log may hold it.
+		s.resolveVerdicts()
 		bctx, bcancel := context.WithTimeout(ctx, queryTimeout)
 		pos, err := sinks.Readers.Positions(bctx)
 		// The endpoint's queue is read after the group's positions: a

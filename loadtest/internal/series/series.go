@@ -79,6 +79,9 @@ type Meter struct {
 	// the run's offered load however their lengths round.
 	offered       float64
 	offeredTicked uint64
+	// offerFrom and offerTo bound the driver's schedule (Offer): only the
+	// load phase's time within them offers load. Zero: from start on.
+	offerFrom, offerTo time.Time
 
 	probeSent []time.Time
 	visible   map[string][]time.Time
@@ -97,6 +100,15 @@ func NewMeter(start time.Time, rate float64) *Meter {
 
 // Start is when the run started.
 func (m *Meter) Start() time.Time { return m.start }
+
+// Offer sets the driver's schedule: it offers load from begin to end. The
+// load phase's time outside it offers none: a driver still waiting for
+// the answers to its last requests offers nothing new.
+func (m *Meter) Offer(begin, end time.Time) {
+	m.mu.Lock()
+	m.offerFrom, m.offerTo = begin, end
+	m.mu.Unlock()
+}
 
 // Sent notes one click handed to the network.
 func (m *Meter) Sent() {
@@ -136,9 +148,10 @@ func (m *Meter) SetLag(lag map[string]uint64) {
 }
 
 // Tick closes the second ending at now and returns it. phase is PhaseLoad
-// while the schedule offers load (only then is Offered set: rate times the
-// time since the last tick, rounded so that the seconds' Offered sum to the
-// rate times the load's time) and PhaseDrain after.
+// while the driver runs (only then is Offered set: rate times the time
+// since the last tick within the schedule (Offer), rounded so that the
+// seconds' Offered sum to the rate times the schedule's time) and
+// PhaseDrain after.
 func (m *Meter) Tick(now time.Time, phase string) Second {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -153,7 +166,16 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 		Lag:  maps.Clone(m.lag), LagRead: m.lagRead,
 	}
 	if phase == PhaseLoad {
-		m.offered += m.rate * max(0, now.Sub(m.last).Seconds())
+		from, to := m.last, now
+		if !m.offerTo.IsZero() {
+			if from.Before(m.offerFrom) {
+				from = m.offerFrom
+			}
+			if to.After(m.offerTo) {
+				to = m.offerTo
+			}
+		}
+		m.offered += m.rate * max(0, to.Sub(from).Seconds())
 		s.Offered = uint64(m.offered+0.5) - m.offeredTicked
 		m.offeredTicked += s.Offered
 	}
