@@ -25,6 +25,11 @@ import (
 // batch by acking its last message.
 func (w *worker) process(msgs []jetstream.Msg) error {
 	m := w.m
+	if w.lapsed() {
+		// Another member may hold the partition now (this one was frozen,
+		// or cut off from NATS, for a lease TTL): leave the batch to it.
+		return errLeaseLapsed
+	}
 	start := time.Now()
 	// Every delivery takes the next consumer sequence. A gap means the
 	// server delivered something this worker never received (a fetch that
@@ -100,6 +105,13 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 			return err
 		}
 	}
+	if w.lapsed() {
+		// The same, found while the handler ran: the member that may hold
+		// the partition now reads it from the ack floor, and an ack of
+		// this member's deliveries, which the server takes whoever holds
+		// the partition, would only move the floor under it.
+		return errLeaseLapsed
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 10*time.Second)
 	defer cancel()
 	if err := msgs[len(msgs)-1].DoubleAck(ctx); err != nil {
@@ -123,6 +135,13 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 	}
 	return nil
 }
+
+// errLeaseLapsed: no heartbeat of this member was stored for a lease TTL
+// (leaseHeld), or one was only after that (a lapse the worker started
+// before), so its lease may have lapsed and another member taken the
+// partition: the batch is left unacked, and the worker gives the
+// partition up.
+var errLeaseLapsed = errors.New("no heartbeat stored for a lease TTL: the lease may have lapsed")
 
 // errGap asks the worker loop to move the partition back to the event after
 // the last one handled (afterGap).
