@@ -86,7 +86,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		}
 	}
 	m.met.batchSize.WithLabelValues(m.cfg.Group).Observe(float64(len(evs)))
-	done, err := w.handle(evs, msgs)
+	done, poisoned, err := w.handle(evs, msgs)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		w.handled, w.handledMsg = last, msgs[len(msgs)-1]
 	}
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
-	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
+	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs) - poisoned))
 	if gap {
 		return errGap
 	}
@@ -363,15 +363,16 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 // handle calls the handler until the batch is done, parking poison events
 // and backing off on transient errors (process keeps the batch marked in
 // progress meanwhile). It returns the stream sequence of the last event the
-// handler completed (0 if none), and gives up (returning errReleased) if
-// the partition is taken away.
-func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err error) {
+// handler completed (0 if none) and how many of the batch's events it
+// parked as poison (not handled: snip_reader_parked_total counts them),
+// and gives up (returning errReleased) if the partition is taken away.
+func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, poisoned int, err error) {
 	m := w.m
 	r := w.newRetrier()
 	for len(batch) > 0 {
 		err := w.call(batch)
 		if err == nil {
-			return batch[len(batch)-1].Seq, nil
+			return batch[len(batch)-1].Seq, poisoned, nil
 		}
 		var pe *PoisonError
 		if errors.As(err, &pe) && pe.Index >= 0 && pe.Index < len(batch) {
@@ -380,8 +381,9 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 			msg := msgBySeq(msgs, ev.Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, pe.Reason, pe.Err); err != nil {
-				return done, err
+				return done, poisoned, err
 			}
+			poisoned++
 			if pe.Index > 0 {
 				done = batch[pe.Index-1].Seq
 			}
@@ -391,7 +393,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 		var re *ReplayError
 		if errors.As(err, &re) {
 			if re.From >= 1 && re.From <= batch[0].Seq {
-				return done, err // process leaves the batch unacked; run moves the consumer back
+				return done, poisoned, err // process leaves the batch unacked; run moves the consumer back
 			}
 			w.log.Error("handler asked for a replay from a sequence not at or before its batch; retrying the batch", "err", err, "from", re.From, "first_seq", batch[0].Seq)
 		}
@@ -401,18 +403,18 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 			msg := msgBySeq(msgs, batch[0].Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, verdict.Reason, err); err != nil {
-				return done, err
+				return done, poisoned, err
 			}
-			return done, nil
+			return done, poisoned + 1, nil
 		}
 		if verdict.Kind == failure.Park {
 			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
 		}
 		if err := r.again(err, verdict.RetryAfter, "handler failed; retrying the batch", "first_seq", batch[0].Seq); err != nil {
-			return done, err
+			return done, poisoned, err
 		}
 	}
-	return done, nil
+	return done, poisoned, nil
 }
 
 // passed calls OnPassed until it succeeds, as handle calls the handler: a
