@@ -266,8 +266,10 @@ type Config struct {
 	Metadata map[string]string
 	// OnAssign, if set, is called when this member becomes the owner of a
 	// partition, before the first batch; resumeSeq is the first sequence that
-	// may be handed out (the consumer's ack floor + 1). An error makes the
-	// member give the partition up and try again later. If another member
+	// may be handed out (the consumer's ack floor + 1). An error is retried
+	// with the handler's backoff, with the same resumeSeq, for as long as
+	// the partition is this member's: the member keeps it meanwhile (no
+	// OnRevoke, nothing handed out, no other member reading it). If another member
 	// acked the partition after this one took it over (a member that had not
 	// yet heard the partition moved), the first batch finds the ack floor
 	// moved: OnRevoke is called, then OnAssign again with resumeSeq the

@@ -12,6 +12,13 @@
 //   - Members announce themselves with heartbeat leases in the snip_members
 //     KV bucket (key "<group>.members.<member>", per-key TTL). A member that
 //     stops heartbeating expires; one that stops gracefully deletes its key.
+//     A member fences itself by its own clock: once no heartbeat of its own
+//     was stored for a lease TTL (cut off from NATS, whose bucket it then
+//     sees nothing of, its own lease's lapse included; or frozen), it hands
+//     its handler nothing more, acks nothing, and gives its partitions up
+//     (OnRevoke), without unpinning them; once a heartbeat is stored after
+//     such a lapse, it takes whatever the assignment gives it afresh
+//     (OnAssign), another member having maybe held it meanwhile.
 //     Member names must be unique in a group: each lease carries a random
 //     instance token, and a member that sees its key written by another
 //     process logs an error naming it and counts it

@@ -164,7 +164,7 @@ func TestPoisonIsParkedAndThePartitionGoesOn(t *testing.T) {
 		return nil
 	}
 	reg := prometheus.NewRegistry()
-	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 4}, rec.handler("m"))
+	m := startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 4}, rec.handler("m"))
 	// Every valid event but the poisoned one is handled.
 	testenv.WaitFor(t, 30*time.Second, "valid events handled", func() bool { return rec.distinct() == len(ids)-1 })
 
@@ -195,6 +195,13 @@ func TestPoisonIsParkedAndThePartitionGoesOn(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(counterVec(t, reg, "snip_reader_parked_total", "malformed")); v != 2 {
 		t.Fatalf("parked_total{reason=malformed} = %v, want 2", v)
+	}
+	// Events handled successfully: not the one the handler declared poison
+	// (parked_total counts it). Read once the member stopped, every
+	// batch's count added.
+	m.stop(t)
+	if v := gathered(t, reg, "snip_reader_events_total"); v != float64(len(ids)-1) {
+		t.Errorf("events_total = %v, want %d (the valid events but the one parked as poison)", v, len(ids)-1)
 	}
 }
 

@@ -233,7 +233,13 @@ type member struct {
 
 func startMember(t *testing.T, n *testenv.NATS, cfg reader.Config, h reader.Handler) *member {
 	t.Helper()
-	nc, err := nats.Connect(n.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return startMemberAt(t, n.URL, cfg, h)
+}
+
+// startMemberAt is startMember connected to NATS at url (a cutLine's).
+func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler) *member {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

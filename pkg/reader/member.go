@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -27,7 +28,9 @@ import (
 // take them at once, and returns nil.
 //
 // NATS outages are ridden out, not returned: the member keeps retrying, and
-// while it cannot heartbeat its lease lapses and the others take over. Run
+// while it cannot heartbeat its lease lapses and the others take over; it
+// gives its partitions up once no heartbeat was stored for a lease TTL
+// (leaseHeld), and takes them afresh once one is. Run
 // returns an error only for a configuration it cannot run with: among them
 // ErrDuplicateMember, when another process runs as the same member and
 // started first (see duplicate).
@@ -82,6 +85,23 @@ type member struct {
 	published atomic.Pointer[[]int]
 	claimed   chan struct{}
 
+	// clock is when the member started, on the monotonic clock; leaseUntil
+	// is how long after it the lease surely lives (the start of the last
+	// heartbeat stored, plus LeaseTTL; 0 before the first), by the
+	// member's own clock. lapses counts the heartbeats stored at or after
+	// that (the lease may have lapsed before them: a member cut off from
+	// NATS, or frozen); lapsesSeen is the count the control loop last
+	// acted on (releaseAfterLapse; control loop only). leaseBack tells the
+	// control loop that the lease is held again (the first heartbeat, or
+	// one after a lapse). leaving: the member left the group and stopped
+	// heartbeating on purpose; its workers finish without it.
+	clock      time.Time
+	leaseUntil atomic.Int64
+	lapses     atomic.Uint64
+	lapsesSeen uint64
+	leaseBack  chan struct{}
+	leaving    atomic.Bool
+
 	// instance tells this process's lease from another's written under the
 	// same member name; since is when it joined, in its lease too.
 	instance string
@@ -105,6 +125,8 @@ func (m *member) run(ctx context.Context) error {
 	m.claims = map[string][]int{}
 	m.workers = map[int]*worker{}
 	m.claimed = make(chan struct{}, 1)
+	m.leaseBack = make(chan struct{}, 1)
+	m.clock = time.Now()
 	m.published.Store(&[]int{})
 	m.since = time.Now().UTC().Round(0)
 	m.log.Info("joining consumer group", "partitions", m.partitions, "instance", m.instance)
@@ -126,6 +148,7 @@ func (m *member) run(ctx context.Context) error {
 	//
 	// A member that stops because another process runs under its name
 	// leaves the lease alone: it is the other's now.
+	m.leaving.Store(true)
 	stopHB()
 	hbDone.Wait()
 	if dup == nil {
@@ -250,8 +273,19 @@ func (m *member) heartbeat(ctx context.Context) {
 		l.Owned = *m.published.Load()
 		val, _ := json.Marshal(l)
 		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL/3)
-		_, err := m.js.Publish(pctx, subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL))
+		sent := time.Since(m.clock)
+		var err error
+		if nc := m.js.Conn(); nc != nil && !nc.IsConnected() {
+			// Not sent: the client would keep it to send once reconnected,
+			// claims of long before, which the others would go by.
+			err = nats.ErrDisconnected
+		} else {
+			_, err = m.js.Publish(pctx, subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL))
+		}
 		cancel()
+		if err == nil {
+			m.stored(sent)
+		}
 		switch {
 		case err != nil && ctx.Err() == nil && !failing:
 			m.log.Warn("heartbeat failing; the lease will lapse if it goes on", "err", err)
@@ -267,6 +301,39 @@ func (m *member) heartbeat(ctx context.Context) {
 		case <-m.claimed:
 		}
 	}
+}
+
+// stored records a heartbeat the server stored, sent at sent (since
+// m.clock). The lease it wrote lives LeaseTTL from when the server stored
+// it, which was after it was sent: until sent+LeaseTTL at least, by this
+// member's clock. Stored at or after the end of the lease before (now, the
+// answer's arrival, the latest it can have been stored), it may have
+// followed a lapse, which the member cannot count on seeing in the bucket
+// (cut off from NATS, its watch hears nothing; back, its heartbeat can
+// replace the lapse's marker before the watch reads it): another member
+// may have held its partitions meanwhile. The control loop gives them all
+// up, to take them afresh (releaseAfterLapse).
+func (m *member) stored(sent time.Duration) {
+	if until := m.leaseUntil.Load(); until == 0 || time.Since(m.clock) >= time.Duration(until) {
+		if until != 0 {
+			m.lapses.Add(1)
+		}
+		select {
+		case m.leaseBack <- struct{}{}:
+		default:
+		}
+	}
+	m.leaseUntil.Store(int64(sent + m.cfg.LeaseTTL))
+}
+
+// leaseHeld reports whether this member's lease surely lives, by its own
+// clock: a heartbeat was stored less than LeaseTTL ago (from when it was
+// sent). A member cut off from NATS sees no change in the bucket, the
+// lapse of its own lease included; this is how it knows to fence itself.
+// A member leaving the group holds its partitions until it gives them
+// back (it deleted its lease on purpose).
+func (m *member) leaseHeld() bool {
+	return m.leaving.Load() || time.Since(m.clock) < time.Duration(m.leaseUntil.Load())
 }
 
 // control is the member's loop: it follows the bucket (members joining,
@@ -295,7 +362,7 @@ func (m *member) control(ctx context.Context, exited chan *worker) error {
 		}
 		m.live = map[string]bool{}
 		m.claims = map[string][]int{}
-		synced := false
+		synced, afresh := false, false
 	watching:
 		for {
 			select {
@@ -339,13 +406,27 @@ func (m *member) control(ctx context.Context, exited chan *worker) error {
 				if synced {
 					m.reconcile(exited)
 				}
+			case <-m.leaseBack:
+				if m.releaseAfterLapse() {
+					// What the watch shows may be of before the lapse (a
+					// member cut off from NATS heard nothing meanwhile):
+					// assigned by it, this member would take, and claim,
+					// partitions others hold now. Watch afresh.
+					afresh = true
+					break watching
+				}
+				if synced {
+					m.reconcile(exited)
+				}
 			}
 		}
 		_ = w.Stop()
 		if ctx.Err() != nil {
 			return nil
 		}
-		m.log.Warn("group watch ended; watching again")
+		if !afresh {
+			m.log.Warn("group watch ended; watching again")
+		}
 	}
 }
 
@@ -450,13 +531,24 @@ func (m *member) resync(ctx context.Context) {
 
 // reconcile starts and stops workers so this member owns exactly the
 // partitions the assignment gives it. A member that cannot see its own
-// lease owns nothing: that is how a member cut off from NATS fences itself.
+// lease, or whose lease may have lapsed by its own clock (no heartbeat
+// stored for LeaseTTL: leaseHeld), owns nothing: that is how a member cut
+// off from NATS, which sees no change in the bucket, fences itself. One
+// whose heartbeat was stored again after such a lapse (lapses) gives every
+// partition up, to take again afresh (acquire, OnAssign) whichever the
+// assignment gives it: another member may have held it meanwhile.
 // The assignment keeps what live members hold (their heartbeats' claims;
 // this member's own from its current view), so a failover moves only the
 // dead member's partitions.
 func (m *member) reconcile(exited chan *worker) {
+	// A lapse the control loop has not yet acted on (leaseBack) is not
+	// held either: its view of the group may be of before it.
+	held := m.leaseHeld() && m.lapses.Load() == m.lapsesSeen
+	if !held && len(m.owned) > 0 {
+		m.log.Warn("no heartbeat stored for a lease TTL: the lease may have lapsed, giving every partition up")
+	}
 	var want []int
-	if m.live[m.cfg.Member] {
+	if m.live[m.cfg.Member] && held {
 		members := slices.Collect(maps.Keys(m.live))
 		claims := maps.Clone(m.claims)
 		claims[m.cfg.Member] = m.owned
@@ -498,6 +590,24 @@ func (m *member) reconcile(exited chan *worker) {
 		default:
 		}
 	}
+}
+
+// releaseAfterLapse gives every partition up (to take afresh) if a
+// heartbeat was stored after the lease may have lapsed (member.stored)
+// since it last looked, and reports whether one was.
+func (m *member) releaseAfterLapse() bool {
+	n := m.lapses.Load()
+	if n == m.lapsesSeen {
+		return false
+	}
+	m.lapsesSeen = n
+	m.log.Warn("heartbeat stored again after the lease may have lapsed: giving every partition up, to take afresh what the group's current state gives this member")
+	for _, w := range m.workers {
+		if !w.releasing {
+			w.release()
+		}
+	}
+	return true
 }
 
 // drainWorkers asks every worker to release its partition and waits for

@@ -198,9 +198,14 @@ func (w *worker) confirmResume(first uint64) error {
 }
 
 // giveBack unpins the partition so its next owner starts at once, and tells
-// the reader.
+// the reader. A member whose lease may have lapsed (lapsed) leaves the pin
+// alone: the partition's next owner may hold it already (the server
+// unpins a client that stopped pulling after PinnedTTL anyway), and one
+// cut off from NATS would wait for the unpin's answer in vain.
 func (w *worker) giveBack() {
-	if err := w.unpin(); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if w.lapsed() {
+		w.log.Warn("the lease may have lapsed: giving the partition up without unpinning it")
+	} else if err := w.unpin(); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		w.log.Debug("unpin on release", "err", err)
 	}
 	w.m.met.forgetPartition(w.m.cfg.Group, w.p)

@@ -25,6 +25,11 @@ import (
 // batch by acking its last message.
 func (w *worker) process(msgs []jetstream.Msg) error {
 	m := w.m
+	if w.lapsed() {
+		// Another member may hold the partition now (this one was frozen,
+		// or cut off from NATS, for a lease TTL): leave the batch to it.
+		return errLeaseLapsed
+	}
 	start := time.Now()
 	// Every delivery takes the next consumer sequence. A gap means the
 	// server delivered something this worker never received (a fetch that
@@ -81,7 +86,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		}
 	}
 	m.met.batchSize.WithLabelValues(m.cfg.Group).Observe(float64(len(evs)))
-	done, err := w.handle(evs, msgs)
+	done, poisoned, err := w.handle(evs, msgs)
 	if err != nil {
 		return err
 	}
@@ -100,6 +105,13 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 			return err
 		}
 	}
+	if w.lapsed() {
+		// The same, found while the handler ran: the member that may hold
+		// the partition now reads it from the ack floor, and an ack of
+		// this member's deliveries, which the server takes whoever holds
+		// the partition, would only move the floor under it.
+		return errLeaseLapsed
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 10*time.Second)
 	defer cancel()
 	if err := msgs[len(msgs)-1].DoubleAck(ctx); err != nil {
@@ -117,12 +129,19 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		w.handled, w.handledMsg = last, msgs[len(msgs)-1]
 	}
 	m.met.batchSecs.WithLabelValues(m.cfg.Group).Observe(time.Since(start).Seconds())
-	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs)))
+	m.met.events.WithLabelValues(m.cfg.Group, w.ps).Add(float64(len(evs) - poisoned))
 	if gap {
 		return errGap
 	}
 	return nil
 }
+
+// errLeaseLapsed: no heartbeat of this member was stored for a lease TTL
+// (leaseHeld), or one was only after that (a lapse the worker started
+// before), so its lease may have lapsed and another member taken the
+// partition: the batch is left unacked, and the worker gives the
+// partition up.
+var errLeaseLapsed = errors.New("no heartbeat stored for a lease TTL: the lease may have lapsed")
 
 // errGap asks the worker loop to move the partition back to the event after
 // the last one handled (afterGap).
@@ -344,15 +363,16 @@ func (w *worker) baselineAfterReset(resp *jetstream.ConsumerResetResponse) {
 // handle calls the handler until the batch is done, parking poison events
 // and backing off on transient errors (process keeps the batch marked in
 // progress meanwhile). It returns the stream sequence of the last event the
-// handler completed (0 if none), and gives up (returning errReleased) if
-// the partition is taken away.
-func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err error) {
+// handler completed (0 if none) and how many of the batch's events it
+// parked as poison (not handled: snip_reader_parked_total counts them),
+// and gives up (returning errReleased) if the partition is taken away.
+func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, poisoned int, err error) {
 	m := w.m
 	r := w.newRetrier()
 	for len(batch) > 0 {
 		err := w.call(batch)
 		if err == nil {
-			return batch[len(batch)-1].Seq, nil
+			return batch[len(batch)-1].Seq, poisoned, nil
 		}
 		var pe *PoisonError
 		if errors.As(err, &pe) && pe.Index >= 0 && pe.Index < len(batch) {
@@ -361,8 +381,9 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 			msg := msgBySeq(msgs, ev.Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, pe.Reason, pe.Err); err != nil {
-				return done, err
+				return done, poisoned, err
 			}
+			poisoned++
 			if pe.Index > 0 {
 				done = batch[pe.Index-1].Seq
 			}
@@ -372,7 +393,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 		var re *ReplayError
 		if errors.As(err, &re) {
 			if re.From >= 1 && re.From <= batch[0].Seq {
-				return done, err // process leaves the batch unacked; run moves the consumer back
+				return done, poisoned, err // process leaves the batch unacked; run moves the consumer back
 			}
 			w.log.Error("handler asked for a replay from a sequence not at or before its batch; retrying the batch", "err", err, "from", re.From, "first_seq", batch[0].Seq)
 		}
@@ -382,18 +403,18 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, err e
 			msg := msgBySeq(msgs, batch[0].Seq)
 			md, _ := msg.Metadata()
 			if err := w.park(msg, md, verdict.Reason, err); err != nil {
-				return done, err
+				return done, poisoned, err
 			}
-			return done, nil
+			return done, poisoned + 1, nil
 		}
 		if verdict.Kind == failure.Park {
 			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
 		}
 		if err := r.again(err, verdict.RetryAfter, "handler failed; retrying the batch", "first_seq", batch[0].Seq); err != nil {
-			return done, err
+			return done, poisoned, err
 		}
 	}
-	return done, nil
+	return done, poisoned, nil
 }
 
 // passed calls OnPassed until it succeeds, as handle calls the handler: a

@@ -2,6 +2,7 @@ package reader_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -216,5 +217,40 @@ func TestOwnerRebuildsWhenAnotherMemberAckedDuringItsOnAssignWithARewindPending(
 	}
 	if want := "[assign 1 revoke assign 6]"; fmt.Sprint(calls) != want {
 		t.Errorf("OnAssign/OnRevoke calls %v, want %s: state resumed at 1 would miss the stale member's 1..5", calls, want)
+	}
+}
+
+// OnAssign failing is retried, with the same resume sequence, while the
+// partition stays this member's: it is not given up (no OnRevoke), and
+// the partition's events are handed out once OnAssign succeeds.
+func TestAFailingOnAssignIsRetriedAndThePartitionKept(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ids := publish(t, js, 1, 10, 0)
+	var mu sync.Mutex
+	var calls []string // "assign <resume>" and "revoke", in order
+	cfg := reader.Config{Group: "g", Member: "m", BatchSize: 100}
+	cfg.OnAssign = func(_ context.Context, _ int, resume uint64) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, fmt.Sprintf("assign %d", resume))
+		if len(calls) < 3 {
+			return errors.New("state store not reachable yet")
+		}
+		return nil
+	}
+	cfg.OnRevoke = func(int) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, "revoke")
+	}
+	rec := newRecorder()
+	m := startMember(t, n, cfg, rec.handler("m"))
+	testenv.WaitFor(t, 30*time.Second, "every event handled", func() bool { return rec.handledAll(ids) })
+	m.stop(t)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "[assign 1 assign 1 assign 1 revoke]"; fmt.Sprint(calls) != want {
+		t.Errorf("OnAssign/OnRevoke calls %v, want %s (retried, the partition kept until the member left)", calls, want)
 	}
 }

@@ -35,6 +35,10 @@ type worker struct {
 	// the control loop, which alone touches it.
 	stop      chan struct{}
 	releasing bool
+	// lapses is the member's count of possible lease lapses when the
+	// worker started: one since, and the partition may have had another
+	// owner meanwhile (lapsed).
+	lapses uint64
 
 	cons      jetstream.Consumer
 	rewoundID string
@@ -94,7 +98,15 @@ func newWorker(m *member, p int) *worker {
 		cancel: cancel,
 		stop:   make(chan struct{}),
 		idle:   true,
+		lapses: m.lapses.Load(),
 	}
+}
+
+// lapsed reports whether the member's lease may have lapsed since the
+// worker started (member.stored), or may be lapsing now (leaseHeld):
+// another member may hold the partition.
+func (w *worker) lapsed() bool {
+	return !w.m.leaseHeld() || w.m.lapses.Load() != w.lapses
 }
 
 // release asks the worker to finish its batch and give the partition back.

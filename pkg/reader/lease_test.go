@@ -1,0 +1,254 @@
+package reader_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// cutLine is a TCP path to NATS that a test can cut (every connection
+// through it closed, new ones closed as they come) and mend, as a network
+// that partitions a member from NATS would.
+type cutLine struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newCutLine(t *testing.T, natsURL string) *cutLine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &cutLine{ln: ln, target: strings.TrimPrefix(natsURL, "nats://")}
+	t.Cleanup(func() { _ = ln.Close(); l.setCut(true) })
+	go l.serve()
+	return l
+}
+
+func (l *cutLine) url() string { return "nats://" + l.ln.Addr().String() }
+
+func (l *cutLine) serve() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		l.mu.Lock()
+		if l.cut {
+			l.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", l.target)
+		if err != nil {
+			l.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		l.conns = append(l.conns, c, s)
+		l.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+		}
+		go pipe(s, c)
+		go pipe(c, s)
+	}
+}
+
+// setCut cuts the line (true) or mends it (false).
+func (l *cutLine) setCut(cut bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cut = cut
+	if cut {
+		for _, c := range l.conns {
+			_ = c.Close()
+		}
+		l.conns = nil
+	}
+}
+
+// ownership follows who holds a partition by OnAssign and OnRevoke, and
+// notes every batch handled by a member that does not hold it by the
+// latest OnAssign: state rebuilt at an older OnAssign misses what the
+// later owner handled.
+type ownership struct {
+	mu         sync.Mutex
+	latest     int            // the number of OnAssign calls so far
+	holds      map[string]int // the OnAssign (its number) each member holds by; 0: none
+	assigns    map[string]int
+	revokes    map[string]int
+	handled    map[uint64]bool
+	violations []string
+	// holdAt, if set, is a sequence whose batch the handler holds, once
+	// handed it, until held is closed.
+	holdAt uint64
+	held   chan struct{}
+}
+
+func newOwnership() *ownership {
+	return &ownership{holds: map[string]int{}, assigns: map[string]int{}, revokes: map[string]int{}, handled: map[uint64]bool{}}
+}
+
+func (o *ownership) config(member string) reader.Config {
+	return reader.Config{
+		Group: "g", Member: member, BatchSize: 10,
+		OnAssign: func(context.Context, int, uint64) error {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.latest++
+			o.holds[member] = o.latest
+			o.assigns[member]++
+			return nil
+		},
+		OnRevoke: func(int) {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			o.holds[member] = 0
+			o.revokes[member]++
+		},
+	}
+}
+
+func (o *ownership) handler(member string) reader.Handler {
+	return func(_ context.Context, _ int, batch []reader.Event) error {
+		o.mu.Lock()
+		if h := o.holds[member]; h != o.latest {
+			o.violations = append(o.violations, fmt.Sprintf("%s handled %d-%d by OnAssign %d, the latest being %d",
+				member, batch[0].Seq, batch[len(batch)-1].Seq, h, o.latest))
+		}
+		hold := o.holdAt != 0 && batch[0].Seq == o.holdAt
+		if hold {
+			o.holdAt = 0
+		}
+		o.mu.Unlock()
+		if hold {
+			<-o.held
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		for _, e := range batch {
+			o.handled[e.Seq] = true
+		}
+		return nil
+	}
+}
+
+func (o *ownership) count(m map[string]int, member string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return m[member]
+}
+
+func (o *ownership) handledUpTo(last int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for s := 1; s <= last; s++ {
+		if !o.handled[uint64(s)] {
+			return false
+		}
+	}
+	return true
+}
+
+// A member cut off from NATS sees nothing of the bucket, its own lease's
+// lapse included, so it cannot wait to see it: once its lease may have
+// lapsed by its own clock (no heartbeat stored for a lease TTL) it gives
+// its partitions up (OnRevoke), as the member that takes them over
+// meanwhile expects, and hands its handler nothing more: here the cut
+// comes while its handler holds a batch (11-20) and the next (21-30) was
+// fetched ahead; the other member takes the partition over from the ack
+// floor (10). Back on NATS, the member does not go on with a partition it
+// held before the cut: whatever it holds again it takes afresh (OnAssign,
+// after the other's), so no batch is handled by state that misses the
+// events the other member handled meanwhile. The member cut off here
+// ranks first for the partition, so a claim of it kept from before the
+// cut would win it back.
+func TestAMemberCutOffFromNATSGivesItsPartitionsUpAndTakesThemOnlyAfresh(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	a, b := "a", "b"
+	if reader.Assign("g", 1, []string{a, b})[0] != a {
+		a, b = b, a
+	}
+	o := newOwnership()
+	line := newCutLine(t, n.URL)
+	startMemberAt(t, line.url(), o.config(a), o.handler(a))
+	publish(t, js, 1, 10, 0)
+	testenv.WaitFor(t, 30*time.Second, "the first member handling the first 10 events", func() bool {
+		return o.handledUpTo(10)
+	})
+	startMember(t, n, o.config(b), o.handler(b))
+	kv, err := js.KeyValue(t.Context(), topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the second member's lease", func() bool {
+		_, err := kv.Get(t.Context(), "g.members."+b)
+		return err == nil
+	})
+
+	o.mu.Lock()
+	o.holdAt, o.held = 11, make(chan struct{})
+	o.mu.Unlock()
+	publish(t, js, 1, 20, 10)
+	name := topology.GroupConsumerName("g", 0)
+	testenv.WaitFor(t, 30*time.Second, "events 11-20 held in the handler, 21-30 fetched ahead", func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, name)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return err == nil && o.holdAt == 0 && c.CachedInfo().Delivered.Stream == 30
+	})
+
+	line.setCut(true)
+	cut := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "the other member taking the partition over and handling 11-30", func() bool {
+		return o.count(o.assigns, b) == 1 && o.handledUpTo(30)
+	})
+	took := time.Since(cut)
+	close(o.held)
+	// The member cut off gives it up once its handler returns, no batch
+	// handed to it after the cut but the one it held.
+	if !testenv.Poll(5*time.Second, func() bool { return o.count(o.revokes, a) == 1 }) {
+		t.Errorf("the member cut off from NATS still holds the partition %s after the cut, the other member having taken it over after %s",
+			time.Since(cut).Round(time.Millisecond), took.Round(time.Millisecond))
+	}
+
+	line.setCut(false)
+	mended := time.Now()
+	testenv.WaitFor(t, 30*time.Second, "the member cut off writing its lease again", func() bool {
+		e, err := kv.Get(t.Context(), "g.members."+a)
+		return err == nil && e.Created().After(mended)
+	})
+	publish(t, js, 1, 10, 30)
+	testenv.WaitFor(t, 30*time.Second, "every event handled with the member back on NATS", func() bool {
+		return o.handledUpTo(40)
+	})
+	// Long enough for a claim from before the cut to have won the
+	// partition back and handled with it.
+	publish(t, js, 1, 10, 40)
+	testenv.WaitFor(t, 30*time.Second, "the last 10 events handled", func() bool {
+		return o.handledUpTo(50)
+	})
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, v := range o.violations {
+		t.Errorf("a batch handled by a member that does not hold the partition by its latest OnAssign: %s", v)
+	}
+}
