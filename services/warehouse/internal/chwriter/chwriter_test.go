@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
@@ -157,6 +158,87 @@ func TestBadRowIsReportedWithItsIndex(t *testing.T) {
 	}
 	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
 		t.Fatalf("insert after bad rows: %v", err)
+	}
+}
+
+// spanningDays returns perDay rows on each of the days days before now,
+// interleaved (day 0, 1, 2, …, then again), each stored when it happened:
+// a replay or catch-up of a long-retained CLICKS.
+func spanningDays(tb testing.TB, days, perDay int) []loader.Row {
+	tb.Helper()
+	now := time.Now().UTC()
+	var out []loader.Row
+	for k := range perDay {
+		for d := range days {
+			i := len(out)
+			t := now.Add(-time.Duration(d)*24*time.Hour - time.Duration(k)*time.Minute)
+			c := warehousetest.Click(i, "acme", fmt.Sprintf("a-l%d", i%10), t)
+			r, err := loader.RowFromEvent(reader.Event{Click: c, Partition: 1, Seq: uint64(i + 1), Stored: t})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestInsertSpanningManyDaysIsSplit: current servers refuse an insert block
+// touching more than max_partitions_per_insert_block (100) partitions, and
+// clicks has one per day, so rows spanning 200 days (a replay of a CLICKS
+// that retains more than 100 days) go as statements of at most 90 whole
+// days each, and every row lands once. 18.16 has no such limit, so the test
+// counts the statements.
+func TestInsertSpanningManyDaysIsSplit(t *testing.T) {
+	t.Parallel()
+	_, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	var statements [][]loader.Row
+	chwriter.OnStatement(w, func(rs []loader.Row) { statements = append(statements, rs) })
+	want := spanningDays(t, 200, 3)
+	if err := w.Insert(t.Context(), want); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	dayOf := func(r loader.Row) string { return r.Time.UTC().Format(time.DateOnly) }
+	seen := map[string]int{} // day: the statement that held it
+	sent := 0
+	for n, st := range statements {
+		days := map[string]bool{}
+		for _, r := range st {
+			d := dayOf(r)
+			days[d] = true
+			if at, ok := seen[d]; ok && at != n {
+				t.Errorf("day %s is in statements %d and %d; a day goes whole in one", d, at, n)
+			}
+			seen[d] = n
+		}
+		if len(days) > chwriter.DefaultMaxDaysPerInsert {
+			t.Errorf("statement %d touches %d days, want at most %d", n, len(days), chwriter.DefaultMaxDaysPerInsert)
+		}
+		sent += len(st)
+	}
+	if len(statements) != 3 || sent != len(want) {
+		t.Errorf("%d rows went in %d statements, want %d rows in 3 (200 days, 90 a statement)", sent, len(statements), len(want))
+	}
+	perEvent := warehousetest.RowsPerEvent(t, w.Conn())
+	for _, r := range want {
+		if perEvent[r.EventID] != 1 {
+			t.Errorf("event %s (%s) has %d rows, want 1", r.EventID, dayOf(r), perEvent[r.EventID])
+		}
+	}
+	if len(perEvent) != len(want) {
+		t.Errorf("clicks holds %d events, want %d", len(perEvent), len(want))
+	}
+
+	// A row refused in a later statement is blamed by its index in the
+	// rows given to Insert.
+	statements = nil
+	rs := spanningDays(t, 200, 1)
+	const bad = 50 // 50 days ago: in the second statement (oldest first)
+	rs[bad].EventID = "not-a-uuid"
+	err := w.Insert(t.Context(), rs)
+	if re, ok := errors.AsType[*loader.RowError](err); !ok || re.Index != bad {
+		t.Fatalf("insert with row %d bad = %v, want a RowError at %d", bad, err, bad)
 	}
 }
 

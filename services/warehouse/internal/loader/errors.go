@@ -15,8 +15,9 @@ const (
 	ReasonBadRow = "bad_row"
 	// ReasonImplausibleTime: the click's time is further from when JetStream
 	// stored it than MaxClockSkew. Loading it would create a day partition
-	// far from every other, and a batch spanning more than 100 days is
-	// refused by current ClickHouse servers (max_partitions_per_insert_block).
+	// far from every other. (How many days one insert spans is not bounded
+	// by this: the writer splits an insert of rows spanning more days than a
+	// current server takes in one.)
 	// The runtime parks such a click first (events.ReadClick), under the
 	// same reason, so every reader parks it.
 	ReasonImplausibleTime = events.ReasonImplausibleTime

@@ -14,7 +14,8 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 )
 
-// Inserter writes rows to the warehouse as one INSERT. It returns nil only
+// Inserter writes rows to the warehouse, as one INSERT or, when they span
+// more days than one may, a few (chwriter.Writer). It returns nil only
 // when ClickHouse accepted every row. An error wrapping *RowError blames one
 // row that is not well-formed (Row.Validate), which the loader parks before
 // trying the others again; an error wrapping ErrPermanent means an operator
