@@ -349,6 +349,11 @@ func (w *Writer) fail(err error) error {
 	if missingSchema(err) {
 		w.schemaOK.Store(false)
 	}
+	if class == ClassPartitions {
+		err = fmt.Errorf("the server takes fewer partitions per insert than the %d days the loader puts in one: "+
+			"raise max_partitions_per_insert_block for the loader's user (0 is no limit) or lower WAREHOUSE_MAX_DAYS_PER_INSERT: %w",
+			w.cfg.MaxDaysPerInsert, err)
+	}
 	if permanent(class) {
 		return fmt.Errorf("%s: %w: %w", class, loader.ErrPermanent, err)
 	}

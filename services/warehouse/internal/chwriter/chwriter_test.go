@@ -501,6 +501,8 @@ func TestClassify(t *testing.T) {
 		{"net_timeout", &net.OpError{Op: "read", Err: timeoutErr{}}, chwriter.ClassTimeout},
 		{"canceled", context.Canceled, chwriter.ClassCanceled},
 		{"too_many_parts", &clickhouse.Exception{Code: 252}, chwriter.ClassOverloaded},
+		{"too_many_parts_merges_behind", &clickhouse.Exception{Code: 252, Message: tooManyParts}, chwriter.ClassOverloaded},
+		{"too_many_partitions", fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyPartitions}), chwriter.ClassPartitions},
 		{"memory_limit", &clickhouse.Exception{Code: 241}, chwriter.ClassOverloaded},
 		{"server_timeout", &clickhouse.Exception{Code: 159}, chwriter.ClassOverloaded},
 		{"unknown_table", &clickhouse.Exception{Code: 60}, chwriter.ClassMissing},
@@ -519,6 +521,36 @@ func TestClassify(t *testing.T) {
 				t.Errorf("Classify(%v) = %q, want %q", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// The two messages of code 252 (TOO_MANY_PARTS), as current servers word them.
+const (
+	tooManyParts      = "Too many parts (300 with average size of 1.02 MiB) in table 'snip.clicks'. Merges are processing significantly slower than inserts"
+	tooManyPartitions = "Too many partitions for single INSERT block (more than 100). The limit is controlled by 'max_partitions_per_insert_block' setting. Large number of partitions is a common misconception."
+)
+
+// TestTooManyPartitionsIsPermanent: a server whose
+// max_partitions_per_insert_block is below the days the writer puts in one
+// insert refuses that insert every time, so it is not "overloaded"
+// (retried at once, forever, with a warning) but its own class, permanent:
+// retried slowly with an error log naming the setting. 18.16 has no such
+// limit, so the server's exception is made here.
+func TestTooManyPartitionsIsPermanent(t *testing.T) {
+	t.Parallel()
+	w := newWriter(t, servers.ClickHouse.Addr, "snip")
+	err := chwriter.Fail(w, fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyPartitions}))
+	if got := chwriter.Classify(err); got != chwriter.ClassPartitions || !errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("too many partitions = %v (class %q), want class %q, permanent", err, got, chwriter.ClassPartitions)
+	}
+	for _, want := range []string{"max_partitions_per_insert_block", "90 days", "WAREHOUSE_MAX_DAYS_PER_INSERT"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("too many partitions = %q, want it to name %q", err, want)
+		}
+	}
+	err = chwriter.Fail(w, fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyParts}))
+	if got := chwriter.Classify(err); got != chwriter.ClassOverloaded || errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("too many parts = %v (class %q), want class %q, not permanent", err, got, chwriter.ClassOverloaded)
 	}
 }
 

@@ -37,7 +37,8 @@
 // with reader.Poison and the others are inserted again at once. Errors only
 // an operator can fix (ErrPermanent: a table that no longer fits, such as a
 // column whose changed type the client refuses well-formed rows for, missing
-// grants) are not the events' fault: they are logged as errors and retried
+// grants, a server taking fewer partitions per insert than the writer sends)
+// are not the events' fault: they are logged as errors and retried
 // every PermanentRetryDelay, never parked.
 //
 // Delivery into ClickHouse is at least once: a crash after an insert and

@@ -48,8 +48,9 @@ var ErrStopped = errors.New("loader stopped")
 var ErrBadConfig = errors.New("invalid loader config")
 
 // ErrPermanent marks an insert that cannot succeed until an operator acts:
-// the tables do not fit the rows (a missing column, a changed type) or the
-// loader may not write (credentials, grants). The events are fine, so the
+// the tables do not fit the rows (a missing column, a changed type), the
+// loader may not write (credentials, grants), or the server takes fewer
+// partitions per insert than the writer puts in one. The events are fine, so the
 // loader never parks them: it alerts (an error log and the insert-error
 // metric) and retries every PermanentRetryDelay, and the stream holds the
 // backlog meanwhile.

@@ -501,7 +501,7 @@ func (f *failLog) failed(log *slog.Logger, err error, permanent bool) {
 	msg := "insert failed; the partitions wait and retry"
 	if permanent {
 		level = slog.LevelError
-		msg = "insert refused until an operator acts (schema or credentials); retrying slowly"
+		msg = "insert refused until an operator acts (schema, credentials or server settings); retrying slowly"
 	}
 	log.Log(context.Background(), level, msg, "err", err, "attempts", f.attempts, "failing_for", now.Sub(f.since).Round(time.Millisecond).String())
 }
