@@ -44,6 +44,7 @@
 // Delivery into ClickHouse is at least once: a crash after an insert and
 // before the ack, or an insert that failed halfway, loads rows again. The
 // schema makes that harmless (ReplacingMergeTree keyed by event ID, and
-// queries that count distinct event IDs), and RowFromEvent makes every copy
-// of an event the same row.
+// queries that count distinct event IDs), and RowFromEvent makes the same
+// message read again the same row (a republish under another message ID
+// differs in IngestedAt and Seq, and is collapsed all the same).
 package loader
