@@ -170,13 +170,19 @@ func (w *Writer) Close() error { return w.conn.Close() }
 // EnsureSchema creates the database and the schema's tables and views unless
 // they exist. After the first success it does nothing until an insert finds
 // a table, the view or the database missing (someone dropped it), and then
-// applies the schema again before the next insert.
+// applies the schema again before the next insert or at the next readiness
+// probe (Ready), whichever comes first.
 func (w *Writer) EnsureSchema(ctx context.Context) error {
 	if w.schemaOK.Load() {
 		return nil
 	}
 	w.schemaMu.Lock()
 	defer w.schemaMu.Unlock()
+	return w.ensureSchemaLocked(ctx)
+}
+
+// ensureSchemaLocked is EnsureSchema with schemaMu held.
+func (w *Writer) ensureSchemaLocked(ctx context.Context) error {
 	if w.schemaOK.Load() {
 		return nil
 	}
@@ -198,14 +204,32 @@ func (w *Writer) EnsureSchema(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether inserts can succeed now: the schema is applied and
-// the server answers.
+// Ready reports whether inserts can succeed now: the server answers and the
+// schema is applied. A schema not applied (before the start-up's wait got
+// it applied, or since an insert found a table, the view or the database
+// missing, or since the ping found the database missing) is applied here,
+// within ctx, so readiness does not wait for the next insert, which a
+// loader without traffic may not make for hours. While another call
+// applies it (the start-up's wait, an insert), Ready says so at once
+// instead of waiting for it.
 func (w *Writer) Ready(ctx context.Context) error {
-	if !w.schemaOK.Load() {
-		return errors.New("clickhouse schema not applied yet")
-	}
 	if err := w.conn.Ping(ctx); err != nil {
-		return fmt.Errorf("ping clickhouse: %w", err)
+		// A connection's handshake names its database, so the ping
+		// fails (81) while the database is missing.
+		if !missingSchema(err) {
+			return fmt.Errorf("ping clickhouse: %w", err)
+		}
+		w.schemaOK.Store(false)
+	}
+	if w.schemaOK.Load() {
+		return nil
+	}
+	if !w.schemaMu.TryLock() {
+		return errors.New("clickhouse schema being applied")
+	}
+	defer w.schemaMu.Unlock()
+	if err := w.ensureSchemaLocked(ctx); err != nil {
+		return fmt.Errorf("clickhouse schema not applied: %w", err)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -113,9 +114,6 @@ func TestInsertCreatesDatabaseAndSchema(t *testing.T) {
 		_ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
 	})
 	w := newWriter(t, servers.ClickHouse.Addr, db)
-	if err := w.Ready(t.Context()); err == nil {
-		t.Fatal("Ready before the schema was applied = nil, want an error")
-	}
 	if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
 		t.Fatalf("insert into a database that did not exist: %v", err)
 	}
@@ -125,6 +123,71 @@ func TestInsertCreatesDatabaseAndSchema(t *testing.T) {
 	var n uint64
 	if err := w.Conn().QueryRow(t.Context(), "SELECT count() FROM clicks").Scan(&n); err != nil || n != 3 {
 		t.Fatalf("count = %d, %v; want 3", n, err)
+	}
+}
+
+// probeReady is a readiness probe: Ready within the 2 s pkg/webserver
+// gives each check.
+func probeReady(t *testing.T, w *chwriter.Writer) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		return w.Ready(ctx) == nil
+	}
+}
+
+func countTables(t *testing.T, conn driver.Conn, db string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM system.tables WHERE database = ?", db).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestReadyAfterAMissingTableNeedsNoInsert: an insert that finds a table
+// missing makes the writer forget the schema. With no traffic there is no
+// next insert to apply it again, and the start-up's wait for the schema has
+// ended; Ready applies it, so the loader turns ready again by itself.
+func TestReadyAfterAMissingTableNeedsNoInsert(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(t.Context(), "DROP TABLE clicks"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Insert(t.Context(), rows(t, 3)); chwriter.Classify(err) != chwriter.ClassMissing {
+		t.Fatalf("insert into a dropped table = %v, want class %q", err, chwriter.ClassMissing)
+	}
+	// The DDL may take longer than one probe on a loaded machine; the next
+	// probe goes on from there.
+	testenv.WaitFor(t, 30*time.Second, "ready again after the drop, without an insert", probeReady(t, w))
+	if n := countTables(t, conn, db); n != 3 {
+		t.Fatalf("%s holds %d tables once ready, want 3 (clicks, clicks_hourly, clicks_hourly_mv)", db, n)
+	}
+}
+
+// TestReadyAppliesTheSchema: before anything applied the schema (a loader
+// whose start-up wait has not got to it), a probe applies it, creating the
+// database too.
+func TestReadyAppliesTheSchema(t *testing.T) {
+	t.Parallel()
+	admin, _ := servers.ClickHouse.NewDB(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	db := "fresh_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	})
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	testenv.WaitFor(t, 30*time.Second, "ready on a server without the database", probeReady(t, w))
+	if n := countTables(t, admin, db); n != 3 {
+		t.Fatalf("%s holds %d tables once ready, want 3", db, n)
 	}
 }
 
