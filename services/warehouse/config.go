@@ -45,6 +45,11 @@ type Config struct {
 	// InsertTimeout bounds one insert; a hung server fails it, and the
 	// batch is retried. The slowest insert measured (100k rows) took 0.4s.
 	InsertTimeout time.Duration `env:"WAREHOUSE_INSERT_TIMEOUT" envDefault:"20s"`
+	// MaxDaysPerInsert caps the days of clicks (partitions of the clicks
+	// table) one INSERT statement touches; a batch spanning more goes as
+	// several. Below the max_partitions_per_insert_block (default 100) of
+	// the loader's ClickHouse user.
+	MaxDaysPerInsert int `env:"WAREHOUSE_MAX_DAYS_PER_INSERT" envDefault:"90"`
 	// MaxRetryDelay caps the backoff between retries of a failing batch.
 	MaxRetryDelay time.Duration `env:"WAREHOUSE_MAX_RETRY_DELAY" envDefault:"10s"`
 	// Since, for a group that does not exist yet, loads only the clicks of
@@ -93,6 +98,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("CLICKHOUSE_ADDR is empty: %w", errConfig)
 	case c.BatchRows < 1 || c.BatchRows > 1_000_000:
 		return fmt.Errorf("WAREHOUSE_BATCH_ROWS %d: want 1..1000000: %w", c.BatchRows, errConfig)
+	case c.MaxDaysPerInsert < 1:
+		return fmt.Errorf("WAREHOUSE_MAX_DAYS_PER_INSERT %d: want >= 1: %w", c.MaxDaysPerInsert, errConfig)
 	case c.Linger <= 0 || c.Linger > time.Minute:
 		return fmt.Errorf("WAREHOUSE_LINGER %s: want > 0 and <= 1m: %w", c.Linger, errConfig)
 	case c.InsertTimeout <= 0 || c.MaxRetryDelay <= 0 || c.ClickHouseDialTimeout <= 0:
@@ -113,11 +120,12 @@ func (c Config) clickhouse() chwriter.Config {
 		}
 	}
 	return chwriter.Config{
-		Addrs:       addrs,
-		Database:    c.ClickHouseDatabase,
-		User:        c.ClickHouseUser,
-		Password:    c.ClickHousePassword,
-		DialTimeout: c.ClickHouseDialTimeout,
+		Addrs:            addrs,
+		Database:         c.ClickHouseDatabase,
+		User:             c.ClickHouseUser,
+		Password:         c.ClickHousePassword,
+		DialTimeout:      c.ClickHouseDialTimeout,
+		MaxDaysPerInsert: c.MaxDaysPerInsert,
 	}
 }
 

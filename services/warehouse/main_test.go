@@ -1052,7 +1052,8 @@ func TestLoadConfig(t *testing.T) {
 	}{
 		{"defaults", nil, nil, func(c Config) error {
 			if c.BatchRows != 10000 || c.Linger != time.Second || c.Since != 0 || c.ClickHouseDatabase != "snip" ||
-				len(c.ClickHouseAddrs) != 1 || c.ClickHouseAddrs[0] != "127.0.0.1:9000" || c.HTTPAddr != ":8083" {
+				len(c.ClickHouseAddrs) != 1 || c.ClickHouseAddrs[0] != "127.0.0.1:9000" || c.HTTPAddr != ":8083" ||
+				c.MaxDaysPerInsert != chwriter.DefaultMaxDaysPerInsert {
 				return fmt.Errorf("defaults: %+v", c)
 			}
 			return nil
@@ -1081,6 +1082,13 @@ func TestLoadConfig(t *testing.T) {
 			}
 			return nil
 		}, false},
+		{"days_per_insert", []string{"WAREHOUSE_MAX_DAYS_PER_INSERT=30"}, nil, func(c Config) error {
+			if got := c.clickhouse().MaxDaysPerInsert; got != 30 {
+				return fmt.Errorf("days per insert %d", got)
+			}
+			return nil
+		}, false},
+		{"zero_days_per_insert", []string{"WAREHOUSE_MAX_DAYS_PER_INSERT=0"}, nil, nil, true},
 		{"since_longer_than_retention", []string{"WAREHOUSE_SINCE=200h"}, nil, nil, true},
 		{"negative_since", nil, []string{"-since", "-1h"}, nil, true},
 		{"bad_duration", []string{"WAREHOUSE_LINGER=soon"}, nil, nil, true},

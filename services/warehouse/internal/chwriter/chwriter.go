@@ -1,6 +1,7 @@
 // Package chwriter is the loader's ClickHouse adapter: it opens the
 // connection pool, applies the schema (creating the database if needed), and
-// inserts rows as one batch per call, through clickhouse-go's native protocol
+// inserts rows as one batch per call (one per MaxDaysPerInsert days of
+// clicks when they span more), through clickhouse-go's native protocol
 // with an explicit column list (the only insert form that works on both
 // ClickHouse 18.16 and current servers; see docs/decisions/0040).
 //
@@ -14,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,7 +51,17 @@ type Config struct {
 	// MaxOpenConns caps the pool (default 4): one insert at a time, plus
 	// readiness probes and queries.
 	MaxOpenConns int
+	// MaxDaysPerInsert caps how many days (partitions of clicks) one INSERT
+	// statement touches (default DefaultMaxDaysPerInsert); Insert splits
+	// rows spanning more into several statements. Current servers refuse an
+	// insert block touching more than max_partitions_per_insert_block
+	// partitions (100 by default).
+	MaxDaysPerInsert int
 }
+
+// DefaultMaxDaysPerInsert is Config.MaxDaysPerInsert's default: below the
+// default max_partitions_per_insert_block (100) of current servers.
+const DefaultMaxDaysPerInsert = 90
 
 func (c *Config) setDefaults() error {
 	if c.DialTimeout == 0 {
@@ -60,6 +73,9 @@ func (c *Config) setDefaults() error {
 	if c.MaxOpenConns == 0 {
 		c.MaxOpenConns = 4
 	}
+	if c.MaxDaysPerInsert == 0 {
+		c.MaxDaysPerInsert = DefaultMaxDaysPerInsert
+	}
 	if c.User == "" {
 		c.User = "default"
 	}
@@ -68,6 +84,8 @@ func (c *Config) setDefaults() error {
 		return errors.New("clickhouse: no address")
 	case !schema.ValidDatabase(c.Database):
 		return fmt.Errorf("clickhouse database %q: %w", c.Database, schema.ErrBadDatabaseName)
+	case c.MaxDaysPerInsert < 1:
+		return fmt.Errorf("clickhouse: max days per insert %d: want at least 1", c.MaxDaysPerInsert)
 	}
 	return nil
 }
@@ -126,6 +144,8 @@ type Writer struct {
 
 	schemaMu sync.Mutex  // one schema application at a time
 	schemaOK atomic.Bool // the schema was applied on this server
+
+	sent func(rows []loader.Row) // if set, called with the rows of each INSERT statement the server accepted (tests)
 }
 
 // Open creates the connection pool. It does not connect: ClickHouse may not
@@ -150,13 +170,19 @@ func (w *Writer) Close() error { return w.conn.Close() }
 // EnsureSchema creates the database and the schema's tables and views unless
 // they exist. After the first success it does nothing until an insert finds
 // a table, the view or the database missing (someone dropped it), and then
-// applies the schema again before the next insert.
+// applies the schema again before the next insert or at the next readiness
+// probe (Ready), whichever comes first.
 func (w *Writer) EnsureSchema(ctx context.Context) error {
 	if w.schemaOK.Load() {
 		return nil
 	}
 	w.schemaMu.Lock()
 	defer w.schemaMu.Unlock()
+	return w.ensureSchemaLocked(ctx)
+}
+
+// ensureSchemaLocked is EnsureSchema with schemaMu held.
+func (w *Writer) ensureSchemaLocked(ctx context.Context) error {
 	if w.schemaOK.Load() {
 		return nil
 	}
@@ -178,23 +204,46 @@ func (w *Writer) EnsureSchema(ctx context.Context) error {
 	return nil
 }
 
-// Ready reports whether inserts can succeed now: the schema is applied and
-// the server answers.
+// Ready reports whether inserts can succeed now: the server answers and the
+// schema is applied. A schema not applied (before the start-up's wait got
+// it applied, or since an insert found a table, the view or the database
+// missing, or since the ping found the database missing) is applied here,
+// within ctx, so readiness does not wait for the next insert, which a
+// loader without traffic may not make for hours. While another call
+// applies it (the start-up's wait, an insert), Ready says so at once
+// instead of waiting for it.
 func (w *Writer) Ready(ctx context.Context) error {
-	if !w.schemaOK.Load() {
-		return errors.New("clickhouse schema not applied yet")
-	}
 	if err := w.conn.Ping(ctx); err != nil {
-		return fmt.Errorf("ping clickhouse: %w", err)
+		// A connection's handshake names its database, so the ping
+		// fails (81) while the database is missing.
+		if !missingSchema(err) {
+			return fmt.Errorf("ping clickhouse: %w", err)
+		}
+		w.schemaOK.Store(false)
+	}
+	if w.schemaOK.Load() {
+		return nil
+	}
+	if !w.schemaMu.TryLock() {
+		return errors.New("clickhouse schema being applied")
+	}
+	defer w.schemaMu.Unlock()
+	if err := w.ensureSchemaLocked(ctx); err != nil {
+		return fmt.Errorf("clickhouse schema not applied: %w", err)
 	}
 	return nil
 }
 
-// Insert writes rows as one INSERT (applying the schema first if it has not
-// been). It returns a *loader.RowError when the client refuses a row that
-// is not well-formed, an error wrapping loader.ErrPermanent for the classes
-// an operator must fix (a well-formed row refused among them), and otherwise
-// the cause wrapped with its class ("unavailable: ...").
+// Insert writes rows as one INSERT statement, or as several when they span
+// more than MaxDaysPerInsert days (applying the schema first if it has not
+// been). Each statement takes whole days, so no partition of clicks is split
+// between two. A statement that fails leaves the ones before it applied: the
+// loader retries the whole batch, and the schema absorbs the rows that come
+// twice (same sorting key, same partition). It returns a *loader.RowError
+// (Index into rows) when the client refuses a row that is not well-formed,
+// an error wrapping loader.ErrPermanent for the classes an operator must fix
+// (a well-formed row refused among them), and otherwise the cause wrapped
+// with its class ("unavailable: ...").
 func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 	start := time.Now()
 	if err := w.EnsureSchema(ctx); err != nil {
@@ -203,6 +252,33 @@ func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 	if err := w.checkView(ctx); err != nil {
 		return w.fail(err)
 	}
+	parts := splitByDays(rows, w.cfg.MaxDaysPerInsert)
+	if parts == nil {
+		if err := w.send(ctx, rows); err != nil {
+			return err
+		}
+	}
+	for _, index := range parts {
+		part := make([]loader.Row, len(index))
+		for k, i := range index {
+			part[k] = rows[i]
+		}
+		if err := w.send(ctx, part); err != nil {
+			if re, ok := errors.AsType[*loader.RowError](err); ok {
+				re.Index = index[re.Index]
+			}
+			return err
+		}
+	}
+	w.m.duration.Observe(time.Since(start).Seconds())
+	w.m.batchRows.Observe(float64(len(rows)))
+	w.m.rows.Add(float64(len(rows)))
+	w.m.lastSuccess.SetToCurrentTime()
+	return nil
+}
+
+// send writes rows as one INSERT statement.
+func (w *Writer) send(ctx context.Context, rows []loader.Row) error {
 	batch, err := w.conn.PrepareBatch(ctx, insertSQL)
 	if err != nil {
 		return w.fail(fmt.Errorf("prepare insert: %w", err))
@@ -241,11 +317,35 @@ func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 	if err := batch.Send(); err != nil {
 		return w.fail(fmt.Errorf("send insert: %w", err))
 	}
-	w.m.duration.Observe(time.Since(start).Seconds())
-	w.m.batchRows.Observe(float64(len(rows)))
-	w.m.rows.Add(float64(len(rows)))
-	w.m.lastSuccess.SetToCurrentTime()
+	if w.sent != nil {
+		w.sent(rows)
+	}
 	return nil
+}
+
+// splitByDays returns nil when rows span at most maxDays days (UTC dates of
+// their click time: the partitions of clicks), and otherwise the indices in
+// rows of each statement's rows: whole days, maxDays of them per statement
+// (the last may hold fewer), oldest first, each row's order kept.
+func splitByDays(rows []loader.Row, maxDays int) [][]int {
+	dayOf := func(r *loader.Row) int64 { return r.Time.Unix() / 86400 } // toDate(ts) of a DateTime('UTC')
+	days := make(map[int64]int)
+	for i := range rows {
+		days[dayOf(&rows[i])] = 0
+	}
+	if len(days) <= maxDays {
+		return nil
+	}
+	sorted := slices.Sorted(maps.Keys(days))
+	for rank, d := range sorted {
+		days[d] = rank / maxDays
+	}
+	parts := make([][]int, (len(sorted)+maxDays-1)/maxDays)
+	for i := range rows {
+		p := days[dayOf(&rows[i])]
+		parts[p] = append(parts[p], i)
+	}
+	return parts
 }
 
 // checkView returns an error wrapping errViewMissing unless the view that
@@ -272,6 +372,11 @@ func (w *Writer) fail(err error) error {
 	w.m.errors.WithLabelValues(class).Inc()
 	if missingSchema(err) {
 		w.schemaOK.Store(false)
+	}
+	if class == ClassPartitions {
+		err = fmt.Errorf("the server takes fewer partitions per insert than the %d days the loader puts in one: "+
+			"raise max_partitions_per_insert_block for the loader's user (0 is no limit) or lower WAREHOUSE_MAX_DAYS_PER_INSERT: %w",
+			w.cfg.MaxDaysPerInsert, err)
 	}
 	if permanent(class) {
 		return fmt.Errorf("%s: %w: %w", class, loader.ErrPermanent, err)

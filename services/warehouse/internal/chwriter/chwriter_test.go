@@ -17,9 +17,11 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/warehouse/internal/chwriter"
 	"github.com/snipdev/snip/services/warehouse/internal/loader"
@@ -112,9 +114,6 @@ func TestInsertCreatesDatabaseAndSchema(t *testing.T) {
 		_ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
 	})
 	w := newWriter(t, servers.ClickHouse.Addr, db)
-	if err := w.Ready(t.Context()); err == nil {
-		t.Fatal("Ready before the schema was applied = nil, want an error")
-	}
 	if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
 		t.Fatalf("insert into a database that did not exist: %v", err)
 	}
@@ -124,6 +123,71 @@ func TestInsertCreatesDatabaseAndSchema(t *testing.T) {
 	var n uint64
 	if err := w.Conn().QueryRow(t.Context(), "SELECT count() FROM clicks").Scan(&n); err != nil || n != 3 {
 		t.Fatalf("count = %d, %v; want 3", n, err)
+	}
+}
+
+// probeReady is a readiness probe: Ready within the 2 s pkg/webserver
+// gives each check.
+func probeReady(t *testing.T, w *chwriter.Writer) func() bool {
+	return func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		return w.Ready(ctx) == nil
+	}
+}
+
+func countTables(t *testing.T, conn driver.Conn, db string) uint64 {
+	t.Helper()
+	var n uint64
+	if err := conn.QueryRow(t.Context(), "SELECT count() FROM system.tables WHERE database = ?", db).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestReadyAfterAMissingTableNeedsNoInsert: an insert that finds a table
+// missing makes the writer forget the schema. With no traffic there is no
+// next insert to apply it again, and the start-up's wait for the schema has
+// ended; Ready applies it, so the loader turns ready again by itself.
+func TestReadyAfterAMissingTableNeedsNoInsert(t *testing.T) {
+	t.Parallel()
+	conn, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Exec(t.Context(), "DROP TABLE clicks"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Insert(t.Context(), rows(t, 3)); chwriter.Classify(err) != chwriter.ClassMissing {
+		t.Fatalf("insert into a dropped table = %v, want class %q", err, chwriter.ClassMissing)
+	}
+	// The DDL may take longer than one probe on a loaded machine; the next
+	// probe goes on from there.
+	testenv.WaitFor(t, 30*time.Second, "ready again after the drop, without an insert", probeReady(t, w))
+	if n := countTables(t, conn, db); n != 3 {
+		t.Fatalf("%s holds %d tables once ready, want 3 (clicks, clicks_hourly, clicks_hourly_mv)", db, n)
+	}
+}
+
+// TestReadyAppliesTheSchema: before anything applied the schema (a loader
+// whose start-up wait has not got to it), a probe applies it, creating the
+// database too.
+func TestReadyAppliesTheSchema(t *testing.T) {
+	t.Parallel()
+	admin, _ := servers.ClickHouse.NewDB(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	db := "fresh_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	})
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	testenv.WaitFor(t, 30*time.Second, "ready on a server without the database", probeReady(t, w))
+	if n := countTables(t, admin, db); n != 3 {
+		t.Fatalf("%s holds %d tables once ready, want 3", db, n)
 	}
 }
 
@@ -157,6 +221,87 @@ func TestBadRowIsReportedWithItsIndex(t *testing.T) {
 	}
 	if err := w.Insert(t.Context(), rows(t, 5)); err != nil {
 		t.Fatalf("insert after bad rows: %v", err)
+	}
+}
+
+// spanningDays returns perDay rows on each of the days days before now,
+// interleaved (day 0, 1, 2, …, then again), each stored when it happened:
+// a replay or catch-up of a long-retained CLICKS.
+func spanningDays(tb testing.TB, days, perDay int) []loader.Row {
+	tb.Helper()
+	now := time.Now().UTC()
+	var out []loader.Row
+	for k := range perDay {
+		for d := range days {
+			i := len(out)
+			t := now.Add(-time.Duration(d)*24*time.Hour - time.Duration(k)*time.Minute)
+			c := warehousetest.Click(i, "acme", fmt.Sprintf("a-l%d", i%10), t)
+			r, err := loader.RowFromEvent(reader.Event{Click: c, Partition: 1, Seq: uint64(i + 1), Stored: t})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestInsertSpanningManyDaysIsSplit: current servers refuse an insert block
+// touching more than max_partitions_per_insert_block (100) partitions, and
+// clicks has one per day, so rows spanning 200 days (a replay of a CLICKS
+// that retains more than 100 days) go as statements of at most 90 whole
+// days each, and every row lands once. 18.16 has no such limit, so the test
+// counts the statements.
+func TestInsertSpanningManyDaysIsSplit(t *testing.T) {
+	t.Parallel()
+	_, db := servers.ClickHouse.NewDB(t)
+	w := newWriter(t, servers.ClickHouse.Addr, db)
+	var statements [][]loader.Row
+	chwriter.OnStatement(w, func(rs []loader.Row) { statements = append(statements, rs) })
+	want := spanningDays(t, 200, 3)
+	if err := w.Insert(t.Context(), want); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	dayOf := func(r loader.Row) string { return r.Time.UTC().Format(time.DateOnly) }
+	seen := map[string]int{} // day: the statement that held it
+	sent := 0
+	for n, st := range statements {
+		days := map[string]bool{}
+		for _, r := range st {
+			d := dayOf(r)
+			days[d] = true
+			if at, ok := seen[d]; ok && at != n {
+				t.Errorf("day %s is in statements %d and %d; a day goes whole in one", d, at, n)
+			}
+			seen[d] = n
+		}
+		if len(days) > chwriter.DefaultMaxDaysPerInsert {
+			t.Errorf("statement %d touches %d days, want at most %d", n, len(days), chwriter.DefaultMaxDaysPerInsert)
+		}
+		sent += len(st)
+	}
+	if len(statements) != 3 || sent != len(want) {
+		t.Errorf("%d rows went in %d statements, want %d rows in 3 (200 days, 90 a statement)", sent, len(statements), len(want))
+	}
+	perEvent := warehousetest.RowsPerEvent(t, w.Conn())
+	for _, r := range want {
+		if perEvent[r.EventID] != 1 {
+			t.Errorf("event %s (%s) has %d rows, want 1", r.EventID, dayOf(r), perEvent[r.EventID])
+		}
+	}
+	if len(perEvent) != len(want) {
+		t.Errorf("clicks holds %d events, want %d", len(perEvent), len(want))
+	}
+
+	// A row refused in a later statement is blamed by its index in the
+	// rows given to Insert.
+	statements = nil
+	rs := spanningDays(t, 200, 1)
+	const bad = 50 // 50 days ago: in the second statement (oldest first)
+	rs[bad].EventID = "not-a-uuid"
+	err := w.Insert(t.Context(), rs)
+	if re, ok := errors.AsType[*loader.RowError](err); !ok || re.Index != bad {
+		t.Fatalf("insert with row %d bad = %v, want a RowError at %d", bad, err, bad)
 	}
 }
 
@@ -419,6 +564,8 @@ func TestClassify(t *testing.T) {
 		{"net_timeout", &net.OpError{Op: "read", Err: timeoutErr{}}, chwriter.ClassTimeout},
 		{"canceled", context.Canceled, chwriter.ClassCanceled},
 		{"too_many_parts", &clickhouse.Exception{Code: 252}, chwriter.ClassOverloaded},
+		{"too_many_parts_merges_behind", &clickhouse.Exception{Code: 252, Message: tooManyParts}, chwriter.ClassOverloaded},
+		{"too_many_partitions", fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyPartitions}), chwriter.ClassPartitions},
 		{"memory_limit", &clickhouse.Exception{Code: 241}, chwriter.ClassOverloaded},
 		{"server_timeout", &clickhouse.Exception{Code: 159}, chwriter.ClassOverloaded},
 		{"unknown_table", &clickhouse.Exception{Code: 60}, chwriter.ClassMissing},
@@ -437,6 +584,36 @@ func TestClassify(t *testing.T) {
 				t.Errorf("Classify(%v) = %q, want %q", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// The two messages of code 252 (TOO_MANY_PARTS), as current servers word them.
+const (
+	tooManyParts      = "Too many parts (300 with average size of 1.02 MiB) in table 'snip.clicks'. Merges are processing significantly slower than inserts"
+	tooManyPartitions = "Too many partitions for single INSERT block (more than 100). The limit is controlled by 'max_partitions_per_insert_block' setting. Large number of partitions is a common misconception."
+)
+
+// TestTooManyPartitionsIsPermanent: a server whose
+// max_partitions_per_insert_block is below the days the writer puts in one
+// insert refuses that insert every time, so it is not "overloaded"
+// (retried at once, forever, with a warning) but its own class, permanent:
+// retried slowly with an error log naming the setting. 18.16 has no such
+// limit, so the server's exception is made here.
+func TestTooManyPartitionsIsPermanent(t *testing.T) {
+	t.Parallel()
+	w := newWriter(t, servers.ClickHouse.Addr, "snip")
+	err := chwriter.Fail(w, fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyPartitions}))
+	if got := chwriter.Classify(err); got != chwriter.ClassPartitions || !errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("too many partitions = %v (class %q), want class %q, permanent", err, got, chwriter.ClassPartitions)
+	}
+	for _, want := range []string{"max_partitions_per_insert_block", "90 days", "WAREHOUSE_MAX_DAYS_PER_INSERT"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("too many partitions = %q, want it to name %q", err, want)
+		}
+	}
+	err = chwriter.Fail(w, fmt.Errorf("send insert: %w", &clickhouse.Exception{Code: 252, Message: tooManyParts}))
+	if got := chwriter.Classify(err); got != chwriter.ClassOverloaded || errors.Is(err, loader.ErrPermanent) {
+		t.Errorf("too many parts = %v (class %q), want class %q, not permanent", err, got, chwriter.ClassOverloaded)
 	}
 }
 

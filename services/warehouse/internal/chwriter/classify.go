@@ -5,15 +5,16 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 )
 
 // Error classes, the label of snip_warehouse_insert_errors_total. Every class but
-// bad_row is retried with the whole batch; schema and auth are permanent
-// (loader.ErrPermanent): retried slowly, with an error log, until an
-// operator acts.
+// bad_row is retried with the whole batch; schema, auth and partitions are
+// permanent (loader.ErrPermanent): retried slowly, with an error log, until
+// an operator acts.
 const (
 	// ClassUnavailable: nothing answers, or the connection broke (refused,
 	// reset, EOF, broken pipe). ClickHouse is down or restarting.
@@ -24,6 +25,13 @@ const (
 	// ClassOverloaded: the server refused for now (too many parts, memory
 	// limit, too many queries, its own timeout).
 	ClassOverloaded = "overloaded"
+	// ClassPartitions: the server refused an insert touching more
+	// partitions (days) than its max_partitions_per_insert_block (code 252,
+	// as too many parts is, with its own message). The writer sends at most
+	// Config.MaxDaysPerInsert days per statement, so the server's limit is
+	// below that: the same insert is refused every time, whatever the load.
+	// Permanent.
+	ClassPartitions = "partitions"
 	// ClassMissing: a table, the view that feeds the rollup or the database
 	// is gone; the writer applies the schema again before the next insert.
 	ClassMissing = "missing"
@@ -57,7 +65,7 @@ var (
 	// 291 DATABASE_ACCESS_DENIED, 497 ACCESS_DENIED, 516 AUTHENTICATION_FAILED
 	overloadedCodes = map[int32]bool{159: true, 202: true, 203: true, 209: true, 210: true, 241: true, 252: true}
 	// 159 TIMEOUT_EXCEEDED, 202 TOO_MANY_SIMULTANEOUS_QUERIES, 203 NO_FREE_CONNECTION,
-	// 209 SOCKET_TIMEOUT, 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED, 252 TOO_MANY_PARTS
+	// 209 SOCKET_TIMEOUT, 210 NETWORK_ERROR, 241 MEMORY_LIMIT_EXCEEDED, 252 TOO_MANY_PARTS (but see tooManyPartitions)
 )
 
 // Classify names the class of an error from ClickHouse or the client, as
@@ -79,6 +87,8 @@ func Classify(err error) string {
 			return ClassSchema
 		case authCodes[ex.Code]:
 			return ClassAuth
+		case tooManyPartitions(ex):
+			return ClassPartitions
 		case overloadedCodes[ex.Code]:
 			return ClassOverloaded
 		}
@@ -99,7 +109,17 @@ func Classify(err error) string {
 	return ClassOther
 }
 
-func permanent(class string) bool { return class == ClassSchema || class == ClassAuth }
+// tooManyPartitions reports whether ex is the refusal of an insert block
+// touching more than max_partitions_per_insert_block partitions. It shares
+// code 252 (TOO_MANY_PARTS) with a table whose merges fall behind, which
+// passes; only the message tells them apart.
+func tooManyPartitions(ex *clickhouse.Exception) bool {
+	return ex.Code == 252 && strings.Contains(ex.Message, "partitions for single INSERT block")
+}
+
+func permanent(class string) bool {
+	return class == ClassSchema || class == ClassAuth || class == ClassPartitions
+}
 
 func missingSchema(err error) bool {
 	var ex *clickhouse.Exception

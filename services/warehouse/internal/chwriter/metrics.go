@@ -29,14 +29,14 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_warehouse_insert_errors_total",
-			Help: "Failed inserts by class; schema and auth need an operator (alert on any).",
+			Help: "Failed inserts by class; schema, auth and partitions need an operator (alert on any).",
 		}, []string{"class"}),
 		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "snip_warehouse_last_insert_timestamp_seconds",
 			Help: "Unix time of the last successful insert.",
 		}),
 	}
-	for _, c := range []string{ClassUnavailable, ClassTimeout, ClassOverloaded, ClassMissing, ClassSchema, ClassAuth, ClassServer, ClassBadRow, ClassCanceled, ClassOther} {
+	for _, c := range []string{ClassUnavailable, ClassTimeout, ClassOverloaded, ClassPartitions, ClassMissing, ClassSchema, ClassAuth, ClassServer, ClassBadRow, ClassCanceled, ClassOther} {
 		m.errors.WithLabelValues(c)
 	}
 	if reg != nil {

@@ -37,12 +37,14 @@
 // with reader.Poison and the others are inserted again at once. Errors only
 // an operator can fix (ErrPermanent: a table that no longer fits, such as a
 // column whose changed type the client refuses well-formed rows for, missing
-// grants) are not the events' fault: they are logged as errors and retried
+// grants, a server taking fewer partitions per insert than the writer sends)
+// are not the events' fault: they are logged as errors and retried
 // every PermanentRetryDelay, never parked.
 //
 // Delivery into ClickHouse is at least once: a crash after an insert and
 // before the ack, or an insert that failed halfway, loads rows again. The
 // schema makes that harmless (ReplacingMergeTree keyed by event ID, and
-// queries that count distinct event IDs), and RowFromEvent makes every copy
-// of an event the same row.
+// queries that count distinct event IDs), and RowFromEvent makes the same
+// message read again the same row (a republish under another message ID
+// differs in IngestedAt and Seq, and is collapsed all the same).
 package loader

@@ -15,8 +15,9 @@ const (
 	ReasonBadRow = "bad_row"
 	// ReasonImplausibleTime: the click's time is further from when JetStream
 	// stored it than MaxClockSkew. Loading it would create a day partition
-	// far from every other, and a batch spanning more than 100 days is
-	// refused by current ClickHouse servers (max_partitions_per_insert_block).
+	// far from every other. (How many days one insert spans is not bounded
+	// by this: the writer splits an insert of rows spanning more days than a
+	// current server takes in one.)
 	// The runtime parks such a click first (events.ReadClick), under the
 	// same reason, so every reader parks it.
 	ReasonImplausibleTime = events.ReasonImplausibleTime
@@ -47,8 +48,9 @@ var ErrStopped = errors.New("loader stopped")
 var ErrBadConfig = errors.New("invalid loader config")
 
 // ErrPermanent marks an insert that cannot succeed until an operator acts:
-// the tables do not fit the rows (a missing column, a changed type) or the
-// loader may not write (credentials, grants). The events are fine, so the
+// the tables do not fit the rows (a missing column, a changed type), the
+// loader may not write (credentials, grants), or the server takes fewer
+// partitions per insert than the writer puts in one. The events are fine, so the
 // loader never parks them: it alerts (an error log and the insert-error
 // metric) and retries every PermanentRetryDelay, and the stream holds the
 // backlog meanwhile.

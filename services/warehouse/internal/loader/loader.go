@@ -14,7 +14,8 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 )
 
-// Inserter writes rows to the warehouse as one INSERT. It returns nil only
+// Inserter writes rows to the warehouse, as one INSERT or, when they span
+// more days than one may, a few (chwriter.Writer). It returns nil only
 // when ClickHouse accepted every row. An error wrapping *RowError blames one
 // row that is not well-formed (Row.Validate), which the loader parks before
 // trying the others again; an error wrapping ErrPermanent means an operator
@@ -500,7 +501,7 @@ func (f *failLog) failed(log *slog.Logger, err error, permanent bool) {
 	msg := "insert failed; the partitions wait and retry"
 	if permanent {
 		level = slog.LevelError
-		msg = "insert refused until an operator acts (schema or credentials); retrying slowly"
+		msg = "insert refused until an operator acts (schema, credentials or server settings); retrying slowly"
 	}
 	log.Log(context.Background(), level, msg, "err", err, "attempts", f.attempts, "failing_for", now.Sub(f.since).Round(time.Millisecond).String())
 }
