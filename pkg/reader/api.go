@@ -248,9 +248,10 @@ type Config struct {
 	// handler may take longer than AckWait: it bounds only how long a
 	// process that died or froze holds events.
 	AckWait time.Duration
-	// MaxRetryDelay caps the backoff between retries of a failing batch
-	// (default the smaller of 10s and AckWait/3, so the batch's ack timers
-	// are refreshed in time).
+	// MaxRetryDelay caps the backoff between retries of a failing batch,
+	// and of a failing move back for a delivery gap or a Replay (default
+	// the smaller of 10s and AckWait/3, so the batch's ack timers are
+	// refreshed in time).
 	MaxRetryDelay time.Duration
 	// DrainTimeout bounds a graceful stop: finishing the batch in hand and
 	// acking it (default 30s).

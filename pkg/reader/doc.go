@@ -49,7 +49,9 @@
 // (package inprogress, which the work queue's jobs use too), so a
 // slow handler (or a DEAD_LETTER that is away) causes no redelivery. A retryable error makes the partition
 // wait and retry the same batch with backoff; Replay(from) has the
-// consumer moved back and the events handed again from there; a permanent one naming its
+// consumer moved back and the events handed again from there (a move back
+// that fails, NATS away or the consumer gone, is tried again with the same
+// backoff, the first failure and every tenth logged); a permanent one naming its
 // event (Poison) parks that event on DEAD_LETTER and moves on. That is the
 // failure contract every Snip consumer shares (package failure); the work
 // queue beside this log runtime (package workqueue) reads its handlers'

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -448,6 +449,64 @@ func TestReplayHandsTheEventsAgainFromASequence(t *testing.T) {
 		info, err := c.Info(t.Context())
 		return err == nil && info.AckFloor.Stream == uint64(len(ids)) && info.NumAckPending == 0
 	})
+}
+
+// A handler's Replay whose move back keeps failing (here the partition's
+// consumer is deleted under it, so reading it fails at once each try) is
+// tried again with a wait that grows, as a failing batch is, and logged
+// now and then. Before, each try made a new backoff and waited its first
+// step (about 100 ms), with a warning a try, for as long as it failed.
+// The test counts the tries (the member's requests for the consumer's
+// info) and the warnings over 3 s of failure: the growing wait (100 ms,
+// 200 ms, 400 ms, ... with jitter) tries about 5 times.
+func TestAReplayThatKeepsFailingWaitsLongerEachTry(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	publish(t, js, 1, 10, 0)
+	name := topology.GroupConsumerName("g", 0)
+	nc := n.Connect(t)
+	var tries atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.CONSUMER.INFO."+events.ClicksStream+"."+name, func(*nats.Msg) { tries.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	replayed := make(chan struct{})
+	var once sync.Once
+	h := func(ctx context.Context, _ int, batch []reader.Event) error {
+		var err error
+		once.Do(func() {
+			err = js.DeleteConsumer(ctx, events.ClicksStream, name)
+			if err == nil {
+				err = reader.Replay(1, errors.New("the store lost what it had acked"))
+				close(replayed)
+			}
+		})
+		return err
+	}
+	logged := &onMessage{msg: "replay for the handler"}
+	var warned atomic.Int64
+	logged.fn = func() { warned.Add(1) }
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Logger: slog.New(logged)}, h)
+	select {
+	case <-replayed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler was not called")
+	}
+	before := tries.Load()
+	time.Sleep(3 * time.Second) // the period of failure measured
+	switch n := tries.Load() - before; {
+	case n < 2:
+		t.Errorf("the consumer was read %d times in 3 s of failing replays, want it tried again", n)
+	case n > 10:
+		t.Errorf("the consumer was read %d times in 3 s of failing replays, want at most 10 (a wait that grows)", n)
+	}
+	if n := warned.Load(); n > 2 {
+		t.Errorf("%d warnings of the failing replay in 3 s, want at most 2", n)
+	}
 }
 
 // gathered sums every series of a counter in reg (0 if it has none).

@@ -410,6 +410,7 @@ func (w *worker) handle(batch []Event, msgs []jetstream.Msg) (done uint64, poiso
 		if verdict.Kind == failure.Park {
 			w.log.Error("handler returned a permanent error without the event's index (reader.Poison); retrying the batch", "err", err, "first_seq", batch[0].Seq)
 		}
+		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
 		if err := r.again(err, verdict.RetryAfter, "handler failed; retrying the batch", "first_seq", batch[0].Seq); err != nil {
 			return done, poisoned, err
 		}
@@ -436,14 +437,17 @@ func (w *worker) passed(p PassedInfo) error {
 			}
 			w.log.Error("OnPassed asked for a replay from a sequence not at or before the positions passed; retrying it", "err", err, "from", re.From, "first_seq", p.First)
 		}
+		m.met.errors.WithLabelValues(m.cfg.Group, "transient").Inc()
 		if err := r.again(err, failure.Classify(err).RetryAfter, "OnPassed failed; retrying it", "first_seq", p.First, "last_seq", p.Last); err != nil {
 			return err
 		}
 	}
 }
 
-// retrier backs off between tries of one batch's handler or OnPassed call
-// after transient failures.
+// retrier backs off between tries of one step that keeps failing (one
+// batch's handler or OnPassed call, moving the consumer back for a gap or a
+// replay): the wait grows to MaxRetryDelay, and the log has the first
+// failure and every tenth, not one line a try.
 type retrier struct {
 	w        *worker
 	bo       *backoff.ExponentialBackOff
@@ -452,7 +456,7 @@ type retrier struct {
 
 func (w *worker) newRetrier() *retrier { return &retrier{w: w, bo: w.m.cfg.newBackoff()} }
 
-// again counts a transient failure, logs the first and every tenth, and
+// again counts a failure, logs the first and every tenth, and
 // waits the next backoff, at least retryAfter, before the next try. It
 // returns nil to try again, or the member's context error or errReleased
 // to give up.
@@ -461,7 +465,6 @@ func (r *retrier) again(err error, retryAfter time.Duration, msg string, attrs .
 	if w.ctx.Err() != nil {
 		return w.ctx.Err()
 	}
-	w.m.met.errors.WithLabelValues(w.m.cfg.Group, "transient").Inc()
 	r.failures++
 	d := max(r.bo.NextBackOff(), retryAfter)
 	if r.failures == 1 || r.failures%10 == 0 {

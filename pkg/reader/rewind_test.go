@@ -386,6 +386,45 @@ func (h *onMessage) Handle(_ context.Context, r slog.Record) error {
 func (h *onMessage) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *onMessage) WithGroup(string) slog.Handler      { return h }
 
+// A rewind by a time finds where each partition starts with a consumer of
+// its own on CLICKS, which it deletes when done: after 5 rewinds the
+// stream has as many consumers as before. Before, each such consumer
+// stayed until the server dropped it as inactive (nats.go's default for an
+// ordered consumer, 5 minutes), so repeated rewinds, rewind plans and
+// handler replays piled them up on CLICKS.
+func TestARewindByTimeLeavesNoConsumerBehind(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	publish(t, js, 2, 2, 0)
+	startMember(t, n, reader.Config{Group: "g", Member: "m"}, func(context.Context, int, []reader.Event) error { return nil })
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer", func() bool {
+		_, err := js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName("g", 0))
+		return err == nil
+	})
+	s, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers := func() int {
+		info, err := s.Info(t.Context())
+		if err != nil {
+			return -1
+		}
+		return info.State.Consumers
+	}
+	before := consumers()
+	at := time.Now().Add(-time.Hour) // before every event: each rewind fetches one
+	for range 5 {
+		if _, err := reader.Rewind(t.Context(), js, "g", reader.FromTime(at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := before
+	if !testenv.Poll(20*time.Second, func() bool { now = consumers(); return now == before }) {
+		t.Errorf("CLICKS has %d consumers 20 s after 5 rewinds by time, want %d as before them", now, before)
+	}
+}
+
 // A rewind by a time answers a partition with nothing stored at or after
 // the time at once: its last event is before it. Before, each such
 // partition waited for a fetch from the time to give up (2 s), so a rewind

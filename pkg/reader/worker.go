@@ -231,6 +231,7 @@ func (w *worker) run() {
 				w.log.Warn("the handler asked for the partition's events again", "from", re.From, "err", re.Err)
 				from, what = re.From, "replay for the handler"
 			}
+			r := w.newRetrier()
 			for {
 				var err error
 				if re == nil {
@@ -244,8 +245,7 @@ func (w *worker) run() {
 				if err == nil {
 					break
 				}
-				w.log.Warn(what, "err", err)
-				if !w.sleep(m.cfg.newBackoff().NextBackOff()) {
+				if r.again(err, 0, what) != nil {
 					return
 				}
 			}

@@ -246,6 +246,19 @@ func natsFirst[T any](down func(context.Context) error, fn func(context.Context)
 	}
 }
 
+// natsAway is why the console's NATS connection is not connected (Deps.NATS),
+// nil when it is or is not checked. The actions that call JetStream (the
+// letters, a redrive, a replay and its progress) look first, as the panels
+// do (natsFirst): with NATS away they answer "unavailable" at once, not
+// once their JetStream calls have timed out one after another (up to about
+// 20 s).
+func (a *api) natsAway(ctx context.Context) error {
+	if a.d.NATS == nil {
+		return nil
+	}
+	return a.d.NATS(ctx)
+}
+
 // securityHeaders: nothing on the page comes from elsewhere, nothing frames
 // it, no script runs that is not the console's own file.
 func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
@@ -299,7 +312,11 @@ func (a *api) replay(c echo.Context) error {
 	if err := decodeJSON(c, &req); err != nil {
 		return badFromSeq(group, err)
 	}
-	r, err := a.d.Readers.Replay(c.Request().Context(), group, req)
+	var r readers.Replayed
+	err := a.natsAway(c.Request().Context())
+	if err == nil {
+		r, err = a.d.Readers.Replay(c.Request().Context(), group, req)
+	}
 	err = unavailable("replay "+group, err)
 	a.audit(c, "replay", err, "group", group, "position", r.Position, "replay_id", r.ID, "force", req.Force)
 	if err != nil {
@@ -329,6 +346,9 @@ func badFromSeq(group string, err error) error {
 
 func (a *api) replayStatus(c echo.Context) error {
 	group := c.Param("group")
+	if err := a.natsAway(c.Request().Context()); err != nil {
+		return unavailable("read the replay of "+group, err)
+	}
 	st, err := a.d.Readers.ReplayStatus(c.Request().Context(), group)
 	if err != nil {
 		return unavailable("read the replay of "+group, err)
@@ -395,6 +415,9 @@ func (a *api) dlqPanel(ctx context.Context) (dlq.Groups, error) {
 }
 
 func (a *api) letters(c echo.Context) error {
+	if err := a.natsAway(c.Request().Context()); err != nil {
+		return unavailable("read dead letters", err)
+	}
 	ls, err := a.d.DeadLetters.Letters(c.Request().Context(), c.QueryParam("source"), c.QueryParam("reason"), letterLimit)
 	if err != nil {
 		return unavailable("read dead letters", err)
@@ -415,6 +438,9 @@ func (a *api) letter(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.natsAway(c.Request().Context()); err != nil {
+		return unavailable(fmt.Sprintf("read dead letter %d", seq), err)
+	}
 	l, err := a.d.DeadLetters.Letter(c.Request().Context(), seq)
 	if err != nil {
 		return unavailable(fmt.Sprintf("read dead letter %d", seq), err)
@@ -427,7 +453,11 @@ func (a *api) redrive(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	r, err := a.d.DeadLetters.Redrive(c.Request().Context(), seq)
+	var r dlq.Redriven
+	err = a.natsAway(c.Request().Context())
+	if err == nil {
+		r, err = a.d.DeadLetters.Redrive(c.Request().Context(), seq)
+	}
 	err = unavailable(fmt.Sprintf("redrive dead letter %d", seq), err)
 	a.audit(c, "redrive", err, "dead_seq", seq, "to", r.Subject, "new_seq", r.NewSeq)
 	if err != nil {
@@ -447,7 +477,13 @@ func (a *api) redriveGroup(c echo.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), groupRedriveTime)
 	defer cancel()
-	r, err := a.d.DeadLetters.RedriveGroup(ctx, req.Source, req.Reason)
+	var r dlq.GroupRedrive
+	err := a.natsAway(ctx)
+	if err == nil {
+		r, err = a.d.DeadLetters.RedriveGroup(ctx, req.Source, req.Reason)
+	} else {
+		err = unavailable(fmt.Sprintf("redrive dead letters (source %s, reason %s)", req.Source, req.Reason), err)
+	}
 	if err == nil && r.Error != "" {
 		a.audit(c, "redrive_group", fmt.Errorf("%s", r.Error), "source", req.Source, "reason", req.Reason, "redriven", r.Redriven, "refused", r.RefusedCount)
 	} else {
