@@ -333,6 +333,9 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 		rep.Notes = append(rep.Notes, stopped.Error())
 	}
 	rep.CatchUp = <-caught
+	// Stopped, the watcher gave up waiting: a catch-up it had not seen is
+	// not measured, not a reader that failed to catch up.
+	rep.Stopped = ctx.Err() != nil
 	if rep.Verify != nil && !readersPassed(rep.Verify.Rows) {
 		// The oracle, reading every event of the run, found a reader that
 		// had not processed it: whatever the watcher saw, not caught up.
