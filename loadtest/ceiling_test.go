@@ -3,8 +3,11 @@ package main
 import (
 	"regexp"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/testenv"
 )
@@ -67,5 +70,47 @@ func TestCeilingIsTheSlowestConsumersRate(t *testing.T) {
 	}
 	if got := r.Ceiling(); got != 500 {
 		t.Errorf("Ceiling = %v, want 500 (1000 events by the slowest consumer at 2 s)", got)
+	}
+}
+
+// An event delivered again is received once. A consumer whose ack came
+// after its ack wait is sent the message again, and counting deliveries
+// it "received" more than was published: the run said it had not received
+// everything. Here the ack wait (20 ms) passes many times within one fetch
+// (which waits 200 ms for more), so the server delivers the one event
+// again into the same fetch before it is acknowledged.
+func TestCeilingCountsAnEventDeliveredAgainOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js := testenv.StartNATS(t).JetStream(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CEILING", Subjects: []string{"ceiling.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "CEILING", jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckAllPolicy, AckWait: 20 * time.Millisecond, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "ceiling.0", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	var published atomic.Uint64
+	published.Store(1)
+	pubDone := make(chan struct{})
+	close(pubDone)
+	out := ceilingConsumer{Group: "c"}
+	if err := drainCeiling(ctx, cons, 500, &published, pubDone, time.Now(), &out); err != nil {
+		t.Fatal(err)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.Delivered.Consumer < 2 {
+		t.Fatalf("the event was delivered %d times; the test wants it delivered again", ci.Delivered.Consumer)
+	}
+	if r := (ceilingResult{Published: 1, Consumers: []ceilingConsumer{out}}); out.Received != 1 || !r.Complete() {
+		t.Errorf("delivered %d times, received %d of 1 (complete %v); want 1, complete", ci.Delivered.Consumer, out.Received, r.Complete())
 	}
 }

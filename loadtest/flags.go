@@ -129,7 +129,7 @@ const (
 func (s *sinkFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.counter, "counter-url", auto, "click counter base URL (auto: "+demoCounterURL+" if it answers; off)")
 	fs.StringVar(&s.clickhouse, "clickhouse", auto, "warehouse ClickHouse DSN (auto: "+demoClickHouse+" if it answers; off)")
-	fs.StringVar(&s.fraud, "fraud", auto, "check fraud verdicts: auto (if the fraud-detection group exists), on, off")
+	fs.StringVar(&s.fraud, "fraud", auto, "check fraud detection's verdicts and alerts: auto (if the fraud-detection group exists), on, off (a checked counter is judged by the verdicts either way)")
 	fs.StringVar(&s.require, "require", "", "comma-separated sinks that must be checked, not skipped: counter,warehouse,fraud,webhooks")
 	fs.DurationVar(&s.deadline, "deadline", 3*time.Minute, "how long verification waits for readers to catch up and agree")
 	fs.Uint64Var(&s.setLimit, "set-limit", 2_000_000, "compare the warehouse's event IDs one by one up to this many clicks (counts above)")

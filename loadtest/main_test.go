@@ -70,13 +70,27 @@ type tally struct {
 	// earlier, if set, makes it count the events it returns true for an
 	// hour before their time: right totals, a wrong hour.
 	earlier func(events.Click) bool
+	// counted is where each event was counted (by ID), for a verdict to
+	// move it; verdicts holds the labels of verdicts about events not
+	// counted yet.
+	counted  map[string]*tallied
+	verdicts map[string]bool
+}
+
+// tallied is where the tally counted one event: its link, dimensions, hour
+// and day, and its label (0 human, 1 bot).
+type tallied struct {
+	code      string
+	dims      []string
+	hour, day int64
+	label     int
 }
 
 // newTally returns an empty tally.
 func newTally(o systemOptions) *tally {
 	return &tally{seen: map[string]bool{}, totals: map[string][2]int64{}, dims: map[string]map[string][2]int64{},
 		hours: map[string]map[int64][2]int64{}, days: map[string]map[int64][2]int64{}, visitors: map[string]map[int64]map[string]bool{},
-		lose: o.lose, misfile: o.misfile, earlier: o.earlier}
+		lose: o.lose, misfile: o.misfile, earlier: o.earlier, counted: map[string]*tallied{}, verdicts: map[string]bool{}}
 }
 
 // countAt adds one click of label to m[code][k].
@@ -118,6 +132,9 @@ func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
 		if c.Bot {
 			label = 1
 		}
+		if bot, ok := t.verdicts[c.ID]; ok {
+			label = labelOf(bot)
+		}
 		tot := t.totals[c.Code]
 		tot[label]++
 		t.totals[c.Code] = tot
@@ -140,6 +157,7 @@ func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
 		day := at.Unix() / 86400
 		countAt(t.hours, c.Code, at.Unix()/3600, label)
 		countAt(t.days, c.Code, day, label)
+		t.counted[c.ID] = &tallied{code: strings.Clone(c.Code), dims: dims, hour: at.Unix() / 3600, day: day, label: label}
 		if !c.Bot && c.Visitor != "" {
 			if t.visitors[c.Code] == nil {
 				t.visitors[c.Code] = map[int64]map[string]bool{}
@@ -151,6 +169,62 @@ func (t *tally) handle(_ context.Context, _ int, batch []reader.Event) error {
 		}
 	}
 	return nil
+}
+
+func labelOf(bot bool) int {
+	if bot {
+		return 1
+	}
+	return 0
+}
+
+// applyVerdicts reads the counter's consumer on FRAUD_VERDICTS, as the
+// counter does, and moves each labelled event it counted to its new label
+// (totals, dimensions, hour and day; the uniques, of the visitors the
+// redirect did not label bots, stay), until ctx ends.
+func (t *tally) applyVerdicts(ctx context.Context, tb testing.TB, js jetstream.JetStream) {
+	cons, err := js.Consumer(ctx, events.FraudVerdictsStream, topology.ClickCounterVerdictsConsumer)
+	if err != nil {
+		tb.Errorf("tally: verdicts consumer: %v", err)
+		return
+	}
+	for ctx.Err() == nil {
+		mb, err := cons.Fetch(100, jetstream.FetchMaxWait(200*time.Millisecond))
+		if err != nil {
+			continue
+		}
+		for m := range mb.Messages() {
+			b, err := events.DecodeFraudVerdictBatch(m.Data())
+			if err != nil {
+				tb.Errorf("tally: verdict: %v", err)
+				continue
+			}
+			t.mu.Lock()
+			for _, l := range b.Labels {
+				to := labelOf(l.Bot)
+				e, ok := t.counted[l.ClickID]
+				if !ok {
+					t.verdicts[l.ClickID] = l.Bot
+					continue
+				}
+				if e.label == to {
+					continue
+				}
+				move := func(n [2]int64) [2]int64 { n[e.label]--; n[to]++; return n }
+				t.totals[e.code] = move(t.totals[e.code])
+				for _, d := range e.dims {
+					t.dims[e.code][d] = move(t.dims[e.code][d])
+				}
+				t.hours[e.code][e.hour] = move(t.hours[e.code][e.hour])
+				t.days[e.code][e.day] = move(t.days[e.code][e.day])
+				e.label = to
+			}
+			t.mu.Unlock()
+			if err := m.Ack(); err != nil && ctx.Err() == nil {
+				tb.Errorf("tally: ack a verdict: %v", err)
+			}
+		}
+	}
 }
 
 func (t *tally) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -269,6 +343,34 @@ func (l *loader) handle(ctx context.Context, _ int, batch []reader.Event) error 
 	return nil
 }
 
+// labeller is a stand-in fraud detection: for each batch, one verdict
+// message on FRAUD_VERDICTS labelling bot the events label returns true
+// for, published (and stored) before the batch is acknowledged.
+func labeller(js jetstream.JetStream, label func(events.Click) bool) reader.Handler {
+	return func(ctx context.Context, p int, batch []reader.Event) error {
+		var labels []events.FraudVerdictLabel
+		for _, e := range batch {
+			if c := e.Click; label(c) {
+				labels = append(labels, events.FraudVerdictLabel{ClickID: c.ID, ClickSeq: e.Seq, Code: c.Code, Owner: c.Owner,
+					Rule: "link_flood", Bot: true, SourceBot: c.Bot, ClickTime: c.Time, Country: c.Country, Referrer: c.Referrer, Time: time.Now().UTC()})
+			}
+		}
+		if len(labels) == 0 {
+			return nil
+		}
+		for _, b := range events.SplitVerdicts(p, batch[0].Seq, batch[len(batch)-1].Seq, labels) {
+			data, err := json.Marshal(b)
+			if err != nil {
+				return err
+			}
+			if _, err := js.Publish(ctx, events.FraudVerdictBatchSubject(p), data, jetstream.WithMsgID(b.ID)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 // system is NATS with the topology, the two stand-in readers, and the
 // environment and flags that point loadtest at them.
 type testSystem struct {
@@ -300,6 +402,10 @@ type systemOptions struct {
 	// earlier makes the counter count the events it returns true for in
 	// the hour before their own.
 	earlier func(events.Click) bool
+	// label starts a stand-in fraud detection (a fraud-detection group on
+	// CLICKS) that publishes a verdict on FRAUD_VERDICTS labelling bot each
+	// event label returns true for, and the counter applies the verdicts.
+	label func(events.Click) bool
 }
 
 const stuckCode = "lt-"
@@ -318,10 +424,15 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	ta := newTally(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for group, h := range map[string]reader.Handler{
+	handlers := map[string]reader.Handler{
 		topology.GroupClickCounter:    ta.handle,
 		topology.GroupWarehouseLoader: (&loader{conn: conn, stuck: o.loaderStuck}).handle,
-	} {
+	}
+	if o.label != nil {
+		handlers[topology.GroupFraudDetection] = labeller(js, o.label)
+		wg.Go(func() { ta.applyVerdicts(ctx, t, n.JetStream(t)) })
+	}
+	for group, h := range handlers {
 		linger := 20 * time.Millisecond
 		if group == topology.GroupWarehouseLoader {
 			linger = o.loaderLinger
@@ -444,6 +555,46 @@ func TestEventsRunPassesTheOracle(t *testing.T) {
 // delivered (by event id), none on the others, every signature valid, each
 // link's clicks in CLICKS' order, the group and the endpoint's queue caught
 // up; the endpoint is deleted at the end.
+// With --fraud off the counter is still judged by the final labels: it
+// applies every verdict fraud detection publishes, whether the run checks
+// fraud or not. The oracle read the verdicts only with fraud checked, so it
+// expected the source labels and failed a counter that had applied them
+// (the bot split, and the dimensions and series by label).
+func TestFraudOffJudgesTheCounterByTheVerdicts(t *testing.T) {
+	t.Parallel()
+	// About a quarter of the human clicks (UUIDv7's last digit random).
+	label := func(c events.Click) bool { return !c.Bot && strings.ContainsRune("048c", rune(c.ID[len(c.ID)-1])) }
+	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, label: label})
+	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir())...)
+	if err != nil {
+		t.Fatalf("loadtest events: %v\n%s", err, out)
+	}
+	for _, sink := range []string{"counter totals", "counter bot split", "counter countries", "counter referrers",
+		"counter hourly", "counter daily", "counter uniques", "warehouse bot flags", "readers caught up"} {
+		if r := row(t, out, sink); r[5] != "PASS" {
+			t.Errorf("%s: %v, want PASS", sink, r)
+		}
+	}
+	// Relabelled: more bots counted than the 10 % the redirect labelled.
+	if r := row(t, out, "counter bot split"); r[0] == "" || mustAtoi(t, r[0]) < 100 {
+		t.Errorf("counter bot split %v: want the verdicts' bots counted too (over 100 of 600)", r)
+	}
+	for _, sink := range []string{"fraud verdicts (bursts)", "fraud alerts (bursts)"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sink) + `\s.*SKIPPED\s+off \(--fraud off\)`).MatchString(out) {
+			t.Errorf("want %s SKIPPED, off:\n%s", sink, out)
+		}
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 func TestEventsRunPassesTheOracleWithTheWebhooksService(t *testing.T) {
 	t.Parallel()
 	s := startSystem(t, nil)

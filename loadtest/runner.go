@@ -175,11 +175,19 @@ func (s *system) sinks(owner string, since time.Time, rcv *whrecv.Receiver) (ora
 	log := jsread.NewClicks(s.js, owner, since)
 	out := oracle.Sinks{Log: log, Readers: s.readers, Skip: s.skip}
 	closers := []func(){log.Close}
-	if s.fraud {
+	// The counter applies every verdict, fraud checked or not: its bot
+	// split, dimensions and series are judged by the final labels, so the
+	// verdicts are read whenever the counter is checked. With fraud not
+	// checked (Skip says why) the fraud rows are skipped all the same.
+	if s.fraud || s.counter != nil {
 		v := jsread.NewVerdicts(s.js, owner, since)
+		out.Verdicts = v
+		closers = append(closers, v.Close)
+	}
+	if s.fraud {
 		a := jsread.NewAlerts(s.js, owner, since)
-		out.Verdicts, out.Alerts = v, a
-		closers = append(closers, v.Close, a.Close)
+		out.Alerts = a
+		closers = append(closers, a.Close)
 	}
 	// Each checked sink's readers must be seen caught up.
 	if s.fraud {
@@ -325,6 +333,9 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 		rep.Notes = append(rep.Notes, stopped.Error())
 	}
 	rep.CatchUp = <-caught
+	// Stopped, the watcher gave up waiting: a catch-up it had not seen is
+	// not measured, not a reader that failed to catch up.
+	rep.Stopped = ctx.Err() != nil
 	if rep.Verify != nil && !readersPassed(rep.Verify.Rows) {
 		// The oracle, reading every event of the run, found a reader that
 		// had not processed it: whatever the watcher saw, not caught up.

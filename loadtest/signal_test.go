@@ -57,7 +57,9 @@ func TestSecondSignalEndsAStopThatHangs(t *testing.T) {
 // the summary is printed and the report written with the truth, a note
 // saying the run was not verified and how to verify it later, and the
 // command fails (the verification asked for did not happen), instead of
-// ending with "context canceled" and no report at all.
+// ending with "context canceled" and no report at all. Its catch-up time
+// is not measured, not "not reached": no reader was seen behind, the run
+// stopped waiting.
 func TestAStopDuringAVerifiedRunWritesTheReport(t *testing.T) {
 	t.Parallel()
 	n := testenv.StartNATS(t)
@@ -101,6 +103,11 @@ func TestAStopDuringAVerifiedRunWritesTheReport(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "achieved throughput") {
 		t.Errorf("no summary printed:\n%s", out.String())
+	}
+	// Stopped during the load: no reader failed to catch up, the run
+	// did not wait for them.
+	if !strings.Contains(out.String(), "catch-up time        not measured (the run was stopped") || strings.Contains(out.String(), "not reached") {
+		t.Errorf("want the catch-up time not measured, the run stopped, and nothing \"not reached\":\n%s", out.String())
 	}
 	b, rerr := os.ReadFile(filepath.Join(dir, "report.json"))
 	if rerr == nil && !strings.Contains(string(b), "not verified") {

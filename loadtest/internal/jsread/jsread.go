@@ -358,6 +358,10 @@ func (r *Readers) Backlog(ctx context.Context) (map[string]uint64, error) {
 // count, and each consumer) took several seconds, so the load test's
 // once-a-second backlog read, which the keep-up verdict is judged on,
 // finished in 2 of 15 seconds.
+//
+// A backlog is the server's count, which trails the stream by a moment:
+// the server acknowledges a publish before it tells the stream's consumers
+// of it, so a read right after a publish may leave that event out.
 func (r *Readers) Positions(ctx context.Context) ([]oracle.Position, error) {
 	gcs, err := reader.GroupConsumers(ctx, r.js)
 	if err != nil {

@@ -29,8 +29,12 @@ const (
 // are NATS); a nil reader is a sink that is not deployed or not configured,
 // and Skip says why.
 type Sinks struct {
-	Log      LogReader
-	Readers  Positions
+	Log     LogReader
+	Readers Positions
+	// Verdicts is fraud detection's verdicts: the labels the counter
+	// applies, and what the fraud verdicts row judges. Its row is
+	// skipped when Skip names KeyFraud (fraud not checked): the verdicts
+	// are then read only for the counter's labels.
 	Verdicts VerdictReader
 	// Alerts is fraud detection's alerts, checked with the verdicts
 	// (under KeyFraud).
@@ -42,7 +46,8 @@ type Sinks struct {
 	// its queue in the webhooks service must be empty for the run to be
 	// caught up.
 	Webhooks WebhookReader
-	// Skip gives, by sink key, why a nil sink is not checked.
+	// Skip gives, by sink key, why a sink is not checked: a nil one, or
+	// the fraud rows while Verdicts is read for the counter.
 	Skip map[string]string
 	// Expect names the readers (as Positions names them) of the sinks
 	// being checked: each must have a position, or the run is not caught
@@ -337,7 +342,7 @@ func (c *checker) rows(ctx context.Context, caught bool) []Result {
 	if s.tr.Mode == truth.ModeHTTP {
 		rows = append(rows, s.sourceLabelResult())
 	}
-	if c.sinks.Verdicts != nil {
+	if _, off := c.sinks.Skip[KeyFraud]; c.sinks.Verdicts != nil && !off {
 		rows = append(rows, s.fraudResult())
 	} else {
 		rows = append(rows, c.skip(KeyFraud, SinkFraud))

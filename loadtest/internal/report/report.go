@@ -50,6 +50,9 @@ type Report struct {
 	Verify *oracle.Report `json:"verify,omitempty"`
 	// Notes are things the reader of the report should know.
 	Notes []string `json:"notes,omitempty"`
+	// Stopped: the run was stopped (Ctrl-C, SIGTERM) before it ended; a
+	// catch-up not seen by then was not waited for.
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // Write writes report.json and report.html into dir and returns their paths.
@@ -89,9 +92,12 @@ func Text(w io.Writer, r *Report) {
 	for _, g := range sortedKeys(s.PeakLag) {
 		fmt.Fprintf(w, "  peak lag %-24s %d\n", g, s.PeakLag[g])
 	}
-	if r.CatchUp >= 0 {
+	switch {
+	case r.CatchUp >= 0:
 		fmt.Fprintf(w, "  catch-up time        %s (end of load to every event of the run processed by every reader)\n", r.CatchUp.Round(time.Millisecond))
-	} else {
+	case r.Stopped:
+		fmt.Fprintln(w, "  catch-up time        not measured (the run was stopped before every reader was seen to have processed it)")
+	default:
 		fmt.Fprintln(w, "  catch-up time        not reached (a reader had not processed every event of the run)")
 	}
 	if k := r.KeepUp; k != nil {
