@@ -22,7 +22,7 @@ SERVICES := $(notdir $(wildcard services/*))
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## build every service binary into .demo/bin
@@ -49,7 +49,7 @@ test: servers modules ## every test, against real NATS (embedded), Redis and Cli
 	$(GO) test $(TEST_FLAGS) -run '$(T)' $(PKG)
 
 .PHONY: servers
-servers: ## install redis-server and clickhouse-server from the distribution if missing (Debian/Ubuntu)
+servers: ## install redis-server, clickhouse-server and chromium (the console's browser tests) from the distribution if missing (Debian/Ubuntu)
 	@bash .ci/install-servers
 
 .PHONY: modules

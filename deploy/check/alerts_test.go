@@ -81,9 +81,10 @@ func metricsIn(t *testing.T, expr string) []string {
 	return names
 }
 
-// The alert rules load in Prometheus, every rule has a runbook that exists,
-// and every metric the rules and the Grafana dashboard use is one the code
-// registers (a renamed metric would otherwise silence its alert).
+// The alert rules load in Prometheus, every rule has a runbook that exists
+// and names it, and every metric the rules and the Grafana dashboard use is
+// one the code registers (a renamed metric would otherwise silence its
+// alert).
 func TestAlertRulesAndDashboard(t *testing.T) {
 	groups, errs := rulefmt.ParseFile(filepath.Join(root, "deploy/prometheus/alerts.yml"), false, model.UTF8Validation)
 	for _, err := range errs {
@@ -100,8 +101,11 @@ func TestAlertRulesAndDashboard(t *testing.T) {
 			rb := r.Annotations["runbook"]
 			if rb == "" {
 				t.Errorf("alert %s has no runbook annotation", r.Alert)
-			} else if _, err := os.Stat(filepath.Join(root, rb)); err != nil {
+			} else if text, err := os.ReadFile(filepath.Join(root, rb)); err != nil {
 				t.Errorf("alert %s: runbook %s: %v", r.Alert, rb, err)
+			} else if !strings.Contains(string(text), r.Alert) {
+				// The operator it pages opens the runbook and looks for it.
+				t.Errorf("alert %s: runbook %s does not name it", r.Alert, rb)
 			}
 			for _, m := range metricsIn(t, r.Expr) {
 				if !metricInCode(words, m) {

@@ -101,10 +101,18 @@ func (d *demo) clusterBanner(c *demoCluster) {
                           takes over its master's slots (about 2 s); the services reconnect
     kill -STOP PID        freeze a node, as a hung machine; kill -CONT PID thaws it
     kill -USR1 %d    start every crashed node again, with its data
-    curl -s http://%s/jsz?streams=1 | grep -A3 '"cluster"'    who leads each stream
+    %s    who leads each stream (any live node's monitoring)
     redis-cli -p %s cluster nodes                          who is master of what`,
-		os.Getpid(), c.nats.Nodes[0].Monitor, strings.TrimPrefix(c.redis.Masters[0].Addr, "127.0.0.1:"))
+		os.Getpid(), leadersCommand(c.nats.Nodes[0].Monitor), strings.TrimPrefix(c.redis.Masters[0].Addr, "127.0.0.1:"))
 	d.logf("%s", b.String())
+}
+
+// leadersCommand is the shell line the banner gives to see who leads each
+// stream, from the NATS node whose monitoring listens at monitor: each
+// stream's name is two lines above its "cluster" object in /jsz, and the
+// leader three lines into it.
+func leadersCommand(monitor string) string {
+	return fmt.Sprintf(`curl -s http://%s/jsz?streams=1 | grep -B2 -A3 '"cluster"'`, monitor)
 }
 
 // watchCluster says on the terminal when a node dies, and starts every dead

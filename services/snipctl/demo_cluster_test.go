@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // `snipctl demo --cluster` runs every service on a 3-node NATS cluster and a
@@ -204,4 +206,45 @@ func tail(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// The banner's "who leads each stream" line names each stream with its
+// leader: it printed every stream's leader without the stream's name
+// (grep -A3 '"cluster"' began below the name), so a user could not tell
+// which node leads CLICKS, the one to kill.
+func TestTheClusterBannersLeadersCommandNamesEachStreamsLeader(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartNATSCluster(t)
+	o := topology.Defaults()
+	o.Replicas = 3
+	js := c.JetStream(t)
+	c.ApplyTopology(t, js, o)
+	st, err := js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("CLICKS has no leader: %+v", info.Cluster)
+	}
+	cmd := leadersCommand(c.Nodes[0].Monitor)
+	out, err := exec.CommandContext(t.Context(), "bash", "-c", cmd).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, out)
+	}
+	// grep separates the streams with "--".
+	var leader string
+	for _, block := range strings.Split(string(out), "\n--\n") {
+		if strings.Contains(block, `"name": "`+events.ClicksStream+`"`) {
+			if m := regexp.MustCompile(`"leader": "(n\d)"`).FindStringSubmatch(block); m != nil {
+				leader = m[1]
+			}
+		}
+	}
+	if leader != info.Cluster.Leader {
+		t.Fatalf("%s\nprinted:\n%s\nwant CLICKS named with its leader, %s (found %q)", cmd, out, info.Cluster.Leader, leader)
+	}
 }

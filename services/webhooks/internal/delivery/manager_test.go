@@ -1050,3 +1050,93 @@ func TestADeletedEndpointsSenderStopsAndLeavesNoKey(t *testing.T) {
 		})
 	}
 }
+
+// queueReads counts, through a go-redis hook, the reads of an endpoint's
+// queue (XRANGE of its "q" key).
+type queueReads struct{ n atomic.Int64 }
+
+func (h *queueReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *queueReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		err := next(ctx, c)
+		if args := c.Args(); c.Name() == "xrange" && len(args) > 1 {
+			if key, ok := args[1].(string); ok && strings.HasSuffix(key, "}:q") {
+				h.n.Add(1)
+			}
+		}
+		return err
+	}
+}
+func (h *queueReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestAStopWhileABatchFillsWarnsOfNothing: a sender waiting for its batch
+// to fill (the endpoint's batch wait) when the service stops stops quietly.
+// It read the queue once more with the stop's cancelled context and logged
+// the "context canceled" of that read as a warning ("webhooks: read
+// queue"), at every stop of a service whose endpoints were filling a batch
+// (make demo's, every time). The event stays queued for the next sender.
+func TestAStopWhileABatchFillsWarnsOfNothing(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reads := &queueReads{}
+	rdb.AddHook(reads)
+	ctx := t.Context()
+	store := redisstore.New(rdb, 1000)
+	var posts atomic.Int64
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(recv.Close)
+	e := endpoint.Endpoint{ID: "ep_filling", Owner: "acme", URL: recv.URL + "/hook", Types: []string{endpoint.TypeClick}, Secret: endpoint.NewSecret(),
+		BatchMax: 50, BatchWait: endpoint.MaxBatchWait}
+	if err := store.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	ev := redisstore.Event{ID: "evt_1", Type: "click", Time: time.Now().UTC(), Data: []byte(`{"id":"evt_1"}`)}
+	if _, _, err := store.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	warned := &warnings{}
+	log := slog.New(warned)
+	dialer := netguard.NewDialer(netguard.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}), nil, time.Second)
+	client := NewClient(ClientConfig{Timeout: 10 * time.Second, ConnectTimeout: time.Second, MaxResponseBytes: 1 << 10, UserAgent: "a", Dialer: dialer})
+	cfg := SenderConfig{Schedule: []time.Duration{20 * time.Millisecond}, DisableAfter: time.Hour, MaxBatchBytes: 1 << 20, Poll: 10 * time.Millisecond}
+	mgr := NewManager(store, NewSender(store, client, cfg, m, log), "a", 6*time.Second, log)
+	mctx, cancel := context.WithCancel(ctx)
+	var runErr error
+	stopped := make(chan struct{})
+	go func() { runErr = mgr.Run(mctx); close(stopped) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+
+	// The sender read the queue, found the event and waits (a minute) for
+	// more before it sends.
+	testenv.WaitFor(t, 10*time.Second, "the sender's first read of the queue", func() bool { return reads.n.Load() > 0 })
+	cancel()
+	select {
+	case <-stopped:
+		if runErr != nil {
+			t.Fatalf("stop: %v", runErr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the manager did not stop")
+	}
+	if w := warned.get(); len(w) != 0 {
+		t.Errorf("a stop while a batch filled logged %q, want nothing at warn or above", w)
+	}
+	if n := posts.Load(); n != 0 {
+		t.Errorf("%d POSTs, want none (the batch was still filling)", n)
+	}
+	if evs, err := store.Read(ctx, e.ID, "0", 10, 1<<20, 0); err != nil || len(evs) != 1 {
+		t.Errorf("queue after the stop: %d events (%v), want the one event", len(evs), err)
+	}
+}

@@ -158,6 +158,9 @@ func (s *Sender) Run(ctx, post context.Context, id, token string, wake <-chan st
 			return
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return // stopping: the read was cut short, nothing failed
+			}
 			s.log.Warn("webhooks: load endpoint", "endpoint", id, "err", err)
 			sleep(ctx, s.cfg.Poll, nil)
 			continue
@@ -181,6 +184,12 @@ func (s *Sender) Run(ctx, post context.Context, id, token string, wake <-chan st
 				return
 			}
 			if err != nil {
+				if ctx.Err() != nil {
+					// Stopping while the batch filled: the reads made with
+					// the ended ctx fail, and the events stay queued for
+					// the next sender.
+					return
+				}
 				s.log.Warn("webhooks: read queue", "endpoint", id, "err", err)
 				sleep(ctx, s.cfg.Poll, nil)
 				continue
