@@ -43,6 +43,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestRelaySharesShardsAmongInstances,
 		TestRelayDeletesOnlyTheHeadItRelayed,
 		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
+		TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWindow,
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,

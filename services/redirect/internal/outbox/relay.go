@@ -95,6 +95,18 @@ type Relay struct {
 	// epoch is the origin of the monotonic clock of lease deadlines (since).
 	epoch time.Time
 
+	// untrimmed holds, per shard and lane (Lanes' order), the batch
+	// JetStream acknowledged whose trim Redis did not answer: the shard's
+	// loop trims it before it reads the lane again, also when this relay
+	// takes the shard again after a Redis outage let its lease lapse.
+	// Reading the lane instead would publish the batch anew, and after an
+	// outage longer than the stream's duplicate window (2 minutes)
+	// JetStream would store every click of it twice. (Another instance
+	// that takes the shard knows nothing of it, and does.) Only the
+	// goroutine relaying the shard touches its row: balance starts one
+	// only after the last has ended.
+	untrimmed [][]*acked
+
 	// afterAcks, if set (tests), runs after a batch's acks and before its
 	// fenced delete; returning an error abandons the batch as a crash would.
 	afterAcks func(shard int, lane Lane, ids []string) error
@@ -117,7 +129,11 @@ func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 5 * time.Second
 	}
-	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now()}
+	untrimmed := make([][]*acked, layout.Shards)
+	for s := range untrimmed {
+		untrimmed[s] = make([]*acked, len(Lanes))
+	}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now(), untrimmed: untrimmed}
 }
 
 // since is the time since r.epoch on the monotonic clock, which a wall
@@ -402,6 +418,9 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
+		if !r.trimUntrimmed(ctx, shard, lease, lanes) {
+			return
+		}
 		now := time.Now()
 		block := r.cfg.Block
 		streams, order = streams[:0], order[:0]
@@ -465,7 +484,7 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 				continue
 			}
 			ls := &lanes[li]
-			n, err := r.relayBatch(ctx, shard, lease, Lanes[li], st.Messages)
+			n, err := r.relayBatch(ctx, shard, lease, li, st.Messages)
 			switch {
 			case errors.Is(err, errLeaseLost):
 				r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
@@ -506,6 +525,44 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 	}
 }
 
+// trimUntrimmed trims each lane's batch whose trim Redis did not answer
+// (Relay.untrimmed), once the lane's backoff has passed; a trim that fails
+// again backs the lane off, so it is not read meanwhile. It returns false
+// when the shard must stop: the lease is lost, or ctx ended.
+func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, lanes []laneState) bool {
+	now := time.Now()
+	for li, a := range r.untrimmed[shard] {
+		ls := &lanes[li]
+		if a == nil || ls.retryAt.After(now) {
+			continue
+		}
+		_, err := r.trim(ctx, shard, lease, li, a)
+		switch {
+		case errors.Is(err, errLeaseLost):
+			r.untrimmed[shard][li] = nil
+			r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
+			return false
+		case errors.Is(err, errLaneRewritten):
+			r.untrimmed[shard][li] = nil
+			ls.last = "0-0"
+			r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", Lanes[li].Name)
+		case err != nil:
+			if ctx.Err() != nil {
+				return false
+			}
+			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
+			ls.retryAt = time.Now().Add(ls.backoff)
+			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", Lanes[li].Name, "retry_in", ls.backoff, "err", err)
+		default:
+			// The lane goes on from its head, probing still if the batch
+			// stopped at a publish error.
+			r.untrimmed[shard][li] = nil
+			ls.last = "0-0"
+		}
+	}
+	return true
+}
+
 // relayBatch publishes msgs in order and deletes the acknowledged prefix. It
 // returns how many entries it deleted, and the error that stopped it early.
 // It publishes (and parks) only while the lease is surely its own
@@ -513,7 +570,8 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 // its lease, would otherwise publish a window per lane after another
 // instance took the shard over, which the streams drop as duplicates only
 // within their duplicate window. (The delete is fenced in Redis itself.)
-func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lane Lane, msgs []redis.XMessage) (int, error) {
+func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li int, msgs []redis.XMessage) (int, error) {
+	lane := Lanes[li]
 	if r.beforeBatch != nil {
 		r.beforeBatch(shard, lane)
 	}
@@ -628,12 +686,48 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	if err != nil {
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
+	a := &acked{
+		n: len(ids), keep: keep, firstEvent: batch[0].e.ID, last: ids[len(ids)-1], lastEvent: batch[len(ids)-1].e.ID,
+		published: published, late: late, parked: parked,
+	}
+	n, err := r.trim(ctx, shard, lease, li, a)
+	if err != nil {
+		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errLaneRewritten) {
+			// Redis did not answer: the shard retries this trim before it
+			// reads the lane again, rather than publish the batch anew.
+			r.untrimmed[shard][li] = a
+		}
+		return 0, err
+	}
+	return n, stop
+}
+
+// acked is the head of a lane a batch relayed (JetStream acknowledged it,
+// or it was parked or late), to be deleted by the fenced trim.
+type acked struct {
+	n          int    // entries
+	keep       string // the first stream ID to keep: the one after last
+	firstEvent string // the event ID of the batch's first entry
+	last       string // the stream ID of its last entry
+	lastEvent  string // and its event ID
+	// counted once deleted
+	published, late int
+	parked          []string
+}
+
+// trim deletes a's entries with the fenced trim and counts them. It
+// returns errLeaseLost (nothing deleted: the lease is another's),
+// errLaneRewritten (nothing deleted: the lane is not as the batch read it),
+// or Redis's error (a may or may not be deleted; trimming it again is safe,
+// since the script checks the lane's head by event ID).
+func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a *acked) (int, error) {
+	lane := Lanes[li]
 	// A fresh context: entries JetStream acknowledged are deleted even when
 	// shutdown has begun, so the next holder does not publish them again.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	res, err := fencedTrimScript.Run(dctx, r.rdb, []string{r.layout.LeaseKey(shard), r.layout.OutboxKey(shard, lane)},
-		lease.token, keep, batch[0].e.ID, ids[len(ids)-1], batch[len(ids)-1].e.ID, fieldID).Int64Slice()
+		lease.token, a.keep, a.firstEvent, a.last, a.lastEvent, fieldID).Int64Slice()
 	if err == nil && len(res) == 0 {
 		err = errors.New("empty reply")
 	}
@@ -651,12 +745,12 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, lan
 	}
 	// Counted once deleted: a batch that fails before its delete parks (and
 	// publishes) its entries again when the lane is retried.
-	r.m.Published.WithLabelValues(lane.Name).Add(float64(published))
-	r.m.Late.WithLabelValues(lane.Name).Add(float64(late))
-	for _, why := range parked {
+	r.m.Published.WithLabelValues(lane.Name).Add(float64(a.published))
+	r.m.Late.WithLabelValues(lane.Name).Add(float64(a.late))
+	for _, why := range a.parked {
 		r.m.Parked.WithLabelValues(lane.Name, why).Inc()
 	}
-	return len(ids), stop
+	return a.n, nil
 }
 
 // nextStreamID returns the Redis stream ID right after id ("ms-seq"): the
