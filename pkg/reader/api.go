@@ -88,6 +88,8 @@ func (e *ReplayError) Unwrap() error { return e.Err }
 // deleted and created again since the batch was delivered, the new one
 // goes no further than its own ack floor, so it hands every event it has
 // not handed (from its start, for a group created again at the oldest).
+// One deleted and not yet created again, the runtime creates it (as the
+// group's config says) and goes the same way: the partition goes on.
 func Replay(from uint64, err error) error { return &ReplayError{From: from, Err: err} }
 
 // PoisonError marks one event of a batch as one that can never be

@@ -51,7 +51,9 @@
 // wait and retry the same batch with backoff; Replay(from) has the
 // consumer moved back and the events handed again from there (a move back
 // that fails, NATS away or the consumer gone, is tried again with the same
-// backoff, the first failure and every tenth logged); a permanent one naming its
+// backoff, the first failure and every tenth logged; a consumer gone is
+// created again, as a fetch that finds it gone does, and the move goes by
+// the new one's ack floor); a permanent one naming its
 // event (Poison) parks that event on DEAD_LETTER and moves on. That is the
 // failure contract every Snip consumer shares (package failure); the work
 // queue beside this log runtime (package workqueue) reads its handlers'
@@ -141,7 +143,8 @@
 // handled was of the consumer before, so the partition goes on from the
 // new one's ack floor, and the group created again is handed every event
 // from its start, even where the first reset after the gap fails and is
-// tried again.
+// tried again. One deleted and not created again before the move back is
+// created again by the owner, at the group's start, and goes the same way.
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -451,8 +451,8 @@ func TestReplayHandsTheEventsAgainFromASequence(t *testing.T) {
 	})
 }
 
-// A handler's Replay whose move back keeps failing (here the partition's
-// consumer is deleted under it, so reading it fails at once each try) is
+// A handler's Replay whose move back keeps failing (here CLICKS is deleted
+// under it, so reading the partition's consumer fails at once each try) is
 // tried again with a wait that grows, as a failing batch is, and logged
 // now and then. Before, each try made a new backoff and waited its first
 // step (about 100 ms), with a warning a try, for as long as it failed.
@@ -479,7 +479,7 @@ func TestAReplayThatKeepsFailingWaitsLongerEachTry(t *testing.T) {
 	h := func(ctx context.Context, _ int, batch []reader.Event) error {
 		var err error
 		once.Do(func() {
-			err = js.DeleteConsumer(ctx, events.ClicksStream, name)
+			err = js.DeleteStream(ctx, events.ClicksStream)
 			if err == nil {
 				err = reader.Replay(1, errors.New("the store lost what it had acked"))
 				close(replayed)
@@ -506,6 +506,65 @@ func TestAReplayThatKeepsFailingWaitsLongerEachTry(t *testing.T) {
 	}
 	if n := warned.Load(); n > 2 {
 		t.Errorf("%d warnings of the failing replay in 3 s, want at most 2", n)
+	}
+}
+
+// A handler's Replay whose partition's consumer was deleted before the
+// move back (here by the handler, as it answers Replay) has the consumer
+// created again, as a fetch that finds it gone does, and the partition goes
+// on. The new consumer has positions of its own: the move back goes by its
+// ack floor, so it hands everything from the partition's start, not from
+// the Replay's sequence, which is a position of the one deleted. Before,
+// each try of the move back failed "consumer not found", nothing created
+// the consumer again, and the partition handled nothing more until it was
+// taken away from the member.
+func TestAReplayWhoseConsumerWasDeletedGoesOnWithANewOne(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	ids := publish(t, js, 1, 30, 0) // sequences 1..30, in one partition
+	name := topology.GroupConsumerName("g", 0)
+	var mu sync.Mutex
+	var handled []uint64 // stream sequences of the events handled, in order
+	deleted := false
+	h := func(ctx context.Context, _ int, batch []reader.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !deleted && batch[len(batch)-1].Seq >= 21 {
+			deleted = true
+			if err := js.DeleteConsumer(ctx, events.ClicksStream, name); err != nil {
+				return err
+			}
+			return reader.Replay(15, errors.New("the store lost what it had acked"))
+		}
+		for _, e := range batch {
+			handled = append(handled, e.Seq)
+		}
+		return nil
+	}
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 10, MaxRetryDelay: 200 * time.Millisecond}, h)
+	last := uint64(len(ids))
+	if !testenv.Poll(30*time.Second, func() bool {
+		c, err := js.Consumer(t.Context(), events.ClicksStream, name)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(t.Context())
+		return err == nil && info.AckFloor.Stream == last && info.NumAckPending == 0
+	}) {
+		mu.Lock()
+		t.Fatalf("the partition's consumer, deleted before the replay, was not acked to the last event %d in 30 s (handled %v)", last, handled)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var want []uint64
+	for s := uint64(1); s <= 20; s++ {
+		want = append(want, s)
+	}
+	for s := uint64(1); s <= last; s++ {
+		want = append(want, s)
+	}
+	if fmt.Sprint(handled) != fmt.Sprint(want) {
+		t.Errorf("handled %v\nwant %v (up to the replay at 21, then everything again from the new consumer's start)", handled, want)
 	}
 }
 

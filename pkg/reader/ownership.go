@@ -116,7 +116,30 @@ func (w *worker) unpin() error {
 	return w.m.stream.UnpinConsumer(ctx, w.name, topology.PriorityGroup)
 }
 
+// recreate creates the partition's consumer again where it was deleted,
+// and positions the worker at it: what is fetched next is the new
+// consumer's, from its start.
 func (w *worker) recreate() error {
+	if err := w.createAgain(); err != nil {
+		return err
+	}
+	c := w.cons
+	w.positioned(c.CachedInfo())
+	// The new consumer counts its deliveries from its own start: its
+	// first is not a gap after the old one's last.
+	w.lastCseq, w.cseqKnown = c.CachedInfo().Delivered.Consumer, true
+	return nil
+}
+
+// createAgain creates the partition's consumer again where it was deleted
+// (as the group's config says, at its start), and takes it as w.cons. It
+// leaves the worker's positions alone: they stay of the consumer deleted
+// (w.handledOf), so a move back decided next (afterGap, replayFrom) sees a
+// consumer created again and goes by its own ack floor, from where it
+// hands the events it never handed, rather than to a position of the one
+// deleted (the event after the last one handled, a Replay's from), which
+// would skip them.
+func (w *worker) createAgain() error {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	if err := w.m.ensureConsumer(ctx, w.m.stream, w.p); err != nil {
@@ -127,10 +150,6 @@ func (w *worker) recreate() error {
 		return err
 	}
 	w.cons = c
-	w.positioned(c.CachedInfo())
-	// The new consumer counts its deliveries from its own start: its
-	// first is not a gap after the old one's last.
-	w.lastCseq, w.cseqKnown = c.CachedInfo().Delivered.Consumer, true
 	return nil
 }
 

@@ -3,6 +3,7 @@ package reader
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -244,6 +245,16 @@ func (w *worker) run() {
 				}
 				if err == nil {
 					break
+				}
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					// Deleted meanwhile: no try finds it, and nothing else
+					// creates it while the fetcher is stopped. Created again
+					// (as the fetch path does), it is moved by the next try,
+					// which goes by the new consumer's own ack floor: the
+					// positions kept are of the one deleted (createAgain).
+					if cerr := w.createAgain(); cerr != nil {
+						err = fmt.Errorf("%w; creating it again: %w", err, cerr)
+					}
 				}
 				if r.again(err, 0, what) != nil {
 					return

@@ -87,3 +87,50 @@ func TestReadsClicksBySequenceAndScansAPartition(t *testing.T) {
 		}
 	}
 }
+
+// A scan reads with an ordered consumer of its own on CLICKS, which it
+// deletes when done, whichever way it ends (to its until, to the
+// partition's end, nothing from its start): after 5 scans CLICKS has as
+// many consumers as before. Before, each stayed until the server dropped
+// it as inactive (nats.go's default for an ordered consumer, 5 minutes),
+// so the rebuilds of every assignment and rewind piled them up on CLICKS.
+func TestAScanLeavesNoConsumerBehind(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Partitions, o.Storage = 4, jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	clicks := traffic.Generate(traffic.Spec{Seed: 1, Start: time.Now().Add(-time.Minute), Duration: 5 * time.Second, HumanRate: 20, Links: 20, Owners: 2})
+	if err := traffic.Publish(ctx, js, clicks, 256); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumers := func() int {
+		info, err := s.Info(ctx)
+		if err != nil {
+			return -1
+		}
+		return info.State.Consumers
+	}
+	before := consumers()
+	l := clicklog.New(js, 4)
+	past, future := time.Now().Add(-time.Hour), time.Now().Add(time.Hour)
+	for p := range 4 {
+		if n, err := l.Scan(ctx, p, past, 1<<62, func(reader.Event) {}); err != nil || n == 0 {
+			t.Fatalf("Scan of partition %d = %d, %v; want its events", p, n, err)
+		}
+	}
+	if n, err := l.Scan(ctx, 0, future, 1<<62, func(reader.Event) {}); err != nil || n != 0 {
+		t.Fatalf("Scan of the future = %d, %v; want 0", n, err)
+	}
+	now := before
+	if !testenv.Poll(20*time.Second, func() bool { now = consumers(); return now == before }) {
+		t.Errorf("CLICKS has %d consumers 20 s after 5 scans, want %d as before them", now, before)
+	}
+}

@@ -383,7 +383,7 @@ func containsType(ts []string, t string) bool {
 }
 
 // copy reads stream (filtered) from a start time up to sequence upto with
-// an ordered consumer and queues what convert accepts (given each message's
+// an ordered consumer (deleted when done) and queues what convert accepts (given each message's
 // payload, subject and time stored), 500 at a time, as replay hold: the
 // script that queues a batch refuses it once hold is superseded, its lease
 // lapsed or the endpoint is deleted, and copy returns that error.
@@ -394,10 +394,22 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstor
 	}
 	cons, err := r.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from,
+		// Should the delete below not reach the server, it drops the
+		// consumer soon, not after the client's default 5 minutes.
+		InactiveThreshold: copyInactive,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("replay %s: %w", stream, err)
 	}
+	// Each copy creates a consumer on the stream: delete it when done, so
+	// that replays asked again and again leave none behind.
+	defer func() {
+		if ci := cons.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = r.js.DeleteConsumer(dctx, stream, ci.Name)
+		}
+	}()
 	total, noResponders := 0, 0
 	for {
 		if err := ctx.Err(); err != nil {
@@ -466,6 +478,10 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstor
 		}
 	}
 }
+
+// copyInactive is how long the server keeps a copy's consumer after its
+// last pull, where copy's own delete of it failed.
+const copyInactive = 30 * time.Second
 
 // maxNoResponders is how many pulls (or consumer infos) in a row a replay
 // retries when no server answers them.

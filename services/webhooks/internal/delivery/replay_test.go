@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -1058,6 +1059,92 @@ func TestAReplayOfADisabledEndpointRefillsItsQueue(t *testing.T) {
 	queued := queuedIDs(t, store, ep.ID)
 	if d := cmp.Diff(want, queued); d != "" {
 		t.Errorf("the disabled endpoint's queue after its replay, event IDs (-want +got):\n%s", d)
+	}
+}
+
+// TestAReplayLeavesNoConsumerBehind: a replay copies CLICKS and FRAUD
+// with an ordered consumer on each, which it deletes when done: after 3
+// replays both streams have as many consumers as before them. Before,
+// each stayed until the server dropped it as inactive (nats.go's default
+// for an ordered consumer, 5 minutes), so replays asked again and again
+// piled consumers up on both streams.
+func TestAReplayLeavesNoConsumerBehind(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	rdb := servers.RedisClient(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	store := redisstore.New(rdb, 100_000)
+	ep := endpoint.Endpoint{ID: "ep_replay_consumers", Owner: "acme", URL: "https://example.com/hook",
+		Types: []string{endpoint.TypeClick, endpoint.TypeFraudAlert}}
+	if err := store.Put(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	m, err := delivery.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayer := delivery.NewReplayer(js, store, delivery.NewIntake(store, m), slog.New(slog.DiscardHandler),
+		delivery.ReplayerConfig{Pending: 4, Partitions: o.Partitions, Instance: "i1", LeaseTTL: 3 * time.Second})
+	admin := &delivery.Admin{Store: store, Replayer: replayer}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replayer.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	from := time.Now().UTC()
+	for i := range 3 {
+		c := events.Click{V: events.ClickVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "a1",
+			Owner: "acme", Target: "https://example.com/", Visitor: "visitor", Country: "NL"}
+		a := events.FraudAlert{V: events.FraudVersion, ID: events.NewID(), Rule: "visitor_burst", Code: "a1",
+			Owner: "acme", WindowStart: from, WindowEnd: from, Count: 10 + i, Threshold: 5, Time: from}
+		cb, _ := json.Marshal(c)
+		ab, _ := json.Marshal(a)
+		if _, err := js.Publish(ctx, events.ClickSubject(c.Owner, c.Code), cb, jetstream.WithMsgID(c.ID)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.Publish(ctx, events.FraudAlertSubject(a.Code), ab, jetstream.WithMsgID(a.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consumers := func() string {
+		var out []string
+		for _, name := range []string{events.ClicksStream, events.FraudStream} {
+			s, err := js.Stream(ctx, name)
+			if err != nil {
+				return err.Error()
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				return err.Error()
+			}
+			out = append(out, fmt.Sprintf("%s %d", name, info.State.Consumers))
+		}
+		return strings.Join(out, ", ")
+	}
+	before := consumers()
+	var last string // the replay before, done
+	for i := range 3 {
+		if err := admin.Replay(ctx, "acme", ep.ID, from); err != nil {
+			t.Fatalf("replay %d: %v", i, err)
+		}
+		var got redisstore.Replay
+		if !testenv.Poll(30*time.Second, func() bool {
+			s, err := admin.Get(ctx, "acme", ep.ID)
+			got = s.Replay
+			return err == nil && got.ID != last && got.State == redisstore.ReplayDone && got.Events == 6
+		}) {
+			t.Fatalf("replay %d: %+v, want done with 6 events", i, got)
+		}
+		last = got.ID
+	}
+	now := before
+	if !testenv.Poll(20*time.Second, func() bool { now = consumers(); return now == before }) {
+		t.Errorf("consumers 20 s after 3 replays: %s, want %s as before them", now, before)
 	}
 }
 
