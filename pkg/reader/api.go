@@ -297,6 +297,8 @@ type Config struct {
 	// before, is made again on the new one: OnRewind is called again, or,
 	// where the request was made for the one before, not at all (the
 	// request is void for the new one, which starts at its own ack floor).
+	// One deleted and not created again the owner creates (as the group's
+	// config says) and goes the same way.
 	OnRewind func(ctx context.Context, partition int, r RewindInfo) error
 	// OnPassed, if set, is called when the runtime passes stream positions
 	// of a partition that the handler never completed: a batch whose last

@@ -92,7 +92,11 @@
 // when each was created): if they are deleted and the group is created again
 // before a partition carried it out, the new group ignores it, and the
 // request is void: LatestRewind shows those partitions Void, never to be
-// done, and WaitRewind ends with ErrRewindVoid rather than waiting. A group
+// done, and WaitRewind ends with ErrRewindVoid rather than waiting. A
+// partition's consumer deleted while its owner carries the request out
+// (and not created again by anyone else) the owner creates again, at the
+// group's start: the request is void for it too, and the partition goes on
+// from the new consumer's start, not from the request's From. A group
 // has one request at a time: another replay requested before the partitions
 // carried one out replaces it (they carry out the latest), and WaitRewind
 // for the one replaced ends with ErrRewindSuperseded, naming the latest,

@@ -458,7 +458,9 @@ func (w *worker) pendingRewind() *rewindRequest {
 // unrecorded; OnRewind is not told. The decision is of the consumer it was
 // made on: where that one is deleted and created again before the
 // consumer moves (while OnRewind runs), it is made again, on the new one,
-// and OnRewind told again.
+// and OnRewind told again. One deleted and not created again (by an
+// operator, a topology reset) is created again by this owner, as the
+// group's config says (createdAgainIfDeleted), and goes the same way.
 func (w *worker) maybeRewind() error {
 	m := w.m
 	req := w.pendingRewind()
@@ -471,7 +473,7 @@ func (w *worker) maybeRewind() error {
 		var plan rewindPlan
 		if !w.retryRewind(bo, "read the partition's ack floor for the rewind", func() (err error) {
 			plan, err = w.planRewind(req)
-			return err
+			return w.createdAgainIfDeleted(err)
 		}) {
 			return errReleased
 		}
@@ -484,7 +486,7 @@ func (w *worker) maybeRewind() error {
 				changed = true
 				return nil
 			}
-			return err
+			return w.createdAgainIfDeleted(err)
 		}
 		if plan.stale {
 			w.staleRewindID = req.ID
@@ -534,6 +536,25 @@ func (w *worker) maybeRewind() error {
 		w.idle = true
 		return nil
 	}
+}
+
+// createdAgainIfDeleted creates the partition's consumer again where err
+// says it is gone (an operator, a topology reset deleted it while the
+// rewind was carried out): no try of the step would find it, and nothing
+// else creates it while the fetcher is stopped for the rewind. The next
+// try goes by the new consumer (createAgain), which the request was not
+// made for: it is ignored (stale), and the new consumer hands every event
+// from its own start, rather than moving to the request's From, a
+// position of the one deleted, which would skip the events before it.
+// err is returned, with why creating the consumer failed if it did, so
+// the step is tried again.
+func (w *worker) createdAgainIfDeleted(err error) error {
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if cerr := w.createAgain(); cerr != nil {
+			err = fmt.Errorf("%w; creating it again: %w", err, cerr)
+		}
+	}
+	return err
 }
 
 // retryRewind runs one step of a rewind until it succeeds, logging each

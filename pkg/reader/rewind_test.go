@@ -1391,3 +1391,93 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 		})
 	}
 }
+
+// A rewind whose partition's consumer is deleted (an operator, a topology
+// reset) while the partition's owner carries it out: before the owner
+// decides it (the request is there when the member starts, and the
+// consumer goes as OnAssign runs), or while OnRewind runs. Nothing else
+// creates the consumer again while the fetcher is stopped for the rewind:
+// the owner creates it, as the group's config says, and goes on from its
+// start. The request was made for the consumer deleted, so it is void for
+// the new one (not recorded, WaitRewind says so), and the new consumer
+// hands every event from its start, the rewind's From among them: moved to
+// From, it would skip the events before, which it never handed. Before,
+// each try of the rewind read the deleted consumer and failed "consumer
+// not found": the partition handled nothing more until taken away.
+func TestARewindWhoseConsumerIsDeletedWhileItIsCarriedOutGoesOnWithANewOne(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"OnAssign", "OnRewind"} {
+		t.Run("deleted in "+where, func(t *testing.T) {
+			t.Parallel()
+			n, js := setup(t, 1)
+			const group, last = "g", 20
+			consumer := topology.GroupConsumerName(group, 0)
+			publish(t, js, 1, last, 0) // sequences 1..20, in one partition
+			first := startMember(t, n, reader.Config{Group: group, Member: "first"},
+				func(context.Context, int, []reader.Event) error { return nil })
+			ackedToLast := func() bool {
+				info, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+				if err != nil {
+					return false
+				}
+				ci, err := info.Info(t.Context())
+				return err == nil && ci.AckFloor.Stream == last && ci.NumAckPending == 0
+			}
+			testenv.WaitFor(t, 30*time.Second, "the first pass acked", ackedToLast)
+			first.stop(t)
+			old, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := reader.Rewind(t.Context(), js, group, reader.FromSeq(5))
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			var mu sync.Mutex
+			var handled []uint64
+			var once sync.Once
+			del := func(ctx context.Context) (err error) {
+				once.Do(func() { err = js.DeleteConsumer(ctx, events.ClicksStream, consumer) })
+				return err
+			}
+			cfg := reader.Config{Group: group, Member: "second", MaxRetryDelay: 200 * time.Millisecond}
+			if where == "OnAssign" {
+				cfg.OnAssign = func(ctx context.Context, _ int, _ uint64) error { return del(ctx) }
+			} else {
+				cfg.OnRewind = func(ctx context.Context, _ int, _ reader.RewindInfo) error { return del(ctx) }
+			}
+			startMember(t, n, cfg, func(_ context.Context, _ int, b []reader.Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, e := range b {
+					handled = append(handled, e.Seq)
+				}
+				return nil
+			})
+			if !testenv.Poll(30*time.Second, func() bool {
+				c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
+				return err == nil && !c.CachedInfo().Created.Equal(old.CachedInfo().Created) && ackedToLast()
+			}) {
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("the partition's consumer, deleted in %s during a rewind, was not created again and acked to the last event %d in 30 s (handled %v)",
+					where, last, handled)
+			}
+			mu.Lock()
+			var want []uint64
+			for s := uint64(1); s <= last; s++ {
+				want = append(want, s)
+			}
+			if fmt.Sprint(handled) != fmt.Sprint(want) {
+				t.Errorf("handled %v\nwant %v (everything from the new consumer's start)", handled, want)
+			}
+			mu.Unlock()
+			wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if err := reader.WaitRewind(wctx, js, group, id); !errors.Is(err, reader.ErrRewindVoid) {
+				t.Errorf("WaitRewind of a rewind whose consumer was deleted = %v, want ErrRewindVoid", err)
+			}
+		})
+	}
+}
