@@ -115,6 +115,9 @@ type Config struct {
 	// CacheSize and CacheTTL bound the in-process link cache.
 	CacheSize int           `env:"SNIP_CACHE_SIZE" envDefault:"100000"`
 	CacheTTL  time.Duration `env:"SNIP_CACHE_TTL" envDefault:"60s"`
+	// CacheStaleIfError is how long past CacheTTL a cached link still
+	// redirects while its lookup in Redis fails; 0 turns it off.
+	CacheStaleIfError time.Duration `env:"SNIP_CACHE_STALE_IF_ERROR" envDefault:"1h"`
 	// Instance names this process in relay leases; default hostname-pid.
 	Instance string `env:"SNIP_INSTANCE"`
 }
@@ -163,6 +166,8 @@ func (c *Config) validate() error {
 	case c.CacheTTL <= 0:
 		// Every link would expire as it is cached: a Redis lookup per redirect.
 		return fmt.Errorf("SNIP_CACHE_TTL %s: want more than 0", c.CacheTTL)
+	case c.CacheStaleIfError < 0:
+		return fmt.Errorf("SNIP_CACHE_STALE_IF_ERROR %s: want 0 (off) or more", c.CacheStaleIfError)
 	// The committer and the relay would take a size below 1 for 1: a
 	// group commit per click, one entry per lane in flight.
 	case c.CommitMaxBatch < 1:

@@ -78,14 +78,14 @@ func TestConfigRefusesSizesTakenForOthers(t *testing.T) {
 	for _, env := range []string{
 		"SNIP_COMMIT_MAX_BATCH=0", "SNIP_COMMIT_MAX_BATCH=-5", "SNIP_COMMIT_WORKERS=0",
 		"SNIP_RELAY_WINDOW=0", "SNIP_RELAY_WINDOW=-1", "SNIP_RELAY_LINGER=-1ms",
-		"SNIP_CACHE_TTL=0", "SNIP_CACHE_TTL=-1s",
+		"SNIP_CACHE_TTL=0", "SNIP_CACHE_TTL=-1s", "SNIP_CACHE_STALE_IF_ERROR=-1s",
 	} {
 		name, _, _ := strings.Cut(env, "=")
 		if _, err := loadConfig([]string{env}, nil); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: %v, want a refusal naming %s", env, err, name)
 		}
 	}
-	for _, env := range []string{"SNIP_COMMIT_MAX_BATCH=1", "SNIP_RELAY_LINGER=0"} {
+	for _, env := range []string{"SNIP_COMMIT_MAX_BATCH=1", "SNIP_RELAY_LINGER=0", "SNIP_CACHE_STALE_IF_ERROR=0"} {
 		if _, err := loadConfig([]string{env}, nil); err != nil {
 			t.Errorf("%s refused: %v", env, err)
 		}

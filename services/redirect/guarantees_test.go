@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -308,4 +309,50 @@ func TestRedisDownCachedLinksRedirectUncachedAnswer503(t *testing.T) {
 		do(t, "GET", in.URL+"/"+code, "")
 		return metric(t, in.URL, "snip_redirect_clicks_recorded_total", `path="outbox"`) >= 2
 	})
+}
+
+// TestRedisDownAnExpiredCachedLinkRedirectsADeletedOneDoesNot: with Redis
+// stopped, a link whose cache entry has passed SNIP_CACHE_TTL still
+// redirects (stale-if-error, counted), while a link deleted before the
+// outage, dropped from this instance's cache by LINKS, answers 503.
+func TestRedisDownAnExpiredCachedLinkRedirectsADeletedOneDoesNot(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	cfg := testConfig(r.URL(0), n.URL)
+	cfg.CacheTTL, cfg.CacheStaleIfError = 300*time.Millisecond, time.Hour
+	a := startInstance(t, cfg)
+	b := startInstance(t, cfg)
+	steady := createLink(t, a.URL, "https://example.com/steady", "")
+	gone := createLink(t, a.URL, "https://example.com/gone", "")
+	testenv.WaitFor(t, 30*time.Second, "link.created in LINKS", func() bool { return streamCount(js, events.LinksStream) == 2 })
+	for _, code := range []string{steady, gone} {
+		if got := do(t, "GET", b.URL+"/"+code, "").Status; got != http.StatusFound { // b caches it
+			t.Fatalf("GET %s via b = %d", code, got)
+		}
+	}
+	testenv.WaitFor(t, 30*time.Second, "b following LINKS", func() bool {
+		return metric(t, b.URL, "snip_redirect_links_following") == 1
+	})
+	if r := do(t, "DELETE", a.URL+"/api/links/"+gone, "", "Authorization", "Bearer "+acmeKey); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %s", r.Status, r.Body)
+	}
+	testenv.WaitFor(t, 30*time.Second, "b to drop the deleted link (LINKS)", func() bool {
+		return metric(t, b.URL, "snip_redirect_cache_invalidations_total") == 1
+	})
+
+	r.Stop()
+	testenv.WaitFor(t, 30*time.Second, "the expired entry served stale", func() bool {
+		if got := do(t, "GET", b.URL+"/"+steady, "").Status; got != http.StatusFound {
+			t.Fatalf("GET of a cached link with redis down = %d, want 302", got)
+		}
+		return metric(t, b.URL, "snip_redirect_cache_stale_served_total") >= 1
+	})
+	if got := do(t, "GET", b.URL+"/"+gone, "").Status; got != http.StatusServiceUnavailable {
+		t.Fatalf("GET of the deleted link with redis down = %d, want 503", got)
+	}
+	if got := metric(t, b.URL, "snip_redirect_cache_stale_served_total"); got < 1 {
+		t.Fatalf("cache_stale_served_total = %v", got)
+	}
 }

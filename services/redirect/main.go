@@ -122,7 +122,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			store.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, short)
 			keys.WaitForReplicas(cfg.OutboxWaitReplicas, cfg.OutboxWaitReplicasTimeout, short)
 		}
-		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.LookupTimeout, rm)
+		resolver := redirect.NewResolver(store, cfg.CacheSize, cfg.CacheTTL, cfg.CacheStaleIfError, cfg.LookupTimeout, rm)
 		g.Close("link cache", func() error { resolver.Close(); return nil })
 		committer := outbox.NewCommitter(commitRDB, layout, outbox.CommitterConfig{
 			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, Linger: cfg.CommitLinger, MaxEntries: perShard,

@@ -37,7 +37,7 @@ func BenchmarkRedirectHandler(b *testing.B) {
 	}
 	reg := prometheus.NewRegistry()
 	rm := redirect.NewMetrics(reg)
-	res := redirect.NewResolver(store, 1000, time.Hour, time.Second, rm)
+	res := redirect.NewResolver(store, 1000, time.Hour, time.Hour, time.Second, rm)
 	defer res.Close()
 	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second},
 		outbox.NewMetrics(reg))

@@ -8,11 +8,14 @@ type Metrics struct {
 	CacheHits          prometheus.Counter
 	CacheMisses        prometheus.Counter
 	CacheInvalidations prometheus.Counter
-	Misses             prometheus.Counter // unknown codes
-	Clicks             prometheus.Counter // recorded in the outbox
-	RecordedDirect     prometheus.Counter // recorded straight in JetStream
-	DirectDuration     prometheus.Histogram
-	Unrecorded         *prometheus.CounterVec // reason
+	// Lookups of a link whose cache entry had passed its TTL and whose
+	// lookup in Redis failed, answered from the stale entry.
+	CacheStaleServed prometheus.Counter
+	Misses           prometheus.Counter // unknown codes
+	Clicks           prometheus.Counter // recorded in the outbox
+	RecordedDirect   prometheus.Counter // recorded straight in JetStream
+	DirectDuration   prometheus.Histogram
+	Unrecorded       *prometheus.CounterVec // reason
 	// Clicks the outbox stored on a Redis master whose replicas did not
 	// acknowledge them within the replica wait: published straight to
 	// CLICKS as well, or (NATS failing too) left on the master alone.
@@ -42,6 +45,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		CacheMisses: lookups.WithLabelValues("miss"),
 		CacheInvalidations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_invalidations_total",
 			Help: "Link cache entries dropped because LINKS said the link changed."}),
+		CacheStaleServed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_stale_served_total",
+			Help: "Cache misses for a link whose entry had passed SNIP_CACHE_TTL and whose lookup in Redis failed, answered from that entry (stale-if-error, within SNIP_CACHE_STALE_IF_ERROR)."}),
 		Misses: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "misses_total",
 			Help: "Redirect requests for unknown or deleted codes (404); not clicks."}),
 		Clicks:         recorded.WithLabelValues("outbox"),
@@ -65,6 +70,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
 			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, recorded, short, m.WritesReplicaShort, m.DirectDuration, m.CacheInvalidations, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	reg.MustRegister(lookups, recorded, short, m.WritesReplicaShort, m.DirectDuration, m.CacheInvalidations, m.CacheStaleServed, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }

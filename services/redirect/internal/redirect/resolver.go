@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,29 +25,91 @@ type LinkGetter interface {
 // Resolver finds links, from the cache when it can.
 type Resolver struct {
 	store   LinkGetter
-	cache   *otter.Cache[string, link.Link]
+	cache   *otter.Cache[string, cached]
+	ttl     time.Duration
 	timeout time.Duration
-	m       *Metrics
+	// stale is SNIP_CACHE_STALE_IF_ERROR: an entry stays in the cache that
+	// long past its TTL, and serves only when the store fails. While it is
+	// on, now is a coarse clock (monoNow, set every tick by keepTime, never
+	// ahead of the real one) that tells a hit whether its entry is fresh
+	// without reading the clock per click.
+	stale time.Duration
+	now   atomic.Int64
+	stop  chan struct{}
+	once  sync.Once
+	m     *Metrics
 	// invalidations counts Invalidate calls. A cache miss that saw it
 	// change while it read the store drops what it cached: the link it read
 	// may be one the invalidation was for (deleted after the read).
 	invalidations atomic.Uint64
 }
 
-// NewResolver returns a resolver whose cache holds at most size links, each
-// for at most ttl. A lookup in the store (a cache miss) is bounded by
-// timeout (0: by ctx alone), so a stopped Redis costs a visitor whose link
-// is not cached that long, then a 503.
-func NewResolver(store LinkGetter, size int, ttl, timeout time.Duration, m *Metrics) *Resolver {
-	c := otter.Must(&otter.Options[string, link.Link]{
-		MaximumSize:      size,
-		ExpiryCalculator: otter.ExpiryWriting[string, link.Link](ttl),
-	})
-	return &Resolver{store: store, cache: c, timeout: timeout, m: m}
+// cached is a cache entry: the link, and until when (monoNow) it is
+// fresh, SNIP_CACHE_TTL after it was read.
+type cached struct {
+	link.Link
+	freshUntil int64
 }
 
-// Close stops the cache's maintenance goroutines.
-func (r *Resolver) Close() { r.cache.StopAllGoroutines() }
+// NewResolver returns a resolver whose cache holds at most size links, each
+// fresh for ttl. A lookup in the store (a cache miss) is bounded by
+// timeout (0: by ctx alone), so a stopped Redis costs a visitor whose link
+// is not cached that long, then a 503.
+//
+// staleIfError (0: off) is how long past its ttl an entry still serves
+// when the store fails to answer its lookup (stale-if-error, as RFC 5861
+// has it for HTTP caches): the entry stays in the cache for ttl +
+// staleIfError, and a lookup of it after ttl goes to the store as a miss
+// does; only if the store fails (an error or the timeout, not "not found")
+// is the stale link returned. The cache's size bounds the entries as
+// before: a stale entry is one of them, evicted as any other.
+func NewResolver(store LinkGetter, size int, ttl, staleIfError, timeout time.Duration, m *Metrics) *Resolver {
+	staleIfError = max(staleIfError, 0)
+	c := otter.Must(&otter.Options[string, cached]{
+		MaximumSize:      size,
+		ExpiryCalculator: otter.ExpiryWriting[string, cached](ttl + staleIfError),
+	})
+	r := &Resolver{store: store, cache: c, ttl: ttl, timeout: timeout, stale: staleIfError, stop: make(chan struct{}), m: m}
+	if staleIfError > 0 {
+		r.now.Store(monoNow())
+		go r.keepTime(clockTick(ttl))
+	}
+	return r
+}
+
+// epoch is what monoNow counts from.
+var epoch = time.Now()
+
+// monoNow is the monotonic clock in nanoseconds since epoch: a step of the
+// wall clock moves no entry's freshness.
+func monoNow() int64 { return int64(time.Since(epoch)) }
+
+// clockTick is how often the coarse clock is set: a tenth of the TTL, at
+// most a second, so an entry is taken for fresh at most that much (and
+// the goroutine's scheduling delay) past its TTL.
+func clockTick(ttl time.Duration) time.Duration {
+	return min(max(ttl/10, time.Millisecond), time.Second)
+}
+
+// keepTime sets the coarse clock every tick until Close.
+func (r *Resolver) keepTime(tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+			r.now.Store(monoNow())
+		}
+	}
+}
+
+// Close stops the cache's maintenance goroutines and the coarse clock.
+func (r *Resolver) Close() {
+	r.once.Do(func() { close(r.stop) })
+	r.cache.StopAllGoroutines()
+}
 
 // Resolve returns the live link with code, or ErrNotFound. Unknown codes are
 // not cached (a link created a moment later must work at once); Redis
@@ -58,21 +121,37 @@ func (r *Resolver) Close() { r.cache.StopAllGoroutines() }
 // caches the link, then drops it again if an invalidation came since it
 // began; Invalidate counts before it drops, so either the miss sees the
 // count change or the invalidation comes after the miss cached the link.
+//
+// An entry past its TTL (kept for stale-if-error) is a miss: the store is
+// asked again. Its answer replaces the entry, or "not found" drops it; a
+// failed lookup returns the stale link instead of the error, unless the
+// entry went meanwhile (an invalidation came while the lookup ran: the
+// link may be the deleted one; or its stale bound passed).
 func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) {
-	if l, ok := r.cache.GetIfPresent(code); ok {
+	c, ok := r.cache.GetIfPresent(code)
+	if ok && (r.stale == 0 || c.freshUntil > r.now.Load()) {
 		r.m.CacheHits.Inc()
-		return l, nil
+		return c.Link, nil
 	}
 	r.m.CacheMisses.Inc()
 	gen := r.invalidations.Load()
 	l, err := r.get(ctx, code)
 	if errors.Is(err, linkstore.ErrNotFound) {
+		if ok {
+			r.cache.Invalidate(code) // deleted: its stale entry must not serve later
+		}
 		return link.Link{}, fmt.Errorf("resolve %q: %w", code, ErrNotFound)
 	}
 	if err != nil {
+		if ok && r.invalidations.Load() == gen {
+			if _, still := r.cache.GetIfPresent(code); still {
+				r.m.CacheStaleServed.Inc()
+				return c.Link, nil
+			}
+		}
 		return link.Link{}, fmt.Errorf("resolve %q: %w", code, err)
 	}
-	r.cache.Set(code, l)
+	r.cache.Set(code, cached{Link: l, freshUntil: monoNow() + int64(r.ttl)})
 	if r.invalidations.Load() != gen {
 		r.cache.Invalidate(code)
 	}

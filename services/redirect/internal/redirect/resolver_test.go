@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/redirect/internal/link"
 	"github.com/snipdev/snip/services/redirect/internal/linkstore"
 	"github.com/snipdev/snip/services/redirect/internal/outbox"
@@ -50,7 +52,7 @@ func TestInvalidationDuringACacheMissIsNotUndone(t *testing.T) {
 		t.Fatal(err)
 	}
 	slow := slowReply{Store: store, held: new(atomic.Bool), read: make(chan struct{}), release: make(chan struct{})}
-	res := redirect.NewResolver(slow, 10, time.Hour, time.Minute, redirect.NewMetrics(prometheus.NewRegistry()))
+	res := redirect.NewResolver(slow, 10, time.Hour, 0, time.Minute, redirect.NewMetrics(prometheus.NewRegistry()))
 	defer res.Close()
 
 	missed := make(chan error, 1)
@@ -70,5 +72,159 @@ func TestInvalidationDuringACacheMissIsNotUndone(t *testing.T) {
 
 	if _, err := res.Resolve(t.Context(), l.Code); !errors.Is(err, redirect.ErrNotFound) {
 		t.Fatalf("resolve after the delete: %v; want ErrNotFound (the miss that read the link before the delete cached it after the invalidation)", err)
+	}
+}
+
+// BenchmarkResolveCached is the cache's part of every click: a link found
+// fresh in the cache, with stale-if-error on (as by default).
+func BenchmarkResolveCached(b *testing.B) {
+	rdb, _ := servers.Redis.NewDB(b)
+	store := linkstore.New(rdb, outbox.NewLayout(1), 1<<40)
+	l, err := store.Create(b.Context(), "acme", "https://example.com/landing", "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	res := redirect.NewResolver(store, 1000, time.Hour, time.Hour, time.Second, redirect.NewMetrics(prometheus.NewRegistry()))
+	defer res.Close()
+	if _, err := res.Resolve(b.Context(), l.Code); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := res.Resolve(ctx, l.Code); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// counting is the link store counting its lookups.
+type counting struct {
+	*linkstore.Store
+	gets *atomic.Int64
+}
+
+func (c counting) Get(ctx context.Context, code string) (link.Link, error) {
+	c.gets.Add(1)
+	return c.Store.Get(ctx, code)
+}
+
+// TestStaleIfErrorServesAnExpiredLinkWhileRedisIsDown: with Redis frozen
+// (SIGSTOP), a link whose cache entry passed its TTL still resolves, from
+// the stale entry, until TTL + the stale-if-error bound have passed since
+// it was cached, and not after; a link never cached fails.
+func TestStaleIfErrorServesAnExpiredLinkWhileRedisIsDown(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	store := linkstore.New(rdb, outbox.NewLayout(1), 1<<40)
+	cached, err := store.Create(t.Context(), "acme", "https://example.com/steady", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	never, err := store.Create(t.Context(), "acme", "https://example.com/never-clicked", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl, stale = 200 * time.Millisecond, 2 * time.Second
+	m := redirect.NewMetrics(prometheus.NewRegistry())
+	res := redirect.NewResolver(store, 10, ttl, stale, 100*time.Millisecond, m)
+	defer res.Close()
+	cachedAt := time.Now()
+	if _, err := res.Resolve(t.Context(), cached.Code); err != nil {
+		t.Fatal(err)
+	}
+	r.Pause()
+	defer r.Resume()
+
+	testenv.WaitFor(t, 10*time.Second, "the cached link served stale", func() bool {
+		l, err := res.Resolve(t.Context(), cached.Code)
+		if err != nil {
+			t.Fatalf("resolve %s after %s with Redis frozen: %v; want it from the stale entry", cached.Code, time.Since(cachedAt), err)
+		}
+		if l.Target != cached.Target {
+			t.Fatalf("stale link %+v, want %+v", l, cached)
+		}
+		return testutil.ToFloat64(m.CacheStaleServed) >= 1
+	})
+	if _, err := res.Resolve(t.Context(), never.Code); !errors.Is(err, linkstore.ErrUnavailable) {
+		t.Fatalf("resolve a link never cached with Redis frozen: %v; want ErrUnavailable", err)
+	}
+
+	// Past the bound the entry is gone: the lookup's failure is the answer.
+	bound := cachedAt.Add(ttl + stale)
+	testenv.WaitFor(t, 10*time.Second, "the stale entry to pass its bound", func() bool {
+		_, err := res.Resolve(t.Context(), cached.Code)
+		if err == nil {
+			return false
+		}
+		if now := time.Now(); now.Before(bound) {
+			t.Fatalf("resolve failed %s before the stale bound: %v", bound.Sub(now), err)
+		}
+		if !errors.Is(err, linkstore.ErrUnavailable) {
+			t.Fatalf("resolve past the bound: %v; want ErrUnavailable", err)
+		}
+		return true
+	})
+}
+
+// TestStaleIfErrorNeverServesADeletedLink: a link whose entry is dropped
+// (Invalidate, as LINKS's link.deleted does) is not served stale while Redis
+// is frozen, and with Redis up an expired entry is looked up again: a link
+// deleted meanwhile (its LINKS event missed) is not found, and its entry
+// does not serve later when Redis is down.
+func TestStaleIfErrorNeverServesADeletedLink(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	base := linkstore.New(rdb, outbox.NewLayout(1), 1<<40)
+	store := counting{Store: base, gets: new(atomic.Int64)}
+	invalidated, err := base.Create(t.Context(), "acme", "https://example.com/invalidated", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	missed, err := base.Create(t.Context(), "acme", "https://example.com/event-missed", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 100 * time.Millisecond
+	m := redirect.NewMetrics(prometheus.NewRegistry())
+	res := redirect.NewResolver(store, 10, ttl, time.Hour, 100*time.Millisecond, m)
+	defer res.Close()
+	for _, l := range []link.Link{invalidated, missed} {
+		if _, err := res.Resolve(t.Context(), l.Code); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := base.Delete(t.Context(), "acme", missed.Code); err != nil {
+		t.Fatal(err)
+	}
+	// Redis up: once the TTL has passed the link is asked for again, and
+	// Redis says it is deleted.
+	before := store.gets.Load()
+	testenv.WaitFor(t, 10*time.Second, "the expired entry looked up again", func() bool {
+		_, err := res.Resolve(t.Context(), missed.Code)
+		if err != nil && !errors.Is(err, redirect.ErrNotFound) {
+			t.Fatalf("resolve with Redis up: %v", err)
+		}
+		return err != nil
+	})
+	if got := store.gets.Load() - before; got != 1 {
+		t.Fatalf("%d lookups in Redis for the expired entry, want 1", got)
+	}
+
+	res.Invalidate(invalidated.Code)
+	r.Pause()
+	defer r.Resume()
+	for _, l := range []link.Link{invalidated, missed} {
+		if _, err := res.Resolve(t.Context(), l.Code); !errors.Is(err, linkstore.ErrUnavailable) {
+			t.Errorf("resolve deleted %s with Redis frozen: %v; want ErrUnavailable, not the stale link", l.Code, err)
+		}
+	}
+	if got := testutil.ToFloat64(m.CacheStaleServed); got != 0 {
+		t.Errorf("cache_stale_served_total = %v, want 0", got)
 	}
 }

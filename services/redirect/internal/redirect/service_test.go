@@ -36,7 +36,7 @@ func TestClickFieldsFromTheRequestAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := redirect.NewMetrics(prometheus.NewRegistry())
-	res := redirect.NewResolver(store, 10, time.Hour, time.Second, m)
+	res := redirect.NewResolver(store, 10, time.Hour, 0, time.Second, m)
 	defer res.Close()
 	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 8, Workers: 1, MaxEntries: 1 << 40, Timeout: 5 * time.Second, Cooldown: time.Second},
 		outbox.NewMetrics(prometheus.NewRegistry()))
@@ -81,7 +81,7 @@ func BenchmarkFollow(b *testing.B) {
 		b.Fatal(err)
 	}
 	m := redirect.NewMetrics(prometheus.NewRegistry())
-	res := redirect.NewResolver(store, 1000, time.Hour, time.Second, m)
+	res := redirect.NewResolver(store, 1000, time.Hour, time.Hour, time.Second, m)
 	defer res.Close()
 	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second},
 		outbox.NewMetrics(prometheus.NewRegistry()))
