@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	"github.com/snipdev/snip/pkg/reader"
 )
@@ -33,6 +34,11 @@ const (
 	budgetEvents = 2000  // the naive producer's memory budget, in events (2 MB)
 	naiveWindow  = 4     // requests the naive producer has in flight at most
 )
+
+// rushStarvedStart, when above zero (a test sets it), is the log reader's
+// pace in the rush's first half, as a machine busy then and not later
+// gives it; from the half-way point the reader has its 250/s again.
+var rushStarvedStart float64
 
 func runRush(ctx context.Context, e *Env) error {
 	if _, err := e.NATS(ctx, 8); err != nil {
@@ -77,6 +83,9 @@ func runRush(ctx context.Context, e *Env) error {
 	var lastRushID atomic.Value
 	handledLast := make(chan time.Time, 1)
 	lim := e.limiter(rushRead)
+	if rushStarvedStart > 0 {
+		lim.SetLimit(rate.Limit(e.Rate(rushStarvedStart)))
+	}
 	var assigned atomic.Int64
 	cfg := groupConfig("rush", "reader-1")
 	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
@@ -160,6 +169,9 @@ func runRush(ctx context.Context, e *Env) error {
 		futures <- pubFuture{f: f, sent: time.Now(), phase: phase}
 		if i == rushN/2 {
 			handledHalf.Store(handled.Load())
+			if rushStarvedStart > 0 {
+				lim.SetLimit(rate.Limit(e.Rate(rushRead)))
+			}
 		}
 		sent.Add(1)
 		return nil
@@ -214,14 +226,15 @@ func runRush(ctx context.Context, e *Env) error {
 	lost := accepted - int(naiveHandled.Load())
 	const pacing = "rates are paced by timers on a shared machine"
 	// The readers are paced at 250/s, but a loaded machine may give them
-	// less. The lesson's formulas are then evaluated with the rate each
-	// reader really had (measured), so the check is about the dynamics, not
-	// about the machine; the rate itself is checked loosely.
-	// Measured over the rush's first half, to predict its end.
-	logRead := e.LessonRate(float64(handledHalf.Load()) / e.Real(time.Duration(rushSecs/2*float64(time.Second))).Seconds())
-	e.atMost("log reader's rate, first half of the rush (paced at 250)", "events/s", rushRead*1.05, logRead, "the pace is a ceiling; a loaded machine may give the reader less, and the predictions below then use the measured rate")
+	// less, and not evenly: busy early in the rush and idle later, or the
+	// other way round. The backlog at the rush's end is judged with the
+	// log reader's rate measured over the whole rush, the stretch it is
+	// about, so the reader's pace, whatever the machine made of it, cannot
+	// fail a correct system; the rate itself is checked only as a ceiling.
+	logRead := e.LessonRate(float64(handledInRush) / rushEnd.Sub(start).Seconds())
+	e.atMost("log reader's rate during the rush (paced at 250)", "events/s", rushRead*1.05, logRead, "the pace is a ceiling; a loaded machine may give the reader less, and the backlog below then uses the measured rate")
 	if logRead < rushRead*0.97 {
-		e.note("the log reader ran at %.0f/s, not %.0f/s: its predictions use the measured rate", logRead, rushRead)
+		e.note("the log reader ran at %.0f/s over the rush (%.0f/s in its first half), not %.0f/s: the backlog uses the measured rate", logRead, e.LessonRate(float64(handledHalf.Load())/e.Real(time.Duration(rushSecs/2*float64(time.Second))).Seconds()), rushRead)
 	} else {
 		logRead = rushRead
 	}
@@ -241,12 +254,17 @@ func runRush(ctx context.Context, e *Env) error {
 		e.exact("naive: died at its memory budget", "bool", 1, 0, "it should have")
 	}
 	_ = fill
-	backlog = (rushRate - logRead) * rushSecs
-	// The surplus the backlog grows by is the arrival rate less the
-	// reader's (measured above): the arrival rate as published, since a
-	// 5 ms ticker on a shared machine may fall behind.
 	e.within("arrival rate during the rush", "events/s", rushRate, float64(rushSent)/e.Lesson(rushEnd.Sub(start)), 0.1, 0, "published on a 5 ms ticker; the surplus over the reader's 250 is what fills the backlog")
-	e.within("log: backlog when the rush ends", "events", backlog, backlogAtEnd, 0.2, 0, pacing)
+	// The backlog grows by the surplus: the lesson's 400/s for the
+	// lesson's 20 s, less the reader's rate over the same 20 s. With the
+	// reader's rate measured, what this row still checks is the writer's
+	// side: that the rush went into the log on the lesson's clock while
+	// the backlog grew. A writer held back towards the reader's pace (the
+	// naive producer's window, or a log that pushed back) takes longer to
+	// send the rush and leaves a backlog smaller than predicted; a writer
+	// the machine starved fails it too, as it fails the arrival rate.
+	backlog = (rushRate - logRead) * rushSecs
+	e.within("log: backlog when the rush ends", "events", backlog, backlogAtEnd, 0.2, 0, "the surplus over the 20 s, with the reader's rate measured over them")
 	// After the rush the reader may run at another pace than during it on
 	// a loaded machine; the drain predictions use its measured rate then.
 	after := logRead
