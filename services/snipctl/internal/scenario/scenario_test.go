@@ -71,6 +71,16 @@ func TestRushStarvedFirstHalf(t *testing.T) {
 	runAt(t, "rush", 2)
 }
 
+// TestRushStarvedLate runs rush with a log reader at its 250/s until 10 s
+// after the rush and held to 170/s from then on, as a machine that gets
+// busy while the backlog drains gives it: a correct system passes.
+func TestRushStarvedLate(t *testing.T) {
+	// Not parallel, as TestRush.
+	rushStarvedLate = 170
+	t.Cleanup(func() { rushStarvedLate = 0 })
+	runAt(t, "rush", 2)
+}
+
 func TestSixOfTen(t *testing.T) {
 	t.Parallel()
 	runAt(t, "six-of-ten", 4)
