@@ -60,6 +60,27 @@ func TestRush(t *testing.T) {
 	runAt(t, "rush", 2)
 }
 
+// TestRushStarvedFirstHalf runs rush with a log reader held to 140/s in the
+// rush's first half and at its 250/s from then on, as a machine busy only
+// early in the rush gives it: a correct system passes, whatever the
+// reader's pace did during the rush.
+func TestRushStarvedFirstHalf(t *testing.T) {
+	// Not parallel, as TestRush.
+	rushStarvedStart = 140
+	t.Cleanup(func() { rushStarvedStart = 0 })
+	runAt(t, "rush", 2)
+}
+
+// TestRushStarvedLate runs rush with a log reader at its 250/s until 10 s
+// after the rush and held to 170/s from then on, as a machine that gets
+// busy while the backlog drains gives it: a correct system passes.
+func TestRushStarvedLate(t *testing.T) {
+	// Not parallel, as TestRush.
+	rushStarvedLate = 170
+	t.Cleanup(func() { rushStarvedLate = 0 })
+	runAt(t, "rush", 2)
+}
+
 func TestSixOfTen(t *testing.T) {
 	t.Parallel()
 	runAt(t, "six-of-ten", 4)
