@@ -18,7 +18,8 @@
 //     its handler nothing more, acks nothing, and gives its partitions up
 //     (OnRevoke), without unpinning them; once a heartbeat is stored after
 //     such a lapse, it takes whatever the assignment gives it afresh
-//     (OnAssign), another member having maybe held it meanwhile.
+//     (OnAssign), another member having maybe held it meanwhile; each such
+//     heartbeat is counted (snip_reader_lease_lapses_total).
 //     Member names must be unique in a group: each lease carries a random
 //     instance token, and a member that sees its key written by another
 //     process logs an error naming it and counts it

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -189,7 +191,9 @@ func TestAMemberCutOffFromNATSGivesItsPartitionsUpAndTakesThemOnlyAfresh(t *test
 	}
 	o := newOwnership()
 	line := newCutLine(t, n.URL)
-	startMemberAt(t, line.url(), o.config(a), o.handler(a))
+	cfgA, regA := o.config(a), prometheus.NewRegistry()
+	cfgA.Metrics = regA
+	startMemberAt(t, line.url(), cfgA, o.handler(a))
 	publish(t, js, 1, 10, 0)
 	testenv.WaitFor(t, 30*time.Second, "the first member handling the first 10 events", func() bool {
 		return o.handledUpTo(10)
@@ -236,6 +240,9 @@ func TestAMemberCutOffFromNATSGivesItsPartitionsUpAndTakesThemOnlyAfresh(t *test
 		e, err := kv.Get(t.Context(), "g.members."+a)
 		return err == nil && e.Created().After(mended)
 	})
+	// The heartbeat stored after the lapse is counted (the member hears
+	// that it was stored a moment after the lease shows).
+	testenv.WaitFor(t, 30*time.Second, "the lapse counted", func() bool { return lapsesCounted(t, regA) >= 1 })
 	publish(t, js, 1, 10, 30)
 	testenv.WaitFor(t, 30*time.Second, "every event handled with the member back on NATS", func() bool {
 		return o.handledUpTo(40)
@@ -246,9 +253,30 @@ func TestAMemberCutOffFromNATSGivesItsPartitionsUpAndTakesThemOnlyAfresh(t *test
 	testenv.WaitFor(t, 30*time.Second, "the last 10 events handled", func() bool {
 		return o.handledUpTo(50)
 	})
+	if n := lapsesCounted(t, regA); n != 1 {
+		t.Errorf("snip_reader_lease_lapses_total %g after one lapse, want 1", n)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, v := range o.violations {
 		t.Errorf("a batch handled by a member that does not hold the partition by its latest OnAssign: %s", v)
 	}
+}
+
+// lapsesCounted is a member's snip_reader_lease_lapses_total.
+func lapsesCounted(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == "snip_reader_lease_lapses_total" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }

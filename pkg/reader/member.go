@@ -317,6 +317,7 @@ func (m *member) stored(sent time.Duration) {
 	if until := m.leaseUntil.Load(); until == 0 || time.Since(m.clock) >= time.Duration(until) {
 		if until != 0 {
 			m.lapses.Add(1)
+			m.met.lapses.WithLabelValues(m.cfg.Group).Inc()
 		}
 		select {
 		case m.leaseBack <- struct{}{}:

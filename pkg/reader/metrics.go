@@ -28,6 +28,7 @@ type metrics struct {
 	gaps        *prometheus.CounterVec
 	resumeMoved *prometheus.CounterVec
 	duplicates  *prometheus.CounterVec
+	lapses      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -99,9 +100,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Namespace: "snip", Subsystem: "reader", Name: "duplicate_member_leases_total",
 		Help: "Writes of this member's lease by another process given the same member name; the one that joined later stops (reader.ErrDuplicateMember).",
 	}, []string{"group"})
+	m.lapses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "snip", Subsystem: "reader", Name: "lease_lapses_total",
+		Help: "Heartbeats stored only after this member's lease may have lapsed (none stored for a lease TTL: a member cut off from NATS, or starved of CPU); each time the member gave every partition up and took afresh what the group then gave it.",
+	}, []string{"group"})
 	if reg != nil {
 		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.replays, m.batchSecs, m.batchSize,
-			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved, m.duplicates)
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved, m.duplicates, m.lapses)
 	}
 	return m
 }

@@ -1155,3 +1155,64 @@ func TestConfigRotationOverlap(t *testing.T) {
 		t.Errorf("-1h: %v, want an error naming WEBHOOKS_ROTATION_OVERLAP", err)
 	}
 }
+
+// TestTheAPIAnswersAnEndpointInTheUnitsACreateTakes: a create, a GET and
+// the list answer the batch wait as batch_wait_ms, as a create takes it;
+// the secret only in the create's answer; and none of the service's
+// bookkeeping (the replay cuts, the replay generation).
+func TestTheAPIAnswersAnEndpointInTheUnitsACreateTakes(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	svc := s.start(t, s.testConfig("m1"))
+	rc := newReceiver(t, nil)
+	req := map[string]any{"url": rc.url(), "event_types": []string{"click"}, "batch_max": 7, "batch_wait_ms": 250}
+	var made map[string]any
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints", req, &made); code != http.StatusCreated {
+		t.Fatalf("create: status %d", code)
+	}
+	id, _ := made["id"].(string)
+	// A replay moves the cuts and the generation: they are set, and still
+	// not answered.
+	if code := api(t, svc.addr, acmeKey, http.MethodPost, "/api/webhooks/endpoints/"+id+"/replay", map[string]any{"from": time.Now().Add(-time.Minute).UTC().Format(time.RFC3339Nano)}, nil); code != http.StatusAccepted {
+		t.Fatalf("replay: status %d", code)
+	}
+	var one map[string]any
+	testenv.WaitFor(t, 30*time.Second, "the replay done", func() bool {
+		one = nil
+		api(t, svc.addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints/"+id, nil, &one)
+		r, _ := one["replay"].(map[string]any)
+		return r["state"] == "done"
+	})
+	var list struct {
+		Endpoints []map[string]any `json:"endpoints"`
+	}
+	api(t, svc.addr, acmeKey, http.MethodGet, "/api/webhooks/endpoints", nil, &list)
+	if len(list.Endpoints) != 1 {
+		t.Fatalf("list: %d endpoints, want 1", len(list.Endpoints))
+	}
+	for _, tc := range []struct {
+		name   string
+		got    map[string]any
+		secret bool
+	}{{"create", made, true}, {"get", one, false}, {"list", list.Endpoints[0], false}} {
+		if got := tc.got["batch_wait_ms"]; got != 250.0 {
+			t.Errorf("%s: batch_wait_ms %v, want 250 (as created)", tc.name, got)
+		}
+		if got := tc.got["batch_max"]; got != 7.0 {
+			t.Errorf("%s: batch_max %v, want 7", tc.name, got)
+		}
+		if s, _ := tc.got["secret"].(string); tc.secret != strings.HasPrefix(s, "whsec_") {
+			t.Errorf("%s: secret %q, want one: %v", tc.name, s, tc.secret)
+		}
+		for _, k := range []string{"batch_wait", "replay_clicks_upto", "replay_alerts_upto", "generation"} {
+			if v, ok := tc.got[k]; ok {
+				t.Errorf("%s: answers %s: %v, want it left out", tc.name, k, v)
+			}
+		}
+		if !tc.secret {
+			if _, ok := tc.got["secret"]; ok {
+				t.Errorf("%s: answers an empty secret, want it left out", tc.name)
+			}
+		}
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -47,9 +49,13 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	batches := map[int][]handling{} // partition -> every batch handled
 	var victim string
 	members := map[string]*member{}
+	// Each member's own metrics: its lease lapses are read from them.
+	regs := map[string]*prometheus.Registry{}
 	for i := range sixMembers {
 		name := fmt.Sprintf("m%d", i)
 		cfg := groupConfig("six", name)
+		regs[name] = prometheus.NewRegistry()
+		cfg.Metrics = regs[name]
 		m, err := e.startMember(ctx, cfg, func(_ context.Context, p int, batch []reader.Event) error {
 			for _, ev := range batch {
 				t.add(name, ev.Click)
@@ -124,6 +130,27 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		})
 		return act
 	}
+	// lapses counts the heartbeats the members stored only after their
+	// lease may have lapsed (snip_reader_lease_lapses_total): each time, the
+	// member gave every partition up and the group moved them. On a machine
+	// too busy to store a heartbeat within the 1 s lease, the owners change
+	// under the lesson, and the counts of members at work are of that churn,
+	// not of the group at rest the lesson is about.
+	lapses := func() float64 {
+		var n float64
+		for _, reg := range regs {
+			mfs, _ := reg.Gather()
+			for _, mf := range mfs {
+				if mf.GetName() != "snip_reader_lease_lapses_total" {
+					continue
+				}
+				for _, m := range mf.GetMetric() {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return n
+	}
 	e.say("10 members join a group on %d partitions", sixPartitions)
 	if err := waitMembers(ctx, js, "six", sixMembers); err != nil {
 		return err
@@ -132,6 +159,26 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		return err
 	}
 
+	lapsedBefore := lapses()
+	// tooBusy is the premise's row: no member's lease lapsed from the
+	// traffic's start on.
+	tooBusy := func(lapsed float64) {
+		e.atMost("lease lapses from the traffic's start (premise)", "lapses", 0, lapsed,
+			"a heartbeat is stored every 1/3 s, each within 1/3 s; on a machine too busy for that a member gives its partitions up and the group moves them")
+		e.premise()
+	}
+	// lapsedOr ends the run inconclusive when a wait failed after leases
+	// lapsed: the group was moving partitions the lesson does not move,
+	// each move waiting for the lapsed owner's pin to go. Otherwise the
+	// wait's failure is the run's error.
+	lapsedOr := func(err error) error {
+		if n := lapses() - lapsedBefore; n > 0 && ctx.Err() == nil {
+			e.note("%v, after %g lease lapses: the machine was too busy for the lesson", err, n)
+			tooBusy(n)
+			return nil
+		}
+		return err
+	}
 	// Traffic over 30 links for the whole run.
 	pjs, err := e.Connect("producer")
 	if err != nil {
@@ -169,7 +216,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		defer mu.Unlock()
 		return len(busyParts) == sixPartitions, nil
 	}); err != nil {
-		return err
+		return lapsedOr(err)
 	}
 	// Owners as the members report them (OnAssign/OnRevoke); the handover
 	// of the last moves of the join can still be under way.
@@ -178,8 +225,11 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	working := len(t.byMember)
 	t.mu.Unlock()
 	e.exact("members at work (handled a batch in the last second)", "members", sixPartitions, float64(len(act)), "bounded-load rendezvous hashing: at most ceil(6/10) = 1 partition each")
+	e.needsPremise()
 	e.exact("members that handled events", "members", sixPartitions, float64(working), "only an owner can pull a partition (pinned_client)")
+	e.needsPremise()
 	e.exact("idle members (standbys)", "members", sixMembers-sixPartitions, float64(sixMembers-len(act)), "10 - 6")
+	e.needsPremise()
 
 	// Stop an active member and time its partition's move.
 	mu.Lock()
@@ -219,9 +269,12 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	}
 	mu.Unlock()
 	e.exact("members holding the stopped member's partition (leases)", "members", 1, float64(holders), "one owner at a time")
+	e.needsPremise()
 	e.exact("of them the stopped member", "members", 1, float64(victimHolds),
 		"the member stopped is the partition's owner, not one that handed it on during the join")
+	e.needsPremise()
 	e.exact("its partition's clicks others handled in the second before the stop", "clicks", 0, float64(othersRecent), "one owner at a time")
+	e.needsPremise()
 	if err := members[victim].stop(); err != nil {
 		return err
 	}
@@ -231,7 +284,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		defer mu.Unlock()
 		return !firstAfter[moved].IsZero(), nil
 	}); err != nil {
-		return err
+		return lapsedOr(err)
 	}
 	mu.Lock()
 	took := firstAfter[moved].Sub(stoppedAt)
@@ -239,10 +292,12 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	mu.Unlock()
 	e.note("partition %d moved from %s to %s; first event handled %s after the stop (real time: the lease is 1 s at every speed)", moved, victim, newOwner, took.Round(time.Millisecond))
 	e.atMost("move: stop to first event on the new owner (real s)", "s", 10, took.Seconds(), "a graceful stop deletes the lease and unpins at once (about 0.1 s on an idle machine); the bound allows for a loaded one")
+	e.needsPremise()
 	// The new owner's first batch can come before the others' next ones:
 	// wait for six owners at work again.
 	act = settled(60*time.Second, "6 owners again")
 	e.exact("active members after the stop", "members", sixPartitions, float64(len(act)), "a standby took the partition")
+	e.needsPremise()
 
 	// Let the new owner work, stop traffic, and drain.
 	time.Sleep(e.Real(2 * time.Second))
@@ -251,19 +306,21 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		return err
 	}
 	if err := waitPublished(ctx, pjs); err != nil {
-		return err
+		return lapsedOr(err)
 	}
 	if err := waitFor(ctx, 60*time.Second, "every click to be handled", func() (bool, error) {
 		h, _, _ := t.counts()
 		return int64(h) >= sent.Load(), nil
 	}); err != nil {
-		return err
+		return lapsedOr(err)
 	}
 	stopSampling()
 	smp.flush()
 	h, dups, disorder := t.counts()
 	e.exact("clicks handled (once each)", "clicks", float64(sent.Load()), float64(h), "nothing lost across the move")
 	e.atMost("clicks handled twice", "clicks", 50, float64(dups), "0 on a graceful stop as a rule (the member acks what it handled, then unpins); delivery is at least once, so on a loaded machine a few events of a batch in hand can come again, and handlers are idempotent by event ID")
+	e.needsPremise()
 	e.exact("clicks out of order per link", "clicks", 0, float64(disorder), "one owner at a time per partition, in stream order")
+	tooBusy(lapses() - lapsedBefore)
 	return nil
 }

@@ -89,6 +89,49 @@ type Status struct {
 	Replay redisstore.Replay `json:"replay,omitzero"`
 }
 
+// statusJSON is the owner API's shape of a Status: the batch wait in the
+// unit a create takes it in (batch_wait_ms), the secrets only in the answers
+// that carry them (a create, a rotation), and none of the service's own
+// bookkeeping (the replay cuts, the replay generation: the owner sees a
+// replay's state in replay).
+type statusJSON struct {
+	ID             string            `json:"id"`
+	Owner          string            `json:"owner"`
+	URL            string            `json:"url"`
+	Types          []string          `json:"event_types"`
+	Links          []string          `json:"links,omitempty"`
+	BatchMax       int               `json:"batch_max"`
+	BatchWaitMS    int64             `json:"batch_wait_ms"`
+	Secret         string            `json:"secret,omitempty"`
+	OldSecret      string            `json:"old_secret,omitempty"`
+	OldSecretUntil time.Time         `json:"old_secret_until,omitzero"`
+	Paused         bool              `json:"paused"`
+	DisabledAt     time.Time         `json:"disabled_at,omitzero"`
+	DisabledReason string            `json:"disabled_reason,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	Status         string            `json:"status"`
+	Backlog        int64             `json:"backlog"`
+	OldestQueued   time.Time         `json:"oldest_queued,omitzero"`
+	FailingSince   time.Time         `json:"failing_since,omitzero"`
+	LastError      string            `json:"last_error,omitempty"`
+	Replay         redisstore.Replay `json:"replay,omitzero"`
+}
+
+// MarshalJSON writes s as the owner API answers it (statusJSON). The
+// endpoint's stored form (endpoint.Endpoint's own JSON, in Redis) is
+// another thing and keeps its fields.
+func (s Status) MarshalJSON() ([]byte, error) {
+	e := s.Endpoint
+	return json.Marshal(statusJSON{
+		ID: e.ID, Owner: e.Owner, URL: e.URL, Types: e.Types, Links: e.Links,
+		BatchMax: e.BatchMax, BatchWaitMS: e.BatchWait.Milliseconds(),
+		Secret: e.Secret, OldSecret: e.OldSecret, OldSecretUntil: e.OldSecretUntil,
+		Paused: e.Paused, DisabledAt: e.DisabledAt, DisabledReason: e.DisabledReason, CreatedAt: e.CreatedAt,
+		Status: s.Status, Backlog: s.Backlog, OldestQueued: s.OldestQueued,
+		FailingSince: s.FailingSince, LastError: s.LastError, Replay: s.Replay,
+	})
+}
+
 func (a *Admin) status(ctx context.Context, e endpoint.Endpoint, st redisstore.State, secrets bool) (Status, error) {
 	n, oldest, err := a.Store.Backlog(ctx, e.ID)
 	if err != nil {
