@@ -288,7 +288,9 @@ func TestParkingLongerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
 	const ackWait = 2 * time.Second
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
-	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait}, rec.handler("m"))
+	// An AckWait this short allows no LeaseTTL above 1s (2 x LeaseTTL at
+	// most).
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait, LeaseTTL: time.Second}, rec.handler("m"))
 	// DEAD_LETTER stays away until the batch has been marked in progress
 	// seven times, more than two AckWaits of parking.
 	testenv.WaitFor(t, 30*time.Second, "the batch marked in progress seven times while parking waits", func() bool {
@@ -370,7 +372,9 @@ func TestAHandlerSlowerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
 		}
 		return nil
 	}
-	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 100, AckWait: ackWait}, h)
+	// An AckWait this short allows no LeaseTTL above 1s (2 x LeaseTTL at
+	// most).
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 100, AckWait: ackWait, LeaseTTL: time.Second}, h)
 	testenv.WaitFor(t, 60*time.Second, "every event handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -490,7 +494,9 @@ func TestAReplayThatKeepsFailingWaitsLongerEachTry(t *testing.T) {
 	logged := &onMessage{msg: "replay for the handler"}
 	var warned atomic.Int64
 	logged.fn = func() { warned.Add(1) }
-	startMember(t, n, reader.Config{Group: "g", Member: "m", Logger: slog.New(logged)}, h)
+	// A 1s lease: an idle partition's pull waits LeaseTTL/2, and the
+	// tries are counted over 3 s.
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Logger: slog.New(logged), LeaseTTL: time.Second}, h)
 	select {
 	case <-replayed:
 	case <-time.After(30 * time.Second):

@@ -251,7 +251,9 @@ func TestAnOwnerReleasedDuringOnRewindLeavesTheRewindToTheNextOwner(t *testing.T
 		return len(handled[member])
 	}
 	inRewind, release := make(chan struct{}), make(chan struct{})
-	old := startMember(t, n, reader.Config{Group: "g", Member: "old", BatchSize: 100, DrainTimeout: time.Minute,
+	// A short lease: the consumer's pin, which the next owner waits out,
+	// lives a LeaseTTL of the member that created it.
+	old := startMember(t, n, reader.Config{Group: "g", Member: "old", BatchSize: 100, DrainTimeout: time.Minute, LeaseTTL: time.Second,
 		OnRewind: func(context.Context, int, reader.RewindInfo) error {
 			close(inRewind)
 			<-release // a rebuild that does not look at its context
