@@ -494,9 +494,7 @@ func TestAReplayThatKeepsFailingWaitsLongerEachTry(t *testing.T) {
 	logged := &onMessage{msg: "replay for the handler"}
 	var warned atomic.Int64
 	logged.fn = func() { warned.Add(1) }
-	// A 1s lease: an idle partition's pull waits LeaseTTL/2, and the
-	// tries are counted over 3 s.
-	startMember(t, n, reader.Config{Group: "g", Member: "m", Logger: slog.New(logged), LeaseTTL: time.Second}, h)
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Logger: slog.New(logged)}, h)
 	select {
 	case <-replayed:
 	case <-time.After(30 * time.Second):
