@@ -288,9 +288,7 @@ func TestParkingLongerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
 	const ackWait = 2 * time.Second
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
-	// An AckWait this short allows no LeaseTTL above 1s (2 x LeaseTTL at
-	// most).
-	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait, LeaseTTL: time.Second}, rec.handler("m"))
+	startMember(t, n, reader.Config{Group: "g", Member: "m", Metrics: reg, BatchSize: 100, AckWait: ackWait}, rec.handler("m"))
 	// DEAD_LETTER stays away until the batch has been marked in progress
 	// seven times, more than two AckWaits of parking.
 	testenv.WaitFor(t, 30*time.Second, "the batch marked in progress seven times while parking waits", func() bool {
@@ -372,9 +370,7 @@ func TestAHandlerSlowerThanTheAckWaitGetsNoRedelivery(t *testing.T) {
 		}
 		return nil
 	}
-	// An AckWait this short allows no LeaseTTL above 1s (2 x LeaseTTL at
-	// most).
-	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 100, AckWait: ackWait, LeaseTTL: time.Second}, h)
+	startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 100, AckWait: ackWait}, h)
 	testenv.WaitFor(t, 60*time.Second, "every event handled", func() bool {
 		mu.Lock()
 		defer mu.Unlock()

@@ -223,16 +223,6 @@ func (r *recorder) check(t *testing.T, ids []string, perLink int) (dups int) {
 	return dups
 }
 
-// testLeaseTTL is the members' LeaseTTL where a test leaves it unset.
-// A member gives its partitions up once no heartbeat was stored for a
-// lease TTL, and takes them afresh (OnAssign at the consumer's ack
-// floor): on a machine starved of CPU, heartbeats of a 1s lease (one
-// every 333ms, each given 333ms) are stored late often enough that a test
-// whose subject is not the lease saw its setup undone (a gap it set up
-// never seen). Tests of lapses, failovers and pins that lapse set a short
-// LeaseTTL themselves.
-const testLeaseTTL = 10 * time.Second
-
 // member is a group member running in the test, on its own connection.
 type member struct {
 	id     string
@@ -255,7 +245,7 @@ func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler
 	}
 	js, _ := jetstream.New(nc)
 	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = testLeaseTTL
+		cfg.LeaseTTL = time.Second
 	}
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
@@ -369,7 +359,7 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	}
 	js, _ := jetstream.New(nc)
 	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = testLeaseTTL
+		cfg.LeaseTTL = time.Second
 	}
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())

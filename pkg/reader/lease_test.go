@@ -110,8 +110,7 @@ func newOwnership() *ownership {
 
 func (o *ownership) config(member string) reader.Config {
 	return reader.Config{
-		// A short lease: this test is about its lapse.
-		Group: "g", Member: member, BatchSize: 10, LeaseTTL: time.Second,
+		Group: "g", Member: member, BatchSize: 10,
 		OnAssign: func(context.Context, int, uint64) error {
 			o.mu.Lock()
 			defer o.mu.Unlock()

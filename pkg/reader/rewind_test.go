@@ -251,9 +251,7 @@ func TestAnOwnerReleasedDuringOnRewindLeavesTheRewindToTheNextOwner(t *testing.T
 		return len(handled[member])
 	}
 	inRewind, release := make(chan struct{}), make(chan struct{})
-	// A short lease: the consumer's pin, which the next owner waits out,
-	// lives a LeaseTTL of the member that created it.
-	old := startMember(t, n, reader.Config{Group: "g", Member: "old", BatchSize: 100, DrainTimeout: time.Minute, LeaseTTL: time.Second,
+	old := startMember(t, n, reader.Config{Group: "g", Member: "old", BatchSize: 100, DrainTimeout: time.Minute,
 		OnRewind: func(context.Context, int, reader.RewindInfo) error {
 			close(inRewind)
 			<-release // a rebuild that does not look at its context
