@@ -265,10 +265,6 @@ func groupExists(ctx context.Context, s jetstream.Stream, group string) error {
 	return err
 }
 
-// firstAtInactive is how long the server keeps firstAt's consumer after
-// its last fetch, where firstAt's own delete of it failed.
-const firstAtInactive = 30 * time.Second
-
 // firstAt finds the sequence of the first event in a partition at or after
 // pos; 0 if there is none. For a time, the caller has seen an event stored
 // at or after it (the partition's last), so the fetch does not wait long.
@@ -284,26 +280,17 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 		return m.Sequence, nil
 	}
 	t := pos.time
-	c, err := js.OrderedConsumer(ctx, events.ClicksStream, jetstream.OrderedConsumerConfig{
+	// Each call creates a consumer on CLICKS: deleted when done, so
+	// repeated rewinds and replays leave none behind.
+	c, done, err := OneOffRead(ctx, js, events.ClicksStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &t,
-		// Should the delete below not reach the server, it drops the
-		// consumer soon, not after the client's default 5 minutes.
-		InactiveThreshold: firstAtInactive,
 	})
 	if err != nil {
 		return 0, err
 	}
-	// Each call creates a consumer on CLICKS (at the Fetch): delete it
-	// when done, so repeated rewinds and replays leave none behind.
-	defer func() {
-		if ci := c.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = js.DeleteConsumer(dctx, events.ClicksStream, ci.Name)
-		}
-	}()
+	defer done()
 	b, err := c.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
 	if err != nil {
 		return 0, err

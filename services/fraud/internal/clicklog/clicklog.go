@@ -141,10 +141,6 @@ func (l *Log) Next(ctx context.Context, partition int, from uint64) (uint64, err
 	return m.Sequence, nil
 }
 
-// scanInactive is how long the server keeps a scan's consumer after its
-// last pull, where Scan's own delete of it failed.
-const scanInactive = 30 * time.Second
-
 // Scan reads partition's events stored at or after from, up to but not
 // including sequence until, with an ordered consumer (ephemeral, flow
 // controlled, no acks: the cheapest way to read a stretch of a stream),
@@ -170,27 +166,18 @@ func (l *Log) Scan(ctx context.Context, partition int, from time.Time, until uin
 		return 0, fmt.Errorf("scan partition %d: last event: %w", partition, err)
 	}
 	end := min(last.Sequence, until-1) // the last sequence that may be fed
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	// Each scan (every rebuild of a partition's state: each assignment,
+	// each rewind) creates a consumer on CLICKS: deleted when done, so
+	// that rebuilds leave none behind.
+	cons, done, err := reader.OneOffRead(ctx, l.js, events.ClicksStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.PartitionFilter(partition)},
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &from,
-		// Should the delete below not reach the server, it drops the
-		// consumer soon, not after the client's default 5 minutes.
-		InactiveThreshold: scanInactive,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
 	}
-	// Each scan (every rebuild of a partition's state: each assignment,
-	// each rewind) creates a consumer on CLICKS: delete it when done, so
-	// that rebuilds leave none behind.
-	defer func() {
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = s.DeleteConsumer(dctx, ci.Name)
-		}
-	}()
+	defer done()
 	if info, err := consumerInfo(ctx, cons); err != nil {
 		return 0, fmt.Errorf("scan partition %d: %w", partition, err)
 	} else if info.NumPending == 0 {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
 	"github.com/snipdev/snip/services/webhooks/internal/redisstore"
 )
@@ -392,24 +393,15 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstor
 	if upto == 0 {
 		return 0, nil
 	}
-	cons, err := r.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+	// Each copy creates a consumer on the stream: deleted when done, so
+	// that replays asked again and again leave none behind.
+	cons, done, err := reader.OneOffRead(ctx, r.js, stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from,
-		// Should the delete below not reach the server, it drops the
-		// consumer soon, not after the client's default 5 minutes.
-		InactiveThreshold: copyInactive,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("replay %s: %w", stream, err)
 	}
-	// Each copy creates a consumer on the stream: delete it when done, so
-	// that replays asked again and again leave none behind.
-	defer func() {
-		if ci := cons.CachedInfo(); ci != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = r.js.DeleteConsumer(dctx, stream, ci.Name)
-		}
-	}()
+	defer done()
 	total, noResponders := 0, 0
 	for {
 		if err := ctx.Err(); err != nil {
@@ -478,10 +470,6 @@ func (r *Replayer) copy(ctx context.Context, e endpoint.Endpoint, hold redisstor
 		}
 	}
 }
-
-// copyInactive is how long the server keeps a copy's consumer after its
-// last pull, where copy's own delete of it failed.
-const copyInactive = 30 * time.Second
 
 // maxNoResponders is how many pulls (or consumer infos) in a row a replay
 // retries when no server answers them.
