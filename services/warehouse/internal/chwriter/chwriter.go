@@ -145,6 +145,11 @@ type Writer struct {
 	schemaMu sync.Mutex  // one schema application at a time
 	schemaOK atomic.Bool // the schema was applied on this server
 
+	// objectsSeen is when (UnixNano) Ready last found every table and the
+	// view in place (or the schema applied); a probe within
+	// objectsCheckEvery of it asks the server nothing more than a ping.
+	objectsSeen atomic.Int64
+
 	sent func(rows []loader.Row) // if set, called with the rows of each INSERT statement the server accepted (tests)
 }
 
@@ -200,18 +205,28 @@ func (w *Writer) ensureSchemaLocked(ctx context.Context) error {
 		return fmt.Errorf("ensure schema: %w", err)
 	}
 	w.schemaOK.Store(true)
+	w.objectsSeen.Store(time.Now().UnixNano())
 	w.log.Info("clickhouse schema applied", "database", w.cfg.Database)
 	return nil
 }
 
-// Ready reports whether inserts can succeed now: the server answers and the
-// schema is applied. A schema not applied (before the start-up's wait got
-// it applied, or since an insert found a table, the view or the database
-// missing, or since the ping found the database missing) is applied here,
-// within ctx, so readiness does not wait for the next insert, which a
-// loader without traffic may not make for hours. While another call
-// applies it (the start-up's wait, an insert), Ready says so at once
-// instead of waiting for it.
+// objectsCheckEvery is how long Ready trusts its last look at the tables:
+// probes come every few seconds, and a second keeps each to a ping and,
+// at most once a second, one small query of system.tables.
+const objectsCheckEvery = time.Second
+
+// Ready reports whether an insert would land now: the server answers and
+// every table and the view of the schema exist. The schema applied once is
+// not enough: someone may have dropped a table or the database since, and
+// without traffic no insert finds out (a pooled ping still succeeds while
+// a table is gone), so Ready looks them up in system.tables, at most once
+// every objectsCheckEvery. A schema not applied (before the start-up's wait
+// got it applied, or since an insert, the ping or this look-up found a
+// table, the view or the database missing) is applied here, within ctx, so
+// readiness does not wait for the next insert, which a loader without
+// traffic may not make for hours. While another call applies it (the
+// start-up's wait, an insert), Ready says so at once instead of waiting
+// for it.
 func (w *Writer) Ready(ctx context.Context) error {
 	if err := w.conn.Ping(ctx); err != nil {
 		// A connection's handshake names its database, so the ping
@@ -220,6 +235,11 @@ func (w *Writer) Ready(ctx context.Context) error {
 			return fmt.Errorf("ping clickhouse: %w", err)
 		}
 		w.schemaOK.Store(false)
+	}
+	if w.schemaOK.Load() {
+		if err := w.checkObjects(ctx); err != nil {
+			return err
+		}
 	}
 	if w.schemaOK.Load() {
 		return nil
@@ -231,6 +251,37 @@ func (w *Writer) Ready(ctx context.Context) error {
 	if err := w.ensureSchemaLocked(ctx); err != nil {
 		return fmt.Errorf("clickhouse schema not applied: %w", err)
 	}
+	return nil
+}
+
+// checkObjects looks up the schema's tables and view unless Ready found
+// them within objectsCheckEvery, and forgets the schema if one is missing
+// (Ready then applies it again).
+func (w *Writer) checkObjects(ctx context.Context) error {
+	if time.Since(time.Unix(0, w.objectsSeen.Load())) < objectsCheckEvery {
+		return nil
+	}
+	args := []any{w.cfg.Database}
+	for _, o := range schema.Objects {
+		args = append(args, o)
+	}
+	in := strings.TrimSuffix(strings.Repeat("?, ", len(schema.Objects)), ", ")
+	var n uint64
+	if err := w.conn.QueryRow(ctx, "SELECT count() FROM system.tables WHERE database = ? AND name IN ("+in+")",
+		args...).Scan(&n); err != nil {
+		if missingSchema(err) {
+			w.schemaOK.Store(false)
+			return nil
+		}
+		return fmt.Errorf("look up the clickhouse tables: %w", err)
+	}
+	if n < uint64(len(schema.Objects)) {
+		w.log.Warn("clickhouse tables missing; applying the schema again", "database", w.cfg.Database,
+			"found", n, "want", len(schema.Objects))
+		w.schemaOK.Store(false)
+		return nil
+	}
+	w.objectsSeen.Store(time.Now().UnixNano())
 	return nil
 }
 

@@ -170,6 +170,47 @@ func TestReadyAfterAMissingTableNeedsNoInsert(t *testing.T) {
 	}
 }
 
+// TestReadyNoticesADroppedTableWithoutAnInsert: a table, the view or the
+// database dropped while no traffic flows fails nothing (the pool's pings
+// still succeed); ready means an insert would land, so a probe looks the
+// tables up, finds one missing and applies the schema again.
+func TestReadyNoticesADroppedTableWithoutAnInsert(t *testing.T) {
+	t.Parallel()
+	for _, drop := range []string{"TABLE clicks", "TABLE clicks_hourly_mv", "DATABASE"} {
+		t.Run(strings.ReplaceAll(drop, " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			conn, db := servers.ClickHouse.NewDB(t)
+			w := newWriter(t, servers.ClickHouse.Addr, db)
+			if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Ready(t.Context()); err != nil {
+				t.Fatalf("Ready after an insert: %v", err)
+			}
+			stmt := "DROP " + drop
+			if drop == "DATABASE" {
+				stmt += " " + db
+			}
+			if err := conn.Exec(t.Context(), stmt); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 20*time.Second, "a probe applies the schema again after DROP "+drop+", without an insert", func() bool {
+				if !probeReady(t, w)() {
+					return false
+				}
+				// Not countTables: conn fails every query while its
+				// database is missing.
+				var n uint64
+				err := conn.QueryRow(t.Context(), "SELECT count() FROM system.tables WHERE database = ?", db).Scan(&n)
+				return err == nil && n == 3
+			})
+			if err := w.Insert(t.Context(), rows(t, 3)); err != nil {
+				t.Fatalf("insert once ready again: %v", err)
+			}
+		})
+	}
+}
+
 // TestReadyAppliesTheSchema: before anything applied the schema (a loader
 // whose start-up wait has not got to it), a probe applies it, creating the
 // database too.

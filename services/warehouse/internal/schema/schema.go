@@ -60,6 +60,10 @@ func Statements() []Statement {
 // rollup never sees them.
 const RollupView = "clicks_hourly_mv"
 
+// Objects are the tables and the view the statements create, in apply
+// order: what must exist for an insert to land and reach the rollup.
+var Objects = []string{"clicks", "clicks_hourly", RollupView}
+
 // Conn is what Apply needs from a ClickHouse connection (clickhouse-go's
 // driver.Conn has it).
 type Conn interface {

@@ -4,8 +4,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -191,6 +193,10 @@ func TestApplyIsIdempotent(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("tables (-want +got):\n%s", diff)
+	}
+	objects := slices.Sorted(maps.Keys(want))
+	if diff := cmp.Diff(objects, slices.Sorted(slices.Values(schema.Objects))); diff != "" {
+		t.Errorf("schema.Objects (-created +listed):\n%s", diff)
 	}
 }
 
