@@ -322,8 +322,6 @@ func (w *Writer) Insert(ctx context.Context, rows []loader.Row) error {
 		}
 	}
 	w.m.duration.Observe(time.Since(start).Seconds())
-	w.m.batchRows.Observe(float64(len(rows)))
-	w.m.rows.Add(float64(len(rows)))
 	w.m.lastSuccess.SetToCurrentTime()
 	return nil
 }
@@ -368,6 +366,11 @@ func (w *Writer) send(ctx context.Context, rows []loader.Row) error {
 	if err := batch.Send(); err != nil {
 		return w.fail(fmt.Errorf("send insert: %w", err))
 	}
+	// Per statement, not per Insert: the server took these rows even if
+	// a later statement of the same Insert fails, and each statement is
+	// one insert block (its parts) to the server.
+	w.m.batchRows.Observe(float64(len(rows)))
+	w.m.rows.Add(float64(len(rows)))
 	if w.sent != nil {
 		w.sent(rows)
 	}

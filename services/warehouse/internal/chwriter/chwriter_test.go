@@ -346,6 +346,69 @@ func TestInsertSpanningManyDaysIsSplit(t *testing.T) {
 	}
 }
 
+// TestInsertRowsMetricIsPerStatement: snip_warehouse_insert_rows says how
+// many rows each INSERT statement the server accepted held, so a batch split
+// into three statements is three observations, and rows a statement landed
+// are counted even when a later one of the same batch fails.
+func TestInsertRowsMetricIsPerStatement(t *testing.T) {
+	t.Parallel()
+	_, db := servers.ClickHouse.NewDB(t)
+	reg := prometheus.NewRegistry()
+	w, err := chwriter.Open(chwriter.Config{Addrs: []string{servers.ClickHouse.Addr}, Database: db, DialTimeout: 2 * time.Second},
+		slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	var sizes []int
+	chwriter.OnStatement(w, func(rs []loader.Row) { sizes = append(sizes, len(rs)) })
+	rs := spanningDays(t, 200, 3)
+	if err := w.Insert(t.Context(), rs); err != nil {
+		t.Fatalf("insert: %v", err)
+	}
+	if len(sizes) != 3 {
+		t.Fatalf("%d statements, want 3 (200 days, 90 a statement)", len(sizes))
+	}
+	histogram := func() (count uint64, sum float64) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "snip_warehouse_insert_rows" {
+				h := mf.GetMetric()[0].GetHistogram()
+				return h.GetSampleCount(), h.GetSampleSum()
+			}
+		}
+		t.Fatal("no snip_warehouse_insert_rows")
+		return 0, 0
+	}
+	if count, sum := histogram(); count != 3 || sum != float64(len(rs)) {
+		t.Errorf("snip_warehouse_insert_rows: %d observations summing to %v, want 3 (%v) summing to %d", count, sum, sizes, len(rs))
+	}
+	if got := warehousetest.Metric(t, reg, "snip_warehouse_rows_inserted_total"); got != float64(len(rs)) {
+		t.Errorf("snip_warehouse_rows_inserted_total = %v, want %d", got, len(rs))
+	}
+
+	// The second statement refuses a row: the first landed, and counts.
+	sizes = nil
+	rs = spanningDays(t, 200, 1)
+	rs[50].EventID = "not-a-uuid" // 50 days ago: in the second statement (oldest first)
+	if err := w.Insert(t.Context(), rs); err == nil {
+		t.Fatal("insert with a bad row succeeded")
+	}
+	if len(sizes) != 1 {
+		t.Fatalf("%d statements accepted before the bad row, want 1", len(sizes))
+	}
+	if count, sum := histogram(); count != 4 || sum != float64(600+sizes[0]) {
+		t.Errorf("snip_warehouse_insert_rows after a batch whose first statement landed: %d observations summing to %v, want 4 summing to %d",
+			count, sum, 600+sizes[0])
+	}
+	if got := warehousetest.Metric(t, reg, "snip_warehouse_rows_inserted_total"); got != float64(600+sizes[0]) {
+		t.Errorf("snip_warehouse_rows_inserted_total = %v, want %d (the first statement's rows landed)", got, 600+sizes[0])
+	}
+}
+
 func TestDroppedTableIsCreatedAgain(t *testing.T) {
 	t.Parallel()
 	conn, db := servers.ClickHouse.NewDB(t)

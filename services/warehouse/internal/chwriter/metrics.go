@@ -24,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "snip_warehouse_insert_rows",
-			Help:    "Rows per successful insert.",
+			Help:    "Rows per INSERT statement the server accepted (a batch spanning more days than WAREHOUSE_MAX_DAYS_PER_INSERT goes as several).",
 			Buckets: []float64{1, 10, 100, 1000, 2500, 5000, 10000, 20000, 50000, 100000},
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
