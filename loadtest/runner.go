@@ -38,6 +38,8 @@ type system struct {
 	counter   *counterhttp.Client
 	warehouse *chquery.Client
 	fraud     bool
+	// partitions is how many partitions CLICKS has.
+	partitions int
 	// webhooksAPI is the webhooks API a run registers its receiver with;
 	// "" when webhooks are not checked.
 	webhooksAPI string
@@ -68,7 +70,7 @@ func connect(ctx context.Context, env *Env, sf *sinkFlags) (*system, error) {
 	sys.readers = jsread.NewReaders(sys.js)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := topology.Partitions(cctx, sys.js); err != nil {
+	if sys.partitions, err = topology.Partitions(cctx, sys.js); err != nil {
 		sys.close()
 		return nil, fmt.Errorf("find CLICKS at %s (is the system running?): %w", env.Cfg.NATSURL, err)
 	}
@@ -173,7 +175,7 @@ func answers(ctx context.Context, url string) error {
 // receiver, nil when webhooks are not checked.
 func (s *system) sinks(owner string, since time.Time, rcv *whrecv.Receiver) (oracle.Sinks, func()) {
 	log := jsread.NewClicks(s.js, owner, since)
-	out := oracle.Sinks{Log: log, Readers: s.readers, Skip: s.skip}
+	out := oracle.Sinks{Log: log, Partitions: s.partitions, Readers: s.readers, Skip: s.skip}
 	closers := []func(){log.Close}
 	// The counter applies every verdict, fraud checked or not: its bot
 	// split, dimensions and series are judged by the final labels, so the

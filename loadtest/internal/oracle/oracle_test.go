@@ -17,6 +17,7 @@ import (
 	"github.com/snipdev/snip/loadtest/internal/oracle"
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/loadtest/internal/workload"
+	"github.com/snipdev/snip/pkg/events"
 )
 
 // The fakes below are plain values behind the oracle's source interfaces:
@@ -195,6 +196,9 @@ type world struct {
 	uniques func(clicks []oracle.LogClick) int64
 }
 
+// worldPartitions is how many partitions the world's CLICKS has.
+const worldPartitions = 2
+
 // webhookLinks are the links the world's endpoint wants.
 var webhookLinks = []string{tag.LinkCode(0), tag.LinkCode(2), tag.LinkCode(4)}
 
@@ -265,7 +269,7 @@ func (w *world) addClick(seq uint64, v workload.Visit) {
 	}
 	clicked := runStart.Add(time.Duration(seq) * clickEvery)
 	c := oracle.LogClick{ID: uuid.MustParse(id), RequestID: tag.RequestID(seq), Code: tag.LinkCode(v.Link), Bot: v.Kind == workload.Bot, IPPrefix: workload.IPPrefix(v.IP),
-		Partition: v.Link % 2, StreamSeq: uint64(len(w.log) + 1), Visitor: fmt.Sprint("visitor-", v.Identity),
+		Partition: events.Partition(tag.LinkCode(v.Link), worldPartitions), StreamSeq: uint64(len(w.log) + 1), Visitor: fmt.Sprint("visitor-", v.Identity),
 		Time: clicked, Stored: clicked.Add(storeDelay)}
 	w.log = append(w.log, c)
 	if v.Kind == workload.Burst {
@@ -490,13 +494,14 @@ func (w *world) positions() []oracle.Position {
 
 func (w *world) sinks() oracle.Sinks {
 	return oracle.Sinks{
-		Log:       &fakeLog{clicks: append([]oracle.LogClick(nil), w.log...)},
-		Readers:   fakeReaders(w.positions()),
-		Verdicts:  &fakeVerdicts{verdicts: append([]oracle.Verdict(nil), w.verdicts...)},
-		Alerts:    &fakeAlerts{alerts: append([]oracle.Alert(nil), w.alerts...)},
-		Counter:   w.counter,
-		Warehouse: &fakeWarehouse{rows: w.warehouse},
-		Webhooks:  w.deliveries(),
+		Log:        &fakeLog{clicks: append([]oracle.LogClick(nil), w.log...)},
+		Partitions: worldPartitions,
+		Readers:    fakeReaders(w.positions()),
+		Verdicts:   &fakeVerdicts{verdicts: append([]oracle.Verdict(nil), w.verdicts...)},
+		Alerts:     &fakeAlerts{alerts: append([]oracle.Alert(nil), w.alerts...)},
+		Counter:    w.counter,
+		Warehouse:  &fakeWarehouse{rows: w.warehouse},
+		Webhooks:   w.deliveries(),
 	}
 }
 
@@ -662,8 +667,32 @@ func TestVerify(t *testing.T) {
 				i := w.clickOf(t, workload.Human)
 				seq, _ := w.seq(w.log[i])
 				w.log[i].Code = tag.LinkCode((w.gen.Visit(seq).Link + 1) % 5)
+				w.log[i].Partition = events.Partition(w.log[i].Code, worldPartitions) // CLICKS routes by the code it names
 			},
 			want: map[string]outcome{oracle.SinkLog: {Extra: 1, Status: oracle.Fail}},
+		},
+		{
+			// CLICKS stored a click in another partition than its link's
+			// code hashes to: a routing defect. The readers park it
+			// (wrong_partition), so no sink has it; the log row fails,
+			// the click missing where it belongs and extra where it is.
+			name: "click_in_another_partition_than_its_links_is_a_routing_defect", mode: truth.ModeEvents,
+			mutate: func(t *testing.T, w *world) {
+				i := slices.IndexFunc(w.log, func(c oracle.LogClick) bool {
+					seq, _ := w.seq(c)
+					return w.gen.Visit(seq).Kind == workload.Human && !slices.Contains(webhookLinks, c.Code)
+				})
+				if i < 0 {
+					t.Fatal("no human click off the webhook links")
+				}
+				c := w.log[i]
+				w.log = slices.Delete(w.log, i, i+1)
+				w.warehouse = slices.DeleteFunc(w.warehouse, func(r whRow) bool { return r.id == c.ID })
+				w.recount() // the readers parked it
+				c.Partition = (c.Partition + 1) % worldPartitions
+				w.log = append(w.log, c)
+			},
+			want: map[string]outcome{oracle.SinkLog: {Missing: 1, Extra: 1, Status: oracle.Fail}},
 		},
 		{
 			name: "unanswered_request_recorded_once_is_allowed", mode: truth.ModeEvents,

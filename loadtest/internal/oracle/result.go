@@ -9,6 +9,7 @@ import (
 
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/loadtest/internal/workload"
+	"github.com/snipdev/snip/pkg/events"
 )
 
 // Status is a check's verdict.
@@ -92,6 +93,11 @@ func (s *state) logResult() Result {
 	}
 	if s.wrongLink > 0 {
 		notes = append(notes, fmt.Sprintf("%d clicks recorded against the wrong link", s.wrongLink))
+	}
+	if s.wrongPartition > 0 {
+		notes = append(notes, fmt.Sprintf("%d clicks stored in another partition than their link's of %d (a routing defect: readers park them as %s)",
+			s.wrongPartition, s.partitions, events.ReasonWrongPartition))
+		r.Extra += s.wrongPartition
 	}
 	r.Note = strings.Join(notes, "; ")
 	r.judge()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/loadtest/internal/truth"
 	"github.com/snipdev/snip/loadtest/internal/workload"
+	"github.com/snipdev/snip/pkg/events"
 )
 
 // state is what the oracle has learned about a run: which clicks the log
@@ -35,6 +36,13 @@ type state struct {
 	foreign, wrongLink, dups uint64
 	// invalid counts the run's clicks whose payload is not a valid click.
 	invalid uint64
+	// partitions is how many partitions CLICKS has (Sinks.Partitions);
+	// wrongPartition counts the clicks on the run's links stored in
+	// another partition than their link's code hashes to
+	// (events.Partition): a routing defect, and readers park them
+	// (events.ReasonWrongPartition), so they are as good as missing.
+	partitions     int
+	wrongPartition uint64
 	// xffHonoured counts clicks whose network is the visitor's, not the
 	// generator's (HTTP mode with X-Forwarded-For).
 	xffHonoured uint64
@@ -200,6 +208,10 @@ func (s *state) addClick(c *LogClick) {
 	// Every click on the run's links is the readers' to process (count,
 	// load, or park), valid or not.
 	s.lastClick[c.Partition] = max(s.lastClick[c.Partition], c.StreamSeq)
+	if c.Partition != events.Partition(c.Code, s.partitions) {
+		s.wrongPartition++
+		return
+	}
 	seq, ok := s.seqOf(c)
 	switch {
 	case !ok:

@@ -31,6 +31,11 @@ const (
 type Sinks struct {
 	Log     LogReader
 	Readers Positions
+	// Partitions is how many partitions CLICKS has (required): a click of
+	// the run stored in another partition than its link's code hashes to
+	// (events.Partition) fails the log row, a routing defect, and counts
+	// as missing, as readers park it.
+	Partitions int
 	// Verdicts is fraud detection's verdicts: the labels the counter
 	// applies, and what the fraud verdicts row judges. Its row is
 	// skipped when Skip names KeyFraud (fraud not checked): the verdicts
@@ -139,6 +144,10 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
+	if sinks.Partitions < 1 {
+		return nil, fmt.Errorf("verify: %d partitions of CLICKS: want at least 1", sinks.Partitions)
+	}
+	s.partitions = sinks.Partitions
 	s.burstThreshold = opts.BurstThreshold
 	if sinks.Webhooks != nil {
 		// Order per link is judged against CLICKS' order.
