@@ -83,7 +83,7 @@ type runFlags struct {
 func (r *runFlags) register(fs *flag.FlagSet, rate int) {
 	fs.IntVar(&r.rate, "rate", rate, "clicks per second (constant arrival rate)")
 	fs.DurationVar(&r.duration, "duration", 30*time.Second, "how long to send")
-	fs.BoolVar(&r.verify, "verify", false, "after the run, check every reader against the truth (exit 1 if any differs)")
+	fs.BoolVar(&r.verify, "verify", false, "after the run, check every reader against the truth (exit 1 if any differs, 3 if stopped before the check ended)")
 	fs.StringVar(&r.out, "out", "", "report directory (default loadtest/reports/<time>-<tag>)")
 }
 

@@ -57,6 +57,17 @@ var (
 	// errVerifyFailed means the oracle found a difference: exit status 1
 	// with the table already printed.
 	errVerifyFailed = errors.New("verification failed")
+	// errNotJudged means the run was stopped before what it was asked to
+	// judge was judged (a verified run stopped before its verification
+	// ended): exit status 3, neither a pass nor a failure.
+	errNotJudged = errors.New("not judged")
+)
+
+// Exit statuses of mainCode.
+const (
+	exitFailed    = 1 // a row failed, or an error
+	exitUsage     = 2
+	exitNotJudged = 3 // stopped before the verification asked for ended
 )
 
 func main() {
@@ -85,15 +96,27 @@ func mainCode() int {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log); err != nil {
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, log)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		if errors.Is(err, errUsage) {
 			usage(os.Stderr)
-			return 2
 		}
-		return 1
 	}
-	return 0
+	return exitCode(err)
+}
+
+// exitCode is the exit status of a command that returned err.
+func exitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, errNotJudged):
+		return exitNotJudged
+	}
+	return exitFailed
 }
 
 // run dispatches to a command. Tests call it directly.

@@ -375,6 +375,7 @@ func labeller(js jetstream.JetStream, label func(events.Click) bool) reader.Hand
 // environment and flags that point loadtest at them.
 type testSystem struct {
 	natsURL string
+	js      jetstream.JetStream
 	environ []string
 	flags   []string
 	tally   *tally
@@ -449,6 +450,7 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	t.Cleanup(srv.Close)
 	return &testSystem{
 		natsURL: n.URL,
+		js:      js,
 		environ: []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
 		flags: []string{
 			"--counter-url", srv.URL,

@@ -284,6 +284,9 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	fmt.Fprintf(env.Stderr, "run %s: %s at %d/s for %s against %s (report in %s)\n", l.tag, l.mode, l.rate, rf.duration, l.target, dir)
 	attempts, driveErr := l.drive(ctx, rec, m)
 	loadEnd := time.Now()
+	// Stopped during the load, or the driver gave up: the load did not
+	// run its --duration.
+	loadCut := ctx.Err() != nil || driveErr != nil
 	phase.set(series.PhaseDrain)
 
 	refused, uncertain, answers := rec.Finish(attempts)
@@ -304,7 +307,7 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 
 	rep := &report.Report{
 		Command: l.command, Mode: string(l.mode), Tag: l.tag.String(), Target: l.target, Started: start,
-		LoadTime: loadEnd.Sub(start), Rate: l.rate, CatchUp: -1, Spec: l.gen.Spec(), Answers: answers,
+		LoadTime: loadEnd.Sub(start), Rate: l.rate, CatchUp: -1, Spec: l.gen.Spec(), Answers: answers, LoadCut: loadCut,
 	}
 	if driveErr != nil {
 		rep.Notes = append(rep.Notes, "the driver stopped early: "+driveErr.Error())
@@ -331,8 +334,9 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 		rep.Verify = vr
 	}
 	if rf.verify && rep.Verify == nil {
-		stopped = fmt.Errorf("stopped before the verification ended: not verified (loadtest verify --truth %s checks the run)", truthFile)
-		rep.Notes = append(rep.Notes, stopped.Error())
+		note := fmt.Sprintf("stopped before the verification ended: not verified (loadtest verify --truth %s checks the run)", truthFile)
+		rep.Notes = append(rep.Notes, note)
+		stopped = fmt.Errorf("%s: %w", note, errNotJudged)
 	}
 	rep.CatchUp = <-caught
 	// Stopped, the watcher gave up waiting: a catch-up it had not seen is

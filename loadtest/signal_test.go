@@ -56,7 +56,8 @@ func TestSecondSignalEndsAStopThatHangs(t *testing.T) {
 // Ctrl-C during a verified run stops the load and keeps what was measured:
 // the summary is printed and the report written with the truth, a note
 // saying the run was not verified and how to verify it later, and the
-// command fails (the verification asked for did not happen), instead of
+// command exits 3, not judged (the verification asked for did not happen,
+// and no failure was seen either), instead of
 // ending with "context canceled" and no report at all. Its catch-up time
 // is not measured, not "not reached": no reader was seen behind, the run
 // stopped waiting.
@@ -96,6 +97,9 @@ func TestAStopDuringAVerifiedRunWritesTheReport(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not verified") || !strings.Contains(err.Error(), "loadtest verify --truth "+truthFile) {
 		t.Errorf("loadtest events stopped before its verification: err %v, want one saying it was not verified and how to verify %s\n%s", err, truthFile, out.String())
 	}
+	if code := exitCode(err); code != exitNotJudged {
+		t.Errorf("exit status %d for a run stopped before its verification, want %d (not judged; 1 is a failure seen)", code, exitNotJudged)
+	}
 	for _, f := range []string{"truth.json", "report.json", "report.html"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("report file: %v", err)
@@ -112,5 +116,51 @@ func TestAStopDuringAVerifiedRunWritesTheReport(t *testing.T) {
 	b, rerr := os.ReadFile(filepath.Join(dir, "report.json"))
 	if rerr == nil && !strings.Contains(string(b), "not verified") {
 		t.Errorf("report.json has no note that the run was not verified:\n%s", b)
+	}
+}
+
+// A run stopped during the load (a --duration cut short by Ctrl-C) did not
+// get to judge the keep-up rule: its verdict is unknown, not "no" (the
+// readers' catch-up was not waited for and its second half is not the
+// load's), and its exit status is 3, not judged, not a failure it never
+// saw.
+func TestARunStoppedDuringTheLoadIsNotJudged(t *testing.T) {
+	t.Parallel()
+	s := startSystem(t, nil)
+	dir := t.TempDir()
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		args := []string{"events", "--rate", "200", "--duration", "10m", "--links", "20", "--verify", "--out", dir}
+		done <- run(ctx, append(args, s.flags...), s.environ, &out, &out, slog.New(slog.DiscardHandler))
+	}()
+	js := s.js
+	testenv.WaitFor(t, 30*time.Second, "3 s of the run's clicks in CLICKS (the readers' lag read meanwhile)", func() bool {
+		st, err := js.Stream(t.Context(), events.ClicksStream)
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(t.Context())
+		return err == nil && info.State.Msgs >= 600
+	})
+	stop() // Ctrl-C during the load
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("loadtest events did not return within a minute of the stop:\n%s", out.String())
+	}
+	if code := exitCode(err); code != exitNotJudged {
+		t.Errorf("exit status %d (err %v), want %d: not judged", code, err, exitNotJudged)
+	}
+	const unknown = "kept up              unknown (the run was stopped during the load: the keep-up rule was not judged)"
+	if !strings.Contains(out.String(), unknown) || strings.Contains(out.String(), "kept up              no") {
+		t.Errorf("want %q and no \"kept up no\":\n%s", unknown, out.String())
+	}
+	b, rerr := os.ReadFile(filepath.Join(dir, "report.json"))
+	if rerr != nil || !strings.Contains(string(b), `"unknown": "the run was stopped during the load"`) || !strings.Contains(string(b), `"load_cut": true`) {
+		t.Errorf("report.json does not say the keep-up verdict is unknown and the load cut (%v):\n%s", rerr, b)
 	}
 }

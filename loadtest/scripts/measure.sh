@@ -399,7 +399,7 @@ if [[ ${STEPS:-all} == goals ]]; then
 		jq -r --argjson ceiling "${CEILING:-0}" '
 			.summary.throughput as $got
 			| "achieved \($got | floor)/s = \(if $ceiling > 0 then ($got / $ceiling * 100 | floor) / 100 else "?" end) x ceiling (\($ceiling))",
-			  "kept up: \(if .keep_up.kept_up then "yes" else "NO" end)"' "$rep"
+			  "kept up: \(if .keep_up.unknown then "unknown (\(.keep_up.unknown))" elif .keep_up.kept_up then "yes" else "NO" end)"' "$rep"
 		jq -r 'if .verify.passed then "oracle: PASS" else "oracle: FAIL" end' "$rep"
 		echo "CPU seconds over the run (the load, then until every reader had it; the generator's verification included):"
 		awk -v tck="$(getconf CLK_TCK)" 'FILENAME ~ /goal0$/ { a[$1] -= $2 } FILENAME ~ /goal1$/ { a[$1] += $2 }

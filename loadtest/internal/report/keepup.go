@@ -23,6 +23,12 @@ import (
 // a loaded machine (reads run back to back, one a second at most, so one
 // such read leaves a second without one); a run whose reads fail for long
 // is not judged on the figures of before.
+//
+// A run that did not get to the judgement has an unknown verdict, neither
+// kept up nor not: one whose load ended before its --duration (stopped
+// during it, or the driver stopped early: its second half is not the
+// load's), or one stopped before its catch-up was seen (it stopped
+// waiting; no reader was seen behind).
 const (
 	MaxLagSeconds   = 10
 	MaxCatchUp      = 10 * time.Second
@@ -33,7 +39,12 @@ const (
 type KeepUp struct {
 	Readers []ReaderLag `json:"readers"`
 	// KeptUp: every reader bounded and caught up within MaxCatchUp.
+	// False when Unknown says why the run was not judged.
 	KeptUp bool `json:"kept_up"`
+	// Unknown, if set, says why the run was not judged: it was stopped
+	// or cut short before the rule could be applied. The readers' lags
+	// are still reported.
+	Unknown string `json:"unknown,omitempty"`
 	// MaxLag is the bound on a reader's lag in the second half, in events.
 	MaxLag uint64 `json:"max_lag"`
 }
@@ -95,5 +106,16 @@ func KeepUpOf(r *Report) *KeepUp {
 		k.Readers = append(k.Readers, l)
 	}
 	sort.Slice(k.Readers, func(i, j int) bool { return k.Readers[i].Reader < k.Readers[j].Reader })
+	switch {
+	case r.LoadCut && r.Stopped:
+		k.Unknown = "the run was stopped during the load"
+	case r.LoadCut:
+		k.Unknown = "the load ended before its duration (the driver stopped early)"
+	case r.Stopped && r.CatchUp < 0:
+		k.Unknown = "the run was stopped before its catch-up was seen"
+	}
+	if k.Unknown != "" {
+		k.KeptUp = false
+	}
 	return k
 }

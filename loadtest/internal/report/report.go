@@ -53,6 +53,9 @@ type Report struct {
 	// Stopped: the run was stopped (Ctrl-C, SIGTERM) before it ended; a
 	// catch-up not seen by then was not waited for.
 	Stopped bool `json:"stopped,omitempty"`
+	// LoadCut: the load ended before its --duration (the run was stopped
+	// during it, or the driver stopped early).
+	LoadCut bool `json:"load_cut,omitempty"`
 }
 
 // Write writes report.json and report.html into dir and returns their paths.
@@ -105,8 +108,12 @@ func Text(w io.Writer, r *Report) {
 		if k.KeptUp {
 			verdict = "yes"
 		}
-		fmt.Fprintf(w, "  kept up              %s (every reader's lag in the second half of the load at most %d s of load, %d events, and caught up within %s)\n",
-			verdict, MaxLagSeconds, k.MaxLag, MaxCatchUp)
+		if k.Unknown != "" {
+			fmt.Fprintf(w, "  kept up              unknown (%s: the keep-up rule was not judged)\n", k.Unknown)
+		} else {
+			fmt.Fprintf(w, "  kept up              %s (every reader's lag in the second half of the load at most %d s of load, %d events, and caught up within %s)\n",
+				verdict, MaxLagSeconds, k.MaxLag, MaxCatchUp)
+		}
 		for _, l := range k.Readers {
 			bounded := "bounded"
 			switch {

@@ -178,6 +178,45 @@ func TestKeepUpJudgesTheSecondHalfAndTheCatchUp(t *testing.T) {
 	}
 }
 
+// A run that did not get to the judgement has an unknown verdict, not
+// "no": its load cut short (stopped, or the driver stopped early), or
+// stopped before its catch-up was seen. A run stopped after both (during
+// its verification) was judged.
+func TestKeepUpOfARunStoppedEarlyIsUnknown(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]struct {
+		stopped, cut bool
+		catchUp      time.Duration
+		unknown      string
+		kept         bool
+	}{
+		"stopped during the load":              {true, true, -1, "the run was stopped during the load", false},
+		"driver stopped early":                 {false, true, time.Second, "the load ended before its duration (the driver stopped early)", false},
+		"stopped before the catch-up was seen": {true, false, -1, "the run was stopped before its catch-up was seen", false},
+		"stopped after the catch-up was seen":  {true, false, time.Second, "", true},
+		"never caught up, not stopped":         {false, false, -1, "", false},
+	} {
+		r := sample(t)
+		r.Stopped, r.LoadCut, r.CatchUp = c.stopped, c.cut, c.catchUp
+		k := report.KeepUpOf(r)
+		if k.Unknown != c.unknown || k.KeptUp != c.kept {
+			t.Errorf("%s: unknown %q, kept up %v; want %q, %v", name, k.Unknown, k.KeptUp, c.unknown, c.kept)
+		}
+		if len(k.Readers) != 2 {
+			t.Errorf("%s: %d readers' lags, want both reported", name, len(k.Readers))
+		}
+	}
+	r := sample(t)
+	r.Stopped, r.LoadCut, r.CatchUp = true, true, -1
+	r.KeepUp = report.KeepUpOf(r)
+	var out bytes.Buffer
+	report.Text(&out, r)
+	if want := "kept up              unknown (the run was stopped during the load: the keep-up rule was not judged)"; !strings.Contains(out.String(), want) ||
+		strings.Contains(out.String(), "kept up              no") {
+		t.Errorf("text lacks %q, or says no:\n%s", want, out.String())
+	}
+}
+
 // A second in which no backlog read finished repeats an earlier read's
 // figure: the rule takes it as unknown, not as within bounds, and a reader
 // read in fewer than 3 of 4 of the second half's seconds is not judged
