@@ -53,7 +53,13 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	}
 	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes? or the last events before this load were parked)",
 		"partition", p, "watermark", st.WM, "batch_first", before, "replay_from", from)
-	c.setReplay(p, from, before)
+	r := c.setReplay(p, from, before)
+	// Kept in the store too: a member that takes the partition over
+	// during the catch-up counts the rest of it as missed.
+	if err := c.store.MarkLost(ctx, p, st.Write, r.from, r.until); err != nil {
+		c.markUnchecked(p) // check again next time
+		return err
+	}
 	return reader.Replay(from, fmt.Errorf("partition %d: watermark %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.WM, before, from, ErrStoreBehind))
 }
 

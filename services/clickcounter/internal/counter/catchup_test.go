@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
@@ -206,6 +208,71 @@ func TestMissedEventsAreCountedOnceAcrossAHandOver(t *testing.T) {
 			}
 			if got := metric(t, e.reg, "snip_clickcounter_missed_events_total", map[string]string{"result": "read"}); got != float64(len(lost)) {
 				t.Errorf("missed_events_total{result=read} = %v, want %d (the lost events, each once)", got, len(lost))
+			}
+		})
+	}
+}
+
+// Another member takes the partition over during the catch-up the counter
+// asked for (this one's lease ran out, or it stopped): the runtime hands the
+// new owner the partition's events from its ack floor, somewhere among the
+// lost events. The store's watermark does not tell it those events were
+// lost, but the store keeps the lost stretch, so the new owner counts in
+// the metric the lost events it writes, and the two members' metrics
+// together count each lost event once.
+func TestMissedEventsAreCountedOnceWhenAnotherMemberTakesOver(t *testing.T) {
+	t.Parallel()
+	for _, at := range []struct {
+		name string
+		// done is how many of the lost events the first member counted
+		// before the hand-over, acked the first acked of them.
+		done, acked int
+	}{
+		{"before the first replayed batch", 0, 0},
+		{"after a replayed batch, acked", 1, 1},
+		{"after a replayed batch, not acked", 2, 0},
+	} {
+		t.Run(at.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			const p = 1
+			code := codeIn(t, p, 28)
+			now := time.Now().UTC()
+			_, lost, b3 := e.lostInTheStore(t, p, code, now, 1)
+			if at.done > 0 {
+				mustHandle(t, e.c, p, lost[:at.done])
+			}
+			e.c.OnRevoke(p)
+			regB := prometheus.NewRegistry()
+			b := e.newCounter(t, regB)
+			resume := lost[at.acked].Seq
+			if err := b.OnAssign(t.Context(), p, resume); err != nil {
+				t.Fatal(err)
+			}
+			mustHandle(t, b, p, e.clicks.from(p, resume, b3[len(b3)-1].Seq))
+
+			if got := stats(t, b, "acme", code).Totals; got != (counter.Pair{Human: 5}) {
+				t.Errorf("totals %+v, want 5 human", got)
+			}
+			read := map[string]string{"result": "read"}
+			first, second := metric(t, e.reg, "snip_clickcounter_missed_events_total", read), metric(t, regB, "snip_clickcounter_missed_events_total", read)
+			if first+second != float64(len(lost)) {
+				t.Errorf("missed_events_total{result=read}: %v on the first member, %v on the one that took over; want %d together (the lost events, each once)",
+					first, second, len(lost))
+			}
+
+			// The catch-up is over: the next member counts nothing missed.
+			b.OnRevoke(p)
+			regC := prometheus.NewRegistry()
+			c := e.newCounter(t, regC)
+			if err := c.OnAssign(t.Context(), p, b3[len(b3)-1].Seq+1); err != nil {
+				t.Fatal(err)
+			}
+			next := (&seqs{n: b3[len(b3)-1].Seq}).events(p, click("acme", code, now))
+			e.clicks.store(next...)
+			mustHandle(t, c, p, next)
+			if got := metric(t, regC, "snip_clickcounter_missed_events_total", read); got != 0 {
+				t.Errorf("missed_events_total{result=read} = %v on a member that took over after the catch-up, want 0", got)
 			}
 		})
 	}

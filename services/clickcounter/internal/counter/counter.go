@@ -82,7 +82,9 @@ type Counter struct {
 	// outlive the partition's revocation (forget): a member that loses the
 	// partition during the catch-up and takes it back resumes from the
 	// store's watermark, somewhere among those events, where nothing tells
-	// a lost event from a new one but this.
+	// a lost event from a new one but this. The store keeps the stretch
+	// too (Store.MarkLost), so a member that takes the partition over from
+	// another joins it to its own when it loads the partition's state.
 	replays map[int]replay
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
@@ -155,6 +157,11 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 	c.mu.Lock()
 	c.parts[p] = &st
 	c.unchecked[p] = true
+	if st.LostUntil != 0 {
+		// Recorded by whichever member asked for the catch-up: this one,
+		// or another that held the partition before.
+		c.joinReplay(p, replay{st.LostFrom, st.LostUntil})
+	}
 	c.trimReplay(p, st.WM)
 	c.mu.Unlock()
 	c.m.observeState(p, st)
@@ -196,12 +203,22 @@ func (r replay) has(seq uint64) bool { return seq >= r.from && seq < r.until }
 // past from is joined to it: the events of it the store has not counted
 // are still events it lost (the store lost writes again during the
 // catch-up); one that ends before from is over, and replaced.
-func (c *Counter) setReplay(p int, from, until uint64) {
+func (c *Counter) setReplay(p int, from, until uint64) replay {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := replay{from, until}
-	if old, ok := c.replays[p]; ok && old.until > from {
-		r = replay{min(old.from, from), max(old.until, until)}
+	c.joinReplay(p, replay{from, until})
+	return c.replays[p]
+}
+
+// joinReplay is setReplay with c.mu held. A stretch that ends before the
+// recorded one is over (the recorded one came later), and changes nothing.
+func (c *Counter) joinReplay(p int, r replay) {
+	old, ok := c.replays[p]
+	switch {
+	case ok && old.until > r.from && r.until > old.from:
+		r = replay{min(old.from, r.from), max(old.until, r.until)}
+	case ok && r.until <= old.from:
+		return
 	}
 	c.replays[p] = r
 }

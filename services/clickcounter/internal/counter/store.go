@@ -43,6 +43,13 @@ type Store interface {
 	// they did not confirm in time. It is a no-op when the store does not
 	// wait for replicas.
 	Replicated(ctx context.Context, partitions []int, codes []string) error
+	// MarkLost records, with generation write's watermark, that the
+	// store lost the events of the partition from sequence from to until
+	// (excluded) after they were counted: the stretch the counter asked
+	// for again (see catchUp). State returns it (Lost), so a member that
+	// takes the partition over during the catch-up knows which of the
+	// events it is handed were lost.
+	MarkLost(ctx context.Context, partition int, write int64, from, until uint64) error
 	// ReadStats reads a link's counts from the read generation, in one
 	// atomic snapshot.
 	ReadStats(ctx context.Context, partition int, ref LinkRef, days []Day) (Snapshot, error)
@@ -62,6 +69,10 @@ type State struct {
 	Replay string
 	// WM is the write generation's watermark: the last sequence applied.
 	WM uint64
+	// LostFrom and LostUntil are the last stretch of events MarkLost
+	// recorded for the write generation (LostUntil 0: none). Those above
+	// WM are still to be counted again; those at or below it were.
+	LostFrom, LostUntil uint64
 }
 
 // Recounting reports whether a recount is running.

@@ -112,12 +112,29 @@ func (s *Store) State(ctx context.Context, p int) (counter.State, error) {
 	if err != nil {
 		return counter.State{}, err
 	}
-	seq, err := s.rdb.HGet(ctx, posKey(p, st.Write), "seq").Uint64()
-	if err != nil && !errors.Is(err, redis.Nil) {
+	v, err := s.rdb.HMGet(ctx, posKey(p, st.Write), "seq", "lost_from", "lost_until").Result()
+	if err != nil {
 		return counter.State{}, fmt.Errorf("read partition %d watermark: %w", p, err)
 	}
-	st.WM = seq
+	for i, into := range []*uint64{&st.WM, &st.LostFrom, &st.LostUntil} {
+		str, ok := v[i].(string)
+		if !ok {
+			continue
+		}
+		if *into, err = strconv.ParseUint(str, 10, 64); err != nil {
+			return counter.State{}, fmt.Errorf("read partition %d watermark: %w", p, err)
+		}
+	}
 	return st, nil
+}
+
+// MarkLost records the stretch of events the store lost in the write
+// generation's pos (see counter.Store).
+func (s *Store) MarkLost(ctx context.Context, p int, write int64, from, until uint64) error {
+	if err := s.rdb.HSet(ctx, posKey(p, write), "lost_from", from, "lost_until", until).Err(); err != nil {
+		return fmt.Errorf("record partition %d's lost events %d to %d: %w", p, from, until, err)
+	}
+	return nil
 }
 
 func (s *Store) meta(ctx context.Context, c redis.Cmdable, p int) (counter.State, error) {
