@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -250,11 +251,40 @@ func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
 	}
+	cfg = reportLapses(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &member{id: cfg.Member, nc: nc, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()
 	t.Cleanup(func() { m.cancel(); <-m.done; nc.Close() })
 	return m
+}
+
+// reportLapses makes a test that fails say so where the member of cfg
+// counted lease lapses (snip_reader_lease_lapses_total): a member whose
+// heartbeat was not stored for a lease TTL (a machine starved of CPU, with
+// the 1s lease most tests run with) gives its partitions up and takes them
+// afresh, which undoes what a test set up and fails it on an assertion
+// that names something else. cfg's Metrics is a registry of its own unless
+// the test set one.
+func reportLapses(t *testing.T, cfg reader.Config) reader.Config {
+	t.Helper()
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	g, ok := cfg.Metrics.(prometheus.Gatherer)
+	if !ok {
+		return cfg
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		if n := lapsesCounted(t, g); n > 0 {
+			t.Errorf("member %s counted %g lease lapses (snip_reader_lease_lapses_total): no heartbeat of its stored for its LeaseTTL (%s), it gave its partitions up and took them afresh, which may be what failed the test",
+				cfg.Member, n, cfg.LeaseTTL)
+		}
+	})
+	return cfg
 }
 
 // stop leaves the group gracefully and waits.
@@ -349,8 +379,20 @@ func (s *ackRefusingServer) refuse(t *testing.T, subjects ...string) {
 	}
 }
 
+// ackRefusingLeaseTTL is the LeaseTTL of an ackRefusingServer's member
+// unless the test sets one. Those tests set one member's partition up with
+// care (an ack lost, a delivery dropped, a consumer created again under
+// its owner, a rewind held in OnRewind), which a lease lapse undoes: the
+// member gives the partition up and takes it afresh from the consumer's
+// ack floor. With a 1s lease (a heartbeat every 333ms, each given 333ms)
+// a machine starved of CPU made that happen. None of those tests is about
+// the lease and none fails a member over: with 3s, an idle pull waits 1.5s
+// and a pin nobody renews lasts 3s, well inside each of their waits (30s
+// and longer).
+const ackRefusingLeaseTTL = 3 * time.Second
+
 // member runs a member of cfg connected as the member user until the test
-// ends.
+// ends (with a lease of ackRefusingLeaseTTL unless cfg sets one).
 func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Handler) {
 	t.Helper()
 	nc, err := nats.Connect(s.url, nats.UserInfo("member", "member"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -359,11 +401,12 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	}
 	js, _ := jetstream.New(nc)
 	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = time.Second
+		cfg.LeaseTTL = ackRefusingLeaseTTL
 	}
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
 	}
+	cfg = reportLapses(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
