@@ -1334,7 +1334,7 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 			log := slog.New(&onMessage{msg: "rewind requested", fn: func() { heardOnce.Do(func() { close(heard) }) }})
 			h := newFirstBatchHeld()
 			startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Logger: log}, h.handle)
-			old := h.fetchedAhead(t, js, consumer, len(ids))
+			old := h.fetchedAhead(t, js, consumer)
 			createAgain := func() {
 				if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 					t.Fatal(err)
