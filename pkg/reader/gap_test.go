@@ -189,9 +189,7 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
-		t.Fatal(err)
-	}
+	createAgain(t, s.js, old.Config)
 	if refuseReset {
 		s.refuse(t, reset)
 	}

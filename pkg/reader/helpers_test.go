@@ -259,6 +259,31 @@ func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler
 	return m
 }
 
+// createAgain creates cfg's consumer of CLICKS, one of the same name just
+// deleted. Under load the server now and then fails such a create as the
+// new consumer writes its state ("rename .../o.dat.tmp .../o.dat: no such
+// file or directory", JSErrCodeConsumerCreate), seemingly the deleted
+// one's files, in the same directory, still being removed; it registers
+// nothing then. That create is made again; any other error fails the
+// test.
+func createAgain(t *testing.T, js jetstream.JetStream, cfg jetstream.ConsumerConfig) jetstream.Consumer {
+	t.Helper()
+	var c jetstream.Consumer
+	var err error
+	if !testenv.Poll(30*time.Second, func() bool {
+		c, err = js.CreateConsumer(t.Context(), events.ClicksStream, cfg)
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeConsumerCreate {
+			t.Logf("creating consumer %s again: %v; trying again", cfg.Durable, err)
+			return false
+		}
+		return true
+	}) || err != nil {
+		t.Fatalf("create consumer %s again: %v", cfg.Durable, err)
+	}
+	return c
+}
+
 // reportLapses makes a test that fails say so where the member of cfg
 // counted lease lapses (snip_reader_lease_lapses_total): a member whose
 // heartbeat was not stored for a lease TTL (a machine starved of CPU, with
