@@ -169,13 +169,14 @@ func TestAGapAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromTheFlo
 
 // gapOfAConsumerCreatedAgain deletes a partition's consumer and creates it
 // again under its owner, between two pulls (the owner's handler busy with
-// 1..5, 6..10 fetched): the new consumer counts its deliveries from 1
-// again, which the owner takes for a gap. With refuseReset, the server
-// refuses the owner's first request to reset the consumer after the gap (a
-// reset that times out), and allows the next. It returns once the new
-// consumer has acked 11..15 too, with the events the group created again
-// never handed: of 1..10 (handled once for the consumer before), those
-// handed only once.
+// 1..5, 6..10 fetched; fewer where a fetch took less than a batch within
+// Linger): the new consumer counts its deliveries from 1 again, which the
+// owner takes for a gap. With refuseReset, the server refuses the owner's
+// first request to reset the consumer after the gap (a reset that times
+// out), and allows the next. It returns once the new consumer has acked
+// 11..15 too, with the events the group created again never handed: of
+// those the consumer before delivered (handed once for it), those handed
+// only once.
 func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (missed []uint64) {
 	t.Helper()
 	s := newAckRefusingServer(t, 1)
@@ -184,13 +185,11 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 	reset := "$JS.API.CONSUMER.RESET." + events.ClicksStream + "." + consumer
 	h := newFirstBatchHeld()
 	s.member(t, reader.Config{Group: group, Member: "m", BatchSize: 5}, h.handle)
-	old := h.fetchedAhead(t, s.js, consumer, len(ids))
+	old := h.fetchedAhead(t, s.js, consumer)
 	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
-		t.Fatal(err)
-	}
+	createAgain(t, s.js, old.Config)
 	if refuseReset {
 		s.refuse(t, reset)
 	}
@@ -207,12 +206,15 @@ func gapOfAConsumerCreatedAgain(t *testing.T, group string, refuseReset bool) (m
 	})
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for seq := uint64(1); seq <= uint64(len(ids)); seq++ {
+	// The events the consumer before delivered, the batch held and the one
+	// fetched ahead, are handed for it once each; the group created again
+	// hands them again, and every event after them once.
+	for seq := uint64(1); seq <= old.Delivered.Stream; seq++ {
 		if h.handed[seq] < 2 {
 			missed = append(missed, seq)
 		}
 	}
-	for seq := uint64(len(ids)) + 1; seq <= last; seq++ {
+	for seq := old.Delivered.Stream + 1; seq <= last; seq++ {
 		if h.handed[seq] == 0 {
 			t.Errorf("event %d was never handed", seq)
 		}

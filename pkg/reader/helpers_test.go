@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -250,11 +251,65 @@ func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
 	}
+	cfg = reportLapses(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &member{id: cfg.Member, nc: nc, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()
 	t.Cleanup(func() { m.cancel(); <-m.done; nc.Close() })
 	return m
+}
+
+// createAgain creates cfg's consumer of CLICKS, one of the same name just
+// deleted. Under load the server now and then fails such a create as the
+// new consumer writes its state ("rename .../o.dat.tmp .../o.dat: no such
+// file or directory", JSErrCodeConsumerCreate), seemingly the deleted
+// one's files, in the same directory, still being removed; it registers
+// nothing then. That create is made again; any other error fails the
+// test.
+func createAgain(t *testing.T, js jetstream.JetStream, cfg jetstream.ConsumerConfig) jetstream.Consumer {
+	t.Helper()
+	var c jetstream.Consumer
+	var err error
+	if !testenv.Poll(30*time.Second, func() bool {
+		c, err = js.CreateConsumer(t.Context(), events.ClicksStream, cfg)
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeConsumerCreate {
+			t.Logf("creating consumer %s again: %v; trying again", cfg.Durable, err)
+			return false
+		}
+		return true
+	}) || err != nil {
+		t.Fatalf("create consumer %s again: %v", cfg.Durable, err)
+	}
+	return c
+}
+
+// reportLapses makes a test that fails say so where the member of cfg
+// counted lease lapses (snip_reader_lease_lapses_total): a member whose
+// heartbeat was not stored for a lease TTL (a machine starved of CPU, with
+// the 1s lease most tests run with) gives its partitions up and takes them
+// afresh, which undoes what a test set up and fails it on an assertion
+// that names something else. cfg's Metrics is a registry of its own unless
+// the test set one.
+func reportLapses(t *testing.T, cfg reader.Config) reader.Config {
+	t.Helper()
+	if cfg.Metrics == nil {
+		cfg.Metrics = prometheus.NewRegistry()
+	}
+	g, ok := cfg.Metrics.(prometheus.Gatherer)
+	if !ok {
+		return cfg
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		if n := lapsesCounted(t, g); n > 0 {
+			t.Errorf("member %s counted %g lease lapses (snip_reader_lease_lapses_total): no heartbeat of its stored for its LeaseTTL (%s), it gave its partitions up and took them afresh, which may be what failed the test",
+				cfg.Member, n, cfg.LeaseTTL)
+		}
+	})
+	return cfg
 }
 
 // stop leaves the group gracefully and waits.
@@ -349,8 +404,20 @@ func (s *ackRefusingServer) refuse(t *testing.T, subjects ...string) {
 	}
 }
 
+// ackRefusingLeaseTTL is the LeaseTTL of an ackRefusingServer's member
+// unless the test sets one. Those tests set one member's partition up with
+// care (an ack lost, a delivery dropped, a consumer created again under
+// its owner, a rewind held in OnRewind), which a lease lapse undoes: the
+// member gives the partition up and takes it afresh from the consumer's
+// ack floor. With a 1s lease (a heartbeat every 333ms, each given 333ms)
+// a machine starved of CPU made that happen. None of those tests is about
+// the lease and none fails a member over: with 3s, an idle pull waits 1.5s
+// and a pin nobody renews lasts 3s, well inside each of their waits (30s
+// and longer).
+const ackRefusingLeaseTTL = 3 * time.Second
+
 // member runs a member of cfg connected as the member user until the test
-// ends.
+// ends (with a lease of ackRefusingLeaseTTL unless cfg sets one).
 func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Handler) {
 	t.Helper()
 	nc, err := nats.Connect(s.url, nats.UserInfo("member", "member"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -359,11 +426,12 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	}
 	js, _ := jetstream.New(nc)
 	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = time.Second
+		cfg.LeaseTTL = ackRefusingLeaseTTL
 	}
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())
 	}
+	cfg = reportLapses(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
@@ -404,21 +472,35 @@ func (h *firstBatchHeld) handle(ctx context.Context, _ int, b []reader.Event) er
 	return nil
 }
 
-// fetchedAhead waits until consumer has been delivered all n events, past
-// the batch held, with no pull waiting, and returns its info then.
-func (h *firstBatchHeld) fetchedAhead(t *testing.T, js jetstream.JetStream, consumer string, n int) *jetstream.ConsumerInfo {
+// fetchedAhead waits until consumer has delivered events past the batch
+// held, with no pull waiting: the owner's next batch fetched, waiting for
+// the handler. It returns the consumer's info then; Delivered.Stream is
+// the last event the consumer delivered. How many events each batch holds
+// is the runtime's to say: a fetch takes what arrives within Linger, which
+// on a machine starved of CPU is less than a batch though more are
+// stored, so neither batch need be full.
+func (h *firstBatchHeld) fetchedAhead(t *testing.T, js jetstream.JetStream, consumer string) *jetstream.ConsumerInfo {
 	t.Helper()
 	var info *jetstream.ConsumerInfo
-	testenv.WaitFor(t, 30*time.Second, "the next batch fetched while the first is handled, no pull waiting", func() bool {
+	var blocked uint64
+	if !testenv.Poll(30*time.Second, func() bool {
 		h.mu.Lock()
-		b := h.blocked
+		blocked = h.blocked
 		h.mu.Unlock()
 		c, err := js.Consumer(t.Context(), events.ClicksStream, consumer)
-		if err != nil || b == 0 {
+		if err != nil || blocked == 0 {
 			return false
 		}
 		info = c.CachedInfo()
-		return info.Delivered.Stream == uint64(n) && info.Delivered.Stream > b && info.NumWaiting == 0
-	})
+		return info.Delivered.Stream > blocked && info.NumWaiting == 0
+	}) {
+		var delivered uint64
+		var waiting int
+		if info != nil {
+			delivered, waiting = info.Delivered.Stream, info.NumWaiting
+		}
+		t.Fatalf("timed out after 30s waiting for the next batch fetched while the first is handled, no pull waiting: the batch held ends at %d, the consumer delivered up to %d, %d pulls waiting",
+			blocked, delivered, waiting)
+	}
 	return info
 }

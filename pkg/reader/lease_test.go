@@ -264,7 +264,7 @@ func TestAMemberCutOffFromNATSGivesItsPartitionsUpAndTakesThemOnlyAfresh(t *test
 }
 
 // lapsesCounted is a member's snip_reader_lease_lapses_total.
-func lapsesCounted(t *testing.T, reg *prometheus.Registry) float64 {
+func lapsesCounted(t *testing.T, reg prometheus.Gatherer) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {

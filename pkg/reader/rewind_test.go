@@ -934,10 +934,7 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindAcksNothingOfTheNewOne(
 	}
 	again := old.Config
 	again.DeliverPolicy = jetstream.DeliverAllPolicy
-	c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, again)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := createAgain(t, s.js, again)
 	// The partition's next reader pulls 1..10 from the consumer created
 	// again, and has not acked them when the owner's OnRewind returns.
 	b, err := c2.Fetch(firstPass, jetstream.FetchPriorityGroup(topology.PriorityGroup), jetstream.FetchMaxWait(10*time.Second))
@@ -1000,10 +997,7 @@ func TestARewindWhoseConsumerIsCreatedAgainDuringOnRewindGoesByTheNewConsumer(t 
 			if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 				t.Fatal(err)
 			}
-			c2, err := s.js.CreateConsumer(t.Context(), events.ClicksStream, old.Config)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c2 := createAgain(t, s.js, old.Config)
 			h.release()
 			wctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
@@ -1167,9 +1161,7 @@ func TestAHandlersReplayOfAConsumerCreatedAgainGoesOnFromItsAckFloor(t *testing.
 	if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
-		t.Fatal(err)
-	}
+	createAgain(t, js, old.Config)
 	close(release)
 	publish(t, js, 1, 5, 10)
 	const last = 15
@@ -1334,14 +1326,12 @@ func TestARewindOfAConsumerCreatedAgainUnderItsOwnerGoesByThatConsumer(t *testin
 			log := slog.New(&onMessage{msg: "rewind requested", fn: func() { heardOnce.Do(func() { close(heard) }) }})
 			h := newFirstBatchHeld()
 			startMember(t, n, reader.Config{Group: "g", Member: "m", BatchSize: 5, Logger: log}, h.handle)
-			old := h.fetchedAhead(t, js, consumer, len(ids))
+			old := h.fetchedAhead(t, js, consumer)
 			createAgain := func() {
 				if err := js.DeleteConsumer(t.Context(), events.ClicksStream, consumer); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := js.CreateConsumer(t.Context(), events.ClicksStream, old.Config); err != nil {
-					t.Fatal(err)
-				}
+				createAgain(t, js, old.Config)
 			}
 			if tc.again {
 				createAgain()
