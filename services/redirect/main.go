@@ -113,6 +113,10 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		perShard := cfg.OutboxMaxEntries / int64(cfg.OutboxShards)
 		om.ShardCapacity.Set(float64(perShard))
 		store := linkstore.New(rdb, layout, perShard)
+		// What this instance wrote into the outbox: shutdown waits for it
+		// to be relayed, not for the whole outbox (drainOutbox).
+		written := outbox.NewWritten(layout)
+		store.NoteWrites(written)
 		keys := owners.NewStore(rdb)
 		if cfg.OutboxWaitReplicas > 0 {
 			short := func(op string, got int64, err error) {
@@ -127,7 +131,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		committer := outbox.NewCommitter(commitRDB, layout, outbox.CommitterConfig{
 			MaxBatch: cfg.CommitMaxBatch, Workers: cfg.CommitWorkers, Linger: cfg.CommitLinger, MaxEntries: perShard,
 			Timeout: cfg.CommitTimeout, Cooldown: 500 * time.Millisecond,
-			WaitReplicas: cfg.OutboxWaitReplicas, WaitTimeout: cfg.OutboxWaitReplicasTimeout,
+			WaitReplicas: cfg.OutboxWaitReplicas, WaitTimeout: cfg.OutboxWaitReplicasTimeout, Written: written,
 		}, om)
 		committer.Start()
 		svc := redirect.NewService(resolver, committer, directpub.New(directJS, cfg.DirectTimeout), visitor.NewIdentifier(rdb), layout,
@@ -165,12 +169,14 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 
 		g.Go(service.Intake, "http", g.HTTP(web))
 		// HTTP is stopped: every request that got an answer is done. Write
-		// what the committer still holds, then give the relay a moment to
-		// empty the outbox (what it cannot publish now stays in Redis for the
-		// next start or another instance).
+		// what the committer still holds, then give the relays a moment to
+		// publish what this instance wrote into the outbox (what they cannot
+		// publish now stays in Redis for the next start or another
+		// instance). Other instances' entries are not waited for: they go
+		// on writing while this one stops.
 		g.OnStop(service.Work, "committer", committer.Close)
 		g.OnStop(service.Work, "outbox", func() {
-			drainOutbox(monitor, relayNC.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
+			drainOutbox(written, rdb, relayNC.IsConnected, min(5*time.Second, cfg.ShutdownTimeout), log)
 		})
 		// Background loops live until the HTTP server and the committer are done.
 		g.Go(service.Work, "topology", func(ctx context.Context) error {
@@ -293,25 +299,24 @@ func streamsExist(ctx context.Context, js jetstream.JetStream) bool {
 	return true
 }
 
-// drainOutbox waits until the outbox is empty, NATS is away, or d passes.
-func drainOutbox(mo *outbox.Monitor, connected func() bool, d time.Duration, log *slog.Logger) {
+// drainOutbox waits until every entry this instance wrote into the outbox
+// has been relayed (deleted from its lane by the relay of its shard, this
+// instance's or another's), NATS is away, or d passes. Entries other
+// instances wrote are not its to wait for: under their traffic the outbox
+// is never empty, and a shard whose relay is stuck holds entries this
+// instance may have no part in. What is not relayed by then stays in Redis,
+// for the relay that takes the shard over.
+func drainOutbox(w *outbox.Written, rdb redis.UniversalClient, connected func() bool, d time.Duration, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	for connected() {
-		totals, err := mo.Sample(ctx)
-		if err != nil {
-			return
-		}
-		var n int64
-		for _, t := range totals {
-			n += t.Entries
-		}
-		if n == 0 {
+		n, err := w.Unrelayed(ctx, rdb)
+		if err != nil || n == 0 {
 			return
 		}
 		select {
 		case <-ctx.Done():
-			log.Info("outbox not empty at shutdown; the next relay publishes the rest", "entries", n)
+			log.Info("outbox entries this instance wrote are not all relayed at shutdown; the relays that take their shards publish them", "lanes", n)
 			return
 		case <-time.After(50 * time.Millisecond):
 		}

@@ -39,7 +39,16 @@ type Store struct {
 	waitN       int
 	waitTimeout time.Duration
 	short       func(op string, got int64, err error)
+
+	// written, if set, is told the stream ID of every outbox entry a
+	// transaction stored (NoteWrites).
+	written *outbox.Written
 }
+
+// NoteWrites makes the store tell w the stream ID of every outbox entry it
+// writes, so shutdown can wait for them to be relayed. Call it before the
+// store is used.
+func (s *Store) NoteWrites(w *outbox.Written) { s.written = w }
 
 // WaitForReplicas makes Create and Delete wait, after their transaction,
 // until n replicas of the link's Redis master have it (WAIT on the
@@ -155,13 +164,16 @@ func (s *Store) create(ctx context.Context, l link.Link) error {
 		}
 		// Everything is validated and encoded before MULTI: Redis does not
 		// roll back a command that fails inside EXEC, so nothing here may.
+		var evAdd, jobAdd *redis.StringCmd
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.HSet(ctx, key, "owner", l.Owner, "target", l.Target, "created", l.Created.UnixMilli())
-			outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneLinks), ev.ID, events.LinkSubject(events.LinkCreated, l.Code), evData)
-			outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneJobs), job.ID, events.PreviewJobSubject, jobData)
+			evAdd = outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneLinks), ev.ID, events.LinkSubject(events.LinkCreated, l.Code), evData)
+			jobAdd = outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneJobs), job.ID, events.PreviewJobSubject, jobData)
 			return nil
 		})
 		if err == nil {
+			s.written.Note(shard, outbox.LaneLinks, evAdd.Val())
+			s.written.Note(shard, outbox.LaneJobs, jobAdd.Val())
 			s.waitReplicas(ctx, tx, "create_link")
 		}
 		return err
@@ -305,12 +317,14 @@ func (s *Store) Delete(ctx context.Context, owner, code string) error {
 		if err != nil {
 			return err
 		}
+		var evAdd *redis.StringCmd
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.HSet(ctx, key, "deleted", now.UnixMilli())
-			outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneLinks), ev.ID, events.LinkSubject(events.LinkDeleted, code), data)
+			evAdd = outbox.Add(ctx, p, s.layout.OutboxKey(shard, outbox.LaneLinks), ev.ID, events.LinkSubject(events.LinkDeleted, code), data)
 			return nil
 		})
 		if err == nil {
+			s.written.Note(shard, outbox.LaneLinks, evAdd.Val())
 			s.waitReplicas(ctx, tx, "delete_link")
 		}
 		return err

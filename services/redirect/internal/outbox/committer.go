@@ -47,6 +47,9 @@ type CommitterConfig struct {
 	// it elsewhere too. 0: no WAIT (replication stays asynchronous).
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// Written, if set, is told the stream ID of every click Redis stored,
+	// so shutdown can wait for this instance's clicks to be relayed.
+	Written *Written
 }
 
 // Committer writes clicks into the clicks lane in group commits: concurrent
@@ -399,6 +402,7 @@ func (c *Committer) commit(batch []*pending, cmds []*redis.StringCmd, shards map
 			p.err = fmt.Errorf("append click: %w: %w", ErrUnavailable, e)
 		} else {
 			p.stored = streamIDMillis(cmds[i].Val())
+			c.cfg.Written.Note(p.shard, LaneClicks, cmds[i].Val())
 			if p.short != nil {
 				p.err = fmt.Errorf("append click: %w", p.short)
 			}

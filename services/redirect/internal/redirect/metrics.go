@@ -8,14 +8,19 @@ type Metrics struct {
 	CacheHits          prometheus.Counter
 	CacheMisses        prometheus.Counter
 	CacheInvalidations prometheus.Counter
-	// Lookups of a link whose cache entry had passed its TTL and whose
-	// lookup in Redis failed, answered from the stale entry.
+	// Lookups of a link whose cache entry had passed its TTL, answered from
+	// the stale entry: its lookup in Redis failed, or an earlier one did
+	// and none has been answered since.
 	CacheStaleServed prometheus.Counter
-	Misses           prometheus.Counter // unknown codes
-	Clicks           prometheus.Counter // recorded in the outbox
-	RecordedDirect   prometheus.Counter // recorded straight in JetStream
-	DirectDuration   prometheus.Histogram
-	Unrecorded       *prometheus.CounterVec // reason
+	// Background lookups of a link served stale, while Redis was taken for
+	// failing: answered (the link, or not found) or failed.
+	CacheRevalidated        prometheus.Counter
+	CacheRevalidationFailed prometheus.Counter
+	Misses                  prometheus.Counter // unknown codes
+	Clicks                  prometheus.Counter // recorded in the outbox
+	RecordedDirect          prometheus.Counter // recorded straight in JetStream
+	DirectDuration          prometheus.Histogram
+	Unrecorded              *prometheus.CounterVec // reason
 	// Clicks the outbox stored on a Redis master whose replicas did not
 	// acknowledge them within the replica wait: published straight to
 	// CLICKS as well, or (NATS failing too) left on the master alone.
@@ -40,13 +45,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	short := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "clicks_replica_wait_short_total",
 		Help: "Clicks stored in the outbox whose Redis master's replicas did not acknowledge them within SNIP_OUTBOX_WAIT_REPLICAS_TIMEOUT, by outcome: published (also recorded straight in CLICKS) or master_only (that failed too; answered 302, lost if the master dies before its replica catches up)."},
 		[]string{"outcome"})
+	revalidations := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_revalidations_total",
+		Help: "Background lookups in Redis of a link answered from its stale entry while Redis was failing, one at a time, by result: answered (the link refreshed, or found deleted: Redis answers again) or failed."}, []string{"result"})
 	m := &Metrics{
 		CacheHits:   lookups.WithLabelValues("hit"),
 		CacheMisses: lookups.WithLabelValues("miss"),
 		CacheInvalidations: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_invalidations_total",
 			Help: "Link cache entries dropped because LINKS said the link changed."}),
 		CacheStaleServed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_stale_served_total",
-			Help: "Cache misses for a link whose entry had passed SNIP_CACHE_TTL and whose lookup in Redis failed, answered from that entry (stale-if-error, within SNIP_CACHE_STALE_IF_ERROR)."}),
+			Help: "Cache misses for a link whose entry had passed SNIP_CACHE_TTL, answered from that entry (stale-if-error, within SNIP_CACHE_STALE_IF_ERROR) because its lookup in Redis failed, or an earlier lookup failed and none has been answered since (then without a lookup of its own)."}),
+		CacheRevalidated:        revalidations.WithLabelValues("answered"),
+		CacheRevalidationFailed: revalidations.WithLabelValues("failed"),
 		Misses: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "misses_total",
 			Help: "Redirect requests for unknown or deleted codes (404); not clicks."}),
 		Clicks:         recorded.WithLabelValues("outbox"),
@@ -70,6 +79,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Following: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "links_following",
 			Help: "1 while this instance follows LINKS to invalidate its link cache; 0 means the cache TTL alone bounds staleness."}),
 	}
-	reg.MustRegister(lookups, recorded, short, m.WritesReplicaShort, m.DirectDuration, m.CacheInvalidations, m.CacheStaleServed, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
+	reg.MustRegister(lookups, revalidations, recorded, short, m.WritesReplicaShort, m.DirectDuration, m.CacheInvalidations, m.CacheStaleServed, m.Misses, m.Unrecorded, m.Heads, m.Latency, m.Following)
 	return m
 }

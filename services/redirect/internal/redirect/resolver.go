@@ -42,6 +42,13 @@ type Resolver struct {
 	// change while it read the store drops what it cached: the link it read
 	// may be one the invalidation was for (deleted after the read).
 	invalidations atomic.Uint64
+	// failing is set when a lookup in the store failed (an error or the
+	// timeout, not "not found") and cleared when one is answered: while it
+	// is set, an entry past its TTL answers from its stale link at once,
+	// and one lookup at a time (revalidating, in the background) finds out
+	// whether the store answers again.
+	failing      atomic.Bool
+	revalidating atomic.Bool
 }
 
 // cached is a cache entry: the link, and until when (monoNow) it is
@@ -127,6 +134,14 @@ func (r *Resolver) Close() {
 // failed lookup returns the stale link instead of the error, unless the
 // entry went meanwhile (an invalidation came while the lookup ran: the
 // link may be the deleted one; or its stale bound passed).
+//
+// Once a lookup has failed, the store is taken for failing until a lookup
+// is answered: an entry past its TTL then answers from its stale link at
+// once, without waiting for a lookup that would most likely fail after the
+// timeout too, and starts one lookup of its code in the background unless
+// one runs already (revalidate). The first answer the store gives (to that
+// lookup, or to a miss's) ends the failing state, and entries past their
+// TTL are looked up again before they answer.
 func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) {
 	c, ok := r.cache.GetIfPresent(code)
 	if ok && (r.stale == 0 || c.freshUntil > r.now.Load()) {
@@ -134,8 +149,14 @@ func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) 
 		return c.Link, nil
 	}
 	r.m.CacheMisses.Inc()
+	if ok && r.failing.Load() {
+		r.revalidate(code)
+		r.m.CacheStaleServed.Inc()
+		return c.Link, nil
+	}
 	gen := r.invalidations.Load()
 	l, err := r.get(ctx, code)
+	r.answered(ctx, err)
 	if errors.Is(err, linkstore.ErrNotFound) {
 		if ok {
 			r.cache.Invalidate(code) // deleted: its stale entry must not serve later
@@ -156,6 +177,51 @@ func (r *Resolver) Resolve(ctx context.Context, code string) (link.Link, error) 
 		r.cache.Invalidate(code)
 	}
 	return l, nil
+}
+
+// answered records how the store answered a lookup: failing (an error or
+// the timeout, while the caller still waited) or answering (the link, or
+// "not found").
+func (r *Resolver) answered(ctx context.Context, err error) {
+	switch {
+	case err == nil || errors.Is(err, linkstore.ErrNotFound):
+		if r.failing.Load() {
+			r.failing.Store(false)
+		}
+	case ctx.Err() == nil && r.stale > 0:
+		r.failing.Store(true)
+	}
+}
+
+// revalidate looks code up in the background, unless a lookup of this kind
+// runs already (one at a time, whatever the code), while requests answer
+// from stale entries: an answer refreshes the entry (or drops it: not
+// found, or invalidated while the lookup ran) and ends the failing state;
+// a failure keeps it.
+func (r *Resolver) revalidate(code string) {
+	if !r.revalidating.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer r.revalidating.Store(false)
+		ctx := context.Background()
+		gen := r.invalidations.Load()
+		l, err := r.get(ctx, code)
+		r.answered(ctx, err)
+		switch {
+		case errors.Is(err, linkstore.ErrNotFound):
+			r.m.CacheRevalidated.Inc()
+			r.cache.Invalidate(code)
+		case err != nil:
+			r.m.CacheRevalidationFailed.Inc()
+		default:
+			r.m.CacheRevalidated.Inc()
+			r.cache.Set(code, cached{Link: l, freshUntil: monoNow() + int64(r.ttl)})
+			if r.invalidations.Load() != gen {
+				r.cache.Invalidate(code)
+			}
+		}
+	}()
 }
 
 // get reads a link from the store within the timeout. The Redis client

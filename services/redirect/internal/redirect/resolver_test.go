@@ -228,3 +228,81 @@ func TestStaleIfErrorNeverServesADeletedLink(t *testing.T) {
 		t.Errorf("cache_stale_served_total = %v, want 0", got)
 	}
 }
+
+// TestStaleIfErrorAnswersAtOnceWhileRedisIsKnownToFail: once a lookup of an
+// expired entry has failed (Redis frozen), later requests for expired
+// entries answer from them at once instead of each waiting for a lookup of
+// its own to time out, with at most one lookup in Redis at a time; once
+// Redis answers again, expired entries are looked up again (a link deleted
+// meanwhile, its LINKS event missed, is found deleted).
+func TestStaleIfErrorAnswersAtOnceWhileRedisIsKnownToFail(t *testing.T) {
+	t.Parallel()
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	base := linkstore.New(rdb, outbox.NewLayout(1), 1<<40)
+	store := counting{Store: base, gets: new(atomic.Int64)}
+	var links []link.Link
+	for i := range 3 {
+		l, err := base.Create(t.Context(), "acme", "https://example.com/steady-"+string(rune('a'+i)), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		links = append(links, l)
+	}
+	const ttl, timeout = 50 * time.Millisecond, 500 * time.Millisecond
+	m := redirect.NewMetrics(prometheus.NewRegistry())
+	res := redirect.NewResolver(store, 10, ttl, time.Hour, timeout, m)
+	defer res.Close()
+	// Cached last to first: once links[0] is past its TTL, so are the others.
+	for i := len(links) - 1; i >= 0; i-- {
+		if _, err := res.Resolve(t.Context(), links[i].Code); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Pause()
+
+	// The first expired entry finds out: its lookup fails after the timeout.
+	testenv.WaitFor(t, 10*time.Second, "links[0] served stale", func() bool {
+		if l, err := res.Resolve(t.Context(), links[0].Code); err != nil || l.Target != links[0].Target {
+			t.Fatalf("resolve with Redis frozen: %+v, %v", l, err)
+		}
+		return testutil.ToFloat64(m.CacheStaleServed) == 1
+	})
+	before := store.gets.Load()
+	const n = 30
+	start := time.Now()
+	for i := range n {
+		l := links[i%len(links)]
+		if got, err := res.Resolve(t.Context(), l.Code); err != nil || got.Target != l.Target {
+			t.Fatalf("stale resolve %d: %+v, %v", i, got, err)
+		}
+	}
+	if took := time.Since(start); took >= timeout {
+		t.Errorf("%d stale answers took %s with Redis known to fail; each waited for a lookup (timeout %s)", n, took, timeout)
+	}
+	if got := store.gets.Load() - before; got > 1 {
+		t.Errorf("%d lookups in Redis during %d stale answers, want at most 1 (one at a time)", got, n)
+	}
+	if got := testutil.ToFloat64(m.CacheStaleServed); got != n+1 {
+		t.Errorf("cache_stale_served_total = %v, want %d", got, n+1)
+	}
+
+	// Redis answers again, and says links[1] is deleted (its LINKS event
+	// missed): within a few requests it is looked up and found so.
+	r.Resume()
+	if err := base.Delete(t.Context(), "acme", links[1].Code); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the deleted link found deleted", func() bool {
+		_, err := res.Resolve(t.Context(), links[1].Code)
+		if err != nil && !errors.Is(err, redirect.ErrNotFound) {
+			t.Fatalf("resolve with Redis back: %v", err)
+		}
+		return errors.Is(err, redirect.ErrNotFound)
+	})
+	testenv.WaitFor(t, 10*time.Second, "a fresh answer from Redis", func() bool {
+		hits := testutil.ToFloat64(m.CacheHits)
+		_, err := res.Resolve(t.Context(), links[2].Code)
+		return err == nil && testutil.ToFloat64(m.CacheHits) > hits
+	})
+}

@@ -83,7 +83,8 @@ func BenchmarkFollow(b *testing.B) {
 	m := redirect.NewMetrics(prometheus.NewRegistry())
 	res := redirect.NewResolver(store, 1000, time.Hour, time.Hour, time.Second, m)
 	defer res.Close()
-	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second},
+	c := outbox.NewCommitter(rdb, layout, outbox.CommitterConfig{MaxBatch: 256, Workers: 2, MaxEntries: 1 << 40, Timeout: time.Second, Cooldown: time.Second,
+		Written: outbox.NewWritten(layout)}, // as the service runs it
 		outbox.NewMetrics(prometheus.NewRegistry()))
 	c.Start()
 	defer c.Close()
