@@ -140,13 +140,13 @@ var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the e
 // topology apply --shrink-retention`).
 var ErrRetentionShrinks = errors.New("an existing stream would keep less than it does and discard the rest; apply with --shrink-retention (snipctl) to mean it")
 
-// ErrReplicasLowered is returned by Apply when an existing stream or the
-// members bucket has more replicas than asked for: scaling it down would
-// drop copies of every event, so that the loss of one server then loses
-// what only it held. A service started without the deployment's
-// SNIP_REPLICAS would do so to every stream. An operator who means it
-// applies with Options.LowerReplicas (`snipctl topology apply
-// --lower-replicas`).
+// ErrReplicasLowered is returned by Apply when an existing stream or a KV
+// bucket (the members', the console's sessions') has more replicas than
+// asked for: scaling it down would drop copies of every event, so that the
+// loss of one server then loses what only it held. A service started
+// without the deployment's SNIP_REPLICAS would do so to every stream. An
+// operator who means it applies with Options.LowerReplicas (`snipctl
+// topology apply --lower-replicas`).
 var ErrReplicasLowered = errors.New("an existing stream has more replicas than asked for; apply with --lower-replicas (snipctl) to scale it down")
 
 // ErrConsumerImmutable is returned by Apply when a consumer it declares
@@ -192,8 +192,8 @@ type Options struct {
 	// operator's deliberate `snipctl topology apply --shrink-retention`,
 	// never a service's start.
 	ShrinkRetention bool
-	// LowerReplicas lets Apply scale an existing stream or the members
-	// bucket down to Replicas (ErrReplicasLowered otherwise): an
+	// LowerReplicas lets Apply scale an existing stream or a KV bucket
+	// down to Replicas (ErrReplicasLowered otherwise): an
 	// operator's deliberate `snipctl topology apply --lower-replicas`,
 	// never a service's start.
 	LowerReplicas bool
