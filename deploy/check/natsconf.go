@@ -316,7 +316,7 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "console", PasswordVar: "SNIP_NATS_CONSOLE_PASSWORD",
-			Why: "the operator console and the owners' live click streams: read every stream, request replays (the members bucket), redrive dead letters",
+			Why: "the operator console and the owners' live click streams: read every stream, request replays (the members bucket), redrive dead letters, end sessions (the sessions bucket)",
 			Grants: grants(jsBasics,
 				ordered(events.ClicksStream, events.FraudStream, events.DeadLetterStream),
 				Grant{Pub: []string{
@@ -324,6 +324,8 @@ func Users(partitions int) []User {
 					"$JS.API.STREAM.MSG.GET.*", "$JS.API.STREAM.MSG.DELETE.DEAD_LETTER",
 					"$KV." + topology.MembersBucket + ".*.rewind",
 					"$JS.API.DIRECT.GET.KV_" + topology.MembersBucket + ".>",
+					"$KV." + topology.ConsoleSessionsBucket + ".>",
+					"$JS.API.DIRECT.GET.KV_" + topology.ConsoleSessionsBucket + ".>",
 					"clicks.>", events.PreviewJobSubject, // redrive
 				}}),
 		},

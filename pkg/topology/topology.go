@@ -79,7 +79,16 @@ const (
 	// MembersBucket is the KV bucket where consumer-group members keep their
 	// heartbeat leases.
 	MembersBucket = "snip_members"
+	// ConsoleSessionsBucket is the KV bucket where the console records the
+	// sessions it ended: revoked.<session ID> for a logout, not_before for
+	// "revoke every session" (decision 0078).
+	ConsoleSessionsBucket = "snip_console_sessions"
 )
+
+// ConsoleSessionTTL is how long a console session lasts, and so how long
+// the sessions bucket keeps an entry: a revocation outlives the session it
+// ends, and no session outlives a not_before it predates.
+const ConsoleSessionTTL = 12 * time.Hour
 
 // Consumer groups on CLICKS. Each has one durable consumer per partition.
 const (
@@ -131,13 +140,13 @@ var ErrPartitionsChanged = errors.New("CLICKS partition count differs from the e
 // topology apply --shrink-retention`).
 var ErrRetentionShrinks = errors.New("an existing stream would keep less than it does and discard the rest; apply with --shrink-retention (snipctl) to mean it")
 
-// ErrReplicasLowered is returned by Apply when an existing stream or the
-// members bucket has more replicas than asked for: scaling it down would
-// drop copies of every event, so that the loss of one server then loses
-// what only it held. A service started without the deployment's
-// SNIP_REPLICAS would do so to every stream. An operator who means it
-// applies with Options.LowerReplicas (`snipctl topology apply
-// --lower-replicas`).
+// ErrReplicasLowered is returned by Apply when an existing stream or a KV
+// bucket (the members', the console's sessions') has more replicas than
+// asked for: scaling it down would drop copies of every event, so that the
+// loss of one server then loses what only it held. A service started
+// without the deployment's SNIP_REPLICAS would do so to every stream. An
+// operator who means it applies with Options.LowerReplicas (`snipctl
+// topology apply --lower-replicas`).
 var ErrReplicasLowered = errors.New("an existing stream has more replicas than asked for; apply with --lower-replicas (snipctl) to scale it down")
 
 // ErrConsumerImmutable is returned by Apply when a consumer it declares
@@ -183,8 +192,8 @@ type Options struct {
 	// operator's deliberate `snipctl topology apply --shrink-retention`,
 	// never a service's start.
 	ShrinkRetention bool
-	// LowerReplicas lets Apply scale an existing stream or the members
-	// bucket down to Replicas (ErrReplicasLowered otherwise): an
+	// LowerReplicas lets Apply scale an existing stream or a KV bucket
+	// down to Replicas (ErrReplicasLowered otherwise): an
 	// operator's deliberate `snipctl topology apply --lower-replicas`,
 	// never a service's start.
 	LowerReplicas bool
@@ -418,8 +427,23 @@ func MembersBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
+// ConsoleSessionsBucketConfig is the console's bucket of ended sessions.
+// Every entry expires ConsoleSessionTTL after it was written (the stream's
+// MaxAge), when the sessions it ends have expired by themselves.
+func ConsoleSessionsBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      ConsoleSessionsBucket,
+		Description: "Console sessions ended before their expiry: revoked.<session ID> (a logout), not_before (every session issued before it, unix ms)",
+		History:     1,
+		TTL:         ConsoleSessionTTL,
+		Storage:     o.Storage,
+		Replicas:    o.Replicas,
+	}
+}
+
 // Apply creates or updates every stream, the preview consumers (the
-// workers' and the rescuers') and the members bucket. It is safe to call
+// workers' and the rescuers'), the members bucket and the console's
+// sessions bucket. It is safe to call
 // from many processes at once and at every start.
 func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := o.validate(); err != nil {
@@ -441,10 +465,12 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	if err := applyMembersBucket(ctx, js, MembersBucketConfig(o), o.LowerReplicas); err != nil {
-		return fmt.Errorf("apply topology: bucket %s: %w", MembersBucket, err)
+	for _, want := range []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o)} {
+		if err := applyBucket(ctx, js, want, o.LowerReplicas); err != nil {
+			return fmt.Errorf("apply topology: bucket %s: %w", want.Bucket, err)
+		}
+		o.applied("bucket", want.Bucket, "")
 	}
-	o.applied("bucket", MembersBucket, "")
 	return nil
 }
 
@@ -466,11 +492,12 @@ func Consumers() []Consumer {
 	return append(cs, webhooksConsumers()...)
 }
 
-// applyMembersBucket creates the members bucket, or updates it when it is
+// applyBucket creates a bucket (the members bucket, the console's
+// sessions), or updates it when it is
 // not as wanted (a deployment grown to a cluster asks for more replicas),
 // and does nothing when it is, so a service whose NATS user may only read
 // stream info passes without admin rights.
-func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, lower bool) error {
+func applyBucket(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig, lower bool) error {
 	kv, err := js.KeyValue(ctx, want.Bucket)
 	if err == nil {
 		st, err := kv.Status(ctx)
@@ -496,7 +523,7 @@ func applyMembersBucket(ctx context.Context, js jetstream.JetStream, want jetstr
 // update it wait for an operator's apply.
 func bucketUpToDate(have, want jetstream.KeyValueConfig) bool {
 	return have.Replicas == want.Replicas && have.History == want.History &&
-		have.LimitMarkerTTL == want.LimitMarkerTTL
+		have.LimitMarkerTTL == want.LimitMarkerTTL && have.TTL == want.TTL
 }
 
 // errCodeNoPeers is JetStream's error code for "insufficient resources" when

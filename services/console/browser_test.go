@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -830,4 +831,57 @@ func panelRows(t *testing.T, tab context.Context, id string) (text, rows string)
 		t.Fatalf("the #%s panel never listed a row: %q", id, text)
 	}
 	return text, rows
+}
+
+// In a real browser: an operator logs in through the form, and the page has
+// a Log out button; pressing it lands on the login form saying the session
+// is ended, the page asks for the login again, and the session cookie the
+// browser held (taken from it before the logout, as a thief would) is
+// refused by the console from then on.
+func TestLogOutInABrowserEndsTheSession(t *testing.T) {
+	t.Parallel()
+	browser := chromium(t)
+	s := start(t, withToken)
+	tab := openPage(t, browser, s.url+"/login")
+	run := func(what string, a chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(tab, 30*time.Second)
+		defer cancel()
+		if _, err := chromedp.Run(ctx, a); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	waitFor := func(what, expr string) {
+		t.Helper()
+		testenv.WaitFor(t, 30*time.Second, what, func() bool { return evalString(t, tab, expr) == "true" })
+	}
+	run("type the token", chromedp.SendKeys(chromedp.CSS(`input[name="token"]`), testToken))
+	run("log in", chromedp.Click(chromedp.CSS(`button[type="submit"]`)))
+	waitFor("the console after logging in", `String(location.pathname === "/" && !!document.getElementById("panel-readers"))`)
+
+	ctx, cancel := context.WithTimeout(tab, 30*time.Second)
+	defer cancel()
+	jar, err := chromedp.Call(ctx, network.GetCookies, network.GetCookiesParams{URLs: []string{s.url + "/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copied string
+	for _, c := range jar.Cookies {
+		if c.Name == "snip_console_session" {
+			copied = c.Value
+		}
+	}
+	if ok, code, body := sessionOpens(t, s.url, copied); !ok {
+		t.Fatalf("the browser's session cookie %q: %d %s", copied, code, body)
+	}
+
+	if got := evalString(t, tab, `(() => { const b = document.querySelector('form[action="/logout"] button'); if (!b) return "missing"; b.click(); return ""; })()`); got != "" {
+		t.Fatalf("the Log out button is %s; the page reads:\n%s", got, evalString(t, tab, "document.body.innerText"))
+	}
+	waitFor("the login form saying the session is ended", `String(location.pathname === "/login" && (document.getElementById("notice")?.innerText ?? "").includes("Logged out"))`)
+	run("open the console again", chromedp.Navigate(s.url+"/"))
+	waitFor("the login form again", `String(location.pathname === "/login" && !!document.querySelector('input[name="token"]'))`)
+	if ok, code, body := sessionOpens(t, s.url, copied); ok || code != http.StatusUnauthorized {
+		t.Errorf("the cookie copied before the logout: %d %s, want 401", code, body)
+	}
 }

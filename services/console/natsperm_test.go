@@ -129,6 +129,20 @@ func TestConsoleWorksAsTheDeployedNATSUser(t *testing.T) {
 	if code, b := do(t, nil, http.MethodPost, s.url+"/api/dlq/letters/"+strconv.FormatUint(parked.Sequence, 10)+"/redrive", nil, bearer); code != http.StatusOK {
 		t.Errorf("redrive as the console user: %d %s", code, b)
 	}
+	// Sessions: one checked, ended by a logout, and every one revoked.
+	session := logIn(t, s.url)
+	if ok, code, b := sessionOpens(t, s.url, session); !ok {
+		t.Errorf("a session as the console user: %d %s", code, b)
+	}
+	if resp := doResp(t, http.MethodPost, s.url+"/logout", withSession(s.url, session)); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("logout as the console user: %d", resp.StatusCode)
+	}
+	if ok, code, b := sessionOpens(t, s.url, session); ok || code != http.StatusUnauthorized {
+		t.Errorf("a session logged out, as the console user: %d %s, want 401", code, b)
+	}
+	if code, b := do(t, nil, http.MethodPost, s.url+"/api/sessions/revoke", nil, bearer); code != http.StatusOK {
+		t.Errorf("revoke every session as the console user: %d %s", code, b)
+	}
 	// What the console itself reported so far. Its NATS connection hears of
 	// a violation in an asynchronous callback that may not have run yet;
 	// the server's own record, read by testenv once every connection has

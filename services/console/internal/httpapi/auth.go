@@ -1,10 +1,14 @@
 package httpapi
 
 import (
+	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
@@ -13,14 +17,23 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/console/internal/sessions"
 )
 
 // The console is an operator tool with one shared secret, CONSOLE_TOKEN.
 // With it set, every page and API call (the owners' stream aside, which
 // owners' API keys open) needs it: as "Authorization: Bearer <token>" from a
 // script, or from a browser as a session cookie the login form sets. The
-// cookie holds an expiry and an HMAC of it keyed by the token, not the token:
-// no server state, and changing the token ends every session.
+// cookie holds a random session ID, when it was issued and an HMAC of both
+// keyed by the token, not the token. A session ends at its expiry, at a
+// logout (its ID is recorded as revoked), or when an operator revokes every
+// session (those issued before then are refused): both are recorded in a
+// NATS bucket every console instance reads at each request, so a copied
+// cookie is refused everywhere from then on. When the bucket cannot be read
+// (NATS away) sessions are refused, the Bearer token still works.
+// Changing the token still ends every session too.
 //
 // Without a token the console only serves loopback (config refuses another
 // listen address unless CONSOLE_INSECURE) and only answers requests whose
@@ -35,7 +48,7 @@ import (
 
 const (
 	cookieName = "snip_console_session"
-	sessionTTL = 12 * time.Hour
+	sessionTTL = topology.ConsoleSessionTTL
 )
 
 // AuthConfig is how operators prove who they are.
@@ -62,9 +75,13 @@ type auth struct {
 	cfg   AuthConfig
 	cop   *http.CrossOriginProtection
 	fails *failures // failed logins and Bearer tokens, per client
+	// sessions records the sessions ended early; natsDown says why NATS,
+	// where it keeps them, is away (nil: not checked).
+	sessions Sessions
+	natsDown func(context.Context) error
 }
 
-func newAuth(cfg AuthConfig) *auth {
+func newAuth(cfg AuthConfig, sessions Sessions, natsDown func(context.Context) error) *auth {
 	if cfg.FailureBurst <= 0 {
 		cfg.FailureBurst = 5
 	}
@@ -76,25 +93,59 @@ func newAuth(cfg AuthConfig) *auth {
 	}
 	f := newFailures(cfg.FailureInterval, cfg.FailureBurst, cfg.MaxClients)
 	f.trusted = cfg.TrustedProxies
-	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(), fails: f}
+	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(), fails: f, sessions: sessions, natsDown: natsDown}
 }
 
-// who authenticates the request and says how; ok is false when it is not.
-func (a *auth) who(r *http.Request) (who string, ok bool) {
+// Ways a request authenticates (who).
+const (
+	whoBearer  = "bearer token"
+	whoSession = "session"
+)
+
+// who authenticates the request and says how; err says why it is not:
+// errNoToken, errSessionEnded, errOldSession, or errUnavailable when a
+// session cannot be checked.
+func (a *auth) who(r *http.Request) (who string, err error) {
 	if a.cfg.Token == "" {
-		return "anyone (no CONSOLE_TOKEN)", true
+		return "anyone (no CONSOLE_TOKEN)", nil
 	}
 	if t, ok := bearerToken(r); ok && a.tokenMatches(t) {
-		return "bearer token", true
+		return whoBearer, nil
 	}
 	// Behind a proxy that asks for its own credentials (Basic, or an SSO
 	// proxy passing its token on) every request of the operator's browser
 	// carries an Authorization header that is not the console's: the
 	// session cookie still counts.
-	if c, err := r.Cookie(cookieName); err == nil && a.validSession(c.Value, time.Now()) {
-		return "session", true
+	c, err := r.Cookie(cookieName)
+	if err != nil {
+		return "", errNoToken
 	}
-	return "", false
+	s, err := a.parseSession(c.Value, time.Now())
+	if err != nil {
+		return "", err
+	}
+	if err := a.checkSession(r.Context(), s); err != nil {
+		return "", err
+	}
+	return whoSession, nil
+}
+
+// checkSession asks the bucket whether s was ended: nil, errSessionEnded,
+// or errUnavailable with why (NATS away: refused, not let through).
+func (a *auth) checkSession(ctx context.Context, s session) error {
+	if a.natsDown != nil {
+		if err := a.natsDown(ctx); err != nil {
+			return fmt.Errorf("check the session: %w: %w (the Bearer token still works)", errUnavailable, err)
+		}
+	}
+	err := a.sessions.Check(ctx, s.id, s.issued)
+	switch {
+	case errors.Is(err, sessions.ErrEnded):
+		return errSessionEnded
+	case err != nil:
+		return fmt.Errorf("check the session: %w: %w (the Bearer token still works)", errUnavailable, err)
+	}
+	return nil
 }
 
 // bearerToken is the credential of an "Authorization: Bearer" header; ok is
@@ -114,27 +165,52 @@ func (a *auth) tokenMatches(t string) bool {
 	return a.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(t), []byte(a.cfg.Token)) == 1
 }
 
-func (a *auth) mac(exp string) string {
+// session is what a session cookie says: its ID and when it was issued.
+type session struct {
+	id     string
+	issued time.Time
+}
+
+// mac signs a session's ID and issue time with the token.
+func (a *auth) mac(id, issued string) string {
 	m := hmac.New(sha256.New, []byte(a.cfg.Token))
-	m.Write([]byte("snip-console-session:" + exp))
+	m.Write([]byte("snip-console-session-v2:" + id + "." + issued))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func (a *auth) session(now time.Time) string {
-	exp := strconv.FormatInt(now.Add(sessionTTL).Unix(), 10)
-	return exp + "." + a.mac(exp)
+// newSession is a session cookie's value: a random ID (128 bits, hex), the
+// time it was issued (unix milliseconds) and their MAC.
+func (a *auth) newSession(now time.Time) string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	id, issued := hex.EncodeToString(b), strconv.FormatInt(now.UnixMilli(), 10)
+	return id + "." + issued + "." + a.mac(id, issued)
 }
 
-func (a *auth) validSession(v string, now time.Time) bool {
-	exp, mac, ok := strings.Cut(v, ".")
-	if !ok {
-		return false
+// parseSession reads a session cookie: errOldSession for one issued before
+// sessions had IDs (<expiry>.<mac>), errNoToken for one that is forged,
+// malformed or expired.
+func (a *auth) parseSession(v string, now time.Time) (session, error) {
+	parts := strings.Split(v, ".")
+	if len(parts) == 2 {
+		return session{}, errOldSession
 	}
-	if !hmac.Equal([]byte(mac), []byte(a.mac(exp))) {
-		return false
+	if len(parts) != 3 || len(parts[0]) != 32 {
+		return session{}, errNoToken
 	}
-	t, err := strconv.ParseInt(exp, 10, 64)
-	return err == nil && now.Unix() < t
+	id, issued, mac := parts[0], parts[1], parts[2]
+	if !hmac.Equal([]byte(mac), []byte(a.mac(id, issued))) {
+		return session{}, errNoToken
+	}
+	ms, err := strconv.ParseInt(issued, 10, 64)
+	if err != nil {
+		return session{}, errNoToken
+	}
+	t := time.UnixMilli(ms)
+	if !now.Before(t.Add(sessionTTL)) {
+		return session{}, errNoToken
+	}
+	return session{id: id, issued: t}, nil
 }
 
 func (a *auth) cookie(r *http.Request, value string, maxAge int) *http.Cookie {
@@ -189,12 +265,9 @@ func (a *auth) operator(next echo.HandlerFunc) echo.HandlerFunc {
 				return err
 			}
 		}
-		who, ok := a.who(r)
-		if !ok {
-			if strings.HasPrefix(r.URL.Path, "/api/") {
-				return errNoToken
-			}
-			return c.Redirect(http.StatusSeeOther, "/login")
+		who, err := a.who(r)
+		if err != nil {
+			return a.refuse(c, err)
 		}
 		if bearer {
 			try.succeeded()
@@ -205,3 +278,25 @@ func (a *auth) operator(next echo.HandlerFunc) echo.HandlerFunc {
 }
 
 const whoKey = "who"
+
+// refuse answers a request that did not authenticate: the API with the
+// error (401, or 503 when its session cannot be checked), a page with the
+// login form, saying why when the session was ended or is from an earlier
+// version. A session that ends is cleared from the browser.
+func (a *auth) refuse(c echo.Context, err error) error {
+	if errors.Is(err, errSessionEnded) || errors.Is(err, errOldSession) {
+		c.SetCookie(a.cookie(c.Request(), "", -1))
+	}
+	if strings.HasPrefix(c.Request().URL.Path, "/api/") {
+		return err
+	}
+	switch {
+	case errors.Is(err, errSessionEnded):
+		return c.Redirect(http.StatusSeeOther, "/login?session=ended")
+	case errors.Is(err, errOldSession):
+		return c.Redirect(http.StatusSeeOther, "/login?session=old")
+	case errors.Is(err, errUnavailable):
+		return err
+	}
+	return c.Redirect(http.StatusSeeOther, "/login")
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/snipdev/snip/services/console/internal/livefeed"
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/readers"
+	"github.com/snipdev/snip/services/console/internal/sessions"
 )
 
 // The console's own refusals.
@@ -26,6 +27,10 @@ var (
 	errForbiddenHost = errors.New("this console serves loopback only (no CONSOLE_TOKEN); the request's Host is not a loopback name")
 	errBadRequest    = errors.New("bad request")
 	errUnavailable   = errors.New("unavailable")
+	errSessionEnded  = sessions.ErrEnded
+	errOldSession    = errors.New("this session is from an earlier version of the console, which could not end it: log in again")
+	errTokenRequired = errors.New("revoking every session takes the console token (Authorization: Bearer <CONSOLE_TOKEN>), not a session")
+	errNoSessions    = errors.New("this console has no CONSOLE_TOKEN, so no sessions to revoke")
 )
 
 // ownerUnavailable is all the owners' stream says when Redis or NATS is
@@ -74,9 +79,10 @@ func statusOf(err error) (int, string) {
 	switch {
 	case errors.As(err, new(errLimited)):
 		return http.StatusTooManyRequests, "too_many_attempts"
-	case errors.Is(err, errNoToken), errors.Is(err, owners.ErrUnauthorized):
+	case errors.Is(err, errNoToken), errors.Is(err, owners.ErrUnauthorized),
+		errors.Is(err, errSessionEnded), errors.Is(err, errOldSession):
 		return http.StatusUnauthorized, webserver.CodeUnauthorized
-	case errors.Is(err, errCrossOrigin), errors.Is(err, errForbiddenHost):
+	case errors.Is(err, errCrossOrigin), errors.Is(err, errForbiddenHost), errors.Is(err, errTokenRequired):
 		return http.StatusForbidden, "forbidden"
 	case errors.Is(err, readers.ErrNotConfirmed):
 		return http.StatusBadRequest, "not_confirmed"
@@ -87,6 +93,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, deadletter.ErrNotRedrivable):
 		return http.StatusConflict, "not_redrivable"
+	case errors.Is(err, errNoSessions):
+		return http.StatusConflict, "no_sessions"
 	case errors.Is(err, readers.ErrNotARecount):
 		return http.StatusConflict, "not_a_recount"
 	case errors.Is(err, readers.ErrNotReplayable):

@@ -7,7 +7,9 @@
 // auth.go):
 //
 //	GET  /                                 the page
-//	GET  /login, POST /login, POST /logout the session cookie
+//	GET  /login, POST /login               the session cookie
+//	POST /logout                           end this session (everywhere)
+//	POST /api/sessions/revoke              end every session (the Bearer token only)
 //	GET  /static/*                         the page's script and style
 //	GET  /api/readers                      groups per partition, other consumers
 //	POST /api/readers/:group/replay        {"since"|"from"|"from_seq", "confirm": group, "force"}
@@ -105,6 +107,14 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, key string) (owners.Owner, error)
 }
 
+// Sessions records the sessions ended before their expiry, for every
+// console instance (internal/sessions).
+type Sessions interface {
+	Check(ctx context.Context, id string, issued time.Time) error
+	Revoke(ctx context.Context, id string) error
+	RevokeAll(ctx context.Context, at time.Time) (time.Time, error)
+}
+
 // Deps are what the routes read and act on.
 type Deps struct {
 	Readers     Readers
@@ -122,6 +132,8 @@ type Deps struct {
 	// so a rotated or revoked key ends it (default 2s).
 	KeyRecheck time.Duration
 	Auth       AuthConfig
+	// Sessions ends sessions early; required with a token (Auth.Token).
+	Sessions Sessions
 	// Page is what the page shows of the configuration.
 	Page PageConfig
 	// SSE tunes the live clicks stream.
@@ -167,10 +179,13 @@ type api struct {
 
 // Register mounts every route on e and installs the error handler.
 func Register(e *echo.Echo, d Deps) error {
+	if d.Auth.Token != "" && d.Sessions == nil {
+		return errors.New("console: a token needs a sessions store")
+	}
 	a := &api{
-		d: d, auth: newAuth(d.Auth),
+		d: d, auth: newAuth(d.Auth, d.Sessions, d.NATS),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "console", Name: "actions_total",
-			Help: "Operator actions (replay, redrive, redrive_group, login) by result."}, []string{"action", "result"}),
+			Help: "Operator actions (replay, redrive, redrive_group, login, logout, revoke_sessions) by result."}, []string{"action", "result"}),
 	}
 	if d.Metrics != nil {
 		if err := d.Metrics.Register(a.actions); err != nil {
@@ -205,9 +220,11 @@ func Register(e *echo.Echo, d Deps) error {
 	e.GET("/static/*", staticHandler())
 	e.GET("/login", a.loginPage)
 	e.POST("/login", a.login)
+	// A logout needs no valid session: it ends the one its cookie names.
+	e.POST("/logout", a.logout)
 	op := e.Group("", a.auth.operator)
 	op.GET("/", a.page)
-	op.POST("/logout", a.logout)
+	op.POST("/api/sessions/revoke", a.revokeSessions)
 	op.GET("/api/readers", a.getReaders)
 	op.POST("/api/readers/:group/replay", a.replay)
 	op.GET("/api/readers/:group/replay", a.replayStatus)
@@ -392,8 +409,38 @@ func (a *api) live(c echo.Context) error {
 	if err := s.Flush(); err != nil {
 		return nil
 	}
-	_ = s.Pump(c.Request().Context(), sub.C(), a.d.Stop, liveTick, status)
+	ctx := c.Request().Context()
+	if c.Get(whoKey) == whoSession {
+		// A session ended while its page watches ends the stream too; the
+		// page's reconnect is refused.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go a.watchSession(ctx, cancel, c.Request())
+	}
+	_ = s.Pump(ctx, sub.C(), a.d.Stop, liveTick, status)
 	return nil
+}
+
+// watchSession checks r's session every liveTick until ctx ends, and calls
+// ended when it was ended (logged out, every session revoked). A session
+// that cannot be checked (NATS away) is not an ended one: the stream, which
+// reads NATS too, goes on and the next check tries again.
+func (a *api) watchSession(ctx context.Context, ended context.CancelFunc, r *http.Request) {
+	t := time.NewTicker(liveTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := a.auth.who(r.WithContext(ctx)); errors.Is(err, errSessionEnded) {
+			a.d.Log.Info("live clicks: the page's session was ended; ending its stream")
+			ended()
+			return
+		}
+	}
 }
 
 func (a *api) dlq(c echo.Context) error {

@@ -38,6 +38,8 @@ type pageData struct {
 	WarnSeconds  float64
 	AlarmSeconds float64
 	Error        string
+	// Notice is what the login form says first (a session ended, logged out).
+	Notice string
 	// Initial is the panels' first figures as JSON (initial.go; decision 0091).
 	Initial string
 }
@@ -53,7 +55,7 @@ func (a *api) render(c echo.Context, status int, name string, d pageData) error 
 func (a *api) page(c echo.Context) error {
 	who, _ := c.Get(whoKey).(string)
 	return a.render(c, http.StatusOK, "index.html", pageData{
-		Who: who, LoggedIn: a.d.Auth.Token != "",
+		Who: who, LoggedIn: who == whoSession,
 		RefreshMS: a.d.Page.Refresh.Milliseconds(), WarnSeconds: a.d.Page.Warn.Seconds(), AlarmSeconds: a.d.Page.Alarm.Seconds(),
 		Initial: a.initial(c.Request().Context()),
 	})
@@ -63,7 +65,14 @@ func (a *api) loginPage(c echo.Context) error {
 	if a.d.Auth.Token == "" {
 		return c.Redirect(http.StatusSeeOther, "/")
 	}
-	return a.render(c, http.StatusOK, "login.html", pageData{})
+	return a.render(c, http.StatusOK, "login.html", pageData{Notice: loginNotices[c.QueryParam("session")]})
+}
+
+// loginNotices are what the login form says after a redirect (?session=).
+var loginNotices = map[string]string{
+	"out":   "Logged out: this session is ended on every console instance.",
+	"ended": "Your session was ended (logged out, or every session was revoked): log in again.",
+	"old":   "Your session is from an earlier version of the console, whose sessions could not be ended: log in again.",
 }
 
 // login checks the token from the form and sets the session cookie. Failed
@@ -93,14 +102,68 @@ func (a *api) login(c echo.Context) error {
 	try.succeeded()
 	a.actions.WithLabelValues("login", "ok").Inc()
 	a.d.Log.Info("console login", "remote", r.RemoteAddr, "client", a.client(r), "user_agent", r.UserAgent())
-	c.SetCookie(a.auth.cookie(r, a.auth.session(time.Now()), int(sessionTTL.Seconds())))
+	c.SetCookie(a.auth.cookie(r, a.auth.newSession(time.Now()), int(sessionTTL.Seconds())))
 	return c.Redirect(http.StatusSeeOther, "/")
 }
 
+// logout ends the session the request's cookie names, on every console
+// instance (its ID is recorded as revoked: a copy of the cookie is refused
+// from then on), and clears the cookie. A request without a session (none,
+// expired, forged, ended already) only clears the cookie. When the session
+// cannot be recorded as ended (NATS away), the answer says so and the
+// cookie stays, so the logout can be pressed again.
 func (a *api) logout(c echo.Context) error {
-	c.SetCookie(a.auth.cookie(c.Request(), "", -1))
+	r := c.Request()
+	if !a.auth.hostAllowed(r) {
+		return errForbiddenHost
+	}
+	if err := a.auth.cop.Check(r); err != nil {
+		return errCrossOrigin
+	}
 	if a.d.Auth.Token == "" {
 		return c.Redirect(http.StatusSeeOther, "/")
 	}
-	return c.Redirect(http.StatusSeeOther, "/login")
+	var s session
+	if ck, err := r.Cookie(cookieName); err == nil {
+		s, _ = a.auth.parseSession(ck.Value, time.Now())
+	}
+	if s.id != "" {
+		c.Set(whoKey, whoSession)
+		err := a.natsAway(r.Context())
+		if err == nil {
+			err = a.d.Sessions.Revoke(r.Context(), s.id)
+		}
+		err = unavailable("end the session", err)
+		a.audit(c, "logout", err, "session", s.id)
+		if err != nil {
+			return a.render(c, http.StatusServiceUnavailable, "login.html", pageData{
+				Error: "Not logged out: the session could not be ended (" + err.Error() + "). Press Log out again once NATS is back.",
+			})
+		}
+	}
+	c.SetCookie(a.auth.cookie(r, "", -1))
+	return c.Redirect(http.StatusSeeOther, "/login?session=out")
+}
+
+// revokeSessions ends every session issued before now, on every console
+// instance: an operator who fears a cookie was copied, with the token.
+func (a *api) revokeSessions(c echo.Context) error {
+	if a.d.Auth.Token == "" {
+		return errNoSessions
+	}
+	if c.Get(whoKey) != whoBearer {
+		return errTokenRequired
+	}
+	ctx := c.Request().Context()
+	var nb time.Time
+	err := a.natsAway(ctx)
+	if err == nil {
+		nb, err = a.d.Sessions.RevokeAll(ctx, time.Now())
+	}
+	err = unavailable("revoke every session", err)
+	a.audit(c, "revoke_sessions", err, "not_before", nb)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string]any{"not_before": nb.UTC()})
 }
