@@ -50,9 +50,11 @@
 //
 // The runtime hands the Handler a batch of one partition's events in stream
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
-// batch when the handler returns nil. While the handler runs, while it waits
-// to retry, while an event is being parked and while the next batch waits
-// its turn, the runtime marks the events in progress every AckWait/3
+// batch when the handler returns nil. A partition with nothing to read,
+// busy before or not, waits for its next event with one pull at a time,
+// each waiting up to LeaseTTL/2 (100ms to 5s). While the handler runs,
+// while it waits to retry, while an event is being parked and while the
+// next batch waits its turn, the runtime marks the events in progress every AckWait/3
 // (package inprogress, which the work queue's jobs use too), so a
 // slow handler (or a DEAD_LETTER that is away) causes no redelivery. A retryable error makes the partition
 // wait and retry the same batch with backoff; Replay(from) has the
