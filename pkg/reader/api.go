@@ -241,7 +241,8 @@ type Config struct {
 	// over what it has (default 100ms).
 	Linger time.Duration
 	// LeaseTTL is how long a silent member stays in the group: the failover
-	// time after a crash (default 3s). Members heartbeat every LeaseTTL/3.
+	// time after a crash (default 3s). Members heartbeat every LeaseTTL/3,
+	// each write's answer counting up to LeaseTTL after it was sent.
 	LeaseTTL time.Duration
 	// AckWait is how long JetStream waits for an ack before redelivering
 	// (default 60s). The runtime signals progress every AckWait/3 from a

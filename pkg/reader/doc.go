@@ -13,13 +13,19 @@
 //     KV bucket (key "<group>.members.<member>", per-key TTL). A member that
 //     stops heartbeating expires; one that stops gracefully deletes its key.
 //     A member fences itself by its own clock: once no heartbeat of its own
-//     was stored for a lease TTL (cut off from NATS, whose bucket it then
-//     sees nothing of, its own lease's lapse included; or frozen), it hands
-//     its handler nothing more, acks nothing, and gives its partitions up
-//     (OnRevoke), without unpinning them; once a heartbeat is stored after
-//     such a lapse, it takes whatever the assignment gives it afresh
-//     (OnAssign), another member having maybe held it meanwhile; each such
-//     heartbeat is counted (snip_reader_lease_lapses_total).
+//     was stored for a lease TTL from its sending (cut off from NATS, whose
+//     bucket it then sees nothing of, its own lease's lapse included; or
+//     frozen; or every answer slower than the lease), it hands its handler
+//     nothing more, acks nothing, and gives its partitions up (OnRevoke),
+//     without unpinning them; once a heartbeat is stored after such a
+//     lapse, it takes whatever the assignment gives it afresh (OnAssign),
+//     another member having maybe held it meanwhile; each such heartbeat is
+//     counted (snip_reader_lease_lapses_total). Heartbeats go out every
+//     LeaseTTL/3 whether or not the ones before were answered, and an
+//     answer counts however late it comes within the lease its write
+//     extends (later, it says nothing of when the write was stored): a slow
+//     NATS or a loaded host costs no lapse while answers take less than a
+//     lease TTL.
 //     Member names must be unique in a group: each lease carries a random
 //     instance token, and a member that sees its key written by another
 //     process logs an error naming it and counts it
@@ -44,9 +50,11 @@
 //
 // The runtime hands the Handler a batch of one partition's events in stream
 // order (up to BatchSize, waiting at most Linger to fill it) and acks the
-// batch when the handler returns nil. While the handler runs, while it waits
-// to retry, while an event is being parked and while the next batch waits
-// its turn, the runtime marks the events in progress every AckWait/3
+// batch when the handler returns nil. A partition with nothing to read,
+// busy before or not, waits for its next event with one pull at a time,
+// each waiting up to LeaseTTL/2 (100ms to 5s). While the handler runs,
+// while it waits to retry, while an event is being parked and while the
+// next batch waits its turn, the runtime marks the events in progress every AckWait/3
 // (package inprogress, which the work queue's jobs use too), so a
 // slow handler (or a DEAD_LETTER that is away) causes no redelivery. A retryable error makes the partition
 // wait and retry the same batch with backoff; Replay(from) has the

@@ -108,7 +108,9 @@ func (f *fetcher) stop() (fetched, bool) {
 
 // fetch returns the next batch: when the partition was idle it first waits
 // (up to idleWait) for one event, then gives the rest of the batch Linger to
-// arrive; when busy it asks for a full batch at once.
+// arrive; when busy it asks for a full batch at once. A fetch that brings
+// nothing leaves the partition idle, so one that falls quiet after a burst
+// pulls once per idleWait, not once per Linger.
 func (w *worker) fetch() ([]jetstream.Msg, error) {
 	cfg := w.m.cfg
 	group := jetstream.FetchPriorityGroup(topology.PriorityGroup)
@@ -127,6 +129,7 @@ func (w *worker) fetch() ([]jetstream.Msg, error) {
 	if want > 0 {
 		more, err := collect(w.cons.Fetch(want, jetstream.FetchMaxWait(wait), group))
 		if len(msgs)+len(more) == 0 {
+			w.idle = true
 			return nil, err
 		}
 		msgs = append(msgs, more...)

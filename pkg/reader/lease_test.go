@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -279,4 +280,220 @@ func lapsesCounted(t *testing.T, reg prometheus.Gatherer) float64 {
 		}
 	}
 	return n
+}
+
+// slowLine is a TCP path to NATS that delays what the server sends by a
+// delay the test sets (what the client sends goes at once), as a loaded
+// host or a slow NATS delays answers: the server has what the client sent
+// in time, the client hears back late.
+type slowLine struct {
+	ln     net.Listener
+	target string
+	delay  atomic.Int64
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newSlowLine(t *testing.T, natsURL string) *slowLine {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &slowLine{ln: ln, target: strings.TrimPrefix(natsURL, "nats://")}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, c := range l.conns {
+			_ = c.Close()
+		}
+	})
+	go l.serve()
+	return l
+}
+
+func (l *slowLine) url() string { return "nats://" + l.ln.Addr().String() }
+
+func (l *slowLine) setDelay(d time.Duration) { l.delay.Store(int64(d)) }
+
+func (l *slowLine) serve() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", l.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l.mu.Lock()
+		l.conns = append(l.conns, c, s)
+		l.mu.Unlock()
+		go func() {
+			_, _ = io.Copy(s, c)
+			_ = s.Close()
+			_ = c.Close()
+		}()
+		// Server to client: each chunk read is written delay after it
+		// arrived, in order.
+		type chunk struct {
+			due  time.Time
+			data []byte
+		}
+		q := make(chan chunk, 4096)
+		go func() {
+			defer close(q)
+			for {
+				buf := make([]byte, 32*1024)
+				n, err := s.Read(buf)
+				if n > 0 {
+					q <- chunk{time.Now().Add(time.Duration(l.delay.Load())), buf[:n]}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() {
+			defer func() { _ = c.Close(); _ = s.Close() }()
+			for ch := range q {
+				time.Sleep(time.Until(ch.due))
+				if _, err := c.Write(ch.data); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// A member whose heartbeats are answered late, later than LeaseTTL/3 but
+// well within the lease (a loaded host, a slow NATS), holds its lease: the
+// server stored each write when it came, and the lease lives from its
+// sending. The member counts no lapse and keeps its partition; it goes on
+// with it once the answers come in time again.
+func TestAMemberWhoseHeartbeatsAreAnsweredLateButWithinTheLeaseKeepsItsPartitions(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	const ttl, delay = 3 * time.Second, 1500 * time.Millisecond // TTL/3 < delay < TTL
+	o := newOwnership()
+	line := newSlowLine(t, n.URL)
+	cfg, reg := o.config("a"), prometheus.NewRegistry()
+	cfg.LeaseTTL, cfg.Metrics = ttl, reg
+	startMemberAt(t, line.url(), cfg, o.handler("a"))
+	publish(t, js, 1, 10, 0)
+	testenv.WaitFor(t, 30*time.Second, "the member handling the first 10 events", func() bool {
+		return o.handledUpTo(10)
+	})
+	kv, err := js.KeyValue(t.Context(), topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := func() uint64 {
+		e, err := kv.Get(t.Context(), "g.members.a")
+		if err != nil {
+			return 0
+		}
+		return e.Revision()
+	}
+
+	line.setDelay(delay)
+	slowed, from := time.Now(), revision()
+	// Three lease TTLs of heartbeats (one every TTL/3) stored while the
+	// answers come late: a member that gave up on them would have lapsed
+	// by its own clock a lease TTL after the slowing, and given the
+	// partition up within a second more.
+	testenv.WaitFor(t, 60*time.Second, "nine heartbeats stored with their answers delayed", func() bool {
+		return revision() >= from+9
+	})
+	held := time.Since(slowed)
+	if r := o.count(o.revokes, "a"); r != 0 {
+		t.Errorf("the member gave its partition up %d times in %s of heartbeats answered %s late (lease TTL %s), want none",
+			r, held.Round(time.Millisecond), delay, ttl)
+	}
+
+	line.setDelay(0)
+	publish(t, js, 1, 10, 10)
+	testenv.WaitFor(t, 30*time.Second, "the next 10 events handled", func() bool {
+		return o.handledUpTo(20)
+	})
+	if a := o.count(o.assigns, "a"); a != 1 {
+		t.Errorf("the member took the partition %d times, want once", a)
+	}
+	if n := lapsesCounted(t, reg); n != 0 {
+		t.Errorf("snip_reader_lease_lapses_total %g with heartbeats answered %s late (lease TTL %s), want 0", n, delay, ttl)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, v := range o.violations {
+		t.Errorf("a batch handled by a member that does not hold the partition by its latest OnAssign: %s", v)
+	}
+}
+
+// A heartbeat answered only after the lease it would have extended ended
+// extends nothing: the member cannot tell when the server stored it. With
+// every answer that late, the member's lease lapses by its own clock (the
+// server may in fact have kept it): it gives its partition up, and the
+// late answers neither take it back nor count a lapse each. Once an answer
+// comes within its lease again, the member counts one lapse and takes the
+// partition afresh.
+func TestAMemberWhoseHeartbeatsAreAnsweredAfterTheLeaseGivesItsPartitionsUp(t *testing.T) {
+	t.Parallel()
+	n, js := setup(t, 1)
+	const ttl, delay = 3 * time.Second, 4500 * time.Millisecond // > TTL
+	o := newOwnership()
+	line := newSlowLine(t, n.URL)
+	cfg, reg := o.config("a"), prometheus.NewRegistry()
+	cfg.LeaseTTL, cfg.Metrics = ttl, reg
+	startMemberAt(t, line.url(), cfg, o.handler("a"))
+	publish(t, js, 1, 10, 0)
+	testenv.WaitFor(t, 30*time.Second, "the member handling the first 10 events", func() bool {
+		return o.handledUpTo(10)
+	})
+	kv, err := js.KeyValue(t.Context(), topology.MembersBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := func() uint64 {
+		e, err := kv.Get(t.Context(), "g.members.a")
+		if err != nil {
+			return 0
+		}
+		return e.Revision()
+	}
+
+	line.setDelay(delay)
+	testenv.WaitFor(t, 30*time.Second, "the member giving its partition up", func() bool {
+		return o.count(o.revokes, "a") == 1
+	})
+	// Answers of heartbeats sent after the slowing come in meanwhile,
+	// each after its lease.
+	from := revision()
+	testenv.WaitFor(t, 60*time.Second, "six more heartbeats stored", func() bool {
+		return revision() >= from+6
+	})
+	if n := lapsesCounted(t, reg); n != 0 {
+		t.Errorf("snip_reader_lease_lapses_total %g with every answer after its lease, want 0 (no lease held again)", n)
+	}
+	if a := o.count(o.assigns, "a"); a != 1 {
+		t.Errorf("the member took the partition %d times with every answer after its lease, want once (before)", a)
+	}
+
+	line.setDelay(0)
+	testenv.WaitFor(t, 60*time.Second, "the member taking the partition afresh", func() bool {
+		return o.count(o.assigns, "a") == 2
+	})
+	publish(t, js, 1, 10, 10)
+	testenv.WaitFor(t, 30*time.Second, "the next 10 events handled", func() bool {
+		return o.handledUpTo(20)
+	})
+	if n := lapsesCounted(t, reg); n != 1 {
+		t.Errorf("snip_reader_lease_lapses_total %g after one lapse, want 1", n)
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, v := range o.violations {
+		t.Errorf("a batch handled by a member that does not hold the partition by its latest OnAssign: %s", v)
+	}
 }

@@ -30,7 +30,8 @@ import (
 // NATS outages are ridden out, not returned: the member keeps retrying, and
 // while it cannot heartbeat its lease lapses and the others take over; it
 // gives its partitions up once no heartbeat was stored for a lease TTL
-// (leaseHeld), and takes them afresh once one is. Run
+// (leaseHeld; an answer counts however late, within the lease its write
+// extends), and takes them afresh once one is. Run
 // returns an error only for a configuration it cannot run with: among them
 // ErrDuplicateMember, when another process runs as the same member and
 // started first (see duplicate).
@@ -86,8 +87,8 @@ type member struct {
 	claimed   chan struct{}
 
 	// clock is when the member started, on the monotonic clock; leaseUntil
-	// is how long after it the lease surely lives (the start of the last
-	// heartbeat stored, plus LeaseTTL; 0 before the first), by the
+	// is how long after it the lease surely lives (the latest sending of a
+	// heartbeat heard stored, plus LeaseTTL; 0 before the first), by the
 	// member's own clock. lapses counts the heartbeats stored at or after
 	// that (the lease may have lapsed before them: a member cut off from
 	// NATS, or frozen); lapsesSeen is the count the control loop last
@@ -96,6 +97,7 @@ type member struct {
 	// one after a lapse). leaving: the member left the group and stopped
 	// heartbeating on purpose; its workers finish without it.
 	clock      time.Time
+	leaseMu    sync.Mutex // serializes stored
 	leaseUntil atomic.Int64
 	lapses     atomic.Uint64
 	lapsesSeen uint64
@@ -262,37 +264,47 @@ type Lease struct {
 // partitions it holds change. If the member stops (crash, partition from
 // NATS), the server deletes the entry when the TTL runs out and the other
 // members see a delete marker.
+//
+// Writes go out on schedule whether or not the ones before were answered
+// (asynchronously, in order on the connection, so the server stores them
+// in the order they were sent), and each answer is waited for up to the
+// end of the lease that write would extend (its sending plus LeaseTTL): a
+// slow answer (a loaded host, a slow NATS) still counts, and a write lost
+// outright is made up for by the next ones, well within the lease.
 func (m *member) heartbeat(ctx context.Context) {
 	host, _ := os.Hostname()
 	l := Lease{Member: m.cfg.Member, Host: host, PID: os.Getpid(), Since: m.since, Instance: m.instance}
 	subj := memberSubject(m.cfg.Group, m.cfg.Member)
+	// A publisher of its own: its pending answers are the heartbeats'
+	// alone (what the caller publishes asynchronously on js waits for
+	// none of them), and one never answered is dropped after a lease.
+	pub := m.js
+	if nc := m.js.Conn(); nc != nil {
+		if js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(m.cfg.LeaseTTL)); err == nil {
+			pub = js
+		}
+	}
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)
 	defer t.Stop()
-	failing := false
+	var answers sync.WaitGroup
+	defer answers.Wait()
+	hs := &heartbeats{log: m.log}
 	for {
 		l.Owned = *m.published.Load()
 		val, _ := json.Marshal(l)
-		pctx, cancel := context.WithTimeout(ctx, m.cfg.LeaseTTL/3)
 		sent := time.Since(m.clock)
-		var err error
 		if nc := m.js.Conn(); nc != nil && !nc.IsConnected() {
 			// Not sent: the client would keep it to send once reconnected,
 			// claims of long before, which the others would go by.
-			err = nats.ErrDisconnected
+			hs.failed(ctx, nats.ErrDisconnected)
+		} else if f, err := pub.PublishAsync(subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL),
+			// No resending (of a write met by no responders): it would
+			// be stored after the writes sent since, its claims over
+			// theirs. The next beat is the retry.
+			jetstream.WithRetryAttempts(0)); err != nil {
+			hs.failed(ctx, err)
 		} else {
-			_, err = m.js.Publish(pctx, subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL))
-		}
-		cancel()
-		if err == nil {
-			m.stored(sent)
-		}
-		switch {
-		case err != nil && ctx.Err() == nil && !failing:
-			m.log.Warn("heartbeat failing; the lease will lapse if it goes on", "err", err)
-			failing = true
-		case err == nil && failing:
-			m.log.Info("heartbeat recovered")
-			failing = false
+			answers.Go(func() { m.awaitStored(ctx, f, sent, hs) })
 		}
 		select {
 		case <-ctx.Done():
@@ -303,18 +315,81 @@ func (m *member) heartbeat(ctx context.Context) {
 	}
 }
 
+// awaitStored waits for the answer to the heartbeat sent at sent (since
+// m.clock), up to the end of the lease it would extend (sent+LeaseTTL):
+// an answer after that extends nothing.
+func (m *member) awaitStored(ctx context.Context, f jetstream.PubAckFuture, sent time.Duration, hs *heartbeats) {
+	end := time.NewTimer(sent + m.cfg.LeaseTTL - time.Since(m.clock))
+	defer end.Stop()
+	select {
+	case <-f.Ok():
+		if m.stored(sent) {
+			hs.answered()
+		} else {
+			hs.failed(ctx, errHeartbeatLate)
+		}
+	case err := <-f.Err():
+		hs.failed(ctx, err)
+	case <-end.C:
+		hs.failed(ctx, errHeartbeatLate)
+	case <-ctx.Done():
+	}
+}
+
+// errHeartbeatLate is a heartbeat not answered within the lease it would
+// have extended.
+var errHeartbeatLate = errors.New("heartbeat not answered within the lease it would extend")
+
+// heartbeats logs when the heartbeat starts failing and when it recovers,
+// once each, whichever of the writes in flight tells.
+type heartbeats struct {
+	log     *slog.Logger
+	mu      sync.Mutex
+	failing bool
+}
+
+func (h *heartbeats) failed(ctx context.Context, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.failing && ctx.Err() == nil {
+		h.log.Warn("heartbeat failing; the lease will lapse if it goes on", "err", err)
+		h.failing = true
+	}
+}
+
+func (h *heartbeats) answered() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.failing {
+		h.log.Info("heartbeat recovered")
+		h.failing = false
+	}
+}
+
 // stored records a heartbeat the server stored, sent at sent (since
-// m.clock). The lease it wrote lives LeaseTTL from when the server stored
-// it, which was after it was sent: until sent+LeaseTTL at least, by this
-// member's clock. Stored at or after the end of the lease before (now, the
-// answer's arrival, the latest it can have been stored), it may have
-// followed a lapse, which the member cannot count on seeing in the bucket
-// (cut off from NATS, its watch hears nothing; back, its heartbeat can
-// replace the lapse's marker before the watch reads it): another member
-// may have held its partitions meanwhile. The control loop gives them all
-// up, to take them afresh (releaseAfterLapse).
-func (m *member) stored(sent time.Duration) {
-	if until := m.leaseUntil.Load(); until == 0 || time.Since(m.clock) >= time.Duration(until) {
+// m.clock), and reports whether it extended the lease. The lease it wrote
+// lives LeaseTTL from when the server stored it, which was after it was
+// sent: until sent+LeaseTTL at least, by this member's clock. Answers can
+// come out of order (several writes are in flight), and the server stored
+// the writes in the order they were sent, so the lease lives until the
+// latest sending of a write stored, plus LeaseTTL: an earlier write
+// answered later takes nothing back. One answered when that is past
+// extends nothing and is not counted. Stored at or after the end of the
+// lease before (now, the answer's arrival, the latest it can have been
+// stored), it may have followed a lapse, which the member cannot count on
+// seeing in the bucket (cut off from NATS, its watch hears nothing; back,
+// its heartbeat can replace the lapse's marker before the watch reads
+// it): another member may have held its partitions meanwhile. The control
+// loop gives them all up, to take them afresh (releaseAfterLapse).
+func (m *member) stored(sent time.Duration) bool {
+	m.leaseMu.Lock()
+	defer m.leaseMu.Unlock()
+	now, lives := time.Since(m.clock), sent+m.cfg.LeaseTTL
+	if now >= lives {
+		return false
+	}
+	until := time.Duration(m.leaseUntil.Load())
+	if until == 0 || now >= until {
 		if until != 0 {
 			m.lapses.Add(1)
 			m.met.lapses.WithLabelValues(m.cfg.Group).Inc()
@@ -324,7 +399,10 @@ func (m *member) stored(sent time.Duration) {
 		default:
 		}
 	}
-	m.leaseUntil.Store(int64(sent + m.cfg.LeaseTTL))
+	if lives > until {
+		m.leaseUntil.Store(int64(lives))
+	}
+	return true
 }
 
 // leaseHeld reports whether this member's lease surely lives, by its own
