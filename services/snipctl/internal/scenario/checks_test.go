@@ -29,6 +29,30 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 	// load not offered, both hot members far below their capacity, and
 	// twelve a third ahead of six, by the scheduler's whim.
 	hotStarved := hotSeen{offered: 484, hotOffered: 415, tp6: 108, hot6: 69, hotBusy6: 0.3, coldBusy6: 0.02, hotBacklog6: 2700, coldBacklog6: 150, tp12: 144, hot12: 89, working12: 6, hotWorking12: 1}
+	// The kitchen's queue: 100 orders, one of them made by both cooks.
+	// A making is the delivery's number, how long the cook held it (pull
+	// to confirmed ack), its ack deadline and whether the ack was
+	// confirmed.
+	kitchen := func(orderMakings ...making) func(*Env) {
+		return func(e *Env) {
+			s := kitchenSeen{cook1: 50, cook2: 50}
+			if len(orderMakings) > 0 {
+				s.cook2++
+				s.add(orderMakings)
+			}
+			kitchenQueueChecks(e, s)
+		}
+	}
+	inTime := func(n uint64) making {
+		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: true}
+	}
+	heldPast := func(n uint64) making {
+		return making{delivered: n, held: 1200 * time.Millisecond, deadline: time.Second, confirmed: true}
+	}
+	ackLost := func(n uint64) making {
+		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: false}
+	}
+	countDue := bpAlarms{countLatest: 50, countEarliest: 40}
 	tests := []struct {
 		name   string
 		checks func(e *Env)
@@ -37,6 +61,29 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		// are not judged.
 		inconclusive bool
 	}{
+		{
+			name:   "kitchen_claim_holds",
+			checks: kitchen(),
+		},
+		{
+			name:   "kitchen_order_made_twice_though_its_ack_came_in_time",
+			checks: kitchen(inTime(1), inTime(2)),
+			fail:   []string{"queue: orders made twice"},
+		},
+		{
+			name:   "kitchen_order_handed_on_after_its_cook_held_it_past_the_deadline",
+			checks: kitchen(inTime(2), heldPast(1)),
+		},
+		{
+			name:   "kitchen_order_handed_on_after_its_ack_was_lost",
+			checks: kitchen(ackLost(1), inTime(2)),
+		},
+		{
+			// Only the earlier delivery's lateness explains the second.
+			name:   "kitchen_order_made_twice_with_only_the_second_delivery_late",
+			checks: kitchen(heldPast(2), inTime(1)),
+			fail:   []string{"queue: orders made twice"},
+		},
 		{
 			name:   "outbox_claim_holds",
 			checks: func(e *Env) { outboxChecks(e, outboxOK) },
@@ -102,22 +149,26 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		},
 		{
 			name:   "alarms_age_first",
-			checks: func(e *Env) { alarmOrderChecks(e, 50, 17, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, countDue, 17, 50) },
 		},
 		{
 			name:   "alarms_count_first",
-			checks: func(e *Env) { alarmOrderChecks(e, 50, 52, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, countDue, 52, 50) },
 			fail:   []string{"count alarm's time minus the age alarm's"},
 		},
 		{
 			name:   "alarms_in_the_same_sample",
-			checks: func(e *Env) { alarmOrderChecks(e, 50, 50, 50) },
+			checks: func(e *Env) { alarmOrderChecks(e, countDue, 50, 50) },
 			fail:   []string{"count alarm's time minus the age alarm's"},
 		},
 		{
 			name:   "alarms_count_never_fired",
-			checks: func(e *Env) { alarmOrderChecks(e, 50, 17, 0) },
-			fail:   []string{"count alarm (10,000) fires", "count alarm's time minus the age alarm's"},
+			checks: func(e *Env) { alarmOrderChecks(e, countDue, 17, 0) },
+			fail: []string{
+				"count alarm (10,000) fires no later than the counters say",
+				"count alarm (10,000) fires no earlier than with full batches in hand",
+				"count alarm's time minus the age alarm's",
+			},
 		},
 		{
 			name:   "hot_claim_holds",

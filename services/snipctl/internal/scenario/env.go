@@ -317,20 +317,31 @@ func emit(ctx context.Context, rate float64, d time.Duration, fn func(i int) err
 }
 
 // waitFor polls cond every 10 ms until it is true, ctx ends or timeout
-// (real time) passes.
+// (real time) passes. An error from cond is a read that failed this time
+// (a KV or stream read that timed out on a loaded machine): cond is asked
+// again at the next tick, and if the deadline passes the error says how
+// many reads failed and with what, the last time.
 func waitFor(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
+	var (
+		lastErr       error
+		reads, failed int
+	)
 	for {
 		ok, err := cond()
+		reads++
 		if err != nil {
-			return fmt.Errorf("wait for %s: %w", what, err)
-		}
-		if ok {
+			lastErr = err
+			failed++
+		} else if ok {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			if lastErr != nil {
+				return fmt.Errorf("wait for %s: not after %s (%d of %d reads failed, the last with: %w)", what, timeout, failed, reads, lastErr)
+			}
 			return fmt.Errorf("wait for %s: not after %s", what, timeout)
 		}
 		select {

@@ -96,7 +96,7 @@ func waitGroupIdle(ctx context.Context, js jetstream.JetStream, group string, pa
 	return waitFor(ctx, timeout, "group "+group+" to have nothing pending", func() (bool, error) {
 		lag, err := reader.Lag(ctx, js, group)
 		if err != nil || len(lag) != partitions {
-			return false, nil
+			return false, err
 		}
 		for _, l := range lag {
 			if l.Pending != 0 || l.AckPending != 0 {

@@ -1,0 +1,111 @@
+package scenario
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// membersEnv starts a scenario Env on a real NATS server whose members
+// bucket is gone, so that every read of the leases fails (bucket not found)
+// until the topology is applied again: a read failing as one that timed
+// out on a loaded machine does. It returns the Env and a count of the
+// reads of the bucket the server was asked for.
+func membersEnv(t *testing.T) (*Env, jetstream.JetStream, *atomic.Int64) {
+	t.Helper()
+	e := &Env{speed: 1, res: &Result{}}
+	t.Cleanup(e.close)
+	js, err := e.NATS(t.Context(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(t.Context(), topology.MembersBucket); err != nil {
+		t.Fatal(err)
+	}
+	sniffer, err := e.Conn("sniffer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reads atomic.Int64
+	if _, err := sniffer.Subscribe("$JS.API.STREAM.INFO.KV_"+topology.MembersBucket, func(*nats.Msg) { reads.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sniffer.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return e, js, &reads
+}
+
+// A read of the members bucket that fails does not end the wait: it is
+// read again until the member shows or the wait's deadline passes.
+func TestWaitMembersRetriesAFailedRead(t *testing.T) {
+	t.Parallel()
+	e, js, reads := membersEnv(t)
+	ctx := t.Context()
+	done := make(chan error, 1)
+	go func() { done <- waitMembers(ctx, js, "g", 1) }()
+	// A second read means the first one failed and the wait went on.
+	deadline := time.Now().Add(30 * time.Second)
+	for reads.Load() < 2 {
+		select {
+		case err := <-done:
+			t.Fatalf("waitMembers returned after %d read(s) of a missing bucket: %v", reads.Load(), err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waitMembers read the bucket %d time(s) in 30s", reads.Load())
+		}
+	}
+	o := topology.Defaults()
+	o.Partitions, o.Storage = 1, jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("waitMembers: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("waitMembers did not see the member in 60s")
+	}
+}
+
+// A read that keeps failing ends the wait at its deadline, not before, and
+// the error says what the reads failed with.
+func TestWaitForNamesTheFailedReadAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	_, js, reads := membersEnv(t)
+	ctx := t.Context()
+	const timeout = 300 * time.Millisecond
+	start := time.Now()
+	err := waitFor(ctx, timeout, "the leases", func() (bool, error) {
+		ms, err := reader.Members(ctx, js, "g")
+		return len(ms) == 1, err
+	})
+	took := time.Since(start)
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || !strings.Contains(err.Error(), "reads failed") {
+		t.Fatalf("err = %v, want the deadline's error naming %v", err, jetstream.ErrBucketNotFound)
+	}
+	if took < timeout {
+		t.Fatalf("gave up after %v and %d read(s), before the %v deadline: %v", took, reads.Load(), timeout, err)
+	}
+}
