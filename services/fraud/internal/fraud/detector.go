@@ -582,13 +582,20 @@ func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	}
 	ls.lastAt = max(ls.lastAt, self.at)
 	b := self.at / int64(r.FloodWindow)
-	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
+	if !ls.started && p.clock < p.startAt+int64(r.FloodWindow) {
 		// The state began less than a window ago (a first start, a replay,
 		// or the rebuild of a partition taken over), so this link is not
 		// necessarily new: its clicks before the start were not seen. It is
 		// not judged until a bucket it was watched for in full sets its
 		// baseline. Judged against the floor instead, every busy link would
 		// look like a flood after each takeover.
+		//
+		// How long ago is the partition's clock, not the click's own time:
+		// a link's first click come late (an outbox backlog, a redrive) of
+		// before the start, seen long after it, is of a link the state has
+		// watched since, a new one. Taken for one not watched, its next
+		// minute went unjudged and then became its baseline: a flood going
+		// on was never flagged.
 		ls.unknown = true
 	}
 	p.roll(ls, b)

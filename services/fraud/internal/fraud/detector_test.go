@@ -970,3 +970,31 @@ func TestALateClickKeepsItsLabelCounter(t *testing.T) {
 		t.Fatalf("alerts %v, want %s (11 curl clicks in the hour from %s)", ids, want, t0.Format(time.TimeOnly))
 	}
 }
+
+// TestALateFirstClickOfALinkLongAfterTheStartLeavesItJudged: a state
+// watching since 12:00 sees, at 12:30, a link's first click come late
+// (of 11:55: an outbox backlog, a redrive), then 300 clicks a minute on it
+// (floor 20). The state has watched that link for half an hour: it is a
+// new link, judged by the floor at once, as without the late click, not
+// one whose history the state did not see (left unjudged until a minute
+// watched in full, whose flood would then become its baseline).
+func TestALateFirstClickOfALinkLongAfterTheStartLeavesItJudged(t *testing.T) {
+	t.Parallel()
+	clicks := []clk{
+		{at: 0, code: "other"},
+		{at: 30 * time.Minute, code: "other"},
+		{at: -5 * time.Minute, code: "l"}, // late: stored at 12:30
+	}
+	clicks = append(clicks, crowd(900, 30*time.Minute+time.Second, 3*time.Minute, "l")...)
+	flagged := 0
+	for _, j := range judgeLate(t, floodRules(), clicks) {
+		for _, l := range j.Labels {
+			if l.Rule == fraud.RuleLinkFlood {
+				flagged++
+			}
+		}
+	}
+	if flagged < 800 {
+		t.Fatalf("a link flooded at 300 a minute after a late first click: %d of 900 clicks labelled link_flood, want all from the 21st", flagged)
+	}
+}
