@@ -109,7 +109,15 @@ type Partition struct {
 	// startAt is the event time of the first event this state saw: links
 	// first seen within a flood window of it have a history it did not see.
 	startAt int64
-	fresh   bool // nothing judged or fed yet
+	// startLate: the first event came late (cameLate: an outbox backlog, a
+	// redrive), its time behind where the stream was. startAt moves up to
+	// the first event on time: taken from the late one, an hour before,
+	// every link first seen after it looked watched since the start, a busy
+	// one judged against the floor at once and flagged as a flood until
+	// its flood became its baseline (FloodAdoptAfter). A stream whose events
+	// all come late (a backfill) keeps the first one's time.
+	startLate bool
+	fresh     bool // nothing judged or fed yet
 }
 
 // visitorState is one (link, visitor) identity: its newest
@@ -262,8 +270,13 @@ func (p *Partition) judge(ev reader.Event, j *Judgement) {
 		}
 		return
 	}
-	if p.fresh {
-		p.fresh, p.startAt = false, t
+	switch late := cameLate(ev); {
+	case p.fresh:
+		p.fresh, p.startAt, p.startLate = false, t, late
+	case p.startLate && !late:
+		// The first event on time says where the stream was when the
+		// state began, which a late first event does not (startLate).
+		p.startAt, p.startLate = max(p.startAt, t), false
 	}
 	if t > p.clock {
 		p.clock = t
@@ -307,6 +320,12 @@ func (p *Partition) judge(ev reader.Event, j *Judgement) {
 		return // one identity's burst must not make its link look flooded
 	}
 	p.linkFlood(j, c, self)
+}
+
+// cameLate reports whether ev was stored more than CopyLateness after its
+// click time (a click is stored milliseconds after the redirect served it).
+func cameLate(ev reader.Event) bool {
+	return !ev.Stored.IsZero() && ev.Stored.Sub(ev.Click.Time) > CopyLateness
 }
 
 // expire drops the state the advancing clock has made irrelevant.
@@ -582,13 +601,20 @@ func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	}
 	ls.lastAt = max(ls.lastAt, self.at)
 	b := self.at / int64(r.FloodWindow)
-	if !ls.started && self.at < p.startAt+int64(r.FloodWindow) {
+	if !ls.started && p.clock < p.startAt+int64(r.FloodWindow) {
 		// The state began less than a window ago (a first start, a replay,
 		// or the rebuild of a partition taken over), so this link is not
 		// necessarily new: its clicks before the start were not seen. It is
 		// not judged until a bucket it was watched for in full sets its
 		// baseline. Judged against the floor instead, every busy link would
 		// look like a flood after each takeover.
+		//
+		// How long ago is the partition's clock, not the click's own time:
+		// a link's first click come late (an outbox backlog, a redrive) of
+		// before the start, seen long after it, is of a link the state has
+		// watched since, a new one. Taken for one not watched, its next
+		// minute went unjudged and then became its baseline: a flood going
+		// on was never flagged.
 		ls.unknown = true
 	}
 	p.roll(ls, b)

@@ -970,3 +970,57 @@ func TestALateClickKeepsItsLabelCounter(t *testing.T) {
 		t.Fatalf("alerts %v, want %s (11 curl clicks in the hour from %s)", ids, want, t0.Format(time.TimeOnly))
 	}
 }
+
+// TestALateFirstClickOfALinkLongAfterTheStartLeavesItJudged: a state
+// watching since 12:00 sees, at 12:30, a link's first click come late
+// (of 11:55: an outbox backlog, a redrive), then 300 clicks a minute on it
+// (floor 20). The state has watched that link for half an hour: it is a
+// new link, judged by the floor at once, as without the late click, not
+// one whose history the state did not see (left unjudged until a minute
+// watched in full, whose flood would then become its baseline).
+func TestALateFirstClickOfALinkLongAfterTheStartLeavesItJudged(t *testing.T) {
+	t.Parallel()
+	clicks := []clk{
+		{at: 0, code: "other"},
+		{at: 30 * time.Minute, code: "other"},
+		{at: -5 * time.Minute, code: "l"}, // late: stored at 12:30
+	}
+	clicks = append(clicks, crowd(900, 30*time.Minute+time.Second, 3*time.Minute, "l")...)
+	flagged := 0
+	for _, j := range judgeLate(t, floodRules(), clicks) {
+		for _, l := range j.Labels {
+			if l.Rule == fraud.RuleLinkFlood {
+				flagged++
+			}
+		}
+	}
+	if flagged < 800 {
+		t.Fatalf("a link flooded at 300 a minute after a late first click: %d of 900 clicks labelled link_flood, want all from the 21st", flagged)
+	}
+}
+
+// TestAStateBegunByALateClickStillWarmsBusyLinks: the first event a state
+// sees (a first start, a replay, the rebuild after a takeover) can be a
+// click come late, an hour old (an outbox backlog relayed after an outage,
+// a redrive). The state still begins where the stream is, not an hour
+// before: a link already getting 100 clicks a minute, over the floor of 20,
+// has a history the state did not see and is not judged until a minute
+// watched in full sets its baseline, as without the late click.
+func TestAStateBegunByALateClickStillWarmsBusyLinks(t *testing.T) {
+	t.Parallel()
+	d, _ := fraud.NewDetector(floodRules())
+	p := d.NewPartition()
+	late := event(1, clk{at: -time.Hour, code: "old"})
+	late.Stored = t0
+	if _, ok := p.Judge(late); !ok {
+		t.Fatal("late click skipped")
+	}
+	flagged := 0
+	for i, c := range minutes("l", 100, 100, 100, 100) {
+		j, _ := p.Judge(event(uint64(i+2), c))
+		flagged += len(j.Labels)
+	}
+	if flagged != 0 {
+		t.Fatalf("busy link after a late first click: %d of 400 clicks flagged, want 0", flagged)
+	}
+}

@@ -38,7 +38,8 @@ var (
 	ErrBadRequest = errors.New("bad request")
 )
 
-// DefaultLimit and the most alerts one request returns.
+// DefaultLimit is how many alerts a request that names no limit gets, or
+// the most one request returns (New's maxLimit) where that is fewer.
 const DefaultLimit = 50
 
 // API serves the routes.
@@ -90,7 +91,7 @@ type alertsResponse struct {
 }
 
 func (a *API) alerts(c echo.Context) error {
-	limit := DefaultLimit
+	limit := min(DefaultLimit, a.maxLimit)
 	if s := c.QueryParam("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > a.maxLimit {

@@ -116,3 +116,54 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestAnAlertListWithoutALimitReturnsAtMostTheCap: FRAUD_ALERTS_PER_OWNER
+// is the most alerts one request returns; a request that names no limit
+// gets the default (50) only where the cap allows it.
+func TestAnAlertListWithoutALimitReturnsAtMostTheCap(t *testing.T) {
+	t.Parallel()
+	rdb, _ := servers.Redis.NewDB(t)
+	ctx := t.Context()
+	ownerStore := owners.NewStore(rdb)
+	if err := ownerStore.EnsureFromSpec(ctx, "acme:"+acmeKey); err != nil {
+		t.Fatal(err)
+	}
+	const maxLimit = 2
+	store := redisstore.New(rdb, 4, maxLimit)
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	// Six links of acme over the four partitions, an alert each: each
+	// partition keeps up to the cap (it is per owner and partition), so
+	// more than the cap in all.
+	var seq uint64
+	for _, code := range []string{"a1", "b2", "c3", "d4", "e5", "f6"} {
+		seq++
+		alert := events.FraudAlert{V: 1, ID: "visitor_burst:" + code + ":x:1", Rule: fraud.RuleVisitorBurst, Code: code, Owner: "acme", Count: 21, Threshold: 20, Time: at.Add(time.Duration(seq) * time.Second)}
+		js := []fraud.Judgement{{Seq: seq, Code: code, Owner: "acme", Alerts: []events.FraudAlert{alert}}}
+		if err := store.Apply(ctx, events.Partition(code, 4), fraud.Batch{Judgements: js}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if all, err := store.RecentAlerts(ctx, "acme", 10); err != nil || len(all) <= maxLimit {
+		t.Fatalf("stored alerts = %d, %v; the test needs more than %d", len(all), err, maxLimit)
+	}
+	e := echo.New()
+	httpapi.New(ownerStore, store, slog.New(slog.DiscardHandler), maxLimit).Mount(e)
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/api/alerts", nil)
+	req.Header.Set("Authorization", "Bearer "+acmeKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Alerts []events.FraudAlert `json:"alerts"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d, %v", resp.StatusCode, err)
+	}
+	if len(got.Alerts) != maxLimit {
+		t.Fatalf("GET /api/alerts without a limit returned %d alerts, want at most the cap, %d", len(got.Alerts), maxLimit)
+	}
+}
