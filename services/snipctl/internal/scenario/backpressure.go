@@ -348,11 +348,16 @@ func alarmOrderChecks(e *Env, due bpAlarms, ageAlarmAt, countAlarmAt float64) {
 }
 
 // groupLag sums a group's unhandled events and returns the oldest one's age
-// (0 and 0 with the error, when the server could not say).
+// (0 and 0 with the error, when the server could not say: a read that
+// failed, or one that found a partition without its consumer, which
+// reader.Lag leaves out).
 func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float64, time.Duration, error) {
 	lag, err := reader.Lag(ctx, js, group)
 	if err != nil {
 		return 0, 0, err
+	}
+	if len(lag) != bpPartitions {
+		return 0, 0, fmt.Errorf("lag of %s: %d of %d partitions have a consumer", group, len(lag), bpPartitions)
 	}
 	var n float64
 	var oldest time.Time
@@ -402,11 +407,6 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 	}
 	links := codes(40)
 	start := time.Now()
-	observe := func() {
-		n, age, _ := groupLag(ctx, js, "healthy")
-		q.healthyMaxAge = max(q.healthyMaxAge, age)
-		q.healthyMaxCount = max(q.healthyMaxCount, n)
-	}
 	for i := range 10_000 {
 		if _, err := publishClick(pjs, newClick(links[i%len(links)], i)); err != nil {
 			return q, err
@@ -415,10 +415,7 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 	if err := waitPublished(ctx, pjs); err != nil {
 		return q, err
 	}
-	err = waitFor(ctx, 60*time.Second, "the healthy queue to drain", func() (bool, error) {
-		observe()
-		return done.Load() >= 10_000, nil
-	})
+	q.healthyMaxCount, q.healthyMaxAge, err = watchDrain(ctx, js, "healthy", func() bool { return done.Load() >= 10_000 }, 60*time.Second)
 	if err != nil {
 		return q, err
 	}
@@ -463,6 +460,34 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 		return q, ctx.Err()
 	case <-t.C:
 	}
-	q.stuckCount, q.stuckAge, _ = groupLag(ctx, js, "stuck")
-	return q, nil
+	q.stuckCount, q.stuckAge, err = readGroupLag(ctx, js, "stuck", 10*time.Second)
+	return q, err
+}
+
+// watchDrain reads group's lag until drained() says the group has handled
+// everything, and returns the most events and the oldest age it read. A
+// read that fails is read again, not kept as a lag of zero: the wait ends
+// on a read that succeeded, or at timeout with the last read's error.
+func watchDrain(ctx context.Context, js jetstream.JetStream, group string, drained func() bool, timeout time.Duration) (maxCount float64, maxAge time.Duration, err error) {
+	err = waitFor(ctx, timeout, "the "+group+" queue to drain", func() (bool, error) {
+		n, age, err := groupLag(ctx, js, group)
+		if err != nil {
+			return false, err
+		}
+		maxAge, maxCount = max(maxAge, age), max(maxCount, n)
+		return drained(), nil
+	})
+	return maxCount, maxAge, err
+}
+
+// readGroupLag is groupLag read again while it fails, until timeout: the
+// lesson checks what it read, or ends with the read's error, never with a
+// lag of zero it did not read.
+func readGroupLag(ctx context.Context, js jetstream.JetStream, group string, timeout time.Duration) (count float64, age time.Duration, err error) {
+	err = waitFor(ctx, timeout, "the "+group+" group's lag", func() (bool, error) {
+		var err error
+		count, age, err = groupLag(ctx, js, group)
+		return err == nil, err
+	})
+	return count, age, err
 }

@@ -1,8 +1,13 @@
 package scenario
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/snipdev/snip/pkg/reader"
 )
 
 // bpHistory fabricates a run's samples, one a lesson second: producers at
@@ -127,5 +132,67 @@ func TestCountAlarmAfterASlowReadingIsWithinTheBounds(t *testing.T) {
 		if !c.OK {
 			t.Errorf("%s: predicted %g, measured %g: FAIL", c.Name, c.Predicted, c.Measured)
 		}
+	}
+}
+
+// A lag read that fails is not a queue of zero: the wait for the healthy
+// queue to drain, and the reading of the stuck queue, end on a read that
+// succeeded, or at their deadline with the read's error. Here the group has
+// no consumers (reader.ErrNoGroup) until a member starts.
+func TestBackpressureLagReadsRetryAFailedRead(t *testing.T) {
+	t.Parallel()
+	e, js, reads := noGroupEnv(t, bpPartitions)
+	ctx := t.Context()
+	const timeout = 300 * time.Millisecond
+	start := time.Now()
+	n, age, err := watchDrain(ctx, js, "g", func() bool { return true }, timeout)
+	if took := time.Since(start); !errors.Is(err, reader.ErrNoGroup) || took < timeout {
+		t.Fatalf("watchDrain of a group with no consumers, after %v: %v, %v, %v; want %v at the %v deadline", took, n, age, err, reader.ErrNoGroup, timeout)
+	}
+	start = time.Now()
+	n, age, err = readGroupLag(ctx, js, "g", timeout)
+	if took := time.Since(start); !errors.Is(err, reader.ErrNoGroup) || took < timeout {
+		t.Fatalf("readGroupLag of a group with no consumers, after %v: %v, %v, %v; want %v at the %v deadline", took, n, age, err, reader.ErrNoGroup, timeout)
+	}
+
+	// The group shows after the first reads failed: the read goes on
+	// until it reads the group's lag.
+	type lagRead struct {
+		n   float64
+		err error
+	}
+	done := make(chan lagRead, 1)
+	before := reads.Load()
+	go func() {
+		n, _, err := readGroupLag(ctx, js, "g", 60*time.Second)
+		done <- lagRead{n, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for reads.Load() < before+4 {
+		select {
+		case r := <-done:
+			t.Fatalf("readGroupLag returned after %d read(s) of CLICKS with no group on it: %v, %v", reads.Load()-before, r.n, r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readGroupLag read CLICKS %d time(s) in 30s", reads.Load()-before)
+		}
+	}
+	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || r.n != 0 {
+			t.Fatalf("readGroupLag = %v, %v; want 0 events of an empty stream", r.n, r.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("readGroupLag did not read the group's lag in 60s")
 	}
 }

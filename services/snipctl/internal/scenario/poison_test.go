@@ -14,16 +14,16 @@ import (
 	"github.com/snipdev/snip/pkg/reader"
 )
 
-// poisonEnv starts a scenario Env on a real NATS server with the poison
-// lesson's partitions and no group yet, so that every read of a group's lag
+// noGroupEnv starts a scenario Env on a real NATS server with the given
+// CLICKS partitions and no group yet, so that every read of a group's lag
 // fails (reader.ErrNoGroup) until a member creates its consumers. It
 // returns the Env and a count of the reads of CLICKS the server was asked
 // for.
-func poisonEnv(t *testing.T) (*Env, jetstream.JetStream, *atomic.Int64) {
+func noGroupEnv(t *testing.T, partitions int) (*Env, jetstream.JetStream, *atomic.Int64) {
 	t.Helper()
 	e := &Env{speed: 1, res: &Result{}}
 	t.Cleanup(e.close)
-	js, err := e.NATS(t.Context(), poisonPartitions)
+	js, err := e.NATS(t.Context(), partitions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func poisonEnv(t *testing.T) (*Env, jetstream.JetStream, *atomic.Int64) {
 // and is zero.
 func TestWaitHealthyPartitionsRetriesAFailedRead(t *testing.T) {
 	t.Parallel()
-	e, js, reads := poisonEnv(t)
+	e, js, reads := noGroupEnv(t, poisonPartitions)
 	ctx := t.Context()
 	done := make(chan error, 1)
 	go func() { done <- waitHealthyPartitions(ctx, js, "g", 0, 60*time.Second) }()
@@ -86,7 +86,7 @@ func TestWaitHealthyPartitionsRetriesAFailedRead(t *testing.T) {
 // read's error, and poisonLag reports it rather than a lag of zero.
 func TestPoisonLagNamesAFailedRead(t *testing.T) {
 	t.Parallel()
-	_, js, _ := poisonEnv(t)
+	_, js, _ := noGroupEnv(t, poisonPartitions)
 	ctx := t.Context()
 	if s, o, err := poisonLag(ctx, js, "g", 0); !errors.Is(err, reader.ErrNoGroup) {
 		t.Fatalf("poisonLag of a group with no consumers = %v, %v, %v; want %v", s, o, err, reader.ErrNoGroup)
