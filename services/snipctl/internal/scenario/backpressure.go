@@ -154,11 +154,14 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	// When each alarm was due, from the counters read with each sample and
 	// the events' stored times: the rates need not have been steady (on a
 	// loaded machine they are not).
-	stored, err := storedTimes(ctx, js, e, start, int64(total))
+	stored, err := storedTimes(ctx, js, e, start, int64(total), 10*time.Second)
 	if err != nil {
 		return err
 	}
-	due := predictAlarms(samples, newBPIndex(links), int64(total), stored)
+	due, err := predictAlarms(samples, newBPIndex(links), int64(total), stored)
+	if err != nil {
+		return err
+	}
 	ageAlarmChecks(e, due, ageAlarmAt)
 	e.info("backlog when the age alarm fires", "events", backlogAtAgeAlarm, countAtAgeAlarm, "produced minus handled at that sample: the count looks small then")
 	alarmOrderChecks(e, due, ageAlarmAt, countAlarmAt)
@@ -187,10 +190,12 @@ func orNaN(t float64) float64 {
 }
 
 // storedTimes returns when CLICKS stored the run's event i, in lesson
-// seconds since start (ok false if it cannot say). The run's total events
-// are the stream's first, published in order on one connection, so event i
-// is at sequence i+1; the last one is checked to be where it should be.
-func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time.Time, total int64) (func(i int64) (float64, bool), error) {
+// seconds since start. The run's total events are the stream's first,
+// published in order on one connection, so event i is at sequence i+1; the
+// last one is checked to be where it should be. A read that fails is read
+// again until retry passes, and then is the error: every event of the run
+// is in CLICKS, and one the lesson cannot read is not one it may skip.
+func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time.Time, total int64, retry time.Duration) (func(i int64) (float64, error), error) {
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return nil, fmt.Errorf("clicks stream: %w", err)
@@ -204,17 +209,22 @@ func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time
 		return nil, fmt.Errorf("CLICKS sequence %d is not the run's last event (%d)", total, total-1)
 	}
 	seen := map[int64]float64{}
-	return func(i int64) (float64, bool) {
+	return func(i int64) (float64, error) {
 		if t, ok := seen[i]; ok {
-			return t, true
+			return t, nil
 		}
-		m, err := s.GetMsg(ctx, uint64(i)+1)
+		var m *jetstream.RawStreamMsg
+		err := waitFor(ctx, retry, fmt.Sprintf("CLICKS sequence %d", i+1), func() (bool, error) {
+			var err error
+			m, err = s.GetMsg(ctx, uint64(i)+1)
+			return err == nil, err
+		})
 		if err != nil {
-			return 0, false
+			return 0, err
 		}
 		t := e.Lesson(m.Time.Sub(start))
 		seen[i] = t
-		return t, true
+		return t, nil
 	}, nil
 }
 
@@ -264,8 +274,9 @@ type bpAlarms struct {
 }
 
 // predictAlarms reads each sample against the stored time of the run's
-// events (stored: lesson seconds since the start; ok false when event i is
-// not in CLICKS). Stored order is the producer's order, so:
+// events (stored: lesson seconds since the start). A stored time it cannot
+// read is its error: passing over that sample would move a bound to a later
+// one. Stored order is the producer's order, so:
 //
 //   - The oldest unacked event is at least as old as event handledPost (of
 //     handledPost+1 events one is unhandled, so unacked): the age alarm is
@@ -285,11 +296,15 @@ type bpAlarms struct {
 //     handledPre of all partitions plus bpPartitions x bpBatch (the
 //     batches in hand), and the alarm cannot fire before the first sample
 //     at which that reaches bpCountWarn, earliest.
-func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int64) (float64, bool)) bpAlarms {
+func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int64) (float64, error)) (bpAlarms, error) {
 	a := bpAlarms{latest: math.NaN(), earliest: math.NaN(), countLatest: math.NaN(), countEarliest: math.NaN()}
 	for _, s := range samples {
 		if math.IsNaN(a.latest) && s.handledPost < total {
-			if t, ok := stored(s.handledPost); ok && s.pre-t >= bpAgeAlarm {
+			t, err := stored(s.handledPost)
+			if err != nil {
+				return a, fmt.Errorf("when the run's event %d was stored: %w", s.handledPost, err)
+			}
+			if s.pre-t >= bpAgeAlarm {
 				a.latest = s.at
 			}
 		}
@@ -299,7 +314,11 @@ func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int
 				oldest = min(oldest, x.event(p, max(0, h-bpBatch)))
 			}
 			if oldest < total {
-				if t, ok := stored(oldest); ok && s.at-t >= bpAgeAlarm {
+				t, err := stored(oldest)
+				if err != nil {
+					return a, fmt.Errorf("when the run's event %d was stored: %w", oldest, err)
+				}
+				if s.at-t >= bpAgeAlarm {
 					a.earliest = s.at
 				}
 			}
@@ -317,7 +336,7 @@ func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int
 			}
 		}
 	}
-	return a
+	return a, nil
 }
 
 // ageAlarmChecks judges when the age alarm fired (0: never) against when
