@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"text/tabwriter"
 
 	"github.com/snipdev/snip/services/snipctl/internal/scenario"
@@ -76,7 +77,13 @@ func scenarioRun(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, errUsage)
 	}
-	o := scenario.Options{Speed: *speed, Log: env.Log}
+	o := scenario.Options{Speed: *speed}
+	if env.Log != nil {
+		// The lesson's members log to stderr at Warn and above (a lease
+		// that may have lapsed, a watch that ended): what explains a run
+		// too busy for its lesson, without their routine lines.
+		o.Log = slog.New(minLevel{env.Log.Handler(), slog.LevelWarn})
+	}
 	if !*asJSON {
 		fmt.Fprintf(env.Stdout, "%s: %s\n  lesson time %s, speed %g: about %s of real time\n",
 			s.Name, s.Claim, s.Lesson, *speed, scaled(s.Lesson.Seconds(), *speed))
@@ -112,4 +119,22 @@ func scaled(lessonSeconds, speed float64) string {
 		speed = 1
 	}
 	return fmt.Sprintf("%.0fs plus start-up", lessonSeconds/speed)
+}
+
+// minLevel is a slog.Handler that drops records below min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{h.Handler.WithAttrs(a), h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{h.Handler.WithGroup(name), h.min}
 }

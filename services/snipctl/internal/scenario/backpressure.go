@@ -154,11 +154,14 @@ func runBackpressure(ctx context.Context, e *Env) error {
 	// When each alarm was due, from the counters read with each sample and
 	// the events' stored times: the rates need not have been steady (on a
 	// loaded machine they are not).
-	stored, err := storedTimes(ctx, js, e, start, int64(total))
+	stored, err := storedTimes(ctx, js, e, start, int64(total), 10*time.Second)
 	if err != nil {
 		return err
 	}
-	due := predictAlarms(samples, newBPIndex(links), int64(total), stored)
+	due, err := predictAlarms(samples, newBPIndex(links), int64(total), stored)
+	if err != nil {
+		return err
+	}
 	ageAlarmChecks(e, due, ageAlarmAt)
 	e.info("backlog when the age alarm fires", "events", backlogAtAgeAlarm, countAtAgeAlarm, "produced minus handled at that sample: the count looks small then")
 	alarmOrderChecks(e, due, ageAlarmAt, countAlarmAt)
@@ -187,10 +190,12 @@ func orNaN(t float64) float64 {
 }
 
 // storedTimes returns when CLICKS stored the run's event i, in lesson
-// seconds since start (ok false if it cannot say). The run's total events
-// are the stream's first, published in order on one connection, so event i
-// is at sequence i+1; the last one is checked to be where it should be.
-func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time.Time, total int64) (func(i int64) (float64, bool), error) {
+// seconds since start. The run's total events are the stream's first,
+// published in order on one connection, so event i is at sequence i+1; the
+// last one is checked to be where it should be. A read that fails is read
+// again until retry passes, and then is the error: every event of the run
+// is in CLICKS, and one the lesson cannot read is not one it may skip.
+func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time.Time, total int64, retry time.Duration) (func(i int64) (float64, error), error) {
 	s, err := js.Stream(ctx, events.ClicksStream)
 	if err != nil {
 		return nil, fmt.Errorf("clicks stream: %w", err)
@@ -204,17 +209,22 @@ func storedTimes(ctx context.Context, js jetstream.JetStream, e *Env, start time
 		return nil, fmt.Errorf("CLICKS sequence %d is not the run's last event (%d)", total, total-1)
 	}
 	seen := map[int64]float64{}
-	return func(i int64) (float64, bool) {
+	return func(i int64) (float64, error) {
 		if t, ok := seen[i]; ok {
-			return t, true
+			return t, nil
 		}
-		m, err := s.GetMsg(ctx, uint64(i)+1)
+		var m *jetstream.RawStreamMsg
+		err := waitFor(ctx, retry, fmt.Sprintf("CLICKS sequence %d", i+1), func() (bool, error) {
+			var err error
+			m, err = s.GetMsg(ctx, uint64(i)+1)
+			return err == nil, err
+		})
 		if err != nil {
-			return 0, false
+			return 0, err
 		}
 		t := e.Lesson(m.Time.Sub(start))
 		seen[i] = t
-		return t, true
+		return t, nil
 	}, nil
 }
 
@@ -264,8 +274,9 @@ type bpAlarms struct {
 }
 
 // predictAlarms reads each sample against the stored time of the run's
-// events (stored: lesson seconds since the start; ok false when event i is
-// not in CLICKS). Stored order is the producer's order, so:
+// events (stored: lesson seconds since the start). A stored time it cannot
+// read is its error: passing over that sample would move a bound to a later
+// one. Stored order is the producer's order, so:
 //
 //   - The oldest unacked event is at least as old as event handledPost (of
 //     handledPost+1 events one is unhandled, so unacked): the age alarm is
@@ -285,11 +296,15 @@ type bpAlarms struct {
 //     handledPre of all partitions plus bpPartitions x bpBatch (the
 //     batches in hand), and the alarm cannot fire before the first sample
 //     at which that reaches bpCountWarn, earliest.
-func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int64) (float64, bool)) bpAlarms {
+func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int64) (float64, error)) (bpAlarms, error) {
 	a := bpAlarms{latest: math.NaN(), earliest: math.NaN(), countLatest: math.NaN(), countEarliest: math.NaN()}
 	for _, s := range samples {
 		if math.IsNaN(a.latest) && s.handledPost < total {
-			if t, ok := stored(s.handledPost); ok && s.pre-t >= bpAgeAlarm {
+			t, err := stored(s.handledPost)
+			if err != nil {
+				return a, fmt.Errorf("when the run's event %d was stored: %w", s.handledPost, err)
+			}
+			if s.pre-t >= bpAgeAlarm {
 				a.latest = s.at
 			}
 		}
@@ -299,7 +314,11 @@ func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int
 				oldest = min(oldest, x.event(p, max(0, h-bpBatch)))
 			}
 			if oldest < total {
-				if t, ok := stored(oldest); ok && s.at-t >= bpAgeAlarm {
+				t, err := stored(oldest)
+				if err != nil {
+					return a, fmt.Errorf("when the run's event %d was stored: %w", oldest, err)
+				}
+				if s.at-t >= bpAgeAlarm {
 					a.earliest = s.at
 				}
 			}
@@ -317,7 +336,7 @@ func predictAlarms(samples []bpSample, x bpIndex, total int64, stored func(i int
 			}
 		}
 	}
-	return a
+	return a, nil
 }
 
 // ageAlarmChecks judges when the age alarm fired (0: never) against when
@@ -348,11 +367,16 @@ func alarmOrderChecks(e *Env, due bpAlarms, ageAlarmAt, countAlarmAt float64) {
 }
 
 // groupLag sums a group's unhandled events and returns the oldest one's age
-// (0 and 0 with the error, when the server could not say).
+// (0 and 0 with the error, when the server could not say: a read that
+// failed, or one that found a partition without its consumer, which
+// reader.Lag leaves out).
 func groupLag(ctx context.Context, js jetstream.JetStream, group string) (float64, time.Duration, error) {
 	lag, err := reader.Lag(ctx, js, group)
 	if err != nil {
 		return 0, 0, err
+	}
+	if len(lag) != bpPartitions {
+		return 0, 0, fmt.Errorf("lag of %s: %d of %d partitions have a consumer", group, len(lag), bpPartitions)
 	}
 	var n float64
 	var oldest time.Time
@@ -402,11 +426,6 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 	}
 	links := codes(40)
 	start := time.Now()
-	observe := func() {
-		n, age, _ := groupLag(ctx, js, "healthy")
-		q.healthyMaxAge = max(q.healthyMaxAge, age)
-		q.healthyMaxCount = max(q.healthyMaxCount, n)
-	}
 	for i := range 10_000 {
 		if _, err := publishClick(pjs, newClick(links[i%len(links)], i)); err != nil {
 			return q, err
@@ -415,10 +434,7 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 	if err := waitPublished(ctx, pjs); err != nil {
 		return q, err
 	}
-	err = waitFor(ctx, 60*time.Second, "the healthy queue to drain", func() (bool, error) {
-		observe()
-		return done.Load() >= 10_000, nil
-	})
+	q.healthyMaxCount, q.healthyMaxAge, err = watchDrain(ctx, js, "healthy", func() bool { return done.Load() >= 10_000 }, 60*time.Second)
 	if err != nil {
 		return q, err
 	}
@@ -463,6 +479,34 @@ func healthyVsStuck(ctx context.Context, e *Env, js jetstream.JetStream) (q queu
 		return q, ctx.Err()
 	case <-t.C:
 	}
-	q.stuckCount, q.stuckAge, _ = groupLag(ctx, js, "stuck")
-	return q, nil
+	q.stuckCount, q.stuckAge, err = readGroupLag(ctx, js, "stuck", 10*time.Second)
+	return q, err
+}
+
+// watchDrain reads group's lag until drained() says the group has handled
+// everything, and returns the most events and the oldest age it read. A
+// read that fails is read again, not kept as a lag of zero: the wait ends
+// on a read that succeeded, or at timeout with the last read's error.
+func watchDrain(ctx context.Context, js jetstream.JetStream, group string, drained func() bool, timeout time.Duration) (maxCount float64, maxAge time.Duration, err error) {
+	err = waitFor(ctx, timeout, "the "+group+" queue to drain", func() (bool, error) {
+		n, age, err := groupLag(ctx, js, group)
+		if err != nil {
+			return false, err
+		}
+		maxAge, maxCount = max(maxAge, age), max(maxCount, n)
+		return drained(), nil
+	})
+	return maxCount, maxAge, err
+}
+
+// readGroupLag is groupLag read again while it fails, until timeout: the
+// lesson checks what it read, or ends with the read's error, never with a
+// lag of zero it did not read.
+func readGroupLag(ctx context.Context, js jetstream.JetStream, group string, timeout time.Duration) (count float64, age time.Duration, err error) {
+	err = waitFor(ctx, timeout, "the "+group+" group's lag", func() (bool, error) {
+		var err error
+		count, age, err = groupLag(ctx, js, group)
+		return err == nil, err
+	})
+	return count, age, err
 }

@@ -1,15 +1,25 @@
 package scenario
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 )
 
 // bpHistory fabricates a run's samples, one a lesson second: producers at
 // 1,000/s, readers at first (events/s) for the first 30 s and then (events/s)
 // after, the handled events shared evenly by the partitions, and event i
 // stored at i/1000 s.
-func bpHistory(first, then float64) ([]bpSample, func(int64) (float64, bool)) {
+func bpHistory(first, then float64) ([]bpSample, func(int64) (float64, error)) {
 	var samples []bpSample
 	for t := 1.0; t <= bpSecs; t++ {
 		h := first * min(t, 30)
@@ -22,7 +32,7 @@ func bpHistory(first, then float64) ([]bpSample, func(int64) (float64, bool)) {
 		}
 		samples = append(samples, s)
 	}
-	return samples, func(i int64) (float64, bool) { return float64(i) / bpIn, true }
+	return samples, func(i int64) (float64, error) { return float64(i) / bpIn, nil }
 }
 
 // The alarm predictions follow the rates the samples show, not one average:
@@ -49,7 +59,10 @@ func TestBackpressurePredictionsFollowTheRates(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			samples, stored := bpHistory(tc.first, tc.then)
-			due := predictAlarms(samples, newBPIndex(links), total, stored)
+			due, err := predictAlarms(samples, newBPIndex(links), total, stored)
+			if err != nil {
+				t.Fatal(err)
+			}
 			want := bpAlarms{latest: tc.latest, earliest: tc.earliest, countLatest: tc.countLatest, countEarliest: tc.countEarliest}
 			if due != want {
 				t.Errorf("due %+v, want %+v", due, want)
@@ -63,7 +76,10 @@ func TestBackpressurePredictionsFollowTheRates(t *testing.T) {
 	// batch's worth too soon is not, nor a count alarm later than the
 	// counters say or sooner than the batches in hand allow.
 	samples, stored := bpHistory(800, 500)
-	due := predictAlarms(samples, newBPIndex(links), total, stored)
+	due, err := predictAlarms(samples, newBPIndex(links), total, stored)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name       string
 		age, count float64
@@ -117,7 +133,12 @@ func TestCountAlarmAfterASlowReadingIsWithinTheBounds(t *testing.T) {
 	// from 23 s to 38 s saw 11,500: the alarm fired at 38 s. The counters
 	// read after the first said 11,500 already.
 	samples = append(samples, sample(19, 23), sample(23, 38), sample(38, 39), sample(39, 40))
-	due := predictAlarms(samples, newBPIndex(codes(40)), int64(bpIn*bpSecs), func(int64) (float64, bool) { return 0, false })
+	// The events are stored in the far future: the age bounds never fall
+	// due, and only the count's are read.
+	due, err := predictAlarms(samples, newBPIndex(codes(40)), int64(bpIn*bpSecs), func(int64) (float64, error) { return math.Inf(1), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
 	if due.countLatest != 39 || due.countEarliest != 16 {
 		t.Fatalf("count alarm due by %g, not before %g; want 39 and 16", due.countLatest, due.countEarliest)
 	}
@@ -127,5 +148,122 @@ func TestCountAlarmAfterASlowReadingIsWithinTheBounds(t *testing.T) {
 		if !c.OK {
 			t.Errorf("%s: predicted %g, measured %g: FAIL", c.Name, c.Predicted, c.Measured)
 		}
+	}
+}
+
+// A lag read that fails is not a queue of zero: the wait for the healthy
+// queue to drain, and the reading of the stuck queue, end on a read that
+// succeeded, or at their deadline with the read's error. Here the group has
+// no consumers (reader.ErrNoGroup) until a member starts.
+func TestBackpressureLagReadsRetryAFailedRead(t *testing.T) {
+	t.Parallel()
+	e, js, reads := noGroupEnv(t, bpPartitions)
+	ctx := t.Context()
+	const timeout = 300 * time.Millisecond
+	start := time.Now()
+	n, age, err := watchDrain(ctx, js, "g", func() bool { return true }, timeout)
+	if took := time.Since(start); !errors.Is(err, reader.ErrNoGroup) || took < timeout {
+		t.Fatalf("watchDrain of a group with no consumers, after %v: %v, %v, %v; want %v at the %v deadline", took, n, age, err, reader.ErrNoGroup, timeout)
+	}
+	start = time.Now()
+	n, age, err = readGroupLag(ctx, js, "g", timeout)
+	if took := time.Since(start); !errors.Is(err, reader.ErrNoGroup) || took < timeout {
+		t.Fatalf("readGroupLag of a group with no consumers, after %v: %v, %v, %v; want %v at the %v deadline", took, n, age, err, reader.ErrNoGroup, timeout)
+	}
+
+	// The group shows after the first reads failed: the read goes on
+	// until it reads the group's lag.
+	type lagRead struct {
+		n   float64
+		err error
+	}
+	done := make(chan lagRead, 1)
+	before := reads.Load()
+	go func() {
+		n, _, err := readGroupLag(ctx, js, "g", 60*time.Second)
+		done <- lagRead{n, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for reads.Load() < before+4 {
+		select {
+		case r := <-done:
+			t.Fatalf("readGroupLag returned after %d read(s) of CLICKS with no group on it: %v, %v", reads.Load()-before, r.n, r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readGroupLag read CLICKS %d time(s) in 30s", reads.Load()-before)
+		}
+	}
+	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil || r.n != 0 {
+			t.Fatalf("readGroupLag = %v, %v; want 0 events of an empty stream", r.n, r.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("readGroupLag did not read the group's lag in 60s")
+	}
+}
+
+// A stored time that cannot be read is the prediction's error, not a sample
+// passed over: passing over it moves a bound to a later sample (here the
+// age alarm's latest, due at 25 s, would read 26 s). The stored times come
+// from CLICKS on a real NATS server, one of the run's events deleted.
+func TestPredictAlarmsNamesAStoredTimeItCannotRead(t *testing.T) {
+	t.Parallel()
+	e, js, _ := noGroupEnv(t, bpPartitions)
+	ctx := t.Context()
+	pjs, err := e.Connect("producer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 3
+	start := time.Now()
+	for i := range total {
+		if _, err := publishClick(pjs, newClick("link0", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := waitPublished(ctx, pjs); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	const retry = 300 * time.Millisecond
+	stored, err := storedTimes(ctx, js, e, start, total, retry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stored(0); err != nil {
+		t.Fatalf("stored time of event 0: %v", err)
+	}
+	began := time.Now()
+	if at, err := stored(1); !errors.Is(err, jetstream.ErrMsgNotFound) || time.Since(began) < retry {
+		t.Fatalf("stored time of the deleted event 1 after %v: %v, %v; want %v at the %v deadline", time.Since(began), at, err, jetstream.ErrMsgNotFound, retry)
+	}
+
+	samples, history := bpHistory(800, 800)
+	missing := int64(800 * 25) // handled by 25 s: the sample the latest bound is due at
+	_, err = predictAlarms(samples, newBPIndex(codes(40)), int64(bpIn*bpSecs), func(i int64) (float64, error) {
+		if i == missing {
+			return 0, fmt.Errorf("CLICKS sequence %d: %w", i+1, jetstream.ErrMsgNotFound)
+		}
+		return history(i)
+	})
+	if !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("predictAlarms with event %d's stored time unreadable: %v, want %v", missing, err, jetstream.ErrMsgNotFound)
 	}
 }

@@ -1,9 +1,12 @@
 package scenario
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -108,4 +111,51 @@ func TestWaitForNamesTheFailedReadAtItsDeadline(t *testing.T) {
 	if took < timeout {
 		t.Fatalf("gave up after %v and %d read(s), before the %v deadline: %v", took, reads.Load(), timeout, err)
 	}
+}
+
+// A member started by a scenario logs to the run's logger (Options.Log,
+// "the components' logs"), as snipctl scenario run --log shows them.
+func TestStartMemberLogsToTheRunsLogger(t *testing.T) {
+	t.Parallel()
+	var buf lockedBuffer
+	e := &Env{speed: 1, res: &Result{}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	t.Cleanup(e.close)
+	ctx := t.Context()
+	if _, err := e.NATS(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	// The member logs at Info when the group assigns it its partition.
+	err = waitFor(ctx, 30*time.Second, "the member's log", func() (bool, error) {
+		return strings.Contains(buf.String(), "partitions assigned") && strings.Contains(buf.String(), "member=g-1"), nil
+	})
+	if err != nil {
+		t.Fatalf("%v; the run's log holds %q", err, buf.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger and a test may share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

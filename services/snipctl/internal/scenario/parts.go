@@ -129,6 +129,9 @@ func (e *Env) startMember(ctx context.Context, cfg reader.Config, h reader.Handl
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = e.log // the run's Options.Log; the runtime names the group and member
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := &member{name: cfg.Member, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()

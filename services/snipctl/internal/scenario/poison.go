@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
@@ -112,28 +114,24 @@ func runPoison(ctx context.Context, e *Env) error {
 	poisonedAt := time.Now()
 	var alarmAt time.Time
 	smp := e.newSampler(500 * time.Millisecond)
-	lagOf := func(group string) (stalled, others float64) {
-		lag, err := reader.Lag(ctx, js, group)
+	// A sample whose read failed is left out of its series rather than
+	// drawn as an empty queue; a note counts them.
+	var samples, failedSamples int
+	var sampleErr error
+	sample := func(group string) {
+		samples++
+		s, o, err := poisonLag(ctx, js, group, poisoned)
 		if err != nil {
-			return 0, 0
+			failedSamples++
+			sampleErr = err
+			return
 		}
-		for _, l := range lag {
-			n := float64(l.Pending) + float64(l.AckPending)
-			if l.Partition == poisoned {
-				stalled += n
-			} else {
-				others += n
-			}
-		}
-		return stalled, others
+		smp.add(group+": poisoned partition lag", "events", s)
+		smp.add(group+": other partitions lag", "events", o)
 	}
 	stopSampling := smp.start(ctx, func() {
-		s, o := lagOf("naive")
-		smp.add("naive: poisoned partition lag", "events", s)
-		smp.add("naive: other partitions lag", "events", o)
-		s, o = lagOf("snip")
-		smp.add("snip: poisoned partition lag", "events", s)
-		smp.add("snip: other partitions lag", "events", o)
+		sample("naive")
+		sample("snip")
 		if alarmAt.IsZero() {
 			if g, err := deadletter.List(ctx, js); err == nil && len(g) > 0 {
 				alarmAt = time.Now()
@@ -166,16 +164,29 @@ func runPoison(ctx context.Context, e *Env) error {
 		return err
 	}
 	// The naive group has everything outside the poisoned partition.
-	if err := waitFor(ctx, 60*time.Second, "the naive group's healthy partitions", func() (bool, error) {
-		_, o := lagOf("naive")
-		return o == 0, nil
-	}); err != nil {
+	if err := waitHealthyPartitions(ctx, js, "naive", poisoned, 60*time.Second); err != nil {
 		return err
 	}
 	stopSampling()
 	smp.flush()
-	naiveStalled, naiveOthers := lagOf("naive")
-	snipStalled, _ := lagOf("snip")
+	if failedSamples > 0 {
+		e.note("%d of %d lag samples failed to read and are left out of the series (the last: %v)", failedSamples, samples, sampleErr)
+	}
+	// The checks read the lag once more; a read that keeps failing ends the
+	// lesson with its error rather than checking a zero it did not read.
+	var naiveStalled, naiveOthers, snipStalled float64
+	if err := waitFor(ctx, 30*time.Second, "the groups' lag", func() (bool, error) {
+		var err error
+		if naiveStalled, naiveOthers, err = poisonLag(ctx, js, "naive", poisoned); err != nil {
+			return false, err
+		}
+		if snipStalled, _, err = poisonLag(ctx, js, "snip", poisoned); err != nil {
+			return false, err
+		}
+		return true, nil
+	}); err != nil {
+		return err
+	}
 	e.atLeast("naive: lag of the poisoned partition", "events", float64(perPartition[poisoned]+1), naiveStalled,
 		"everything published there since the poison event (a few before it, fetched in the same batch, count too)")
 	e.exact("naive: lag of the other partitions", "events", 0, naiveOthers, "only the poison event's partition stalls")
@@ -243,6 +254,37 @@ func runPoison(ctx context.Context, e *Env) error {
 	}
 	e.exact("dead letters after the redrive", "letters", 0, float64(len(left)), "the letter is deleted once CLICKS acked the redrive")
 	return nil
+}
+
+// poisonLag sums a group's unhandled events on the poisoned partition and on
+// the others. A read that fails, or one that finds a partition without its
+// consumer (reader.Lag leaves it out), is an error, not a lag of zero.
+func poisonLag(ctx context.Context, js jetstream.JetStream, group string, poisoned int) (stalled, others float64, err error) {
+	lag, err := reader.Lag(ctx, js, group)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(lag) != poisonPartitions {
+		return 0, 0, fmt.Errorf("lag of %s: %d of %d partitions have a consumer", group, len(lag), poisonPartitions)
+	}
+	for _, l := range lag {
+		n := float64(l.Pending) + float64(l.AckPending)
+		if l.Partition == poisoned {
+			stalled += n
+		} else {
+			others += n
+		}
+	}
+	return stalled, others, nil
+}
+
+// waitHealthyPartitions waits until group has nothing pending outside the
+// poisoned partition, reading the lag again when a read fails.
+func waitHealthyPartitions(ctx context.Context, js jetstream.JetStream, group string, poisoned int, timeout time.Duration) error {
+	return waitFor(ctx, timeout, "the "+group+" group's healthy partitions", func() (bool, error) {
+		_, o, err := poisonLag(ctx, js, group, poisoned)
+		return err == nil && o == 0, err
+	})
 }
 
 // poisonSeen is what Snip's group left of the poison event: the dead

@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"bytes"
+	"log/slog"
 	"testing"
 )
 
@@ -21,11 +22,15 @@ func runAt(t *testing.T, name string, speed float64) *Result {
 	}
 	const runs = 3
 	var res *Result
+	// The members' warnings (a lease that may have lapsed, a watch that
+	// ended) of the last run, printed when it fails or cannot run.
+	var log *lockedBuffer
 	for i := range runs {
 		var err error
-		res, err = Run(t.Context(), s, Options{Speed: speed})
+		log = &lockedBuffer{}
+		res, err = Run(t.Context(), s, Options{Speed: speed, Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v\nthe members' warnings:\n%s", err, log.String())
 		}
 		if !res.Pass || res.Inconclusive == "" || i == runs-1 {
 			break
@@ -35,7 +40,7 @@ func runAt(t *testing.T, name string, speed float64) *Result {
 	var out bytes.Buffer
 	Print(&out, res)
 	if !res.Pass {
-		t.Fatalf("%s at speed %g:\n%s", name, speed, out.String())
+		t.Fatalf("%s at speed %g:\n%s\nthe members' warnings:\n%s", name, speed, out.String(), log.String())
 	}
 	if len(res.Checks) == 0 {
 		t.Fatalf("%s measured nothing", name)

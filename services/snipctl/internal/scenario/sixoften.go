@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -136,21 +137,7 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	// too busy to store a heartbeat within the 1 s lease, the owners change
 	// under the lesson, and the counts of members at work are of that churn,
 	// not of the group at rest the lesson is about.
-	lapses := func() float64 {
-		var n float64
-		for _, reg := range regs {
-			mfs, _ := reg.Gather()
-			for _, mf := range mfs {
-				if mf.GetName() != "snip_reader_lease_lapses_total" {
-					continue
-				}
-				for _, m := range mf.GetMetric() {
-					n += m.GetCounter().GetValue()
-				}
-			}
-		}
-		return n
-	}
+	lapses := func() (float64, error) { return leaseLapses(regs) }
 	e.say("10 members join a group on %d partitions", sixPartitions)
 	if err := waitMembers(ctx, js, "six", sixMembers); err != nil {
 		return err
@@ -159,7 +146,10 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 		return err
 	}
 
-	lapsedBefore := lapses()
+	lapsedBefore, err := lapses()
+	if err != nil {
+		return err
+	}
 	// tooBusy is the premise's row: no member's lease lapsed from the
 	// traffic's start on.
 	tooBusy := func(lapsed float64) {
@@ -172,7 +162,11 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	// each move waiting for the lapsed owner's pin to go. Otherwise the
 	// wait's failure is the run's error.
 	lapsedOr := func(err error) error {
-		if n := lapses() - lapsedBefore; n > 0 && ctx.Err() == nil {
+		lapsed, lerr := lapses()
+		if lerr != nil {
+			return errors.Join(err, lerr)
+		}
+		if n := lapsed - lapsedBefore; n > 0 && ctx.Err() == nil {
 			e.note("%v, after %g lease lapses: the machine was too busy for the lesson", err, n)
 			tooBusy(n)
 			return nil
@@ -321,6 +315,33 @@ func runSixOfTen(ctx context.Context, e *Env) error {
 	e.atMost("clicks handled twice", "clicks", 50, float64(dups), "0 on a graceful stop as a rule (the member acks what it handled, then unpins); delivery is at least once, so on a loaded machine a few events of a batch in hand can come again, and handlers are idempotent by event ID")
 	e.needsPremise()
 	e.exact("clicks out of order per link", "clicks", 0, float64(disorder), "one owner at a time per partition, in stream order")
-	tooBusy(lapses() - lapsedBefore)
+	lapsed, err := lapses()
+	if err != nil {
+		return err
+	}
+	tooBusy(lapsed - lapsedBefore)
 	return nil
+}
+
+// leaseLapses sums snip_reader_lease_lapses_total over the members'
+// registries. A registry that cannot gather its metrics is the error, not
+// a count of zero: the premise row would read a machine that kept every
+// lease.
+func leaseLapses(regs map[string]*prometheus.Registry) (float64, error) {
+	var n float64
+	for name, reg := range regs {
+		mfs, err := reg.Gather()
+		if err != nil {
+			return 0, fmt.Errorf("lease lapses of %s: %w", name, err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "snip_reader_lease_lapses_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n, nil
 }
