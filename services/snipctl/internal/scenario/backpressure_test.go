@@ -1,7 +1,6 @@
 package scenario
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -183,33 +182,10 @@ func TestBackpressureLagReadsRetryAFailedRead(t *testing.T) {
 		n, _, err := readGroupLag(ctx, js, "g", 60*time.Second)
 		done <- lagRead{n, err}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for reads.Load() < before+4 {
-		select {
-		case r := <-done:
-			t.Fatalf("readGroupLag returned after %d read(s) of CLICKS with no group on it: %v, %v", reads.Load()-before, r.n, r.err)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readGroupLag read CLICKS %d time(s) in 30s", reads.Load()-before)
-		}
-	}
-	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
-	select {
-	case r := <-done:
-		if r.err != nil || r.n != 0 {
-			t.Fatalf("readGroupLag = %v, %v; want 0 events of an empty stream", r.n, r.err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("readGroupLag did not read the group's lag in 60s")
+	awaitReads(t, "readGroupLag", "CLICKS with no group on it", reads, before+4, done)
+	startIdleMember(t, e)
+	if r := awaitDone(t, "readGroupLag", done); r.err != nil || r.n != 0 {
+		t.Fatalf("readGroupLag = %v, %v; want 0 events of an empty stream", r.n, r.err)
 	}
 }
 

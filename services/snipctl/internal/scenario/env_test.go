@@ -57,39 +57,62 @@ func TestWaitMembersRetriesAFailedRead(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- waitMembers(ctx, js, "g", 1) }()
 	// A second read means the first one failed and the wait went on.
-	deadline := time.Now().Add(30 * time.Second)
-	for reads.Load() < 2 {
-		select {
-		case err := <-done:
-			t.Fatalf("waitMembers returned after %d read(s) of a missing bucket: %v", reads.Load(), err)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waitMembers read the bucket %d time(s) in 30s", reads.Load())
-		}
-	}
+	awaitReads(t, "waitMembers", "the members bucket, missing", reads, 2, done)
 	o := topology.Defaults()
 	o.Partitions, o.Storage = 1, jetstream.MemoryStorage
 	if err := topology.Apply(ctx, js, o); err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
+	startIdleMember(t, e)
+	if err := awaitDone(t, "waitMembers", done); err != nil {
+		t.Fatalf("waitMembers: %v", err)
+	}
+}
+
+// awaitReads waits until reads (a count of the server's answers to the
+// reads a wait makes, each failing) reaches n while the wait named what
+// goes on: it must not have returned on a failed read.
+func awaitReads[T any](t *testing.T, what, of string, reads *atomic.Int64, n int64, done <-chan T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for reads.Load() < n {
+		select {
+		case r := <-done:
+			t.Fatalf("%s returned after %d read(s) of %s: %v", what, reads.Load(), of, r)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s read %s %d time(s) in 30s", what, of, reads.Load())
+		}
+	}
+}
+
+// awaitDone returns what the wait named what ended with, once the reads it
+// makes can succeed; it fails the test if that takes a minute.
+func awaitDone[T any](t *testing.T, what string, done <-chan T) T {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s did not end in 60s after its reads could succeed", what)
+		panic("unreachable")
+	}
+}
+
+// startIdleMember starts member g-1 of group g, whose handler does nothing,
+// and stops it when the test ends.
+func startIdleMember(t *testing.T, e *Env) {
+	t.Helper()
+	m, err := e.startMember(t.Context(), groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		if err := m.stop(); err != nil {
 			t.Error(err)
 		}
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("waitMembers: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("waitMembers did not see the member in 60s")
-	}
+	})
 }
 
 // A read that keeps failing ends the wait at its deadline, not before, and
@@ -124,17 +147,9 @@ func TestStartMemberLogsToTheRunsLogger(t *testing.T) {
 	if _, err := e.NATS(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	startIdleMember(t, e)
 	// The member logs at Info when the group assigns it its partition.
-	err = waitFor(ctx, 30*time.Second, "the member's log", func() (bool, error) {
+	err := waitFor(ctx, 30*time.Second, "the member's log", func() (bool, error) {
 		return strings.Contains(buf.String(), "partitions assigned") && strings.Contains(buf.String(), "member=g-1"), nil
 	})
 	if err != nil {

@@ -1,7 +1,6 @@
 package scenario
 
 import (
-	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -52,33 +51,10 @@ func TestWaitHealthyPartitionsRetriesAFailedRead(t *testing.T) {
 	go func() { done <- waitHealthyPartitions(ctx, js, "g", 0, 60*time.Second) }()
 	// reader.Lag reads CLICKS twice (its partitions, then the stream): a
 	// fourth read means the first lag read failed and the wait went on.
-	deadline := time.Now().Add(30 * time.Second)
-	for reads.Load() < 4 {
-		select {
-		case err := <-done:
-			t.Fatalf("the wait returned after %d read(s) of CLICKS with no group on it: %v", reads.Load(), err)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the wait read CLICKS %d time(s) in 30s", reads.Load())
-		}
-	}
-	m, err := e.startMember(ctx, groupConfig("g", "g-1"), func(context.Context, int, []reader.Event) error { return nil })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("waitHealthyPartitions: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the wait did not see the group's lag in 60s")
+	awaitReads(t, "waitHealthyPartitions", "CLICKS with no group on it", reads, 4, done)
+	startIdleMember(t, e)
+	if err := awaitDone(t, "waitHealthyPartitions", done); err != nil {
+		t.Fatalf("waitHealthyPartitions: %v", err)
 	}
 }
 
