@@ -104,7 +104,9 @@ async function request(method, path, body, signal) {
     opts.body = JSON.stringify(body);
   }
   const r = await fetch(path, opts);
-  if (r.status === 401) { location.href = '/login'; throw new Error('not logged in'); }
+  // A 401 while the page logs out is the logout's own doing: the form's
+  // answer goes to the login form saying so, which this would cut off.
+  if (r.status === 401) { if (!loggingOut) location.href = '/login'; throw new Error('not logged in'); }
   const j = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(j.error ? j.error.message : r.status + ' ' + r.statusText);
   return j;
@@ -444,6 +446,15 @@ async function every(ms, fn) {
 }
 
 document.getElementById('replay-form').addEventListener('submit', submitReplay);
+
+// Log out: the session ends on the server before the form's answer comes,
+// so a panel's poll meanwhile gets 401; loggingOut keeps it from sending
+// the page to the login form without the logout's notice.
+let loggingOut = false;
+document.querySelector('form[action="/logout"]')?.addEventListener('submit', () => {
+  loggingOut = true;
+  stopLive();
+});
 document.getElementById('replay-close').addEventListener('click', () => {
   replayWatch++;
   document.getElementById('replay-dialog').close();
