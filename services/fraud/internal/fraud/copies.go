@@ -18,17 +18,19 @@ import (
 // The partition's state therefore keeps a fingerprint of every event ID it
 // judged or fed within its Memory of event time (ten minutes by default,
 // the span a rebuild reads back from the log, so a rebuilt state holds the
-// same record as an uninterrupted one), in buckets of CopyBucket of event
-// time. Only an event stored more than CopyLateness after its own click
-// time can be a copy: the record is looked up for those only, in the bucket
-// of its event time, where both copies of an event fall (same click time).
-// An event found there is a copy: it changes nothing in the state and is
-// counted in snip_fraud_copies_skipped_total. An on-time click costs a hash and
-// an append.
+// same record as an uninterrupted one), in buckets of CopyBucket of its
+// click time (Click.Time, unclamped: see copyOf). Only an event stored more
+// than CopyLateness after its own click time can be a copy, or one whose
+// click time is ahead of its storage by more (a redirect whose clock runs
+// ahead): the record is looked up for those only, in the bucket of the
+// click time, where every copy of an event falls (same click time). An
+// event found there is a copy: it changes nothing in the state and is
+// counted in snip_fraud_copies_skipped_total. An on-time click costs a hash
+// and an append.
 
 const (
-	// CopyLateness: an event stored more than this after its click time is
-	// looked up in the record of event IDs. A click is stored milliseconds
+	// CopyLateness: an event stored more than this after its click time
+	// (or before it) is looked up in the record of event IDs. A click is stored milliseconds
 	// after the redirect served it; a relay's late retry at least the
 	// duplicate window (2 minutes) after the first copy, and a redrive
 	// after the first copy was judged and parked.
@@ -129,14 +131,28 @@ func (r *idRecord) expire(cutoff int64) {
 
 // copyOf reports whether ev is a copy of an event the state judged or fed
 // within its Memory, and records its ID otherwise. t is its event time.
+//
+// The record is kept by the click's own time (Click.Time), which every copy
+// of an event carries, not by the event time t: t is clamped to
+// MaxClockSkew after each copy's own storage time, so the copies of a click
+// from a redirect whose clock runs ahead have different event times, and a
+// copy looked up under its own missed the original's bucket. For the same
+// reason a click whose time is ahead of its storage by more than
+// CopyLateness is looked up too: a copy of it may be stored before its click
+// time. A click time more than Memory ahead of the partition's clock is
+// beyond the record, as one more than Memory behind it is: the record spans
+// at most twice Memory of event time.
 func (p *Partition) copyOf(ev reader.Event, t int64) bool {
-	if t < p.clock-p.d.memory {
+	at := ev.Click.Time.UnixNano()
+	if now := max(p.clock, t); at < now-p.d.memory || at > now+p.d.memory {
 		return false // beyond the record: judged as a click
 	}
 	fp := fingerprint(ev.Click.ID)
-	if !ev.Stored.IsZero() && ev.Stored.Sub(ev.Click.Time) > CopyLateness && p.ids.has(t, fp) {
-		return true
+	if !ev.Stored.IsZero() {
+		if off := ev.Stored.Sub(ev.Click.Time); (off > CopyLateness || off < -CopyLateness) && p.ids.has(at, fp) {
+			return true
+		}
 	}
-	p.ids.add(t, fp)
+	p.ids.add(at, fp)
 	return false
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
 	"github.com/snipdev/snip/services/fraud/internal/traffic"
@@ -204,6 +205,37 @@ func TestACopyBeyondTheRecordIsLabelledOnceInItsVerdictMessage(t *testing.T) {
 	for i, c := range backlog {
 		if labels[c.ID] != 1 {
 			t.Fatalf("curl's click %d: %d labels, want 1", i, labels[c.ID])
+		}
+	}
+}
+
+// TestACopyOfAClickFromAClockAheadIsCountedOnce: a redirect whose clock runs
+// ahead of NATS by more than MaxClockSkew stamps a click three minutes after
+// it is stored; its event time is clamped to storage + MaxClockSkew. The
+// click is stored again later under another sequence: 2.5 minutes later (the
+// relay's retry after the duplicate window: its click time still ahead of
+// its storage) and five minutes later (a redrive: stored after its click
+// time). Each copy's clamped time differs from the original's, but every copy
+// carries the same click time, by which the record is kept: both are copies.
+func TestACopyOfAClickFromAClockAheadIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)
+	click := events.Click{
+		V: events.ClickVersion, ID: events.NewID(), Time: stored.Add(3 * time.Minute), Code: "abc", Owner: "acme",
+		Target: "https://example.com/", IPPrefix: "10.0.0.0/24", Visitor: "v", UserAgent: "Mozilla/5.0",
+	}
+	for _, after := range []time.Duration{150 * time.Second, 5 * time.Minute} {
+		p := d.NewPartition()
+		if j, _ := p.Judge(reader.Event{Seq: 1, Stored: stored, Click: click}); j.Copy {
+			t.Fatal("the original judged a copy")
+		}
+		j, ok := p.Judge(reader.Event{Seq: 2, Stored: stored.Add(after), Click: click})
+		if !ok || !j.Copy {
+			t.Errorf("copy stored %s after the original: Copy = %v (ok %v), want a copy", after, j.Copy, ok)
 		}
 	}
 }

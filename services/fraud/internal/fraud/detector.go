@@ -593,6 +593,13 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 // the window's end (the window is in stream order, which the labelling
 // below relies on): it is counted until the clicks before it expire, at
 // most as much longer than its own time would have it as it came late.
+// Its own bucket, if closed, is already in the baseline: it is counted in
+// the current one (roll), so it weighs in the baseline once, a bucket later
+// than its own, a little more than there (one bucket's decay less). Left
+// out, it would weigh nothing, the baseline lower and floods flagged
+// sooner; folding it into its own bucket's share would need the state to
+// keep what weight that bucket went in with, for a click the window
+// already counts.
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
 	ls := p.links.getOwned(c.Code, strings.Clone)

@@ -5,11 +5,22 @@ import (
 )
 
 // table is a capped map of per-key state with least-recently-active
-// eviction and time expiry. Keys are touched in event order, so the least
-// recently used entry is also the one whose last click is oldest: expiry
-// pops from that end until it meets a live entry, and eviction by the cap
-// takes the quietest key, never one in the middle of a burst (a bursting key
-// is by definition recently active).
+// eviction and time expiry. Keys are touched in stream order, so the least
+// recently used entry is the one whose last click is oldest, but for late
+// clicks: expiry pops from that end until it meets a live entry, and
+// eviction by the cap takes the quietest key, never one in the middle of a
+// burst (a bursting key is by definition recently active).
+//
+// A late click (an outbox backlog, a redrive) moves its key to the most
+// recent end without moving its lastAt forward (lastAt never moves back).
+// That key then expires after the keys touched before the late click, at
+// most as long after its own time as it had been quiet when the click
+// came, and the cap may evict one of those before it. This decides nothing
+// differently that matters: a state kept past its expiry is judged as the
+// same key's fresh one would be, up to remembering its last alert period and
+// baseline (a flood threshold at least the floor), and the cap bounds the
+// memory either way. Ordering by lastAt instead would cost a second lookup
+// per click and table.
 type table[K comparable, V any] struct {
 	lru      *simplelru.LRU[K, *V]
 	lastAt   func(*V) int64
