@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -478,5 +479,60 @@ func TestChaosRecoveryAfterTheLoadLeavesOutTheVerification(t *testing.T) {
 	if res.Recover < 0 || res.Recover >= deadline/2 {
 		t.Errorf("time to recover %s: want the readers' catch-up after the load, well under the oracle's %s (its wait counted in)\nprogress:\n%s",
 			res.Recover, deadline, env.Stderr.(*lockedBuffer).String())
+	}
+}
+
+// TestAChaosRunStoppedIsNotJudged: Ctrl-C during a fault's run (Redis
+// frozen under load, the real redirect binary) stops it before the oracle's
+// verdict: its row says NOT JUDGED, the faults after it are not run, and
+// loadtest chaos exits 3, not judged, as loadtest http --verify does, not 1
+// for a failure it never saw.
+func TestAChaosRunStoppedIsNotJudged(t *testing.T) {
+	t.Parallel()
+	bin := buildService(t, "redirect")
+	r, n := testenv.StartRedis(t), testenv.StartNATS(t)
+	redirect := startService(t, "redirect", bin, "NATS_URL="+n.URL, "REDIS_URL="+r.URL(0), "SNIP_PARTITIONS=4",
+		"SNIP_BOOTSTRAP_OWNERS=chaos:"+chaosKey, "SNIP_INSTANCE=chaos")
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var out, progress lockedBuffer
+	done := make(chan error, 1)
+	go func() {
+		freeze := "freeze:redis:" + strconv.Itoa(r.PID()) + ":1m"
+		done <- run(ctx, []string{"chaos", "--fault", freeze, "--fault", freeze, "--target", redirect.url,
+			"--rate", "50", "--warmup", "1s", "--tail", "1s", "--out", t.TempDir(),
+			"--counter-url", "off", "--clickhouse", "off", "--fraud", "off"},
+			[]string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + chaosKey}, &out, &progress, slog.New(slog.DiscardHandler))
+	}()
+	// Injected, and a progress line since: the fault holds.
+	held := func() bool {
+		_, after, ok := strings.Cut(progress.String(), "inject: freeze redis")
+		_, next, _ := strings.Cut(after, "\n")
+		return ok && strings.Contains(next, "\n")
+	}
+	var err error
+	ended := false
+	if !testenv.Poll(time.Minute, func() bool {
+		select {
+		case err = <-done:
+			ended = true
+			return true
+		default:
+			return held()
+		}
+	}) || ended {
+		t.Fatalf("no fault held within a minute (loadtest chaos ended: %v, %v):\n%s\n%s", ended, err, progress.String(), out.String())
+	}
+	stop() // Ctrl-C while Redis is frozen
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("loadtest chaos did not return within a minute of the stop:\n%s\n%s", out.String(), progress.String())
+	}
+	if code := exitCode(err); code != exitNotJudged {
+		t.Errorf("exit status %d (err %v), want %d: not judged\n%s", code, err, exitNotJudged, out.String())
+	}
+	if got := strings.Count(out.String(), "NOT JUDGED"); got != 2 || strings.Contains(out.String(), "FAIL") || !strings.Contains(out.String(), "not run: stopped") {
+		t.Errorf("want both rows NOT JUDGED (the second not run), none FAIL:\n%s", out.String())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -60,6 +61,11 @@ type chaosResult struct {
 	Recover  time.Duration
 	Passed   bool
 	Err      error
+	// Judged is set once the oracle gave its verdict. Stopped is set on a
+	// run that a stop (Ctrl-C, SIGTERM) ended before it (or before it
+	// began): neither passed nor failed.
+	Judged  bool
+	Stopped bool
 }
 
 // cmdChaos runs each fault in turn against a running system, under HTTP
@@ -110,21 +116,54 @@ func cmdChaos(ctx context.Context, env *Env, args []string) error {
 	defer sys.close()
 	results := make([]chaosResult, 0, len(faults))
 	for i, f := range faults {
-		fmt.Fprintf(env.Stderr, "chaos %d/%d: %s\n", i+1, len(faults), f.Name)
-		r := runChaos(ctx, env, sys, f, &p, filepath.Join(p.out, fmt.Sprintf("%02d-truth.json", i+1)))
-		results = append(results, r)
 		if ctx.Err() != nil {
-			break
+			results = append(results, chaosResult{Fault: f.Name, Recover: -1, Stopped: true, Err: errors.New("not run: stopped")})
+			continue
 		}
+		fmt.Fprintf(env.Stderr, "chaos %d/%d: %s\n", i+1, len(faults), f.Name)
+		truthFile := filepath.Join(p.out, fmt.Sprintf("%02d-truth.json", i+1))
+		r := runChaos(ctx, env, sys, f, &p, truthFile)
+		if ctx.Err() != nil && !r.Judged {
+			r.stopped(truthFile)
+		}
+		results = append(results, r)
 	}
 	fmt.Fprintln(env.Stdout)
 	if err := writeChaosTable(env.Stdout, results); err != nil {
 		return err
 	}
+	return chaosVerdict(results)
+}
+
+// stopped marks a run a stop ended before the oracle's verdict: not
+// judged, whatever error the stop made its steps end with (a verification
+// cut short is no failure seen), with the way to judge it later when its
+// truth was written.
+func (res *chaosResult) stopped(truthFile string) {
+	res.Stopped, res.Passed = true, false
+	note := "stopped before the verdict: not judged"
+	if _, err := os.Stat(truthFile); err == nil {
+		note += " (loadtest verify --truth " + truthFile + " checks the run)"
+	}
+	res.Err = errors.New(note)
+}
+
+// chaosVerdict is the chaos command's outcome: errVerifyFailed (exit 1) if
+// a run judged, or ended by an error of its own, did not pass; otherwise
+// errNotJudged (exit 3) if a stop ended a run before its verdict or kept
+// it from running; nil when every run passed.
+func chaosVerdict(results []chaosResult) error {
+	stopped := 0
 	for _, r := range results {
-		if !r.Passed {
+		switch {
+		case r.Stopped:
+			stopped++
+		case !r.Passed:
 			return errVerifyFailed
 		}
+	}
+	if stopped > 0 {
+		return fmt.Errorf("stopped: %d of %d fault runs not judged: %w", stopped, len(results), errNotJudged)
 	}
 	return nil
 }
@@ -286,7 +325,7 @@ func runChaos(ctx context.Context, env *Env, sys *system, f chaos.Fault, p *chao
 	if !recovered.IsZero() {
 		res.Recover = recovered.Sub(faultEnd)
 	}
-	res.Sent, res.Passed = tr.SentCount(), vr.Passed
+	res.Sent, res.Passed, res.Judged = tr.SentCount(), vr.Passed, true
 	res.tally(vr.Rows)
 	if !vr.Passed {
 		var bad []string
@@ -336,7 +375,10 @@ func writeChaosTable(w io.Writer, rs []chaosResult) error {
 	fmt.Fprintln(tw, "fault\tsent\tin CLICKS\tcounted\tloaded\tlost\tdoubled\ttime to recover\tverdict\tnote")
 	for _, r := range rs {
 		verdict, note, rec := "PASS", "", "-"
-		if !r.Passed {
+		switch {
+		case r.Stopped:
+			verdict = "NOT JUDGED"
+		case !r.Passed:
 			verdict = "FAIL"
 		}
 		if r.Err != nil {

@@ -203,7 +203,8 @@ func TestASessionFromBeforeSessionsHadIDsAsksToLogInAgain(t *testing.T) {
 }
 
 // With NATS away a session cannot be checked against the sessions ended
-// early, and is refused (503 saying so) rather than let through: a
+// early, and is refused (503 saying so; to a browser asking for the page,
+// an HTML page) rather than let through: a
 // revocation must not depend on NATS staying up. The Bearer token, which
 // no revocation concerns, still opens what needs no NATS (the outbox, in
 // Redis). A logout then says it did not log out, and keeps the cookie so
@@ -226,6 +227,27 @@ func TestWithNATSAwaySessionsAreRefusedAndTheTokenWorks(t *testing.T) {
 	if took := time.Since(began); code != http.StatusServiceUnavailable || !strings.Contains(string(b), "check the session: unavailable: nats") ||
 		!strings.Contains(string(b), "Bearer token still works") || took > 2*time.Second {
 		t.Errorf("a session with NATS away: %d %s after %s; want 503 at once saying the session cannot be checked", code, b, took)
+	}
+	// The page, as a browser asks for it: an HTML page saying so, not the
+	// API's JSON.
+	page := withSession(s.url, v)
+	page["Accept"] = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, s.url+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range page {
+		req.Header.Set(k, v)
+	}
+	pageResp, err := noRedirects().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(pageResp.Body)
+	pageResp.Body.Close()
+	if ct := pageResp.Header.Get("Content-Type"); pageResp.StatusCode != http.StatusServiceUnavailable || !strings.HasPrefix(ct, "text/html") ||
+		!strings.Contains(string(body), "cannot check sessions right now") || !strings.Contains(string(body), "Authorization: Bearer &lt;CONSOLE_TOKEN&gt;") {
+		t.Errorf("the page with a session and NATS away: %d %s\n%s\nwant a 503 HTML page saying the sessions cannot be checked and the token still works", pageResp.StatusCode, ct, body)
 	}
 	if code, b := do(t, nil, http.MethodGet, s.url+"/api/outbox", nil, bearer); code != http.StatusOK {
 		t.Errorf("the token with NATS away: %d %s", code, b)

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -79,6 +80,9 @@ type auth struct {
 	// where it keeps them, is away (nil: not checked).
 	sessions Sessions
 	natsDown func(context.Context) error
+	// log gets why a page's session could not be checked (its 503 page
+	// does not say).
+	log *slog.Logger
 }
 
 func newAuth(cfg AuthConfig, sessions Sessions, natsDown func(context.Context) error) *auth {
@@ -282,7 +286,9 @@ const whoKey = "who"
 // refuse answers a request that did not authenticate: the API with the
 // error (401, or 503 when its session cannot be checked), a page with the
 // login form, saying why when the session was ended or is from an earlier
-// version. A session that ends is cleared from the browser.
+// version, or, when its session cannot be checked, a browser with a 503
+// page saying so and that the token still works. A session that ends is
+// cleared from the browser.
 func (a *auth) refuse(c echo.Context, err error) error {
 	if errors.Is(err, errSessionEnded) || errors.Is(err, errOldSession) {
 		c.SetCookie(a.cookie(c.Request(), "", -1))
@@ -296,7 +302,30 @@ func (a *auth) refuse(c echo.Context, err error) error {
 	case errors.Is(err, errOldSession):
 		return c.Redirect(http.StatusSeeOther, "/login?session=old")
 	case errors.Is(err, errUnavailable):
-		return err
+		if !acceptsHTML(c.Request()) {
+			return err
+		}
+		// A browser gets a page saying so, not the API's JSON; the cause
+		// (NATS's address and error) goes to the log.
+		if a.log != nil {
+			a.log.Warn("console page refused: its session cannot be checked", "path", c.Request().URL.Path, "err", err)
+		}
+		var b strings.Builder
+		if perr := pages.ExecuteTemplate(&b, "unavailable.html", pageData{}); perr != nil {
+			return errors.Join(err, perr)
+		}
+		return c.HTML(http.StatusServiceUnavailable, b.String())
 	}
 	return c.Redirect(http.StatusSeeOther, "/login")
+}
+
+// acceptsHTML reports whether the request asks for a page (a browser's
+// navigation: Accept names text/html).
+func acceptsHTML(r *http.Request) bool {
+	for _, v := range r.Header.Values(echo.HeaderAccept) {
+		if strings.Contains(v, echo.MIMETextHTML) {
+			return true
+		}
+	}
+	return false
 }

@@ -187,6 +187,7 @@ func Register(e *echo.Echo, d Deps) error {
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "console", Name: "actions_total",
 			Help: "Operator actions (replay, redrive, redrive_group, login, logout, revoke_sessions) by result."}, []string{"action", "result"}),
 	}
+	a.auth.log = d.Log
 	if d.Metrics != nil {
 		if err := d.Metrics.Register(a.actions); err != nil {
 			return fmt.Errorf("register metrics: %w", err)

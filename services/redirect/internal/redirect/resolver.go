@@ -49,6 +49,14 @@ type Resolver struct {
 	// whether the store answers again.
 	failing      atomic.Bool
 	revalidating atomic.Bool
+	// bg is the context of the background lookups (revalidate), cancelled
+	// by Close, which then waits for them (inflight) to end. closed, set by
+	// Close under mu, keeps a lookup from starting after Close waited.
+	bg       context.Context
+	stopBG   context.CancelFunc
+	mu       sync.Mutex
+	closed   bool
+	inflight sync.WaitGroup
 }
 
 // cached is a cache entry: the link, and until when (monoNow) it is
@@ -77,6 +85,7 @@ func NewResolver(store LinkGetter, size int, ttl, staleIfError, timeout time.Dur
 		ExpiryCalculator: otter.ExpiryWriting[string, cached](ttl + staleIfError),
 	})
 	r := &Resolver{store: store, cache: c, ttl: ttl, timeout: timeout, stale: staleIfError, stop: make(chan struct{}), m: m}
+	r.bg, r.stopBG = context.WithCancel(context.Background())
 	if staleIfError > 0 {
 		r.now.Store(monoNow())
 		go r.keepTime(clockTick(ttl))
@@ -112,9 +121,21 @@ func (r *Resolver) keepTime(tick time.Duration) {
 	}
 }
 
-// Close stops the cache's maintenance goroutines and the coarse clock.
+// Close stops the cache's maintenance goroutines and the coarse clock, and
+// a background lookup (revalidate) that runs: its context is cancelled and
+// Close waits for it to end, at once, not by the lookup timeout. (Its read
+// in Redis, abandoned as get abandons one at its deadline, ends when the
+// Redis client is closed or by the client's read timeout.) No background
+// lookup starts after Close.
 func (r *Resolver) Close() {
-	r.once.Do(func() { close(r.stop) })
+	r.once.Do(func() {
+		close(r.stop)
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.stopBG()
+	})
+	r.inflight.Wait()
 	r.cache.StopAllGoroutines()
 }
 
@@ -202,13 +223,28 @@ func (r *Resolver) revalidate(code string) {
 	if !r.revalidating.CompareAndSwap(false, true) {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		r.revalidating.Store(false)
+		return
+	}
+	r.inflight.Add(1)
 	go func() {
+		defer r.inflight.Done()
 		defer r.revalidating.Store(false)
-		ctx := context.Background()
+		ctx := r.bg
+		if r.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, r.timeout)
+			defer cancel()
+		}
 		gen := r.invalidations.Load()
-		l, err := r.get(ctx, code)
-		r.answered(ctx, err)
+		l, err := r.getUntilDone(ctx, code)
+		r.answered(r.bg, err) // the lookup timeout is a failure of the store
 		switch {
+		case r.bg.Err() != nil:
+			// Closed while the lookup ran: it tells nothing of the store.
 		case errors.Is(err, linkstore.ErrNotFound):
 			r.m.CacheRevalidated.Inc()
 			r.cache.Invalidate(code)
@@ -234,6 +270,12 @@ func (r *Resolver) get(ctx context.Context, code string) (link.Link, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
+	return r.getUntilDone(ctx, code)
+}
+
+// getUntilDone reads a link from the store until ctx is done, then
+// abandons the read (as get does at its deadline).
+func (r *Resolver) getUntilDone(ctx context.Context, code string) (link.Link, error) {
 	type result struct {
 		l   link.Link
 		err error
@@ -247,6 +289,9 @@ func (r *Resolver) get(ctx context.Context, code string) (link.Link, error) {
 	case res := <-ch:
 		return res.l, res.err
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return link.Link{}, fmt.Errorf("look up link: %w", ctx.Err())
+		}
 		return link.Link{}, fmt.Errorf("look up link: no answer within %s: %w", r.timeout, linkstore.ErrUnavailable)
 	}
 }

@@ -3,6 +3,8 @@ package redirect_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -305,4 +307,72 @@ func TestStaleIfErrorAnswersAtOnceWhileRedisIsKnownToFail(t *testing.T) {
 		_, err := res.Resolve(t.Context(), links[2].Code)
 		return err == nil && testutil.ToFloat64(m.CacheHits) > hits
 	})
+}
+
+// revalidations counts the goroutines running a background lookup
+// (Resolver.revalidate), not those they started.
+func revalidations() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		for line := range strings.SplitSeq(g, "\n") {
+			if strings.Contains(line, "(*Resolver).revalidate.func") && !strings.HasPrefix(line, "created by") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// TestCloseEndsABackgroundLookup: Close ends the background lookup a stale
+// answer started while Redis does not answer, and waits for it, at once,
+// not by the lookup timeout: shutdown leaves no lookup running. Not
+// parallel: it counts the process's goroutines.
+func TestCloseEndsABackgroundLookup(t *testing.T) {
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	store := linkstore.New(rdb, outbox.NewLayout(1), 1<<40)
+	l, err := store.Create(t.Context(), "acme", "https://example.com/steady", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl, timeout = 50 * time.Millisecond, time.Minute
+	m := redirect.NewMetrics(prometheus.NewRegistry())
+	res := redirect.NewResolver(store, 10, ttl, time.Hour, timeout, m)
+	defer res.Close()
+	if _, err := res.Resolve(t.Context(), l.Code); err != nil {
+		t.Fatal(err)
+	}
+	// Redis gone: a lookup past the TTL fails at once (connection refused),
+	// and the store is taken for failing.
+	r.Kill()
+	testenv.WaitFor(t, 10*time.Second, "the link served stale", func() bool {
+		if got, err := res.Resolve(t.Context(), l.Code); err != nil || got.Target != l.Target {
+			t.Fatalf("resolve with Redis killed: %+v, %v", got, err)
+		}
+		return testutil.ToFloat64(m.CacheStaleServed) >= 1
+	})
+	// Redis back but frozen: a background lookup waits for its answer.
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Pause()
+	defer r.Resume()
+	testenv.WaitFor(t, 10*time.Second, "a background lookup waiting for Redis", func() bool {
+		if _, err := res.Resolve(t.Context(), l.Code); err != nil {
+			t.Fatalf("resolve with Redis frozen: %v", err)
+		}
+		return revalidations() == 1
+	})
+
+	start := time.Now()
+	res.Close()
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Close took %s", took)
+	}
+	if !testenv.Poll(2*time.Second, func() bool { return revalidations() == 0 }) {
+		t.Fatalf("%d background lookups still run after Close (lookup timeout %s)", revalidations(), timeout)
+	}
 }

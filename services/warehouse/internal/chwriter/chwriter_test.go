@@ -349,7 +349,10 @@ func TestInsertSpanningManyDaysIsSplit(t *testing.T) {
 // TestInsertRowsMetricIsPerStatement: snip_warehouse_insert_rows says how
 // many rows each INSERT statement the server accepted held, so a batch split
 // into three statements is three observations, and rows a statement landed
-// are counted even when a later one of the same batch fails.
+// are counted even when a later one of the same batch fails. So is
+// snip_warehouse_insert_duration_seconds: it times each statement the
+// server accepted, not the Insert call around them (with its schema and
+// view checks).
 func TestInsertRowsMetricIsPerStatement(t *testing.T) {
 	t.Parallel()
 	_, db := servers.ClickHouse.NewDB(t)
@@ -369,6 +372,19 @@ func TestInsertRowsMetricIsPerStatement(t *testing.T) {
 	if len(sizes) != 3 {
 		t.Fatalf("%d statements, want 3 (200 days, 90 a statement)", len(sizes))
 	}
+	durations := func() uint64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "snip_warehouse_insert_duration_seconds" {
+				return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			}
+		}
+		t.Fatal("no snip_warehouse_insert_duration_seconds")
+		return 0
+	}
 	histogram := func() (count uint64, sum float64) {
 		mfs, err := reg.Gather()
 		if err != nil {
@@ -385,6 +401,9 @@ func TestInsertRowsMetricIsPerStatement(t *testing.T) {
 	}
 	if count, sum := histogram(); count != 3 || sum != float64(len(rs)) {
 		t.Errorf("snip_warehouse_insert_rows: %d observations summing to %v, want 3 (%v) summing to %d", count, sum, sizes, len(rs))
+	}
+	if count := durations(); count != 3 {
+		t.Errorf("snip_warehouse_insert_duration_seconds: %d observations, want 3: one a statement, as snip_warehouse_insert_rows", count)
 	}
 	if got := warehousetest.Metric(t, reg, "snip_warehouse_rows_inserted_total"); got != float64(len(rs)) {
 		t.Errorf("snip_warehouse_rows_inserted_total = %v, want %d", got, len(rs))
@@ -403,6 +422,9 @@ func TestInsertRowsMetricIsPerStatement(t *testing.T) {
 	if count, sum := histogram(); count != 4 || sum != float64(600+sizes[0]) {
 		t.Errorf("snip_warehouse_insert_rows after a batch whose first statement landed: %d observations summing to %v, want 4 summing to %d",
 			count, sum, 600+sizes[0])
+	}
+	if count := durations(); count != 4 {
+		t.Errorf("snip_warehouse_insert_duration_seconds after a batch whose first statement landed: %d observations, want 4", count)
 	}
 	if got := warehousetest.Metric(t, reg, "snip_warehouse_rows_inserted_total"); got != float64(600+sizes[0]) {
 		t.Errorf("snip_warehouse_rows_inserted_total = %v, want %d (the first statement's rows landed)", got, 600+sizes[0])

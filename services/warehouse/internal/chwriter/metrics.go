@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "snip_warehouse_insert_duration_seconds",
-			Help:    "Duration of successful inserts, from prepare to the server's acknowledgement.",
+			Help:    "Duration of each INSERT statement the server accepted, from prepare to its acknowledgement (not the schema and view checks before it; a batch split at WAREHOUSE_MAX_DAYS_PER_INSERT days is several).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
 		batchRows: prometheus.NewHistogram(prometheus.HistogramOpts{
