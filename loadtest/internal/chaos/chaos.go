@@ -137,7 +137,10 @@ const confirmWithin = 10 * time.Second
 // kernel shows it stopped: kill(2) returns before the process has stopped
 // (it stops when it next runs), and a zombie accepts the signal and
 // changes nothing. The checks need Linux's /proc; elsewhere Freeze only
-// signals.
+// signals. Once the signal is sent, ctx ending does not cut the check off
+// (it is bounded by confirmWithin): a freeze that returned an error there
+// would leave the process stopped with no Recover to come. A freeze that
+// does not take is undone (SIGCONT) before its error is returned.
 func Freeze(ctx context.Context, pid int) error {
 	if err := running(pid); err != nil {
 		return err
@@ -145,7 +148,11 @@ func Freeze(ctx context.Context, pid int) error {
 	if err := Signal(pid, syscall.SIGSTOP); err != nil {
 		return err
 	}
-	return confirm(ctx, pid, "stopped", func(state byte, gone bool) bool { return !gone && (state == 'T' || state == 't') })
+	err := confirm(context.WithoutCancel(ctx), pid, "stopped", func(state byte, gone bool) bool { return !gone && (state == 'T' || state == 't') })
+	if err != nil {
+		_ = Signal(pid, syscall.SIGCONT)
+	}
+	return err
 }
 
 // Kill sends SIGKILL to pid, which must be running, and waits until it is

@@ -148,3 +148,33 @@ func TestFaultsOnAProcessThatIsNotRunningAreNotApplied(t *testing.T) {
 		}
 	}
 }
+
+// A run stopped while a freeze is being confirmed (kill(2) has returned, the
+// kernel does not show the process stopped yet) leaves no process stopped:
+// the stop cannot cut the confirmation off between the SIGSTOP and the
+// SIGCONT that would end it. A context ended before the run begins is the
+// widest such window; a process stops a moment after kill(2) returns, so
+// most tries see it still running at the first look.
+func TestARunStoppedDuringTheFreezeLeavesNoProcessStopped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for i := range 20 {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid := cmd.Process.Pid
+		f, err := Parse("freeze:sleep:" + itoa(pid) + ":1m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Run(ctx, f)
+		s := procState(t, pid)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if s == "T" {
+			t.Fatalf("try %d: process left stopped (state %s) by a run stopped during its freeze (Run: %v)", i, s, err)
+		}
+	}
+}
