@@ -493,6 +493,14 @@ func TestAChaosRunStoppedIsNotJudged(t *testing.T) {
 	r, n := testenv.StartRedis(t), testenv.StartNATS(t)
 	redirect := startService(t, "redirect", bin, "NATS_URL="+n.URL, "REDIS_URL="+r.URL(0), "SNIP_PARTITIONS=4",
 		"SNIP_BOOTSTRAP_OWNERS=chaos:"+chaosKey, "SNIP_INSTANCE=chaos")
+	// The redirect is ready once it can take clicks (into its outbox),
+	// which may be before it has applied the topology; loadtest chaos
+	// looks CLICKS up when it starts.
+	js := n.JetStream(t)
+	testenv.WaitFor(t, time.Minute, "the redirect to apply the topology (CLICKS)", func() bool {
+		_, err := js.Stream(t.Context(), events.ClicksStream)
+		return err == nil
+	})
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
 	var out, progress lockedBuffer
