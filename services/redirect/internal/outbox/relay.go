@@ -10,7 +10,6 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -756,16 +755,14 @@ func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a
 // nextStreamID returns the Redis stream ID right after id ("ms-seq"): the
 // first ID an exact XTRIM MINID keeps when id is the last entry deleted.
 func nextStreamID(id string) (string, error) {
-	msPart, seqPart, ok := strings.Cut(id, "-")
-	ms, err1 := strconv.ParseUint(msPart, 10, 64)
-	seq, err2 := strconv.ParseUint(seqPart, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
+	sid, ok := parseStreamID(id)
+	if !ok {
 		return "", fmt.Errorf("stream entry ID %q: not ms-seq", id)
 	}
-	if seq == math.MaxUint64 {
-		return strconv.FormatUint(ms+1, 10) + "-0", nil
+	if sid.seq == math.MaxUint64 {
+		return streamID{sid.ms + 1, 0}.String(), nil
 	}
-	return msPart + "-" + strconv.FormatUint(seq+1, 10), nil
+	return streamID{sid.ms, sid.seq + 1}.String(), nil
 }
 
 // classify is the relay's side of the failure contract (package failure):
