@@ -137,10 +137,29 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 // conflict handles a write the store refused because the partition's state
 // changed under it: it reads the state again and returns errConflict, so
 // the caller starts over from it.
+//
+// The state read may show a recount switched that the counter saw running:
+// by a write of this member whose answer was lost (a timeout; the batch
+// came again and met its own watermark), or by another member that held
+// the partition meanwhile. Either way the generation read before is unused
+// now, and the janitor is asked to drop it, as after a switch the counter
+// made (written): nothing else asks until the partition is next assigned.
 func (c *Counter) conflict(ctx context.Context, p int) error {
 	c.m.retries.WithLabelValues("conflict").Inc()
-	if _, err := c.reload(ctx, p); err != nil {
+	c.mu.Lock()
+	var was State
+	if s := c.parts[p]; s != nil {
+		was = *s
+	}
+	c.mu.Unlock()
+	st, err := c.reload(ctx, p)
+	if err != nil {
 		return err
+	}
+	if was.Recounting() && st.Read != was.Read {
+		c.log.Info("recount found switched when the partition's state was read again; the previous generation is to be dropped",
+			"partition", p, "generation", st.Read, "previous", was.Read)
+		c.requestCleanup(p)
 	}
 	return errConflict
 }

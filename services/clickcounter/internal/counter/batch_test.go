@@ -311,6 +311,51 @@ func TestConcurrentOwnersCountOnce(t *testing.T) {
 	}
 }
 
+// The watermark's compare-and-set is what keeps a member that still thinks
+// it owns a partition from counting a batch the new owner counted: the
+// recent-ID record catches it only within the dedup window, and a member
+// paused longer than that (kill -STOP, a long GC pause) resumes with the
+// batch in hand and its old watermark cached. (TestConcurrentOwnersCountOnce
+// passes without the compare-and-set: the record catches every copy there.)
+func TestAStaleOwnerPastTheDedupWindowCountsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, withWindow(time.Second))
+	stale := e.newCounter(t, nil, withWindow(time.Second))
+	const p = 3
+	code := codeIn(t, p, 1)
+	now := time.Now()
+	var s seqs
+	b := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
+	if err := stale.OnAssign(t.Context(), p, 1); err != nil {
+		t.Fatal(err)
+	}
+	// The partition moves on without the paused member: the new owner
+	// counts the batch, and the record of its IDs expires.
+	if err := e.c.OnAssign(t.Context(), p, 1); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, b)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		keys, err := e.rdb.Keys(t.Context(), "cc:{p3}:g1:id:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the recent-ID record %v did not expire within 5s of a 1s window", keys)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The paused member resumes with the same batch and its old watermark.
+	mustHandle(t, stale, p, b)
+	if got := stats(t, e.c, "acme", code).Totals; got != (counter.Pair{Human: 3}) {
+		t.Fatalf("totals %+v, want 3 human: the stale owner counted the batch again", got)
+	}
+}
+
 func TestWrongPartitionIsParkedAsPoison(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -85,6 +85,7 @@ type option func(*counter.Options)
 
 func withWindow(d time.Duration) option { return func(o *counter.Options) { o.DedupWindow = d } }
 func withHooks(h counter.Hooks) option  { return func(o *counter.Options) { o.Hooks = h } }
+func withStore(s counter.Store) option  { return func(o *counter.Options) { o.Store = s } }
 func withNow(now func() time.Time) option {
 	return func(o *counter.Options) { o.Now = now }
 }

@@ -1,7 +1,10 @@
 package counter_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,5 +325,83 @@ func TestPassingParkedEventsAfterTheStoreLostWritesAsksForTheLostEvents(t *testi
 	}
 	if got := stats(t, c, "acme", code); got.Totals != (counter.Pair{Human: 3}) || got.AsOf.Seq != bad.Seq {
 		t.Errorf("totals %+v as of %+v, want 3 human as of %d", got.Totals, got.AsOf, bad.Seq)
+	}
+}
+
+// answerLost is a store whose answer to one Apply, once armed, is lost: the
+// script runs in Redis, and the counter gets a timeout, as when the
+// connection drops between the two.
+type answerLost struct {
+	counter.Store
+	armed atomic.Bool
+}
+
+func (s *answerLost) Apply(ctx context.Context, w *counter.Write) (counter.ApplyResult, error) {
+	res, err := s.Store.Apply(ctx, w)
+	if err == nil && s.armed.CompareAndSwap(true, false) {
+		return counter.ApplyResult{}, fmt.Errorf("apply batch: %w", context.DeadlineExceeded)
+	}
+	return res, err
+}
+
+// The write that ends a recount switches the reads to the new generation;
+// if its answer is lost (a timeout), the batch comes again, meets a
+// conflict (the watermark moved), and the counter reads the state again:
+// the switch is there, made by its own write, and the generation it read
+// before is unused. The janitor must be asked to drop it then, as after a
+// switch the counter saw: nothing else asks until the partition is next
+// assigned, and a member that keeps it keeps two copies of its counts.
+func TestARecountWhoseSwitchWasNotAnsweredDropsTheOldGeneration(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lossy := &answerLost{Store: e.store}
+	// The member that counts the recount: its janitor has no other request
+	// (it loads the partition on first use, not through OnAssign).
+	c := e.newCounter(t, nil, withStore(lossy))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); c.RunJanitor(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const p = 2
+	code := codeIn(t, p, 31)
+	now := time.Now().UTC()
+	var s seqs
+	b := s.events(p, click("acme", code, now), click("acme", code, now))
+	e.clicks.store(b...)
+	mustHandle(t, e.c, p, b)
+	e.first.Store(b[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}); err != nil {
+		t.Fatal(err)
+	}
+
+	lossy.armed.Store(true)
+	if err := c.HandleBatch(t.Context(), p, b); err == nil {
+		t.Fatal("HandleBatch with its answer lost: nil error, want the timeout")
+	}
+	mustHandle(t, c, p, b) // handed again by the runtime
+	st, err := e.store.State(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Read != 2 || st.Write != 2 {
+		t.Fatalf("state %+v, want the recount switched to generation 2", st)
+	}
+	if got := stats(t, c, "acme", code).Totals; got != (counter.Pair{Human: 2}) {
+		t.Fatalf("totals %+v, want 2 human", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		keys, err := e.rdb.Keys(t.Context(), "cc:{p2}:g1:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("generation 1 still holds %d keys 5s after the switch (%v): the janitor was never asked to drop it", len(keys), keys)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
