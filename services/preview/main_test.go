@@ -418,8 +418,8 @@ func TestFailingPageIsDeadLetteredAndRedrivenOnceFixed(t *testing.T) {
 		return inst.metric(t, `snip_preview_dead_letters_total{reason="http_5xx",via="worker"}`) == 1 &&
 			inst.metric(t, `snip_preview_dead_letter_backlog{reason="http_5xx"}`) == 1
 	})
-	// The worker terminates the job without waiting for the server, which
-	// removes it from the work queue a moment later.
+	// The worker terminates the job after the park and its dead hook; the
+	// work queue removes it once the server recorded the TERM.
 	testenv.WaitFor(t, 10*time.Second, "the dead-lettered job gone from "+events.PreviewJobsStream, func() bool {
 		return streamMsgs(t, w.js, events.PreviewJobsStream) == 0
 	})

@@ -709,6 +709,37 @@ func TestRetryAfterIsHonouredAndAFailingEndpointIsDisabled(t *testing.T) {
 	}
 }
 
+// TestARetryAfterBeyondWhatADurationHoldsWaitsTheLongestWait: a receiver
+// answering garbage, a 503 whose Retry-After has more seconds than a
+// time.Duration holds (18446744074), was tried again 290 ms later: the
+// seconds, multiplied by a second, wrapped around, and a receiver could so
+// have its batch sent again in a loop (each attempt a delivery record and
+// a failure written to Redis). Such a Retry-After is the longest the
+// service allows, the schedule's longest wait (here 3 s, without jitter).
+func TestARetryAfterBeyondWhatADurationHoldsWaitsTheLongestWait(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t)
+	cfg := s.testConfig("m1")
+	cfg.RetrySchedule = []time.Duration{100 * time.Millisecond, 3 * time.Second}
+	cfg.RetryJitter = 0
+	svc := s.start(t, cfg)
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Retry-After", "18446744074")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return false
+	})
+	ep := createEndpoint(t, svc.addr, rc.url(), nil)
+	s.publishClicks(t, []string{"a1"}, 1)
+	var ds []redisstore.Delivery
+	testenv.WaitFor(t, 20*time.Second, "two attempts", func() bool {
+		ds = deliveries(t, svc.addr, ep.ID)
+		return len(ds) >= 2
+	})
+	if gap := ds[len(ds)-2].Time.Sub(ds[len(ds)-1].Time); gap < 2900*time.Millisecond { // newest first
+		t.Errorf("the second attempt came %s after the first, want the schedule's longest wait (3s)", gap)
+	}
+}
+
 // TestResumeSendsAtOnceAfterALongRetryWait: an endpoint disabled while its
 // next try is an hour away is tried at once when its owner resumes it.
 func TestResumeSendsAtOnceAfterALongRetryWait(t *testing.T) {

@@ -178,6 +178,15 @@ func TestGetOutcomes(t *testing.T) {
 		case "/503":
 			w.Header().Set("Retry-After", "7")
 			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/503-overflow":
+			// More seconds than a time.Duration holds: multiplied by a
+			// second, they wrapped around to a negative delay, which the
+			// worker ignored (retrying at its own backoff, 1s).
+			w.Header().Set("Retry-After", "9223372037")
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/503-beyond-int64":
+			w.Header().Set("Retry-After", "99999999999999999999")
+			w.WriteHeader(http.StatusServiceUnavailable)
 		case "/429-date":
 			w.Header().Set("Retry-After", time.Now().Add(90*time.Second).UTC().Format(http.TimeFormat))
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -235,6 +244,8 @@ func TestGetOutcomes(t *testing.T) {
 		{name: "not_found", url: srv.URL + "/404", wantStatus: 404},
 		{name: "gone", url: srv.URL + "/410", wantStatus: 410},
 		{name: "unavailable_with_retry_after_seconds", url: srv.URL + "/503", wantStatus: 503, transient: true, retryAfter: 7 * time.Second},
+		{name: "retry_after_beyond_a_duration_is_the_longest", url: srv.URL + "/503-overflow", wantStatus: 503, transient: true, retryAfter: 100 * 365 * 24 * time.Hour},
+		{name: "retry_after_beyond_int64_is_the_longest", url: srv.URL + "/503-beyond-int64", wantStatus: 503, transient: true, retryAfter: 100 * 365 * 24 * time.Hour},
 		{name: "rate_limited_with_retry_after_date", url: srv.URL + "/429-date", wantStatus: 429, transient: true, retryAfter: 80 * time.Second},
 		{name: "redirect_loop", url: srv.URL + "/loop", wantErr: fetch.ErrTooManyRedirects},
 		{name: "redirect_to_ftp", url: srv.URL + "/to-ftp", wantErr: fetch.ErrBadURL},

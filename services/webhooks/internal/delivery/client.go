@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -136,14 +137,23 @@ func describe(err error) error {
 	return err
 }
 
+// maxRetryAfterSeconds is the most seconds a time.Duration holds.
+const maxRetryAfterSeconds = int64(math.MaxInt64 / time.Second)
+
 // retryAfter parses a Retry-After header: delay seconds or an HTTP date.
+// More seconds than a time.Duration holds (the other side's garbage) are
+// the longest delay, which the caller caps: multiplied by a second they
+// would wrap around, to a negative delay or to a short one.
 func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if s, err := strconv.Atoi(v); err == nil {
-		if s < 0 {
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		switch {
+		case s < 0:
 			return 0
+		case s > maxRetryAfterSeconds:
+			s = maxRetryAfterSeconds
 		}
 		return time.Duration(s) * time.Second
 	}

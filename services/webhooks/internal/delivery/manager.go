@@ -246,9 +246,10 @@ func (m *Manager) scan(ctx context.Context) {
 		r, was := m.running[e.ID], runs[e.ID]
 		switch {
 		case r != was:
-			// Stopped since the listing (its lease lapsed unrenewed):
-			// renewed under its token, the lease is its, not a new
-			// sender's. The next scan takes it under a new one.
+			// Stopped since the listing (its lease lapsed unrenewed, or
+			// its sender returned: drop): renewed under its token, the
+			// lease is its, not a new sender's. The next scan takes it
+			// under a new one.
 		case ok && r == nil:
 			// post outlives ctx, for the attempt in flight at a stop
 			// (stopAll); rctx, the sender's, ends with ctx or post.
@@ -266,6 +267,7 @@ func (m *Manager) scan(ctx context.Context) {
 				defer r.lease.timer.Stop()
 				defer cancel()
 				defer unhook()
+				defer m.drop(id, r)
 				m.sender.Run(rctx, post, id, r.token, r.wake, r.lease.held)
 			}()
 		case ok:
@@ -297,6 +299,23 @@ func (m *Manager) scan(ctx context.Context) {
 		if _, sending := m.running[id]; !seen[id] && !stopped[id] && !sending {
 			m.sender.metrics.forgetAll(id)
 		}
+	}
+	m.mu.Unlock()
+}
+
+// drop takes r, endpoint id's run, out of the manager once its sender
+// returned, whyever it did: the next scan then takes the lease afresh, for a
+// new sender, if no other instance holds it. A sender stops on its own when
+// it finds its lease's deadline passed before a POST (held), and lapse,
+// the lease's timer, is not what removes it then: a renewal that succeeded
+// after the deadline but before the timer's callback ran moves the deadline
+// first, and the callback finds it ahead. The run, left registered with no
+// sender behind it, had its lease renewed by every scan and renewal, so no
+// instance sent for the endpoint until this one restarted.
+func (m *Manager) drop(id string, r *run) {
+	m.mu.Lock()
+	if m.running[id] == r {
+		delete(m.running, id)
 	}
 	m.mu.Unlock()
 }

@@ -632,6 +632,88 @@ func TestASenderGivesUpItsPOSTInFlightWhenItsLeaseLapses(t *testing.T) {
 	}
 }
 
+// TestASenderStoppedAtItsDeadlineIsReplacedThoughItsLeaseWasRenewed: a
+// sender stops on its own once it finds its lease's deadline passed, just
+// before a POST (Sender.Run's held). The lease's timer (Manager.lapse) is
+// what took its run out of the manager; when a renewal that succeeded came
+// in after the deadline but before the timer's callback ran, the renewal
+// moved the deadline and the callback found it ahead and did nothing. The
+// run stayed registered with no sender behind it: every scan and renewal
+// went on renewing its lease under its token, so no instance (this one
+// included) started a sender for the endpoint, and its queue waited until
+// the instance restarted. A sender's run now leaves the manager as its
+// sender returns.
+//
+// The timer's callback losing that race is played by stopping the timer;
+// the renewal that succeeded late, by renewing the lease in Redis under the
+// sender's token and then letting the manager scan.
+func TestASenderStoppedAtItsDeadlineIsReplacedThoughItsLeaseWasRenewed(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := t.Context()
+	store := redisstore.New(rdb, 1000)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	var got atomic.Int64
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(recv.Close)
+	dialer := netguard.NewDialer(netguard.NewPolicy([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}), nil, time.Second)
+	client := NewClient(ClientConfig{Timeout: 5 * time.Second, ConnectTimeout: time.Second, MaxResponseBytes: 1 << 10, Dialer: dialer})
+	cfg := SenderConfig{Schedule: []time.Duration{20 * time.Millisecond}, DisableAfter: time.Hour, MaxBatchBytes: 1 << 20, Poll: 10 * time.Millisecond}
+	const ttl = 300 * time.Millisecond
+	mgr := NewManager(store, NewSender(store, client, cfg, m, log), "a", ttl, log)
+	t.Cleanup(mgr.stopAll)
+	e := endpoint.Endpoint{ID: "ep_orphan", Owner: "acme", URL: recv.URL + "/hook", Types: []string{endpoint.TypeClick}, Secret: endpoint.NewSecret(), BatchMax: 1}
+	if err := store.Put(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	sending := func() *run {
+		mgr.mu.Lock()
+		defer mgr.mu.Unlock()
+		return mgr.running[e.ID]
+	}
+	mgr.scan(ctx)
+	r := sending()
+	if r == nil {
+		t.Fatal("no sender after the first scan")
+	}
+	r.lease.mu.Lock()
+	r.lease.timer.Stop() // its callback comes after the late renewal
+	r.lease.mu.Unlock()
+	// A renewal under the sender's token reached Redis; the manager hears
+	// of it only after the deadline.
+	if held, err := store.Leases(ctx, []string{e.ID}, map[string]string{e.ID: r.token}, "a", time.Hour); err != nil || held[e.ID] != r.token {
+		t.Fatalf("renew the lease under the sender's token: held %v, %v", held, err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the lease's deadline", func() bool { return !r.lease.held() })
+	ev := redisstore.Event{ID: "evt_1", Type: endpoint.TypeClick, Time: time.Now().UTC(), Data: []byte(`{"id":"evt_1"}`)}
+	if _, _, err := store.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{e.ID: {ev}}); err != nil {
+		t.Fatal(err)
+	}
+	mgr.Wake(e.ID)
+	select {
+	case <-r.done: // it found the deadline passed before its POST
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sender did not stop at its lease's deadline")
+	}
+	if n := got.Load(); n != 0 {
+		t.Fatalf("the receiver got %d POSTs from a sender past its lease's deadline", n)
+	}
+	// The late renewal's answer, then the scans that follow.
+	if !testenv.Poll(5*time.Second, func() bool { mgr.scan(ctx); return got.Load() > 0 }) {
+		t.Fatalf("the event was not delivered in 5 s of scans: the stopped sender's run is still registered (%v), its lease renewed, and no sender runs for the endpoint", sending() == r)
+	}
+}
+
 // scriptKeys returns the keys of a script command (EVALSHA, EVAL), nil
 // for any other command.
 func scriptKeys(c redis.Cmder) []string {
