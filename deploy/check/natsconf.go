@@ -217,6 +217,14 @@ func kvMembers(group string) Grant {
 	}
 }
 
+// kvUntrimmed is what the redirect's outbox relay does in its bucket of
+// batches acknowledged but not trimmed: write a record, read one by direct
+// get, delete one (a delete marker is a write to the key).
+var kvUntrimmed = Grant{Pub: []string{
+	"$KV." + topology.OutboxUntrimmedBucket + ".>",
+	"$JS.API.DIRECT.GET.KV_" + topology.OutboxUntrimmedBucket + ".>",
+}}
+
 // groupReader is what pkg/reader needs for one consumer group on CLICKS:
 // the group's partition consumers, its members' keys, its dead letters.
 func groupReader(group string, partitions int) []Grant {
@@ -274,9 +282,10 @@ func Users(partitions int) []User {
 		},
 		{
 			Name: "redirect", PasswordVar: "SNIP_NATS_REDIRECT_PASSWORD",
-			Why: "the outbox relay publishes clicks, link events and preview jobs; an ordered consumer on LINKS invalidates the link cache",
+			Why: "the outbox relay publishes clicks, link events and preview jobs, and records a batch acknowledged but not trimmed (the untrimmed bucket); an ordered consumer on LINKS invalidates the link cache",
 			Grants: grants(jsBasics,
 				Grant{Pub: []string{"clicks.>", "links.>", events.PreviewJobSubject, "dead.outbox.>"}},
+				kvUntrimmed,
 				ordered(events.LinksStream)),
 		},
 		{

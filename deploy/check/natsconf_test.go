@@ -240,9 +240,60 @@ func TestServiceUsersHaveWhatTheyNeedAndNoMore(t *testing.T) {
 			t.Fatalf("ordered consumer on LINKS: %v", err)
 		}
 		fetchAll(t, oc, 1)
+		// The relay's record of a batch acknowledged but not trimmed
+		// (services/redirect/internal/outbox, records.go): written, read
+		// by direct get, deleted at the revision read; a delete at an
+		// older revision is refused by the stream, not by permissions.
+		kv, err := c.js.KeyValue(ctx, topology.OutboxUntrimmedBucket)
+		if err != nil {
+			t.Fatalf("bucket %s: %v", topology.OutboxUntrimmedBucket, err)
+		}
+		rev, err := kv.Put(ctx, "0.clicks", []byte(`{"v":1}`))
+		if err != nil {
+			t.Fatalf("write a record: %v", err)
+		}
+		if e, err := kv.Get(ctx, "0.clicks"); err != nil || e.Revision() != rev {
+			t.Fatalf("read the record: %v, %v; want revision %d", e, err, rev)
+		}
+		newer, err := kv.Put(ctx, "0.clicks", []byte(`{"v":1}`))
+		if err != nil {
+			t.Fatalf("write a newer record: %v", err)
+		}
+		if err := kv.Delete(ctx, "0.clicks", jetstream.LastRevision(rev)); err == nil {
+			t.Fatal("a delete at the revision read deleted a newer record")
+		}
+		if err := kv.Delete(ctx, "0.clicks", jetstream.LastRevision(newer)); err != nil {
+			t.Fatalf("delete the record at its revision: %v", err)
+		}
+		if _, err := kv.Get(ctx, "0.clicks"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("read the deleted record: %v, want not found", err)
+		}
 		c.noViolations(t, "redirect")
 		_ = c.nc.Publish("fraud.alerts.abc", nil)
 		c.violated(t, "redirect", "fraud.alerts.abc")
+	})
+
+	// The bucket of untrimmed batches is the redirect's alone: no other
+	// service user may write a record (which would make a relay trim
+	// acknowledged entries it names, or hold a lane up) or read one.
+	t.Run("untrimmed bucket", func(t *testing.T) {
+		put := "$KV." + topology.OutboxUntrimmedBucket + ".0.clicks"
+		get := "$JS.API.DIRECT.GET.KV_" + topology.OutboxUntrimmedBucket + ".$KV." + topology.OutboxUntrimmedBucket + ".0.clicks"
+		checked := 0
+		for _, u := range Users(topology.DefaultPartitions) {
+			if u.Admin || u.Name == "redirect" {
+				continue
+			}
+			c := connectAs(t, url, u.Name)
+			_ = c.nc.Publish(put, []byte(`{}`))
+			c.violated(t, u.Name, put)
+			_ = c.nc.Publish(get, nil)
+			c.violated(t, u.Name, get)
+			checked++
+		}
+		if checked < 6 {
+			t.Fatalf("checked %d users", checked)
+		}
 	})
 
 	for _, g := range []struct{ user, group string }{

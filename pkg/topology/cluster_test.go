@@ -44,7 +44,7 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 		}
 		return nil
 	}
-	names := []string{"KV_" + topology.MembersBucket}
+	names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
 	for _, cfg := range topology.Streams(o) {
 		names = append(names, cfg.Name)
 	}
@@ -109,7 +109,7 @@ func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T)
 	if err := topology.Apply(ctx, js, o); err != nil {
 		t.Fatalf("apply again: %v", err)
 	}
-	names := []string{"KV_" + topology.MembersBucket}
+	names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
 	for _, cfg := range topology.Streams(o) {
 		names = append(names, cfg.Name)
 	}
@@ -141,7 +141,7 @@ func TestApplyRefusesFewerReplicasUnlessAsked(t *testing.T) {
 	replicas := func() map[string]int {
 		t.Helper()
 		got := map[string]int{}
-		names := []string{"KV_" + topology.MembersBucket}
+		names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
 		for _, cfg := range topology.Streams(o) {
 			names = append(names, cfg.Name)
 		}

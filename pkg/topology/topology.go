@@ -83,12 +83,31 @@ const (
 	// sessions it ended: revoked.<session ID> for a logout, not_before for
 	// "revoke every session" (decision 0078).
 	ConsoleSessionsBucket = "snip_console_sessions"
+	// OutboxUntrimmedBucket is the KV bucket where the redirect's outbox
+	// relay records a batch JetStream acknowledged whose trim from the
+	// Redis outbox failed, per shard and lane (<shard>.<lane>), so that
+	// an instance taking the shard over trims the batch instead of
+	// publishing it again (decision 0177).
+	OutboxUntrimmedBucket = "snip_outbox_untrimmed"
 )
 
 // ConsoleSessionTTL is how long a console session lasts, and so how long
 // the sessions bucket keeps an entry: a revocation outlives the session it
 // ends, and no session outlives a not_before it predates.
 const ConsoleSessionTTL = 12 * time.Hour
+
+// OutboxUntrimmedTTL is how long the outbox relay's bucket keeps a record
+// of an untrimmed batch. A record is applied, or found stale and dropped,
+// by the first relay that takes its shard while Redis answers: seconds
+// after Redis is back (a lease lives 5 s). It waits longer only while
+// Redis (or every redirect instance) stays away, and a day is past any
+// such outage the redirect rides out otherwise (its cached links stop
+// redirecting an hour past their TTL without Redis). A record that
+// outlives its batch trims nothing (the relay's trim checks the lane's
+// entries by event ID), so the TTL only bounds how long a forgotten one
+// (its delete failed) lingers; one that expires before its batch is
+// trimmed leaves that batch to be published again, as without records.
+const OutboxUntrimmedTTL = 24 * time.Hour
 
 // Consumer groups on CLICKS. Each has one durable consumer per partition.
 const (
@@ -441,9 +460,24 @@ func ConsoleSessionsBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
+// OutboxUntrimmedBucketConfig is the outbox relay's bucket of batches
+// acknowledged but not trimmed: one key per shard and lane, written only
+// when a trim fails, every entry expiring OutboxUntrimmedTTL after it was
+// written.
+func OutboxUntrimmedBucketConfig(o Options) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      OutboxUntrimmedBucket,
+		Description: "The redirect outbox relay's batches acknowledged by JetStream but not trimmed from Redis: <shard>.<lane>",
+		History:     1,
+		TTL:         OutboxUntrimmedTTL,
+		Storage:     o.Storage,
+		Replicas:    o.Replicas,
+	}
+}
+
 // Apply creates or updates every stream, the preview consumers (the
-// workers' and the rescuers'), the members bucket and the console's
-// sessions bucket. It is safe to call
+// workers' and the rescuers'), the members bucket, the console's
+// sessions bucket and the outbox relay's bucket of untrimmed batches. It is safe to call
 // from many processes at once and at every start.
 func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 	if err := o.validate(); err != nil {
@@ -465,7 +499,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	for _, want := range []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o)} {
+	for _, want := range []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o), OutboxUntrimmedBucketConfig(o)} {
 		if err := applyBucket(ctx, js, want, o.LowerReplicas); err != nil {
 			return fmt.Errorf("apply topology: bucket %s: %w", want.Bucket, err)
 		}
@@ -493,7 +527,7 @@ func Consumers() []Consumer {
 }
 
 // applyBucket creates a bucket (the members bucket, the console's
-// sessions), or updates it when it is
+// sessions, the outbox relay's untrimmed batches), or updates it when it is
 // not as wanted (a deployment grown to a cluster asks for more replicas),
 // and does nothing when it is, so a service whose NATS user may only read
 // stream info passes without admin rights.

@@ -50,6 +50,19 @@ func TestApplyIsIdempotentAndKeepsData(t *testing.T) {
 	if err != nil || n != o.Partitions {
 		t.Fatalf("Partitions() = %d, %v; want %d", n, err, o.Partitions)
 	}
+	// The outbox relay's bucket of untrimmed batches: one value per key,
+	// each expiring after OutboxUntrimmedTTL.
+	kv, err := js.KeyValue(ctx, topology.OutboxUntrimmedBucket)
+	if err != nil {
+		t.Fatalf("bucket %s: %v", topology.OutboxUntrimmedBucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TTL() != topology.OutboxUntrimmedTTL || st.History() != 1 {
+		t.Fatalf("bucket %s: TTL %s, history %d; want %s, 1", topology.OutboxUntrimmedBucket, st.TTL(), st.History(), topology.OutboxUntrimmedTTL)
+	}
 }
 
 func TestApplyRefusesPartitionChange(t *testing.T) {

@@ -139,7 +139,11 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 
 		var topologyApplied atomic.Bool
 		relayReady := func() bool { return relayNC.IsConnected() && topologyApplied.Load() }
-		relay := outbox.NewRelay(relayRDB, relayJS, relayReady, layout, relayConfig(cfg, relayNC), log, om)
+		rcfg := relayConfig(cfg, relayNC)
+		// Batches acknowledged but not trimmed are recorded in NATS on the
+		// relay's own connection (decision 0177).
+		rcfg.Records = outbox.NewRecords(relayJS)
+		relay := outbox.NewRelay(relayRDB, relayJS, relayReady, layout, rcfg, log, om)
 		monitor := outbox.NewMonitor(rdb, layout, committer, om, log)
 
 		web := webserver.New(log, reg)

@@ -27,6 +27,12 @@
 // Each shard is relayed by one instance at a time under a lease, which keeps
 // order per link and hands a dead instance's shards to the others.
 //
+// A batch JetStream acknowledged whose delete Redis did not answer is also
+// recorded in NATS, in the KV bucket snip_outbox_untrimmed under
+// <shard>.<lane> (Records), for an instance that takes the shard over
+// before the relay deletes it: it deletes the batch instead of publishing
+// it again (decision 0177).
+//
 // An outbox entry has three fields: id (the event ID, sent as Nats-Msg-Id),
 // subject and data (the JSON payload); a click's entry has a fourth, until,
 // its validity (see Late).

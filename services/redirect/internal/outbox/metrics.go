@@ -22,6 +22,11 @@ type Metrics struct {
 	LeasesHeld     prometheus.Gauge
 	LeasesLost     prometheus.Counter
 	RelayInstances prometheus.Gauge
+	// UntrimmedRecords counts the records of batches acknowledged but not
+	// trimmed (Records), by lane and outcome: written, write_failed,
+	// applied (trimmed by the relay that read it), stale (it trimmed
+	// nothing), read_failed, malformed.
+	UntrimmedRecords *prometheus.CounterVec
 	// ShardCapacity is the most entries one shard's lane holds: an alert
 	// compares each shard's depth with it, since a hot link fills its own
 	// shard long before the outbox as a whole is full.
@@ -66,8 +71,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Shard leases lost before being released (expired or taken over)."}),
 		RelayInstances: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "relay_instances",
 			Help: "Live relay instances seen in the last heartbeat."}),
+		UntrimmedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_untrimmed_records_total",
+			Help: "Records in NATS of batches JetStream acknowledged and Redis did not trim, per lane and outcome: written, write_failed, applied (trimmed by the relay that took the shard), stale (trimmed nothing), read_failed (the lane waits), malformed."}, []string{"lane", "outcome"}),
 	}
 	reg.MustRegister(m.Depth, m.OldestAge, m.DepthSum, m.OldestAgeMax, m.ShardCapacity, m.DeadEntries, m.Rejected, m.BatchSize,
-		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.Late, m.LeasesHeld, m.LeasesLost, m.RelayInstances)
+		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.Late, m.LeasesHeld, m.LeasesLost, m.RelayInstances, m.UntrimmedRecords)
 	return m
 }

@@ -44,6 +44,9 @@ func TestOnRedisCluster(t *testing.T) {
 		TestRelayDeletesOnlyTheHeadItRelayed,
 		TestRelayDeletesNoEntryAppendedBelowItsBatchAfterAFailover,
 		TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWindow,
+		TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded,
+		TestAStaleRecordTrimsNothingAndIsDropped,
+		TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim,
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
@@ -87,10 +90,12 @@ func newEnv(tb testing.TB, shards int) *env {
 	return &env{rdb: rdb, nats: n, nc: nc, js: js, layout: NewLayout(shards)}
 }
 
-func (e *env) relay(instance string) *Relay {
-	return NewRelay(e.rdb, e.js, e.nc.IsConnected, e.layout, RelayConfig{
-		Instance: instance, Window: 16, LeaseTTL: 600 * time.Millisecond, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
-	}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+func (e *env) relay(instance string) *Relay { return e.relayOn(e.rdb, instance) }
+
+// relayOn is a relay on the Redis client rdb (one a test can kill), which
+// records its untrimmed batches in the env's NATS.
+func (e *env) relayOn(rdb redis.UniversalClient, instance string) *Relay {
+	return e.relayWith(rdb, instance, NewRecords(e.js))
 }
 
 // running is a relay running in a goroutine.

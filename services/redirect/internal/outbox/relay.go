@@ -53,6 +53,13 @@ type RelayConfig struct {
 	// break and the reconnect fails at once instead of being stored at the
 	// reconnect, after the entries lost before it.
 	Reconnects func() uint64
+	// Records is where the relay records a batch JetStream acknowledged
+	// whose trim Redis did not answer, for an instance that takes the
+	// shard over before this one trims it (decision 0177); each lane's
+	// record is read when the shard is taken, before the lane. nil: no
+	// records (tests of other things, benchmarks); the service always
+	// sets it.
+	Records *Records
 }
 
 // JetStream is what the relay needs of a JetStream context.
@@ -103,7 +110,10 @@ type Relay struct {
 	// JetStream would store every click of it twice. (Another instance
 	// that takes the shard knows nothing of it, and does.) Only the
 	// goroutine relaying the shard touches its row: balance starts one
-	// only after the last has ended.
+	// only after the last has ended. For that other instance the relay
+	// also writes a record of the batch to NATS (RelayConfig.Records),
+	// which the instance reads when it takes the shard, and which
+	// becomes its untrimmed batch of the lane.
 	untrimmed [][]*acked
 
 	// afterAcks, if set (tests), runs after a batch's acks and before its
@@ -398,6 +408,9 @@ type laneState struct {
 	// probing: after an error the lane publishes one entry at a time until
 	// one succeeds, so a retry never races later entries of its window.
 	probing bool
+	// recordRead: the lane's record of an untrimmed batch was read since
+	// the shard was taken (readRecords); the lane is not read before.
+	recordRead bool
 }
 
 // runShard relays one shard while ctx lasts and the lease is ours.
@@ -417,6 +430,9 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
+		if !r.readRecords(ctx, shard, lanes) {
+			return
+		}
 		if !r.trimUntrimmed(ctx, shard, lease, lanes) {
 			return
 		}
@@ -427,6 +443,9 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 			if wait := lanes[i].retryAt.Sub(now); wait > 0 {
 				block = min(block, wait)
 				continue
+			}
+			if !lanes[i].recordRead {
+				continue // not before its record is read (readRecords, next round)
 			}
 			order = append(order, i)
 		}
@@ -535,28 +554,49 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 		if a == nil || ls.retryAt.After(now) {
 			continue
 		}
-		_, err := r.trim(ctx, shard, lease, li, a)
+		lane := Lanes[li]
+		n, err := r.trim(ctx, shard, lease, li, a)
 		switch {
 		case errors.Is(err, errLeaseLost):
+			// A record stays for the next holder.
 			r.untrimmed[shard][li] = nil
-			r.m.PublishErrors.WithLabelValues(Lanes[li].Name, "lease").Inc()
+			r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
 			return false
 		case errors.Is(err, errLaneRewritten):
 			r.untrimmed[shard][li] = nil
 			ls.last = "0-0"
-			r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", Lanes[li].Name)
+			if a.read {
+				// A stale record: its batch was trimmed by the relay that
+				// wrote it (which could not delete the record), or the lane
+				// is not as it was (a failover).
+				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "stale").Inc()
+				r.log.Info("relay dropped a record of an untrimmed batch that no longer heads its lane; nothing trimmed", "shard", shard, "lane", lane.Name,
+					"recorded_by", a.from, "first_event", a.firstEvent, "last", a.last)
+			} else {
+				r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
+			}
+			r.dropRecord(ctx, shard, lane, a.rev)
 		case err != nil:
 			if ctx.Err() != nil {
 				return false
 			}
 			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
 			ls.retryAt = time.Now().Add(ls.backoff)
-			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", Lanes[li].Name, "retry_in", ls.backoff, "err", err)
+			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
+			if a.rev == 0 && !a.read {
+				r.recordUntrimmed(ctx, shard, li, a, err) // its first write failed
+			}
 		default:
 			// The lane goes on from its head, probing still if the batch
 			// stopped at a publish error.
 			r.untrimmed[shard][li] = nil
 			ls.last = "0-0"
+			if a.read {
+				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "applied").Inc()
+				r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
+					"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
+			}
+			r.dropRecord(ctx, shard, lane, a.rev)
 		}
 	}
 	return true
@@ -693,8 +733,11 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 	if err != nil {
 		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errLaneRewritten) {
 			// Redis did not answer: the shard retries this trim before it
-			// reads the lane again, rather than publish the batch anew.
+			// reads the lane again, rather than publish the batch anew;
+			// and the batch is recorded in NATS for an instance that takes
+			// the shard first.
 			r.untrimmed[shard][li] = a
+			r.recordUntrimmed(ctx, shard, li, a, err)
 		}
 		return 0, err
 	}
@@ -712,6 +755,13 @@ type acked struct {
 	// counted once deleted
 	published, late int
 	parked          []string
+	// rev is the revision of the batch's record in RelayConfig.Records
+	// (0: none written or read), deleted once the batch is trimmed.
+	rev uint64
+	// read: the batch came from a record (readRecords), written by the
+	// relay from.
+	read bool
+	from string
 }
 
 // trim deletes a's entries with the fenced trim and counts them. It

@@ -1,0 +1,319 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// Records keeps, in the JetStream KV bucket topology.OutboxUntrimmedBucket,
+// the batch of each shard and lane that JetStream acknowledged and whose
+// fenced trim Redis did not answer (decision 0177). The relay that holds the
+// batch trims it once Redis is back (Relay.untrimmed); the record is for an
+// instance that takes the shard over first, which would otherwise know
+// nothing of the batch and publish it again from the lane's head: stored
+// twice once the streams' duplicate window (2 minutes) has passed. The
+// relay writes a record only when a trim fails, and reads a lane's record
+// once, when it takes the shard, before it reads the lane: nothing of it is
+// on the path of a batch whose trim succeeds.
+type Records struct {
+	js KeyValues
+	mu sync.Mutex
+	kv jetstream.KeyValue // once found
+}
+
+// KeyValues is what Records needs of a JetStream context
+// (jetstream.JetStream has it).
+type KeyValues interface {
+	KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error)
+}
+
+// NewRecords returns the records in js's bucket, looked up when first used
+// (NATS may be away when the service starts).
+func NewRecords(js KeyValues) *Records { return &Records{js: js} }
+
+// recordTimeout bounds each read, write and delete of a record.
+const recordTimeout = 2 * time.Second
+
+// errNoBucket is the bucket missing: the topology was not applied since it
+// was added (snipctl topology apply). No record can be there to read, and
+// none can be written.
+var errNoBucket = errors.New("bucket " + topology.OutboxUntrimmedBucket + " does not exist: apply the topology (snipctl topology apply)")
+
+// bucket is the bucket, looked up until it is found once.
+func (rs *Records) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.kv != nil {
+		return rs.kv, nil
+	}
+	kv, err := rs.js.KeyValue(ctx, topology.OutboxUntrimmedBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, errNoBucket
+	}
+	if err != nil {
+		return nil, err
+	}
+	rs.kv = kv
+	return kv, nil
+}
+
+// recordKey is the key of a shard's lane: <shard>.<lane>.
+func recordKey(shard int, lane Lane) string { return strconv.Itoa(shard) + "." + lane.Name }
+
+// record is a batch as the bucket keeps it: what the fenced trim takes
+// (fencedTrimScript), and what the relay counts once it is trimmed.
+type record struct {
+	V          int            `json:"v"`
+	Instance   string         `json:"instance"`    // the relay that wrote it
+	Written    time.Time      `json:"written"`     // when (its clock)
+	Entries    int            `json:"entries"`     // entries in the batch
+	Keep       string         `json:"keep"`        // the first stream ID to keep
+	FirstEvent string         `json:"first_event"` // the event ID of the batch's first entry
+	Last       string         `json:"last"`        // the stream ID of its last entry
+	LastEvent  string         `json:"last_event"`  // and its event ID
+	Published  int            `json:"published"`
+	Late       int            `json:"late"`
+	Parked     map[string]int `json:"parked,omitempty"` // by reason
+}
+
+const recordVersion = 1
+
+func newRecord(instance string, a *acked) record {
+	rec := record{
+		V: recordVersion, Instance: instance, Written: time.Now().UTC(),
+		Entries: a.n, Keep: a.keep, FirstEvent: a.firstEvent, Last: a.last, LastEvent: a.lastEvent,
+		Published: a.published, Late: a.late,
+	}
+	for _, why := range a.parked {
+		if rec.Parked == nil {
+			rec.Parked = map[string]int{}
+		}
+		rec.Parked[why]++
+	}
+	return rec
+}
+
+// acked is the batch the record describes, to be trimmed by the relay that
+// read it; rev is the record's revision, so that trimming it deletes this
+// record and never a newer one.
+func (rec record) acked(rev uint64) (*acked, error) {
+	if rec.V != recordVersion {
+		return nil, fmt.Errorf("version %d, want %d", rec.V, recordVersion)
+	}
+	if rec.Entries < 1 || rec.FirstEvent == "" || rec.LastEvent == "" {
+		return nil, errors.New("no entries, or no event IDs")
+	}
+	if keep, err := nextStreamID(rec.Last); err != nil || keep != rec.Keep {
+		return nil, fmt.Errorf("last %q and keep %q do not follow each other", rec.Last, rec.Keep)
+	}
+	a := &acked{
+		n: rec.Entries, keep: rec.Keep, firstEvent: rec.FirstEvent, last: rec.Last, lastEvent: rec.LastEvent,
+		published: rec.Published, late: rec.Late, rev: rev, read: true, from: rec.Instance,
+	}
+	for why, n := range rec.Parked {
+		for range n {
+			a.parked = append(a.parked, why)
+		}
+	}
+	return a, nil
+}
+
+// put records a's batch for shard's lane and returns the record's revision.
+func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance string, a *acked) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	kv, err := rs.bucket(ctx)
+	if err != nil {
+		return 0, err
+	}
+	b, err := json.Marshal(newRecord(instance, a))
+	if err != nil {
+		return 0, err
+	}
+	return kv.Put(ctx, recordKey(shard, lane), b)
+}
+
+// errMalformedRecord is a record the relay cannot apply.
+var errMalformedRecord = errors.New("malformed record")
+
+// get reads the record of shard's lane: nil when there is none (or no
+// bucket: none can have been written), errMalformedRecord (with the
+// record's revision, to delete it) when it cannot be applied.
+func (rs *Records) get(ctx context.Context, shard int, lane Lane) (*acked, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	kv, err := rs.bucket(ctx)
+	if errors.Is(err, errNoBucket) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	e, err := kv.Get(ctx, recordKey(shard, lane))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var rec record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, e.Revision(), fmt.Errorf("%w: %w", errMalformedRecord, err)
+	}
+	a, err := rec.acked(e.Revision())
+	if err != nil {
+		return nil, e.Revision(), fmt.Errorf("%w: %w", errMalformedRecord, err)
+	}
+	return a, e.Revision(), nil
+}
+
+// errNewerRecord is a delete refused because the key holds a record newer
+// than the one read: it is kept.
+var errNewerRecord = errors.New("a newer record is there")
+
+// del deletes the record of shard's lane at revision rev: a newer one, a
+// batch recorded since, is kept (errNewerRecord).
+func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	kv, err := rs.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	err = kv.Delete(ctx, recordKey(shard, lane), jetstream.LastRevision(rev))
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return errNewerRecord
+	}
+	return err
+}
+
+// recordUntrimmed records a, the batch of shard's lane JetStream
+// acknowledged and Redis did not trim (cause), for an instance that takes
+// the shard before this relay trims it. NATS has just acknowledged the
+// batch, so it most likely takes the write too; when it does not, the
+// failure is counted and logged, and the write is tried again with the
+// trim (trimUntrimmed).
+func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, a *acked, cause error) {
+	if r.cfg.Records == nil {
+		return
+	}
+	lane := Lanes[li]
+	// Also at shutdown: the next holder is who needs it.
+	rev, err := r.cfg.Records.put(context.WithoutCancel(ctx), shard, lane, r.cfg.Instance, a)
+	if err != nil {
+		r.m.UntrimmedRecords.WithLabelValues(lane.Name, "write_failed").Inc()
+		r.log.Error("relay could not record a batch JetStream acknowledged and Redis did not trim: an instance that takes the shard before this one trims it publishes it again",
+			"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "err", err, "trim_err", cause)
+		return
+	}
+	a.rev = rev
+	r.m.UntrimmedRecords.WithLabelValues(lane.Name, "written").Inc()
+	r.log.Warn("relay recorded a batch JetStream acknowledged and Redis did not trim; it trims it when Redis answers, or the instance that takes the shard does",
+		"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision", rev, "trim_err", cause)
+}
+
+// readRecords reads each lane's record once after the shard is taken,
+// before the lane is read, and makes the batch it names the lane's
+// untrimmed batch, which trimUntrimmed trims with the fenced script (a stale
+// record, or a lane a failover rewrote, trims nothing) and then deletes at
+// the revision read. A lane whose record cannot be read (NATS away) is not
+// read either: it is asked again after a backoff, and its entries wait in
+// the outbox meanwhile. It returns false when ctx ended.
+func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) bool {
+	now := time.Now()
+	for li := range lanes {
+		ls := &lanes[li]
+		if ls.recordRead || ls.retryAt.After(now) {
+			continue
+		}
+		if r.cfg.Records == nil {
+			ls.recordRead = true
+			continue
+		}
+		lane := Lanes[li]
+		a, rev, err := r.cfg.Records.get(ctx, shard, lane)
+		switch {
+		case errors.Is(err, errMalformedRecord):
+			// Nothing can be trimmed by it: drop it rather than hold the
+			// lane for ever.
+			ls.recordRead = true
+			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "malformed").Inc()
+			r.log.Error("relay dropped a record of an untrimmed batch it cannot apply", "shard", shard, "lane", lane.Name, "revision", rev, "err", err)
+			r.dropRecord(ctx, shard, lane, rev)
+		case err != nil:
+			if ctx.Err() != nil {
+				return false
+			}
+			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "read_failed").Inc()
+			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
+			ls.retryAt = time.Now().Add(ls.backoff)
+			r.log.Warn("relay could not read the lane's record of an untrimmed batch; the lane waits in the outbox until it can", "shard", shard, "lane", lane.Name,
+				"retry_in", ls.backoff, "err", err)
+		case a == nil:
+			ls.recordRead = true
+			ls.backoff = 0
+		default:
+			ls.recordRead = true
+			ls.backoff = 0
+			r.untrimmed[shard][li] = r.laterBatch(shard, lane, r.untrimmed[shard][li], a)
+		}
+	}
+	return true
+}
+
+// laterBatch is the batch to trim of a lane for which this relay holds own,
+// its own untrimmed batch from an earlier hold of the shard, and read a
+// record rec: own with the record's revision when they are the same batch
+// (its trim deletes the record); otherwise, the one reaching further into
+// the lane, also with the record's revision. Two batches both still at the
+// lane's head start with the same entry (the other relay began where this
+// one had not trimmed), so trimming the longer one leaves nothing of the
+// other; one that no longer heads the lane trims nothing anyway.
+func (r *Relay) laterBatch(shard int, lane Lane, own, rec *acked) *acked {
+	if own == nil {
+		return rec
+	}
+	if own.firstEvent == rec.firstEvent && own.last == rec.last && own.lastEvent == rec.lastEvent {
+		own.rev = rec.rev
+		return own
+	}
+	keep := rec
+	if o, ok := parseStreamID(own.last); ok {
+		if c, ok := parseStreamID(rec.last); ok && c.less(o) {
+			keep = own
+			own.rev = rec.rev
+		}
+	}
+	r.log.Warn("relay holds an untrimmed batch of the lane and found another's record; it trims the one reaching further", "shard", shard, "lane", lane.Name,
+		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)
+	return keep
+}
+
+// dropRecord deletes the record of shard's lane at revision rev (0: none),
+// once its batch is trimmed or known stale. A newer record (a batch recorded
+// since) is kept; a delete that fails leaves a stale record, which the next
+// relay to take the shard drops, or the bucket's TTL.
+func (r *Relay) dropRecord(ctx context.Context, shard int, lane Lane, rev uint64) {
+	if r.cfg.Records == nil || rev == 0 {
+		return
+	}
+	err := r.cfg.Records.del(context.WithoutCancel(ctx), shard, lane, rev)
+	switch {
+	case err == nil:
+	case errors.Is(err, errNewerRecord):
+		r.log.Info("relay kept a newer record of an untrimmed batch", "shard", shard, "lane", lane.Name, "revision_read", rev)
+	default:
+		r.log.Warn("relay could not delete the record of a trimmed batch; it trims nothing, and the next relay to take the shard drops it", "shard", shard, "lane", lane.Name,
+			"revision", rev, "err", err)
+	}
+}

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
+)
+
+// TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded:
+// relay A publishes a batch, JetStream acknowledges it, A's Redis stops
+// answering before the trim, and A dies (it trims and releases nothing).
+// A recorded the batch in NATS. Relay B takes the shard once the stream's
+// duplicate window (made short here; 2 minutes in production) has passed
+// since the acks: it reads the record before the lane, trims the batch with
+// the fenced script, and publishes only the rest, so CLICKS holds each click
+// once. Without the record B publishes the batch again from the lane's head
+// and, past the window, CLICKS stores it twice.
+func TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+
+	aRDB := testenv.AnotherClient(t, e.rdb)
+	down := &killed{}
+	aRDB.AddHook(down)
+	a := e.relayOn(aRDB, "a")
+	var once sync.Once
+	acked := make(chan int, 1)
+	a.afterAcks = func(_ int, _ Lane, batch []string) error {
+		once.Do(func() { down.kill(); acked <- len(batch) })
+		return nil
+	}
+	ra := start(a)
+	n := <-acked
+	testenv.WaitFor(t, 10*time.Second, "a to record its untrimmed batch", func() bool {
+		return recordsCounted(a, "written") == 1
+	})
+	ra.stop() // a dies: nothing it sends reaches Redis, so it trims and releases nothing
+	if got := e.outboxLen(t); got != 40 {
+		t.Fatalf("outbox holds %d entries after a died, want all 40", got)
+	}
+	probe := passDuplicateWindow(t, e)
+
+	b := e.relay("b")
+	rb := start(b)
+	defer rb.stop()
+	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if got := recordsCounted(b, "applied"); got != 1 {
+		t.Fatalf("b applied %v records, want 1", got)
+	}
+	// The batch's clicks count where they are trimmed: b counts them with
+	// its own, a (which trimmed nothing) none.
+	if pa, pb := counterValue(a.m.Published.WithLabelValues(LaneClicks.Name)), counterValue(b.m.Published.WithLabelValues(LaneClicks.Name)); pa != 0 || pb != 40 {
+		t.Fatalf("relay_published_total: a %v, b %v; want 0 and 40 (the %d of a's batch counted by b)", pa, pb, n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestAStaleRecordTrimsNothingAndIsDropped: a record whose batch no longer
+// heads its lane (the relay that wrote it trimmed the batch and could not
+// delete the record; here the lane's first entry is gone) trims nothing:
+// the entries it names that are still in the lane are published, each once,
+// and the record is deleted.
+func TestAStaleRecordTrimsNothingAndIsDropped(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 10)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := nextStreamID(msgs[4].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := &acked{n: 5, keep: keep, firstEvent: ids[0], last: msgs[4].ID, lastEvent: ids[4], published: 5}
+	if _, err := NewRecords(e.js).put(t.Context(), 0, LaneClicks, "gone", stale); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.XDel(t.Context(), key, msgs[0].ID).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	r := e.relay("r")
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids[1:], storedIDs(t, e.js, events.ClicksStream))
+	if s, ap := recordsCounted(r, "stale"), recordsCounted(r, "applied"); s != 1 || ap != 0 {
+		t.Fatalf("records stale %v, applied %v; want 1 and 0", s, ap)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim: NATS
+// refuses the record of an untrimmed batch (here its bucket is gone): the
+// relay logs and counts the failure, and writes the record when it tries
+// the trim again and NATS takes it. Once Redis answers, the relay trims
+// the batch and deletes its record; every click is in CLICKS once.
+func TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 40)
+	rdb := testenv.AnotherClient(t, e.rdb)
+	down := &killed{}
+	rdb.AddHook(down)
+	r := e.relayOn(rdb, "r")
+	logs := &syncBuffer{}
+	r.log = slog.New(slog.NewTextHandler(logs, nil))
+	var once sync.Once
+	r.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			down.kill()
+			if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
+				t.Error(err)
+			}
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the refused write counted", func() bool { return recordsCounted(r, "write_failed") >= 1 })
+	if s := logs.String(); !strings.Contains(s, "level=ERROR msg=\"relay could not record a batch") || !strings.Contains(s, "first_event="+ids[0]) {
+		t.Fatalf("no ERROR naming the batch in the relay's log:\n%s", s)
+	}
+	if _, err := e.js.CreateKeyValue(t.Context(), topology.OutboxUntrimmedBucketConfig(topology.Defaults())); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the record written with a retried trim", func() bool { return recordsCounted(r, "written") >= 1 })
+	if s := logs.String(); !strings.Contains(s, "level=WARN msg=\"relay recorded a batch") {
+		t.Fatalf("no WARN of the record in the relay's log:\n%s", s)
+	}
+	if a, _, err := NewRecords(e.js).get(t.Context(), 0, LaneClicks); err != nil || a == nil || a.firstEvent != ids[0] || a.n != 16 {
+		t.Fatalf("the record: %+v, %v; want the batch of the first 16 clicks", a, err)
+	}
+
+	down.dead.Store(false) // Redis answers again
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestALaneWhoseRecordCannotBeReadIsNotRelayed: a relay that takes a shard
+// and cannot read a lane's record (NATS does not answer for the bucket)
+// publishes nothing of the lane, since the record may name a batch
+// JetStream holds already; the clicks wait in the outbox and are relayed,
+// once, when the record can be read. (In the service the records and the
+// publishes share the relay's connection, and a relay publishes nothing
+// while it is down anyway; here the bucket is on a second server, which is
+// stopped, as a bucket whose stream has no leader in a cluster.)
+func TestALaneWhoseRecordCannotBeReadIsNotRelayed(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	other := testenv.StartNATS(t)
+	ojs := other.JetStream(t)
+	if _, err := ojs.CreateKeyValue(t.Context(), topology.OutboxUntrimmedBucketConfig(topology.Defaults())); err != nil {
+		t.Fatal(err)
+	}
+	other.Stop()
+	ids := e.addClicks(t, "abc", 10)
+
+	r := e.relayWith(e.rdb, "r", NewRecords(ojs))
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 20*time.Second, "two failed reads of the record", func() bool { return recordsCounted(r, "read_failed") >= 2 })
+	if n := count(e.js, events.ClicksStream); n != 0 {
+		t.Fatalf("CLICKS holds %d clicks while the lane's record could not be read, want 0", n)
+	}
+	if got := e.outboxLen(t); got != 10 {
+		t.Fatalf("outbox holds %d entries, want 10", got)
+	}
+	other.Start()
+	testenv.WaitFor(t, 20*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+}
+
+// relayWith is a relay on rdb with records (nil: none).
+func (e *env) relayWith(rdb redis.UniversalClient, instance string, records *Records) *Relay {
+	return NewRelay(rdb, e.js, e.nc.IsConnected, e.layout, RelayConfig{
+		Instance: instance, Window: 16, LeaseTTL: 600 * time.Millisecond, Block: 100 * time.Millisecond, MaxBackoff: 200 * time.Millisecond,
+		Records: records,
+	}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
+}
+
+func recordsCounted(r *Relay, outcome string) float64 {
+	return counterValue(r.m.UntrimmedRecords.WithLabelValues(LaneClicks.Name, outcome))
+}
+
+// noRecord fails unless the bucket holds no record of shard's lane.
+func noRecord(t *testing.T, e *env, shard int, lane Lane) {
+	t.Helper()
+	kv, err := e.js.KeyValue(t.Context(), topology.OutboxUntrimmedBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if en, err := kv.Get(t.Context(), recordKey(shard, lane)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("record of shard %d's %s lane: %v, %v; want none (deleted once applied)", shard, lane.Name, en, err)
+	}
+}
+
+// shortDuplicateWindow makes CLICKS' duplicate window 1 s.
+func shortDuplicateWindow(t *testing.T, e *env) {
+	t.Helper()
+	s, err := e.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = time.Second
+	if _, err := e.js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// passDuplicateWindow waits until CLICKS' duplicate window has passed for
+// everything published so far: a probe published now is stored again once
+// it has passed for the probe. It returns the probe's ID.
+func passDuplicateWindow(t *testing.T, e *env) string {
+	t.Helper()
+	const probe = "probe-duplicate-window"
+	pub := func() *jetstream.PubAck {
+		msg := &nats.Msg{Subject: events.ClickSubject("acme", "probe"), Data: []byte("{}"), Header: nats.Header{events.HeaderMsgID: []string{probe}}}
+		ack, err := e.js.PublishMsg(t.Context(), msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack
+	}
+	pub()
+	testenv.WaitFor(t, 10*time.Second, "the duplicate window to pass", func() bool { return !pub().Duplicate })
+	return probe
+}
+
+// storedIDsBut is CLICKS' message IDs without but's.
+func storedIDsBut(t *testing.T, e *env, but string) []string {
+	t.Helper()
+	var out []string
+	for _, id := range storedIDs(t, e.js, events.ClicksStream) {
+		if id != but {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// syncBuffer is a log's destination that the test reads while the relay
+// writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
