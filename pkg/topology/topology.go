@@ -441,6 +441,12 @@ func ConsoleSessionsBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
+// Buckets returns the configuration of every KV bucket, in the order Apply
+// creates them: the members bucket and the console's sessions.
+func Buckets(o Options) []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o)}
+}
+
 // Apply creates or updates every stream, the preview consumers (the
 // workers' and the rescuers'), the members bucket and the console's
 // sessions bucket. It is safe to call
@@ -465,7 +471,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	for _, want := range []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o)} {
+	for _, want := range Buckets(o) {
 		if err := applyBucket(ctx, js, want, o.LowerReplicas); err != nil {
 			return fmt.Errorf("apply topology: bucket %s: %w", want.Bucket, err)
 		}
