@@ -54,8 +54,18 @@ func cmdVerify(ctx context.Context, env *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(env.Stdout, "run %s (%s, %d attempts, %d sent, %d refused, %d unanswered) from %s\n\n",
+	fmt.Fprintf(env.Stdout, "run %s (%s, %d attempts, %d sent, %d refused, %d unanswered) from %s\n",
 		tr.Tag, tr.Mode, tr.Attempts, tr.SentCount(), len(tr.Refused), len(tr.Uncertain), filepath.Base(filepath.Dir(*path)))
+	if tr.LoadCut != "" {
+		// The clicks it sent are known one by one, so they are judged
+		// as any run's; what is not is the load it was asked for.
+		fmt.Fprintf(env.Stdout, "a stopped run: %s, after %s of sending", tr.LoadCut, tr.Ended.Sub(tr.Started).Round(time.Millisecond))
+		if tr.Duration > 0 {
+			fmt.Fprintf(env.Stdout, " of its %s", tr.Duration)
+		}
+		fmt.Fprintln(env.Stdout, ". The rows judge the clicks it sent before then, not the load it was asked for; its keep-up verdict stays unknown")
+	}
+	fmt.Fprintln(env.Stdout)
 	if err := oracle.WriteTable(env.Stdout, rep.Rows); err != nil {
 		return err
 	}

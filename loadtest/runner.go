@@ -286,14 +286,21 @@ func runLoad(ctx context.Context, env *Env, sys *system, l load, rf *runFlags, s
 	loadEnd := time.Now()
 	// Stopped during the load, or the driver gave up: the load did not
 	// run its --duration.
-	loadCut := ctx.Err() != nil || driveErr != nil
+	stoppedInLoad := ctx.Err() != nil
+	loadCut := stoppedInLoad || driveErr != nil
 	phase.set(series.PhaseDrain)
 
 	refused, uncertain, answers := rec.Finish(attempts)
 	truthFile := filepath.Join(dir, "truth.json")
 	tr := &truth.Truth{
 		Version: truth.Version, Mode: l.mode, Tag: l.tag.String(), Owner: l.owner, Spec: l.gen.Spec(),
-		Started: start, Ended: loadEnd, ForwardedFor: l.forwardedFor, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
+		Started: start, Ended: loadEnd, Duration: rf.duration, ForwardedFor: l.forwardedFor, Attempts: attempts, Refused: refused, Uncertain: uncertain, Answers: answers,
+	}
+	switch {
+	case stoppedInLoad:
+		tr.LoadCut = "the run was stopped during the load"
+	case driveErr != nil:
+		tr.LoadCut = "the driver stopped early: " + driveErr.Error()
 	}
 	if err := ensureDir(dir); err != nil {
 		return err

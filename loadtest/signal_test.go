@@ -163,4 +163,16 @@ func TestARunStoppedDuringTheLoadIsNotJudged(t *testing.T) {
 	if rerr != nil || !strings.Contains(string(b), `"unknown": "the run was stopped during the load"`) || !strings.Contains(string(b), `"load_cut": true`) {
 		t.Errorf("report.json does not say the keep-up verdict is unknown and the load cut (%v):\n%s", rerr, b)
 	}
+
+	// The command the stop named judges the clicks the run sent, saying
+	// it judges a stopped run and that the load it was asked for was not
+	// offered: every click sent is in every sink, so its rows pass.
+	vout, err := loadtest(t, s.environ, append([]string{"verify", "--truth", filepath.Join(dir, "truth.json")}, s.flags...)...)
+	if err != nil {
+		t.Fatalf("verify of the stopped run: %v\n%s", err, vout)
+	}
+	const note = "a stopped run: the run was stopped during the load, after "
+	if !strings.Contains(vout, note) || !strings.Contains(vout, " of its 10m0s. The rows judge the clicks it sent before then, not the load it was asked for; its keep-up verdict stays unknown") {
+		t.Errorf("verify of the stopped run does not say it judges a stopped run (want %q ...):\n%s", note, vout)
+	}
 }

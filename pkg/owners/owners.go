@@ -13,7 +13,8 @@
 //	snip:apikey:<sha256hex>  string <id>
 //
 // Create stores the new owner's key first and the owner last, so an owner
-// never exists without a key. Rotate and Revoke delete key entries, and no service caches them: every
+// never exists without a key; the Create that makes an owner revokes the
+// keys that earlier Creates of its ID, cut off before they made it, left. Rotate and Revoke delete key entries, and no service caches them: every
 // check is a GET, so a revoked key fails at its next use everywhere. A
 // request in flight with a key revoked meanwhile gets no new key from
 // RotateFrom, and Revoke (and so Rotate, which revokes first) also revokes
@@ -30,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,6 +54,11 @@ var (
 	// key is never moved from one owner to another: the first owner's
 	// integrations would then act as the second.
 	ErrKeyTaken = errors.New("api key belongs to another owner")
+	// ErrLeftoverKeys means a Create made the owner, and its key works,
+	// but could not revoke the keys an earlier Create of the same ID,
+	// cut off before it made the owner, had stored: keys never printed,
+	// which a rotation or a revocation removes with the others.
+	ErrLeftoverKeys = errors.New("keys left by an earlier create that was cut off could not be revoked")
 )
 
 // KeyPrefix starts every API key, so a leaked key is recognisable (secret
@@ -110,13 +117,20 @@ func NewAPIKey() string {
 // owner never exists without its key: a Create that fails on the way
 // (Redis out of reach between two writes) leaves no owner, and the same
 // Create again succeeds, where it was ErrExists for an owner with no key.
-// What it stored of the key is taken back (if Redis lets it): a key left
-// behind authenticates no one while there is no owner, and is the owner's
-// (unknown to anyone, never printed) once the Create is made again, until a
-// rotation or a revocation removes it with the others.
+// What it stored of the key is taken back (if Redis lets it). A key left
+// behind (the take-back could not reach Redis, or the process died first)
+// authenticates no one while there is no owner, and the next Create of the
+// ID that makes the owner revokes it: once the owner is made, the keys its
+// set held before this Create stored its own are those of creates that
+// never made it. Should that revocation fail, the owner is made and its
+// key returned with ErrLeftoverKeys; a rotation or a revocation removes
+// them then.
 func (s *Store) Create(ctx context.Context, id, name string) (string, error) {
 	key := NewAPIKey()
 	if err := s.create(ctx, id, name, key, true); err != nil {
+		if errors.Is(err, ErrLeftoverKeys) {
+			return key, err
+		}
 		return "", err
 	}
 	return key, nil
@@ -125,7 +139,11 @@ func (s *Store) Create(ctx context.Context, id, name string) (string, error) {
 // create stores key for id, then the owner (createOwner): ErrExists, with
 // nothing written, when the owner exists already. takeBack: a failure
 // after the key was stored revokes it (Create's fresh key; Ensure stores
-// its key anyway).
+// its key anyway). Once it has made the owner, it revokes the keys the
+// owner's set held before it stored key (leftovers): with no owner then,
+// they are keys of creates that were cut off before they made it (or of
+// one that lost the race to this one and takes its key back itself),
+// never printed; ErrLeftoverKeys when that fails.
 func (s *Store) create(ctx context.Context, id, name, key string, takeBack bool) (err error) {
 	if !events.ValidToken(id) {
 		return fmt.Errorf("create owner %q: %w", id, ErrInvalidID)
@@ -136,9 +154,16 @@ func (s *Store) create(ctx context.Context, id, name, key string, takeBack bool)
 	case !errors.Is(err, ErrUnknownOwner):
 		return fmt.Errorf("create owner %q: %w", id, err)
 	}
+	before, err := s.rdb.SMembers(ctx, ownerKeysKey(id)).Result()
+	if err != nil {
+		return fmt.Errorf("create owner %q: read its key set: %w", id, err)
+	}
+	leftovers := slices.DeleteFunc(before, func(h string) bool { return h == keyHash(key) })
 	if takeBack {
 		defer func() {
-			if err != nil && !errors.Is(err, ErrKeyTaken) { // storeKey took that one back itself
+			// storeKey took a taken key back itself; with leftovers the
+			// owner is made, and the key is its.
+			if err != nil && !errors.Is(err, ErrKeyTaken) && !errors.Is(err, ErrLeftoverKeys) {
 				if rerr := s.revoke(ctx, id, []string{keyHash(key)}); rerr != nil {
 					err = fmt.Errorf("%w (taking the key back: %v)", err, rerr)
 				}
@@ -160,6 +185,11 @@ func (s *Store) create(ctx context.Context, id, name, key string, takeBack bool)
 	}
 	if err != nil {
 		return fmt.Errorf("create owner %q: %w", id, err)
+	}
+	if len(leftovers) > 0 {
+		if err := s.revoke(ctx, id, leftovers); err != nil {
+			return fmt.Errorf("create owner %q: made, with its key; %d %w (snipctl owners rotate %s revokes them): %v", id, len(leftovers), ErrLeftoverKeys, id, err)
+		}
 	}
 	return nil
 }

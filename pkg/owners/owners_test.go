@@ -363,3 +363,163 @@ func TestACreateCutOffAfterItsFirstWriteCanBeMadeAgain(t *testing.T) {
 		t.Errorf("the new owner's key authenticates as %+v, %v; want cutoff, named, with its creation time", o, err)
 	}
 }
+
+// refuseWritesAfter makes a real Redis refuse every write from the moment
+// a command of its client that step matches has succeeded: it sets
+// min-replicas-to-write 1 on a server with no replica, so each write after
+// it gets NOREPLICAS, as a master that lost its replicas answers. Redis
+// failing at that step of a call.
+type refuseWritesAfter struct {
+	admin *redis.Client
+	step  func(redis.Cmder) bool
+	done  atomic.Bool
+}
+
+func (f *refuseWritesAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *refuseWritesAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		f.after(ctx, cmd)
+		return err
+	}
+}
+
+func (f *refuseWritesAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			f.after(ctx, cmd)
+		}
+		return err
+	}
+}
+
+func (f *refuseWritesAfter) after(ctx context.Context, cmd redis.Cmder) {
+	if cmd.Err() == nil && !f.done.Load() && f.step(cmd) {
+		f.done.Store(true)
+		if err := f.admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// writesBack lets the Redis write again.
+func (f *refuseWritesAfter) writesBack(t *testing.T) {
+	t.Helper()
+	if err := f.admin.ConfigSet(t.Context(), "min-replicas-to-write", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.done.Store(false)
+}
+
+// scriptOn matches a script run on a key that starts with prefix.
+func scriptOn(prefix string) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		if n := cmd.Name(); n != "eval" && n != "evalsha" {
+			return false
+		}
+		for _, a := range cmd.Args() {
+			if s, ok := a.(string); ok && strings.HasPrefix(s, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// keysNaming returns the API key entries that name owner, and the members
+// of its key set.
+func keysNaming(t *testing.T, rdb *redis.Client, owner string) (entries []string, set []string) {
+	t.Helper()
+	for _, k := range testenv.Keys(t, rdb, "snip:apikey:*") {
+		if v, _ := rdb.Get(t.Context(), k).Result(); v == owner {
+			entries = append(entries, strings.TrimPrefix(k, "snip:apikey:"))
+		}
+	}
+	set, err := rdb.SMembers(t.Context(), "snip:owner:"+owner+":keys").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entries, set
+}
+
+// A Create cut off after it stored its key, with Redis refusing writes
+// before it made the owner (so its take-back of the key failed too), left
+// a working lookup entry for an owner ID: once the same Create was made
+// again, the owner had that key too, which no one was ever shown, until a
+// rotation. The Create that makes the owner now revokes it: the owner's
+// only key is the one it printed.
+func TestACreateCutOffBeforeItMadeTheOwnerLeavesNoKeyOnceMadeAgain(t *testing.T) {
+	testenv.Parallel(t)
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	refuse := &refuseWritesAfter{admin: redis.NewClient(&redis.Options{Addr: r.Addr}), step: scriptOn("snip:apikey:")}
+	t.Cleanup(func() { _ = refuse.admin.Close() })
+	rdb.AddHook(refuse)
+	s := owners.NewStore(rdb)
+	ctx := t.Context()
+
+	if _, err := s.Create(ctx, "halfway", "Half Way"); err == nil || !strings.Contains(err.Error(), "NOREPLICAS") {
+		t.Fatalf("Create with Redis refusing writes after the key was stored: %v, want NOREPLICAS", err)
+	}
+	refuse.writesBack(t)
+	if entries, set := keysNaming(t, rdb, "halfway"); len(entries) != 1 || len(set) != 1 {
+		t.Fatalf("after the cut-off Create: %d key entries and %d set members, want the 1 key it could not take back", len(entries), len(set))
+	}
+	if _, err := s.Get(ctx, "halfway"); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Fatalf("the cut-off Create made the owner (Get: %v)", err)
+	}
+
+	refuse.step = func(redis.Cmder) bool { return false }
+	key, err := s.Create(ctx, "halfway", "Half Way")
+	if err != nil {
+		t.Fatalf("the same Create again: %v", err)
+	}
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "halfway" {
+		t.Fatalf("the new key authenticates as %+v, %v; want halfway", o, err)
+	}
+	if entries, set := keysNaming(t, rdb, "halfway"); len(entries) != 1 || len(set) != 1 {
+		t.Errorf("the owner has %d key entries and %d set members, want 1: the printed key only (the cut-off Create's is left)", len(entries), len(set))
+	}
+}
+
+// When the Create that makes the owner cannot revoke an earlier cut-off
+// Create's key (Redis refuses writes once the owner is written), it says
+// so with ErrLeftoverKeys and still returns the new owner's key, which
+// works; a rotation then leaves only its new key.
+func TestACreateThatCannotRevokeLeftoverKeysSaysSoAndReturnsItsKey(t *testing.T) {
+	testenv.Parallel(t)
+	r := testenv.StartRedis(t)
+	rdb, _ := r.NewDB(t)
+	refuse := &refuseWritesAfter{admin: redis.NewClient(&redis.Options{Addr: r.Addr}), step: scriptOn("snip:apikey:")}
+	t.Cleanup(func() { _ = refuse.admin.Close() })
+	rdb.AddHook(refuse)
+	s := owners.NewStore(rdb)
+	ctx := t.Context()
+	if _, err := s.Create(ctx, "leftover", "Left Over"); err == nil {
+		t.Fatal("Create with Redis refusing writes after the key was stored succeeded")
+	}
+	refuse.writesBack(t)
+
+	refuse.step = scriptOn("snip:owner:leftover")
+	key, err := s.Create(ctx, "leftover", "Left Over")
+	if !errors.Is(err, owners.ErrLeftoverKeys) || key == "" {
+		t.Fatalf("Create whose revocation of the leftover key is refused: %q, %v; want its key and ErrLeftoverKeys", key, err)
+	}
+	refuse.writesBack(t)
+	refuse.step = func(redis.Cmder) bool { return false }
+	if o, err := s.Authenticate(ctx, key); err != nil || o.ID != "leftover" {
+		t.Fatalf("the key returned with ErrLeftoverKeys authenticates as %+v, %v; want leftover", o, err)
+	}
+	rotated, err := s.Rotate(ctx, "leftover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entries, set := keysNaming(t, rdb, "leftover"); len(entries) != 1 || len(set) != 1 {
+		t.Errorf("after the rotation: %d key entries and %d set members, want the rotated key only", len(entries), len(set))
+	}
+	if _, err := s.Authenticate(ctx, rotated); err != nil {
+		t.Errorf("the rotated key: %v", err)
+	}
+}

@@ -15,9 +15,9 @@ import (
 )
 
 // TestApplyOnAThreeNodeClusterReplicatesEverything: with Replicas 3 on a
-// three-node cluster, every stream, every consumer Apply declares and the
-// members bucket have a leader and two replicas, one per node; re-applying
-// changes nothing.
+// three-node cluster, every stream, every consumer Apply declares and
+// every bucket (the members' and the console's sessions) have a leader and
+// two replicas, one per node; re-applying changes nothing.
 func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartNATSCluster(t)
@@ -44,11 +44,7 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 		}
 		return nil
 	}
-	names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
-	for _, cfg := range topology.Streams(o) {
-		names = append(names, cfg.Name)
-	}
-	for _, name := range names {
+	for _, name := range replicated(o) {
 		testenv.WaitFor(t, 20*time.Second, "stream "+name+" on all three nodes", func() bool {
 			s, err := js.Stream(ctx, name)
 			if err != nil {
@@ -60,19 +56,26 @@ func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 			return threeNodes(s.CachedInfo().Cluster) == nil
 		})
 	}
-	consumers := map[string]string{
-		topology.PreviewConsumer:              events.PreviewJobsStream,
-		topology.PreviewRescueConsumer:        events.PreviewAdvisoriesStream,
-		topology.ClickCounterLinksConsumer:    events.LinksStream,
-		topology.ClickCounterVerdictsConsumer: events.FraudVerdictsStream,
-		topology.WebhooksAlertsConsumer:       events.FraudStream,
-	}
-	for name, stream := range consumers {
-		testenv.WaitFor(t, 20*time.Second, "consumer "+name+" on all three nodes", func() bool {
-			cons, err := js.Consumer(ctx, stream, name)
+	for _, c := range topology.Consumers() {
+		testenv.WaitFor(t, 20*time.Second, "consumer "+c.Config.Durable+" on all three nodes", func() bool {
+			cons, err := js.Consumer(ctx, c.Stream, c.Config.Durable)
 			return err == nil && threeNodes(cons.CachedInfo().Cluster) == nil
 		})
 	}
+}
+
+// replicated names every stream Apply declares, its KV buckets' included
+// (bucket B is the stream KV_B): each must have Options.Replicas copies.
+// TestTheReplicaChecksCoverEverythingApplyDeclares keeps it whole.
+func replicated(o topology.Options) []string {
+	var names []string
+	for _, cfg := range topology.Streams(o) {
+		names = append(names, cfg.Name)
+	}
+	for _, b := range topology.Buckets(o) {
+		names = append(names, "KV_"+b.Bucket)
+	}
+	return names
 }
 
 // TestNoPeersYetIsThePlacementAnswer: the cluster's "no suitable peers for
@@ -93,10 +96,10 @@ func TestNoPeersYetIsThePlacementAnswer(t *testing.T) {
 
 // A deployment that grew from one server to a three-node cluster applies
 // the topology again with Replicas 3 (deploy/README.md): every stream and
-// the members bucket, which holds the groups' leases, their replay
-// requests and fraud detection's origin records, then have three
-// replicas. Applying once more changes nothing.
-func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T) {
+// every bucket (the members', which holds the groups' leases, their replay
+// requests and fraud detection's origin records, and the console's ended
+// sessions) then have three replicas. Applying once more changes nothing.
+func TestApplyWithMoreReplicasScalesEveryStreamAndBucket(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartNATSCluster(t)
 	js := c.JetStream(t)
@@ -109,11 +112,7 @@ func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T)
 	if err := topology.Apply(ctx, js, o); err != nil {
 		t.Fatalf("apply again: %v", err)
 	}
-	names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
-	for _, cfg := range topology.Streams(o) {
-		names = append(names, cfg.Name)
-	}
-	for _, name := range names {
+	for _, name := range replicated(o) {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)
@@ -127,7 +126,7 @@ func TestApplyWithMoreReplicasScalesEveryStreamAndTheMembersBucket(t *testing.T)
 // An Apply with fewer replicas than the streams have (a service started
 // without SNIP_REPLICAS=3 on the cluster) is refused with
 // ErrReplicasLowered, naming the stream, and nothing is scaled down: every
-// stream and the members bucket keep their three copies. With
+// stream and bucket keeps its three copies. With
 // LowerReplicas (`snipctl topology apply --lower-replicas`) the operator
 // means it, and Apply scales them down.
 func TestApplyRefusesFewerReplicasUnlessAsked(t *testing.T) {
@@ -141,11 +140,7 @@ func TestApplyRefusesFewerReplicasUnlessAsked(t *testing.T) {
 	replicas := func() map[string]int {
 		t.Helper()
 		got := map[string]int{}
-		names := []string{"KV_" + topology.MembersBucket, "KV_" + topology.ConsoleSessionsBucket, "KV_" + topology.OutboxUntrimmedBucket}
-		for _, cfg := range topology.Streams(o) {
-			names = append(names, cfg.Name)
-		}
-		for _, name := range names {
+		for _, name := range replicated(o) {
 			s, err := js.Stream(ctx, name)
 			if err != nil {
 				t.Fatalf("stream %s: %v", name, err)

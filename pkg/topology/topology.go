@@ -475,6 +475,13 @@ func OutboxUntrimmedBucketConfig(o Options) jetstream.KeyValueConfig {
 	}
 }
 
+// Buckets returns the configuration of every KV bucket, in the order Apply
+// creates them: the members bucket, the console's sessions and the outbox's
+// untrimmed batches.
+func Buckets(o Options) []jetstream.KeyValueConfig {
+	return []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o), OutboxUntrimmedBucketConfig(o)}
+}
+
 // Apply creates or updates every stream, the preview consumers (the
 // workers' and the rescuers'), the members bucket, the console's
 // sessions bucket and the outbox relay's bucket of untrimmed batches. It is safe to call
@@ -499,7 +506,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, o Options) error {
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
-	for _, want := range []jetstream.KeyValueConfig{MembersBucketConfig(o), ConsoleSessionsBucketConfig(o), OutboxUntrimmedBucketConfig(o)} {
+	for _, want := range Buckets(o) {
 		if err := applyBucket(ctx, js, want, o.LowerReplicas); err != nil {
 			return fmt.Errorf("apply topology: bucket %s: %w", want.Bucket, err)
 		}

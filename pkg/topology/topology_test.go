@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -422,3 +424,70 @@ func TestApplyRefusesToShrinkRetentionUnlessAsked(t *testing.T) {
 		t.Fatalf("apply of the defaults after the shrink: %v", err)
 	}
 }
+
+// TestTheReplicaChecksCoverEverythingApplyDeclares: on a fresh server,
+// Apply makes exactly the streams the cluster tests' replica checks name
+// (replicated: Streams and Buckets) and the consumers they check
+// (Consumers), and reports each as applied: a stream, bucket or consumer
+// added to Apply but not to those lists fails here, where it would
+// otherwise go unchecked for its replicas.
+func TestTheReplicaChecksCoverEverythingApplyDeclares(t *testing.T) {
+	t.Parallel()
+	js := testenv.StartNATS(t).JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	var applied []string
+	o.Applied = func(kind, name, stream string) { applied = append(applied, kind+" "+name+" "+stream) }
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+
+	var onServer []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		onServer = append(onServer, name)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(sorted(replicated(o)), sorted(onServer)); diff != "" {
+		t.Errorf("streams the replica checks name (-) and streams on the server after Apply (+):\n%s", diff)
+	}
+
+	var declared, consumersOnServer []string
+	for _, c := range topology.Consumers() {
+		declared = append(declared, c.Stream+" "+c.Config.Durable)
+	}
+	for _, stream := range onServer {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := s.ConsumerNames(ctx)
+		for name := range cs.Name() {
+			consumersOnServer = append(consumersOnServer, stream+" "+name)
+		}
+		if err := cs.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if diff := cmp.Diff(sorted(declared), sorted(consumersOnServer)); diff != "" {
+		t.Errorf("consumers the replica checks name (-) and consumers on the server after Apply (+):\n%s", diff)
+	}
+
+	var want []string
+	for _, cfg := range topology.Streams(o) {
+		want = append(want, "stream "+cfg.Name+" ")
+	}
+	for _, c := range topology.Consumers() {
+		want = append(want, "consumer "+c.Config.Durable+" "+c.Stream)
+	}
+	for _, b := range topology.Buckets(o) {
+		want = append(want, "bucket "+b.Bucket+" ")
+	}
+	if diff := cmp.Diff(sorted(want), sorted(applied)); diff != "" {
+		t.Errorf("declared (-) and reported applied by Apply (+):\n%s", diff)
+	}
+}
+
+func sorted(s []string) []string { return slices.Sorted(slices.Values(s)) }

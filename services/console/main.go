@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/snipdev/snip/pkg/consolesessions"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/service"
 	"github.com/snipdev/snip/pkg/webserver"
@@ -23,7 +24,6 @@ import (
 	"github.com/snipdev/snip/services/console/internal/outboxstate"
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/readers"
-	"github.com/snipdev/snip/services/console/internal/sessions"
 	"github.com/snipdev/snip/services/console/internal/warehouseview"
 	"github.com/snipdev/snip/services/console/internal/webhookstate"
 )
@@ -76,7 +76,7 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 			Outbox: outboxstate.New(rdb, th.Level), Webhooks: webhookstate.New(rdb), Warehouse: wh, Streams: streams, Owners: owners.NewStore(rdb), KeyRecheck: cfg.OwnerKeyRecheck,
 			Auth: httpapi.AuthConfig{Token: cfg.Token, Insecure: cfg.Insecure, SecureCookie: cfg.CookieSecure,
 				FailureBurst: cfg.AuthFailureBurst, FailureInterval: cfg.AuthFailureInterval, TrustedProxies: trusted},
-			Sessions:         sessions.New(js),
+			Sessions:         consolesessions.New(js),
 			Page:             httpapi.PageConfig{Refresh: cfg.Refresh, Warn: cfg.LagWarn, Alarm: cfg.LagAlarm},
 			LiveWriteTimeout: cfg.SSEWriteTimeout, NATS: service.NATSReady(nc), Stop: stopStreams, Log: log, Metrics: reg,
 		})

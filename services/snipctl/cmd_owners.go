@@ -96,10 +96,15 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 			// one now is a rotation.
 			return fmt.Errorf("%w: a key is printed only when it is made; `snipctl owners rotate %s` gives the owner a new one (every older key of it stops working)", err, idArg(id))
 		}
-		if err != nil {
+		if err != nil && key == "" {
 			return err
 		}
 		fmt.Fprintf(env.Stdout, "owner %s created\napi key: %s\n(store it now: Snip keeps only its hash)\n", id, key)
+		if err != nil {
+			// Made, with the key printed; what an earlier create that
+			// was cut off stored is left (owners.ErrLeftoverKeys).
+			return err
+		}
 	case "rotate":
 		key, err := store.Rotate(ctx, id)
 		if err != nil {

@@ -1,6 +1,7 @@
 // Command snipctl is Snip's operator tool: it applies the JetStream topology,
 // creates owners, replays consumer groups, inspects and redrives dead
-// letters, reports lag, and runs the whole system locally (demo).
+// letters, reports lag, ends every console session, and runs the whole
+// system locally (demo).
 //
 // Every command is a function of (ctx, Env, args) in its own cmd_*.go file,
 // listed once in commands below.
@@ -53,6 +54,7 @@ var commands = map[string]command{
 	"demo":     {usage: "[--dir .demo] [--bin .demo/bin] [--rate 5] [--cluster] [--shrink-retention] ...", help: "run the whole system on this machine (make demo); demo -h lists every flag", run: cmdDemo},
 	"lag":      {usage: "[GROUP...]", help: "pending events and oldest-unhandled age per group and partition", run: cmdLag, streams: true, jetstream: true},
 	"scenario": {usage: "list | run NAME [--speed X] [--json]", help: "run a messaging lesson as an experiment on real servers; exits 1 on FAIL, 3 on INCONCLUSIVE", run: cmdScenario},
+	"console":  {usage: "revoke-sessions", help: "end every console session on every instance (as the console's POST /api/sessions/revoke), for a session cookie that may have been copied", run: cmdConsole, jetstream: true},
 	"dlq":      {usage: "list | show SEQ | redrive SEQ...|--source S [--reason R]|--all", help: "inspect dead letters and send them back once the cause is fixed", run: cmdDLQ, streams: true, jetstream: true},
 }
 

@@ -1547,3 +1547,50 @@ func TestForwardedForNote(t *testing.T) {
 		})
 	}
 }
+
+// A sent click the log holds only where the readers park it (in another
+// partition than its link's, a routing defect, or as no valid click) is
+// accounted for as soon as it is read: the first read of the log ends
+// then, rather than waiting for a copy where it belongs until the
+// deadline, and the log row fails for it.
+func TestVerifyDoesNotWaitForAClickStoredWhereReadersParkIt(t *testing.T) {
+	t.Parallel()
+	for name, park := range map[string]func(c *oracle.LogClick){
+		"in_another_partition": func(c *oracle.LogClick) { c.Partition = (c.Partition + 1) % worldPartitions },
+		"not_a_valid_click":    func(c *oracle.LogClick) { c.Invalid = true },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, truth.ModeEvents)
+			i := slices.IndexFunc(w.log, func(c oracle.LogClick) bool {
+				seq, _ := w.seq(c)
+				return w.gen.Visit(seq).Kind == workload.Human && !slices.Contains(webhookLinks, c.Code)
+			})
+			if i < 0 {
+				t.Fatal("no human click off the webhook links")
+			}
+			c := w.log[i]
+			w.log = slices.Delete(w.log, i, i+1)
+			w.warehouse = slices.DeleteFunc(w.warehouse, func(r whRow) bool { return r.id == c.ID })
+			w.recount() // the readers parked it
+			park(&c)
+			w.log = append(w.log, c)
+			const deadline = 4 * time.Second
+			rep, err := oracle.Verify(t.Context(), w.tr, w.sinks(), oracle.Options{Deadline: deadline, Settle: time.Millisecond,
+				Poll: 10 * time.Millisecond, BurstThreshold: testBurstThreshold, Now: func() time.Time { return w.now }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.LogWait >= deadline/2 {
+				t.Errorf("the log was read for %s of the %s deadline: it waited for the parked click to be stored where it belongs", rep.LogWait, deadline)
+			}
+			i = slices.IndexFunc(rep.Rows, func(r oracle.Result) bool { return r.Sink == oracle.SinkLog })
+			if i < 0 {
+				t.Fatal("no log row")
+			}
+			if r := rep.Rows[i]; r.Status != oracle.Fail || r.Missing != 1 || r.Extra != 1 {
+				t.Errorf("log row %s, missing %d, extra %d (%s); want FAIL, the parked click missing and extra", r.Status, r.Missing, r.Extra, r.Note)
+			}
+		})
+	}
+}

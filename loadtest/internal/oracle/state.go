@@ -28,8 +28,12 @@ type state struct {
 
 	slots []slot
 	// present counts clicks of the run in the log; sentFound those whose
-	// outcome was Sent.
-	present, sentFound uint64
+	// outcome was Sent. sentSeen counts the sent clicks the log holds a
+	// copy of, wherever it is stored: with sentFound, those only stored
+	// where readers park them (another partition than their link's, or
+	// not a valid click), which are missing for every reader but need not
+	// be waited for.
+	present, sentFound, sentSeen uint64
 	// foreign counts clicks on the run's links that name no click of the
 	// run; wrongLink those recorded against another link than they were
 	// sent to; dups the extra copies of clicks already seen.
@@ -122,6 +126,7 @@ type slot struct {
 	id   uuid.UUID
 	n    uint8 // copies seen, saturating
 	bot  bool  // Click.Bot as stored
+	seen bool  // a copy seen, here or where readers park it (state.sentSeen)
 	hour int16 // the click's own hour, from state.baseHour
 }
 
@@ -208,19 +213,24 @@ func (s *state) addClick(c *LogClick) {
 	// Every click on the run's links is the readers' to process (count,
 	// load, or park), valid or not.
 	s.lastClick[c.Partition] = max(s.lastClick[c.Partition], c.StreamSeq)
+	seq, ok := s.seqOf(c)
 	if c.Partition != events.Partition(c.Code, s.partitions) {
 		s.wrongPartition++
+		if ok {
+			s.see(seq) // accounted for, so the log is not waited on for it
+		}
 		return
 	}
-	seq, ok := s.seqOf(c)
 	switch {
 	case !ok:
 		s.foreign++
 		return
 	case c.Invalid:
 		s.invalid++ // readers park it: as good as missing
+		s.see(seq)
 		return
 	}
+	s.see(seq)
 	sl := &s.slots[seq]
 	if sl.n > 0 {
 		s.dups++
@@ -264,8 +274,21 @@ func (s *state) targets() Targets {
 	return Targets{Clicks: s.lastClick, Fraud: s.lastVerdict}
 }
 
-// logComplete reports whether every click that must be in the log is.
-func (s *state) logComplete() bool { return s.sentFound == s.tr.SentCount() }
+// see marks click seq as seen in the log, in any copy.
+func (s *state) see(seq uint64) {
+	if sl := &s.slots[seq]; !sl.seen {
+		sl.seen = true
+		if s.tr.Outcome(seq) == truth.Sent {
+			s.sentSeen++
+		}
+	}
+}
+
+// logComplete reports whether every click that must be in the log is
+// accounted for: stored, or stored where readers park it (another
+// partition than its link's, or not a valid click; those fail the log
+// row, and waiting longer would not change that).
+func (s *state) logComplete() bool { return s.sentSeen == s.tr.SentCount() }
 
 // lookup returns the click sequence of an event ID, if the log holds it.
 func (s *state) lookup(id uuid.UUID) (uint64, bool) {

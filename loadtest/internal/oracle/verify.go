@@ -118,7 +118,8 @@ func (o *Options) defaults() {
 type Report struct {
 	Rows   []Result `json:"rows"`
 	Passed bool     `json:"passed"`
-	// LogWait is how long the log took to hold every sent click.
+	// LogWait is how long the log took to hold every sent click (or a
+	// copy of it where readers park it, which fails the log row).
 	LogWait time.Duration `json:"log_wait_ns"`
 	// CatchUp is how long, from the start of Verify, until every reader
 	// had processed every event of the run (CaughtUp); negative if never.
@@ -162,7 +163,11 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 		return nil, fmt.Errorf("verify: read CLICKS: %w", err)
 	}
 	rep.LogWait = time.Since(start)
-	opts.Progress(fmt.Sprintf("log: %d of %d sent clicks found in %s", s.sentFound, tr.SentCount(), rep.LogWait.Round(time.Millisecond)))
+	parked := ""
+	if n := s.sentSeen - s.sentFound; n > 0 {
+		parked = fmt.Sprintf(" (%d more stored where readers park them)", n)
+	}
+	opts.Progress(fmt.Sprintf("log: %d of %d sent clicks found%s in %s", s.sentFound, tr.SentCount(), parked, rep.LogWait.Round(time.Millisecond)))
 
 	c := &checker{s: s, sinks: sinks, opts: opts}
 	deadline := start.Add(opts.Deadline)
@@ -263,7 +268,9 @@ func Verify(ctx context.Context, tr *truth.Truth, sinks Sinks, opts Options) (*R
 	}
 }
 
-// readLog reads CLICKS until every sent click is found and the reader is at
+// readLog reads CLICKS until every sent click is accounted for (found, or
+// stored where readers park it: a routing defect or an invalid click is
+// judged at once, not waited on until the deadline) and the reader is at
 // the end, then for Settle longer. Verify reads on at every poll.
 func readLog(ctx context.Context, s *state, log LogReader, opts Options) error {
 	for {

@@ -84,6 +84,13 @@ type Truth struct {
 	// Started and Ended bound the sending.
 	Started time.Time `json:"started"`
 	Ended   time.Time `json:"ended"`
+	// Duration is the sending the run was asked for (--duration).
+	Duration time.Duration `json:"duration_ns,omitempty"`
+	// LoadCut, when set, says why the sending ended before Duration: the
+	// run was stopped (Ctrl-C, SIGTERM) or the driver stopped early. What
+	// was sent until then is still known click by click, so the oracle
+	// judges those clicks; the load the run was asked for was not offered.
+	LoadCut string `json:"load_cut,omitempty"`
 	// ForwardedFor says the HTTP driver sent each visitor's address in
 	// X-Forwarded-For.
 	ForwardedFor bool `json:"forwarded_for,omitempty"`

@@ -19,8 +19,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/snipdev/snip/pkg/consolesessions"
 	"github.com/snipdev/snip/pkg/topology"
-	"github.com/snipdev/snip/services/console/internal/sessions"
 )
 
 // The console is an operator tool with one shared secret, CONSOLE_TOKEN.
@@ -144,7 +144,7 @@ func (a *auth) checkSession(ctx context.Context, s session) error {
 	}
 	err := a.sessions.Check(ctx, s.id, s.issued)
 	switch {
-	case errors.Is(err, sessions.ErrEnded):
+	case errors.Is(err, consolesessions.ErrEnded):
 		return errSessionEnded
 	case err != nil:
 		return fmt.Errorf("check the session: %w: %w (the Bearer token still works)", errUnavailable, err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/snipdev/snip/pkg/consolesessions"
 	"github.com/snipdev/snip/pkg/deadletter"
 	"github.com/snipdev/snip/pkg/owners"
 	"github.com/snipdev/snip/pkg/webserver"
@@ -17,7 +18,6 @@ import (
 	"github.com/snipdev/snip/services/console/internal/livefeed"
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/readers"
-	"github.com/snipdev/snip/services/console/internal/sessions"
 )
 
 // The console's own refusals.
@@ -27,7 +27,7 @@ var (
 	errForbiddenHost = errors.New("this console serves loopback only (no CONSOLE_TOKEN); the request's Host is not a loopback name")
 	errBadRequest    = errors.New("bad request")
 	errUnavailable   = errors.New("unavailable")
-	errSessionEnded  = sessions.ErrEnded
+	errSessionEnded  = consolesessions.ErrEnded
 	errOldSession    = errors.New("this session is from an earlier version of the console, which could not end it: log in again")
 	errTokenRequired = errors.New("revoking every session takes the console token (Authorization: Bearer <CONSOLE_TOKEN>), not a session")
 	errNoSessions    = errors.New("this console has no CONSOLE_TOKEN, so no sessions to revoke")

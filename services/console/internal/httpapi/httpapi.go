@@ -108,7 +108,7 @@ type Authenticator interface {
 }
 
 // Sessions records the sessions ended before their expiry, for every
-// console instance (internal/sessions).
+// console instance (pkg/consolesessions).
 type Sessions interface {
 	Check(ctx context.Context, id string, issued time.Time) error
 	Revoke(ctx context.Context, id string) error

@@ -1,11 +1,13 @@
-// Package sessions records the console sessions ended before their expiry,
-// in the snip_console_sessions bucket every console instance reads: a
-// logout writes revoked.<session ID>, "revoke every session" raises
+// Package consolesessions records the console sessions ended before their
+// expiry, in the snip_console_sessions bucket every console instance reads:
+// a logout writes revoked.<session ID>, "revoke every session" raises
 // not_before (unix milliseconds) to its time. Every entry expires with the
 // bucket's TTL, the sessions' lifetime (topology.ConsoleSessionTTL): by then
 // the sessions it ends have expired by themselves. The bucket is
-// topology.Apply's; the console only reads and writes its keys.
-package sessions
+// topology.Apply's; the console reads and writes its keys, and `snipctl
+// console revoke-sessions` raises not_before as the console's
+// POST /api/sessions/revoke does, with this package's RevokeAll.
+package consolesessions
 
 import (
 	"context"
