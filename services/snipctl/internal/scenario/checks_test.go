@@ -53,6 +53,12 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: false}
 	}
 	countDue := bpAlarms{countLatest: 50, countEarliest: 40}
+	// What a starved machine measured of the rush's last event: 4,064
+	// events left at the rush's end, 700 of them on its partition; the
+	// reader handled 5,970 (197/s) in the 30.3 s until it, later arrivals
+	// on the other partitions among them, and the partition drained its
+	// 700 at 23/s. The whole backlog at the reader's rate says 20.6 s.
+	rushStarved := rushLast{partition: 2, rushEvents: 8000, sentOnPart: 1120, onPartAtEnd: 420, onPartAtLast: 1120, atEnd: 3936, atLast: 3936 + 5970, wait: 30300 * time.Millisecond}
 	tests := []struct {
 		name   string
 		checks func(e *Env)
@@ -83,6 +89,31 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			name:   "kitchen_order_made_twice_with_only_the_second_delivery_late",
 			checks: kitchen(heldPast(2), inTime(1)),
 			fail:   []string{"queue: orders made twice"},
+		},
+		{
+			name:   "rush_last_event_waits_for_its_partition",
+			checks: func(e *Env) { rushLastWaitCheck(e, rushStarved) },
+		},
+		{
+			// 350 later events of the partition handled before it,
+			// beside the 700 ahead of it.
+			name: "rush_last_event_overtaken_in_its_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast += 350
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
+		},
+		{
+			// Only 450 of the 700 ahead of it handled before it.
+			name: "rush_last_event_overtakes_its_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast -= 250
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
 		},
 		{
 			name:   "outbox_claim_holds",
