@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -280,5 +281,45 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 				t.Errorf("pass = %v with rows that FAIL %q", e.res.Pass, tc.fail)
 			}
 		})
+	}
+}
+
+// An order made twice though each ack came in time fails the row, and a
+// note names every making of it, so the failure says what happened: the
+// cook, the subject, the delivery and consumer sequence, when it was pulled,
+// received and acked, and the deliveries no cook received.
+func TestKitchenNamesEveryMakingOfAnOrderMadeTwice(t *testing.T) {
+	t.Parallel()
+	e := &Env{speed: 1, res: &Result{}}
+	s := kitchenSeen{cook1: 51, cook2: 50}
+	s.add([]making{
+		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
+			pulled: 2300 * time.Millisecond, received: 2310 * time.Millisecond, acked: 2340 * time.Millisecond},
+		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
+			pulled: 1200 * time.Millisecond, received: 1210 * time.Millisecond, acked: 1230 * time.Millisecond},
+	})
+	s.unseen = []uint64{67}
+	kitchenQueueChecks(e, s)
+	e.res.judge()
+	if diff := cmp.Diff([]string{"queue: orders made twice"}, e.res.failed()); diff != "" {
+		t.Errorf("rows that FAIL (-want +got):\n%s", diff)
+	}
+	notes := strings.Join(e.res.Notes, "\n")
+	for _, want := range []string{
+		"[1] cook-1: delivery 1 (consumer sequence 66) of sequence 65 on " + events.PreviewJobSubject + ", pulled at 1.2s, received at 1.21s, ack confirmed at 1.23s: held 30ms of its 1s",
+		"[2] cook-2: delivery 2 (consumer sequence 104) of sequence 65 on " + events.PreviewJobSubject + ", pulled at 2.3s, received at 2.31s, ack confirmed at 2.34s: held 40ms of its 2s",
+		"no cook received (consumer sequences): [67]",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the notes do not say %q; they are:\n%s", want, notes)
+		}
+	}
+}
+
+func TestUnseenDeliveries(t *testing.T) {
+	t.Parallel()
+	got := unseenDeliveries([]making{{cseq: 1}, {cseq: 4}, {cseq: 2}, {cseq: 7}})
+	if diff := cmp.Diff([]uint64{3, 5, 6}, got); diff != "" {
+		t.Errorf("unseen deliveries (-want +got):\n%s", diff)
 	}
 }
