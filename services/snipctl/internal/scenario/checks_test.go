@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,12 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: false}
 	}
 	countDue := bpAlarms{countLatest: 50, countEarliest: 40}
+	// What a starved machine measured of the rush's last event: 4,064
+	// events left at the rush's end, 700 of them on its partition; the
+	// reader handled 5,970 (197/s) in the 30.3 s until it, later arrivals
+	// on the other partitions among them, and the partition drained its
+	// 700 at 23/s. The whole backlog at the reader's rate says 20.6 s.
+	rushStarved := rushLast{partition: 2, rushEvents: 8000, sentOnPart: 1120, onPartAtEnd: 420, onPartAtLast: 1120, atEnd: 3936, atLast: 3936 + 5970, wait: 30300 * time.Millisecond}
 	tests := []struct {
 		name   string
 		checks func(e *Env)
@@ -83,6 +90,31 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			name:   "kitchen_order_made_twice_with_only_the_second_delivery_late",
 			checks: kitchen(heldPast(2), inTime(1)),
 			fail:   []string{"queue: orders made twice"},
+		},
+		{
+			name:   "rush_last_event_waits_for_its_partition",
+			checks: func(e *Env) { rushLastWaitCheck(e, rushStarved) },
+		},
+		{
+			// 350 later events of the partition handled before it,
+			// beside the 700 ahead of it.
+			name: "rush_last_event_overtaken_in_its_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast += 350
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
+		},
+		{
+			// Only 450 of the 700 ahead of it handled before it.
+			name: "rush_last_event_overtakes_its_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast -= 250
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
 		},
 		{
 			name:   "outbox_claim_holds",
@@ -249,5 +281,45 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 				t.Errorf("pass = %v with rows that FAIL %q", e.res.Pass, tc.fail)
 			}
 		})
+	}
+}
+
+// An order made twice though each ack came in time fails the row, and a
+// note names every making of it, so the failure says what happened: the
+// cook, the subject, the delivery and consumer sequence, when it was pulled,
+// received and acked, and the deliveries no cook received.
+func TestKitchenNamesEveryMakingOfAnOrderMadeTwice(t *testing.T) {
+	t.Parallel()
+	e := &Env{speed: 1, res: &Result{}}
+	s := kitchenSeen{cook1: 51, cook2: 50}
+	s.add([]making{
+		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
+			pulled: 2300 * time.Millisecond, received: 2310 * time.Millisecond, acked: 2340 * time.Millisecond},
+		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
+			pulled: 1200 * time.Millisecond, received: 1210 * time.Millisecond, acked: 1230 * time.Millisecond},
+	})
+	s.unseen = []uint64{67}
+	kitchenQueueChecks(e, s)
+	e.res.judge()
+	if diff := cmp.Diff([]string{"queue: orders made twice"}, e.res.failed()); diff != "" {
+		t.Errorf("rows that FAIL (-want +got):\n%s", diff)
+	}
+	notes := strings.Join(e.res.Notes, "\n")
+	for _, want := range []string{
+		"[1] cook-1: delivery 1 (consumer sequence 66) of sequence 65 on " + events.PreviewJobSubject + ", pulled at 1.2s, received at 1.21s, ack confirmed at 1.23s: held 30ms of its 1s",
+		"[2] cook-2: delivery 2 (consumer sequence 104) of sequence 65 on " + events.PreviewJobSubject + ", pulled at 2.3s, received at 2.31s, ack confirmed at 2.34s: held 40ms of its 2s",
+		"no cook received (consumer sequences): [67]",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("the notes do not say %q; they are:\n%s", want, notes)
+		}
+	}
+}
+
+func TestUnseenDeliveries(t *testing.T) {
+	t.Parallel()
+	got := unseenDeliveries([]making{{cseq: 1}, {cseq: 4}, {cseq: 2}, {cseq: 7}})
+	if diff := cmp.Diff([]uint64{3, 5, 6}, got); diff != "" {
+		t.Errorf("unseen deliveries (-want +got):\n%s", diff)
 	}
 }

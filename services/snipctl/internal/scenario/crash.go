@@ -166,12 +166,12 @@ func crashWorker(ctx context.Context, e *Env, rdb *redis.Client, mode crashMode)
 				nc.Close()
 				return crashes, ctx.Err()
 			}
-			info, err := cons.Info(ctx)
+			finished, err := crashAllAcked(ctx, cons, 30*time.Second)
 			if err != nil {
 				nc.Close()
 				return crashes, err
 			}
-			if info.NumPending == 0 && info.NumAckPending == 0 {
+			if finished {
 				nc.Close()
 				return crashes, nil
 			}
@@ -201,4 +201,22 @@ func crashWorker(ctx context.Context, e *Env, rdb *redis.Client, mode crashMode)
 		}
 		nc.Close() // the crash: the connection goes, unacked work comes back after the ack wait
 	}
+}
+
+// crashAllAcked reports whether cons has nothing left to deliver and
+// nothing delivered unacknowledged: the worker is done. A read that fails
+// (on a loaded machine a request can time out) is made again until one is
+// read, and only one that keeps failing for timeout ends the lesson, with
+// the read's error.
+func crashAllAcked(ctx context.Context, cons jetstream.Consumer, timeout time.Duration) (bool, error) {
+	var info *jetstream.ConsumerInfo
+	err := waitFor(ctx, timeout, "the state of consumer "+cons.CachedInfo().Name, func() (bool, error) {
+		var err error
+		info, err = cons.Info(ctx)
+		return err == nil, err
+	})
+	if err != nil {
+		return false, err
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0, nil
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,6 +72,7 @@ func runKitchen(ctx context.Context, e *Env) error {
 	}
 	qctx, stopQueue := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	queueStart := time.Now() // the makings' times are from here
 	for w, cons := range cooks {
 		wg.Go(func() {
 			for qctx.Err() == nil {
@@ -84,16 +86,20 @@ func runKitchen(ctx context.Context, e *Env) error {
 				for m := range b.Messages() {
 					var j events.PreviewJob
 					_ = json.Unmarshal(m.Data(), &j)
-					var delivered, seq uint64
+					received := time.Now()
+					var delivered, seq, cseq uint64
 					if md, err := m.Metadata(); err == nil {
-						delivered, seq = md.NumDelivered, md.Sequence.Stream
+						delivered, seq, cseq = md.NumDelivered, md.Sequence.Stream, md.Sequence.Consumer
 					}
 					time.Sleep(cook) // the work itself
 					// Counted as made whether or not the ack gets through: an
 					// order whose ack is lost comes back and is made again,
 					// and that is what "made twice" must see.
 					aerr := m.DoubleAck(qctx)
-					mk := making{cook: w, delivered: delivered, seq: seq, held: time.Since(asked), deadline: deadline(delivered), confirmed: aerr == nil}
+					acked := time.Now()
+					mk := making{cook: w, subject: m.Subject(), delivered: delivered, seq: seq, cseq: cseq,
+						pulled: asked.Sub(queueStart), received: received.Sub(queueStart), acked: acked.Sub(queueStart),
+						held: acked.Sub(asked), deadline: deadline(delivered), confirmed: aerr == nil, ackErr: aerr}
 					mu.Lock()
 					perWorker[w]++
 					seen[j.ID]++
@@ -122,9 +128,12 @@ func runKitchen(ctx context.Context, e *Env) error {
 		return fmt.Errorf("preview stream info: %w", err)
 	}
 	q := kitchenSeen{cook1: perWorker["cook-1"], cook2: perWorker["cook-2"], left: int(info.State.Msgs)}
+	var all []making
 	for _, ms := range makings {
 		q.add(ms)
+		all = append(all, ms...)
 	}
+	q.unseen = unseenDeliveries(all)
 	kitchenQueueChecks(e, q)
 
 	// The log: 100 clicks on CLICKS, two consumer groups, one member each.
@@ -181,11 +190,17 @@ func runKitchen(ctx context.Context, e *Env) error {
 // than its ack deadline, with its ack confirmed, was acknowledged in time.
 type making struct {
 	cook      string
+	subject   string        // the order's subject
 	delivered uint64        // the delivery's number (1 the first time)
 	seq       uint64        // the order's stream sequence
+	cseq      uint64        // the delivery's consumer sequence (every delivery of the consumer counts)
 	held      time.Duration // from the cook's pull to its ack's confirmation
 	deadline  time.Duration // the ack deadline of this delivery
 	confirmed bool          // the ack's confirmation came
+	ackErr    error         // why not, if it did not
+	// When, from the queue's start, the cook asked for the order, had it,
+	// and had its ack answered (or failed).
+	pulled, received, acked time.Duration
 }
 
 // late reports whether the server may have handed the order on while this
@@ -193,7 +208,33 @@ type making struct {
 func (m making) late() bool { return !m.confirmed || m.held >= m.deadline }
 
 func (m making) String() string {
-	return fmt.Sprintf("%s: delivery %d of sequence %d, held %s of its %s, ack confirmed %v", m.cook, m.delivered, m.seq, m.held.Round(time.Millisecond), m.deadline, m.confirmed)
+	ack := "confirmed"
+	if !m.confirmed {
+		ack = fmt.Sprintf("not confirmed (%v)", m.ackErr)
+	}
+	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+	return fmt.Sprintf("%s: delivery %d (consumer sequence %d) of sequence %d on %s, pulled at %s, received at %s, ack %s at %s: held %s of its %s",
+		m.cook, m.delivered, m.cseq, m.seq, m.subject, ms(m.pulled), ms(m.received), ack, ms(m.acked), ms(m.held), m.deadline)
+}
+
+// unseenDeliveries returns the consumer sequences below the highest a cook
+// received that no cook did: deliveries the server made that never reached
+// a cook (one to a pull the cook had given up on), each of which the
+// server hands on after its deadline.
+func unseenDeliveries(ms []making) []uint64 {
+	seen := map[uint64]bool{}
+	var top uint64
+	for _, m := range ms {
+		seen[m.cseq] = true
+		top = max(top, m.cseq)
+	}
+	var unseen []uint64
+	for c := uint64(1); c < top; c++ {
+		if !seen[c] {
+			unseen = append(unseen, c)
+		}
+	}
+	return unseen
 }
 
 // ackDeadline returns the ack deadline of delivery n on consumer c: the
@@ -219,8 +260,10 @@ type kitchenSeen struct {
 	longest   time.Duration // the longest a cook held an order
 	left      int           // messages left in the stream
 	// unexplained describes the orders made twice though their earlier
-	// makings were acknowledged in time.
+	// makings were acknowledged in time: every making of each.
 	unexplained []string
+	// unseen are the deliveries no cook received (unseenDeliveries).
+	unseen []uint64
 }
 
 // add records the makings of one order.
@@ -240,7 +283,14 @@ func (s *kitchenSeen) add(ms []making) {
 	s.twice++
 	for _, m := range ms[:len(ms)-1] {
 		if !m.late() {
-			s.unexplained = append(s.unexplained, fmt.Sprint(ms))
+			var b strings.Builder
+			for i, m := range ms {
+				if i > 0 {
+					b.WriteString("; ")
+				}
+				fmt.Fprintf(&b, "[%d] %s", i+1, m)
+			}
+			s.unexplained = append(s.unexplained, b.String())
 			return
 		}
 	}
@@ -262,6 +312,9 @@ func kitchenQueueChecks(e *Env, s kitchenSeen) {
 			s.late, s.longest.Round(time.Millisecond), s.twiceLate)
 	}
 	for _, u := range s.unexplained {
-		e.note("made twice though acknowledged in time: %s", u)
+		e.note("made twice though acknowledged in time, every making of it: %s", u)
+	}
+	if len(s.unexplained) > 0 {
+		e.note("deliveries the server made that no cook received (consumer sequences): %v", s.unseen)
 	}
 }

@@ -86,6 +86,18 @@ func TestRushStarvedLate(t *testing.T) {
 	runAt(t, "rush", 2)
 }
 
+// TestRushStarvedPartition runs rush with the partition of the rush's last
+// event held to 30/s from the rush's end until that event is handled, the
+// other partitions sharing the reader's 250/s, as a machine whose scheduler
+// starves that partition's worker gives it: the event waits for its own
+// partition's backlog, not the group's.
+func TestRushStarvedPartition(t *testing.T) {
+	// Not parallel, as TestRush.
+	rushStarvedPartition = 30
+	t.Cleanup(func() { rushStarvedPartition = 0 })
+	runAt(t, "rush", 2)
+}
+
 func TestSixOfTen(t *testing.T) {
 	t.Parallel()
 	runAt(t, "six-of-ten", 4)
