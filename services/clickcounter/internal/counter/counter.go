@@ -89,6 +89,9 @@ type Counter struct {
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
+	// starts are, per partition, the recount start asked for and not yet
+	// answered (see startRecount).
+	starts map[int]pendingStart
 
 	janitor chan int
 
@@ -129,6 +132,7 @@ func New(o Options) (*Counter, error) {
 		unchecked: map[int]bool{},
 		replays:   map[int]replay{},
 		vstate:    map[int]State{},
+		starts:    map[int]pendingStart{},
 		janitor:   make(chan int, 4*o.Partitions),
 		batches:   make(chan *batchScratch, o.Partitions),
 	}, nil
@@ -295,7 +299,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",
-			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept).",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",
@@ -303,7 +307,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		replicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_replica_wait_short_total",
-			Help: "Feed batches (feed: verdicts, links) whose writes the Redis replicas did not confirm within CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT before the ack: acked all the same, on the master alone until its replicas catch up.",
+			Help: "Feed batches (feed: verdicts, links) whose writes the Redis replicas did not confirm within CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT before the ack, and recount starts (feed=recount) not confirmed before the consumer moves back: acked or moved all the same, on the master alone until its replicas catch up.",
 		}, []string{"feed"}),
 		linkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_link_events_total",

@@ -19,8 +19,9 @@ type Store interface {
 	// its watermark reaches until (at once if until is 0), and that counts
 	// the partition's events from sequence from on (the oldest CLICKS
 	// retains), none before. started is false when that replay had already
-	// started one.
-	StartGeneration(ctx context.Context, partition int, replayID string, from, until uint64) (s State, started bool, err error)
+	// started one, unless a call with the same token did (non-empty): the
+	// caller's own earlier try, whose answer it did not get.
+	StartGeneration(ctx context.Context, partition int, replayID, token string, from, until uint64) (s State, started bool, err error)
 	// Generations lists the generations that have keys in the store.
 	Generations(ctx context.Context, partition int) ([]int64, error)
 	// DropGeneration deletes every key of one generation.

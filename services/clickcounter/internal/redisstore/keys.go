@@ -13,7 +13,9 @@ import (
 
 func partPrefix(p int) string { return "cc:{p" + strconv.Itoa(p) + "}:" }
 
-// metaKey: hash {read, write, until, replay}, the partition's generations.
+// metaKey: hash {read, write, until, replay, starter}, the partition's
+// generations, the last replay that started one and the token of the call
+// that started it (startScript).
 func metaKey(p int) string { return partPrefix(p) + "meta" }
 
 func genPrefix(p int, g int64) string {

@@ -209,22 +209,26 @@ return {'ok'}
 // every one in use, that takes over the reads when its watermark reaches
 // until (at once when until is 0), and counts from sequence from on (its
 // pos's "first": correctScript's watermark says nothing below it). A replay
-// ID already seen changes nothing.
+// ID already seen changes nothing: it answers 'same', or 'started' when the
+// start was made with the caller's token (meta's "starter"): its own
+// earlier try, whose answer was lost.
 //
-// KEYS[1] meta. ARGV: replay id, until, from. Returns {status, read, write,
-// until}. The new generation's pos is written by name (not in KEYS: its
-// number is decided here), in the partition's slot like meta.
+// KEYS[1] meta. ARGV: replay id, until, from, token. Returns {status, read,
+// write, until}. The new generation's pos is written by name (not in KEYS:
+// its number is decided here), in the partition's slot like meta.
 var startScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay')
+local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay', 'starter')
 local read = tonumber(m[1]) or 1
 local write = tonumber(m[2]) or 1
 if m[4] == ARGV[1] then
-  return {'same', read, write, tonumber(m[3]) or 0}
+  local status = 'same'
+  if ARGV[4] ~= '' and m[5] == ARGV[4] then status = 'started' end
+  return {status, read, write, tonumber(m[3]) or 0}
 end
 local g = math.max(read, write) + 1
 local untl = tonumber(ARGV[2])
 if untl == 0 then read = g end
-redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1])
+redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1], 'starter', ARGV[4])
 -- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:pos" (posKey)
 redis.call('HSET', string.sub(KEYS[1], 1, -5) .. 'g' .. g .. ':pos', 'first', ARGV[3])
 return {'started', read, g, untl}

@@ -537,8 +537,8 @@ func twoDigits(n int) string {
 }
 
 // StartGeneration begins a recount (see startScript).
-func (s *Store) StartGeneration(ctx context.Context, p int, replayID string, from, until uint64) (counter.State, bool, error) {
-	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until, from).Slice()
+func (s *Store) StartGeneration(ctx context.Context, p int, replayID, token string, from, until uint64) (counter.State, bool, error) {
+	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until, from, token).Slice()
 	if err != nil {
 		return counter.State{}, false, fmt.Errorf("start generation: %w", err)
 	}
