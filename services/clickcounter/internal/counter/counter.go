@@ -77,6 +77,12 @@ type Counter struct {
 	// since the counter last checked CLICKS for events the store has not
 	// counted below the next batch (see catchUp).
 	unchecked map[int]bool
+	// recounted are the partitions whose state, read again after a
+	// conflict, has a newer write generation than the one cached: a recount
+	// another member started. What that generation has not counted before
+	// the batch is the recount's to count, not events the store lost (see
+	// catchUp).
+	recounted map[int]bool
 	// replays are, per partition that asked for its events again (see
 	// catchUp), the events the store had lost. Unlike the cached state they
 	// outlive the partition's revocation (forget): a member that loses the
@@ -130,6 +136,7 @@ func New(o Options) (*Counter, error) {
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:     map[int]*State{},
 		unchecked: map[int]bool{},
+		recounted: map[int]bool{},
 		replays:   map[int]replay{},
 		vstate:    map[int]State{},
 		starts:    map[int]pendingStart{},
@@ -176,6 +183,7 @@ func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
 	delete(c.unchecked, p)
+	delete(c.recounted, p)
 	// c.replays[p] stays: see replays.
 	c.mu.Unlock()
 	// The partition's owner reports its generations from now on; a value
@@ -186,13 +194,15 @@ func (c *Counter) forget(p int) {
 }
 
 // takeUnchecked reports whether the partition's state came from the store
-// since it was last checked, and marks it checked.
-func (c *Counter) takeUnchecked(p int) bool {
+// since it was last checked, and marks it checked; and whether that state
+// is of a recount another member started meanwhile (recounted).
+func (c *Counter) takeUnchecked(p int) (unchecked, recounted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	u := c.unchecked[p]
+	u, r := c.unchecked[p], c.recounted[p]
 	delete(c.unchecked, p)
-	return u
+	delete(c.recounted, p)
+	return u, r
 }
 
 // replay is a partition's stretch of events the store lost: from the
@@ -262,6 +272,14 @@ func (c *Counter) replayOf(p int) replay {
 func (c *Counter) markUnchecked(p int) {
 	c.mu.Lock()
 	c.unchecked[p] = true
+	c.mu.Unlock()
+}
+
+// markRecounted records that partition p's state was read again into a
+// recount another member started (see recounted).
+func (c *Counter) markRecounted(p int) {
+	c.mu.Lock()
+	c.recounted[p] = true
 	c.mu.Unlock()
 }
 
