@@ -172,7 +172,8 @@ func (c *Counter) requestCleanup(p int) {
 }
 
 // RunJanitor deletes unused generations in the background (after a recount
-// switched, and on partition assignment) until ctx ends.
+// switched, and on partition assignment), and gives deleted links' counts
+// in the generations left their expiry, until ctx ends.
 func (c *Counter) RunJanitor(ctx context.Context) {
 	for {
 		select {
@@ -183,6 +184,12 @@ func (c *Counter) RunJanitor(ctx context.Context) {
 				c.log.Warn("drop old generations", "partition", p, "err", err)
 			} else if n > 0 {
 				c.log.Info("dropped old generations", "partition", p, "count", n)
+			}
+			// A recount counts the retained clicks of links deleted
+			// before it into its generation, with no expiry: they get it
+			// here, after the switch (and on assignment, after a crash).
+			if err := c.store.ExpireDeletedLinks(ctx, p); err != nil {
+				c.log.Warn("expire deleted links' counts", "partition", p, "err", err)
 			}
 		}
 	}

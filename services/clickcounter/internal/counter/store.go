@@ -37,6 +37,17 @@ type Store interface {
 	// round trip; an event at or below the sequence already applied for its
 	// code is ignored (applied[i] is false).
 	ApplyLinkEvents(ctx context.Context, es []LinkEvent) (applied []bool, err error)
+	// ForgetLinks gives the all-time counts of deleted links, in their
+	// partition's read and write generations, an expiry at Until (making
+	// the link's hash if it has none yet, so that a late click keeps it),
+	// and records them per partition until then for ExpireDeletedLinks. A
+	// link whose Until has passed has its counts deleted at once. Applying
+	// it again changes nothing.
+	ForgetLinks(ctx context.Context, links []DeletedLink) error
+	// ExpireDeletedLinks gives the counts of the partition's deleted links
+	// recorded by ForgetLinks their expiry in its read and write
+	// generations, where a generation made since (a recount) counted them.
+	ExpireDeletedLinks(ctx context.Context, partition int) error
 	// Link returns what LINKS said about a code, and whether it said anything.
 	Link(ctx context.Context, code string) (LinkInfo, bool, error)
 	// Replicated waits until the store's replicas have every write made so
@@ -219,6 +230,14 @@ func (s CorrectionStatus) String() string {
 		return "not_counted"
 	}
 	return "unknown"
+}
+
+// DeletedLink is a link LINKS said was deleted, and when its counts may go:
+// once no click of it can be counted (or a verdict move one) any more.
+type DeletedLink struct {
+	Partition int
+	Ref       LinkRef
+	Until     time.Time
 }
 
 // LinkInfo is what LINKS said last about a code.

@@ -479,6 +479,43 @@ end
 return {'ok', table.concat(out)}
 `)
 
+// forgetScript gives a deleted link's all-time hash, in the partition's
+// read and write generations, its expiry, and records the link in the
+// partition's deleted set until then; at or past that time it deletes the
+// hashes and records nothing. The hash is made (with a field no reader
+// parses, "deleted") if the generation has counted nothing of the link yet:
+// a late click's HINCRBY then keeps the expiry, where on a missing hash it
+// would make one without. The hashes are named from meta's generations
+// (in the partition's slot, like meta).
+//
+// KEYS[1] meta, KEYS[2] the deleted set. ARGV: "l:<owner>:<code>", expiry
+// (unix), now (unix).
+var forgetScript = redis.NewScript(`
+local m = redis.call('HMGET', KEYS[1], 'read', 'write')
+local gens = {tonumber(m[1]) or 1}
+local w = tonumber(m[2]) or 1
+if w ~= gens[1] then gens[2] = w end
+-- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:" (genPrefix)
+local pre = string.sub(KEYS[1], 1, -5)
+local at, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+for _, g in ipairs(gens) do
+  local key = pre .. 'g' .. g .. ':' .. ARGV[1]
+  if at > now then
+    redis.call('HSETNX', key, 'deleted', '0')
+    redis.call('EXPIREAT', key, at)
+  else
+    redis.call('DEL', key)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if at > now then
+  redis.call('ZADD', KEYS[2], at, ARGV[1])
+  local ttl = redis.call('TTL', KEYS[2])
+  if ttl < 0 or now + ttl < at then redis.call('EXPIREAT', KEYS[2], at) end
+end
+return 1
+`)
+
 // linkScript records a LINKS event unless one at or after its sequence
 // was recorded. KEYS[1] the registry key. ARGV: seq, state, owner, ts.
 var linkScript = redis.NewScript(`
