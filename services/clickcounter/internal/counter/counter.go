@@ -301,7 +301,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		counted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_counted_total",
-			Help: "Click events counted, by the label they were counted with.",
+			Help: "Click events counted, by the label they were counted with, by the writes whose answer this member received (a batch whose write's answer was lost is then skipped as a duplicate: see the README).",
 		}, []string{"label"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_duplicates_total",
