@@ -144,17 +144,30 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 // the partition meanwhile. Either way the generation read before is unused
 // now, and the janitor is asked to drop it, as after a switch the counter
 // made (written): nothing else asks until the partition is next assigned.
+//
+// It may also show an older write generation than the one cached: the
+// store lost a recount's start, which recountLost starts again. Or a newer
+// one: another member started a recount while this one held a batch (a
+// hand-over), and what the new generation has not counted before the
+// batch is the recount's to count, not lost (catchUp).
 func (c *Counter) conflict(ctx context.Context, p int) error {
 	c.m.retries.WithLabelValues("conflict").Inc()
 	c.mu.Lock()
 	var was State
-	if s := c.parts[p]; s != nil {
+	s := c.parts[p]
+	if s != nil {
 		was = *s
 	}
 	c.mu.Unlock()
 	st, err := c.reload(ctx, p)
 	if err != nil {
 		return err
+	}
+	if was.Replay != "" && st.Write < was.Write {
+		return c.recountLost(ctx, p, was, *st)
+	}
+	if s != nil && st.Write > was.Write {
+		c.markRecounted(p)
 	}
 	if was.Recounting() && st.Read != was.Read {
 		c.log.Info("recount found switched when the partition's state was read again; the previous generation is to be dropped",

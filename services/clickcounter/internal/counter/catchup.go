@@ -40,16 +40,30 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 	if err != nil {
 		return err
 	}
-	if !c.takeUnchecked(p) || before <= st.WM+1 {
+	unchecked, recounted := c.takeUnchecked(p)
+	if !unchecked || before <= st.WM+1 {
 		return nil
 	}
 	from, err := c.clicks.NextSeq(ctx, p, st.WM+1)
 	if err != nil {
 		c.markUnchecked(p) // check again next time
+		if recounted {
+			c.markRecounted(p)
+		}
 		return fmt.Errorf("look for partition %d's events from %d to %d: %w", p, st.WM+1, before-1, err)
 	}
 	if from == 0 || from >= before {
 		return nil
+	}
+	if recounted {
+		// A recount another member started while this one held the batch:
+		// the new generation has not counted the events before it yet, and
+		// the store lost none of them. They are asked for so that the
+		// recount misses none, and neither the metric nor the store's
+		// record of a lost stretch takes them for lost.
+		c.log.Info("a recount started while this member held the batch: asking for the partition's events again from the first the new generation has not counted",
+			"partition", p, "generation", st.Write, "watermark", st.WM, "batch_first", before, "replay_from", from)
+		return reader.Replay(from, fmt.Errorf("partition %d: generation %d at %d, batch from %d, CLICKS holds the partition's sequence %d: %w", p, st.Write, st.WM, before, from, ErrStoreBehind))
 	}
 	c.log.Warn("the store's watermark is behind the batch: asking for the partition's events again from the first it has not counted (a Redis failover lost acked writes? or the last events before this load were parked)",
 		"partition", p, "watermark", st.WM, "batch_first", before, "replay_from", from)

@@ -77,6 +77,12 @@ type Counter struct {
 	// since the counter last checked CLICKS for events the store has not
 	// counted below the next batch (see catchUp).
 	unchecked map[int]bool
+	// recounted are the partitions whose state, read again after a
+	// conflict, has a newer write generation than the one cached: a recount
+	// another member started. What that generation has not counted before
+	// the batch is the recount's to count, not events the store lost (see
+	// catchUp).
+	recounted map[int]bool
 	// replays are, per partition that asked for its events again (see
 	// catchUp), the events the store had lost. Unlike the cached state they
 	// outlive the partition's revocation (forget): a member that loses the
@@ -89,6 +95,9 @@ type Counter struct {
 	// vstate caches the generations of every partition for the verdict
 	// path, which runs on every member whatever partitions it owns.
 	vstate map[int]State
+	// starts are, per partition, the recount start asked for and not yet
+	// answered (see startRecount).
+	starts map[int]pendingStart
 
 	janitor chan int
 
@@ -127,8 +136,10 @@ func New(o Options) (*Counter, error) {
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
 		parts:     map[int]*State{},
 		unchecked: map[int]bool{},
+		recounted: map[int]bool{},
 		replays:   map[int]replay{},
 		vstate:    map[int]State{},
+		starts:    map[int]pendingStart{},
 		janitor:   make(chan int, 4*o.Partitions),
 		batches:   make(chan *batchScratch, o.Partitions),
 	}, nil
@@ -172,6 +183,7 @@ func (c *Counter) forget(p int) {
 	c.mu.Lock()
 	delete(c.parts, p)
 	delete(c.unchecked, p)
+	delete(c.recounted, p)
 	// c.replays[p] stays: see replays.
 	c.mu.Unlock()
 	// The partition's owner reports its generations from now on; a value
@@ -182,13 +194,15 @@ func (c *Counter) forget(p int) {
 }
 
 // takeUnchecked reports whether the partition's state came from the store
-// since it was last checked, and marks it checked.
-func (c *Counter) takeUnchecked(p int) bool {
+// since it was last checked, and marks it checked; and whether that state
+// is of a recount another member started meanwhile (recounted).
+func (c *Counter) takeUnchecked(p int) (unchecked, recounted bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	u := c.unchecked[p]
+	u, r := c.unchecked[p], c.recounted[p]
 	delete(c.unchecked, p)
-	return u
+	delete(c.recounted, p)
+	return u, r
 }
 
 // replay is a partition's stretch of events the store lost: from the
@@ -261,6 +275,14 @@ func (c *Counter) markUnchecked(p int) {
 	c.mu.Unlock()
 }
 
+// markRecounted records that partition p's state was read again into a
+// recount another member started (see recounted).
+func (c *Counter) markRecounted(p int) {
+	c.mu.Lock()
+	c.recounted[p] = true
+	c.mu.Unlock()
+}
+
 // metrics are the counter's Prometheus collectors.
 type metrics struct {
 	counted      *prometheus.CounterVec
@@ -279,7 +301,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		counted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_counted_total",
-			Help: "Click events counted, by the label they were counted with.",
+			Help: "Click events counted, by the label they were counted with, by the writes whose answer this member received (a batch whose write's answer was lost is then skipped as a duplicate: see the README).",
 		}, []string{"label"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_duplicates_total",
@@ -295,7 +317,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",
-			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept).",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",
@@ -303,7 +325,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		replicaShort: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_replica_wait_short_total",
-			Help: "Feed batches (feed: verdicts, links) whose writes the Redis replicas did not confirm within CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT before the ack: acked all the same, on the master alone until its replicas catch up.",
+			Help: "Feed batches (feed: verdicts, links) whose writes the Redis replicas did not confirm within CLICKCOUNTER_WAIT_REPLICAS_TIMEOUT before the ack, and recount starts (feed=recount) not confirmed before the consumer moves back: acked or moved all the same, on the master alone until its replicas catch up.",
 		}, []string{"feed"}),
 		linkEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_link_events_total",

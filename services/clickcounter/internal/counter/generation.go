@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 )
 
@@ -61,21 +62,104 @@ func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindIn
 	// before it (aged out) is in none of its counts, whatever its
 	// watermark says once past it (a verdict about such a click moves
 	// nothing there).
-	st, started, err := c.store.StartGeneration(ctx, partition, r.ID, max(r.From, first), r.Until)
-	if err != nil {
+	if err := c.startRecount(ctx, partition, r.ID, max(r.From, first), r.Until, "started"); err != nil {
 		return fmt.Errorf("rewind partition %d: %w", partition, err)
 	}
+	return nil
+}
+
+// pendingStart is a recount start the counter asked the store for and has
+// not had answered: the replay's ID and the token its tries carry.
+type pendingStart struct{ id, token string }
+
+// startRecount starts replay id's recount of partition p (a new write
+// generation counting from sequence from, taking over the reads at until:
+// Store.StartGeneration), caches the state it leaves, and, if this call
+// started it, counts it in recounts_total{result}, logs it and asks the
+// janitor for the generation it abandons, if any.
+//
+// Every try for one replay carries the same token until one is answered,
+// so a try whose answer was lost (a timeout after Redis ran the script; the
+// runtime calls OnRewind again) is told by the next one that the start was
+// its own: counted and cleaned up once, not taken for a start another
+// member made.
+//
+// With the replica wait on (CLICKCOUNTER_WAIT_REPLICAS), it then waits for
+// the replicas to have the start, so that a failover right after does not
+// lose it once the consumer has moved back. A wait that falls short is
+// counted and logged, and the recount goes on: the member that counts it
+// finds a lost start on its next write (conflict) and starts it again.
+func (c *Counter) startRecount(ctx context.Context, p int, id string, from, until uint64, result string) error {
 	c.mu.Lock()
-	c.parts[partition] = &st
+	ps, ok := c.starts[p]
+	if !ok || ps.id != id {
+		ps = pendingStart{id: id, token: events.NewID()}
+		c.starts[p] = ps
+	}
 	c.mu.Unlock()
-	c.m.observeState(partition, st)
+	st, started, err := c.store.StartGeneration(ctx, p, id, ps.token, from, until)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.starts, p)
+	c.parts[p] = &st
+	c.mu.Unlock()
+	c.m.observeState(p, st)
 	if started {
-		c.m.recounts.WithLabelValues("started").Inc()
-		c.log.Info("recount started", "partition", partition, "replay", r.ID,
-			"generation", st.Write, "serving", st.Read, "until", r.Until)
-		c.requestCleanup(partition)
+		c.m.recounts.WithLabelValues(result).Inc()
+		c.log.Info("recount "+result, "partition", p, "replay", id,
+			"generation", st.Write, "serving", st.Read, "from", from, "until", until)
+		c.requestCleanup(p)
+	}
+	if err := c.store.Replicated(ctx, []int{p}, nil); err != nil {
+		c.m.replicaShort.WithLabelValues("recount").Inc()
+		c.log.Warn("the recount's start is not confirmed by the Redis replicas: a failover now may lose it, and the member counting it would then start it again",
+			"partition", p, "replay", id, "err", err)
 	}
 	return nil
+}
+
+// recountLost handles a partition whose state, read again after a
+// conflict, has lost the recount the counter knew of (was): its write
+// generation is older than the one cached, which the store only shows
+// when it lost writes (a failover to a replica that had not received the
+// recount's start, a Redis that lost its last second). Left so, the
+// replayed events would fall below the old generation's watermark and be
+// skipped: the recount asked for would not happen, and nothing would say
+// so. So it starts the recount again, under the same replay ID, from the
+// oldest event CLICKS retains to the same end (for a recount that had
+// switched already, to where its generation had counted), and returns
+// errConflict: the batch is then counted into it, after the events before
+// it, which the catch-up asks for again (the state is unchecked). If the
+// start fails, the state cached before is put back, so the next try finds
+// the loss again. A partition CLICKS now retains nothing of cannot be
+// recounted: the loss is logged and counted (recounts_total{result="lost"}).
+func (c *Counter) recountLost(ctx context.Context, p int, was, st State) error {
+	until := was.Until
+	if !was.Recounting() {
+		until = was.WM
+	}
+	first, err := c.clicks.FirstSeq(ctx, p)
+	if err == nil && first == 0 {
+		c.log.Error("the store lost a recount's start and CLICKS retains nothing of the partition to count again: the recount did not happen; the counts are the old generation's",
+			"partition", p, "replay", was.Replay, "lost_generation", was.Write, "generation", st.Write)
+		c.m.recounts.WithLabelValues("lost").Inc()
+		return errConflict
+	}
+	if err == nil {
+		c.log.Warn("the store lost a recount's start (a Redis failover to a replica that had not received it?): starting it again",
+			"partition", p, "replay", was.Replay, "lost_generation", was.Write, "generation", st.Write, "from", first, "until", until)
+		err = c.startRecount(ctx, p, was.Replay, first, until, "restarted")
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.parts[p] = &was
+		c.mu.Unlock()
+		return fmt.Errorf("start partition %d's lost recount %s again: %w", p, was.Replay, err)
+	}
+	c.markUnchecked(p)
+	return errConflict
 }
 
 // requestCleanup asks the janitor to drop the partition's unused
@@ -88,7 +172,8 @@ func (c *Counter) requestCleanup(p int) {
 }
 
 // RunJanitor deletes unused generations in the background (after a recount
-// switched, and on partition assignment) until ctx ends.
+// switched, and on partition assignment), and gives deleted links' counts
+// in the generations left their expiry, until ctx ends.
 func (c *Counter) RunJanitor(ctx context.Context) {
 	for {
 		select {
@@ -99,6 +184,12 @@ func (c *Counter) RunJanitor(ctx context.Context) {
 				c.log.Warn("drop old generations", "partition", p, "err", err)
 			} else if n > 0 {
 				c.log.Info("dropped old generations", "partition", p, "count", n)
+			}
+			// A recount counts the retained clicks of links deleted
+			// before it into its generation, with no expiry: they get it
+			// here, after the switch (and on assignment, after a crash).
+			if err := c.store.ExpireDeletedLinks(ctx, p); err != nil {
+				c.log.Warn("expire deleted links' counts", "partition", p, "err", err)
 			}
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -403,5 +404,170 @@ func TestARecountWhoseSwitchWasNotAnsweredDropsTheOldGeneration(t *testing.T) {
 			t.Fatalf("generation 1 still holds %d keys 5s after the switch (%v): the janitor was never asked to drop it", len(keys), keys)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The store loses a recount's start (a failover to a replica that had not
+// received it), before the recount counted anything or after it counted
+// some batches: the member counting it finds the old generation on its
+// next write, starts the recount again under the same replay, and counts
+// the replayed events into it (asking again for those of the lost
+// generation), so the recount asked for happens, with the right counts,
+// and says so (recounts_total{result="restarted"}). Before, the replayed
+// events fell below the old generation's watermark and nothing was
+// recounted, silently.
+func TestARecountWhoseStartTheStoreLostIsStartedAgain(t *testing.T) {
+	t.Parallel()
+	for _, lost := range []int{0, 2} { // batches of the recount the store lost with its start
+		t.Run(fmt.Sprintf("with %d batches counted", lost), func(t *testing.T) {
+			t.Parallel()
+			double := func(*events.Click) int64 { return 2 }
+			e := newEnv(t, withHooks(counter.Hooks{Weight: double}))
+			reg := prometheus.NewRegistry()
+			fixed := e.newCounter(t, reg)
+			const p = 3
+			code := codeIn(t, p, 40)
+			now := time.Now().UTC()
+			var s seqs
+			var batches [][]reader.Event
+			for range 4 {
+				b := s.events(p, click("acme", code, now), click("acme", code, now))
+				e.clicks.store(b...)
+				batches = append(batches, b)
+				mustHandle(t, e.c, p, b)
+			}
+			e.first.Store(batches[0][0].Seq)
+			before := testenv.SnapshotRedis(t, e.rdb)
+			info := reader.RewindInfo{ID: events.NewID(), From: batches[0][0].Seq, Until: s.n, Requested: now, MovesBack: true}
+			if err := fixed.OnRewind(t.Context(), p, info); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range batches[:lost] {
+				mustHandle(t, fixed, p, b)
+			}
+			before.Restore(t, e.rdb) // the failover: the start and what followed are gone
+
+			if lost == 0 {
+				for _, b := range batches {
+					mustHandle(t, fixed, p, b)
+				}
+			} else {
+				e.handleReplaying(t, fixed, p, batches[lost], batches[0][0].Seq)
+				for _, b := range batches[lost+1:] {
+					mustHandle(t, fixed, p, b)
+				}
+			}
+			got := stats(t, fixed, "acme", code)
+			if got.Totals != (counter.Pair{Human: 8}) || got.AsOf.Generation != 2 || got.AsOf.Recount != nil {
+				t.Fatalf("after the replay: totals %+v as of %+v, want 8 human (recounted) in generation 2, no recount running", got.Totals, got.AsOf)
+			}
+			for result, want := range map[string]float64{"started": 1, "restarted": 1, "finished": 1} {
+				if n := metric(t, reg, "snip_clickcounter_recounts_total", map[string]string{"result": result}); n != want {
+					t.Errorf("recounts_total{result=%s} = %v, want %v", result, n, want)
+				}
+			}
+		})
+	}
+}
+
+// startAnswerLost is a store whose answer to one StartGeneration, once
+// armed, is lost: the script runs in Redis, and the counter gets a timeout.
+type startAnswerLost struct {
+	counter.Store
+	armed atomic.Bool
+}
+
+func (s *startAnswerLost) StartGeneration(ctx context.Context, p int, id, token string, from, until uint64) (counter.State, bool, error) {
+	st, started, err := s.Store.StartGeneration(ctx, p, id, token, from, until)
+	if err == nil && s.armed.CompareAndSwap(true, false) {
+		return counter.State{}, false, fmt.Errorf("start generation: %w", context.DeadlineExceeded)
+	}
+	return st, started, err
+}
+
+// A replay during a recount whose start's answer is lost: the runtime calls
+// OnRewind again, and the start it finds made is this member's own. It is
+// counted as started, and the generation it abandoned is dropped, as for a
+// start that was answered; before, the retry took it for another member's
+// start and did neither.
+func TestARecountStartWhoseAnswerWasLostIsCountedAndCleanedUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lossy := &startAnswerLost{Store: e.store}
+	reg := prometheus.NewRegistry()
+	c := e.newCounter(t, reg, withStore(lossy))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); c.RunJanitor(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const p = 1
+	code := codeIn(t, p, 41)
+	now := time.Now().UTC()
+	var s seqs
+	b := s.events(p, click("acme", code, now), click("acme", code, now))
+	mustHandle(t, e.c, p, b)
+	e.first.Store(b[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, b[:1]) // generation 2, half recounted
+
+	second := reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}
+	lossy.armed.Store(true)
+	if err := c.OnRewind(t.Context(), p, second); err == nil {
+		t.Fatal("OnRewind with its answer lost: nil error, want the timeout")
+	}
+	if err := c.OnRewind(t.Context(), p, second); err != nil { // the runtime's retry
+		t.Fatal(err)
+	}
+	if n := metric(t, reg, "snip_clickcounter_recounts_total", map[string]string{"result": "started"}); n != 1 {
+		t.Errorf("recounts_total{result=started} = %v, want 1: the start whose answer was lost", n)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		keys, err := e.rdb.Keys(t.Context(), "cc:{p1}:g2:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(keys) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned generation 2 still holds %d keys 5s after the start (%v): the janitor was never asked to drop it", len(keys), keys)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A later call for the same replay (a new owner's, or the runtime's
+	// again) is not this start: counted once.
+	if err := c.OnRewind(t.Context(), p, second); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, reg, "snip_clickcounter_recounts_total", map[string]string{"result": "started"}); n != 1 {
+		t.Errorf("recounts_total{result=started} after the same replay again = %v, want 1", n)
+	}
+}
+
+// With the replica wait on, a recount's start waits for the replicas
+// before the consumer moves back; on a Redis without replicas the wait
+// falls short, which is counted, and the recount starts all the same.
+func TestARecountStartWaitsForTheReplicas(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.store.WaitForReplicas(1, 20*time.Millisecond)
+	const p = 0
+	code := codeIn(t, p, 42)
+	var s seqs
+	b := s.events(p, click("acme", code, time.Now().UTC()))
+	mustHandle(t, e.c, p, b)
+	e.first.Store(b[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n}); err != nil {
+		t.Fatal(err)
+	}
+	if n := metric(t, e.reg, "snip_clickcounter_replica_wait_short_total", map[string]string{"feed": "recount"}); n != 1 {
+		t.Errorf("replica_wait_short_total{feed=recount} = %v, want 1 (no replica confirmed the start)", n)
+	}
+	if n := metric(t, e.reg, "snip_clickcounter_recounts_total", map[string]string{"result": "started"}); n != 1 {
+		t.Errorf("recounts_total{result=started} = %v, want 1", n)
 	}
 }

@@ -1,11 +1,15 @@
 package counter_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/reader"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/clickcounter/internal/counter"
 )
 
@@ -161,5 +165,86 @@ func TestParseIDReadsTheUUIDv7(t *testing.T) {
 		if _, err := counter.ParseID(bad); err == nil {
 			t.Errorf("ParseID(%q) succeeded", bad)
 		}
+	}
+}
+
+// A deleted link's counts are never read again (its code is never created
+// again), so they expire once no click of it can be counted any more:
+// CLICKS retention and DeletedLinkHorizon after the deletion. A late click
+// (redirected before the deletion, counted after) keeps the expiry, also
+// for a link nothing of which was counted before; a recount after the
+// deletion gives its generation's counts of the link the expiry when it
+// switches; a deletion learnt past that time drops the counts at once.
+func TestADeletedLinksCountsExpire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); e.c.RunJanitor(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	const p = 1
+	counted, quiet, old := codeIn(t, p, 50), codeIn(t, p, 51), codeIn(t, p, 52)
+	now := time.Now().UTC()
+	var s seqs
+	b1 := s.events(p, click("acme", counted, now), click("acme", counted, now), click("acme", old, now))
+	e.clicks.store(b1...)
+	mustHandle(t, e.c, p, b1)
+
+	del := []*events.LinkEvent{linkEvent(events.LinkDeleted, "acme", counted), linkEvent(events.LinkDeleted, "acme", quiet)}
+	for i, le := range del {
+		if err := e.c.ApplyLinkEvent(t.Context(), le, uint64(i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	horizon := 7*24*time.Hour + counter.DeletedLinkHorizon
+	expires := func(g int, code string) {
+		t.Helper()
+		key := fmt.Sprintf("cc:{p1}:g%d:l:acme:%s", g, code)
+		ttl, err := e.rdb.TTL(t.Context(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl < horizon-time.Minute || ttl > horizon {
+			t.Errorf("%s: TTL %v, want about %v (CLICKS retention and the horizon after the deletion)", key, ttl, horizon)
+		}
+	}
+	expires(1, counted)
+	expires(1, quiet)
+
+	b2 := s.events(p, click("acme", counted, now), click("acme", quiet, now)) // late clicks
+	e.clicks.store(b2...)
+	mustHandle(t, e.c, p, b2)
+	expires(1, counted)
+	expires(1, quiet)
+	if got := stats(t, e.c, "acme", old).Totals; got != (counter.Pair{Human: 1}) {
+		t.Fatalf("a link not deleted: totals %+v, want 1 human", got)
+	}
+
+	e.first.Store(b1[0].Seq)
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n, Requested: now}); err != nil {
+		t.Fatal(err)
+	}
+	mustHandle(t, e.c, p, b1)
+	mustHandle(t, e.c, p, b2)
+	testenv.WaitFor(t, 5*time.Second, "the janitor to drop generation 1 after the switch", func() bool {
+		return len(testenv.Keys(t, e.rdb, "cc:{p1}:g1:*")) == 0
+	})
+	testenv.WaitFor(t, 5*time.Second, "the janitor to give generation 2's counts of the deleted links their expiry", func() bool {
+		return e.rdb.TTL(t.Context(), "cc:{p1}:g2:l:acme:"+quiet).Val() > 0
+	})
+	expires(2, counted)
+	expires(2, quiet)
+
+	// A deletion learnt past its horizon (LINKS read late) drops the counts.
+	gone := linkEvent(events.LinkDeleted, "acme", old)
+	gone.Time = now.Add(-horizon - time.Hour)
+	if err := e.c.ApplyLinkEvent(t.Context(), gone, 3); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.rdb.Exists(t.Context(), "cc:{p1}:g2:l:acme:"+old).Val(); n != 0 {
+		t.Errorf("the counts of a link deleted longer ago than the horizon are still there")
+	}
+	if n := e.rdb.ZCard(t.Context(), "cc:{p1}:deleted").Val(); n != 2 {
+		t.Errorf("the partition's deleted set holds %d links, want the 2 within their horizon", n)
 	}
 }

@@ -19,8 +19,9 @@ type Store interface {
 	// its watermark reaches until (at once if until is 0), and that counts
 	// the partition's events from sequence from on (the oldest CLICKS
 	// retains), none before. started is false when that replay had already
-	// started one.
-	StartGeneration(ctx context.Context, partition int, replayID string, from, until uint64) (s State, started bool, err error)
+	// started one, unless a call with the same token did (non-empty): the
+	// caller's own earlier try, whose answer it did not get.
+	StartGeneration(ctx context.Context, partition int, replayID, token string, from, until uint64) (s State, started bool, err error)
 	// Generations lists the generations that have keys in the store.
 	Generations(ctx context.Context, partition int) ([]int64, error)
 	// DropGeneration deletes every key of one generation.
@@ -36,6 +37,17 @@ type Store interface {
 	// round trip; an event at or below the sequence already applied for its
 	// code is ignored (applied[i] is false).
 	ApplyLinkEvents(ctx context.Context, es []LinkEvent) (applied []bool, err error)
+	// ForgetLinks gives the all-time counts of deleted links, in their
+	// partition's read and write generations, an expiry at Until (making
+	// the link's hash if it has none yet, so that a late click keeps it),
+	// and records them per partition until then for ExpireDeletedLinks. A
+	// link whose Until has passed has its counts deleted at once. Applying
+	// it again changes nothing.
+	ForgetLinks(ctx context.Context, links []DeletedLink) error
+	// ExpireDeletedLinks gives the counts of the partition's deleted links
+	// recorded by ForgetLinks their expiry in its read and write
+	// generations, where a generation made since (a recount) counted them.
+	ExpireDeletedLinks(ctx context.Context, partition int) error
 	// Link returns what LINKS said about a code, and whether it said anything.
 	Link(ctx context.Context, code string) (LinkInfo, bool, error)
 	// Replicated waits until the store's replicas have every write made so
@@ -218,6 +230,14 @@ func (s CorrectionStatus) String() string {
 		return "not_counted"
 	}
 	return "unknown"
+}
+
+// DeletedLink is a link LINKS said was deleted, and when its counts may go:
+// once no click of it can be counted (or a verdict move one) any more.
+type DeletedLink struct {
+	Partition int
+	Ref       LinkRef
+	Until     time.Time
 }
 
 // LinkInfo is what LINKS said last about a code.

@@ -229,6 +229,12 @@ func (c *Counter) verdictState(ctx context.Context, p int, fresh bool) (State, e
 	return st, nil
 }
 
+// DeletedLinkHorizon is how long past CLICKS retention after its deletion
+// a deleted link's counts are kept: a click redirected before the deletion
+// and stored late (an outbox backlog) is counted within CLICKS retention of
+// being stored, and a verdict about it is applied until a day past that.
+const DeletedLinkHorizon = 2 * 24 * time.Hour
+
 // LinkEvent is a LINKS event and its stream sequence.
 type LinkEvent struct {
 	E   *events.LinkEvent
@@ -245,16 +251,40 @@ func (c *Counter) ApplyLinkEvent(ctx context.Context, e *events.LinkEvent, seq u
 // with no clicks yet, and to refuse deleted ones. An event at or below the
 // sequence already recorded for its code changes nothing, so the batch may
 // be applied again after an error.
+//
+// A deleted link's counts are never read again (the stats API refuses it,
+// and its code is never created again: the redirect keeps a tombstone), so
+// they are given an expiry (ForgetLinks): DeletedLinkHorizon after the
+// deletion, when no late click of the link (one redirected before it) can
+// still be counted, nor a verdict move one. Every deletion of the batch,
+// applied now or before (a batch retried after ForgetLinks failed), is
+// forgotten; doing it twice changes nothing.
 func (c *Counter) ApplyLinkEvents(ctx context.Context, es []LinkEvent) error {
 	applied, err := c.store.ApplyLinkEvents(ctx, es)
 	if err != nil {
 		return fmt.Errorf("apply %d link events: %w", len(es), err)
 	}
 	codes := make([]string, len(es))
+	var gone []DeletedLink
+	var parts []int
 	for i, e := range es {
 		codes[i] = e.E.Code
+		if e.E.Kind != events.LinkDeleted {
+			continue
+		}
+		p := events.Partition(e.E.Code, c.n)
+		gone = append(gone, DeletedLink{Partition: p, Ref: LinkRef{Owner: e.E.Owner, Code: e.E.Code},
+			Until: e.E.Time.Add(c.maxAge + DeletedLinkHorizon)})
+		if !slices.Contains(parts, p) {
+			parts = append(parts, p)
+		}
 	}
-	c.replicated(ctx, "links", nil, codes)
+	if len(gone) > 0 {
+		if err := c.store.ForgetLinks(ctx, gone); err != nil {
+			return fmt.Errorf("apply %d link events: %w", len(es), err)
+		}
+	}
+	c.replicated(ctx, "links", parts, codes)
 	for _, ok := range applied {
 		if ok {
 			c.m.linkEvents.WithLabelValues("applied").Inc()

@@ -13,7 +13,9 @@ import (
 
 func partPrefix(p int) string { return "cc:{p" + strconv.Itoa(p) + "}:" }
 
-// metaKey: hash {read, write, until, replay}, the partition's generations.
+// metaKey: hash {read, write, until, replay, starter}, the partition's
+// generations, the last replay that started one and the token of the call
+// that started it (startScript).
 func metaKey(p int) string { return partPrefix(p) + "meta" }
 
 func genPrefix(p int, g int64) string {
@@ -113,6 +115,13 @@ func idIndexKey(p int, g int64) string { return genPrefix(p, g) + "idx" }
 // the clicks whose ID time falls on day d. Not per generation: a recount
 // reads the same labels.
 func labelKey(p int, d counter.Day) string { return partPrefix(p) + "v:" + d.Key() }
+
+// deletedKey: sorted set of the partition's deleted links ("l:<owner>:<code>",
+// a link hash's name in a generation) scored by when their counts expire
+// (unix): ForgetLinks adds them, the janitor gives a recount's generation's
+// hashes of them their expiry (ExpireDeletedLinks). Members past their
+// score are trimmed; the key expires with its last.
+func deletedKey(p int) string { return partPrefix(p) + "deleted" }
 
 // registryKey: hash {owner, state, seq, ts}, what LINKS said last about a code.
 func registryKey(code string) string { return "cc:link:" + code }

@@ -209,22 +209,26 @@ return {'ok'}
 // every one in use, that takes over the reads when its watermark reaches
 // until (at once when until is 0), and counts from sequence from on (its
 // pos's "first": correctScript's watermark says nothing below it). A replay
-// ID already seen changes nothing.
+// ID already seen changes nothing: it answers 'same', or 'started' when the
+// start was made with the caller's token (meta's "starter"): its own
+// earlier try, whose answer was lost.
 //
-// KEYS[1] meta. ARGV: replay id, until, from. Returns {status, read, write,
-// until}. The new generation's pos is written by name (not in KEYS: its
-// number is decided here), in the partition's slot like meta.
+// KEYS[1] meta. ARGV: replay id, until, from, token. Returns {status, read,
+// write, until}. The new generation's pos is written by name (not in KEYS:
+// its number is decided here), in the partition's slot like meta.
 var startScript = redis.NewScript(`
-local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay')
+local m = redis.call('HMGET', KEYS[1], 'read', 'write', 'until', 'replay', 'starter')
 local read = tonumber(m[1]) or 1
 local write = tonumber(m[2]) or 1
 if m[4] == ARGV[1] then
-  return {'same', read, write, tonumber(m[3]) or 0}
+  local status = 'same'
+  if ARGV[4] ~= '' and m[5] == ARGV[4] then status = 'started' end
+  return {status, read, write, tonumber(m[3]) or 0}
 end
 local g = math.max(read, write) + 1
 local untl = tonumber(ARGV[2])
 if untl == 0 then read = g end
-redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1])
+redis.call('HSET', KEYS[1], 'read', read, 'write', g, 'until', untl, 'replay', ARGV[1], 'starter', ARGV[4])
 -- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:pos" (posKey)
 redis.call('HSET', string.sub(KEYS[1], 1, -5) .. 'g' .. g .. ':pos', 'first', ARGV[3])
 return {'started', read, g, untl}
@@ -473,6 +477,43 @@ for _, d in ipairs(dorder) do
   end
 end
 return {'ok', table.concat(out)}
+`)
+
+// forgetScript gives a deleted link's all-time hash, in the partition's
+// read and write generations, its expiry, and records the link in the
+// partition's deleted set until then; at or past that time it deletes the
+// hashes and records nothing. The hash is made (with a field no reader
+// parses, "deleted") if the generation has counted nothing of the link yet:
+// a late click's HINCRBY then keeps the expiry, where on a missing hash it
+// would make one without. The hashes are named from meta's generations
+// (in the partition's slot, like meta).
+//
+// KEYS[1] meta, KEYS[2] the deleted set. ARGV: "l:<owner>:<code>", expiry
+// (unix), now (unix).
+var forgetScript = redis.NewScript(`
+local m = redis.call('HMGET', KEYS[1], 'read', 'write')
+local gens = {tonumber(m[1]) or 1}
+local w = tonumber(m[2]) or 1
+if w ~= gens[1] then gens[2] = w end
+-- "cc:{p<N>}:meta" -> "cc:{p<N>}:g<g>:" (genPrefix)
+local pre = string.sub(KEYS[1], 1, -5)
+local at, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+for _, g in ipairs(gens) do
+  local key = pre .. 'g' .. g .. ':' .. ARGV[1]
+  if at > now then
+    redis.call('HSETNX', key, 'deleted', '0')
+    redis.call('EXPIREAT', key, at)
+  else
+    redis.call('DEL', key)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if at > now then
+  redis.call('ZADD', KEYS[2], at, ARGV[1])
+  local ttl = redis.call('TTL', KEYS[2])
+  if ttl < 0 or now + ttl < at then redis.call('EXPIREAT', KEYS[2], at) end
+end
+return 1
 `)
 
 // linkScript records a LINKS event unless one at or after its sequence

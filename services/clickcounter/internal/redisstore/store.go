@@ -537,8 +537,8 @@ func twoDigits(n int) string {
 }
 
 // StartGeneration begins a recount (see startScript).
-func (s *Store) StartGeneration(ctx context.Context, p int, replayID string, from, until uint64) (counter.State, bool, error) {
-	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until, from).Slice()
+func (s *Store) StartGeneration(ctx context.Context, p int, replayID, token string, from, until uint64) (counter.State, bool, error) {
+	res, err := startScript.Run(ctx, s.rdb, []string{metaKey(p)}, replayID, until, from, token).Slice()
 	if err != nil {
 		return counter.State{}, false, fmt.Errorf("start generation: %w", err)
 	}
@@ -703,6 +703,68 @@ func (s *Store) ApplyLinkEvents(ctx context.Context, es []counter.LinkEvent) ([]
 		applied[i] = n == 1
 	}
 	return applied, nil
+}
+
+// ForgetLinks gives deleted links' counts their expiry (see forgetScript),
+// in one pipeline.
+func (s *Store) ForgetLinks(ctx context.Context, links []counter.DeletedLink) error {
+	now := time.Now().Unix()
+	calls := make([]scriptCall, len(links))
+	for i, l := range links {
+		calls[i] = scriptCall{keys: []string{metaKey(l.Partition), deletedKey(l.Partition)},
+			argv: []any{deletedMember(l.Ref), l.Until.Unix(), now}}
+	}
+	for i, cmd := range s.runAll(ctx, forgetScript, calls) {
+		if err := cmd.Err(); err != nil {
+			return fmt.Errorf("expire the counts of deleted link %q: %w", links[i].Ref.Code, err)
+		}
+	}
+	return nil
+}
+
+// deletedMember is a deleted link in deletedKey: its hash's name in a
+// generation, less the generation's prefix.
+func deletedMember(r counter.LinkRef) string { return "l:" + r.Owner + ":" + r.Code }
+
+// ExpireDeletedLinks gives the hashes of the partition's deleted links, in
+// its read and write generations, the expiry recorded for them (an
+// EXPIREAT on a hash that does not exist does nothing), a page of the
+// deleted set per pipeline.
+func (s *Store) ExpireDeletedLinks(ctx context.Context, p int) error {
+	st, err := s.meta(ctx, s.rdb, p)
+	if err != nil {
+		return err
+	}
+	gens := []int64{st.Read}
+	if st.Write != st.Read {
+		gens = append(gens, st.Write)
+	}
+	const page = 1000
+	from := strconv.FormatInt(time.Now().Unix()+1, 10)
+	for off := int64(0); ; off += page {
+		zs, err := s.rdb.ZRangeByScoreWithScores(ctx, deletedKey(p), &redis.ZRangeBy{Min: from, Max: "+inf", Offset: off, Count: page}).Result()
+		if err != nil {
+			return fmt.Errorf("list partition %d's deleted links: %w", p, err)
+		}
+		if len(zs) == 0 {
+			return nil
+		}
+		_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for _, z := range zs {
+				member, _ := z.Member.(string)
+				for _, g := range gens {
+					pl.ExpireAt(ctx, genPrefix(p, g)+member, time.Unix(int64(z.Score), 0))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("expire partition %d's deleted links' counts: %w", p, err)
+		}
+		if len(zs) < page {
+			return nil
+		}
+	}
 }
 
 // scriptCall is one call of a script: its keys and arguments.

@@ -289,7 +289,7 @@ func TestPartitionKeysWrittenByNameStayInTheSlot(t *testing.T) {
 	s := redisstore.New(rdb)
 	ctx := t.Context()
 	const p = 5
-	st, started, err := s.StartGeneration(ctx, p, events.NewID(), 40, 100)
+	st, started, err := s.StartGeneration(ctx, p, events.NewID(), "", 40, 100)
 	if err != nil || !started || st.Write != 2 {
 		t.Fatalf("StartGeneration = %+v, %v, %v; want generation 2 started", st, started, err)
 	}
