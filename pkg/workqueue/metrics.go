@@ -21,7 +21,7 @@ func newMetrics(source string, reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "deliveries_total",
-			Help: "Job deliveries by outcome: done, retried, dead_lettered, handed_back (at shutdown).",
+			Help: "Job deliveries by outcome: done, retried (with backoff; as retries_total), dead_lettered, handed_back (at shutdown: NAKed, requeued as a fresh copy, or, on the last try, left to the rescuer).",
 		}, []string{"outcome"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "dead_letters_total",
@@ -29,7 +29,7 @@ func newMetrics(source string, reg prometheus.Registerer) *metrics {
 		}, []string{"reason", "via"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "retries_total",
-			Help: "Transient failures retried with backoff, by reason.",
+			Help: "Failed deliveries retried with backoff, by the failure's reason: transient failures before the last try, and failures that could not be dead-lettered (see dead_letter_errors_total).",
 		}, []string{"reason"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "dead_letter_backlog",

@@ -383,12 +383,24 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			stop()
 		}
 		if perr != nil {
-			// Not parked: keep the job and try again later. On the last
-			// delivery (the worker is stopping) this NAK makes the server
-			// give up on it, and the rescuer parks it.
+			if pol.lastTry(meta.NumDelivered) {
+				// The worker is stopping (parkHolding gives up only then).
+				// This NAK makes the server give up on the job, and the
+				// rescuer parks it: a hand-back at shutdown, not a retry,
+				// and without delay, so that it is parked at the next
+				// pull rather than after a retry's wait.
+				log.Error("last try: job failed and could not be dead-lettered before the stop; handing it to the rescuer", "reason", d.reason, "err", err, "park_err", perr)
+				_ = m.Nak()
+				q.m.deliveries.WithLabelValues("handed_back").Inc()
+				return
+			}
+			// Not parked: keep the job and try again later. The next
+			// delivery fails again, or not, and parks it then: a retry,
+			// counted as one, with the failure's reason.
 			log.Error("job failed and could not be dead-lettered; retrying", "reason", d.reason, "err", err, "park_err", perr)
 			_ = m.NakWithDelay(pol.nakDelay(q.cfg.Backoff.Delay(meta.NumDelivered, 0, rand.Float64()), meta.NumDelivered))
 			q.m.deliveries.WithLabelValues("retried").Inc()
+			q.m.retries.WithLabelValues(d.reason).Inc()
 			return
 		}
 		q.term(m, d.reason, log)

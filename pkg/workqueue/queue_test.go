@@ -699,6 +699,71 @@ func TestLastTryRidesOutADeadLetterOutage(t *testing.T) {
 	}
 }
 
+// A permanent failure that DEAD_LETTER refuses (an outage) before the last
+// try is NAKed with backoff and comes back: a retry, counted in
+// retries_total with its reason as in deliveries_total{outcome="retried"}.
+// It was counted as a retried delivery only, so the two disagreed.
+func TestAPermanentFailureWhoseParkFailedIsCountedAsARetry(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	restore := deadLetterOutage(t, js)
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return failure.Permanent("not_found", errors.New("404 Not Found"))
+	}, nil)
+	start(t, q)
+	publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 20*time.Second, "two parks failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 2 })
+	restore()
+	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
+		return testutil.ToFloat64(q.m.deliveries.WithLabelValues("dead_lettered")) == 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	retried := testutil.ToFloat64(q.m.deliveries.WithLabelValues("retried"))
+	if retried < 2 || retried != float64(calls.Load()-1) {
+		t.Errorf("deliveries{retried} = %v after %d tries, want every try but the last (at least 2)", retried, calls.Load())
+	}
+	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("not_found")); got != retried {
+		t.Errorf("retries_total{reason=not_found} = %v, want deliveries{retried}'s %v", got, retried)
+	}
+	if n := testutil.CollectAndCount(q.m.retries); n != 1 {
+		t.Errorf("retries_total has %d series, want 1 (not_found)", n)
+	}
+}
+
+// A last try whose park DEAD_LETTER refuses until the worker stops is
+// handed to the rescuer (a NAK that exhausts it): a hand-back at shutdown,
+// not a retry, since the job is not delivered again. It was counted as
+// deliveries{retried}.
+func TestALastTryWhoseParkFailedUntilTheStopIsHandedBack(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var calls atomic.Int64
+	restored := make(chan func(), 1)
+	cfg := testConfig(t)
+	cfg.ShutdownTimeout = 200 * time.Millisecond
+	cfg.Advisories = "" // nothing rescues here: the job is left to the server
+	q := New(js, cfg, func(context.Context, []byte) error {
+		if calls.Add(1) == topology.PreviewMaxDeliver {
+			restored <- deadLetterOutage(t, js)
+		}
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
+	}, nil)
+	stop := start(t, q)
+	publishJob(t, js, events.NewID())
+	restore := <-restored
+	t.Cleanup(restore)
+	testenv.WaitFor(t, 20*time.Second, "a park of the last try failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
+	stop()
+	retried := testutil.ToFloat64(q.m.deliveries.WithLabelValues("retried"))
+	if handedBack := testutil.ToFloat64(q.m.deliveries.WithLabelValues("handed_back")); handedBack != 1 || retried != topology.PreviewMaxDeliver-1 {
+		t.Errorf("deliveries: handed_back %v, retried %v; want 1 (the last try) and %d (the others)", handedBack, retried, topology.PreviewMaxDeliver-1)
+	}
+	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("http_5xx")); got != retried {
+		t.Errorf("retries_total{reason=http_5xx} = %v, want deliveries{retried}'s %v", got, retried)
+	}
+}
+
 // A DEAD_LETTER outage when the advisory arrives: the rescuer retries the
 // park until DEAD_LETTER is back.
 func TestAdvisoryRescueRidesOutADeadLetterOutage(t *testing.T) {
