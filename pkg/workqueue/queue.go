@@ -29,6 +29,12 @@
 // DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
 // retries, and the rescuer NAKs the advisory with backoff and gets it again.
 //
+// The queue decides by the consumer's settings on the server (MaxDeliver,
+// BackOff, AckWait), not by constants of its own, and reads them again
+// every Config.PolicyRefresh, and at once for a delivery numbered beyond
+// the MaxDeliver it read, so an operator's change is followed without a
+// restart (refreshPolicy says what a stale setting costs meanwhile).
+//
 // Run stops gracefully: it stops pulling, lets the jobs in hand (and any the
 // last pull still brings) finish within the shutdown timeout, and hands back
 // (NAK, no delay) those that could not, so another worker takes them at
@@ -113,7 +119,13 @@ type Config struct {
 	// abandon it: a job the server sent to an abandoned pull would sit
 	// unacknowledged until its ack deadline.
 	PullWait time.Duration
-	Logger   *slog.Logger
+	// PolicyRefresh is how often the pull loop reads the consumer's
+	// settings (MaxDeliver, BackOff, AckWait) from the server again
+	// (default 30s), so that an operator's change (snipctl topology apply)
+	// is followed without a restart. A delivery numbered beyond the
+	// MaxDeliver read has them read again at once.
+	PolicyRefresh time.Duration
+	Logger        *slog.Logger
 	// Metrics receives the queue's collectors (nil: not registered).
 	Metrics prometheus.Registerer
 }
@@ -136,6 +148,10 @@ type Queue struct {
 	slots     chan struct{}
 	consuming atomic.Bool
 	lastErr   atomic.Pointer[error] // the pull loop's last error, for logs and /readyz
+
+	// pol is the consumer's settings as last read from the server; each
+	// job decides by the settings read when it started.
+	pol atomic.Pointer[consumerPolicy]
 }
 
 // New returns a Queue; Run starts it.
@@ -149,6 +165,9 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 	}
 	if cfg.PullWait <= 0 {
 		cfg.PullWait = time.Second
+	}
+	if cfg.PolicyRefresh <= 0 {
+		cfg.PolicyRefresh = 30 * time.Second
 	}
 	if cfg.BacklogInterval <= 0 {
 		cfg.BacklogInterval = 30 * time.Second
@@ -228,7 +247,8 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 	if err != nil {
 		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
 	}
-	pol := policyOf(cons.CachedInfo().Config)
+	q.setPolicy(policyOf(cons.CachedInfo().Config))
+	read := time.Now()
 	if !q.consuming.Swap(true) {
 		q.log.Info("pulling jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
 	}
@@ -248,6 +268,21 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 		if n == 0 {
 			return nil // ctx ended
 		}
+		if time.Since(read) >= q.cfg.PolicyRefresh {
+			// Before the pull, so the jobs it brings decide by what the
+			// server applies now (see refreshPolicy for what a stale
+			// setting costs). A failed read keeps the settings read
+			// before: the pull that follows says whether the consumer
+			// is still there.
+			if _, err := q.refreshPolicy(ctx, cons); err != nil && ctx.Err() == nil {
+				q.log.Warn("consumer settings not read again; keeping those read before", "err", err)
+			}
+			read = time.Now()
+			if ctx.Err() != nil {
+				q.releaseN(n)
+				return nil // the stop began: no pull is sent
+			}
+		}
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.cfg.PullWait))
 		if err != nil {
 			q.releaseN(n)
@@ -260,7 +295,7 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 			// it one of its tries.
 			go func() {
 				defer q.release()
-				q.work(jobs, pol, m)
+				q.work(jobs, cons, m)
 			}()
 		}
 		q.releaseN(n)
@@ -304,12 +339,66 @@ func (q *Queue) releaseN(n int) {
 	}
 }
 
-func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) {
+// setPolicy stores the consumer's settings, and logs a change.
+func (q *Queue) setPolicy(p consumerPolicy) {
+	if old := q.pol.Swap(&p); old != nil && !old.equal(p) {
+		q.log.Info("consumer settings changed on the server; following them",
+			"max_deliver", p.maxDeliver, "backoff", p.backoff, "ack_wait", p.ackWait,
+			"was_max_deliver", old.maxDeliver, "was_backoff", old.backoff, "was_ack_wait", old.ackWait)
+	}
+}
+
+// refreshPolicy reads the consumer's settings from the server again: one
+// CONSUMER.INFO request.
+//
+// Settings read before a change cost this much until they are read again
+// (at most PolicyRefresh, for the jobs that start meanwhile; a job in
+// hand keeps the settings it started with):
+//   - MaxDeliver raised: a transient failure on the old last try is parked
+//     with its reason after fewer tries than configured; a job aborted at
+//     a stop on it is handed back as a fresh copy rather than NAKed. A
+//     delivery numbered beyond the old MaxDeliver shows the change, and
+//     work reads the settings again before it decides.
+//   - MaxDeliver lowered: a transient failure on the new last try is NAKed
+//     as a retry, the server gives up on it, and the rescuer parks it as
+//     max_deliveries (the failure's reason and error lost); a job aborted
+//     at a stop on it is NAKed, exhausted, and parked so without a real
+//     try.
+//   - BackOff or AckWait changed: the keep-alive runs at a third of the
+//     old deadline (a new deadline below that hands a job in hand to a
+//     second worker, whose run idempotency turns into a no-op), and a
+//     retry's delay is corrected by the old step, so it comes sooner or
+//     later by the difference.
+func (q *Queue) refreshPolicy(ctx context.Context, cons jetstream.Consumer) (consumerPolicy, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return *q.pol.Load(), fmt.Errorf("read consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+	}
+	p := policyOf(info.Config)
+	q.setPolicy(p)
+	return p, nil
+}
+
+func (q *Queue) work(jobs context.Context, cons jetstream.Consumer, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		q.log.Error("message without JetStream metadata; terminating it", "subject", m.Subject(), "err", err)
 		q.term(m, "", q.log)
 		return
+	}
+	pol := *q.pol.Load()
+	if pol.maxDeliver > 0 && meta.NumDelivered > uint64(pol.maxDeliver) {
+		// The server delivered the job more often than the MaxDeliver
+		// read allows: it was raised since. Read it now, before this job
+		// is parked on a try that is not its last (the jobs that start
+		// after it get what is read here too).
+		p, perr := q.refreshPolicy(jobs, cons)
+		if perr != nil {
+			q.log.Warn("delivery beyond the consumer's MaxDeliver as read, and the settings could not be read again", "seq", meta.Sequence.Stream, "delivery", meta.NumDelivered, "max_deliver", pol.maxDeliver, "err", perr)
+		}
+		pol = p
 	}
 	q.m.inFlight.Inc()
 	defer q.m.inFlight.Dec()
