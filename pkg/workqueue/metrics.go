@@ -14,6 +14,8 @@ type metrics struct {
 	rescueRetries prometheus.Counter
 	// termsUnconfirmed counts TERMs the server never confirmed.
 	termsUnconfirmed prometheus.Counter
+	// rescuedDone counts jobs that ran out of deliveries though done.
+	rescuedDone prometheus.Counter
 }
 
 func newMetrics(source string, reg prometheus.Registerer) *metrics {
@@ -52,13 +54,17 @@ func newMetrics(source string, reg prometheus.Registerer) *metrics {
 			Namespace: ns, Name: "rescue_retries_total",
 			Help: "Rescues of a job that ran out of deliveries that failed and were put off (its advisory is kept and retried with backoff).",
 		}),
+		rescuedDone: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "rescued_done_total",
+			Help: "Jobs that ran out of deliveries though their work was done (the last try's ack was lost): removed from the queue without a dead letter.",
+		}),
 		termsUnconfirmed: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "terms_unconfirmed_total",
 			Help: "TERMs (after a park or a hand-back) the server did not confirm in three tries: the job may come back once.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors, m.rescueRetries, m.termsUnconfirmed)
+		reg.MustRegister(m.deliveries, m.dead, m.retries, m.backlog, m.inFlight, m.duration, m.parkErrors, m.rescueRetries, m.termsUnconfirmed, m.rescuedDone)
 	}
 	return m
 }

@@ -24,7 +24,9 @@
 // MAX_DELIVERIES advisory, captured by a stream (Config.Advisories), names
 // the job, and the processes share a durable consumer on that stream, so an
 // advisory waits there until one of them has parked its job, whichever ran
-// or stopped when it was published. Both paths park a job under the same
+// or stopped when it was published; a job the handler's record says is
+// done (Config.Done: its last try's ack was lost) is removed without a
+// dead letter. Both paths park a job under the same
 // Nats-Msg-Id, so the job is parked once. Neither gives up on a park that
 // DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
 // retries, and the rescuer NAKs the advisory with backoff and gets it again.
@@ -99,6 +101,13 @@ type Config struct {
 	// crashed on its last try then stays in the queue until its MaxAge.
 	Advisories string
 	Rescuer    string
+	// Done, if set, reports whether a job's work is done already, by the
+	// record that makes the handler skip it (its idempotency record). The
+	// rescuer asks it before parking a job that ran out of deliveries: one
+	// whose last try succeeded and whose ack was lost is removed from the
+	// queue without a dead letter (redriven, it would do nothing). An
+	// error, or nil Done, parks the job as before.
+	Done func(ctx context.Context, data []byte) (bool, error)
 	// Source is the dead letters' source token (dead.<source>.<reason>) and
 	// the metrics' prefix (snip_<source>_...).
 	Source string
@@ -794,6 +803,14 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 	if err != nil {
 		return fmt.Errorf("read job %d: %w", seq, err)
 	}
+	if q.done(ctx, seq, raw.Data) {
+		if err := deadletter.DeleteIfPresent(ctx, s, seq); err != nil {
+			return fmt.Errorf("done, not deleted from %s: %w", q.cfg.Stream, err)
+		}
+		q.log.Info("job ran out of deliveries but the handler's record says it is done (a lost ack); removed without a dead letter", "seq", seq, "attempts", deliveries)
+		q.m.rescuedDone.Inc()
+		return nil
+	}
 	p := deadletter.Parcel{
 		Source: q.cfg.Source, Reason: ReasonMaxDeliveries, Stream: q.cfg.Stream, Subject: raw.Subject, Seq: seq,
 		Attempts: int(deliveries), Consumer: q.cfg.Consumer, Data: raw.Data,
@@ -817,6 +834,20 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 		return fmt.Errorf("parked, not deleted from %s: %w", q.cfg.Stream, err)
 	}
 	return nil
+}
+
+// done asks Config.Done whether the job at seq is done already; false when
+// it cannot tell.
+func (q *Queue) done(ctx context.Context, seq uint64, data []byte) bool {
+	if q.cfg.Done == nil {
+		return false
+	}
+	done, err := q.cfg.Done(ctx, data)
+	if err != nil {
+		q.log.Warn("rescue job: cannot tell whether it is done; parking it", "seq", seq, "err", err)
+		return false
+	}
+	return done
 }
 
 // measureBacklog sets the dead-letter backlog gauge from DEAD_LETTER's

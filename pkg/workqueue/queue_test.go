@@ -1104,3 +1104,45 @@ func TestADeliveryBeyondTheMaxDeliverReadHasTheSettingsReadAgain(t *testing.T) {
 		t.Errorf("letter: seq %d, attempts %d; want %d, %d", l.OrigSeq, l.Attempts, seq, raised)
 	}
 }
+
+// The rescuer asks Config.Done before parking a job that ran out of
+// deliveries: a job done already is removed without a dead letter, and
+// one whose record cannot be read (an error) is parked as before.
+func TestTheRescuerParksOnlyAJobNotDone(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var doneID atomic.Value
+	doneID.Store("")
+	cfg := testConfig(t)
+	cfg.Done = func(_ context.Context, data []byte) (bool, error) {
+		if jobID(data) == doneID.Load() {
+			return true, nil
+		}
+		return false, errors.New("record unreadable")
+	}
+	var hooks atomic.Int64
+	q := New(js, cfg, nil, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopRescue := q.startRescue(ctx)
+	defer func() { cancel(); stopRescue() }()
+
+	done := events.NewID()
+	doneID.Store(done)
+	publishJob(t, js, done)
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "the done job removed", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 || testutil.ToFloat64(q.m.rescuedDone) != 1 || hooks.Load() != 0 {
+		t.Fatalf("done job: %d dead letters, rescued_done %v, dead hook %d; want 0, 1, 0", n, testutil.ToFloat64(q.m.rescuedDone), hooks.Load())
+	}
+
+	seq := publishJob(t, js, events.NewID())
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "the job parked", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries {
+		t.Fatalf("letter = %+v", l)
+	}
+}
