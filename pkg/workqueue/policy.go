@@ -1,6 +1,7 @@
 package workqueue
 
 import (
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,7 +57,11 @@ type consumerPolicy struct {
 }
 
 func policyOf(c jetstream.ConsumerConfig) consumerPolicy {
-	return consumerPolicy{maxDeliver: c.MaxDeliver, ackWait: c.AckWait, backoff: c.BackOff}
+	return consumerPolicy{maxDeliver: c.MaxDeliver, ackWait: c.AckWait, backoff: slices.Clone(c.BackOff)}
+}
+
+func (p consumerPolicy) equal(o consumerPolicy) bool {
+	return p.maxDeliver == o.maxDeliver && p.ackWait == o.ackWait && slices.Equal(p.backoff, o.backoff)
 }
 
 // deadline is how long the server waits for an ack (or progress) of

@@ -24,10 +24,18 @@
 // MAX_DELIVERIES advisory, captured by a stream (Config.Advisories), names
 // the job, and the processes share a durable consumer on that stream, so an
 // advisory waits there until one of them has parked its job, whichever ran
-// or stopped when it was published. Both paths park a job under the same
+// or stopped when it was published; a job the handler's record says is
+// done (Config.Done: its last try's ack was lost) is removed without a
+// dead letter. Both paths park a job under the same
 // Nats-Msg-Id, so the job is parked once. Neither gives up on a park that
 // DEAD_LETTER refuses: on the last try the worker keeps the job in hand and
 // retries, and the rescuer NAKs the advisory with backoff and gets it again.
+//
+// The queue decides by the consumer's settings on the server (MaxDeliver,
+// BackOff, AckWait), not by constants of its own, and reads them again
+// every Config.PolicyRefresh, and at once for a delivery numbered beyond
+// the MaxDeliver it read, so an operator's change is followed without a
+// restart (refreshPolicy says what a stale setting costs meanwhile).
 //
 // Run stops gracefully: it stops pulling, lets the jobs in hand (and any the
 // last pull still brings) finish within the shutdown timeout, and hands back
@@ -93,6 +101,13 @@ type Config struct {
 	// crashed on its last try then stays in the queue until its MaxAge.
 	Advisories string
 	Rescuer    string
+	// Done, if set, reports whether a job's work is done already, by the
+	// record that makes the handler skip it (its idempotency record). The
+	// rescuer asks it before parking a job that ran out of deliveries: one
+	// whose last try succeeded and whose ack was lost is removed from the
+	// queue without a dead letter (redriven, it would do nothing). An
+	// error, or nil Done, parks the job as before.
+	Done func(ctx context.Context, data []byte) (bool, error)
 	// Source is the dead letters' source token (dead.<source>.<reason>) and
 	// the metrics' prefix (snip_<source>_...).
 	Source string
@@ -113,7 +128,13 @@ type Config struct {
 	// abandon it: a job the server sent to an abandoned pull would sit
 	// unacknowledged until its ack deadline.
 	PullWait time.Duration
-	Logger   *slog.Logger
+	// PolicyRefresh is how often the pull loop reads the consumer's
+	// settings (MaxDeliver, BackOff, AckWait) from the server again
+	// (default 30s), so that an operator's change (snipctl topology apply)
+	// is followed without a restart. A delivery numbered beyond the
+	// MaxDeliver read has them read again at once.
+	PolicyRefresh time.Duration
+	Logger        *slog.Logger
 	// Metrics receives the queue's collectors (nil: not registered).
 	Metrics prometheus.Registerer
 }
@@ -136,6 +157,10 @@ type Queue struct {
 	slots     chan struct{}
 	consuming atomic.Bool
 	lastErr   atomic.Pointer[error] // the pull loop's last error, for logs and /readyz
+
+	// pol is the consumer's settings as last read from the server; each
+	// job decides by the settings read when it started.
+	pol atomic.Pointer[consumerPolicy]
 }
 
 // New returns a Queue; Run starts it.
@@ -149,6 +174,9 @@ func New(js jetstream.JetStream, cfg Config, h Handler, onDead DeadHook) *Queue 
 	}
 	if cfg.PullWait <= 0 {
 		cfg.PullWait = time.Second
+	}
+	if cfg.PolicyRefresh <= 0 {
+		cfg.PolicyRefresh = 30 * time.Second
 	}
 	if cfg.BacklogInterval <= 0 {
 		cfg.BacklogInterval = 30 * time.Second
@@ -228,7 +256,8 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 	if err != nil {
 		return fmt.Errorf("look up consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
 	}
-	pol := policyOf(cons.CachedInfo().Config)
+	q.setPolicy(policyOf(cons.CachedInfo().Config))
+	read := time.Now()
 	if !q.consuming.Swap(true) {
 		q.log.Info("pulling jobs", "stream", q.cfg.Stream, "consumer", q.cfg.Consumer, "concurrency", q.cfg.Concurrency)
 	}
@@ -248,6 +277,21 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 		if n == 0 {
 			return nil // ctx ended
 		}
+		if time.Since(read) >= q.cfg.PolicyRefresh {
+			// Before the pull, so the jobs it brings decide by what the
+			// server applies now (see refreshPolicy for what a stale
+			// setting costs). A failed read keeps the settings read
+			// before: the pull that follows says whether the consumer
+			// is still there.
+			if _, err := q.refreshPolicy(ctx, cons); err != nil && ctx.Err() == nil {
+				q.log.Warn("consumer settings not read again; keeping those read before", "err", err)
+			}
+			read = time.Now()
+			if ctx.Err() != nil {
+				q.releaseN(n)
+				return nil // the stop began: no pull is sent
+			}
+		}
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(q.cfg.PullWait))
 		if err != nil {
 			q.releaseN(n)
@@ -260,7 +304,7 @@ func (q *Queue) pull(ctx, jobs context.Context) error {
 			// it one of its tries.
 			go func() {
 				defer q.release()
-				q.work(jobs, pol, m)
+				q.work(jobs, cons, m)
 			}()
 		}
 		q.releaseN(n)
@@ -304,12 +348,66 @@ func (q *Queue) releaseN(n int) {
 	}
 }
 
-func (q *Queue) work(jobs context.Context, pol consumerPolicy, m jetstream.Msg) {
+// setPolicy stores the consumer's settings, and logs a change.
+func (q *Queue) setPolicy(p consumerPolicy) {
+	if old := q.pol.Swap(&p); old != nil && !old.equal(p) {
+		q.log.Info("consumer settings changed on the server; following them",
+			"max_deliver", p.maxDeliver, "backoff", p.backoff, "ack_wait", p.ackWait,
+			"was_max_deliver", old.maxDeliver, "was_backoff", old.backoff, "was_ack_wait", old.ackWait)
+	}
+}
+
+// refreshPolicy reads the consumer's settings from the server again: one
+// CONSUMER.INFO request.
+//
+// Settings read before a change cost this much until they are read again
+// (at most PolicyRefresh, for the jobs that start meanwhile; a job in
+// hand keeps the settings it started with):
+//   - MaxDeliver raised: a transient failure on the old last try is parked
+//     with its reason after fewer tries than configured; a job aborted at
+//     a stop on it is handed back as a fresh copy rather than NAKed. A
+//     delivery numbered beyond the old MaxDeliver shows the change, and
+//     work reads the settings again before it decides.
+//   - MaxDeliver lowered: a transient failure on the new last try is NAKed
+//     as a retry, the server gives up on it, and the rescuer parks it as
+//     max_deliveries (the failure's reason and error lost); a job aborted
+//     at a stop on it is NAKed, exhausted, and parked so without a real
+//     try.
+//   - BackOff or AckWait changed: the keep-alive runs at a third of the
+//     old deadline (a new deadline below that hands a job in hand to a
+//     second worker, whose run idempotency turns into a no-op), and a
+//     retry's delay is corrected by the old step, so it comes sooner or
+//     later by the difference.
+func (q *Queue) refreshPolicy(ctx context.Context, cons jetstream.Consumer) (consumerPolicy, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.OpTimeout)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return *q.pol.Load(), fmt.Errorf("read consumer %s > %s: %w", q.cfg.Stream, q.cfg.Consumer, err)
+	}
+	p := policyOf(info.Config)
+	q.setPolicy(p)
+	return p, nil
+}
+
+func (q *Queue) work(jobs context.Context, cons jetstream.Consumer, m jetstream.Msg) {
 	meta, err := m.Metadata()
 	if err != nil {
 		q.log.Error("message without JetStream metadata; terminating it", "subject", m.Subject(), "err", err)
 		q.term(m, "", q.log)
 		return
+	}
+	pol := *q.pol.Load()
+	if pol.maxDeliver > 0 && meta.NumDelivered > uint64(pol.maxDeliver) {
+		// The server delivered the job more often than the MaxDeliver
+		// read allows: it was raised since. Read it now, before this job
+		// is parked on a try that is not its last (the jobs that start
+		// after it get what is read here too).
+		p, perr := q.refreshPolicy(jobs, cons)
+		if perr != nil {
+			q.log.Warn("delivery beyond the consumer's MaxDeliver as read, and the settings could not be read again", "seq", meta.Sequence.Stream, "delivery", meta.NumDelivered, "max_deliver", pol.maxDeliver, "err", perr)
+		}
+		pol = p
 	}
 	q.m.inFlight.Inc()
 	defer q.m.inFlight.Dec()
@@ -383,12 +481,24 @@ func (q *Queue) settle(jobs context.Context, m jetstream.Msg, meta *jetstream.Ms
 			stop()
 		}
 		if perr != nil {
-			// Not parked: keep the job and try again later. On the last
-			// delivery (the worker is stopping) this NAK makes the server
-			// give up on it, and the rescuer parks it.
+			if pol.lastTry(meta.NumDelivered) {
+				// The worker is stopping (parkHolding gives up only then).
+				// This NAK makes the server give up on the job, and the
+				// rescuer parks it: a hand-back at shutdown, not a retry,
+				// and without delay, so that it is parked at the next
+				// pull rather than after a retry's wait.
+				log.Error("last try: job failed and could not be dead-lettered before the stop; handing it to the rescuer", "reason", d.reason, "err", err, "park_err", perr)
+				_ = m.Nak()
+				q.m.deliveries.WithLabelValues("handed_back").Inc()
+				return
+			}
+			// Not parked: keep the job and try again later. The next
+			// delivery fails again, or not, and parks it then: a retry,
+			// counted as one, with the failure's reason.
 			log.Error("job failed and could not be dead-lettered; retrying", "reason", d.reason, "err", err, "park_err", perr)
 			_ = m.NakWithDelay(pol.nakDelay(q.cfg.Backoff.Delay(meta.NumDelivered, 0, rand.Float64()), meta.NumDelivered))
 			q.m.deliveries.WithLabelValues("retried").Inc()
+			q.m.retries.WithLabelValues(d.reason).Inc()
 			return
 		}
 		q.term(m, d.reason, log)
@@ -693,6 +803,14 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 	if err != nil {
 		return fmt.Errorf("read job %d: %w", seq, err)
 	}
+	if q.done(ctx, seq, raw.Data) {
+		if err := deadletter.DeleteIfPresent(ctx, s, seq); err != nil {
+			return fmt.Errorf("done, not deleted from %s: %w", q.cfg.Stream, err)
+		}
+		q.log.Info("job ran out of deliveries but the handler's record says it is done (a lost ack); removed without a dead letter", "seq", seq, "attempts", deliveries)
+		q.m.rescuedDone.Inc()
+		return nil
+	}
 	p := deadletter.Parcel{
 		Source: q.cfg.Source, Reason: ReasonMaxDeliveries, Stream: q.cfg.Stream, Subject: raw.Subject, Seq: seq,
 		Attempts: int(deliveries), Consumer: q.cfg.Consumer, Data: raw.Data,
@@ -716,6 +834,20 @@ func (q *Queue) rescueSeq(ctx context.Context, seq, deliveries uint64) error {
 		return fmt.Errorf("parked, not deleted from %s: %w", q.cfg.Stream, err)
 	}
 	return nil
+}
+
+// done asks Config.Done whether the job at seq is done already; false when
+// it cannot tell.
+func (q *Queue) done(ctx context.Context, seq uint64, data []byte) bool {
+	if q.cfg.Done == nil {
+		return false
+	}
+	done, err := q.cfg.Done(ctx, data)
+	if err != nil {
+		q.log.Warn("rescue job: cannot tell whether it is done; parking it", "seq", seq, "err", err)
+		return false
+	}
+	return done
 }
 
 // measureBacklog sets the dead-letter backlog gauge from DEAD_LETTER's

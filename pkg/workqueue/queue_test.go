@@ -699,6 +699,71 @@ func TestLastTryRidesOutADeadLetterOutage(t *testing.T) {
 	}
 }
 
+// A permanent failure that DEAD_LETTER refuses (an outage) before the last
+// try is NAKed with backoff and comes back: a retry, counted in
+// retries_total with its reason as in deliveries_total{outcome="retried"}.
+// It was counted as a retried delivery only, so the two disagreed.
+func TestAPermanentFailureWhoseParkFailedIsCountedAsARetry(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	restore := deadLetterOutage(t, js)
+	var calls atomic.Int64
+	q := New(js, testConfig(t), func(context.Context, []byte) error {
+		calls.Add(1)
+		return failure.Permanent("not_found", errors.New("404 Not Found"))
+	}, nil)
+	start(t, q)
+	publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 20*time.Second, "two parks failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 2 })
+	restore()
+	testenv.WaitFor(t, 20*time.Second, "job parked", func() bool {
+		return testutil.ToFloat64(q.m.deliveries.WithLabelValues("dead_lettered")) == 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	retried := testutil.ToFloat64(q.m.deliveries.WithLabelValues("retried"))
+	if retried < 2 || retried != float64(calls.Load()-1) {
+		t.Errorf("deliveries{retried} = %v after %d tries, want every try but the last (at least 2)", retried, calls.Load())
+	}
+	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("not_found")); got != retried {
+		t.Errorf("retries_total{reason=not_found} = %v, want deliveries{retried}'s %v", got, retried)
+	}
+	if n := testutil.CollectAndCount(q.m.retries); n != 1 {
+		t.Errorf("retries_total has %d series, want 1 (not_found)", n)
+	}
+}
+
+// A last try whose park DEAD_LETTER refuses until the worker stops is
+// handed to the rescuer (a NAK that exhausts it): a hand-back at shutdown,
+// not a retry, since the job is not delivered again. It was counted as
+// deliveries{retried}.
+func TestALastTryWhoseParkFailedUntilTheStopIsHandedBack(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var calls atomic.Int64
+	restored := make(chan func(), 1)
+	cfg := testConfig(t)
+	cfg.ShutdownTimeout = 200 * time.Millisecond
+	cfg.Advisories = "" // nothing rescues here: the job is left to the server
+	q := New(js, cfg, func(context.Context, []byte) error {
+		if calls.Add(1) == topology.PreviewMaxDeliver {
+			restored <- deadLetterOutage(t, js)
+		}
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
+	}, nil)
+	stop := start(t, q)
+	publishJob(t, js, events.NewID())
+	restore := <-restored
+	t.Cleanup(restore)
+	testenv.WaitFor(t, 20*time.Second, "a park of the last try failed", func() bool { return testutil.ToFloat64(q.m.parkErrors) >= 1 })
+	stop()
+	retried := testutil.ToFloat64(q.m.deliveries.WithLabelValues("retried"))
+	if handedBack := testutil.ToFloat64(q.m.deliveries.WithLabelValues("handed_back")); handedBack != 1 || retried != topology.PreviewMaxDeliver-1 {
+		t.Errorf("deliveries: handed_back %v, retried %v; want 1 (the last try) and %d (the others)", handedBack, retried, topology.PreviewMaxDeliver-1)
+	}
+	if got := testutil.ToFloat64(q.m.retries.WithLabelValues("http_5xx")); got != retried {
+		t.Errorf("retries_total{reason=http_5xx} = %v, want deliveries{retried}'s %v", got, retried)
+	}
+}
+
 // A DEAD_LETTER outage when the advisory arrives: the rescuer retries the
 // park until DEAD_LETTER is back.
 func TestAdvisoryRescueRidesOutADeadLetterOutage(t *testing.T) {
@@ -913,5 +978,171 @@ func TestTermWaitsForTheServersConfirmation(t *testing.T) {
 	q.term(m, "not_found", q.log)
 	if n := testutil.ToFloat64(q.m.termsUnconfirmed); n != 1 {
 		t.Errorf("terms_unconfirmed_total = %v after a TERM whose consumer was gone, want 1", n)
+	}
+}
+
+// noticed is a slog handler that passes records on to next and closes seen
+// once a record's message is msg.
+type noticed struct {
+	next slog.Handler
+	msg  string
+	seen chan struct{}
+	once *sync.Once
+}
+
+func (h noticed) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+func (h noticed) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return h.next.Handle(ctx, r)
+}
+func (h noticed) WithAttrs(a []slog.Attr) slog.Handler { h.next = h.next.WithAttrs(a); return h }
+func (h noticed) WithGroup(g string) slog.Handler      { h.next = h.next.WithGroup(g); return h }
+
+// updatePreviewConsumer sets the workers' consumer's MaxDeliver on the
+// server, as snipctl topology apply does after an operator's edit.
+func updatePreviewConsumer(t *testing.T, js jetstream.JetStream, backOff []time.Duration, maxDeliver int) {
+	t.Helper()
+	cc := topology.PreviewConsumerConfig()
+	cc.BackOff, cc.AckWait, cc.MaxDeliver = backOff, backOff[0], maxDeliver
+	if _, err := js.UpdateConsumer(t.Context(), events.PreviewJobsStream, cc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A MaxDeliver raised on the server while the workers run is followed
+// without a restart: a job that always fails gets every try the consumer
+// now allows and is parked on the last. The workers read the consumer's
+// settings once per pull loop (only a pull error made them read again),
+// so they parked the job on the 5th of its 7 tries.
+func TestARaisedMaxDeliverIsFollowedWithoutARestart(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	const raised = topology.PreviewMaxDeliver + 2
+	cfg := testConfig(t)
+	cfg.PolicyRefresh = 50 * time.Millisecond
+	changed := make(chan struct{})
+	cfg.Logger = slog.New(noticed{next: cfg.Logger.Handler(), msg: "consumer settings changed on the server; following them", seen: changed, once: &sync.Once{}})
+	var calls atomic.Int64
+	q := New(js, cfg, func(context.Context, []byte) error {
+		if calls.Add(1) == 1 {
+			// Fail the first try only once the workers saw the change (or
+			// after 10s: the job is kept in hand meanwhile).
+			select {
+			case <-changed:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
+	}, nil)
+	start(t, q)
+	updatePreviewConsumer(t, js, testBackOff, raised)
+	seq := publishJob(t, js, events.NewID())
+	testenv.WaitFor(t, 40*time.Second, "job dead-lettered and gone from the queue", func() bool {
+		return streamMsgs(t, js, events.DeadLetterStream) == 1 && streamMsgs(t, js, events.PreviewJobsStream) == 0
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != "http_5xx" || l.Attempts != raised {
+		t.Errorf("letter: seq %d, reason %s, attempts %d; want %d, http_5xx, %d (the raised MaxDeliver)", l.OrigSeq, l.Reason, l.Attempts, seq, raised)
+	}
+	if n := calls.Load(); n != raised {
+		t.Errorf("handler ran %d times, want %d", n, raised)
+	}
+}
+
+// A delivery numbered beyond the MaxDeliver the worker read shows that it
+// was raised since: the worker reads the settings again before it
+// decides, and retries a transient failure rather than park it. (Here
+// the pull loop does not read them again before the job comes.)
+func TestADeliveryBeyondTheMaxDeliverReadHasTheSettingsReadAgain(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	const raised = topology.PreviewMaxDeliver + 2
+	cfg := testConfig(t)
+	cfg.PolicyRefresh = time.Hour
+	var calls atomic.Int64
+	q := New(js, cfg, func(context.Context, []byte) error {
+		calls.Add(1)
+		return failure.Retryable("http_5xx", errors.New("503 Service Unavailable"))
+	}, nil)
+	q.setPolicy(consumerPolicy{maxDeliver: topology.PreviewMaxDeliver, ackWait: testBackOff[0], backoff: testBackOff})
+	updatePreviewConsumer(t, js, testBackOff, raised)
+	seq := publishJob(t, js, events.NewID())
+	cons, err := js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Deliveries 1 to 5 went to workers that crashed.
+	for range topology.PreviewMaxDeliver {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := <-batch.Messages(); !ok {
+			t.Fatalf("no redelivery: %v", batch.Error())
+		}
+	}
+	for want := uint64(topology.PreviewMaxDeliver + 1); want <= raised; want++ {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-batch.Messages()
+		if !ok {
+			t.Fatalf("no delivery %d: %v", want, batch.Error())
+		}
+		if n := mustMeta(t, m).NumDelivered; n != want {
+			t.Fatalf("delivery %d, want %d", n, want)
+		}
+		q.work(t.Context(), cons, m)
+		if want < raised && streamMsgs(t, js, events.DeadLetterStream) != 0 {
+			t.Fatalf("parked on delivery %d of %d", want, raised)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "job gone from the queue", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Attempts != raised {
+		t.Errorf("letter: seq %d, attempts %d; want %d, %d", l.OrigSeq, l.Attempts, seq, raised)
+	}
+}
+
+// The rescuer asks Config.Done before parking a job that ran out of
+// deliveries: a job done already is removed without a dead letter, and
+// one whose record cannot be read (an error) is parked as before.
+func TestTheRescuerParksOnlyAJobNotDone(t *testing.T) {
+	t.Parallel()
+	js := setup(t, testBackOff)
+	var doneID atomic.Value
+	doneID.Store("")
+	cfg := testConfig(t)
+	cfg.Done = func(_ context.Context, data []byte) (bool, error) {
+		if jobID(data) == doneID.Load() {
+			return true, nil
+		}
+		return false, errors.New("record unreadable")
+	}
+	var hooks atomic.Int64
+	q := New(js, cfg, nil, func(context.Context, []byte, string, string) { hooks.Add(1) })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopRescue := q.startRescue(ctx)
+	defer func() { cancel(); stopRescue() }()
+
+	done := events.NewID()
+	doneID.Store(done)
+	publishJob(t, js, done)
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "the done job removed", func() bool { return streamMsgs(t, js, events.PreviewJobsStream) == 0 })
+	if n := streamMsgs(t, js, events.DeadLetterStream); n != 0 || testutil.ToFloat64(q.m.rescuedDone) != 1 || hooks.Load() != 0 {
+		t.Fatalf("done job: %d dead letters, rescued_done %v, dead hook %d; want 0, 1, 0", n, testutil.ToFloat64(q.m.rescuedDone), hooks.Load())
+	}
+
+	seq := publishJob(t, js, events.NewID())
+	exhaust(t, js)
+	awaitGiveUp(t, js)
+	testenv.WaitFor(t, 10*time.Second, "the job parked", func() bool {
+		return testutil.ToFloat64(q.m.dead.WithLabelValues(ReasonMaxDeliveries, "advisory")) == 1
+	})
+	if l := onlyLetter(t, js); l.OrigSeq != seq || l.Reason != ReasonMaxDeliveries {
+		t.Fatalf("letter = %+v", l)
 	}
 }

@@ -40,7 +40,9 @@ func run(ctx context.Context, log *slog.Logger, cfg Config) error {
 		web := webserver.New(log, reg)
 		web.Echo.HTTPErrorHandler = webserver.ErrorHandler(log, nil)
 		svc := preview.New(redisstore.New(rdb), fetch.New(cfg.fetch()), log, reg)
-		q := workqueue.New(js, cfg.queue(log, reg), svc.Process, svc.OnDead)
+		qcfg := cfg.queue(log, reg)
+		qcfg.Done = svc.Done
+		q := workqueue.New(js, qcfg, svc.Process, svc.OnDead)
 		web.AddReadiness("nats", service.NATSReady(nc))
 		web.AddReadiness("redis", service.RedisReady(rdb))
 		web.AddReadiness("queue", q.Ready)

@@ -27,6 +27,7 @@ import (
 	"github.com/snipdev/snip/pkg/service/servicetest"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
+	"github.com/snipdev/snip/services/preview/internal/preview"
 	"github.com/snipdev/snip/services/preview/internal/redisstore"
 )
 
@@ -794,5 +795,58 @@ func TestLoadConfig(t *testing.T) {
 		if _, err := loadConfig([]string{bad}, nil); err == nil || !strings.Contains(err.Error(), "PREVIEW_BACKLOG_INTERVAL") {
 			t.Errorf("loadConfig(%s) = %v, want a refusal naming PREVIEW_BACKLOG_INTERVAL", bad, err)
 		}
+	}
+}
+
+// TestAJobWhoseLastAckWasLostLeavesNoDeadLetter: a job's last try stored
+// its preview and its ack was lost, so the server gave up on it and
+// announced it. The rescuer parked it as max_deliveries: a dead letter
+// for a job that was done (its redrive a no-op). It now asks the preview's
+// record first, and removes the job without a letter; the preview stays.
+func TestAJobWhoseLastAckWasLostLeavesNoDeadLetter(t *testing.T) {
+	t.Parallel()
+	backOff := []time.Duration{200 * time.Millisecond, 200 * time.Millisecond, 200 * time.Millisecond, 200 * time.Millisecond}
+	w := newWorld(t, backOff)
+	job := events.PreviewJob{V: events.PreviewJobVersion, ID: events.NewID(), Time: time.Now().UTC(), Code: "lost", Owner: "acme", Target: w.pages.URL + "/lost"}
+	data, _ := json.Marshal(job)
+	if _, err := w.js.Publish(t.Context(), events.PreviewJobSubject, data, jetstream.WithMsgID(job.ID)); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := w.js.Consumer(t.Context(), events.PreviewJobsStream, topology.PreviewConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Deliveries 1 to 4 went to workers that crashed; the 5th stored the
+	// preview, and its ack never reached the server.
+	for range topology.PreviewMaxDeliver {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := <-batch.Messages(); !ok {
+			t.Fatalf("no redelivery: %v", batch.Error())
+		}
+	}
+	rec := preview.Record{JobID: job.ID, URL: job.Target, FetchedAt: time.Now().UTC()}
+	rec.Title = "stored by the last try"
+	if _, err := redisstore.New(w.rdb).Save(t.Context(), job.Code, rec); err != nil {
+		t.Fatal(err)
+	}
+	// The next instance's pull makes the server notice and announce it.
+	inst := start(t, w.config(t))
+	testenv.WaitFor(t, 20*time.Second, "the job gone from the queue and its advisory handled", func() bool {
+		return streamMsgs(t, w.js, events.PreviewJobsStream) == 0 && streamMsgs(t, w.js, events.PreviewAdvisoriesStream) == 0
+	})
+	if got := letters(t, w.js); len(got) != 0 {
+		t.Errorf("dead letters %+v, want none for a job that was done", got)
+	}
+	if n := inst.metric(t, `snip_preview_rescued_done_total`); n != 1 {
+		t.Errorf("snip_preview_rescued_done_total = %v, want 1", n)
+	}
+	if h := previewHash(t, w.rdb, job.Code); h["status"] != "ok" || h["job_id"] != job.ID || h["title"] != rec.Title {
+		t.Errorf("preview = %v, want the last try's, status ok", h)
+	}
+	if n := w.pages.hitCount("/lost"); n != 0 {
+		t.Errorf("page fetched %d times, want none", n)
 	}
 }

@@ -152,6 +152,23 @@ func (s *Service) fetch(ctx context.Context, job events.PreviewJob) (Record, err
 	return Record{JobID: job.ID, Preview: p, URL: resp.URL.String(), FetchedAt: s.now().UTC()}, nil
 }
 
+// Done reports whether the job in data needs no run: its link's preview is
+// stored by this job or a newer one, the record Process skips it by. The
+// queue's rescuer asks it before parking a job that ran out of deliveries,
+// so a job whose last try succeeded and whose ack was lost leaves no dead
+// letter. A malformed job is not done (it is parked).
+func (s *Service) Done(ctx context.Context, data []byte) (bool, error) {
+	job, err := events.DecodePreviewJob(data)
+	if err != nil {
+		return false, nil
+	}
+	done, err := s.store.Done(ctx, job.Code, job.ID)
+	if err != nil {
+		return false, fmt.Errorf("check job %s: %w", job.ID, err)
+	}
+	return done, nil
+}
+
 // OnDead records a dead-lettered job's failure on its link's preview, so
 // the API can say "unavailable" instead of "pending". A malformed job names
 // no link; a Redis failure is logged and the marker missing (the dead letter

@@ -36,7 +36,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "dropped_events_total",
 			Help: "Oldest events dropped because an endpoint's backlog was full (replayable from the streams)."}, l),
 		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "delivered_events_total",
-			Help: "Events delivered (2xx) to an endpoint."}, l),
+			Help: "Events delivered (2xx) to an endpoint, counted as they leave its queue: one the backlog bound dropped while its batch was in flight is counted as dropped only."}, l),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "snip", Subsystem: "webhooks", Name: "failed_attempts_total",
 			Help: "Delivery attempts that failed (non-2xx, timeout, refused address, transport)."}, l),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "snip", Subsystem: "webhooks", Name: "backlog_events",

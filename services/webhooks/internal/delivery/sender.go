@@ -349,7 +349,8 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, token string,
 		// failed, the batch is sent again (a duplicate with the same
 		// webhook-id), and the failing run left stored is stale: the next
 		// failure's RecordFailure is given this time and starts afresh.
-		if err := s.store.Delivered(ctx, e.ID, token, entries); err != nil {
+		removed, err := s.store.Delivered(ctx, e.ID, token, entries)
+		if err != nil {
 			if errors.Is(err, redisstore.ErrLeaseLost) {
 				s.log.Warn("webhooks: lease taken by another sender, delivery not marked, sender stopped", "endpoint", e.ID)
 				return outcome{lapsed: true}
@@ -357,7 +358,12 @@ func (s *Sender) attempt(ctx context.Context, e endpoint.Endpoint, token string,
 			s.log.Warn("webhooks: mark delivered", "endpoint", e.ID, "err", err)
 			return outcome{accepted: now}
 		}
-		s.metrics.delivered.WithLabelValues(e.ID).Add(float64(len(batch)))
+		// Each queued event is counted once, as it leaves the queue: the
+		// events this delivery removed. Those of the batch the backlog
+		// bound dropped while it was in flight were counted as dropped
+		// then (and a replay's clear re-queues what it removes, counted
+		// when its copy is delivered).
+		s.metrics.delivered.WithLabelValues(e.ID).Add(float64(removed))
 		return outcome{delivered: true, accepted: now}
 	}
 	s.metrics.failed.WithLabelValues(e.ID).Inc()

@@ -921,7 +921,13 @@ func decodeEntry(m redis.XMessage) Event {
 // flight and sends it again (same webhook-id), and may since have marked
 // its own next batch in flight and recorded failures of its own, which
 // this write would delete.
-func (s *Store) Delivered(ctx context.Context, id, token string, entries []string) error {
+//
+// removed is how many of entries were still queued and are removed now:
+// an entry the backlog bound dropped while its batch was in flight (and
+// Enqueue counted as dropped then), or a replay's clear removed (the
+// replay queues a copy of its event), left the queue before the receiver
+// took it, and is not among them. 0 for a deleted endpoint.
+func (s *Store) Delivered(ctx context.Context, id, token string, entries []string) (removed int, err error) {
 	args := make([]any, 0, 1+len(entries))
 	args = append(args, token)
 	for _, e := range entries {
@@ -929,28 +935,29 @@ func (s *Store) Delivered(ctx context.Context, id, token string, entries []strin
 	}
 	n, err := deliveredScript.Run(ctx, s.rdb, []string{k(id, "q"), k(id, "inflight"), k(id, "ep"), k(id, "lease")}, args...).Int()
 	if err != nil {
-		return fmt.Errorf("mark delivered for %s: %w", id, err)
+		return 0, fmt.Errorf("mark delivered for %s: %w", id, err)
 	}
 	if n == -2 {
-		return fmt.Errorf("mark delivered for %s: %w", id, ErrLeaseLost)
+		return 0, fmt.Errorf("mark delivered for %s: %w", id, ErrLeaseLost)
 	}
-	return nil
+	return n, nil
 }
 
 // deliveredScript: KEYS = the queue, the in-flight mark, the endpoint, its
 // sender's lease; ARGV = the sender's lease token, then the delivered
-// queue entries. Returns -2 when the lease holds another token, 1
-// otherwise (nothing written for a deleted endpoint, whose queue and mark
-// went with it).
+// queue entries. Returns -2 when the lease holds another token, otherwise
+// how many of the entries the queue still held and XDEL removed (0 for a
+// deleted endpoint, whose queue and mark went with it: nothing written).
 var deliveredScript = redis.NewScript(`
-if redis.call('HEXISTS', KEYS[3], 'cfg') == 0 then return 1 end
+if redis.call('HEXISTS', KEYS[3], 'cfg') == 0 then return 0 end
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -2 end
-if #ARGV > 1 then redis.call('XDEL', KEYS[1], unpack(ARGV, 2)) end
+local n = 0
+if #ARGV > 1 then n = redis.call('XDEL', KEYS[1], unpack(ARGV, 2)) end
 redis.call('DEL', KEYS[2])
 if (redis.call('HGET', KEYS[3], 'failing_since') or '0') ~= '0' then
   redis.call('HSET', KEYS[3], 'failing_since', 0, 'last_error', '', 'attempts', 0)
 end
-return 1`)
+return n`)
 
 // SetInflight records the first and last queue entries of the batch about
 // to be sent, so that after a crash the same batch (same webhook-id) is sent

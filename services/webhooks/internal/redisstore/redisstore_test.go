@@ -148,6 +148,44 @@ func TestBacklogIsBoundedDroppingTheOldest(t *testing.T) {
 	}
 }
 
+// TestDeliveredRemovesOnlyWhatTheBoundLeft: a batch in flight whose oldest
+// events the backlog bound dropped meanwhile (Enqueue counted them as
+// dropped) is delivered; Delivered removes, and reports, only the events
+// still queued, so that each event is counted once.
+func TestDeliveredRemovesOnlyWhatTheBoundLeft(t *testing.T) {
+	testenv.Parallel(t)
+	rdb := servers.RedisClient(t)
+	s := redisstore.New(rdb, 3)
+	put(t, s, "ep")
+	ctx := t.Context()
+	if _, _, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": {ev(1, "a"), ev(2, "b"), ev(3, "c")}}); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil || len(batch) != 3 {
+		t.Fatalf("read %d events, %v; want 3", len(batch), err)
+	}
+	token := senderLease(t, s, "ep")
+	if err := s.SetInflight(ctx, "ep", token, batch[0].Entry, batch[2].Entry); err != nil {
+		t.Fatal(err)
+	}
+	_, dropped, err := s.Enqueue(ctx, redisstore.DedupNone, 0, map[string][]redisstore.Event{"ep": {ev(4, "d")}})
+	if err != nil || dropped["ep"] != 1 {
+		t.Fatalf("enqueue at the bound: dropped %d, %v; want 1", dropped["ep"], err)
+	}
+	entries := []string{batch[0].Entry, batch[1].Entry, batch[2].Entry}
+	if n, err := s.Delivered(ctx, "ep", token, entries); err != nil || n != 2 {
+		t.Errorf("delivered the batch {a, b, c} after the bound dropped a: removed %d, %v; want 2 (b, c)", n, err)
+	}
+	got, err := s.Read(ctx, "ep", "0", 100, 1<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"d"}, ids(got)); diff != "" {
+		t.Errorf("queue after the delivery (-want +got):\n%s", diff)
+	}
+}
+
 // TestBatchesAreCutBySize and the in-flight batch is read back exactly.
 func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 	testenv.Parallel(t)
@@ -185,8 +223,8 @@ func TestBatchesAreCutBySizeAndInflightIsReadBack(t *testing.T) {
 	if diff := cmp.Diff(ids(got), ids(back)); diff != "" {
 		t.Errorf("in-flight batch read back (-want +got):\n%s", diff)
 	}
-	if err := s.Delivered(ctx, "ep", token, []string{got[0].Entry, got[1].Entry, got[2].Entry}); err != nil {
-		t.Fatal(err)
+	if n, err := s.Delivered(ctx, "ep", token, []string{got[0].Entry, got[1].Entry, got[2].Entry}); err != nil || n != 3 {
+		t.Fatalf("delivered: removed %d, %v; want the batch's 3", n, err)
 	}
 	if n, _, _ := s.Backlog(ctx, "ep"); n != 7 {
 		t.Errorf("backlog %d after delivering 3 of 10, want 7", n)
@@ -518,8 +556,8 @@ func TestDeleteLeavesNoDeliveryBodies(t *testing.T) {
 	if err := s.AddDelivery(ctx, "epA", late, []byte("body")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Delivered(ctx, "epA", token, []string{"0-1"}); err != nil {
-		t.Fatal(err)
+	if n, err := s.Delivered(ctx, "epA", token, []string{"0-1"}); err != nil || n != 0 {
+		t.Fatalf("delivered after the delete: removed %d, %v; want 0, nil", n, err)
 	}
 	if _, err := s.RecordFailure(ctx, "epA", token, time.Now(), time.Time{}, "late"); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("a failure recorded after the delete: %v, want ErrNotFound", err)

@@ -165,7 +165,7 @@ func TestNoWriteBringsBackADeletedEndpoint(t *testing.T) {
 	if _, err := s.RecordFailure(ctx, e.ID, token, time.Now(), time.Time{}, "HTTP 500"); !errors.Is(err, endpoint.ErrNotFound) {
 		t.Errorf("failure recorded after the delete: %v, want ErrNotFound", err)
 	}
-	if err := s.Delivered(ctx, e.ID, token, []string{queued[0].Entry}); err != nil {
+	if _, err := s.Delivered(ctx, e.ID, token, []string{queued[0].Entry}); err != nil {
 		t.Fatal(err)
 	}
 	if left := testenv.Keys(t, rdb, "snip:wh:{ep_gone}:*"); len(left) != 0 {
@@ -206,7 +206,7 @@ func TestAFailingRunEndsWithADeliveryOrAResume(t *testing.T) {
 			if err != nil || len(queued) != 1 {
 				t.Fatalf("read the queue: %d events, %v", len(queued), err)
 			}
-			if err := s.Delivered(t.Context(), id, token, []string{queued[0].Entry}); err != nil {
+			if _, err := s.Delivered(t.Context(), id, token, []string{queued[0].Entry}); err != nil {
 				t.Fatal(err)
 			}
 		}, time.Time{}, redisstore.State{FailingSince: t2, LastError: "at t2", Attempts: 1}},
@@ -404,7 +404,7 @@ func TestASenderWritesOnlyWhileItHoldsItsLease(t *testing.T) {
 				write func() error
 			}{
 				{"in_flight", func() error { return s.SetInflight(ctx, id, old, queued[0].Entry, queued[0].Entry) }},
-				{"delivered", func() error { return s.Delivered(ctx, id, old, []string{queued[0].Entry}) }},
+				{"delivered", func() error { _, err := s.Delivered(ctx, id, old, []string{queued[0].Entry}); return err }},
 				{"failure", func() error {
 					_, err := s.RecordFailure(ctx, id, old, late, time.Time{}, "old sender's failure")
 					return err
@@ -427,7 +427,7 @@ func TestASenderWritesOnlyWhileItHoldsItsLease(t *testing.T) {
 			if _, _, err := s.UpdateAsSender(ctx, id, token, disable); err != nil {
 				t.Errorf("the holder's disable: %v", err)
 			}
-			if err := s.Delivered(ctx, id, token, []string{queued[1].Entry, queued[2].Entry}); err != nil {
+			if _, err := s.Delivered(ctx, id, token, []string{queued[1].Entry, queued[2].Entry}); err != nil {
 				t.Fatal(err)
 			}
 			got := snapshot(t, s, rdb, id)
