@@ -117,6 +117,17 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			fail: []string{"log: wait for the rush's last event"},
 		},
 		{
+			// Handled before any of the 700 ahead of it: its partition
+			// drained nothing until it, so the wait predicted is never.
+			name: "rush_last_event_overtakes_its_whole_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast = s.onPartAtEnd
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
+		},
+		{
 			name:   "outbox_claim_holds",
 			checks: func(e *Env) { outboxChecks(e, outboxOK) },
 		},
