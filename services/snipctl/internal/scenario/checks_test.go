@@ -117,6 +117,50 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			fail: []string{"log: wait for the rush's last event"},
 		},
 		{
+			// Handled before any of the 700 ahead of it: its partition
+			// drained nothing until it, so the wait predicted is never.
+			name: "rush_last_event_overtakes_its_whole_partition",
+			checks: func(e *Env) {
+				s := rushStarved
+				s.onPartAtLast = s.onPartAtEnd
+				rushLastWaitCheck(e, s)
+			},
+			fail: []string{"log: wait for the rush's last event"},
+		},
+		{
+			name:   "rush_caught_up_at_the_spare_capacity",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 19.6, rate: 250}) },
+		},
+		{
+			name:   "rush_caught_up_slower_than_the_spare_capacity",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 30, rate: 250}) },
+			fail:   []string{"log: catch-up time"},
+		},
+		{
+			// What a starved machine measured: 5,294 left at the rush's
+			// end, the reader at 164/s, and the run's end 41 s after the
+			// rush, before the 83 s the drain takes at that rate.
+			name:   "rush_not_caught_up_before_the_run_ended",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 164}) },
+		},
+		{
+			// A reader no faster than the 100/s arriving never drains it.
+			name:   "rush_reader_below_the_arrivals_never_catches_up",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 90}) },
+		},
+		{
+			name:   "rush_reader_below_the_arrivals_caught_up",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, caughtUp: true, took: 38, rate: 90}) },
+			fail:   []string{"log: catch-up time"},
+		},
+		{
+			// At 250/s the 3,000 drain in 20 s: still there after 41 s,
+			// the backlog drained slower than the spare capacity.
+			name:   "rush_not_caught_up_long_after_the_spare_capacity_drains_it",
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, took: 41, rate: 250}) },
+			fail:   []string{"log: catch-up time"},
+		},
+		{
 			name:   "outbox_claim_holds",
 			checks: func(e *Env) { outboxChecks(e, outboxOK) },
 		},

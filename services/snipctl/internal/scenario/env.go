@@ -190,9 +190,10 @@ func (e *Env) close() {
 // Checks. Each records a row of the table; the run passes when all are OK.
 
 // within: |measured - predicted| <= rel x |predicted| (+ abs, for predictions
-// near zero).
+// near zero). A prediction that is not a number, or infinite ("never"), is
+// within no tolerance of a measurement: rel x Inf would let any through.
 func (e *Env) within(name, unit string, predicted, measured, rel, abs float64, why string) {
-	ok := math.Abs(measured-predicted) <= rel*math.Abs(predicted)+abs
+	ok := !math.IsInf(predicted, 0) && math.Abs(measured-predicted) <= rel*math.Abs(predicted)+abs
 	tol := fmt.Sprintf("±%.0f%%", rel*100)
 	switch {
 	case rel == 0:

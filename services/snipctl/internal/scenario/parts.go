@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
 	"github.com/snipdev/snip/pkg/events"
@@ -62,6 +63,25 @@ func waitPublished(ctx context.Context, js jetstream.JetStream) error {
 	case <-time.After(60 * time.Second):
 		return fmt.Errorf("publish acks did not arrive within 60s")
 	}
+}
+
+// counterTotal sums the counter name over its labels in reg (0 where no
+// sample of it was taken).
+func counterTotal(reg *prometheus.Registry, name string) (float64, error) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", name, err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n, nil
 }
 
 // codes returns n link codes.
