@@ -47,6 +47,11 @@ type Origins interface {
 	// Lower records seq as the partition's origin unless one at or before
 	// it is recorded.
 	Lower(ctx context.Context, partition int, seq uint64) error
+	// Raise records seq as the partition's origin where from is still the
+	// one recorded: the statistics of the events from from up to seq were
+	// lost for good (retention took them before the store lost them), and
+	// a later loss must not report them again.
+	Raise(ctx context.Context, partition int, from, seq uint64) error
 	// Replaying reports whether the partition carried out the group's
 	// latest replay (reader.Rewind), with the consumer it has now (not the
 	// one of a group deleted and created again since), and next is within
@@ -394,11 +399,15 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 // statistics, the alert list and the counters are what they were; their
 // decisions, published before, are not published again. What retention
 // took before the loss is lost for good: said, counted, and the state
-// starts at resume as on any takeover.
+// starts at resume as on any takeover. The partition's origin then moves
+// up to the first event whose statistics are counted again (Origins.Raise):
+// the statistics begin there now, and a later loss, or a takeover before
+// the events are handed again, does not report the same events lost again.
 //
-// The loss is counted and said once the state is rebuilt: a rebuild that
-// fails (the log or the store unreachable) is tried again, by the runtime
-// (OnAssign) or with the batch (Handle), and finds the same loss again.
+// The loss is counted and said once the state is rebuilt and the origin
+// moved: a rebuild that fails (the log, the store or the record
+// unreachable) is tried again, by the runtime (OnAssign) or with the batch
+// (Handle), and finds the same loss again.
 func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64) (*partState, error) {
 	from, err := r.clicks.Next(ctx, partition, origin)
 	if err != nil {
@@ -411,12 +420,17 @@ func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64
 	if err != nil {
 		return nil, err
 	}
-	r.metrics.wiped.Inc()
 	if from != origin {
+		lostBefore := cmp.Or(from, resume)
+		if err := r.origins.Raise(ctx, partition, origin, lostBefore); err != nil {
+			return nil, fmt.Errorf("rebuild: move the partition's origin past the statistics lost for good: %w", err)
+		}
+		ps.origin = lostBefore
 		r.metrics.unrecoverable.Inc()
 		r.log.Error("the store lost statistics of events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good",
-			"partition", partition, "lost_from", origin, "lost_before", cmp.Or(from, resume), "resume_seq", resume)
+			"partition", partition, "lost_from", origin, "lost_before", lostBefore, "resume_seq", resume)
 	}
+	r.metrics.wiped.Inc()
 	if from == 0 {
 		return ps, nil
 	}
