@@ -40,7 +40,9 @@ type ClickLog interface {
 // in the partition's life), never per click. It also tells a takeover
 // whether the partition is in the middle of a replay, from the group's
 // replay records beside it: the store's mark is then the replay's first
-// pass, not a batch stored and not acked.
+// pass, not a batch stored and not acked. And it tells which consumer the
+// group has for the partition, so events a consumer created again hands
+// again are told from events behind the state's position.
 type Origins interface {
 	// Origin returns the partition's recorded origin (0: none).
 	Origin(ctx context.Context, partition int) (uint64, error)
@@ -58,6 +60,11 @@ type Origins interface {
 	// it: at or after its first event of the partition and at or before the
 	// last it hands again. The group's replay records are kept in NATS too.
 	Replaying(ctx context.Context, partition int, next uint64) (bool, error)
+	// Consumer returns when the group's consumer of the partition was
+	// created (zero: there is none). One deleted and created again (by an
+	// operator, a topology reset) hands the partition's events again from
+	// its own start, as first deliveries, under the same owner.
+	Consumer(ctx context.Context, partition int) (time.Time, error)
 }
 
 // Publisher publishes alerts on FRAUD and verdict messages on
@@ -166,6 +173,15 @@ type partState struct {
 	// before acking it): the state was fed up to it, and those events,
 	// handed again, are skipped without a word.
 	done uint64
+	// consumer is when the partition's consumer was created, as read when
+	// the state was rebuilt (zero: none then) or when it was last found
+	// created again; rehanded is the state's last event when it was found
+	// created again. A consumer created again hands the partition's events
+	// again from its own start, as first deliveries: those up to rehanded
+	// were judged, by this member or before it, and are skipped without a
+	// word, not counted behind the state's position.
+	consumer time.Time
+	rehanded uint64
 
 	// published is the last sequence whose decisions are on FRAUD: this
 	// member's last batch published, or the event before the rebuild's
@@ -212,10 +228,15 @@ func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, origins
 // them all: the state starts where they began, as far as the log still
 // holds them, and the events are handed again from there (see wiped).
 func (r *Reader) OnAssign(ctx context.Context, partition int, resumeSeq uint64) error {
+	consumer, err := r.origins.Consumer(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("assign partition %d: %w", partition, err)
+	}
 	ps, err := r.rebuild(ctx, partition, resumeSeq, true, true)
 	if err != nil {
 		return fmt.Errorf("assign partition %d: %w", partition, err)
 	}
+	ps.consumer = consumer
 	r.mu.Lock()
 	r.parts[partition] = ps
 	r.mu.Unlock()
@@ -246,10 +267,15 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 		// or the events between what was judged and From would be skipped.
 		return nil
 	}
+	consumer, err := r.origins.Consumer(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
+	}
 	ps, err := r.rebuild(ctx, partition, info.From, false, true)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
 	}
+	ps.consumer = consumer
 	r.mu.Lock()
 	r.parts[partition] = ps
 	r.mu.Unlock()
@@ -496,6 +522,7 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		}
 	}
 	var behind, firstBehind uint64 // first deliveries behind the position (logged once)
+	lastBefore := ps.p.Last()
 	for _, ev := range batch {
 		if ps.restore && ev.Seq > ps.mark && ev.Seq > ps.p.Last() {
 			if err := r.restoreCounts(ctx, partition, ps, ev, batch[0].Seq); err != nil {
@@ -507,11 +534,12 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 			// The runtime retries a batch that failed after it was judged
 			// with the same events, still first deliveries: those are
 			// pending here, judged and waiting to be published and stored.
-			// Those up to done were stored by the previous owner.
-			if ev.Deliveries <= 1 && ev.Seq > ps.done && !ps.isPending(ev.Seq) {
+			// Those up to done were stored by the previous owner, those up
+			// to rehanded handed again by a consumer created again.
+			if ev.Deliveries <= 1 && ev.Seq > max(ps.done, ps.rehanded) && !ps.isPending(ev.Seq) {
 				// A first delivery behind the state's position was never
-				// judged and now never will be: say so loudly, once a batch.
-				r.metrics.behind.Inc()
+				// judged and now never will be: say so loudly, once a batch,
+				// unless the consumer was created again (below).
 				if behind == 0 {
 					firstBehind = ev.Seq
 				}
@@ -528,8 +556,7 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		r.metrics.judged.Inc()
 	}
 	if behind > 0 {
-		r.log.Warn("events delivered behind the partition's position; not judged",
-			"partition", partition, "events", behind, "first_seq", firstBehind, "last_judged", ps.p.Last())
+		r.behind(ctx, partition, ps, behind, firstBehind, lastBefore)
 	}
 	if len(ps.pending) == 0 {
 		return nil // a redelivery of what was handled
@@ -539,6 +566,27 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 	}
 	r.metrics.observe(partition, ps.p.Stats())
 	return nil
+}
+
+// behind deals with first deliveries behind the state's position (n, the
+// first at first; last is the state's last event before the batch). The
+// partition's consumer created again since the state was rebuilt (deleted by
+// an operator or a topology reset, created again by the runtime) hands the
+// partition's events again from its own start, first deliveries of events
+// judged before: not behind, and skipped up to last without asking again.
+// Otherwise they are events never judged that never will be, counted and
+// said loudly. One read of the consumer, only in a batch with such events.
+func (r *Reader) behind(ctx context.Context, partition int, ps *partState, n, first, last uint64) {
+	created, err := r.origins.Consumer(ctx, partition)
+	if err == nil && !created.Equal(ps.consumer) {
+		r.log.Info("the partition's consumer was created again: it hands the events judged before again, skipped",
+			"partition", partition, "events", n, "first_seq", first, "last_judged", last, "consumer_created", created)
+		ps.consumer, ps.rehanded = created, max(ps.rehanded, last)
+		return
+	}
+	r.metrics.behind.Add(float64(n))
+	r.log.Warn("events delivered behind the partition's position; not judged",
+		"partition", partition, "events", n, "first_seq", first, "last_judged", last, "consumer_err", err)
 }
 
 // flush publishes and stores what is pending, in that order: the API's
@@ -633,6 +681,7 @@ func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, st
 	}
 	next.quiet = max(next.quiet, ps.quiet, ps.published)
 	next.published = max(next.published, next.quiet)
+	next.consumer = ps.consumer
 	if next.replayFrom > 0 {
 		// The store lost more meanwhile.
 		from, next.replayFrom = min(from, next.replayFrom), 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -454,5 +455,86 @@ func TestAGroupCreatedAgainIsNotInTheMiddleOfTheOldGroupsReplay(t *testing.T) {
 	st, err := w.store.LinkStats(ctx, "hot")
 	if err != nil || st.Total != 30 || st.Flagged != 30 {
 		t.Errorf("stats = %+v, %v; want 30 of 30 flagged, as before", st, err)
+	}
+}
+
+// TestAConsumerCreatedAgainIsNotCountedBehind: the group judged a burst
+// (1..30 in one partition), then the partition's consumer is deleted (an
+// operator's `nats consumer rm`, a topology reset) while its owner runs. The
+// owner's runtime creates it again, from the oldest event (the group's
+// start), and it hands 1..30 again as first deliveries. They were judged:
+// the owner skips them without counting them behind its position
+// (snip_fraud_events_behind_total, "should stay 0"), and judges the next
+// click as usual. Before, every event the new consumer handed again was
+// counted there, with a warning a batch.
+func TestAConsumerCreatedAgainIsNotCountedBehind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p, evs := w.hotBurst(t)
+	if len(evs) != 30 || evs[29].Seq != 30 {
+		t.Fatalf("the burst is %d events, want 1..30", len(evs))
+	}
+	name := topology.GroupConsumerName(topology.GroupFraudDetection, p)
+	consumer := func() (jetstream.ConsumerInfo, bool) {
+		c, err := w.js.Consumer(ctx, events.ClicksStream, name)
+		if err != nil {
+			return jetstream.ConsumerInfo{}, false
+		}
+		return *c.CachedInfo(), true
+	}
+	reg := prometheus.NewRegistry()
+	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	var mu sync.Mutex
+	deleted := false
+	var again []uint64 // events of p handed after the delete, first deliveries
+	w.runMember(t, "m", rd, func(ctx context.Context, part int, b []reader.Event) error {
+		mu.Lock()
+		if part == p && deleted {
+			for _, ev := range b {
+				if ev.Deliveries == 1 {
+					again = append(again, ev.Seq)
+				}
+			}
+		}
+		mu.Unlock()
+		return rd.Handle(ctx, part, b)
+	}, rd.OnRewind)
+	testenv.WaitFor(t, 30*time.Second, "the burst to be judged and acked", func() bool {
+		info, ok := consumer()
+		return ok && info.AckFloor.Stream == 30
+	})
+	before, _ := consumer()
+	mu.Lock()
+	deleted = true
+	mu.Unlock()
+	if err := w.js.DeleteConsumer(ctx, events.ClicksStream, name); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the consumer created again to hand 1..30 again", func() bool {
+		info, ok := consumer()
+		return ok && !info.Created.Equal(before.Created) && info.AckFloor.Stream == 30
+	})
+	if err := traffic.Publish(ctx, w.js, traffic.Burst(time.Now(), 1, 0, "hot", "acme", "someone"), 1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the next click to be handled", func() bool {
+		info, ok := consumer()
+		return ok && info.AckFloor.Stream == 31
+	})
+	mu.Lock()
+	handedAgain := slices.Contains(again, 1) && slices.Contains(again, 30)
+	mu.Unlock()
+	if !handedAgain {
+		t.Fatalf("after the delete the member was handed %v as first deliveries, want 1..30 again, then 31", again)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Errorf("snip_fraud_events_behind_total = %v, want 0: the events handed again were judged", got)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 31 {
+		t.Errorf("judged %v events, want 31: the burst once and the next click", got)
+	}
+	if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 31 {
+		t.Errorf("stats = %+v, %v; want 31 clicks counted", st, err)
 	}
 }

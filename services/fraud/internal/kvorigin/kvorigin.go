@@ -18,9 +18,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
@@ -187,4 +189,18 @@ func (o *Origins) Replaying(ctx context.Context, partition int, next uint64) (bo
 	}
 	pr := st.Partitions[partition]
 	return pr.Done && !pr.Void && pr.From <= next && next <= pr.Until, nil
+}
+
+// Consumer returns when the group's consumer of partition on CLICKS was
+// created (zero: there is none): one deleted and created again since has
+// another time.
+func (o *Origins) Consumer(ctx context.Context, partition int) (time.Time, error) {
+	c, err := o.js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName(o.group, partition))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("consumer of partition %d: %w", partition, err)
+	}
+	return c.CachedInfo().Created, nil
 }
