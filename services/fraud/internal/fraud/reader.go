@@ -197,6 +197,33 @@ type partState struct {
 	// hand the partition's events again from (the rebuild found the store
 	// behind events the log holds and that were acked, so applied).
 	replayFrom uint64
+	// asked, when not 0, is where this state asked the runtime to hand the
+	// partition's events again from (reader.Replay), until the next batch
+	// says where the runtime went: later, where the server does not move
+	// the consumer back that far (replayedLater).
+	asked uint64
+	// lostFrom and lostTo, when lostTo is not 0: the statistics of the
+	// events from lostFrom up to lostTo were lost and will not be counted
+	// again (a replay went on from lostTo, later than asked). A rule that
+	// labels one of them still publishes its label, but the store counts
+	// no flag of a click whose total it does not count.
+	lostFrom, lostTo uint64
+}
+
+// counted returns js with the labels of clicks whose statistics were lost
+// for good left out (lostFrom, lostTo): the store counts a label as a flag
+// of the judged click's link, and a flag without its click's total shows
+// more flagged than total. js itself where none is.
+func (ps *partState) counted(js []Judgement) []Judgement {
+	lost := func(l Label) bool { return l.Seq >= ps.lostFrom && l.Seq < ps.lostTo }
+	if ps.lostTo == 0 || !slices.ContainsFunc(js, func(j Judgement) bool { return slices.ContainsFunc(j.Labels, lost) }) {
+		return js
+	}
+	out := slices.Clone(js)
+	for i := range out {
+		out[i].Labels = slices.DeleteFunc(slices.Clone(out[i].Labels), lost)
+	}
+	return out
 }
 
 // isPending reports whether the event at seq was judged and its decisions
@@ -285,9 +312,10 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 
 // rebuild returns state for a partition whose next event is resume. On a
 // takeover (not a rewind) it goes up to the store's mark where that is
-// ahead of resume. With checkWiped, a store that holds nothing of a
-// partition whose statistics began before resume is found (wiped).
-func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover, checkWiped bool) (*partState, error) {
+// ahead of resume. With checkLost, a store that lost statistics is found:
+// one behind events the log holds before resume, and one that holds
+// nothing of a partition whose statistics began before resume (wiped).
+func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover, checkLost bool) (*partState, error) {
 	started := time.Now()
 	mark, err := r.store.HighWater(ctx, partition)
 	if err != nil {
@@ -305,7 +333,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		}
 		origin = mark
 	}
-	if checkWiped && mark == 0 && origin > 0 && origin < resume {
+	if checkLost && mark == 0 && origin > 0 && origin < resume {
 		return r.wiped(ctx, partition, origin, resume)
 	}
 	until := resume
@@ -384,7 +412,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
-	if mark > 0 && mark < p.Last() {
+	if checkLost && mark > 0 && mark < p.Last() {
 		// The log holds events of the partition after the store's mark and
 		// before the resume point, which were acked, so applied: the store
 		// lost them (a Redis failover, a crash, while the partition changed
@@ -518,8 +546,15 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 	if from := ps.replayFrom; from > 0 {
 		ps.replayFrom = 0
 		if from < batch[0].Seq {
-			return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
+			return r.replay(ps, partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
 		}
+	}
+	if ps.asked > 0 {
+		next, err := r.replayedLater(ctx, partition, ps, batch[0].Seq)
+		if err != nil {
+			return fmt.Errorf("handle partition %d: %w", partition, err)
+		}
+		ps = next
 	}
 	var behind, firstBehind uint64 // first deliveries behind the position (logged once)
 	lastBefore := ps.p.Last()
@@ -644,7 +679,7 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 		}
 		ps.origin = first
 	}
-	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
+	b := Batch{Judgements: ps.counted(ps.pending), Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
 	if err := r.store.Apply(ctx, partition, b); err != nil {
 		var behind *StoreBehindError
 		if errors.As(err, &behind) {
@@ -682,6 +717,9 @@ func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, st
 	next.quiet = max(next.quiet, ps.quiet, ps.published)
 	next.published = max(next.published, next.quiet)
 	next.consumer = ps.consumer
+	if from >= ps.lostTo {
+		next.lostFrom, next.lostTo = ps.lostFrom, ps.lostTo
+	}
 	if next.replayFrom > 0 {
 		// The store lost more meanwhile.
 		from, next.replayFrom = min(from, next.replayFrom), 0
@@ -689,16 +727,67 @@ func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, st
 	r.mu.Lock()
 	r.parts[partition] = next
 	r.mu.Unlock()
-	return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, this member applied up to %d: %w", partition, stored, ps.mark, ErrStoreBehind))
+	return r.replay(next, partition, from, fmt.Errorf("partition %d: the store's mark is %d, this member applied up to %d: %w", partition, stored, ps.mark, ErrStoreBehind))
 }
 
 // replay asks the runtime to hand the partition's events again from from,
-// for a store that lost applied writes.
-func (r *Reader) replay(partition int, from uint64, why error) error {
+// for a store that lost applied writes; ps, rebuilt at from, is the state
+// that judges them.
+func (r *Reader) replay(ps *partState, partition int, from uint64, why error) error {
+	ps.asked = from
 	r.metrics.storeReplays.Inc()
 	r.log.Warn("the store lost applied writes (a Redis failover to a replica without them, or a crash that lost its last second): asking for the partition's events again from the first it lacks",
 		"partition", partition, "from", from, "err", why)
 	return reader.Replay(from, why)
+}
+
+// replayedLater returns the state that judges the first batch after a
+// replay ps asked for (ps.asked), first its first sequence. The runtime
+// hands the events again from where the server moves the partition's
+// consumer back, which is not always where it was asked: no further back
+// than where the consumer started (a group started at a sequence or a
+// time, created again since), and for a group started at new events
+// (FRAUD_START=new) only to its ack floor. The events of the partition from
+// ps.asked up to first are then not handed again, and ps, rebuilt at
+// ps.asked, has not seen them: its windows have a hole, and it judged the
+// clicks after it on part of their window (a burst or a flood across it
+// went uncaught, a link's baseline too low). They are in the log (the
+// group's start is not the log's), so the state is rebuilt from the log up
+// to first, as on a takeover there, its decisions and label counters
+// going on from the store's mark. Their statistics, which the store lost,
+// stay lost (the runtime said so when it moved), and so does a flag of
+// them that a later click's burst or flood labels (counted). A replay that
+// went where it was asked, or past nothing of the partition, keeps ps.
+func (r *Reader) replayedLater(ctx context.Context, partition int, ps *partState, first uint64) (*partState, error) {
+	asked := ps.asked
+	if first <= asked {
+		ps.asked = 0
+		return ps, nil
+	}
+	next, err := r.clicks.Next(ctx, partition, asked)
+	if err != nil {
+		return nil, fmt.Errorf("the partition's first event from %d, where its replay was asked from: %w", asked, err)
+	}
+	if next == 0 || next >= first {
+		ps.asked = 0
+		return ps, nil
+	}
+	r.log.Warn("the replay went on from later than asked (the server moves the partition's consumer back no further): rebuilding the state from the log up to where it goes on, so its windows have no hole",
+		"partition", partition, "asked", asked, "first_seq", first)
+	again, err := r.rebuild(ctx, partition, first, false, false)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild where the replay went on from: %w", err)
+	}
+	again.quiet = max(again.quiet, ps.quiet)
+	again.published = max(again.published, ps.published, again.quiet)
+	again.consumer, again.rehanded = ps.consumer, ps.rehanded
+	again.lostFrom, again.lostTo = again.mark+1, first
+	r.mu.Lock()
+	if r.parts[partition] == ps {
+		r.parts[partition] = again
+	}
+	r.mu.Unlock()
+	return again, nil
 }
 
 // decisions turns judgements into the alerts and labels to publish. A label
