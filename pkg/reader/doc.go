@@ -157,7 +157,9 @@
 // new one's ack floor, and the group created again is handed every event
 // from its start, even where the first reset after the gap fails and is
 // tried again. One deleted and not created again before the move back is
-// created again by the owner, at the group's start, and goes the same way.
+// created again by the owner, at the group's start, and goes the same way;
+// so is one whose owner's fetch finds it gone, tried again until it is
+// created (a first try can fail: refused, or racing the server's delete).
 //
 // Delivery is at least once: after a crash or a partition move, the events
 // after the last acked batch are handed out again. Handlers are idempotent

@@ -951,6 +951,38 @@ func TestAConsumerCreatedAgainUnderItsOwnerIsNoGap(t *testing.T) {
 	}
 }
 
+// A partition whose consumer is deleted under its owner, and whose first
+// try to create it again fails (here the server refuses the member the
+// consumer create API; in the wild, a create racing the server's own
+// delete was answered "consumer does not exist"), is created again by a
+// later try, and the partition goes on. Before, the worker tried once,
+// logged the failure and went on fetching from the consumer deleted, whose
+// pulls never again said it was gone: the partition handled nothing more
+// until it was taken away from the member.
+func TestAConsumerThatFailsToBeCreatedAgainIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	s := newAckRefusingServer(t, 1)
+	first := publish(t, s.js, 2, 10, 0) // 20 events, one partition
+	rec := newRecorder()
+	s.member(t, reader.Config{Group: "again", Member: "m", BatchSize: 10, MaxRetryDelay: 200 * time.Millisecond}, rec.handler("m"))
+	name := topology.GroupConsumerName("again", 0)
+	testenv.WaitFor(t, 30*time.Second, "the first events handled and acked", func() bool {
+		c, err := s.js.Consumer(t.Context(), events.ClicksStream, name)
+		return err == nil && c.CachedInfo().AckFloor.Stream == uint64(len(first)) && rec.distinct() == len(first)
+	})
+	create := "$JS.API.CONSUMER.CREATE." + events.ClicksStream + ".>"
+	s.refuse(t, create)
+	if err := s.js.DeleteConsumer(t.Context(), events.ClicksStream, name); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the owner's try to create the consumer again refused", func() bool {
+		return s.log.of("$JS.API.CONSUMER.CREATE."+events.ClicksStream) > 0
+	})
+	s.refuse(t)
+	more := publish(t, s.js, 1, 5, 10)
+	testenv.WaitFor(t, 30*time.Second, "the events after the delete handled", func() bool { return rec.distinct() == len(first)+len(more) })
+}
+
 // A member that leaves gracefully gives its partition up at once (its lease
 // goes, the others see it go, long before its lease would have lapsed),
 // and its lease leaves nothing behind in the members bucket once the

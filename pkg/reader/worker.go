@@ -201,8 +201,18 @@ func (w *worker) run() {
 			if errors.Is(b.err, jetstream.ErrConsumerNotFound) || errors.Is(b.err, jetstream.ErrConsumerDeleted) {
 				w.log.Warn("partition consumer is gone; recreating it", "err", b.err)
 				f.stop()
-				if err := w.recreate(); err != nil {
+				// Until it is created again: the pulls of the one deleted
+				// say it is gone only once, and nothing else creates it.
+				bo := m.cfg.newBackoff()
+				for {
+					err := w.recreate()
+					if err == nil {
+						break
+					}
 					w.log.Warn("recreate partition consumer", "err", err)
+					if !w.sleep(bo.NextBackOff()) {
+						return
+					}
 				}
 				f = w.startFetcher()
 			}

@@ -118,6 +118,9 @@ type Partition struct {
 	// all come late (a backfill) keeps the first one's time.
 	startLate bool
 	fresh     bool // nothing judged or fed yet
+	// late: the click being judged came late (cameLate) and is behind the
+	// clock; its keys are looked up with getAt.
+	late bool
 }
 
 // visitorState is one (link, visitor) identity: its newest
@@ -270,7 +273,11 @@ func (p *Partition) judge(ev reader.Event, j *Judgement) {
 		}
 		return
 	}
-	switch late := cameLate(ev); {
+	late := cameLate(ev)
+	// A click come late and behind the clock may be older than its keys'
+	// newest: it leaves them where they are in the tables' order (getAt).
+	p.late = late && t < p.clock
+	switch {
 	case p.fresh:
 		p.fresh, p.startAt, p.startLate = false, t, late
 	case p.startLate && !late:
@@ -426,7 +433,7 @@ func (p *Partition) countLabel(j *Judgement, c *events.Click, t int64, rule, key
 		// click would start it again from 0.
 		return ""
 	}
-	lc := p.counts.get(k)
+	lc := p.counts.getAt(k, nil, t, p.late)
 	lc.lastAt = max(lc.lastAt, t)
 	if lc.period != period+1 {
 		lc.period, lc.count = period+1, 0
@@ -471,7 +478,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	win := int64(p.d.rules.PairWindow)
 	k := keyOf(c.Code, c.IPPrefix)
 	if agent.Class == ClassUnfurler {
-		ps := p.pairs.get(k)
+		ps := p.pairs.getAt(k, nil, self.at, p.late)
 		ps.lastAt, ps.lastUnfurl, ps.unfurled = max(ps.lastAt, self.at), max(ps.lastUnfurl, self.at), true
 		waiting := ps.recent.c[:0]
 		for _, e := range ps.recent.c {
@@ -492,7 +499,7 @@ func (p *Partition) unfurlerPair(j *Judgement, c *events.Click, self click, agen
 	if !human {
 		return false
 	}
-	ps := p.pairs.get(k)
+	ps := p.pairs.getAt(k, nil, self.at, p.late)
 	ps.lastAt = max(ps.lastAt, self.at)
 	if ps.unfurled && near(self.at, ps.lastUnfurl, win) {
 		p.label(j, self, RuleUnfurlerPair, p.countLabel(j, c, self.at, RuleUnfurlerPair, c.IPPrefix, "browser-agent fetches paired with an unfurler from "+c.IPPrefix))
@@ -542,7 +549,7 @@ func near(a, b, d int64) bool { return a-b <= d && b-a <= d }
 func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
 	w := int64(r.VisitorWindow)
-	vs := p.visitors.get(keyOf(c.Code, c.Visitor))
+	vs := p.visitors.getAt(keyOf(c.Code, c.Visitor), nil, self.at, p.late)
 	if self.at < vs.lastAt-w {
 		return
 	}
@@ -602,7 +609,7 @@ func (p *Partition) visitorBurst(j *Judgement, c *events.Click, self click) {
 // already counts.
 func (p *Partition) linkFlood(j *Judgement, c *events.Click, self click) {
 	r := &p.d.rules
-	ls := p.links.getOwned(c.Code, strings.Clone)
+	ls := p.links.getAt(c.Code, strings.Clone, self.at, p.late)
 	if self.at < ls.lastAt-int64(r.FloodWindow) {
 		return
 	}

@@ -1024,3 +1024,32 @@ func TestAStateBegunByALateClickStillWarmsBusyLinks(t *testing.T) {
 		t.Fatalf("busy link after a late first click: %d of 400 clicks flagged, want 0", flagged)
 	}
 }
+
+// TestALateClickLeavesItsKeyWhereItExpires: visitor A clicks link a at
+// 12:00:00 and visitor B link b at 12:00:30; a click of A of 11:59:50 comes
+// late (stored at 12:00:30: an outbox backlog, a redrive), older than A's
+// newest, so A's state expires by 12:00:00 still. At 12:01:01 A is a
+// window (1 min) quiet and expires; B does not. Before, the late click moved
+// A to the recent end of the table's order without moving its expiry time:
+// expiry, which pops from the other end, stopped at B, and A stayed until B
+// expired too (up to a window longer).
+func TestALateClickLeavesItsKeyWhereItExpires(t *testing.T) {
+	t.Parallel()
+	d, err := fraud.NewDetector(fraud.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := d.NewPartition()
+	a := clk{at: 0, code: "a", visitor: "A"}
+	b := clk{at: 30 * time.Second, code: "b", visitor: "B"}
+	late := event(3, clk{at: -10 * time.Second, code: "a", visitor: "A"})
+	late.Stored = t0.Add(30 * time.Second)
+	for _, ev := range []reader.Event{event(1, a), event(2, b), late, event(4, clk{at: 61 * time.Second, code: "c", visitor: "C"})} {
+		if _, ok := p.Judge(ev); !ok {
+			t.Fatalf("event %d skipped", ev.Seq)
+		}
+	}
+	if got := p.Stats().Identities; got != 2 {
+		t.Fatalf("identities at 12:01:01: %d, want 2 (B and C; A quiet since 12:00:00, a window)", got)
+	}
+}

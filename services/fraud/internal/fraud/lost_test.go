@@ -325,6 +325,113 @@ func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 	}
 }
 
+// TestStatisticsLostForGoodAreReportedOnce: as in
+// TestStatisticsLostBeyondRetentionAreReported, Redis loses every fraud key
+// of a partition after retention discarded the first 20 events its
+// statistics held; they are reported lost and the 15 events the log holds
+// counted again. Then Redis loses everything again. The events 1-20 were
+// lost in the first loss, not this one, and everything this one lost the
+// log holds: it is counted again in full (a replay from 21) and reported
+// as a loss (snip_fraud_store_wiped_total), but nothing is reported lost for
+// good (snip_fraud_store_unrecoverable_total, the error line). Before, the
+// record of where the partition's statistics begin still said 1, and every
+// later loss reported 1-20 lost again. Found by a member taking the
+// partition over, and by the member running through the loss.
+func TestStatisticsLostForGoodAreReportedOnce(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"after_a_takeover", "same_member"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t)
+			ctx := t.Context()
+			p := events.Partition("hot", parts)
+			clicks := traffic.Burst(time.Now().Add(-time.Minute), 37, 500*time.Millisecond, "hot", "acme", "bot")
+			if err := traffic.Publish(ctx, w.js, clicks[:30], 64); err != nil {
+				t.Fatal(err)
+			}
+			first := w.reader(t, fraud.Defaults(), nil)
+			if err := first.OnAssign(ctx, p, 1); err != nil {
+				t.Fatal(err)
+			}
+			handle(t, first, p, w.events(t, p, 1))
+			first.OnRevoke(p)
+			if err := w.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := w.js.Stream(ctx, events.ClicksStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := s.CachedInfo().Config
+			cfg.MaxMsgs = 15
+			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := traffic.Publish(ctx, w.js, clicks[30:35], 64); err != nil {
+				t.Fatal(err)
+			}
+			testenv.WaitFor(t, 10*time.Second, "clicks 1-20 discarded", func() bool {
+				info, err := s.Info(ctx)
+				return err == nil && info.State.FirstSeq == 21
+			})
+
+			// The first loss: 1-20 lost for good, 21-35 counted again.
+			reg := prometheus.NewRegistry()
+			r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+			if err := r.OnAssign(ctx, p, 31); err != nil {
+				t.Fatal(err)
+			}
+			if replays := w.handleReplaying(t, r, p, 31, 100); len(replays) != 1 || replays[0] != 21 {
+				t.Fatalf("first loss: replays from %v, want one from 21", replays)
+			}
+			if got := counter(t, reg, "snip_fraud_store_unrecoverable_total"); got != 1 {
+				t.Fatalf("first loss: snip_fraud_store_unrecoverable_total = %v, want 1", got)
+			}
+
+			// The second loss, of 21-35 only, which the log holds.
+			if err := w.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			resume := uint64(36)
+			if how == "after_a_takeover" {
+				r.OnRevoke(p)
+				reg = prometheus.NewRegistry()
+				r = w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+				if err := r.OnAssign(ctx, p, resume); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Two more clicks, which retention no longer cuts: the member
+			// running through the loss finds it at its next batch.
+			cfg.MaxMsgs = -1
+			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := traffic.Publish(ctx, w.js, clicks[35:], 64); err != nil {
+				t.Fatal(err)
+			}
+			if replays := w.handleReplaying(t, r, p, resume, 100); len(replays) != 1 || replays[0] != 21 {
+				t.Fatalf("second loss: replays from %v, want one from 21 (where the statistics began again)", replays)
+			}
+			if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 17 {
+				t.Fatalf("stats = %+v, %v; want the 17 clicks of 21-37 counted", st, err)
+			}
+			// The same member's registry holds the first loss too.
+			wiped, unrecoverable := 1.0, 0.0
+			if how == "same_member" {
+				wiped, unrecoverable = 2, 1
+			}
+			for name, want := range map[string]float64{
+				"snip_fraud_store_wiped_total": wiped, "snip_fraud_store_unrecoverable_total": unrecoverable,
+			} {
+				if got := counter(t, reg, name); got != want {
+					t.Errorf("second loss: %s = %v, want %v", name, got, want)
+				}
+			}
+		})
+	}
+}
+
 // TestAWipeIsCountedOnceWhenItsRebuildIsRetried: Redis loses every fraud
 // key of a partition after retention discarded the first events its
 // statistics held (CLICKS cut to its newest 14 events), and the rebuild

@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "snip_fraud_copies_skipped_total", Help: "Events skipped as copies of an event judged within the state's memory (ten minutes of event time by default): the same event ID stored in CLICKS again under another sequence (a relay retry after the duplicate window, a redrive). Not judged, not counted in the statistics.",
 		}),
 		behind: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "snip_fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are not judged (should stay 0); a retry of a batch this member judged and has not finished is not counted.",
+			Name: "snip_fraud_events_behind_total", Help: "First deliveries of events at or before the partition's last judged sequence, which are never judged (should stay 0); a retry of a batch this member judged and has not finished is not counted, nor what a partition's consumer deleted and created again hands again.",
 		}),
 		alerts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_fraud_alerts_total", Help: "Alerts raised and published, by rule (a re-raised alert the FRAUD stream dropped as a duplicate counts too).",

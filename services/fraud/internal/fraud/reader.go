@@ -40,19 +40,31 @@ type ClickLog interface {
 // in the partition's life), never per click. It also tells a takeover
 // whether the partition is in the middle of a replay, from the group's
 // replay records beside it: the store's mark is then the replay's first
-// pass, not a batch stored and not acked.
+// pass, not a batch stored and not acked. And it tells which consumer the
+// group has for the partition, so events a consumer created again hands
+// again are told from events behind the state's position.
 type Origins interface {
 	// Origin returns the partition's recorded origin (0: none).
 	Origin(ctx context.Context, partition int) (uint64, error)
 	// Lower records seq as the partition's origin unless one at or before
 	// it is recorded.
 	Lower(ctx context.Context, partition int, seq uint64) error
+	// Raise records seq as the partition's origin where from is still the
+	// one recorded: the statistics of the events from from up to seq were
+	// lost for good (retention took them before the store lost them), and
+	// a later loss must not report them again.
+	Raise(ctx context.Context, partition int, from, seq uint64) error
 	// Replaying reports whether the partition carried out the group's
 	// latest replay (reader.Rewind), with the consumer it has now (not the
 	// one of a group deleted and created again since), and next is within
 	// it: at or after its first event of the partition and at or before the
 	// last it hands again. The group's replay records are kept in NATS too.
 	Replaying(ctx context.Context, partition int, next uint64) (bool, error)
+	// Consumer returns when the group's consumer of the partition was
+	// created (zero: there is none). One deleted and created again (by an
+	// operator, a topology reset) hands the partition's events again from
+	// its own start, as first deliveries, under the same owner.
+	Consumer(ctx context.Context, partition int) (time.Time, error)
 }
 
 // Publisher publishes alerts on FRAUD and verdict messages on
@@ -161,6 +173,15 @@ type partState struct {
 	// before acking it): the state was fed up to it, and those events,
 	// handed again, are skipped without a word.
 	done uint64
+	// consumer is when the partition's consumer was created, as read when
+	// the state was rebuilt (zero: none then) or when it was last found
+	// created again; rehanded is the state's last event when it was found
+	// created again. A consumer created again hands the partition's events
+	// again from its own start, as first deliveries: those up to rehanded
+	// were judged, by this member or before it, and are skipped without a
+	// word, not counted behind the state's position.
+	consumer time.Time
+	rehanded uint64
 
 	// published is the last sequence whose decisions are on FRAUD: this
 	// member's last batch published, or the event before the rebuild's
@@ -176,6 +197,33 @@ type partState struct {
 	// hand the partition's events again from (the rebuild found the store
 	// behind events the log holds and that were acked, so applied).
 	replayFrom uint64
+	// asked, when not 0, is where this state asked the runtime to hand the
+	// partition's events again from (reader.Replay), until the next batch
+	// says where the runtime went: later, where the server does not move
+	// the consumer back that far (replayedLater).
+	asked uint64
+	// lostFrom and lostTo, when lostTo is not 0: the statistics of the
+	// events from lostFrom up to lostTo were lost and will not be counted
+	// again (a replay went on from lostTo, later than asked). A rule that
+	// labels one of them still publishes its label, but the store counts
+	// no flag of a click whose total it does not count.
+	lostFrom, lostTo uint64
+}
+
+// counted returns js with the labels of clicks whose statistics were lost
+// for good left out (lostFrom, lostTo): the store counts a label as a flag
+// of the judged click's link, and a flag without its click's total shows
+// more flagged than total. js itself where none is.
+func (ps *partState) counted(js []Judgement) []Judgement {
+	lost := func(l Label) bool { return l.Seq >= ps.lostFrom && l.Seq < ps.lostTo }
+	if ps.lostTo == 0 || !slices.ContainsFunc(js, func(j Judgement) bool { return slices.ContainsFunc(j.Labels, lost) }) {
+		return js
+	}
+	out := slices.Clone(js)
+	for i := range out {
+		out[i].Labels = slices.DeleteFunc(slices.Clone(out[i].Labels), lost)
+	}
+	return out
 }
 
 // isPending reports whether the event at seq was judged and its decisions
@@ -207,10 +255,15 @@ func NewReader(d *Detector, clicks ClickLog, pub Publisher, store Store, origins
 // them all: the state starts where they began, as far as the log still
 // holds them, and the events are handed again from there (see wiped).
 func (r *Reader) OnAssign(ctx context.Context, partition int, resumeSeq uint64) error {
+	consumer, err := r.origins.Consumer(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("assign partition %d: %w", partition, err)
+	}
 	ps, err := r.rebuild(ctx, partition, resumeSeq, true, true)
 	if err != nil {
 		return fmt.Errorf("assign partition %d: %w", partition, err)
 	}
+	ps.consumer = consumer
 	r.mu.Lock()
 	r.parts[partition] = ps
 	r.mu.Unlock()
@@ -241,10 +294,15 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 		// or the events between what was judged and From would be skipped.
 		return nil
 	}
+	consumer, err := r.origins.Consumer(ctx, partition)
+	if err != nil {
+		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
+	}
 	ps, err := r.rebuild(ctx, partition, info.From, false, true)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d to %d: %w", partition, info.From, err)
 	}
+	ps.consumer = consumer
 	r.mu.Lock()
 	r.parts[partition] = ps
 	r.mu.Unlock()
@@ -254,9 +312,10 @@ func (r *Reader) OnRewind(ctx context.Context, partition int, info reader.Rewind
 
 // rebuild returns state for a partition whose next event is resume. On a
 // takeover (not a rewind) it goes up to the store's mark where that is
-// ahead of resume. With checkWiped, a store that holds nothing of a
-// partition whose statistics began before resume is found (wiped).
-func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover, checkWiped bool) (*partState, error) {
+// ahead of resume. With checkLost, a store that lost statistics is found:
+// one behind events the log holds before resume, and one that holds
+// nothing of a partition whose statistics began before resume (wiped).
+func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, takeover, checkLost bool) (*partState, error) {
 	started := time.Now()
 	mark, err := r.store.HighWater(ctx, partition)
 	if err != nil {
@@ -274,7 +333,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 		}
 		origin = mark
 	}
-	if checkWiped && mark == 0 && origin > 0 && origin < resume {
+	if checkLost && mark == 0 && origin > 0 && origin < resume {
 		return r.wiped(ctx, partition, origin, resume)
 	}
 	until := resume
@@ -353,7 +412,7 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: %w", err)
 	}
-	if mark > 0 && mark < p.Last() {
+	if checkLost && mark > 0 && mark < p.Last() {
 		// The log holds events of the partition after the store's mark and
 		// before the resume point, which were acked, so applied: the store
 		// lost them (a Redis failover, a crash, while the partition changed
@@ -394,11 +453,15 @@ func (r *Reader) rebuild(ctx context.Context, partition int, resume uint64, take
 // statistics, the alert list and the counters are what they were; their
 // decisions, published before, are not published again. What retention
 // took before the loss is lost for good: said, counted, and the state
-// starts at resume as on any takeover.
+// starts at resume as on any takeover. The partition's origin then moves
+// up to the first event whose statistics are counted again (Origins.Raise):
+// the statistics begin there now, and a later loss, or a takeover before
+// the events are handed again, does not report the same events lost again.
 //
-// The loss is counted and said once the state is rebuilt: a rebuild that
-// fails (the log or the store unreachable) is tried again, by the runtime
-// (OnAssign) or with the batch (Handle), and finds the same loss again.
+// The loss is counted and said once the state is rebuilt and the origin
+// moved: a rebuild that fails (the log, the store or the record
+// unreachable) is tried again, by the runtime (OnAssign) or with the batch
+// (Handle), and finds the same loss again.
 func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64) (*partState, error) {
 	from, err := r.clicks.Next(ctx, partition, origin)
 	if err != nil {
@@ -411,12 +474,17 @@ func (r *Reader) wiped(ctx context.Context, partition int, origin, resume uint64
 	if err != nil {
 		return nil, err
 	}
-	r.metrics.wiped.Inc()
 	if from != origin {
+		lostBefore := cmp.Or(from, resume)
+		if err := r.origins.Raise(ctx, partition, origin, lostBefore); err != nil {
+			return nil, fmt.Errorf("rebuild: move the partition's origin past the statistics lost for good: %w", err)
+		}
+		ps.origin = lostBefore
 		r.metrics.unrecoverable.Inc()
 		r.log.Error("the store lost statistics of events CLICKS no longer holds (retention): their counts, their alerts in the alert list and their label counters are lost for good",
-			"partition", partition, "lost_from", origin, "lost_before", cmp.Or(from, resume), "resume_seq", resume)
+			"partition", partition, "lost_from", origin, "lost_before", lostBefore, "resume_seq", resume)
 	}
+	r.metrics.wiped.Inc()
 	if from == 0 {
 		return ps, nil
 	}
@@ -478,10 +546,18 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 	if from := ps.replayFrom; from > 0 {
 		ps.replayFrom = 0
 		if from < batch[0].Seq {
-			return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
+			return r.replay(ps, partition, from, fmt.Errorf("partition %d: the store's mark is %d, behind events acked before %d: %w", partition, from-1, batch[0].Seq, ErrStoreBehind))
 		}
 	}
+	if ps.asked > 0 {
+		next, err := r.replayedLater(ctx, partition, ps, batch[0].Seq)
+		if err != nil {
+			return fmt.Errorf("handle partition %d: %w", partition, err)
+		}
+		ps = next
+	}
 	var behind, firstBehind uint64 // first deliveries behind the position (logged once)
+	lastBefore := ps.p.Last()
 	for _, ev := range batch {
 		if ps.restore && ev.Seq > ps.mark && ev.Seq > ps.p.Last() {
 			if err := r.restoreCounts(ctx, partition, ps, ev, batch[0].Seq); err != nil {
@@ -493,11 +569,12 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 			// The runtime retries a batch that failed after it was judged
 			// with the same events, still first deliveries: those are
 			// pending here, judged and waiting to be published and stored.
-			// Those up to done were stored by the previous owner.
-			if ev.Deliveries <= 1 && ev.Seq > ps.done && !ps.isPending(ev.Seq) {
+			// Those up to done were stored by the previous owner, those up
+			// to rehanded handed again by a consumer created again.
+			if ev.Deliveries <= 1 && ev.Seq > max(ps.done, ps.rehanded) && !ps.isPending(ev.Seq) {
 				// A first delivery behind the state's position was never
-				// judged and now never will be: say so loudly, once a batch.
-				r.metrics.behind.Inc()
+				// judged and now never will be: say so loudly, once a batch,
+				// unless the consumer was created again (below).
 				if behind == 0 {
 					firstBehind = ev.Seq
 				}
@@ -514,8 +591,7 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 		r.metrics.judged.Inc()
 	}
 	if behind > 0 {
-		r.log.Warn("events delivered behind the partition's position; not judged",
-			"partition", partition, "events", behind, "first_seq", firstBehind, "last_judged", ps.p.Last())
+		r.behind(ctx, partition, ps, behind, firstBehind, lastBefore)
 	}
 	if len(ps.pending) == 0 {
 		return nil // a redelivery of what was handled
@@ -525,6 +601,27 @@ func (r *Reader) Handle(ctx context.Context, partition int, batch []reader.Event
 	}
 	r.metrics.observe(partition, ps.p.Stats())
 	return nil
+}
+
+// behind deals with first deliveries behind the state's position (n, the
+// first at first; last is the state's last event before the batch). The
+// partition's consumer created again since the state was rebuilt (deleted by
+// an operator or a topology reset, created again by the runtime) hands the
+// partition's events again from its own start, first deliveries of events
+// judged before: not behind, and skipped up to last without asking again.
+// Otherwise they are events never judged that never will be, counted and
+// said loudly. One read of the consumer, only in a batch with such events.
+func (r *Reader) behind(ctx context.Context, partition int, ps *partState, n, first, last uint64) {
+	created, err := r.origins.Consumer(ctx, partition)
+	if err == nil && !created.Equal(ps.consumer) {
+		r.log.Info("the partition's consumer was created again: it hands the events judged before again, skipped",
+			"partition", partition, "events", n, "first_seq", first, "last_judged", last, "consumer_created", created)
+		ps.consumer, ps.rehanded = created, max(ps.rehanded, last)
+		return
+	}
+	r.metrics.behind.Add(float64(n))
+	r.log.Warn("events delivered behind the partition's position; not judged",
+		"partition", partition, "events", n, "first_seq", first, "last_judged", last, "consumer_err", err)
 }
 
 // flush publishes and stores what is pending, in that order: the API's
@@ -582,7 +679,7 @@ func (r *Reader) flush(ctx context.Context, partition int, ps *partState, batch 
 		}
 		ps.origin = first
 	}
-	b := Batch{Judgements: ps.pending, Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
+	b := Batch{Judgements: ps.counted(ps.pending), Counts: ps.p.Counts(nil), Period: r.d.rules.AlertPeriod, After: ps.mark}
 	if err := r.store.Apply(ctx, partition, b); err != nil {
 		var behind *StoreBehindError
 		if errors.As(err, &behind) {
@@ -619,6 +716,10 @@ func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, st
 	}
 	next.quiet = max(next.quiet, ps.quiet, ps.published)
 	next.published = max(next.published, next.quiet)
+	next.consumer = ps.consumer
+	if from >= ps.lostTo {
+		next.lostFrom, next.lostTo = ps.lostFrom, ps.lostTo
+	}
 	if next.replayFrom > 0 {
 		// The store lost more meanwhile.
 		from, next.replayFrom = min(from, next.replayFrom), 0
@@ -626,16 +727,67 @@ func (r *Reader) storeLost(ctx context.Context, partition int, ps *partState, st
 	r.mu.Lock()
 	r.parts[partition] = next
 	r.mu.Unlock()
-	return r.replay(partition, from, fmt.Errorf("partition %d: the store's mark is %d, this member applied up to %d: %w", partition, stored, ps.mark, ErrStoreBehind))
+	return r.replay(next, partition, from, fmt.Errorf("partition %d: the store's mark is %d, this member applied up to %d: %w", partition, stored, ps.mark, ErrStoreBehind))
 }
 
 // replay asks the runtime to hand the partition's events again from from,
-// for a store that lost applied writes.
-func (r *Reader) replay(partition int, from uint64, why error) error {
+// for a store that lost applied writes; ps, rebuilt at from, is the state
+// that judges them.
+func (r *Reader) replay(ps *partState, partition int, from uint64, why error) error {
+	ps.asked = from
 	r.metrics.storeReplays.Inc()
 	r.log.Warn("the store lost applied writes (a Redis failover to a replica without them, or a crash that lost its last second): asking for the partition's events again from the first it lacks",
 		"partition", partition, "from", from, "err", why)
 	return reader.Replay(from, why)
+}
+
+// replayedLater returns the state that judges the first batch after a
+// replay ps asked for (ps.asked), first its first sequence. The runtime
+// hands the events again from where the server moves the partition's
+// consumer back, which is not always where it was asked: no further back
+// than where the consumer started (a group started at a sequence or a
+// time, created again since), and for a group started at new events
+// (FRAUD_START=new) only to its ack floor. The events of the partition from
+// ps.asked up to first are then not handed again, and ps, rebuilt at
+// ps.asked, has not seen them: its windows have a hole, and it judged the
+// clicks after it on part of their window (a burst or a flood across it
+// went uncaught, a link's baseline too low). They are in the log (the
+// group's start is not the log's), so the state is rebuilt from the log up
+// to first, as on a takeover there, its decisions and label counters
+// going on from the store's mark. Their statistics, which the store lost,
+// stay lost (the runtime said so when it moved), and so does a flag of
+// them that a later click's burst or flood labels (counted). A replay that
+// went where it was asked, or past nothing of the partition, keeps ps.
+func (r *Reader) replayedLater(ctx context.Context, partition int, ps *partState, first uint64) (*partState, error) {
+	asked := ps.asked
+	if first <= asked {
+		ps.asked = 0
+		return ps, nil
+	}
+	next, err := r.clicks.Next(ctx, partition, asked)
+	if err != nil {
+		return nil, fmt.Errorf("the partition's first event from %d, where its replay was asked from: %w", asked, err)
+	}
+	if next == 0 || next >= first {
+		ps.asked = 0
+		return ps, nil
+	}
+	r.log.Warn("the replay went on from later than asked (the server moves the partition's consumer back no further): rebuilding the state from the log up to where it goes on, so its windows have no hole",
+		"partition", partition, "asked", asked, "first_seq", first)
+	again, err := r.rebuild(ctx, partition, first, false, false)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild where the replay went on from: %w", err)
+	}
+	again.quiet = max(again.quiet, ps.quiet)
+	again.published = max(again.published, ps.published, again.quiet)
+	again.consumer, again.rehanded = ps.consumer, ps.rehanded
+	again.lostFrom, again.lostTo = again.mark+1, first
+	r.mu.Lock()
+	if r.parts[partition] == ps {
+		r.parts[partition] = again
+	}
+	r.mu.Unlock()
+	return again, nil
 }
 
 // decisions turns judgements into the alerts and labels to publish. A label

@@ -2,8 +2,10 @@ package fraud_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,7 +28,8 @@ import (
 
 // runMember runs rd as a member of fraud detection's group on its own
 // connection, with h as the handler, until the test ends or crash is called.
-func (w *world) runMember(t *testing.T, name string, rd *fraud.Reader, h reader.Handler, onRewind func(context.Context, int, reader.RewindInfo) error) (crash func()) {
+// opts change the member's configuration.
+func (w *world) runMember(t *testing.T, name string, rd *fraud.Reader, h reader.Handler, onRewind func(context.Context, int, reader.RewindInfo) error, opts ...func(*reader.Config)) (crash func()) {
 	t.Helper()
 	nc, err := nats.Connect(w.url, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, w.memberOpts...)...)
 	if err != nil {
@@ -38,6 +41,9 @@ func (w *world) runMember(t *testing.T, name string, rd *fraud.Reader, h reader.
 	cfg := reader.Config{
 		Group: topology.GroupFraudDetection, Member: name, BatchSize: 5, LeaseTTL: time.Second, DrainTimeout: time.Second,
 		OnAssign: rd.OnAssign, OnRevoke: rd.OnRevoke, OnRewind: onRewind,
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
 	var once sync.Once
@@ -454,5 +460,175 @@ func TestAGroupCreatedAgainIsNotInTheMiddleOfTheOldGroupsReplay(t *testing.T) {
 	st, err := w.store.LinkStats(ctx, "hot")
 	if err != nil || st.Total != 30 || st.Flagged != 30 {
 		t.Errorf("stats = %+v, %v; want 30 of 30 flagged, as before", st, err)
+	}
+}
+
+// TestAConsumerCreatedAgainIsNotCountedBehind: the group judged a burst
+// (1..30 in one partition), then the partition's consumer is deleted (an
+// operator's `nats consumer rm`, a topology reset) while its owner runs. The
+// owner's runtime creates it again, from the oldest event (the group's
+// start), and it hands 1..30 again as first deliveries. They were judged:
+// the owner skips them without counting them behind its position
+// (snip_fraud_events_behind_total, "should stay 0"), and judges the next
+// click as usual. Before, every event the new consumer handed again was
+// counted there, with a warning a batch.
+func TestAConsumerCreatedAgainIsNotCountedBehind(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p, evs := w.hotBurst(t)
+	if len(evs) != 30 || evs[29].Seq != 30 {
+		t.Fatalf("the burst is %d events, want 1..30", len(evs))
+	}
+	name := topology.GroupConsumerName(topology.GroupFraudDetection, p)
+	consumer := func() (jetstream.ConsumerInfo, bool) {
+		c, err := w.js.Consumer(ctx, events.ClicksStream, name)
+		if err != nil {
+			return jetstream.ConsumerInfo{}, false
+		}
+		return *c.CachedInfo(), true
+	}
+	reg := prometheus.NewRegistry()
+	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	var mu sync.Mutex
+	deleted := false
+	var again []uint64 // events of p handed after the delete, first deliveries
+	w.runMember(t, "m", rd, func(ctx context.Context, part int, b []reader.Event) error {
+		mu.Lock()
+		if part == p && deleted {
+			for _, ev := range b {
+				if ev.Deliveries == 1 {
+					again = append(again, ev.Seq)
+				}
+			}
+		}
+		mu.Unlock()
+		return rd.Handle(ctx, part, b)
+	}, rd.OnRewind)
+	testenv.WaitFor(t, 30*time.Second, "the burst to be judged and acked", func() bool {
+		info, ok := consumer()
+		return ok && info.AckFloor.Stream == 30
+	})
+	before, _ := consumer()
+	mu.Lock()
+	deleted = true
+	mu.Unlock()
+	if err := w.js.DeleteConsumer(ctx, events.ClicksStream, name); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the consumer created again to hand 1..30 again", func() bool {
+		info, ok := consumer()
+		return ok && !info.Created.Equal(before.Created) && info.AckFloor.Stream == 30
+	})
+	if err := traffic.Publish(ctx, w.js, traffic.Burst(time.Now(), 1, 0, "hot", "acme", "someone"), 1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the next click to be handled", func() bool {
+		info, ok := consumer()
+		return ok && info.AckFloor.Stream == 31
+	})
+	mu.Lock()
+	handedAgain := slices.Contains(again, 1) && slices.Contains(again, 30)
+	mu.Unlock()
+	if !handedAgain {
+		t.Fatalf("after the delete the member was handed %v as first deliveries, want 1..30 again, then 31", again)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Errorf("snip_fraud_events_behind_total = %v, want 0: the events handed again were judged", got)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_judged_total"); got != 31 {
+		t.Errorf("judged %v events, want 31: the burst once and the next click", got)
+	}
+	if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 31 {
+		t.Errorf("stats = %+v, %v; want 31 clicks counted", st, err)
+	}
+}
+
+// TestAReplayThatGoesOnLaterThanAskedLeavesNoHoleInTheWindows: a group
+// started at new events (FRAUD_START=new) judges the first 10 clicks of a
+// visitor (1..10, half a second apart), and Redis loses the second batch's
+// statistics (put back to a snapshot taken after the first: mark 5). The
+// next batch (11..15) finds the mark behind and asks for the partition's
+// events again from 6 (reader.Replay), on a state rebuilt at 6. The server
+// moves such a group's consumer back only to its ack floor: the runtime
+// goes on from 11 (logging an error), and the state must not judge 11.. on
+// a window without 6..10. The visitor's 25 clicks within a minute are a
+// burst: visitor_burst fires at the 21st, as on an uninterrupted member.
+// Before, the state judged 11..25 with 6..10 missing from the window: 20
+// clicks, no burst, no alert, no label.
+func TestAReplayThatGoesOnLaterThanAskedLeavesNoHoleInTheWindows(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	name := topology.GroupConsumerName(topology.GroupFraudDetection, p)
+	ackFloor := func() uint64 {
+		c, err := w.js.Consumer(ctx, events.ClicksStream, name)
+		if err != nil {
+			return 0
+		}
+		return c.CachedInfo().AckFloor.Stream
+	}
+	reg := prometheus.NewRegistry()
+	rd := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
+	var replayed atomic.Int32
+	w.runMember(t, "m", rd, func(ctx context.Context, part int, b []reader.Event) error {
+		err := rd.Handle(ctx, part, b)
+		if re := (*reader.ReplayError)(nil); errors.As(err, &re) {
+			replayed.Add(1)
+		}
+		return err
+	}, rd.OnRewind, func(c *reader.Config) { c.Start = reader.StartAtNew() })
+	testenv.WaitFor(t, 30*time.Second, "the group's consumer created at new events", func() bool {
+		_, err := w.js.Consumer(ctx, events.ClicksStream, name)
+		return err == nil
+	})
+
+	clicks := traffic.Burst(time.Now().Add(-time.Minute), 25, 500*time.Millisecond, "hot", "acme", "bot")
+	stored := func(upTo uint64) {
+		testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("1..%d judged, stored and acked", upTo), func() bool {
+			mark, err := w.store.HighWater(ctx, p)
+			return err == nil && mark == upTo && ackFloor() == upTo
+		})
+	}
+	if err := traffic.Publish(ctx, w.js, clicks[:5], 64); err != nil {
+		t.Fatal(err)
+	}
+	stored(5)
+	snap := testenv.SnapshotRedis(t, w.rdb)
+	if err := traffic.Publish(ctx, w.js, clicks[5:10], 64); err != nil {
+		t.Fatal(err)
+	}
+	stored(10)
+	snap.Restore(t, w.rdb) // 6..10 acked, and their statistics lost
+	if err := traffic.Publish(ctx, w.js, clicks[10:], 64); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "11..25 handled", func() bool { return ackFloor() == 25 })
+
+	if replayed.Load() == 0 {
+		t.Fatal("the member never asked for the events again")
+	}
+	want := fraud.AlertID(fraud.RuleVisitorBurst, "hot", "bot", clicks[20].Time.Truncate(time.Hour))
+	if got := w.fraudMsgs(t, "fraud.alerts.>"); len(got) != 1 || got[want] != 1 {
+		t.Errorf("alerts on FRAUD = %v, want one %s: the visitor's 21st click within a minute", got, want)
+	}
+	labels, _ := w.verdictLabels(t)
+	var once []int // the clicks labelled once, as the burst labels every click of its window
+	for i, c := range clicks {
+		if labels[c.ID] == 1 {
+			once = append(once, i+1)
+		}
+	}
+	if len(once) != len(clicks) {
+		t.Errorf("clicks labelled once: %v, want 1..25", once)
+	}
+	// 6..10's statistics are lost: the server would not hand them again,
+	// and their labels count no flag without their total.
+	if st, err := w.store.LinkStats(ctx, "hot"); err != nil || st.Total != 20 || st.Flagged != 20 {
+		t.Errorf("stats = %+v, %v; want 1..5 and 11..25 counted, all flagged", st, err)
+	}
+	if got := gathered(t, reg, "snip_fraud_events_behind_total"); got != 0 {
+		t.Errorf("snip_fraud_events_behind_total = %v, want 0", got)
 	}
 }

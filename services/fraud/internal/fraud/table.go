@@ -11,16 +11,15 @@ import (
 // eviction by the cap takes the quietest key, never one in the middle of a
 // burst (a bursting key is by definition recently active).
 //
-// A late click (an outbox backlog, a redrive) moves its key to the most
-// recent end without moving its lastAt forward (lastAt never moves back).
-// That key then expires after the keys touched before the late click, at
-// most as long after its own time as it had been quiet when the click
-// came, and the cap may evict one of those before it. This decides nothing
-// differently that matters: a state kept past its expiry is judged as the
-// same key's fresh one would be, up to remembering its last alert period and
-// baseline (a flood threshold at least the floor), and the cap bounds the
-// memory either way. Ordering by lastAt instead would cost a second lookup
-// per click and table.
+// A late click (an outbox backlog, a redrive: it came late and is behind
+// the partition's clock) older than its key's newest leaves the key where
+// it is (getAt): moved to the most recent end without its lastAt moving,
+// the key expired only after the keys touched before the late click (up to
+// a window late), the cap evicting one of those first. Only such a click
+// pays a second lookup (a peek first); a click on time, the rule, looks
+// its key up once. A click on time a few milliseconds older than its key's
+// newest (redirects' clocks and relays interleave) still moves it, holding
+// its expiry back by those milliseconds.
 type table[K comparable, V any] struct {
 	lru      *simplelru.LRU[K, *V]
 	lastAt   func(*V) int64
@@ -38,14 +37,11 @@ func newTable[K comparable, V any](capacity int, lastAt func(*V) int64) *table[K
 	return &table[K, V]{lru: lru, lastAt: lastAt, capacity: capacity}
 }
 
-// get returns the state of k, creating it if absent, and marks it the most
-// recently active.
-func (t *table[K, V]) get(k K) *V { return t.getOwned(k, nil) }
-
-// getOwned is get for a key that may share memory it must not keep (a
-// string of a click decoded in place shares the whole message payload):
-// a new entry is stored under own(k) (k itself when own is nil), so only a
-// miss pays for a copy.
+// getOwned returns the state of k, creating it if absent, and marks it
+// the most recently active. k may share memory it must not keep (a string
+// of a click decoded in place shares the whole message payload): a new
+// entry is stored under own(k) (k itself when own is nil), so only a miss
+// pays for a copy.
 func (t *table[K, V]) getOwned(k K, own func(K) K) *V {
 	if v, ok := t.lru.Get(k); ok {
 		return v
@@ -58,6 +54,20 @@ func (t *table[K, V]) getOwned(k K, own func(K) K) *V {
 		t.evicted++
 	}
 	return v
+}
+
+// getAt is getOwned for a click at event time at. One that came late
+// (late: an outbox backlog, a redrive, behind the partition's clock) and
+// is older than the key's newest click leaves the key where it is in the
+// order: its lastAt does not move, so neither does its place among the
+// keys expiry pops. Only a late click pays the peek.
+func (t *table[K, V]) getAt(k K, own func(K) K, at int64, late bool) *V {
+	if late {
+		if v, ok := t.lru.Peek(k); ok && t.lastAt(v) > at {
+			return v
+		}
+	}
+	return t.getOwned(k, own)
 }
 
 // peek returns the state of k without marking it active.

@@ -6,7 +6,8 @@
 // consumer groups' bucket (topology.MembersBucket), next to the group's
 // replay requests: a key the group's NATS user may already write, that no
 // Redis failure can take with it. It is written about once per partition in
-// the group's life (the first batch applied), so it costs nothing per click.
+// the group's life (the first batch applied), so it costs nothing per click,
+// and only ever lowered, but past statistics lost for good (Raise).
 // Replaying reads those replay requests (reader.LatestRewind), once per
 // takeover that finds Redis's mark ahead of where it resumes.
 package kvorigin
@@ -17,9 +18,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/reader"
 	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/fraud/internal/fraud"
@@ -134,6 +137,41 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 	}
 }
 
+// Raise records seq as partition's origin where from is still the one
+// recorded, leaving any other record alone: the statistics of the events
+// from from up to seq were lost for good (retention took them before the
+// store lost them), so the partition's statistics begin at seq, and a later
+// loss does not report them lost again. Each write is conditional on the
+// revision it read, as Lower's.
+func (o *Origins) Raise(ctx context.Context, partition int, from, seq uint64) error {
+	if seq == 0 {
+		return fmt.Errorf("origin of partition %d: sequence 0", partition)
+	}
+	kv, err := o.bucket(ctx)
+	if err != nil {
+		return fmt.Errorf("origin of partition %d: %w", partition, err)
+	}
+	key, val := recordKey(o.group, partition), []byte(strconv.FormatUint(seq, 10))
+	for {
+		cur, rev, err := o.get(ctx, kv, partition)
+		if err != nil {
+			return fmt.Errorf("origin of partition %d: %w", partition, err)
+		}
+		if cur != from || cur >= seq {
+			return nil
+		}
+		_, err = kv.Update(ctx, key, val, rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // another writer was first: read again
+		}
+		if err != nil {
+			o.forget()
+			return fmt.Errorf("origin of partition %d: put %s: %w", partition, key, err)
+		}
+		return nil
+	}
+}
+
 // Replaying reports whether partition carried out the group's latest replay
 // (reader.Rewind, recorded in the same bucket) with the consumer it has now
 // and next is within it: at or after the replay's first event of the
@@ -151,4 +189,18 @@ func (o *Origins) Replaying(ctx context.Context, partition int, next uint64) (bo
 	}
 	pr := st.Partitions[partition]
 	return pr.Done && !pr.Void && pr.From <= next && next <= pr.Until, nil
+}
+
+// Consumer returns when the group's consumer of partition on CLICKS was
+// created (zero: there is none): one deleted and created again since has
+// another time.
+func (o *Origins) Consumer(ctx context.Context, partition int) (time.Time, error) {
+	c, err := o.js.Consumer(ctx, events.ClicksStream, topology.GroupConsumerName(o.group, partition))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("consumer of partition %d: %w", partition, err)
+	}
+	return c.CachedInfo().Created, nil
 }

@@ -58,3 +58,42 @@ func TestOriginIsOnlyLowered(t *testing.T) {
 		t.Fatal("Lower(2, 0) succeeded; 0 means none recorded")
 	}
 }
+
+// Raise moves a partition's origin up only from the record it names (the
+// origin whose statistics were lost for good): a record another writer
+// changed meanwhile, or none, is left alone.
+func TestOriginIsRaisedOnlyFromTheRecordItNames(t *testing.T) {
+	t.Parallel()
+	n := testenv.StartNATS(t)
+	js := n.JetStream(t)
+	ctx := t.Context()
+	o := topology.Defaults()
+	o.Storage = jetstream.MemoryStorage
+	if err := topology.Apply(ctx, js, o); err != nil {
+		t.Fatal(err)
+	}
+	origins := kvorigin.New(js, topology.GroupFraudDetection)
+	if err := origins.Raise(ctx, 1, 10, 30); err != nil { // none recorded: left so
+		t.Fatal(err)
+	}
+	if got, err := origins.Origin(ctx, 1); err != nil || got != 0 {
+		t.Fatalf("Origin after raising none = %d, %v; want 0", got, err)
+	}
+	if err := origins.Lower(ctx, 1, 10); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		from, to, want uint64
+	}{
+		{from: 5, to: 30, want: 10},  // not the record: left alone
+		{from: 10, to: 30, want: 30}, // the record: raised
+		{from: 30, to: 20, want: 30}, // never lowered by Raise
+	} {
+		if err := origins.Raise(ctx, 1, step.from, step.to); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := origins.Origin(ctx, 1); err != nil || got != step.want {
+			t.Fatalf("Raise(1, %d, %d): Origin = %d, %v; want %d", step.from, step.to, got, err, step.want)
+		}
+	}
+}
