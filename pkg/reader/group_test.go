@@ -733,6 +733,7 @@ func TestBadConfig(t *testing.T) {
 		{"lease_below_a_second", reader.Config{Group: "g", LeaseTTL: 500 * time.Millisecond}},
 		{"ack_wait_below_two_leases", reader.Config{Group: "g", LeaseTTL: 5 * time.Second, AckWait: 6 * time.Second}},
 		{"huge_batch", reader.Config{Group: "g", BatchSize: 1_000_000}},
+		{"negative_ack_timeout", reader.Config{Group: "g", AckTimeout: -time.Second}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
