@@ -251,6 +251,13 @@ type Config struct {
 	// handler may take longer than AckWait: it bounds only how long a
 	// process that died or froze holds events.
 	AckWait time.Duration
+	// AckTimeout is how long the runtime waits for the server to confirm
+	// an ack (a batch's, or an owner's ack again of the last event it
+	// handled) before it takes the ack as lost (default 10s). A batch's
+	// lost ack is healed by the next batch's, or the batch comes again; an
+	// ack the server never answers (one refused, or sent to a consumer
+	// created again under the owner) holds the partition up this long.
+	AckTimeout time.Duration
 	// MaxRetryDelay caps the backoff between retries of a failing batch,
 	// and of a failing move back for a delivery gap or a Replay (default
 	// the smaller of 10s and AckWait/3, so the batch's ack timers are

@@ -39,6 +39,7 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.Linger, 100*time.Millisecond)
 	def(&c.LeaseTTL, 3*time.Second)
 	def(&c.AckWait, 60*time.Second)
+	def(&c.AckTimeout, 10*time.Second)
 	def(&c.MaxRetryDelay, min(10*time.Second, c.AckWait/3))
 	def(&c.DrainTimeout, 30*time.Second)
 	if c.Logger == nil {
@@ -55,8 +56,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("ack wait %s, want >= 2 x lease TTL: %w", c.AckWait, ErrBadConfig)
 	case c.MaxRetryDelay > c.AckWait/3:
 		return c, fmt.Errorf("max retry delay %s, want <= ack wait / 3: %w", c.MaxRetryDelay, ErrBadConfig)
-	case c.Linger <= 0 || c.MaxRetryDelay <= 0 || c.DrainTimeout <= 0:
-		return c, fmt.Errorf("linger, max retry delay and drain timeout must be > 0: %w", ErrBadConfig)
+	case c.Linger <= 0 || c.AckTimeout <= 0 || c.MaxRetryDelay <= 0 || c.DrainTimeout <= 0:
+		return c, fmt.Errorf("linger, ack timeout, max retry delay and drain timeout must be > 0: %w", ErrBadConfig)
 	}
 	return c, nil
 }

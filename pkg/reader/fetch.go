@@ -5,6 +5,7 @@ package reader
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -135,10 +136,10 @@ func (w *worker) fetch() ([]jetstream.Msg, error) {
 		msgs = append(msgs, more...)
 	}
 	w.idle = len(msgs) < cfg.BatchSize/2
-	if dropForTest != nil {
+	if drop, ok := dropForTest.Load(cfg.Group); ok {
 		kept := msgs[:0]
 		for _, msg := range msgs {
-			if md, err := msg.Metadata(); err == nil && dropForTest(cfg.Group, md.Sequence.Stream) {
+			if md, err := msg.Metadata(); err == nil && drop.(func(uint64) bool)(md.Sequence.Stream) {
 				continue
 			}
 			kept = append(kept, msg)
@@ -160,6 +161,8 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 	return out, b.Error()
 }
 
-// dropForTest, when set (export_test.go), makes fetch lose the deliveries it
-// returns true for, as a client that gave up on a fetch too early would.
-var dropForTest func(group string, streamSeq uint64) bool
+// dropForTest holds, by group, a func(streamSeq uint64) bool set by a test
+// (export_test.go): fetch loses the deliveries it returns true for, as a
+// client that gave up on a fetch too early would. One per group, so tests
+// of different groups run in parallel.
+var dropForTest sync.Map

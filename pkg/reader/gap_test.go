@@ -40,16 +40,16 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start, refuseAgai
 	var mu sync.Mutex
 	var dropNext, dropped bool // drop the first delivery of the next event published
 	var lastFirstPass uint64   // the last event of the first pass
-	reader.SetDropForTest(func(g string, seq uint64) bool {
+	reader.SetDropForTest(group, func(seq uint64) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if g != group || !dropNext || dropped || seq <= lastFirstPass {
+		if !dropNext || dropped || seq <= lastFirstPass {
 			return false
 		}
 		dropped = true
 		return true
 	})
-	t.Cleanup(func() { reader.SetDropForTest(nil) })
+	t.Cleanup(func() { reader.SetDropForTest(group, nil) })
 
 	var handed []handing
 	lostFirst := uint64(0) // the first event of the batch whose ack is refused
@@ -133,7 +133,7 @@ func gapAfterALostAck(t *testing.T, group string, start reader.Start, refuseAgai
 // deliveries), behind what the member had handled (fraud detection counts
 // those in snip_fraud_events_behind_total, never to be judged).
 func TestAGapAfterALostAckGoesOnAfterWhatWasHandled(t *testing.T) {
-	// Not parallel: the drop hook is package-wide, keyed by group.
+	t.Parallel()
 	_, last, again := gapAfterALostAck(t, "gapfloor", reader.StartAtOldest(), false)
 	if len(again) > 0 {
 		t.Errorf("after the gap the member was handed %v again as first deliveries, want none: the partition goes on after %d, the last event handled", again, last)
@@ -147,7 +147,7 @@ func TestAGapAfterALostAckGoesOnAfterWhatWasHandled(t *testing.T) {
 // handed once each. Before, it went back to the floor behind the lost ack:
 // 6..10 came again as first deliveries (webhooks sent again).
 func TestAGapAfterALostAckOfAGroupStartedAtNewGoesOnAfterWhatWasHandled(t *testing.T) {
-	// Not parallel: the drop hook is package-wide, keyed by group.
+	t.Parallel()
 	_, last, again := gapAfterALostAck(t, "gapfloornew", reader.StartAtNew(), false)
 	if len(again) > 0 {
 		t.Errorf("after the gap the member was handed %v again as first deliveries, want none: the partition goes on after %d, the last event handled", again, last)
@@ -160,7 +160,7 @@ func TestAGapAfterALostAckOfAGroupStartedAtNewGoesOnAfterWhatWasHandled(t *testi
 // least once), rather than waiting for an ack that does not come, or
 // retrying a move the server refuses, and handling nothing more.
 func TestAGapAfterALostAckOfAGroupStartedAtNewThatCannotAckAgainGoesOnFromTheFloor(t *testing.T) {
-	// Not parallel: the drop hook is package-wide, keyed by group.
+	t.Parallel()
 	first, last, again := gapAfterALostAck(t, "gapfloornewrefused", reader.StartAtNew(), true)
 	if len(again) != int(last-first+1) || again[0] != first || again[len(again)-1] != last {
 		t.Errorf("after the gap the member was handed %v again as first deliveries, want the batch whose ack was lost, %d..%d", again, first, last)

@@ -733,6 +733,7 @@ func TestBadConfig(t *testing.T) {
 		{"lease_below_a_second", reader.Config{Group: "g", LeaseTTL: 500 * time.Millisecond}},
 		{"ack_wait_below_two_leases", reader.Config{Group: "g", LeaseTTL: 5 * time.Second, AckWait: 6 * time.Second}},
 		{"huge_batch", reader.Config{Group: "g", BatchSize: 1_000_000}},
+		{"negative_ack_timeout", reader.Config{Group: "g", AckTimeout: -time.Second}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -752,21 +753,21 @@ var _ = topology.PriorityGroup
 // message was on its way) must not be acked past: AckAll would lose it. The
 // member sees the gap in consumer sequences and resets to its ack floor.
 func TestLostDeliveryIsNotAckedPast(t *testing.T) {
-	// Not parallel: the drop hook is package-wide, keyed by group.
+	t.Parallel()
 	n, js := setup(t, 1)
 	ids := publish(t, js, 3, 20, 0) // 60 events, one partition
 	var mu sync.Mutex
 	dropped := map[uint64]bool{}
-	reader.SetDropForTest(func(group string, seq uint64) bool {
+	reader.SetDropForTest("lossy", func(seq uint64) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if group != "lossy" || (seq != 7 && seq != 31) || dropped[seq] {
+		if (seq != 7 && seq != 31) || dropped[seq] {
 			return false
 		}
 		dropped[seq] = true // lose the first delivery of each only
 		return true
 	})
-	t.Cleanup(func() { reader.SetDropForTest(nil) })
+	t.Cleanup(func() { reader.SetDropForTest("lossy", nil) })
 	rec := newRecorder()
 	reg := prometheus.NewRegistry()
 	startMember(t, n, reader.Config{Group: "lossy", Member: "m", BatchSize: 10, Metrics: reg}, rec.handler("m"))

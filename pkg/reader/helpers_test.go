@@ -416,8 +416,19 @@ func (s *ackRefusingServer) refuse(t *testing.T, subjects ...string) {
 // and longer).
 const ackRefusingLeaseTTL = 3 * time.Second
 
+// ackRefusingAckTimeout is the AckTimeout of an ackRefusingServer's member
+// unless the test sets one. An ack the server refuses is never answered,
+// nor is one sent to a consumer created again under its owner: the member
+// waits AckTimeout for the answer, each time, which with the default (10s)
+// made these tests sit idle for most of their time. 2s stays well above
+// an answered ack's round trip on a machine starved of CPU, which matters
+// where an owner must ack the last event it handled again (ackHandled):
+// an answer later than AckTimeout counts as an ack lost.
+const ackRefusingAckTimeout = 2 * time.Second
+
 // member runs a member of cfg connected as the member user until the test
-// ends (with a lease of ackRefusingLeaseTTL unless cfg sets one).
+// ends (with a lease of ackRefusingLeaseTTL and an ack timeout of
+// ackRefusingAckTimeout unless cfg sets them).
 func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Handler) {
 	t.Helper()
 	nc, err := nats.Connect(s.url, nats.UserInfo("member", "member"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -427,6 +438,9 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	js, _ := jetstream.New(nc)
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = ackRefusingLeaseTTL
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = ackRefusingAckTimeout
 	}
 	if cfg.Logger == nil && testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("t", t.Name())

@@ -112,7 +112,7 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		// the partition, would only move the floor under it.
 		return errLeaseLapsed
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), m.cfg.AckTimeout)
 	defer cancel()
 	if err := msgs[len(msgs)-1].DoubleAck(ctx); err != nil {
 		// A lost ack is healed by the next batch's (AckAll), or the batch
@@ -236,7 +236,10 @@ func (w *worker) ackHandled() error {
 	if info, err := w.consumerOf(ctx, of); err != nil || info.AckFloor.Stream >= handled {
 		return err
 	}
-	if err := msg.DoubleAck(ctx); err != nil {
+	actx, acancel := context.WithTimeout(ctx, w.m.cfg.AckTimeout)
+	err := msg.DoubleAck(actx)
+	acancel()
+	if err != nil {
 		return fmt.Errorf("ack event %d again: %w", handled, err)
 	}
 	// Confirmed: the floor is there now, unless the consumer changed under
