@@ -1011,6 +1011,34 @@ func TestProgressLine(t *testing.T) {
 	}
 }
 
+// A tick the machine was too busy to deliver on time closes a "second"
+// longer than one: its counts are rates over its span, not per second. On
+// a starved 2-core machine `make loadtest` printed "offered 6000/s" for a
+// schedule of 2000/s: three seconds' offer on a line four seconds long.
+func TestProgressLineOfALateTickSaysRatesPerSecond(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	m := series.NewMeter(start, 2000)
+	m.Offer(start, start.Add(30*time.Second))
+	for range 3000 {
+		m.Sent()
+		m.Done(time.Millisecond, true)
+	}
+	m.Tick(start.Add(time.Second), series.PhaseLoad)
+	for range 8000 {
+		m.Sent()
+		m.Done(time.Millisecond, true)
+	}
+	s := m.Tick(start.Add(5*time.Second), series.PhaseLoad)
+	if s.Offered != 8000 || s.Sent != 8000 {
+		t.Fatalf("the four seconds' tick: offered %d, sent %d; want the 8000 of four seconds at 2000/s", s.Offered, s.Sent)
+	}
+	line := progressLine(s, nil, nil)
+	if want := "offered   2000/s sent   2000/s ok   2000/s"; !strings.Contains(line, want) {
+		t.Errorf("a tick four seconds long:\n got %q\nwant it to contain %q", line, want)
+	}
+}
+
 func seriesSecond() series.Second {
 	return series.Second{At: 3, Phase: series.PhaseLoad, Offered: 2000, Sent: 1999, OK: 1990, Errors: 9, P50: 1.2, P99: 8.4}
 }

@@ -759,7 +759,8 @@ func lagLoop(ctx context.Context, sys *system, m *series.Meter, last *lastLag) {
 
 func progressLine(s series.Second, lag map[string]uint64, lagErr error) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%5.0fs %-5s offered %6d/s sent %6d/s ok %6d/s err %4d  p50 %7.2fms p99 %7.2fms |", s.At, s.Phase, s.Offered, s.Sent, s.OK, s.Errors, s.P50, s.P99)
+	fmt.Fprintf(&b, "%5.0fs %-5s offered %6.0f/s sent %6.0f/s ok %6.0f/s err %4d  p50 %7.2fms p99 %7.2fms |",
+		s.At, s.Phase, s.Rate(s.Offered), s.Rate(s.Sent), s.Rate(s.OK), s.Errors, s.P50, s.P99)
 	if lagErr != nil {
 		b.WriteString(" lag ?")
 		return b.String()

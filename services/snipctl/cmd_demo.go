@@ -763,7 +763,7 @@ func (d *demo) banner(started []string, waiting map[string]string, links []demoL
     curl -s -H 'Authorization: Bearer %[2]s' http://%[6]s/api/links/%[3]s
     curl -s -H 'Authorization: Bearer %[2]s' http://%[7]s/api/links/%[3]s/stats
     NATS_URL=%[4]s %[10]s lag
-    clickhouse-client --port %[9]s --database snip -q 'SELECT code, uniqExact(event_id) AS clicks, sum(bot) AS bot_rows FROM clicks GROUP BY code ORDER BY clicks DESC'
+    clickhouse-client --port %[9]s --database snip -q 'SELECT code, uniqExact(event_id) AS clicks, sum(bot) AS bot_rows FROM clicks GROUP BY code ORDER BY clicks DESC'%[12]s
 
   curl's own clicks count as bots (its user agent is a tool's): the second
   line sends a browser's user agent and counts as a person. curl -I sends
@@ -772,7 +772,20 @@ func (d *demo) banner(started []string, waiting map[string]string, links []demoL
 
   logs in %[5]s; Ctrl-C (or SIGTERM to pid %[11]d) stops everything.`,
 		demoOwner, demoAPIKey, links[0].Code, d.natsURL, filepath.Join(d.dir, "logs"), d.addr(0), d.addr(1),
-		d.siteURL, clickhousePort(d.clickhouseAddr), filepath.Join(d.bin, "snipctl"), os.Getpid())
+		d.siteURL, clickhousePort(d.clickhouseAddr), filepath.Join(d.bin, "snipctl"), os.Getpid(),
+		clickhouseClientMissing())
+}
+
+// clickhouseClientMissing is the banner's line under its clickhouse-client
+// command when no clickhouse-client is on the PATH: on Debian and Ubuntu the
+// client is a package of its own, which clickhouse-server does not bring, so
+// a newcomer who installed the server alone would otherwise meet "command
+// not found" and no hint.
+func clickhouseClientMissing() string {
+	if _, err := exec.LookPath("clickhouse-client"); err == nil {
+		return ""
+	}
+	return "\n      (clickhouse-client is not on the PATH: on Debian and Ubuntu it is a package of its own,\n       apt-get install clickhouse-client; clickhouse-server does not bring it)"
 }
 
 func clickhousePort(addr string) string {

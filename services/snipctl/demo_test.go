@@ -914,3 +914,36 @@ func TestDemoRegistersItsReceiverOnceWebhooksIsReady(t *testing.T) {
 		t.Fatalf("registrations accepted %d, refused as starting %d; want 1 and 0; the demo said:\n%s", posts.Load(), refused.Load(), out.String())
 	}
 }
+
+// The banner's clickhouse-client command is followed by how to get the
+// client when it is not on the PATH: on Debian and Ubuntu it is a package
+// of its own that clickhouse-server does not bring, and a newcomer who
+// installed only the server met "command not found" with no hint.
+func TestDemoBannerSaysHowToGetTheClickHouseClient(t *testing.T) {
+	banner := func() string {
+		var out bytes.Buffer
+		d := &demo{env: &Env{Stdout: &out}, dir: ".demo", bin: ".demo/bin", httpBase: 8080,
+			natsURL: "nats://127.0.0.1:4222", siteURL: "http://127.0.0.1:8089", clickhouseAddr: "127.0.0.1:19000"}
+		d.banner([]string{"redirect", "clickcounter"}, nil, []demoLink{{Code: "nats-jetstream"}})
+		return out.String()
+	}
+	const hint = "apt-get install clickhouse-client"
+
+	t.Setenv("PATH", t.TempDir())
+	b := banner()
+	if !strings.Contains(b, "clickhouse-client --port 19000 --database snip -q") {
+		t.Fatalf("the banner lacks the clickhouse-client command:\n%s", b)
+	}
+	if !strings.Contains(b, "clickhouse-client is not on the PATH") || !strings.Contains(b, hint) {
+		t.Errorf("without clickhouse-client on the PATH the banner does not say how to get it:\n%s", b)
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "clickhouse-client"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	if b := banner(); strings.Contains(b, hint) {
+		t.Errorf("with clickhouse-client on the PATH the banner still says to install it:\n%s", b)
+	}
+}

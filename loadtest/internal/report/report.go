@@ -192,10 +192,10 @@ func plots(r *Report) (map[string]template.URL, error) {
 		return out, nil
 	}
 	if err := render("rate", "Rate", "per second",
-		"offered", line(func(s series.Second) float64 { return float64(s.Offered) }),
-		"sent", line(func(s series.Second) float64 { return float64(s.Sent) }),
-		"ok", line(func(s series.Second) float64 { return float64(s.OK) }),
-		"errors", line(func(s series.Second) float64 { return float64(s.Errors) })); err != nil {
+		"offered", line(func(s series.Second) float64 { return s.Rate(s.Offered) }),
+		"sent", line(func(s series.Second) float64 { return s.Rate(s.Sent) }),
+		"ok", line(func(s series.Second) float64 { return s.Rate(s.OK) }),
+		"errors", line(func(s series.Second) float64 { return s.Rate(s.Errors) })); err != nil {
 		return nil, err
 	}
 	if err := render("latency", "Latency of the answers received each second ("+latencyName(r.Mode)+")", "ms",

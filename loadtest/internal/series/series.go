@@ -34,6 +34,12 @@ type Second struct {
 	// At is the end of the second, in seconds since the run started.
 	At    float64 `json:"at"`
 	Phase string  `json:"phase"`
+	// Span is how long the second really was, in seconds: since the
+	// previous one's end. About 1; more where the machine was too busy to
+	// tick on time (a ticker drops the ticks it could not deliver), and
+	// then the counts below cover the whole span: Rate turns them into
+	// rates.
+	Span float64 `json:"span_s"`
 	// Offered is what the schedule asked for in the second; Sent what the
 	// driver started; OK the successful answers received; Errors the rest.
 	Offered uint64 `json:"offered"`
@@ -158,6 +164,7 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 	s := Second{
 		At:    now.Sub(m.start).Seconds(),
 		Phase: phase,
+		Span:  now.Sub(m.last).Seconds(),
 		Sent:  m.sent, OK: m.ok, Errors: m.errs,
 		P50:  ms(m.sec.ValueAtQuantile(50)),
 		P99:  ms(m.sec.ValueAtQuantile(99)),
@@ -188,6 +195,16 @@ func (m *Meter) Tick(now time.Time, phase string) Second {
 }
 
 func ms(us int64) float64 { return float64(us) / 1000 }
+
+// Rate is n, one of the second's counts, per second of its span: the count
+// itself for a second of 1 s, and for one without a span (a report written
+// before seconds had one).
+func (s Second) Rate(n uint64) float64 {
+	if s.Span <= 0 {
+		return float64(n)
+	}
+	return float64(n) / s.Span
+}
 
 // ProbeSent notes that a probe click was sent (answered 302, or acked) at.
 func (m *Meter) ProbeSent(at time.Time) {
