@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,30 +34,21 @@ func revokedKey(id string) string { return "revoked." + id }
 
 // Store reads and writes the bucket.
 type Store struct {
-	js jetstream.JetStream
-	mu sync.Mutex
-	kv jetstream.KeyValue // once found
+	b *topology.Bucket
 }
 
 // New is a Store on js.
-func New(js jetstream.JetStream) *Store { return &Store{js: js} }
+func New(js jetstream.JetStream) *Store {
+	return &Store{b: topology.NewBucket(js, topology.ConsoleSessionsBucket)}
+}
 
 // bucket is the bucket, looked up until it is found once.
 func (s *Store) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.kv != nil {
-		return s.kv, nil
-	}
-	kv, err := s.js.KeyValue(ctx, topology.ConsoleSessionsBucket)
+	kv, err := s.b.Get(ctx)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, ErrNoBucket
 	}
-	if err != nil {
-		return nil, err
-	}
-	s.kv = kv
-	return kv, nil
+	return kv, err
 }
 
 // Check is nil for a session the bucket does not say was ended, ErrEnded for

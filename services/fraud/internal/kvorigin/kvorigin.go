@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,41 +31,19 @@ var _ fraud.Origins = (*Origins)(nil)
 
 // Origins reads and writes the records of one consumer group.
 type Origins struct {
-	js    jetstream.JetStream
-	group string
-
-	mu sync.Mutex
-	kv jetstream.KeyValue // looked up once, again after a failure
+	js     jetstream.JetStream
+	group  string
+	bucket *topology.Bucket // looked up once, again after a failure
 }
 
 // New returns the records of group's partitions.
 func New(js jetstream.JetStream, group string) *Origins {
-	return &Origins{js: js, group: group}
+	return &Origins{js: js, group: group, bucket: topology.NewBucket(js, topology.MembersBucket)}
 }
 
 // recordKey is the key of partition's record in topology.MembersBucket.
 func recordKey(group string, partition int) string {
 	return group + ".origin." + strconv.Itoa(partition)
-}
-
-func (o *Origins) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.kv != nil {
-		return o.kv, nil
-	}
-	kv, err := o.js.KeyValue(ctx, topology.MembersBucket)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", topology.MembersBucket, err)
-	}
-	o.kv = kv
-	return kv, nil
-}
-
-func (o *Origins) forget() {
-	o.mu.Lock()
-	o.kv = nil
-	o.mu.Unlock()
 }
 
 // get returns the partition's record and its revision (0, 0: none).
@@ -77,7 +54,7 @@ func (o *Origins) get(ctx context.Context, kv jetstream.KeyValue, partition int)
 		return 0, 0, nil
 	}
 	if err != nil {
-		o.forget()
+		o.bucket.Forget()
 		return 0, 0, fmt.Errorf("get %s: %w", key, err)
 	}
 	seq, err := strconv.ParseUint(string(e.Value()), 10, 64)
@@ -90,7 +67,7 @@ func (o *Origins) get(ctx context.Context, kv jetstream.KeyValue, partition int)
 // Origin returns the first sequence of partition whose statistics were
 // applied, as recorded (0: none recorded).
 func (o *Origins) Origin(ctx context.Context, partition int) (uint64, error) {
-	kv, err := o.bucket(ctx)
+	kv, err := o.bucket.Get(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("origin of partition %d: %w", partition, err)
 	}
@@ -108,7 +85,7 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 	if seq == 0 {
 		return fmt.Errorf("origin of partition %d: sequence 0", partition)
 	}
-	kv, err := o.bucket(ctx)
+	kv, err := o.bucket.Get(ctx)
 	if err != nil {
 		return fmt.Errorf("origin of partition %d: %w", partition, err)
 	}
@@ -130,7 +107,7 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 			continue // another writer was first: read again
 		}
 		if err != nil {
-			o.forget()
+			o.bucket.Forget()
 			return fmt.Errorf("origin of partition %d: put %s: %w", partition, key, err)
 		}
 		return nil
@@ -147,7 +124,7 @@ func (o *Origins) Raise(ctx context.Context, partition int, from, seq uint64) er
 	if seq == 0 {
 		return fmt.Errorf("origin of partition %d: sequence 0", partition)
 	}
-	kv, err := o.bucket(ctx)
+	kv, err := o.bucket.Get(ctx)
 	if err != nil {
 		return fmt.Errorf("origin of partition %d: %w", partition, err)
 	}
@@ -165,7 +142,7 @@ func (o *Origins) Raise(ctx context.Context, partition int, from, seq uint64) er
 			continue // another writer was first: read again
 		}
 		if err != nil {
-			o.forget()
+			o.bucket.Forget()
 			return fmt.Errorf("origin of partition %d: put %s: %w", partition, key, err)
 		}
 		return nil
