@@ -145,16 +145,15 @@ func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance strin
 // errMalformedRecord is a record the relay cannot apply.
 var errMalformedRecord = errors.New("malformed record")
 
-// get reads the record of shard's lane: nil when there is none (or no
-// bucket: none can have been written), errMalformedRecord (with the
-// record's revision, to delete it) when it cannot be applied.
+// get reads the record of shard's lane: nil when there is none,
+// errNoBucket when there is no bucket (none can have been written: the
+// relay reads it as no record, and says once that records are off),
+// errMalformedRecord (with the record's revision, to delete it) when it
+// cannot be applied.
 func (rs *Records) get(ctx context.Context, shard int, lane Lane) (*acked, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	kv, err := rs.bucket(ctx)
-	if errors.Is(err, errNoBucket) {
-		return nil, 0, nil
-	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -243,6 +242,16 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 		lane := Lanes[li]
 		a, rev, err := r.cfg.Records.get(ctx, shard, lane)
 		switch {
+		case errors.Is(err, errNoBucket):
+			// No record can have been written: none to apply. Said once,
+			// so an operator knows a batch whose trim fails is recorded
+			// nowhere until the topology is applied.
+			ls.recordRead = true
+			ls.backoff = 0
+			if !r.noBucketLogged.Swap(true) {
+				r.log.Error("relay records no untrimmed batch: its bucket is missing; a batch acknowledged whose trim fails is published again by an instance that takes the shard over",
+					"err", err)
+			}
 		case errors.Is(err, errMalformedRecord):
 			// Nothing can be trimmed by it: drop it rather than hold the
 			// lane for ever.
@@ -262,9 +271,11 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 		case a == nil:
 			ls.recordRead = true
 			ls.backoff = 0
+			r.noBucketLogged.Store(false) // said again should it go missing
 		default:
 			ls.recordRead = true
 			ls.backoff = 0
+			r.noBucketLogged.Store(false)
 			r.untrimmed[shard][li] = r.laterBatch(ctx, shard, li, r.untrimmed[shard][li], a)
 		}
 	}

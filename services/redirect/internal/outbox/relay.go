@@ -115,6 +115,9 @@ type Relay struct {
 	// which the instance reads when it takes the shard, and which
 	// becomes its untrimmed batch of the lane.
 	untrimmed [][]*acked
+	// noBucketLogged: the records' bucket was found missing, and said so
+	// (once: readRecords).
+	noBucketLogged atomic.Bool
 
 	// afterAcks, if set (tests), runs after a batch's acks and before its
 	// fenced delete; returning an error abandons the batch as a crash would.
