@@ -16,8 +16,9 @@ import (
 
 // TestApplyOnAThreeNodeClusterReplicatesEverything: with Replicas 3 on a
 // three-node cluster, every stream, every consumer Apply declares and
-// every bucket (the members' and the console's sessions) have a leader and
-// two replicas, one per node; re-applying changes nothing.
+// every bucket (topology.Buckets: the members', the console's sessions and
+// the outbox's untrimmed batches) have a leader and two replicas, one per
+// node; re-applying changes nothing.
 func TestApplyOnAThreeNodeClusterReplicatesEverything(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartNATSCluster(t)
@@ -97,8 +98,9 @@ func TestNoPeersYetIsThePlacementAnswer(t *testing.T) {
 // A deployment that grew from one server to a three-node cluster applies
 // the topology again with Replicas 3 (deploy/README.md): every stream and
 // every bucket (the members', which holds the groups' leases, their replay
-// requests and fraud detection's origin records, and the console's ended
-// sessions) then have three replicas. Applying once more changes nothing.
+// requests and fraud detection's origin records, the console's ended
+// sessions, and the redirect relay's records of untrimmed batches) then
+// have three replicas. Applying once more changes nothing.
 func TestApplyWithMoreReplicasScalesEveryStreamAndBucket(t *testing.T) {
 	t.Parallel()
 	c := testenv.StartNATSCluster(t)

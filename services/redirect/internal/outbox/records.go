@@ -117,7 +117,7 @@ func (rec record) acked(rev uint64) (*acked, error) {
 	}
 	a := &acked{
 		n: rec.Entries, keep: rec.Keep, firstEvent: rec.FirstEvent, last: rec.Last, lastEvent: rec.LastEvent,
-		published: rec.Published, late: rec.Late, rev: rev, read: true, from: rec.Instance,
+		published: rec.Published, late: rec.Late, rev: rev, recorded: true, read: true, from: rec.Instance,
 	}
 	for why, n := range rec.Parked {
 		for range n {
@@ -145,16 +145,15 @@ func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance strin
 // errMalformedRecord is a record the relay cannot apply.
 var errMalformedRecord = errors.New("malformed record")
 
-// get reads the record of shard's lane: nil when there is none (or no
-// bucket: none can have been written), errMalformedRecord (with the
-// record's revision, to delete it) when it cannot be applied.
+// get reads the record of shard's lane: nil when there is none,
+// errNoBucket when there is no bucket (none can have been written: the
+// relay reads it as no record, and says once that records are off),
+// errMalformedRecord (with the record's revision, to delete it) when it
+// cannot be applied.
 func (rs *Records) get(ctx context.Context, shard int, lane Lane) (*acked, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	kv, err := rs.bucket(ctx)
-	if errors.Is(err, errNoBucket) {
-		return nil, 0, nil
-	}
 	if err != nil {
 		return nil, 0, err
 	}
@@ -216,7 +215,7 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, a *acked, ca
 			"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "err", err, "trim_err", cause)
 		return
 	}
-	a.rev = rev
+	a.rev, a.recorded = rev, true
 	r.m.UntrimmedRecords.WithLabelValues(lane.Name, "written").Inc()
 	r.log.Warn("relay recorded a batch JetStream acknowledged and Redis did not trim; it trims it when Redis answers, or the instance that takes the shard does",
 		"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision", rev, "trim_err", cause)
@@ -243,6 +242,16 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 		lane := Lanes[li]
 		a, rev, err := r.cfg.Records.get(ctx, shard, lane)
 		switch {
+		case errors.Is(err, errNoBucket):
+			// No record can have been written: none to apply. Said once,
+			// so an operator knows a batch whose trim fails is recorded
+			// nowhere until the topology is applied.
+			ls.recordRead = true
+			ls.backoff = 0
+			if !r.noBucketLogged.Swap(true) {
+				r.log.Error("relay records no untrimmed batch: its bucket is missing; a batch acknowledged whose trim fails is published again by an instance that takes the shard over",
+					"err", err)
+			}
 		case errors.Is(err, errMalformedRecord):
 			// Nothing can be trimmed by it: drop it rather than hold the
 			// lane for ever.
@@ -262,10 +271,12 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 		case a == nil:
 			ls.recordRead = true
 			ls.backoff = 0
+			r.noBucketLogged.Store(false) // said again should it go missing
 		default:
 			ls.recordRead = true
 			ls.backoff = 0
-			r.untrimmed[shard][li] = r.laterBatch(shard, lane, r.untrimmed[shard][li], a)
+			r.noBucketLogged.Store(false)
+			r.untrimmed[shard][li] = r.laterBatch(ctx, shard, li, r.untrimmed[shard][li], a)
 		}
 	}
 	return true
@@ -275,29 +286,43 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 // its own untrimmed batch from an earlier hold of the shard, and read a
 // record rec: own with the record's revision when they are the same batch
 // (its trim deletes the record); otherwise, the one reaching further into
-// the lane, also with the record's revision. Two batches both still at the
-// lane's head start with the same entry (the other relay began where this
-// one had not trimmed), so trimming the longer one leaves nothing of the
-// other; one that no longer heads the lane trims nothing anyway.
-func (r *Relay) laterBatch(shard int, lane Lane, own, rec *acked) *acked {
+// the lane. Two batches both still at the lane's head start with the same
+// entry (the other relay began where this one had not trimmed), so
+// trimming the longer one leaves nothing of the other; one that no longer
+// heads the lane trims nothing anyway. When that is own, the record is
+// written anew with own's batch: until own is trimmed, the bucket must name
+// the batch this relay trims, or an instance that takes the shard after
+// another failed trim would trim only the shorter batch and publish the
+// rest of own's again. Should NATS refuse the write, own keeps the record's
+// revision (its trim deletes the shorter record, which then trims
+// nothing) and the write is tried again with the trim.
+func (r *Relay) laterBatch(ctx context.Context, shard, li int, own, rec *acked) *acked {
 	if own == nil {
 		return rec
 	}
+	lane := Lanes[li]
 	if own.firstEvent == rec.firstEvent && own.last == rec.last && own.lastEvent == rec.lastEvent {
-		own.rev = rec.rev
+		own.rev, own.recorded = rec.rev, true
 		return own
 	}
 	keep := rec
 	if o, ok := parseStreamID(own.last); ok {
 		if c, ok := parseStreamID(rec.last); ok && c.less(o) {
 			keep = own
-			own.rev = rec.rev
 		}
 	}
 	r.log.Warn("relay holds an untrimmed batch of the lane and found another's record; it trims the one reaching further", "shard", shard, "lane", lane.Name,
 		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)
+	if keep == own {
+		own.rev, own.recorded = rec.rev, false
+		r.recordUntrimmed(ctx, shard, li, own, errShorterRecord)
+	}
 	return keep
 }
+
+// errShorterRecord is why a relay records its own untrimmed batch again:
+// the lane's record named a batch reaching less far (laterBatch).
+var errShorterRecord = errors.New("the lane's record names a batch reaching less far than this relay's untrimmed one")
 
 // dropRecord deletes the record of shard's lane at revision rev (0: none),
 // once its batch is trimmed or known stale. A newer record (a batch recorded

@@ -191,6 +191,37 @@ func TestALaneWhoseRecordCannotBeReadIsNotRelayed(t *testing.T) {
 	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
 }
 
+// TestARelayWithoutTheRecordsBucketSaysSoOnce: with the bucket missing
+// (the topology not applied since it was added) a relay reads no record
+// and relays every shard, and says once, as an ERROR, that its batches are
+// recorded nowhere: an operator learns that records are off.
+func TestARelayWithoutTheRecordsBucketSaysSoOnce(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 2)
+	if err := e.js.DeleteKeyValue(t.Context(), topology.OutboxUntrimmedBucket); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, code := range []string{"abc", "xyz", "k1", "k2"} {
+		ids = append(ids, e.addClicks(t, code, 5)...)
+	}
+	r := e.relay("r")
+	logs := &syncBuffer{}
+	r.log = slog.New(slog.NewTextHandler(logs, nil))
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	if n := count(e.js, events.ClicksStream); n != len(ids) {
+		t.Fatalf("CLICKS holds %d clicks, want %d", n, len(ids))
+	}
+	if n := strings.Count(logs.String(), `level=ERROR msg="relay records no untrimmed batch: its bucket is missing`); n != 1 {
+		t.Fatalf("the missing bucket said %d times, want once:\n%s", n, logs.String())
+	}
+	if n := recordsCounted(r, "read_failed"); n != 0 {
+		t.Fatalf("read_failed %v, want 0: a missing bucket holds no record", n)
+	}
+}
+
 // relayWith is a relay on rdb with records (nil: none).
 func (e *env) relayWith(rdb redis.UniversalClient, instance string, records *Records) *Relay {
 	return NewRelay(rdb, e.js, e.nc.IsConnected, e.layout, RelayConfig{

@@ -115,6 +115,9 @@ type Relay struct {
 	// which the instance reads when it takes the shard, and which
 	// becomes its untrimmed batch of the lane.
 	untrimmed [][]*acked
+	// noBucketLogged: the records' bucket was found missing, and said so
+	// (once: readRecords).
+	noBucketLogged atomic.Bool
 
 	// afterAcks, if set (tests), runs after a batch's acks and before its
 	// fenced delete; returning an error abandons the batch as a crash would.
@@ -583,8 +586,8 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
 			ls.retryAt = time.Now().Add(ls.backoff)
 			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
-			if a.rev == 0 && !a.read {
-				r.recordUntrimmed(ctx, shard, li, a, err) // its first write failed
+			if !a.recorded {
+				r.recordUntrimmed(ctx, shard, li, a, err) // its last write failed
 			}
 		default:
 			// The lane goes on from its head, probing still if the batch
@@ -755,9 +758,12 @@ type acked struct {
 	// counted once deleted
 	published, late int
 	parked          []string
-	// rev is the revision of the batch's record in RelayConfig.Records
+	// rev is the revision of the lane's record in RelayConfig.Records
 	// (0: none written or read), deleted once the batch is trimmed.
 	rev uint64
+	// recorded: the record at rev names this batch (written or read);
+	// otherwise it is written again with each failed trim.
+	recorded bool
 	// read: the batch came from a record (readRecords), written by the
 	// relay from.
 	read bool
