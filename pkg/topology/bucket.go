@@ -13,15 +13,21 @@ import (
 // so the next use looks it up again (after an error that may mean the bucket
 // was deleted and created again, or the connection's JetStream domain moved).
 type Bucket struct {
-	js   jetstream.JetStream
+	js   KeyValues
 	name string
 
 	mu sync.Mutex
 	kv jetstream.KeyValue // once found
 }
 
+// KeyValues is what a Bucket needs of a JetStream context (jetstream.JetStream
+// has it).
+type KeyValues interface {
+	KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error)
+}
+
 // NewBucket is the bucket name (MembersBucket, ConsoleSessionsBucket, ...) on js.
-func NewBucket(js jetstream.JetStream, name string) *Bucket {
+func NewBucket(js KeyValues, name string) *Bucket {
 	return &Bucket{js: js, name: name}
 }
 

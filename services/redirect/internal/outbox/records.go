@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,20 +24,18 @@ import (
 // once, when it takes the shard, before it reads the lane: nothing of it is
 // on the path of a batch whose trim succeeds.
 type Records struct {
-	js KeyValues
-	mu sync.Mutex
-	kv jetstream.KeyValue // once found
+	b *topology.Bucket
 }
 
 // KeyValues is what Records needs of a JetStream context
 // (jetstream.JetStream has it).
-type KeyValues interface {
-	KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error)
-}
+type KeyValues = topology.KeyValues
 
 // NewRecords returns the records in js's bucket, looked up when first used
 // (NATS may be away when the service starts).
-func NewRecords(js KeyValues) *Records { return &Records{js: js} }
+func NewRecords(js KeyValues) *Records {
+	return &Records{b: topology.NewBucket(js, topology.OutboxUntrimmedBucket)}
+}
 
 // recordTimeout bounds each read, write and delete of a record.
 const recordTimeout = 2 * time.Second
@@ -48,22 +45,15 @@ const recordTimeout = 2 * time.Second
 // none can be written.
 var errNoBucket = errors.New("bucket " + topology.OutboxUntrimmedBucket + " does not exist: apply the topology (snipctl topology apply)")
 
-// bucket is the bucket, looked up until it is found once.
+// bucket is the bucket, looked up until it is found once (again after a
+// failed read, write or delete: the bucket may have been deleted, and
+// created again or not).
 func (rs *Records) bucket(ctx context.Context) (jetstream.KeyValue, error) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.kv != nil {
-		return rs.kv, nil
-	}
-	kv, err := rs.js.KeyValue(ctx, topology.OutboxUntrimmedBucket)
+	kv, err := rs.b.Get(ctx)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, errNoBucket
 	}
-	if err != nil {
-		return nil, err
-	}
-	rs.kv = kv
-	return kv, nil
+	return kv, err
 }
 
 // recordKey is the key of a shard's lane: <shard>.<lane>.
@@ -139,7 +129,11 @@ func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance strin
 	if err != nil {
 		return 0, err
 	}
-	return kv.Put(ctx, recordKey(shard, lane), b)
+	rev, err := kv.Put(ctx, recordKey(shard, lane), b)
+	if err != nil {
+		rs.b.Forget()
+	}
+	return rev, err
 }
 
 // errMalformedRecord is a record the relay cannot apply.
@@ -162,6 +156,7 @@ func (rs *Records) get(ctx context.Context, shard int, lane Lane) (*acked, uint6
 		return nil, 0, nil
 	}
 	if err != nil {
+		rs.b.Forget()
 		return nil, 0, err
 	}
 	var rec record
@@ -192,6 +187,9 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 		return errNewerRecord
+	}
+	if err != nil {
+		rs.b.Forget()
 	}
 	return err
 }

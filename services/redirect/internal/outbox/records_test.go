@@ -222,6 +222,43 @@ func TestARelayWithoutTheRecordsBucketSaysSoOnce(t *testing.T) {
 	}
 }
 
+// TestARecordsBucketDeletedWhileInUseIsLookedUpAgain: relays of one
+// instance share its Records, which keep the bucket once found. The bucket
+// is deleted (an operator's mistake, a topology torn down and applied
+// again); a relay taking the shards then fails to read the lanes' records
+// once, looks the bucket up again, finds it missing, says so, and relays:
+// as a relay does that started without the bucket. Before, the Records kept
+// the deleted bucket's handle, every read failed, and the lanes were never
+// relayed again (the outbox did not empty).
+func TestARecordsBucketDeletedWhileInUseIsLookedUpAgain(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 2)
+	records := NewRecords(e.js)
+	first := e.addClicks(t, "abc", 5)
+	a := start(e.relayWith(e.rdb, "a", records))
+	testenv.WaitFor(t, 10*time.Second, "the first clicks relayed", func() bool { return e.outboxLen(t) == 0 })
+	a.stop()
+	if err := e.js.DeleteKeyValue(t.Context(), topology.OutboxUntrimmedBucket); err != nil {
+		t.Fatal(err)
+	}
+	var later []string
+	for _, code := range []string{"abc", "xyz", "k1", "k2"} {
+		later = append(later, e.addClicks(t, code, 5)...)
+	}
+	b := e.relayWith(e.rdb, "b", records)
+	logs := &syncBuffer{}
+	b.log = slog.New(slog.NewTextHandler(logs, nil))
+	rb := start(b)
+	defer rb.stop()
+	testenv.WaitFor(t, 15*time.Second, "the outbox to empty with the bucket deleted", func() bool { return e.outboxLen(t) == 0 })
+	if n, want := count(e.js, events.ClicksStream), len(first)+len(later); n != want {
+		t.Fatalf("CLICKS holds %d clicks, want %d", n, want)
+	}
+	if n := strings.Count(logs.String(), `level=ERROR msg="relay records no untrimmed batch: its bucket is missing`); n != 1 {
+		t.Fatalf("the missing bucket said %d times, want once:\n%s", n, logs.String())
+	}
+}
+
 // relayWith is a relay on rdb with records (nil: none).
 func (e *env) relayWith(rdb redis.UniversalClient, instance string, records *Records) *Relay {
 	return NewRelay(rdb, e.js, e.nc.IsConnected, e.layout, RelayConfig{
