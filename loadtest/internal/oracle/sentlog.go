@@ -9,16 +9,18 @@ import (
 
 // SentLog follows, by ID, which of a run's sent clicks CLICKS holds, by the
 // oracle's rule for the log (a click of the run's links naming a sent
-// sequence, valid), and where the run's clicks are in it. A count of the
-// clicks stored cannot tell that every sent click is in: a copy stored
-// twice, or a click whose request timed out and was recorded late, makes
-// up the count while a sent click still waits in the redirect's outbox.
-// It needs one bit per click.
+// sequence, valid or not: an invalid click is stored where readers park it,
+// so it is accounted for, as the oracle's log read accounts for it, and
+// waiting longer would not change that; the oracle's log row fails it),
+// and where the run's clicks are in it. A count of the clicks stored cannot
+// tell that every sent click is in: a copy stored twice, or a click whose
+// request timed out and was recorded late, makes up the count while a sent
+// click still waits in the redirect's outbox. It needs one bit per click.
 type SentLog struct {
 	tr    *truth.Truth
 	tag   workload.Tag
 	links int
-	found []uint64 // bit seq: a valid click naming seq was read
+	found []uint64 // bit seq: a click naming seq was read, valid or not
 	sent  uint64   // sent clicks found
 	last  map[int]uint64
 }
@@ -46,7 +48,7 @@ func (l *SentLog) Add(clicks []LogClick) {
 		// Every click on the run's links is the readers' to process.
 		l.last[c.Partition] = max(l.last[c.Partition], c.StreamSeq)
 		seq, ok := seqOf(l.tr, l.tag, c)
-		if !ok || c.Invalid {
+		if !ok {
 			continue
 		}
 		w, bit := seq/64, uint64(1)<<(seq%64)

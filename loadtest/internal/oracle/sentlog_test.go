@@ -13,9 +13,9 @@ import (
 )
 
 // SentLog is complete only when every sent click was read by ID: copies,
-// timed-out clicks recorded late, invalid clicks and clicks on other links
-// never make up for a missing one, while every click on the run's links
-// counts in the last positions.
+// timed-out clicks recorded late and clicks on other links never make up
+// for a missing one, an invalid click (parked by the readers) accounts for
+// its own, and every click on the run's links counts in the last positions.
 func TestSentLogWantsEverySentClickByID(t *testing.T) {
 	t.Parallel()
 	tag := workload.NewTag()
@@ -33,6 +33,8 @@ func TestSentLogWantsEverySentClickByID(t *testing.T) {
 	}
 	invalid := click(1, 0, 4)
 	invalid.Invalid = true
+	invalidTimedOut := click(2, 0, 6)
+	invalidTimedOut.Invalid = true
 	other := click(1, 1, 9)
 	other.Code = "other-link"
 	tests := []struct {
@@ -44,7 +46,8 @@ func TestSentLogWantsEverySentClickByID(t *testing.T) {
 		{name: "every_sent_click", clicks: []oracle.LogClick{click(0, 0, 1), click(1, 1, 2)}, complete: true, last: map[int]uint64{0: 1, 1: 2}},
 		{name: "a_copy_does_not_make_up_for_a_missing_click", clicks: []oracle.LogClick{click(0, 0, 1), click(0, 1, 2)}, last: map[int]uint64{0: 1, 1: 2}},
 		{name: "a_timed_out_click_does_not_make_up_for_a_missing_click", clicks: []oracle.LogClick{click(0, 0, 1), click(2, 1, 3)}, last: map[int]uint64{0: 1, 1: 3}},
-		{name: "an_invalid_click_is_not_found_but_is_a_position", clicks: []oracle.LogClick{click(0, 0, 1), invalid}, last: map[int]uint64{0: 4}},
+		{name: "an_invalid_click_is_accounted_for_and_a_position", clicks: []oracle.LogClick{click(0, 0, 1), invalid}, complete: true, last: map[int]uint64{0: 4}},
+		{name: "an_invalid_click_does_not_make_up_for_another", clicks: []oracle.LogClick{click(0, 0, 1), invalidTimedOut}, last: map[int]uint64{0: 6}},
 		{name: "a_click_on_another_link_is_neither", clicks: []oracle.LogClick{click(0, 0, 1), other}, last: map[int]uint64{0: 1}},
 		{name: "the_timed_out_click_stored_after_counts_in_the_positions", clicks: []oracle.LogClick{click(1, 1, 2), click(0, 0, 5), click(2, 0, 7)}, complete: true, last: map[int]uint64{0: 7, 1: 2}},
 	}
