@@ -147,7 +147,7 @@ func usage(w io.Writer) {
 		c := commands[n]
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(n+" "+c.usage), c.help)
 	}
-	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see README.md);")
+	fmt.Fprintln(w, "\nconfiguration comes from the environment: NATS_URL, REDIS_URL, SNIP_PARTITIONS, ... (see services/snipctl/README.md);")
 	fmt.Fprintln(w, "SNIPCTL_TIMEOUT (30s) bounds each command, a replay's --wait and a dlq redrive included")
 	fmt.Fprintln(w, "exit status: 0 done (scenario run: PASS), 1 failed (scenario run: FAIL), 2 usage error, 3 scenario run INCONCLUSIVE")
 }

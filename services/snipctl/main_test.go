@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -310,6 +311,39 @@ func TestHelpNamesTheFlags(t *testing.T) {
 		"--source S", "--reason R", "--all", "--speed X", "--json", "--cluster", "demo -h lists every flag", "SNIPCTL_TIMEOUT"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("snipctl help does not name %q:\n%s", want, out)
+		}
+	}
+}
+
+// snipctl with no arguments names its settings and points to where they
+// are documented: every file its usage says to see, read from the
+// repository root (where the demo runs it), documents each setting named.
+func TestUsagePointsWhereTheSettingsAreDocumented(t *testing.T) {
+	t.Parallel()
+	out, err := snipctl(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := []string{"NATS_URL", "REDIS_URL", "SNIP_PARTITIONS", "SNIPCTL_TIMEOUT"}
+	for _, s := range settings {
+		if !strings.Contains(out, s) {
+			t.Errorf("usage does not name %s:\n%s", s, out)
+		}
+	}
+	seen := regexp.MustCompile(`see ([\w./-]+\.md)`).FindAllStringSubmatch(out, -1)
+	if len(seen) == 0 {
+		t.Fatalf("usage points to no document:\n%s", out)
+	}
+	for _, m := range seen {
+		doc, err := os.ReadFile(filepath.Join("..", "..", filepath.FromSlash(m[1])))
+		if err != nil {
+			t.Errorf("usage says to see %s: %v", m[1], err)
+			continue
+		}
+		for _, s := range settings {
+			if !strings.Contains(string(doc), "`"+s+"`") {
+				t.Errorf("usage says to see %s for the settings, which does not document %s", m[1], s)
+			}
 		}
 	}
 }
