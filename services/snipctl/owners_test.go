@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -181,4 +182,70 @@ func TestOwnersErrorsSayWhatToDo(t *testing.T) {
 	if out, err := snipctl(t, environ, "owners", "rotate", "--", "-x"); !strings.Contains(fmt.Sprint(err), "snipctl owners create -- -x") {
 		t.Errorf("owners rotate -- -x: err = %v, want it naming owners create -- -x\n%s", err, out)
 	}
+}
+
+// A create whose revocation of an earlier cut-off create's key is refused
+// still made the owner: snipctl prints its key, exits 1, and says that
+// `snipctl owners rotate ID` revokes the keys left. Redis refuses by ACL:
+// the cut-off create runs as a user that may neither write the owner (HSET)
+// nor take its key back (DEL), the second as one that may not DEL.
+func TestOwnersCreateThatCannotRevokeLeftoverKeysPrintsItsKey(t *testing.T) {
+	t.Parallel()
+	rdb, db := servers.Redis.NewDB(t)
+	store := owners.NewStore(rdb)
+	ctx := t.Context()
+	user := func(name string, rules ...string) []string {
+		t.Helper()
+		name = fmt.Sprintf("%s-%d", name, db)
+		args := append([]any{"ACL", "SETUSER", name, "reset", "on", ">pw", "~*", "+@all"}, stringsToAny(rules)...)
+		if err := rdb.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rdb.Do(context.Background(), "ACL", "DELUSER", name).Err() })
+		return []string{fmt.Sprintf("REDIS_URL=redis://%s:pw@%s/%d", name, servers.Redis.Addr, db)}
+	}
+
+	out, err := snipctl(t, user("cutoff", "-hset", "-del"), "owners", "create", "leftover")
+	if err == nil || strings.Contains(out, "api key") {
+		t.Fatalf("a create that cannot write the owner: %v\n%s", err, out)
+	}
+	if _, err := store.Get(ctx, "leftover"); !errors.Is(err, owners.ErrUnauthorized) {
+		t.Fatalf("the cut-off create made the owner (Get: %v)", err)
+	}
+	if n, err := rdb.SCard(ctx, "snip:owner:leftover:keys").Result(); err != nil || n != 1 {
+		t.Fatalf("the cut-off create left %d keys (%v), want its own", n, err)
+	}
+
+	out, err = snipctl(t, user("nodel", "-del"), "owners", "create", "leftover")
+	if !errors.Is(err, owners.ErrLeftoverKeys) || exitStatus(err) != 1 {
+		t.Fatalf("create whose revocation of the leftover key is refused: %v (exit %d), want ErrLeftoverKeys, exit 1\n%s", err, exitStatus(err), out)
+	}
+	if !strings.Contains(err.Error(), "snipctl owners rotate leftover") {
+		t.Errorf("the error does not name `snipctl owners rotate leftover`: %v", err)
+	}
+	m := regexp.MustCompile(`api key: (\S+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no key printed for the owner made:\n%s", out)
+	}
+	if o, err := store.Authenticate(ctx, m[1]); err != nil || o.ID != "leftover" {
+		t.Fatalf("the printed key authenticates as %+v, %v; want leftover", o, err)
+	}
+
+	// What the error says to run leaves only the rotated key.
+	out, err = snipctl(t, []string{"REDIS_URL=" + servers.Redis.URL(db)}, "owners", "rotate", "leftover")
+	if err != nil {
+		t.Fatalf("owners rotate: %v\n%s", err, out)
+	}
+	n, err := rdb.SCard(ctx, "snip:owner:leftover:keys").Result()
+	if err != nil || n != 1 {
+		t.Errorf("after the rotation the owner's key set holds %d keys (%v), want the rotated key only", n, err)
+	}
+}
+
+func stringsToAny(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
 }
