@@ -24,6 +24,8 @@ import (
 	"testing"
 	"time"
 
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -945,5 +947,76 @@ func TestDemoBannerSaysHowToGetTheClickHouseClient(t *testing.T) {
 	t.Setenv("PATH", dir)
 	if b := banner(); strings.Contains(b, hint) {
 		t.Errorf("with clickhouse-client on the PATH the banner still says to install it:\n%s", b)
+	}
+}
+
+// The webhooks service delivers at least once: a batch comes again with the
+// same webhook-id. The demo's receiver says, at the repeat, that it is a
+// redelivery a receiver deduplicates by webhook-id, instead of printing
+// the same ID twice as if it were news. It remembers a bounded number of
+// IDs.
+func TestDemoReceiverSaysARepeatedWebhookIDIsARedelivery(t *testing.T) {
+	t.Parallel()
+	var out syncBuffer
+	rcv := &demoReceiver{d: &demo{env: &Env{Stdout: &out, Stderr: &out}}}
+	wh, err := standardwebhooks.NewWebhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcv.wh.Store(wh)
+	srv := httptest.NewServer(rcv)
+	defer srv.Close()
+	post := func(id string) {
+		t.Helper()
+		body := []byte(`{"events":[{"id":"ev1","type":"click","data":{"code":"nats-jetstream"}}]}`)
+		now := time.Now()
+		sig, err := wh.Sign(id, now, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+demoWebhooksPath, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("webhook-id", id)
+		req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+		req.Header.Set("webhook-signature", sig)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("delivery %s answered %d, want 204 (a redelivery is acknowledged too)", id, resp.StatusCode)
+		}
+	}
+	post("msg_a")
+	post("msg_b")
+	post("msg_a")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("the receiver printed %d lines for 3 deliveries, want 3:\n%s", len(lines), out.String())
+	}
+	for i, l := range lines[:2] {
+		if strings.Contains(l, "REDELIVERY") {
+			t.Errorf("delivery %d, a first one, is called a redelivery: %s", i+1, l)
+		}
+	}
+	if l := lines[2]; !strings.Contains(l, "msg_a") || !strings.Contains(l, "REDELIVERY") || !strings.Contains(l, "deduplicates by webhook-id") {
+		t.Errorf("the repeat of msg_a does not say it is a redelivery to deduplicate by webhook-id: %s", l)
+	}
+
+	// Bounded: once demoSeenIDs other IDs came, the oldest is forgotten.
+	for i := range demoSeenIDs {
+		rcv.again(fmt.Sprintf("msg_%d", i))
+	}
+	if len(rcv.seen) > demoSeenIDs || len(rcv.ring) > demoSeenIDs {
+		t.Errorf("the receiver remembers %d IDs (ring %d), want at most %d", len(rcv.seen), len(rcv.ring), demoSeenIDs)
+	}
+	if rcv.again("msg_a") {
+		t.Errorf("msg_a still remembered after %d other IDs", demoSeenIDs)
+	}
+	if !rcv.again(fmt.Sprintf("msg_%d", demoSeenIDs-1)) {
+		t.Errorf("the latest ID is forgotten")
 	}
 }

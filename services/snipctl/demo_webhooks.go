@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,12 +122,48 @@ func containsName(names []string, n string) bool {
 	return false
 }
 
-// demoReceiver verifies and prints deliveries.
+// demoReceiver verifies and prints deliveries. The webhooks service
+// delivers at least once: a batch whose answer it did not record (a
+// timeout, a restart mid-POST, a redeliver) comes again with the same
+// webhook-id and body. The receiver says so when it sees an ID again, as
+// the lesson a real receiver must act on: deduplicate by webhook-id.
 type demoReceiver struct {
 	d *demo
 	// wh verifies signatures once the endpoint is registered; the server
 	// is already answering (503 before), so it is set while it may be read.
 	wh atomic.Pointer[standardwebhooks.Webhook]
+
+	// The last demoSeenIDs webhook-ids verified: ring[next] is the oldest
+	// once the ring is full.
+	mu   sync.Mutex
+	seen map[string]struct{}
+	ring []string
+	next int
+}
+
+// demoSeenIDs is how many webhook-ids the demo's receiver remembers (a few
+// hours of the demo's deliveries, one every 5 s at most per event type).
+const demoSeenIDs = 4096
+
+// again records id as received and reports whether it was received before.
+func (r *demoReceiver) again(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.seen[id]; ok {
+		return true
+	}
+	if r.seen == nil {
+		r.seen, r.ring = make(map[string]struct{}, demoSeenIDs), make([]string, 0, demoSeenIDs)
+	}
+	if len(r.ring) < demoSeenIDs {
+		r.ring = append(r.ring, id)
+	} else {
+		delete(r.seen, r.ring[r.next])
+		r.ring[r.next] = id
+		r.next = (r.next + 1) % demoSeenIDs
+	}
+	r.seen[id] = struct{}{}
+	return false
 }
 
 func (r *demoReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -167,7 +204,12 @@ func (r *demoReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	for k, n := range counts {
 		parts = append(parts, fmt.Sprintf("%d %s", n, k))
 	}
-	r.d.logf("webhook    verified %s: %s", short(req.Header.Get("webhook-id")), strings.Join(parts, ", "))
+	id := req.Header.Get("webhook-id")
+	if r.again(id) {
+		r.d.logf("webhook    verified %s again: a REDELIVERY of a batch already received (%s); delivery is at least once, so a receiver deduplicates by webhook-id", short(id), strings.Join(parts, ", "))
+	} else {
+		r.d.logf("webhook    verified %s: %s", short(id), strings.Join(parts, ", "))
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
