@@ -14,8 +14,11 @@
 //
 // Create stores the new owner's key first and the owner last, so an owner
 // never exists without a key; the Create that makes an owner revokes the
-// keys that earlier Creates of its ID, cut off before they made it, left. Rotate and Revoke delete key entries, and no service caches them: every
-// check is a GET, so a revoked key fails at its next use everywhere. A
+// keys that earlier Creates of its ID, cut off before they made it, left.
+// Ensure (SNIP_BOOTSTRAP_OWNERS) stores its known key the same way, so a
+// Create of the same ID racing it can take that key for a leftover: see
+// Ensure. Rotate and Revoke delete key entries, and no service caches
+// them: every check is a GET, so a revoked key fails at its next use everywhere. A
 // request in flight with a key revoked meanwhile gets no new key from
 // RotateFrom, and Revoke (and so Rotate, which revokes first) also revokes
 // keys that rotations stored while it ran.
@@ -256,6 +259,15 @@ func (s *Store) keyFree(ctx context.Context, id, key string) error {
 // known key (SNIP_BOOTSTRAP_OWNERS). Ensuring an owner's own key again
 // changes nothing; a key that belongs to another owner is refused
 // (ErrKeyTaken) before anything is written, never moved.
+//
+// A race it does not close: Ensure stores its key before the owner, as
+// Create does, so a Create of the same ID that reads the owner's set after
+// that, and then makes the owner first, revokes the known key as a
+// leftover of a cut-off create. When that revocation lands after Ensure
+// has found the owner made and stored its key again, Ensure has returned
+// nil and the known key no longer works. It takes an operator creating a
+// bootstrap owner's ID by hand while a service starts; the service's next
+// start (Ensure again) or a rotation gives the owner a working key.
 func (s *Store) Ensure(ctx context.Context, id, key string) error {
 	if err := checkKey(key); err != nil {
 		return fmt.Errorf("ensure owner %q: %w", id, err)
