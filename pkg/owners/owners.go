@@ -191,7 +191,7 @@ func (s *Store) create(ctx context.Context, id, name, key string, takeBack bool)
 	}
 	if len(leftovers) > 0 {
 		if err := s.revoke(ctx, id, leftovers); err != nil {
-			return fmt.Errorf("create owner %q: made, with its key; %d %w (snipctl owners rotate %s revokes them): %v", id, len(leftovers), ErrLeftoverKeys, id, err)
+			return fmt.Errorf("create owner %q: made, with its key; %d %w (snipctl owners rotate %s revokes them): %v", id, len(leftovers), ErrLeftoverKeys, cliID(id), err)
 		}
 	}
 	return nil
@@ -401,4 +401,13 @@ func BearerKey(header string) string {
 		return strings.TrimSpace(header[len(p):])
 	}
 	return ""
+}
+
+// cliID is id as a snipctl command line takes it: after "--" when it starts
+// with "-", which snipctl would otherwise read as a flag.
+func cliID(id string) string {
+	if strings.HasPrefix(id, "-") {
+		return "-- " + id
+	}
+	return id
 }

@@ -116,7 +116,7 @@ func cmdOwners(ctx context.Context, env *Env, args []string) error {
 		if err != nil {
 			return ownersUnknown(err, id)
 		}
-		fmt.Fprintf(env.Stdout, "owner %s: %d api key(s) revoked; none works now (owners rotate %s gives a new one)\n", id, n, id)
+		fmt.Fprintf(env.Stdout, "owner %s: %d api key(s) revoked; none works now (owners rotate %s gives a new one)\n", id, n, idArg(id))
 	}
 	return nil
 }

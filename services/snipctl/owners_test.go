@@ -189,14 +189,27 @@ func TestOwnersErrorsSayWhatToDo(t *testing.T) {
 // `snipctl owners rotate ID` revokes the keys left. Redis refuses by ACL:
 // the cut-off create runs as a user that may neither write the owner (HSET)
 // nor take its key back (DEL), the second as one that may not DEL.
+//
+// The error's command is run as printed, for an ID that starts with "-" too
+// (which needs "--" before it): before, it said `snipctl owners rotate
+// -leftover`, which snipctl refuses as a misplaced flag.
 func TestOwnersCreateThatCannotRevokeLeftoverKeysPrintsItsKey(t *testing.T) {
 	t.Parallel()
+	for _, id := range []string{"leftover", "-leftover"} {
+		t.Run(id, func(t *testing.T) {
+			t.Parallel()
+			createThatCannotRevokeLeftoverKeys(t, id)
+		})
+	}
+}
+
+func createThatCannotRevokeLeftoverKeys(t *testing.T, id string) {
 	rdb, db := servers.Redis.NewDB(t)
 	store := owners.NewStore(rdb)
 	ctx := t.Context()
 	user := func(name string, rules ...string) []string {
 		t.Helper()
-		name = fmt.Sprintf("%s-%d", name, db)
+		name = fmt.Sprintf("%s-%d-%x", name, db, id)
 		args := append([]any{"ACL", "SETUSER", name, "reset", "on", ">pw", "~*", "+@all"}, stringsToAny(rules)...)
 		if err := rdb.Do(ctx, args...).Err(); err != nil {
 			t.Fatal(err)
@@ -205,38 +218,39 @@ func TestOwnersCreateThatCannotRevokeLeftoverKeysPrintsItsKey(t *testing.T) {
 		return []string{fmt.Sprintf("REDIS_URL=redis://%s:pw@%s/%d", name, servers.Redis.Addr, db)}
 	}
 
-	out, err := snipctl(t, user("cutoff", "-hset", "-del"), "owners", "create", "leftover")
+	out, err := snipctl(t, user("cutoff", "-hset", "-del"), "owners", "create", "--", id)
 	if err == nil || strings.Contains(out, "api key") {
 		t.Fatalf("a create that cannot write the owner: %v\n%s", err, out)
 	}
-	if _, err := store.Get(ctx, "leftover"); !errors.Is(err, owners.ErrUnauthorized) {
+	if _, err := store.Get(ctx, id); !errors.Is(err, owners.ErrUnauthorized) {
 		t.Fatalf("the cut-off create made the owner (Get: %v)", err)
 	}
-	if n, err := rdb.SCard(ctx, "snip:owner:leftover:keys").Result(); err != nil || n != 1 {
+	if n, err := rdb.SCard(ctx, "snip:owner:"+id+":keys").Result(); err != nil || n != 1 {
 		t.Fatalf("the cut-off create left %d keys (%v), want its own", n, err)
 	}
 
-	out, err = snipctl(t, user("nodel", "-del"), "owners", "create", "leftover")
+	out, err = snipctl(t, user("nodel", "-del"), "owners", "create", "--", id)
 	if !errors.Is(err, owners.ErrLeftoverKeys) || exitStatus(err) != 1 {
 		t.Fatalf("create whose revocation of the leftover key is refused: %v (exit %d), want ErrLeftoverKeys, exit 1\n%s", err, exitStatus(err), out)
 	}
-	if !strings.Contains(err.Error(), "snipctl owners rotate leftover") {
-		t.Errorf("the error does not name `snipctl owners rotate leftover`: %v", err)
+	cmd := regexp.MustCompile(`snipctl (owners rotate (?:-- )?\S+) revokes`).FindStringSubmatch(err.Error())
+	if cmd == nil || !strings.HasSuffix(cmd[1], " "+id) {
+		t.Fatalf("the error does not name `snipctl owners rotate %s`: %v", id, err)
 	}
 	m := regexp.MustCompile(`api key: (\S+)`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no key printed for the owner made:\n%s", out)
 	}
-	if o, err := store.Authenticate(ctx, m[1]); err != nil || o.ID != "leftover" {
-		t.Fatalf("the printed key authenticates as %+v, %v; want leftover", o, err)
+	if o, err := store.Authenticate(ctx, m[1]); err != nil || o.ID != id {
+		t.Fatalf("the printed key authenticates as %+v, %v; want %s", o, err, id)
 	}
 
 	// What the error says to run leaves only the rotated key.
-	out, err = snipctl(t, []string{"REDIS_URL=" + servers.Redis.URL(db)}, "owners", "rotate", "leftover")
+	out, err = snipctl(t, []string{"REDIS_URL=" + servers.Redis.URL(db)}, strings.Fields(cmd[1])...)
 	if err != nil {
-		t.Fatalf("owners rotate: %v\n%s", err, out)
+		t.Fatalf("%s: %v\n%s", cmd[1], err, out)
 	}
-	n, err := rdb.SCard(ctx, "snip:owner:leftover:keys").Result()
+	n, err := rdb.SCard(ctx, "snip:owner:"+id+":keys").Result()
 	if err != nil || n != 1 {
 		t.Errorf("after the rotation the owner's key set holds %d keys (%v), want the rotated key only", n, err)
 	}
