@@ -104,7 +104,8 @@ type Relay struct {
 	// untrimmed holds, per shard and lane (Lanes' order), the batch
 	// JetStream acknowledged whose trim Redis did not answer: the shard's
 	// loop trims it before it reads the lane again, also when this relay
-	// takes the shard again after a Redis outage let its lease lapse.
+	// takes the shard again after a Redis outage let its lease lapse
+	// (whether balance or the retried trim found the lease lost).
 	// Reading the lane instead would publish the batch anew, and after an
 	// outage longer than the stream's duplicate window (2 minutes)
 	// JetStream would store every click of it twice. (Another instance
@@ -561,8 +562,12 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 		n, err := r.trim(ctx, shard, lease, li, a)
 		switch {
 		case errors.Is(err, errLeaseLost):
-			// A record stays for the next holder.
-			r.untrimmed[shard][li] = nil
+			// The batch is kept: this relay trims it should it take the
+			// shard again (its record, if written, stays for another
+			// holder). Dropped, a batch whose record NATS refused would be
+			// published again by this very relay once it retook the shard.
+			// A holder that trims it meanwhile leaves it stale: its trim
+			// then deletes nothing.
 			r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
 			return false
 		case errors.Is(err, errLaneRewritten):
