@@ -66,9 +66,7 @@ func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalC
 		t.Fatal(err)
 	}
 	b := &acked{n: recorded, keep: keep, firstEvent: ids[0], last: msgs[recorded-1].ID, lastEvent: ids[recorded-1], published: recorded}
-	if _, err := NewRecords(e.js).put(t.Context(), 0, LaneClicks, "b", b); err != nil {
-		t.Fatal(err)
-	}
+	putRecord(t, e, 0, LaneClicks, "b", b)
 	passDuplicateWindow(t, e)
 	down.dead.Store(false)
 	return a, aRDB, ids

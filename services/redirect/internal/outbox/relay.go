@@ -116,6 +116,11 @@ type Relay struct {
 	// which the instance reads when it takes the shard, and which
 	// becomes its untrimmed batch of the lane.
 	untrimmed [][]*acked
+	// seen holds, per shard and lane, the revision of the lane's record
+	// as this relay last saw it (read, written or deleted; 0: none): a
+	// record is written only over that (recordUntrimmed). Touched, like
+	// untrimmed, only by the goroutine relaying the shard.
+	seen [][]uint64
 	// noBucketLogged: the records' bucket was found missing, and said so
 	// (once: readRecords).
 	noBucketLogged atomic.Bool
@@ -143,10 +148,12 @@ func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout
 		cfg.MaxBackoff = 5 * time.Second
 	}
 	untrimmed := make([][]*acked, layout.Shards)
+	seen := make([][]uint64, layout.Shards)
 	for s := range untrimmed {
 		untrimmed[s] = make([]*acked, len(Lanes))
+		seen[s] = make([]uint64, len(Lanes))
 	}
-	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now(), untrimmed: untrimmed}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now(), untrimmed: untrimmed, seen: seen}
 }
 
 // since is the time since r.epoch on the monotonic clock, which a wall
@@ -434,7 +441,7 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
-		if !r.readRecords(ctx, shard, lanes) {
+		if !r.readRecords(ctx, shard, lease, lanes) {
 			return
 		}
 		if !r.trimUntrimmed(ctx, shard, lease, lanes) {
@@ -583,7 +590,7 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 			} else {
 				r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
 			}
-			r.dropRecord(ctx, shard, lane, a.rev)
+			r.dropRecord(ctx, shard, li, a.rev)
 		case err != nil:
 			if ctx.Err() != nil {
 				return false
@@ -592,7 +599,7 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 			ls.retryAt = time.Now().Add(ls.backoff)
 			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
 			if !a.recorded {
-				r.recordUntrimmed(ctx, shard, li, a, err) // its last write failed
+				r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
 			}
 		default:
 			// The lane goes on from its head, probing still if the batch
@@ -604,7 +611,7 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 				r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
 					"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
 			}
-			r.dropRecord(ctx, shard, lane, a.rev)
+			r.dropRecord(ctx, shard, li, a.rev)
 		}
 	}
 	return true
@@ -745,7 +752,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 			// and the batch is recorded in NATS for an instance that takes
 			// the shard first.
 			r.untrimmed[shard][li] = a
-			r.recordUntrimmed(ctx, shard, li, a, err)
+			r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
 		return 0, err
 	}
@@ -766,8 +773,10 @@ type acked struct {
 	// rev is the revision of the lane's record in RelayConfig.Records
 	// (0: none written or read), deleted once the batch is trimmed.
 	rev uint64
-	// recorded: the record at rev names this batch (written or read);
-	// otherwise it is written again with each failed trim.
+	// recorded: the record at rev names this batch (written or read), or
+	// another relay's record is there that this one must not overwrite
+	// (rev 0: superseded, recordUntrimmed); otherwise it is written again
+	// with each failed trim.
 	recorded bool
 	// read: the batch came from a record (readRecords), written by the
 	// relay from.
