@@ -350,8 +350,10 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lease *heldShard, la
 // (its trim deletes the record); otherwise, the one reaching further into
 // the lane. Two batches both still at the lane's head start with the same
 // entry (the other relay began where this one had not trimmed), so
-// trimming the longer one leaves nothing of the other; one that no longer
-// heads the lane trims nothing anyway. When that is own, the record is
+// trimming the longer one leaves nothing of the other. The shorter one is
+// kept beside it (acked.other) and trimmed should the longer be stale: a
+// failover that lost the lane's tail may have taken the longer one's last
+// entry and left the shorter one whole. When the longer is own, the record is
 // written anew with own's batch: until own is trimmed, the bucket must name
 // the batch this relay trims, or an instance that takes the shard after
 // another failed trim would trim only the shorter batch and publish the
@@ -375,7 +377,10 @@ func (r *Relay) laterBatch(ctx context.Context, shard, li int, lease *heldShard,
 	}
 	r.log.Warn("relay holds an untrimmed batch of the lane and found another's record; it trims the one reaching further", "shard", shard, "lane", lane.Name,
 		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)
-	if keep == own {
+	if keep == rec {
+		rec.other = own
+	} else {
+		own.other = rec
 		own.rev, own.recorded = rec.rev, false
 		r.recordUntrimmed(ctx, shard, li, lease, own, errShorterRecord)
 	}

@@ -556,62 +556,81 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 
 // trimUntrimmed trims each lane's batch whose trim Redis did not answer
 // (Relay.untrimmed), once the lane's backoff has passed; a trim that fails
-// again backs the lane off, so it is not read meanwhile. It returns false
-// when the shard must stop: the lease is lost, or ctx ended.
+// again backs the lane off, so it is not read meanwhile. A batch found
+// stale gives way to the lane's other batch, if the relay held two
+// (laterBatch), which is tried at once. It returns false when the shard
+// must stop: the lease is lost, or ctx ended.
 func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, lanes []laneState) bool {
 	now := time.Now()
-	for li, a := range r.untrimmed[shard] {
+	for li := range r.untrimmed[shard] {
 		ls := &lanes[li]
-		if a == nil || ls.retryAt.After(now) {
-			continue
-		}
 		lane := Lanes[li]
-		n, err := r.trim(ctx, shard, lease, li, a)
-		switch {
-		case errors.Is(err, errLeaseLost):
-			// The batch is kept: this relay trims it should it take the
-			// shard again (its record, if written, stays for another
-			// holder). Dropped, a batch whose record NATS refused would be
-			// published again by this very relay once it retook the shard.
-			// A holder that trims it meanwhile leaves it stale: its trim
-			// then deletes nothing.
-			r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
-			return false
-		case errors.Is(err, errLaneRewritten):
-			r.untrimmed[shard][li] = nil
-			ls.last = "0-0"
-			if a.read {
-				// A stale record: its batch was trimmed by the relay that
-				// wrote it (which could not delete the record), or the lane
-				// is not as it was (a failover).
-				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "stale").Inc()
-				r.log.Info("relay dropped a record of an untrimmed batch that no longer heads its lane; nothing trimmed", "shard", shard, "lane", lane.Name,
-					"recorded_by", a.from, "first_event", a.firstEvent, "last", a.last)
-			} else {
-				r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
+		for {
+			a := r.untrimmed[shard][li]
+			if a == nil || ls.retryAt.After(now) {
+				break
 			}
-			r.dropRecord(ctx, shard, li, a.rev)
-		case err != nil:
-			if ctx.Err() != nil {
+			n, err := r.trim(ctx, shard, lease, li, a)
+			switch {
+			case errors.Is(err, errLeaseLost):
+				// The batch is kept: this relay trims it should it take the
+				// shard again (its record, if written, stays for another
+				// holder). Dropped, a batch whose record NATS refused would be
+				// published again by this very relay once it retook the shard.
+				// A holder that trims it meanwhile leaves it stale: its trim
+				// then deletes nothing.
+				r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
 				return false
+			case errors.Is(err, errLaneRewritten):
+				if a.read {
+					// A stale record: its batch was trimmed by the relay that
+					// wrote it (which could not delete the record), or the lane
+					// is not as it was (a failover).
+					r.m.UntrimmedRecords.WithLabelValues(lane.Name, "stale").Inc()
+					r.log.Info("relay dropped a record of an untrimmed batch that no longer heads its lane; nothing trimmed", "shard", shard, "lane", lane.Name,
+						"recorded_by", a.from, "first_event", a.firstEvent, "last", a.last)
+				} else {
+					r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
+				}
+				if o := a.other; o != nil {
+					// A failover that lost the lane's tail can leave the
+					// shorter batch whole at its head: it was acknowledged,
+					// and reading the lane would publish it again. It takes
+					// the lane's record over (recorded only if the record
+					// still names it), and is deleted with it once trimmed.
+					a.other = nil
+					o.recorded = a.rev != 0 && o.rev == a.rev
+					o.rev = a.rev
+					r.untrimmed[shard][li] = o
+					r.log.Info("relay tries the lane's other untrimmed batch, reaching less far", "shard", shard, "lane", lane.Name,
+						"first_event", o.firstEvent, "last", o.last)
+					continue
+				}
+				r.untrimmed[shard][li] = nil
+				ls.last = "0-0"
+				r.dropRecord(ctx, shard, li, a.rev)
+			case err != nil:
+				if ctx.Err() != nil {
+					return false
+				}
+				ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
+				ls.retryAt = time.Now().Add(ls.backoff)
+				r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
+				if !a.recorded {
+					r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
+				}
+			default:
+				// The lane goes on from its head, probing still if the batch
+				// stopped at a publish error.
+				r.untrimmed[shard][li] = nil
+				ls.last = "0-0"
+				if a.read {
+					r.m.UntrimmedRecords.WithLabelValues(lane.Name, "applied").Inc()
+					r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
+						"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
+				}
+				r.dropRecord(ctx, shard, li, a.rev)
 			}
-			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
-			ls.retryAt = time.Now().Add(ls.backoff)
-			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
-			if !a.recorded {
-				r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
-			}
-		default:
-			// The lane goes on from its head, probing still if the batch
-			// stopped at a publish error.
-			r.untrimmed[shard][li] = nil
-			ls.last = "0-0"
-			if a.read {
-				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "applied").Inc()
-				r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
-					"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
-			}
-			r.dropRecord(ctx, shard, li, a.rev)
 		}
 	}
 	return true
@@ -782,6 +801,9 @@ type acked struct {
 	// relay from.
 	read bool
 	from string
+	// other is the lane's other untrimmed batch, reaching less far, that
+	// laterBatch set aside for this one: tried should this one be stale.
+	other *acked
 }
 
 // trim deletes a's entries with the fenced trim and counts them. It
