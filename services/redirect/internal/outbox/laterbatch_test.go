@@ -66,9 +66,7 @@ func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalC
 		t.Fatal(err)
 	}
 	b := &acked{n: recorded, keep: keep, firstEvent: ids[0], last: msgs[recorded-1].ID, lastEvent: ids[recorded-1], published: recorded}
-	if _, err := NewRecords(e.js).put(t.Context(), 0, LaneClicks, "b", b); err != nil {
-		t.Fatal(err)
-	}
+	putRecord(t, e, 0, LaneClicks, "b", b)
 	passDuplicateWindow(t, e)
 	down.dead.Store(false)
 	return a, aRDB, ids
@@ -142,6 +140,47 @@ func TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder(t *testing.T) {
 		t.Fatalf("c applied %v records, want 1", n)
 	}
 	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale: the relay holds
+// its own untrimmed batch (16 clicks) and the lane's record names one
+// reaching further (24), but a Redis failover lost the lane's tail from
+// the 17th entry on: the recorded batch's last entry is gone, so it is
+// stale, while the relay's own still heads the lane. The relay trims its
+// own instead of reading the lane from its head: the 16 are not published
+// again past the duplicate window, and the clicks written after the
+// failover are. Before, both batches were dropped, and the 16 were stored
+// twice.
+func TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	a, _, ids := ownAndAnother(t, e, 24)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost []string
+	for _, m := range msgs[16:] {
+		lost = append(lost, m.ID)
+	}
+	if err := e.rdb.XDel(t.Context(), key, lost...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	later := e.addClicks(t, "xyz", 5)
+
+	ra := start(a)
+	defer ra.stop()
+	testenv.WaitFor(t, 10*time.Second, "a to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	want := append(append([]string{}, ids[:24]...), later...) // the last 16 were lost before anyone published them
+	sameSequence(t, "CLICKS", want, storedIDsBut(t, e, "probe-duplicate-window"))
+	if s, ap := recordsCounted(a, "stale"), recordsCounted(a, "applied"); s != 1 || ap != 0 {
+		t.Fatalf("records stale %v, applied %v; want 1 and 0", s, ap)
+	}
+	if n := counterValue(a.m.Published.WithLabelValues(LaneClicks.Name)); n != 21 {
+		t.Fatalf("relay_published_total = %v, want 21 (its own 16 and the 5 after the failover)", n)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the record deleted", func() bool { return !hasRecord(t, e, 0, LaneClicks) })
 }
 
 // hasRecord reports whether the bucket holds a record of shard's lane.

@@ -47,6 +47,13 @@ func TestOnRedisCluster(t *testing.T) {
 		TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded,
 		TestAStaleRecordTrimsNothingAndIsDropped,
 		TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim,
+		TestALaneWhoseRecordCannotBeReadIsNotRelayed,
+		TestARelayHoldingALongerBatchThanTheLanesRecordTrimsItsOwn,
+		TestARelayHoldingAShorterBatchThanTheLanesRecordTrimsTheRecorded,
+		TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder,
+		TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale,
+		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
+		TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord,
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
 		TestCheckShardsRefusesAChange,
@@ -58,6 +65,9 @@ func TestOnRedisCluster(t *testing.T) {
 		TestCommitterBoundHoldsWithTheDepthEstimate,
 		TestCommitterLingersOnlyWhileClicksAreDense,
 		// Not TestCommitterWaitOnARedisWithoutReplicas: it needs a Redis without replicas.
+		// Not TestARelayWithoutTheRecordsBucketSaysSoOnce nor
+		// TestARecordsBucketDeletedWhileInUseIsLookedUpAgain: a missing bucket
+		// is NATS's side alone; Redis plays no part in what they check.
 		// Not TestRedisMasterKilledUnderCommitLoad, TestShardsSpreadOverTheClusterMasters
 		// nor TestCommitterWaitsForReplicasOnEachMaster: they run on a cluster already.
 	)

@@ -117,8 +117,12 @@ func (rec record) acked(rev uint64) (*acked, error) {
 	return a, nil
 }
 
-// put records a's batch for shard's lane and returns the record's revision.
-func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance string, a *acked) (uint64, error) {
+// put records a's batch for shard's lane and returns the record's
+// revision, only if the key is as the relay last saw it: no record (seen
+// 0: a create, which also takes the place of a deleted record) or the
+// record at revision seen. Otherwise it writes nothing and returns
+// errNewerRecord: a record was written, or deleted, since.
+func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance string, a *acked, seen uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	kv, err := rs.bucket(ctx)
@@ -129,11 +133,27 @@ func (rs *Records) put(ctx context.Context, shard int, lane Lane, instance strin
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Put(ctx, recordKey(shard, lane), b)
+	var rev uint64
+	if seen == 0 {
+		rev, err = kv.Create(ctx, recordKey(shard, lane), b)
+	} else {
+		rev, err = kv.Update(ctx, recordKey(shard, lane), b, seen)
+	}
+	if revisionConflict(err) {
+		return 0, errNewerRecord
+	}
 	if err != nil {
 		rs.b.Forget()
 	}
 	return rev, err
+}
+
+// revisionConflict reports whether err is JetStream refusing a write or
+// delete because the key's last revision is not the one expected.
+func revisionConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // errMalformedRecord is a record the relay cannot apply.
@@ -170,8 +190,8 @@ func (rs *Records) get(ctx context.Context, shard int, lane Lane) (*acked, uint6
 	return a, e.Revision(), nil
 }
 
-// errNewerRecord is a delete refused because the key holds a record newer
-// than the one read: it is kept.
+// errNewerRecord is a write or delete refused because the key is not as
+// the relay last saw it (a record written, or deleted, since): it is kept.
 var errNewerRecord = errors.New("a newer record is there")
 
 // del deletes the record of shard's lane at revision rev: a newer one, a
@@ -184,8 +204,7 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 		return err
 	}
 	err = kv.Delete(ctx, recordKey(shard, lane), jetstream.LastRevision(rev))
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if revisionConflict(err) {
 		return errNewerRecord
 	}
 	if err != nil {
@@ -200,13 +219,44 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 // batch, so it most likely takes the write too; when it does not, the
 // failure is counted and logged, and the write is tried again with the
 // trim (trimUntrimmed).
-func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, a *acked, cause error) {
+//
+// The write is conditional on the key being as this relay last saw it
+// (Relay.seen): a relay whose lease lapsed while Redis did not answer, and
+// whose write is retried only now, must not overwrite the record of an
+// instance that took the shard meanwhile, whose batch reaches as far or
+// further. When the key changed, the record there is read: one naming this
+// batch is this relay's own write whose reply was lost; one this instance
+// wrote, or any while the lease is surely still this relay's (then no other
+// instance can hold the shard), is overwritten; otherwise the batch is
+// left unrecorded (superseded): another instance may hold the shard, and
+// the record is its own. The relay still trims the batch should it take the
+// shard again; nothing else changes.
+func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldShard, a *acked, cause error) {
 	if r.cfg.Records == nil {
 		return
 	}
 	lane := Lanes[li]
-	// Also at shutdown: the next holder is who needs it.
-	rev, err := r.cfg.Records.put(context.WithoutCancel(ctx), shard, lane, r.cfg.Instance, a)
+	ctx = context.WithoutCancel(ctx) // also at shutdown: the next holder is who needs it
+	rev, err := r.cfg.Records.put(ctx, shard, lane, r.cfg.Instance, a, r.seen[shard][li])
+	if errors.Is(err, errNewerRecord) {
+		cur, curRev, gerr := r.cfg.Records.get(ctx, shard, lane)
+		switch {
+		case gerr != nil && !errors.Is(gerr, errMalformedRecord):
+			err = fmt.Errorf("%w; reading it: %w", err, gerr) // tried again with the trim
+		case cur != nil && cur.sameBatch(a):
+			rev, err = curRev, nil // an earlier write of this batch whose reply was lost
+		case (cur != nil && cur.from == r.cfg.Instance) || lease.valid(r):
+			r.seen[shard][li] = curRev
+			rev, err = r.cfg.Records.put(ctx, shard, lane, r.cfg.Instance, a, curRev)
+		default:
+			a.rev, a.recorded = 0, true // no more writes, and its trim deletes no record: it is another's
+			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "superseded").Inc()
+			r.log.Warn("relay did not record its untrimmed batch: the lane's record changed since it looked, and its lease may have lapsed; the record is the new holder's",
+				"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision_seen", r.seen[shard][li],
+				"revision", curRev, "trim_err", cause)
+			return
+		}
+	}
 	if err != nil {
 		r.m.UntrimmedRecords.WithLabelValues(lane.Name, "write_failed").Inc()
 		r.log.Error("relay could not record a batch JetStream acknowledged and Redis did not trim: an instance that takes the shard before this one trims it publishes it again",
@@ -214,9 +264,15 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, a *acked, ca
 		return
 	}
 	a.rev, a.recorded = rev, true
+	r.seen[shard][li] = rev
 	r.m.UntrimmedRecords.WithLabelValues(lane.Name, "written").Inc()
 	r.log.Warn("relay recorded a batch JetStream acknowledged and Redis did not trim; it trims it when Redis answers, or the instance that takes the shard does",
 		"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision", rev, "trim_err", cause)
+}
+
+// sameBatch reports whether a and b name the same head of a lane.
+func (a *acked) sameBatch(b *acked) bool {
+	return a.firstEvent == b.firstEvent && a.last == b.last && a.lastEvent == b.lastEvent
 }
 
 // readRecords reads each lane's record once after the shard is taken,
@@ -226,7 +282,7 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, a *acked, ca
 // the revision read. A lane whose record cannot be read (NATS away) is not
 // read either: it is asked again after a backoff, and its entries wait in
 // the outbox meanwhile. It returns false when ctx ended.
-func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) bool {
+func (r *Relay) readRecords(ctx context.Context, shard int, lease *heldShard, lanes []laneState) bool {
 	now := time.Now()
 	for li := range lanes {
 		ls := &lanes[li]
@@ -254,9 +310,10 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 			// Nothing can be trimmed by it: drop it rather than hold the
 			// lane for ever.
 			ls.recordRead = true
+			r.seen[shard][li] = rev
 			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "malformed").Inc()
 			r.log.Error("relay dropped a record of an untrimmed batch it cannot apply", "shard", shard, "lane", lane.Name, "revision", rev, "err", err)
-			r.dropRecord(ctx, shard, lane, rev)
+			r.dropRecord(ctx, shard, li, rev)
 		case err != nil:
 			if ctx.Err() != nil {
 				return false
@@ -269,12 +326,19 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 		case a == nil:
 			ls.recordRead = true
 			ls.backoff = 0
+			r.seen[shard][li] = 0
+			if own := r.untrimmed[shard][li]; own != nil && own.recorded {
+				// Its record was deleted by a holder since: written again
+				// should its trim fail.
+				own.rev, own.recorded = 0, false
+			}
 			r.noBucketLogged.Store(false) // said again should it go missing
 		default:
 			ls.recordRead = true
 			ls.backoff = 0
+			r.seen[shard][li] = rev
 			r.noBucketLogged.Store(false)
-			r.untrimmed[shard][li] = r.laterBatch(ctx, shard, li, r.untrimmed[shard][li], a)
+			r.untrimmed[shard][li] = r.laterBatch(ctx, shard, li, lease, r.untrimmed[shard][li], a)
 		}
 	}
 	return true
@@ -286,20 +350,22 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lanes []laneState) b
 // (its trim deletes the record); otherwise, the one reaching further into
 // the lane. Two batches both still at the lane's head start with the same
 // entry (the other relay began where this one had not trimmed), so
-// trimming the longer one leaves nothing of the other; one that no longer
-// heads the lane trims nothing anyway. When that is own, the record is
+// trimming the longer one leaves nothing of the other. The shorter one is
+// kept beside it (acked.other) and trimmed should the longer be stale: a
+// failover that lost the lane's tail may have taken the longer one's last
+// entry and left the shorter one whole. When the longer is own, the record is
 // written anew with own's batch: until own is trimmed, the bucket must name
 // the batch this relay trims, or an instance that takes the shard after
 // another failed trim would trim only the shorter batch and publish the
 // rest of own's again. Should NATS refuse the write, own keeps the record's
 // revision (its trim deletes the shorter record, which then trims
 // nothing) and the write is tried again with the trim.
-func (r *Relay) laterBatch(ctx context.Context, shard, li int, own, rec *acked) *acked {
+func (r *Relay) laterBatch(ctx context.Context, shard, li int, lease *heldShard, own, rec *acked) *acked {
 	if own == nil {
 		return rec
 	}
 	lane := Lanes[li]
-	if own.firstEvent == rec.firstEvent && own.last == rec.last && own.lastEvent == rec.lastEvent {
+	if own.sameBatch(rec) {
 		own.rev, own.recorded = rec.rev, true
 		return own
 	}
@@ -311,9 +377,12 @@ func (r *Relay) laterBatch(ctx context.Context, shard, li int, own, rec *acked) 
 	}
 	r.log.Warn("relay holds an untrimmed batch of the lane and found another's record; it trims the one reaching further", "shard", shard, "lane", lane.Name,
 		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)
-	if keep == own {
+	if keep == rec {
+		rec.other = own
+	} else {
+		own.other = rec
 		own.rev, own.recorded = rec.rev, false
-		r.recordUntrimmed(ctx, shard, li, own, errShorterRecord)
+		r.recordUntrimmed(ctx, shard, li, lease, own, errShorterRecord)
 	}
 	return keep
 }
@@ -326,13 +395,17 @@ var errShorterRecord = errors.New("the lane's record names a batch reaching less
 // once its batch is trimmed or known stale. A newer record (a batch recorded
 // since) is kept; a delete that fails leaves a stale record, which the next
 // relay to take the shard drops, or the bucket's TTL.
-func (r *Relay) dropRecord(ctx context.Context, shard int, lane Lane, rev uint64) {
+func (r *Relay) dropRecord(ctx context.Context, shard, li int, rev uint64) {
 	if r.cfg.Records == nil || rev == 0 {
 		return
 	}
+	lane := Lanes[li]
 	err := r.cfg.Records.del(context.WithoutCancel(ctx), shard, lane, rev)
 	switch {
 	case err == nil:
+		if r.seen[shard][li] == rev {
+			r.seen[shard][li] = 0
+		}
 	case errors.Is(err, errNewerRecord):
 		r.log.Info("relay kept a newer record of an untrimmed batch", "shard", shard, "lane", lane.Name, "revision_read", rev)
 	default:

@@ -3,10 +3,12 @@ package outbox
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,9 +93,7 @@ func TestAStaleRecordTrimsNothingAndIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := &acked{n: 5, keep: keep, firstEvent: ids[0], last: msgs[4].ID, lastEvent: ids[4], published: 5}
-	if _, err := NewRecords(e.js).put(t.Context(), 0, LaneClicks, "gone", stale); err != nil {
-		t.Fatal(err)
-	}
+	putRecord(t, e, 0, LaneClicks, "gone", stale)
 	if err := e.rdb.XDel(t.Context(), key, msgs[0].ID).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -271,6 +271,23 @@ func recordsCounted(r *Relay, outcome string) float64 {
 	return counterValue(r.m.UntrimmedRecords.WithLabelValues(LaneClicks.Name, outcome))
 }
 
+// putRecord writes a record of a's batch for shard's lane as instance,
+// over whatever the key holds.
+func putRecord(t *testing.T, e *env, shard int, lane Lane, instance string, a *acked) {
+	t.Helper()
+	kv, err := e.js.KeyValue(t.Context(), topology.OutboxUntrimmedBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(newRecord(instance, a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), recordKey(shard, lane), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // noRecord fails unless the bucket holds no record of shard's lane.
 func noRecord(t *testing.T, e *env, shard int, lane Lane) {
 	t.Helper()
@@ -345,4 +362,116 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord: relay a's
+// Redis stops answering after a batch's acks, and NATS refuses its record
+// for a while. Its lease lapses; b takes the shard, reads no record,
+// relays a window of 32 from the lane's head (a's 16 again, within the
+// duplicate window, and 16 more), fails its own trim, records its batch,
+// and dies. Then a's retried write reaches NATS: it must not overwrite
+// b's record with a's shorter batch (the key changed since a looked, and
+// a's lease has lapsed). c, taking the shard past the duplicate window,
+// trims b's 32 and publishes only the rest: every click once. Before, a's
+// write overwrote b's record, and c published 16 of b's batch again.
+func TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	ids := e.addClicks(t, "abc", 40)
+
+	aRDB := testenv.AnotherClient(t, e.rdb)
+	aDown := &killed{}
+	aRDB.AddHook(aDown)
+	aKV := &refusingKV{js: e.js}
+	a := e.relayWith(aRDB, "a", NewRecords(aKV))
+	var aOnce sync.Once
+	a.afterAcks = func(int, Lane, []string) error {
+		aOnce.Do(func() { aDown.kill(); aKV.refusing.Store(true) })
+		return nil
+	}
+	ra := start(a)
+	defer ra.stop()
+	testenv.WaitFor(t, 10*time.Second, "a's record refused", func() bool { return recordsCounted(a, "write_failed") >= 1 })
+
+	bRDB := testenv.AnotherClient(t, e.rdb)
+	bDown := &killed{}
+	bRDB.AddHook(bDown)
+	b := e.relayOn(bRDB, "b")
+	b.cfg.Window = 32
+	var bOnce sync.Once
+	b.afterAcks = func(int, Lane, []string) error {
+		bOnce.Do(bDown.kill)
+		return nil
+	}
+	rb := start(b)
+	testenv.WaitFor(t, 10*time.Second, "b to record its batch", func() bool { return recordsCounted(b, "written") == 1 })
+	rb.stop() // b dies
+
+	aKV.refusing.Store(false)
+	testenv.WaitFor(t, 10*time.Second, "a's retried write to be answered", func() bool {
+		return recordsCounted(a, "written") >= 1 || recordsCounted(a, "superseded") >= 1
+	})
+	ra.stop() // a dies too
+	rec, _, err := NewRecords(e.js).get(t.Context(), 0, LaneClicks)
+	if err != nil || rec == nil || rec.from != "b" || rec.n != 32 {
+		t.Fatalf("the lane's record: %+v, %v; want b's batch of 32", rec, err)
+	}
+	if n := recordsCounted(a, "superseded"); n != 1 {
+		t.Fatalf("a counted %v records superseded, want 1", n)
+	}
+
+	shortDuplicateWindow(t, e)
+	probe := passDuplicateWindow(t, e)
+	c := e.relay("c")
+	rc := start(c)
+	defer rc.stop()
+	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if n := recordsCounted(c, "applied"); n != 1 {
+		t.Fatalf("c applied %v records, want 1", n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// refusingKV is a JetStream context whose buckets refuse every write while
+// refusing is set (NATS refusing a relay's record), and answer reads.
+type refusingKV struct {
+	js       KeyValues
+	refusing atomic.Bool
+}
+
+var errRefused = errors.New("nats refused the write")
+
+func (k *refusingKV) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	kv, err := k.js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return refusingBucket{KeyValue: kv, k: k}, nil
+}
+
+type refusingBucket struct {
+	jetstream.KeyValue
+	k *refusingKV
+}
+
+func (b refusingBucket) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	if b.k.refusing.Load() {
+		return 0, errRefused
+	}
+	return b.KeyValue.Put(ctx, key, value)
+}
+
+func (b refusingBucket) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	if b.k.refusing.Load() {
+		return 0, errRefused
+	}
+	return b.KeyValue.Create(ctx, key, value, opts...)
+}
+
+func (b refusingBucket) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if b.k.refusing.Load() {
+		return 0, errRefused
+	}
+	return b.KeyValue.Update(ctx, key, value, revision)
 }

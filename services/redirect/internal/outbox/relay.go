@@ -104,7 +104,8 @@ type Relay struct {
 	// untrimmed holds, per shard and lane (Lanes' order), the batch
 	// JetStream acknowledged whose trim Redis did not answer: the shard's
 	// loop trims it before it reads the lane again, also when this relay
-	// takes the shard again after a Redis outage let its lease lapse.
+	// takes the shard again after a Redis outage let its lease lapse
+	// (whether balance or the retried trim found the lease lost).
 	// Reading the lane instead would publish the batch anew, and after an
 	// outage longer than the stream's duplicate window (2 minutes)
 	// JetStream would store every click of it twice. (Another instance
@@ -115,6 +116,11 @@ type Relay struct {
 	// which the instance reads when it takes the shard, and which
 	// becomes its untrimmed batch of the lane.
 	untrimmed [][]*acked
+	// seen holds, per shard and lane, the revision of the lane's record
+	// as this relay last saw it (read, written or deleted; 0: none): a
+	// record is written only over that (recordUntrimmed). Touched, like
+	// untrimmed, only by the goroutine relaying the shard.
+	seen [][]uint64
 	// noBucketLogged: the records' bucket was found missing, and said so
 	// (once: readRecords).
 	noBucketLogged atomic.Bool
@@ -142,10 +148,12 @@ func NewRelay(rdb redis.UniversalClient, js JetStream, ready func() bool, layout
 		cfg.MaxBackoff = 5 * time.Second
 	}
 	untrimmed := make([][]*acked, layout.Shards)
+	seen := make([][]uint64, layout.Shards)
 	for s := range untrimmed {
 		untrimmed[s] = make([]*acked, len(Lanes))
+		seen[s] = make([]uint64, len(Lanes))
 	}
-	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now(), untrimmed: untrimmed}
+	return &Relay{rdb: rdb, js: js, ready: ready, layout: layout, cfg: cfg, log: log, m: m, epoch: time.Now(), untrimmed: untrimmed, seen: seen}
 }
 
 // since is the time since r.epoch on the monotonic clock, which a wall
@@ -433,7 +441,7 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 			sleep(ctx, 50*time.Millisecond)
 			continue
 		}
-		if !r.readRecords(ctx, shard, lanes) {
+		if !r.readRecords(ctx, shard, lease, lanes) {
 			return
 		}
 		if !r.trimUntrimmed(ctx, shard, lease, lanes) {
@@ -548,58 +556,81 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 
 // trimUntrimmed trims each lane's batch whose trim Redis did not answer
 // (Relay.untrimmed), once the lane's backoff has passed; a trim that fails
-// again backs the lane off, so it is not read meanwhile. It returns false
-// when the shard must stop: the lease is lost, or ctx ended.
+// again backs the lane off, so it is not read meanwhile. A batch found
+// stale gives way to the lane's other batch, if the relay held two
+// (laterBatch), which is tried at once. It returns false when the shard
+// must stop: the lease is lost, or ctx ended.
 func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, lanes []laneState) bool {
 	now := time.Now()
-	for li, a := range r.untrimmed[shard] {
+	for li := range r.untrimmed[shard] {
 		ls := &lanes[li]
-		if a == nil || ls.retryAt.After(now) {
-			continue
-		}
 		lane := Lanes[li]
-		n, err := r.trim(ctx, shard, lease, li, a)
-		switch {
-		case errors.Is(err, errLeaseLost):
-			// A record stays for the next holder.
-			r.untrimmed[shard][li] = nil
-			r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
-			return false
-		case errors.Is(err, errLaneRewritten):
-			r.untrimmed[shard][li] = nil
-			ls.last = "0-0"
-			if a.read {
-				// A stale record: its batch was trimmed by the relay that
-				// wrote it (which could not delete the record), or the lane
-				// is not as it was (a failover).
-				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "stale").Inc()
-				r.log.Info("relay dropped a record of an untrimmed batch that no longer heads its lane; nothing trimmed", "shard", shard, "lane", lane.Name,
-					"recorded_by", a.from, "first_event", a.firstEvent, "last", a.last)
-			} else {
-				r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
+		for {
+			a := r.untrimmed[shard][li]
+			if a == nil || ls.retryAt.After(now) {
+				break
 			}
-			r.dropRecord(ctx, shard, lane, a.rev)
-		case err != nil:
-			if ctx.Err() != nil {
+			n, err := r.trim(ctx, shard, lease, li, a)
+			switch {
+			case errors.Is(err, errLeaseLost):
+				// The batch is kept: this relay trims it should it take the
+				// shard again (its record, if written, stays for another
+				// holder). Dropped, a batch whose record NATS refused would be
+				// published again by this very relay once it retook the shard.
+				// A holder that trims it meanwhile leaves it stale: its trim
+				// then deletes nothing.
+				r.m.PublishErrors.WithLabelValues(lane.Name, "lease").Inc()
 				return false
+			case errors.Is(err, errLaneRewritten):
+				if a.read {
+					// A stale record: its batch was trimmed by the relay that
+					// wrote it (which could not delete the record), or the lane
+					// is not as it was (a failover).
+					r.m.UntrimmedRecords.WithLabelValues(lane.Name, "stale").Inc()
+					r.log.Info("relay dropped a record of an untrimmed batch that no longer heads its lane; nothing trimmed", "shard", shard, "lane", lane.Name,
+						"recorded_by", a.from, "first_event", a.firstEvent, "last", a.last)
+				} else {
+					r.log.Warn("relay batch not deleted: the lane changed below it, read again from its head", "shard", shard, "lane", lane.Name)
+				}
+				if o := a.other; o != nil {
+					// A failover that lost the lane's tail can leave the
+					// shorter batch whole at its head: it was acknowledged,
+					// and reading the lane would publish it again. It takes
+					// the lane's record over (recorded only if the record
+					// still names it), and is deleted with it once trimmed.
+					a.other = nil
+					o.recorded = a.rev != 0 && o.rev == a.rev
+					o.rev = a.rev
+					r.untrimmed[shard][li] = o
+					r.log.Info("relay tries the lane's other untrimmed batch, reaching less far", "shard", shard, "lane", lane.Name,
+						"first_event", o.firstEvent, "last", o.last)
+					continue
+				}
+				r.untrimmed[shard][li] = nil
+				ls.last = "0-0"
+				r.dropRecord(ctx, shard, li, a.rev)
+			case err != nil:
+				if ctx.Err() != nil {
+					return false
+				}
+				ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
+				ls.retryAt = time.Now().Add(ls.backoff)
+				r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
+				if !a.recorded {
+					r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
+				}
+			default:
+				// The lane goes on from its head, probing still if the batch
+				// stopped at a publish error.
+				r.untrimmed[shard][li] = nil
+				ls.last = "0-0"
+				if a.read {
+					r.m.UntrimmedRecords.WithLabelValues(lane.Name, "applied").Inc()
+					r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
+						"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
+				}
+				r.dropRecord(ctx, shard, li, a.rev)
 			}
-			ls.backoff = min(max(2*ls.backoff, 100*time.Millisecond), r.cfg.MaxBackoff)
-			ls.retryAt = time.Now().Add(ls.backoff)
-			r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
-			if !a.recorded {
-				r.recordUntrimmed(ctx, shard, li, a, err) // its last write failed
-			}
-		default:
-			// The lane goes on from its head, probing still if the batch
-			// stopped at a publish error.
-			r.untrimmed[shard][li] = nil
-			ls.last = "0-0"
-			if a.read {
-				r.m.UntrimmedRecords.WithLabelValues(lane.Name, "applied").Inc()
-				r.log.Info("relay trimmed a batch recorded as acknowledged but not trimmed; it is not published again", "shard", shard, "lane", lane.Name,
-					"recorded_by", a.from, "entries", n, "first_event", a.firstEvent, "last", a.last)
-			}
-			r.dropRecord(ctx, shard, lane, a.rev)
 		}
 	}
 	return true
@@ -740,7 +771,7 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 			// and the batch is recorded in NATS for an instance that takes
 			// the shard first.
 			r.untrimmed[shard][li] = a
-			r.recordUntrimmed(ctx, shard, li, a, err)
+			r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
 		return 0, err
 	}
@@ -761,13 +792,18 @@ type acked struct {
 	// rev is the revision of the lane's record in RelayConfig.Records
 	// (0: none written or read), deleted once the batch is trimmed.
 	rev uint64
-	// recorded: the record at rev names this batch (written or read);
-	// otherwise it is written again with each failed trim.
+	// recorded: the record at rev names this batch (written or read), or
+	// another relay's record is there that this one must not overwrite
+	// (rev 0: superseded, recordUntrimmed); otherwise it is written again
+	// with each failed trim.
 	recorded bool
 	// read: the batch came from a record (readRecords), written by the
 	// relay from.
 	read bool
 	from string
+	// other is the lane's other untrimmed batch, reaching less far, that
+	// laterBatch set aside for this one: tried should this one be stale.
+	other *acked
 }
 
 // trim deletes a's entries with the fenced trim and counts them. It

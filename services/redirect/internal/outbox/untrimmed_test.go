@@ -1,15 +1,19 @@
 package outbox
 
 import (
+	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 )
 
 // TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWindow:
@@ -79,5 +83,74 @@ func TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWi
 	}
 	if n := testutilLeasesLost(r); n < 1 {
 		t.Fatalf("relay_leases_lost_total = %v: the outage did not let the lease lapse", n)
+	}
+}
+
+// TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch:
+// JetStream acknowledges a batch, Redis stops answering before the trim,
+// and NATS refuses the batch's record too (its bucket is gone). When Redis
+// answers again, past the duplicate window, the lease has lapsed there, and
+// the relay's retried trim is the first to find it lost (its renewals still
+// fail). The relay keeps the batch it knows was acknowledged, takes the
+// shard again and trims it, rather than forget it and publish it anew:
+// every click is in CLICKS once. Before, trimUntrimmed dropped the batch
+// on the lost lease, and the 16 clicks of it were stored twice.
+func TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+
+	rdb := testenv.AnotherClient(t, e.rdb)
+	down := &killed{}
+	renewals := &pipelinesFail{} // balance's heartbeat and renewals are pipelines; the trim is not
+	rdb.AddHook(down)
+	rdb.AddHook(renewals)
+	r := e.relayOn(rdb, "r")
+	var once sync.Once
+	r.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			down.kill()
+			renewals.failing.Store(true)
+			if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
+				t.Error(err)
+			}
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	testenv.WaitFor(t, 10*time.Second, "the record refused", func() bool { return recordsCounted(r, "write_failed") >= 1 })
+	probe := passDuplicateWindow(t, e) // longer than the lease lives: it has lapsed in Redis
+
+	down.dead.Store(false) // Redis answers again, but for the renewals
+	testenv.WaitFor(t, 10*time.Second, "the retried trim to find the lease lost", func() bool {
+		return counterValue(r.m.PublishErrors.WithLabelValues(LaneClicks.Name, "lease")) >= 1
+	})
+	renewals.failing.Store(false)
+	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if n := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
+		t.Fatalf("relay_published_total = %v, want 40", n)
+	}
+}
+
+// pipelinesFail is a Redis client hook that, while failing, fails every
+// pipeline and lets single commands through.
+type pipelinesFail struct{ failing atomic.Bool }
+
+func (p *pipelinesFail) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p *pipelinesFail) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (p *pipelinesFail) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if p.failing.Load() {
+			for _, c := range cmds {
+				c.SetErr(errKilled)
+			}
+			return errKilled
+		}
+		return next(ctx, cmds)
 	}
 }
