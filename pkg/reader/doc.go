@@ -41,7 +41,11 @@
 //   - The consumers use JetStream's pinned_client priority policy, so even
 //     while members disagree during a change only one client can pull a
 //     partition. A member that gives a partition up finishes and acks its
-//     batch, then unpins it so the next owner starts at once.
+//     batch, then unpins it so the next owner starts at once; the pin is
+//     its own until then, however long the handler takes (an owner holding
+//     a batch pulls at most one byte every LeaseTTL/3, which delivers
+//     nothing and keeps the pin the server drops after a lease TTL without
+//     a pull).
 //   - A new owner whose predecessor died resets the consumer to its ack floor
 //     before reading, so the events the dead member had in flight come first
 //     and order per link holds across the move.

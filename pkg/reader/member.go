@@ -278,10 +278,14 @@ func (m *member) heartbeat(ctx context.Context) {
 	// A publisher of its own: its pending answers are the heartbeats'
 	// alone (what the caller publishes asynchronously on js waits for
 	// none of them), and one never answered is dropped after a lease.
+	// Cleaned up once the answers awaited are done with: its reply
+	// subscription and reconnect listener would otherwise outlive the
+	// member on the caller's connection, one per run.
 	pub := m.js
 	if nc := m.js.Conn(); nc != nil {
 		if js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(m.cfg.LeaseTTL)); err == nil {
 			pub = js
+			defer js.CleanupPublisher()
 		}
 	}
 	t := time.NewTicker(m.cfg.LeaseTTL / 3)

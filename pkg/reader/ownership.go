@@ -233,3 +233,47 @@ func (w *worker) giveBack() {
 	}
 	w.log.Info("partition released")
 }
+
+// keepPin keeps the partition pinned to this owner while it holds a batch,
+// until the returned stop is called (and returns once the keeper ended).
+// The server unpins a client that sent no pull for PinnedTTL (LeaseTTL),
+// and while a batch is handled (and the next one, fetched ahead, waits)
+// nothing is pulled: a handler slower than that would lose the pin, and a
+// partition given up meanwhile (a leave, a rebalance) would be taken by
+// its next owner, whose acquire waits only for the pin to go, while this
+// one still handles and acks it. So every LeaseTTL/3 the keeper sends a
+// pull that can deliver nothing (at most 1 byte: the server answers it at
+// once when an event is waiting, 409, or after a short wait, and delivers
+// no event), which restarts the pin's timer. A member whose lease may have
+// lapsed keeps nothing: the next owner may be waiting for the pin.
+func (w *worker) keepPin() (stop func()) {
+	c, every := w.cons, w.m.cfg.LeaseTTL/3
+	group := jetstream.FetchPriorityGroup(topology.PriorityGroup)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			if w.lapsed() {
+				return
+			}
+			if b, err := c.FetchBytes(1, jetstream.FetchMaxWait(min(every, 100*time.Millisecond)), group); err == nil {
+				for msg := range b.Messages() {
+					// Never expected (1 byte holds no event): left
+					// unacked, it is a delivery gap process catches.
+					w.log.Warn("the pin keeper's pull delivered an event", "subject", msg.Subject())
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}

@@ -31,6 +31,9 @@ func (w *worker) process(msgs []jetstream.Msg) error {
 		return errLeaseLapsed
 	}
 	start := time.Now()
+	// Until the ack, the pin stays this owner's, however long the handler
+	// takes (keepPin): the partition's next owner waits for it to go.
+	defer w.keepPin()()
 	// Every delivery takes the next consumer sequence. A gap means the
 	// server delivered something this worker never received (a fetch that
 	// gave up while messages were on their way, a slow-consumer drop).
