@@ -95,7 +95,8 @@ type member struct {
 	// acted on (releaseAfterLapse; control loop only). leaseBack tells the
 	// control loop that the lease is held again (the first heartbeat, or
 	// one after a lapse). leaving: the member left the group and stopped
-	// heartbeating on purpose; its workers finish without it.
+	// heartbeating on purpose; its workers finish without it, holding
+	// their partitions only if the lease lived when it left (leftHeld).
 	clock      time.Time
 	leaseMu    sync.Mutex // serializes stored
 	leaseUntil atomic.Int64
@@ -103,6 +104,7 @@ type member struct {
 	lapsesSeen uint64
 	leaseBack  chan struct{}
 	leaving    atomic.Bool
+	leftHeld   atomic.Bool
 
 	// instance tells this process's lease from another's written under the
 	// same member name; since is when it joined, in its lease too.
@@ -150,7 +152,7 @@ func (m *member) run(ctx context.Context) error {
 	//
 	// A member that stops because another process runs under its name
 	// leaves the lease alone: it is the other's now.
-	m.leaving.Store(true)
+	m.leave()
 	stopHB()
 	hbDone.Wait()
 	if dup == nil {
@@ -415,8 +417,22 @@ func (m *member) stored(sent time.Duration) bool {
 // lapse of its own lease included; this is how it knows to fence itself.
 // A member leaving the group holds its partitions until it gives them
 // back (it deleted its lease on purpose).
+//
+// A member whose lease had lapsed when it left does not hold them: another
+// member may have taken them meanwhile (it was frozen, or cut off from NATS,
+// and is stopped before its heartbeats noticed).
 func (m *member) leaseHeld() bool {
-	return m.leaving.Load() || time.Since(m.clock) < time.Duration(m.leaseUntil.Load())
+	if m.leaving.Load() {
+		return m.leftHeld.Load()
+	}
+	return time.Since(m.clock) < time.Duration(m.leaseUntil.Load())
+}
+
+// leave marks the member as leaving, holding its partitions while its
+// workers drain only if its lease lives now.
+func (m *member) leave() {
+	m.leftHeld.Store(m.leaseHeld())
+	m.leaving.Store(true)
 }
 
 // control is the member's loop: it follows the bucket (members joining,
