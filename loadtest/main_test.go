@@ -42,7 +42,15 @@ func TestMain(m *testing.M) {
 	if os.Getenv(signalChild) != "" {
 		mainThatHangs() // a child of TestSecondSignalEndsAStopThatHangs
 	}
-	os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse()))
+	dir, err := os.MkdirTemp("", "loadtest-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: a folder for the service binaries: %v\n", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := testenv.Main(m, &servers, testenv.WithClickHouse())
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // testKey is the run owner's API key (one the services' owner bootstrap takes).
