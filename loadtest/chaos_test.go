@@ -44,14 +44,31 @@ type service struct {
 	done chan struct{}
 }
 
-// buildService builds services/<name> into a temporary folder (with the
-// environment's GOWORK, so it also builds with GOWORK=off).
+// binDir holds the service binaries the tests run, each built once for the
+// package by buildService; TestMain makes it and removes it.
+var binDir string
+
+// builds is, by service name, its build: run once, by the first test that
+// asks for it, while the others wait for it.
+var builds sync.Map // string -> func() (string, error)
+
+// buildService builds services/<name> into binDir once for the package
+// (with the environment's GOWORK, so it also builds with GOWORK=off) and
+// returns the binary. Tests that run the same service share it: each runs
+// a process of its own.
 func buildService(t *testing.T, name string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), name)
-	cmd := exec.Command("go", "build", "-C", filepath.Join("..", "services", name), "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build %s: %v\n%s", name, err, out)
+	build, _ := builds.LoadOrStore(name, sync.OnceValues(func() (string, error) {
+		bin := filepath.Join(binDir, name)
+		cmd := exec.Command("go", "build", "-C", filepath.Join("..", "services", name), "-o", bin, ".")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("build %s: %v\n%s", name, err, out)
+		}
+		return bin, nil
+	}))
+	bin, err := build.(func() (string, error))()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

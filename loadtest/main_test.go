@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,7 +44,15 @@ func TestMain(m *testing.M) {
 	if os.Getenv(signalChild) != "" {
 		mainThatHangs() // a child of TestSecondSignalEndsAStopThatHangs
 	}
-	os.Exit(testenv.Main(m, &servers, testenv.WithClickHouse()))
+	dir, err := os.MkdirTemp("", "loadtest-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: a folder for the service binaries: %v\n", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := testenv.Main(m, &servers, testenv.WithClickHouse())
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
 
 // testKey is the run owner's API key (one the services' owner bootstrap takes).
@@ -379,6 +389,10 @@ type testSystem struct {
 	environ []string
 	flags   []string
 	tally   *tally
+	// groups are the consumer groups of the stand-in readers, on
+	// partitions CLICKS partitions.
+	groups     []string
+	partitions int
 }
 
 func startSystem(t *testing.T, lose func(events.Click) bool) *testSystem {
@@ -449,9 +463,11 @@ func startSystemWith(t *testing.T, o systemOptions) *testSystem {
 	srv := httptest.NewServer(ta)
 	t.Cleanup(srv.Close)
 	return &testSystem{
-		natsURL: n.URL,
-		js:      js,
-		environ: []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
+		natsURL:    n.URL,
+		js:         js,
+		groups:     slices.Collect(maps.Keys(handlers)),
+		partitions: opts.Partitions,
+		environ:    []string{"NATS_URL=" + n.URL, "SNIP_API_KEY=" + testKey},
 		flags: []string{
 			"--counter-url", srv.URL,
 			"--clickhouse", "clickhouse://" + servers.ClickHouse.Addr + "/" + db,
@@ -498,10 +514,63 @@ func row(t *testing.T, out, sink string) []string {
 	return m[1:]
 }
 
+// eventsArgs is the run the end-to-end tests make: 600 clicks (300/s for
+// 2 s) on 20 links, verified.
 func eventsArgs(s *testSystem, dir string, extra ...string) []string {
+	return eventsLoadArgs(s, dir, append([]string{"--verify"}, extra...)...)
+}
+
+// eventsLoadArgs is eventsArgs' run without the verification.
+func eventsLoadArgs(s *testSystem, dir string, extra ...string) []string {
 	args := []string{"events", "--rate", "300", "--duration", "2s", "--links", "20", "--viral", "0.3",
-		"--burst-share", "0", "--bot-share", "0.1", "--probe-every", "30", "--verify", "--out", dir}
+		"--burst-share", "0", "--bot-share", "0.1", "--probe-every", "30", "--out", dir}
 	return append(append(args, s.flags...), extra...)
+}
+
+// settledDeadline is the oracle's deadline in a test that verifies sinks
+// already settled (verifySettled).
+const settledDeadline = "2s"
+
+// verifySettled runs eventsArgs' run without the verification, waits until
+// the stand-in readers have acknowledged everything in CLICKS, and then
+// verifies the run's saved truth (loadtest verify --truth), returning its
+// output and error. Each stand-in acknowledges a batch only after it has
+// counted or inserted it, so the sinks then hold all they ever will: the
+// rows that pass need no time to converge, and a row that fails, which the
+// oracle waits on until its deadline (a sink may yet converge), fails for
+// good. The oracle's deadline, and the catch-up watch of the run's own, is
+// then settledDeadline: the wait for a failing row, not the room passing
+// rows need on a loaded machine.
+func (s *testSystem) verifySettled(t *testing.T, dir string, extra ...string) (string, error) {
+	t.Helper()
+	out, err := loadtest(t, s.environ, eventsLoadArgs(s, dir, append([]string{"--deadline", settledDeadline}, extra...)...)...)
+	if err != nil {
+		t.Fatalf("loadtest events: %v\n%s", err, out)
+	}
+	s.waitSettled(t)
+	return loadtest(t, s.environ, slices.Concat([]string{"verify", "--truth", filepath.Join(dir, "truth.json")}, s.flags, []string{"--deadline", settledDeadline})...)
+}
+
+// waitSettled waits until each stand-in reader's consumer of every CLICKS
+// partition has nothing left to deliver and nothing delivered that is not
+// acknowledged.
+func (s *testSystem) waitSettled(t *testing.T) {
+	t.Helper()
+	testenv.WaitFor(t, time.Minute, "the stand-in readers to acknowledge everything in CLICKS", func() bool {
+		for _, g := range s.groups {
+			for p := range s.partitions {
+				c, err := s.js.Consumer(t.Context(), events.ClicksStream, topology.GroupConsumerName(g, p))
+				if err != nil {
+					return false
+				}
+				info, err := c.Info(t.Context())
+				if err != nil || info.NumPending != 0 || info.NumAckPending != 0 {
+					return false
+				}
+			}
+		}
+		return true
+	})
 }
 
 func TestEventsRunPassesTheOracle(t *testing.T) {
@@ -791,9 +860,9 @@ func TestOracleFailsWhenAnEventIsDropped(t *testing.T) {
 	s := startSystem(t, nil)
 	dir := t.TempDir()
 	// Every 50th event is recorded as sent but never published.
-	out, err := loadtest(t, s.environ, eventsArgs(s, dir, "--inject-loss", "50", "--deadline", "10s")...)
+	out, err := s.verifySettled(t, dir, "--inject-loss", "50")
 	if !errors.Is(err, errVerifyFailed) {
-		t.Fatalf("loadtest events with lost events: err %v, want %v\n%s", err, errVerifyFailed, out)
+		t.Fatalf("loadtest verify of a run with lost events: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
 	if r := row(t, out, "clicks log (CLICKS)"); r[2] != "12" || r[5] != "FAIL" {
 		t.Errorf("log row %v: want 12 missing (600/50) and FAIL", r)
@@ -815,9 +884,9 @@ func TestOracleFailsWhenAReaderLosesAnEvent(t *testing.T) {
 		once.Do(func() { lost = true })
 		return lost
 	})
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	out, err := s.verifySettled(t, t.TempDir())
 	if !errors.Is(err, errVerifyFailed) {
-		t.Fatalf("loadtest events with a lossy counter: err %v, want %v\n%s", err, errVerifyFailed, out)
+		t.Fatalf("loadtest verify with a lossy counter: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
 	if r := row(t, out, "counter totals"); r[2] != "1" || r[5] != "FAIL" {
 		t.Errorf("counter row %v: want 1 missing and FAIL", r)
@@ -866,9 +935,9 @@ func TestOracleFailsWhenTheCounterCountsAClickUnderTheWrongCountry(t *testing.T)
 	t.Parallel()
 	misfile, _ := firstRunClick()
 	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, misfile: misfile})
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	out, err := s.verifySettled(t, t.TempDir())
 	if !errors.Is(err, errVerifyFailed) {
-		t.Fatalf("loadtest events with a counter that misfiles a click: err %v, want %v\n%s", err, errVerifyFailed, out)
+		t.Fatalf("loadtest verify with a counter that misfiles a click: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
 	if r := row(t, out, "counter countries"); r[2] != "1" || r[3] != "1" || r[5] != "FAIL" {
 		t.Errorf("countries row %v: want 1 missing, 1 extra and FAIL", r)
@@ -900,9 +969,9 @@ func TestOracleFailsWhenTheCounterCountsAClickInTheWrongHour(t *testing.T) {
 	t.Parallel()
 	earlier, picked := firstRunClick()
 	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, earlier: earlier})
-	out, err := loadtest(t, s.environ, eventsArgs(s, t.TempDir(), "--deadline", "20s")...)
+	out, err := s.verifySettled(t, t.TempDir())
 	if !errors.Is(err, errVerifyFailed) {
-		t.Fatalf("loadtest events with a counter that counts a click in the wrong hour: err %v, want %v\n%s", err, errVerifyFailed, out)
+		t.Fatalf("loadtest verify with a counter that counts a click in the wrong hour: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
 	c, ok := picked()
 	if !ok {

@@ -240,7 +240,13 @@ func TestNextGoesOnWhenTheConsumersServerIsKilled(t *testing.T) {
 func TestVerdictsReadLargeMessagesWithoutReconnecting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	n := testenv.StartNATS(t)
+	// A nats-server process of its own: an embedded one would store and
+	// send the 120 MB under the race detector, in this test's process.
+	n, err := testenv.NewNATSProcess(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
 	nc := n.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -253,7 +259,12 @@ func TestVerdictsReadLargeMessagesWithoutReconnecting(t *testing.T) {
 	const msgs = 700
 	referrer := "https://example.com/" + strings.Repeat("r", 130)
 	now := time.Now()
-	pub := n.JetStream(t)
+	// Published asynchronously, a window of 32 at a time, so each message
+	// is made while the server stores the ones before it.
+	pub, err := jetstream.New(n.Connect(t), jetstream.WithPublishAsyncMaxPending(32))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for m := range msgs {
 		labels := make([]events.FraudVerdictLabel, events.MaxVerdictLabels)
 		for i := range labels {
@@ -268,9 +279,27 @@ func TestVerdictsReadLargeMessagesWithoutReconnecting(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pub.Publish(ctx, events.FraudVerdictBatchSubject(0), data, jetstream.WithMsgID(parts[0].ID)); err != nil {
-			t.Fatal(err)
+		if _, err := pub.PublishAsync(events.FraudVerdictBatchSubject(0), data, jetstream.WithMsgID(parts[0].ID),
+			jetstream.WithStallWait(time.Minute)); err != nil {
+			t.Fatalf("publish message %d: %v", m, err)
 		}
+	}
+	select {
+	case <-pub.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		t.Fatal("the publishes not acknowledged within a minute")
+	}
+	// Every message stored: a publish that failed is missing here.
+	st, err := js.Stream(ctx, events.FraudVerdictsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != msgs {
+		t.Fatalf("FRAUD_VERDICTS holds %d messages, want the %d published", info.State.Msgs, msgs)
 	}
 
 	r := jsread.NewVerdicts(js, "acme", now.Add(-time.Minute))
