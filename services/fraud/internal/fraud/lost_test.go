@@ -273,37 +273,8 @@ func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
 	ctx := t.Context()
-	p := events.Partition("hot", parts)
 	clicks := traffic.Burst(time.Now().Add(-time.Minute), 35, 500*time.Millisecond, "hot", "acme", "bot")
-	if err := traffic.Publish(ctx, w.js, clicks[:30], 64); err != nil {
-		t.Fatal(err)
-	}
-	first := w.reader(t, fraud.Defaults(), nil)
-	if err := first.OnAssign(ctx, p, 1); err != nil {
-		t.Fatal(err)
-	}
-	handle(t, first, p, w.events(t, p, 1))
-	first.OnRevoke(p)
-	if err := w.rdb.FlushDB(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-
-	s, err := w.js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgs = 15
-	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := traffic.Publish(ctx, w.js, clicks[30:], 64); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 10*time.Second, "clicks 1-20 discarded", func() bool {
-		info, err := s.Info(ctx)
-		return err == nil && info.State.FirstSeq == 21
-	})
+	p, _ := lostBeyondRetention(t, w, clicks, 35)
 
 	reg := prometheus.NewRegistry()
 	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
@@ -344,36 +315,8 @@ func TestStatisticsLostForGoodAreReportedOnce(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t)
 			ctx := t.Context()
-			p := events.Partition("hot", parts)
 			clicks := traffic.Burst(time.Now().Add(-time.Minute), 37, 500*time.Millisecond, "hot", "acme", "bot")
-			if err := traffic.Publish(ctx, w.js, clicks[:30], 64); err != nil {
-				t.Fatal(err)
-			}
-			first := w.reader(t, fraud.Defaults(), nil)
-			if err := first.OnAssign(ctx, p, 1); err != nil {
-				t.Fatal(err)
-			}
-			handle(t, first, p, w.events(t, p, 1))
-			first.OnRevoke(p)
-			if err := w.rdb.FlushDB(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			s, err := w.js.Stream(ctx, events.ClicksStream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := s.CachedInfo().Config
-			cfg.MaxMsgs = 15
-			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
-			if err := traffic.Publish(ctx, w.js, clicks[30:35], 64); err != nil {
-				t.Fatal(err)
-			}
-			testenv.WaitFor(t, 10*time.Second, "clicks 1-20 discarded", func() bool {
-				info, err := s.Info(ctx)
-				return err == nil && info.State.FirstSeq == 21
-			})
+			p, s := lostBeyondRetention(t, w, clicks, 35)
 
 			// The first loss: 1-20 lost for good, 21-35 counted again.
 			reg := prometheus.NewRegistry()
@@ -403,6 +346,7 @@ func TestStatisticsLostForGoodAreReportedOnce(t *testing.T) {
 			}
 			// Two more clicks, which retention no longer cuts: the member
 			// running through the loss finds it at its next batch.
+			cfg := s.CachedInfo().Config
 			cfg.MaxMsgs = -1
 			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
 				t.Fatal(err)
@@ -588,4 +532,44 @@ func (w *world) memberReader(t *testing.T, m *fraud.Metrics) *fraud.Reader {
 		t.Fatal(err)
 	}
 	return fraud.NewReader(d, clicklog.New(js, parts), pub, w.store, kvorigin.New(js, topology.GroupFraudDetection), slog.New(slog.DiscardHandler), m)
+}
+
+// lostBeyondRetention publishes the first 30 clicks (of link "hot"), has a
+// reader judge them, then Redis loses every key (FLUSHDB) and CLICKS is cut
+// to its newest 15 events before clicks 31 to upTo are published: events
+// 1-20 are gone from the log, so their statistics are lost for good. It
+// returns the partition and CLICKS.
+func lostBeyondRetention(t *testing.T, w *world, clicks []traffic.Click, upTo int) (int, jetstream.Stream) {
+	t.Helper()
+	ctx := t.Context()
+	p := events.Partition("hot", parts)
+	if err := traffic.Publish(ctx, w.js, clicks[:30], 64); err != nil {
+		t.Fatal(err)
+	}
+	first := w.reader(t, fraud.Defaults(), nil)
+	if err := first.OnAssign(ctx, p, 1); err != nil {
+		t.Fatal(err)
+	}
+	handle(t, first, p, w.events(t, p, 1))
+	first.OnRevoke(p)
+	if err := w.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := w.js.Stream(ctx, events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = 15
+	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := traffic.Publish(ctx, w.js, clicks[30:upTo], 64); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "clicks 1-20 discarded", func() bool {
+		info, err := s.Info(ctx)
+		return err == nil && info.State.FirstSeq == 21
+	})
+	return p, s
 }
