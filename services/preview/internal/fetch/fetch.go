@@ -23,15 +23,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"mime"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"time"
 
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/netguard"
 )
 
@@ -145,7 +144,7 @@ func (f *Fetcher) Get(ctx context.Context, rawURL string) (*Response, error) {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		resp.Body.Close()
 		return nil, fmt.Errorf("get %s: %w", resp.Request.URL.Redacted(), &StatusError{
-			Code: resp.StatusCode, Status: resp.Status, RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now()),
+			Code: resp.StatusCode, Status: resp.Status, RetryAfter: failure.RetryAfterHeader(resp.Header.Get("Retry-After"), time.Now()),
 		})
 	}
 	body := &body{r: bufio.NewReaderSize(io.LimitReader(resp.Body, f.cfg.MaxBodyBytes), 512), c: resp.Body}
@@ -208,29 +207,3 @@ func (b *body) Read(p []byte) (int, error) {
 }
 
 func (b *body) Close() error { return b.c.Close() }
-
-// maxRetryAfterSeconds is the most seconds a time.Duration holds.
-const maxRetryAfterSeconds = int64(math.MaxInt64 / time.Second)
-
-// retryAfter parses a Retry-After header: delay seconds or an HTTP date.
-// More seconds than a time.Duration holds (the other side's garbage) are
-// the longest delay, which the caller caps: multiplied by a second they
-// would wrap around, to a negative delay or to a short one.
-func retryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
-		switch {
-		case s < 0:
-			return 0
-		case s > maxRetryAfterSeconds:
-			s = maxRetryAfterSeconds
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
-}

@@ -7,12 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/snipdev/snip/pkg/failure"
 	"github.com/snipdev/snip/pkg/netguard"
 	"github.com/snipdev/snip/services/webhooks/internal/endpoint"
 )
@@ -119,7 +119,7 @@ func (c *Client) post(ctx context.Context, url string, secrets []string, webhook
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, c.cfg.MaxResponseBytes-int64(n)))
 	res := Result{Code: resp.StatusCode, Response: string(head[:n])}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+		res.RetryAfter = failure.RetryAfterHeader(resp.Header.Get("Retry-After"), time.Now())
 	}
 	return res
 }
@@ -135,30 +135,4 @@ func describe(err error) error {
 		return fmt.Errorf("timed out: %w", err)
 	}
 	return err
-}
-
-// maxRetryAfterSeconds is the most seconds a time.Duration holds.
-const maxRetryAfterSeconds = int64(math.MaxInt64 / time.Second)
-
-// retryAfter parses a Retry-After header: delay seconds or an HTTP date.
-// More seconds than a time.Duration holds (the other side's garbage) are
-// the longest delay, which the caller caps: multiplied by a second they
-// would wrap around, to a negative delay or to a short one.
-func retryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
-		switch {
-		case s < 0:
-			return 0
-		case s > maxRetryAfterSeconds:
-			s = maxRetryAfterSeconds
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
 }
