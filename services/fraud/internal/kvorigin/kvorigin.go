@@ -82,36 +82,7 @@ func (o *Origins) Origin(ctx context.Context, partition int) (uint64, error) {
 // recorded. Writers racing each other leave the lowest: each write is
 // conditional on the revision it read.
 func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
-	if seq == 0 {
-		return fmt.Errorf("origin of partition %d: sequence 0", partition)
-	}
-	kv, err := o.bucket.Get(ctx)
-	if err != nil {
-		return fmt.Errorf("origin of partition %d: %w", partition, err)
-	}
-	key, val := recordKey(o.group, partition), []byte(strconv.FormatUint(seq, 10))
-	for {
-		cur, rev, err := o.get(ctx, kv, partition)
-		if err != nil {
-			return fmt.Errorf("origin of partition %d: %w", partition, err)
-		}
-		if cur != 0 && cur <= seq {
-			return nil
-		}
-		if cur == 0 {
-			_, err = kv.Create(ctx, key, val)
-		} else {
-			_, err = kv.Update(ctx, key, val, rev)
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			continue // another writer was first: read again
-		}
-		if err != nil {
-			o.bucket.Forget()
-			return fmt.Errorf("origin of partition %d: put %s: %w", partition, key, err)
-		}
-		return nil
-	}
+	return o.write(ctx, partition, seq, func(cur uint64) bool { return cur != 0 && cur <= seq })
 }
 
 // Raise records seq as partition's origin where from is still the one
@@ -121,6 +92,13 @@ func (o *Origins) Lower(ctx context.Context, partition int, seq uint64) error {
 // loss does not report them lost again. Each write is conditional on the
 // revision it read, as Lower's.
 func (o *Origins) Raise(ctx context.Context, partition int, from, seq uint64) error {
+	return o.write(ctx, partition, seq, func(cur uint64) bool { return cur != from || cur >= seq })
+}
+
+// write records seq as partition's origin unless keep says the record there
+// (0: none) stays. Each write is conditional on the revision it read: a
+// writer that another was first for reads again.
+func (o *Origins) write(ctx context.Context, partition int, seq uint64, keep func(cur uint64) bool) error {
 	if seq == 0 {
 		return fmt.Errorf("origin of partition %d: sequence 0", partition)
 	}
@@ -134,11 +112,15 @@ func (o *Origins) Raise(ctx context.Context, partition int, from, seq uint64) er
 		if err != nil {
 			return fmt.Errorf("origin of partition %d: %w", partition, err)
 		}
-		if cur != from || cur >= seq {
+		if keep(cur) {
 			return nil
 		}
-		_, err = kv.Update(ctx, key, val, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if cur == 0 {
+			_, err = kv.Create(ctx, key, val)
+		} else {
+			_, err = kv.Update(ctx, key, val, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			continue // another writer was first: read again
 		}
 		if err != nil {
