@@ -7,11 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/pkg/topology"
 )
@@ -30,15 +27,7 @@ import (
 func TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWindow(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	s, err := e.js.Stream(t.Context(), events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = time.Second
-	if _, err := e.js.UpdateStream(t.Context(), cfg); err != nil {
-		t.Fatal(err)
-	}
+	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
 	// Redis as the relay sees it: every command fails once down.
@@ -57,27 +46,11 @@ func TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWi
 
 	// A probe published after the batch's acks: once the stream stores it
 	// again, the window has passed for the batch too.
-	const probe = "probe-duplicate-window"
-	pub := func() *jetstream.PubAck {
-		msg := &nats.Msg{Subject: events.ClickSubject("acme", "probe"), Data: []byte("{}"), Header: nats.Header{events.HeaderMsgID: []string{probe}}}
-		ack, err := e.js.PublishMsg(t.Context(), msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack
-	}
-	pub()
-	testenv.WaitFor(t, 10*time.Second, "the duplicate window to pass", func() bool { return !pub().Duplicate })
+	probe := passDuplicateWindow(t, e)
 	down.dead.Store(false) // Redis answers again
 
 	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
-	var got []string
-	for _, id := range storedIDs(t, e.js, events.ClicksStream) {
-		if id != probe {
-			got = append(got, id)
-		}
-	}
-	sameSequence(t, "CLICKS", ids, got)
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
 	if n := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
 		t.Fatalf("relay_published_total = %v, want 40", n)
 	}
