@@ -820,7 +820,8 @@ func TestCaughtUpWhileOtherTrafficFlows(t *testing.T) {
 
 // A reader that never processes the run's clicks (while others flow and it
 // acknowledges those): the readers row fails, naming it, and the summary
-// gives no catch-up time.
+// gives no catch-up time. (The row's regexp below requires the warehouse's
+// partitions among those behind.)
 func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
 	t.Parallel()
 	s := startSystemWith(t, systemOptions{loaderLinger: 20 * time.Millisecond, loaderStuck: true})
@@ -832,10 +833,12 @@ func TestSummaryGivesNoCatchUpTimeWhenAReaderIsBehind(t *testing.T) {
 	if !errors.Is(err, errVerifyFailed) {
 		t.Fatalf("loadtest events with a stuck warehouse: err %v, want %v\n%s", err, errVerifyFailed, out)
 	}
-	if r := row(t, out, "readers caught up"); r[2] != "1" || r[5] != "FAIL" {
-		t.Errorf("readers caught up: %v, want 1 missing and FAIL\n%s", r, out)
+	// At least the warehouse is missing; on a busy machine the click
+	// counter may also not have caught up within the deadline.
+	if r := row(t, out, "readers caught up"); r[2] == "0" || r[5] != "FAIL" {
+		t.Errorf("readers caught up: %v, want the warehouse missing and FAIL\n%s", r, out)
 	}
-	if !regexp.MustCompile(`readers caught up .*FAIL +\d+ partitions? behind the run's last event: warehouse-loader p\d acked \d+ of \d+`).MatchString(out) {
+	if !regexp.MustCompile(`readers caught up .*FAIL +\d+ partitions? behind the run's last event: (.*, )?warehouse-loader p\d acked \d+ of \d+`).MatchString(out) {
 		t.Errorf("the readers row does not name the warehouse's partitions behind:\n%s", out)
 	}
 	if !strings.Contains(out, "catch-up time        not reached") || strings.Contains(out, "processed by every reader)") {
