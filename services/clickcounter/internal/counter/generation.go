@@ -32,6 +32,13 @@ func (c *Counter) OnRevoke(partition int) { c.forget(partition) }
 // Nor does a replay of a partition CLICKS retains nothing of, once it has
 // counted something. See docs/decisions/0021-click-counter-recount.md.
 func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindInfo) error {
+	if c.hasUnanswered(partition) {
+		// Settled against the generation it was made in, before a
+		// recount's start replaces the state cached.
+		if _, err := c.reload(ctx, partition); err != nil {
+			return fmt.Errorf("rewind partition %d: %w", partition, err)
+		}
+	}
 	first, err := c.clicks.FirstSeq(ctx, partition)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d: %w", partition, err)
