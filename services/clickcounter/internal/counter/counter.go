@@ -330,7 +330,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",
-			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), not_replayed (a replay the runtime did not move the partition back for, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",
