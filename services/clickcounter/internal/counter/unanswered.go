@@ -38,8 +38,8 @@ type unanswered struct {
 // of any member draws in practice.
 func newToken() string { return strconv.FormatUint(rand.Uint64(), 36) }
 
-// lostAnswer records that the write w of partition p, which would have
-// added u's counts to the metrics, was not answered. It replaces any
+// lostAnswer records that partition p's write u (its token, and what it
+// adds to the metrics if it landed) was not answered. It replaces any
 // earlier one: the counter reads the state again before its next write
 // (hasUnanswered), which settles it.
 func (c *Counter) lostAnswer(p int, u unanswered) {
