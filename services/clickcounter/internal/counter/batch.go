@@ -75,6 +75,11 @@ var errConflict = errors.New("partition state changed")
 // had lost (countMissed). A conflict reloads the state and returns
 // errConflict.
 func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
+	if c.hasUnanswered(p) {
+		// Its last write's answer was lost: the state is read again first,
+		// which tells whether that write landed (settle).
+		return c.readAgain(ctx, p)
+	}
 	st, err := c.cached(ctx, p)
 	if err != nil {
 		return err
@@ -106,8 +111,11 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 			return nil
 		}
 		b := c.build(p, *st, evs, labels, dups, sc)
+		b.w.Token = newToken()
 		res, err := c.store.Apply(ctx, b.w)
 		if err != nil {
+			c.lostAnswer(p, unanswered{token: b.w.Token, expect: *st, human: b.human, bot: b.bot,
+				dupWM: b.dupWM, dupID: b.dupID, missed: c.missedIn(p, evs, st.WM)})
 			return fmt.Errorf("write partition %d batch: %w", p, err)
 		}
 		switch res.Status {
@@ -139,9 +147,9 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 // the caller starts over from it.
 //
 // The state read may show a recount switched that the counter saw running:
-// by a write of this member whose answer was lost (a timeout; the batch
-// came again and met its own watermark), or by another member that held
-// the partition meanwhile. Either way the generation read before is unused
+// by a write of this member whose answer was lost (a timeout: settle finds
+// its token and counts the switch), or by another member that held the
+// partition meanwhile. Either way the generation read before is unused
 // now, and the janitor is asked to drop it, as after a switch the counter
 // made (written): nothing else asks until the partition is next assigned.
 //
@@ -152,6 +160,14 @@ func (c *Counter) write(ctx context.Context, p int, evs []reader.Event) error {
 // batch is the recount's to count, not lost (catchUp).
 func (c *Counter) conflict(ctx context.Context, p int) error {
 	c.m.retries.WithLabelValues("conflict").Inc()
+	return c.readAgain(ctx, p)
+}
+
+// readAgain reads the partition's state again, handles it as conflict
+// says, and returns errConflict. write and pass call it instead of
+// writing after a write of the partition whose answer was lost: that write
+// may have landed or not, and the state read settles it (settle).
+func (c *Counter) readAgain(ctx context.Context, p int) error {
 	c.mu.Lock()
 	var was State
 	s := c.parts[p]
@@ -159,7 +175,7 @@ func (c *Counter) conflict(ctx context.Context, p int) error {
 		was = *s
 	}
 	c.mu.Unlock()
-	st, err := c.reload(ctx, p)
+	st, ours, err := c.load(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -169,7 +185,7 @@ func (c *Counter) conflict(ctx context.Context, p int) error {
 	if s != nil && st.Write > was.Write {
 		c.markRecounted(p)
 	}
-	if was.Recounting() && st.Read != was.Read {
+	if was.Recounting() && st.Read != was.Read && !ours {
 		c.log.Info("recount found switched when the partition's state was read again; the previous generation is to be dropped",
 			"partition", p, "generation", st.Read, "previous", was.Read)
 		c.requestCleanup(p)
@@ -223,6 +239,9 @@ func (c *Counter) OnPassed(ctx context.Context, partition int, info reader.Passe
 // pass moves the write generation's watermark to info.Last, counting
 // nothing. A conflict reloads the state and returns errConflict.
 func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error {
+	if c.hasUnanswered(p) {
+		return c.readAgain(ctx, p) // as in write
+	}
 	st, err := c.cached(ctx, p)
 	if err != nil {
 		return err
@@ -230,11 +249,13 @@ func (c *Counter) pass(ctx context.Context, p int, info reader.PassedInfo) error
 	if info.Last <= st.WM {
 		return nil // passed before: the same positions again, or a replay overlap
 	}
+	token := newToken()
 	res, err := c.store.Apply(ctx, &Write{
 		Partition: p, Expect: *st, FirstSeq: info.First, LastSeq: info.Last, LastStored: info.Stored,
-		Delta: NewDelta(), DedupTTL: c.window,
+		Delta: NewDelta(), DedupTTL: c.window, Token: token,
 	})
 	if err != nil {
+		c.lostAnswer(p, unanswered{token: token, expect: *st})
 		return fmt.Errorf("pass partition %d's parked events to %d: %w", p, info.Last, err)
 	}
 	switch res.Status {

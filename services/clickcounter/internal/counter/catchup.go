@@ -85,9 +85,18 @@ func (c *Counter) catchUp(ctx context.Context, p int, before uint64) error {
 // twice. Those before the first are not among them, though a recount
 // started meanwhile counts them again too.
 func (c *Counter) countMissed(p int, evs []reader.Event, wm uint64) {
+	c.m.missed.WithLabelValues("read").Add(float64(c.missedIn(p, evs, wm)))
+	if r := c.replayOf(p); r.until != 0 && evs[len(evs)-1].Seq+1 >= r.until {
+		c.replayDone(p)
+	}
+}
+
+// missedIn is how many of a batch's events, written from watermark wm,
+// the store had lost (see countMissed).
+func (c *Counter) missedIn(p int, evs []reader.Event, wm uint64) int {
 	r := c.replayOf(p)
 	if r.until == 0 {
-		return
+		return 0
 	}
 	n := 0
 	for _, e := range evs {
@@ -95,8 +104,5 @@ func (c *Counter) countMissed(p int, evs []reader.Event, wm uint64) {
 			n++
 		}
 	}
-	c.m.missed.WithLabelValues("read").Add(float64(n))
-	if evs[len(evs)-1].Seq+1 >= r.until {
-		c.replayDone(p)
-	}
+	return n
 }

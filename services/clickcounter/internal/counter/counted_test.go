@@ -184,7 +184,7 @@ func TestVerdictAboutAClickOlderThanTheRecountMovesNothingInIt(t *testing.T) {
 	kept := s.events(p, click("acme", code, now))
 	e.clicks.store(kept...)
 	e.first.Store(kept[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: kept[0].Seq, Until: kept[0].Seq}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: kept[0].Seq, Until: kept[0].Seq, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, e.c, p, kept)

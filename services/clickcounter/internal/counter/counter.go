@@ -98,6 +98,9 @@ type Counter struct {
 	// starts are, per partition, the recount start asked for and not yet
 	// answered (see startRecount).
 	starts map[int]pendingStart
+	// unanswered are, per partition, the last write whose answer was lost
+	// and which no state read has settled since (see settle).
+	unanswered map[int]unanswered
 
 	janitor chan int
 
@@ -134,14 +137,15 @@ func New(o Options) (*Counter, error) {
 	return &Counter{
 		store: o.Store, clicks: o.Clicks, n: o.Partitions, window: o.DedupWindow, maxAge: o.ClicksMaxAge,
 		log: o.Logger, hooks: o.Hooks, now: o.Now, m: m,
-		parts:     map[int]*State{},
-		unchecked: map[int]bool{},
-		recounted: map[int]bool{},
-		replays:   map[int]replay{},
-		vstate:    map[int]State{},
-		starts:    map[int]pendingStart{},
-		janitor:   make(chan int, 4*o.Partitions),
-		batches:   make(chan *batchScratch, o.Partitions),
+		parts:      map[int]*State{},
+		unchecked:  map[int]bool{},
+		recounted:  map[int]bool{},
+		replays:    map[int]replay{},
+		vstate:     map[int]State{},
+		starts:     map[int]pendingStart{},
+		unanswered: map[int]unanswered{},
+		janitor:    make(chan int, 4*o.Partitions),
+		batches:    make(chan *batchScratch, o.Partitions),
 	}, nil
 }
 
@@ -161,9 +165,17 @@ func (c *Counter) cached(ctx context.Context, p int) (*State, error) {
 
 // reload reads the partition's state from the store into the cache.
 func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
+	st, _, err := c.load(ctx, p)
+	return st, err
+}
+
+// load is reload, which also settles the partition's write whose answer
+// was lost, if any (settle); ours reports that that write switched a
+// recount.
+func (c *Counter) load(ctx context.Context, p int) (s *State, ours bool, err error) {
 	st, err := c.store.State(ctx, p)
 	if err != nil {
-		return nil, fmt.Errorf("load partition %d state: %w", p, err)
+		return nil, false, fmt.Errorf("load partition %d state: %w", p, err)
 	}
 	c.mu.Lock()
 	c.parts[p] = &st
@@ -176,7 +188,7 @@ func (c *Counter) reload(ctx context.Context, p int) (*State, error) {
 	c.trimReplay(p, st.WM)
 	c.mu.Unlock()
 	c.m.observeState(p, st)
-	return &st, nil
+	return &st, c.settle(p, st), nil
 }
 
 func (c *Counter) forget(p int) {
@@ -184,7 +196,8 @@ func (c *Counter) forget(p int) {
 	delete(c.parts, p)
 	delete(c.unchecked, p)
 	delete(c.recounted, p)
-	// c.replays[p] stays: see replays.
+	// c.replays[p] stays: see replays. So does c.unanswered[p]: taking
+	// the partition back, the member reads its state and settles it.
 	c.mu.Unlock()
 	// The partition's owner reports its generations from now on; a value
 	// kept here would go stale (a recount that never seems to end).
@@ -301,7 +314,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		counted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_counted_total",
-			Help: "Click events counted, by the label they were counted with, by the writes whose answer this member received (a batch whose write's answer was lost is then skipped as a duplicate: see the README).",
+			Help: "Click events counted, by the label they were counted with, by the writes of this member that Redis applied (one whose answer was lost once the member finds its token beside the watermark: see the README).",
 		}, []string{"label"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_duplicates_total",
@@ -317,7 +330,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		recounts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_recounts_total",
-			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
+			Help: "Recounts per partition: result=started, finished (switched to the new generation), partial_ignored (a replay that did not start at the oldest event), nothing_retained (a replay of a partition CLICKS retains nothing of, whose counts were kept), not_replayed (a replay the runtime did not move the partition back for, whose counts were kept), restarted (a start the store lost, found by the member counting it and made again), lost (a start the store lost that could not be made again: CLICKS retains nothing of the partition).",
 		}, []string{"result"}),
 		missed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_clickcounter_missed_events_total",

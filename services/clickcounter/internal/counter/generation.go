@@ -31,7 +31,34 @@ func (c *Counter) OnRevoke(partition int) { c.forget(partition) }
 // watermark skips the events replayed, and the counts stay as they were.
 // Nor does a replay of a partition CLICKS retains nothing of, once it has
 // counted something. See docs/decisions/0021-click-counter-recount.md.
+//
+// Nor does a replay the runtime does not move the partition back for
+// (r.MovesBack false): nothing is handed again, the partition goes on
+// after the last event it handled, and a new generation would count only
+// what comes after that, never the retained events handled before. That
+// is the case of a partition that held nothing (Until 0), or nothing from
+// the replay's position (From past Until), when the replay was asked for,
+// and whose owner handled new clicks before it carried the replay out:
+// went by From alone, the recount switched to a generation without them
+// (at once, for Until 0), and they were lost from the counts. Where the
+// runtime moves the partition back, to From at or before the oldest
+// retained event, every retained event is handed to the new generation.
+// A partition the runtime does not move back because it has not handled
+// anything up to From yet (its consumer behind CLICKS retention) would be
+// recounted whole, but nothing tells that case from the others but a
+// position of the counter's own, which the runtime's decision is there to
+// replace: it is not recounted either, and a replay once it has caught up
+// recounts it. A partition CLICKS retains nothing of and that never
+// counted anything starts its (empty) generation whatever the runtime
+// decided: there is nothing to lose.
 func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindInfo) error {
+	if c.hasUnanswered(partition) {
+		// Settled against the generation it was made in, before a
+		// recount's start replaces the state cached.
+		if _, err := c.reload(ctx, partition); err != nil {
+			return fmt.Errorf("rewind partition %d: %w", partition, err)
+		}
+	}
 	first, err := c.clicks.FirstSeq(ctx, partition)
 	if err != nil {
 		return fmt.Errorf("rewind partition %d: %w", partition, err)
@@ -57,6 +84,11 @@ func (c *Counter) OnRewind(ctx context.Context, partition int, r reader.RewindIn
 			c.m.recounts.WithLabelValues("nothing_retained").Inc()
 			return nil
 		}
+	} else if !r.MovesBack {
+		c.log.Warn("replay that hands nothing of the partition again (it held nothing from the replay's start when the replay was asked for, or has not handled up to it yet): no recount, the counts stay as they are; replay again to recount it",
+			"partition", partition, "replay", r.ID, "from", r.From, "until", r.Until, "oldest", first)
+		c.m.recounts.WithLabelValues("not_replayed").Inc()
+		return nil
 	}
 	// The new generation counts from the oldest event retained: a click
 	// before it (aged out) is in none of its counts, whatever its

@@ -48,7 +48,7 @@ func TestRecountRebuildsInANewGenerationAndSwitchesAtTheEnd(t *testing.T) {
 		t.Fatalf("buggy counts (-want +got):\n%s", d)
 	}
 	e.first.Store(batches[0][0].Seq)
-	info := reader.RewindInfo{ID: events.NewID(), From: batches[0][0].Seq, Until: s.n, Requested: now}
+	info := reader.RewindInfo{ID: events.NewID(), From: batches[0][0].Seq, Until: s.n, Requested: now, MovesBack: true}
 	if err := fixed.OnRewind(t.Context(), p, info); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestReplayFromLaterThanTheOldestEventRecountsNothing(t *testing.T) {
 	batch := s.events(p, click("acme", code, now), click("acme", code, now), click("acme", code, now))
 	mustHandle(t, e.c, p, batch)
 	e.first.Store(batch[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: batch[1].Seq, Until: s.n}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: batch[1].Seq, Until: s.n, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, e.c, p, batch[1:]) // the replayed events
@@ -178,11 +178,11 @@ func TestReplayDuringARecountStartsOver(t *testing.T) {
 	mustHandle(t, e.c, p, b1)
 	mustHandle(t, e.c, p, b2)
 	e.first.Store(b1[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, e.c, p, b1)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := e.c.DropOldGenerations(t.Context(), p); err != nil || n != 1 {
@@ -245,7 +245,7 @@ func TestRecountWhoseLastEventsWereParkedSwitchesWhenTheyArePassed(t *testing.T)
 	mid, last := s.parked(p), s.parked(p)
 	mustHandle(t, e.c, p, counted)
 	e.first.Store(counted[0].Seq)
-	info := reader.RewindInfo{ID: events.NewID(), From: counted[0].Seq, Until: last.Seq, Requested: now}
+	info := reader.RewindInfo{ID: events.NewID(), From: counted[0].Seq, Until: last.Seq, Requested: now, MovesBack: true}
 	if err := fixed.OnRewind(t.Context(), p, info); err != nil {
 		t.Fatal(err)
 	}
@@ -267,6 +267,10 @@ func TestRecountWhoseLastEventsWereParkedSwitchesWhenTheyArePassed(t *testing.T)
 	if got.Totals != want || got.AsOf.Generation != 2 || got.AsOf.Recount != nil || got.AsOf.Seq != last.Seq {
 		t.Fatalf("past Until: totals %+v as of %+v, want %+v in generation 2 at %d, no recount", got.Totals, got.AsOf, want, last.Seq)
 	}
+	passed, err := e.store.State(t.Context(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Again, on this member and on another that loads the state afresh.
 	again := e.newCounter(t, nil)
 	if err := again.OnAssign(t.Context(), p, mid.Seq); err != nil {
@@ -281,7 +285,8 @@ func TestRecountWhoseLastEventsWereParkedSwitchesWhenTheyArePassed(t *testing.T)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(counter.State{Read: 2, Write: 2, Replay: info.ID, WM: last.Seq}, st); d != "" {
+	// The same token: no write moved the watermark again.
+	if d := cmp.Diff(counter.State{Read: 2, Write: 2, Replay: info.ID, WM: last.Seq, Token: passed.Token}, st); d != "" {
 		t.Errorf("state after passing Until again (-want +got):\n%s", d)
 	}
 	if got := stats(t, again, "acme", code).Totals; got != want {
@@ -372,7 +377,7 @@ func TestARecountWhoseSwitchWasNotAnsweredDropsTheOldGeneration(t *testing.T) {
 	e.clicks.store(b...)
 	mustHandle(t, e.c, p, b)
 	e.first.Store(b[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -508,12 +513,12 @@ func TestARecountStartWhoseAnswerWasLostIsCountedAndCleanedUp(t *testing.T) {
 	b := s.events(p, click("acme", code, now), click("acme", code, now))
 	mustHandle(t, e.c, p, b)
 	e.first.Store(b[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, e.c, p, b[:1]) // generation 2, half recounted
 
-	second := reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now}
+	second := reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, Requested: now, MovesBack: true}
 	lossy.armed.Store(true)
 	if err := c.OnRewind(t.Context(), p, second); err == nil {
 		t.Fatal("OnRewind with its answer lost: nil error, want the timeout")
@@ -561,7 +566,7 @@ func TestARecountStartWaitsForTheReplicas(t *testing.T) {
 	b := s.events(p, click("acme", code, time.Now().UTC()))
 	mustHandle(t, e.c, p, b)
 	e.first.Store(b[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b[0].Seq, Until: s.n, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	if n := metric(t, e.reg, "snip_clickcounter_replica_wait_short_total", map[string]string{"feed": "recount"}); n != 1 {
@@ -569,5 +574,58 @@ func TestARecountStartWaitsForTheReplicas(t *testing.T) {
 	}
 	if n := metric(t, e.reg, "snip_clickcounter_recounts_total", map[string]string{"result": "started"}); n != 1 {
 		t.Errorf("recounts_total{result=started} = %v, want 1", n)
+	}
+}
+
+// A replay the runtime does not move the partition back for
+// (RewindInfo.MovesBack false) hands nothing again: the partition goes on
+// after the last event it handled. A recount started then would count only
+// what comes after that, and lose what the partition counted before: most
+// plainly when the partition held nothing when the replay was asked for
+// (Until 0: a recount that takes over the reads at once) or nothing from
+// its position (From past Until) and its owner handled new clicks before it
+// carried the replay out, which CLICKS retains. Before, OnRewind went by
+// From alone, started the recount, and the handled clicks were gone from
+// the counts. Now the counts stay, and recounts_total{result="not_replayed"}
+// says so.
+func TestAReplayThatDoesNotMoveBackKeepsTheCounts(t *testing.T) {
+	t.Parallel()
+	for _, when := range []string{"the partition was empty", "its events had aged out"} {
+		t.Run(when, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			const p = 1
+			code := codeIn(t, p, 60)
+			now := time.Now().UTC()
+			var s seqs
+			var until uint64 // the partition's last event when the replay was asked
+			if when == "its events had aged out" {
+				mustHandle(t, e.c, p, s.events(p, click("acme", code, now)))
+				until = s.n
+			}
+			// Stored and handled after the request, before the owner carries it out.
+			b := s.events(p, click("acme", code, now), click("acme", code, now))
+			e.clicks.store(b...)
+			mustHandle(t, e.c, p, b)
+			e.first.Store(b[0].Seq) // CLICKS retains these, not what came before
+			info := reader.RewindInfo{ID: events.NewID(), From: until + 1, Until: until, Requested: now, MovesBack: false}
+			if err := e.c.OnRewind(t.Context(), p, info); err != nil {
+				t.Fatal(err)
+			}
+			after := s.events(p, click("acme", code, now)) // the partition goes on after b
+			e.clicks.store(after...)
+			mustHandle(t, e.c, p, after)
+
+			want := int64(3)
+			if until != 0 {
+				want = 4
+			}
+			if got := stats(t, e.c, "acme", code); got.Totals.Human != want || got.AsOf.Generation != 1 || got.AsOf.Recount != nil {
+				t.Errorf("totals %+v as of %+v, want %d human in generation 1, no recount", got.Totals, got.AsOf, want)
+			}
+			if n := metric(t, e.reg, "snip_clickcounter_recounts_total", map[string]string{"result": "not_replayed"}); n != 1 {
+				t.Errorf("recounts_total{result=not_replayed} = %v, want 1", n)
+			}
+		})
 	}
 }

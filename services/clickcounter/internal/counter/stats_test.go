@@ -221,7 +221,7 @@ func TestADeletedLinksCountsExpire(t *testing.T) {
 	}
 
 	e.first.Store(b1[0].Seq)
-	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n, Requested: now}); err != nil {
+	if err := e.c.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: b1[0].Seq, Until: s.n, Requested: now, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, e.c, p, b1)

@@ -81,6 +81,9 @@ type State struct {
 	Replay string
 	// WM is the write generation's watermark: the last sequence applied.
 	WM uint64
+	// Token is the token of the write that moved WM there (Write.Token),
+	// as State reads it; "" if none recorded one.
+	Token string
 	// LostFrom and LostUntil are the last stretch of events MarkLost
 	// recorded for the write generation (LostUntil 0: none). Those above
 	// WM are still to be counted again; those at or below it were.
@@ -111,6 +114,11 @@ type Write struct {
 	Delta *Delta
 	// DedupTTL is how long the recent-ID record keeps an ID.
 	DedupTTL time.Duration
+	// Token names this write: Apply records it beside the new watermark,
+	// and State returns it (State.Token) until another write moves the
+	// watermark, so a writer whose answer was lost can tell whether its
+	// write landed.
+	Token string
 }
 
 // Mark is one counted event's ID and the label it was counted with.

@@ -289,7 +289,7 @@ func TestVerdictsDuringARecountMoveEveryGenerationThatCountedTheClick(t *testing
 		t.Fatal(err)
 	}
 	e.first.Store(evs[0].Seq)
-	if err := fixer.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: evs[0].Seq, Until: s.n}); err != nil {
+	if err := fixer.OnRewind(t.Context(), p, reader.RewindInfo{ID: events.NewID(), From: evs[0].Seq, Until: s.n, MovesBack: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustHandle(t, fixer, p, evs[:2]) // the recount has counted clicks 0 and 1

@@ -36,7 +36,7 @@ func mixWrite(n int, hot bool, now time.Time) *counter.Write {
 func opsFrom(t *testing.T, argv []any) []any {
 	t.Helper()
 	nid, nlab := asInt(t, argv[6]), asInt(t, argv[7])
-	return argv[11+3*nid+5*nlab:]
+	return argv[12+3*nid+5*nlab:]
 }
 
 // asInt reads an integer argument, boxed as an int or an int64.

@@ -22,11 +22,11 @@ func genPrefix(p int, g int64) string {
 	return partPrefix(p) + "g" + strconv.FormatInt(g, 10) + ":"
 }
 
-// posKey: hash {seq, stored, events, first, lost_from, lost_until}, a
-// generation's watermark and the first sequence it counts from (set by a
-// recount's start, or by the generation's first write), and the last
-// stretch of events the store lost that the counter asked for again
-// (MarkLost).
+// posKey: hash {seq, stored, events, tok, first, lost_from, lost_until}, a
+// generation's watermark and the token of the write that moved it there,
+// the first sequence it counts from (set by a recount's start, or by the
+// generation's first write), and the last stretch of events the store lost
+// that the counter asked for again (MarkLost).
 func posKey(p int, g int64) string { return genPrefix(p, g) + "pos" }
 
 // linkKey: hash {"<h|b>|<country>|<referrer host>": count}, a link's

@@ -31,8 +31,9 @@ end
 // ARGV: gen, wm, new wm, stored (unix ms), events counted, dedup TTL (ms),
 // number of ID groups, number of label groups, referrer cap, the referrer
 // a link's fields beyond the cap go to ("(other)"), the batch's first
-// sequence (recorded as the pos's "first" by a generation's first write);
-// then the ID
+// sequence (recorded as the pos's "first" by a generation's first write),
+// the write's token (recorded as the pos's "tok" with the watermark, so a
+// writer whose answer was lost can tell its write landed); then the ID
 // groups (key, first position, fingerprints), the label groups (key, first
 // position, count, the click IDs packed in one value of 36 bytes each, and
 // the assumed labels in one value of a byte each, '-' for none: a label
@@ -76,7 +77,7 @@ if write ~= tonumber(ARGV[1]) or wm ~= tonumber(ARGV[2]) then
   return {'conflict'}
 end
 local nid, nlab, cap, other = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
-local i = 12
+local i = 13
 local dups, labs, appends = {}, {}, {}
 for _ = 1, nid do
   local key, start, blob = KEYS[tonumber(ARGV[i])], tonumber(ARGV[i+1]), ARGV[i+2]
@@ -196,7 +197,7 @@ end
 -- recount's start recorded where): it counts nothing before it, which the
 -- verdict script's watermark must not say it did.
 if wm == 0 then redis.call('HSETNX', pos, 'first', ARGV[11]) end
-redis.call('HSET', pos, 'seq', ARGV[3], 'stored', ARGV[4])
+redis.call('HSET', pos, 'seq', ARGV[3], 'stored', ARGV[4], 'tok', ARGV[12])
 redis.call('HINCRBY', pos, 'events', ARGV[5])
 if untl > 0 and tonumber(ARGV[3]) >= untl then
   redis.call('HSET', meta, 'read', write, 'write', write, 'until', 0)

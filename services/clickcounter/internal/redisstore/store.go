@@ -112,10 +112,11 @@ func (s *Store) State(ctx context.Context, p int) (counter.State, error) {
 	if err != nil {
 		return counter.State{}, err
 	}
-	v, err := s.rdb.HMGet(ctx, posKey(p, st.Write), "seq", "lost_from", "lost_until").Result()
+	v, err := s.rdb.HMGet(ctx, posKey(p, st.Write), "seq", "lost_from", "lost_until", "tok").Result()
 	if err != nil {
 		return counter.State{}, fmt.Errorf("read partition %d watermark: %w", p, err)
 	}
+	st.Token, _ = v[3].(string)
 	for i, into := range []*uint64{&st.WM, &st.LostFrom, &st.LostUntil} {
 		str, ok := v[i].(string)
 		if !ok {
@@ -375,9 +376,9 @@ func (s *Store) applyArgsInto(a *args, w *counter.Write, now int64) (order []int
 		start = end
 	}
 
-	a.argv = slices.Grow(a.argv, 11+len(idGroups)+len(labelGroups)+opsArgv)
+	a.argv = slices.Grow(a.argv, 12+len(idGroups)+len(labelGroups)+opsArgv)
 	a.add(g, w.Expect.WM, w.LastSeq, w.LastStored.UnixMilli(), w.Counted, w.DedupTTL.Milliseconds(),
-		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer, w.FirstSeq)
+		nID, nLabel, counter.MaxCombosPerLink, counter.OtherReferrer, w.FirstSeq, w.Token)
 	a.add(idGroups...)
 	a.add(labelGroups...)
 	expiries = s.addOps(a, p, g, w.Delta, now)
