@@ -812,12 +812,10 @@ func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
 		start func(t *testing.T, logs *syncBuffer) (*system, []string)
 	}{
 		{"redis_away", func(t *testing.T, logs *syncBuffer) (*system, []string) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := ln.Addr().String()
-			ln.Close() // nothing listens there now: every Redis call is refused
+			// Port 1: nothing listens there, and no test can take it (a port
+			// freed by a closed listener can be taken by another test's
+			// server, and the console then reads a stranger's answers).
+			const addr = "127.0.0.1:1"
 			_, js := consoletest.NATS(t)
 			s := startOn(t, js, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) { c.Redis.URL = "redis://" + addr + "/0" })
 			return s, []string{addr, "dial", "refused"}
@@ -835,6 +833,11 @@ func TestOwnersStreamUnavailableKeepsTheCauseInside(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var logs syncBuffer
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("the console's log:\n%s", logs.String())
+				}
+			})
 			s, inside := tc.start(t, &logs)
 			resp, _ := ownerClient(t, s, key, "", "")
 			b, err := io.ReadAll(resp.Body)
