@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -346,15 +345,4 @@ func checkUnaltered(tb testing.TB, rc *receiver, clicks []events.Click) {
 			}
 		}
 	}
-}
-
-// freeAddr returns a local address nothing listens on.
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

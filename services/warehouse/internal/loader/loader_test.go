@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -307,16 +305,13 @@ func TestImplausibleTimeIsParked(t *testing.T) {
 
 func TestUnavailableClickHouseFailsTheBatchForRetry(t *testing.T) {
 	t.Parallel()
-	port, err := testenv.FreePort() // nothing listens there
-	if err != nil {
-		t.Fatal(err)
-	}
 	conn, db := servers.ClickHouse.NewDB(t)
-	down := newEnvOn(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), db, conn, loader.Config{Linger: 10 * time.Millisecond})
+	// Port 1: nothing listens there, and no test's server can take it.
+	down := newEnvOn(t, "127.0.0.1:1", db, conn, loader.Config{Linger: 10 * time.Millisecond})
 	now := time.Now().UTC()
 	evs := warehousetest.Events(warehousetest.Clicks(10, now, time.Second), now)
 
-	err = down.l.Handle(t.Context(), 0, evs)
+	err := down.l.Handle(t.Context(), 0, evs)
 	var pe *reader.PoisonError
 	if err == nil || errors.As(err, &pe) || errors.Is(err, loader.ErrPermanent) {
 		t.Fatalf("Handle with ClickHouse down = %v, want a transient error (the runtime retries the batch)", err)
