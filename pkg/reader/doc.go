@@ -118,7 +118,7 @@
 // carried one out replaces it (they carry out the latest), and WaitRewind
 // for the one replaced ends with ErrRewindSuperseded, naming the latest,
 // once it reads that stored after the one it waits for. A request it never
-// reads stored (a wrong ID) ends the wait after a few seconds, not at once
+// reads stored (a wrong ID) ends the wait after ten seconds, not at once
 // (the server read may lag behind the request): ErrRewindUnknown.
 //
 // Before it asks Rewind, a surface that replays a group (snipctl, the
