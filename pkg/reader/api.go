@@ -261,7 +261,8 @@ type Config struct {
 	// MaxRetryDelay caps the backoff between retries of a failing batch,
 	// and of a failing move back for a delivery gap or a Replay (default
 	// the smaller of 10s and AckWait/3, so the batch's ack timers are
-	// refreshed in time).
+	// refreshed in time). A failing fetch backs off no longer than an idle
+	// pull waits (LeaseTTL/2), so its owner keeps the partition's pin.
 	MaxRetryDelay time.Duration
 	// DrainTimeout bounds a graceful stop: finishing the batch in hand and
 	// acking it (default 30s).

@@ -37,7 +37,11 @@
 //     by rendezvous hashing with bounded load (AssignSticky). So no member
 //     has more than the bound, and when a member dies while idle members
 //     exist only its partitions move, to idle members. With 6 partitions
-//     and 10 members, exactly 6 members work.
+//     and 10 members, exactly 6 members work. A member claims nothing while
+//     its lease may have lapsed by its own clock, and the claims of the
+//     first lease a member writes after the others saw its lease go are of
+//     before (a heartbeat its client kept while reconnecting, or sent
+//     frozen past its lease): the others count it live, not its claims.
 //   - The consumers use JetStream's pinned_client priority policy, so even
 //     while members disagree during a change only one client can pull a
 //     partition. A member that gives a partition up finishes and acks its
@@ -114,7 +118,7 @@
 // carried one out replaces it (they carry out the latest), and WaitRewind
 // for the one replaced ends with ErrRewindSuperseded, naming the latest,
 // once it reads that stored after the one it waits for. A request it never
-// reads stored (a wrong ID) ends the wait after a few seconds, not at once
+// reads stored (a wrong ID) ends the wait after ten seconds, not at once
 // (the server read may lag behind the request): ErrRewindUnknown.
 //
 // Before it asks Rewind, a surface that replays a group (snipctl, the

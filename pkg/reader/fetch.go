@@ -31,11 +31,24 @@ type fetcher struct {
 
 // startFetcher starts reading batches; errors back off inside it and are
 // passed on for the caller to see.
+//
+// The backoff is capped at idleWait, under the pin's TTL (LeaseTTL), not
+// at MaxRetryDelay: a fetcher that pulls nothing for a PinnedTTL loses its
+// pin, and its next pull, carrying the old pin ID, is refused (423, the
+// wrong pin ID, once an event waits) and backs off once more. Fetch
+// errors that went on for a few seconds (a NATS leader election, a
+// consumer's priority group changed) then stalled the partition, its owner
+// unchanged, up to twice MaxRetryDelay (10s each by default) after they
+// ended. No second member reads it meanwhile (one that is not assigned the
+// partition does not pull it, and one that pulled it would be pinned in
+// turn), but nobody does: an owner keeps pulling at least as often as an
+// idle one does.
 func (w *worker) startFetcher() *fetcher {
 	f := &fetcher{out: make(chan fetched), quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		bo := w.m.cfg.newBackoff()
+		bo.MaxInterval = min(bo.MaxInterval, w.m.cfg.idleWait())
 		for {
 			select {
 			case <-f.quit:

@@ -147,7 +147,7 @@ func listGroupConsumers(ctx context.Context, s jetstream.Stream) ([]GroupConsume
 }
 
 // partitionLag reads one partition consumer's state and the stored time of
-// the first event it has not acked (a member's own gauges, updateLag).
+// the first event it has not acked (a member's own gauges, reportLag).
 func partitionLag(ctx context.Context, s jetstream.Stream, group string, p int) (PartitionLag, error) {
 	name := topology.GroupConsumerName(group, p)
 	c, err := s.Consumer(ctx, name)
@@ -235,12 +235,44 @@ func OldestUnprocessed(ctx context.Context, s jetstream.Stream, info *jetstream.
 	return m.Time, nil
 }
 
-// updateLag refreshes the partition's lag gauges every few seconds.
-func (w *worker) updateLag() {
-	if time.Since(w.lastLagRead) < 5*time.Second {
-		return
+// lagEvery is how often a partition's owner reads its lag for its gauges.
+const lagEvery = 5 * time.Second
+
+// reportLag keeps the partition's lag gauges current while this owner
+// holds it, until the returned stop is called (and returns once the
+// reporter ended): it reads them at once, then every lagEvery. It runs
+// beside the worker's loop, not in it, so the gauges go on telling while
+// the loop waits: a handler that hangs on one batch, an OnAssign or an
+// OnRewind that rebuilds for minutes. Read from the loop, they froze at
+// their last value then, and the age of the oldest unprocessed event, the
+// figure the group's stall alerts go by, stayed what it was before the
+// stall. The caller forgets the gauges (forgetPartition) after stop, so
+// none is written again for a partition given up.
+func (w *worker) reportLag() (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(lagEvery)
+		defer t.Stop()
+		for {
+			w.updateLag()
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
 	}
-	w.lastLagRead = time.Now()
+}
+
+// updateLag reads the partition's lag and sets its gauges. A read that
+// fails leaves them as they were (NATS away: the lease lapses, and the
+// partition is given up, its gauges with it).
+func (w *worker) updateLag() {
 	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
 	defer cancel()
 	pl, err := partitionLag(ctx, w.m.stream, w.m.cfg.Group, w.p)

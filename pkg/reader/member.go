@@ -80,11 +80,16 @@ type member struct {
 	workers map[int]*worker
 	owned   []int
 
-	// published is what this member's heartbeat says it holds; claimed
-	// asks the heartbeat to publish it now, so the others see a change
-	// without waiting for the next beat.
-	published atomic.Pointer[[]int]
+	// published is what this member's heartbeat says it holds (see
+	// heartbeatClaims); claimed asks the heartbeat to publish it now, so
+	// the others see a change without waiting for the next beat.
+	published atomic.Pointer[claim]
 	claimed   chan struct{}
+	// lapsedLeases are the members whose lease the watch last saw go
+	// (expired, deleted, purged), in the order seen, at most
+	// maxLapsedLeases: the claims of such a member's next lease are of
+	// before it went (apply). Control loop only, as live and claims are.
+	lapsedLeases []string
 
 	// clock is when the member started, on the monotonic clock; leaseUntil
 	// is how long after it the lease surely lives (the latest sending of a
@@ -131,7 +136,7 @@ func (m *member) run(ctx context.Context) error {
 	m.claimed = make(chan struct{}, 1)
 	m.leaseBack = make(chan struct{}, 1)
 	m.clock = time.Now()
-	m.published.Store(&[]int{})
+	m.published.Store(&claim{owned: []int{}})
 	m.since = time.Now().UTC().Round(0)
 	m.log.Info("joining consumer group", "partitions", m.partitions, "instance", m.instance)
 
@@ -296,12 +301,15 @@ func (m *member) heartbeat(ctx context.Context) {
 	defer answers.Wait()
 	hs := &heartbeats{log: m.log}
 	for {
-		l.Owned = *m.published.Load()
+		l.Owned = m.heartbeatClaims()
 		val, _ := json.Marshal(l)
 		sent := time.Since(m.clock)
 		if nc := m.js.Conn(); nc != nil && !nc.IsConnected() {
 			// Not sent: the client would keep it to send once reconnected,
-			// claims of long before, which the others would go by.
+			// claims of long before, which the others would go by. One
+			// published just after the connection dropped is kept so all
+			// the same: the others ignore its claims if it comes after
+			// they saw the lease go (errLapsedClaims).
 			hs.failed(ctx, nats.ErrDisconnected)
 		} else if f, err := pub.PublishAsync(subj, val, jetstream.WithMsgTTL(m.cfg.LeaseTTL),
 			// No resending (of a write met by no responders): it would
@@ -461,6 +469,7 @@ func (m *member) control(ctx context.Context, exited chan *worker) error {
 		}
 		m.live = map[string]bool{}
 		m.claims = map[string][]int{}
+		m.lapsedLeases = nil
 		synced, afresh := false, false
 	watching:
 		for {
@@ -538,7 +547,19 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		if e.Operation() == jetstream.KeyValuePut {
 			m.live[id] = true
 			var l Lease
-			if err := json.Unmarshal(e.Value(), &l); err == nil {
+			err := json.Unmarshal(e.Value(), &l)
+			if i := slices.Index(m.lapsedLeases, id); i >= 0 {
+				// The first lease written after the member's went: its
+				// claims are of before (see lapsedClaims). The member
+				// holds nothing now; its next beat says what it takes.
+				m.lapsedLeases = slices.Delete(m.lapsedLeases, i, i+1)
+				if err == nil && len(l.Owned) > 0 {
+					m.log.Info("ignoring the claims of a member's lease written after its lease went: they are of before",
+						"other", id, "claims", l.Owned)
+				}
+				err = errLapsedClaims
+			}
+			if err == nil {
 				m.claims[id] = l.Owned
 			} else {
 				delete(m.claims, id)
@@ -546,6 +567,12 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		} else {
 			delete(m.live, id)
 			delete(m.claims, id)
+			if !slices.Contains(m.lapsedLeases, id) {
+				if len(m.lapsedLeases) == maxLapsedLeases {
+					m.lapsedLeases = slices.Delete(m.lapsedLeases, 0, 1)
+				}
+				m.lapsedLeases = append(m.lapsedLeases, id)
+			}
 		}
 	case key == rewindKey(m.cfg.Group) && e.Operation() == jetstream.KeyValuePut:
 		var r rewindRequest
@@ -556,6 +583,52 @@ func (m *member) apply(e jetstream.KeyValueEntry) {
 		m.rewind.Store(&r)
 		m.log.Info("rewind requested", "rewind", r.ID)
 	}
+}
+
+// errLapsedClaims: a lease's claims are of before the member's lease went.
+//
+// The claims in the first lease a member writes after its lease went
+// (lapsed, the server's marker seen) are of before it went, so stale: a
+// member fences itself by its own clock before the server expires its
+// lease (it gives every partition up, and heartbeatClaims claims nothing
+// until the control loop has taken partitions afresh), so no claim it
+// makes after the expiry can hold anything. Such a lease is a write sent
+// before the lapse and stored after it: one the client kept while it
+// reconnected (nats.go keeps what is published while it reconnects, to
+// send once back: a heartbeat that found the connection up and was
+// published just after it dropped), or one sent by a process frozen past
+// its lease. Taken as claims, they would make the members that hold
+// those partitions now give them up (the stale claimant outranking them),
+// for nothing: the member is not reading them, and its next beat claims
+// none. Its liveness counts; its claims do not.
+var errLapsedClaims = errors.New("claims of before the member's lease went")
+
+// maxLapsedLeases bounds the members whose lapse is remembered (every
+// restart is a new member name): older ones' next leases are taken as
+// they come.
+const maxLapsedLeases = 1024
+
+// claim is what the heartbeat says the member holds: owned, as the
+// control loop last assigned it with lapses counted (lapsesSeen then).
+type claim struct {
+	owned  []int
+	lapses uint64
+}
+
+// heartbeatClaims is the Owned of the heartbeat sent now: the partitions
+// the control loop assigned this member, unless its lease may have
+// lapsed since (by its own clock: leaseHeld; or a heartbeat was stored
+// after a lapse the control loop has not yet acted on). Then it holds
+// nothing, whatever the control loop, which runs on its own tick, last
+// published: a process frozen past its lease, or one whose heartbeats
+// went unanswered, would otherwise claim, with its first heartbeat back,
+// partitions others took meanwhile.
+func (m *member) heartbeatClaims() []int {
+	c := m.published.Load()
+	if !m.leaseHeld() || c.lapses != m.lapses.Load() {
+		return []int{}
+	}
+	return c.owned
 }
 
 // duplicate looks at a write of this member's own lease: one with another
@@ -678,12 +751,14 @@ func (m *member) reconcile(exited chan *worker) {
 	}
 	m.met.members.WithLabelValues(m.cfg.Group).Set(float64(len(m.live)))
 	m.met.owned.WithLabelValues(m.cfg.Group).Set(float64(len(want)))
-	if !slices.Equal(want, m.owned) {
+	changed := !slices.Equal(want, m.owned)
+	if changed {
 		m.met.rebalances.WithLabelValues(m.cfg.Group).Inc()
 		m.log.Info("partitions assigned", "owned", want, "live_members", len(m.live))
 		m.owned = want
-		owned := slices.Clone(want)
-		m.published.Store(&owned)
+	}
+	if changed || m.published.Load().lapses != m.lapsesSeen {
+		m.published.Store(&claim{owned: slices.Clone(want), lapses: m.lapsesSeen})
 		select {
 		case m.claimed <- struct{}{}:
 		default:

@@ -476,7 +476,7 @@ func (r *retrier) again(err error, retryAfter time.Duration, msg string, attrs .
 	if r.failures == 1 || r.failures%10 == 0 {
 		w.log.Warn(msg, append([]any{"err", err, "failures", r.failures, "in", d}, attrs...)...)
 	}
-	if !w.waitRetry(d) {
+	if !w.sleep(d) { // process keeps the batch marked in progress meanwhile
 		return errReleased
 	}
 	return nil
@@ -498,16 +498,6 @@ func (w *worker) protect(what string, f func() error) (err error) {
 		}
 	}()
 	return f()
-}
-
-// waitRetry sleeps d before a retry (process keeps the batch marked in
-// progress meanwhile) and refreshes the lag gauges.
-func (w *worker) waitRetry(d time.Duration) bool {
-	if !w.sleep(d) {
-		return false
-	}
-	w.updateLag()
-	return true
 }
 
 func msgBySeq(msgs []jetstream.Msg, seq uint64) jetstream.Msg {

@@ -319,7 +319,8 @@ func firstAt(ctx context.Context, js jetstream.JetStream, s jetstream.Stream, fi
 // group's latest only): ErrRewindSuperseded, naming the latest. A request
 // the wait never reads stored (a wrong ID) ends it after a few seconds
 // with ErrRewindUnknown, or ErrRewindSuperseded if the group's latest was
-// requested after the ID was made.
+// requested after the ID was made. "A few" is unseenRewindGrace, ten
+// seconds.
 func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) error {
 	kv, err := js.KeyValue(ctx, topology.MembersBucket)
 	if err != nil {
@@ -400,6 +401,17 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 // one it waits for, never that one, before it decides that one is not the
 // group's (replaced, or never requested) rather than not yet on the server
 // it reads from.
+//
+// It is no setting (not a Config field: Config is a member's, and the
+// callers of WaitRewind, snipctl and the console, run none). What it
+// covers is a read that lags behind a write the caller has seen answered:
+// a replica of the members bucket (whose reads any replica answers)
+// behind its leader, which catches up in well under a second on a
+// healthy cluster. Ten seconds is long past that, and costs only a
+// caller that waits for an ID that was never requested (a typo), which
+// is told so after ten seconds rather than at once. A request the wait
+// did read stored is never subject to it: one replaced after that is
+// told at once (ErrRewindSuperseded).
 const unseenRewindGrace = 10 * time.Second
 
 // loadRewound reads which rewind this partition last carried out, so a new

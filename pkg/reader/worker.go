@@ -21,7 +21,7 @@ var errReleased = errors.New("partition released")
 // the partition back when asked. This file has its loop (run); the rest is
 // a file per concern: ownership.go (take over, give back), fetch.go,
 // process.go (handler, ack, retry), park.go, rewind.go (maybeRewind) and
-// lag.go (updateLag).
+// lag.go (reportLag).
 type worker struct {
 	m    *member
 	p    int
@@ -49,10 +49,9 @@ type worker struct {
 	// lastCseq is the consumer sequence of the last delivery received (0
 	// before the first: a reset starts the count again), to spot deliveries
 	// that never arrived; cseqKnown is false when there is no baseline.
-	lastCseq    uint64
-	cseqKnown   bool
-	idle        bool
-	lastLagRead time.Time
+	lastCseq  uint64
+	cseqKnown bool
+	idle      bool
 	// resume is the sequence OnAssign was last told to resume at.
 	resume uint64
 	// handled is the last stream sequence of the partition this owner
@@ -151,6 +150,8 @@ func (w *worker) run() {
 	}
 	w.log.Info("partition acquired")
 	defer w.giveBack()
+	// Stopped before giveBack forgets the gauges (defers run last first).
+	defer w.reportLag()()
 
 	if err := w.assigned(w.cons.CachedInfo().AckFloor.Stream + 1); err != nil {
 		return
@@ -165,8 +166,7 @@ func (w *worker) run() {
 	// so the round trip to the server overlaps the handler's work. Order is
 	// unchanged: batches are handled one after the other, as fetched.
 	f := w.startFetcher()
-	// The tick wakes an idle worker to notice rewind requests and refresh
-	// its lag gauges.
+	// The tick wakes an idle worker to notice rewind requests.
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -179,7 +179,6 @@ func (w *worker) run() {
 			}
 			f = w.startFetcher()
 		}
-		w.updateLag()
 		var b fetched
 		select {
 		case <-tick.C:
