@@ -53,6 +53,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder,
 		TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale,
 		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
+		TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch,
 		TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord,
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,

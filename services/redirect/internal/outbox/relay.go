@@ -765,11 +765,16 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 	}
 	n, err := r.trim(ctx, shard, lease, li, a)
 	if err != nil {
-		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errLaneRewritten) {
-			// Redis did not answer: the shard retries this trim before it
-			// reads the lane again, rather than publish the batch anew;
-			// and the batch is recorded in NATS for an instance that takes
-			// the shard first.
+		if !errors.Is(err, errLaneRewritten) {
+			// Redis did not answer, or the lease is another's (it lapsed
+			// in a stall, or a failover lost it): the batch is kept, and
+			// trimmed before the lane is read again, by this relay should
+			// it hold the shard again, rather than published anew; and it
+			// is recorded in NATS for an instance that takes the shard
+			// first. That instance may publish only after the duplicate
+			// window (a holder stalled itself, or one that takes the shard
+			// after a long outage): without the record it would publish the
+			// batch again, stored twice.
 			r.untrimmed[shard][li] = a
 			r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
@@ -827,6 +832,7 @@ func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
 	if res[0] < 0 {
+		lease.until.Store(0) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
 		return 0, errLeaseLost
 	}
 	if len(res) > 1 && res[1] == 1 {
