@@ -54,6 +54,8 @@ func TestOnRedisCluster(t *testing.T) {
 		TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale,
 		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
 		TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch,
+		TestARecordCreatedOverOneDeletedSinceTrimsNothing,
+		TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch,
 		TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord,
 		TestRelayFindsEntriesAppendedBelowItsPositionAfterAFailover,
 		TestCommitterRefusesWhenFull,
