@@ -54,6 +54,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale,
 		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
 		TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch,
+		TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries,
 		TestARecordCreatedOverOneDeletedSinceTrimsNothing,
 		TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch,
 		TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord,

@@ -102,10 +102,12 @@ type Relay struct {
 	epoch time.Time
 
 	// untrimmed holds, per shard and lane (Lanes' order), the batch
-	// JetStream acknowledged whose trim Redis did not answer: the shard's
-	// loop trims it before it reads the lane again, also when this relay
-	// takes the shard again after a Redis outage let its lease lapse
-	// (whether balance or the retried trim found the lease lost).
+	// JetStream acknowledged whose trim Redis did not answer, or found the
+	// lease lost: the shard's loop trims it before it reads the lane
+	// again, also when this relay takes the shard again after a Redis
+	// outage let its lease lapse (whether balance or the retried trim
+	// found the lease lost), unless its record in NATS carries it
+	// (forgetRecorded).
 	// Reading the lane instead would publish the batch anew, and after an
 	// outage longer than the stream's duplicate window (2 minutes)
 	// JetStream would store every click of it twice. (Another instance
@@ -426,6 +428,7 @@ type laneState struct {
 
 // runShard relays one shard while ctx lasts and the lease is ours.
 func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
+	defer r.forgetRecorded(shard)
 	lanes := make([]laneState, len(Lanes))
 	for i := range lanes {
 		lanes[i].last = "0-0"
@@ -550,6 +553,24 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 		}
 		if short && r.cfg.Linger > 0 {
 			sleep(ctx, r.cfg.Linger)
+		}
+	}
+}
+
+// forgetRecorded drops, once the shard's loop has ended (its lease lost or
+// given up, or shutdown), each lane's untrimmed batch that its record in
+// NATS names (acked.rev): the record carries it to whoever takes the
+// shard, this relay included (readRecords), and is replaced only by one
+// that holds the batch or finds it stale (recordUntrimmed). A batch its
+// record does not name (NATS refused it, or another's record holds it) is
+// kept, as is one with a shorter batch set aside beside it (acked.other,
+// which no record names): this relay trims them should it take the shard
+// again. So a relay keeps at most two batches per shard and lane, their
+// IDs and counts, never entries, and none whose record is written.
+func (r *Relay) forgetRecorded(shard int) {
+	for li, a := range r.untrimmed[shard] {
+		if a != nil && a.recorded && a.rev != 0 && a.other == nil {
+			r.untrimmed[shard][li] = nil
 		}
 	}
 }
