@@ -17,14 +17,15 @@ import (
 // ownAndAnother sets up, over a CLICKS whose duplicate window is 1 s, a
 // relay a that holds its own untrimmed batch of the clicks lane (its first
 // 16 of 40 clicks, acknowledged; its Redis stopped answering before the
-// trim, and a recorded the batch) while the lane's record names another
-// relay's batch of the lane's first recorded clicks, as an instance b that
-// took the shard meanwhile (it read the lane before a's record was written)
-// and failed its own trim would have left it: a's record overwritten by
-// b's. When b's batch reaches past a's, the clicks beyond a's were
+// trim, and NATS refused its record, so a keeps the batch when its shard
+// loop ends) while the lane's record names another relay's batch of the
+// lane's first recorded clicks, as an instance b that took the shard
+// meanwhile (it found no record) and failed its own trim would have left
+// it. When b's batch reaches past a's, the clicks beyond a's were
 // published by b. a's shard loop has ended (the lease lapsed); its Redis
-// answers again, and the duplicate window has passed for everything
-// published. It returns a (not running), its Redis hook, and the event IDs.
+// and NATS answer again, and the duplicate window has passed for
+// everything published. It returns a (not running), its Redis hook, and
+// the event IDs.
 func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalClient, []string) {
 	t.Helper()
 	shortDuplicateWindow(t, e)
@@ -33,15 +34,17 @@ func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalC
 	aRDB := testenv.AnotherClient(t, e.rdb)
 	down := &killed{}
 	aRDB.AddHook(down)
-	a := e.relayOn(aRDB, "a")
+	aKV := &refusingKV{js: e.js}
+	a := e.relayWith(aRDB, "a", NewRecords(aKV))
 	var once sync.Once
 	a.afterAcks = func(int, Lane, []string) error {
-		once.Do(down.kill)
+		once.Do(func() { down.kill(); aKV.refusing.Store(true) })
 		return nil
 	}
 	ra := start(a)
-	testenv.WaitFor(t, 10*time.Second, "a to record its untrimmed batch", func() bool { return recordsCounted(a, "written") == 1 })
+	testenv.WaitFor(t, 10*time.Second, "a's record refused", func() bool { return recordsCounted(a, "write_failed") >= 1 })
 	ra.stop() // the shard loop ends with the batch still a's own
+	aKV.refusing.Store(false)
 	if own := a.untrimmed[0][0]; own == nil || own.n != 16 {
 		t.Fatalf("a's own untrimmed batch: %+v, want its first 16 clicks", own)
 	}

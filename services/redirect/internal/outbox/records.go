@@ -225,12 +225,18 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 // whose write is retried only now, must not overwrite the record of an
 // instance that took the shard meanwhile, whose batch reaches as far or
 // further. When the key changed, the record there is read: one naming this
-// batch is this relay's own write whose reply was lost; one this instance
-// wrote, or any while the lease is surely still this relay's (then no other
-// instance can hold the shard), is overwritten; otherwise the batch is
-// left unrecorded (superseded): another instance may hold the shard, and
-// the record is its own. The relay still trims the batch should it take the
-// shard again; nothing else changes.
+// batch is this relay's own write whose reply was lost. None (deleted
+// since), or one reaching less far into the lane than this batch, is
+// overwritten: a record's trim deletes only what its batch relayed
+// (fencedTrimScript), so this batch's record loses nothing, and the one
+// there is stale or holds nothing this batch does not (two batches at the
+// lane's head start with the same entry). So is one starting elsewhere while
+// the lease is surely still this relay's (no other instance can hold the
+// shard: the record is stale). Otherwise (one from the same head reaching
+// as far or further, which trims this batch with its own, or one that may
+// be a newer holder's) the batch is left unrecorded (superseded). The relay
+// still trims the batch should it take the shard again; nothing else
+// changes.
 func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldShard, a *acked, cause error) {
 	if r.cfg.Records == nil {
 		return
@@ -245,13 +251,13 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldS
 			err = fmt.Errorf("%w; reading it: %w", err, gerr) // tried again with the trim
 		case cur != nil && cur.sameBatch(a):
 			rev, err = curRev, nil // an earlier write of this batch whose reply was lost
-		case (cur != nil && cur.from == r.cfg.Instance) || lease.valid(r):
+		case cur == nil || a.reachesFurther(cur) || (cur.firstEvent != a.firstEvent && lease.valid(r)):
 			r.seen[shard][li] = curRev
 			rev, err = r.cfg.Records.put(ctx, shard, lane, r.cfg.Instance, a, curRev)
 		default:
 			a.rev, a.recorded = 0, true // no more writes, and its trim deletes no record: it is another's
 			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "superseded").Inc()
-			r.log.Warn("relay did not record its untrimmed batch: the lane's record changed since it looked, and its lease may have lapsed; the record is the new holder's",
+			r.log.Warn("relay did not record its untrimmed batch: the lane's record changed since it looked, and names a batch reaching as far, or may be a new holder's",
 				"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision_seen", r.seen[shard][li],
 				"revision", curRev, "trim_err", cause)
 			return
@@ -273,6 +279,17 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldS
 // sameBatch reports whether a and b name the same head of a lane.
 func (a *acked) sameBatch(b *acked) bool {
 	return a.firstEvent == b.firstEvent && a.last == b.last && a.lastEvent == b.lastEvent
+}
+
+// reachesFurther reports whether a's last entry lies beyond b's in the
+// lane (by stream ID).
+func (a *acked) reachesFurther(b *acked) bool {
+	al, ok := parseStreamID(a.last)
+	if !ok {
+		return false
+	}
+	bl, ok := parseStreamID(b.last)
+	return ok && bl.less(al)
 }
 
 // readRecords reads each lane's record once after the shard is taken,
@@ -370,10 +387,8 @@ func (r *Relay) laterBatch(ctx context.Context, shard, li int, lease *heldShard,
 		return own
 	}
 	keep := rec
-	if o, ok := parseStreamID(own.last); ok {
-		if c, ok := parseStreamID(rec.last); ok && c.less(o) {
-			keep = own
-		}
+	if own.reachesFurther(rec) {
+		keep = own
 	}
 	r.log.Warn("relay holds an untrimmed batch of the lane and found another's record; it trims the one reaching further", "shard", shard, "lane", lane.Name,
 		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)

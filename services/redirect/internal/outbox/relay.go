@@ -102,10 +102,12 @@ type Relay struct {
 	epoch time.Time
 
 	// untrimmed holds, per shard and lane (Lanes' order), the batch
-	// JetStream acknowledged whose trim Redis did not answer: the shard's
-	// loop trims it before it reads the lane again, also when this relay
-	// takes the shard again after a Redis outage let its lease lapse
-	// (whether balance or the retried trim found the lease lost).
+	// JetStream acknowledged whose trim Redis did not answer, or found the
+	// lease lost: the shard's loop trims it before it reads the lane
+	// again, also when this relay takes the shard again after a Redis
+	// outage let its lease lapse (whether balance or the retried trim
+	// found the lease lost), unless its record in NATS carries it
+	// (forgetRecorded).
 	// Reading the lane instead would publish the batch anew, and after an
 	// outage longer than the stream's duplicate window (2 minutes)
 	// JetStream would store every click of it twice. (Another instance
@@ -426,6 +428,7 @@ type laneState struct {
 
 // runShard relays one shard while ctx lasts and the lease is ours.
 func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
+	defer r.forgetRecorded(shard)
 	lanes := make([]laneState, len(Lanes))
 	for i := range lanes {
 		lanes[i].last = "0-0"
@@ -550,6 +553,24 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 		}
 		if short && r.cfg.Linger > 0 {
 			sleep(ctx, r.cfg.Linger)
+		}
+	}
+}
+
+// forgetRecorded drops, once the shard's loop has ended (its lease lost or
+// given up, or shutdown), each lane's untrimmed batch that its record in
+// NATS names (acked.rev): the record carries it to whoever takes the
+// shard, this relay included (readRecords), and is replaced only by one
+// that holds the batch or finds it stale (recordUntrimmed). A batch its
+// record does not name (NATS refused it, or another's record holds it) is
+// kept, as is one with a shorter batch set aside beside it (acked.other,
+// which no record names): this relay trims them should it take the shard
+// again. So a relay keeps at most two batches per shard and lane, their
+// IDs and counts, never entries, and none whose record is written.
+func (r *Relay) forgetRecorded(shard int) {
+	for li, a := range r.untrimmed[shard] {
+		if a != nil && a.recorded && a.rev != 0 && a.other == nil {
+			r.untrimmed[shard][li] = nil
 		}
 	}
 }
@@ -765,11 +786,16 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 	}
 	n, err := r.trim(ctx, shard, lease, li, a)
 	if err != nil {
-		if !errors.Is(err, errLeaseLost) && !errors.Is(err, errLaneRewritten) {
-			// Redis did not answer: the shard retries this trim before it
-			// reads the lane again, rather than publish the batch anew;
-			// and the batch is recorded in NATS for an instance that takes
-			// the shard first.
+		if !errors.Is(err, errLaneRewritten) {
+			// Redis did not answer, or the lease is another's (it lapsed
+			// in a stall, or a failover lost it): the batch is kept, and
+			// trimmed before the lane is read again, by this relay should
+			// it hold the shard again, rather than published anew; and it
+			// is recorded in NATS for an instance that takes the shard
+			// first. That instance may publish only after the duplicate
+			// window (a holder stalled itself, or one that takes the shard
+			// after a long outage): without the record it would publish the
+			// batch again, stored twice.
 			r.untrimmed[shard][li] = a
 			r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
@@ -827,6 +853,7 @@ func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
 	if res[0] < 0 {
+		lease.until.Store(0) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
 		return 0, errLeaseLost
 	}
 	if len(res) > 1 && res[1] == 1 {

@@ -127,3 +127,106 @@ func (p *pipelinesFail) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 		return next(ctx, cmds)
 	}
 }
+
+// TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch: JetStream
+// acknowledges a batch, and the relay's first trim of it finds the lease
+// another's (its lease lapsed in a stall, or a Redis failover lost it, and
+// another instance took the shard). That holder relays nothing for longer
+// than the duplicate window (it stalls itself: its NATS away, a paused VM),
+// and the relay dies meanwhile. The relay recorded the batch, so the
+// instance that relays the shard at last trims it and publishes only the
+// rest: every click is in CLICKS once. Before, the relay dropped the batch
+// on the lost lease, unrecorded, and its 16 clicks were stored twice.
+func TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+
+	a := e.relay("a")
+	var once sync.Once
+	a.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			if err := e.rdb.Set(context.Background(), e.layout.LeaseKey(0), "x/stalled", 0).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+		return nil
+	}
+	ra := start(a)
+	testenv.WaitFor(t, 10*time.Second, "a's trim to find the lease lost", func() bool { return testutilLeasesLost(a) >= 1 })
+	ra.stop() // a dies
+	if got := e.outboxLen(t); got != 40 {
+		t.Fatalf("outbox holds %d entries, want all 40: a's trim found the lease lost", got)
+	}
+	probe := passDuplicateWindow(t, e)
+	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // the stalled holder dies
+		t.Fatal(err)
+	}
+
+	b := e.relay("b")
+	rb := start(b)
+	defer rb.stop()
+	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if n := recordsCounted(a, "written"); n != 1 {
+		t.Fatalf("a wrote %v records, want 1", n)
+	}
+	if n := recordsCounted(b, "applied"); n != 1 {
+		t.Fatalf("b applied %v records, want 1", n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries: a relay whose
+// untrimmed batch is recorded in NATS loses the shard (its Redis answers
+// again after its lease lapsed, and another instance holds it now): it
+// keeps nothing of the lane in memory, since the record carries the batch
+// to whoever takes the shard, itself included. (A batch whose record NATS
+// refused is kept: TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
+// and ownAndAnother.) When the relay takes the shard again, past the
+// duplicate window, it trims the batch from its record: every click once.
+// Before, the batch stayed in memory until the relay exited, one per shard
+// and lane, for shards it might never hold again.
+func TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+
+	rdb := testenv.AnotherClient(t, e.rdb)
+	down := &killed{}
+	rdb.AddHook(down)
+	a := e.relayOn(rdb, "a")
+	var once sync.Once
+	a.afterAcks = func(int, Lane, []string) error {
+		once.Do(down.kill)
+		return nil
+	}
+	ra := start(a)
+	defer ra.stop()
+	testenv.WaitFor(t, 10*time.Second, "a to record its untrimmed batch", func() bool { return recordsCounted(a, "written") == 1 })
+	testenv.WaitFor(t, 10*time.Second, "a's lease to lapse", func() bool { return e.rdb.Exists(t.Context(), e.layout.LeaseKey(0)).Val() == 0 })
+	if err := e.rdb.Set(t.Context(), e.layout.LeaseKey(0), "x/other", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	down.dead.Store(false) // Redis answers a again
+	testenv.WaitFor(t, 10*time.Second, "a to lose the shard", func() bool { return testutilLeasesLost(a) >= 1 })
+	if own := a.untrimmed[0][0]; own != nil {
+		t.Fatalf("a keeps its batch of %d after losing the shard, though its record carries it", own.n)
+	}
+
+	probe := passDuplicateWindow(t, e)
+	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // the other instance dies
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "a to relay the shard again", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if n := recordsCounted(a, "applied"); n != 1 {
+		t.Fatalf("a applied %v records, want its own", n)
+	}
+	if n := counterValue(a.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
+		t.Fatalf("relay_published_total = %v, want 40", n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
