@@ -355,10 +355,17 @@ func (l *Loader) flushLoop() {
 
 // next waits until a group is due and takes it, returning it with what made
 // it due: full groups first, oldest first, then the open one. It returns nil
-// when the loader is closed.
+// when the loader is closed, and then no group is due any more: the ones
+// still waiting (full groups queued behind an insert that Close cancelled)
+// fail with ErrStopped instead of being tried with a cancelled context.
 func (l *Loader) next() (*group, string) {
 	for {
 		l.mu.Lock()
+		if l.closed {
+			l.stopWaiting()
+			l.mu.Unlock()
+			return nil, ""
+		}
 		if len(l.full) > 0 {
 			g := l.full[0]
 			l.full = l.full[1:]
@@ -395,23 +402,23 @@ func (l *Loader) next() (*group, string) {
 		case <-l.wake:
 		case <-fire:
 		case <-l.stop:
-			l.mu.Lock()
-			left := append(l.full, l.open)
-			l.full, l.open = nil, nil
-			l.mu.Unlock()
-			for _, g := range left {
-				if g != nil {
-					l.m.waiting.Sub(float64(g.rows))
-					g.err = ErrStopped
-					close(g.done)
-				}
-			}
-			return nil, ""
 		}
 		if timer != nil {
 			timer.Stop()
 		}
 	}
+}
+
+// stopWaiting fails every group not yet taken with ErrStopped. l.mu is held.
+func (l *Loader) stopWaiting() {
+	for _, g := range append(l.full, l.open) {
+		if g != nil {
+			l.m.waiting.Sub(float64(g.rows))
+			g.err = ErrStopped
+			close(g.done)
+		}
+	}
+	l.full, l.open = nil, nil
 }
 
 // flush inserts one group, parking rows the inserter refuses, and tells

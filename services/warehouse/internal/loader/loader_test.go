@@ -334,6 +334,55 @@ func TestUnavailableClickHouseFailsTheBatchForRetry(t *testing.T) {
 	}
 }
 
+// TestCloseStartsNoInsert: ClickHouse freezes during a catch-up, so an
+// insert hangs with full groups queued behind it; the runtime gives up on
+// the handlers (its drain timeout passed) and the loader is closed. Close
+// cancels the insert in flight and starts no other: the queued groups are
+// not tried with a cancelled context, which would count inserts started and
+// insert errors that never reached ClickHouse, and log an outage that is a
+// shutdown.
+func TestCloseStartsNoInsert(t *testing.T) {
+	t.Parallel()
+	ch := testenv.StartClickHouse(t)
+	e := newEnvOn(t, ch.Addr, "snip", nil, loader.Config{MaxRows: 1, Linger: time.Minute, InsertTimeout: time.Minute})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(4, now, time.Second), now)
+	if err := e.l.Handle(t.Context(), 0, evs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	ch.Pause()
+	t.Cleanup(ch.Resume)
+
+	// MaxRows 1: each batch is a full group of its own, the first inserted
+	// (hanging), the others queued behind it.
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for i := 1; i < len(evs); i++ {
+		wg.Go(func() {
+			if err := e.l.Handle(ctx, i, evs[i:i+1]); err == nil {
+				t.Errorf("batch %d loaded into a frozen ClickHouse", i)
+			}
+		})
+	}
+	testenv.WaitFor(t, time.Minute, "one insert hanging, two groups queued behind it", func() bool {
+		return warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total") == 2 &&
+			warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting") == 3
+	})
+	cancel() // the runtime's drain timeout: the handlers give up
+	wg.Wait()
+	e.l.Close()
+
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total"); got != 2 {
+		t.Errorf("inserts started = %v, want 2 (the first batch's and the one Close cancelled; none after Close)", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total"); got > 1 {
+		t.Errorf("insert errors = %v, want at most 1 (the insert Close cancelled)", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting"); got != 0 {
+		t.Errorf("rows waiting after Close = %v, want 0", got)
+	}
+}
+
 func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: time.Second})
