@@ -488,22 +488,27 @@ func dropFrom(rows []Row, owner []rowRef, bad rowRef) ([]Row, []rowRef) {
 }
 
 // failLog logs an outage once when it starts, every 30s while it lasts, and
-// once when it ends, instead of once per attempt.
+// once when it ends, instead of once per attempt. A failure of the other
+// kind than the one last logged (an operator's fault after a server that
+// was away, or the reverse) is logged at once: the error that asks an
+// operator to act must not wait out the warnings of a restart before it.
 type failLog struct {
-	since    time.Time
-	lastLog  time.Time
-	attempts int
+	since     time.Time
+	lastLog   time.Time
+	attempts  int
+	permanent bool // the kind of the failure last logged
 }
 
 func (f *failLog) failed(log *slog.Logger, err error, permanent bool) {
 	now := time.Now()
 	f.attempts++
-	if f.since.IsZero() {
+	switch {
+	case f.since.IsZero():
 		f.since = now
-	} else if now.Sub(f.lastLog) < 30*time.Second {
+	case permanent == f.permanent && now.Sub(f.lastLog) < 30*time.Second:
 		return
 	}
-	f.lastLog = now
+	f.lastLog, f.permanent = now, permanent
 	level := slog.LevelWarn
 	msg := "insert failed; the partitions wait and retry"
 	if permanent {

@@ -383,6 +383,70 @@ func TestCloseStartsNoInsert(t *testing.T) {
 	}
 }
 
+// TestOperatorsFaultIsLoggedAtOnce: ClickHouse freezes (an insert times
+// out: a warning, and the next ones of the outage are not logged for 30 s),
+// then comes back with a table that no longer fits the rows. The error that
+// asks an operator to act is logged at the first insert it refuses, not
+// only once the outage's 30 s have passed.
+func TestOperatorsFaultIsLoggedAtOnce(t *testing.T) {
+	t.Parallel()
+	ch := testenv.StartClickHouse(t)
+	logs := &recordedLogs{}
+	e := newEnvOn(t, ch.Addr, "snip", nil, loader.Config{Linger: 10 * time.Millisecond, InsertTimeout: time.Second,
+		PermanentRetryDelay: time.Second, Logger: slog.New(logs)})
+	now := time.Now().UTC()
+	batch := func() []reader.Event { return warehousetest.Events(warehousetest.Clicks(5, now, time.Second), now) }
+	if err := e.l.Handle(t.Context(), 0, batch()); err != nil {
+		t.Fatal(err)
+	}
+	ch.Pause()
+	err := e.l.Handle(t.Context(), 0, batch())
+	ch.Resume()
+	if err == nil || errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle with ClickHouse frozen = %v, want a transient error", err)
+	}
+	if got := logs.count(slog.LevelWarn); got != 1 {
+		t.Fatalf("%d warnings for the frozen ClickHouse, want 1", got)
+	}
+	if err := e.w.Conn().Exec(t.Context(), "ALTER TABLE clicks DROP COLUMN referrer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.l.Handle(t.Context(), 0, batch()); !errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle after a column was dropped = %v, want ErrPermanent", err)
+	}
+	if got := logs.count(slog.LevelError); got != 1 {
+		t.Errorf("%d errors logged for the insert the table refused, want 1 at once", got)
+	}
+}
+
+// recordedLogs is a slog.Handler that keeps the level of every record.
+type recordedLogs struct {
+	mu     sync.Mutex
+	levels []slog.Level
+}
+
+func (h *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordedLogs) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordedLogs) WithGroup(string) slog.Handler            { return h }
+func (h *recordedLogs) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.levels = append(h.levels, r.Level)
+	return nil
+}
+
+func (h *recordedLogs) count(level slog.Level) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, l := range h.levels {
+		if l == level {
+			n++
+		}
+	}
+	return n
+}
+
 func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: time.Second})
