@@ -355,10 +355,17 @@ func (l *Loader) flushLoop() {
 
 // next waits until a group is due and takes it, returning it with what made
 // it due: full groups first, oldest first, then the open one. It returns nil
-// when the loader is closed.
+// when the loader is closed, and then no group is due any more: the ones
+// still waiting (full groups queued behind an insert that Close cancelled)
+// fail with ErrStopped instead of being tried with a cancelled context.
 func (l *Loader) next() (*group, string) {
 	for {
 		l.mu.Lock()
+		if l.closed {
+			l.stopWaiting()
+			l.mu.Unlock()
+			return nil, ""
+		}
 		if len(l.full) > 0 {
 			g := l.full[0]
 			l.full = l.full[1:]
@@ -395,23 +402,23 @@ func (l *Loader) next() (*group, string) {
 		case <-l.wake:
 		case <-fire:
 		case <-l.stop:
-			l.mu.Lock()
-			left := append(l.full, l.open)
-			l.full, l.open = nil, nil
-			l.mu.Unlock()
-			for _, g := range left {
-				if g != nil {
-					l.m.waiting.Sub(float64(g.rows))
-					g.err = ErrStopped
-					close(g.done)
-				}
-			}
-			return nil, ""
 		}
 		if timer != nil {
 			timer.Stop()
 		}
 	}
+}
+
+// stopWaiting fails every group not yet taken with ErrStopped. l.mu is held.
+func (l *Loader) stopWaiting() {
+	for _, g := range append(l.full, l.open) {
+		if g != nil {
+			l.m.waiting.Sub(float64(g.rows))
+			g.err = ErrStopped
+			close(g.done)
+		}
+	}
+	l.full, l.open = nil, nil
 }
 
 // flush inserts one group, parking rows the inserter refuses, and tells
@@ -481,22 +488,27 @@ func dropFrom(rows []Row, owner []rowRef, bad rowRef) ([]Row, []rowRef) {
 }
 
 // failLog logs an outage once when it starts, every 30s while it lasts, and
-// once when it ends, instead of once per attempt.
+// once when it ends, instead of once per attempt. A failure of the other
+// kind than the one last logged (an operator's fault after a server that
+// was away, or the reverse) is logged at once: the error that asks an
+// operator to act must not wait out the warnings of a restart before it.
 type failLog struct {
-	since    time.Time
-	lastLog  time.Time
-	attempts int
+	since     time.Time
+	lastLog   time.Time
+	attempts  int
+	permanent bool // the kind of the failure last logged
 }
 
 func (f *failLog) failed(log *slog.Logger, err error, permanent bool) {
 	now := time.Now()
 	f.attempts++
-	if f.since.IsZero() {
+	switch {
+	case f.since.IsZero():
 		f.since = now
-	} else if now.Sub(f.lastLog) < 30*time.Second {
+	case permanent == f.permanent && now.Sub(f.lastLog) < 30*time.Second:
 		return
 	}
-	f.lastLog = now
+	f.lastLog, f.permanent = now, permanent
 	level := slog.LevelWarn
 	msg := "insert failed; the partitions wait and retry"
 	if permanent {

@@ -329,6 +329,119 @@ func TestUnavailableClickHouseFailsTheBatchForRetry(t *testing.T) {
 	}
 }
 
+// TestCloseStartsNoInsert: ClickHouse freezes during a catch-up, so an
+// insert hangs with full groups queued behind it; the runtime gives up on
+// the handlers (its drain timeout passed) and the loader is closed. Close
+// cancels the insert in flight and starts no other: the queued groups are
+// not tried with a cancelled context, which would count inserts started and
+// insert errors that never reached ClickHouse, and log an outage that is a
+// shutdown.
+func TestCloseStartsNoInsert(t *testing.T) {
+	t.Parallel()
+	ch := testenv.StartClickHouse(t)
+	e := newEnvOn(t, ch.Addr, "snip", nil, loader.Config{MaxRows: 1, Linger: time.Minute, InsertTimeout: time.Minute})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(4, now, time.Second), now)
+	if err := e.l.Handle(t.Context(), 0, evs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	ch.Pause()
+	t.Cleanup(ch.Resume)
+
+	// MaxRows 1: each batch is a full group of its own, the first inserted
+	// (hanging), the others queued behind it.
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for i := 1; i < len(evs); i++ {
+		wg.Go(func() {
+			if err := e.l.Handle(ctx, i, evs[i:i+1]); err == nil {
+				t.Errorf("batch %d loaded into a frozen ClickHouse", i)
+			}
+		})
+	}
+	testenv.WaitFor(t, time.Minute, "one insert hanging, two groups queued behind it", func() bool {
+		return warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total") == 2 &&
+			warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting") == 3
+	})
+	cancel() // the runtime's drain timeout: the handlers give up
+	wg.Wait()
+	e.l.Close()
+
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total"); got != 2 {
+		t.Errorf("inserts started = %v, want 2 (the first batch's and the one Close cancelled; none after Close)", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total"); got > 1 {
+		t.Errorf("insert errors = %v, want at most 1 (the insert Close cancelled)", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting"); got != 0 {
+		t.Errorf("rows waiting after Close = %v, want 0", got)
+	}
+}
+
+// TestOperatorsFaultIsLoggedAtOnce: ClickHouse freezes (an insert times
+// out: a warning, and the next ones of the outage are not logged for 30 s),
+// then comes back with a table that no longer fits the rows. The error that
+// asks an operator to act is logged at the first insert it refuses, not
+// only once the outage's 30 s have passed.
+func TestOperatorsFaultIsLoggedAtOnce(t *testing.T) {
+	t.Parallel()
+	ch := testenv.StartClickHouse(t)
+	logs := &recordedLogs{}
+	e := newEnvOn(t, ch.Addr, "snip", nil, loader.Config{Linger: 10 * time.Millisecond, InsertTimeout: time.Second,
+		PermanentRetryDelay: time.Second, Logger: slog.New(logs)})
+	now := time.Now().UTC()
+	batch := func() []reader.Event { return warehousetest.Events(warehousetest.Clicks(5, now, time.Second), now) }
+	if err := e.l.Handle(t.Context(), 0, batch()); err != nil {
+		t.Fatal(err)
+	}
+	ch.Pause()
+	err := e.l.Handle(t.Context(), 0, batch())
+	ch.Resume()
+	if err == nil || errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle with ClickHouse frozen = %v, want a transient error", err)
+	}
+	if got := logs.count(slog.LevelWarn); got != 1 {
+		t.Fatalf("%d warnings for the frozen ClickHouse, want 1", got)
+	}
+	if err := e.w.Conn().Exec(t.Context(), "ALTER TABLE clicks DROP COLUMN referrer"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.l.Handle(t.Context(), 0, batch()); !errors.Is(err, loader.ErrPermanent) {
+		t.Fatalf("Handle after a column was dropped = %v, want ErrPermanent", err)
+	}
+	if got := logs.count(slog.LevelError); got != 1 {
+		t.Errorf("%d errors logged for the insert the table refused, want 1 at once", got)
+	}
+}
+
+// recordedLogs is a slog.Handler that keeps the level of every record.
+type recordedLogs struct {
+	mu     sync.Mutex
+	levels []slog.Level
+}
+
+func (h *recordedLogs) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordedLogs) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordedLogs) WithGroup(string) slog.Handler            { return h }
+func (h *recordedLogs) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.levels = append(h.levels, r.Level)
+	return nil
+}
+
+func (h *recordedLogs) count(level slog.Level) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, l := range h.levels {
+		if l == level {
+			n++
+		}
+	}
+	return n
+}
+
 func TestPermanentErrorIsRetriedSlowly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, servers.ClickHouse.Addr, loader.Config{Linger: 10 * time.Millisecond, PermanentRetryDelay: time.Second})
