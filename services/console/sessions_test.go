@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/snipdev/snip/pkg/testenv"
+	"github.com/snipdev/snip/pkg/topology"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
 )
 
@@ -287,5 +288,48 @@ func TestAnEndedSessionsLiveStreamEnds(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("the live stream of an ended session still runs 10 s after the logout")
+	}
+}
+
+// sessionIssued is a session cookie the console at testToken issued at
+// issued, as its login writes one (<id>.<unix ms>.<mac>): a login at a
+// chosen time, which the login form cannot make.
+func sessionIssued(issued time.Time) string {
+	id, at := "0123456789abcdef0123456789abcdef", strconv.FormatInt(issued.UnixMilli(), 10)
+	m := hmac.New(sha256.New, []byte(testToken))
+	m.Write([]byte("snip-console-session-v2:" + id + "." + at))
+	return id + "." + at + "." + hex.EncodeToString(m.Sum(nil))
+}
+
+// A page's live clicks stream, open when its session expires (12 hours
+// after its login), ends within a few seconds, as one whose session was
+// ended does: the stream of a page left open went on showing every owner's
+// clicks for as long as its connection lasted.
+func TestAnExpiredSessionsLiveStreamEnds(t *testing.T) {
+	t.Parallel()
+	s := start(t, withToken)
+	v := sessionIssued(time.Now().Add(-topology.ConsoleSessionTTL + 3*time.Second))
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, s.url+"/api/live", nil)
+	req.Header.Set("Cookie", "snip_console_session="+v)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /api/live with a session 3 s before its expiry: %d", resp.StatusCode)
+	}
+	ended := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, resp.Body); ended <- err }()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Errorf("the stream ended with %v, want its end", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Error("the live stream of a session that expired 12 s ago still runs")
+	}
+	if ok, code, body := sessionOpens(t, s.url, v); ok || code != http.StatusUnauthorized {
+		t.Errorf("the expired session: %d %s, want 401", code, body)
 	}
 }

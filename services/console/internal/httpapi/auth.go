@@ -73,9 +73,11 @@ type AuthConfig struct {
 }
 
 type auth struct {
-	cfg   AuthConfig
-	cop   *http.CrossOriginProtection
-	fails *failures // failed logins and Bearer tokens, per client
+	cfg AuthConfig
+	// tokenSum is the SHA-256 of cfg.Token, what tokenMatches compares.
+	tokenSum [sha256.Size]byte
+	cop      *http.CrossOriginProtection
+	fails    *failures // failed logins and Bearer tokens, per client
 	// sessions records the sessions ended early; natsDown says why NATS,
 	// where it keeps them, is away (nil: not checked).
 	sessions Sessions
@@ -97,7 +99,8 @@ func newAuth(cfg AuthConfig, sessions Sessions, natsDown func(context.Context) e
 	}
 	f := newFailures(cfg.FailureInterval, cfg.FailureBurst, cfg.MaxClients)
 	f.trusted = cfg.TrustedProxies
-	return &auth{cfg: cfg, cop: http.NewCrossOriginProtection(), fails: f, sessions: sessions, natsDown: natsDown}
+	return &auth{cfg: cfg, tokenSum: sha256.Sum256([]byte(cfg.Token)), cop: http.NewCrossOriginProtection(), fails: f,
+		sessions: sessions, natsDown: natsDown}
 }
 
 // Ways a request authenticates (who).
@@ -164,9 +167,16 @@ func bearerToken(r *http.Request) (token string, ok bool) {
 	return strings.TrimSpace(h[len(p):]), true
 }
 
-// tokenMatches compares in constant time.
+// tokenMatches compares in constant time, whatever the guess's length: it
+// compares SHA-256 sums, which all have 32 bytes. subtle.ConstantTimeCompare
+// on the token itself returns at once for a guess of another length, so
+// how long a wrong guess took told the guesser the token's length.
 func (a *auth) tokenMatches(t string) bool {
-	return a.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(t), []byte(a.cfg.Token)) == 1
+	if a.cfg.Token == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(t))
+	return subtle.ConstantTimeCompare(sum[:], a.tokenSum[:]) == 1
 }
 
 // session is what a session cookie says: its ID and when it was issued.

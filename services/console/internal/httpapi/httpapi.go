@@ -424,9 +424,11 @@ func (a *api) live(c echo.Context) error {
 }
 
 // watchSession checks r's session every liveTick until ctx ends, and calls
-// ended when it was ended (logged out, every session revoked). A session
-// that cannot be checked (NATS away) is not an ended one: the stream, which
-// reads NATS too, goes on and the next check tries again.
+// ended when it no longer opens the console: ended (logged out, every
+// session revoked) or expired (sessionTTL after its login; a page left open
+// would otherwise watch every owner's clicks for as long as its connection
+// lasts). A session that cannot be checked (NATS away) is not an ended one:
+// the stream, which reads NATS too, goes on and the next check tries again.
 func (a *api) watchSession(ctx context.Context, ended context.CancelFunc, r *http.Request) {
 	t := time.NewTicker(liveTick)
 	defer t.Stop()
@@ -436,8 +438,8 @@ func (a *api) watchSession(ctx context.Context, ended context.CancelFunc, r *htt
 			return
 		case <-t.C:
 		}
-		if _, err := a.auth.who(r.WithContext(ctx)); errors.Is(err, errSessionEnded) {
-			a.d.Log.Info("live clicks: the page's session was ended; ending its stream")
+		if _, err := a.auth.who(r.WithContext(ctx)); err != nil && !errors.Is(err, errUnavailable) {
+			a.d.Log.Info("live clicks: the page's session no longer opens the console; ending its stream", "why", err)
 			ended()
 			return
 		}

@@ -8,13 +8,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/snipdev/snip/pkg/events"
+	"github.com/snipdev/snip/pkg/testenv"
 	"github.com/snipdev/snip/services/console/internal/consoletest"
 	"github.com/snipdev/snip/services/console/internal/ownerstream"
 	"github.com/snipdev/snip/services/console/internal/sse"
@@ -148,7 +152,8 @@ func publishBoth(t testing.TB, js jetstream.JetStream, n int) (acme, globex []ui
 func TestResumeLosesNothingRepeatsNothingAndShowsOnlyTheOwnersClicks(t *testing.T) {
 	t.Parallel()
 	_, js := consoletest.NATS(t)
-	s := ownerstream.New(js, ownerstream.Config{})
+	reg := prometheus.NewPedanticRegistry()
+	s := ownerstream.New(js, ownerstream.Config{Metrics: reg})
 	srv := server(t, s)
 	var want, globex []uint64 // each owner's sequences, as published
 	publish := func(n int) {
@@ -160,6 +165,9 @@ func TestResumeLosesNothingRepeatsNothingAndShowsOnlyTheOwnersClicks(t *testing.
 	first := connect(t, srv.URL+"?since_seq=0", "acme", "")
 	got := first.clicks(t, "acme", 7)
 	first.resp.Body.Close() // the client goes away mid-stream
+	// Gone on the server too, so that only the second connection reads
+	// (and counts) the invalid clicks below.
+	testenv.WaitFor(t, 30*time.Second, "the first stream closed on the server", func() bool { return s.Open() == 0 })
 
 	publish(15) // clicks while it is away
 	// A click whose subject says acme but whose payload says globex: the
@@ -190,6 +198,18 @@ func TestResumeLosesNothingRepeatsNothingAndShowsOnlyTheOwnersClicks(t *testing.
 	g := connect(t, srv.URL+"?since_seq=0", "globex", "")
 	if d := cmp.Diff(globex, g.clicks(t, "globex", len(globex))); d != "" {
 		t.Errorf("globex's sequences (-published +received):\n%s", d)
+	}
+
+	// Each is counted as skipped under the readers' reason, as decision
+	// 0071 and the metric's help name them.
+	const skipped = `
+# HELP snip_console_owner_stream_skipped_total Messages an owner's stream did not send, by the readers' dead-letter reason (malformed, subject_mismatch, implausible_time, ...).
+# TYPE snip_console_owner_stream_skipped_total counter
+snip_console_owner_stream_skipped_total{reason="implausible_time"} 1
+snip_console_owner_stream_skipped_total{reason="subject_mismatch"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(skipped), "snip_console_owner_stream_skipped_total"); err != nil {
+		t.Error(err)
 	}
 }
 
