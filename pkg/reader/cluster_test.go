@@ -44,7 +44,8 @@ func startClusterMember(t *testing.T, c *testenv.NATSCluster, i int, cfg reader.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
-	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	stopAll := stopTogether(t, cancel)
+	t.Cleanup(func() { stopAll(); <-done; nc.Close() })
 }
 
 // connectPreferring connects to every node of c, node i first (failing over

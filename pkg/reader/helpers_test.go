@@ -255,8 +255,46 @@ func startMemberAt(t *testing.T, url string, cfg reader.Config, h reader.Handler
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &member{id: cfg.Member, nc: nc, cancel: cancel, done: make(chan error, 1)}
 	go func() { m.done <- reader.Run(ctx, js, cfg, h) }()
-	t.Cleanup(func() { m.cancel(); <-m.done; nc.Close() })
+	stopAll := stopTogether(t, cancel)
+	t.Cleanup(func() { stopAll(); <-m.done; nc.Close() })
 	return m
+}
+
+// testMembers holds, per test, the cancel of every member it started
+// (a *memberStops under the test's *testing.T).
+var testMembers sync.Map
+
+type memberStops struct {
+	mu      sync.Mutex
+	cancels []context.CancelFunc
+}
+
+// stopTogether adds a member's cancel to its test's and returns what the
+// member's cleanup calls before it waits for the member: cancel every
+// member of the test. A member that stops waits for its pulls to end (up
+// to LeaseTTL/2 for an idle one), so cleanups that each cancelled only
+// their own member, one after another, waited that many times over (ten
+// members, ten waits); told at once, the members drain side by side and
+// each cleanup still waits for its own member to have left.
+func stopTogether(t *testing.T, cancel context.CancelFunc) func() {
+	t.Helper()
+	v, loaded := testMembers.LoadOrStore(t, &memberStops{})
+	if !loaded {
+		// Registered before the first member's cleanup, so it runs after
+		// every member's.
+		t.Cleanup(func() { testMembers.Delete(t) })
+	}
+	s := v.(*memberStops)
+	s.mu.Lock()
+	s.cancels = append(s.cancels, cancel)
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.cancels {
+			c()
+		}
+	}
 }
 
 // createAgain creates cfg's consumer of CLICKS, one of the same name just
@@ -449,7 +487,8 @@ func (s *ackRefusingServer) member(t *testing.T, cfg reader.Config, h reader.Han
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- reader.Run(ctx, js, cfg, h) }()
-	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	stopAll := stopTogether(t, cancel)
+	t.Cleanup(func() { stopAll(); <-done; nc.Close() })
 }
 
 // firstBatchHeld is a handler that counts the events it is handed and holds
