@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 )
@@ -66,19 +67,54 @@ func metricInCode(words map[string]bool, name string) bool {
 
 func metricsIn(t *testing.T, expr string) []string {
 	t.Helper()
+	var names []string
+	for _, vs := range selectorsIn(t, expr) {
+		names = append(names, vs.Name)
+	}
+	return names
+}
+
+func selectorsIn(t *testing.T, expr string) []*parser.VectorSelector {
+	t.Helper()
 	e, err := parser.ParseExpr(expr)
 	if err != nil {
 		t.Errorf("PromQL %q: %v", expr, err)
 		return nil
 	}
-	var names []string
+	var out []*parser.VectorSelector
 	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
 		if vs, ok := n.(*parser.VectorSelector); ok {
-			names = append(names, vs.Name)
+			out = append(out, vs)
 		}
 		return nil
 	})
-	return names
+	return out
+}
+
+// labelValuesIn returns the label values a rule's selectors match on a
+// Snip metric's own labels: the value of an = or != matcher, and each
+// alternative of an =~ or !~ matcher that is only alternatives of plain
+// words ("schema|auth|partitions"). Prometheus' own labels (job, instance)
+// and up's are left out.
+func labelValuesIn(t *testing.T, expr string) []string {
+	t.Helper()
+	plain := regexp.MustCompile(`^[a-z][a-z0-9_]*(\|[a-z][a-z0-9_]*)*$`)
+	var values []string
+	for _, vs := range selectorsIn(t, expr) {
+		if vs.Name == "up" {
+			continue
+		}
+		for _, m := range vs.LabelMatchers {
+			switch {
+			case m.Name == model.MetricNameLabel || m.Name == "job" || m.Name == "instance":
+			case m.Type == labels.MatchEqual || m.Type == labels.MatchNotEqual:
+				values = append(values, m.Value)
+			case plain.MatchString(m.Value):
+				values = append(values, strings.Split(m.Value, "|")...)
+			}
+		}
+	}
+	return values
 }
 
 // The alert rules load in Prometheus, every rule has a runbook that exists
@@ -110,6 +146,13 @@ func TestAlertRulesAndDashboard(t *testing.T) {
 			for _, m := range metricsIn(t, r.Expr) {
 				if !metricInCode(words, m) {
 					t.Errorf("alert %s uses metric %s, which no service registers", r.Alert, m)
+				}
+			}
+			// A label value no code writes (an error class misspelt) would
+			// leave the alert silent as surely as a renamed metric.
+			for _, v := range labelValuesIn(t, r.Expr) {
+				if !words[v] {
+					t.Errorf("alert %s matches label value %q, which no code writes", r.Alert, v)
 				}
 			}
 		}

@@ -29,10 +29,12 @@
 //
 // # Failures
 //
-// A failed insert fails every handler in its group with the error; the
-// runtime retries each batch with backoff and the stream holds everything
-// behind it, so a ClickHouse outage stops the loader without losing a click,
-// and the runtime's lag metrics say how far behind it is. A row the client
+// A failed insert fails every handler in its group with the error, and the
+// groups queued behind it with it, untried (one at a time against a frozen
+// server, each would wait out its own InsertTimeout); the runtime retries
+// each batch with backoff and the stream holds everything behind it, so a
+// ClickHouse outage stops the loader without losing a click, and the
+// runtime's lag metrics say how far behind it is. A row the client
 // refuses that is not well-formed (RowError; see Row.Validate) is parked
 // with reader.Poison and the others are inserted again at once. Errors only
 // an operator can fix (ErrPermanent: a table that no longer fits, such as a

@@ -350,6 +350,40 @@ func (l *Loader) flushLoop() {
 		l.log.Debug("insert", "trigger", trigger, "rows", g.rows, "batches", len(g.entries),
 			"waited", began.Sub(g.first).Round(time.Millisecond).String(), "took", time.Since(began).Round(time.Millisecond).String(), "err", g.err)
 		l.m.waiting.Sub(float64(g.rows))
+		if g.err != nil {
+			l.failQueued(g.err)
+		}
+	}
+}
+
+// failQueued fails every group waiting behind an insert that failed with
+// err, without trying them: the full groups queued behind it and the open
+// one. Their handlers return the error and the runtime hands their batches
+// again after its backoff, as it does the failed group's, so the loader
+// backs off as a whole. Tried in turn, each would wait out its own
+// InsertTimeout against a frozen server: a catch-up with a full group per
+// partition queued would hold a rebalance or a shutdown for partitions x
+// InsertTimeout. Nothing of them was inserted and nothing is acked; the
+// batches handed again meet in the next group, which is tried. A loader
+// being closed leaves them to next, which fails them with ErrStopped.
+func (l *Loader) failQueued(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	n := 0
+	for _, g := range append(l.full, l.open) {
+		if g != nil {
+			l.m.waiting.Sub(float64(g.rows))
+			g.err = fmt.Errorf("not tried: an insert queued ahead of it failed: %w", err)
+			close(g.done)
+			n++
+		}
+	}
+	l.full, l.open = nil, nil
+	if n > 0 {
+		l.log.Debug("failed the groups queued behind a failed insert", "groups", n)
 	}
 }
 

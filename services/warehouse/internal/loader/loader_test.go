@@ -378,6 +378,82 @@ func TestCloseStartsNoInsert(t *testing.T) {
 	}
 }
 
+// TestGroupsQueuedBehindAFailedInsertFailWithIt: ClickHouse freezes during
+// a catch-up, with a full group per partition queued behind the insert in
+// flight. When that insert times out, the groups behind it fail with it at
+// once instead of each waiting out an insert timeout of its own against the
+// frozen server: the handlers all return within about one insert timeout
+// (a rebalance or a shutdown waits no longer), only one insert is tried,
+// nothing is acked, and the batches handed again load once ClickHouse is back.
+func TestGroupsQueuedBehindAFailedInsertFailWithIt(t *testing.T) {
+	t.Parallel()
+	const insertTimeout = 2 * time.Second
+	ch := testenv.StartClickHouse(t)
+	e := newEnvOn(t, ch.Addr, "snip", nil, loader.Config{MaxRows: 1, Linger: time.Minute, InsertTimeout: insertTimeout})
+	now := time.Now().UTC()
+	evs := warehousetest.Events(warehousetest.Clicks(5, now, time.Second), now)
+	if err := e.l.Handle(t.Context(), 0, evs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	ch.Pause()
+	t.Cleanup(ch.Resume)
+
+	// MaxRows 1: each partition's batch is a full group of its own, the
+	// first inserted (hanging), the others queued behind it.
+	errs := make([]error, len(evs))
+	var wg sync.WaitGroup
+	for i := 1; i < len(evs); i++ {
+		wg.Go(func() { errs[i] = e.l.Handle(t.Context(), i, evs[i:i+1]) })
+	}
+	testenv.WaitFor(t, time.Minute, "one insert hanging, three groups queued behind it", func() bool {
+		return warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total") == 2 &&
+			warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting") == 4
+	})
+	queued := time.Now()
+	wg.Wait()
+	waited := time.Since(queued)
+
+	for i := 1; i < len(evs); i++ {
+		var pe *reader.PoisonError
+		if errs[i] == nil || errors.As(errs[i], &pe) || errors.Is(errs[i], loader.ErrPermanent) {
+			t.Errorf("partition %d with ClickHouse frozen: %v, want a transient error (the runtime retries the batch)", i, errs[i])
+		}
+	}
+	if waited >= 2*insertTimeout {
+		t.Errorf("the handlers returned %s after the groups were queued, want under %s: the queued groups each waited out an insert timeout",
+			waited.Round(time.Millisecond), 2*insertTimeout)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_flushes_total"); got != 2 {
+		t.Errorf("inserts started = %v, want 2 (the first batch's and the one that timed out; none for the groups behind it)", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_insert_errors_total", "class", chwriter.ClassTimeout); got != 1 {
+		t.Errorf("timeout errors = %v, want 1", got)
+	}
+	if got := warehousetest.Metric(t, e.reg, "snip_warehouse_rows_waiting"); got != 0 {
+		t.Errorf("rows waiting after every handler returned = %v, want 0", got)
+	}
+
+	// The runtime hands every batch again; ClickHouse is back.
+	ch.Resume()
+	byPart := map[int][]reader.Event{}
+	for i := 1; i < len(evs); i++ {
+		byPart[i] = evs[i : i+1]
+	}
+	testenv.WaitFor(t, time.Minute, "the batches to load once ClickHouse is back", func() bool {
+		for p, err := range handleAll(t.Context(), e.l, byPart) {
+			if err != nil {
+				t.Logf("partition %d: %v", p, err)
+				return false
+			}
+			delete(byPart, p)
+		}
+		return true
+	})
+	if got := len(warehousetest.RowsPerEvent(t, e.w.Conn())); got != len(evs) {
+		t.Errorf("distinct events = %d, want %d", got, len(evs))
+	}
+}
+
 // TestOperatorsFaultIsLoggedAtOnce: ClickHouse freezes (an insert times
 // out: a warning, and the next ones of the outage are not logged for 30 s),
 // then comes back with a table that no longer fits the rows. The error that

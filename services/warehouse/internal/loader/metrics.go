@@ -5,6 +5,14 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the loader's collectors. The ClickHouse adapter counts the
 // inserts themselves (rows, latency, batch size, errors by class), and the
 // reader runtime the lag and age of the oldest unprocessed event.
+//
+// parked counts the poison the handler returns, not the parking: the
+// runtime parks the event after the handler returned, and offers no hook
+// for when that is done, so a batch handed again (the park failed because
+// the partition moved, or the process died before the ack) counts its
+// event again. The runtime's snip_reader_parked_total counts each event
+// stored on DEAD_LETTER once (a park again within DEAD_LETTER's duplicate
+// window is not counted).
 type metrics struct {
 	parked  *prometheus.CounterVec
 	skipped prometheus.Counter
@@ -16,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "snip_warehouse_rows_parked_total",
-			Help: "Clicks the loader refused as rows and parked on DEAD_LETTER, by reason.",
+			Help: "Clicks the loader refused as rows and handed to the runtime to be parked (reader.Poison), by reason; counted again if the batch is handed again (its park failed, a crash before its ack). Events parked: snip_reader_parked_total{group=\"warehouse-loader\"}.",
 		}, []string{"reason"}),
 		skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "snip_warehouse_backfill_skipped_total",
