@@ -415,11 +415,13 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 const unseenRewindGrace = 10 * time.Second
 
 // loadRewound reads which rewind this partition last carried out, so a new
-// owner neither repeats an old rewind nor misses a pending one.
+// owner neither repeats an old rewind nor misses a pending one. It reads
+// it at every takeover, whether or not this member has seen a request: its
+// watch of the group may deliver one after the takeover (a member that
+// lags behind the previous owner, which carried it out and recorded it),
+// and this partition would then replay it a second time. One read of the
+// bucket a takeover costs nothing beside the takeover's own.
 func (w *worker) loadRewound() error {
-	if w.m.rewind.Load() == nil {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	e, err := w.m.kv.Get(ctx, rewoundKey(w.m.cfg.Group, w.p))
