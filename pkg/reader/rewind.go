@@ -512,11 +512,14 @@ func (w *worker) maybeRewind() error {
 		if m.cfg.OnRewind != nil && !w.retryRewind(bo, "on rewind", func() error { return m.cfg.OnRewind(w.ctx, w.p, ri) }) {
 			return errReleased
 		}
-		if w.stopping() {
+		if w.stopping() || w.lapsed() {
 			// The partition moved while OnRewind ran (a rebuild can take
-			// longer than the pin outlives the last pull): its next owner may
-			// be reading it already, and has the rewind to do, unrecorded.
-			// Moving the consumer back now would replay under that owner.
+			// longer than the pin outlives the last pull), or this member's
+			// lease may have lapsed meanwhile (the control loop gives the
+			// partition up at its next tick, up to a second later): its next
+			// owner may be reading it already, and has the rewind to do,
+			// unrecorded. Moving the consumer back now would replay under
+			// that owner.
 			return errReleased
 		}
 		if !w.retryRewind(bo, "rewind partition", rewind) {
@@ -560,9 +563,15 @@ func (w *worker) createdAgainIfDeleted(err error) error {
 
 // retryRewind runs one step of a rewind until it succeeds, logging each
 // failure as what and waiting bo's next backoff before the next try; false
-// when the partition was taken away meanwhile.
+// when the partition was taken away meanwhile, or the member's lease may
+// have lapsed (lapsed: another member may hold the partition, and no step
+// of this one's, a move back or the record that it was done, is for it to
+// take).
 func (w *worker) retryRewind(bo *backoff.ExponentialBackOff, what string, step func() error) bool {
 	for {
+		if w.lapsed() {
+			return false
+		}
 		err := step()
 		if err == nil {
 			return true

@@ -3,6 +3,7 @@ package reader
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -67,6 +68,19 @@ func newRewindOwner(t *testing.T, cfg Config) *rewindOwner {
 	return &rewindOwner{w: newWorker(m, 0), kv: m.kv, req: req}
 }
 
+// recorded is the rewind partition 0 recorded done ("" for none).
+func (o *rewindOwner) recorded(t *testing.T) string {
+	t.Helper()
+	e, err := o.kv.Get(t.Context(), rewoundKey("g", 0))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(e.Value())
+}
+
 // A member whose watch of the group has not yet delivered a rewind request
 // when it takes a partition over (it lags behind the previous owner, which
 // carried the request out and recorded it) reads the partition's record all
@@ -98,5 +112,55 @@ func TestATakeoverBeforeTheRewindRequestReachesTheMemberDoesNotReplayItAgain(t *
 	if n := told.Load(); n != 0 || w.pendingRewind() != nil {
 		t.Errorf("the new owner carried rewind %s out again (OnRewind told %d times), which the previous owner had recorded done",
 			o.req.ID, n)
+	}
+}
+
+// A member whose lease may have lapsed while OnRewind ran (a rebuild that
+// outlasted its heartbeats, or a member cut off from NATS) moves nothing
+// back and records nothing: another member may hold the partition by now
+// (the control loop gives it up only at its next tick), and has the rewind
+// to carry out itself. Before, the lapsed owner reset the consumer under
+// that owner and recorded the rewind done in its place.
+func TestAnOwnerWhoseLeaseLapsedDuringOnRewindLeavesTheRewindToTheNextOwner(t *testing.T) {
+	t.Parallel()
+	var w *worker
+	o := newRewindOwner(t, Config{OnRewind: func(context.Context, int, RewindInfo) error {
+		// The lease lived until now: no heartbeat was stored since.
+		w.m.leaseUntil.Store(int64(time.Since(w.m.clock)))
+		return nil
+	}})
+	w = o.w
+	if err := w.acquire(); err != nil {
+		t.Fatal(err)
+	}
+	// The owner handled and acked the partition's three events.
+	b, err := w.cons.Fetch(3, jetstream.FetchPriorityGroup(topology.PriorityGroup), jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last jetstream.Msg
+	for msg := range b.Messages() {
+		last = msg
+	}
+	if last == nil {
+		t.Fatalf("fetched nothing: %v", b.Error())
+	}
+	if err := last.DoubleAck(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	w.m.rewind.Store(&o.req)
+	if err := w.maybeRewind(); !errors.Is(err, errReleased) {
+		t.Errorf("the rewind of a lapsed owner ended with %v, want it given up (%v)", err, errReleased)
+	}
+	if id := o.recorded(t); id != "" {
+		t.Errorf("the lapsed owner recorded rewind %s done", id)
+	}
+	info, err := w.cons.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AckFloor.Stream != 3 || info.NumPending != 0 {
+		t.Errorf("the lapsed owner moved the consumer: ack floor %d, %d pending; want 3, none",
+			info.AckFloor.Stream, info.NumPending)
 	}
 }
