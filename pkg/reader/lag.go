@@ -227,11 +227,11 @@ func OldestUnprocessed(ctx context.Context, s jetstream.Stream, info *jetstream.
 	if m == nil {
 		return time.Time{}, nil
 	}
-	// A consumer that started at a time has skipped what came before; the
-	// oldest event it still owes is then no older than its start.
-	if st := info.Config.OptStartTime; st != nil && info.Delivered.Stream == 0 && m.Time.Before(*st) {
-		return *st, nil
-	}
+	// So also for a consumer created at a time, before its first
+	// delivery: the server puts its ack floor just before the first event
+	// stored at or after that time, and one created on an empty stream
+	// starts at sequence 1 whatever its time, owing the events stored
+	// before a start still to come. Its start time is no event's.
 	return m.Time, nil
 }
 

@@ -139,6 +139,11 @@ func (m *member) run(ctx context.Context) error {
 	m.published.Store(&claim{owned: []int{}})
 	m.since = time.Now().UTC().Round(0)
 	m.log.Info("joining consumer group", "partitions", m.partitions, "instance", m.instance)
+	// A member that holds nothing exports 0, not no series. The workers
+	// count what they take over and give back (worker.run), so both are 0
+	// again once drainWorkers has seen every worker end.
+	m.met.owned.WithLabelValues(m.cfg.Group).Set(0)
+	m.met.acquiring.WithLabelValues(m.cfg.Group).Set(0)
 
 	hbCtx, stopHB := context.WithCancel(hard)
 	var hbDone sync.WaitGroup
@@ -168,6 +173,9 @@ func (m *member) run(ctx context.Context) error {
 		cancel()
 	}
 	m.drainWorkers(exited)
+	// Gone from the group, it sees no one: its last count would stay
+	// exported for as long as the process lives.
+	m.met.members.WithLabelValues(m.cfg.Group).Set(0)
 	m.log.Info("left consumer group")
 	return dup
 }
@@ -750,7 +758,6 @@ func (m *member) reconcile(exited chan *worker) {
 		}
 	}
 	m.met.members.WithLabelValues(m.cfg.Group).Set(float64(len(m.live)))
-	m.met.owned.WithLabelValues(m.cfg.Group).Set(float64(len(want)))
 	changed := !slices.Equal(want, m.owned)
 	if changed {
 		m.met.rebalances.WithLabelValues(m.cfg.Group).Inc()

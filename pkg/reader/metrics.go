@@ -23,6 +23,7 @@ type metrics struct {
 	ackPending  *prometheus.GaugeVec
 	oldestAge   *prometheus.GaugeVec
 	owned       *prometheus.GaugeVec
+	acquiring   *prometheus.GaugeVec
 	members     *prometheus.GaugeVec
 	rebalances  *prometheus.CounterVec
 	gaps        *prometheus.CounterVec
@@ -77,11 +78,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"group", "partition"}),
 		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "owned_partitions",
-			Help: "Partitions this member owns.",
+			Help: "Partitions this member holds: taken over, and not yet given back (one being given up counts until its last batch is acked and it is unpinned).",
+		}, []string{"group"}),
+		acquiring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "snip", Subsystem: "reader", Name: "acquiring_partitions",
+			Help: "Partitions assigned to this member that it is still taking over: waiting for the previous owner to let go (at most 2 lease TTLs plus the drain timeout), resetting a dead owner's events in flight.",
 		}, []string{"group"}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "live_members",
-			Help: "Live members of the group as this member sees them.",
+			Help: "Live members of the group as this member sees them (0 once it has left).",
 		}, []string{"group"}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "snip", Subsystem: "reader", Name: "rebalances_total",
@@ -106,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"group"})
 	if reg != nil {
 		reg.MustRegister(m.events, m.parked, m.redelivered, m.errors, m.replays, m.batchSecs, m.batchSize,
-			m.lag, m.ackPending, m.oldestAge, m.owned, m.members, m.rebalances, m.gaps, m.resumeMoved, m.duplicates, m.lapses)
+			m.lag, m.ackPending, m.oldestAge, m.owned, m.acquiring, m.members, m.rebalances, m.gaps, m.resumeMoved, m.duplicates, m.lapses)
 	}
 	return m
 }

@@ -415,11 +415,13 @@ func WaitRewind(ctx context.Context, js jetstream.JetStream, group, id string) e
 const unseenRewindGrace = 10 * time.Second
 
 // loadRewound reads which rewind this partition last carried out, so a new
-// owner neither repeats an old rewind nor misses a pending one.
+// owner neither repeats an old rewind nor misses a pending one. It reads
+// it at every takeover, whether or not this member has seen a request: its
+// watch of the group may deliver one after the takeover (a member that
+// lags behind the previous owner, which carried it out and recorded it),
+// and this partition would then replay it a second time. One read of the
+// bucket a takeover costs nothing beside the takeover's own.
 func (w *worker) loadRewound() error {
-	if w.m.rewind.Load() == nil {
-		return nil
-	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
 	e, err := w.m.kv.Get(ctx, rewoundKey(w.m.cfg.Group, w.p))
@@ -510,11 +512,14 @@ func (w *worker) maybeRewind() error {
 		if m.cfg.OnRewind != nil && !w.retryRewind(bo, "on rewind", func() error { return m.cfg.OnRewind(w.ctx, w.p, ri) }) {
 			return errReleased
 		}
-		if w.stopping() {
+		if w.stopping() || w.lapsed() {
 			// The partition moved while OnRewind ran (a rebuild can take
-			// longer than the pin outlives the last pull): its next owner may
-			// be reading it already, and has the rewind to do, unrecorded.
-			// Moving the consumer back now would replay under that owner.
+			// longer than the pin outlives the last pull), or this member's
+			// lease may have lapsed meanwhile (the control loop gives the
+			// partition up at its next tick, up to a second later): its next
+			// owner may be reading it already, and has the rewind to do,
+			// unrecorded. Moving the consumer back now would replay under
+			// that owner.
 			return errReleased
 		}
 		if !w.retryRewind(bo, "rewind partition", rewind) {
@@ -558,9 +563,15 @@ func (w *worker) createdAgainIfDeleted(err error) error {
 
 // retryRewind runs one step of a rewind until it succeeds, logging each
 // failure as what and waiting bo's next backoff before the next try; false
-// when the partition was taken away meanwhile.
+// when the partition was taken away meanwhile, or the member's lease may
+// have lapsed (lapsed: another member may hold the partition, and no step
+// of this one's, a move back or the record that it was done, is for it to
+// take).
 func (w *worker) retryRewind(bo *backoff.ExponentialBackOff, what string, step func() error) bool {
 	for {
+		if w.lapsed() {
+			return false
+		}
 		err := step()
 		if err == nil {
 			return true

@@ -142,13 +142,21 @@ func (w *worker) sleep(d time.Duration) bool {
 func (w *worker) run() {
 	defer w.cancel()
 	m := w.m
-	if err := w.acquire(); err != nil {
+	acquiring := m.met.acquiring.WithLabelValues(m.cfg.Group)
+	acquiring.Inc()
+	err := w.acquire()
+	acquiring.Dec()
+	if err != nil {
 		if !errors.Is(err, errReleased) {
 			w.log.Warn("take over partition", "err", err)
 		}
 		return
 	}
 	w.log.Info("partition acquired")
+	// Held from here until given back (defers run last first).
+	owned := m.met.owned.WithLabelValues(m.cfg.Group)
+	owned.Inc()
+	defer owned.Dec()
 	defer w.giveBack()
 	// Stopped before giveBack forgets the gauges (defers run last first).
 	defer w.reportLag()()
