@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,65 +97,30 @@ func runRush(ctx context.Context, e *Env) error {
 
 	// Snip: the producer publishes to CLICKS; a click-counter-like group
 	// (pkg/reader, one member) handles 250 events/s.
-	var handled atomic.Int64
 	var published, sent, handledHalf atomic.Int64
-	var lastRushID atomic.Value
-	handledLast := make(chan time.Time, 1)
 	// The rush's last event waits only for its own partition: one
 	// worker per partition hands the handler batches of that partition,
 	// in order, and the workers share the reader's pace. So the run also
-	// counts the events of that partition handled, each once (a batch
-	// abandoned when the lease may have lapsed comes again).
+	// counts the events of that partition handled.
 	links := codes(50)
 	rushN := int(rushRate * rushSecs)
-	lastPart := events.Partition(links[(rushN-1)%len(links)], rushPartitions)
-	var onLast distinct
-	var handledAtLast, handledOnLastAtLast atomic.Int64 // events handled (in all; of its partition) when the rush's last one was
-	lim := e.limiter(rushRead)
+	lg := &rushLog{
+		lim:      e.limiter(rushRead),
+		partLim:  e.limiter(max(rushStarvedPartition, 1)),
+		lastPart: events.Partition(links[(rushN-1)%len(links)], rushPartitions),
+		lastAt:   make(chan time.Time, 1),
+	}
+	lim, lastPart := lg.lim, lg.lastPart
 	if rushStarvedStart > 0 {
 		lim.SetLimit(rate.Limit(e.Rate(rushStarvedStart)))
 	}
-	partLim := e.limiter(max(rushStarvedPartition, 1))
-	var starvePart atomic.Bool // from the rush's end until its last event is handled
 	var assigned atomic.Int64
 	cfg := groupConfig("rush", "reader-1")
 	cfg.LeaseTTL = rushLease
 	reg := prometheus.NewRegistry()
 	cfg.Metrics = reg
 	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
-	m, err := e.startMember(ctx, cfg, func(ctx context.Context, p int, batch []reader.Event) error {
-		for len(batch) > 0 {
-			n := min(len(batch), lim.Burst())
-			if p == lastPart && starvePart.Load() {
-				n = min(n, partLim.Burst())
-				if err := partLim.WaitN(ctx, n); err != nil {
-					return err
-				}
-			}
-			if err := lim.WaitN(ctx, n); err != nil {
-				return err
-			}
-			for k, ev := range batch[:n] {
-				if p == lastPart {
-					onLast.add(ev.Click.ID)
-				}
-				if id, ok := lastRushID.Load().(string); ok && id == ev.Click.ID {
-					// Kept once, before the run is told it was handled.
-					if handledAtLast.CompareAndSwap(0, handled.Load()+int64(k)+1) {
-						handledOnLastAtLast.Store(onLast.count())
-						starvePart.Store(false)
-					}
-					select { // once: a redelivery must not block the handler
-					case handledLast <- time.Now():
-					default:
-					}
-				}
-			}
-			handled.Add(int64(n))
-			batch = batch[n:]
-		}
-		return nil
-	})
+	m, err := e.startMember(ctx, cfg, lg.handle)
 	if err != nil {
 		return err
 	}
@@ -185,7 +151,7 @@ func runRush(ctx context.Context, e *Env) error {
 
 	smp := e.newSampler(500 * time.Millisecond)
 	stopSampling := smp.start(ctx, func() {
-		smp.add("log backlog", "events", float64(sent.Load()-handled.Load()))
+		smp.add("log backlog", "events", float64(sent.Load()-lg.handled.count()))
 		smp.add("naive buffer", "KB", float64(naive.bytes())/1024)
 	})
 	defer stopSampling()
@@ -200,7 +166,7 @@ func runRush(ctx context.Context, e *Env) error {
 		naive.add(start)
 		c := newClick(links[i%len(links)], i)
 		if i == rushN-1 {
-			lastRushID.Store(c.ID)
+			lg.lastID.Store(c.ID)
 		}
 		if events.Partition(c.Code, rushPartitions) == lastPart {
 			sentOnLast++
@@ -217,7 +183,7 @@ func runRush(ctx context.Context, e *Env) error {
 		}
 		futures <- pubFuture{f: f, sent: time.Now(), phase: phase}
 		if i == rushN/2 {
-			handledHalf.Store(handled.Load())
+			handledHalf.Store(lg.handled.count())
 			if rushStarvedStart > 0 {
 				lim.SetLimit(rate.Limit(e.Rate(rushRead)))
 			}
@@ -230,10 +196,10 @@ func runRush(ctx context.Context, e *Env) error {
 		return err
 	}
 	rushEnd := time.Now()
-	handledInRush := handled.Load()
-	handledOnLastInRush := onLast.count()
-	if rushStarvedPartition > 0 && handledAtLast.Load() == 0 {
-		starvePart.Store(true)
+	handledInRush := lg.handled.count()
+	handledOnLastInRush := lg.onLast.count()
+	if rushStarvedPartition > 0 && lg.atLast.Load() == 0 {
+		lg.starvePart.Store(true)
 	}
 	backlogAtEnd := float64(int64(rushN) - handledInRush)
 	e.say("after the rush: %g events/s for %g s", rushAfter, rushAfterSec)
@@ -253,14 +219,14 @@ func runRush(ctx context.Context, e *Env) error {
 		since := time.Since(rushEnd)
 		sent.Add(1)
 		if handled10 == 0 && since >= e.Real(10*time.Second) {
-			h := handled.Load()
+			h := lg.handled.count()
 			handled10, backlog10 = float64(h), float64(sent.Load()-h)
 			at10, sentAfter10 = since, sent.Load()-int64(rushSent)
 			if rushStarvedLate > 0 {
 				lim.SetLimit(rate.Limit(e.Rate(rushStarvedLate)))
 			}
 		}
-		if h := handled.Load(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
+		if h := lg.handled.count(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
 			caughtUp, handledCaughtUp = since, h
 		}
 		return nil
@@ -278,10 +244,10 @@ func runRush(ctx context.Context, e *Env) error {
 	// Counted before the last event is looked for: were it not handled
 	// by then, it was not when they were counted, and they are the events
 	// ahead of it only.
-	onPartAtRunEnd := onLast.count()
+	onPartAtRunEnd := lg.onLast.count()
 	var lastAt time.Time
 	select {
-	case lastAt = <-handledLast:
+	case lastAt = <-lg.lastAt:
 	default:
 	}
 	diedAt, accepted := naive.death()
@@ -363,8 +329,8 @@ func runRush(ctx context.Context, e *Env) error {
 	if !lastAt.IsZero() {
 		rushLastWaitCheck(e, rushLast{
 			partition: lastPart, rushEvents: rushSent, sentOnPart: sentOnLast,
-			onPartAtEnd: handledOnLastInRush, onPartAtLast: handledOnLastAtLast.Load(),
-			atEnd: handledInRush, atLast: handledAtLast.Load(),
+			onPartAtEnd: handledOnLastInRush, onPartAtLast: lg.onPartAtLast.Load(),
+			atEnd: handledInRush, atLast: lg.atLast.Load(),
 			wait: lastAt.Sub(rushEnd),
 		})
 	} else {
@@ -399,7 +365,7 @@ func runRush(ctx context.Context, e *Env) error {
 	// caught up when the run ended, the time is only known to be longer.
 	c := rushCatchUp{backlog: backlogAtEnd, caughtUp: caughtUp > 0}
 	if !c.caughtUp {
-		caughtUp, handledCaughtUp = time.Since(rushEnd), handled.Load()
+		caughtUp, handledCaughtUp = time.Since(rushEnd), lg.handled.count()
 	}
 	c.rate, c.took = readRate(handledCaughtUp-handledInRush, caughtUp), e.Lesson(caughtUp)
 	rushCatchUpCheck(e, c)
@@ -419,11 +385,68 @@ func runRush(ctx context.Context, e *Env) error {
 	// reader goes on after the last event handled, so nothing is lost (or
 	// handled again, unless that batch's ack was lost too). A lapse gives
 	// the partitions up and hands the batch in hand again: the counts
-	// above then include it twice.
+	// above are of events, each once (rushLog.handled), so they do not
+	// include it twice.
 	e.note("the log reader's lease lapsed %.0f times (%s lease) and %.0f fetches lost deliveries on their way (gaps, read again from after the last event handled)", lapses, rushLease, gaps)
 	p1, p2 := lat.median(1), lat.median(2)
 	e.note("writer p50 ack latency: %s in the first quarter of the rush, %s in its last (the backlog does not slow the writer; on a loaded machine both move with the load)",
 		p1.Round(time.Microsecond), p2.Round(time.Microsecond))
+	return nil
+}
+
+// rushLog is the lesson's log reader: its pace, and what it counts of the
+// events it handles.
+type rushLog struct {
+	lim        *rate.Limiter // the reader's pace
+	partLim    *rate.Limiter // the starved partition's, while starvePart
+	lastPart   int           // the partition of the rush's last event
+	starvePart atomic.Bool   // from the rush's end until its last event is handled
+	lastID     atomic.Value  // the rush's last event's ID, once sent
+	// handled counts the events handled, each once: a batch handed again
+	// (abandoned when the lease may have lapsed) comes with events
+	// handled already, and counted per handing they would be counted
+	// twice, in the backlog (sent less handled) and in the reader's rates.
+	handled distinctCount
+	onLast  distinct // the events of lastPart handled, each once
+	// The events handled (in all; of its partition) when the rush's last
+	// one was, and when it was (once).
+	atLast, onPartAtLast atomic.Int64
+	lastAt               chan time.Time
+}
+
+// handle is the reader's handler: it hands the batch on at the reader's
+// pace and counts what it handled.
+func (r *rushLog) handle(ctx context.Context, p int, batch []reader.Event) error {
+	for len(batch) > 0 {
+		n := min(len(batch), r.lim.Burst())
+		if p == r.lastPart && r.starvePart.Load() {
+			n = min(n, r.partLim.Burst())
+			if err := r.partLim.WaitN(ctx, n); err != nil {
+				return err
+			}
+		}
+		if err := r.lim.WaitN(ctx, n); err != nil {
+			return err
+		}
+		for _, ev := range batch[:n] {
+			if p == r.lastPart {
+				r.onLast.add(ev.Click.ID)
+			}
+			r.handled.add(ev.Click.ID)
+			if id, ok := r.lastID.Load().(string); ok && id == ev.Click.ID {
+				// Kept once, before the run is told it was handled.
+				if r.atLast.CompareAndSwap(0, r.handled.count()) {
+					r.onPartAtLast.Store(r.onLast.count())
+					r.starvePart.Store(false)
+				}
+				select { // once: a redelivery must not block the handler
+				case r.lastAt <- time.Now():
+				default:
+				}
+			}
+		}
+		batch = batch[n:]
+	}
 	return nil
 }
 
@@ -517,13 +540,18 @@ type distinct struct {
 	seen map[string]struct{}
 }
 
-func (d *distinct) add(id string) {
+// add records id and reports whether it is new.
+func (d *distinct) add(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.seen == nil {
 		d.seen = map[string]struct{}{}
 	}
-	d.seen[id] = struct{}{}
+	if _, ok := d.seen[id]; ok {
+		return false
+	}
+	d.seen[strings.Clone(id)] = struct{}{} // not the batch's payload memory (reader.Event)
+	return true
 }
 
 func (d *distinct) count() int64 {
@@ -531,6 +559,21 @@ func (d *distinct) count() int64 {
 	defer d.mu.Unlock()
 	return int64(len(d.seen))
 }
+
+// distinctCount counts events by ID, each once, with a count that is read
+// without the lock (the sampler and the writer read it as it runs).
+type distinctCount struct {
+	seen distinct
+	n    atomic.Int64
+}
+
+func (d *distinctCount) add(id string) {
+	if d.seen.add(id) {
+		d.n.Add(1)
+	}
+}
+
+func (d *distinctCount) count() int64 { return d.n.Load() }
 
 type pubFuture struct {
 	f     jetstream.PubAckFuture
