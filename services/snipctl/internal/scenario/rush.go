@@ -205,9 +205,9 @@ func runRush(ctx context.Context, e *Env) error {
 	e.say("after the rush: %g events/s for %g s", rushAfter, rushAfterSec)
 	var caughtUp time.Duration
 	var backlog10, handled10 float64
-	var at10 time.Duration // when they were read, from the rush's end
-	var sentAfter10 int64  // events sent after the rush by then
-	var handledCaughtUp int64
+	var at10 time.Duration                  // when they were read, from the rush's end
+	var sentAfter10 int64                   // events sent after the rush by then
+	var handledCaughtUp, sentCaughtUp int64 // events handled by then; sent after the rush by then
 	afterStart := time.Now()
 	_, err = emit(ctx, e.Rate(rushAfter), e.Real(time.Duration(rushAfterSec*float64(time.Second))), func(i int) error {
 		naive.add(start)
@@ -227,10 +227,13 @@ func runRush(ctx context.Context, e *Env) error {
 			}
 		}
 		if h := lg.handled.count(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
-			caughtUp, handledCaughtUp = since, h
+			caughtUp, handledCaughtUp, sentCaughtUp = since, h, sent.Load()-int64(rushSent)
 		}
 		return nil
 	})
+	// The watched stretch ends: a backlog not drained by now gives the
+	// catch-up time's lower bound, with the events handled and sent until now.
+	watchEnd, handledAtWatchEnd, sentAtWatchEnd := time.Since(rushEnd), lg.handled.count(), sent.Load()-int64(rushSent)
 	close(futures)
 	acks.Wait()
 	stopSampling()
@@ -361,13 +364,15 @@ func runRush(ctx context.Context, e *Env) error {
 		e.note("in the first 10 s after the rush the log reader ran at %.0f/s: the drain rate is predicted at that rate", after)
 	}
 	// With the rate measured until caught up, the row checks that the
-	// backlog drained at the spare capacity: the 100/s kept arriving. Not
-	// caught up when the run ended, the time is only known to be longer.
+	// backlog drained at the spare capacity while the 100/s kept
+	// arriving, which over the same stretch are its premise. Not caught up
+	// when the run ended, the time is only known to be longer.
 	c := rushCatchUp{backlog: backlogAtEnd, caughtUp: caughtUp > 0}
 	if !c.caughtUp {
-		caughtUp, handledCaughtUp = time.Since(rushEnd), lg.handled.count()
+		caughtUp, handledCaughtUp, sentCaughtUp = watchEnd, handledAtWatchEnd, sentAtWatchEnd
 	}
 	c.rate, c.took = readRate(handledCaughtUp-handledInRush, caughtUp), e.Lesson(caughtUp)
+	c.arrivals = e.LessonRate(float64(sentCaughtUp) / caughtUp.Seconds())
 	rushCatchUpCheck(e, c)
 	_, _ = catchUp, lastWait
 	e.exact("log: writes the writer lost or had refused", "events", 0, float64(sent.Load()-published.Load()), "JetStream stores whatever the reader's pace")
@@ -454,16 +459,22 @@ func (r *rushLog) handle(ctx context.Context, p int, batch []reader.Event) error
 // the events left at the rush's end, whether the backlog drained (under 2%
 // of the lesson's peak) before the run ended, the lesson seconds from the
 // rush's end until it did (or until the run ended: a lower bound), and the
-// log reader's rate over those seconds.
+// log reader's rate and the arrival rate over those seconds.
 type rushCatchUp struct {
 	backlog  float64
 	caughtUp bool
 	took     float64
 	rate     float64
+	arrivals float64
 }
 
 // rushCatchUpCheck judges the catch-up time: the backlog at the rush's end
-// at the reader's rate less the 100/s still arriving. A reader no faster
+// at the reader's rate less the 100/s still arriving. Those 100/s over the
+// same stretch are the row's premise: a writer the machine starved after
+// the rush offers fewer, the backlog then drains sooner than the lesson
+// says, and the row is not judged (with the arrivals measured in the
+// formula instead, the row would only restate its own measurements: the
+// backlog drained is what was handled less what arrived). A reader no faster
 // than the arrivals never drains it: the prediction is then never (+Inf),
 // which a backlog that drained contradicts. A backlog that had not drained
 // when the run ended gives a lower bound, not a time: the row then checks
@@ -480,8 +491,12 @@ func rushCatchUpCheck(e *Env, c rushCatchUp) {
 	if c.rate < rushRead {
 		e.note("until caught up the log reader ran at %.0f/s: the catch-up time is predicted at that rate", c.rate)
 	}
+	e.within("arrival rate from the rush's end until caught up (premise)", "events/s", rushAfter, c.arrivals, 0.1, 0,
+		"published on a 5 ms ticker; what keeps arriving while the backlog drains, over the stretch the catch-up time is about (to the run's end, if not caught up)")
+	e.premise()
 	if c.caughtUp {
 		e.within(name, "s", predicted, c.took, rel, abs, why)
+		e.needsPremise()
 		return
 	}
 	e.note("the backlog had not drained when the run ended, %.1f s after the rush: the catch-up time measured is a lower bound", c.took)
@@ -491,6 +506,7 @@ func rushCatchUpCheck(e *Env, c rushCatchUp) {
 		Why:       why + "; not caught up when the run ended: the measured time is a lower bound, which the prediction must not fall short of",
 		OK:        c.took <= predicted*(1+rel)+abs,
 	})
+	e.needsPremise()
 }
 
 // rushLast is what the run saw of the rush's last event: the events handled
