@@ -50,6 +50,11 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 	heldPast := func(n uint64) making {
 		return making{delivered: n, held: 1200 * time.Millisecond, deadline: time.Second, confirmed: true}
 	}
+	// Acked in 30 ms of real time, while the wall clock, which the
+	// server times deliveries by, was stepped 1.2 s forward.
+	wallStepped := func(n uint64) making {
+		return making{delivered: n, held: 30 * time.Millisecond, heldWall: 1230 * time.Millisecond, deadline: time.Second, confirmed: true}
+	}
 	ackLost := func(n uint64) making {
 		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: false}
 	}
@@ -84,6 +89,10 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		{
 			name:   "kitchen_order_handed_on_after_its_ack_was_lost",
 			checks: kitchen(ackLost(1), inTime(2)),
+		},
+		{
+			name:   "kitchen_order_handed_on_after_the_wall_clock_stepped_past_its_deadline",
+			checks: kitchen(wallStepped(1), inTime(2)),
 		},
 		{
 			// Only the earlier delivery's lateness explains the second.
@@ -362,9 +371,9 @@ func TestKitchenNamesEveryMakingOfAnOrderMadeTwice(t *testing.T) {
 	e := &Env{speed: 1, res: &Result{}}
 	s := kitchenSeen{cook1: 51, cook2: 50}
 	s.add([]making{
-		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
+		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, heldWall: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
 			pulled: 2300 * time.Millisecond, received: 2310 * time.Millisecond, acked: 2340 * time.Millisecond},
-		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
+		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, heldWall: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
 			pulled: 1200 * time.Millisecond, received: 1210 * time.Millisecond, acked: 1230 * time.Millisecond},
 	})
 	s.unseen = []uint64{67}
