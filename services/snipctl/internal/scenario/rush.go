@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -48,6 +49,18 @@ const (
 // is, as a machine whose scheduler starves that partition's worker gives
 // it: the other partitions share the reader's pace meanwhile.
 var rushStarvedStart, rushStarvedLate, rushStarvedPartition float64
+
+// rushStopWhenMeasured, when set (the starved runs' tests set it), ends the
+// stretch after the rush once every row's measurement is taken: the 10 s
+// after the rush, the rush's last event handled, and the backlog caught
+// up. Each row reads what was measured at those moments, so the rest of
+// the lesson's 40 s would only lengthen the sparklines; a backlog not
+// caught up still runs the whole stretch (the catch-up time's lower bound
+// is its end).
+var rushStopWhenMeasured bool
+
+// errRushMeasured ends the stretch after the rush early (rushStopWhenMeasured).
+var errRushMeasured = errors.New("every measurement taken")
 
 const rushPartitions = 8
 
@@ -229,8 +242,14 @@ func runRush(ctx context.Context, e *Env) error {
 		if h := lg.handled.count(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
 			caughtUp, handledCaughtUp, sentCaughtUp = since, h, sent.Load()-int64(rushSent)
 		}
+		if rushStopWhenMeasured && handled10 > 0 && caughtUp > 0 && lg.atLast.Load() > 0 {
+			return errRushMeasured
+		}
 		return nil
 	})
+	if errors.Is(err, errRushMeasured) {
+		err = nil
+	}
 	// The watched stretch ends: a backlog not drained by now gives the
 	// catch-up time's lower bound, with the events handled and sent until now.
 	watchEnd, handledAtWatchEnd, sentAtWatchEnd := time.Since(rushEnd), lg.handled.count(), sent.Load()-int64(rushSent)
