@@ -50,6 +50,11 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 	heldPast := func(n uint64) making {
 		return making{delivered: n, held: 1200 * time.Millisecond, deadline: time.Second, confirmed: true}
 	}
+	// Acked in 30 ms of real time, while the wall clock, which the
+	// server times deliveries by, was stepped 1.2 s forward.
+	wallStepped := func(n uint64) making {
+		return making{delivered: n, held: 30 * time.Millisecond, heldWall: 1230 * time.Millisecond, deadline: time.Second, confirmed: true}
+	}
 	ackLost := func(n uint64) making {
 		return making{delivered: n, held: 30 * time.Millisecond, deadline: time.Second, confirmed: false}
 	}
@@ -84,6 +89,10 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 		{
 			name:   "kitchen_order_handed_on_after_its_ack_was_lost",
 			checks: kitchen(ackLost(1), inTime(2)),
+		},
+		{
+			name:   "kitchen_order_handed_on_after_the_wall_clock_stepped_past_its_deadline",
+			checks: kitchen(wallStepped(1), inTime(2)),
 		},
 		{
 			// Only the earlier delivery's lateness explains the second.
@@ -128,37 +137,62 @@ func TestChecksFailWhenTheClaimIsFalse(t *testing.T) {
 			fail: []string{"log: wait for the rush's last event"},
 		},
 		{
-			name:   "rush_caught_up_at_the_spare_capacity",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 19.6, rate: 250}) },
+			name: "rush_caught_up_at_the_spare_capacity",
+			checks: func(e *Env) {
+				rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 19.6, rate: 250, arrivals: 100})
+			},
 		},
 		{
-			name:   "rush_caught_up_slower_than_the_spare_capacity",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 30, rate: 250}) },
-			fail:   []string{"log: catch-up time"},
+			name: "rush_caught_up_slower_than_the_spare_capacity",
+			checks: func(e *Env) {
+				rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 30, rate: 250, arrivals: 100})
+			},
+			fail: []string{"log: catch-up time"},
 		},
 		{
 			// What a starved machine measured: 5,294 left at the rush's
 			// end, the reader at 164/s, and the run's end 41 s after the
 			// rush, before the 83 s the drain takes at that rate.
 			name:   "rush_not_caught_up_before_the_run_ended",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 164}) },
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 164, arrivals: 100}) },
 		},
 		{
 			// A reader no faster than the 100/s arriving never drains it.
 			name:   "rush_reader_below_the_arrivals_never_catches_up",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 90}) },
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, took: 41, rate: 90, arrivals: 100}) },
 		},
 		{
-			name:   "rush_reader_below_the_arrivals_caught_up",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 5294, caughtUp: true, took: 38, rate: 90}) },
-			fail:   []string{"log: catch-up time"},
+			name: "rush_reader_below_the_arrivals_caught_up",
+			checks: func(e *Env) {
+				rushCatchUpCheck(e, rushCatchUp{backlog: 5294, caughtUp: true, took: 38, rate: 90, arrivals: 100})
+			},
+			fail: []string{"log: catch-up time"},
 		},
 		{
 			// At 250/s the 3,000 drain in 20 s: still there after 41 s,
 			// the backlog drained slower than the spare capacity.
 			name:   "rush_not_caught_up_long_after_the_spare_capacity_drains_it",
-			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, took: 41, rate: 250}) },
+			checks: func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, took: 41, rate: 250, arrivals: 100}) },
 			fail:   []string{"log: catch-up time"},
+		},
+		{
+			// A writer the machine starved after the rush: 20/s arrived
+			// instead of 100/s, so the 3,000 drained in 13 s at 250/s,
+			// not the lesson's 20 s. The premise is not met; the row is
+			// not judged.
+			name: "rush_caught_up_with_fewer_arrivals_than_the_lesson",
+			checks: func(e *Env) {
+				rushCatchUpCheck(e, rushCatchUp{backlog: 3000, caughtUp: true, took: 13, rate: 250, arrivals: 20})
+			},
+			inconclusive: true,
+		},
+		{
+			// A writer that sent the 100/s late, in a burst: 160/s
+			// arrived over the 41 s, and the 3,000 were not drained at
+			// 250/s. Not judged either.
+			name:         "rush_not_caught_up_with_more_arrivals_than_the_lesson",
+			checks:       func(e *Env) { rushCatchUpCheck(e, rushCatchUp{backlog: 3000, took: 41, rate: 250, arrivals: 160}) },
+			inconclusive: true,
 		},
 		{
 			name:   "outbox_claim_holds",
@@ -337,9 +371,9 @@ func TestKitchenNamesEveryMakingOfAnOrderMadeTwice(t *testing.T) {
 	e := &Env{speed: 1, res: &Result{}}
 	s := kitchenSeen{cook1: 51, cook2: 50}
 	s.add([]making{
-		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
+		{cook: "cook-2", subject: events.PreviewJobSubject, delivered: 2, seq: 65, cseq: 104, held: 40 * time.Millisecond, heldWall: 40 * time.Millisecond, deadline: 2 * time.Second, confirmed: true,
 			pulled: 2300 * time.Millisecond, received: 2310 * time.Millisecond, acked: 2340 * time.Millisecond},
-		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
+		{cook: "cook-1", subject: events.PreviewJobSubject, delivered: 1, seq: 65, cseq: 66, held: 30 * time.Millisecond, heldWall: 30 * time.Millisecond, deadline: time.Second, confirmed: true,
 			pulled: 1200 * time.Millisecond, received: 1210 * time.Millisecond, acked: 1230 * time.Millisecond},
 	})
 	s.unseen = []uint64{67}

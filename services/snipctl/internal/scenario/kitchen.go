@@ -99,7 +99,8 @@ func runKitchen(ctx context.Context, e *Env) error {
 					acked := time.Now()
 					mk := making{cook: w, subject: m.Subject(), delivered: delivered, seq: seq, cseq: cseq,
 						pulled: asked.Sub(queueStart), received: received.Sub(queueStart), acked: acked.Sub(queueStart),
-						held: acked.Sub(asked), deadline: deadline(delivered), confirmed: aerr == nil, ackErr: aerr}
+						held: acked.Sub(asked), heldWall: acked.Round(0).Sub(asked.Round(0)),
+						deadline: deadline(delivered), confirmed: aerr == nil, ackErr: aerr}
 					mu.Lock()
 					perWorker[w]++
 					seen[j.ID]++
@@ -188,6 +189,16 @@ func runKitchen(ctx context.Context, e *Env) error {
 // cook asked for the order to the confirmation of its ack: longer than the
 // server saw the order in that cook's hands, so an order held for less
 // than its ack deadline, with its ack confirmed, was acknowledged in time.
+//
+// The server times a delivery by the wall clock (nats-server's
+// trackPending and checkPending read time.Now().UnixNano(), which drops
+// the monotonic reading), so held is timed on both clocks: the
+// monotonic one (held) is how long the cook really had it, the wall one
+// (heldWall) what the server's clock said. They differ only when the
+// wall clock was stepped while the cook had the order (a time sync on the
+// machine): stepped forward past the deadline, the server hands on an
+// order whose ack came in real time, and both cooks make it. That is the
+// queue's at-least-once delivery too, and counted so.
 type making struct {
 	cook      string
 	subject   string        // the order's subject
@@ -195,6 +206,7 @@ type making struct {
 	seq       uint64        // the order's stream sequence
 	cseq      uint64        // the delivery's consumer sequence (every delivery of the consumer counts)
 	held      time.Duration // from the cook's pull to its ack's confirmation
+	heldWall  time.Duration // the same by the wall clock, the server's
 	deadline  time.Duration // the ack deadline of this delivery
 	confirmed bool          // the ack's confirmation came
 	ackErr    error         // why not, if it did not
@@ -204,8 +216,11 @@ type making struct {
 }
 
 // late reports whether the server may have handed the order on while this
-// cook had it: its ack missed the deadline, or was never confirmed.
-func (m making) late() bool { return !m.confirmed || m.held >= m.deadline }
+// cook had it: its ack missed the deadline by either clock, or was never
+// confirmed.
+func (m making) late() bool {
+	return !m.confirmed || m.held >= m.deadline || m.heldWall >= m.deadline
+}
 
 func (m making) String() string {
 	ack := "confirmed"
@@ -213,8 +228,12 @@ func (m making) String() string {
 		ack = fmt.Sprintf("not confirmed (%v)", m.ackErr)
 	}
 	ms := func(d time.Duration) string { return d.Round(time.Millisecond).String() }
+	held := ms(m.held)
+	if d := m.heldWall - m.held; d > 10*time.Millisecond || d < -10*time.Millisecond {
+		held += " (" + ms(m.heldWall) + " by the wall clock, the server's)"
+	}
 	return fmt.Sprintf("%s: delivery %d (consumer sequence %d) of sequence %d on %s, pulled at %s, received at %s, ack %s at %s: held %s of its %s",
-		m.cook, m.delivered, m.cseq, m.seq, m.subject, ms(m.pulled), ms(m.received), ack, ms(m.acked), ms(m.held), m.deadline)
+		m.cook, m.delivered, m.cseq, m.seq, m.subject, ms(m.pulled), ms(m.received), ack, ms(m.acked), held, m.deadline)
 }
 
 // unseenDeliveries returns the consumer sequences below the highest a cook

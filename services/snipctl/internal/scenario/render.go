@@ -25,7 +25,7 @@ func Print(w io.Writer, r *Result) {
 		case !c.OK:
 			mark = "FAIL"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", mark, c.Name, num(c.Predicted), num(c.Measured), c.Tolerance, c.Unit)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", mark, c.Name, predicted(c.Predicted), num(c.Measured), c.Tolerance, c.Unit)
 	}
 	tw.Flush()
 	if len(r.Series) > 0 {
@@ -99,6 +99,16 @@ func bounds(v []float64) (lo, hi float64) {
 		lo, hi = min(lo, x), max(hi, x)
 	}
 	return lo, hi
+}
+
+// predicted formats a prediction for the table: +Inf is a time that never
+// comes (rush's catch-up with a reader no faster than the arrivals), said as
+// "never"; the JSON has null.
+func predicted(v float64) string {
+	if math.IsInf(v, 1) {
+		return "never"
+	}
+	return num(v)
 }
 
 // num formats a number for the table: integers plainly, others to three

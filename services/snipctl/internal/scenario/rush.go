@@ -2,9 +2,11 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +49,18 @@ const (
 // is, as a machine whose scheduler starves that partition's worker gives
 // it: the other partitions share the reader's pace meanwhile.
 var rushStarvedStart, rushStarvedLate, rushStarvedPartition float64
+
+// rushStopWhenMeasured, when set (the starved runs' tests set it), ends the
+// stretch after the rush once every row's measurement is taken: the 10 s
+// after the rush, the rush's last event handled, and the backlog caught
+// up. Each row reads what was measured at those moments, so the rest of
+// the lesson's 40 s would only lengthen the sparklines; a backlog not
+// caught up still runs the whole stretch (the catch-up time's lower bound
+// is its end).
+var rushStopWhenMeasured bool
+
+// errRushMeasured ends the stretch after the rush early (rushStopWhenMeasured).
+var errRushMeasured = errors.New("every measurement taken")
 
 const rushPartitions = 8
 
@@ -96,65 +110,30 @@ func runRush(ctx context.Context, e *Env) error {
 
 	// Snip: the producer publishes to CLICKS; a click-counter-like group
 	// (pkg/reader, one member) handles 250 events/s.
-	var handled atomic.Int64
 	var published, sent, handledHalf atomic.Int64
-	var lastRushID atomic.Value
-	handledLast := make(chan time.Time, 1)
 	// The rush's last event waits only for its own partition: one
 	// worker per partition hands the handler batches of that partition,
 	// in order, and the workers share the reader's pace. So the run also
-	// counts the events of that partition handled, each once (a batch
-	// abandoned when the lease may have lapsed comes again).
+	// counts the events of that partition handled.
 	links := codes(50)
 	rushN := int(rushRate * rushSecs)
-	lastPart := events.Partition(links[(rushN-1)%len(links)], rushPartitions)
-	var onLast distinct
-	var handledAtLast, handledOnLastAtLast atomic.Int64 // events handled (in all; of its partition) when the rush's last one was
-	lim := e.limiter(rushRead)
+	lg := &rushLog{
+		lim:      e.limiter(rushRead),
+		partLim:  e.limiter(max(rushStarvedPartition, 1)),
+		lastPart: events.Partition(links[(rushN-1)%len(links)], rushPartitions),
+		lastAt:   make(chan time.Time, 1),
+	}
+	lim, lastPart := lg.lim, lg.lastPart
 	if rushStarvedStart > 0 {
 		lim.SetLimit(rate.Limit(e.Rate(rushStarvedStart)))
 	}
-	partLim := e.limiter(max(rushStarvedPartition, 1))
-	var starvePart atomic.Bool // from the rush's end until its last event is handled
 	var assigned atomic.Int64
 	cfg := groupConfig("rush", "reader-1")
 	cfg.LeaseTTL = rushLease
 	reg := prometheus.NewRegistry()
 	cfg.Metrics = reg
 	cfg.OnAssign = func(context.Context, int, uint64) error { assigned.Add(1); return nil }
-	m, err := e.startMember(ctx, cfg, func(ctx context.Context, p int, batch []reader.Event) error {
-		for len(batch) > 0 {
-			n := min(len(batch), lim.Burst())
-			if p == lastPart && starvePart.Load() {
-				n = min(n, partLim.Burst())
-				if err := partLim.WaitN(ctx, n); err != nil {
-					return err
-				}
-			}
-			if err := lim.WaitN(ctx, n); err != nil {
-				return err
-			}
-			for k, ev := range batch[:n] {
-				if p == lastPart {
-					onLast.add(ev.Click.ID)
-				}
-				if id, ok := lastRushID.Load().(string); ok && id == ev.Click.ID {
-					// Kept once, before the run is told it was handled.
-					if handledAtLast.CompareAndSwap(0, handled.Load()+int64(k)+1) {
-						handledOnLastAtLast.Store(onLast.count())
-						starvePart.Store(false)
-					}
-					select { // once: a redelivery must not block the handler
-					case handledLast <- time.Now():
-					default:
-					}
-				}
-			}
-			handled.Add(int64(n))
-			batch = batch[n:]
-		}
-		return nil
-	})
+	m, err := e.startMember(ctx, cfg, lg.handle)
 	if err != nil {
 		return err
 	}
@@ -185,7 +164,7 @@ func runRush(ctx context.Context, e *Env) error {
 
 	smp := e.newSampler(500 * time.Millisecond)
 	stopSampling := smp.start(ctx, func() {
-		smp.add("log backlog", "events", float64(sent.Load()-handled.Load()))
+		smp.add("log backlog", "events", float64(sent.Load()-lg.handled.count()))
 		smp.add("naive buffer", "KB", float64(naive.bytes())/1024)
 	})
 	defer stopSampling()
@@ -200,7 +179,7 @@ func runRush(ctx context.Context, e *Env) error {
 		naive.add(start)
 		c := newClick(links[i%len(links)], i)
 		if i == rushN-1 {
-			lastRushID.Store(c.ID)
+			lg.lastID.Store(c.ID)
 		}
 		if events.Partition(c.Code, rushPartitions) == lastPart {
 			sentOnLast++
@@ -217,7 +196,7 @@ func runRush(ctx context.Context, e *Env) error {
 		}
 		futures <- pubFuture{f: f, sent: time.Now(), phase: phase}
 		if i == rushN/2 {
-			handledHalf.Store(handled.Load())
+			handledHalf.Store(lg.handled.count())
 			if rushStarvedStart > 0 {
 				lim.SetLimit(rate.Limit(e.Rate(rushRead)))
 			}
@@ -230,18 +209,18 @@ func runRush(ctx context.Context, e *Env) error {
 		return err
 	}
 	rushEnd := time.Now()
-	handledInRush := handled.Load()
-	handledOnLastInRush := onLast.count()
-	if rushStarvedPartition > 0 && handledAtLast.Load() == 0 {
-		starvePart.Store(true)
+	handledInRush := lg.handled.count()
+	handledOnLastInRush := lg.onLast.count()
+	if rushStarvedPartition > 0 && lg.atLast.Load() == 0 {
+		lg.starvePart.Store(true)
 	}
 	backlogAtEnd := float64(int64(rushN) - handledInRush)
 	e.say("after the rush: %g events/s for %g s", rushAfter, rushAfterSec)
 	var caughtUp time.Duration
 	var backlog10, handled10 float64
-	var at10 time.Duration // when they were read, from the rush's end
-	var sentAfter10 int64  // events sent after the rush by then
-	var handledCaughtUp int64
+	var at10 time.Duration                  // when they were read, from the rush's end
+	var sentAfter10 int64                   // events sent after the rush by then
+	var handledCaughtUp, sentCaughtUp int64 // events handled by then; sent after the rush by then
 	afterStart := time.Now()
 	_, err = emit(ctx, e.Rate(rushAfter), e.Real(time.Duration(rushAfterSec*float64(time.Second))), func(i int) error {
 		naive.add(start)
@@ -253,18 +232,27 @@ func runRush(ctx context.Context, e *Env) error {
 		since := time.Since(rushEnd)
 		sent.Add(1)
 		if handled10 == 0 && since >= e.Real(10*time.Second) {
-			h := handled.Load()
+			h := lg.handled.count()
 			handled10, backlog10 = float64(h), float64(sent.Load()-h)
 			at10, sentAfter10 = since, sent.Load()-int64(rushSent)
 			if rushStarvedLate > 0 {
 				lim.SetLimit(rate.Limit(e.Rate(rushStarvedLate)))
 			}
 		}
-		if h := handled.Load(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
-			caughtUp, handledCaughtUp = since, h
+		if h := lg.handled.count(); caughtUp == 0 && sent.Load()-h <= int64(backlog*0.02) && time.Since(afterStart) > e.Real(time.Second) {
+			caughtUp, handledCaughtUp, sentCaughtUp = since, h, sent.Load()-int64(rushSent)
+		}
+		if rushStopWhenMeasured && handled10 > 0 && caughtUp > 0 && lg.atLast.Load() > 0 {
+			return errRushMeasured
 		}
 		return nil
 	})
+	if errors.Is(err, errRushMeasured) {
+		err = nil
+	}
+	// The watched stretch ends: a backlog not drained by now gives the
+	// catch-up time's lower bound, with the events handled and sent until now.
+	watchEnd, handledAtWatchEnd, sentAtWatchEnd := time.Since(rushEnd), lg.handled.count(), sent.Load()-int64(rushSent)
 	close(futures)
 	acks.Wait()
 	stopSampling()
@@ -278,10 +266,10 @@ func runRush(ctx context.Context, e *Env) error {
 	// Counted before the last event is looked for: were it not handled
 	// by then, it was not when they were counted, and they are the events
 	// ahead of it only.
-	onPartAtRunEnd := onLast.count()
+	onPartAtRunEnd := lg.onLast.count()
 	var lastAt time.Time
 	select {
-	case lastAt = <-handledLast:
+	case lastAt = <-lg.lastAt:
 	default:
 	}
 	diedAt, accepted := naive.death()
@@ -363,8 +351,8 @@ func runRush(ctx context.Context, e *Env) error {
 	if !lastAt.IsZero() {
 		rushLastWaitCheck(e, rushLast{
 			partition: lastPart, rushEvents: rushSent, sentOnPart: sentOnLast,
-			onPartAtEnd: handledOnLastInRush, onPartAtLast: handledOnLastAtLast.Load(),
-			atEnd: handledInRush, atLast: handledAtLast.Load(),
+			onPartAtEnd: handledOnLastInRush, onPartAtLast: lg.onPartAtLast.Load(),
+			atEnd: handledInRush, atLast: lg.atLast.Load(),
 			wait: lastAt.Sub(rushEnd),
 		})
 	} else {
@@ -395,13 +383,15 @@ func runRush(ctx context.Context, e *Env) error {
 		e.note("in the first 10 s after the rush the log reader ran at %.0f/s: the drain rate is predicted at that rate", after)
 	}
 	// With the rate measured until caught up, the row checks that the
-	// backlog drained at the spare capacity: the 100/s kept arriving. Not
-	// caught up when the run ended, the time is only known to be longer.
+	// backlog drained at the spare capacity while the 100/s kept
+	// arriving, which over the same stretch are its premise. Not caught up
+	// when the run ended, the time is only known to be longer.
 	c := rushCatchUp{backlog: backlogAtEnd, caughtUp: caughtUp > 0}
 	if !c.caughtUp {
-		caughtUp, handledCaughtUp = time.Since(rushEnd), handled.Load()
+		caughtUp, handledCaughtUp, sentCaughtUp = watchEnd, handledAtWatchEnd, sentAtWatchEnd
 	}
 	c.rate, c.took = readRate(handledCaughtUp-handledInRush, caughtUp), e.Lesson(caughtUp)
+	c.arrivals = e.LessonRate(float64(sentCaughtUp) / caughtUp.Seconds())
 	rushCatchUpCheck(e, c)
 	_, _ = catchUp, lastWait
 	e.exact("log: writes the writer lost or had refused", "events", 0, float64(sent.Load()-published.Load()), "JetStream stores whatever the reader's pace")
@@ -419,7 +409,8 @@ func runRush(ctx context.Context, e *Env) error {
 	// reader goes on after the last event handled, so nothing is lost (or
 	// handled again, unless that batch's ack was lost too). A lapse gives
 	// the partitions up and hands the batch in hand again: the counts
-	// above then include it twice.
+	// above are of events, each once (rushLog.handled), so they do not
+	// include it twice.
 	e.note("the log reader's lease lapsed %.0f times (%s lease) and %.0f fetches lost deliveries on their way (gaps, read again from after the last event handled)", lapses, rushLease, gaps)
 	p1, p2 := lat.median(1), lat.median(2)
 	e.note("writer p50 ack latency: %s in the first quarter of the rush, %s in its last (the backlog does not slow the writer; on a loaded machine both move with the load)",
@@ -427,20 +418,82 @@ func runRush(ctx context.Context, e *Env) error {
 	return nil
 }
 
+// rushLog is the lesson's log reader: its pace, and what it counts of the
+// events it handles.
+type rushLog struct {
+	lim        *rate.Limiter // the reader's pace
+	partLim    *rate.Limiter // the starved partition's, while starvePart
+	lastPart   int           // the partition of the rush's last event
+	starvePart atomic.Bool   // from the rush's end until its last event is handled
+	lastID     atomic.Value  // the rush's last event's ID, once sent
+	// handled counts the events handled, each once: a batch handed again
+	// (abandoned when the lease may have lapsed) comes with events
+	// handled already, and counted per handing they would be counted
+	// twice, in the backlog (sent less handled) and in the reader's rates.
+	handled distinctCount
+	onLast  distinct // the events of lastPart handled, each once
+	// The events handled (in all; of its partition) when the rush's last
+	// one was, and when it was (once).
+	atLast, onPartAtLast atomic.Int64
+	lastAt               chan time.Time
+}
+
+// handle is the reader's handler: it hands the batch on at the reader's
+// pace and counts what it handled.
+func (r *rushLog) handle(ctx context.Context, p int, batch []reader.Event) error {
+	for len(batch) > 0 {
+		n := min(len(batch), r.lim.Burst())
+		if p == r.lastPart && r.starvePart.Load() {
+			n = min(n, r.partLim.Burst())
+			if err := r.partLim.WaitN(ctx, n); err != nil {
+				return err
+			}
+		}
+		if err := r.lim.WaitN(ctx, n); err != nil {
+			return err
+		}
+		for _, ev := range batch[:n] {
+			if p == r.lastPart {
+				r.onLast.add(ev.Click.ID)
+			}
+			r.handled.add(ev.Click.ID)
+			if id, ok := r.lastID.Load().(string); ok && id == ev.Click.ID {
+				// Kept once, before the run is told it was handled.
+				if r.atLast.CompareAndSwap(0, r.handled.count()) {
+					r.onPartAtLast.Store(r.onLast.count())
+					r.starvePart.Store(false)
+				}
+				select { // once: a redelivery must not block the handler
+				case r.lastAt <- time.Now():
+				default:
+				}
+			}
+		}
+		batch = batch[n:]
+	}
+	return nil
+}
+
 // rushCatchUp is what the run saw of the backlog's drain after the rush:
 // the events left at the rush's end, whether the backlog drained (under 2%
 // of the lesson's peak) before the run ended, the lesson seconds from the
 // rush's end until it did (or until the run ended: a lower bound), and the
-// log reader's rate over those seconds.
+// log reader's rate and the arrival rate over those seconds.
 type rushCatchUp struct {
 	backlog  float64
 	caughtUp bool
 	took     float64
 	rate     float64
+	arrivals float64
 }
 
 // rushCatchUpCheck judges the catch-up time: the backlog at the rush's end
-// at the reader's rate less the 100/s still arriving. A reader no faster
+// at the reader's rate less the 100/s still arriving. Those 100/s over the
+// same stretch are the row's premise: a writer the machine starved after
+// the rush offers fewer, the backlog then drains sooner than the lesson
+// says, and the row is not judged (with the arrivals measured in the
+// formula instead, the row would only restate its own measurements: the
+// backlog drained is what was handled less what arrived). A reader no faster
 // than the arrivals never drains it: the prediction is then never (+Inf),
 // which a backlog that drained contradicts. A backlog that had not drained
 // when the run ended gives a lower bound, not a time: the row then checks
@@ -457,8 +510,12 @@ func rushCatchUpCheck(e *Env, c rushCatchUp) {
 	if c.rate < rushRead {
 		e.note("until caught up the log reader ran at %.0f/s: the catch-up time is predicted at that rate", c.rate)
 	}
+	e.within("arrival rate from the rush's end until caught up (premise)", "events/s", rushAfter, c.arrivals, 0.1, 0,
+		"published on a 5 ms ticker; what keeps arriving while the backlog drains, over the stretch the catch-up time is about (to the run's end, if not caught up)")
+	e.premise()
 	if c.caughtUp {
 		e.within(name, "s", predicted, c.took, rel, abs, why)
+		e.needsPremise()
 		return
 	}
 	e.note("the backlog had not drained when the run ended, %.1f s after the rush: the catch-up time measured is a lower bound", c.took)
@@ -468,6 +525,7 @@ func rushCatchUpCheck(e *Env, c rushCatchUp) {
 		Why:       why + "; not caught up when the run ended: the measured time is a lower bound, which the prediction must not fall short of",
 		OK:        c.took <= predicted*(1+rel)+abs,
 	})
+	e.needsPremise()
 }
 
 // rushLast is what the run saw of the rush's last event: the events handled
@@ -517,13 +575,18 @@ type distinct struct {
 	seen map[string]struct{}
 }
 
-func (d *distinct) add(id string) {
+// add records id and reports whether it is new.
+func (d *distinct) add(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.seen == nil {
 		d.seen = map[string]struct{}{}
 	}
-	d.seen[id] = struct{}{}
+	if _, ok := d.seen[id]; ok {
+		return false
+	}
+	d.seen[strings.Clone(id)] = struct{}{} // not the batch's payload memory (reader.Event)
+	return true
 }
 
 func (d *distinct) count() int64 {
@@ -531,6 +594,21 @@ func (d *distinct) count() int64 {
 	defer d.mu.Unlock()
 	return int64(len(d.seen))
 }
+
+// distinctCount counts events by ID, each once, with a count that is read
+// without the lock (the sampler and the writer read it as it runs).
+type distinctCount struct {
+	seen distinct
+	n    atomic.Int64
+}
+
+func (d *distinctCount) add(id string) {
+	if d.seen.add(id) {
+		d.n.Add(1)
+	}
+}
+
+func (d *distinctCount) count() int64 { return d.n.Load() }
 
 type pubFuture struct {
 	f     jetstream.PubAckFuture
