@@ -52,6 +52,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestARelayHoldingAShorterBatchThanTheLanesRecordTrimsTheRecorded,
 		TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder,
 		TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale,
+		TestAHolderWhoseRecordMeetsALongerOneFromTheSameHeadTrimsThatOne,
 		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
 		TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch,
 		TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries,

@@ -638,7 +638,7 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 				ls.retryAt = time.Now().Add(ls.backoff)
 				r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
 				if !a.recorded {
-					r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
+					r.untrimmed[shard][li] = r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
 				}
 			default:
 				// The lane goes on from its head, probing still if the batch
@@ -795,9 +795,10 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 			// first. That instance may publish only after the duplicate
 			// window (a holder stalled itself, or one that takes the shard
 			// after a long outage): without the record it would publish the
-			// batch again, stored twice.
-			r.untrimmed[shard][li] = a
-			r.recordUntrimmed(ctx, shard, li, lease, a, err)
+			// batch again, stored twice. (Should the lane's record name a
+			// batch from the same head reaching further, that batch is kept
+			// in its place, this one beside it: recordUntrimmed.)
+			r.untrimmed[shard][li] = r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
 		return 0, err
 	}
@@ -828,7 +829,8 @@ type acked struct {
 	read bool
 	from string
 	// other is the lane's other untrimmed batch, reaching less far, that
-	// laterBatch set aside for this one: tried should this one be stale.
+	// laterBatch or recordUntrimmed set aside for this one (a record
+	// adopted): tried should this one be stale.
 	other *acked
 }
 
