@@ -56,6 +56,7 @@ func TestOnRedisCluster(t *testing.T) {
 		TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch,
 		TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch,
 		TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries,
+		TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid,
 		TestARecordCreatedOverOneDeletedSinceTrimsNothing,
 		TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch,
 		TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord,

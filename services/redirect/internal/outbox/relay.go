@@ -254,10 +254,18 @@ type heldShard struct {
 	// the lease's life. Redis set the expiry after that start, so the lease
 	// lives at least until then. The shard publishes only before it.
 	until atomic.Int64
+	// lost: a fenced trim found the lease another's (trim). It stays lost:
+	// a renewal Redis answered before, whose deadline balance stores only
+	// now, must not make it valid again, for the shard's loop ends and, as
+	// it ends, records its batch over a record that may be the new
+	// holder's only while the lease is valid (recordUntrimmed).
+	lost atomic.Bool
 }
 
 // valid reports whether the lease is surely still the shard's.
-func (h *heldShard) valid(r *Relay) bool { return int64(r.since()) < h.until.Load() }
+func (h *heldShard) valid(r *Relay) bool {
+	return !h.lost.Load() && int64(r.since()) < h.until.Load()
+}
 
 // Run relays until ctx ends, then stops its shards and releases their leases
 // so other instances take over at once.
@@ -855,7 +863,7 @@ func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
 	if res[0] < 0 {
-		lease.until.Store(0) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
+		lease.lost.Store(true) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
 		return 0, errLeaseLost
 	}
 	if len(res) > 1 && res[1] == 1 {
