@@ -228,3 +228,127 @@ func (k *trimKiller) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		return next(ctx, cmds)
 	}
 }
+
+// TestAHolderWhoseRecordMeetsALongerOneFromTheSameHeadTrimsThatOne: relay
+// b takes the shard, reads no record, relays the lane's first 16 clicks,
+// and Redis does not answer its trim. Meanwhile the record of a batch from
+// the same head reaching further lands on the lane: the lane's first 32,
+// from a relay x whose lease lapsed before b took the shard, whose own
+// trim and record had failed, and whose retried write NATS took only now
+// (x published the 16 beyond b's). b's own write meets it. Its trim
+// deletes b's batch with its own, so b adopts it, as it does a longer
+// record it reads when it takes the shard (laterBatch): when Redis answers
+// b again, past the duplicate window and its lease still its own, b trims
+// the 32 and publishes only the 8 after them: every click once, and the
+// record deleted. Before, b left the record and trimmed its own 16 when
+// Redis answered, so the record went stale, and b read the 16 beyond from
+// the lane's head and published them again: stored twice.
+func TestAHolderWhoseRecordMeetsALongerOneFromTheSameHeadTrimsThatOne(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+	msgs, err := e.rdb.XRange(t.Context(), e.layout.OutboxKey(0, LaneClicks), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	bRDB := testenv.AnotherClient(t, e.rdb)
+	trims := &trimsFail{}
+	bRDB.AddHook(trims)
+	b := e.relayOn(bRDB, "b")
+	b.cfg.LeaseTTL = 3 * time.Second // b's lease outlives the duplicate window (its renewals succeed)
+	var once sync.Once
+	acked, xDone := make(chan struct{}), make(chan struct{})
+	b.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			trims.failing.Store(true)
+			close(acked)
+			<-xDone
+		})
+		return nil
+	}
+	rb := start(b)
+	defer rb.stop()
+	<-acked
+	publishEntries(t, e, msgs[16:32]) // what x published beyond b's batch
+	putRecord(t, e, 0, LaneClicks, "x", headBatch(t, msgs[:32]))
+	close(xDone)
+	testenv.WaitFor(t, 10*time.Second, "b's write to meet x's record", func() bool {
+		return recordsCounted(b, "adopted")+recordsCounted(b, "superseded") >= 1
+	})
+	if rec, _, err := NewRecords(e.js).get(t.Context(), 0, LaneClicks); err != nil || rec == nil || rec.from != "x" || rec.n != 32 {
+		t.Fatalf("the lane's record: %+v, %v; want x's batch of 32, kept", rec, err)
+	}
+
+	probe := passDuplicateWindow(t, e)
+	trims.failing.Store(false) // Redis answers b's trims again
+	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if n := testutilLeasesLost(b); n != 0 {
+		t.Fatalf("b lost its lease %v times; the test needs it held throughout", n)
+	}
+	if ad, ap := recordsCounted(b, "adopted"), recordsCounted(b, "applied"); ad != 1 || ap != 1 {
+		t.Fatalf("b: records adopted %v, applied %v; want 1 and 1", ad, ap)
+	}
+	if n := counterValue(b.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
+		t.Fatalf("relay_published_total = %v, want 40 (the record's 32 and the 8 after)", n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// publishEntries publishes the outbox entries msgs to their streams, as
+// another relay would have (Nats-Msg-Id = event ID).
+func publishEntries(t *testing.T, e *env, msgs []redis.XMessage) {
+	t.Helper()
+	for _, m := range msgs {
+		en, err := parseEntry(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := &nats.Msg{Subject: en.Subject, Data: []byte(en.Data), Header: nats.Header{events.HeaderMsgID: []string{en.ID}}}
+		if _, err := e.js.PublishMsg(t.Context(), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// headBatch is the batch of the lane entries msgs, all published, as a
+// relay that relayed them would record it.
+func headBatch(t *testing.T, msgs []redis.XMessage) *acked {
+	t.Helper()
+	first, err := parseEntry(msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := parseEntry(msgs[len(msgs)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := nextStreamID(last.StreamID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &acked{n: len(msgs), keep: keep, firstEvent: first.ID, last: last.StreamID, lastEvent: last.ID, published: len(msgs)}
+}
+
+// trimsFail is a Redis client hook that, while failing, fails the relay's
+// fenced trim and lets every other command through (its renewals among
+// them): Redis not answering the trim of a batch.
+type trimsFail struct{ failing atomic.Bool }
+
+func (k *trimsFail) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (k *trimsFail) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error {
+		if args := c.Args(); k.failing.Load() && len(args) > 1 && c.Name() == "evalsha" && args[1] == fencedTrimScript.Hash() {
+			c.SetErr(errKilled)
+			return errKilled
+		}
+		return next(ctx, c)
+	}
+}
+
+func (k *trimsFail) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}

@@ -25,6 +25,8 @@ type Metrics struct {
 	// UntrimmedRecords counts the records of batches acknowledged but not
 	// trimmed (Records), by lane and outcome: written, write_failed,
 	// superseded (not written: another holder's record is there),
+	// adopted (not written: the lane's record names a batch from the
+	// same head reaching as far or further, which the relay trims),
 	// applied (trimmed by the relay that read it), stale (it trimmed
 	// nothing), read_failed, malformed.
 	UntrimmedRecords *prometheus.CounterVec
@@ -73,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RelayInstances: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "relay_instances",
 			Help: "Live relay instances seen in the last heartbeat."}),
 		UntrimmedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "relay_untrimmed_records_total",
-			Help: "Records in NATS of batches JetStream acknowledged and Redis did not trim, per lane and outcome: written, write_failed, superseded (another holder's record kept), applied (trimmed by the relay that took the shard), stale (trimmed nothing), read_failed (the lane waits), malformed."}, []string{"lane", "outcome"}),
+			Help: "Records in NATS of batches JetStream acknowledged and Redis did not trim, per lane and outcome: written, write_failed, superseded (another holder's record kept), adopted (the lane's record from the same head reaching as far or further trimmed in the batch's place), applied (trimmed by the relay that took the shard), stale (trimmed nothing), read_failed (the lane waits), malformed."}, []string{"lane", "outcome"}),
 	}
 	reg.MustRegister(m.Depth, m.OldestAge, m.DepthSum, m.OldestAgeMax, m.ShardCapacity, m.DeadEntries, m.Rejected, m.BatchSize,
 		m.CommitDuration, m.Published, m.PublishErrors, m.Parked, m.Late, m.LeasesHeld, m.LeasesLost, m.RelayInstances, m.UntrimmedRecords)

@@ -215,10 +215,11 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 
 // recordUntrimmed records a, the batch of shard's lane JetStream
 // acknowledged and Redis did not trim (cause), for an instance that takes
-// the shard before this relay trims it. NATS has just acknowledged the
-// batch, so it most likely takes the write too; when it does not, the
-// failure is counted and logged, and the write is tried again with the
-// trim (trimUntrimmed).
+// the shard before this relay trims it, and returns the lane's untrimmed
+// batch from now on: a, or the batch of a record it adopts. NATS has just
+// acknowledged the batch, so it most likely takes the write too; when it
+// does not, the failure is counted and logged, and the write is tried
+// again with the trim (trimUntrimmed).
 //
 // The write is conditional on the key being as this relay last saw it
 // (Relay.seen): a relay whose lease lapsed while Redis did not answer, and
@@ -232,14 +233,18 @@ func (rs *Records) del(ctx context.Context, shard int, lane Lane, rev uint64) er
 // there is stale or holds nothing this batch does not (two batches at the
 // lane's head start with the same entry). So is one starting elsewhere while
 // the lease is surely still this relay's (no other instance can hold the
-// shard: the record is stale). Otherwise (one from the same head reaching
-// as far or further, which trims this batch with its own, or one that may
-// be a newer holder's) the batch is left unrecorded (superseded). The relay
-// still trims the batch should it take the shard again; nothing else
-// changes.
-func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldShard, a *acked, cause error) {
+// shard: the record is stale). One from the same head reaching as far or
+// further, whose trim deletes this batch with its own, is adopted, as
+// laterBatch adopts one it reads: it becomes the batch this relay trims,
+// with a set beside it (acked.other) should it be stale. Trimming a alone
+// would leave that record stale with the rest of its batch, which
+// JetStream acknowledged, at the lane's head: published again past the
+// duplicate window, by this relay or the next. Otherwise (one that may be
+// a newer holder's) the batch is left unrecorded (superseded). The relay
+// still trims it should it take the shard again; nothing else changes.
+func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldShard, a *acked, cause error) *acked {
 	if r.cfg.Records == nil {
-		return
+		return a
 	}
 	lane := Lanes[li]
 	ctx = context.WithoutCancel(ctx) // also at shutdown: the next holder is who needs it
@@ -254,26 +259,38 @@ func (r *Relay) recordUntrimmed(ctx context.Context, shard, li int, lease *heldS
 		case cur == nil || a.reachesFurther(cur) || (cur.firstEvent != a.firstEvent && lease.valid(r)):
 			r.seen[shard][li] = curRev
 			rev, err = r.cfg.Records.put(ctx, shard, lane, r.cfg.Instance, a, curRev)
+		case cur.firstEvent == a.firstEvent:
+			// From the same head, reaching as far or further: its trim
+			// deletes a's batch with the rest of its own.
+			r.seen[shard][li] = curRev
+			a.rev, a.recorded = 0, false // no record names it: tried should cur be stale
+			cur.other = a
+			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "adopted").Inc()
+			r.log.Warn("relay adopted the lane's record of a batch from the same head reaching as far as its untrimmed one, or further; it trims that batch, which holds its own",
+				"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "recorded_by", cur.from, "recorded_last", cur.last,
+				"revision", curRev, "trim_err", cause)
+			return cur
 		default:
 			a.rev, a.recorded = 0, true // no more writes, and its trim deletes no record: it is another's
 			r.m.UntrimmedRecords.WithLabelValues(lane.Name, "superseded").Inc()
-			r.log.Warn("relay did not record its untrimmed batch: the lane's record changed since it looked, and names a batch reaching as far, or may be a new holder's",
+			r.log.Warn("relay did not record its untrimmed batch: the lane's record changed since it looked, and may be a new holder's",
 				"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision_seen", r.seen[shard][li],
 				"revision", curRev, "trim_err", cause)
-			return
+			return a
 		}
 	}
 	if err != nil {
 		r.m.UntrimmedRecords.WithLabelValues(lane.Name, "write_failed").Inc()
 		r.log.Error("relay could not record a batch JetStream acknowledged and Redis did not trim: an instance that takes the shard before this one trims it publishes it again",
 			"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "err", err, "trim_err", cause)
-		return
+		return a
 	}
 	a.rev, a.recorded = rev, true
 	r.seen[shard][li] = rev
 	r.m.UntrimmedRecords.WithLabelValues(lane.Name, "written").Inc()
 	r.log.Warn("relay recorded a batch JetStream acknowledged and Redis did not trim; it trims it when Redis answers, or the instance that takes the shard does",
 		"shard", shard, "lane", lane.Name, "entries", a.n, "first_event", a.firstEvent, "last", a.last, "revision", rev, "trim_err", cause)
+	return a
 }
 
 // sameBatch reports whether a and b name the same head of a lane.
@@ -376,7 +393,9 @@ func (r *Relay) readRecords(ctx context.Context, shard int, lease *heldShard, la
 // another failed trim would trim only the shorter batch and publish the
 // rest of own's again. Should NATS refuse the write, own keeps the record's
 // revision (its trim deletes the shorter record, which then trims
-// nothing) and the write is tried again with the trim.
+// nothing) and the write is tried again with the trim; should a record
+// from the same head reaching further than own have landed since, that one
+// is adopted in turn (recordUntrimmed).
 func (r *Relay) laterBatch(ctx context.Context, shard, li int, lease *heldShard, own, rec *acked) *acked {
 	if own == nil {
 		return rec
@@ -394,12 +413,11 @@ func (r *Relay) laterBatch(ctx context.Context, shard, li int, lease *heldShard,
 		"own_last", own.last, "recorded_last", rec.last, "recorded_by", rec.from, "trimming_last", keep.last)
 	if keep == rec {
 		rec.other = own
-	} else {
-		own.other = rec
-		own.rev, own.recorded = rec.rev, false
-		r.recordUntrimmed(ctx, shard, li, lease, own, errShorterRecord)
+		return rec
 	}
-	return keep
+	own.other = rec
+	own.rev, own.recorded = rec.rev, false
+	return r.recordUntrimmed(ctx, shard, li, lease, own, errShorterRecord)
 }
 
 // errShorterRecord is why a relay records its own untrimmed batch again:

@@ -254,10 +254,18 @@ type heldShard struct {
 	// the lease's life. Redis set the expiry after that start, so the lease
 	// lives at least until then. The shard publishes only before it.
 	until atomic.Int64
+	// lost: a fenced trim found the lease another's (trim). It stays lost:
+	// a renewal Redis answered before, whose deadline balance stores only
+	// now, must not make it valid again, for the shard's loop ends and, as
+	// it ends, records its batch over a record that may be the new
+	// holder's only while the lease is valid (recordUntrimmed).
+	lost atomic.Bool
 }
 
 // valid reports whether the lease is surely still the shard's.
-func (h *heldShard) valid(r *Relay) bool { return int64(r.since()) < h.until.Load() }
+func (h *heldShard) valid(r *Relay) bool {
+	return !h.lost.Load() && int64(r.since()) < h.until.Load()
+}
 
 // Run relays until ctx ends, then stops its shards and releases their leases
 // so other instances take over at once.
@@ -638,7 +646,7 @@ func (r *Relay) trimUntrimmed(ctx context.Context, shard int, lease *heldShard, 
 				ls.retryAt = time.Now().Add(ls.backoff)
 				r.log.Warn("relay trim of an acknowledged batch", "shard", shard, "lane", lane.Name, "retry_in", ls.backoff, "err", err)
 				if !a.recorded {
-					r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
+					r.untrimmed[shard][li] = r.recordUntrimmed(ctx, shard, li, lease, a, err) // its last write failed
 				}
 			default:
 				// The lane goes on from its head, probing still if the batch
@@ -795,9 +803,10 @@ func (r *Relay) relayBatch(ctx context.Context, shard int, lease *heldShard, li 
 			// first. That instance may publish only after the duplicate
 			// window (a holder stalled itself, or one that takes the shard
 			// after a long outage): without the record it would publish the
-			// batch again, stored twice.
-			r.untrimmed[shard][li] = a
-			r.recordUntrimmed(ctx, shard, li, lease, a, err)
+			// batch again, stored twice. (Should the lane's record name a
+			// batch from the same head reaching further, that batch is kept
+			// in its place, this one beside it: recordUntrimmed.)
+			r.untrimmed[shard][li] = r.recordUntrimmed(ctx, shard, li, lease, a, err)
 		}
 		return 0, err
 	}
@@ -828,7 +837,8 @@ type acked struct {
 	read bool
 	from string
 	// other is the lane's other untrimmed batch, reaching less far, that
-	// laterBatch set aside for this one: tried should this one be stale.
+	// laterBatch or recordUntrimmed set aside for this one (a record
+	// adopted): tried should this one be stale.
 	other *acked
 }
 
@@ -853,7 +863,7 @@ func (r *Relay) trim(ctx context.Context, shard int, lease *heldShard, li int, a
 		return 0, fmt.Errorf("delete relayed entries: %w", err)
 	}
 	if res[0] < 0 {
-		lease.until.Store(0) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
+		lease.lost.Store(true) // surely not its own: it publishes nothing more, and overwrites no record as the holder (recordUntrimmed)
 		return 0, errLeaseLost
 	}
 	if len(res) > 1 && res[1] == 1 {

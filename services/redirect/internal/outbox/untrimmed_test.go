@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/snipdev/snip/pkg/testenv"
@@ -229,4 +230,156 @@ func TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries(t *testing.T) {
 		t.Fatalf("relay_published_total = %v, want 40", n)
 	}
 	noRecord(t, e, 0, LaneClicks)
+}
+
+// TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid:
+// relay r's balance renews the lease (Redis answers: still r's), and
+// before it stores the renewed deadline, a Redis failover loses the lease
+// and an instance x takes the shard: it publishes the whole lane (r's 16
+// within the duplicate window), trims its first 32, fails the trim of the
+// last 8, records that batch and dies. r's trim of its batch finds the
+// lease x's and marks it lost; then balance stores the renewal's deadline.
+// r's record write meets x's record, which starts at another entry: r must
+// leave it (superseded), since x may hold the shard; a lease marked lost
+// stays lost whatever a renewal answered before. c, taking the shard past
+// the duplicate window, applies x's record: every click once. (r publishes
+// nothing more either way: its shard loop ends on the lost lease.) Before,
+// the late deadline made r's lease look valid again, r wrote its batch over
+// x's record, c found it stale, and published x's 8 again.
+func TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid(t *testing.T) {
+	testenv.Parallel(t)
+	e := newEnv(t, 1)
+	shortDuplicateWindow(t, e)
+	ids := e.addClicks(t, "abc", 40)
+	key := e.layout.OutboxKey(0, LaneClicks)
+	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	rdb := testenv.AnotherClient(t, e.rdb)
+	gate := &renewalGate{renewed: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(gate)
+	kv := &beforeWriteKV{js: e.js}
+	r := e.relayWith(rdb, "r", NewRecords(kv))
+	r.cfg.LeaseTTL = 3 * time.Second // the renewed deadline lies well ahead
+	kv.before = func() {
+		// r's trim found the lease lost: let balance store the renewal's
+		// deadline, and write once it has (its next heartbeat is sent).
+		beats := gate.beats.Load()
+		close(gate.release)
+		for deadline := time.Now().Add(10 * time.Second); gate.beats.Load() == beats; {
+			if time.Now().After(deadline) {
+				t.Error("balance sent no heartbeat after the renewal was answered")
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	var once sync.Once
+	acked, xDone := make(chan struct{}), make(chan struct{})
+	r.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			gate.armed.Store(true)
+			<-gate.renewed
+			close(acked)
+			<-xDone
+		})
+		return nil
+	}
+	rr := start(r)
+	defer rr.stop()
+	<-acked
+	// A failover lost r's lease, and x took the shard.
+	if err := e.rdb.Set(t.Context(), e.layout.LeaseKey(0), "x/after-a-failover", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	publishEntries(t, e, msgs[16:]) // x relays the lane
+	keep, err := nextStreamID(msgs[31].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.XTrimMinID(t.Context(), key, keep).Err(); err != nil { // x trims its first 32
+		t.Fatal(err)
+	}
+	putRecord(t, e, 0, LaneClicks, "x", headBatch(t, msgs[32:])) // and records its last 8
+	close(xDone)
+	testenv.WaitFor(t, 10*time.Second, "r to lose the shard", func() bool { return testutilLeasesLost(r) >= 1 })
+	rr.stop()
+
+	probe := passDuplicateWindow(t, e)
+	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // x is dead
+		t.Fatal(err)
+	}
+	c := e.relay("c")
+	rc := start(c)
+	defer rc.stop()
+	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	if w, s := recordsCounted(r, "written"), recordsCounted(r, "superseded"); w != 0 || s != 1 {
+		t.Fatalf("r counted %v records written and %v superseded, want 0 and 1: x's record kept", w, s)
+	}
+	if n := recordsCounted(c, "applied"); n != 1 {
+		t.Fatalf("c applied %v records, want x's", n)
+	}
+	noRecord(t, e, 0, LaneClicks)
+}
+
+// renewalGate is a Redis client hook that counts the heartbeats balance
+// sends (a pipeline starting with ZADD) and, once armed, holds the answer
+// of the next lease renewal (a pipeline of scripts) that Redis answered:
+// it closes renewed, and returns the answer once release is closed.
+type renewalGate struct {
+	armed            atomic.Bool
+	beats            atomic.Int64
+	renewed, release chan struct{}
+}
+
+func (g *renewalGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *renewalGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *renewalGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "zadd" {
+			g.beats.Add(1)
+		}
+		err := next(ctx, cmds)
+		if len(cmds) > 0 && (cmds[0].Name() == "eval" || cmds[0].Name() == "evalsha") && err == nil && g.armed.CompareAndSwap(true, false) {
+			close(g.renewed)
+			<-g.release
+		}
+		return err
+	}
+}
+
+// beforeWriteKV is a JetStream context whose buckets call before (once)
+// ahead of the first record write.
+type beforeWriteKV struct {
+	js     KeyValues
+	before func()
+	once   sync.Once
+}
+
+func (k *beforeWriteKV) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+	kv, err := k.js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	return beforeWriteBucket{KeyValue: kv, k: k}, nil
+}
+
+type beforeWriteBucket struct {
+	jetstream.KeyValue
+	k *beforeWriteKV
+}
+
+func (b beforeWriteBucket) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	b.k.once.Do(b.k.before)
+	return b.KeyValue.Create(ctx, key, value, opts...)
+}
+
+func (b beforeWriteBucket) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	b.k.once.Do(b.k.before)
+	return b.KeyValue.Update(ctx, key, value, revision)
 }
