@@ -573,8 +573,11 @@ func (r *Relay) runShard(ctx context.Context, shard int, lease *heldShard) {
 // record does not name (NATS refused it, or another's record holds it) is
 // kept, as is one with a shorter batch set aside beside it (acked.other,
 // which no record names): this relay trims them should it take the shard
-// again. So a relay keeps at most two batches per shard and lane, their
-// IDs and counts, never entries, and none whose record is written.
+// again. So a relay keeps per shard and lane one batch and the shorter ones
+// set aside behind it (a chain through acked.other, one link for each
+// record of another relay it met: longest, own, shorter at most in the
+// cases the tests make), their IDs and counts, never entries, and none
+// alone whose record is written.
 func (r *Relay) forgetRecorded(shard int) {
 	for li, a := range r.untrimmed[shard] {
 		if a != nil && a.recorded && a.rev != 0 && a.other == nil {
