@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,55 +23,26 @@ import (
 // it. When b's batch reaches past a's, the clicks beyond a's were
 // published by b. a's shard loop has ended (the lease lapsed); its Redis
 // and NATS answer again, and the duplicate window has passed for
-// everything published. It returns a (not running), its Redis hook, and
-// the event IDs.
-func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalClient, []string) {
+// everything published. It returns a (not running; a.rdb is its Redis
+// client) and the event IDs.
+func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, []string) {
 	t.Helper()
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
-	aRDB := testenv.AnotherClient(t, e.rdb)
-	down := &killed{}
-	aRDB.AddHook(down)
-	aKV := &refusingKV{js: e.js}
-	a := e.relayWith(aRDB, "a", NewRecords(aKV))
-	var once sync.Once
-	a.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() { down.kill(); aKV.refusing.Store(true) })
-		return nil
-	}
-	ra := start(a)
-	testenv.WaitFor(t, 10*time.Second, "a's record refused", func() bool { return recordsCounted(a, "write_failed") >= 1 })
+	a, ra, down, aKV := e.refusedAfterAcks(t, "a")
 	ra.stop() // the shard loop ends with the batch still a's own
 	aKV.refusing.Store(false)
 	if own := a.untrimmed[0][0]; own == nil || own.n != 16 {
 		t.Fatalf("a's own untrimmed batch: %+v, want its first 16 clicks", own)
 	}
 
-	key := e.layout.OutboxKey(0, LaneClicks)
-	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs[min(16, recorded):recorded] { // what b published beyond a's batch
-		en, err := parseEntry(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := &nats.Msg{Subject: en.Subject, Data: []byte(en.Data), Header: nats.Header{events.HeaderMsgID: []string{en.ID}}}
-		if _, err := e.js.PublishMsg(t.Context(), msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	keep, err := nextStreamID(msgs[recorded-1].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &acked{n: recorded, keep: keep, firstEvent: ids[0], last: msgs[recorded-1].ID, lastEvent: ids[recorded-1], published: recorded}
-	putRecord(t, e, 0, LaneClicks, "b", b)
+	msgs := e.laneEntries(t)
+	publishEntries(t, e, msgs[min(16, recorded):recorded]) // what b published beyond a's batch
+	putRecord(t, e, 0, LaneClicks, "b", headBatch(t, msgs[:recorded]))
 	passDuplicateWindow(t, e)
 	down.dead.Store(false)
-	return a, aRDB, ids
+	return a, ids
 }
 
 // TestARelayHoldingALongerBatchThanTheLanesRecordTrimsItsOwn: a relay that
@@ -84,11 +54,10 @@ func ownAndAnother(t *testing.T, e *env, recorded int) (*Relay, redis.UniversalC
 func TestARelayHoldingALongerBatchThanTheLanesRecordTrimsItsOwn(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	a, _, ids := ownAndAnother(t, e, 8)
+	a, ids := ownAndAnother(t, e, 8)
 	ra := start(a)
 	defer ra.stop()
-	testenv.WaitFor(t, 10*time.Second, "a to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, "probe-duplicate-window"))
+	relayedOnce(t, e, "a", ids, duplicateWindowProbe)
 	if n := counterValue(a.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
 		t.Fatalf("relay_published_total = %v, want 40", n)
 	}
@@ -103,11 +72,10 @@ func TestARelayHoldingALongerBatchThanTheLanesRecordTrimsItsOwn(t *testing.T) {
 func TestARelayHoldingAShorterBatchThanTheLanesRecordTrimsTheRecorded(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	a, _, ids := ownAndAnother(t, e, 24)
+	a, ids := ownAndAnother(t, e, 24)
 	ra := start(a)
 	defer ra.stop()
-	testenv.WaitFor(t, 10*time.Second, "a to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, "probe-duplicate-window"))
+	relayedOnce(t, e, "a", ids, duplicateWindowProbe)
 	if n := recordsCounted(a, "applied"); n != 1 {
 		t.Fatalf("a applied %v records, want 1", n)
 	}
@@ -125,24 +93,16 @@ func TestARelayHoldingAShorterBatchThanTheLanesRecordTrimsTheRecorded(t *testing
 func TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	a, aRDB, ids := ownAndAnother(t, e, 8)
+	a, ids := ownAndAnother(t, e, 8)
 	trims := &trimKiller{}
 	trims.armed.Store(true)
-	aRDB.AddHook(trims)
+	a.rdb.AddHook(trims)
 	ra := start(a)
 	testenv.WaitFor(t, 10*time.Second, "a's trim to fail again", func() bool { return trims.failed.Load() })
 	ra.stop() // a dies: its Redis answers nothing more
-	passDuplicateWindow(t, e)
+	probe := passDuplicateWindow(t, e)
 
-	c := e.relay("c")
-	rc := start(c)
-	defer rc.stop()
-	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, "probe-duplicate-window"))
-	if n := recordsCounted(c, "applied"); n != 1 {
-		t.Fatalf("c applied %v records, want 1", n)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "c", ids, probe, counted{"applied": 1})
 }
 
 // TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale: the relay holds
@@ -157,26 +117,20 @@ func TestARelayKeepingItsLongerBatchRecordsItForTheNextHolder(t *testing.T) {
 func TestARelayTriesTheShorterBatchWhenTheFurtherOneIsStale(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	a, _, ids := ownAndAnother(t, e, 24)
-	key := e.layout.OutboxKey(0, LaneClicks)
-	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, ids := ownAndAnother(t, e, 24)
 	var lost []string
-	for _, m := range msgs[16:] {
+	for _, m := range e.laneEntries(t)[16:] {
 		lost = append(lost, m.ID)
 	}
-	if err := e.rdb.XDel(t.Context(), key, lost...).Err(); err != nil {
+	if err := e.rdb.XDel(t.Context(), e.layout.OutboxKey(0, LaneClicks), lost...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	later := e.addClicks(t, "xyz", 5)
 
 	ra := start(a)
 	defer ra.stop()
-	testenv.WaitFor(t, 10*time.Second, "a to relay the shard", func() bool { return e.outboxLen(t) == 0 })
 	want := append(append([]string{}, ids[:24]...), later...) // the last 16 were lost before anyone published them
-	sameSequence(t, "CLICKS", want, storedIDsBut(t, e, "probe-duplicate-window"))
+	relayedOnce(t, e, "a", want, duplicateWindowProbe)
 	if s, ap := recordsCounted(a, "stale"), recordsCounted(a, "applied"); s != 1 || ap != 0 {
 		t.Fatalf("records stale %v, applied %v; want 1 and 0", s, ap)
 	}
@@ -248,32 +202,20 @@ func TestAHolderWhoseRecordMeetsALongerOneFromTheSameHeadTrimsThatOne(t *testing
 	e := newEnv(t, 1)
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
-	msgs, err := e.rdb.XRange(t.Context(), e.layout.OutboxKey(0, LaneClicks), "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := e.laneEntries(t)
 
 	bRDB := testenv.AnotherClient(t, e.rdb)
 	trims := &trimsFail{}
 	bRDB.AddHook(trims)
 	b := e.relayOn(bRDB, "b")
 	b.cfg.LeaseTTL = 3 * time.Second // b's lease outlives the duplicate window (its renewals succeed)
-	var once sync.Once
-	acked, xDone := make(chan struct{}), make(chan struct{})
-	b.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() {
-			trims.failing.Store(true)
-			close(acked)
-			<-xDone
-		})
-		return nil
-	}
+	acked, xDone := pauseAfterAcks(b, func() { trims.failing.Store(true) })
 	rb := start(b)
 	defer rb.stop()
 	<-acked
 	publishEntries(t, e, msgs[16:32]) // what x published beyond b's batch
 	putRecord(t, e, 0, LaneClicks, "x", headBatch(t, msgs[:32]))
-	close(xDone)
+	xDone()
 	testenv.WaitFor(t, 10*time.Second, "b's write to meet x's record", func() bool {
 		return recordsCounted(b, "adopted")+recordsCounted(b, "superseded") >= 1
 	})
@@ -283,8 +225,7 @@ func TestAHolderWhoseRecordMeetsALongerOneFromTheSameHeadTrimsThatOne(t *testing
 
 	probe := passDuplicateWindow(t, e)
 	trims.failing.Store(false) // Redis answers b's trims again
-	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	relayedOnce(t, e, "b", ids, probe)
 	if n := testutilLeasesLost(b); n != 0 {
 		t.Fatalf("b lost its lease %v times; the test needs it held throughout", n)
 	}

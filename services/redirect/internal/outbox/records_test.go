@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,16 +38,8 @@ func TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded(t *te
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
-	aRDB := testenv.AnotherClient(t, e.rdb)
-	down := &killed{}
-	aRDB.AddHook(down)
-	a := e.relayOn(aRDB, "a")
-	var once sync.Once
 	acked := make(chan int, 1)
-	a.afterAcks = func(_ int, _ Lane, batch []string) error {
-		once.Do(func() { down.kill(); acked <- len(batch) })
-		return nil
-	}
+	a, _ := e.killedAfterAcks(t, "a", nil, func(batch []string) { acked <- len(batch) })
 	ra := start(a)
 	n := <-acked
 	testenv.WaitFor(t, 10*time.Second, "a to record its untrimmed batch", func() bool {
@@ -58,20 +51,12 @@ func TestATakeoverAfterTheDuplicateWindowTrimsTheBatchTheDeadRelayRecorded(t *te
 	}
 	probe := passDuplicateWindow(t, e)
 
-	b := e.relay("b")
-	rb := start(b)
-	defer rb.stop()
-	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
-	if got := recordsCounted(b, "applied"); got != 1 {
-		t.Fatalf("b applied %v records, want 1", got)
-	}
+	b := takeOver(t, e, "b", ids, probe, counted{"applied": 1})
 	// The batch's clicks count where they are trimmed: b counts them with
 	// its own, a (which trimmed nothing) none.
 	if pa, pb := counterValue(a.m.Published.WithLabelValues(LaneClicks.Name)), counterValue(b.m.Published.WithLabelValues(LaneClicks.Name)); pa != 0 || pb != 40 {
 		t.Fatalf("relay_published_total: a %v, b %v; want 0 and 40 (the %d of a's batch counted by b)", pa, pb, n)
 	}
-	noRecord(t, e, 0, LaneClicks)
 }
 
 // TestAStaleRecordTrimsNothingAndIsDropped: a record whose batch no longer
@@ -83,30 +68,13 @@ func TestAStaleRecordTrimsNothingAndIsDropped(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	ids := e.addClicks(t, "abc", 10)
-	key := e.layout.OutboxKey(0, LaneClicks)
-	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	keep, err := nextStreamID(msgs[4].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale := &acked{n: 5, keep: keep, firstEvent: ids[0], last: msgs[4].ID, lastEvent: ids[4], published: 5}
-	putRecord(t, e, 0, LaneClicks, "gone", stale)
-	if err := e.rdb.XDel(t.Context(), key, msgs[0].ID).Err(); err != nil {
+	msgs := e.laneEntries(t)
+	putRecord(t, e, 0, LaneClicks, "gone", headBatch(t, msgs[:5]))
+	if err := e.rdb.XDel(t.Context(), e.layout.OutboxKey(0, LaneClicks), msgs[0].ID).Err(); err != nil {
 		t.Fatal(err)
 	}
 
-	r := e.relay("r")
-	rr := start(r)
-	defer rr.stop()
-	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids[1:], storedIDs(t, e.js, events.ClicksStream))
-	if s, ap := recordsCounted(r, "stale"), recordsCounted(r, "applied"); s != 1 || ap != 0 {
-		t.Fatalf("records stale %v, applied %v; want 1 and 0", s, ap)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "r", ids[1:], "", counted{"stale": 1, "applied": 0})
 }
 
 // TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim: NATS
@@ -118,22 +86,13 @@ func TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim(t *testing.T
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	ids := e.addClicks(t, "abc", 40)
-	rdb := testenv.AnotherClient(t, e.rdb)
-	down := &killed{}
-	rdb.AddHook(down)
-	r := e.relayOn(rdb, "r")
+	r, down := e.killedAfterAcks(t, "r", nil, func([]string) {
+		if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
+			t.Error(err)
+		}
+	})
 	logs := &syncBuffer{}
 	r.log = slog.New(slog.NewTextHandler(logs, nil))
-	var once sync.Once
-	r.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() {
-			down.kill()
-			if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
-				t.Error(err)
-			}
-		})
-		return nil
-	}
 	rr := start(r)
 	defer rr.stop()
 	testenv.WaitFor(t, 10*time.Second, "the refused write counted", func() bool { return recordsCounted(r, "write_failed") >= 1 })
@@ -152,8 +111,7 @@ func TestARecordNATSRefusesIsLoggedCountedAndWrittenWithTheNextTrim(t *testing.T
 	}
 
 	down.dead.Store(false) // Redis answers again
-	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDs(t, e.js, events.ClicksStream))
+	relayedOnce(t, e, "r", ids, "")
 	noRecord(t, e, 0, LaneClicks)
 }
 
@@ -267,6 +225,67 @@ func (e *env) relayWith(rdb redis.UniversalClient, instance string, records *Rec
 	}, slog.New(slog.DiscardHandler), NewMetrics(prometheus.NewRegistry()))
 }
 
+// killedAfterAcks is relay instance on a Redis client of its own that stops
+// answering once JetStream has acknowledged the relay's first batch, before
+// its trim (what a relay killed there sends); then, if not nil, runs at that
+// moment too, with the batch's event IDs. The relay records its untrimmed
+// batches in kv (nil: the env's NATS). It returns the relay, not started,
+// and its Redis's hook: after down.dead.Store(false) Redis answers again.
+func (e *env) killedAfterAcks(t *testing.T, instance string, kv KeyValues, then func(batch []string)) (r *Relay, down *killed) {
+	t.Helper()
+	rdb := testenv.AnotherClient(t, e.rdb)
+	down = &killed{}
+	rdb.AddHook(down)
+	if kv == nil {
+		kv = e.js
+	}
+	r = e.relayWith(rdb, instance, NewRecords(kv))
+	var once sync.Once
+	r.afterAcks = func(_ int, _ Lane, batch []string) error {
+		once.Do(func() {
+			down.kill()
+			if then != nil {
+				then(batch)
+			}
+		})
+		return nil
+	}
+	return r, down
+}
+
+// refusedAfterAcks starts relay instance, killed after its first batch's
+// acks (killedAfterAcks), whose record NATS refuses from that moment too,
+// and waits until the relay has counted the refusal: it holds its batch
+// untrimmed and unrecorded. It returns the relay, running until it is
+// stopped or the test ends, its Redis's hook, and its records' NATS: after
+// kv.refusing.Store(false) NATS takes its writes again.
+func (e *env) refusedAfterAcks(t *testing.T, instance string) (*Relay, *running, *killed, *refusingKV) {
+	t.Helper()
+	kv := &refusingKV{js: e.js}
+	r, down := e.killedAfterAcks(t, instance, kv, func([]string) { kv.refusing.Store(true) })
+	rr := start(r)
+	t.Cleanup(rr.stop)
+	testenv.WaitFor(t, 10*time.Second, instance+"'s record refused", func() bool { return recordsCounted(r, "write_failed") >= 1 })
+	return r, rr, down, kv
+}
+
+// pauseAfterAcks makes r, once JetStream has acknowledged its first batch,
+// run then and wait there, before its trim, until the test calls resume:
+// paused is closed when it waits.
+func pauseAfterAcks(r *Relay, then func()) (paused <-chan struct{}, resume func()) {
+	var once sync.Once
+	acked, done := make(chan struct{}), make(chan struct{})
+	r.afterAcks = func(int, Lane, []string) error {
+		once.Do(func() {
+			then()
+			close(acked)
+			<-done
+		})
+		return nil
+	}
+	return acked, func() { close(done) }
+}
+
 func recordsCounted(r *Relay, outcome string) float64 {
 	return counterValue(r.m.UntrimmedRecords.WithLabelValues(LaneClicks.Name, outcome))
 }
@@ -327,9 +346,8 @@ func shortDuplicateWindow(t *testing.T, e *env) {
 // it has passed for the probe. It returns the probe's ID.
 func passDuplicateWindow(t *testing.T, e *env) string {
 	t.Helper()
-	const probe = "probe-duplicate-window"
 	pub := func() *jetstream.PubAck {
-		msg := &nats.Msg{Subject: events.ClickSubject("acme", "probe"), Data: []byte("{}"), Header: nats.Header{events.HeaderMsgID: []string{probe}}}
+		msg := &nats.Msg{Subject: events.ClickSubject("acme", "probe"), Data: []byte("{}"), Header: nats.Header{events.HeaderMsgID: []string{duplicateWindowProbe}}}
 		ack, err := e.js.PublishMsg(t.Context(), msg)
 		if err != nil {
 			t.Fatal(err)
@@ -338,8 +356,11 @@ func passDuplicateWindow(t *testing.T, e *env) string {
 	}
 	pub()
 	testenv.WaitFor(t, 10*time.Second, "the duplicate window to pass", func() bool { return !pub().Duplicate })
-	return probe
+	return duplicateWindowProbe
 }
+
+// duplicateWindowProbe is the message ID of passDuplicateWindow's probe.
+const duplicateWindowProbe = "probe-duplicate-window"
 
 // storedIDsBut is CLICKS' message IDs without but's.
 func storedIDsBut(t *testing.T, e *env, but string) []string {
@@ -351,6 +372,56 @@ func storedIDsBut(t *testing.T, e *env, but string) []string {
 		}
 	}
 	return out
+}
+
+// laneEntries is the entries of shard 0's clicks lane, in order.
+func (e *env) laneEntries(t *testing.T) []redis.XMessage {
+	t.Helper()
+	msgs, err := e.rdb.XRange(t.Context(), e.layout.OutboxKey(0, LaneClicks), "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return msgs
+}
+
+// relayedOnce waits until who has relayed the shard (the outbox is empty)
+// and fails unless CLICKS holds want, each once, in order, besides probe
+// (passDuplicateWindow's; "": none was published).
+func relayedOnce(t *testing.T, e *env, who string, want []string, probe string) {
+	t.Helper()
+	testenv.WaitFor(t, 10*time.Second, who+" to relay the shard", func() bool { return e.outboxLen(t) == 0 })
+	var got []string
+	if probe == "" {
+		got = storedIDs(t, e.js, events.ClicksStream)
+	} else {
+		got = storedIDsBut(t, e, probe)
+	}
+	sameSequence(t, "CLICKS", want, got)
+}
+
+// counted is how many records a relay counted under each outcome (applied,
+// stale, written, ...).
+type counted map[string]float64
+
+// takeOver is how a story ends: relay instance takes the shard (its holders
+// gone) and relays it, so that CLICKS holds want, each once, in order
+// (relayedOnce); it counted its records as records says, and no record of
+// the lane is left. It returns the relay, running until the test ends.
+func takeOver(t *testing.T, e *env, instance string, want []string, probe string, records counted) *Relay {
+	t.Helper()
+	r := e.relay(instance)
+	rr := start(r)
+	t.Cleanup(rr.stop)
+	relayedOnce(t, e, instance, want, probe)
+	got := counted{}
+	for outcome := range records {
+		got[outcome] = recordsCounted(r, outcome)
+	}
+	if !maps.Equal(got, records) {
+		t.Fatalf("%s counted records %v, want %v", instance, got, records)
+	}
+	noRecord(t, e, 0, LaneClicks)
+	return r
 }
 
 // syncBuffer is a log's destination that the test reads while the relay
@@ -388,30 +459,10 @@ func TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord(t *testing.T)
 	e := newEnv(t, 1)
 	ids := e.addClicks(t, "abc", 40)
 
-	aRDB := testenv.AnotherClient(t, e.rdb)
-	aDown := &killed{}
-	aRDB.AddHook(aDown)
-	aKV := &refusingKV{js: e.js}
-	a := e.relayWith(aRDB, "a", NewRecords(aKV))
-	var aOnce sync.Once
-	a.afterAcks = func(int, Lane, []string) error {
-		aOnce.Do(func() { aDown.kill(); aKV.refusing.Store(true) })
-		return nil
-	}
-	ra := start(a)
-	defer ra.stop()
-	testenv.WaitFor(t, 10*time.Second, "a's record refused", func() bool { return recordsCounted(a, "write_failed") >= 1 })
+	a, ra, _, aKV := e.refusedAfterAcks(t, "a")
 
-	bRDB := testenv.AnotherClient(t, e.rdb)
-	bDown := &killed{}
-	bRDB.AddHook(bDown)
-	b := e.relayOn(bRDB, "b")
+	b, _ := e.killedAfterAcks(t, "b", nil, nil)
 	b.cfg.Window = 32
-	var bOnce sync.Once
-	b.afterAcks = func(int, Lane, []string) error {
-		bOnce.Do(bDown.kill)
-		return nil
-	}
 	rb := start(b)
 	testenv.WaitFor(t, 10*time.Second, "b to record its batch", func() bool { return recordsCounted(b, "written") == 1 })
 	rb.stop() // b dies
@@ -431,15 +482,7 @@ func TestARelayWhoseLeaseLapsedDoesNotOverwriteANewerHoldersRecord(t *testing.T)
 
 	shortDuplicateWindow(t, e)
 	probe := passDuplicateWindow(t, e)
-	c := e.relay("c")
-	rc := start(c)
-	defer rc.stop()
-	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
-	if n := recordsCounted(c, "applied"); n != 1 {
-		t.Fatalf("c applied %v records, want 1", n)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "c", ids, probe, counted{"applied": 1})
 }
 
 // refusingKV is a JetStream context whose buckets refuse every write while

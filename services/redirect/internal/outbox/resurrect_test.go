@@ -5,9 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
-	"github.com/snipdev/snip/pkg/events"
 	"github.com/snipdev/snip/pkg/testenv"
 )
 
@@ -18,52 +15,30 @@ import (
 // first 32 again (the 16 beyond a's batch for the first time), failed its
 // trim, recorded its batch and died; relay b takes the shard, applies x's
 // record (the 32 trimmed) and deletes it, and b's own batch (the last 8)
-// is in hand (afterB runs after its acks). Then a's retried write reaches
-// NATS: a create where a saw no record, which lands on the deleted one.
-// a dies. It returns a and b (b running), and the event IDs.
-func lapsedAfterAnApplied(t *testing.T, e *env, b *Relay, afterB func()) (*Relay, *running, []string) {
+// is in hand (b's own afterAcks, if any, has run after its acks). Then a's
+// retried write reaches NATS: a create where a saw no record, which lands
+// on the deleted one. a dies. It returns a and b (b running), and the
+// event IDs.
+func lapsedAfterAnApplied(t *testing.T, e *env, b *Relay) (*Relay, *running, []string) {
 	t.Helper()
 	ids := e.addClicks(t, "abc", 40)
-	aRDB := testenv.AnotherClient(t, e.rdb)
-	aDown := &killed{}
-	aRDB.AddHook(aDown)
-	aKV := &refusingKV{js: e.js}
-	a := e.relayWith(aRDB, "a", NewRecords(aKV))
-	var aOnce sync.Once
-	a.afterAcks = func(int, Lane, []string) error {
-		aOnce.Do(func() { aDown.kill(); aKV.refusing.Store(true) })
-		return nil
-	}
-	ra := start(a)
-	testenv.WaitFor(t, 10*time.Second, "a's record refused", func() bool { return recordsCounted(a, "write_failed") >= 1 })
+	a, ra, _, aKV := e.refusedAfterAcks(t, "a")
 	testenv.WaitFor(t, 10*time.Second, "a's lease to lapse", func() bool { return e.rdb.Exists(t.Context(), e.layout.LeaseKey(0)).Val() == 0 })
 
-	key := e.layout.OutboxKey(0, LaneClicks)
-	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range msgs[16:32] { // what x published beyond a's batch
-		en, err := parseEntry(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := &nats.Msg{Subject: en.Subject, Data: []byte(en.Data), Header: nats.Header{events.HeaderMsgID: []string{en.ID}}}
-		if _, err := e.js.PublishMsg(t.Context(), msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	keep, err := nextStreamID(msgs[31].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putRecord(t, e, 0, LaneClicks, "x", &acked{n: 32, keep: keep, firstEvent: ids[0], last: msgs[31].ID, lastEvent: ids[31], published: 32})
+	msgs := e.laneEntries(t)
+	publishEntries(t, e, msgs[16:32]) // what x published beyond a's batch
+	putRecord(t, e, 0, LaneClicks, "x", headBatch(t, msgs[:32]))
 
 	var bOnce sync.Once
 	bAcked := make(chan struct{})
-	b.afterAcks = func(int, Lane, []string) error {
-		bOnce.Do(func() { afterB(); close(bAcked) })
-		return nil
+	bAfterAcks := b.afterAcks // b's own, if any, runs first
+	b.afterAcks = func(shard int, lane Lane, batch []string) error {
+		var err error
+		if bAfterAcks != nil {
+			err = bAfterAcks(shard, lane, batch)
+		}
+		bOnce.Do(func() { close(bAcked) })
+		return err
 	}
 	rb := start(b)
 	<-bAcked
@@ -91,21 +66,12 @@ func lapsedAfterAnApplied(t *testing.T, e *env, b *Relay, afterB func()) (*Relay
 func TestARecordCreatedOverOneDeletedSinceTrimsNothing(t *testing.T) {
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
-	b := e.relay("b")
-	_, rb, ids := lapsedAfterAnApplied(t, e, b, func() {})
+	_, rb, ids := lapsedAfterAnApplied(t, e, e.relay("b"))
 	testenv.WaitFor(t, 10*time.Second, "b to relay the lane", func() bool { return e.outboxLen(t) == 0 })
 	more := e.addClicks(t, "abc", 5)
 	rb.stop()
 
-	c := e.relay("c")
-	rc := start(c)
-	defer rc.stop()
-	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", append(ids, more...), storedIDs(t, e.js, events.ClicksStream))
-	if s, ap := recordsCounted(c, "stale"), recordsCounted(c, "applied"); s != 1 || ap != 0 {
-		t.Fatalf("c: records stale %v, applied %v; want 1 and 0", s, ap)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "c", append(ids, more...), "", counted{"stale": 1, "applied": 0})
 }
 
 // TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch:
@@ -121,12 +87,9 @@ func TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch(t *tes
 	testenv.Parallel(t)
 	e := newEnv(t, 1)
 	shortDuplicateWindow(t, e)
-	bRDB := testenv.AnotherClient(t, e.rdb)
-	bDown := &killed{}
-	bRDB.AddHook(bDown)
 	bKV := &refusingKV{js: e.js}
-	b := e.relayWith(bRDB, "b", NewRecords(bKV))
-	_, rb, ids := lapsedAfterAnApplied(t, e, b, func() { bDown.kill(); bKV.refusing.Store(true) })
+	b, _ := e.killedAfterAcks(t, "b", bKV, func([]string) { bKV.refusing.Store(true) })
+	_, rb, ids := lapsedAfterAnApplied(t, e, b)
 	testenv.WaitFor(t, 10*time.Second, "b's record refused", func() bool { return recordsCounted(b, "write_failed") >= 1 })
 	testenv.WaitFor(t, 10*time.Second, "b's lease to lapse", func() bool { return e.rdb.Exists(t.Context(), e.layout.LeaseKey(0)).Val() == 0 })
 	bKV.refusing.Store(false)
@@ -134,18 +97,10 @@ func TestARecordCreatedOverOneDeletedSinceDoesNotSupersedeTheHoldersBatch(t *tes
 		return recordsCounted(b, "written") >= 1 || recordsCounted(b, "superseded") >= 1
 	})
 	rb.stop() // b dies
-
-	probe := passDuplicateWindow(t, e)
-	c := e.relay("c")
-	rc := start(c)
-	defer rc.stop()
-	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
 	if n := recordsCounted(b, "superseded"); n != 0 {
 		t.Fatalf("b counted %v records superseded, want 0", n)
 	}
-	if n := recordsCounted(c, "applied"); n != 1 {
-		t.Fatalf("c applied %v records, want b's", n)
-	}
-	noRecord(t, e, 0, LaneClicks)
+
+	probe := passDuplicateWindow(t, e)
+	takeOver(t, e, "c", ids, probe, counted{"applied": 1}) // b's record
 }

@@ -31,16 +31,8 @@ func TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWi
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
-	// Redis as the relay sees it: every command fails once down.
-	down := &killed{}
-	e.rdb.AddHook(down)
-	r := e.relay("r")
-	var once sync.Once
 	acked := make(chan struct{})
-	r.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() { down.kill(); close(acked) })
-		return nil
-	}
+	r, down := e.killedAfterAcks(t, "r", nil, func([]string) { close(acked) })
 	rr := start(r)
 	defer rr.stop()
 	<-acked
@@ -50,8 +42,7 @@ func TestRelayDoesNotPublishABatchAgainAfterARedisOutageLongerThanTheDuplicateWi
 	probe := passDuplicateWindow(t, e)
 	down.dead.Store(false) // Redis answers again
 
-	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	relayedOnce(t, e, "r", ids, probe)
 	if n := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
 		t.Fatalf("relay_published_total = %v, want 40", n)
 	}
@@ -75,23 +66,14 @@ func TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch(t *testi
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
-	rdb := testenv.AnotherClient(t, e.rdb)
-	down := &killed{}
 	renewals := &pipelinesFail{} // balance's heartbeat and renewals are pipelines; the trim is not
-	rdb.AddHook(down)
-	rdb.AddHook(renewals)
-	r := e.relayOn(rdb, "r")
-	var once sync.Once
-	r.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() {
-			down.kill()
-			renewals.failing.Store(true)
-			if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
-				t.Error(err)
-			}
-		})
-		return nil
-	}
+	r, down := e.killedAfterAcks(t, "r", nil, func([]string) {
+		renewals.failing.Store(true)
+		if err := e.js.DeleteKeyValue(context.Background(), topology.OutboxUntrimmedBucket); err != nil {
+			t.Error(err)
+		}
+	})
+	r.rdb.AddHook(renewals)
 	rr := start(r)
 	defer rr.stop()
 	testenv.WaitFor(t, 10*time.Second, "the record refused", func() bool { return recordsCounted(r, "write_failed") >= 1 })
@@ -102,8 +84,7 @@ func TestARelayWhoseRetriedTrimFindsTheLeaseLostKeepsItsUnrecordedBatch(t *testi
 		return counterValue(r.m.PublishErrors.WithLabelValues(LaneClicks.Name, "lease")) >= 1
 	})
 	renewals.failing.Store(false)
-	testenv.WaitFor(t, 10*time.Second, "the outbox to empty", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	relayedOnce(t, e, "r", ids, probe)
 	if n := counterValue(r.m.Published.WithLabelValues(LaneClicks.Name)); n != 40 {
 		t.Fatalf("relay_published_total = %v, want 40", n)
 	}
@@ -160,23 +141,15 @@ func TestARelayWhoseFirstTrimFindsTheLeaseLostRecordsItsBatch(t *testing.T) {
 	if got := e.outboxLen(t); got != 40 {
 		t.Fatalf("outbox holds %d entries, want all 40: a's trim found the lease lost", got)
 	}
+	if n := recordsCounted(a, "written"); n != 1 {
+		t.Fatalf("a wrote %v records, want 1", n)
+	}
 	probe := passDuplicateWindow(t, e)
 	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // the stalled holder dies
 		t.Fatal(err)
 	}
 
-	b := e.relay("b")
-	rb := start(b)
-	defer rb.stop()
-	testenv.WaitFor(t, 10*time.Second, "b to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
-	if n := recordsCounted(a, "written"); n != 1 {
-		t.Fatalf("a wrote %v records, want 1", n)
-	}
-	if n := recordsCounted(b, "applied"); n != 1 {
-		t.Fatalf("b applied %v records, want 1", n)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "b", ids, probe, counted{"applied": 1})
 }
 
 // TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries: a relay whose
@@ -195,15 +168,7 @@ func TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries(t *testing.T) {
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
 
-	rdb := testenv.AnotherClient(t, e.rdb)
-	down := &killed{}
-	rdb.AddHook(down)
-	a := e.relayOn(rdb, "a")
-	var once sync.Once
-	a.afterAcks = func(int, Lane, []string) error {
-		once.Do(down.kill)
-		return nil
-	}
+	a, down := e.killedAfterAcks(t, "a", nil, nil)
 	ra := start(a)
 	defer ra.stop()
 	testenv.WaitFor(t, 10*time.Second, "a to record its untrimmed batch", func() bool { return recordsCounted(a, "written") == 1 })
@@ -221,8 +186,7 @@ func TestARelayThatLosesTheShardKeepsNoBatchItsRecordCarries(t *testing.T) {
 	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // the other instance dies
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 10*time.Second, "a to relay the shard again", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
+	relayedOnce(t, e, "a", ids, probe) // a takes the shard again
 	if n := recordsCounted(a, "applied"); n != 1 {
 		t.Fatalf("a applied %v records, want its own", n)
 	}
@@ -251,11 +215,7 @@ func TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid(t *tes
 	e := newEnv(t, 1)
 	shortDuplicateWindow(t, e)
 	ids := e.addClicks(t, "abc", 40)
-	key := e.layout.OutboxKey(0, LaneClicks)
-	msgs, err := e.rdb.XRange(t.Context(), key, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	msgs := e.laneEntries(t)
 
 	rdb := testenv.AnotherClient(t, e.rdb)
 	gate := &renewalGate{renewed: make(chan struct{}), release: make(chan struct{})}
@@ -276,17 +236,10 @@ func TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid(t *tes
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	var once sync.Once
-	acked, xDone := make(chan struct{}), make(chan struct{})
-	r.afterAcks = func(int, Lane, []string) error {
-		once.Do(func() {
-			gate.armed.Store(true)
-			<-gate.renewed
-			close(acked)
-			<-xDone
-		})
-		return nil
-	}
+	acked, xDone := pauseAfterAcks(r, func() {
+		gate.armed.Store(true)
+		<-gate.renewed
+	})
 	rr := start(r)
 	defer rr.stop()
 	<-acked
@@ -299,30 +252,22 @@ func TestARenewalAnsweredBeforeTheTrimFoundTheLeaseLostDoesNotMakeItValid(t *tes
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rdb.XTrimMinID(t.Context(), key, keep).Err(); err != nil { // x trims its first 32
+	if err := e.rdb.XTrimMinID(t.Context(), e.layout.OutboxKey(0, LaneClicks), keep).Err(); err != nil { // x trims its first 32
 		t.Fatal(err)
 	}
 	putRecord(t, e, 0, LaneClicks, "x", headBatch(t, msgs[32:])) // and records its last 8
-	close(xDone)
+	xDone()
 	testenv.WaitFor(t, 10*time.Second, "r to lose the shard", func() bool { return testutilLeasesLost(r) >= 1 })
 	rr.stop()
+	if w, s := recordsCounted(r, "written"), recordsCounted(r, "superseded"); w != 0 || s != 1 {
+		t.Fatalf("r counted %v records written and %v superseded, want 0 and 1: x's record kept", w, s)
+	}
 
 	probe := passDuplicateWindow(t, e)
 	if err := e.rdb.Del(t.Context(), e.layout.LeaseKey(0)).Err(); err != nil { // x is dead
 		t.Fatal(err)
 	}
-	c := e.relay("c")
-	rc := start(c)
-	defer rc.stop()
-	testenv.WaitFor(t, 10*time.Second, "c to relay the shard", func() bool { return e.outboxLen(t) == 0 })
-	sameSequence(t, "CLICKS", ids, storedIDsBut(t, e, probe))
-	if w, s := recordsCounted(r, "written"), recordsCounted(r, "superseded"); w != 0 || s != 1 {
-		t.Fatalf("r counted %v records written and %v superseded, want 0 and 1: x's record kept", w, s)
-	}
-	if n := recordsCounted(c, "applied"); n != 1 {
-		t.Fatalf("c applied %v records, want x's", n)
-	}
-	noRecord(t, e, 0, LaneClicks)
+	takeOver(t, e, "c", ids, probe, counted{"applied": 1}) // x's record
 }
 
 // renewalGate is a Redis client hook that counts the heartbeats balance
