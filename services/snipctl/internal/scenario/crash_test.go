@@ -2,6 +2,9 @@ package scenario
 
 import (
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,5 +84,25 @@ func TestCrashAllAckedNamesAFailedReadAtItsDeadline(t *testing.T) {
 	_, err := crashAllAcked(t.Context(), cons, timeout)
 	if took := time.Since(start); !errors.Is(err, jetstream.ErrConsumerNotFound) || took < timeout {
 		t.Fatalf("crashAllAcked after %v: %v; want %v at the %v deadline", took, err, jetstream.ErrConsumerNotFound, timeout)
+	}
+}
+
+// TestCrashPointsWithLostDeliveries runs crash-points with each design's
+// first 6 events (the first crash point among them) delivered once to a
+// fetch that is gone before the worker starts, as a loaded machine loses a
+// delivery whose fetch ended before it arrived: the worker crashes at its
+// first handling of each 6th event, whichever delivery brings it, so each
+// design still crashes 10 times, loses or repeats what the lesson says,
+// and a note counts the events that came late.
+func TestCrashPointsWithLostDeliveries(t *testing.T) {
+	// Not parallel: it sets crashLostDeliveries, which TestCrashPoints reads.
+	crashLostDeliveries = crashEvery
+	t.Cleanup(func() { crashLostDeliveries = 0 })
+	res := runAt(t, "crash-points", 4)
+	for _, mode := range crashModes {
+		want := fmt.Sprintf("%s: %d events first reached the worker at a second delivery or later", mode.name, crashEvery)
+		if !slices.ContainsFunc(res.Notes, func(n string) bool { return strings.HasPrefix(n, want) }) {
+			t.Errorf("no note %q; the notes: %q", want, res.Notes)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -344,6 +345,51 @@ func waitFor(ctx context.Context, timeout time.Duration, what string, cond func(
 				return fmt.Errorf("wait for %s: not after %s (%d of %d reads failed, the last with: %w)", what, timeout, failed, reads, lastErr)
 			}
 			return fmt.Errorf("wait for %s: not after %s", what, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// waitProgress polls cond every 10 ms until it reports done or ctx ends,
+// and gives up only when the count cond reports (the work done so far:
+// events read, say) has not grown for stall (real time). A loaded machine
+// does a lesson's work slowly, not never: a wait with a fixed deadline
+// guesses how slow, and fails a run that was still moving; this one fails
+// only a run that stopped. An error from cond is a read that failed this
+// time, as in waitFor: no progress, asked again at the next tick, and
+// named if the wait gives up.
+func waitProgress(ctx context.Context, stall time.Duration, what string, cond func() (done bool, n int, err error)) error {
+	start := time.Now()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	var (
+		lastErr       error
+		reads, failed int
+		best          = -1
+		moved         = start
+	)
+	for {
+		done, n, err := cond()
+		reads++
+		switch {
+		case err != nil:
+			lastErr = err
+			failed++
+		case done:
+			return nil
+		case n > best:
+			best, moved = n, time.Now()
+		}
+		if time.Since(moved) > stall {
+			msg := fmt.Sprintf("wait for %s: no progress for %s (at %d after %s)", what, stall, max(best, 0), time.Since(start).Round(time.Millisecond))
+			if lastErr != nil {
+				return fmt.Errorf("%s (%d of %d reads failed, the last with: %w)", msg, failed, reads, lastErr)
+			}
+			return errors.New(msg)
 		}
 		select {
 		case <-ctx.Done():

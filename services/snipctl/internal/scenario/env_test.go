@@ -174,3 +174,47 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// A wait that keeps moving goes on past its stall, however long the work
+// takes; one that stops gives up once nothing moved for the stall, and
+// says where it stopped. Before, the repartition lesson waited a fixed
+// minute for every event to be read or parked, and a loaded CI machine,
+// still reading, failed it at the minute.
+func TestWaitProgressEndsOnDoneOrStallNotOnAClock(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const stall = 50 * time.Millisecond
+
+	// Each read finds one more done: the wait runs through many stalls'
+	// worth of time and ends when the work is done.
+	start, n := time.Now(), 0
+	err := waitProgress(ctx, stall, "the work", func() (bool, int, error) {
+		n++
+		return n == 40, n, nil
+	})
+	if err != nil {
+		t.Fatalf("a wait still moving after %v (stall %v) gave up: %v", time.Since(start), stall, err)
+	}
+	if took := time.Since(start); took < 2*stall {
+		t.Fatalf("ended after %v; 40 reads 10 ms apart take 390 ms, past the %v stall", took, stall)
+	}
+
+	// A read that fails is no progress: the count stops at 3, and the wait
+	// gives up a stall later, naming the count and the failed read.
+	broken := errors.New("read failed")
+	start, n = time.Now(), 0
+	err = waitProgress(ctx, stall, "the work", func() (bool, int, error) {
+		n++
+		if n > 3 {
+			return false, 0, broken
+		}
+		return false, n, nil
+	})
+	took := time.Since(start)
+	if !errors.Is(err, broken) || !strings.Contains(err.Error(), "no progress for 50ms (at 3 ") {
+		t.Fatalf("err = %v, want no progress at 3, naming %v", err, broken)
+	}
+	if took < stall {
+		t.Fatalf("gave up after %v, before the %v stall", took, stall)
+	}
+}
