@@ -249,17 +249,29 @@ const lagEvery = 5 * time.Second
 // stall. The caller forgets the gauges (forgetPartition) after stop, so
 // none is written again for a partition given up.
 func (w *worker) reportLag() (stop func()) {
+	return repeat(lagEvery, true, func() bool { w.updateLag(); return true })
+}
+
+// repeat calls f in a goroutine of its own, at once if now, then every d,
+// until f returns false or the returned stop is called; stop returns once
+// the goroutine has ended (f is not running and will not run again).
+func repeat(d time.Duration, now bool, f func() bool) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(lagEvery)
+		t := time.NewTicker(d)
 		defer t.Stop()
+		if now && !f() {
+			return
+		}
 		for {
-			w.updateLag()
 			select {
 			case <-quit:
 				return
 			case <-t.C:
+			}
+			if !f() {
+				return
 			}
 		}
 	}()

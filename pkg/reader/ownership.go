@@ -249,31 +249,17 @@ func (w *worker) giveBack() {
 func (w *worker) keepPin() (stop func()) {
 	c, every := w.cons, w.m.cfg.LeaseTTL/3
 	group := jetstream.FetchPriorityGroup(topology.PriorityGroup)
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
-			if w.lapsed() {
-				return
-			}
-			if b, err := c.FetchBytes(1, jetstream.FetchMaxWait(min(every, 100*time.Millisecond)), group); err == nil {
-				for msg := range b.Messages() {
-					// Never expected (1 byte holds no event): left
-					// unacked, it is a delivery gap process catches.
-					w.log.Warn("the pin keeper's pull delivered an event", "subject", msg.Subject())
-				}
+	return repeat(every, false, func() bool {
+		if w.lapsed() {
+			return false
+		}
+		if b, err := c.FetchBytes(1, jetstream.FetchMaxWait(min(every, 100*time.Millisecond)), group); err == nil {
+			for msg := range b.Messages() {
+				// Never expected (1 byte holds no event): left unacked,
+				// it is a delivery gap process catches.
+				w.log.Warn("the pin keeper's pull delivered an event", "subject", msg.Subject())
 			}
 		}
-	}()
-	return func() {
-		close(quit)
-		<-done
-	}
+		return true
+	})
 }
