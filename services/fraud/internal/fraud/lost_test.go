@@ -274,7 +274,7 @@ func TestStatisticsLostBeyondRetentionAreReported(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
 	clicks := traffic.Burst(time.Now().Add(-time.Minute), 35, 500*time.Millisecond, "hot", "acme", "bot")
-	p, _ := lostBeyondRetention(t, w, clicks, 35)
+	p := lostBeyondRetention(t, w, clicks, 35)
 
 	reg := prometheus.NewRegistry()
 	r := w.reader(t, fraud.Defaults(), fraud.NewMetrics(reg))
@@ -316,7 +316,7 @@ func TestStatisticsLostForGoodAreReportedOnce(t *testing.T) {
 			w := newWorld(t)
 			ctx := t.Context()
 			clicks := traffic.Burst(time.Now().Add(-time.Minute), 37, 500*time.Millisecond, "hot", "acme", "bot")
-			p, s := lostBeyondRetention(t, w, clicks, 35)
+			p := lostBeyondRetention(t, w, clicks, 35)
 
 			// The first loss: 1-20 lost for good, 21-35 counted again.
 			reg := prometheus.NewRegistry()
@@ -346,11 +346,7 @@ func TestStatisticsLostForGoodAreReportedOnce(t *testing.T) {
 			}
 			// Two more clicks, which retention no longer cuts: the member
 			// running through the loss finds it at its next batch.
-			cfg := s.CachedInfo().Config
-			cfg.MaxMsgs = -1
-			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
+			w.keepClicks(t, -1)
 			if err := traffic.Publish(ctx, w.js, clicks[35:], 64); err != nil {
 				t.Fatal(err)
 			}
@@ -416,15 +412,7 @@ func TestAWipeIsCountedOnceWhenItsRebuildIsRetried(t *testing.T) {
 			if err := w.rdb.FlushDB(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			s, err := w.js.Stream(ctx, events.ClicksStream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := s.CachedInfo().Config
-			cfg.MaxMsgs = 14
-			if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
+			s := w.keepClicks(t, 14)
 			testenv.WaitFor(t, 10*time.Second, "events 1-10 discarded", func() bool {
 				info, err := s.Info(ctx)
 				return err == nil && info.State.FirstSeq == 11
@@ -538,8 +526,8 @@ func (w *world) memberReader(t *testing.T, m *fraud.Metrics) *fraud.Reader {
 // reader judge them, then Redis loses every key (FLUSHDB) and CLICKS is cut
 // to its newest 15 events before clicks 31 to upTo are published: events
 // 1-20 are gone from the log, so their statistics are lost for good. It
-// returns the partition and CLICKS.
-func lostBeyondRetention(t *testing.T, w *world, clicks []traffic.Click, upTo int) (int, jetstream.Stream) {
+// returns the partition.
+func lostBeyondRetention(t *testing.T, w *world, clicks []traffic.Click, upTo int) int {
 	t.Helper()
 	ctx := t.Context()
 	p := events.Partition("hot", parts)
@@ -555,15 +543,7 @@ func lostBeyondRetention(t *testing.T, w *world, clicks []traffic.Click, upTo in
 	if err := w.rdb.FlushDB(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := w.js.Stream(ctx, events.ClicksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxMsgs = 15
-	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	s := w.keepClicks(t, 15)
 	if err := traffic.Publish(ctx, w.js, clicks[30:upTo], 64); err != nil {
 		t.Fatal(err)
 	}
@@ -571,5 +551,21 @@ func lostBeyondRetention(t *testing.T, w *world, clicks []traffic.Click, upTo in
 		info, err := s.Info(ctx)
 		return err == nil && info.State.FirstSeq == 21
 	})
-	return p, s
+	return p
+}
+
+// keepClicks makes CLICKS keep at most its last n messages (-1: no limit)
+// and returns the stream.
+func (w *world) keepClicks(t *testing.T, n int64) jetstream.Stream {
+	t.Helper()
+	s, err := w.js.Stream(t.Context(), events.ClicksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxMsgs = n
+	if _, err := w.js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
